@@ -1,0 +1,23 @@
+/* Allocation helpers with a fault-injection hook for tests.
+ *
+ * Every heap allocation in the project goes through these, so a test can make the k-th one fail
+ * (ddp_alloc_fail_at) and check that the caller returns DDP_ENOMEM cleanly and leaks nothing.
+ */
+#ifndef DDP_COMMON_ALLOC_H
+#define DDP_COMMON_ALLOC_H
+
+#include <stddef.h>
+
+/* malloc/calloc/realloc/strdup that return NULL when the injected failure is due. */
+void *ddp_malloc(size_t n);
+void *ddp_calloc(size_t count, size_t size);
+void *ddp_realloc(void *p, size_t n);
+char *ddp_strdup(const char *s);
+/* Aligned allocation (alignment a power of two, >= sizeof(void*)); free with free(). */
+void *ddp_aligned_alloc(size_t alignment, size_t n);
+
+/* Test hook: the k-th allocation from now fails (k >= 1); 0 disables. Not thread-safe with
+ * respect to concurrent allocations' ordering; meant for single-threaded tests. */
+void ddp_alloc_fail_at(long k);
+
+#endif

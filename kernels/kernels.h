@@ -1,0 +1,149 @@
+/* The kernel backend interface: memory, streams and every GPT-2 op, forward and backward.
+ *
+ * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu).
+ * The CPU backend is linked into every binary; the CUDA backend is a shared module
+ * (ddp_kernels_cuda.so) that ddp_kernels_open() dlopen()s, so one binary runs with and without a
+ * GPU. Callers go through ddp_kernels_open/close and the DDP_K() call macro below.
+ *
+ * Conventions for every op
+ * - All pointers are device pointers of the backend (host memory for CPU), fp32 unless typed.
+ * - Shapes are row-major; B = batch, T = sequence, C = channels, NH = heads, V = vocab,
+ *   N = rows (B*T). Comments give each tensor's shape.
+ * - Forward ops overwrite their outputs. Backward ops ACCUMULATE (+=) into every gradient output
+ *   (dinp, dweight, dbias ...), so a tensor used twice (the tied wte) sums both uses; the caller
+ *   zeroes the gradient arena before each micro-step's backward.
+ * - Ops are asynchronous on a GPU (queued on the context's compute stream) and synchronous on the
+ *   CPU; ddp_k_sync() waits and returns the first error. Ops themselves return nothing.
+ * - Linear layers store their weight as Hugging Face's Conv1D does, [in, out]; the tied LM head
+ *   uses wte as [V, C], i.e. [out, in]: matmul takes the layout as a flag.
+ * - Each backend decides its own threading: the CPU runs every op on one pool of
+ *   `threads` workers that sleep (never spin) when idle.
+ */
+#ifndef DDP_KERNELS_KERNELS_H
+#define DDP_KERNELS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddp_kctx ddp_kctx_t; /* a backend's context: device, streams, handles, pool */
+
+typedef enum {
+    DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
+    DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
+} ddp_wlayout_t;
+
+typedef struct ddp_kernels_ops {
+    const char *name; /* "cpu", "cuda" */
+    /* 0 = unusable here; higher wins. Cheap; no side effects beyond driver queries. */
+    int (*probe)(void);
+
+    /* Context on `device` (ignored by the CPU) with `threads` compute threads (0 = default). */
+    int (*init)(ddp_kctx_t **out, int device, int threads);
+    void (*close)(ddp_kctx_t *ctx); /* NULL-safe */
+
+    int (*alloc)(ddp_kctx_t *ctx, void **out, size_t bytes); /* zero-filled */
+    void (*free)(ddp_kctx_t *ctx, void *p);                   /* NULL-safe */
+    int (*memcpy_h2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
+    int (*memcpy_d2h)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
+    int (*memcpy_d2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
+    int (*memset0)(ddp_kctx_t *ctx, void *dst, size_t bytes);
+    int (*sync)(ddp_kctx_t *ctx); /* waits for queued work; returns its first error */
+
+    /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */
+    void (*encoder_fwd)(ddp_kctx_t *, float *out, const int32_t *inp, const float *wte,
+                        const float *wpe, int B, int T, int C);
+    /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. */
+    void (*encoder_bwd)(ddp_kctx_t *, float *dwte, float *dwpe, const float *dout,
+                        const int32_t *inp, int B, int T, int C);
+
+    /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]. eps = 1e-5. */
+    void (*layernorm_fwd)(ddp_kctx_t *, float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C);
+    void (*layernorm_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
+                          const float *dout, const float *inp, const float *weight,
+                          const float *mean, const float *rstd, int N, int C);
+
+    /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL). */
+    void (*matmul_fwd)(ddp_kctx_t *, float *out, const float *inp, const float *weight,
+                       const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
+    /* dinp[N,C] += dout @ W^T; dweight += (layout's orientation of) inp^T @ dout;
+     * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). */
+    void (*matmul_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
+                       const float *dout, const float *inp, const float *weight, int N, int C,
+                       int OC, ddp_wlayout_t layout);
+
+    /* Causal multi-head self-attention.
+     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C];
+     * att[B,NH,T,T] saves the softmax probabilities (row t valid for t2 <= t, zero above). */
+    void (*attention_fwd)(ddp_kctx_t *, float *out, float *att, const float *qkv, int B, int T,
+                          int C, int NH);
+    /* dqkv[B,T,3C] += ...; datt[B,NH,T,T] is scratch (overwritten). */
+    void (*attention_bwd)(ddp_kctx_t *, float *dqkv, float *datt, const float *dout,
+                          const float *qkv, const float *att, int B, int T, int C, int NH);
+
+    /* out[n] = gelu_tanh(inp[n]); dinp[n] += gelu_tanh'(inp[n]) * dout[n]. */
+    void (*gelu_fwd)(ddp_kctx_t *, float *out, const float *inp, size_t n);
+    void (*gelu_bwd)(ddp_kctx_t *, float *dinp, const float *inp, const float *dout, size_t n);
+
+    /* out[n] = a[n] + b[n] (out may alias a or b). */
+    void (*residual_fwd)(ddp_kctx_t *, float *out, const float *a, const float *b, size_t n);
+
+    /* Fused softmax + cross-entropy over logits[N,V].
+     * losses[N] = -log softmax(logits)[target]; and when dlogits != NULL,
+     * dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss (dlogits may alias logits:
+     * the op then overwrites the logits). targets[N] < V. */
+    void (*xent_fwd_bwd)(ddp_kctx_t *, float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int N, int V, float dloss);
+
+    /* AdamW on one tensor, PyTorch's formulation with decoupled weight decay:
+     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + wd p),
+     * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first
+     * (averaging and clipping fused in). */
+    void (*adamw)(ddp_kctx_t *, float *param, const float *grad, float *m, float *v, size_t n,
+                  float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
+                  int t);
+
+    /* Vector helpers over the arenas. */
+    /* *out = sum x[i]^2 in double (a host pointer); deterministic for a given n and backend. */
+    void (*sumsq)(ddp_kctx_t *, double *out, const float *x, size_t n);
+    /* y[i] += x[i] */
+    void (*add)(ddp_kctx_t *, float *y, const float *x, size_t n);
+    /* x[i] *= s */
+    void (*scale)(ddp_kctx_t *, float *x, float s, size_t n);
+    /* 1 if any x[i] is NaN or Inf (host out), else 0. */
+    void (*nonfinite)(ddp_kctx_t *, int *out, const float *x, size_t n);
+} ddp_kernels_ops_t;
+
+/* An opened backend: ops plus context. */
+typedef struct ddp_kernels {
+    const ddp_kernels_ops_t *ops;
+    ddp_kctx_t *ctx;
+    void *module; /* dlopen handle, or NULL for the built-in CPU backend */
+} ddp_kernels_t;
+
+/* The built-in CPU backend. */
+extern const ddp_kernels_ops_t ddp_kernels_cpu;
+
+/* Opens backend `name` ("cpu", "cuda", or "auto" = highest probe) into k.
+ * For "cuda" the module is looked up beside the executable, then in DDP_KERNELS_PATH, then
+ * through the dynamic linker. Returns DDP_ENODEV when the named backend is unusable here. */
+int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads);
+/* Closes the context and unloads the module. NULL-safe. */
+void ddp_kernels_close(ddp_kernels_t *k);
+
+/* Calls op `op` of an opened backend: DDP_K(k, gelu_fwd, out, inp, n). Every op is required
+ * in every backend (ddp_kernels_open checks that none is NULL), so there is nothing optional to
+ * handle here. */
+#define DDP_K(k, op, ...) ((k)->ops->op((k)->ctx, __VA_ARGS__))
+
+/* Runs every op of every backend usable here against the CPU backend on random inputs and
+ * prints one line per op and backend (max abs and relative error, pass/fail) to stdout.
+ * Returns 0 when all pass, 1 when one fails, 2 when no backend other than the CPU is usable
+ * (the report then says so). Used by `ddp-worker --selftest`. */
+int ddp_kernels_selftest(void);
+
+/* The symbol a kernel module exports: returns its ops table. */
+typedef const ddp_kernels_ops_t *(*ddp_kernels_module_fn)(void);
+#define DDP_KERNELS_MODULE_SYMBOL "ddp_kernels_module"
+
+#endif

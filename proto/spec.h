@@ -1,0 +1,99 @@
+/* The job spec: what a job trains, on what data, how, and where it checkpoints.
+ *
+ * Parsed from YAML (libcyaml) or JSON (jansson; a document whose first non-space byte is '{')
+ * and validated before anything starts. Every rejected spec fills a ddp_errinfo_t with the
+ * field path ("train.lr"), the line and column where the parser knows them, and a message that
+ * says what is allowed. Unknown keys are errors. Defaults are applied by the parser, so a
+ * parsed spec is complete.
+ *
+ * Layout of a spec file (all sections but `data` optional):
+ *   name: shakespeare-char
+ *   model: {preset: gpt2-tiny}     # or n_layer/n_head/n_embd/vocab_size/block_size, or init_from
+ *   data: {train: "data/train_*.bin", val: "data/val_*.bin"}
+ *   train: {steps, micro_batch, seq_len, global_batch_tokens, lr, min_lr, warmup, schedule,
+ *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
+ *           val_batches, sample_tokens, log_every}
+ *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
+ *         check_every}
+ *   checkpoint: {dir, every, keep_last, writers, shard_mb}
+ */
+#ifndef DDP_PROTO_SPEC_H
+#define DDP_PROTO_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef struct ddp_model_cfg {
+    int n_layer, n_head, n_embd;
+    int vocab_size; /* tokens the model can emit */
+    int block_size; /* max sequence length (wpe rows) */
+} ddp_model_cfg_t;
+
+typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
+typedef enum { DDP_PREC_FP32 = 0, DDP_PREC_BF16 = 1, DDP_PREC_FP16 = 2 } ddp_precision_t;
+
+typedef struct ddp_spec {
+    char name[128];
+
+    /* model */
+    char preset[32];        /* "" when given by dimensions or init_from */
+    ddp_model_cfg_t model;  /* always filled (from the preset when one is named) */
+    char init_from[1024];   /* "" or a directory of GPT-2 safetensors */
+
+    /* data: glob patterns of token shards */
+    char train_glob[1024];
+    char val_glob[1024]; /* "" = no validation */
+
+    /* train */
+    long steps;               /* optimizer steps; >= 1 */
+    int micro_batch;          /* sequences per rank per micro-step (B); >= 1 */
+    int seq_len;              /* T; 1..block_size */
+    long global_batch_tokens; /* tokens per optimizer step over all ranks; 0 = micro_batch*seq_len*world */
+    double lr, min_lr;        /* min_lr default lr/10 */
+    long warmup;              /* linear warmup steps */
+    ddp_schedule_t schedule;
+    double weight_decay, beta1, beta2, eps, clip; /* clip 0 = off */
+    ddp_precision_t precision;                   /* fp32 on CPU whatever is asked */
+    uint64_t seed;
+    int threads;       /* compute threads per rank; 0 = cores / local ranks */
+    long val_every;    /* 0 = never */
+    int val_batches;   /* micro-batches per validation */
+    int sample_tokens; /* tokens sampled at the end; 0 = none */
+    long log_every;    /* step lines every N steps */
+
+    /* ddp */
+    double bucket_mb, first_bucket_mb;
+    int workers, min_workers, max_workers;
+    char backend[16]; /* "auto", "ring", "nccl", "mpi" */
+    int overlap;      /* bool */
+    long check_every; /* replica checksum comparison; 0 = never */
+
+    /* checkpoint */
+    char ckpt_dir[1024]; /* "" = no checkpoints */
+    long ckpt_every;     /* steps; 0 = only at the end */
+    int keep_last;
+    int writers;
+    double shard_mb; /* decimal MB */
+} ddp_spec_t;
+
+/* Fills spec with every default (no data, gpt2-tiny model). */
+void ddp_spec_defaults(ddp_spec_t *spec);
+
+/* Parses and validates a spec from a buffer (YAML or JSON, detected). `origin` names it in
+ * errors (a path or "<inline>"). Returns 0, or DDP_ESPEC with ei filled. */
+int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *origin,
+                   ddp_errinfo_t *ei);
+/* Reads and parses a spec file. Relative data/checkpoint paths stay relative to the caller's
+ * working directory. Returns 0, -errno for an unreadable file, or DDP_ESPEC. */
+int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei);
+
+/* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
+ * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */
+int ddp_spec_preset(const char *name, ddp_model_cfg_t *out);
+
+/* Serialises spec as a JSON object (for trainer.json and the daemon); caller frees. */
+char *ddp_spec_to_json(const ddp_spec_t *spec);
+
+#endif
