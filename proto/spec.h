@@ -16,6 +16,60 @@
  *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
  *         check_every}
  *   checkpoint: {dir, every, keep_last, writers, shard_mb}
+ *
+ * Reference (defaults are applied by the parser; ranges are enforced):
+ *
+ *   field                      type      default        meaning
+ *   name                       string    "job"          job name: letters, digits, - _ .
+ *   model.preset               string    gpt2-tiny      gpt2-tiny (0.45M params, byte vocab, T=128),
+ *                                                       gpt2-mini (10.8M, byte vocab, T=256),
+ *                                                       gpt2-124M, gpt2-355M, gpt2-774M,
+ *                                                       gpt2-1558M (vocab 50257, T=1024)
+ *   model.n_layer .. block_size int      (preset)       instead of a preset: all five required;
+ *                                                       n_embd % n_head == 0, vocab <= 65536
+ *   model.init_from            string    ""             dir of HF GPT-2 safetensors to start from
+ *                                                       (needs a preset or the dimensions too)
+ *   data.train                 string    (required)     glob of training token shards
+ *   data.val                   string    ""             glob of validation shards; "" = none
+ *   train.steps                int       1000           optimizer steps, >= 1
+ *   train.micro_batch          int       8              sequences per rank per micro-step (B)
+ *   train.seq_len              int       block_size     tokens per sequence (T), <= block_size
+ *   train.global_batch_tokens  int       0              tokens per optimizer step over all ranks,
+ *                                                       a multiple of B*T; 0 = B*T*world (no
+ *                                                       accumulation); accumulation = this/(B*T*world)
+ *   train.lr                   float     6e-4           peak learning rate, > 0
+ *   train.min_lr               float     lr/10          final lr of the cosine schedule, <= lr
+ *   train.warmup               int       0              linear warmup steps, < steps
+ *   train.schedule             enum      cosine         cosine | constant (both after warmup)
+ *   train.weight_decay         float     0.1            AdamW decoupled decay (matrices only)
+ *   train.betas                [f, f]    [0.9, 0.95]    AdamW betas (or beta1 / beta2), in [0, 1)
+ *   train.eps                  float     1e-8           AdamW epsilon, in (0, 1]
+ *   train.clip                 float     1.0            global grad-norm clip; 0 = off
+ *   train.precision            enum      bf16           fp32 | bf16 | fp16 (CPU always runs fp32)
+ *   train.seed                 int       1337           seed of init, data order and sampling
+ *   train.threads              int       0              compute threads per rank; 0 = cores/ranks
+ *   train.val_every            int       100            steps between validations; 0 = never
+ *   train.val_batches          int       8              micro-batches per validation
+ *   train.sample_tokens        int       200            tokens sampled at the end; 0 = none
+ *   train.log_every            int       1              a step line every N steps
+ *   ddp.workers                int       1              ranks
+ *   ddp.min_workers            int       workers        fewest ranks the job goes on with
+ *   ddp.max_workers            int       workers        most ranks the job may grow to
+ *   ddp.backend                enum      auto           auto (nccl on GPU, ring on CPU) | ring |
+ *                                                       nccl | mpi
+ *   ddp.bucket_mb              float     25             gradient bucket size, MiB
+ *   ddp.first_bucket_mb        float     1              first (small) bucket, MiB, <= bucket_mb
+ *   ddp.overlap                bool      true           all-reduce during backward
+ *   ddp.check_every            int       100            steps between replica checksums; 0 = never
+ *   checkpoint.dir             string    ""             checkpoint directory; "" = none
+ *   checkpoint.every           int       0              steps between saves; 0 = only at the end
+ *   checkpoint.keep_last       int       3              checkpoints kept; 0 = all
+ *   checkpoint.writers         int       1              ranks writing shards, <= max_workers
+ *   checkpoint.shard_mb        float     5000           safetensors shard size, decimal MB
+ *
+ * Scalars are strict: "12abc" or 1.5 is not an integer (1e6 is); YAML booleans are
+ * true/false/yes/no/on/off; a quoted "100" is a string, not a number, in YAML as in JSON.
+ * World-size divisibility of global_batch_tokens is checked by the worker, which knows the world.
  */
 #ifndef DDP_PROTO_SPEC_H
 #define DDP_PROTO_SPEC_H
@@ -92,6 +146,10 @@ int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei);
 /* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */
 int ddp_spec_preset(const char *name, ddp_model_cfg_t *out);
+
+/* Formats a spec error for a person, compiler-style: "job.yaml:4:7: train.lr: must be ...".
+ * `origin` is the file (or "<inline>"); parts that are unknown are left out. Returns buf. */
+const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *buf, size_t len);
 
 /* Serialises spec as a JSON object (for trainer.json and the daemon); caller frees. */
 char *ddp_spec_to_json(const ddp_spec_t *spec);

@@ -1,0 +1,233 @@
+/* Token shards in llm.c's format: open (mmap + validate), write (atomic), glob (sorted).
+ *
+ * Invariants: an open shard maps the whole file read-only and `tokens` points just past the
+ * 1 KiB header, with exactly n_tokens tokens up to the end of the file. A shard is written under
+ * `path`.tmp, fsynced, renamed over `path`, and the directory is fsynced, so a reader sees the
+ * old file or the complete new one, never half of one. Shards are little-endian on disk; like
+ * llm.c we read them in place, so this code assumes a little-endian host (checked at build).
+ */
+#include "proto/shard.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are read in place: LE only");
+
+static int shard_error(ddp_errinfo_t *ei, int rc, const char *path, long long offset,
+                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int shard_error(ddp_errinfo_t *ei, int rc, const char *path, long long offset,
+                       const char *fmt, ...)
+{
+    if (!ei) return rc;
+    ddp_errinfo_clear(ei);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ei->msg, sizeof ei->msg, fmt, ap);
+    va_end(ap);
+    ddp_errinfo_path(ei, "%s", path);
+    ei->offset = offset;
+    return rc;
+}
+
+int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei)
+{
+    memset(s, 0, sizeof *s);
+    if (strlen(path) >= sizeof s->path)
+        return shard_error(ei, DDP_EINVAL, path, -1, "path longer than %zu bytes",
+                           sizeof s->path - 1);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        return shard_error(ei, rc, path, -1, "cannot open token shard: %s", strerror(errno));
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int rc = -errno;
+        close(fd);
+        return shard_error(ei, rc, path, -1, "cannot stat token shard: %s", strerror(-rc));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return shard_error(ei, DDP_EFORMAT, path, -1, "not a regular file");
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < DDP_SHARD_HEADER_BYTES) {
+        close(fd);
+        return shard_error(ei, DDP_EFORMAT, path, (long long)size,
+                           "truncated token shard: %zu bytes, shorter than the %d-byte header",
+                           size, DDP_SHARD_HEADER_BYTES);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    int map_errno = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return shard_error(ei, -map_errno, path, -1, "cannot map token shard: %s",
+                           strerror(map_errno));
+
+    const int32_t *h = map;
+    int rc = 0;
+    if (h[0] != DDP_SHARD_MAGIC) {
+        rc = shard_error(ei, DDP_EFORMAT, path, 0,
+                         "not a token shard: magic is %d (0x%08x), expected %d (llm.c format)",
+                         h[0], (unsigned)h[0], DDP_SHARD_MAGIC);
+    } else if (h[1] != DDP_SHARD_VERSION) {
+        rc = shard_error(ei, DDP_EFORMAT, path, 4,
+                         "unsupported token shard version %d (supported: %d)", h[1],
+                         DDP_SHARD_VERSION);
+    } else if (h[2] < 0) {
+        rc = shard_error(ei, DDP_EFORMAT, path, 8, "negative token count %d in the header",
+                         h[2]);
+    } else {
+        size_t want = DDP_SHARD_HEADER_BYTES + (size_t)h[2] * sizeof(uint16_t);
+        if (want != size)
+            rc = shard_error(ei, DDP_EFORMAT, path, (long long)(size < want ? size : want),
+                             "%s token shard: header says %d tokens, so %zu bytes expected, "
+                             "but the file has %zu bytes",
+                             size < want ? "truncated" : "oversized", h[2], want, size);
+    }
+    if (rc) {
+        munmap(map, size);
+        return rc;
+    }
+    s->map = map;
+    s->map_len = size;
+    s->n_tokens = (size_t)h[2];
+    s->tokens = (const uint16_t *)((const char *)map + DDP_SHARD_HEADER_BYTES);
+    snprintf(s->path, sizeof s->path, "%s", path);
+    return 0;
+}
+
+void ddp_shard_close(ddp_shard_t *s)
+{
+    if (!s) return;
+    if (s->map) munmap(s->map, s->map_len);
+    memset(s, 0, sizeof *s);
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t w = write(fd, p, len);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+/* fsync the directory holding path, so a rename in it is durable. */
+static int fsync_parent(const char *path)
+{
+    char *copy = ddp_strdup(path);
+    if (!copy) return DDP_ENOMEM;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(copy);
+    if (fd < 0) return -errno;
+    int rc = fsync(fd) < 0 ? -errno : 0;
+    close(fd);
+    return rc;
+}
+
+int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
+{
+    if (n_tokens > INT32_MAX) return DDP_EINVAL;
+    size_t plen = strlen(path);
+    char *tmp = ddp_malloc(plen + 5);
+    if (!tmp) return DDP_ENOMEM;
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+
+    int32_t header[DDP_SHARD_HEADER_INTS] = {0};
+    header[0] = DDP_SHARD_MAGIC;
+    header[1] = DDP_SHARD_VERSION;
+    header[2] = (int32_t)n_tokens;
+
+    int rc = 0;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = -errno;
+        goto out;
+    }
+    DDP_CHECK_GOTO(write_all(fd, header, sizeof header), rc, fail);
+    if (n_tokens) DDP_CHECK_GOTO(write_all(fd, tokens, n_tokens * sizeof *tokens), rc, fail);
+    if (fsync(fd) < 0) DDP_CHECK_GOTO(-errno, rc, fail);
+    if (close(fd) < 0) {
+        fd = -1;
+        DDP_CHECK_GOTO(-errno, rc, fail);
+    }
+    fd = -1;
+    if (rename(tmp, path) < 0) DDP_CHECK_GOTO(-errno, rc, fail);
+    rc = fsync_parent(path);
+    goto out;
+fail:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+out:
+    free(tmp);
+    return rc;
+}
+
+int ddp_shard_glob(const char *pattern, char ***paths, size_t *count, ddp_errinfo_t *ei)
+{
+    *paths = NULL;
+    *count = 0;
+    glob_t g;
+    int grc = glob(pattern, GLOB_ERR, NULL, &g);
+    if (grc == GLOB_NOMATCH || (grc == 0 && g.gl_pathc == 0)) {
+        if (grc == 0) globfree(&g);
+        ddp_errinfo_set(ei, DDP_ENOTFOUND, "no token shards match the pattern");
+        ddp_errinfo_path(ei, "%s", pattern);
+        return DDP_ENOTFOUND;
+    }
+    if (grc != 0) {
+        int rc = grc == GLOB_NOSPACE ? DDP_ENOMEM : DDP_EIO;
+        ddp_errinfo_set(ei, rc, "cannot expand the pattern (%s)",
+                        grc == GLOB_NOSPACE ? "out of memory" : "read error");
+        ddp_errinfo_path(ei, "%s", pattern);
+        return rc;
+    }
+    char **out = ddp_calloc(g.gl_pathc, sizeof *out);
+    if (!out) {
+        globfree(&g);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        if (!(out[i] = ddp_strdup(g.gl_pathv[i]))) {
+            ddp_shard_glob_free(out, i);
+            globfree(&g);
+            return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+        }
+    }
+    /* glob's order follows the locale; sort bytewise so every host agrees. */
+    for (size_t i = 1; i < g.gl_pathc; i++)
+        for (size_t j = i; j > 0 && strcmp(out[j - 1], out[j]) > 0; j--) {
+            char *t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    *paths = out;
+    *count = g.gl_pathc;
+    globfree(&g);
+    return 0;
+}
+
+void ddp_shard_glob_free(char **paths, size_t count)
+{
+    if (!paths) return;
+    for (size_t i = 0; i < count; i++) free(paths[i]);
+    free(paths);
+}

@@ -1,0 +1,818 @@
+/* The job spec: defaults, presets, validation of YAML and JSON documents, and JSON output.
+ *
+ * One table (FIELDS) lists every leaf field with its path, type, place in ddp_spec_t and
+ * allowed range. The document (YAML or JSON, read into the tree of spec_tree.h) is walked
+ * against it: unknown keys, wrong types and values out of range are rejected with the field
+ * path, the line and column of the offending key or value, and a message that says what is
+ * allowed ("must be an integer >= 1, got -2"). Then defaults that depend on other fields are
+ * applied (min_lr = lr/10, seq_len = block_size, min/max_workers = workers) and the rules that
+ * tie fields together are checked. ddp_spec_to_json writes the same table back, so a spec
+ * round-trips through JSON to an identical struct.
+ *
+ * JSON positions: jansson does not record where a value is. When a JSON spec is rejected for a
+ * field, the text is read once more with libyaml (JSON is YAML flow syntax) only to find the
+ * line and column of that field; if that fails they are 0.
+ *
+ * The reference table of fields and defaults is in proto/spec.h.
+ */
+#include "proto/spec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "proto/spec_tree.h"
+
+#define SPEC_MAX_BYTES (4 << 20)
+
+/* ---- presets ------------------------------------------------------------------------------- */
+
+typedef struct preset {
+    const char *name;
+    ddp_model_cfg_t cfg;
+} preset_t;
+
+/* n_layer, n_head, n_embd, vocab_size, block_size. Parameters (tied LM head):
+ * V*C + T*C + L*(12*C*C + 13*C) + 2*C. */
+static const preset_t PRESETS[] = {
+    {"gpt2-tiny", {2, 4, 128, 256, 128}},   /* 0.44M parameters, byte-level */
+    {"gpt2-mini", {6, 6, 384, 256, 256}},   /* 10.8M parameters, byte-level */
+    {"gpt2-124M", {12, 12, 768, 50257, 1024}},
+    {"gpt2-355M", {24, 16, 1024, 50257, 1024}},
+    {"gpt2-774M", {36, 20, 1280, 50257, 1024}},
+    {"gpt2-1558M", {48, 25, 1600, 50257, 1024}},
+};
+#define N_PRESETS (sizeof PRESETS / sizeof PRESETS[0])
+
+int ddp_spec_preset(const char *name, ddp_model_cfg_t *out)
+{
+    for (size_t i = 0; name && i < N_PRESETS; i++) {
+        if (!strcmp(PRESETS[i].name, name)) {
+            if (out) *out = PRESETS[i].cfg;
+            return 0;
+        }
+    }
+    return DDP_ENOTFOUND;
+}
+
+/* ---- defaults ------------------------------------------------------------------------------ */
+
+void ddp_spec_defaults(ddp_spec_t *s)
+{
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "job");
+    snprintf(s->preset, sizeof s->preset, "gpt2-tiny");
+    ddp_spec_preset("gpt2-tiny", &s->model);
+    s->steps = 1000;
+    s->micro_batch = 8;
+    s->seq_len = s->model.block_size;
+    s->global_batch_tokens = 0;
+    s->lr = 6e-4;
+    s->min_lr = s->lr / 10;
+    s->warmup = 0;
+    s->schedule = DDP_SCHED_COSINE;
+    s->weight_decay = 0.1;
+    s->beta1 = 0.9;
+    s->beta2 = 0.95;
+    s->eps = 1e-8;
+    s->clip = 1.0;
+    s->precision = DDP_PREC_BF16;
+    s->seed = 1337;
+    s->threads = 0;
+    s->val_every = 100;
+    s->val_batches = 8;
+    s->sample_tokens = 200;
+    s->log_every = 1;
+    s->bucket_mb = 25;
+    s->first_bucket_mb = 1;
+    s->workers = 1;
+    s->min_workers = 1;
+    s->max_workers = 1;
+    snprintf(s->backend, sizeof s->backend, "auto");
+    s->overlap = 1;
+    s->check_every = 100;
+    s->ckpt_every = 0;
+    s->keep_last = 3;
+    s->writers = 1;
+    s->shard_mb = 5000;
+}
+
+/* ---- the field table ----------------------------------------------------------------------- */
+
+typedef enum {
+    FT_INT,    /* int or long (by size), range [lo, hi] */
+    FT_NUM,    /* double, range with optional open ends */
+    FT_BOOL,   /* int 0/1 */
+    FT_STR,    /* char[size], any text up to size-1 bytes */
+    FT_ENUM,   /* int index into choices */
+    FT_CHOICE, /* char[size], one of choices */
+    FT_SEED,   /* uint64_t, 0..INT64_MAX */
+    FT_PAIR,   /* two consecutive doubles given as a sequence [a, b], each in [lo, hi) */
+    FT_PRESET, /* char[size], a preset name */
+} ftype_t;
+
+typedef struct field {
+    const char *path;
+    ftype_t type;
+    size_t off, size;
+    double lo, hi; /* hi >= NO_MAX means no upper bound */
+    bool lo_open, hi_open;
+    const char *const *choices;
+} field_t;
+
+#define NO_MAX 1e15
+#define M(member) offsetof(ddp_spec_t, member), sizeof(((ddp_spec_t *)0)->member)
+#define F_INT(p, m, lo, hi) {p, FT_INT, M(m), lo, hi, false, false, NULL}
+#define F_NUM(p, m, lo, hi, lo_open, hi_open) {p, FT_NUM, M(m), lo, hi, lo_open, hi_open, NULL}
+#define F_BOOL(p, m) {p, FT_BOOL, M(m), 0, 0, false, false, NULL}
+#define F_STR(p, m) {p, FT_STR, M(m), 0, 0, false, false, NULL}
+#define F_ENUM(p, m, ch) {p, FT_ENUM, M(m), 0, 0, false, false, ch}
+#define F_CHOICE(p, m, ch) {p, FT_CHOICE, M(m), 0, 0, false, false, ch}
+
+static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
+static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
+static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
+                                       NULL};
+
+static const field_t FIELDS[] = {
+    F_STR("name", name),
+    {"model.preset", FT_PRESET, M(preset), 0, 0, false, false, NULL},
+    F_STR("model.init_from", init_from),
+    F_INT("model.n_layer", model.n_layer, 1, 1000),
+    F_INT("model.n_head", model.n_head, 1, 1024),
+    F_INT("model.n_embd", model.n_embd, 1, 65536),
+    F_INT("model.vocab_size", model.vocab_size, 1, 65536),
+    F_INT("model.block_size", model.block_size, 1, 1 << 20),
+    F_STR("data.train", train_glob),
+    F_STR("data.val", val_glob),
+    F_INT("train.steps", steps, 1, NO_MAX),
+    F_INT("train.micro_batch", micro_batch, 1, 1 << 20),
+    F_INT("train.seq_len", seq_len, 1, 1 << 20),
+    F_INT("train.global_batch_tokens", global_batch_tokens, 0, NO_MAX),
+    F_NUM("train.lr", lr, 0, 10, true, false),
+    F_NUM("train.min_lr", min_lr, 0, 10, false, false),
+    F_INT("train.warmup", warmup, 0, NO_MAX),
+    F_ENUM("train.schedule", schedule, SCHEDULES),
+    F_NUM("train.weight_decay", weight_decay, 0, NO_MAX, false, false),
+    {"train.betas", FT_PAIR, offsetof(ddp_spec_t, beta1), 2 * sizeof(double), 0, 1, false, true,
+     NULL},
+    F_NUM("train.beta1", beta1, 0, 1, false, true),
+    F_NUM("train.beta2", beta2, 0, 1, false, true),
+    F_NUM("train.eps", eps, 0, 1, true, false),
+    F_NUM("train.clip", clip, 0, NO_MAX, false, false),
+    F_ENUM("train.precision", precision, PRECISIONS),
+    {"train.seed", FT_SEED, M(seed), 0, 0, false, false, NULL},
+    F_INT("train.threads", threads, 0, 4096),
+    F_INT("train.val_every", val_every, 0, NO_MAX),
+    F_INT("train.val_batches", val_batches, 1, 1 << 20),
+    F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
+    F_INT("train.log_every", log_every, 1, NO_MAX),
+    F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),
+    F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false),
+    F_INT("ddp.workers", workers, 1, 65536),
+    F_INT("ddp.min_workers", min_workers, 1, 65536),
+    F_INT("ddp.max_workers", max_workers, 1, 65536),
+    F_CHOICE("ddp.backend", backend, BACKENDS),
+    F_BOOL("ddp.overlap", overlap),
+    F_INT("ddp.check_every", check_every, 0, NO_MAX),
+    F_STR("checkpoint.dir", ckpt_dir),
+    F_INT("checkpoint.every", ckpt_every, 0, NO_MAX),
+    F_INT("checkpoint.keep_last", keep_last, 0, 1000000),
+    F_INT("checkpoint.writers", writers, 1, 65536),
+    F_NUM("checkpoint.shard_mb", shard_mb, 0, 1e9, true, false),
+};
+#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+
+static int field_index(const char *path)
+{
+    for (size_t i = 0; i < N_FIELDS; i++)
+        if (!strcmp(FIELDS[i].path, path)) return (int)i;
+    DDP_ASSERT(!"unknown field path");
+    return -1;
+}
+
+/* ---- parse state and errors ---------------------------------------------------------------- */
+
+typedef struct pstate {
+    ddp_spec_t *spec;
+    ddp_errinfo_t *ei;
+    const char *origin;
+    bool set[N_FIELDS];
+    int line[N_FIELDS], column[N_FIELDS]; /* value marks of the fields that were given */
+} pstate_t;
+
+static int field_error(pstate_t *ps, const char *path, int line, int column, const char *fmt,
+                       ...) __attribute__((format(printf, 5, 6)));
+
+static int field_error(pstate_t *ps, const char *path, int line, int column, const char *fmt,
+                       ...)
+{
+    if (!ps->ei) return DDP_ESPEC;
+    ddp_errinfo_clear(ps->ei);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ps->ei->msg, sizeof ps->ei->msg, fmt, ap);
+    va_end(ap);
+    ddp_errinfo_path(ps->ei, "%s", path);
+    ps->ei->line = line;
+    ps->ei->column = column;
+    return DDP_ESPEC;
+}
+
+/* Error about a field identified by its table index, at its value's mark (0 if defaulted). */
+static int idx_error(pstate_t *ps, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int idx_error(pstate_t *ps, int i, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return field_error(ps, FIELDS[i].path, ps->set[i] ? ps->line[i] : 0,
+                       ps->set[i] ? ps->column[i] : 0, "%s", msg);
+}
+
+/* How a value is shown in a message: strings quoted, containers by kind. */
+static const char *repr(const ddp__snode_t *n, char *buf, size_t len)
+{
+    if (n->kind == DDP__SN_MAP) return "a mapping";
+    if (n->kind == DDP__SN_SEQ) return "a sequence";
+    if (n->stype == DDP__SC_STRING) {
+        snprintf(buf, len, "\"%.60s\"%s", n->text, strlen(n->text) > 60 ? "..." : "");
+        return buf;
+    }
+    if (n->stype == DDP__SC_NULL) return "null (no value)";
+    snprintf(buf, len, "%.60s%s", n->text, strlen(n->text) > 60 ? "..." : "");
+    return buf;
+}
+
+/* What is allowed: "an integer >= 1", "a number > 0 and <= 10". A large upper bound (a sanity
+ * limit, not a real constraint) is shown only to a value that breaks it. `v` is the value given,
+ * NAN when it is not a number. */
+static void describe(const field_t *f, double v, char *buf, size_t len)
+{
+    const char *what = f->type == FT_INT ? "an integer" : "a number";
+    char lo[32], hi[32];
+    snprintf(lo, sizeof lo, "%.15g", f->lo);
+    snprintf(hi, sizeof hi, "%.15g", f->hi);
+    bool big = f->hi >= 65536;
+    if (big && !isnan(v) && v > f->lo)
+        snprintf(buf, len, "%s %s %s", what, f->hi_open ? "<" : "<=", hi);
+    else if (big)
+        snprintf(buf, len, "%s %s %s", what, f->lo_open ? ">" : ">=", lo);
+    else if (f->type == FT_INT)
+        snprintf(buf, len, "%s in %s..%s", what, lo, hi);
+    else
+        snprintf(buf, len, "%s %s %s and %s %s", what, f->lo_open ? ">" : ">=", lo,
+                 f->hi_open ? "<" : "<=", hi);
+}
+
+static void list_choices(const char *const *ch, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; ch[i] && n < len; i++)
+        n += snprintf(buf + n, len - n, "%s%s", i ? ", " : "", ch[i]);
+}
+
+/* ---- scalar conversion --------------------------------------------------------------------- */
+
+/* Strict integer: JSON integer, an integral JSON real, or YAML plain text that is a decimal
+ * integer or an integral number written with an exponent (5e5). */
+static bool to_integer(const ddp__snode_t *n, long long *out)
+{
+    if (n->kind != DDP__SN_SCALAR) return false;
+    if (n->stype == DDP__SC_INT) {
+        *out = n->ival;
+        return true;
+    }
+    double d;
+    if (n->stype == DDP__SC_REAL) {
+        d = n->rval;
+    } else if (n->stype == DDP__SC_PLAIN) {
+        const char *s = n->text;
+        char *end;
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
+        if (end != s && !*end && errno == 0) {
+            *out = v;
+            return true;
+        }
+        if (!strpbrk(s, "eE") || strpbrk(s, "xXnN")) return false;
+        d = strtod(s, &end);
+        if (end == s || *end) return false;
+    } else {
+        return false;
+    }
+    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0) return false;
+    *out = (long long)d;
+    return true;
+}
+
+/* Strict finite number: JSON number, or YAML plain decimal text (no hex, inf or nan). */
+static bool to_number(const ddp__snode_t *n, double *out)
+{
+    if (n->kind != DDP__SN_SCALAR) return false;
+    if (n->stype == DDP__SC_INT) {
+        *out = (double)n->ival;
+        return true;
+    }
+    if (n->stype == DDP__SC_REAL) {
+        *out = n->rval;
+        return true;
+    }
+    if (n->stype != DDP__SC_PLAIN || strpbrk(n->text, "xXnNiI")) return false;
+    char *end;
+    double d = strtod(n->text, &end);
+    if (end == n->text || *end || !isfinite(d)) return false;
+    *out = d;
+    return true;
+}
+
+static bool to_bool(const ddp__snode_t *n, int *out)
+{
+    if (n->kind != DDP__SN_SCALAR) return false;
+    if (n->stype == DDP__SC_BOOL) {
+        *out = n->bval;
+        return true;
+    }
+    if (n->stype != DDP__SC_PLAIN) return false;
+    static const char *const T[] = {"true", "yes", "on"}, *const F[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcasecmp(n->text, T[i])) return (*out = 1), true;
+        if (!strcasecmp(n->text, F[i])) return (*out = 0), true;
+    }
+    return false;
+}
+
+/* Text of a string field: any scalar but a JSON/YAML bool or number typed by JSON is accepted as
+ * its text (YAML `name: 123` is the name "123"); null is "". */
+static bool to_text(const ddp__snode_t *n, const char **out)
+{
+    if (n->kind != DDP__SN_SCALAR || n->stype == DDP__SC_BOOL) return false;
+    *out = n->stype == DDP__SC_NULL ? "" : n->text;
+    return true;
+}
+
+static void store_int(void *p, size_t size, long long v)
+{
+    if (size == sizeof(int))
+        *(int *)p = (int)v;
+    else
+        *(long *)p = (long)v;
+}
+
+static bool in_range(const field_t *f, double v)
+{
+    if (f->lo_open ? !(v > f->lo) : !(v >= f->lo)) return false;
+    if (f->hi >= NO_MAX) return true;
+    return f->hi_open ? v < f->hi : v <= f->hi;
+}
+
+/* Converts and stores one field's value. */
+static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
+{
+    const field_t *f = &FIELDS[i];
+    char *dst = (char *)ps->spec + f->off;
+    char rb[96], want[128];
+    ps->set[i] = true;
+    ps->line[i] = n->line;
+    ps->column[i] = n->column;
+
+    switch (f->type) {
+    case FT_INT: {
+        long long v;
+        bool ok = to_integer(n, &v);
+        describe(f, ok ? (double)v : NAN, want, sizeof want);
+        if (!ok || !in_range(f, (double)v))
+            return idx_error(ps, i, "must be %s, got %s", want, repr(n, rb, sizeof rb));
+        store_int(dst, f->size, v);
+        return 0;
+    }
+    case FT_SEED: {
+        long long v;
+        if (!to_integer(n, &v) || v < 0)
+            return idx_error(ps, i, "must be an integer >= 0, got %s", repr(n, rb, sizeof rb));
+        *(uint64_t *)dst = (uint64_t)v;
+        return 0;
+    }
+    case FT_NUM: {
+        double v;
+        bool ok = to_number(n, &v);
+        describe(f, ok ? v : NAN, want, sizeof want);
+        if (!ok || !in_range(f, v))
+            return idx_error(ps, i, "must be %s, got %s", want, repr(n, rb, sizeof rb));
+        *(double *)dst = v;
+        return 0;
+    }
+    case FT_PAIR: {
+        double v[2];
+        if (n->kind != DDP__SN_SEQ || n->n != 2)
+            return idx_error(ps, i, "must be a sequence of two numbers >= 0 and < 1 "
+                                    "([beta1, beta2]), got %s", repr(n, rb, sizeof rb));
+        for (int k = 0; k < 2; k++) {
+            const ddp__snode_t *e = n->entries[k].val;
+            if (!to_number(e, &v[k]) || !(v[k] >= 0 && v[k] < 1))
+                return field_error(ps, f->path, e->line, e->column,
+                                   "entry %d must be a number >= 0 and < 1, got %s", k,
+                                   repr(e, rb, sizeof rb));
+        }
+        memcpy(dst, v, sizeof v);
+        return 0;
+    }
+    case FT_BOOL: {
+        int v;
+        if (!to_bool(n, &v))
+            return idx_error(ps, i, "must be true or false, got %s", repr(n, rb, sizeof rb));
+        *(int *)dst = v;
+        return 0;
+    }
+    case FT_STR: {
+        const char *s;
+        if (!to_text(n, &s))
+            return idx_error(ps, i, "must be a string, got %s", repr(n, rb, sizeof rb));
+        if (strlen(s) >= f->size)
+            return idx_error(ps, i, "must be at most %zu bytes long, got %zu", f->size - 1,
+                             strlen(s));
+        snprintf(dst, f->size, "%s", s);
+        return 0;
+    }
+    case FT_ENUM:
+    case FT_CHOICE: {
+        const char *s = NULL;
+        list_choices(f->choices, want, sizeof want);
+        if (to_text(n, &s))
+            for (int k = 0; f->choices[k]; k++)
+                if (!strcmp(s, f->choices[k])) {
+                    if (f->type == FT_ENUM)
+                        *(int *)dst = k;
+                    else
+                        snprintf(dst, f->size, "%s", s);
+                    return 0;
+                }
+        return idx_error(ps, i, "must be one of %s; got %s", want, repr(n, rb, sizeof rb));
+    }
+    case FT_PRESET: {
+        const char *s = NULL;
+        if (to_text(n, &s) && ddp_spec_preset(s, &ps->spec->model) == 0) {
+            snprintf(dst, f->size, "%s", s);
+            return 0;
+        }
+        char names[160];
+        size_t k = 0;
+        names[0] = '\0';
+        for (size_t p = 0; p < N_PRESETS; p++)
+            k += snprintf(names + k, sizeof names - k, "%s%s", p ? ", " : "", PRESETS[p].name);
+        return idx_error(ps, i, "must be one of %s; got %s", names, repr(n, rb, sizeof rb));
+    }
+    }
+    return 0;
+}
+
+/* ---- walking the document ------------------------------------------------------------------ */
+
+static int unknown_key(pstate_t *ps, const char *section, const ddp__sentry_t *e)
+{
+    char allowed[512];
+    size_t k = 0, plen = section ? strlen(section) : 0;
+    allowed[0] = '\0';
+    if (!section) {
+        list_choices(SECTIONS, allowed, sizeof allowed);
+    } else {
+        for (size_t i = 0; i < N_FIELDS; i++)
+            if (!strncmp(FIELDS[i].path, section, plen) && FIELDS[i].path[plen] == '.')
+                k += snprintf(allowed + k, sizeof allowed - k, "%s%s", k ? ", " : "",
+                              FIELDS[i].path + plen + 1);
+    }
+    char path[200];
+    snprintf(path, sizeof path, "%s%s%.100s", section ? section : "", section ? "." : "",
+             e->key);
+    return field_error(ps, path, e->key_line, e->key_column, "unknown key; allowed here: %s",
+                       allowed);
+}
+
+static int walk_section(pstate_t *ps, const char *section, const ddp__sentry_t *se)
+{
+    const ddp__snode_t *m = se->val;
+    char rb[96];
+    if (m->kind == DDP__SN_SCALAR && m->stype == DDP__SC_NULL) return 0; /* `train:` alone */
+    if (m->kind != DDP__SN_MAP)
+        return field_error(ps, section, m->line, m->column, "must be a mapping of keys, got %s",
+                           repr(m, rb, sizeof rb));
+    for (size_t j = 0; j < m->n; j++) {
+        const ddp__sentry_t *e = &m->entries[j];
+        char path[200];
+        snprintf(path, sizeof path, "%s.%.100s", section, e->key);
+        int idx = -1;
+        for (size_t i = 0; i < N_FIELDS; i++)
+            if (!strcmp(FIELDS[i].path, path)) idx = (int)i;
+        if (idx < 0) return unknown_key(ps, section, e);
+        DDP_CHECK(set_field(ps, idx, e->val));
+    }
+    return 0;
+}
+
+static int walk(pstate_t *ps, const ddp__snode_t *root)
+{
+    char rb[96];
+    if (!root)
+        return field_error(ps, "data.train", 0, 0,
+                           "is required (the spec is empty): a glob of token shards such as "
+                           "data/train_*.bin");
+    if (root->kind != DDP__SN_MAP)
+        return field_error(ps, ps->origin, root->line, root->column,
+                           "a spec must be a mapping (name, model, data, train, ddp, "
+                           "checkpoint), got %s", repr(root, rb, sizeof rb));
+    for (size_t j = 0; j < root->n; j++) {
+        const ddp__sentry_t *e = &root->entries[j];
+        if (!strcmp(e->key, "name"))
+            DDP_CHECK(set_field(ps, field_index("name"), e->val));
+        else if (!strcmp(e->key, "model") || !strcmp(e->key, "data") ||
+                 !strcmp(e->key, "train") || !strcmp(e->key, "ddp") ||
+                 !strcmp(e->key, "checkpoint"))
+            DDP_CHECK(walk_section(ps, e->key, e));
+        else
+            return unknown_key(ps, NULL, e);
+    }
+    return 0;
+}
+
+/* ---- defaults that depend on other fields, and cross-field rules --------------------------- */
+
+#define SET(path) ps->set[field_index(path)]
+
+static int finish(pstate_t *ps, const ddp__snode_t *root)
+{
+    ddp_spec_t *s = ps->spec;
+    static const char *const DIMS[] = {"model.n_layer", "model.n_head", "model.n_embd",
+                                       "model.vocab_size", "model.block_size"};
+    int ndims = 0, first_dim = -1;
+    for (int d = 0; d < 5; d++)
+        if (SET(DIMS[d])) ndims++, first_dim = first_dim < 0 ? d : first_dim;
+
+    /* name */
+    if (!s->name[0]) return idx_error(ps, field_index("name"), "must not be empty");
+    for (const char *c = s->name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '-' || *c == '_' || *c == '.'))
+            return idx_error(ps, field_index("name"),
+                             "must use only letters, digits, '-', '_' and '.', got \"%s\"",
+                             s->name);
+
+    /* model: a preset or all five dimensions; init_from needs one of them */
+    if (SET("model.preset") && ndims)
+        return idx_error(ps, field_index(DIMS[first_dim]),
+                         "cannot be combined with model.preset: give a preset or all of "
+                         "n_layer, n_head, n_embd, vocab_size, block_size");
+    if (!SET("model.preset") && ndims) {
+        s->preset[0] = '\0';
+        for (int d = 0; d < 5; d++) {
+            if (SET(DIMS[d])) continue;
+            const ddp__sentry_t *me = ddp__stree_find(root, "model");
+            return field_error(ps, DIMS[d], me ? me->key_line : 0, me ? me->key_column : 0,
+                               "is required when the model is given by dimensions (n_layer, "
+                               "n_head, n_embd, vocab_size, block_size)");
+        }
+        if (s->model.n_embd % s->model.n_head)
+            return idx_error(ps, field_index("model.n_embd"),
+                             "must be divisible by model.n_head (%d), got %d", s->model.n_head,
+                             s->model.n_embd);
+    }
+    if (SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims)
+        return idx_error(ps, field_index("model.init_from"),
+                         "needs the architecture too: add model.preset or the dimensions "
+                         "(they are checked against the checkpoint's config.json)");
+
+    /* data */
+    if (!s->train_glob[0]) {
+        const ddp__sentry_t *de = ddp__stree_find(root, "data");
+        int i = field_index("data.train");
+        if (ps->set[i]) return idx_error(ps, i, "must not be empty");
+        return field_error(ps, "data.train", de ? de->key_line : 0, de ? de->key_column : 0,
+                           "is required: a glob of token shards such as data/train_*.bin");
+    }
+
+    /* train */
+    if (!SET("train.seq_len")) s->seq_len = s->model.block_size;
+    if (s->seq_len > s->model.block_size)
+        return idx_error(ps, field_index("train.seq_len"),
+                         "must be <= model.block_size (%d), got %d", s->model.block_size,
+                         s->seq_len);
+    long per = (long)s->micro_batch * s->seq_len;
+    if (s->global_batch_tokens % per)
+        return idx_error(ps, field_index("train.global_batch_tokens"),
+                         "must be 0 (one micro-batch per rank) or a multiple of "
+                         "train.micro_batch * train.seq_len = %ld, got %ld",
+                         per, s->global_batch_tokens);
+    if (SET("train.betas") && (SET("train.beta1") || SET("train.beta2")))
+        return idx_error(ps, field_index("train.betas"),
+                         "give betas or beta1/beta2, not both");
+    if (!SET("train.min_lr")) s->min_lr = s->lr / 10;
+    if (s->min_lr > s->lr)
+        return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
+                         s->lr, s->min_lr);
+    if (s->warmup > 0 && s->warmup >= s->steps)
+        return idx_error(ps, field_index("train.warmup"), "must be < train.steps (%ld), got %ld",
+                         s->steps, s->warmup);
+
+    /* ddp */
+    if (!SET("ddp.min_workers")) s->min_workers = s->workers;
+    if (!SET("ddp.max_workers")) s->max_workers = s->workers;
+    if (s->min_workers > s->workers)
+        return idx_error(ps, field_index("ddp.min_workers"),
+                         "must be <= ddp.workers (%d), got %d", s->workers, s->min_workers);
+    if (s->max_workers < s->workers)
+        return idx_error(ps, field_index("ddp.max_workers"),
+                         "must be >= ddp.workers (%d), got %d", s->workers, s->max_workers);
+    if (s->first_bucket_mb > s->bucket_mb && SET("ddp.first_bucket_mb"))
+        return idx_error(ps, field_index("ddp.first_bucket_mb"),
+                         "must be <= ddp.bucket_mb (%g), got %g", s->bucket_mb,
+                         s->first_bucket_mb);
+
+    /* checkpoint */
+    if (SET("checkpoint.every") && s->ckpt_every > 0 && !s->ckpt_dir[0])
+        return idx_error(ps, field_index("checkpoint.every"),
+                         "needs checkpoint.dir (where to write the checkpoints)");
+    if (s->writers > s->max_workers)
+        return idx_error(ps, field_index("checkpoint.writers"),
+                         "must be <= ddp.max_workers (%d), got %d", s->max_workers, s->writers);
+    return 0;
+}
+
+/* ---- entry points -------------------------------------------------------------------------- */
+
+static bool is_json(const char *text, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r') continue;
+        return text[i] == '{';
+    }
+    return false;
+}
+
+/* JSON: find the line/column of the failed field by reading the text as YAML (see top). */
+static void json_locate(const char *text, size_t len, ddp_errinfo_t *ei)
+{
+    if (!ei || ei->line || !ei->path[0]) return;
+    ddp__stree_t yt;
+    if (ddp__stree_yaml(&yt, text, len, "", NULL) == 0) {
+        const ddp__sentry_t *e = ddp__stree_find(yt.root, ei->path);
+        /* unknown keys point at the key, other errors at the value */
+        if (e && !strncmp(ei->msg, "unknown key", 11)) {
+            ei->line = e->key_line;
+            ei->column = e->key_column;
+        } else if (e) {
+            ei->line = e->val->line;
+            ei->column = e->val->column;
+        }
+    }
+    ddp__stree_free(&yt);
+}
+
+int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *origin,
+                   ddp_errinfo_t *ei)
+{
+    if (!origin) origin = "<inline>";
+    ddp__stree_t tree;
+    bool json = is_json(text, len);
+    int rc = json ? ddp__stree_json(&tree, text, len, origin, ei)
+                  : ddp__stree_yaml(&tree, text, len, origin, ei);
+    if (rc) return rc;
+
+    pstate_t *ps = ddp_calloc(1, sizeof *ps);
+    if (!ps) {
+        ddp__stree_free(&tree);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory parsing the spec");
+    }
+    ps->spec = spec;
+    ps->ei = ei;
+    ps->origin = origin;
+    ddp_spec_defaults(spec);
+    rc = walk(ps, tree.root);
+    if (!rc) rc = finish(ps, tree.root);
+    ddp__stree_free(&tree);
+    free(ps);
+    if (rc && json) json_locate(text, len, ei);
+    return rc;
+}
+
+int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int rc = -errno;
+        ddp_errinfo_set(ei, rc, "cannot open the spec: %s", strerror(errno));
+        ddp_errinfo_path(ei, "%s", path);
+        return rc;
+    }
+    struct stat st;
+    char *buf = NULL;
+    int rc = 0;
+    if (fstat(fd, &st) < 0) {
+        rc = -errno;
+        ddp_errinfo_set(ei, rc, "cannot stat the spec: %s", strerror(errno));
+    } else if (!S_ISREG(st.st_mode) || st.st_size > SPEC_MAX_BYTES) {
+        rc = DDP_ESPEC;
+        ddp_errinfo_set(ei, rc, "a spec must be a regular file of at most %d bytes",
+                        SPEC_MAX_BYTES);
+    } else if (!(buf = ddp_malloc((size_t)st.st_size + 1))) {
+        rc = ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory reading the spec");
+    } else {
+        size_t got = 0;
+        while (got < (size_t)st.st_size) {
+            ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+                rc = r < 0 ? -errno : -EIO;
+                ddp_errinfo_set(ei, rc, "cannot read the spec: %s", strerror(-rc));
+                break;
+            }
+            got += (size_t)r;
+        }
+        if (!rc) rc = ddp_spec_parse(spec, buf, got, path, ei);
+    }
+    if (rc && ei && !ei->path[0]) ddp_errinfo_path(ei, "%s", path);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* ---- JSON output --------------------------------------------------------------------------- */
+
+static json_t *field_json(const ddp_spec_t *s, const field_t *f)
+{
+    const char *p = (const char *)s + f->off;
+    switch (f->type) {
+    case FT_INT:
+        return json_integer(f->size == sizeof(int) ? *(const int *)p : *(const long *)p);
+    case FT_SEED: return json_integer((json_int_t) * (const uint64_t *)p);
+    case FT_NUM: return json_real(*(const double *)p);
+    case FT_BOOL: return json_boolean(*(const int *)p);
+    case FT_ENUM: {
+        int v = *(const int *)p, n = 0;
+        while (f->choices[n]) n++;
+        return json_string(v >= 0 && v < n ? f->choices[v] : "?");
+    }
+    case FT_STR:
+    case FT_CHOICE:
+    case FT_PRESET: return json_string(p);
+    case FT_PAIR: break;
+    }
+    return NULL;
+}
+
+char *ddp_spec_to_json(const ddp_spec_t *s)
+{
+    json_t *root = json_object();
+    char *out = NULL;
+    if (!root) return NULL;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        const field_t *f = &FIELDS[i];
+        if (f->type == FT_PAIR) continue; /* written as beta1/beta2 */
+        bool model = !strncmp(f->path, "model.", 6);
+        if (model && !strcmp(f->path, "model.init_from") && !s->init_from[0]) continue;
+        if (model && !strcmp(f->path, "model.preset") && !s->preset[0]) continue;
+        if (model && s->preset[0] && f->type == FT_INT) continue; /* dims come from preset */
+        const char *dot = strchr(f->path, '.');
+        json_t *obj = root;
+        if (dot) {
+            char sec[32];
+            snprintf(sec, sizeof sec, "%.*s", (int)(dot - f->path), f->path);
+            obj = json_object_get(root, sec);
+            if (!obj) {
+                obj = json_object();
+                if (json_object_set_new(root, sec, obj)) goto out;
+            }
+        }
+        json_t *v = field_json(s, f);
+        if (!v || json_object_set_new(obj, dot ? dot + 1 : f->path, v)) goto out;
+    }
+    out = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+out:
+    json_decref(root);
+    return out;
+}
+
+const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *buf, size_t len)
+{
+    if (!len) return buf;
+    if (!origin) origin = "<inline>";
+    bool field = ei->path[0] && strcmp(ei->path, origin) != 0;
+    if (ei->line > 0)
+        snprintf(buf, len, "%s:%d:%d: %s%s%s", origin, ei->line, ei->column,
+                 field ? ei->path : "", field ? ": " : "", ei->msg);
+    else
+        snprintf(buf, len, "%s: %s%s%s", origin, field ? ei->path : "", field ? ": " : "",
+                 ei->msg);
+    return buf;
+}
