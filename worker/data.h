@@ -1,0 +1,78 @@
+/* Training and validation batches from token shards, in an order independent of world size.
+ *
+ * The dataset is the concatenation of its shards cut into windows of T + 1 tokens (inputs are
+ * the first T, targets the last T), window w of a shard starting at token w * T. Sample j of
+ * the run (a global index over all epochs) is window perm_e(j mod S) of epoch e = j / S, where
+ * S is the number of windows and perm_e a seeded pseudo-random permutation of [0, S) keyed by
+ * (seed, e). So the order is a pure function of (seed, epoch, global sample index).
+ *
+ * Optimizer step s covers samples [s G, (s + 1) G), G = sequences per global batch. Rank r of
+ * W, micro-step a of A, takes the B = G / (W A) samples starting at s G + (a W + r) B: every
+ * rank reads a disjoint part, and the union over ranks and micro-steps is the same whatever W.
+ * A loader thread prepares the next micro-batch while the current one trains.
+ */
+#ifndef DDP_WORKER_DATA_H
+#define DDP_WORKER_DATA_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "proto/shard.h"
+
+typedef struct ddp_dataset {
+    ddp_shard_t *shards;
+    size_t n_shards;
+    size_t *first_window; /* [n_shards + 1]: prefix sums of windows per shard */
+    size_t n_windows;     /* S */
+    int T;
+    int vocab_size; /* tokens >= this are a data error */
+    uint64_t seed;
+} ddp_dataset_t;
+
+/* Opens every shard matching glob with windows of T+1 tokens. Fails with DDP_EFORMAT (ei names
+ * the file) for a bad shard, DDP_ENOTFOUND for no match, DDP_EINVAL when the shards hold no
+ * complete window. */
+int ddp_dataset_open(ddp_dataset_t *d, const char *glob, int T, int vocab_size, uint64_t seed,
+                     ddp_errinfo_t *ei);
+void ddp_dataset_close(ddp_dataset_t *d); /* NULL-safe */
+
+/* The window index of global sample j (shuffled: train order; see above). */
+size_t ddp_dataset_sample(const ddp_dataset_t *d, uint64_t j);
+
+/* Copies `count` consecutive global samples starting at j into inputs[count,T] and
+ * targets[count,T]. With shuffle = 0 sample j is window j mod S (validation). Returns 0, or
+ * DDP_EFORMAT when a token is >= vocab_size (ei names the file and offset). */
+int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle, int32_t *inputs,
+                     int32_t *targets, ddp_errinfo_t *ei);
+
+/* A prefetching reader of one rank's micro-batches. */
+typedef struct ddp_loader {
+    const ddp_dataset_t *d;
+    int B; /* sequences per micro-batch */
+    int rank, world, accum;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t *buf[2][2]; /* [slot][inputs|targets], B*T each */
+    int64_t slot_key[2]; /* micro-batch key held by a slot, -1 empty */
+    int slot_rc[2];
+    ddp_errinfo_t slot_ei[2];
+    int64_t want;        /* next key the consumer asked for */
+    int stop;
+    int started;
+} ddp_loader_t;
+
+/* Starts the loader thread for rank/world with `accum` micro-steps per optimizer step; keys
+ * are step * accum + micro. */
+int ddp_loader_start(ddp_loader_t *l, const ddp_dataset_t *d, int B, int rank, int world,
+                     int accum);
+/* Blocks until micro-batch (step, micro) is ready and returns pointers valid until the next
+ * call; starts preparing the following one. Returns 0 or the data error. Caller thread only. */
+int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **inputs,
+                    const int32_t **targets, ddp_errinfo_t *ei);
+/* Stops the thread and frees buffers. NULL-safe. */
+void ddp_loader_stop(ddp_loader_t *l);
+
+#endif

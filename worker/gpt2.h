@@ -1,0 +1,131 @@
+/* GPT-2 on a parameter arena: layout, initialisation, forward and backward.
+ *
+ * All parameters live in one allocation of the kernel backend; gradients live in a second with
+ * the same layout (and AdamW's moments in two more, see optim.h). The layout is in BACKWARD
+ * COMPLETION ORDER, so the gradients that backward finishes first come first:
+ *
+ *   ln_f.{weight,bias}
+ *   h.{L-1..0}.{mlp.c_proj.weight, mlp.c_proj.bias, mlp.c_fc.weight, mlp.c_fc.bias,
+ *               ln_2.weight, ln_2.bias, attn.c_proj.weight, attn.c_proj.bias,
+ *               attn.c_attn.weight, attn.c_attn.bias, ln_1.weight, ln_1.bias}
+ *   wpe.weight, wte.weight      (wte last: the tied LM head and the embedding both use it)
+ *
+ * so every gradient bucket is one contiguous slice and backward can report a growing finished
+ * prefix (ddp_gpt2_backward's `ready` callback) that the reducer all-reduces in place.
+ * Tensor names and shapes are Hugging Face's GPT-2 (Conv1D weights [in, out]).
+ */
+#ifndef DDP_WORKER_GPT2_H
+#define DDP_WORKER_GPT2_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "kernels/kernels.h"
+#include "proto/spec.h"
+
+#define DDP_GPT2_NAME_MAX 48
+
+/* One parameter tensor: a view into any arena with the model's layout. */
+typedef struct ddp_param_desc {
+    char name[DDP_GPT2_NAME_MAX]; /* "h.3.attn.c_attn.weight" */
+    int ndim;
+    int shape[2];
+    size_t offset; /* in floats from the arena's start */
+    size_t numel;
+    int decay; /* weight decay applies: 2-D tensors */
+} ddp_param_desc_t;
+
+/* Pointers to one block's tensors inside an arena. */
+typedef struct ddp_gpt2_block {
+    float *ln1w, *ln1b;         /* [C] */
+    float *qkvw, *qkvb;         /* [C,3C], [3C] */
+    float *attprojw, *attprojb; /* [C,C], [C] */
+    float *ln2w, *ln2b;         /* [C] */
+    float *fcw, *fcb;           /* [C,4C], [4C] */
+    float *fcprojw, *fcprojb;   /* [4C,C], [C] */
+} ddp_gpt2_block_t;
+
+/* Pointers to every tensor of one arena (parameters or gradients). */
+typedef struct ddp_gpt2_views {
+    float *wte;        /* [V,C] */
+    float *wpe;        /* [block_size,C] */
+    float *lnfw, *lnfb; /* [C] */
+    ddp_gpt2_block_t *h; /* [n_layer] */
+} ddp_gpt2_views_t;
+
+/* Activations for micro-batches of B sequences of up to T tokens. */
+typedef struct ddp_gpt2_acts {
+    int B, T;
+    float *base; /* one allocation */
+    float *encoded; /* [B,T,C] */
+    float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T] x2 */
+    float *qkv;                       /* [L,B,T,3C] */
+    float *atty;                      /* [L,B,T,C] */
+    float *att;                       /* [L,B,NH,T,T] */
+    float *res2;                      /* [L,B,T,C] */
+    float *ln2, *ln2_mean, *ln2_rstd; /* [L,B,T,C], [L,B,T] x2 */
+    float *fch, *fch_gelu;            /* [L,B,T,4C] x2 */
+    float *res3;                      /* [L,B,T,C] */
+    float *lnf, *lnf_mean, *lnf_rstd; /* [B,T,C], [B,T] x2 */
+    float *logits;                    /* [B,T,V]; backward overwrites with dlogits */
+    float *losses;                    /* [B,T] */
+    /* backward scratch, reused by every layer */
+    float *dres;   /* [B,T,C] gradient of the residual stream */
+    float *dc;     /* [B,T,C] */
+    float *dc2;    /* [B,T,C] */
+    float *dqkv;   /* [B,T,3C] */
+    float *datt;   /* [B,NH,T,T] */
+    float *dfc;    /* [B,T,4C] */
+    float *dfc2;   /* [B,T,4C] */
+    int32_t *inputs, *targets; /* [B,T] on the device */
+    int last_B, last_T;        /* shape of the last forward */
+    int last_had_targets;      /* backward needs a forward with targets */
+} ddp_gpt2_acts_t;
+
+typedef struct ddp_gpt2 {
+    ddp_model_cfg_t cfg;
+    ddp_kernels_t *k; /* borrowed */
+    ddp_param_desc_t *params; /* [n_tensors], in arena order */
+    int n_tensors;
+    size_t n_params;          /* floats in an arena */
+    float *w;                 /* parameter arena (device) */
+    float *g;                 /* gradient arena (device) */
+    ddp_gpt2_views_t wv, gv;  /* views into w and g */
+    ddp_gpt2_acts_t acts;
+} ddp_gpt2_t;
+
+/* Called by backward each time a prefix of the gradient arena is final: floats
+ * [0, done) will not be written again in this backward. */
+typedef void (*ddp_gpt2_ready_fn)(void *arg, size_t done);
+
+/* Builds the layout and allocates the parameter and gradient arenas (zeroed) and activations
+ * for B x T on backend k (borrowed; must outlive the model). Returns 0, DDP_EINVAL for an
+ * impossible configuration, or an allocation error. */
+int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T);
+/* Frees everything init allocated. NULL-safe. */
+void ddp_gpt2_close(ddp_gpt2_t *m);
+
+/* Number of floats in an arena for cfg (no allocation). */
+size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg);
+
+/* GPT-2 initialisation from rng: weights N(0, 0.02), residual projections (attn.c_proj,
+ * mlp.c_proj) N(0, 0.02/sqrt(2 L)), biases 0, LayerNorm weights 1. Draws on the host in arena
+ * order, so the result depends on the seed only. */
+int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng);
+
+/* The descriptor named `name` (HF name, with or without a "transformer." prefix), or NULL. */
+const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name);
+
+/* Forward on inputs[B,T] (host int32; B <= acts.B, T <= acts.T). With targets (host, may be
+ * NULL) computes per-position losses and returns their mean in *loss. Logits are left in
+ * acts.logits for sampling. Returns 0 or a backend error. */
+int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *loss);
+
+/* Backward of the last forward (which must have had targets): zeroes the gradient arena, then
+ * writes d(mean loss)/dw into it, calling ready(arg, done) as each prefix of the arena becomes
+ * final (ready may be NULL). Returns 0 or a backend error. */
+int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg);
+
+#endif

@@ -1,0 +1,185 @@
+/* ddp-worker: the trainer process. Reads a job spec, trains, reports, checkpoints.
+ *
+ *   ddp-worker [options] JOB.yaml
+ *   ddp-worker --selftest
+ *
+ * Exit codes: 0 done, 1 training error, 2 bad usage or spec, 143 stopped by SIGTERM/SIGINT
+ * after finishing the current step.
+ */
+#include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "kernels/kernels.h"
+#include "proto/spec.h"
+#include "worker/train.h"
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: ddp-worker [options] JOB.yaml\n"
+            "       ddp-worker --selftest\n"
+            "\n"
+            "Trains the GPT-2 described by JOB.yaml (YAML or JSON).\n"
+            "\n"
+            "options:\n"
+            "  --set KEY=VALUE     override a spec field, e.g. --set train.steps=20 (repeatable;\n"
+            "                      VALUE is read as JSON when it parses, else as a string)\n"
+            "  --run-dir DIR       write metrics.jsonl there (default: $DDP_RUN_DIR)\n"
+            "  --backend NAME      kernel backend: auto (default), cpu, cuda\n"
+            "  --dump-weights FILE write the final parameters (raw fp32, arena order)\n"
+            "  --quiet             no per-step lines\n"
+            "  --selftest          compare every kernel backend present with the CPU one\n"
+            "  --help, --version\n");
+}
+
+/* Applies "a.b=value" overrides to spec by a round trip through its JSON form, so an override
+ * is validated exactly like the file it overrides. */
+static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinfo_t *ei)
+{
+    if (n_sets == 0) return 0;
+    char *text = ddp_spec_to_json(spec);
+    if (!text) return DDP_ENOMEM;
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    free(text);
+    if (!root) return DDP_ENOMEM;
+    int rc = 0;
+    for (int i = 0; i < n_sets && rc == 0; i++) {
+        char *eq = strchr(sets[i], '=');
+        char *dot = strchr(sets[i], '.');
+        if (!eq || !dot || dot > eq) {
+            rc = ddp_errinfo_set(ei, DDP_ESPEC, "--set %s: expected SECTION.KEY=VALUE", sets[i]);
+            break;
+        }
+        char section[64], key[64];
+        snprintf(section, sizeof section, "%.*s", (int)(dot - sets[i]), sets[i]);
+        snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+        json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, &jerr);
+        if (!value) value = json_string(eq + 1);
+        json_t *obj = json_object_get(root, section);
+        if (!obj) {
+            obj = json_object();
+            json_object_set_new(root, section, obj);
+        }
+        json_object_set_new(obj, key, value);
+    }
+    if (rc == 0) {
+        text = json_dumps(root, JSON_COMPACT);
+        rc = text ? ddp_spec_parse(spec, text, strlen(text), "--set", ei) : DDP_ENOMEM;
+        free(text);
+    }
+    json_decref(root);
+    return rc;
+}
+
+static int env_int(const char *name, int fallback)
+{
+    const char *v = getenv(name);
+    return v && *v ? atoi(v) : fallback;
+}
+
+int main(int argc, char **argv)
+{
+    enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER };
+    static const struct option long_opts[] = {
+        {"set", required_argument, NULL, OPT_SET},
+        {"run-dir", required_argument, NULL, OPT_RUN_DIR},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"dump-weights", required_argument, NULL, OPT_DUMP},
+        {"quiet", no_argument, NULL, OPT_QUIET},
+        {"selftest", no_argument, NULL, OPT_SELFTEST},
+        {"version", no_argument, NULL, OPT_VER},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    ddp_train_opts_t opts = {.backend = "auto", .run_dir = getenv("DDP_RUN_DIR")};
+    char **sets = calloc((size_t)argc, sizeof *sets);
+    int n_sets = 0, c;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_SET: sets[n_sets++] = optarg; break;
+        case OPT_RUN_DIR: opts.run_dir = optarg; break;
+        case OPT_BACKEND: opts.backend = optarg; break;
+        case OPT_DUMP: opts.dump_weights = optarg; break;
+        case OPT_QUIET: opts.quiet = 1; break;
+        case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
+        case OPT_VER: printf("ddp-worker 0.1.0\n"); free(sets); return 0;
+        case 'h': usage(stdout); free(sets); return 0;
+        default: usage(stderr); free(sets); return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        usage(stderr);
+        free(sets);
+        return 2;
+    }
+    opts.rank = env_int("DDP_RANK", 0);
+    opts.world = env_int("DDP_WORLD_SIZE", 1);
+    if (opts.world > 1) ddp_log_set_rank(opts.rank);
+
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
+    char msg[1024];
+    ddp_spec_t spec;
+    int rc = ddp_spec_load(&spec, argv[optind], &ei);
+    if (rc == 0) rc = apply_overrides(&spec, sets, n_sets, &ei);
+    free(sets);
+    if (rc) {
+        fprintf(stderr, "ddp-worker: %s\n",
+                ei.msg[0] ? ddp_errinfo_str(&ei, msg, sizeof msg) : ddp_strerror(rc));
+        return 2;
+    }
+
+    struct sigaction sa = {.sa_handler = on_stop_signal};
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+
+    ddp_trainer_t t;
+    rc = ddp_trainer_init(&t, &spec, &opts, &ei);
+    if (rc) {
+        fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
+        return rc == DDP_ESPEC ? 2 : 1;
+    }
+    rc = ddp_trainer_run(&t, &stop_requested, &ei);
+    if (rc == 0 && opts.dump_weights) {
+        float *host = ddp_malloc(t.model.n_params * sizeof(float));
+        FILE *f = fopen(opts.dump_weights, "wb");
+        rc = host && f ? 0 : DDP_EIO;
+        if (rc == 0)
+            rc = t.k.ops->memcpy_d2h(t.k.ctx, host, t.model.w, t.model.n_params * sizeof(float));
+        if (rc == 0 && fwrite(host, sizeof(float), t.model.n_params, f) != t.model.n_params)
+            rc = DDP_EIO;
+        if (f && fclose(f)) rc = DDP_EIO;
+        free(host);
+    }
+    if (rc == 0 && !stop_requested && opts.rank == 0 && spec.sample_tokens > 0) {
+        printf("--- sample (%d tokens) ---\n", spec.sample_tokens);
+        rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
+    }
+    if (rc == 0 && t.metrics) {
+        fprintf(t.metrics, "{\"event\":\"done\",\"step\":%ld,\"final_loss\":%.6f}\n", t.step,
+                t.last_loss);
+    }
+    if (rc) {
+        if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
+        fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
+    }
+    int stopped = stop_requested;
+    ddp_trainer_close(&t);
+    if (rc) return 1;
+    return stopped ? 143 : 0;
+}

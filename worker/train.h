@@ -1,0 +1,67 @@
+/* The training loop of one rank: data, forward/backward per micro-step, gradient
+ * accumulation, clipping, AdamW, validation, logging, sampling.
+ *
+ * Gradient accumulation keeps the design's bitwise contract: each micro-step's backward
+ * writes a fresh gradient arena; micro-steps 0..A-2 are summed into `acc` in order, and the last
+ * micro-step's gradient is then added to it, so the arena holds g0 + g1 + ... in micro-step
+ * order. The average is that sum times 1/(A W), applied inside the optimizer.
+ */
+#ifndef DDP_WORKER_TRAIN_H
+#define DDP_WORKER_TRAIN_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "common/rng.h"
+#include "kernels/kernels.h"
+#include "proto/spec.h"
+#include "worker/data.h"
+#include "worker/gpt2.h"
+#include "worker/optim.h"
+
+typedef struct ddp_train_opts {
+    const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
+    const char *dump_weights; /* write the final parameter arena (raw fp32) here; NULL = no */
+    const char *backend;      /* kernel backend name ("auto") */
+    int rank, world;          /* this process's place in the job */
+    int quiet;                /* no step lines (tests) */
+} ddp_train_opts_t;
+
+typedef struct ddp_trainer {
+    ddp_spec_t spec;
+    ddp_train_opts_t opts;
+    ddp_kernels_t k;
+    ddp_gpt2_t model;
+    ddp_adamw_t opt;
+    ddp_dataset_t train_set, val_set;
+    int have_val;
+    ddp_loader_t loader;
+    ddp_rng_t rng;
+    int accum;        /* micro-steps per optimizer step on this rank */
+    float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
+    long step;        /* optimizer steps completed */
+    uint64_t tokens;  /* tokens trained on, all ranks */
+    FILE *metrics;    /* rank 0's metrics.jsonl, or NULL */
+    float last_loss, last_val_loss;
+    double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
+} ddp_trainer_t;
+
+/* Opens the backend, builds and initialises the model and optimizer, opens the data and
+ * starts the loader. On failure returns a negative code with ei describing it (which file,
+ * which field). */
+int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
+                     ddp_errinfo_t *ei);
+/* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
+ * steps; may be set by a signal handler). Returns 0 or the first error. */
+int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
+/* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
+int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
+/* Mean validation loss over spec.val_batches micro-batches. */
+int ddp_trainer_validate(ddp_trainer_t *t, float *loss);
+/* Samples n tokens after a start token with the trainer's rng and writes them as text
+ * (vocab 256: bytes) or token ids to out. */
+int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
+/* Frees everything. NULL-safe. */
+void ddp_trainer_close(ddp_trainer_t *t);
+
+#endif
