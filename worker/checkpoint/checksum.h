@@ -1,0 +1,28 @@
+/* CRC32C (Castagnoli), the checksum of checkpoint files in MANIFEST.json.
+ *
+ * Why CRC32C and not a library hash: it is in the x86 instruction set (SSE4.2 `crc32`), so it runs
+ * at several GB/s per core with no dependency beyond the compiler, it detects every burst error
+ * up to 32 bits (a flipped byte, a torn sector), and `crc32c` from Python or `gsutil hash -c`
+ * reproduce it. The hardware path is chosen at run time (cpuid); other CPUs get a slicing-by-8
+ * table, which gives the same values.
+ *
+ * Streaming: crc = ddp_crc32c_update(0, a, n); crc = ddp_crc32c_update(crc, b, m) equals one call
+ * over a then b. The conventional init/final inversion is done inside, so 0 is the start value and
+ * ddp_crc32c_update(0, "123456789", 9) == 0xE3069283.
+ */
+#ifndef DDP_WORKER_CHECKPOINT_CHECKSUM_H
+#define DDP_WORKER_CHECKPOINT_CHECKSUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Extends `crc` (0 to start) over buf[0..n). Pure; any thread. */
+uint32_t ddp_crc32c_update(uint32_t crc, const void *buf, size_t n);
+
+/* The same with the portable table path, whatever the CPU (tests compare the two). Any thread. */
+uint32_t ddp__crc32c_sw(uint32_t crc, const void *buf, size_t n);
+
+/* 1 when the SSE4.2 path is in use. Any thread. */
+int ddp_crc32c_hw(void);
+
+#endif
