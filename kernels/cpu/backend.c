@@ -1,0 +1,114 @@
+/* The built-in CPU kernel backend: its ops table, context (thread pool), memory and copies.
+ *
+ * Memory is host memory: alloc returns 64-byte aligned, zero-filled blocks (cache-line and
+ * AVX-512 aligned), copies are memcpy, and sync only reports the first error an op recorded.
+ * The ops live in the other files of this folder; cpu.h states the threading invariants.
+ */
+#include "kernels/cpu/cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "common/alloc.h"
+#include "common/err.h"
+
+#define CPU_ALIGN 64
+
+static int cpu_probe(void) { return 1; }
+
+static int default_threads(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n;
+}
+
+static int cpu_init(ddp_kctx_t **out, int device, int threads)
+{
+    *out = NULL;
+    if (threads < 0) return DDP_EINVAL;
+    if (threads == 0) threads = default_threads();
+    ddp_kctx_t *ctx = ddp_calloc(1, sizeof(*ctx));
+    if (!ctx) return DDP_ENOMEM;
+    int rc = ddp__pool_new(&ctx->pool, threads);
+    if (rc < 0) {
+        free(ctx);
+        return rc;
+    }
+    ctx->threads = threads;
+    /* Every sgemm runs inside one of our tasks: OpenBLAS must not start threads of its own. */
+    openblas_set_num_threads(1);
+    *out = ctx;
+    return 0;
+}
+
+static void cpu_close(ddp_kctx_t *ctx)
+{
+    if (!ctx) return;
+    ddp__pool_free(ctx->pool);
+    free(ctx);
+}
+
+static int cpu_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
+{
+    size_t rounded = (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN;
+    void *p = ddp_aligned_alloc(CPU_ALIGN, rounded ? rounded : CPU_ALIGN);
+    if (!p) return DDP_ENOMEM;
+    memset(p, 0, rounded ? rounded : CPU_ALIGN);
+    *out = p;
+    return 0;
+}
+
+static void cpu_free(ddp_kctx_t *ctx, void *p) { free(p); }
+
+static int cpu_memcpy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memmove(dst, src, bytes);
+    return 0;
+}
+
+static int cpu_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
+{
+    if (bytes) memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_sync(ddp_kctx_t *ctx)
+{
+    int rc = ctx->err;
+    ctx->err = 0;
+    return rc;
+}
+
+const ddp_kernels_ops_t ddp_kernels_cpu = {
+    .name = "cpu",
+    .probe = cpu_probe,
+    .init = cpu_init,
+    .close = cpu_close,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memcpy_h2d = cpu_memcpy,
+    .memcpy_d2h = cpu_memcpy,
+    .memcpy_d2d = cpu_memcpy,
+    .memset0 = cpu_memset0,
+    .sync = cpu_sync,
+    .encoder_fwd = ddp__cpu_encoder_fwd,
+    .encoder_bwd = ddp__cpu_encoder_bwd,
+    .layernorm_fwd = ddp__cpu_layernorm_fwd,
+    .layernorm_bwd = ddp__cpu_layernorm_bwd,
+    .matmul_fwd = ddp__cpu_matmul_fwd,
+    .matmul_bwd = ddp__cpu_matmul_bwd,
+    .attention_fwd = ddp__cpu_attention_fwd,
+    .attention_bwd = ddp__cpu_attention_bwd,
+    .gelu_fwd = ddp__cpu_gelu_fwd,
+    .gelu_bwd = ddp__cpu_gelu_bwd,
+    .residual_fwd = ddp__cpu_residual_fwd,
+    .xent_fwd_bwd = ddp__cpu_xent_fwd_bwd,
+    .adamw = ddp__cpu_adamw,
+    .sumsq = ddp__cpu_sumsq,
+    .add = ddp__cpu_add,
+    .scale = ddp__cpu_scale,
+    .nonfinite = ddp__cpu_nonfinite,
+};

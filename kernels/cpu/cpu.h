@@ -1,0 +1,95 @@
+/* Internals of the CPU kernel backend: the context, the thread pool and the ops' prototypes.
+ *
+ * Invariants
+ * - One context owns one pool of `threads` compute threads (the calling thread plus
+ *   threads - 1 workers). Every op, BLAS included, runs its work as tasks on that pool;
+ *   OpenBLAS itself is held at one thread, so nothing else computes and nothing spins.
+ * - Work is cut into tasks by the shapes alone (fixed block sizes), never by the thread count,
+ *   and every output element is computed by exactly one task in a fixed order: results are
+ *   bitwise identical whatever `threads` is.
+ * - Ops are synchronous: when one returns its outputs are written.
+ * Only the .c files of kernels/cpu include this header.
+ */
+#ifndef DDP_KERNELS_CPU_CPU_H
+#define DDP_KERNELS_CPU_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+/* Elements per task in the element-wise ops (a fixed size keeps results thread-independent). */
+#define DDP__CPU_CHUNK 32768
+
+/* ---- thread pool (pool.c) ---- */
+
+typedef struct ddp__pool ddp__pool_t;
+/* Runs task `task` (0 <= task < ntasks) of one parallel call. */
+typedef void (*ddp__task_fn)(void *arg, long task);
+
+/* Starts a pool of `threads` compute threads (>= 1; the caller of ddp__pool_run counts as one,
+ * so threads - 1 workers are created). Returns 0, DDP_ENOMEM or -errno. */
+int ddp__pool_new(ddp__pool_t **out, int threads);
+/* Stops and joins the workers and frees the pool. NULL-safe. */
+void ddp__pool_free(ddp__pool_t *pool);
+/* Runs fn(arg, 0..ntasks-1) on the pool and returns when all tasks are done. The calling thread
+ * takes tasks too. One caller at a time per pool (a context is used by one thread). */
+void ddp__pool_run(ddp__pool_t *pool, long ntasks, ddp__task_fn fn, void *arg);
+/* The pool's number of compute threads. */
+int ddp__pool_threads(const ddp__pool_t *pool);
+
+/* ---- the context ---- */
+
+struct ddp_kctx {
+    ddp__pool_t *pool;
+    int threads;
+    int err; /* first error of an op since the last sync (ops return nothing) */
+};
+
+/* Number of tasks of `chunk` elements that cover n. */
+static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chunk - 1) / chunk); }
+
+/* ---- ops (one file per family) ---- */
+
+/* encoder.c */
+void ddp__cpu_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
+                          const float *wpe, int B, int T, int C);
+void ddp__cpu_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *inp, int B, int T, int C);
+/* layernorm.c */
+void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+                            const float *inp, const float *weight, const float *bias, int N,
+                            int C);
+void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight,
+                            const float *mean, const float *rstd, int N, int C);
+/* matmul.c */
+void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
+                         const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
+void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight, int N, int C,
+                         int OC, ddp_wlayout_t layout);
+/* attention.c */
+void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+                            int T, int C, int NH);
+void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
+                            const float *qkv, const float *att, int B, int T, int C, int NH);
+/* pointwise.c */
+void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
+void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
+                       size_t n);
+void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
+                           size_t n);
+/* xent.c */
+void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
+                           const int32_t *targets, int N, int V, float dloss);
+/* vector.c */
+void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
+                    size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                    float grad_scale, int t);
+void ddp__cpu_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n);
+void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
+void ddp__cpu_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
+void ddp__cpu_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
+
+#endif

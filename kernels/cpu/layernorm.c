@@ -1,0 +1,137 @@
+/* LayerNorm forward and backward over rows of C channels (eps = DDP_LAYERNORM_EPS).
+ *
+ * Forward: out[N,C], mean[N], rstd[N]; tasks are blocks of LN_ROWS rows.
+ * Backward, one call with two kinds of independent tasks:
+ *   row tasks:    dinp[N,C] += rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = dout w;
+ *   column tasks: dweight[C] += sum_n dout xhat, dbias[C] += sum_n dout, each column summed over
+ *                 n in order by one task (no cross-thread reduction, thread-independent result).
+ * Row sums use LN_LANES partial sums so that gcc vectorises them; the order is fixed.
+ */
+#include "kernels/cpu/cpu.h"
+
+#include "kernels/math/layernorm.h"
+
+#define LN_ROWS 16
+#define LN_COLS 128
+#define LN_LANES 8
+
+typedef struct {
+    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout;
+    const float *cmean, *crstd;
+    int N, C;
+    long row_tasks;
+} ln_args_t;
+
+static float lane_sum(const float acc[LN_LANES])
+{
+    float s = 0.0f;
+    for (int j = 0; j < LN_LANES; j++) s += acc[j];
+    return s;
+}
+
+static void ln_fwd_task(void *varg, long task)
+{
+    const ln_args_t *a = varg;
+    int C = a->C;
+    int lo = (int)task * LN_ROWS, hi = lo + LN_ROWS < a->N ? lo + LN_ROWS : a->N;
+    for (int r = lo; r < hi; r++) {
+        const float *restrict x = a->inp + (size_t)r * C;
+        float *restrict y = a->out + (size_t)r * C;
+        float acc[LN_LANES] = {0};
+        int c = 0;
+        for (; c + LN_LANES <= C; c += LN_LANES)
+            for (int j = 0; j < LN_LANES; j++) acc[j] += x[c + j];
+        for (int j = 0; c < C; c++, j++) acc[j] += x[c];
+        float m = lane_sum(acc) / (float)C;
+        float acc2[LN_LANES] = {0};
+        for (c = 0; c + LN_LANES <= C; c += LN_LANES)
+            for (int j = 0; j < LN_LANES; j++) acc2[j] += (x[c + j] - m) * (x[c + j] - m);
+        for (int j = 0; c < C; c++, j++) acc2[j] += (x[c] - m) * (x[c] - m);
+        float rs = ddp_layernorm_rstd(lane_sum(acc2), C);
+        const float *restrict w = a->weight;
+        const float *restrict b = a->bias;
+        for (c = 0; c < C; c++) y[c] = (x[c] - m) * rs * w[c] + b[c];
+        a->mean[r] = m;
+        a->rstd[r] = rs;
+    }
+}
+
+void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+                            const float *inp, const float *weight, const float *bias, int N,
+                            int C)
+{
+    ln_args_t a = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
+                   .bias = bias, .N = N, .C = C};
+    ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, LN_ROWS), ln_fwd_task, &a);
+}
+
+static void ln_bwd_rows(const ln_args_t *a, long task)
+{
+    int C = a->C;
+    int lo = (int)task * LN_ROWS, hi = lo + LN_ROWS < a->N ? lo + LN_ROWS : a->N;
+    const float *restrict w = a->weight;
+    for (int r = lo; r < hi; r++) {
+        const float *restrict x = a->inp + (size_t)r * C;
+        const float *restrict dy = a->dout + (size_t)r * C;
+        float *restrict dx = a->dinp + (size_t)r * C;
+        float m = a->cmean[r], rs = a->crstd[r];
+        float s1[LN_LANES] = {0}, s2[LN_LANES] = {0};
+        int c = 0;
+        for (; c + LN_LANES <= C; c += LN_LANES)
+            for (int j = 0; j < LN_LANES; j++) {
+                float dn = dy[c + j] * w[c + j];
+                s1[j] += dn;
+                s2[j] += dn * ((x[c + j] - m) * rs);
+            }
+        for (int j = 0; c < C; c++, j++) {
+            float dn = dy[c] * w[c];
+            s1[j] += dn;
+            s2[j] += dn * ((x[c] - m) * rs);
+        }
+        float mdn = lane_sum(s1) / (float)C, mdnx = lane_sum(s2) / (float)C;
+        for (c = 0; c < C; c++)
+            dx[c] += ddp_layernorm_dx(dy[c] * w[c], (x[c] - m) * rs, mdn, mdnx, rs);
+    }
+}
+
+static void ln_bwd_cols(const ln_args_t *a, long task)
+{
+    int C = a->C;
+    int c0 = (int)task * LN_COLS, c1 = c0 + LN_COLS < C ? c0 + LN_COLS : C;
+    int nc = c1 - c0;
+    float accw[LN_COLS] = {0}, accb[LN_COLS] = {0};
+    for (int r = 0; r < a->N; r++) {
+        const float *restrict x = a->inp + (size_t)r * C + c0;
+        const float *restrict dy = a->dout + (size_t)r * C + c0;
+        float m = a->cmean[r], rs = a->crstd[r];
+        for (int j = 0; j < nc; j++) {
+            accw[j] += dy[j] * ((x[j] - m) * rs);
+            accb[j] += dy[j];
+        }
+    }
+    for (int j = 0; j < nc; j++) {
+        a->dweight[c0 + j] += accw[j];
+        a->dbias[c0 + j] += accb[j];
+    }
+}
+
+static void ln_bwd_task(void *varg, long task)
+{
+    const ln_args_t *a = varg;
+    if (task < a->row_tasks)
+        ln_bwd_rows(a, task);
+    else
+        ln_bwd_cols(a, task - a->row_tasks);
+}
+
+void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                            const float *dout, const float *inp, const float *weight,
+                            const float *mean, const float *rstd, int N, int C)
+{
+    ln_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+                   .weight = weight, .cmean = mean, .crstd = rstd, .N = N, .C = C};
+    a.row_tasks = ddp__ntasks((size_t)N, LN_ROWS);
+    long col_tasks = ddp__ntasks((size_t)C, LN_COLS);
+    ddp__pool_run(ctx->pool, a.row_tasks + col_tasks, ln_bwd_task, &a);
+}

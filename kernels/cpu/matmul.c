@@ -1,0 +1,184 @@
+/* Matmul forward and backward on OpenBLAS sgemm, parallelised by hand on the context's pool.
+ *
+ * Forward:  out[N,OC] = inp[N,C] @ W (+ bias), W as [C,OC] (DDP_W_IN_OUT) or [OC,C] (OUT_IN).
+ * Backward: dinp[N,C] += dout @ W^T;  dweight += inp^T @ dout in W's layout;
+ *           dbias[OC] += colsum(dout).
+ * OpenBLAS runs single-threaded (cpu_init sets it); each product is cut into tiles of its OUTPUT
+ * and each tile is one sgemm task, so BLAS shares the one pool with the element ops and nothing
+ * spins. The reduction dimension K is never split: every output element is one sgemm dot product,
+ * and the tiling depends on the shapes only, so results are bitwise identical for any thread
+ * count. For the tied LM head (OC = V large) the forward and dweight tiles cut V.
+ * One backward call runs its dinp, dweight and dbias tasks as one batch for load balance.
+ */
+#include "kernels/cpu/cpu.h"
+
+#include <cblas.h>
+
+#define MM_WIDE 512    /* preferred tile width */
+#define MM_MIN_COLS 128
+#define MM_MIN_ROWS 64
+#define MM_TILES 8     /* aim for at least this many tiles (balance over 2..4 threads) */
+#define MM_BIAS_COLS 256
+
+typedef struct {
+    int R, Cc;   /* output dims */
+    int rb, cb;  /* tile dims */
+    int nr, nc;  /* tile counts */
+} tiling_t;
+
+static int cdiv(int a, int b) { return (a + b - 1) / b; }
+static int round16(int a) { return (a + 15) / 16 * 16; }
+
+/* Tiles an R x Cc output by its shape alone. */
+static void plan(tiling_t *tl, int R, int Cc)
+{
+    int nc = cdiv(Cc, MM_WIDE);
+    if (nc < MM_TILES) {
+        int most = Cc / MM_MIN_COLS;
+        nc = most < MM_TILES ? most : MM_TILES;
+        if (nc < 1) nc = 1;
+    }
+    int nr = 1;
+    if (nc < MM_TILES) {
+        int most = R / MM_MIN_ROWS;
+        nr = cdiv(MM_TILES, nc);
+        if (nr > most) nr = most;
+        if (nr < 1) nr = 1;
+    }
+    tl->R = R;
+    tl->Cc = Cc;
+    tl->cb = round16(cdiv(Cc, nc));
+    tl->rb = round16(cdiv(R, nr));
+    tl->nc = cdiv(Cc, tl->cb);
+    tl->nr = cdiv(R, tl->rb);
+}
+
+static long ntiles(const tiling_t *tl) { return (long)tl->nr * tl->nc; }
+
+/* Tile `i`'s origin and size. */
+static void tile_at(const tiling_t *tl, long i, int *r0, int *c0, int *h, int *w)
+{
+    *r0 = (int)(i / tl->nc) * tl->rb;
+    *c0 = (int)(i % tl->nc) * tl->cb;
+    *h = tl->R - *r0 < tl->rb ? tl->R - *r0 : tl->rb;
+    *w = tl->Cc - *c0 < tl->cb ? tl->Cc - *c0 : tl->cb;
+}
+
+typedef struct {
+    float *out, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout;
+    int N, C, OC;
+    ddp_wlayout_t layout;
+    tiling_t fwd, di, dw;
+    long n_di, n_dw, n_db; /* backward task counts per kind, in that order */
+} mm_args_t;
+
+static void fwd_task(void *varg, long task)
+{
+    const mm_args_t *a = varg;
+    int r0, c0, h, w;
+    tile_at(&a->fwd, task, &r0, &c0, &h, &w);
+    int C = a->C, OC = a->OC;
+    float *out = a->out + (size_t)r0 * OC + c0;
+    float beta = 0.0f;
+    if (a->bias) {
+        for (int r = 0; r < h; r++) {
+            float *restrict o = out + (size_t)r * OC;
+            const float *restrict b = a->bias + c0;
+            for (int j = 0; j < w; j++) o[j] = b[j];
+        }
+        beta = 1.0f;
+    }
+    const float *inp = a->inp + (size_t)r0 * C;
+    if (a->layout == DDP_W_IN_OUT)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, h, w, C, 1.0f, inp, C,
+                    a->weight + c0, OC, beta, out, OC);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, h, w, C, 1.0f, inp, C,
+                    a->weight + (size_t)c0 * C, C, beta, out, OC);
+}
+
+void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
+                         const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+{
+    mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
+                   .OC = OC, .layout = layout};
+    plan(&a.fwd, N, OC);
+    ddp__pool_run(ctx->pool, ntiles(&a.fwd), fwd_task, &a);
+}
+
+/* dinp[N,C] += dout[N,OC] @ W^T (W^T as [OC,C]). */
+static void dinp_task(const mm_args_t *a, long task)
+{
+    int r0, c0, h, w;
+    tile_at(&a->di, task, &r0, &c0, &h, &w);
+    int C = a->C, OC = a->OC;
+    const float *dout = a->dout + (size_t)r0 * OC;
+    float *dinp = a->dinp + (size_t)r0 * C + c0;
+    if (a->layout == DDP_W_IN_OUT) /* W[C][OC]: rows c0.. of W, transposed */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, h, w, OC, 1.0f, dout, OC,
+                    a->weight + (size_t)c0 * OC, OC, 1.0f, dinp, C);
+    else /* W[OC][C]: columns c0.. of W */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, h, w, OC, 1.0f, dout, OC,
+                    a->weight + c0, C, 1.0f, dinp, C);
+}
+
+/* IN_OUT: dW[C][OC] += inp^T @ dout.  OUT_IN: dW[OC][C] += dout^T @ inp. */
+static void dweight_task(const mm_args_t *a, long task)
+{
+    int r0, c0, h, w;
+    tile_at(&a->dw, task, &r0, &c0, &h, &w);
+    int N = a->N, C = a->C, OC = a->OC;
+    if (a->layout == DDP_W_IN_OUT)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, w, N, 1.0f, a->inp + r0, C,
+                    a->dout + c0, OC, 1.0f, a->dweight + (size_t)r0 * OC + c0, OC);
+    else
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, w, N, 1.0f, a->dout + r0, OC,
+                    a->inp + c0, C, 1.0f, a->dweight + (size_t)r0 * C + c0, C);
+}
+
+/* dbias[c0..c1) += sum over rows n in order. */
+static void dbias_task(const mm_args_t *a, long task)
+{
+    int c0 = (int)task * MM_BIAS_COLS;
+    int w = a->OC - c0 < MM_BIAS_COLS ? a->OC - c0 : MM_BIAS_COLS;
+    float acc[MM_BIAS_COLS] = {0};
+    for (int n = 0; n < a->N; n++) {
+        const float *restrict d = a->dout + (size_t)n * a->OC + c0;
+        for (int j = 0; j < w; j++) acc[j] += d[j];
+    }
+    for (int j = 0; j < w; j++) a->dbias[c0 + j] += acc[j];
+}
+
+static void bwd_task(void *varg, long task)
+{
+    const mm_args_t *a = varg;
+    /* dweight tiles first: for the LM head they are the largest. */
+    if (task < a->n_dw) {
+        dweight_task(a, task);
+        return;
+    }
+    task -= a->n_dw;
+    if (task < a->n_di) {
+        dinp_task(a, task);
+        return;
+    }
+    dbias_task(a, task - a->n_di);
+}
+
+void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight, int N, int C,
+                         int OC, ddp_wlayout_t layout)
+{
+    mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+                   .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout};
+    plan(&a.di, N, C);
+    if (layout == DDP_W_IN_OUT)
+        plan(&a.dw, C, OC);
+    else
+        plan(&a.dw, OC, C);
+    a.n_dw = dweight ? ntiles(&a.dw) : 0;
+    a.n_di = dinp ? ntiles(&a.di) : 0;
+    a.n_db = dbias ? ddp__ntasks((size_t)OC, MM_BIAS_COLS) : 0;
+    ddp__pool_run(ctx->pool, a.n_dw + a.n_di + a.n_db, bwd_task, &a);
+}

@@ -1,0 +1,160 @@
+/* Element-wise ops over whole arenas: AdamW, sum of squares, add, scale, non-finite check.
+ *
+ * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq: a block size that depends on
+ * n only), so the work and, for the reductions, the partial sums are the same whatever the
+ * thread count. The loops are written so that gcc vectorises them at -O3.
+ */
+#include "kernels/cpu/cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels/math/adamw.h"
+
+/* ---- AdamW ---- */
+
+typedef struct {
+    float *param, *m, *v;
+    const float *grad;
+    size_t n;
+    float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
+} adamw_args_t;
+
+static void adamw_task(void *varg, long task)
+{
+    const adamw_args_t *a = varg;
+    size_t lo = (size_t)task * DDP__CPU_CHUNK;
+    size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
+    float *restrict p = a->param;
+    float *restrict m = a->m;
+    float *restrict v = a->v;
+    const float *restrict g = a->grad;
+    for (size_t i = lo; i < hi; i++)
+        ddp_adamw_elem(&p[i], &m[i], &v[i], g[i] * a->grad_scale, a->lr, a->beta1, a->beta2,
+                       a->eps, a->wd, a->bc1, a->bc2);
+}
+
+void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
+                    size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                    float grad_scale, int t)
+{
+    adamw_args_t a = {
+        .param = param, .m = m, .v = v, .grad = grad, .n = n, .lr = lr, .beta1 = beta1,
+        .beta2 = beta2, .eps = eps, .wd = wd, .grad_scale = grad_scale,
+        /* The bias corrections in double, as PyTorch computes them (Python floats). */
+        .bc1 = (float)(1.0 - pow((double)beta1, (double)t)),
+        .bc2 = (float)(1.0 - pow((double)beta2, (double)t)),
+    };
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), adamw_task, &a);
+}
+
+/* ---- sum of squares ---- */
+
+#define SUMSQ_MAX_BLOCKS 2048
+#define SUMSQ_LANES 8
+
+typedef struct {
+    const float *x;
+    size_t n, block;
+    double partial[SUMSQ_MAX_BLOCKS];
+} sumsq_args_t;
+
+static void sumsq_task(void *varg, long task)
+{
+    sumsq_args_t *a = varg;
+    size_t lo = (size_t)task * a->block;
+    size_t hi = lo + a->block < a->n ? lo + a->block : a->n;
+    const float *restrict x = a->x;
+    double acc[SUMSQ_LANES] = {0};
+    size_t i = lo;
+    for (; i + SUMSQ_LANES <= hi; i += SUMSQ_LANES)
+        for (int j = 0; j < SUMSQ_LANES; j++) acc[j] += (double)x[i + j] * (double)x[i + j];
+    for (int j = 0; i < hi; i++, j++) acc[j] += (double)x[i] * (double)x[i];
+    double s = 0.0;
+    for (int j = 0; j < SUMSQ_LANES; j++) s += acc[j];
+    a->partial[task] = s;
+}
+
+void ddp__cpu_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n)
+{
+    sumsq_args_t a = {.x = x, .n = n, .block = DDP__CPU_CHUNK};
+    /* The block size depends on n only; the partials are added in block order. */
+    if ((n + a.block - 1) / a.block > SUMSQ_MAX_BLOCKS)
+        a.block = ((n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS + 63) / 64 * 64;
+    long nb = ddp__ntasks(n, a.block);
+    ddp__pool_run(ctx->pool, nb, sumsq_task, &a);
+    double s = 0.0;
+    for (long b = 0; b < nb; b++) s += a.partial[b];
+    *out = s;
+}
+
+/* ---- add, scale ---- */
+
+typedef struct {
+    float *y;
+    const float *x;
+    float s;
+    size_t n;
+} axpy_args_t;
+
+static void add_task(void *varg, long task)
+{
+    const axpy_args_t *a = varg;
+    size_t lo = (size_t)task * DDP__CPU_CHUNK;
+    size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
+    float *restrict y = a->y;
+    const float *restrict x = a->x;
+    for (size_t i = lo; i < hi; i++) y[i] += x[i];
+}
+
+void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n)
+{
+    axpy_args_t a = {.y = y, .x = x, .n = n};
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), add_task, &a);
+}
+
+static void scale_task(void *varg, long task)
+{
+    const axpy_args_t *a = varg;
+    size_t lo = (size_t)task * DDP__CPU_CHUNK;
+    size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
+    float *restrict y = a->y;
+    for (size_t i = lo; i < hi; i++) y[i] *= a->s;
+}
+
+void ddp__cpu_scale(ddp_kctx_t *ctx, float *x, float s, size_t n)
+{
+    axpy_args_t a = {.y = x, .s = s, .n = n};
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), scale_task, &a);
+}
+
+/* ---- non-finite check ---- */
+
+typedef struct {
+    const float *x;
+    size_t n;
+    int found; /* written as 1 by any task that finds one; a benign same-value race */
+} nonfinite_args_t;
+
+static void nonfinite_task(void *varg, long task)
+{
+    nonfinite_args_t *a = varg;
+    size_t lo = (size_t)task * DDP__CPU_CHUNK;
+    size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
+    const float *restrict x = a->x;
+    uint32_t bad = 0;
+    for (size_t i = lo; i < hi; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], sizeof(u));
+        /* NaN or Inf: all exponent bits set. Branch-free so that it vectorises. */
+        bad |= (uint32_t)((u & 0x7f800000u) == 0x7f800000u);
+    }
+    if (bad) __atomic_store_n(&a->found, 1, __ATOMIC_RELAXED);
+}
+
+void ddp__cpu_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n)
+{
+    nonfinite_args_t a = {.x = x, .n = n, .found = 0};
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), nonfinite_task, &a);
+    *out = __atomic_load_n(&a.found, __ATOMIC_RELAXED);
+}

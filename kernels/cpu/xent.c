@@ -1,0 +1,84 @@
+/* Fused softmax + cross-entropy over logits[N,V]: losses[N], and dlogits[N,V] when asked.
+ *
+ * One task per row. A row is read once for its maximum, once to write exp(x - max) into dlogits
+ * (which may alias logits: each element is read before it is written, and the target logit is
+ * saved first), and once more to turn the exponentials into (p - onehot) * dloss. Sums use
+ * XENT_LANES partial sums in a fixed order; the per-element math is kernels/math/softmax.h.
+ */
+#include "kernels/cpu/cpu.h"
+
+#include "kernels/math/softmax.h"
+
+#define XENT_LANES 8
+
+typedef struct {
+    float *losses, *dlogits;
+    const float *logits;
+    const int32_t *targets;
+    int N, V;
+    float dloss;
+} xent_args_t;
+
+static float row_max(const float *restrict x, int V)
+{
+    float acc[XENT_LANES];
+    for (int j = 0; j < XENT_LANES; j++) acc[j] = -INFINITY;
+    int i = 0;
+    for (; i + XENT_LANES <= V; i += XENT_LANES)
+        for (int j = 0; j < XENT_LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (; i < V; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    float m = acc[0];
+    for (int j = 1; j < XENT_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+static void xent_task(void *varg, long task)
+{
+    const xent_args_t *a = varg;
+    int V = a->V;
+    const float *x = a->logits + (size_t)task * V;
+    int t = a->targets[task];
+    float xt = x[t];
+    float mx = row_max(x, V);
+    float acc[XENT_LANES] = {0};
+    if (!a->dlogits) {
+        int i = 0;
+        for (; i + XENT_LANES <= V; i += XENT_LANES)
+            for (int j = 0; j < XENT_LANES; j++) acc[j] += ddp_softmax_exp(x[i + j], mx);
+        for (int j = 0; i < V; i++, j++) acc[j] += ddp_softmax_exp(x[i], mx);
+    } else {
+        /* No restrict: d may be x. */
+        float *d = a->dlogits + (size_t)task * V;
+        int i = 0;
+        for (; i + XENT_LANES <= V; i += XENT_LANES)
+            for (int j = 0; j < XENT_LANES; j++) {
+                float e = ddp_softmax_exp(x[i + j], mx);
+                d[i + j] = e;
+                acc[j] += e;
+            }
+        for (int j = 0; i < V; i++, j++) {
+            float e = ddp_softmax_exp(x[i], mx);
+            d[i] = e;
+            acc[j] += e;
+        }
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < XENT_LANES; j++) sum += acc[j];
+    a->losses[task] = ddp_xent_loss(xt, mx, sum);
+    if (a->dlogits) {
+        float *restrict d = a->dlogits + (size_t)task * V;
+        float inv = 1.0f / sum;
+        float et = d[t];
+        float dloss = a->dloss;
+        for (int i = 0; i < V; i++) d[i] = ddp_xent_grad(d[i] * inv, 0, dloss);
+        d[t] = ddp_xent_grad(et * inv, 1, dloss);
+    }
+}
+
+void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
+                           const int32_t *targets, int N, int V, float dloss)
+{
+    xent_args_t a = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
+                     .N = N, .V = V, .dloss = dloss};
+    ddp__pool_run(ctx->pool, N, xent_task, &a);
+}

@@ -1,0 +1,157 @@
+/* Opening a kernel backend: the built-in CPU backend, or the CUDA module loaded with dlopen().
+ *
+ * The CUDA backend is a shared module (ddp_kernels_cuda.so) so that one binary runs on hosts with
+ * and without CUDA. It is looked up beside the executable (/proc/self/exe's directory), then in
+ * each directory of $DDP_KERNELS_PATH (colon-separated; an entry may also name the file itself),
+ * then through the dynamic linker's search path. A module is used only when its ops table has no
+ * NULL member and its probe is positive. "auto" picks the usable backend with the highest probe
+ * (the CPU's is 1).
+ */
+#include "kernels/kernels.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+#define CUDA_MODULE_NAME "ddp_kernels_cuda.so"
+
+/* Every member of ddp_kernels_ops_t that must be set. */
+#define OPS_MEMBERS(X)                                                                       \
+    X(name) X(probe) X(init) X(close) X(alloc) X(free) X(memcpy_h2d) X(memcpy_d2h)           \
+    X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd) X(encoder_bwd) X(layernorm_fwd)          \
+    X(layernorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd) X(attention_bwd)          \
+    X(gelu_fwd) X(gelu_bwd) X(residual_fwd) X(xent_fwd_bwd) X(adamw) X(sumsq) X(add)        \
+    X(scale) X(nonfinite)
+
+/* Returns the name of the first NULL member, or NULL when the table is complete. */
+static const char *missing_member(const ddp_kernels_ops_t *ops)
+{
+#define CHECK_MEMBER(m)                                                                      \
+    if (!ops->m) return #m;
+    OPS_MEMBERS(CHECK_MEMBER)
+#undef CHECK_MEMBER
+    return NULL;
+}
+
+/* dlopen()s `path` and takes its ops table; 0 with *handle and *ops set, or DDP_ENODEV. */
+static int load_from(const char *path, void **handle, const ddp_kernels_ops_t **ops)
+{
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        DDP_DEBUG("kernels: cannot load %s: %s", path, dlerror());
+        return DDP_ENODEV;
+    }
+    ddp_kernels_module_fn fn = (ddp_kernels_module_fn)dlsym(h, DDP_KERNELS_MODULE_SYMBOL);
+    const ddp_kernels_ops_t *t = fn ? fn() : NULL;
+    if (!t) {
+        DDP_WARN("kernels: %s has no ops table (%s)", path, DDP_KERNELS_MODULE_SYMBOL);
+        dlclose(h);
+        return DDP_ENODEV;
+    }
+    const char *miss = missing_member(t);
+    if (miss) {
+        DDP_WARN("kernels: %s: op '%s' is NULL; module not used", path, miss);
+        dlclose(h);
+        return DDP_ENODEV;
+    }
+    *handle = h;
+    *ops = t;
+    return 0;
+}
+
+static int exe_dir(char *buf, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+    if (n <= 0) return -1;
+    buf[n] = '\0';
+    char *slash = strrchr(buf, '/');
+    if (!slash) return -1;
+    *slash = '\0';
+    return 0;
+}
+
+/* Finds and loads the CUDA module; DDP_ENODEV when none loads. */
+static int load_cuda(void **handle, const ddp_kernels_ops_t **ops)
+{
+    char path[PATH_MAX + sizeof(CUDA_MODULE_NAME) + 2];
+    char dir[PATH_MAX];
+    if (exe_dir(dir, sizeof(dir)) == 0) {
+        snprintf(path, sizeof(path), "%s/%s", dir, CUDA_MODULE_NAME);
+        if (access(path, F_OK) == 0 && load_from(path, handle, ops) == 0) return 0;
+    }
+    const char *env = getenv("DDP_KERNELS_PATH");
+    if (env && *env) {
+        const char *p = env;
+        while (*p) {
+            size_t n = strcspn(p, ":");
+            if (n > 0 && n < PATH_MAX) {
+                memcpy(dir, p, n);
+                dir[n] = '\0';
+                size_t dl = strlen(dir);
+                size_t sl = strlen(CUDA_MODULE_NAME);
+                if (dl >= sl && strcmp(dir + dl - sl, CUDA_MODULE_NAME) == 0)
+                    snprintf(path, sizeof(path), "%s", dir); /* the file itself */
+                else
+                    snprintf(path, sizeof(path), "%s/%s", dir, CUDA_MODULE_NAME);
+                if (access(path, F_OK) == 0 && load_from(path, handle, ops) == 0) return 0;
+            }
+            p += n;
+            if (*p == ':') p++;
+        }
+    }
+    return load_from(CUDA_MODULE_NAME, handle, ops);
+}
+
+/* Initialises k with ops/module; on failure unloads the module. */
+static int start(ddp_kernels_t *k, const ddp_kernels_ops_t *ops, void *module, int device,
+                 int threads)
+{
+    ddp_kctx_t *ctx = NULL;
+    int rc = ops->init(&ctx, device, threads);
+    if (rc < 0) {
+        if (module) dlclose(module);
+        return rc;
+    }
+    k->ops = ops;
+    k->ctx = ctx;
+    k->module = module;
+    return 0;
+}
+
+int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads)
+{
+    memset(k, 0, sizeof(*k));
+    if (!name) name = "auto";
+    int want_cpu = strcmp(name, "cpu") == 0;
+    int want_cuda = strcmp(name, "cuda") == 0;
+    int want_auto = strcmp(name, "auto") == 0;
+    if (!want_cpu && !want_cuda && !want_auto) {
+        DDP_ERROR("kernels: unknown backend '%s' (cpu, cuda or auto)", name);
+        return DDP_EINVAL;
+    }
+    if (threads < 0) return DDP_EINVAL;
+    if (want_cpu) return start(k, &ddp_kernels_cpu, NULL, device, threads);
+
+    void *module = NULL;
+    const ddp_kernels_ops_t *ops = NULL;
+    int rc = load_cuda(&module, &ops);
+    int probe = rc == 0 ? ops->probe() : 0;
+    if (rc == 0 && probe > 0 && (want_cuda || probe > ddp_kernels_cpu.probe()))
+        return start(k, ops, module, device, threads);
+    if (module) dlclose(module);
+    if (want_cuda) return DDP_ENODEV;
+    return start(k, &ddp_kernels_cpu, NULL, device, threads);
+}
+
+void ddp_kernels_close(ddp_kernels_t *k)
+{
+    if (!k) return;
+    if (k->ops && k->ctx) k->ops->close(k->ctx);
+    if (k->module) dlclose(k->module);
+    memset(k, 0, sizeof(*k));
+}
