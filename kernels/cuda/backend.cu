@@ -1,0 +1,267 @@
+/* The CUDA kernel backend: its ops table, the module entry point, contexts and memory.
+ *
+ * Built as the shared module ddp_kernels_cuda.so, dlopen()ed by ddp_kernels_open("cuda");
+ * the only exported symbol is ddp_kernels_module() (DDP_KERNELS_MODULE_SYMBOL).
+ *
+ * - probe: 0 when the runtime reports no device (cudaGetDeviceCount fails, e.g. with
+ *   cudaErrorInsufficientDriver when no driver is installed, or finds none), 10 otherwise.
+ * - A context: the device made current, a non-blocking stream, a cuBLAS handle on it. Matmuls
+ *   are plain fp32; DDP_CUDA_TF32=1 in the environment lets cuBLAS use TF32 tensor cores.
+ * - alloc: cudaMalloc, zero-filled on the stream. memcpy_h2d/d2h return when the copy is
+ *   complete (the host buffer may be reused at once); memcpy_d2d and memset0 are queued.
+ * - Errors: every CUDA/cuBLAS failure is logged with its original message and mapped to
+ *   DDP_ECUDA; ops keep the first one for ddp_k_sync().
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/kcuda.cuh"
+
+int ddp__cuda_check(ddp_kctx_t *ctx, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return 0;
+    DDP_ERROR("cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    if (ctx && ctx->err == 0) ctx->err = DDP_ECUDA;
+    return DDP_ECUDA;
+}
+
+int ddp__cublas_check(ddp_kctx_t *ctx, cublasStatus_t s, const char *what)
+{
+    if (s == CUBLAS_STATUS_SUCCESS) return 0;
+    DDP_ERROR("cublas: %s: %s (%s)", what, cublasGetStatusString(s), cublasGetStatusName(s));
+    if (ctx && ctx->err == 0) ctx->err = DDP_ECUDA;
+    return DDP_ECUDA;
+}
+
+int ddp__cuda_launched(ddp_kctx_t *ctx, const char *what)
+{
+    return ddp__cuda_check(ctx, cudaGetLastError(), what);
+}
+
+int ddp__cuda_enter(ddp_kctx_t *ctx)
+{
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur == ctx->device) return 0;
+    return ddp__cuda_check(ctx, cudaSetDevice(ctx->device), "cudaSetDevice");
+}
+
+int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out)
+{
+    if (bytes <= ctx->scratch_bytes) {
+        *out = ctx->scratch;
+        return 0;
+    }
+    if (ctx->scratch) {
+        ddp__cuda_check(ctx, cudaFree(ctx->scratch), "cudaFree(scratch)");
+        ctx->scratch = NULL;
+        ctx->scratch_bytes = 0;
+    }
+    /* Round up so that a slowly growing size does not reallocate on every call. */
+    size_t want = bytes + bytes / 4;
+    void *p = NULL;
+    int rc = ddp__cuda_check(ctx, cudaMalloc(&p, want), "cudaMalloc(scratch)");
+    if (rc) return rc;
+    ctx->scratch = p;
+    ctx->scratch_bytes = want;
+    *out = p;
+    return 0;
+}
+
+static int cuda_probe(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear it, so it does not surface in a later call */
+        return 0;
+    }
+    return n > 0 ? 10 : 0;
+}
+
+static void cuda_close(ddp_kctx_t *ctx)
+{
+    if (!ctx) return;
+    cudaSetDevice(ctx->device);
+    if (ctx->stream) cudaStreamSynchronize(ctx->stream);
+    if (ctx->blas) cublasDestroy(ctx->blas);
+    if (ctx->scratch) cudaFree(ctx->scratch);
+    if (ctx->red) cudaFree(ctx->red);
+    if (ctx->flag) cudaFree(ctx->flag);
+    if (ctx->pinned) cudaFreeHost(ctx->pinned);
+    if (ctx->stream) cudaStreamDestroy(ctx->stream);
+    free(ctx);
+}
+
+static int cuda_init(ddp_kctx_t **out, int device, int threads)
+{
+    (void)threads; /* the GPU decides its own parallelism */
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        if (e != cudaSuccess) {
+            DDP_ERROR("cuda: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                      cudaGetErrorName(e));
+            cudaGetLastError();
+        }
+        return DDP_ENODEV;
+    }
+    if (device < 0 || device >= n) {
+        DDP_ERROR("cuda: device %d does not exist (%d present)", device, n);
+        return DDP_ENODEV;
+    }
+    ddp_kctx_t *ctx = (ddp_kctx_t *)calloc(1, sizeof(*ctx));
+    if (!ctx) return DDP_ENOMEM;
+    ctx->device = device;
+    int rc = 0;
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaSetDevice(device), "cudaSetDevice"), rc, fail);
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx,
+                                   cudaStreamCreateWithFlags(&ctx->stream,
+                                                             cudaStreamNonBlocking),
+                                   "cudaStreamCreate"),
+                   rc, fail);
+    DDP_CHECK_GOTO(ddp__cublas_check(ctx, cublasCreate(&ctx->blas), "cublasCreate"), rc, fail);
+    DDP_CHECK_GOTO(ddp__cublas_check(ctx, cublasSetStream(ctx->blas, ctx->stream),
+                                     "cublasSetStream"),
+                   rc, fail);
+    {
+        const char *tf32 = getenv("DDP_CUDA_TF32");
+        cublasMath_t mode = (tf32 && strcmp(tf32, "1") == 0) ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                             : CUBLAS_DEFAULT_MATH;
+        if (mode != CUBLAS_DEFAULT_MATH) DDP_INFO("cuda: TF32 matmuls enabled (DDP_CUDA_TF32)");
+        DDP_CHECK_GOTO(ddp__cublas_check(ctx, cublasSetMathMode(ctx->blas, mode),
+                                         "cublasSetMathMode"),
+                       rc, fail);
+    }
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx,
+                                   cudaMalloc((void **)&ctx->red,
+                                              (DDP_CUDA_RED_BLOCKS + 1) * sizeof(double)),
+                                   "cudaMalloc"),
+                   rc, fail);
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaMalloc((void **)&ctx->flag, sizeof(int)),
+                                   "cudaMalloc"),
+                   rc, fail);
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaMallocHost(&ctx->pinned, 16), "cudaMallocHost"),
+                   rc, fail);
+    {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+            DDP_INFO("cuda: device %d: %s, sm_%d%d, %.1f GiB", device, prop.name, prop.major,
+                     prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    }
+    ctx->err = 0;
+    *out = ctx;
+    return 0;
+fail:
+    cuda_close(ctx);
+    return rc;
+}
+
+static int cuda_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
+{
+    *out = NULL;
+    if (bytes == 0) return 0;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky: keep ctx usable */
+        DDP_ERROR("cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
+        return e == cudaErrorMemoryAllocation ? DDP_ENOMEM : DDP_ECUDA;
+    }
+    int rc = ddp__cuda_check(ctx, cudaMemsetAsync(p, 0, bytes, ctx->stream), "cudaMemsetAsync");
+    if (rc) {
+        cudaFree(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+static void cuda_free(ddp_kctx_t *ctx, void *p)
+{
+    if (!p) return;
+    if (ddp__cuda_enter(ctx)) return;
+    ddp__cuda_check(ctx, cudaFree(p), "cudaFree");
+}
+
+static int cuda_copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes,
+                     cudaMemcpyKind kind, int wait, const char *what)
+{
+    if (bytes == 0) return 0;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    DDP_CHECK(ddp__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, kind, ctx->stream), what));
+    if (wait) DDP_CHECK(ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), what));
+    return 0;
+}
+
+static int cuda_memcpy_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return cuda_copy(ctx, dst, src, bytes, cudaMemcpyHostToDevice, 1, "memcpy_h2d");
+}
+
+static int cuda_memcpy_d2h(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return cuda_copy(ctx, dst, src, bytes, cudaMemcpyDeviceToHost, 1, "memcpy_d2h");
+}
+
+static int cuda_memcpy_d2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return cuda_copy(ctx, dst, src, bytes, cudaMemcpyDeviceToDevice, 0, "memcpy_d2d");
+}
+
+static int cuda_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    return ddp__cuda_check(ctx, cudaMemsetAsync(dst, 0, bytes, ctx->stream), "memset0");
+}
+
+/* Waits for the stream; returns the first error of the queued ops (or of the wait), then
+ * clears it. A sticky CUDA error (e.g. an illegal address) keeps failing later calls. */
+static int cuda_sync(ddp_kctx_t *ctx)
+{
+    if (ddp__cuda_enter(ctx) == 0)
+        ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
+    int rc = ctx->err;
+    ctx->err = 0;
+    return rc;
+}
+
+static const ddp_kernels_ops_t cuda_ops = {
+    .name = "cuda",
+    .probe = cuda_probe,
+    .init = cuda_init,
+    .close = cuda_close,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .memcpy_h2d = cuda_memcpy_h2d,
+    .memcpy_d2h = cuda_memcpy_d2h,
+    .memcpy_d2d = cuda_memcpy_d2d,
+    .memset0 = cuda_memset0,
+    .sync = cuda_sync,
+    .encoder_fwd = ddp__cuda_encoder_fwd,
+    .encoder_bwd = ddp__cuda_encoder_bwd,
+    .layernorm_fwd = ddp__cuda_layernorm_fwd,
+    .layernorm_bwd = ddp__cuda_layernorm_bwd,
+    .matmul_fwd = ddp__cuda_matmul_fwd,
+    .matmul_bwd = ddp__cuda_matmul_bwd,
+    .attention_fwd = ddp__cuda_attention_fwd,
+    .attention_bwd = ddp__cuda_attention_bwd,
+    .gelu_fwd = ddp__cuda_gelu_fwd,
+    .gelu_bwd = ddp__cuda_gelu_bwd,
+    .residual_fwd = ddp__cuda_residual_fwd,
+    .xent_fwd_bwd = ddp__cuda_xent_fwd_bwd,
+    .adamw = ddp__cuda_adamw,
+    .sumsq = ddp__cuda_sumsq,
+    .add = ddp__cuda_add,
+    .scale = ddp__cuda_scale,
+    .nonfinite = ddp__cuda_nonfinite,
+};
+
+/* The module's entry point (DDP_KERNELS_MODULE_SYMBOL): returns the CUDA ops table, which
+ * lives as long as the module is loaded. Any thread; no side effects. */
+extern "C" __attribute__((visibility("default"))) const ddp_kernels_ops_t *ddp_kernels_module(void)
+{
+    return &cuda_ops;
+}

@@ -1,0 +1,219 @@
+/* Internals of the CUDA kernel backend, shared by its .cu files (never included outside
+ * kernels/cuda/).
+ *
+ * - struct ddp_kctx: one context owns one device, one non-blocking compute stream, one cuBLAS
+ *   handle bound to that stream, a grow-only scratch buffer for ops that need temporary device
+ *   memory, and small fixed buffers for the host-visible reductions (sumsq, nonfinite).
+ * - Errors: ops return nothing, so the first CUDA/cuBLAS error since the last sync is kept in
+ *   ctx->err (and its original message logged); ddp_k_sync() returns it.
+ * - Determinism: no op uses floating-point atomics; every reduction has a fixed order that
+ *   depends only on the shapes, so a run is bitwise reproducible on a given device.
+ * - Threads: a context is used by one thread at a time (the compute thread).
+ */
+#ifndef DDP_KERNELS_CUDA_KCUDA_CUH
+#define DDP_KERNELS_CUDA_KCUDA_CUH
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "common/err.h"
+#include "common/log.h"
+#include "kernels/kernels.h"
+}
+
+/* Partial sums of the two-stage double reduction (sumsq): at most this many blocks. */
+#define DDP_CUDA_RED_BLOCKS 1024
+/* Threads per block of the plain elementwise kernels. */
+#define DDP_CUDA_BLOCK 256
+/* Cap on the grid of grid-stride kernels (they loop beyond it). */
+#define DDP_CUDA_MAX_GRID 32768
+
+struct ddp_kctx {
+    int device;
+    cudaStream_t stream; /* every op is queued here */
+    cublasHandle_t blas; /* bound to `stream` */
+    int err;             /* first error since the last sync (DDP_ECUDA), else 0 */
+    void *scratch;       /* grow-only temporary device memory, `scratch_bytes` long */
+    size_t scratch_bytes;
+    double *red;  /* device [DDP_CUDA_RED_BLOCKS + 1]: partial sums, then the total */
+    int *flag;    /* device [1]: nonfinite flag */
+    void *pinned; /* pinned host [16 bytes]: staging for the double / int results */
+};
+
+/* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and
+ * keeps the first error. Returns 0 or DDP_ECUDA. */
+int ddp__cuda_check(ddp_kctx_t *ctx, cudaError_t e, const char *what);
+/* The same for a cuBLAS status. */
+int ddp__cublas_check(ddp_kctx_t *ctx, cublasStatus_t s, const char *what);
+/* Checks that the kernel launched last on this thread started (cudaGetLastError). */
+int ddp__cuda_launched(ddp_kctx_t *ctx, const char *what);
+/* Makes ctx's device current on the calling thread (cheap when it already is). */
+int ddp__cuda_enter(ddp_kctx_t *ctx);
+/* Points *out at >= bytes of scratch device memory, valid until the next call on ctx.
+ * Growing frees the old buffer, which waits for queued work (cudaFree synchronises). */
+int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out);
+
+/* Blocks for a grid-stride loop over n items, block threads each. */
+static inline unsigned ddp__grid(size_t n, unsigned block)
+{
+    size_t g = (n + block - 1) / block;
+    if (g > DDP_CUDA_MAX_GRID) g = DDP_CUDA_MAX_GRID;
+    return g ? (unsigned)g : 1u;
+}
+
+/* ---- Deterministic reductions (fixed order; every lane gets lane 0's result) ---- */
+
+template <typename T> __device__ __forceinline__ T ddp__warp_sum(T v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+__device__ __forceinline__ float ddp__warp_max(float v)
+{
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return __shfl_sync(0xffffffffu, v, 0);
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); `sh` holds >= 32 T. Every thread
+ * must call it; every thread gets the result. */
+template <typename T> __device__ T ddp__block_sum(T v, T *sh)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = ddp__warp_sum(v);
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    T r = lane < nwarps ? sh[lane] : (T)0;
+    return ddp__warp_sum(r);
+}
+
+__device__ __forceinline__ float ddp__block_max(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = ddp__warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float r = lane < nwarps ? sh[lane] : -INFINITY;
+    return ddp__warp_max(r);
+}
+
+/* ---- Column sums of a virtual [N, C] matrix, deterministic, two stages ----
+ * F is a functor: __device__ void operator()(int n, int c, float v[NV]) const, giving NV values
+ * of row n, column c. out_k[c] += sum_n v_k(n, c) for each non-NULL out_k. Stage 1 sums row
+ * chunks into partials (block 32 columns x 16 row lanes, grid [ceil(C/32), chunks]); stage 2
+ * adds the chunks in order. The chunking depends only on N. */
+#define DDP_COLSUM_TY 16
+
+template <int NV, typename F>
+__global__ void ddp__colsum_stage1(float *partial, int N, int C, int rows_per_chunk, F f)
+{
+    __shared__ float sh[NV][DDP_COLSUM_TY][33];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int c = blockIdx.x * 32 + tx;
+    int n0 = blockIdx.y * rows_per_chunk;
+    int n1 = min(N, n0 + rows_per_chunk);
+    float acc[NV];
+    for (int k = 0; k < NV; k++) acc[k] = 0.0f;
+    if (c < C) {
+        for (int n = n0 + ty; n < n1; n += DDP_COLSUM_TY) {
+            float v[NV];
+            f(n, c, v);
+            for (int k = 0; k < NV; k++) acc[k] += v[k];
+        }
+    }
+    for (int k = 0; k < NV; k++) sh[k][ty][tx] = acc[k];
+    __syncthreads();
+    if (ty == 0 && c < C) {
+        for (int k = 0; k < NV; k++) {
+            float s = 0.0f;
+            for (int y = 0; y < DDP_COLSUM_TY; y++) s += sh[k][y][tx];
+            partial[((size_t)blockIdx.y * NV + k) * C + c] = s;
+        }
+    }
+}
+
+template <int NV>
+__global__ void ddp__colsum_stage2(float *out0, float *out1, const float *partial, int chunks,
+                                   int C)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int k = 0; k < NV; k++) {
+        float *out = k == 0 ? out0 : out1;
+        if (!out) continue;
+        float s = 0.0f;
+        for (int j = 0; j < chunks; j++) s += partial[((size_t)j * NV + k) * C + c];
+        out[c] += s;
+    }
+}
+
+/* Queues out0[c] += sum_n v_0(n,c) (and out1 with v_1 when NV == 2). Uses ctx's scratch. */
+template <int NV, typename F>
+static void ddp__colsum(ddp_kctx_t *ctx, float *out0, float *out1, int N, int C, F f,
+                        const char *what)
+{
+    if (N <= 0 || C <= 0) return;
+    int chunks = (N + 255) / 256;
+    if (chunks > 64) chunks = 64;
+    int rows = (N + chunks - 1) / chunks;
+    chunks = (N + rows - 1) / rows;
+    float *partial;
+    if (ddp__cuda_scratch(ctx, (size_t)chunks * NV * C * sizeof(float), (void **)&partial))
+        return;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)chunks), block(32, DDP_COLSUM_TY);
+    ddp__colsum_stage1<NV, F><<<grid, block, 0, ctx->stream>>>(partial, N, C, rows, f);
+    if (ddp__cuda_launched(ctx, what)) return;
+    ddp__colsum_stage2<NV><<<(unsigned)((C + 255) / 256), 256, 0, ctx->stream>>>(
+        out0, out1, partial, chunks, C);
+    ddp__cuda_launched(ctx, what);
+}
+
+/* ---- The ops (one family per file); signatures as in ddp_kernels_ops_t ---- */
+
+/* encoder.cu */
+void ddp__cuda_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
+                           const float *wpe, int B, int T, int C);
+void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
+                           const int32_t *inp, int B, int T, int C);
+/* layernorm.cu */
+void ddp__cuda_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+                             const float *inp, const float *weight, const float *bias, int N,
+                             int C);
+void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                             const float *dout, const float *inp, const float *weight,
+                             const float *mean, const float *rstd, int N, int C);
+/* matmul.cu */
+void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
+                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
+void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                          const float *dout, const float *inp, const float *weight, int N, int C,
+                          int OC, ddp_wlayout_t layout);
+/* attention.cu */
+void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+                             int T, int C, int NH);
+void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
+                             const float *qkv, const float *att, int B, int T, int C, int NH);
+/* pointwise.cu */
+void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
+void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
+                        size_t n);
+void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
+                            size_t n);
+void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                     float grad_scale, int t);
+void ddp__cuda_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
+void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
+/* xent.cu */
+void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
+                            const int32_t *targets, int N, int V, float dloss);
+/* reduce.cu */
+void ddp__cuda_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n);
+void ddp__cuda_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
+
+#endif

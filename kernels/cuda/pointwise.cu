@@ -1,0 +1,103 @@
+/* Elementwise ops: GELU (kernels/math/gelu.h), residual add, y += x, x *= s, and AdamW
+ * (kernels/math/adamw.h).
+ *
+ * gelu_fwd   out[n] = gelu(inp[n])
+ * gelu_bwd   dinp[n] += gelu'(inp[n]) * dout[n]
+ * residual   out[n] = a[n] + b[n]            (out may alias a or b)
+ * add        y[n] += x[n]
+ * scale      x[n] *= s
+ * adamw      param, m, v updated in place from grad * grad_scale; the bias corrections
+ *            1 - beta^t are computed once on the host.
+ * All are grid-stride loops over a size_t n with 256-thread blocks and at most
+ * DDP_CUDA_MAX_GRID blocks; n == 0 queues nothing.
+ */
+#include "kernels/cuda/kcuda.cuh"
+#include "kernels/math/adamw.h"
+#include "kernels/math/gelu.h"
+
+#define GRID_STRIDE(i, n)                                                                     \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                   \
+         i += (size_t)gridDim.x * blockDim.x)
+
+#define LAUNCH(kernel, n, what, ...)                                                          \
+    do {                                                                                      \
+        if ((n) == 0 || ddp__cuda_enter(ctx)) return;                                         \
+        kernel<<<ddp__grid((n), DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(          \
+            __VA_ARGS__);                                                                     \
+        ddp__cuda_launched(ctx, what);                                                        \
+    } while (0)
+
+static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = ddp_gelu(inp[i]);
+}
+
+void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
+{
+    LAUNCH(gelu_fwd_kernel, n, "gelu_fwd", out, inp, n);
+}
+
+static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+{
+    GRID_STRIDE(i, n) dinp[i] += ddp_gelu_grad(inp[i]) * dout[i];
+}
+
+void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
+                        size_t n)
+{
+    LAUNCH(gelu_bwd_kernel, n, "gelu_bwd", dinp, inp, dout, n);
+}
+
+static __global__ void residual_kernel(float *out, const float *a, const float *b, size_t n)
+{
+    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    LAUNCH(residual_kernel, n, "residual_fwd", out, a, b, n);
+}
+
+static __global__ void add_kernel(float *y, const float *x, size_t n)
+{
+    GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+void ddp__cuda_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n)
+{
+    LAUNCH(add_kernel, n, "add", y, x, n);
+}
+
+static __global__ void scale_kernel(float *x, float s, size_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= s;
+}
+
+void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n)
+{
+    LAUNCH(scale_kernel, n, "scale", x, s, n);
+}
+
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
+                                    float lr, float beta1, float beta2, float eps, float wd,
+                                    float grad_scale, float bc1, float bc2)
+{
+    GRID_STRIDE(i, n)
+    {
+        float p = param[i], mm = m[i], vv = v[i];
+        ddp_adamw_elem(&p, &mm, &vv, grad[i] * grad_scale, lr, beta1, beta2, eps, wd, bc1, bc2);
+        param[i] = p;
+        m[i] = mm;
+        v[i] = vv;
+    }
+}
+
+void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
+                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                     float grad_scale, int t)
+{
+    float bc1 = 1.0f - powf(beta1, (float)t);
+    float bc2 = 1.0f - powf(beta2, (float)t);
+    LAUNCH(adamw_kernel, n, "adamw", param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale,
+           bc1, bc2);
+}
