@@ -1,0 +1,179 @@
+/* Unit tests of token shards: write/open round trip, every rejected file (truncated, wrong
+ * magic, wrong version, header-only with a nonzero count, oversized), atomic write leaving no
+ * temporary, and globbing (sorted, empty). Files live in a fresh temporary directory. */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "proto/shard.h"
+
+static char dir[256];
+
+static int setup(void **state)
+{
+    snprintf(dir, sizeof dir, "/tmp/ddp-test-shard-XXXXXX");
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *p(const char *name)
+{
+    static char buf[512];
+    snprintf(buf, sizeof buf, "%s/%s", dir, name);
+    return buf;
+}
+
+/* Writes a raw file: header ints (magic, version, count) then `body` bytes of pattern. */
+static void write_raw(const char *path, size_t header_bytes, int32_t magic, int32_t version,
+                      int32_t count, size_t body)
+{
+    int32_t h[DDP_SHARD_HEADER_INTS] = {magic, version, count};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(h, 1, header_bytes, f), header_bytes);
+    for (size_t i = 0; i < body; i++) fputc((int)(i & 0xff), f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void expect_format_error(const char *path, const char *msg, long long offset)
+{
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    int rc = ddp_shard_open(&s, path, &ei);
+    assert_int_equal(rc, DDP_EFORMAT);
+    assert_string_equal(ei.path, path);
+    if (!strstr(ei.msg, msg)) fail_msg("message '%s' lacks '%s'", ei.msg, msg);
+    assert_int_equal(ei.offset, offset);
+    assert_null(s.map);
+    ddp_shard_close(&s); /* safe after a failed open */
+}
+
+static void test_round_trip(void **state)
+{
+    enum { N = 100003 };
+    uint16_t *tok = malloc(N * sizeof *tok);
+    assert_non_null(tok);
+    for (size_t i = 0; i < N; i++) tok[i] = (uint16_t)(i * 2654435761u >> 7);
+    tok[0] = 0;
+    tok[1] = 65535;
+    assert_int_equal(ddp_shard_write(p("a.bin"), tok, N), 0);
+    assert_int_equal(access(p("a.bin.tmp"), F_OK), -1); /* renamed away */
+
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_shard_open(&s, p("a.bin"), &ei), 0);
+    assert_int_equal(s.n_tokens, N);
+    assert_int_equal(s.map_len, DDP_SHARD_HEADER_BYTES + 2 * N);
+    assert_memory_equal(s.tokens, tok, N * sizeof *tok);
+    assert_string_equal(s.path, p("a.bin"));
+    const int32_t *h = s.map;
+    assert_int_equal(h[0], DDP_SHARD_MAGIC);
+    assert_int_equal(h[1], DDP_SHARD_VERSION);
+    assert_int_equal(h[2], N);
+    for (int i = 3; i < DDP_SHARD_HEADER_INTS; i++) assert_int_equal(h[i], 0);
+    ddp_shard_close(&s);
+    assert_null(s.map);
+    ddp_shard_close(&s); /* twice is fine */
+    ddp_shard_close(NULL);
+
+    /* an empty shard is valid; overwriting replaces */
+    assert_int_equal(ddp_shard_write(p("a.bin"), tok, 0), 0);
+    assert_int_equal(ddp_shard_open(&s, p("a.bin"), &ei), 0);
+    assert_int_equal(s.n_tokens, 0);
+    ddp_shard_close(&s);
+    free(tok);
+
+    /* a directory that does not exist */
+    uint16_t t = 1;
+    assert_int_equal(ddp_shard_write(p("nodir/x.bin"), &t, 1), -ENOENT);
+}
+
+static void test_bad_files(void **state)
+{
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_shard_open(&s, p("missing.bin"), &ei), -ENOENT);
+    assert_string_equal(ei.path, p("missing.bin"));
+
+    write_raw(p("short.bin"), 100, DDP_SHARD_MAGIC, 1, 0, 0);
+    expect_format_error(p("short.bin"), "shorter than the 1024-byte header", 100);
+
+    write_raw(p("empty.bin"), 0, 0, 0, 0, 0);
+    expect_format_error(p("empty.bin"), "0 bytes", 0);
+
+    write_raw(p("magic.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 1, 4, 8);
+    expect_format_error(p("magic.bin"), "magic is 20240801", 0);
+
+    write_raw(p("version.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 7, 4, 8);
+    expect_format_error(p("version.bin"), "unsupported token shard version 7", 4);
+
+    write_raw(p("headeronly.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 1000, 0);
+    expect_format_error(p("headeronly.bin"), "header says 1000 tokens, so 3024 bytes expected, "
+                                             "but the file has 1024 bytes", 1024);
+
+    write_raw(p("trunc.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 10, 15);
+    expect_format_error(p("trunc.bin"), "truncated token shard", 1039);
+
+    write_raw(p("long.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 2, 6);
+    expect_format_error(p("long.bin"), "oversized token shard", 1028);
+
+    write_raw(p("neg.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, -5, 0);
+    expect_format_error(p("neg.bin"), "negative token count -5", 8);
+
+    expect_format_error(dir, "not a regular file", -1);
+}
+
+static void test_glob(void **state)
+{
+    uint16_t t[3] = {1, 2, 3};
+    /* written out of order; glob must sort */
+    assert_int_equal(ddp_shard_write(p("g_000002.bin"), t, 3), 0);
+    assert_int_equal(ddp_shard_write(p("g_000000.bin"), t, 1), 0);
+    assert_int_equal(ddp_shard_write(p("g_000010.bin"), t, 2), 0);
+    assert_int_equal(ddp_shard_write(p("g_000001.bin"), t, 2), 0);
+    char **paths = NULL;
+    size_t n = 0;
+    ddp_errinfo_t ei;
+    char pat[512];
+    snprintf(pat, sizeof pat, "%s/g_*.bin", dir);
+    assert_int_equal(ddp_shard_glob(pat, &paths, &n, &ei), 0);
+    assert_int_equal(n, 4);
+    assert_string_equal(paths[0], p("g_000000.bin"));
+    assert_string_equal(paths[1], p("g_000001.bin"));
+    assert_string_equal(paths[2], p("g_000002.bin"));
+    assert_string_equal(paths[3], p("g_000010.bin"));
+    ddp_shard_glob_free(paths, n);
+    ddp_shard_glob_free(NULL, 0);
+
+    snprintf(pat, sizeof pat, "%s/none_*.bin", dir);
+    paths = (char **)1;
+    assert_int_equal(ddp_shard_glob(pat, &paths, &n, &ei), DDP_ENOTFOUND);
+    assert_null(paths);
+    assert_int_equal(n, 0);
+    assert_string_equal(ei.path, pat);
+    assert_non_null(strstr(ei.msg, "no token shards match"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_glob),
+    };
+    return cmocka_run_group_tests_name("shard", tests, setup, teardown);
+}
