@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/alloc.h"
 #include "proto/spec.h"
 
 static const char *src_path(const char *rel)
@@ -257,10 +258,10 @@ static bool check_bad(const bad_t *b)
     const char *origin = "<test>";
     size_t n = strlen(b->what);
     int rc;
-    char file[512];
+    char rel[256], file[4096];
     if (n > 5 && (!strcmp(b->what + n - 5, ".yaml") || !strcmp(b->what + n - 5, ".json"))) {
-        snprintf(file, sizeof file, "%s", src_path("tests/fixtures/specs/"));
-        strncat(file, b->what, sizeof file - strlen(file) - 1);
+        snprintf(rel, sizeof rel, "tests/fixtures/specs/%.200s", b->what);
+        memcpy(file, src_path(rel), sizeof file);
         origin = file;
         rc = ddp_spec_load(&s, file, &ei);
     } else {
@@ -404,6 +405,30 @@ static void test_load_errors(void **state)
     assert_non_null(strstr(buf, "job.yaml: data.train: is required"));
 }
 
+/* Fail the k-th allocation, k = 1, 2, ... until parsing succeeds: every failure is a clean
+ * DDP_ENOMEM (ASan checks that nothing leaks), and the final result equals an unfailed parse. */
+static void test_alloc_failures(void **state)
+{
+    ddp_spec_t want, s;
+    ddp_errinfo_t ei;
+    const char *paths[] = {"tests/fixtures/specs/good_full.yaml",
+                           "tests/fixtures/specs/good_full.json"};
+    for (int f = 0; f < 2; f++) {
+        assert_int_equal(ddp_spec_load(&want, src_path(paths[f]), &ei), 0);
+        int rc = -1;
+        long k;
+        for (k = 1; k < 1000 && rc != 0; k++) {
+            ddp_alloc_fail_at(k);
+            rc = ddp_spec_load(&s, src_path(paths[f]), &ei);
+            if (rc != 0 && rc != DDP_ENOMEM) fail_msg("k=%ld: rc %d (%s)", k, rc, ei.msg);
+        }
+        ddp_alloc_fail_at(0);
+        assert_int_equal(rc, 0);
+        assert_true(k > 2); /* at least one allocation was failed */
+        assert_spec_eq(&s, &want);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -411,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_yaml_json_equal), cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_examples),       cmocka_unit_test(test_reject_fixtures),
         cmocka_unit_test(test_reject_inline),  cmocka_unit_test(test_load_errors),
+        cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }
