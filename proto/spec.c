@@ -229,7 +229,8 @@ static int field_error(pstate_t *ps, const char *path, int line, int column, con
 }
 
 /* Error about a field identified by its table index, at its value's mark (0 if defaulted). */
-static int idx_error(pstate_t *ps, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int idx_error(pstate_t *ps, int i, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 static int idx_error(pstate_t *ps, int i, const char *fmt, ...)
 {

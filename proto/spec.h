@@ -21,7 +21,7 @@
  *
  *   field                      type      default        meaning
  *   name                       string    "job"          job name: letters, digits, - _ .
- *   model.preset               string    gpt2-tiny      gpt2-tiny (0.45M params, byte vocab, T=128),
+ *   model.preset               string    gpt2-tiny      gpt2-tiny (0.45M params, bytes, T=128),
  *                                                       gpt2-mini (10.8M, byte vocab, T=256),
  *                                                       gpt2-124M, gpt2-355M, gpt2-774M,
  *                                                       gpt2-1558M (vocab 50257, T=1024)
@@ -36,7 +36,8 @@
  *   train.seq_len              int       block_size     tokens per sequence (T), <= block_size
  *   train.global_batch_tokens  int       0              tokens per optimizer step over all ranks,
  *                                                       a multiple of B*T; 0 = B*T*world (no
- *                                                       accumulation); accumulation = this/(B*T*world)
+ *                                                       accumulation); else accumulation steps =
+ *                                                       this / (B*T*world)
  *   train.lr                   float     6e-4           peak learning rate, > 0
  *   train.min_lr               float     lr/10          final lr of the cosine schedule, <= lr
  *   train.warmup               int       0              linear warmup steps, < steps
