@@ -17,7 +17,7 @@
 #include "common/alloc.h"
 #include "manifest_internal.h"
 
-#define READ_CHUNK (4u << 20)
+#define READ_CHUNK (1u << 20)
 
 void ddp_manifest_init(ddp_manifest_t *m, int64_t step)
 {

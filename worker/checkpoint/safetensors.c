@@ -443,7 +443,7 @@ static int new_file(const char *path, ddp_st_file_t **out, ddp_errinfo_t *ei)
 int ddp_st_parse(const void *buf, size_t len, const char *name, ddp_st_file_t **out,
                  ddp_errinfo_t *ei)
 {
-    ddp_st_file_t *f;
+    ddp_st_file_t *f = NULL;
     DDP_CHECK(new_file(name ? name : "<buffer>", &f, ei));
     f->base = buf;
     f->len = len;
@@ -458,7 +458,7 @@ int ddp_st_parse(const void *buf, size_t len, const char *name, ddp_st_file_t **
 
 int ddp_st_open(const char *path, ddp_st_file_t **out, ddp_errinfo_t *ei)
 {
-    ddp_st_file_t *f;
+    ddp_st_file_t *f = NULL;
     DDP_CHECK(new_file(path, &f, ei));
     int rc = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);

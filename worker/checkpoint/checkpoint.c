@@ -1,0 +1,708 @@
+/* Checkpoint saving: host snapshot, shard plan, writer thread, striped parts, atomic commit,
+ * `latest`, pruning. Loading lives in checkpoint_load.c. See checkpoint.h for the layout.
+ *
+ * Invariants:
+ * - The snapshot is the only memory the writer thread reads; the training thread does not touch
+ *   the snapshot, the plan or `mine` while a writer thread exists (it joins it first), so they
+ *   need no lock. `done` is the one field both threads touch while it runs.
+ * - Nothing becomes visible as step-N/ before every file in it and its manifest are durable:
+ *   files are fsynced, then MANIFEST.json, then the tmp directory, then the rename, then the
+ *   parent. A crash at any point leaves either the old state or the new one, plus a .tmp
+ *   directory that the next saver (rank 0) or commit removes.
+ */
+#include "checkpoint.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint_internal.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "manifest.h"
+#include "manifest_internal.h"
+
+#define FILE_NAME_MAX 64
+#define DIR_MAX (PATH_MAX - 128) /* a checkpoint dir path; leaves room for a file name */
+
+typedef struct shard {
+    int optim; /* 0: model-*, 1: optim-* */
+    size_t first, count;
+    uint64_t bytes;
+    char file[FILE_NAME_MAX];
+} shard_t;
+
+struct ddp_ckpt_saver {
+    ddp_ckpt_opts_t o;
+    char *dir;
+    uint64_t shard_bytes;
+    long delay_ms;
+
+    /* snapshot and plan: written by the training thread, read by the writer thread */
+    unsigned char *snap;
+    size_t snap_cap;
+    ddp_st_tensor_t *t; /* model tensors, then optimizer tensors; data in snap */
+    size_t n_t, n_model;
+    char *names;
+    shard_t *shards;
+    size_t n_shards, n_model_shards;
+    char *config, *trainer;
+    int64_t step;
+    int have_snapshot;
+
+    /* writer thread */
+    pthread_t th;
+    int running;
+    atomic_int done;
+    int result;
+    ddp_errinfo_t result_ei;
+    ddp_manifest_t mine; /* files this rank wrote for `written_step` */
+    int64_t written_step;
+    int committed;
+
+    ddp_ckpt_stats_t stats;
+};
+
+static const char *const st_meta[] = {"format", "pt"};
+
+char *ddp_ckpt_optim_name(char *buf, size_t len, const char *moment, const char *param)
+{
+    if ((size_t)snprintf(buf, len, "%s.%s", moment, param) >= len) return NULL;
+    return buf;
+}
+
+static void *default_alloc(size_t n, void *ctx)
+{
+    void *p = ddp_aligned_alloc(4096, n);
+#ifdef MADV_HUGEPAGE
+    if (p && n >= (2u << 20)) (void)madvise(p, n, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static void default_free(void *p, void *ctx) { free(p); }
+
+static int copy_bytes(const ddp_ckpt_opts_t *o, void *dst, const void *src, size_t n)
+{
+    if (o->copy) return o->copy(dst, src, n, o->copy_ctx);
+    memcpy(dst, src, n);
+    return 0;
+}
+
+/* Removes stale .step-*.tmp directories (all, or those of steps below `below`) and .latest.tmp. */
+static void remove_stale_tmp(const char *dir, int64_t below)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char names[64][FILE_NAME_MAX];
+    int n = 0;
+    while ((e = readdir(d)) && n < 64) {
+        long long st;
+        char tail[8];
+        if (sscanf(e->d_name, ".step-%lld.%7s", &st, tail) == 2 &&
+            (!strcmp(tail, "tmp") || !strcmp(tail, "old")) && (below < 0 || st < below) &&
+            strlen(e->d_name) < FILE_NAME_MAX)
+            snprintf(names[n++], FILE_NAME_MAX, "%s", e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        DDP_INFO("checkpoint: removing %s/%s (left by an interrupted save)", dir, names[i]);
+        ddp__ckpt_rmdir(dir, names[i]);
+    }
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/.latest.tmp", dir);
+    (void)unlink(p);
+}
+
+int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_errinfo_t *ei)
+{
+    *out = NULL;
+    if (!o || !o->dir || !o->dir[0] || strlen(o->dir) >= DIR_MAX - 64)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: no directory given, or too long");
+    if (o->writers > 1 && (o->rank < 0))
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: rank %d invalid", o->rank);
+    if ((o->host_alloc == NULL) != (o->host_free == NULL))
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: host_alloc and host_free go together");
+    ddp_ckpt_saver_t *s = ddp_calloc(1, sizeof *s);
+    if (!s) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    s->o = *o;
+    if (s->o.writers <= 0) s->o.writers = 1;
+    if (!s->o.host_alloc) {
+        s->o.host_alloc = default_alloc;
+        s->o.host_free = default_free;
+    }
+    double mb = o->shard_mb > 0 ? o->shard_mb : DDP_CKPT_DEFAULT_SHARD_MB;
+    s->shard_bytes = (uint64_t)(mb * 1e6);
+    if (s->shard_bytes == 0) s->shard_bytes = 1;
+    s->stats.step = -1;
+    s->written_step = -1;
+    const char *d = getenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
+    s->delay_ms = d ? atol(d) : 0;
+    s->dir = ddp_strdup(o->dir);
+    if (!s->dir) {
+        free(s);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    }
+    s->o.dir = s->dir;
+    int rc = ddp__ckpt_mkdirs(s->dir, ei);
+    if (rc < 0) {
+        ddp_ckpt_saver_free(s);
+        return rc;
+    }
+    if (s->o.rank == 0) remove_stale_tmp(s->dir, -1);
+    *out = s;
+    return 0;
+}
+
+static void join_writer(ddp_ckpt_saver_t *s)
+{
+    if (!s->running) return;
+    pthread_join(s->th, NULL);
+    s->running = 0;
+    s->stats.saves++;
+    if (s->result < 0) {
+        char buf[800];
+        s->stats.failures++;
+        DDP_ERROR("checkpoint step %lld failed: %s", (long long)s->step,
+                  ddp_errinfo_str(&s->result_ei, buf, sizeof buf));
+    }
+}
+
+void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s)
+{
+    if (!s) return;
+    join_writer(s);
+    if (s->snap) s->o.host_free(s->snap, s->o.alloc_ctx);
+    free(s->t);
+    free(s->names);
+    free(s->shards);
+    free(s->config);
+    free(s->trainer);
+    ddp_manifest_close(&s->mine);
+    free(s->dir);
+    free(s);
+}
+
+bool ddp_ckpt_busy(ddp_ckpt_saver_t *s)
+{
+    return s->running && !atomic_load_explicit(&s->done, memory_order_acquire);
+}
+
+int ddp_ckpt_wait(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
+{
+    join_writer(s);
+    int rc = s->result;
+    if (rc < 0 && ei) *ei = s->result_ei;
+    s->result = 0;
+    return rc;
+}
+
+void ddp_ckpt_saver_stats(ddp_ckpt_saver_t *s, ddp_ckpt_stats_t *out) { *out = s->stats; }
+
+/* ---------------------------------------------------------------- snapshot */
+
+static int cmp_str_ptr(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static int check_tensors(const ddp_ckpt_state_t *st, ddp_errinfo_t *ei)
+{
+    size_t n = st->n_model + st->n_optim;
+    for (size_t i = 0; i < n; i++) {
+        const ddp_ckpt_tensor_t *t = i < st->n_model ? &st->model[i] : &st->optim[i - st->n_model];
+        uint64_t nb;
+        if (!t->name || !t->name[0] || strlen(t->name) > 1000 || !strcmp(t->name, "__metadata__"))
+            return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: tensor %zu has no valid name", i);
+        if (ddp_st_tensor_bytes(t->dtype, t->ndim, t->shape, &nb) < 0 || nb != t->nbytes)
+            return ddp_errinfo_set(ei, DDP_EINVAL,
+                                   "checkpoint: tensor '%s': dtype and shape do not give its %llu "
+                                   "bytes",
+                                   t->name, (unsigned long long)t->nbytes);
+        if (nb && !t->data)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: tensor '%s' has no data", t->name);
+    }
+    const char **names = ddp_malloc((n ? n : 1) * sizeof *names);
+    if (!names) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    for (size_t i = 0; i < n; i++)
+        names[i] = i < st->n_model ? st->model[i].name : st->optim[i - st->n_model].name;
+    qsort(names, n, sizeof *names, cmp_str_ptr);
+    int rc = 0;
+    for (size_t i = 1; i < n && rc == 0; i++)
+        if (!strcmp(names[i - 1], names[i]))
+            rc = ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: tensor name '%s' given twice",
+                                 names[i]);
+    free(names);
+    return rc;
+}
+
+static int check_json(const char *what, const char *text, ddp_errinfo_t *ei)
+{
+    if (!text) return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: no %s given", what);
+    json_error_t je;
+    json_t *j = json_loads(text, 0, &je);
+    if (!j)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: %s is not valid JSON (line %d: %s)",
+                               what, je.line, je.text);
+    json_decref(j);
+    return 0;
+}
+
+/* Greedy plan: a new shard when the next tensor would pass shard_bytes; never split. */
+static int plan_kind(ddp_ckpt_saver_t *s, int optim, size_t first, size_t count, size_t *cap)
+{
+    size_t start = s->n_shards;
+    uint64_t cur = 0;
+    for (size_t i = first; i < first + count; i++) {
+        uint64_t nb = s->t[i].nbytes;
+        if (s->n_shards == start || (cur > 0 && cur + nb > s->shard_bytes)) {
+            if (s->n_shards == *cap) {
+                size_t c = *cap ? 2 * *cap : 8;
+                shard_t *p = ddp_realloc(s->shards, c * sizeof *p);
+                if (!p) return DDP_ENOMEM;
+                s->shards = p;
+                *cap = c;
+            }
+            shard_t *sh = &s->shards[s->n_shards++];
+            memset(sh, 0, sizeof *sh);
+            sh->optim = optim;
+            sh->first = i;
+            cur = 0;
+        }
+        shard_t *sh = &s->shards[s->n_shards - 1];
+        sh->count++;
+        sh->bytes += nb;
+        cur += nb;
+    }
+    size_t k = s->n_shards - start;
+    const char *base = optim ? "optim" : "model";
+    for (size_t i = 0; i < k; i++) {
+        shard_t *sh = &s->shards[start + i];
+        if (k == 1)
+            snprintf(sh->file, sizeof sh->file, "%s.safetensors", base);
+        else
+            snprintf(sh->file, sizeof sh->file, "%s-%05zu-of-%05zu.safetensors", base, i + 1, k);
+    }
+    return 0;
+}
+
+int ddp_ckpt_snapshot(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errinfo_t *ei)
+{
+    int64_t t0 = ddp_now_ns();
+    if (!st || st->step < 0 || !st->n_model || !st->model || (st->n_optim && !st->optim))
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: bad state (step, model list)");
+    if (s->running) {
+        if (ddp_ckpt_busy(s))
+            DDP_WARN("checkpoint step %lld is still being written; step %lld waits for it",
+                     (long long)s->step, (long long)st->step);
+        join_writer(s);
+    }
+    int64_t t1 = ddp_now_ns();
+    DDP_CHECK(check_tensors(st, ei));
+    DDP_CHECK(check_json("config.json", st->config_json, ei));
+    DDP_CHECK(check_json("trainer.json", st->trainer_json, ei));
+
+    s->have_snapshot = 0;
+    s->committed = 0;
+    size_t n = st->n_model + st->n_optim;
+    uint64_t total = 0, name_bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ddp_ckpt_tensor_t *t = i < st->n_model ? &st->model[i] : &st->optim[i - st->n_model];
+        total += t->nbytes;
+        name_bytes += strlen(t->name) + 1;
+    }
+    if (total > SIZE_MAX / 2)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: state too large");
+    if (!s->snap || s->snap_cap < total) {
+        if (s->snap) s->o.host_free(s->snap, s->o.alloc_ctx);
+        s->snap_cap = 0;
+        s->snap = s->o.host_alloc(total ? total : 1, s->o.alloc_ctx);
+        if (!s->snap)
+            return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: cannot allocate a %llu-byte "
+                                                   "snapshot", (unsigned long long)total);
+        s->snap_cap = total;
+    }
+    free(s->t);
+    free(s->names);
+    free(s->config);
+    free(s->trainer);
+    s->config = s->trainer = s->names = NULL;
+    s->n_t = s->n_shards = 0;
+    s->t = ddp_calloc(n, sizeof *s->t);
+    s->names = ddp_malloc(name_bytes);
+    s->config = ddp_strdup(st->config_json);
+    s->trainer = ddp_strdup(st->trainer_json);
+    if (!s->t || !s->names || !s->config || !s->trainer)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    uint64_t off = 0;
+    char *np = s->names;
+    for (size_t i = 0; i < n; i++) {
+        const ddp_ckpt_tensor_t *t = i < st->n_model ? &st->model[i] : &st->optim[i - st->n_model];
+        ddp_st_tensor_t *d = &s->t[i];
+        size_t nl = strlen(t->name) + 1;
+        memcpy(np, t->name, nl);
+        d->name = np;
+        np += nl;
+        d->dtype = t->dtype;
+        d->ndim = t->ndim;
+        memcpy(d->shape, t->shape, sizeof d->shape);
+        d->nbytes = t->nbytes;
+        d->data = s->snap + off;
+        if (t->nbytes) {
+            int rc = copy_bytes(&s->o, s->snap + off, t->data, (size_t)t->nbytes);
+            if (rc < 0)
+                return ddp_errinfo_set(ei, rc, "checkpoint: copying tensor '%s' failed: %s",
+                                       t->name, ddp_strerror(rc));
+        }
+        off += t->nbytes;
+    }
+    s->n_t = n;
+    s->n_model = st->n_model;
+    size_t cap = 0;
+    free(s->shards);
+    s->shards = NULL;
+    if (plan_kind(s, 0, 0, st->n_model, &cap) < 0)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    s->n_model_shards = s->n_shards;
+    if (st->n_optim && plan_kind(s, 1, st->n_model, st->n_optim, &cap) < 0)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    s->step = st->step;
+    s->have_snapshot = 1;
+    int64_t t2 = ddp_now_ns();
+    s->stats.step = st->step;
+    s->stats.wait_s = (double)(t1 - t0) * 1e-9;
+    s->stats.snapshot_s = (double)(t2 - t0) * 1e-9;
+    DDP_DEBUG("checkpoint step %lld: snapshot of %.1f MB in %.1f ms", (long long)st->step,
+              (double)total / 1e6, (double)(t2 - t1) * 1e-6);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- writing */
+
+static void tmp_path(const ddp_ckpt_saver_t *s, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/" DDP__CKPT_TMP_FMT, s->dir, (long long)s->step);
+}
+
+static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
+                       uint64_t *bytes, ddp_errinfo_t *ei)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", tmp, sh->file);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int rc = -errno;
+        ddp_errinfo_set(ei, rc, "%s: cannot create: %s", path, strerror(errno));
+        ddp_errinfo_path(ei, "%s", path);
+        return rc;
+    }
+    uint32_t crc = 0;
+    uint64_t n = 0;
+    int rc = ddp_st_write_fd(fd, path, &s->t[sh->first], sh->count, st_meta, 1, true, &crc, &n,
+                             ei);
+    if (rc == 0 && fsync(fd) < 0) {
+        rc = -errno;
+        ddp_errinfo_set(ei, rc, "%s: fsync: %s", path, strerror(errno));
+    }
+    if (close(fd) < 0 && rc == 0) {
+        rc = -errno;
+        ddp_errinfo_set(ei, rc, "%s: close: %s", path, strerror(errno));
+    }
+    if (rc == 0) {
+        rc = ddp_manifest_add(&s->mine, sh->file, n, crc);
+        if (rc < 0) ddp_errinfo_set(ei, rc, "checkpoint: out of memory");
+        *bytes += n;
+    }
+    return rc;
+}
+
+/* model.safetensors.index.json / optim.safetensors.index.json, as Hugging Face writes them. */
+static int write_index(ddp_ckpt_saver_t *s, int optim, const char *tmp, uint64_t *bytes,
+                       ddp_errinfo_t *ei)
+{
+    size_t a = optim ? s->n_model_shards : 0, b = optim ? s->n_shards : s->n_model_shards;
+    if (b - a < 2) return 0;
+    const char *name = optim ? "optim.safetensors.index.json" : "model.safetensors.index.json";
+    int rc = 0;
+    uint64_t total = 0;
+    char *text = NULL;
+    json_t *wm = json_object();
+    json_t *root = NULL;
+    if (!wm) goto nomem;
+    for (size_t k = a; k < b; k++) {
+        const shard_t *sh = &s->shards[k];
+        total += sh->bytes;
+        for (size_t i = sh->first; i < sh->first + sh->count; i++)
+            if (json_object_set_new(wm, s->t[i].name, json_string(sh->file)) < 0) goto nomem;
+    }
+    root = json_pack("{s:{s:I}, s:O}", "metadata", "total_size", (json_int_t)total, "weight_map",
+                     wm);
+    if (!root) goto nomem;
+    text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
+    if (!text) goto nomem;
+    uint32_t crc = 0;
+    size_t len = strlen(text);
+    text[len] = '\n';
+    rc = ddp__write_durable(tmp, name, text, len + 1, &crc, ei);
+    if (rc == 0) rc = ddp_manifest_add(&s->mine, name, len + 1, crc);
+    if (rc == 0) *bytes += len + 1;
+    goto out;
+nomem:
+    rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory writing %s", name);
+out:
+    free(text);
+    json_decref(wm);
+    json_decref(root);
+    return rc;
+}
+
+static int write_text(ddp_ckpt_saver_t *s, const char *tmp, const char *name, const char *text,
+                      uint64_t *bytes, ddp_errinfo_t *ei)
+{
+    uint32_t crc = 0;
+    size_t len = strlen(text);
+    DDP_CHECK(ddp__write_durable(tmp, name, text, len, &crc, ei));
+    *bytes += len;
+    int rc = ddp_manifest_add(&s->mine, name, len, crc);
+    return rc < 0 ? ddp_errinfo_set(ei, rc, "checkpoint: out of memory") : 0;
+}
+
+static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
+{
+    char tmp[DIR_MAX];
+    tmp_path(s, tmp, sizeof tmp);
+    ddp_manifest_close(&s->mine);
+    ddp_manifest_init(&s->mine, s->step);
+    if (s->o.writers == 1) {
+        /* Sole writer: whatever is there is from a crashed attempt at this step. */
+        int rc = ddp__ckpt_rmdir(s->dir, strrchr(tmp, '/') + 1);
+        if (rc < 0) return ddp_errinfo_set(ei, rc, "%s: cannot remove: %s", tmp, ddp_strerror(rc));
+    }
+    DDP_CHECK(ddp__ckpt_mkdirs(tmp, ei));
+    int wrote = 0;
+    for (size_t i = 0; i < s->n_shards; i++) {
+        if ((int)(i % (size_t)s->o.writers) != s->o.rank) continue;
+        if (wrote && s->delay_ms > 0) {
+            struct timespec ts = {s->delay_ms / 1000, (s->delay_ms % 1000) * 1000000L};
+            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
+        }
+        DDP_CHECK(write_shard(s, &s->shards[i], tmp, bytes, ei));
+        wrote = 1;
+    }
+    if (s->o.rank == 0) {
+        DDP_CHECK(write_index(s, 0, tmp, bytes, ei));
+        DDP_CHECK(write_index(s, 1, tmp, bytes, ei));
+        DDP_CHECK(write_text(s, tmp, "config.json", s->config, bytes, ei));
+        DDP_CHECK(write_text(s, tmp, "trainer.json", s->trainer, bytes, ei));
+    }
+    if (s->o.writers > 1) {
+        char part[FILE_NAME_MAX];
+        snprintf(part, sizeof part, DDP__CKPT_PART_FMT, s->o.rank);
+        DDP_CHECK(ddp_manifest_write(&s->mine, tmp, part, 1, ei));
+    }
+    return 0;
+}
+
+/* Every file rank 0 expects in the finished directory. */
+static int expected_files(const ddp_ckpt_saver_t *s, const ddp_manifest_t *m, ddp_errinfo_t *ei,
+                          const char *tmp)
+{
+    const char *extra[] = {"config.json", "trainer.json", "model.safetensors.index.json",
+                           "optim.safetensors.index.json"};
+    int need[4] = {1, 1, s->n_model_shards > 1, s->n_shards - s->n_model_shards > 1};
+    for (size_t i = 0; i < s->n_shards + 4; i++) {
+        const char *f = i < s->n_shards ? s->shards[i].file : extra[i - s->n_shards];
+        if (i >= s->n_shards && !need[i - s->n_shards]) continue;
+        const ddp_manifest_entry_t *e = ddp_manifest_find(m, f);
+        char path[PATH_MAX];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", tmp, f);
+        if (!e)
+            return ddp_errinfo_set(ei, DDP_EFORMAT,
+                                   "checkpoint step %lld: %s was not reported by its writer "
+                                   "(rank %zu)",
+                                   (long long)s->step, f,
+                                   i < s->n_shards ? i % (size_t)s->o.writers : 0);
+        if (stat(path, &st) < 0 || (uint64_t)st.st_size != e->size)
+            return ddp_errinfo_set(ei, DDP_EFORMAT, "checkpoint: %s is missing or not %llu bytes",
+                                   path, (unsigned long long)e->size);
+    }
+    return 0;
+}
+
+static int swap_latest(const char *dir, const char *target, ddp_errinfo_t *ei)
+{
+    char tmpl[PATH_MAX], latest[PATH_MAX];
+    snprintf(tmpl, sizeof tmpl, "%s/.latest.tmp", dir);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    (void)unlink(tmpl);
+    if (symlink(target, tmpl) < 0 || rename(tmpl, latest) < 0) {
+        int rc = -errno;
+        return ddp_errinfo_set(ei, rc, "%s: cannot point at %s: %s", latest, target,
+                               strerror(errno));
+    }
+    return 0;
+}
+
+static void prune(ddp_ckpt_saver_t *s)
+{
+    remove_stale_tmp(s->dir, s->step);
+    if (s->o.keep_last <= 0) return;
+    int64_t *steps;
+    size_t n;
+    if (ddp__ckpt_list_steps(s->dir, &steps, &n) < 0) return;
+    size_t keep = (size_t)s->o.keep_last;
+    for (size_t i = 0; n > keep && i < n - keep; i++) {
+        if (steps[i] == s->step) continue;
+        char name[FILE_NAME_MAX];
+        snprintf(name, sizeof name, DDP__CKPT_STEP_FMT, (long long)steps[i]);
+        int rc = ddp__ckpt_rmdir(s->dir, name);
+        if (rc < 0)
+            DDP_WARN("checkpoint: cannot remove %s/%s: %s", s->dir, name, ddp_strerror(rc));
+        else
+            DDP_INFO("checkpoint: removed %s/%s (keep_last %d)", s->dir, name, s->o.keep_last);
+    }
+    free(steps);
+}
+
+static int commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
+{
+    char tmp[DIR_MAX], final[PATH_MAX], old[PATH_MAX], name[FILE_NAME_MAX];
+    tmp_path(s, tmp, sizeof tmp);
+    snprintf(name, sizeof name, DDP__CKPT_STEP_FMT, (long long)s->step);
+    snprintf(final, sizeof final, "%s/%s", s->dir, name);
+    ddp_manifest_t m;
+    ddp_manifest_init(&m, s->step);
+    int rc = 0;
+    for (size_t i = 0; i < s->mine.n; i++)
+        DDP_CHECK_GOTO(ddp_manifest_add(&m, s->mine.e[i].name, s->mine.e[i].size,
+                                        s->mine.e[i].crc32c),
+                       rc, nomem);
+    for (int r = 1; r < s->o.writers; r++) {
+        char part[PATH_MAX];
+        ddp_manifest_t pm;
+        snprintf(part, sizeof part, "%s/" DDP__CKPT_PART_FMT, tmp, r);
+        rc = ddp_manifest_read(part, &pm, ei);
+        if (rc == 0 && pm.step != s->step) {
+            rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: for step %lld, not %lld", part,
+                                 (long long)pm.step, (long long)s->step);
+        }
+        for (size_t i = 0; rc == 0 && i < pm.n; i++)
+            rc = ddp_manifest_add(&m, pm.e[i].name, pm.e[i].size, pm.e[i].crc32c);
+        ddp_manifest_close(&pm);
+        if (rc == DDP_ENOMEM) goto nomem;
+        if (rc < 0) goto out;
+    }
+    DDP_CHECK_GOTO(expected_files(s, &m, ei, tmp), rc, out);
+    for (int r = 1; r < s->o.writers; r++) {
+        char part[PATH_MAX];
+        snprintf(part, sizeof part, "%s/" DDP__CKPT_PART_FMT, tmp, r);
+        (void)unlink(part);
+    }
+    DDP_CHECK_GOTO(ddp_manifest_write(&m, tmp, DDP_MANIFEST_NAME, 1, ei), rc, out);
+    /* A step directory of the same number (a save repeated after resuming from an older one)
+     * is moved aside first: rename(2) does not replace a non-empty directory. */
+    snprintf(old, sizeof old, "%s/.step-%08lld.old", s->dir, (long long)s->step);
+    struct stat st;
+    int replaced = 0;
+    if (lstat(final, &st) == 0) {
+        (void)ddp__ckpt_rmdir(s->dir, strrchr(old, '/') + 1);
+        if (rename(final, old) < 0) {
+            rc = -errno;
+            ddp_errinfo_set(ei, rc, "%s: cannot move aside: %s", final, strerror(errno));
+            goto out;
+        }
+        replaced = 1;
+    }
+    if (rename(tmp, final) < 0) {
+        rc = -errno;
+        ddp_errinfo_set(ei, rc, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        goto out;
+    }
+    DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
+    DDP_CHECK_GOTO(swap_latest(s->dir, name, ei), rc, out);
+    DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
+    if (replaced) (void)ddp__ckpt_rmdir(s->dir, strrchr(old, '/') + 1);
+    s->committed = 1;
+    prune(s);
+    goto out;
+nomem:
+    rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+out:
+    ddp_manifest_close(&m);
+    return rc;
+}
+
+static void *writer_main(void *arg)
+{
+    ddp_ckpt_saver_t *s = arg;
+    int64_t t0 = ddp_now_ns();
+    uint64_t bytes = 0;
+    ddp_errinfo_clear(&s->result_ei);
+    int rc = write_mine(s, &bytes, &s->result_ei);
+    if (rc == 0) s->written_step = s->step;
+    if (rc == 0 && s->o.writers == 1) rc = commit(s, &s->result_ei);
+    double dt = (double)(ddp_now_ns() - t0) * 1e-9;
+    s->result = rc;
+    s->stats.write_s = dt;
+    s->stats.bytes = bytes;
+    if (rc == 0)
+        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s)%s", (long long)s->step,
+                 s->o.writers > 1 ? "this rank's shards, " : "", (double)bytes / 1e6, dt,
+                 dt > 0 ? (double)bytes / 1e6 / dt : 0.0,
+                 s->o.writers == 1 ? ", committed" : "");
+    atomic_store_explicit(&s->done, 1, memory_order_release);
+    return NULL;
+}
+
+int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
+{
+    if (s->running) join_writer(s);
+    if (!s->have_snapshot)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: write without a snapshot");
+    s->have_snapshot = 0;
+    s->result = 0;
+    s->written_step = -1;
+    atomic_store(&s->done, 0);
+    int rc = pthread_create(&s->th, NULL, writer_main, s);
+    if (rc != 0)
+        return ddp_errinfo_set(ei, -rc, "checkpoint: cannot start the writer thread: %s",
+                               strerror(rc));
+    s->running = 1;
+    return 0;
+}
+
+int ddp_ckpt_save(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errinfo_t *ei)
+{
+    if (s->o.rank >= s->o.writers) return 0;
+    DDP_CHECK(ddp_ckpt_snapshot(s, st, ei));
+    return ddp_ckpt_write_async(s, ei);
+}
+
+int ddp_ckpt_commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
+{
+    if (s->o.rank != 0)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: only rank 0 commits");
+    int rc = ddp_ckpt_wait(s, ei);
+    if (rc < 0) return rc;
+    if (s->committed) return 0; /* writers == 1: the thread committed */
+    if (s->written_step < 0 || s->written_step != s->step)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: nothing written to commit");
+    int64_t t0 = ddp_now_ns();
+    rc = commit(s, ei);
+    if (rc == 0)
+        DDP_INFO("checkpoint step %lld committed by rank 0 in %.1f ms (%d writers)",
+                 (long long)s->step, (double)(ddp_now_ns() - t0) * 1e-6, s->o.writers);
+    return rc;
+}

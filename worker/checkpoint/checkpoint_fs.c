@@ -1,0 +1,151 @@
+/* Checkpoint directory helpers: step directory names, listing, flat removal, mkdir -p, small
+ * file reads. */
+#include "checkpoint_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+
+int64_t ddp__ckpt_parse_step(const char *name)
+{
+    if (strncmp(name, "step-", 5) != 0) return -1;
+    const char *p = name + 5;
+    if (!*p || strlen(p) > 18) return -1;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ddp__ckpt_list_steps(const char *dir, int64_t **steps, size_t *n)
+{
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : -errno;
+    size_t cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int64_t s = ddp__ckpt_parse_step(e->d_name);
+        if (s < 0) continue;
+        struct stat st;
+        if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISDIR(st.st_mode))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *p = ddp_realloc(*steps, cap * sizeof *p);
+            if (!p) {
+                rc = DDP_ENOMEM;
+                break;
+            }
+            *steps = p;
+        }
+        (*steps)[(*n)++] = s;
+    }
+    closedir(d);
+    if (rc < 0) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return rc;
+    }
+    if (*n) qsort(*steps, *n, sizeof **steps, cmp_i64);
+    return 0;
+}
+
+int ddp__ckpt_rmdir(const char *dir, const char *name)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT ? 0 : -errno;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (unlinkat(dirfd(d), e->d_name, 0) < 0 && errno != ENOENT && rc == 0) rc = -errno;
+    }
+    closedir(d);
+    if (rmdir(path) < 0 && errno != ENOENT && rc == 0) rc = -errno;
+    return rc;
+}
+
+int ddp__ckpt_mkdirs(const char *path, ddp_errinfo_t *ei)
+{
+    char buf[PATH_MAX];
+    if ((size_t)snprintf(buf, sizeof buf, "%s", path) >= sizeof buf)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "%s: path too long", path);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) < 0 && errno != EEXIST) {
+                int rc = -errno;
+                ddp_errinfo_set(ei, rc, "%s: mkdir: %s", buf, strerror(errno));
+                ddp_errinfo_path(ei, "%s", buf);
+                return rc;
+            }
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return 0;
+}
+
+int ddp__ckpt_read_text(const char *path, size_t max, char **out, ddp_errinfo_t *ei)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        int rc = -errno;
+        if (fd >= 0) close(fd);
+        ddp_errinfo_set(ei, rc, "%s: cannot read: %s", path, strerror(-rc));
+        ddp_errinfo_path(ei, "%s", path);
+        return rc;
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        ddp_errinfo_set(ei, DDP_EFORMAT, "%s: %lld bytes, more than %zu", path,
+                        (long long)st.st_size, max);
+        return DDP_EFORMAT;
+    }
+    char *buf = ddp_malloc((size_t)st.st_size + 1);
+    if (!buf) {
+        close(fd);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", path);
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            int rc = r < 0 ? -errno : DDP_EFORMAT;
+            free(buf);
+            close(fd);
+            return ddp_errinfo_set(ei, rc, "%s: short read", path);
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    buf[got] = 0;
+    *out = buf;
+    return 0;
+}
