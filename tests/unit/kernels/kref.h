@@ -1,0 +1,54 @@
+/* Test helpers for the kernel tests: a seeded RNG, double-precision reference ops, a tolerance
+ * compare that prints both values, and a central finite-difference gradient check.
+ *
+ * The references are plain loops in double, written from the op contracts in kernels/kernels.h
+ * independently of the CPU backend's code.
+ */
+#ifndef DDP_TESTS_UNIT_KERNELS_KREF_H
+#define DDP_TESTS_UNIT_KERNELS_KREF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kernels.h"
+
+typedef struct {
+    uint64_t s;
+} krng_t;
+
+/* Uniform in [lo, hi). */
+double krng_unif(krng_t *r, double lo, double hi);
+/* Uniform integer in [0, n). */
+uint32_t krng_below(krng_t *r, uint32_t n);
+void kfill(krng_t *r, float *x, size_t n, double lo, double hi);
+void ktod(double *d, const float *f, size_t n);
+/* calloc that aborts on failure (tests only). */
+void *kcalloc(size_t n, size_t size);
+
+/* Number of elements where |got - ref| > rtol |ref| + atol_frac max|ref|; prints the first few
+ * with both values. */
+size_t kclose(const char *what, const float *got, const double *ref, size_t n, double rtol,
+              double atol_frac);
+
+/* The loss sum(out * w) of a double reference forward, with its inputs as they are now. */
+typedef double (*kloss_fn)(void *arg);
+/* Central differences of f over x[i] (h = 1e-6 relative) against got[i] - before[i] (before may
+ * be NULL = zeros), on every index when n <= max_checks, else on max_checks random ones.
+ * Returns the number of mismatches (printed with both values). */
+size_t kfd_check(const char *what, kloss_fn f, void *arg, double *x, size_t n, const float *got,
+                 const float *before, size_t max_checks, krng_t *r, double rtol,
+                 double atol_frac);
+
+/* Double references of the ops (forward). */
+void ref_encoder(double *out, const int32_t *inp, const double *wte, const double *wpe, int B,
+                 int T, int C);
+void ref_layernorm(double *out, double *mean, double *rstd, const double *inp, const double *w,
+                   const double *b, int N, int C);
+void ref_matmul(double *out, const double *inp, const double *w, const double *bias, int N,
+                int C, int OC, ddp_wlayout_t layout);
+void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C, int NH);
+double ref_gelu(double x);
+void ref_xent(double *losses, const double *logits, const int32_t *targets, int N, int V);
+double kdot(const double *a, const double *b, size_t n);
+
+#endif

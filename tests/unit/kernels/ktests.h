@@ -1,0 +1,12 @@
+/* Test cases of the kernels test binary that live outside test_kernels.c (one cmocka group,
+ * registered in test_kernels.c's main). */
+#ifndef DDP_TESTS_UNIT_KERNELS_KTESTS_H
+#define DDP_TESTS_UNIT_KERNELS_KTESTS_H
+
+/* test_threads.c: every op gives bitwise identical outputs with 1, 2 and 3 threads. */
+void test_threads(void **state);
+/* test_open.c: ddp_kernels_open/close with cpu, auto, cuda and a fake module; alloc and copies. */
+void test_open(void **state);
+void test_memory(void **state);
+
+#endif

@@ -1,0 +1,527 @@
+/* Unit tests of the CPU kernel backend and the backend loader.
+ *
+ * Every op's forward is compared with a double-precision reference (kref.c); every backward with
+ * central finite differences of loss = sum(out * w) computed in double on that reference, with
+ * the gradient outputs pre-filled with random values so that the += contract is checked too.
+ * Shapes are odd and cross the backend's block sizes. Outputs are bitwise identical for 1, 2 and
+ * 3 threads. The loader is tested with a fake module (fake/) found through $DDP_KERNELS_PATH.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "common/err.h"
+#include "kernels/kernels.h"
+#include "kref.h"
+#include "ktests.h"
+
+static ddp_kernels_t K; /* the CPU backend with 2 threads, opened in the group setup */
+
+#define RTOL 1e-4
+#define AFRAC 2e-5
+
+static float *fdup(const float *x, size_t n)
+{
+    float *y = kcalloc(n, sizeof(float));
+    memcpy(y, x, n * sizeof(float));
+    return y;
+}
+
+static double *dalloc(size_t n) { return kcalloc(n, sizeof(double)); }
+static float *falloc(size_t n) { return kcalloc(n, sizeof(float)); }
+
+static double *dof(const float *x, size_t n)
+{
+    double *d = dalloc(n);
+    ktod(d, x, n);
+    return d;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* encoder */
+
+typedef struct {
+    double *wte, *wpe, *w, *out;
+    const int32_t *inp;
+    int B, T, C;
+} enc_loss_t;
+
+static double enc_loss(void *arg)
+{
+    enc_loss_t *e = arg;
+    ref_encoder(e->out, e->inp, e->wte, e->wpe, e->B, e->T, e->C);
+    return kdot(e->out, e->w, (size_t)e->B * e->T * e->C);
+}
+
+static void test_encoder(void **state)
+{
+    krng_t r = {1};
+    int B = 3, T = 6, C = 130, V = 11;
+    size_t n = (size_t)B * T * C;
+    int32_t inp[18];
+    for (int i = 0; i < B * T; i++) inp[i] = (int32_t)krng_below(&r, (uint32_t)V);
+    inp[5] = inp[0]; /* a repeated token: its gradient sums both uses */
+    float *wte = falloc((size_t)V * C), *wpe = falloc((size_t)T * C), *out = falloc(n);
+    kfill(&r, wte, (size_t)V * C, -1, 1);
+    kfill(&r, wpe, (size_t)T * C, -1, 1);
+    DDP_K(&K, encoder_fwd, out, inp, wte, wpe, B, T, C);
+    enc_loss_t e = {.wte = dof(wte, (size_t)V * C), .wpe = dof(wpe, (size_t)T * C),
+                    .out = dalloc(n), .inp = inp, .B = B, .T = T, .C = C};
+    ref_encoder(e.out, inp, e.wte, e.wpe, B, T, C);
+    assert_int_equal(kclose("encoder out", out, e.out, n, 1e-6, 0), 0);
+
+    float *dout = falloc(n), *dwte = falloc((size_t)V * C), *dwpe = falloc((size_t)T * C);
+    kfill(&r, dout, n, -1, 1);
+    kfill(&r, dwte, (size_t)V * C, -1, 1);
+    kfill(&r, dwpe, (size_t)T * C, -1, 1);
+    float *dwte0 = fdup(dwte, (size_t)V * C), *dwpe0 = fdup(dwpe, (size_t)T * C);
+    DDP_K(&K, encoder_bwd, dwte, dwpe, dout, inp, B, T, C);
+    e.w = dof(dout, n);
+    assert_int_equal(kfd_check("encoder dwte", enc_loss, &e, e.wte, (size_t)V * C, dwte, dwte0,
+                               4000, &r, RTOL, AFRAC), 0);
+    assert_int_equal(kfd_check("encoder dwpe", enc_loss, &e, e.wpe, (size_t)T * C, dwpe, dwpe0,
+                               4000, &r, RTOL, AFRAC), 0);
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe), free(dwte0), free(dwpe0);
+    free(e.wte), free(e.wpe), free(e.out), free(e.w);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* layernorm */
+
+typedef struct {
+    double *inp, *w, *b, *wt, *out;
+    int N, C;
+} ln_loss_t;
+
+static double ln_loss(void *arg)
+{
+    ln_loss_t *l = arg;
+    ref_layernorm(l->out, NULL, NULL, l->inp, l->w, l->b, l->N, l->C);
+    return kdot(l->out, l->wt, (size_t)l->N * l->C);
+}
+
+static void check_layernorm(int N, int C, size_t max_checks)
+{
+    krng_t r = {2};
+    size_t n = (size_t)N * C;
+    float *inp = falloc(n), *w = falloc((size_t)C), *b = falloc((size_t)C), *out = falloc(n);
+    float *mean = falloc((size_t)N), *rstd = falloc((size_t)N);
+    kfill(&r, inp, n, -2, 3);
+    kfill(&r, w, (size_t)C, 0.5, 1.5);
+    kfill(&r, b, (size_t)C, -0.5, 0.5);
+    DDP_K(&K, layernorm_fwd, out, mean, rstd, inp, w, b, N, C);
+    ln_loss_t l = {.inp = dof(inp, n), .w = dof(w, (size_t)C), .b = dof(b, (size_t)C),
+                   .out = dalloc(n), .N = N, .C = C};
+    double *rm = dalloc((size_t)N), *rr = dalloc((size_t)N);
+    ref_layernorm(l.out, rm, rr, l.inp, l.w, l.b, N, C);
+    assert_int_equal(kclose("layernorm out", out, l.out, n, RTOL, AFRAC), 0);
+    assert_int_equal(kclose("layernorm mean", mean, rm, (size_t)N, RTOL, AFRAC), 0);
+    assert_int_equal(kclose("layernorm rstd", rstd, rr, (size_t)N, RTOL, 0), 0);
+
+    float *dout = falloc(n), *dinp = falloc(n), *dw = falloc((size_t)C), *db = falloc((size_t)C);
+    kfill(&r, dout, n, -1, 1);
+    kfill(&r, dinp, n, -1, 1);
+    kfill(&r, dw, (size_t)C, -1, 1);
+    kfill(&r, db, (size_t)C, -1, 1);
+    float *dinp0 = fdup(dinp, n), *dw0 = fdup(dw, (size_t)C), *db0 = fdup(db, (size_t)C);
+    DDP_K(&K, layernorm_bwd, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    l.wt = dof(dout, n);
+    assert_int_equal(kfd_check("layernorm dinp", ln_loss, &l, l.inp, n, dinp, dinp0, max_checks,
+                               &r, RTOL, AFRAC), 0);
+    assert_int_equal(kfd_check("layernorm dweight", ln_loss, &l, l.w, (size_t)C, dw, dw0,
+                               max_checks, &r, RTOL, AFRAC), 0);
+    assert_int_equal(kfd_check("layernorm dbias", ln_loss, &l, l.b, (size_t)C, db, db0,
+                               max_checks, &r, RTOL, AFRAC), 0);
+    free(inp), free(w), free(b), free(out), free(mean), free(rstd), free(dout), free(dinp);
+    free(dw), free(db), free(dinp0), free(dw0), free(db0), free(rm), free(rr);
+    free(l.inp), free(l.w), free(l.b), free(l.out), free(l.wt);
+}
+
+static void test_layernorm(void **state)
+{
+    check_layernorm(3, 7, 1000);   /* smaller than every block */
+    check_layernorm(37, 131, 300); /* crosses the row and column blocks */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* matmul */
+
+typedef struct {
+    double *inp, *w, *bias, *wt, *out;
+    int N, C, OC;
+    ddp_wlayout_t layout;
+} mm_loss_t;
+
+static double mm_loss(void *arg)
+{
+    mm_loss_t *m = arg;
+    ref_matmul(m->out, m->inp, m->w, m->bias, m->N, m->C, m->OC, m->layout);
+    return kdot(m->out, m->wt, (size_t)m->N * m->OC);
+}
+
+static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bias,
+                         size_t max_checks)
+{
+    krng_t r = {3u + (uint64_t)N * 7 + (uint64_t)layout};
+    size_t ni = (size_t)N * C, nw = (size_t)C * OC, no = (size_t)N * OC;
+    float *inp = falloc(ni), *w = falloc(nw), *bias = falloc((size_t)OC), *out = falloc(no);
+    kfill(&r, inp, ni, -1, 1);
+    kfill(&r, w, nw, -1, 1);
+    kfill(&r, bias, (size_t)OC, -1, 1);
+    float *fb = with_bias ? bias : NULL;
+    DDP_K(&K, matmul_fwd, out, inp, w, fb, N, C, OC, layout);
+    mm_loss_t m = {.inp = dof(inp, ni), .w = dof(w, nw), .bias = dof(bias, (size_t)OC),
+                   .out = dalloc(no), .N = N, .C = C, .OC = OC, .layout = layout};
+    double *mb = m.bias;
+    if (!with_bias) m.bias = NULL;
+    ref_matmul(m.out, m.inp, m.w, m.bias, N, C, OC, layout);
+    assert_int_equal(kclose("matmul out", out, m.out, no, RTOL, AFRAC), 0);
+
+    float *dout = falloc(no), *dinp = falloc(ni), *dw = falloc(nw), *db = falloc((size_t)OC);
+    kfill(&r, dout, no, -1, 1);
+    kfill(&r, dinp, ni, -1, 1);
+    kfill(&r, dw, nw, -1, 1);
+    kfill(&r, db, (size_t)OC, -1, 1);
+    float *dinp0 = fdup(dinp, ni), *dw0 = fdup(dw, nw), *db0 = fdup(db, (size_t)OC);
+    DDP_K(&K, matmul_bwd, dinp, dw, db, dout, inp, w, N, C, OC, layout);
+    m.wt = dof(dout, no);
+    m.bias = mb;
+    assert_int_equal(kfd_check("matmul dinp", mm_loss, &m, m.inp, ni, dinp, dinp0, max_checks,
+                               &r, RTOL, AFRAC), 0);
+    assert_int_equal(kfd_check("matmul dweight", mm_loss, &m, m.w, nw, dw, dw0, max_checks, &r,
+                               RTOL, AFRAC), 0);
+    assert_int_equal(kfd_check("matmul dbias", mm_loss, &m, m.bias, (size_t)OC, db, db0,
+                               max_checks, &r, RTOL, AFRAC), 0);
+
+    /* dinp and dbias may be NULL: dweight comes out the same, bit for bit. */
+    float *dw2 = fdup(dw0, nw);
+    DDP_K(&K, matmul_bwd, NULL, dw2, NULL, dout, inp, w, N, C, OC, layout);
+    assert_memory_equal(dw2, dw, nw * sizeof(float));
+    free(inp), free(w), free(bias), free(out), free(dout), free(dinp), free(dw), free(db);
+    free(dinp0), free(dw0), free(db0), free(dw2);
+    free(m.inp), free(m.w), free(mb), free(m.out), free(m.wt);
+}
+
+static void test_matmul(void **state)
+{
+    for (int layout = 0; layout < 2; layout++) {
+        check_matmul(7, 9, 13, (ddp_wlayout_t)layout, 1, 10000);
+        check_matmul(67, 37, 150, (ddp_wlayout_t)layout, 1, 60);
+        check_matmul(67, 37, 150, (ddp_wlayout_t)layout, 0, 30);
+        check_matmul(130, 90, 1100, (ddp_wlayout_t)layout, 1, 12); /* many tiles */
+        check_matmul(5, 16, 4999, (ddp_wlayout_t)layout, 0, 12);   /* LM-head-like */
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* attention */
+
+typedef struct {
+    double *qkv, *wt, *out;
+    int B, T, C, NH;
+} att_loss_t;
+
+static double att_loss(void *arg)
+{
+    att_loss_t *a = arg;
+    ref_attention(a->out, NULL, a->qkv, a->B, a->T, a->C, a->NH);
+    return kdot(a->out, a->wt, (size_t)a->B * a->T * a->C);
+}
+
+static void check_attention(int B, int T, int C, int NH, size_t max_checks)
+{
+    krng_t r = {4u + (uint64_t)T};
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = falloc(nq), *out = falloc(no), *att = falloc(na);
+    kfill(&r, qkv, nq, -1.5, 1.5);
+    memset(att, 0xff, na * sizeof(float)); /* NaNs: every element must be written */
+    DDP_K(&K, attention_fwd, out, att, qkv, B, T, C, NH);
+    att_loss_t a = {.qkv = dof(qkv, nq), .out = dalloc(no), .B = B, .T = T, .C = C, .NH = NH};
+    double *ratt = dalloc(na);
+    ref_attention(a.out, ratt, a.qkv, B, T, C, NH);
+    assert_int_equal(kclose("attention out", out, a.out, no, RTOL, AFRAC), 0);
+    assert_int_equal(kclose("attention att", att, ratt, na, RTOL, AFRAC), 0);
+    for (size_t i = 0; i < na; i++)
+        if ((int)(i % T) > (int)((i / T) % T)) assert_true(att[i] == 0.0f);
+
+    float *dout = falloc(no), *dqkv = falloc(nq), *datt = falloc(na);
+    kfill(&r, dout, no, -1, 1);
+    kfill(&r, dqkv, nq, -1, 1);
+    memset(datt, 0xff, na * sizeof(float)); /* scratch: its old contents must not matter */
+    float *dqkv0 = fdup(dqkv, nq);
+    DDP_K(&K, attention_bwd, dqkv, datt, dout, qkv, att, B, T, C, NH);
+    a.wt = dof(dout, no);
+    assert_int_equal(kfd_check("attention dqkv", att_loss, &a, a.qkv, nq, dqkv, dqkv0,
+                               max_checks, &r, RTOL, AFRAC), 0);
+    free(qkv), free(out), free(att), free(dout), free(dqkv), free(datt), free(dqkv0);
+    free(a.qkv), free(a.out), free(a.wt), free(ratt);
+}
+
+static void test_attention(void **state)
+{
+    check_attention(2, 7, 12, 3, 10000); /* hs = 4: below the vector width */
+    check_attention(1, 33, 40, 5, 400);  /* hs = 8 */
+    check_attention(2, 9, 36, 2, 400);   /* hs = 18: a remainder after 8 lanes */
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* GELU, residual */
+
+static void test_gelu(void **state)
+{
+    krng_t r = {5};
+    size_t n = 100003; /* several tasks and a remainder */
+    float *x = falloc(n), *y = falloc(n), *dout = falloc(n), *dinp = falloc(n);
+    kfill(&r, x, n, -6, 6);
+    x[0] = 0.0f, x[1] = -20.0f, x[2] = 20.0f;
+    kfill(&r, dout, n, -1, 1);
+    kfill(&r, dinp, n, -1, 1);
+    float *dinp0 = fdup(dinp, n);
+    DDP_K(&K, gelu_fwd, y, x, n);
+    DDP_K(&K, gelu_bwd, dinp, x, dout, n);
+    double *ry = dalloc(n), *rg = dalloc(n);
+    for (size_t i = 0; i < n; i++) {
+        double xi = x[i], h = 1e-6 * fmax(1.0, fabs(xi));
+        ry[i] = ref_gelu(xi);
+        rg[i] = (double)dout[i] * (ref_gelu(xi + h) - ref_gelu(xi - h)) / (2 * h);
+        dinp[i] = (float)((double)dinp[i] - dinp0[i]);
+    }
+    assert_int_equal(kclose("gelu out", y, ry, n, 1e-5, 1e-6), 0);
+    assert_int_equal(kclose("gelu dinp (finite differences)", dinp, rg, n, 1e-4, 1e-5), 0);
+    free(x), free(y), free(dout), free(dinp), free(dinp0), free(ry), free(rg);
+}
+
+static void test_residual(void **state)
+{
+    krng_t r = {6};
+    size_t n = 70001;
+    float *a = falloc(n), *b = falloc(n), *out = falloc(n);
+    kfill(&r, a, n, -1, 1);
+    kfill(&r, b, n, -1, 1);
+    double *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)a[i] + (double)b[i];
+    DDP_K(&K, residual_fwd, out, a, b, n);
+    assert_int_equal(kclose("residual out", out, ref, n, 1e-7, 0), 0);
+    DDP_K(&K, residual_fwd, a, a, b, n); /* out aliasing a */
+    assert_memory_equal(a, out, n * sizeof(float));
+    free(a), free(b), free(out), free(ref);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* softmax + cross-entropy */
+
+typedef struct {
+    double *logits, *losses;
+    const int32_t *targets;
+    int N, V;
+    double dloss;
+} xent_loss_t;
+
+static double xent_loss(void *arg)
+{
+    xent_loss_t *x = arg;
+    ref_xent(x->losses, x->logits, x->targets, x->N, x->V);
+    double s = 0.0;
+    for (int n = 0; n < x->N; n++) s += x->losses[n];
+    return s * x->dloss;
+}
+
+static void test_xent(void **state)
+{
+    krng_t r = {7};
+    int N = 5, V = 1003;
+    size_t n = (size_t)N * V;
+    int32_t targets[5];
+    for (int i = 0; i < N; i++) targets[i] = (int32_t)krng_below(&r, (uint32_t)V);
+    targets[4] = V - 1;
+    float *logits = falloc(n), *dl = falloc(n), *losses = falloc((size_t)N);
+    float *losses2 = falloc((size_t)N);
+    kfill(&r, logits, n, -4, 4);
+    logits[3] = 60.0f; /* a large logit: the max subtraction must keep it finite */
+    float dloss = 1.0f / 3.0f;
+    memset(dl, 0xff, n * sizeof(float)); /* overwritten, not accumulated */
+    DDP_K(&K, xent_fwd_bwd, losses, dl, logits, targets, N, V, dloss);
+    xent_loss_t x = {.logits = dof(logits, n), .losses = dalloc((size_t)N), .targets = targets,
+                     .N = N, .V = V, .dloss = dloss};
+    double *rl = dalloc((size_t)N);
+    ref_xent(rl, x.logits, targets, N, V);
+    assert_int_equal(kclose("xent losses", losses, rl, (size_t)N, 1e-5, 0), 0);
+    assert_int_equal(kfd_check("xent dlogits", xent_loss, &x, x.logits, n, dl, NULL, 1500, &r,
+                               RTOL, AFRAC), 0);
+    /* Without dlogits: the same losses. In place (dlogits == logits): the same gradient. */
+    DDP_K(&K, xent_fwd_bwd, losses2, NULL, logits, targets, N, V, dloss);
+    assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
+    DDP_K(&K, xent_fwd_bwd, losses2, logits, logits, targets, N, V, dloss);
+    assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
+    assert_memory_equal(logits, dl, n * sizeof(float));
+    free(logits), free(dl), free(losses), free(losses2), free(x.logits), free(x.losses), free(rl);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* AdamW and the vector helpers */
+
+static void test_adamw(void **state)
+{
+    krng_t r = {8};
+    size_t n = 70001;
+    float *p = falloc(n), *g = falloc(n), *m = falloc(n), *v = falloc(n);
+    kfill(&r, p, n, -1, 1);
+    double *rp = dof(p, n), *rm = dalloc(n), *rv = dalloc(n);
+    float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    for (int t = 1; t <= 5; t++) {
+        kfill(&r, g, n, -2, 2);
+        if (t == 3) g[7] = 0.0f;
+        DDP_K(&K, adamw, p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        /* torch.optim.AdamW (single tensor, not capturable), in double. */
+        double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+        double step = (double)lr / bc1;
+        for (size_t i = 0; i < n; i++) {
+            double gi = (double)g[i] * gs;
+            rp[i] *= 1.0 - (double)lr * wd;
+            rm[i] += (gi - rm[i]) * (1.0 - b1);
+            rv[i] = rv[i] * b2 + (1.0 - b2) * gi * gi;
+            double denom = sqrt(rv[i]) / sqrt(bc2) + eps;
+            rp[i] -= step * rm[i] / denom;
+        }
+        assert_int_equal(kclose("adamw m", m, rm, n, 1e-5, 1e-6), 0);
+        assert_int_equal(kclose("adamw v", v, rv, n, 1e-5, 1e-6), 0);
+        assert_int_equal(kclose("adamw param", p, rp, n, 1e-5, 1e-6), 0);
+    }
+    free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
+}
+
+static void test_vector(void **state)
+{
+    krng_t r = {9};
+    size_t n = 3 * 32768 + 5;
+    float *x = falloc(n), *y = falloc(n), *y0 = falloc(n);
+    kfill(&r, x, n, -3, 3);
+    kfill(&r, y, n, -3, 3);
+    memcpy(y0, y, n * sizeof(float));
+    double ss = 0.0, want = 0.0;
+    for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
+    DDP_K(&K, sumsq, &ss, x, n);
+    if (!(fabs(ss - want) <= 1e-12 * want)) fail_msg("sumsq: got %.17g, want %.17g", ss, want);
+    DDP_K(&K, sumsq, &ss, x, 0);
+    assert_true(ss == 0.0);
+
+    DDP_K(&K, add, y, x, n);
+    for (size_t i = 0; i < n; i++)
+        if (y[i] != y0[i] + x[i]) fail_msg("add[%zu]: got %.9g, want %.9g", i, y[i], y0[i] + x[i]);
+    DDP_K(&K, scale, y, 0.25f, n);
+    for (size_t i = 0; i < n; i++)
+        if (y[i] != (y0[i] + x[i]) * 0.25f)
+            fail_msg("scale[%zu]: got %.9g, want %.9g", i, y[i], (y0[i] + x[i]) * 0.25f);
+
+    int bad = -1;
+    DDP_K(&K, nonfinite, &bad, x, n);
+    assert_int_equal(bad, 0);
+    size_t where[3] = {n - 1, n / 2, 0};
+    float vals[3] = {NAN, INFINITY, -INFINITY};
+    for (int k = 0; k < 3; k++) {
+        float keep = x[where[k]];
+        x[where[k]] = vals[k];
+        DDP_K(&K, nonfinite, &bad, x, n);
+        assert_int_equal(bad, 1);
+        x[where[k]] = keep;
+    }
+    x[5] = 3.4e38f; /* large but finite */
+    DDP_K(&K, nonfinite, &bad, x, n);
+    assert_int_equal(bad, 0);
+    free(x), free(y), free(y0);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* backward ops accumulate: a second call adds the same gradient again */
+
+static void check_twice(const char *what, const float *g1, const float *g2, size_t n)
+{
+    double *ref = dalloc(n);
+    for (size_t i = 0; i < n; i++) ref[i] = 2.0 * g1[i];
+    assert_int_equal(kclose(what, g2, ref, n, 1e-5, 1e-6), 0);
+    free(ref);
+}
+
+static void test_accumulate(void **state)
+{
+    krng_t r = {10};
+    int B = 2, T = 9, C = 24, NH = 3, OC = 40, V = 13, N = B * T;
+    size_t nx = (size_t)N * C, nq = (size_t)N * 3 * C, na = (size_t)B * NH * T * T;
+    float *x = falloc(nq), *w = falloc((size_t)C * OC), *dout = falloc((size_t)N * OC);
+    kfill(&r, x, nq, -1, 1);
+    kfill(&r, w, (size_t)C * OC, -1, 1);
+    kfill(&r, dout, (size_t)N * OC, -1, 1);
+    float *g[2][3];
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) g[k][j] = falloc((size_t)V * OC * 4 + nq);
+    int32_t inp[18];
+    for (int i = 0; i < N; i++) inp[i] = (int32_t)krng_below(&r, (uint32_t)V);
+    float *mean = falloc((size_t)N), *rstd = falloc((size_t)N), *tmp = falloc(nq);
+    float *att = falloc(na), *datt = falloc(na);
+    DDP_K(&K, layernorm_fwd, tmp, mean, rstd, x, w, w, N, C);
+    DDP_K(&K, attention_fwd, tmp, att, x, B, T, C, NH);
+    for (int k = 0; k < 2; k++) {
+        for (int rep = 0; rep <= k; rep++) {
+            DDP_K(&K, matmul_bwd, g[k][0], g[k][1], g[k][2], dout, x, w, N, C, OC, DDP_W_IN_OUT);
+        }
+    }
+    check_twice("matmul dinp twice", g[0][0], g[1][0], nx);
+    check_twice("matmul dweight twice", g[0][1], g[1][1], (size_t)C * OC);
+    check_twice("matmul dbias twice", g[0][2], g[1][2], (size_t)OC);
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
+        for (int rep = 0; rep <= k; rep++) {
+            DDP_K(&K, layernorm_bwd, g[k][0], g[k][1], g[k][2], dout, x, w, mean, rstd, N, C);
+        }
+    }
+    check_twice("layernorm dinp twice", g[0][0], g[1][0], nx);
+    check_twice("layernorm dweight twice", g[0][1], g[1][1], (size_t)C);
+    check_twice("layernorm dbias twice", g[0][2], g[1][2], (size_t)C);
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
+        for (int rep = 0; rep <= k; rep++) {
+            DDP_K(&K, encoder_bwd, g[k][0], g[k][1], dout, inp, B, T, C);
+            DDP_K(&K, attention_bwd, g[k][2], datt, dout, x, att, B, T, C, NH);
+            DDP_K(&K, gelu_bwd, g[k][2] + nq, x, dout, (size_t)N * C);
+        }
+    }
+    check_twice("encoder dwte twice", g[0][0], g[1][0], (size_t)V * C);
+    check_twice("encoder dwpe twice", g[0][1], g[1][1], (size_t)T * C);
+    check_twice("attention dqkv twice", g[0][2], g[1][2], nq);
+    check_twice("gelu dinp twice", g[0][2] + nq, g[1][2] + nq, (size_t)N * C);
+    for (int k = 0; k < 2; k++)
+        for (int j = 0; j < 3; j++) free(g[k][j]);
+    free(x), free(w), free(dout), free(mean), free(rstd), free(tmp), free(att), free(datt);
+}
+
+static int group_setup(void **state)
+{
+    return ddp_kernels_open(&K, "cpu", 0, 2) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+    ddp_kernels_close(&K);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_open),         cmocka_unit_test(test_memory),
+        cmocka_unit_test(test_encoder),      cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
+        cmocka_unit_test(test_xent),         cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_vector),       cmocka_unit_test(test_accumulate),
+        cmocka_unit_test(test_threads),
+    };
+    return cmocka_run_group_tests_name("kernels", tests, group_setup, group_teardown);
+}

@@ -1,0 +1,167 @@
+/* Thread-count independence: every op of the CPU backend, run on the same inputs with contexts
+ * of 1, 2 and 3 threads, must give bitwise identical outputs. Shapes are chosen so that every op
+ * is cut into several tasks, with remainders. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <stdio.h>
+
+#include "kernels/kernels.h"
+#include "kref.h"
+#include "ktests.h"
+
+#define MAX_OUTS 64
+
+typedef struct {
+    float *buf[MAX_OUTS];
+    size_t len[MAX_OUTS];
+    const char *name[MAX_OUTS];
+    int n;
+} outs_t;
+
+static float *keep(outs_t *o, const char *name, const float *x, size_t n)
+{
+    assert_true(o->n < MAX_OUTS);
+    float *c = kcalloc(n, sizeof(float));
+    memcpy(c, x, n * sizeof(float));
+    o->buf[o->n] = c;
+    o->len[o->n] = n;
+    o->name[o->n] = name;
+    o->n++;
+    return c;
+}
+
+static float *rnd(krng_t *r, size_t n, double lo, double hi)
+{
+    float *x = kcalloc(n, sizeof(float));
+    kfill(r, x, n, lo, hi);
+    return x;
+}
+
+static void run_matmul(ddp_kernels_t *k, outs_t *o, krng_t *r, int N, int C, int OC,
+                       ddp_wlayout_t layout)
+{
+    float *inp = rnd(r, (size_t)N * C, -1, 1), *w = rnd(r, (size_t)C * OC, -1, 1);
+    float *bias = rnd(r, (size_t)OC, -1, 1), *dout = rnd(r, (size_t)N * OC, -1, 1);
+    float *out = kcalloc((size_t)N * OC, sizeof(float));
+    float *dinp = kcalloc((size_t)N * C, sizeof(float)), *dw = kcalloc((size_t)C * OC, 4);
+    float *db = kcalloc((size_t)OC, sizeof(float));
+    DDP_K(k, matmul_fwd, out, inp, w, bias, N, C, OC, layout);
+    DDP_K(k, matmul_bwd, dinp, dw, db, dout, inp, w, N, C, OC, layout);
+    keep(o, "matmul out", out, (size_t)N * OC);
+    keep(o, "matmul dinp", dinp, (size_t)N * C);
+    keep(o, "matmul dweight", dw, (size_t)C * OC);
+    keep(o, "matmul dbias", db, (size_t)OC);
+    free(inp), free(w), free(bias), free(dout), free(out), free(dinp), free(dw), free(db);
+}
+
+static void run_all(ddp_kernels_t *k, outs_t *o)
+{
+    krng_t r = {42};
+    run_matmul(k, o, &r, 130, 90, 1100, DDP_W_IN_OUT);
+    run_matmul(k, o, &r, 20, 48, 5000, DDP_W_OUT_IN);
+    run_matmul(k, o, &r, 300, 70, 64, DDP_W_IN_OUT);
+
+    int N = 100, C = 300;
+    size_t n = (size_t)N * C;
+    float *x = rnd(&r, n, -2, 2), *w = rnd(&r, (size_t)C, 0, 2), *b = rnd(&r, (size_t)C, -1, 1);
+    float *y = kcalloc(n, 4), *mean = kcalloc((size_t)N, 4), *rstd = kcalloc((size_t)N, 4);
+    float *dy = rnd(&r, n, -1, 1), *dx = kcalloc(n, 4), *dw = kcalloc((size_t)C, 4);
+    float *db = kcalloc((size_t)C, 4);
+    DDP_K(k, layernorm_fwd, y, mean, rstd, x, w, b, N, C);
+    DDP_K(k, layernorm_bwd, dx, dw, db, dy, x, w, mean, rstd, N, C);
+    keep(o, "layernorm out", y, n);
+    keep(o, "layernorm dinp", dx, n);
+    keep(o, "layernorm dweight", dw, (size_t)C);
+    keep(o, "layernorm dbias", db, (size_t)C);
+
+    /* encoder: B*T = 100 rows of C = 300 */
+    int32_t inp[100];
+    for (int i = 0; i < 100; i++) inp[i] = (int32_t)krng_below(&r, 50);
+    float *wte = rnd(&r, (size_t)50 * C, -1, 1), *wpe = rnd(&r, (size_t)20 * C, -1, 1);
+    float *dwte = kcalloc((size_t)50 * C, 4), *dwpe = kcalloc((size_t)20 * C, 4);
+    DDP_K(k, encoder_fwd, y, inp, wte, wpe, 5, 20, C);
+    DDP_K(k, encoder_bwd, dwte, dwpe, dy, inp, 5, 20, C);
+    keep(o, "encoder out", y, n);
+    keep(o, "encoder dwte", dwte, (size_t)50 * C);
+    keep(o, "encoder dwpe", dwpe, (size_t)20 * C);
+
+    /* attention: B=2, T=20, C=48, NH=4 */
+    size_t nq = 2 * 20 * 3 * 48, na = 2 * 4 * 20 * 20;
+    float *qkv = rnd(&r, nq, -1, 1), *att = kcalloc(na, 4), *datt = kcalloc(na, 4);
+    float *dqkv = kcalloc(nq, 4);
+    DDP_K(k, attention_fwd, y, att, qkv, 2, 20, 48, 4);
+    keep(o, "attention out", y, 2 * 20 * 48);
+    keep(o, "attention att", att, na);
+    DDP_K(k, attention_bwd, dqkv, datt, dy, qkv, att, 2, 20, 48, 4);
+    keep(o, "attention dqkv", dqkv, nq);
+
+    /* xent: N=9, V=5000 */
+    size_t nl = 9 * 5000;
+    float *logits = rnd(&r, nl, -5, 5), *dl = kcalloc(nl, 4), *losses = kcalloc(9, 4);
+    int32_t tg[9];
+    for (int i = 0; i < 9; i++) tg[i] = (int32_t)krng_below(&r, 5000);
+    DDP_K(k, xent_fwd_bwd, losses, dl, logits, tg, 9, 5000, 0.25f);
+    keep(o, "xent losses", losses, 9);
+    keep(o, "xent dlogits", dl, nl);
+
+    /* element-wise ops over 200003 elements */
+    size_t ne = 200003;
+    float *a = rnd(&r, ne, -3, 3), *g = rnd(&r, ne, -1, 1), *e = kcalloc(ne, 4);
+    float *m = kcalloc(ne, 4), *v = kcalloc(ne, 4), *p = rnd(&r, ne, -1, 1);
+    DDP_K(k, gelu_fwd, e, a, ne);
+    keep(o, "gelu out", e, ne);
+    DDP_K(k, gelu_bwd, e, a, g, ne);
+    keep(o, "gelu dinp", e, ne);
+    DDP_K(k, residual_fwd, e, e, a, ne);
+    keep(o, "residual out", e, ne);
+    for (int t = 1; t <= 2; t++) DDP_K(k, adamw, p, g, m, v, ne, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                       0.7f, t);
+    keep(o, "adamw param", p, ne);
+    keep(o, "adamw m", m, ne);
+    keep(o, "adamw v", v, ne);
+    DDP_K(k, add, e, g, ne);
+    DDP_K(k, scale, e, 0.3f, ne);
+    keep(o, "add+scale", e, ne);
+    double ss = 0.0;
+    DDP_K(k, sumsq, &ss, a, ne);
+    float ssf[2];
+    memcpy(ssf, &ss, sizeof(ss));
+    keep(o, "sumsq (bits of the double)", ssf, 2);
+
+    free(x), free(w), free(b), free(y), free(mean), free(rstd), free(dy), free(dx), free(dw);
+    free(db), free(wte), free(wpe), free(dwte), free(dwpe), free(qkv), free(att), free(datt);
+    free(dqkv), free(logits), free(dl), free(losses), free(a), free(g), free(e), free(m), free(v);
+    free(p);
+}
+
+void test_threads(void **state)
+{
+    outs_t ref = {0};
+    for (int threads = 1; threads <= 3; threads++) {
+        ddp_kernels_t k;
+        assert_int_equal(ddp_kernels_open(&k, "cpu", 0, threads), 0);
+        outs_t o = {0};
+        run_all(&k, &o);
+        assert_int_equal(k.ops->sync(k.ctx), 0);
+        ddp_kernels_close(&k);
+        if (threads == 1) {
+            ref = o;
+            continue;
+        }
+        assert_int_equal(o.n, ref.n);
+        for (int i = 0; i < o.n; i++) {
+            for (size_t j = 0; j < o.len[i]; j++)
+                if (memcmp(&o.buf[i][j], &ref.buf[i][j], sizeof(float)) != 0)
+                    fail_msg("%s[%zu] with %d threads: %.9g, with 1 thread: %.9g", o.name[i],
+                             j, threads, (double)o.buf[i][j], (double)ref.buf[i][j]);
+            free(o.buf[i]);
+        }
+    }
+    for (int i = 0; i < ref.n; i++) free(ref.buf[i]);
+}
