@@ -1,12 +1,622 @@
-/* Placeholder for the kernel self-test (owned by the CUDA backend's author, who replaces it):
- * compares every op of every non-CPU backend with the CPU backend. Until then it reports that no
- * backend other than the CPU is checked. */
+/* The kernel self-test (`ddp-worker --selftest`): every op of every backend other than the CPU
+ * that opens on this host, against the CPU backend as the oracle.
+ *
+ * Each op runs on the same random inputs (a fixed seed; several shapes, odd sizes included) on
+ * both backends; the results are copied back and compared element by element. An element
+ * passes when |dev - cpu| <= tol * (|cpu| + scale), scale = the largest |cpu| of that tensor:
+ * relative for large values, and relative to the tensor's magnitude for values that come out
+ * of a cancellation. `tol` per op reflects fp32 summation orders that legitimately differ
+ * (cuBLAS vs OpenBLAS, warp vs lane reductions). Backward ops start from non-zero gradients,
+ * so their += is checked too; the aliasing the interface allows is exercised.
+ *
+ * Output: one line per op and backend: op, backend, max abs error, max relative error
+ * (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h.
+ */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "common/err.h"
 #include "kernels/kernels.h"
+
+/* The ops, in the order their lines are printed. */
+#define ST_OPS(X)                                                                            \
+    X(MEMORY, "memory")                                                                      \
+    X(ENCODER_FWD, "encoder_fwd")                                                            \
+    X(ENCODER_BWD, "encoder_bwd")                                                            \
+    X(LAYERNORM_FWD, "layernorm_fwd")                                                        \
+    X(LAYERNORM_BWD, "layernorm_bwd")                                                        \
+    X(MATMUL_FWD, "matmul_fwd")                                                              \
+    X(MATMUL_BWD, "matmul_bwd")                                                              \
+    X(ATTENTION_FWD, "attention_fwd")                                                        \
+    X(ATTENTION_BWD, "attention_bwd")                                                        \
+    X(GELU_FWD, "gelu_fwd")                                                                  \
+    X(GELU_BWD, "gelu_bwd")                                                                  \
+    X(RESIDUAL_FWD, "residual_fwd")                                                          \
+    X(XENT_FWD_BWD, "xent_fwd_bwd")                                                          \
+    X(ADAMW, "adamw")                                                                        \
+    X(SUMSQ, "sumsq")                                                                        \
+    X(ADD, "add")                                                                            \
+    X(SCALE, "scale")                                                                        \
+    X(NONFINITE, "nonfinite")
+
+enum {
+#define ST_ENUM(id, name) OP_##id,
+    ST_OPS(ST_ENUM)
+#undef ST_ENUM
+        OP_COUNT
+};
+
+static const char *const op_names[OP_COUNT] = {
+#define ST_NAME(id, name) name,
+    ST_OPS(ST_NAME)
+#undef ST_NAME
+};
+
+typedef struct {
+    double max_abs, max_rel;
+    int fail;
+    char note[160]; /* the first failure's detail */
+} result_t;
+
+#define ST_MAX_BUFS 32
+
+/* One comparison run: the CPU oracle, the backend under test, the buffers of the current case. */
+typedef struct {
+    ddp_kernels_t *k[2]; /* [0] cpu, [1] the backend under test */
+    uint64_t rng;
+    void *bufs[ST_MAX_BUFS][2];
+    int nbufs;
+    int err; /* first allocation/copy error of the current case */
+    result_t res[OP_COUNT];
+} st_t;
+
+/* The same tensor on both backends: c on the CPU, g on the backend under test. */
+typedef struct {
+    float *c, *g;
+    size_t n;
+} pt_t;
+
+typedef struct {
+    int32_t *c, *g;
+    size_t n;
+} pti_t;
+
+/* Picks side `side`'s pointer of a pair inside the two-backend loops below. */
+#define P(t) (side ? (t).g : (t).c)
+#define BOTH for (int side = 0; side < 2; side++)
+#define KS (s->k[side])
+
+static void note(result_t *r, const char *fmt, const char *a, const char *b)
+{
+    r->fail = 1;
+    if (!r->note[0]) snprintf(r->note, sizeof(r->note), fmt, a, b);
+}
+
+/* ---- random inputs ---- */
+
+static uint64_t next_u64(st_t *s)
+{
+    s->rng ^= s->rng >> 12;
+    s->rng ^= s->rng << 25;
+    s->rng ^= s->rng >> 27;
+    return s->rng * 0x2545F4914F6CDD1DULL;
+}
+
+static float uniform(st_t *s, float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((next_u64(s) >> 40) * (1.0 / 16777216.0));
+}
+
+/* ---- buffers of one case ---- */
+
+static void *alloc_both(st_t *s, size_t bytes, const void *host, void **g)
+{
+    *g = NULL;
+    if (s->err) return NULL;
+    if (s->nbufs == ST_MAX_BUFS) {
+        s->err = DDP_ENOMEM;
+        return NULL;
+    }
+    void *p[2] = {NULL, NULL};
+    BOTH
+    {
+        int rc = KS->ops->alloc(KS->ctx, &p[side], bytes);
+        if (rc == 0 && host) rc = KS->ops->memcpy_h2d(KS->ctx, p[side], host, bytes);
+        if (rc && !s->err) s->err = rc;
+    }
+    s->bufs[s->nbufs][0] = p[0];
+    s->bufs[s->nbufs][1] = p[1];
+    s->nbufs++;
+    if (s->err) return NULL;
+    *g = p[1];
+    return p[0];
+}
+
+static void end_case(st_t *s)
+{
+    for (int i = 0; i < s->nbufs; i++) BOTH KS->ops->free(KS->ctx, s->bufs[i][side]);
+    s->nbufs = 0;
+    s->err = 0;
+}
+
+static pt_t pt_from(st_t *s, const float *host, size_t n)
+{
+    pt_t t = {NULL, NULL, n};
+    void *g;
+    t.c = alloc_both(s, n * sizeof(float), host, &g);
+    t.g = g;
+    return t;
+}
+
+static pt_t pt_rand(st_t *s, size_t n, float lo, float hi)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h) {
+        if (!s->err) s->err = DDP_ENOMEM;
+        return (pt_t){NULL, NULL, n};
+    }
+    for (size_t i = 0; i < n; i++) h[i] = uniform(s, lo, hi);
+    pt_t t = pt_from(s, h, n);
+    free(h);
+    return t;
+}
+
+static pt_t pt_zero(st_t *s, size_t n) { return pt_from(s, NULL, n); }
+
+/* Token ids in [0, V); `narrow` draws from the first 5 only, so runs of equal tokens occur. */
+static pti_t pt_tokens(st_t *s, size_t n, int V, int narrow)
+{
+    pti_t t = {NULL, NULL, n};
+    int32_t *h = malloc((n ? n : 1) * sizeof(int32_t));
+    if (!h) {
+        if (!s->err) s->err = DDP_ENOMEM;
+        return t;
+    }
+    int range = narrow && V > 5 ? 5 : V;
+    for (size_t i = 0; i < n; i++) h[i] = (int32_t)(next_u64(s) % (uint64_t)range);
+    void *g;
+    t.c = alloc_both(s, n * sizeof(int32_t), h, &g);
+    t.g = g;
+    free(h);
+    return t;
+}
+
+/* A host copy of one side of t (caller frees), or NULL with s->err set. */
+static float *fetch(st_t *s, pt_t t, int side)
+{
+    float *h = malloc((t.n ? t.n : 1) * sizeof(float));
+    if (!h) {
+        if (!s->err) s->err = DDP_ENOMEM;
+        return NULL;
+    }
+    int rc = KS->ops->memcpy_d2h(KS->ctx, h, P(t), t.n * sizeof(float));
+    if (rc) {
+        if (!s->err) s->err = rc;
+        free(h);
+        return NULL;
+    }
+    return h;
+}
+
+/* The CPU side of t as a new pair (the same values on both backends). */
+static pt_t pt_copy_cpu(st_t *s, pt_t t)
+{
+    if (s->err) return (pt_t){NULL, NULL, t.n};
+    int side = 0;
+    float *h = fetch(s, t, side);
+    if (!h) return (pt_t){NULL, NULL, t.n};
+    pt_t r = pt_from(s, h, t.n);
+    free(h);
+    return r;
+}
+
+/* ---- running and comparing ---- */
+
+/* True when the case's buffers are ready; otherwise records the failure. */
+static int ready(st_t *s, result_t *r)
+{
+    if (!s->err) return 1;
+    note(r, "setup failed: %s%s", ddp_strerror(s->err), "");
+    return 0;
+}
+
+/* Waits for both backends; false (and the op failed) when either reports an error. */
+static int sync_both(st_t *s, result_t *r)
+{
+    int ok = 1;
+    BOTH
+    {
+        int rc = KS->ops->sync(KS->ctx);
+        if (rc) {
+            note(r, "%s: %s", KS->ops->name, ddp_strerror(rc));
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* Folds one element pair into r; `scale` is the tensor's largest |cpu|. */
+static void compare_one(result_t *r, double dev, double cpu, double scale, double tol)
+{
+    double d = fabs(dev - cpu);
+    if (isnan(dev) != isnan(cpu) || isinf(dev) != isinf(cpu) || isnan(d)) {
+        r->fail = 1;
+        r->max_abs = INFINITY;
+        r->max_rel = INFINITY;
+        return;
+    }
+    double floor = 1e-3 * scale > 1e-30 ? 1e-3 * scale : 1e-30;
+    double rel = d / (fabs(cpu) > floor ? fabs(cpu) : floor);
+    if (d > r->max_abs) r->max_abs = d;
+    if (rel > r->max_rel) r->max_rel = rel;
+    if (d > tol * (fabs(cpu) + scale)) r->fail = 1;
+}
+
+static void check(st_t *s, result_t *r, pt_t t, double tol, const char *what)
+{
+    float *h[2] = {NULL, NULL};
+    BOTH h[side] = fetch(s, t, side);
+    if (!h[0] || !h[1]) {
+        note(r, "copy of %s failed: %s", what, ddp_strerror(s->err ? s->err : DDP_ENOMEM));
+    } else {
+        double scale = 0.0;
+        for (size_t i = 0; i < t.n; i++)
+            if (fabs(h[0][i]) > scale) scale = fabs(h[0][i]);
+        int was = r->fail;
+        for (size_t i = 0; i < t.n; i++) compare_one(r, h[1][i], h[0][i], scale, tol);
+        if (r->fail && !was) note(r, "%s%s out of tolerance", what, "");
+    }
+    free(h[0]);
+    free(h[1]);
+}
+
+/* ---- the cases ---- */
+
+typedef struct {
+    int B, T, C, NH, V, OC;
+} shape_t;
+
+static const shape_t shapes[] = {
+    {1, 1, 4, 1, 3, 5},         /* one position, one head */
+    {2, 7, 12, 3, 37, 20},      /* odd sizes */
+    {3, 33, 64, 4, 257, 129},   /* warps with tails, odd vocab and OC */
+    {2, 64, 96, 6, 1000, 384},  /* several warps per row */
+    {1, 3, 8, 2, 50257, 8},     /* GPT-2's vocabulary */
+};
+
+static void case_memory(st_t *s)
+{
+    result_t *r = &s->res[OP_MEMORY];
+    size_t n = 1031;
+    pt_t z = pt_zero(s, n);
+    pt_t a = pt_rand(s, n, -1, 1);
+    pt_t b = pt_zero(s, n);
+    if (!ready(s, r)) goto out;
+    check(s, r, z, 0.0, "alloc (zero-filled)");
+    BOTH
+    {
+        int rc = KS->ops->memcpy_d2d(KS->ctx, P(b), P(a), n * sizeof(float));
+        if (rc == 0) rc = KS->ops->memset0(KS->ctx, P(a) + 100, 200 * sizeof(float));
+        if (rc) note(r, "%s: %s", KS->ops->name, ddp_strerror(rc));
+    }
+    if (!sync_both(s, r)) goto out;
+    check(s, r, a, 0.0, "memset0");
+    check(s, r, b, 0.0, "memcpy_d2d");
+out:
+    end_case(s);
+}
+
+static void case_encoder(st_t *s, const shape_t *sh, int narrow)
+{
+    int B = sh->B, T = sh->T, C = sh->C, V = sh->V;
+    size_t BT = (size_t)B * T;
+    result_t *rf = &s->res[OP_ENCODER_FWD], *rb = &s->res[OP_ENCODER_BWD];
+    pti_t inp = pt_tokens(s, BT, V, narrow);
+    pt_t wte = pt_rand(s, (size_t)V * C, -1, 1), wpe = pt_rand(s, (size_t)T * C, -1, 1);
+    pt_t out = pt_zero(s, BT * C), dout = pt_rand(s, BT * C, -1, 1);
+    pt_t dwte = pt_rand(s, (size_t)V * C, -1, 1), dwpe = pt_rand(s, (size_t)T * C, -1, 1);
+    if (!ready(s, rf) || !ready(s, rb)) goto out;
+    BOTH DDP_K(KS, encoder_fwd, P(out), P(inp), P(wte), P(wpe), B, T, C);
+    if (sync_both(s, rf)) check(s, rf, out, 1e-6, "out");
+    BOTH DDP_K(KS, encoder_bwd, P(dwte), P(dwpe), P(dout), P(inp), B, T, C);
+    if (sync_both(s, rb)) {
+        check(s, rb, dwte, 1e-5, "dwte");
+        check(s, rb, dwpe, 1e-5, "dwpe");
+    }
+out:
+    end_case(s);
+}
+
+static void case_layernorm(st_t *s, const shape_t *sh)
+{
+    int N = sh->B * sh->T, C = sh->C;
+    size_t NC = (size_t)N * C;
+    result_t *rf = &s->res[OP_LAYERNORM_FWD], *rb = &s->res[OP_LAYERNORM_BWD];
+    pt_t inp = pt_rand(s, NC, -2, 3), w = pt_rand(s, C, 0.5f, 1.5f), b = pt_rand(s, C, -1, 1);
+    pt_t out = pt_zero(s, NC), mean = pt_zero(s, N), rstd = pt_zero(s, N);
+    pt_t dout = pt_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1);
+    pt_t dw = pt_rand(s, C, -1, 1), db = pt_rand(s, C, -1, 1);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, layernorm_fwd, P(out), P(mean), P(rstd), P(inp), P(w), P(b), N, C);
+    if (!sync_both(s, rf)) goto out;
+    check(s, rf, out, 1e-5, "out");
+    check(s, rf, mean, 1e-5, "mean");
+    check(s, rf, rstd, 1e-5, "rstd");
+    /* The backward gets the CPU's saved statistics on both sides. */
+    pt_t m2 = pt_copy_cpu(s, mean), r2 = pt_copy_cpu(s, rstd);
+    if (!ready(s, rb)) goto out;
+    BOTH DDP_K(KS, layernorm_bwd, P(dinp), P(dw), P(db), P(dout), P(inp), P(w), P(m2), P(r2), N,
+               C);
+    if (sync_both(s, rb)) {
+        check(s, rb, dinp, 1e-5, "dinp");
+        check(s, rb, dw, 1e-5, "dweight");
+        check(s, rb, db, 1e-5, "dbias");
+    }
+out:
+    end_case(s);
+}
+
+static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
+{
+    int N = sh->B * sh->T, C = sh->C, OC = sh->OC;
+    result_t *rf = &s->res[OP_MATMUL_FWD], *rb = &s->res[OP_MATMUL_BWD];
+    pt_t inp = pt_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
+    pt_t bias = pt_rand(s, OC, -1, 1), out = pt_zero(s, (size_t)N * OC);
+    pt_t dout = pt_rand(s, (size_t)N * OC, -1, 1), dinp = pt_rand(s, (size_t)N * C, -1, 1);
+    pt_t dw = pt_rand(s, (size_t)C * OC, -1, 1), db = pt_rand(s, OC, -1, 1);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC,
+               layout);
+    if (sync_both(s, rf)) check(s, rf, out, 1e-5, "out");
+    /* Without bias the optional outputs are left out too. */
+    BOTH DDP_K(KS, matmul_bwd, with_bias ? P(dinp) : NULL, P(dw), with_bias ? P(db) : NULL,
+               P(dout), P(inp), P(w), N, C, OC, layout);
+    if (sync_both(s, rb)) {
+        check(s, rb, dinp, 1e-5, "dinp");
+        check(s, rb, dw, 1e-5, "dweight");
+        check(s, rb, db, 1e-5, "dbias");
+    }
+out:
+    end_case(s);
+}
+
+static void case_attention(st_t *s, const shape_t *sh)
+{
+    int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH;
+    size_t BTC = (size_t)B * T * C, att_n = (size_t)B * NH * T * T;
+    result_t *rf = &s->res[OP_ATTENTION_FWD], *rb = &s->res[OP_ATTENTION_BWD];
+    pt_t qkv = pt_rand(s, 3 * BTC, -2, 2), out = pt_zero(s, BTC), att = pt_zero(s, att_n);
+    pt_t dout = pt_rand(s, BTC, -1, 1), dqkv = pt_rand(s, 3 * BTC, -1, 1);
+    pt_t datt = pt_zero(s, att_n);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, attention_fwd, P(out), P(att), P(qkv), B, T, C, NH);
+    if (!sync_both(s, rf)) goto out;
+    check(s, rf, out, 1e-5, "out");
+    check(s, rf, att, 1e-5, "att");
+    pt_t att2 = pt_copy_cpu(s, att);
+    if (!ready(s, rb)) goto out;
+    BOTH DDP_K(KS, attention_bwd, P(dqkv), P(datt), P(dout), P(qkv), P(att2), B, T, C, NH);
+    if (sync_both(s, rb)) check(s, rb, dqkv, 5e-5, "dqkv");
+out:
+    end_case(s);
+}
+
+static void case_pointwise(st_t *s, size_t n)
+{
+    result_t *r;
+    pt_t a = pt_rand(s, n, -4, 4), b = pt_rand(s, n, -1, 1), out = pt_zero(s, n);
+    pt_t d = pt_rand(s, n, -1, 1), y = pt_rand(s, n, -1, 1);
+    if (!ready(s, &s->res[OP_GELU_FWD])) goto out;
+
+    r = &s->res[OP_GELU_FWD];
+    BOTH DDP_K(KS, gelu_fwd, P(out), P(a), n);
+    if (sync_both(s, r)) check(s, r, out, 2e-6, "out");
+    r = &s->res[OP_GELU_BWD];
+    BOTH DDP_K(KS, gelu_bwd, P(d), P(a), P(b), n);
+    if (sync_both(s, r)) check(s, r, d, 2e-6, "dinp");
+    r = &s->res[OP_RESIDUAL_FWD];
+    BOTH DDP_K(KS, residual_fwd, P(out), P(a), P(b), n);
+    if (sync_both(s, r)) check(s, r, out, 1e-6, "out");
+    BOTH DDP_K(KS, residual_fwd, P(a), P(a), P(b), n); /* out aliases a */
+    if (sync_both(s, r)) check(s, r, a, 1e-6, "out (aliasing a)");
+    r = &s->res[OP_ADD];
+    BOTH DDP_K(KS, add, P(y), P(b), n);
+    if (sync_both(s, r)) check(s, r, y, 1e-6, "y");
+    r = &s->res[OP_SCALE];
+    BOTH DDP_K(KS, scale, P(y), 0.37f, n);
+    if (sync_both(s, r)) check(s, r, y, 1e-6, "x");
+out:
+    end_case(s);
+}
+
+static void case_adamw(st_t *s, size_t n, int t)
+{
+    result_t *r = &s->res[OP_ADAMW];
+    pt_t p = pt_rand(s, n, -1, 1), g = pt_rand(s, n, -1, 1);
+    pt_t m = pt_rand(s, n, -0.1f, 0.1f), v = pt_rand(s, n, 0.0f, 0.01f);
+    if (!ready(s, r)) goto out;
+    for (int step = t; step < t + 3; step++) {
+        BOTH DDP_K(KS, adamw, P(p), P(g), P(m), P(v), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+                   step);
+        if (!sync_both(s, r)) goto out;
+    }
+    check(s, r, p, 1e-5, "param");
+    check(s, r, m, 1e-5, "m");
+    check(s, r, v, 1e-5, "v");
+out:
+    end_case(s);
+}
+
+static void case_xent(st_t *s, const shape_t *sh, int mode)
+{
+    int N = sh->B * sh->T, V = sh->V;
+    size_t NV = (size_t)N * V;
+    result_t *r = &s->res[OP_XENT_FWD_BWD];
+    pt_t logits = pt_rand(s, NV, -4, 4), losses = pt_zero(s, N), dl = pt_zero(s, NV);
+    pti_t tgt = pt_tokens(s, N, V, 0);
+    if (!ready(s, r)) goto out;
+    float dloss = 1.0f / (float)N;
+    /* mode 0: separate dlogits; 1: losses only; 2: dlogits aliases logits. */
+    BOTH DDP_K(KS, xent_fwd_bwd, P(losses), mode == 0 ? P(dl) : mode == 2 ? P(logits) : NULL,
+               P(logits), P(tgt), N, V, dloss);
+    if (!sync_both(s, r)) goto out;
+    check(s, r, losses, 1e-5, "losses");
+    if (mode == 0) check(s, r, dl, 1e-5, "dlogits");
+    if (mode == 2) check(s, r, logits, 1e-5, "dlogits (aliasing logits)");
+out:
+    end_case(s);
+}
+
+static void case_sumsq(st_t *s, size_t n)
+{
+    result_t *r = &s->res[OP_SUMSQ];
+    pt_t x = pt_rand(s, n, -3, 3);
+    double out[2] = {0.0, 0.0};
+    if (!ready(s, r)) goto out;
+    BOTH DDP_K(KS, sumsq, &out[side], P(x), n);
+    if (!sync_both(s, r)) goto out;
+    /* Both sum in double: only the order differs. */
+    compare_one(r, out[1], out[0], fabs(out[0]), 1e-12);
+    if (r->fail) note(r, "sum of squares out of tolerance%s%s", "", "");
+out:
+    end_case(s);
+}
+
+static void case_nonfinite(st_t *s, size_t n)
+{
+    result_t *r = &s->res[OP_NONFINITE];
+    float *h = malloc(n * sizeof(float));
+    if (!h) {
+        note(r, "setup failed: %s%s", ddp_strerror(DDP_ENOMEM), "");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) h[i] = uniform(s, -1, 1);
+    size_t at = (size_t)(next_u64(s) % n);
+    /* 0: all finite; 1: a NaN somewhere; 2: +Inf at the end. */
+    for (int kind = 0; kind < 3; kind++) {
+        if (kind == 1) h[at] = NAN;
+        if (kind == 2) {
+            h[at] = 0.5f;
+            h[n - 1] = INFINITY;
+        }
+        pt_t x = pt_from(s, h, n);
+        int out[2] = {-1, -1};
+        if (ready(s, r)) {
+            BOTH DDP_K(KS, nonfinite, &out[side], P(x), n);
+            if (sync_both(s, r) && (out[0] != (kind != 0) || out[1] != (kind != 0))) {
+                r->max_abs = r->max_rel = 1.0;
+                note(r, "wrong answer for %s%s", kind == 0 ? "finite input" : "NaN/Inf input",
+                     "");
+            }
+        }
+        end_case(s);
+    }
+    free(h);
+}
+
+/* Runs every case of one backend against the CPU; returns the number of failed ops. */
+static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
+{
+    st_t *s = calloc(1, sizeof(*s));
+    if (!s) {
+        printf("selftest: %s: out of memory\n", dev->ops->name);
+        return OP_COUNT;
+    }
+    s->k[0] = cpu;
+    s->k[1] = dev;
+    s->rng = 0x9E3779B97F4A7C15ULL;
+
+    case_memory(s);
+    size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
+    for (size_t i = 0; i < nshapes; i++) {
+        const shape_t *sh = &shapes[i];
+        case_encoder(s, sh, 0);
+        case_encoder(s, sh, 1);
+        case_layernorm(s, sh);
+        case_matmul(s, sh, DDP_W_IN_OUT, 1);
+        case_matmul(s, sh, DDP_W_OUT_IN, 0);
+        case_attention(s, sh);
+        for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
+    }
+    const size_t sizes[] = {1, 31, 1000, 100003, (1u << 20) + 7};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        case_pointwise(s, sizes[i]);
+        case_adamw(s, sizes[i], i % 2 ? 1 : 1000);
+        case_sumsq(s, sizes[i]);
+        case_nonfinite(s, sizes[i]);
+    }
+
+    int failed = 0;
+    for (int i = 0; i < OP_COUNT; i++) {
+        const result_t *r = &s->res[i];
+        printf("%-14s %-7s %12.3e %12.3e  %s%s%s\n", op_names[i], dev->ops->name, r->max_abs,
+               r->max_rel, r->fail ? "FAIL" : "PASS", r->fail && r->note[0] ? "  " : "",
+               r->fail ? r->note : "");
+        failed += r->fail;
+    }
+    free(s);
+    return failed;
+}
+
+/* The backends to check: $DDP_SELFTEST_BACKENDS (comma-separated; "cpu" checks the CPU
+ * against itself, which tests this harness), else every backend but the CPU ("cuda"). */
+static int backend_list(char names[][16], int max)
+{
+    const char *env = getenv("DDP_SELFTEST_BACKENDS");
+    if (!env || !*env) env = "cuda";
+    int n = 0;
+    while (*env && n < max) {
+        size_t len = strcspn(env, ",");
+        if (len > 0 && len < 16) {
+            memcpy(names[n], env, len);
+            names[n][len] = '\0';
+            n++;
+        }
+        env += len;
+        if (*env == ',') env++;
+    }
+    return n;
+}
 
 int ddp_kernels_selftest(void)
 {
-    printf("selftest: no backend other than cpu is checked (placeholder)\n");
-    return 2;
+    char backends[4][16];
+    int nbackends = backend_list(backends, 4);
+    ddp_kernels_t cpu;
+    int rc = ddp_kernels_open(&cpu, "cpu", 0, 0);
+    if (rc) {
+        printf("selftest: cannot open the cpu backend: %s\n", ddp_strerror(rc));
+        return 1;
+    }
+    int tested = 0, failed = 0;
+    char why[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < nbackends; i++) {
+        ddp_kernels_t dev;
+        rc = ddp_kernels_open(&dev, backends[i], 0, 0);
+        if (rc) {
+            int n = snprintf(why + used, sizeof(why) - used, "%s%s: %s", used ? "; " : "",
+                             backends[i], ddp_strerror(rc));
+            if (n > 0 && (size_t)n < sizeof(why) - used) used += (size_t)n;
+            continue;
+        }
+        printf("%-14s %-7s %12s %12s  %s\n", "op", "backend", "max_abs_err", "max_rel_err",
+               "result");
+        int f = run_backend(&cpu, &dev);
+        printf("selftest: %s: %d of %d ops passed\n", backends[i], OP_COUNT - f, OP_COUNT);
+        failed += f;
+        tested++;
+        ddp_kernels_close(&dev);
+    }
+    ddp_kernels_close(&cpu);
+    if (!tested) {
+        printf("selftest: no GPU backend usable on this host: %s\n", why);
+        printf("selftest: (the module is looked up beside the executable, then in "
+               "$DDP_KERNELS_PATH; DDP_LOG_LEVEL=debug says why it was not used)\n");
+        return 2;
+    }
+    return failed ? 1 : 0;
 }

@@ -53,6 +53,8 @@ int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out)
         return 0;
     }
     if (ctx->scratch) {
+        /* Queued ops may still use the old buffer. */
+        ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
         ddp__cuda_check(ctx, cudaFree(ctx->scratch), "cudaFree(scratch)");
         ctx->scratch = NULL;
         ctx->scratch_bytes = 0;
@@ -71,10 +73,14 @@ int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out)
 static int cuda_probe(void)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        DDP_DEBUG("cuda: unusable: cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                  cudaGetErrorName(e));
         cudaGetLastError(); /* clear it, so it does not surface in a later call */
         return 0;
     }
+    if (n == 0) DDP_DEBUG("cuda: unusable: no CUDA device");
     return n > 0 ? 10 : 0;
 }
 

@@ -7,7 +7,7 @@
  * add        y[n] += x[n]
  * scale      x[n] *= s
  * adamw      param, m, v updated in place from grad * grad_scale; the bias corrections
- *            1 - beta^t are computed once on the host.
+ *            1 - beta^t are computed once on the host, in double.
  * All are grid-stride loops over a size_t n with 256-thread blocks and at most
  * DDP_CUDA_MAX_GRID blocks; n == 0 queues nothing.
  */
@@ -96,8 +96,9 @@ void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m,
                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
                      float grad_scale, int t)
 {
-    float bc1 = 1.0f - powf(beta1, (float)t);
-    float bc2 = 1.0f - powf(beta2, (float)t);
+    /* In double, as PyTorch (and the CPU backend) compute them. */
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
     LAUNCH(adamw_kernel, n, "adamw", param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale,
            bc1, bc2);
 }
