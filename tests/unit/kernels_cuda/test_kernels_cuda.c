@@ -1,0 +1,110 @@
+/* The CUDA kernel module (when built) and ddp_kernels_selftest().
+ *
+ * - The self-test harness itself: with DDP_SELFTEST_BACKENDS=cpu it runs every case with the
+ *   CPU as both oracle and subject and must pass (it exercises every op, shape and aliasing
+ *   case, so ASan sees the whole harness).
+ * - The real module (DDP_TEST_CUDA_MODULE, set by meson when it is built): it loads, exports a
+ *   complete ops table named "cuda", and its probe agrees with ddp_kernels_open("cuda").
+ * - The self-test against CUDA: 0 on a host with a GPU, 2 (and a clear line) without one;
+ *   never 1.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <dlfcn.h>
+
+#include "common/err.h"
+#include "kernels/kernels.h"
+
+static void test_harness_cpu(void **state)
+{
+    (void)state;
+    setenv("DDP_SELFTEST_BACKENDS", "cpu", 1);
+    int rc = ddp_kernels_selftest();
+    unsetenv("DDP_SELFTEST_BACKENDS");
+    if (rc != 0) fail_msg("selftest cpu vs cpu: got %d, want 0", rc);
+}
+
+#ifdef DDP_TEST_CUDA_MODULE
+/* Points the loader at the module's build directory. */
+static void use_built_module(void)
+{
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s", DDP_TEST_CUDA_MODULE);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    *slash = '\0';
+    setenv("DDP_KERNELS_PATH", dir, 1);
+}
+
+static void test_module_table(void **state)
+{
+    (void)state;
+    void *h = dlopen(DDP_TEST_CUDA_MODULE, RTLD_NOW | RTLD_LOCAL);
+    if (!h) fail_msg("dlopen(%s): %s", DDP_TEST_CUDA_MODULE, dlerror());
+    ddp_kernels_module_fn fn = (ddp_kernels_module_fn)dlsym(h, DDP_KERNELS_MODULE_SYMBOL);
+    assert_non_null(fn);
+    const ddp_kernels_ops_t *ops = fn();
+    assert_non_null(ops);
+    assert_string_equal(ops->name, "cuda");
+    /* Every member is a pointer: none may be NULL. */
+    const void *const *slot = (const void *const *)ops;
+    size_t n = sizeof(*ops) / sizeof(void *);
+    for (size_t i = 0; i < n; i++)
+        if (!slot[i]) fail_msg("ops member %zu of %zu is NULL", i, n);
+    int probe = ops->probe();
+    if (probe != 0 && probe != 10) fail_msg("probe: got %d, want 0 or 10", probe);
+    assert_int_equal(ops->probe(), probe); /* cheap and repeatable */
+
+    use_built_module();
+    ddp_kernels_t k;
+    int rc = ddp_kernels_open(&k, "cuda", 0, 0);
+    if (probe > 0) {
+        if (rc != 0) fail_msg("probe %d but open(cuda): %s", probe, ddp_err_name(rc));
+        /* Zero-sized work is a no-op and a fresh context has no error. */
+        double ss = -1.0;
+        int bad = -1;
+        DDP_K(&k, sumsq, &ss, NULL, 0);
+        DDP_K(&k, nonfinite, &bad, NULL, 0);
+        DDP_K(&k, gelu_fwd, NULL, NULL, 0);
+        assert_true(ss == 0.0);
+        assert_int_equal(bad, 0);
+        assert_int_equal(k.ops->sync(k.ctx), 0);
+        ddp_kernels_close(&k);
+    } else if (rc != DDP_ENODEV) {
+        fail_msg("no device but open(cuda): got %s, want DDP_ENODEV", ddp_err_name(rc));
+    }
+    dlclose(h);
+}
+
+static void test_selftest_cuda(void **state)
+{
+    (void)state;
+    use_built_module();
+    ddp_kernels_t k;
+    int usable = ddp_kernels_open(&k, "cuda", 0, 0) == 0;
+    ddp_kernels_close(&k);
+    int rc = ddp_kernels_selftest();
+    if (rc != (usable ? 0 : 2))
+        fail_msg("selftest: got %d, want %d (cuda %s)", rc, usable ? 0 : 2,
+                 usable ? "usable" : "unusable");
+}
+#endif
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_harness_cpu),
+#ifdef DDP_TEST_CUDA_MODULE
+        cmocka_unit_test(test_module_table),
+        cmocka_unit_test(test_selftest_cuda),
+#endif
+    };
+    return cmocka_run_group_tests_name("kernels_cuda", tests, NULL, NULL);
+}
