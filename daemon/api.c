@@ -1,0 +1,378 @@
+/* The control socket: listener, sessions, line framing and request validation.
+ *
+ * Framing: one JSON object per line. A line longer than DDPD_MAX_LINE (1 MiB) gets a -32600
+ * error and the connection is closed once the error is written; other sessions are untouched.
+ * A session that fails inside a callback is flagged (closing) and freed in its close callback,
+ * never in the middle of dispatch. After the client half-closes, queued responses and running
+ * streams still finish, then the session closes.
+ */
+#include "daemon/api_int.h"
+
+#include <errno.h>
+#include <grp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/job.h"
+#include "daemon/rpc.h"
+
+typedef struct write_req {
+    uv_write_t req;
+    ddpd_session_t *s;
+    char *line;
+} write_req_t;
+
+static void session_closed(uv_handle_t *h)
+{
+    ddpd_session_t *s = h->data;
+    ddpd_api_t *api = s->api;
+    for (ddpd_session_t **pp = &api->sessions; *pp; pp = &(*pp)->next)
+        if (*pp == s) {
+            *pp = s->next;
+            break;
+        }
+    api->n_sessions--;
+    while (s->streams) {
+        ddpd_stream_t *st = s->streams;
+        s->streams = st->next;
+        json_decref(st->req_id);
+        free(st);
+    }
+    free(s->buf);
+    free(s);
+    if (--api->refs == 0) free(api);
+}
+
+static void session_close(ddpd_session_t *s)
+{
+    if (s->closing) return;
+    s->closing = 1;
+    uv_close((uv_handle_t *)&s->pipe, session_closed);
+}
+
+void ddpd__session_maybe_close(ddpd_session_t *s)
+{
+    if (s->closing || s->pending) return;
+    if (s->close_after || (s->eof && !s->streams)) session_close(s);
+}
+
+static void write_done(uv_write_t *req, int status)
+{
+    write_req_t *w = (write_req_t *)req;
+    ddpd_session_t *s = w->s;
+    free(w->line);
+    free(w);
+    s->pending--;
+    if (status < 0 && !s->closing) {
+        DDP_DEBUG("api: write to pid %d failed: %s", (int)s->pid, uv_strerror(status));
+        s->close_after = 1;
+    }
+    ddpd__session_maybe_close(s);
+}
+
+void ddpd__send(ddpd_session_t *s, char *line)
+{
+    if (!line) return;
+    if (s->closing) {
+        free(line);
+        return;
+    }
+    write_req_t *w = ddp_malloc(sizeof *w);
+    if (!w) {
+        free(line);
+        s->close_after = 1;
+        ddpd__session_maybe_close(s);
+        return;
+    }
+    w->s = s;
+    w->line = line;
+    uv_buf_t b = uv_buf_init(line, (unsigned)strlen(line));
+    int rc = uv_write(&w->req, (uv_stream_t *)&s->pipe, &b, 1, write_done);
+    if (rc < 0) {
+        free(line);
+        free(w);
+        session_close(s);
+        return;
+    }
+    s->pending++;
+}
+
+void ddpd__send_error(ddpd_session_t *s, json_t *id, int code, json_t *data, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    s->d->n_request_errors++;
+    ddpd__send(s, ddpd_rpc_error(id, code, msg, data));
+}
+
+void ddpd__stream_end(ddpd_session_t *s, ddpd_stream_t *st, json_t *result)
+{
+    for (ddpd_stream_t **pp = &s->streams; *pp; pp = &(*pp)->next)
+        if (*pp == st) {
+            *pp = st->next;
+            break;
+        }
+    if (!json_is_null(st->req_id))
+        ddpd__send(s, ddpd_rpc_result(st->req_id, result));
+    else
+        json_decref(result);
+    json_decref(st->req_id);
+    free(st);
+    ddpd__session_maybe_close(s);
+}
+
+/* Validates the envelope of one request line and dispatches it. */
+static void handle_line(ddpd_session_t *s, const char *line, size_t len)
+{
+    while (len && (line[len - 1] == '\r' || line[len - 1] == ' ' || line[len - 1] == '\t')) len--;
+    size_t lead = 0;
+    while (lead < len && (line[lead] == ' ' || line[lead] == '\t')) lead++;
+    if (lead == len) return; /* blank lines are ignored */
+    s->d->n_requests++;
+    json_error_t je;
+    json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
+    if (!req) {
+        ddpd__send_error(s, NULL, DDPD_RPC_PARSE,
+                         json_pack("{si si}", "line", je.line, "column", je.column),
+                         "invalid JSON at column %d: %s", je.column, je.text);
+        return;
+    }
+    json_t *id = json_object_get(req, "id");
+    if (!json_is_object(req)) {
+        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, NULL, "a request must be a JSON object");
+    } else if (id && !json_is_null(id) && !json_is_integer(id) && !json_is_string(id)) {
+        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, json_pack("{ss}", "path", "id"),
+                         "id must be an integer, a string or null");
+    } else if (!json_is_string(json_object_get(req, "jsonrpc")) ||
+               strcmp(json_string_value(json_object_get(req, "jsonrpc")), "2.0") != 0) {
+        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "jsonrpc"),
+                         "jsonrpc must be \"2.0\"");
+    } else if (!json_is_string(json_object_get(req, "method"))) {
+        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "method"),
+                         "method must be a string");
+    } else {
+        json_t *params = json_object_get(req, "params");
+        if (params && !json_is_object(params) && !json_is_null(params)) {
+            ddpd__send_error(s, id, DDPD_RPC_PARAMS, json_pack("{ss}", "path", "params"),
+                             "params must be an object");
+        } else {
+            /* a request without "id" is a notification: it runs but gets no response */
+            json_t *rid = id ? id : NULL;
+            ddpd__dispatch(s, rid, json_string_value(json_object_get(req, "method")),
+                           json_is_object(params) ? params : NULL);
+        }
+    }
+    json_decref(req);
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+{
+    (void)h;
+    (void)suggested;
+    buf->base = ddp_malloc(65536);
+    buf->len = buf->base ? 65536 : 0;
+}
+
+static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    ddpd_session_t *s = st->data;
+    if (nread < 0) {
+        free(buf->base);
+        uv_read_stop(st);
+        s->eof = 1;
+        if (nread != UV_EOF) s->close_after = 1;
+        ddpd__session_maybe_close(s);
+        return;
+    }
+    const char *p = buf->base;
+    size_t n = (size_t)nread;
+    while (n && !s->closing && !s->close_after) {
+        const char *nl = memchr(p, '\n', n);
+        size_t take = nl ? (size_t)(nl - p) : n;
+        if (s->len + take > DDPD_MAX_LINE) {
+            ddpd__send_error(s, NULL, DDPD_RPC_INVALID,
+                             json_pack("{sI}", "limit", (json_int_t)DDPD_MAX_LINE),
+                             "request line longer than %u bytes; closing the connection",
+                             DDPD_MAX_LINE);
+            DDP_WARN("api: pid %d uid %u sent a line over %u bytes: connection closed",
+                     (int)s->pid, (unsigned)s->uid, DDPD_MAX_LINE);
+            uv_read_stop(st);
+            s->close_after = 1;
+            break;
+        }
+        if (s->len + take > s->cap) {
+            size_t cap = s->cap ? s->cap : 4096;
+            while (cap < s->len + take) cap *= 2;
+            char *nb = ddp_realloc(s->buf, cap);
+            if (!nb) {
+                s->close_after = 1;
+                break;
+            }
+            s->buf = nb;
+            s->cap = cap;
+        }
+        memcpy(s->buf + s->len, p, take);
+        s->len += take;
+        if (!nl) break;
+        p += take + 1;
+        n -= take + 1;
+        size_t l = s->len;
+        s->len = 0;
+        handle_line(s, s->buf, l);
+    }
+    free(buf->base);
+    ddpd__session_maybe_close(s);
+}
+
+static void on_connection(uv_stream_t *server, int status)
+{
+    ddpd_api_t *api = server->data;
+    if (status < 0) {
+        DDP_WARN("api: accept: %s", uv_strerror(status));
+        return;
+    }
+    ddpd_session_t *s = ddp_calloc(1, sizeof *s);
+    if (!s) return;
+    s->d = api->d;
+    s->api = api;
+    api->refs++;
+    uv_pipe_init(api->d->loop, &s->pipe, 0);
+    s->pipe.data = s;
+    s->next = api->sessions;
+    api->sessions = s;
+    api->n_sessions++;
+    if (uv_accept(server, (uv_stream_t *)&s->pipe) != 0) {
+        session_close(s);
+        return;
+    }
+    uv_os_fd_t fd;
+    struct ucred cred;
+    socklen_t cl = sizeof cred;
+    if (uv_fileno((uv_handle_t *)&s->pipe, &fd) != 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0) {
+        DDP_WARN("api: no peer credentials: connection refused");
+        session_close(s);
+        return;
+    }
+    s->uid = cred.uid;
+    s->gid = cred.gid;
+    s->pid = cred.pid;
+    if (api->d->stopping) {
+        ddpd__send_error(s, NULL, DDPD_RPC_STOPPING, NULL, "the daemon is shutting down");
+        s->close_after = 1;
+        return;
+    }
+    uv_read_start((uv_stream_t *)&s->pipe, alloc_cb, read_cb);
+}
+
+static void tick_cb(uv_timer_t *t)
+{
+    ddpd_api_t *api = t->data;
+    for (ddpd_session_t *s = api->sessions; s; s = s->next)
+        if (!s->closing && s->streams) ddpd__service_logs(s);
+}
+
+void ddpd_api_job_event(ddpd_t *d, ddpd_job_t *j)
+{
+    if (!d->api) return;
+    for (ddpd_session_t *s = d->api->sessions; s; s = s->next)
+        if (!s->closing && s->streams) ddpd__watch_event(s, j);
+}
+
+/* mkdir -p for the socket's directory. */
+static void make_parent(const char *path)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return;
+    *slash = 0;
+    for (char *p = dir + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(dir, 0755);
+            *p = '/';
+        }
+    mkdir(dir, 0755);
+}
+
+/* A socket file that nobody answers on is stale (a daemon that died): remove it. A live one
+ * means another daemon owns the path. */
+static int check_stale(const char *path, ddp_errinfo_t *ei)
+{
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return 0;
+    if (!S_ISSOCK(sb.st_mode))
+        return ddp_errinfo_set(ei, DDP_EBUSY, "%s exists and is not a socket", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    int live = fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    if (fd >= 0) close(fd);
+    if (live) return ddp_errinfo_set(ei, DDP_EBUSY, "another ddpd is serving %s", path);
+    unlink(path);
+    return 0;
+}
+
+int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
+{
+    const char *path = d->cfg.socket_path;
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return ddp_errinfo_set(ei, DDP_EINVAL, "socket path too long (%zu bytes): %s",
+                               strlen(path), path);
+    ddpd_api_t *api = ddp_calloc(1, sizeof *api);
+    if (!api) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    api->d = d;
+    d->api = api;
+    uv_timer_init(d->loop, &api->tick);
+    api->tick.data = api;
+    uv_pipe_init(d->loop, &api->listener, 0);
+    api->listener.data = api;
+    api->refs = 2; /* listener + tick; each session adds one */
+    make_parent(path);
+    DDP_CHECK(check_stale(path, ei));
+    mode_t old = umask(0117); /* the socket file is created 0660 */
+    int rc = uv_pipe_bind(&api->listener, path);
+    umask(old);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, 128, on_connection);
+    if (rc != 0)
+        return ddp_errinfo_set(ei, DDP_EIO, "cannot listen on %s: %s", path, uv_strerror(rc));
+    if (chmod(path, 0660) != 0) DDP_WARN("api: chmod %s: %s", path, strerror(errno));
+    if (d->cfg.socket_group[0]) {
+        struct group *g = getgrnam(d->cfg.socket_group);
+        if (!g)
+            DDP_WARN("api: socket_group '%s' does not exist", d->cfg.socket_group);
+        else if (chown(path, (uid_t)-1, g->gr_gid) != 0)
+            DDP_WARN("api: chown %s: %s", path, strerror(errno));
+    }
+    uv_timer_start(&api->tick, tick_cb, 200, 200);
+    return 0;
+}
+
+static void api_freed(uv_handle_t *h)
+{
+    ddpd_api_t *api = h->data;
+    if (--api->refs == 0) free(api);
+}
+
+void ddpd_api_close(ddpd_t *d)
+{
+    ddpd_api_t *api = d->api;
+    if (!api) return;
+    d->api = NULL;
+    for (ddpd_session_t *s = api->sessions; s; s = s->next) session_close(s);
+    unlink(d->cfg.socket_path);
+    uv_close((uv_handle_t *)&api->listener, api_freed);
+    uv_close((uv_handle_t *)&api->tick, api_freed);
+}

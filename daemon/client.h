@@ -1,0 +1,33 @@
+/* A blocking JSON-RPC client for the control socket (ddpctl, tests, benchmarks). Not for the
+ * daemon's loop. One client per thread.
+ */
+#ifndef DDPD_CLIENT_H
+#define DDPD_CLIENT_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+typedef struct ddpd_client {
+    int fd;
+    char *buf;
+    size_t len, cap;
+    long next_id;
+} ddpd_client_t;
+
+/* Connects to the Unix socket at path. Returns 0 or -errno. */
+int ddpd_client_connect(ddpd_client_t *c, const char *path);
+/* Closes. Safe on a zeroed or closed client. */
+void ddpd_client_close(ddpd_client_t *c);
+/* Sends one request; params is stolen (NULL = none). *id gets the request id. 0 or -errno. */
+int ddpd_client_send(ddpd_client_t *c, const char *method, json_t *params, long *id);
+/* Sends raw bytes (tests). 0 or -errno. */
+int ddpd_client_send_raw(ddpd_client_t *c, const void *data, size_t len);
+/* Receives one message (response or notification). timeout_ms < 0 waits forever.
+ * Returns 0, -ETIMEDOUT, -ECONNRESET on EOF, -EPROTO for a line that is not JSON. */
+int ddpd_client_recv(ddpd_client_t *c, json_t **msg, int timeout_ms);
+/* Sends and waits for the response to it, skipping notifications. On a JSON-RPC error returns
+ * 1 and sets *error (new ref); on success 0 and *result (new ref). Negative on I/O errors. */
+int ddpd_client_call(ddpd_client_t *c, const char *method, json_t *params, json_t **result,
+                     json_t **error, int timeout_ms);
+
+#endif

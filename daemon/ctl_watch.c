@@ -1,0 +1,172 @@
+/* ddpctl's job follower: job.watch notifications rendered as a live progress line (terminal)
+ * or as plain lines (pipe/file, at most one a second plus every state change). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "daemon/ctl.h"
+
+static volatile sig_atomic_t got_int;
+static void on_int(int sig)
+{
+    (void)sig;
+    got_int++;
+}
+
+const char *ddpctl_fmt_dur(double s, char *buf, size_t n)
+{
+    if (!isfinite(s) || s < 0) s = 0;
+    long t = (long)(s + 0.5);
+    if (t >= 3600)
+        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
+    else if (t >= 60)
+        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
+    else
+        snprintf(buf, n, "%lds", t);
+    return buf;
+}
+
+void ddpctl_print_error(json_t *err)
+{
+    const char *msg = json_string_value(json_object_get(err, "message"));
+    fprintf(stderr, "ddpctl: %s (code %lld)\n", msg ? msg : "error",
+            (long long)json_integer_value(json_object_get(err, "code")));
+}
+
+static const char *num(json_t *v, const char *fmt, char *buf, size_t n)
+{
+    if (!json_is_number(v)) return "-";
+    snprintf(buf, n, fmt, json_number_value(v));
+    return buf;
+}
+
+static void render(json_t *job, int tty, int as_json, int64_t *last_print, long long *last_step,
+                   char *last_state, size_t lsn)
+{
+    if (as_json) {
+        char *s = json_dumps(job, JSON_COMPACT);
+        if (s) printf("%s\n", s);
+        free(s);
+        fflush(stdout);
+        return;
+    }
+    const char *state = json_string_value(json_object_get(job, "state"));
+    long long step = json_integer_value(json_object_get(job, "step"));
+    long long steps = json_integer_value(json_object_get(job, "steps"));
+    int changed = strcmp(state ? state : "", last_state) != 0;
+    int64_t now = ddp_now_ns();
+    if (!tty && !changed && (step == *last_step || now - *last_print < 1000000000LL)) return;
+    char l[64], tps[64], eta[32];
+    double t = json_number_value(json_object_get(job, "tokens_per_s"));
+    if (t >= 1e6)
+        snprintf(tps, sizeof tps, "%.2fM", t / 1e6);
+    else if (t >= 1e3)
+        snprintf(tps, sizeof tps, "%.1fk", t / 1e3);
+    else
+        snprintf(tps, sizeof tps, "%.0f", t);
+    json_t *e = json_object_get(job, "eta_s");
+    char line[512];
+    if (json_object_get(job, "step"))
+        snprintf(line, sizeof line, "job %lld [%s] step %lld/%lld  loss %s  %s tok/s  ETA %s",
+                 (long long)json_integer_value(json_object_get(job, "id")), state, step, steps,
+                 num(json_object_get(job, "loss"), "%.4f", l, sizeof l), tps,
+                 json_is_number(e) ? ddpctl_fmt_dur(json_number_value(e), eta, sizeof eta) : "-");
+    else
+        snprintf(line, sizeof line, "job %lld [%s] %s",
+                 (long long)json_integer_value(json_object_get(job, "id")), state,
+                 json_string_value(json_object_get(job, "reason")));
+    if (tty)
+        fprintf(stderr, "\r\033[K%s", line);
+    else
+        printf("%s\n", line);
+    fflush(tty ? stderr : stdout);
+    *last_print = now;
+    *last_step = step;
+    snprintf(last_state, lsn, "%s", state ? state : "");
+}
+
+int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int as_json,
+                  int cancel_on_int)
+{
+    (void)socket_path;
+    struct sigaction sa = {.sa_handler = on_int}, old;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
+    long rid;
+    int tty = isatty(STDERR_FILENO) && !as_json;
+    int rc = ddpd_client_send(c, "job.watch", json_pack("{sI}", "id", (json_int_t)id), &rid);
+    int64_t last_print = 0;
+    long long last_step = -1;
+    char last_state[32] = "";
+    int cancels = 0, ret = CTL_ERROR;
+    json_t *final = NULL;
+    while (rc == 0) {
+        if (got_int && cancel_on_int && cancels == 0) {
+            cancels = 1;
+            if (tty) fprintf(stderr, "\n");
+            fprintf(stderr, "ddpctl: cancelling job %lld (^C again to stop waiting)\n", id);
+            ddpd_client_send(c, "job.cancel", json_pack("{sI}", "id", (json_int_t)id), NULL);
+        } else if (got_int && (cancels || !cancel_on_int)) {
+            if (tty) fprintf(stderr, "\n");
+            break;
+        }
+        json_t *m;
+        rc = ddpd_client_recv(c, &m, 500);
+        if (rc == -ETIMEDOUT || rc == -EINTR) {
+            rc = 0;
+            continue;
+        }
+        if (rc) break;
+        const char *method = json_string_value(json_object_get(m, "method"));
+        json_t *mid = json_object_get(m, "id");
+        if (method && !strcmp(method, "job.progress")) {
+            render(json_object_get(json_object_get(m, "params"), "job"), tty, as_json, &last_print,
+                   &last_step, last_state, sizeof last_state);
+        } else if (json_is_integer(mid) && json_integer_value(mid) == rid) {
+            if (json_object_get(m, "error")) {
+                ddpctl_print_error(json_object_get(m, "error"));
+                json_decref(m);
+                break;
+            }
+            final = json_incref(json_object_get(m, "result"));
+            json_decref(m);
+            break;
+        }
+        json_decref(m);
+    }
+    sigaction(SIGINT, &old, NULL);
+    if (final) {
+        const char *state = json_string_value(json_object_get(final, "state"));
+        if (tty) fprintf(stderr, "\n");
+        if (as_json) {
+            char *s = json_dumps(final, JSON_COMPACT);
+            printf("%s\n", s ? s : "{}");
+            free(s);
+        } else {
+            char fl[64], dur[32];
+            json_t *st = json_object_get(final, "started_ms"), *en = json_object_get(final, "ended_ms");
+            double secs = json_is_integer(st) && json_is_integer(en)
+                              ? (double)(json_integer_value(en) - json_integer_value(st)) / 1000.0
+                              : 0;
+            printf("job %lld %s: %s (final loss %s, %s)\n", id, state,
+                   json_string_value(json_object_get(final, "reason")),
+                   num(json_object_get(final, "final_loss"), "%.4f", fl, sizeof fl),
+                   ddpctl_fmt_dur(secs, dur, sizeof dur));
+            printf("run dir: %s\n", json_string_value(json_object_get(final, "run_dir")));
+        }
+        fflush(stdout);
+        ret = !strcmp(state, "succeeded")   ? CTL_OK
+              : !strcmp(state, "cancelled") ? CTL_JOB_CANCELLED
+                                            : CTL_JOB_FAILED;
+        json_decref(final);
+    } else if (rc) {
+        fprintf(stderr, "ddpctl: lost the daemon while following job %lld: %s\n", id,
+                strerror(-rc));
+    }
+    return ret;
+}

@@ -1,0 +1,43 @@
+/* The daemon's state: one ddpd_t per process, owned by main and reached by every module.
+ *
+ * Threading: everything here is touched by the loop thread only.
+ * Lifetime: modules that own libuv handles close them in their *_close function; main runs the
+ * loop until every handle's close callback has run, then frees the rest.
+ */
+#ifndef DDPD_DDPD_H
+#define DDPD_DDPD_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "daemon/config.h"
+#include "daemon/store.h"
+
+#define DDPD_VERSION "0.1.0"
+
+typedef struct ddpd_job ddpd_job_t;
+typedef struct ddpd_api ddpd_api_t;
+typedef struct ddpd_metrics ddpd_metrics_t;
+typedef struct ddpd_peers ddpd_peers_t;
+
+typedef struct ddpd {
+    uv_loop_t *loop;
+    ddpd_config_t cfg;
+    ddpd_store_t *store;
+    ddpd_api_t *api;
+    ddpd_metrics_t *metrics;
+    ddpd_peers_t *peers;
+
+    ddpd_job_t *jobs;      /* jobs this node coordinates that are not finished, in id order */
+    int slots_used;        /* local slots held by running ranks (own jobs and peers' ranks) */
+    uv_timer_t sched_timer; /* deferred scheduling pass (a safe point) */
+    uv_signal_t sig_term, sig_int;
+    uv_timer_t stop_timer;
+    int stopping;          /* shutdown started: no new jobs, jobs are being ended */
+    int64_t start_ms;
+
+    /* counters for /metrics */
+    uint64_t n_submitted, n_requests, n_request_errors, n_finished[3];
+} ddpd_t;
+
+#endif

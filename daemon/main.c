@@ -1,0 +1,266 @@
+/* ddpd: the node daemon. Parses options and the config, opens the store, recovers what a
+ * previous daemon left, starts the control socket, metrics and peer links, tells systemd it is
+ * ready, and runs the loop. SIGTERM/SIGINT: stop taking jobs, end running ranks (SIGTERM, then
+ * SIGKILL after the grace period), record them, close every handle, exit 0.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <sodium.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "daemon/api.h"
+#include "daemon/ddpd.h"
+#include "daemon/job.h"
+#include "daemon/metrics.h"
+#include "daemon/peer.h"
+#include "daemon/recover.h"
+#include "daemon/sched.h"
+#include "daemon/store.h"
+
+#ifdef DDPD_HAVE_SYSTEMD
+#include <systemd/sd-daemon.h>
+#define NOTIFY(...) sd_notifyf(0, __VA_ARGS__)
+#else
+#define NOTIFY(...) ((void)0)
+#endif
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: ddpd [options]\n"
+            "  -c, --config FILE      YAML config (default /etc/ddpd/ddpd.yaml when present)\n"
+            "  -s, --socket PATH      control socket\n"
+            "      --state-dir DIR    SQLite store and run directories\n"
+            "      --run-dir DIR      job run directories (default STATE_DIR/runs)\n"
+            "      --slots N          local rank slots (default: cores)\n"
+            "      --listen HOST:PORT TCP listener for peer daemons\n"
+            "      --advertise HOST   address peers and ranks use to reach this node\n"
+            "      --metrics HOST:PORT Prometheus endpoint ('off' to disable)\n"
+            "      --worker-bin PATH  ddp-worker (env DDP_WORKER_BIN)\n"
+            "      --secret-file PATH cluster shared secret\n"
+            "      --peer [NAME=]HOST:PORT  a peer daemon (repeatable)\n"
+            "      --node-name NAME   this node's name (default hostname)\n"
+            "      --grace SECONDS    SIGTERM to SIGKILL delay on cancel (default 10)\n"
+            "      --ready-fd FD      write one byte to FD when serving, then close it\n"
+            "  -V, --version\n");
+}
+
+static void copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
+
+enum { O_STATE = 256, O_RUN, O_SLOTS, O_LISTEN, O_ADV, O_METRICS, O_WORKER, O_SECRET, O_PEER,
+       O_NODE, O_GRACE, O_READY };
+
+static void on_stop_timer(uv_timer_t *t);
+
+/* Closes every module's handles; the loop then ends once their callbacks have run. */
+static void close_all(ddpd_t *d)
+{
+    ddpd_job_close_idle(d);
+    ddpd_api_close(d);
+    ddpd_metrics_close(d);
+    ddpd_peers_close(d);
+    ddpd_sched_close(d);
+    uv_close((uv_handle_t *)&d->sig_term, NULL);
+    uv_close((uv_handle_t *)&d->sig_int, NULL);
+    uv_close((uv_handle_t *)&d->stop_timer, NULL);
+}
+
+static int busy(ddpd_t *d)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next)
+        if (j->live_local > 0 || (j->live_remote > 0 && !ddpd_state_terminal(j->state)))
+            return 1;
+    return ddpd_peers_guest_ranks(d) > 0;
+}
+
+static void on_stop_timer(uv_timer_t *t)
+{
+    ddpd_t *d = t->data;
+    if (busy(d)) return;
+    uv_timer_stop(t);
+    DDP_INFO("all ranks ended; closing");
+    close_all(d);
+}
+
+static void on_signal(uv_signal_t *s, int signum)
+{
+    ddpd_t *d = s->data;
+    if (d->stopping) {
+        DDP_WARN("second %s: stopping without waiting", strsignal(signum));
+        for (ddpd_job_t *j = d->jobs; j; j = j->next)
+            for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGKILL);
+        return;
+    }
+    d->stopping = 1;
+    DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)", strsignal(signum),
+             d->cfg.grace_s);
+    NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
+    ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+    uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
+}
+
+static int mkdirs(const char *path, mode_t mode)
+{
+    char p[PATH_MAX];
+    copy(p, sizeof p, path);
+    for (char *s = p + 1; *s; s++)
+        if (*s == '/') {
+            *s = 0;
+            if (mkdir(p, mode) != 0 && errno != EEXIST) return -errno;
+            *s = '/';
+        }
+    if (mkdir(p, mode) != 0 && errno != EEXIST) return -errno;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, 0, 'c'}, {"socket", required_argument, 0, 's'},
+        {"state-dir", required_argument, 0, O_STATE}, {"run-dir", required_argument, 0, O_RUN},
+        {"slots", required_argument, 0, O_SLOTS}, {"listen", required_argument, 0, O_LISTEN},
+        {"advertise", required_argument, 0, O_ADV}, {"metrics", required_argument, 0, O_METRICS},
+        {"worker-bin", required_argument, 0, O_WORKER},
+        {"secret-file", required_argument, 0, O_SECRET}, {"peer", required_argument, 0, O_PEER},
+        {"node-name", required_argument, 0, O_NODE}, {"grace", required_argument, 0, O_GRACE},
+        {"ready-fd", required_argument, 0, O_READY}, {"version", no_argument, 0, 'V'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    static ddpd_t dd;
+    ddpd_t *d = &dd;
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[sl > 0 ? sl : 0] = 0;
+    ddpd_config_defaults(&d->cfg, sl > 0 ? self : argv[0]);
+
+    /* the config file first, then the options over it */
+    const char *config = NULL;
+    int c, ready_fd = -1;
+    while ((c = getopt_long(argc, argv, "c:s:Vh", opts, NULL)) != -1) {
+        if (c == 'c') config = optarg;
+        if (c == 'h') {
+            usage(stdout);
+            return 0;
+        }
+        if (c == 'V') {
+            printf("ddpd %s\n", DDPD_VERSION);
+            return 0;
+        }
+        if (c == '?') {
+            usage(stderr);
+            return 64;
+        }
+    }
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
+    char eb[1024];
+    if (!config && access("/etc/ddpd/ddpd.yaml", R_OK) == 0 && geteuid() == 0)
+        config = "/etc/ddpd/ddpd.yaml";
+    if (config && ddpd_config_load(&d->cfg, config, &ei) != 0) {
+        fprintf(stderr, "ddpd: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
+        return 78;
+    }
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:s:Vh", opts, NULL)) != -1) {
+        ddpd_config_t *g = &d->cfg;
+        switch (c) {
+        case 's': copy(g->socket_path, sizeof g->socket_path, optarg); break;
+        case O_STATE: copy(g->state_dir, sizeof g->state_dir, optarg); break;
+        case O_RUN: copy(g->run_dir, sizeof g->run_dir, optarg); break;
+        case O_SLOTS: g->slots = atoi(optarg); break;
+        case O_LISTEN: copy(g->listen, sizeof g->listen, optarg); break;
+        case O_ADV: copy(g->advertise, sizeof g->advertise, optarg); break;
+        case O_METRICS:
+            copy(g->metrics, sizeof g->metrics, strcmp(optarg, "off") ? optarg : "");
+            break;
+        case O_WORKER: copy(g->worker_bin, sizeof g->worker_bin, optarg); break;
+        case O_SECRET: copy(g->secret_file, sizeof g->secret_file, optarg); break;
+        case O_NODE: copy(g->node_name, sizeof g->node_name, optarg); break;
+        case O_GRACE: g->grace_s = atof(optarg); break;
+        case O_READY: ready_fd = atoi(optarg); break;
+        case O_PEER: {
+            if (g->n_peers >= DDPD_MAX_PEERS) break;
+            ddpd_peer_cfg_t *p = &g->peers[g->n_peers++];
+            const char *eq = strchr(optarg, '=');
+            if (eq) {
+                snprintf(p->name, sizeof p->name, "%.*s", (int)(eq - optarg), optarg);
+                copy(p->addr, sizeof p->addr, eq + 1);
+            } else {
+                copy(p->addr, sizeof p->addr, optarg);
+            }
+            break;
+        }
+        default: break;
+        }
+    }
+    if (ddpd_config_finish(&d->cfg, &ei) != 0) {
+        fprintf(stderr, "ddpd: config: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
+        return 78;
+    }
+    if (sodium_init() < 0) {
+        fprintf(stderr, "ddpd: libsodium failed to initialise\n");
+        return 70;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    int rc;
+    if ((rc = mkdirs(d->cfg.state_dir, 0750)) != 0 || (rc = mkdirs(d->cfg.run_dir, 0755)) != 0) {
+        fprintf(stderr, "ddpd: cannot create %s or %s: %s\n", d->cfg.state_dir, d->cfg.run_dir,
+                strerror(-rc));
+        return 73;
+    }
+    d->loop = uv_default_loop();
+    d->start_ms = ddp_wall_ms();
+    if ((rc = ddpd_store_open(&d->store, d->cfg.state_dir)) != 0) {
+        fprintf(stderr, "ddpd: cannot open the job store in %s: %s\n", d->cfg.state_dir,
+                ddp_strerror(rc));
+        return 73;
+    }
+    ddpd_sched_init(d);
+    uv_signal_init(d->loop, &d->sig_term);
+    uv_signal_init(d->loop, &d->sig_int);
+    uv_timer_init(d->loop, &d->stop_timer);
+    d->sig_term.data = d->sig_int.data = d->stop_timer.data = d;
+    int exit_code = 0;
+    if ((rc = ddpd_api_start(d, &ei)) != 0 || (rc = ddpd_metrics_start(d, &ei)) != 0 ||
+        (rc = ddpd_peers_start(d, &ei)) != 0) {
+        fprintf(stderr, "ddpd: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
+        exit_code = 1;
+        d->stopping = 1;
+        close_all(d);
+    } else {
+        ddpd_recover(d);
+        uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+        uv_signal_start(&d->sig_int, on_signal, SIGINT);
+        DDP_INFO("ddpd %s on %s: socket %s, %d slots, worker %s, state %s", DDPD_VERSION,
+                 d->cfg.node_name, d->cfg.socket_path, d->cfg.slots, d->cfg.worker_bin,
+                 d->cfg.state_dir);
+        NOTIFY("READY=1\nSTATUS=serving %s, %d slots", d->cfg.socket_path, d->cfg.slots);
+        if (ready_fd >= 0) {
+            ssize_t w = write(ready_fd, "R", 1);
+            (void)w;
+            close(ready_fd);
+        }
+    }
+    uv_run(d->loop, UV_RUN_DEFAULT);
+    while (d->jobs) { /* every job's handles are closed: drop what is left */
+        ddpd_job_t *j = d->jobs;
+        d->jobs = j->next;
+        json_decref(j->last_step);
+        json_decref(j->done);
+        free(j->spec_json);
+        free(j->rank_node);
+        free(j->procs);
+        free(j);
+    }
+    ddpd_store_close(d->store);
+    uv_loop_close(d->loop);
+    DDP_INFO("stopped");
+    return exit_code;
+}

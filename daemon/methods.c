@@ -1,0 +1,538 @@
+/* The API's methods. Each handler validates its params (-32602 with data {path, expected}),
+ * does its work and answers exactly once, either at once or, for the streaming methods, when
+ * the stream ends.
+ *
+ *   job.submit  {spec: string|object | path: string, cwd?, name?, workers?}
+ *                 -> {id, name, state, world, run_dir}      errors 1001 1005 1006 1007 1008
+ *   job.list    {state?, limit?}        -> {jobs: [...]}
+ *   job.get     {id}                    -> job + transitions (+ progress)     error 1002
+ *   job.cancel  {id}                    -> {id, state}                 errors 1002 1003 1004
+ *   job.logs    {id, rank?=0, follow?=false, offset?=0}
+ *                 notifications job.log {id, job, rank, data}; result {job, rank, bytes, end}
+ *                                                                       errors 1002 1009
+ *   job.watch   {id}   notifications job.progress {id, job:{state, step, steps, loss,
+ *                 tokens_per_s, eta_s, ...}}; result = the final job record     error 1002
+ *   stream.cancel {id} ends one of this connection's streams (result end: "cancelled")
+ *   node.list   {}  -> {nodes: [{name, addr, self, up, slots, free}]}
+ *   daemon.status {} -> {version, node, pid, uptime_s, slots, slots_used, jobs, ...}
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/api_int.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "daemon/job.h"
+#include "daemon/peer.h"
+#include "daemon/rpc.h"
+#include "daemon/sched.h"
+
+/* ---- param helpers: each returns 0, or sends -32602 and returns -1 ---- */
+
+static int bad_param(ddpd_session_t *s, json_t *id, const char *key, const char *expected)
+{
+    ddpd__send_error(s, id, DDPD_RPC_PARAMS,
+                     json_pack("{ss ss}", "path", key, "expected", expected),
+                     "params.%s must be %s", key, expected);
+    return -1;
+}
+
+static int p_int(ddpd_session_t *s, json_t *id, json_t *params, const char *key, int required,
+                 long long lo, long long hi, long long *out)
+{
+    json_t *v = params ? json_object_get(params, key) : NULL;
+    if (!v || json_is_null(v)) {
+        if (!required) return 0;
+        char exp[96];
+        snprintf(exp, sizeof exp, "an integer (required)");
+        return bad_param(s, id, key, exp);
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        char exp[96];
+        snprintf(exp, sizeof exp, "an integer in %lld..%lld", lo, hi);
+        return bad_param(s, id, key, exp);
+    }
+    *out = json_integer_value(v);
+    return 0;
+}
+
+static int p_str(ddpd_session_t *s, json_t *id, json_t *params, const char *key,
+                 const char **out)
+{
+    json_t *v = params ? json_object_get(params, key) : NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_string(v)) return bad_param(s, id, key, "a string");
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int p_bool(ddpd_session_t *s, json_t *id, json_t *params, const char *key, int *out)
+{
+    json_t *v = params ? json_object_get(params, key) : NULL;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad_param(s, id, key, "true or false");
+    *out = json_is_true(v);
+    return 0;
+}
+
+static void reply(ddpd_session_t *s, json_t *id, json_t *result)
+{
+    if (id)
+        ddpd__send(s, ddpd_rpc_result(id, result));
+    else
+        json_decref(result);
+}
+
+/* ---- job.submit ---- */
+
+static char *read_spec_file(const char *path, size_t *len, int *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        *err = errno;
+        return NULL;
+    }
+    size_t cap = 65536, n = 0;
+    char *b = ddp_malloc(cap + 1);
+    while (b) {
+        if (n == cap) {
+            if (cap >= DDPD_MAX_LINE) {
+                *err = EFBIG;
+                free(b);
+                b = NULL;
+                break;
+            }
+            char *nb = ddp_realloc(b, cap * 2 + 1);
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, b + n, cap - n);
+        if (r < 0) {
+            *err = errno;
+            free(b);
+            b = NULL;
+            break;
+        }
+        if (r == 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    if (b) {
+        b[n] = 0;
+        *len = n;
+    } else if (!*err) {
+        *err = ENOMEM;
+    }
+    return b;
+}
+
+static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    const char *path = NULL, *cwd = NULL, *name = NULL;
+    long long workers = 0;
+    if (p_str(s, id, params, "path", &path) || p_str(s, id, params, "cwd", &cwd) ||
+        p_str(s, id, params, "name", &name) ||
+        p_int(s, id, params, "workers", 0, 1, 4096, &workers))
+        return;
+    json_t *spec = params ? json_object_get(params, "spec") : NULL;
+    if (spec && json_is_null(spec)) spec = NULL;
+    if (spec && !json_is_string(spec) && !json_is_object(spec)) {
+        bad_param(s, id, "spec", "a string (YAML or JSON text) or an object");
+        return;
+    }
+    if (!!spec == !!path) {
+        bad_param(s, id, spec ? "path" : "spec", "exactly one of spec and path");
+        return;
+    }
+    if (cwd && cwd[0] != '/') {
+        bad_param(s, id, "cwd", "an absolute path");
+        return;
+    }
+    char *owned = NULL;
+    const char *text;
+    size_t len;
+    char origin[PATH_MAX + 8];
+    if (path) {
+        char full[PATH_MAX * 2 + 2];
+        if (path[0] == '/' || !cwd)
+            snprintf(full, sizeof full, "%s", path);
+        else
+            snprintf(full, sizeof full, "%s/%s", cwd, path);
+        int err = 0;
+        owned = read_spec_file(full, &len, &err);
+        if (!owned) {
+            ddpd__send_error(s, id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", full),
+                             "cannot read spec %s: %s", full, strerror(err));
+            return;
+        }
+        /* the daemon may read what the submitter cannot: only when they could, too */
+        if (s->uid != 0 && s->uid != geteuid()) {
+            free(owned);
+            ddpd__send_error(s, id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", full),
+                             "send the spec text (params.spec) instead of a path when the "
+                             "daemon runs as another user");
+            return;
+        }
+        text = owned;
+        snprintf(origin, sizeof origin, "%s", path);
+    } else if (json_is_string(spec)) {
+        text = json_string_value(spec);
+        len = json_string_length(spec);
+        snprintf(origin, sizeof origin, "<inline>");
+    } else {
+        owned = json_dumps(spec, JSON_COMPACT);
+        if (!owned) {
+            ddpd__send_error(s, id, DDPD_RPC_INTERNAL, NULL, "out of memory");
+            return;
+        }
+        text = owned;
+        len = strlen(owned);
+        snprintf(origin, sizeof origin, "<inline>");
+    }
+    ddpd_submit_t sub = {.spec_text = text,
+                         .spec_len = len,
+                         .origin = origin,
+                         .name = name,
+                         .cwd = cwd,
+                         .workers = (int)workers,
+                         .uid = s->uid,
+                         .gid = s->gid};
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
+    ddpd_job_t *j = NULL;
+    int rc = ddpd_job_submit(s->d, &sub, &j, &ei);
+    free(owned);
+    if (rc == 0) {
+        reply(s, id,
+              json_pack("{sI ss ss si ss}", "id", (json_int_t)j->id, "name", j->name, "state",
+                        ddpd_state_name(j->state), "world", j->world, "run_dir", j->run_dir));
+        return;
+    }
+    json_t *data = json_pack("{ss ss si si}", "path", ei.path, "origin", origin, "line", ei.line,
+                             "column", ei.column);
+    int code = rc == DDP_ESPEC       ? DDPD_RPC_BAD_SPEC
+               : rc == DDP_EBUSY     ? DDPD_RPC_NO_CAPACITY
+               : rc == DDP_EABORTED  ? DDPD_RPC_STOPPING
+               : rc == DDP_ESQL      ? DDPD_RPC_STORE
+                                     : DDPD_RPC_BAD_SPEC;
+    if (code == DDPD_RPC_BAD_SPEC && rc != DDP_ESPEC)
+        json_object_set_new(data, "error", json_string(ddp_err_name(rc)));
+    char where[1024];
+    ddpd__send_error(s, id, code, data, "%s", ddp_errinfo_str(&ei, where, sizeof where));
+}
+
+/* ---- job.list / job.get ---- */
+
+static void add_live(ddpd_t *d, json_t *row)
+{
+    ddpd_job_t *j = ddpd_job_find(d, json_integer_value(json_object_get(row, "id")));
+    if (!j || ddpd_state_terminal(j->state)) return;
+    json_t *p = ddpd_job_progress(j);
+    json_t *v;
+    if ((v = json_object_get(p, "step"))) json_object_set(row, "step", v);
+    if ((v = json_object_get(p, "steps"))) json_object_set(row, "steps", v);
+    if ((v = json_object_get(p, "loss"))) json_object_set(row, "loss", v);
+    if ((v = json_object_get(p, "tokens_per_s"))) json_object_set(row, "tokens_per_s", v);
+    if ((v = json_object_get(p, "eta_s"))) json_object_set(row, "eta_s", v);
+    json_decref(p);
+}
+
+static const char *const states[] = {"queued", "starting", "running", "succeeded",
+                                     "failed", "cancelled", NULL};
+
+static void m_list(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    const char *state = NULL;
+    long long limit = 0;
+    if (p_str(s, id, params, "state", &state) ||
+        p_int(s, id, params, "limit", 0, 0, 1000000, &limit))
+        return;
+    if (state) {
+        int ok = 0;
+        for (int i = 0; states[i]; i++) ok |= !strcmp(states[i], state);
+        if (!ok) {
+            bad_param(s, id, "state", "one of queued, starting, running, succeeded, failed, "
+                                      "cancelled");
+            return;
+        }
+    }
+    json_t *arr;
+    if (ddpd_store_job_list(s->d->store, state, (int)limit, &arr) != 0) {
+        ddpd__send_error(s, id, DDPD_RPC_STORE, NULL, "the job store failed (see daemon log)");
+        return;
+    }
+    size_t i;
+    json_t *row;
+    json_array_foreach(arr, i, row) add_live(s->d, row);
+    reply(s, id, json_pack("{so}", "jobs", arr));
+}
+
+static int get_job_row(ddpd_session_t *s, json_t *id, long long jid, int with_spec, json_t **out)
+{
+    int rc = ddpd_store_job_get(s->d->store, jid, with_spec, out);
+    if (rc == DDP_ENOTFOUND) {
+        ddpd__send_error(s, id, DDPD_RPC_NOT_FOUND, json_pack("{sI}", "id", (json_int_t)jid),
+                         "no job %lld", jid);
+        return -1;
+    }
+    if (rc != 0) {
+        ddpd__send_error(s, id, DDPD_RPC_STORE, NULL, "the job store failed (see daemon log)");
+        return -1;
+    }
+    return 0;
+}
+
+static void m_get(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    long long jid;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
+    json_t *row;
+    if (get_job_row(s, id, jid, 1, &row)) return;
+    ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (j && !ddpd_state_terminal(j->state)) json_object_set_new(row, "progress", ddpd_job_progress(j));
+    reply(s, id, row);
+}
+
+static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    long long jid;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
+    ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (!j || ddpd_state_terminal(j->state)) {
+        json_t *row;
+        if (get_job_row(s, id, jid, 0, &row)) return;
+        ddpd__send_error(s, id, DDPD_RPC_FINISHED,
+                         json_pack("{sI sO}", "id", (json_int_t)jid, "state",
+                                   json_object_get(row, "state")),
+                         "job %lld already ended (%s)", jid,
+                         json_string_value(json_object_get(row, "state")));
+        json_decref(row);
+        return;
+    }
+    int rc = ddpd_job_cancel(j, s->uid);
+    if (rc == DDP_EPERM) {
+        ddpd__send_error(s, id, DDPD_RPC_DENIED,
+                         json_pack("{sI si}", "id", (json_int_t)jid, "owner", (int)j->uid),
+                         "job %lld belongs to uid %u; only that user or root may cancel it",
+                         jid, j->uid);
+        return;
+    }
+    reply(s, id, json_pack("{sI ss}", "id", (json_int_t)jid, "state", ddpd_state_name(j->state)));
+}
+
+/* ---- streams ---- */
+
+static ddpd_stream_t *stream_new(ddpd_session_t *s, json_t *id, ddpd_stream_kind_t kind,
+                                 int64_t job)
+{
+    ddpd_stream_t *st = ddp_calloc(1, sizeof *st);
+    if (!st) {
+        ddpd__send_error(s, id, DDPD_RPC_INTERNAL, NULL, "out of memory");
+        return NULL;
+    }
+    st->kind = kind;
+    st->job = job;
+    st->req_id = id ? json_incref(id) : json_null();
+    st->next = s->streams;
+    s->streams = st;
+    return st;
+}
+
+static void m_logs(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    long long jid, rank = 0, off = 0;
+    int follow = 0;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid) ||
+        p_int(s, id, params, "rank", 0, 0, 1 << 20, &rank) ||
+        p_int(s, id, params, "offset", 0, 0, INT64_MAX, &off) ||
+        p_bool(s, id, params, "follow", &follow))
+        return;
+    json_t *row;
+    if (get_job_row(s, id, jid, 0, &row)) return;
+    int world = (int)json_integer_value(json_object_get(row, "world"));
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/rank-%lld.log",
+             json_string_value(json_object_get(row, "run_dir")), rank);
+    json_decref(row);
+    if (rank >= world) {
+        bad_param(s, id, "rank", "a rank of the job (0..world-1)");
+        return;
+    }
+    ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (j && j->rank_node && j->rank_node[rank] > 0) {
+        const char *node = ddpd_peers_name(s->d, j->rank_node[rank] - 1);
+        ddpd__send_error(s, id, DDPD_RPC_NO_LOG, json_pack("{ss}", "node", node),
+                         "rank %lld runs on node %s; its log is in that node's run directory",
+                         rank, node);
+        return;
+    }
+    ddpd_stream_t *st = stream_new(s, id, DDPD_STREAM_LOGS, jid);
+    if (!st) return;
+    st->rank = (int)rank;
+    st->follow = follow;
+    st->off = off;
+    snprintf(st->path, sizeof st->path, "%s", path);
+    ddpd__service_logs(s);
+}
+
+/* Reads what is new in each log stream (bounded per call so one big log cannot stall the loop
+ * or fill memory: 256 KiB per stream per tick, and only while the client keeps up). */
+void ddpd__service_logs(ddpd_session_t *s)
+{
+    for (ddpd_stream_t *st = s->streams, *next; st; st = next) {
+        next = st->next;
+        if (st->kind != DDPD_STREAM_LOGS || s->closing) continue;
+        if (s->pipe.write_queue_size > (1u << 20)) continue;
+        ddpd_job_t *j = ddpd_job_find(s->d, st->job);
+        int active = j && !ddpd_state_terminal(j->state);
+        int fd = open(st->path, O_RDONLY | O_CLOEXEC);
+        int eof = 1;
+        if (fd >= 0) {
+            char buf[65536];
+            for (int k = 0; k < 4; k++) {
+                ssize_t n = pread(fd, buf, sizeof buf, st->off);
+                if (n <= 0) break;
+                size_t held = 0;
+                json_t *text = ddpd_rpc_text(buf, (size_t)n, n == (ssize_t)sizeof buf, &held);
+                st->off += n - (ssize_t)held;
+                if (!text) break;
+                ddpd__send(s, ddpd_rpc_notify(
+                                  "job.log", json_pack("{sO sI si so}", "id", st->req_id, "job",
+                                                       (json_int_t)st->job, "rank", st->rank,
+                                                       "data", text)));
+                if (n < (ssize_t)sizeof buf) break;
+                eof = 0;
+            }
+            close(fd);
+        }
+        if (!eof) continue;
+        if (st->follow && active) continue;
+        json_t *res = json_pack("{sI si sI ss}", "job", (json_int_t)st->job, "rank", st->rank,
+                                "bytes", (json_int_t)st->off, "end",
+                                st->follow ? "job_ended" : "eof");
+        if (fd < 0) json_object_set_new(res, "missing", json_true());
+        ddpd__stream_end(s, st, res);
+    }
+}
+
+static json_t *final_record(ddpd_t *d, int64_t jid)
+{
+    json_t *row = NULL;
+    if (ddpd_store_job_get(d->store, jid, 0, &row) != 0) return json_pack("{sI}", "id", (json_int_t)jid);
+    return row;
+}
+
+void ddpd__watch_event(ddpd_session_t *s, ddpd_job_t *j)
+{
+    for (ddpd_stream_t *st = s->streams, *next; st; st = next) {
+        next = st->next;
+        if (st->kind != DDPD_STREAM_WATCH || st->job != j->id) continue;
+        ddpd__send(s, ddpd_rpc_notify("job.progress", json_pack("{sO so}", "id", st->req_id,
+                                                                "job", ddpd_job_progress(j))));
+        if (ddpd_state_terminal(j->state)) ddpd__stream_end(s, st, final_record(s->d, j->id));
+    }
+}
+
+static void m_watch(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    long long jid;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
+    ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (!j || ddpd_state_terminal(j->state)) {
+        json_t *row;
+        if (get_job_row(s, id, jid, 0, &row)) return;
+        reply(s, id, row);
+        return;
+    }
+    ddpd_stream_t *st = stream_new(s, id, DDPD_STREAM_WATCH, jid);
+    if (st) ddpd__watch_event(s, j);
+}
+
+static void m_stream_cancel(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    json_t *sid = params ? json_object_get(params, "id") : NULL;
+    if (!sid || (!json_is_integer(sid) && !json_is_string(sid))) {
+        bad_param(s, id, "id", "the id of a streaming request on this connection");
+        return;
+    }
+    for (ddpd_stream_t *st = s->streams; st; st = st->next)
+        if (json_equal(st->req_id, sid)) {
+            ddpd__stream_end(s, st, json_pack("{ss}", "end", "cancelled"));
+            reply(s, id, json_pack("{sb}", "cancelled", 1));
+            return;
+        }
+    reply(s, id, json_pack("{sb}", "cancelled", 0));
+}
+
+/* ---- node.list / daemon.status ---- */
+
+static void m_nodes(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    (void)params;
+    reply(s, id, json_pack("{so}", "nodes", ddpd_peers_nodes(s->d)));
+}
+
+static void m_status(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    (void)params;
+    ddpd_t *d = s->d;
+    json_t *counts = NULL;
+    if (ddpd_store_job_counts(d->store, &counts) != 0) counts = json_object();
+    int active = 0, queued = 0;
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (ddpd_state_terminal(j->state)) continue;
+        if (j->state == DDPD_QUEUED)
+            queued++;
+        else
+            active++;
+    }
+    int up = 0;
+    for (int i = 0; i < ddpd_peers_count(d); i++) up += ddpd_peers_up(d, i);
+    json_t *o = json_pack(
+        "{ss ss si sf ss ss ss ss ss si si si si si si so si si}", "version", DDPD_VERSION,
+        "node", d->cfg.node_name, "pid", (int)getpid(), "uptime_s",
+        (double)(ddp_wall_ms() - d->start_ms) / 1000.0, "socket", d->cfg.socket_path, "listen",
+        d->cfg.listen, "state_dir", d->cfg.state_dir, "run_dir", d->cfg.run_dir, "worker_bin",
+        d->cfg.worker_bin, "slots", d->cfg.slots, "slots_used", d->slots_used, "capacity",
+        ddpd_sched_capacity(d), "running", active, "queued", queued, "guest_ranks",
+        ddpd_peers_guest_ranks(d), "jobs", counts, "peers", ddpd_peers_count(d), "peers_up", up);
+    json_object_set_new(o, "sessions", json_integer(d->api ? d->api->n_sessions : 0));
+    json_object_set_new(o, "stopping", json_boolean(d->stopping));
+    reply(s, id, o);
+}
+
+typedef void (*handler_fn)(ddpd_session_t *s, json_t *id, json_t *params);
+
+static const struct {
+    const char *name;
+    handler_fn fn;
+} methods[] = {
+    {"job.submit", m_submit}, {"job.list", m_list},       {"job.get", m_get},
+    {"job.cancel", m_cancel}, {"job.logs", m_logs},       {"job.watch", m_watch},
+    {"node.list", m_nodes},   {"daemon.status", m_status}, {"stream.cancel", m_stream_cancel},
+    {NULL, NULL}};
+
+void ddpd__dispatch(ddpd_session_t *s, json_t *id, const char *method, json_t *params)
+{
+    for (int i = 0; methods[i].name; i++)
+        if (!strcmp(methods[i].name, method)) {
+            methods[i].fn(s, id, params);
+            return;
+        }
+    char list[512] = "";
+    size_t n = 0;
+    for (int i = 0; methods[i].name; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", i ? ", " : "", methods[i].name);
+    ddpd__send_error(s, id, DDPD_RPC_METHOD, json_pack("{ss}", "method", method),
+                     "unknown method '%.100s'; known: %s", method, list);
+}

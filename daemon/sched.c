@@ -1,0 +1,62 @@
+/* FIFO gang placement (see sched.h). The pass runs from a zero-delay timer so callers in the
+ * middle of a job transition never re-enter the scheduler. */
+#include "sched.h"
+
+#include <stdlib.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "daemon/job.h"
+#include "daemon/peer.h"
+
+int ddpd_sched_capacity(ddpd_t *d)
+{
+    int cap = d->cfg.slots;
+    for (int i = 0; i < ddpd_peers_count(d); i++)
+        if (ddpd_peers_up(d, i)) cap += ddpd_peers_slots(d, i);
+    return cap;
+}
+
+/* Fills rank_node for a job of `world` ranks, or returns 0 if it does not fit now. Rank 0
+ * always runs here (it hosts the rendezvous and writes metrics.jsonl). */
+static int place(ddpd_t *d, int world, int *rank_node)
+{
+    int local_free = d->cfg.slots - d->slots_used;
+    if (local_free < 1) return 0;
+    int r = 0;
+    for (; r < world && local_free > 0; r++, local_free--) rank_node[r] = 0;
+    for (int i = 0; r < world && i < ddpd_peers_count(d); i++) {
+        if (!ddpd_peers_up(d, i)) continue;
+        for (int f = ddpd_peers_free(d, i); r < world && f > 0; r++, f--) rank_node[r] = i + 1;
+    }
+    return r == world;
+}
+
+static void pass(uv_timer_t *t)
+{
+    ddpd_t *d = t->data;
+    if (d->stopping) return;
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (j->state != DDPD_QUEUED || j->freeing) continue;
+        int *rank_node = ddp_calloc((size_t)j->world, sizeof *rank_node);
+        if (!rank_node) return;
+        if (!place(d, j->world, rank_node)) {
+            free(rank_node);
+            return; /* strict FIFO: the head waits for room, nothing jumps ahead */
+        }
+        ddpd_job_start(j, rank_node);
+    }
+}
+
+void ddpd_sched_init(ddpd_t *d)
+{
+    uv_timer_init(d->loop, &d->sched_timer);
+    d->sched_timer.data = d;
+}
+
+void ddpd_sched_close(ddpd_t *d) { uv_close((uv_handle_t *)&d->sched_timer, NULL); }
+
+void ddpd_sched_kick(ddpd_t *d)
+{
+    if (!uv_is_closing((uv_handle_t *)&d->sched_timer)) uv_timer_start(&d->sched_timer, pass, 0, 0);
+}

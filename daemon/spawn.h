@@ -1,0 +1,58 @@
+/* Starting one worker rank as a child process (uv_spawn) with the worker contract's
+ * environment, its stdout/stderr appended to <run_dir>/rank-N.log, in its own process group so
+ * a signal reaches everything it started.
+ *
+ * A ddpd_proc_t is caller-owned storage that holds a uv_process_t: after ddpd_spawn_rank (even
+ * a failed one) it stays in use until on_close has run. Loop thread only.
+ */
+#ifndef DDPD_SPAWN_H
+#define DDPD_SPAWN_H
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+typedef struct ddpd_launch {
+    const char *worker_bin;
+    const char *spec_path; /* passed as argv[1] */
+    const char *run_dir;   /* DDP_RUN_DIR; logs go here */
+    const char *cwd;       /* working directory ("" or NULL = run_dir) */
+    const char *rdzv;      /* DDP_RDZV host:port */
+    const char *token;     /* DDP_JOB_TOKEN */
+    int64_t job_id;
+    int generation;
+    int world, local_world, threads;
+    int as_user; /* drop to uid/gid (only when the daemon is root) */
+    uid_t uid;
+    gid_t gid;
+} ddpd_launch_t;
+
+typedef struct ddpd_proc ddpd_proc_t;
+typedef void (*ddpd_proc_cb)(ddpd_proc_t *p);
+
+struct ddpd_proc {
+    uv_process_t h;
+    int rank, local_rank;
+    int pid;
+    int open;             /* the uv handle is initialised: on_close is still to come */
+    int alive;            /* spawned and not yet exited */
+    int64_t exit_status;  /* valid after on_exit */
+    int term_signal;      /* 0 or the signal that ended it */
+    ddpd_proc_cb on_exit; /* process ended (not called when the spawn failed) */
+    ddpd_proc_cb on_close; /* the handle is closed: storage may be freed */
+    void *data;
+};
+
+/* Spawns rank `rank`. On success returns 0 and on_exit will be called once, then on_close.
+ * On failure returns a negative libuv/-errno code and fills why; on_exit is not called, and
+ * on_close is called later only if p->open is set (the handle got initialised). */
+int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int rank,
+                    int local_rank, char *why, size_t whylen);
+
+/* Sends sig to the rank's process group (falls back to the process). No-op when not alive. */
+void ddpd_proc_signal(ddpd_proc_t *p, int sig);
+
+/* Makes a random hex token of 2*nbytes characters (nbytes <= 32) into out. */
+void ddpd_random_hex(char *out, size_t nbytes);
+
+#endif

@@ -1,0 +1,57 @@
+/* The job store: jobs, their state transitions and results in SQLite (WAL) in the state dir.
+ *
+ * The store is the record of history: `job.list`/`job.get` read from it, so what a person sees
+ * after a restart is what was there before. Calls are synchronous; each is one small indexed
+ * statement on a local file (WAL, synchronous=NORMAL), which is short enough for the loop thread.
+ * Loop thread only.
+ */
+#ifndef DDPD_STORE_H
+#define DDPD_STORE_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+typedef struct ddpd_store ddpd_store_t;
+
+/* What is known of a job when it is accepted. */
+typedef struct ddpd_jobrec {
+    const char *name;
+    uint32_t uid;
+    int world;
+    const char *spec_json;
+    const char *run_dir; /* the base: the job's dir is <run_dir>/job-<id> */
+    const char *cwd;
+    const char *token;
+    int64_t submitted_ms;
+} ddpd_jobrec_t;
+
+/* Opens (creating) `dir`/ddpd.db. Returns 0 or DDP_ESQL / -errno; *out is NULL on error. */
+int ddpd_store_open(ddpd_store_t **out, const char *dir);
+/* Closes. NULL-safe. */
+void ddpd_store_close(ddpd_store_t *s);
+
+/* Inserts a queued job and its first transition; *id receives the new id. */
+int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *rec, int64_t *id);
+/* Records a transition and updates the job row (state, reason; started/ended time as fits). */
+int ddpd_store_job_transition(ddpd_store_t *s, int64_t id, const char *from, const char *to,
+                              const char *reason, int64_t ts_ms);
+/* Records results: exit code (or -1), step reached, total steps, final loss (NaN = none). */
+int ddpd_store_job_result(ddpd_store_t *s, int64_t id, int exit_code, long step, long steps,
+                          double final_loss);
+/* Records where the job runs ("a:0-1,b:2-3") and rank 0's process group (for orphan cleanup). */
+int ddpd_store_job_placement(ddpd_store_t *s, int64_t id, const char *nodes, int pgid);
+
+/* New array of job objects, newest first; `state` filters when non-NULL; limit <= 0 = all. */
+int ddpd_store_job_list(ddpd_store_t *s, const char *state, int limit, json_t **out);
+/* New job object with "transitions" (and "spec" when with_spec); DDP_ENOTFOUND if absent. */
+int ddpd_store_job_get(ddpd_store_t *s, int64_t id, int with_spec, json_t **out);
+/* Counts jobs per state into a new object {"queued":n,...}. */
+int ddpd_store_job_counts(ddpd_store_t *s, json_t **out);
+
+/* Marks every job left in starting/running by a daemon that died as failed with `reason`, and
+ * returns them (id, token, pgid) in a new array so the caller can end leftover processes;
+ * queued jobs are returned in *queued (id, spec, cwd, uid, run_dir, token, name) to re-queue. */
+int ddpd_store_recover(ddpd_store_t *s, const char *reason, int64_t ts_ms, json_t **orphans,
+                       json_t **queued);
+
+#endif
