@@ -1,0 +1,373 @@
+/* The public collectives API: argument validation, backend choice, error recording, requests.
+ *
+ * Callers never reach a backend's ops directly: every ddp_coll_* wrapper checks its arguments and
+ * the communicator's state first. The first error of a communicator is kept (code + message) and
+ * every later operation fails with it, so all ranks report the same cause. The nccl backend lives
+ * in a module (ddp_coll_nccl.so) found beside the executable or in $DDP_COLL_PATH and dlopen()ed.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collectives/coll_impl.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+ddp_coll_t *ddp__coll_alloc(void)
+{
+    ddp_coll_t *c = ddp_calloc(1, sizeof *c);
+    if (!c) return NULL;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_store(&c->waiting_on, -1);
+    c->transport = "none";
+    return c;
+}
+
+static double env_double(const char *name, double dflt)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return dflt;
+    char *end;
+    double v = strtod(s, &end);
+    return (*end || v <= 0) ? dflt : v;
+}
+
+void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, const char *token,
+                           const ddp_coll_opts_t *opts)
+{
+    c->rank = rank;
+    c->size = size;
+    c->generation = gen;
+    snprintf(c->token, sizeof c->token, "%s", token ? token : "");
+    c->timeout_s = (opts && opts->timeout_s > 0) ? opts->timeout_s
+                                                 : env_double("DDP_COLL_TIMEOUT_S", 30.0);
+}
+
+int ddp__coll_fail(ddp_coll_t *c, int rc, const char *fmt, ...)
+{
+    if (rc >= 0) rc = DDP_EABORTED;
+    pthread_mutex_lock(&c->mu);
+    int first = atomic_load(&c->err) == 0;
+    if (first) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+        va_end(ap);
+        atomic_store(&c->err, rc);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    if (first) {
+        DDP_ERROR("collectives (%s, generation %llu, rank %d of %d): %s: %s", c->ops->name,
+                  (unsigned long long)c->generation, c->rank, c->size, ddp_err_name(rc),
+                  c->errmsg);
+        if (c->ops->abort) c->ops->abort(c);
+    }
+    return atomic_load(&c->err);
+}
+
+void ddp__coll_complete(ddp_coll_t *c, ddp_coll_req_t *req, int rc)
+{
+    pthread_mutex_lock(&c->mu);
+    req->rc = rc;
+    atomic_store(&req->done, 1);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *ddp__req_desc(const ddp_coll_req_t *req, char *buf, size_t len)
+{
+    if (req->kind == DDP__REQ_BCAST)
+        snprintf(buf, len, "broadcast #%llu (%zu bytes from rank %d)",
+                 (unsigned long long)req->seq, req->bytes, req->root);
+    else
+        snprintf(buf, len, "allreduce #%llu (%zu bytes)", (unsigned long long)req->seq,
+                 req->bytes);
+    return buf;
+}
+
+int ddp__coll_sleep_until_done(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns)
+{
+    if (atomic_load(&req->done)) return 1;
+    pthread_mutex_lock(&c->mu);
+    while (!atomic_load(&req->done)) {
+        if (deadline_ns <= 0) {
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        if (ddp_now_ns() >= deadline_ns) break;
+        struct timespec ts = {.tv_sec = deadline_ns / 1000000000,
+                              .tv_nsec = deadline_ns % 1000000000};
+        pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+    }
+    int done = atomic_load(&req->done);
+    pthread_mutex_unlock(&c->mu);
+    return done;
+}
+
+int64_t ddp__coll_auto_timeout_ns(ddp_coll_t *c, size_t bytes)
+{
+    uint64_t bits = atomic_load(&c->bw_bits);
+    double bw;
+    memcpy(&bw, &bits, sizeof bw);
+    if (bw <= 0) bw = 50e6; /* before any measurement: a slow network */
+    double t = 8.0 * (double)bytes / bw;
+    if (t < c->timeout_s) t = c->timeout_s;
+    return (int64_t)(t * 1e9);
+}
+
+void ddp__coll_note_bw(ddp_coll_t *c, size_t bytes, int64_t ns)
+{
+    if (bytes < (1u << 20) || ns <= 0) return; /* small operations measure latency */
+    double bw = (double)bytes / ((double)ns * 1e-9);
+    uint64_t bits;
+    memcpy(&bits, &bw, sizeof bits);
+    atomic_store(&c->bw_bits, bits);
+}
+
+double ddp_coll_bandwidth(const ddp_coll_t *c)
+{
+    uint64_t bits = atomic_load(&((ddp_coll_t *)c)->bw_bits);
+    double bw;
+    memcpy(&bw, &bits, sizeof bw);
+    return bw;
+}
+
+/* ---- backend choice ------------------------------------------------------------------------ */
+
+static void *nccl_module;
+
+/* Looks for ddp_coll_nccl.so in $DDP_COLL_PATH, then beside the executable, then the loader's
+ * path. Returns its ops or NULL. */
+static const ddp_coll_ops_t *load_nccl(void)
+{
+    if (nccl_module) return dlsym(nccl_module, "ddp_coll_nccl_ops");
+    char path[PATH_MAX];
+    const char *dir = getenv("DDP_COLL_PATH");
+    void *h = NULL;
+    if (dir && *dir) {
+        snprintf(path, sizeof path, "%s/ddp_coll_nccl.so", dir);
+        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!h) {
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+        if (n > 0) {
+            path[n] = 0;
+            char *slash = strrchr(path, '/');
+            if (slash) {
+                strcpy(slash + 1, "ddp_coll_nccl.so");
+                h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            }
+        }
+    }
+    if (!h) h = dlopen("ddp_coll_nccl.so", RTLD_NOW | RTLD_LOCAL);
+    if (!h) return NULL;
+    nccl_module = h;
+    return dlsym(h, "ddp_coll_nccl_ops");
+}
+
+static const ddp_coll_ops_t *find_backend(const char *name)
+{
+    if (!strcmp(name, "ring")) return &ddp_coll_ring_ops;
+    if (!strcmp(name, "mpi")) return &ddp_coll_mpi_ops;
+    if (!strcmp(name, "nccl")) return load_nccl();
+    return NULL;
+}
+
+int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll_t **out,
+                 ddp_errinfo_t *ei)
+{
+    if (!bs || !out || bs->size < 1 || bs->rank < 0 || bs->rank >= bs->size)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "ddp_coll_new: invalid bootstrap or output");
+    *out = NULL;
+    const char *name = (opts && opts->backend && *opts->backend) ? opts->backend : "auto";
+    const ddp_coll_ops_t *ops;
+    if (!strcmp(name, "auto")) {
+        ops = &ddp_coll_ring_ops; /* CPU default; the worker asks for "nccl" on GPUs */
+    } else {
+        ops = find_backend(name);
+        if (!ops)
+            return ddp_errinfo_set(ei, strcmp(name, "nccl") ? DDP_EINVAL : DDP_ENODEV,
+                                   "collectives backend '%s' %s", name,
+                                   strcmp(name, "nccl") ? "is unknown (ring, mpi, nccl)"
+                                                        : "is not available: ddp_coll_nccl.so "
+                                                          "not found (DDP_COLL_PATH)");
+    }
+    if (ops->probe && ops->probe() <= 0)
+        return ddp_errinfo_set(ei, ops == &ddp_coll_mpi_ops ? DDP_ENOTSUP : DDP_ENODEV,
+                               "collectives backend '%s' is not usable here", ops->name);
+    ddp_coll_t *c = ddp__coll_alloc();
+    if (!c) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    c->ops = ops;
+    ddp__coll_init_common(c, bs->rank, bs->size, bs->generation, bs->token, opts);
+    int rc = ops->init(c, bs, opts, ei);
+    if (rc < 0) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+/* ---- wrappers ------------------------------------------------------------------------------ */
+
+static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
+{
+    r->comm = c;
+    r->seq = ++c->next_seq;
+    int err = atomic_load(&c->err);
+    if (err) {
+        free(r);
+        return err;
+    }
+    r->unext = c->outstanding;
+    if (c->outstanding) c->outstanding->uprev = r;
+    c->outstanding = r;
+    int rc = c->ops->submit(c, r);
+    if (rc < 0) {
+        c->outstanding = r->unext;
+        if (r->unext) r->unext->uprev = NULL;
+        free(r);
+        return rc;
+    }
+    *req = r;
+    return 0;
+}
+
+int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                       ddp_coll_req_t **req)
+{
+    if (!c || !req || (count && !buf) || (dt != DDP_DT_F32 && dt != DDP_DT_BF16) ||
+        (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
+        return DDP_EINVAL;
+    *req = NULL;
+    ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
+    if (!r) return DDP_ENOMEM;
+    r->kind = DDP__REQ_ALLREDUCE;
+    r->buf = buf;
+    r->count = count;
+    r->dt = dt;
+    r->op = op;
+    r->bytes = count * ddp_dtype_size(dt);
+    return submit(c, r, req);
+}
+
+int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
+{
+    if (!c || !req || (bytes && !buf) || root < 0 || root >= c->size) return DDP_EINVAL;
+    *req = NULL;
+    ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
+    if (!r) return DDP_ENOMEM;
+    r->kind = DDP__REQ_BCAST;
+    r->buf = buf;
+    r->count = bytes;
+    r->bytes = bytes;
+    r->root = root;
+    return submit(c, r, req);
+}
+
+int ddp_coll_test(ddp_coll_req_t *req, int *done)
+{
+    if (!req || !done) return DDP_EINVAL;
+    ddp_coll_t *c = req->comm;
+    *done = atomic_load(&req->done) || (c->ops->test && c->ops->test(c, req) > 0);
+    return *done ? req->rc : 0;
+}
+
+static void release(ddp_coll_req_t *r)
+{
+    ddp_coll_t *c = r->comm;
+    if (r->uprev)
+        r->uprev->unext = r->unext;
+    else
+        c->outstanding = r->unext;
+    if (r->unext) r->unext->uprev = r->uprev;
+    free(r);
+}
+
+static int fill_ei(ddp_coll_t *c, int rc, ddp_errinfo_t *ei)
+{
+    if (rc < 0 && ei) {
+        if (atomic_load(&c->err))
+            ddp_errinfo_set(ei, rc, "%s", c->errmsg);
+        else
+            ddp_errinfo_set(ei, rc, "%s", ddp_strerror(rc));
+    }
+    return rc;
+}
+
+int ddp_coll_wait(ddp_coll_req_t *req, int64_t deadline_ns, ddp_errinfo_t *ei)
+{
+    if (!req) return 0;
+    ddp_coll_t *c = req->comm;
+    int rc = c->ops->wait(c, req, deadline_ns);
+    if (rc > 0) rc = 0;
+    release(req);
+    return fill_ei(c, rc, ei);
+}
+
+int ddp_coll_wait_all(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)
+{
+    if (!c) return DDP_EINVAL;
+    int first = 0;
+    /* outstanding is newest first; wait oldest first */
+    while (c->outstanding) {
+        ddp_coll_req_t *r = c->outstanding;
+        while (r->unext) r = r->unext;
+        int rc = ddp_coll_wait(r, deadline_ns, NULL);
+        if (rc < 0 && !first) first = rc;
+    }
+    return fill_ei(c, first, ei);
+}
+
+int ddp_coll_barrier(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)
+{
+    if (!c) return DDP_EINVAL;
+    float one = 1.0f;
+    ddp_coll_req_t *r;
+    int rc = ddp_coll_allreduce(c, &one, 1, DDP_DT_F32, DDP_OP_SUM, &r);
+    if (rc < 0) return fill_ei(c, rc, ei);
+    return ddp_coll_wait(r, deadline_ns, ei);
+}
+
+void ddp_coll_abort(ddp_coll_t *c, int rc, const char *why)
+{
+    if (!c) return;
+    ddp__coll_fail(c, rc ? rc : DDP_EABORTED, "%s", why && *why ? why : "aborted by the caller");
+}
+
+const char *ddp_coll_last_error(const ddp_coll_t *c)
+{
+    if (!c || !atomic_load(&((ddp_coll_t *)c)->err)) return "";
+    return c->errmsg;
+}
+
+int ddp_coll_status(const ddp_coll_t *c) { return c ? atomic_load(&((ddp_coll_t *)c)->err) : 0; }
+
+void ddp_coll_free(ddp_coll_t *c)
+{
+    if (!c) return;
+    if (c->ops->free) c->ops->free(c); /* stops the comm thread; completes queued requests */
+    while (c->outstanding) release(c->outstanding);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+int ddp_coll_rank(const ddp_coll_t *c) { return c ? c->rank : -1; }
+int ddp_coll_size(const ddp_coll_t *c) { return c ? c->size : 0; }
+uint64_t ddp_coll_generation(const ddp_coll_t *c) { return c ? c->generation : 0; }
+const char *ddp_coll_backend_name(const ddp_coll_t *c) { return c ? c->ops->name : "none"; }
+const char *ddp_coll_transport_name(const ddp_coll_t *c) { return c ? c->transport : "none"; }

@@ -1,0 +1,216 @@
+/* Collectives: communicators, bootstraps and the backend vtable.
+ *
+ * A communicator (ddp_coll_t) is a fixed group of `size` ranks that run collectives together.
+ * It carries the job token and a generation number; a communicator of an older generation never
+ * talks to a newer one (connections present both). It is formed from a bootstrap (how ranks find
+ * each other): the environment rendezvous (DDP_RANK, DDP_WORLD_SIZE, DDP_RDZV, DDP_JOB_TOKEN),
+ * MPI under mpirun, or a world of one.
+ *
+ * Backends: "ring" (CPU; shared memory between processes of one host, TCP between hosts),
+ * "mpi" (CPU; MPI_Iallreduce, when built with MPI), "nccl" (GPU; a dlopen()ed module).
+ *
+ * Typical use by the reducer (CPU):
+ *
+ *     ddp_coll_bootstrap_t *bs;  ddp_coll_t *comm;  ddp_errinfo_t ei;
+ *     DDP_CHECK(ddp_coll_bootstrap_env(&bs, &ei));          // or _single(), _mpi()
+ *     DDP_CHECK(ddp_coll_new(bs, NULL, &comm, &ei));         // NULL opts = defaults ("auto")
+ *     ddp_coll_bootstrap_free(bs);                           // comm no longer needs it
+ *     for each bucket b (in the same order on every rank):
+ *         ddp_coll_allreduce(comm, grads + off[b], n[b], DDP_DT_F32, DDP_OP_AVG, &req[b]);
+ *     ... keep computing; the communication thread runs the buckets in submission order ...
+ *     rc = ddp_coll_wait_all(comm, 0, &ei);                 // 0 = automatic deadline
+ *     if (rc < 0) { log ei.msg ("allreduce #12 (26214400 bytes): rank 3 ..."); re-form. }
+ *
+ * Deadlines are absolute CLOCK_MONOTONIC nanoseconds (ddp_now_ns() + ...). 0 means automatic:
+ * each operation, once it starts on the communication thread, must finish within
+ * max(floor, k * bytes / measured bandwidth) (floor: opts.timeout_s or DDP_COLL_TIMEOUT_S, default
+ * 30 s; k = 8). When a deadline expires or a peer dies, the communicator is aborted: every pending
+ * and later operation fails with the same code and message (DDP_ETIMEDOUT, DDP_EPEER or
+ * DDP_EABORTED), the message names the operation and the rank(s) that did not arrive, and the only
+ * thing left to do is ddp_coll_free() and forming a new communicator (next generation).
+ *
+ * Threads: one communicator is driven by one caller thread (submit, test, wait, free), except
+ * ddp_coll_abort() and ddp_coll_last_error(), which any thread may call. Waiting never spins: it
+ * sleeps on a condition variable (futex); the communication thread sleeps in poll() on eventfds
+ * and sockets.
+ *
+ * Test hooks (documented here because the reducer's tests use them):
+ *  - DDP_COLL_DELAY_US=N (or opts.chunk_delay_us): the ring sleeps N microseconds on its
+ *    communication thread before each chunk it sends: an artificially slow transport, on any
+ *    transport (the sleep is on the comm thread, so compute threads are unaffected).
+ *  - DDP_COLL_TRANSPORT=tcp (or opts.transport = "tcp"): use TCP even between local processes.
+ *  - ddp_coll_fake_world_new() + ddp_coll_new_fake(): a ring communicator whose ranks are threads
+ *    of one process joined by in-memory links (no sockets, no bootstrap).
+ *  - DDP_COLL_CHUNK_KB: ring chunk (slot) size in KiB (default 512).
+ */
+#ifndef DDP_COLLECTIVES_COLL_H
+#define DDP_COLLECTIVES_COLL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+typedef enum { DDP_DT_F32 = 0, DDP_DT_BF16 = 1 } ddp_dtype_t;
+typedef enum { DDP_OP_SUM = 0, DDP_OP_AVG = 1 } ddp_redop_t;
+
+/* Bytes per element of dt (4 or 2). */
+static inline size_t ddp_dtype_size(ddp_dtype_t dt) { return dt == DDP_DT_BF16 ? 2 : 4; }
+
+typedef struct ddp_coll ddp_coll_t;
+typedef struct ddp_coll_req ddp_coll_req_t;
+typedef struct ddp_coll_bootstrap ddp_coll_bootstrap_t;
+typedef struct ddp_coll_fake_world ddp_coll_fake_world_t;
+
+/* ---- Bootstrap ------------------------------------------------------------------------------ */
+
+/* A bootstrap's view of the world and its one primitive: an allgather of small blobs. Backends
+ * use it during ddp_coll_new() only. */
+typedef struct ddp_coll_bootstrap_ops {
+    const char *name;
+    /* Every rank contributes `len` bytes (the same len everywhere); `all` receives size * len bytes
+     * in rank order. Blocks until done or deadline_ns (absolute; 0 = 60 s). */
+    int (*allgather)(ddp_coll_bootstrap_t *bs, const void *mine, size_t len, void *all,
+                     int64_t deadline_ns, ddp_errinfo_t *ei);
+    void (*free)(ddp_coll_bootstrap_t *bs);
+} ddp_coll_bootstrap_ops_t;
+
+struct ddp_coll_bootstrap {
+    const ddp_coll_bootstrap_ops_t *ops;
+    int rank, size;
+    uint64_t generation;
+    char token[128];     /* the job token (NUL-terminated); presented on every connection */
+    char data_host[64];  /* numeric address this rank's data listeners bind to ("" = any) */
+    char host_id[160];   /* boot id + hostname; equal ids share memory */
+    int local_rank;      /* position among ranks with the same host id, -1 unknown */
+};
+
+/* Explicit configuration of the TCP rendezvous (what the environment bootstrap reads). */
+typedef struct ddp_coll_rdzv_cfg {
+    int rank, size;
+    const char *addr;   /* "host:port" of rank 0's rendezvous listener */
+    const char *token;  /* job token; required, <= 127 bytes */
+    uint64_t generation;
+    double timeout_s;   /* how long to wait for everyone (0 = 60 s) */
+} ddp_coll_rdzv_cfg_t;
+
+/* TCP rendezvous: rank 0 listens at cfg->addr and accepts size-1 ranks presenting the token and
+ * generation; connections that are foreign, malformed or stall (2 s handshake deadline) are
+ * refused with a log line and the rendezvous goes on. Everyone learns everyone's data address and
+ * host id. On success *out is a new bootstrap owned by the caller (ddp_coll_bootstrap_free).
+ * Blocks up to cfg->timeout_s. Any thread. */
+int ddp_coll_bootstrap_tcp(const ddp_coll_rdzv_cfg_t *cfg, ddp_coll_bootstrap_t **out,
+                           ddp_errinfo_t *ei);
+/* The same configured from DDP_RANK, DDP_WORLD_SIZE, DDP_RDZV=host:port, DDP_JOB_TOKEN and
+ * optionally DDP_GENERATION and DDP_RDZV_TIMEOUT_S. A world of one when DDP_WORLD_SIZE is unset
+ * or 1. DDP_EINVAL with a message naming the variable when one is missing or malformed. */
+int ddp_coll_bootstrap_env(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei);
+/* A world of one (rank 0 of 1). */
+int ddp_coll_bootstrap_single(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei);
+/* Under mpirun: ranks from MPI_COMM_WORLD (MPI_Init_thread if needed; MPI is finalized at exit by
+ * the caller or atexit), host ids from MPI_Comm_split_type(SHARED). DDP_ENOTSUP when built
+ * without MPI. Main thread only. */
+int ddp_coll_bootstrap_mpi(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei);
+/* True when this process looks launched by mpirun/srun with MPI (OMPI_COMM_WORLD_SIZE, PMI_*). */
+int ddp_coll_under_mpi(void);
+/* Releases the bootstrap (closes its sockets). NULL-safe. */
+void ddp_coll_bootstrap_free(ddp_coll_bootstrap_t *bs);
+
+/* ---- Communicators -------------------------------------------------------------------------- */
+
+typedef struct ddp_coll_opts {
+    const char *backend;   /* "auto" (default: ring on CPU), "ring", "mpi", "nccl" */
+    const char *transport; /* ring: "auto" (shm within a host, tcp across), "tcp" */
+    size_t chunk_bytes;    /* ring slot size; 0 = DDP_COLL_CHUNK_KB or 512 KiB */
+    int chunk_delay_us;    /* test hook, see above; 0 = DDP_COLL_DELAY_US or none */
+    double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
+    int cuda_device;       /* nccl: CUDA device ordinal */
+    void *cuda_stream;     /* nccl: cudaStream_t to run on (NULL = the backend's own stream) */
+} ddp_coll_opts_t;
+
+/* Forms a communicator of bs->size ranks with the chosen backend. Collective: every rank of the
+ * bootstrap must call it. On success *out is owned by the caller (ddp_coll_free); the bootstrap
+ * may be freed afterwards. Errors: DDP_ENODEV (backend not available, e.g. no NCCL module),
+ * DDP_ETIMEDOUT / DDP_EPEER (a rank did not connect; ei names it), DDP_EINVAL. Caller's thread. */
+int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll_t **out,
+                 ddp_errinfo_t *ei);
+
+/* Starts an in-place all-reduce of buf[0..count) on every rank (same count, dtype and op, same
+ * submission order everywhere). buf must stay valid and untouched until the request completes.
+ * Cheap: it queues the request and wakes the communication thread; operations complete in
+ * submission order. count 0 is allowed. *req is owned by the caller until ddp_coll_wait (which
+ * releases it). Errors: DDP_EINVAL, or the communicator's error if it has failed. */
+int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                       ddp_coll_req_t **req);
+/* Starts a broadcast of buf[0..bytes) from rank root to all ranks (in submission order). */
+int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req);
+/* *done = 1 if req has completed (successfully or not), without blocking. Returns 0, or the
+ * request's error once done. */
+int ddp_coll_test(ddp_coll_req_t *req, int *done);
+/* Waits for req until deadline_ns (absolute monotonic ns; 0 = automatic), then releases it.
+ * Returns 0 or the error; on error ei (may be NULL) gets the named message. An expired deadline
+ * aborts the communicator (DDP_ETIMEDOUT naming the rank waited for). NULL req returns 0. */
+int ddp_coll_wait(ddp_coll_req_t *req, int64_t deadline_ns, ddp_errinfo_t *ei);
+/* Waits for and releases every request of c not yet waited for. */
+int ddp_coll_wait_all(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei);
+/* Blocks until every rank has entered the barrier, or deadline_ns. */
+int ddp_coll_barrier(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei);
+/* Aborts c from any thread: pending and later operations fail with rc (DDP_EABORTED if 0) and
+ * `why`; peers are told (best effort) so they fail fast too. Idempotent; the first error stays. */
+void ddp_coll_abort(ddp_coll_t *c, int rc, const char *why);
+/* The first error's message ("" while healthy). Valid until ddp_coll_free. Any thread. */
+const char *ddp_coll_last_error(const ddp_coll_t *c);
+/* 0 while healthy, else the first error code. Any thread. */
+int ddp_coll_status(const ddp_coll_t *c);
+/* Releases c: stops its thread, closes connections, unmaps segments, frees requests not waited
+ * for. Pending operations are aborted first. NULL-safe. Caller's thread. */
+void ddp_coll_free(ddp_coll_t *c);
+
+/* Accessors. */
+int ddp_coll_rank(const ddp_coll_t *c);
+int ddp_coll_size(const ddp_coll_t *c);
+uint64_t ddp_coll_generation(const ddp_coll_t *c);
+const char *ddp_coll_backend_name(const ddp_coll_t *c);
+/* The ring's transport to the next rank: "shm", "tcp", "fake", "self" (or the backend name). */
+const char *ddp_coll_transport_name(const ddp_coll_t *c);
+/* Measured bus bandwidth of the last large all-reduce in bytes/s (0 if none yet). */
+double ddp_coll_bandwidth(const ddp_coll_t *c);
+
+/* ---- In-process fake world (tests) ---------------------------------------------------------- */
+
+/* A world of n ranks that are threads of this process, joined by in-memory links. */
+int ddp_coll_fake_world_new(int n, ddp_coll_fake_world_t **out);
+/* Rank `rank`'s ring communicator over the fake world. Each rank calls it from its own thread;
+ * it does not wait for the others. opts as for ddp_coll_new (chunk_delay_us is honoured). */
+int ddp_coll_new_fake(ddp_coll_fake_world_t *w, int rank, const ddp_coll_opts_t *opts,
+                      ddp_coll_t **out);
+/* Frees the world after every communicator on it is freed. NULL-safe. */
+void ddp_coll_fake_world_free(ddp_coll_fake_world_t *w);
+
+/* ---- Backend vtable ------------------------------------------------------------------------- */
+
+/* One instance per backend, const, designated initialisers. Callers use the ddp_coll_* wrappers,
+ * which validate arguments, never these members. */
+typedef struct ddp_coll_ops {
+    const char *name;
+    /* 0 = unusable here; higher wins under "auto". */
+    int (*probe)(void);
+    /* Fills c->impl (and c->transport) from the bootstrap; collective. */
+    int (*init)(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts,
+                ddp_errinfo_t *ei);
+    /* Queues req (kind, buf, count... filled in by the wrapper). Must not block. */
+    int (*submit)(ddp_coll_t *c, ddp_coll_req_t *req);
+    /* Blocks until req is done or deadline_ns; returns req's result (and aborts c on expiry). */
+    int (*wait)(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns);
+    /* Nonblocking completion check: 1 done, 0 not yet. */
+    int (*test)(ddp_coll_t *c, ddp_coll_req_t *req);
+    /* Tells the peers and wakes every waiter; called once, with c's error already recorded. */
+    void (*abort)(ddp_coll_t *c);
+    /* Releases c->impl. */
+    void (*free)(ddp_coll_t *c);
+} ddp_coll_ops_t;
+
+extern const ddp_coll_ops_t ddp_coll_ring_ops;
+extern const ddp_coll_ops_t ddp_coll_mpi_ops; /* probe() returns 0 when built without MPI */
+
+#endif

@@ -1,0 +1,115 @@
+/* Internals shared by the collectives files (never included outside collectives/).
+ *
+ * struct ddp_coll is the backend-independent part of a communicator: identity, the first error
+ * (set once, then immutable), the caller's list of requests not yet waited for, and the mutex +
+ * condition variable that waiters sleep on. The engine (engine.c) is the communication thread and
+ * FIFO queue used by the CPU backends (ring, mpi).
+ */
+#ifndef DDP_COLLECTIVES_COLL_IMPL_H
+#define DDP_COLLECTIVES_COLL_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "collectives/coll.h"
+
+enum { DDP__REQ_ALLREDUCE = 1, DDP__REQ_BCAST = 2 };
+
+struct ddp_coll_req {
+    ddp_coll_t *comm;
+    uint64_t seq;          /* 1, 2, ... per communicator, per kind-independent submission */
+    int kind;
+    void *buf;
+    size_t count;          /* elements (allreduce) or bytes (broadcast) */
+    size_t bytes;
+    ddp_dtype_t dt;
+    ddp_redop_t op;
+    int root;
+    _Atomic int done;      /* set by the completing thread under comm->mu */
+    int rc;
+    int64_t t_start, t_end; /* ns, comm thread */
+    ddp_coll_req_t *qnext;  /* engine queue */
+    ddp_coll_req_t *unext, *uprev; /* caller's outstanding list */
+    void *impl;             /* backend's per-request state */
+};
+
+struct ddp_coll {
+    const ddp_coll_ops_t *ops;
+    int rank, size;
+    uint64_t generation;
+    char token[128];
+    void *impl;
+    const char *transport;
+    double timeout_s;       /* floor of automatic deadlines */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;      /* CLOCK_MONOTONIC; broadcast on completion and on failure */
+    _Atomic int err;        /* first error, 0 while healthy */
+    char errmsg[512];       /* written once, before err is published */
+    _Atomic int waiting_on; /* rank the comm thread currently waits for, -1 none */
+    _Atomic uint64_t running_seq; /* sequence number of the operation in progress */
+    uint64_t next_seq;      /* caller thread */
+    ddp_coll_req_t *outstanding; /* caller thread: submitted, not yet waited for */
+    _Atomic uint64_t bw_bits;    /* double, bytes/s of the last large operation */
+    void *module;           /* dlopen handle of the nccl module, closed after free */
+};
+
+/* Records c's first error (later calls are ignored), wakes every waiter, and calls ops->abort once.
+ * Returns the error in force (which may be an earlier one). Any thread. */
+int ddp__coll_fail(ddp_coll_t *c, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Marks req done with rc and wakes waiters. Any thread. */
+void ddp__coll_complete(ddp_coll_t *c, ddp_coll_req_t *req, int rc);
+/* Describes req for messages: "allreduce #12 (26214400 bytes)". */
+const char *ddp__req_desc(const ddp_coll_req_t *req, char *buf, size_t len);
+/* Sleeps on c->cv until req is done or deadline_ns (0 = forever). Returns 1 done, 0 expired. */
+int ddp__coll_sleep_until_done(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns);
+/* The automatic deadline's length for an operation of `bytes`: max(floor, 8 * bytes / bw). */
+int64_t ddp__coll_auto_timeout_ns(ddp_coll_t *c, size_t bytes);
+/* Records a measured bandwidth sample. */
+void ddp__coll_note_bw(ddp_coll_t *c, size_t bytes, int64_t ns);
+/* Fills the common part of c from a bootstrap-like identity. */
+void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, const char *token,
+                           const ddp_coll_opts_t *opts);
+/* Allocates a zeroed communicator with its mutex/condvar; NULL on ENOMEM. */
+ddp_coll_t *ddp__coll_alloc(void);
+
+/* ---- engine: the communication thread of the CPU backends ---------------------------------- */
+
+typedef struct ddp__engine ddp__engine_t;
+/* Runs one request to completion on the comm thread: returns 0 or an error (after having called
+ * ddp__coll_fail with the named message). Called with req == NULL once after a failure so the
+ * backend can tell its peers (on the comm thread, where its transports live). */
+typedef int (*ddp__engine_run_fn)(ddp_coll_t *c, ddp_coll_req_t *req);
+
+/* Starts the thread. Returns 0 or -errno / DDP_ENOMEM. Caller's thread. */
+int ddp__engine_start(ddp__engine_t **out, ddp_coll_t *c, ddp__engine_run_fn run);
+/* Appends req to the queue and wakes the thread (an eventfd write). Caller's thread. */
+void ddp__engine_submit(ddp__engine_t *e, ddp_coll_req_t *req);
+/* The eventfd the comm thread should also poll (readable on submit, abort and stop). */
+int ddp__engine_wakefd(ddp__engine_t *e);
+/* Drains the wake eventfd (comm thread). */
+void ddp__engine_drain(ddp__engine_t *e);
+/* Wakes the comm thread (any thread). */
+void ddp__engine_wake(ddp__engine_t *e);
+/* True once stop was requested. */
+int ddp__engine_stopping(ddp__engine_t *e);
+/* Stops and joins the thread; queued requests fail with the communicator's error or EABORTED. */
+void ddp__engine_stop(ddp__engine_t *e);
+
+/* Generic wait for engine backends: sleeps until done; on expiry fails c with ETIMEDOUT naming
+ * c->waiting_on. */
+int ddp__engine_wait(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns);
+
+/* ---- reduction kernels (reduce.c) ---------------------------------------------------------- */
+
+/* dst[i] = a[i] + b[i] (then * scale when scale != 1); also written to dst2 when not NULL.
+ * bf16: converted to fp32, added, scaled, rounded to nearest even. */
+void ddp__reduce(ddp_dtype_t dt, void *dst, void *dst2, const void *a, const void *b, size_t n,
+                 float scale);
+/* In-place dst[i] *= scale. */
+void ddp__scale(ddp_dtype_t dt, void *dst, size_t n, float scale);
+float ddp__bf16_to_f32(uint16_t h);
+uint16_t ddp__f32_to_bf16(float f);
+
+#endif

@@ -1,0 +1,374 @@
+/* The ring backend's algorithms, written once over the transport interface (transport.h).
+ *
+ * All-reduce: the buffer is cut into rounds of n * C elements (C = elements per slot); each round
+ * is n segments of at most C elements, and runs the bandwidth-optimal ring: n-1 reduce-scatter
+ * steps then n-1 all-gather steps, one slot-sized message per step on the link to the next rank.
+ * Steps are fused so peer data is read once: a received partial sum is added to the local data
+ * and written straight into the next send slot; the final sum (scaled by 1/n for an average) is
+ * stored locally and sent in one pass; gathered segments are copied and forwarded in one pass.
+ * While the last message of a round is awaited, the first message of the next round is already
+ * sent, which keeps both directions busy. Segment s of every round is always summed starting at
+ * rank s and going around the ring, so the result is a pure function of the inputs and the world
+ * size: bitwise identical run to run.
+ *
+ * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
+ * on the transports' fds and the engine's eventfd; it never spins. A failure is named: the rank
+ * whose link broke, the rank another rank reported, or the rank waited for when the automatic
+ * deadline expired. The first failure is sent to both neighbours so it travels around the ring.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "collectives/coll_impl.h"
+#include "collectives/ring.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+
+static int mod(long a, int n) { return (int)(((a % n) + n) % n); }
+
+typedef struct {
+    size_t off, len;
+} seg_t;
+
+static seg_t seg_of(size_t count, size_t C, int n, size_t round, int s)
+{
+    size_t full = C * (size_t)n;
+    size_t base = round * full;
+    size_t rem = count - base < full ? count - base : full;
+    size_t per = (rem + (size_t)n - 1) / (size_t)n;
+    per = (per + 15) & ~(size_t)15; /* vector-friendly; C is a multiple of 16 */
+    if (per > C) per = C;
+    size_t o = (size_t)s * per < rem ? (size_t)s * per : rem;
+    size_t l = rem - o < per ? rem - o : per;
+    return (seg_t){base + o, l};
+}
+
+static void delay(ddp__ring_t *R)
+{
+    if (R->delay_us <= 0) return;
+    struct timespec ts = {R->delay_us / 1000000, (long)(R->delay_us % 1000000) * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* Names a failure seen on a link and records it on c. Returns the error in force. */
+static int link_failed(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp__xport_t *x,
+                       int rc, int culprit, int code)
+{
+    char d[96];
+    ddp__req_desc(q, d, sizeof d);
+    if (rc == DDP_EABORTED) {
+        R->culprit = culprit;
+        if (culprit == x->peer)
+            return ddp__coll_fail(c, code ? code : DDP_EABORTED, "%s: rank %d aborted (%s)", d,
+                                  culprit, ddp_err_name(code));
+        return ddp__coll_fail(c, code ? code : DDP_EPEER,
+                              "%s: rank %d did not arrive (%s, reported by rank %d)", d, culprit,
+                              ddp_err_name(code), x->peer);
+    }
+    R->culprit = x->peer;
+    return ddp__coll_fail(c, DDP_EPEER, "%s: rank %d did not arrive: its %s link closed (process "
+                          "died or left)", d, x->peer, x->ops->name);
+}
+
+/* A link whose peer has gone (DDP_EPEER) is only remembered here: data the peer sent before it
+ * left is still consumed, and a peer that finished the operation and freed its communicator is
+ * no failure. It becomes one when the ring blocks on that link (block()). */
+static int progress_links(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q)
+{
+    ddp__xport_t *xs[2] = {R->send, R->recv};
+    for (int i = 0; i < 2; i++) {
+        int culprit = -1, code = 0;
+        int rc = xs[i]->ops->progress(xs[i], &culprit, &code);
+        if (rc == DDP_EPEER) {
+            R->dead[i] = 1;
+        } else if (rc < 0) {
+            return link_failed(R, c, q, xs[i], rc, culprit, code);
+        }
+    }
+    return 0;
+}
+
+/* Sleeps until a link or the engine has news, or the deadline. */
+static int block(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int want_send, int want_recv,
+                 int64_t *deadlinep)
+{
+    int64_t deadline = *deadlinep;
+    int who = want_recv ? R->recv->peer : R->send->peer;
+    atomic_store(&c->waiting_on, who);
+    if (want_recv && R->dead[1]) return link_failed(R, c, q, R->recv, DDP_EPEER, -1, 0);
+    if (want_send && R->dead[0]) return link_failed(R, c, q, R->send, DDP_EPEER, -1, 0);
+    struct pollfd p[5];
+    int n = 0;
+    p[n++] = (struct pollfd){.fd = ddp__engine_wakefd(R->eng), .events = POLLIN};
+    int ns = R->send->ops->pollfds(R->send, p + n, want_send, 0);
+    n += ns;
+    int nr = R->recv->ops->pollfds(R->recv, p + n, 0, want_recv);
+    n += nr;
+    int64_t left = deadline - ddp_now_ns();
+    if (left <= 0 && want_recv && !R->grace) {
+        /* The previous rank may itself be waiting on a stalled rank further up the ring: give
+         * its report a moment to arrive, so the rank named is the one that stalled. */
+        R->grace = 1;
+        *deadlinep = deadline = ddp_now_ns() + 1000000000LL;
+        left = deadline - ddp_now_ns();
+    }
+    if (left <= 0) {
+        char d[96];
+        R->culprit = who;
+        return ddp__coll_fail(c, DDP_ETIMEDOUT, "%s: rank %d did not arrive within %.1f s",
+                              ddp__req_desc(q, d, sizeof d), who,
+                              (double)(ddp_now_ns() - q->t_start) * 1e-9);
+    }
+    int rc = poll(p, (nfds_t)n, (int)(left / 1000000) + 1);
+    if (rc < 0 && errno != EINTR) return -errno;
+    if (rc <= 0) return 0;
+    if (p[0].revents) ddp__engine_drain(R->eng);
+    int culprit = -1, code = 0;
+    int e = R->send->ops->after_poll(R->send, p + 1, ns, &culprit, &code);
+    if (e == DDP_EPEER)
+        R->dead[0] = 1;
+    else if (e < 0)
+        return link_failed(R, c, q, R->send, e, culprit, code);
+    e = R->recv->ops->after_poll(R->recv, p + 1 + ns, nr, &culprit, &code);
+    if (e == DDP_EPEER)
+        R->dead[1] = 1;
+    else if (e < 0)
+        return link_failed(R, c, q, R->recv, e, culprit, code);
+    return 0;
+}
+
+static int bad_len(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, size_t got, size_t want)
+{
+    char d[96];
+    R->culprit = R->recv->peer;
+    return ddp__coll_fail(c, DDP_EPROTO, "%s: rank %d sent a chunk of %zu bytes, expected %zu",
+                          ddp__req_desc(q, d, sizeof d), R->recv->peer, got, want);
+}
+
+static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
+{
+    const int n = c->size, r = c->rank, T = 2 * (n - 1);
+    const size_t es = ddp_dtype_size(q->dt);
+    const size_t C = (R->slot_bytes / es) & ~(size_t)15;
+    const size_t count = q->count;
+    const size_t nrounds = (count + C * (size_t)n - 1) / (C * (size_t)n);
+    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
+    char *buf = q->buf;
+    size_t round = 0;
+    int t = 0, sent0 = 0, sent0_next = 0;
+    while (round < nrounds) {
+        int err = atomic_load(&c->err);
+        if (err) return err;
+        DDP_CHECK(progress_links(R, c, q));
+        int moved = 0, want_send = 0, want_recv = 0;
+        if (!sent0) {
+            void *p = R->send->ops->send_slot(R->send);
+            if (p) {
+                seg_t s = seg_of(count, C, n, round, r);
+                memcpy(p, buf + s.off * es, s.len * es);
+                delay(R);
+                R->send->ops->send_commit(R->send, s.len * es);
+                sent0 = moved = 1;
+            } else {
+                want_send = 1;
+            }
+        }
+        if (sent0 && t == T - 1 && round + 1 < nrounds && !sent0_next) {
+            void *p = R->send->ops->send_slot(R->send);
+            if (p) {
+                seg_t s = seg_of(count, C, n, round + 1, r);
+                memcpy(p, buf + s.off * es, s.len * es);
+                delay(R);
+                R->send->ops->send_commit(R->send, s.len * es);
+                sent0_next = moved = 1;
+            }
+        }
+        if (sent0) {
+            size_t len = 0;
+            const void *rp = R->recv->ops->recv_slot(R->recv, &len);
+            int need_send = t < T - 1;
+            void *sp = (rp && need_send) ? R->send->ops->send_slot(R->send) : NULL;
+            if (!rp) {
+                want_recv = 1;
+            } else if (need_send && !sp) {
+                want_send = 1;
+            } else {
+                if (t < n - 1) {
+                    seg_t s = seg_of(count, C, n, round, mod((long)r - t - 1, n));
+                    if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
+                    char *local = buf + s.off * es;
+                    if (t < n - 2)
+                        ddp__reduce(q->dt, sp, NULL, rp, local, s.len, 1.0f);
+                    else
+                        ddp__reduce(q->dt, local, sp, rp, local, s.len, scale);
+                } else {
+                    seg_t s = seg_of(count, C, n, round, mod((long)r - (t - (n - 1)), n));
+                    if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
+                    memcpy(buf + s.off * es, rp, len);
+                    if (sp) memcpy(sp, rp, len);
+                }
+                R->recv->ops->recv_release(R->recv);
+                if (sp) {
+                    delay(R);
+                    R->send->ops->send_commit(R->send, len);
+                }
+                moved = 1;
+                if (++t == T) {
+                    t = 0;
+                    round++;
+                    sent0 = sent0_next;
+                    sent0_next = 0;
+                }
+            }
+        }
+        if (!moved) DDP_CHECK(block(R, c, q, want_send, want_recv, &deadline));
+    }
+    return 0;
+}
+
+static int run_bcast(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
+{
+    char *buf = q->buf;
+    size_t done = 0, S = R->slot_bytes;
+    const int forward = R->send->peer != q->root;
+    while (done < q->bytes) {
+        int err = atomic_load(&c->err);
+        if (err) return err;
+        DDP_CHECK(progress_links(R, c, q));
+        size_t want = q->bytes - done < S ? q->bytes - done : S;
+        if (c->rank == q->root) {
+            void *p = R->send->ops->send_slot(R->send);
+            if (p) {
+                memcpy(p, buf + done, want);
+                delay(R);
+                R->send->ops->send_commit(R->send, want);
+                done += want;
+                continue;
+            }
+            DDP_CHECK(block(R, c, q, 1, 0, &deadline));
+            continue;
+        }
+        size_t len = 0;
+        const void *rp = R->recv->ops->recv_slot(R->recv, &len);
+        void *sp = (rp && forward) ? R->send->ops->send_slot(R->send) : NULL;
+        if (rp && (!forward || sp)) {
+            if (len != want) return bad_len(R, c, q, len, want);
+            memcpy(buf + done, rp, len);
+            if (sp) memcpy(sp, rp, len);
+            R->recv->ops->recv_release(R->recv);
+            if (sp) {
+                delay(R);
+                R->send->ops->send_commit(R->send, len);
+            }
+            done += len;
+            continue;
+        }
+        DDP_CHECK(block(R, c, q, rp != NULL, rp == NULL, &deadline));
+    }
+    return 0;
+}
+
+/* Waits until every committed message has left this process, so that a free() right after the
+ * operation cannot cut the next rank off. */
+static int flush(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
+{
+    while (R->send->ops->pending(R->send) > 0) {
+        int err = atomic_load(&c->err);
+        if (err) return err;
+        DDP_CHECK(progress_links(R, c, q));
+        if (R->send->ops->pending(R->send) == 0) break;
+        DDP_CHECK(block(R, c, q, 1, 0, &deadline));
+    }
+    return 0;
+}
+
+static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
+{
+    ddp__ring_t *R = c->impl;
+    if (!q) {
+        if (R->send) {
+            int code = atomic_load(&c->err);
+            int culprit = R->culprit >= 0 ? R->culprit : c->rank;
+            R->send->ops->notify_abort(R->send, culprit, code);
+            R->recv->ops->notify_abort(R->recv, culprit, code);
+        }
+        return 0;
+    }
+    if (c->size == 1 || q->bytes == 0) return 0; /* average over one rank: x * 1 == x */
+    int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
+    R->grace = 0;
+    int rc = q->kind == DDP__REQ_BCAST ? run_bcast(R, c, q, deadline)
+                                       : run_allreduce(R, c, q, deadline);
+    return rc < 0 ? rc : flush(R, c, q, deadline);
+}
+
+static int ring_probe(void) { return 10; }
+
+static int ring_submit(ddp_coll_t *c, ddp_coll_req_t *req)
+{
+    ddp__ring_t *R = c->impl;
+    ddp__engine_submit(R->eng, req);
+    return 0;
+}
+
+static int ring_wait(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns)
+{
+    return ddp__engine_wait(c, req, deadline_ns);
+}
+
+static void ring_abort(ddp_coll_t *c)
+{
+    ddp__ring_t *R = c->impl;
+    if (R && R->eng) ddp__engine_wake(R->eng);
+}
+
+static void ring_free(ddp_coll_t *c)
+{
+    ddp__ring_t *R = c->impl;
+    if (!R) return;
+    if (!atomic_load(&c->err) && c->outstanding) {
+        /* requests still queued: they must not run on freed links */
+        ddp__coll_fail(c, DDP_EABORTED, "communicator freed with operations pending");
+    }
+    ddp__engine_stop(R->eng);
+    if (R->send) R->send->ops->close(R->send);
+    if (R->recv) R->recv->ops->close(R->recv);
+    free(R);
+    c->impl = NULL;
+}
+
+int ddp__ring_start(ddp_coll_t *c, ddp__xport_t *send, ddp__xport_t *recv,
+                    const ddp_coll_opts_t *opts, size_t slot_bytes)
+{
+    ddp__ring_t *R = ddp_calloc(1, sizeof *R);
+    if (!R) return DDP_ENOMEM;
+    R->send = send;
+    R->recv = recv;
+    R->slot_bytes = slot_bytes;
+    R->culprit = -1;
+    R->delay_us = opts && opts->chunk_delay_us > 0 ? opts->chunk_delay_us : 0;
+    const char *dl = getenv("DDP_COLL_DELAY_US");
+    if (!R->delay_us && dl && *dl) R->delay_us = atoi(dl);
+    c->impl = R;
+    int rc = ddp__engine_start(&R->eng, c, ring_run);
+    if (rc < 0) {
+        free(R);
+        c->impl = NULL;
+    }
+    return rc;
+}
+
+const ddp_coll_ops_t ddp_coll_ring_ops = {
+    .name = "ring",
+    .probe = ring_probe,
+    .init = ddp__ring_init,
+    .submit = ring_submit,
+    .wait = ring_wait,
+    .test = NULL,
+    .abort = ring_abort,
+    .free = ring_free,
+};

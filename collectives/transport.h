@@ -1,0 +1,85 @@
+/* The ring's transport interface: one directed link endpoint (the send side towards the next
+ * rank, or the receive side from the previous one), driven only by the communication thread.
+ *
+ * The model is a ring of slots of `slot_bytes` each:
+ *   sender:   p = send_slot(x)   -> a free slot (NULL: all in flight; poll and retry)
+ *             ... write up to slot_bytes into p ...
+ *             send_commit(x, len)
+ *   receiver: p = recv_slot(x, &len) -> the oldest complete message (NULL: none yet)
+ *             ... read (reduce) straight from p ...
+ *             recv_release(x)
+ * Messages arrive in commit order. Shared memory hands the peer's slot itself to the receiver
+ * (peer data is read once); TCP copies through local slots; the fake joins two threads.
+ *
+ * Failure: progress() returns DDP_EPEER when the peer died (socket EOF/hangup), or DDP_EABORTED
+ * with culprit and code filled when the peer told us that rank `culprit` failed. notify_abort()
+ * tells the peer, best effort, within a short bound.
+ */
+#ifndef DDP_COLLECTIVES_TRANSPORT_H
+#define DDP_COLLECTIVES_TRANSPORT_H
+
+#include <poll.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddp__xport ddp__xport_t;
+
+typedef struct ddp__xport_ops {
+    const char *name;
+    /* Moves bytes without blocking. 0, DDP_EPEER, or DDP_EABORTED (the peer reported a failure). */
+    int (*progress)(ddp__xport_t *x, int *culprit, int *code);
+    void *(*send_slot)(ddp__xport_t *x);
+    void (*send_commit)(ddp__xport_t *x, size_t len);
+    const void *(*recv_slot)(ddp__xport_t *x, size_t *len);
+    void (*recv_release)(ddp__xport_t *x);
+    /* Sender: messages committed but not yet handed to the peer (TCP: not yet written). */
+    int (*pending)(ddp__xport_t *x);
+    /* Fills up to 2 pollfds to sleep on, given what the ring is blocked on. Returns the count. */
+    int (*pollfds)(ddp__xport_t *x, struct pollfd *p, int want_send, int want_recv);
+    /* Handles the revents of the pollfds it filled (drains eventfds, reads control frames). */
+    int (*after_poll)(ddp__xport_t *x, const struct pollfd *p, int n, int *culprit, int *code);
+    /* Best effort: tells the peer that rank `culprit` failed with `code`. */
+    void (*notify_abort)(ddp__xport_t *x, int culprit, int code);
+    void (*close)(ddp__xport_t *x);
+} ddp__xport_ops_t;
+
+struct ddp__xport {
+    const ddp__xport_ops_t *ops;
+    size_t slot_bytes;
+    int peer;       /* the other rank */
+    int is_send;
+};
+
+/* Link setup message, sent by the sender on a new data connection (TCP or Unix). */
+#define DDP__LINK_MAGIC "DDPLINK1"
+typedef struct ddp__link_hello {
+    char magic[8];
+    uint32_t from_rank, to_rank;
+    uint64_t generation;
+    char token[128];
+    uint32_t nslots, slot_bytes;
+} ddp__link_hello_t;
+
+/* TCP: wraps a connected socket (takes ownership of fd). */
+int ddp__tcp_xport_new(int fd, int is_send, int peer, size_t slot_bytes, int nslots,
+                       ddp__xport_t **out);
+
+/* Shared memory, sender side: creates the segment and eventfds and sends them with `hello` over
+ * the connected Unix socket `usock` (ownership of usock moves to the link). */
+int ddp__shm_xport_new_send(int usock, int peer, size_t slot_bytes, int nslots,
+                            const ddp__link_hello_t *hello, ddp__xport_t **out);
+/* Shared memory, receiver side: receives hello + descriptors from `usock` before deadline_ns.
+ * Returns DDP_EAUTH/DDP_EPROTO (without taking usock) for a foreign or malformed hello, filling
+ * *hello_out for the caller's checks. On success the link owns usock. */
+int ddp__shm_xport_recv_hello(int usock, int64_t deadline_ns, ddp__link_hello_t *hello_out,
+                              int fds_out[3]);
+int ddp__shm_xport_new_recv(int usock, int peer, const ddp__link_hello_t *hello,
+                            const int fds[3], ddp__xport_t **out);
+/* In-memory pair over a caller-provided segment (the fake transport): no descriptors except the
+ * two eventfds, no death detection. seg must hold ddp__shm_seg_bytes(); owned by the caller. */
+size_t ddp__shm_seg_bytes(size_t slot_bytes, int nslots);
+void ddp__shm_seg_init(void *seg, size_t slot_bytes, int nslots);
+int ddp__shm_xport_new_mem(void *seg, int efd_data, int efd_space, int is_send, int peer,
+                           const char *name, ddp__xport_t **out);
+
+#endif

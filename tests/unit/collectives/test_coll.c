@@ -1,0 +1,223 @@
+/* Collectives: the ring all-reduce and broadcast over shared memory and TCP between real
+ * processes on loopback (1-4 ranks), over the in-process fake transport, and the world of one;
+ * odd and chunk-multiple counts, sum and average, fp32 and bf16, checked against a serial double
+ * sum and bitwise between two runs; argument validation.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+
+#include "world.h"
+
+/* 2 rounds of 4 ranks' 512 KiB fp32 segments: a multiple of the chunk size */
+#define CHUNK_MULT ((size_t)(512 * 1024 / 4) * 4 * 2)
+
+static const size_t counts[] = {0, 1, 7, 1000003, CHUNK_MULT};
+
+static int full_suite(ddp_coll_t *c, void *arg)
+{
+    (void)arg;
+    uint32_t seed = 1;
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int op = 0; op < 2; op++)
+                if (w_check_allreduce(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++))
+                    return 1;
+    /* several buckets in flight at once, then one wait for all (the reducer's pattern) */
+    size_t nb = 6, per = 300001;
+    float *arena = malloc(sizeof(float) * nb * per);
+    int n = ddp_coll_size(c), me = ddp_coll_rank(c);
+    for (size_t i = 0; i < nb * per; i++) arena[i] = (float)(me + 1) * (float)(i % 97);
+    ddp_coll_req_t *req[6];
+    for (size_t b = 0; b < nb; b++)
+        if (ddp_coll_allreduce(c, arena + b * per, per, DDP_DT_F32, DDP_OP_SUM, &req[b]))
+            W_FAIL("submit bucket %zu", b);
+    ddp_errinfo_t ei;
+    int rc = ddp_coll_wait_all(c, ddp_now_ns() + 20000000000LL, &ei);
+    if (rc) W_FAIL("wait_all: %s: %s", ddp_err_name(rc), ei.msg);
+    float tri = (float)(n * (n + 1) / 2);
+    for (size_t i = 0; i < nb * per; i++)
+        if (arena[i] != tri * (float)(i % 97)) W_FAIL("bucket element %zu = %g", i, arena[i]);
+    free(arena);
+    /* broadcast from every root, odd size */
+    size_t bytes = 3 * 1024 * 1024 + 5;
+    unsigned char *bb = malloc(bytes);
+    for (int root = 0; root < n; root++) {
+        for (size_t i = 0; i < bytes; i++)
+            bb[i] = me == root ? (unsigned char)(i * 31 + (size_t)root) : 0xEE;
+        ddp_coll_req_t *r;
+        if (ddp_coll_broadcast(c, bb, bytes, root, &r)) W_FAIL("broadcast submit");
+        if ((rc = ddp_coll_wait(r, 0, &ei))) W_FAIL("broadcast: %s", ei.msg);
+        for (size_t i = 0; i < bytes; i++)
+            if (bb[i] != (unsigned char)(i * 31 + (size_t)root))
+                W_FAIL("broadcast from %d: byte %zu = %u", root, i, bb[i]);
+    }
+    free(bb);
+    if ((rc = ddp_coll_barrier(c, ddp_now_ns() + 10000000000LL, &ei))) W_FAIL("barrier: %s", ei.msg);
+    return 0;
+}
+
+typedef struct {
+    const char *want;
+} transport_arg_t;
+
+static int suite_and_transport(ddp_coll_t *c, void *arg)
+{
+    const char *want = arg;
+    if (want && strcmp(ddp_coll_transport_name(c), want))
+        W_FAIL("transport %s, expected %s", ddp_coll_transport_name(c), want);
+    return full_suite(c, NULL);
+}
+
+static void run_world(int n, const char *transport, const char *expect)
+{
+    w_cfg_t cfg = {.n = n, .transport = transport};
+    int failed = w_run(cfg, suite_and_transport, (void *)expect, 60);
+    assert_int_equal(failed, 0);
+}
+
+static void test_shm_2(void **s) { run_world(2, "auto", "shm"); }
+static void test_shm_3(void **s) { run_world(3, "auto", "shm"); }
+static void test_shm_4(void **s) { run_world(4, "auto", "shm"); }
+static void test_tcp_2(void **s) { run_world(2, "tcp", "tcp"); }
+static void test_tcp_3(void **s) { run_world(3, "tcp", "tcp"); }
+static void test_tcp_1(void **s) { run_world(1, "tcp", "self"); }
+
+static void test_single(void **s)
+{
+    ddp_coll_bootstrap_t *bs;
+    ddp_coll_t *c;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_coll_bootstrap_single(&bs, &ei), 0);
+    assert_int_equal(ddp_coll_new(bs, NULL, &c, &ei), 0);
+    ddp_coll_bootstrap_free(bs);
+    assert_int_equal(ddp_coll_size(c), 1);
+    assert_string_equal(ddp_coll_backend_name(c), "ring");
+    assert_int_equal(full_suite(c, NULL), 0);
+    ddp_coll_free(c);
+}
+
+static void test_args(void **s)
+{
+    ddp_coll_bootstrap_t *bs;
+    ddp_coll_t *c;
+    ddp_errinfo_t ei;
+    ddp_coll_req_t *r;
+    float x = 1;
+    assert_int_equal(ddp_coll_bootstrap_single(&bs, &ei), 0);
+    ddp_coll_opts_t o = {.backend = "nonesuch"};
+    assert_int_equal(ddp_coll_new(bs, &o, &c, &ei), DDP_EINVAL);
+    o.backend = "nccl";
+    setenv("DDP_COLL_PATH", "/nonexistent", 1);
+    assert_int_equal(ddp_coll_new(bs, &o, &c, &ei), DDP_ENODEV);
+    assert_non_null(strstr(ei.msg, "nccl"));
+    assert_int_equal(ddp_coll_new(bs, NULL, &c, &ei), 0);
+    ddp_coll_bootstrap_free(bs);
+    assert_int_equal(ddp_coll_allreduce(NULL, &x, 1, DDP_DT_F32, DDP_OP_SUM, &r), DDP_EINVAL);
+    assert_int_equal(ddp_coll_allreduce(c, NULL, 1, DDP_DT_F32, DDP_OP_SUM, &r), DDP_EINVAL);
+    assert_int_equal(ddp_coll_allreduce(c, &x, 1, (ddp_dtype_t)7, DDP_OP_SUM, &r), DDP_EINVAL);
+    assert_int_equal(ddp_coll_allreduce(c, &x, 1, DDP_DT_F32, (ddp_redop_t)9, &r), DDP_EINVAL);
+    assert_int_equal(ddp_coll_broadcast(c, &x, 4, 1, &r), DDP_EINVAL);
+    assert_int_equal(ddp_coll_wait(NULL, 0, NULL), 0);
+    assert_string_equal(ddp_coll_last_error(c), "");
+    ddp_coll_abort(c, DDP_EABORTED, "test abort");
+    assert_int_equal(ddp_coll_status(c), DDP_EABORTED);
+    assert_int_equal(ddp_coll_allreduce(c, &x, 1, DDP_DT_F32, DDP_OP_SUM, &r), DDP_EABORTED);
+    assert_string_equal(ddp_coll_last_error(c), "test abort");
+    ddp_coll_free(c);
+    /* environment bootstrap errors name the variable */
+    setenv("DDP_WORLD_SIZE", "2", 1);
+    unsetenv("DDP_RANK");
+    assert_int_equal(ddp_coll_bootstrap_env(&bs, &ei), DDP_EINVAL);
+    assert_non_null(strstr(ei.msg, "DDP_RANK"));
+    setenv("DDP_RANK", "0", 1);
+    unsetenv("DDP_RDZV");
+    assert_int_equal(ddp_coll_bootstrap_env(&bs, &ei), DDP_EINVAL);
+    assert_non_null(strstr(ei.msg, "DDP_RDZV"));
+    unsetenv("DDP_WORLD_SIZE");
+    unsetenv("DDP_RANK");
+    unsetenv("DDP_COLL_PATH");
+}
+
+static void test_bf16_rounding(void **s)
+{
+    assert_int_equal(ddp__f32_to_bf16(1.0f), 0x3f80);
+    /* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties to even (1.0) */
+    assert_int_equal(ddp__f32_to_bf16(1.00390625f), 0x3f80);
+    /* 1 + 3 * 2^-8 is halfway: ties to even (1 + 2^-6) */
+    assert_int_equal(ddp__f32_to_bf16(1.01171875f), 0x3f82);
+    assert_true(isnan(ddp__bf16_to_f32(ddp__f32_to_bf16(NAN))));
+}
+
+typedef struct {
+    ddp_coll_fake_world_t *w;
+    int rank;
+    int delay_us;
+    int rc;
+    double seconds;
+} fake_arg_t;
+
+static void *fake_rank(void *p)
+{
+    fake_arg_t *a = p;
+    ddp_coll_opts_t o = {.chunk_delay_us = a->delay_us};
+    ddp_coll_t *c;
+    a->rc = ddp_coll_new_fake(a->w, a->rank, &o, &c);
+    if (a->rc) return NULL;
+    int64_t t0 = ddp_now_ns();
+    if (a->delay_us)
+        a->rc = w_check_allreduce(c, CHUNK_MULT, DDP_DT_F32, DDP_OP_AVG, 5);
+    else
+        a->rc = full_suite(c, NULL);
+    a->seconds = (double)(ddp_now_ns() - t0) * 1e-9;
+    ddp_coll_free(c);
+    return NULL;
+}
+
+static void run_fake(int n, int delay_us, double *seconds)
+{
+    ddp_coll_fake_world_t *w;
+    assert_int_equal(ddp_coll_fake_world_new(n, &w), 0);
+    pthread_t th[4];
+    fake_arg_t a[4];
+    for (int r = 0; r < n; r++) {
+        a[r] = (fake_arg_t){.w = w, .rank = r, .delay_us = delay_us};
+        pthread_create(&th[r], NULL, fake_rank, &a[r]);
+    }
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++) assert_int_equal(a[r].rc, 0);
+    if (seconds) *seconds = a[0].seconds;
+    ddp_coll_fake_world_free(w);
+}
+
+static void test_fake_3(void **s) { run_fake(3, 0, NULL); }
+
+static void test_fake_delay(void **s)
+{
+    /* 2 runs x 2 rounds x 2 steps x 2 chunks sent per round... each chunk sent sleeps 20 ms:
+     * the delayed run must take measurably longer than the chunk count times the delay */
+    double secs;
+    run_fake(2, 20000, &secs);
+    assert_true(secs > 0.2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_args),
+        cmocka_unit_test(test_single),
+        cmocka_unit_test(test_fake_3),
+        cmocka_unit_test(test_fake_delay),
+        cmocka_unit_test(test_tcp_1),
+        cmocka_unit_test(test_shm_2),
+        cmocka_unit_test(test_shm_3),
+        cmocka_unit_test(test_shm_4),
+        cmocka_unit_test(test_tcp_2),
+        cmocka_unit_test(test_tcp_3),
+    };
+    return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
+}

@@ -1,0 +1,197 @@
+/* Test helpers for the collectives: fork a world of ranks that form a ring communicator over a
+ * TCP rendezvous on loopback, and numerics checks against a serial sum in double.
+ *
+ * Children never call cmocka: they print what differs and exit non-zero; the parent asserts on
+ * the exit statuses. A world that runs past its time limit is SIGKILLed and counts as failed.
+ */
+#ifndef DDP_TESTS_COLL_WORLD_H
+#define DDP_TESTS_COLL_WORLD_H
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "collectives/coll.h"
+#include "collectives/coll_impl.h"
+#include "common/clock.h"
+
+#define W_FAIL(...)                                                                            \
+    do {                                                                                       \
+        fprintf(stderr, "[test rank] %s:%d: ", __FILE__, __LINE__);                            \
+        fprintf(stderr, __VA_ARGS__);                                                          \
+        fprintf(stderr, "\n");                                                                 \
+        return 1;                                                                              \
+    } while (0)
+
+typedef int (*w_rank_fn)(ddp_coll_t *c, void *arg);
+
+static int w_port_next;
+
+/* A fresh loopback port for a rendezvous (distinct per process and call). */
+static inline int w_port(void)
+{
+    if (!w_port_next) w_port_next = 20000 + (int)(getpid() % 2000) * 16;
+    return w_port_next++;
+}
+
+static inline uint32_t w_hash(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+/* Rank r's input element i: a multiple of 1/1024 in [-9.77, 9.77], exact in fp32. */
+static inline float w_input(size_t i, int r, uint32_t seed)
+{
+    uint32_t h = w_hash((uint32_t)i * 2654435761U ^ w_hash((uint32_t)r + seed * 977U));
+    return (float)((int)(h % 20001) - 10000) / 1024.0f;
+}
+
+static inline void w_fill(void *buf, size_t n, ddp_dtype_t dt, int r, uint32_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        float v = w_input(i, r, seed);
+        if (dt == DDP_DT_F32)
+            ((float *)buf)[i] = v;
+        else
+            ((uint16_t *)buf)[i] = ddp__f32_to_bf16(v);
+    }
+}
+
+static inline double w_get(const void *buf, size_t i, ddp_dtype_t dt)
+{
+    return dt == DDP_DT_F32 ? ((const float *)buf)[i] : ddp__bf16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+/* Checks one all-reduce of `count` against the serial double sum, twice, bitwise equal. */
+static inline int w_check_allreduce(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                                    uint32_t seed)
+{
+    int n = ddp_coll_size(c), me = ddp_coll_rank(c);
+    size_t es = ddp_dtype_size(dt);
+    char *a = malloc(count * es + 16), *b = malloc(count * es + 16);
+    float *scratch = malloc(sizeof(float) * (count + 1));
+    if (!a || !b || !scratch) W_FAIL("malloc");
+    char d[128];
+    snprintf(d, sizeof d, "count %zu %s %s n=%d", count, dt == DDP_DT_F32 ? "f32" : "bf16",
+             op == DDP_OP_AVG ? "avg" : "sum", n);
+    for (int pass = 0; pass < 2; pass++) {
+        char *buf = pass ? b : a;
+        w_fill(buf, count, dt, me, seed);
+        ddp_coll_req_t *req;
+        ddp_errinfo_t ei;
+        int rc = ddp_coll_allreduce(c, buf, count, dt, op, &req);
+        if (rc) W_FAIL("%s: submit: %s", d, ddp_err_name(rc));
+        rc = ddp_coll_wait(req, 0, &ei);
+        if (rc) W_FAIL("%s: wait: %s: %s", d, ddp_err_name(rc), ei.msg);
+    }
+    if (memcmp(a, b, count * es)) W_FAIL("%s: two runs differ bitwise", d);
+    double eps = dt == DDP_DT_F32 ? 1.2e-7 : 7.9e-3;
+    for (size_t i = 0; i < count; i++) {
+        double ref = 0, mag = 0;
+        for (int r = 0; r < n; r++) {
+            float v = w_input(i, r, seed);
+            double x = dt == DDP_DT_F32 ? v : ddp__bf16_to_f32(ddp__f32_to_bf16(v));
+            ref += x;
+            mag += fabs(x);
+        }
+        if (op == DDP_OP_AVG) {
+            ref /= n;
+            mag /= n;
+        }
+        double got = w_get(a, i, dt);
+        double tol = eps * (n + 1) * (mag + fabs(ref)) + 1e-12;
+        if (fabs(got - ref) > tol)
+            W_FAIL("%s: element %zu = %.9g, serial double sum %.9g (tolerance %.3g)", d, i, got,
+                   ref, tol);
+    }
+    free(a);
+    free(b);
+    free(scratch);
+    return 0;
+}
+
+typedef struct {
+    int n;
+    const char *transport; /* "auto" or "tcp" */
+    const char *host;      /* rendezvous host, default 127.0.0.1 */
+    int port;
+    uint64_t generation;
+    double timeout_s;
+} w_cfg_t;
+
+/* Runs in a child: bootstrap, communicator, fn, free. Returns the exit status. */
+static inline int w_child(const w_cfg_t *cfg, int rank, w_rank_fn fn, void *arg)
+{
+    char addr[96];
+    snprintf(addr, sizeof addr, "%s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
+    ddp_coll_rdzv_cfg_t rc = {.rank = rank, .size = cfg->n, .addr = addr, .token = "test-token",
+                              .generation = cfg->generation, .timeout_s = 20};
+    ddp_coll_bootstrap_t *bs;
+    ddp_errinfo_t ei;
+    int e = ddp_coll_bootstrap_tcp(&rc, &bs, &ei);
+    if (e) W_FAIL("rank %d: bootstrap: %s: %s", rank, ddp_err_name(e), ei.msg);
+    ddp_coll_opts_t o = {.transport = cfg->transport, .timeout_s = cfg->timeout_s};
+    ddp_coll_t *c;
+    e = ddp_coll_new(bs, &o, &c, &ei);
+    ddp_coll_bootstrap_free(bs);
+    if (e) W_FAIL("rank %d: ddp_coll_new: %s: %s", rank, ddp_err_name(e), ei.msg);
+    int r = fn(c, arg);
+    ddp_coll_free(c);
+    return r;
+}
+
+/* Forks cfg->n ranks running fn; returns the number of ranks that failed (or timed out). */
+static inline int w_run(w_cfg_t cfg, w_rank_fn fn, void *arg, double limit_s)
+{
+    if (!cfg.port) cfg.port = w_port();
+    pid_t pids[16];
+    for (int r = 0; r < cfg.n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) _exit(w_child(&cfg, r, fn, arg) ? 1 : 0);
+    }
+    int failed = 0, left = cfg.n;
+    int64_t deadline = ddp_now_ns() + (int64_t)(limit_s * 1e9);
+    while (left > 0) {
+        for (int r = 0; r < cfg.n; r++) {
+            if (pids[r] <= 0) continue;
+            int st;
+            pid_t p = waitpid(pids[r], &st, WNOHANG);
+            if (p == pids[r]) {
+                if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+                    fprintf(stderr, "rank %d of %d failed (status 0x%x)\n", r, cfg.n, st);
+                    failed++;
+                }
+                pids[r] = 0;
+                left--;
+            }
+        }
+        if (left && ddp_now_ns() > deadline) {
+            for (int r = 0; r < cfg.n; r++)
+                if (pids[r] > 0) {
+                    fprintf(stderr, "rank %d of %d timed out: killed\n", r, cfg.n);
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    failed++;
+                    pids[r] = 0;
+                    left--;
+                }
+        }
+        if (left) {
+            struct timespec ts = {0, 5000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return failed;
+}
+
+#endif
