@@ -47,10 +47,10 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
         copy_str(dir, sizeof dir, self_exe);
         *strrchr(dir, '/') = 0;
         /* ddpd lives in <build>/daemon, ddp-worker in <build>/worker; installed, both in bin/ */
-        snprintf(cfg->worker_bin, sizeof cfg->worker_bin, "%s/ddp-worker", dir);
+        snprintf(cfg->worker_bin, sizeof cfg->worker_bin, "%.4000s/ddp-worker", dir);
         if (access(cfg->worker_bin, X_OK) != 0) {
             char alt[PATH_MAX];
-            snprintf(alt, sizeof alt, "%s/../worker/ddp-worker", dir);
+            snprintf(alt, sizeof alt, "%.4000s/../worker/ddp-worker", dir);
             if (access(alt, X_OK) == 0) copy_str(cfg->worker_bin, sizeof cfg->worker_bin, alt);
         }
     } else {

@@ -393,7 +393,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
         job_discard(j);
         return rc;
     }
-    snprintf(j->run_dir, sizeof j->run_dir, "%s/job-%lld", d->cfg.run_dir, (long long)j->id);
+    snprintf(j->run_dir, sizeof j->run_dir, "%.4000s/job-%lld", d->cfg.run_dir, (long long)j->id);
     make_run_dir(j);
     snprintf(j->reason, sizeof j->reason, "submitted");
     j->state = DDPD_QUEUED;
@@ -504,7 +504,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
 
     int rc = write_spec(j);
     if (rc != 0) {
-        snprintf(j->fail_why, sizeof j->fail_why, "cannot write %s: %s", j->spec_path,
+        snprintf(j->fail_why, sizeof j->fail_why, "cannot write %.150s: %.60s", j->spec_path,
                  ddp_strerror(rc));
         maybe_finish(j);
         return;
@@ -547,7 +547,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         j->n_local = k;
         if (rc != 0) {
             DDP_ERROR("job %lld: %s", (long long)j->id, why);
-            snprintf(j->fail_why, sizeof j->fail_why, "%s", why);
+            snprintf(j->fail_why, sizeof j->fail_why, "%.250s", why);
             j->fail_rank = r;
             break;
         }

@@ -104,6 +104,7 @@ static void on_signal(uv_signal_t *s, int signum)
              d->cfg.grace_s);
     NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
     ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+    ddpd_peers_stop_guests(d);
     uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
 }
 

@@ -213,7 +213,7 @@ int ddpd_metrics_start(ddpd_t *d, ddp_errinfo_t *ei)
         int gl = sizeof got;
         uv_tcp_getsockname(&m->listener, (struct sockaddr *)&got, &gl);
         port = ntohs(((struct sockaddr_in *)&got)->sin_port);
-        snprintf(d->cfg.metrics, sizeof d->cfg.metrics, "%s:%d", host, port);
+        snprintf(d->cfg.metrics, sizeof d->cfg.metrics, "%.200s:%d", host, port);
     }
     DDP_INFO("metrics on http://%s/metrics", d->cfg.metrics);
     return 0;

@@ -33,6 +33,8 @@ void ddpd_peers_signal(ddpd_t *d, int i, int64_t job_id, int sig);
 
 /* New array describing this node and every peer (for node.list). */
 json_t *ddpd_peers_nodes(ddpd_t *d);
+/* Daemon shutdown: SIGTERM to every guest rank (they report their exits as usual). */
+void ddpd_peers_stop_guests(ddpd_t *d);
 /* Ranks this node runs for other coordinators (still alive). */
 int ddpd_peers_guest_ranks(ddpd_t *d);
 /* This node's slot count changed or was used: tell the peers (free slots). */
