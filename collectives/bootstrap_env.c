@@ -200,7 +200,11 @@ static int serve_root(tcp_bs_t *t, int lfd, int64_t deadline, ddp_errinfo_t *ei)
             }
         }
     }
-    for (int i = 0; i < np; i++) close(pend[i].fd);
+    for (int i = 0; i < np; i++) {
+        DDP_WARN("rendezvous: refused connection from %s: incomplete hello (%zu of %zu bytes) when "
+                 "the rendezvous closed", pend[i].peer, pend[i].got, sizeof(hello_t));
+        close(pend[i].fd);
+    }
     if (joined < b->size) {
         char missing[256] = "";
         size_t off = 0;

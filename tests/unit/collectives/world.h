@@ -127,11 +127,18 @@ typedef struct {
     int port;
     uint64_t generation;
     double timeout_s;
+    double pre_new_delay_s; /* ranks > 0 sleep this long between bootstrap and communicator */
 } w_cfg_t;
 
 /* Runs in a child: bootstrap, communicator, fn, free. Returns the exit status. */
 static inline int w_child(const w_cfg_t *cfg, int rank, w_rank_fn fn, void *arg)
 {
+    /* a child must not run cmocka's handlers (they would resume the test runner in here) */
+    signal(SIGSEGV, SIG_DFL);
+    signal(SIGABRT, SIG_DFL);
+    signal(SIGBUS, SIG_DFL);
+    signal(SIGILL, SIG_DFL);
+    signal(SIGFPE, SIG_DFL);
     char addr[96];
     snprintf(addr, sizeof addr, "%s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
     ddp_coll_rdzv_cfg_t rc = {.rank = rank, .size = cfg->n, .addr = addr, .token = "test-token",
@@ -140,6 +147,7 @@ static inline int w_child(const w_cfg_t *cfg, int rank, w_rank_fn fn, void *arg)
     ddp_errinfo_t ei;
     int e = ddp_coll_bootstrap_tcp(&rc, &bs, &ei);
     if (e) W_FAIL("rank %d: bootstrap: %s: %s", rank, ddp_err_name(e), ei.msg);
+    if (rank > 0 && cfg->pre_new_delay_s > 0) usleep((useconds_t)(cfg->pre_new_delay_s * 1e6));
     ddp_coll_opts_t o = {.transport = cfg->transport, .timeout_s = cfg->timeout_s};
     ddp_coll_t *c;
     e = ddp_coll_new(bs, &o, &c, &ei);
