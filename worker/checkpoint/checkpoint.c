@@ -252,6 +252,8 @@ static int check_json(const char *what, const char *text, ddp_errinfo_t *ei)
     if (!text) return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: no %s given", what);
     json_error_t je;
     json_t *j = json_loads(text, 0, &je);
+    if (!j && json_error_code(&je) == json_error_out_of_memory)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory parsing %s", what);
     if (!j)
         return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: %s is not valid JSON (line %d: %s)",
                                what, je.line, je.text);
@@ -594,6 +596,11 @@ static int commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
         ddp_manifest_t pm;
         snprintf(part, sizeof part, "%s/" DDP__CKPT_PART_FMT, tmp, r);
         rc = ddp_manifest_read(part, &pm, ei);
+        if (rc == -ENOENT)
+            rc = ddp_errinfo_set(ei, DDP_EFORMAT,
+                                 "checkpoint step %lld: %s missing: rank %d did not report its "
+                                 "shards",
+                                 (long long)s->step, part, r);
         if (rc == 0 && pm.step != s->step) {
             rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: for step %lld, not %lld", part,
                                  (long long)pm.step, (long long)s->step);

@@ -53,6 +53,11 @@ int ddp_ckpt_find(const char *dir, int64_t step, ddp_ckpt_found_t *out, ddp_erri
             found = 1;
             break;
         }
+        if (vr == DDP_ENOMEM) { /* not the checkpoint's fault: do not skip it */
+            free(steps);
+            if (ei) *ei = e;
+            return vr;
+        }
         if (vr == -ENOENT && !strstr(e.msg, DDP_MANIFEST_NAME))
             ddp_errinfo_set(&e, vr, "%s/%s: missing", path, DDP_MANIFEST_NAME);
         DDP_WARN("checkpoint %s skipped: %s", path, e.msg);
@@ -280,6 +285,7 @@ static int load_kind(load_ctx_t *c, ddp_errinfo_t *ei)
     if (stat(path, &st) == 0) {
         json_error_t je;
         index = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+        if (!index && json_error_code(&je) == json_error_out_of_memory) goto nomem;
         c->weight_map = index ? json_object_get(index, "weight_map") : NULL;
         if (!json_is_object(c->weight_map)) {
             rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: not an index (%s)", path,

@@ -171,6 +171,8 @@ int ddp_manifest_read(const char *path, ddp_manifest_t *m, ddp_errinfo_t *ei)
             ddp_errinfo_path(ei, "%s", path);
             return -ENOENT;
         }
+        if (json_error_code(&je) == json_error_out_of_memory)
+            return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", path);
         ddp_errinfo_set(ei, DDP_EFORMAT, "%s: not valid JSON at line %d: %s", path, je.line,
                         je.text);
         ddp_errinfo_path(ei, "%s", path);

@@ -375,6 +375,8 @@ static int parse(ddp_st_file_t *f, ddp_errinfo_t *ei)
     uint64_t data_len = f->len - f->data_start;
     json_error_t je;
     f->root = json_loadb((const char *)f->base + 8, (size_t)hn, JSON_REJECT_DUPLICATES, &je);
+    if (!f->root && json_error_code(&je) == json_error_out_of_memory)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", p);
     if (!f->root)
         return fmt_err(ei, p, 8 + (long long)(je.position > 0 ? je.position : 0),
                        "header is not valid JSON: %s", je.text);

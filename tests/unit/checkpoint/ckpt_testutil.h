@@ -1,0 +1,155 @@
+/* Shared helpers for the checkpoint tests and the format-check helper: a small GPT-2-shaped
+ * state with Hugging Face names, deterministic contents, temporary directories. Header-only
+ * (static functions) so each test binary stays one file plus this. */
+#ifndef DDP_TESTS_UNIT_CHECKPOINT_TESTUTIL_H
+#define DDP_TESTS_UNIT_CHECKPOINT_TESTUTIL_H
+
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker/checkpoint/checkpoint.h"
+
+typedef struct tstate {
+    ddp_ckpt_tensor_t *model, *optim;
+    size_t n_model, n_optim;
+    char **names; /* owned strings */
+    size_t n_names;
+    uint64_t bytes;
+} tstate_t;
+
+static uint32_t tu_rng(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+static char *tu_name(tstate_t *ts, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *tu_name(tstate_t *ts, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ts->names = realloc(ts->names, (ts->n_names + 1) * sizeof *ts->names);
+    return ts->names[ts->n_names++] = strdup(buf);
+}
+
+static void tu_tensor(ddp_ckpt_tensor_t *t, const char *name, int ndim, int64_t d0, int64_t d1)
+{
+    memset(t, 0, sizeof *t);
+    t->name = name;
+    t->dtype = DDP_ST_F32;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->nbytes = 4 * (uint64_t)d0 * (uint64_t)(ndim > 1 ? d1 : 1);
+}
+
+/* GPT-2 with HF names: wte [V,C], wpe [T,C], per layer ln_1, attn.c_attn [C,3C], attn.c_proj,
+ * ln_2, mlp.c_fc [C,4C], mlp.c_proj [4C,C], then ln_f; moments exp_avg.* and exp_avg_sq.*
+ * when `optim`. Contents from `seed`. */
+static void tu_make(tstate_t *ts, int V, int T, int C, int L, int optim, uint64_t seed)
+{
+    memset(ts, 0, sizeof *ts);
+    size_t cap = 2 + 12 * (size_t)L + 2;
+    ts->model = calloc(cap, sizeof *ts->model);
+    size_t n = 0;
+    tu_tensor(&ts->model[n++], "wte.weight", 2, V, C);
+    tu_tensor(&ts->model[n++], "wpe.weight", 2, T, C);
+    for (int l = 0; l < L; l++) {
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.ln_1.weight", l), 1, C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.ln_1.bias", l), 1, C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.attn.c_attn.weight", l), 2, C, 3 * C);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.attn.c_attn.bias", l), 1, 3 * C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.attn.c_proj.weight", l), 2, C, C);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.attn.c_proj.bias", l), 1, C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.ln_2.weight", l), 1, C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.ln_2.bias", l), 1, C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.mlp.c_fc.weight", l), 2, C, 4 * C);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.mlp.c_fc.bias", l), 1, 4 * C, 0);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.mlp.c_proj.weight", l), 2, 4 * C, C);
+        tu_tensor(&ts->model[n++], tu_name(ts, "h.%d.mlp.c_proj.bias", l), 1, C, 0);
+    }
+    tu_tensor(&ts->model[n++], "ln_f.weight", 1, C, 0);
+    tu_tensor(&ts->model[n++], "ln_f.bias", 1, C, 0);
+    ts->n_model = n;
+    if (optim) {
+        ts->optim = calloc(2 * n, sizeof *ts->optim);
+        for (int m = 0; m < 2; m++)
+            for (size_t i = 0; i < n; i++) {
+                ddp_ckpt_tensor_t *t = &ts->optim[m * n + i];
+                *t = ts->model[i];
+                t->name = tu_name(ts, "%s.%s", m ? "exp_avg_sq" : "exp_avg", ts->model[i].name);
+            }
+        ts->n_optim = 2 * n;
+    }
+    uint64_t s = seed;
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++) {
+        ddp_ckpt_tensor_t *t = i < n ? &ts->model[i] : &ts->optim[i - n];
+        t->data = malloc(t->nbytes ? t->nbytes : 1);
+        float *f = t->data;
+        for (uint64_t k = 0; k < t->nbytes / 4; k++)
+            f[k] = (float)((int32_t)tu_rng(&s) - (1 << 30)) / (float)(1 << 30);
+        ts->bytes += t->nbytes;
+    }
+}
+
+/* Same names and shapes as `src`, zeroed data (destinations for a load). */
+static void tu_like(tstate_t *dst, const tstate_t *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->n_model = src->n_model;
+    dst->n_optim = src->n_optim;
+    dst->model = calloc(src->n_model, sizeof *dst->model);
+    dst->optim = src->n_optim ? calloc(src->n_optim, sizeof *dst->optim) : NULL;
+    for (size_t i = 0; i < src->n_model + src->n_optim; i++) {
+        const ddp_ckpt_tensor_t *s = i < src->n_model ? &src->model[i] : &src->optim[i - src->n_model];
+        ddp_ckpt_tensor_t *d = i < src->n_model ? &dst->model[i] : &dst->optim[i - src->n_model];
+        *d = *s;
+        d->data = calloc(1, s->nbytes ? s->nbytes : 1);
+        dst->bytes += s->nbytes;
+    }
+}
+
+static void tu_free(tstate_t *ts)
+{
+    for (size_t i = 0; i < ts->n_model; i++) free(ts->model[i].data);
+    for (size_t i = 0; i < ts->n_optim; i++) free(ts->optim[i].data);
+    for (size_t i = 0; i < ts->n_names; i++) free(ts->names[i]);
+    free(ts->names);
+    free(ts->model);
+    free(ts->optim);
+    memset(ts, 0, sizeof *ts);
+}
+
+static int tu_rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    return remove(p);
+}
+
+static void tu_rmrf(const char *path) { nftw(path, tu_rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+static char *tu_tmpdir(void)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char *p = malloc(strlen(base) + 32);
+    sprintf(p, "%s/ddp-ckpt-XXXXXX", base);
+    if (!mkdtemp(p)) abort();
+    return p;
+}
+
+static ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const char *trainer)
+{
+    ddp_ckpt_state_t st = {.step = step, .model = ts->model, .n_model = ts->n_model,
+                           .optim = ts->optim, .n_optim = ts->n_optim,
+                           .config_json = "{\"model_type\": \"gpt2\", \"n_layer\": 2}",
+                           .trainer_json = trainer};
+    return st;
+}
+
+#endif
