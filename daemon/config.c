@@ -37,6 +37,8 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
             snprintf(cfg->state_dir, sizeof cfg->state_dir, "%s/.local/state/ddpd",
                      home ? home : "/tmp");
     }
+    const char *sd = getenv("DDPD_STATE_DIR"); /* an embedded daemon's history (ddpctl run) */
+    if (sd && *sd) copy_str(cfg->state_dir, sizeof cfg->state_dir, sd);
     copy_str(cfg->metrics, sizeof cfg->metrics, "127.0.0.1:9464");
     cfg->grace_s = 10.0;
     const char *wb = getenv("DDP_WORKER_BIN");

@@ -36,7 +36,7 @@ typedef struct ddpd_config {
 
 /* Fills cfg with defaults. `self_exe` (may be NULL) is ddpd's own path, used to find ddp-worker
  * beside it; DDP_WORKER_BIN overrides. Socket: /run/ddpd/ddpd.sock for root, else
- * $XDG_RUNTIME_DIR/ddpd.sock; state: /var/lib/ddpd for root, else $XDG_STATE_HOME/ddpd. */
+ * $XDG_RUNTIME_DIR/ddpd.sock; state: $DDPD_STATE_DIR, else /var/lib/ddpd for root, else $XDG_STATE_HOME/ddpd. */
 void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe);
 
 /* Reads a YAML config file over the values already in cfg (keys absent keep their value).
