@@ -44,20 +44,20 @@ static void xent_task(void *varg, long task)
     if (!a->dlogits) {
         int i = 0;
         for (; i + XENT_LANES <= V; i += XENT_LANES)
-            for (int j = 0; j < XENT_LANES; j++) acc[j] += ddp_softmax_exp(x[i + j], mx);
-        for (int j = 0; i < V; i++, j++) acc[j] += ddp_softmax_exp(x[i], mx);
+            for (int j = 0; j < XENT_LANES; j++) acc[j] += ddp_softmax_exp_approx(x[i + j], mx);
+        for (int j = 0; i < V; i++, j++) acc[j] += ddp_softmax_exp_approx(x[i], mx);
     } else {
         /* No restrict: d may be x. */
         float *d = a->dlogits + (size_t)task * V;
         int i = 0;
         for (; i + XENT_LANES <= V; i += XENT_LANES)
             for (int j = 0; j < XENT_LANES; j++) {
-                float e = ddp_softmax_exp(x[i + j], mx);
+                float e = ddp_softmax_exp_approx(x[i + j], mx);
                 d[i + j] = e;
                 acc[j] += e;
             }
         for (int j = 0; i < V; i++, j++) {
-            float e = ddp_softmax_exp(x[i], mx);
+            float e = ddp_softmax_exp_approx(x[i], mx);
             d[i] = e;
             acc[j] += e;
         }
