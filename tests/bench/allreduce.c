@@ -1,0 +1,192 @@
+/* All-reduce bus bandwidth, 2 ranks on this machine, in one invocation: the ring over shared
+ * memory, the ring over TCP loopback, Open MPI's MPI_Allreduce with the vader and tcp BTLs
+ * (this program re-runs itself under mpirun), and memcpy of the same bytes; prints a markdown
+ * table with ratios. Sizes 1, 4, 25, 100, 500 MiB of fp32; median of several repetitions.
+ *
+ *   tests/bench/allreduce.sh [build-dir]      (builds this file with mpicc, then runs it)
+ *
+ * Bus bandwidth = 2 (n-1)/n * bytes / time, which for n = 2 is bytes / time.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "collectives/coll.h"
+#include "common/clock.h"
+
+static const int sizes_mib[] = {1, 4, 25, 100, 500};
+#define NSIZES 5
+
+static int reps_for(int mib) { return mib <= 4 ? 30 : mib <= 25 ? 12 : mib <= 100 ? 7 : 5; }
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return v[n / 2];
+}
+
+/* One rank of the ring benchmark; rank 0 writes GB/s per size to `out`. */
+static int ring_rank(int rank, int port, const char *transport, FILE *out)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    ddp_coll_rdzv_cfg_t cfg = {.rank = rank, .size = 2, .addr = addr, .token = "bench"};
+    ddp_coll_bootstrap_t *bs;
+    ddp_coll_t *c;
+    ddp_errinfo_t ei;
+    if (ddp_coll_bootstrap_tcp(&cfg, &bs, &ei) < 0) {
+        fprintf(stderr, "bootstrap: %s\n", ei.msg);
+        return 1;
+    }
+    ddp_coll_opts_t o = {.transport = transport};
+    if (ddp_coll_new(bs, &o, &c, &ei) < 0) {
+        fprintf(stderr, "coll: %s\n", ei.msg);
+        return 1;
+    }
+    ddp_coll_bootstrap_free(bs);
+    size_t maxn = (size_t)sizes_mib[NSIZES - 1] << 18;
+    float *buf = malloc(maxn * sizeof(float));
+    for (size_t i = 0; i < maxn; i++) buf[i] = 1.0f;
+    for (int s = 0; s < NSIZES; s++) {
+        size_t n = (size_t)sizes_mib[s] << 18;
+        int reps = reps_for(sizes_mib[s]);
+        double t[64];
+        for (int k = -1; k < reps; k++) {
+            ddp_coll_barrier(c, 0, NULL);
+            int64_t t0 = ddp_now_ns();
+            ddp_coll_req_t *r;
+            ddp_coll_allreduce(c, buf, n, DDP_DT_F32, DDP_OP_AVG, &r);
+            if (ddp_coll_wait(r, 0, &ei) < 0) {
+                fprintf(stderr, "allreduce: %s\n", ei.msg);
+                return 1;
+            }
+            if (k >= 0) t[k] = (double)(ddp_now_ns() - t0) * 1e-9;
+        }
+        if (rank == 0) fprintf(out, "%.3f\n", (double)(n * 4) / median(t, reps) / 1e9);
+    }
+    ddp_coll_free(c);
+    free(buf);
+    return 0;
+}
+
+static int run_ring(const char *transport, double *gbs)
+{
+    int port = 30000 + (int)(getpid() % 20000);
+    char tmp[] = "/tmp/ddp-bench-XXXXXX";
+    int fd = mkstemp(tmp);
+    FILE *out = fdopen(fd, "w+");
+    pid_t p[2];
+    for (int r = 0; r < 2; r++) {
+        p[r] = fork();
+        if (p[r] == 0) {
+            int rc = ring_rank(r, port, transport, out);
+            fflush(out);
+            _exit(rc);
+        }
+    }
+    int ok = 1;
+    for (int r = 0; r < 2; r++) {
+        int st;
+        waitpid(p[r], &st, 0);
+        ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    rewind(out);
+    for (int s = 0; s < NSIZES; s++)
+        if (fscanf(out, "%lf", &gbs[s]) != 1) gbs[s] = 0;
+    fclose(out);
+    unlink(tmp);
+    return ok ? 0 : -1;
+}
+
+/* Under mpirun: MPI_Allreduce in place, rank 0 prints GB/s per size. */
+static int mpi_main(void)
+{
+    MPI_Init(NULL, NULL);
+    int rank;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    size_t maxn = (size_t)sizes_mib[NSIZES - 1] << 18;
+    float *buf = malloc(maxn * sizeof(float));
+    for (size_t i = 0; i < maxn; i++) buf[i] = 1.0f;
+    for (int s = 0; s < NSIZES; s++) {
+        size_t n = (size_t)sizes_mib[s] << 18;
+        int reps = reps_for(sizes_mib[s]);
+        double t[64];
+        for (int k = -1; k < reps; k++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            if (k >= 0) t[k] = MPI_Wtime() - t0;
+        }
+        if (rank == 0) printf("%.3f\n", (double)(n * 4) / median(t, reps) / 1e9);
+    }
+    free(buf);
+    MPI_Finalize();
+    return 0;
+}
+
+static int run_mpi(const char *self, const char *btl, double *gbs)
+{
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "mpirun --allow-run-as-root --oversubscribe --mca plm isolated -np 2 "
+             "--mca btl %s %s --mpi-child 2>/dev/null", btl, self);
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    for (int s = 0; s < NSIZES; s++)
+        if (fscanf(p, "%lf", &gbs[s]) != 1) gbs[s] = 0;
+    return pclose(p) == 0 ? 0 : -1;
+}
+
+static void run_memcpy(double *gbs)
+{
+    size_t maxb = (size_t)sizes_mib[NSIZES - 1] << 20;
+    char *a = malloc(maxb), *b = malloc(maxb);
+    memset(a, 1, maxb);
+    memset(b, 2, maxb);
+    for (int s = 0; s < NSIZES; s++) {
+        size_t n = (size_t)sizes_mib[s] << 20;
+        int reps = reps_for(sizes_mib[s]);
+        double t[64];
+        for (int k = -1; k < reps; k++) {
+            int64_t t0 = ddp_now_ns();
+            memcpy(k & 1 ? a : b, k & 1 ? b : a, n);
+            if (k >= 0) t[k] = (double)(ddp_now_ns() - t0) * 1e-9;
+        }
+        gbs[s] = (double)n / median(t, reps) / 1e9;
+    }
+    free(a);
+    free(b);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && !strcmp(argv[1], "--mpi-child")) return mpi_main();
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return 1;
+    self[n] = 0;
+    double shm[NSIZES], tcp[NSIZES], vader[NSIZES], mtcp[NSIZES], mem[NSIZES];
+    if (run_ring("auto", shm) < 0) fprintf(stderr, "ring/shm failed\n");
+    if (run_ring("tcp", tcp) < 0) fprintf(stderr, "ring/tcp failed\n");
+    if (run_mpi(self, "self,vader", vader) < 0) fprintf(stderr, "mpi vader failed\n");
+    if (run_mpi(self, "self,tcp", mtcp) < 0) fprintf(stderr, "mpi tcp failed\n");
+    run_memcpy(mem);
+    printf("| size | ring/shm GB/s | ring/TCP GB/s | Open MPI vader GB/s | Open MPI tcp GB/s | "
+           "memcpy GB/s | shm / vader | TCP / MPI tcp | shm / memcpy |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int s = 0; s < NSIZES; s++)
+        printf("| %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+               sizes_mib[s], shm[s], tcp[s], vader[s], mtcp[s], mem[s],
+               vader[s] > 0 ? shm[s] / vader[s] : 0, mtcp[s] > 0 ? tcp[s] / mtcp[s] : 0,
+               mem[s] > 0 ? shm[s] / mem[s] : 0);
+    return 0;
+}
