@@ -50,13 +50,14 @@ static void usage(FILE *f)
             "      --node-name NAME   this node's name (default hostname)\n"
             "      --grace SECONDS    SIGTERM to SIGKILL delay on cancel (default 10)\n"
             "      --ready-fd FD      write one byte to FD when serving, then close it\n"
+            "      --check-config     load and validate the config, print it, exit\n"
             "  -V, --version\n");
 }
 
 static void copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
 
 enum { O_STATE = 256, O_RUN, O_SLOTS, O_LISTEN, O_ADV, O_METRICS, O_WORKER, O_SECRET, O_PEER,
-       O_NODE, O_GRACE, O_READY };
+       O_NODE, O_GRACE, O_READY, O_CHECK };
 
 static void on_stop_timer(uv_timer_t *t);
 
@@ -132,7 +133,8 @@ int main(int argc, char **argv)
         {"worker-bin", required_argument, 0, O_WORKER},
         {"secret-file", required_argument, 0, O_SECRET}, {"peer", required_argument, 0, O_PEER},
         {"node-name", required_argument, 0, O_NODE}, {"grace", required_argument, 0, O_GRACE},
-        {"ready-fd", required_argument, 0, O_READY}, {"version", no_argument, 0, 'V'},
+        {"ready-fd", required_argument, 0, O_READY}, {"check-config", no_argument, 0, O_CHECK},
+        {"version", no_argument, 0, 'V'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     static ddpd_t dd;
     ddpd_t *d = &dd;
@@ -143,7 +145,7 @@ int main(int argc, char **argv)
 
     /* the config file first, then the options over it */
     const char *config = NULL;
-    int c, ready_fd = -1;
+    int c, ready_fd = -1, check_only = 0;
     while ((c = getopt_long(argc, argv, "c:s:Vh", opts, NULL)) != -1) {
         if (c == 'c') config = optarg;
         if (c == 'h') {
@@ -186,6 +188,7 @@ int main(int argc, char **argv)
         case O_NODE: copy(g->node_name, sizeof g->node_name, optarg); break;
         case O_GRACE: g->grace_s = atof(optarg); break;
         case O_READY: ready_fd = atoi(optarg); break;
+        case O_CHECK: check_only = 1; break;
         case O_PEER: {
             if (g->n_peers >= DDPD_MAX_PEERS) break;
             ddpd_peer_cfg_t *p = &g->peers[g->n_peers++];
@@ -204,6 +207,17 @@ int main(int argc, char **argv)
     if (ddpd_config_finish(&d->cfg, &ei) != 0) {
         fprintf(stderr, "ddpd: config: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
         return 78;
+    }
+    if (check_only) {
+        ddpd_config_t *g = &d->cfg;
+        printf("node_name: %s\nsocket: %s\nlisten: %s\nadvertise: %s\nstate_dir: %s\n"
+               "run_dir: %s\nmetrics: %s\nworker_bin: %s\nsecret_file: %s\nslots: %d\n"
+               "grace_s: %g\npeers: %d\n",
+               g->node_name, g->socket_path, g->listen, g->advertise, g->state_dir, g->run_dir,
+               g->metrics, g->worker_bin, g->secret_file, g->slots, g->grace_s, g->n_peers);
+        for (int i = 0; i < g->n_peers; i++)
+            printf("  - {name: %s, addr: %s}\n", g->peers[i].name, g->peers[i].addr);
+        return 0;
     }
     if (sodium_init() < 0) {
         fprintf(stderr, "ddpd: libsodium failed to initialise\n");

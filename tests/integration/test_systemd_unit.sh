@@ -1,0 +1,28 @@
+#!/bin/bash
+# `systemd-analyze verify` on deploy/ddpd.service (with ExecStart pointed at this build's ddpd,
+# since verify checks that the binary exists). Installs systemd when it is missing and apt can;
+# skips (77) only when systemd-analyze cannot be had.
+. "$(dirname "$0")/lib.sh"
+if ! command -v systemd-analyze >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null 2>&1
+    fi
+fi
+command -v systemd-analyze >/dev/null || { echo "1..0 # SKIP systemd-analyze unavailable"; exit 77; }
+unit="$SRC/deploy/ddpd.service"
+check "deploy/ddpd.service exists" test -f "$unit"
+sed -e "s|/usr/local/bin/ddpd|$DDPD|g" -e "s|/usr/local/bin/ddpctl|$DDPCTL|g" "$unit" > "$T/ddpd.service"
+systemd-analyze verify "$T/ddpd.service" >"$T/verify.log" 2>&1; rc=$?
+diag "$T/verify.log"
+check "systemd-analyze verify passes" test $rc -eq 0
+check "no warnings about the unit" bash -c "! grep -q 'ddpd.service:' '$T/verify.log'"
+check "Type=notify" grep -q '^Type=notify' "$unit"
+check "restarts on failure" grep -q '^Restart=on-failure' "$unit"
+check "runtime and state directories" grep -q '^RuntimeDirectory=ddpd' "$unit"
+check "example config parses (ddpd reads it)" bash -c "'$DDPD' --config '$SRC/deploy/ddpd.yaml' --check-config >/dev/null"
+DESTDIR="$T/stage" bash "$SRC/deploy/install.sh" "$BUILD" /usr/local >"$T/install.log" 2>&1
+check "install.sh stages the binaries, unit, config and secret" test -x "$T/stage/usr/local/bin/ddpd" \
+    -a -x "$T/stage/usr/local/bin/ddpctl" -a -f "$T/stage/etc/systemd/system/ddpd.service" \
+    -a -f "$T/stage/etc/ddpd/ddpd.yaml" -a -f "$T/stage/etc/ddpd/secret"
+check "the installed single-node config is valid" "$DDPD" --config "$T/stage/etc/ddpd/ddpd.yaml" --check-config
+finish
