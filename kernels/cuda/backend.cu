@@ -7,8 +7,9 @@
  *   cudaErrorInsufficientDriver when no driver is installed, or finds none), 10 otherwise.
  * - A context: the device made current, a non-blocking stream, a cuBLAS handle on it. Matmuls
  *   are plain fp32; DDP_CUDA_TF32=1 in the environment lets cuBLAS use TF32 tensor cores.
- * - alloc: cudaMalloc, zero-filled on the stream. memcpy_h2d/d2h return when the copy is
- *   complete (the host buffer may be reused at once); memcpy_d2d and memset0 are queued.
+ * - alloc: cudaMalloc, zero-filled when it returns; free waits for the queued ops first.
+ *   memcpy_h2d/d2h return when the copy is complete (the host buffer may be reused at once);
+ *   memcpy_d2d and memset0 are queued on the stream.
  * - Errors: every CUDA/cuBLAS failure is logged with its original message and mapped to
  *   DDP_ECUDA; ops keep the first one for ddp_k_sync().
  */
@@ -175,7 +176,10 @@ static int cuda_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
         DDP_ERROR("cuda: cudaMalloc(%zu bytes): %s", bytes, cudaGetErrorString(e));
         return e == cudaErrorMemoryAllocation ? DDP_ENOMEM : DDP_ECUDA;
     }
+    /* Zeroed before returning, so that any stream (NCCL's too) may use the memory at once. */
     int rc = ddp__cuda_check(ctx, cudaMemsetAsync(p, 0, bytes, ctx->stream), "cudaMemsetAsync");
+    if (rc == 0)
+        rc = ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
     if (rc) {
         cudaFree(p);
         return rc;
@@ -188,6 +192,8 @@ static void cuda_free(ddp_kctx_t *ctx, void *p)
 {
     if (!p) return;
     if (ddp__cuda_enter(ctx)) return;
+    /* Queued ops may still use p (cudaFree alone does not promise to wait for them). */
+    ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
     ddp__cuda_check(ctx, cudaFree(p), "cudaFree");
 }
 
