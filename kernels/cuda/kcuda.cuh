@@ -15,9 +15,13 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 
+/* The project's C headers (their system includes come first, outside the C linkage block). */
 extern "C" {
 #include "common/err.h"
 #include "common/log.h"
