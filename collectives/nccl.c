@@ -64,6 +64,27 @@ static const char *desc(const ddp_coll_req_t *q, char *buf, size_t len)
     return buf;
 }
 
+/* Local copies of coll.c's deadline helpers: the module must not need symbols of the executable. */
+static int64_t auto_timeout_ns(ddp_coll_t *c, size_t bytes)
+{
+    uint64_t bits = atomic_load(&c->bw_bits);
+    double bw;
+    memcpy(&bw, &bits, sizeof bw);
+    if (bw <= 0) bw = 1e9; /* before any measurement */
+    double t = 8.0 * (double)bytes / bw;
+    if (t < c->timeout_s) t = c->timeout_s;
+    return (int64_t)(t * 1e9);
+}
+
+static void note_bw(ddp_coll_t *c, size_t bytes, int64_t ns)
+{
+    if (bytes < (1u << 20) || ns <= 0) return;
+    double bw = (double)bytes / ((double)ns * 1e-9);
+    uint64_t bits;
+    memcpy(&bits, &bw, sizeof bits);
+    atomic_store(&c->bw_bits, bits);
+}
+
 static void nap(void)
 {
     struct timespec ts = {0, 50000};
@@ -167,7 +188,7 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
         cudaEventDestroy(ev);
         return fail(c, DDP_ENCCL, "%s: %s", desc(q, d, sizeof d), ncclGetErrorString(r));
     }
-    int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
+    int64_t deadline = ddp_now_ns() + auto_timeout_ns(c, q->bytes);
     if (r == ncclInProgress && settle(c, m, deadline, desc(q, d, sizeof d)) < 0) {
         cudaEventDestroy(ev);
         return atomic_load(&c->err);
@@ -194,7 +215,7 @@ static int nccl_test(ddp_coll_t *c, ddp_coll_req_t *q)
 static int nccl_wait(ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline_ns)
 {
     nccl_impl_t *m = c->impl;
-    if (!deadline_ns) deadline_ns = q->t_start + ddp__coll_auto_timeout_ns(c, q->bytes);
+    if (!deadline_ns) deadline_ns = q->t_start + auto_timeout_ns(c, q->bytes);
     char d[96];
     while (!nccl_test(c, q)) {
         int err = atomic_load(&c->err);
@@ -209,7 +230,7 @@ static int nccl_wait(ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline_ns)
                         "deadline (NCCL does not say which)", desc(q, d, sizeof d), c->size - 1);
         nap();
     }
-    if (q->rc == 0) ddp__coll_note_bw(c, q->bytes, ddp_now_ns() - q->t_start);
+    if (q->rc == 0) note_bw(c, q->bytes, ddp_now_ns() - q->t_start);
     return q->rc;
 }
 
