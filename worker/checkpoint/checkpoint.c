@@ -194,6 +194,21 @@ void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s)
     free(s);
 }
 
+int ddp_ckpt_saver_reserve(ddp_ckpt_saver_t *s, size_t bytes, ddp_errinfo_t *ei)
+{
+    if (s->running) join_writer(s);
+    if (s->snap && s->snap_cap >= bytes) return 0;
+    if (s->snap) s->o.host_free(s->snap, s->o.alloc_ctx);
+    s->snap_cap = 0;
+    s->snap = s->o.host_alloc(bytes ? bytes : 1, s->o.alloc_ctx);
+    if (!s->snap)
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: cannot allocate a %zu-byte snapshot",
+                               bytes);
+    s->snap_cap = bytes;
+    memset(s->snap, 0, bytes); /* fault every page in now, not in the first save's stall */
+    return 0;
+}
+
 bool ddp_ckpt_busy(ddp_ckpt_saver_t *s)
 {
     return s->running && !atomic_load_explicit(&s->done, memory_order_acquire);
@@ -411,7 +426,7 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
     }
     uint32_t crc = 0;
     uint64_t n = 0;
-    int rc = ddp_st_write_fd(fd, path, &s->t[sh->first], sh->count, st_meta, 1, true, &crc, &n,
+    int rc = ddp_st_write_fd(fd, path, &s->t[sh->first], sh->count, st_meta, 1, false, &crc, &n,
                              ei);
     if (rc == 0 && fsync(fd) < 0) {
         rc = -errno;

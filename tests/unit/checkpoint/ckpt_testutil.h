@@ -21,14 +21,14 @@ typedef struct tstate {
     uint64_t bytes;
 } tstate_t;
 
-static uint32_t tu_rng(uint64_t *s)
+static inline uint32_t tu_rng(uint64_t *s)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(*s >> 33);
 }
 
-static char *tu_name(tstate_t *ts, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *tu_name(tstate_t *ts, const char *fmt, ...)
+static inline char *tu_name(tstate_t *ts, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline char *tu_name(tstate_t *ts, const char *fmt, ...)
 {
     char buf[256];
     va_list ap;
@@ -39,7 +39,7 @@ static char *tu_name(tstate_t *ts, const char *fmt, ...)
     return ts->names[ts->n_names++] = strdup(buf);
 }
 
-static void tu_tensor(ddp_ckpt_tensor_t *t, const char *name, int ndim, int64_t d0, int64_t d1)
+static inline void tu_tensor(ddp_ckpt_tensor_t *t, const char *name, int ndim, int64_t d0, int64_t d1)
 {
     memset(t, 0, sizeof *t);
     t->name = name;
@@ -53,7 +53,7 @@ static void tu_tensor(ddp_ckpt_tensor_t *t, const char *name, int ndim, int64_t 
 /* GPT-2 with HF names: wte [V,C], wpe [T,C], per layer ln_1, attn.c_attn [C,3C], attn.c_proj,
  * ln_2, mlp.c_fc [C,4C], mlp.c_proj [4C,C], then ln_f; moments exp_avg.* and exp_avg_sq.*
  * when `optim`. Contents from `seed`. */
-static void tu_make(tstate_t *ts, int V, int T, int C, int L, int optim, uint64_t seed)
+static inline void tu_make(tstate_t *ts, int V, int T, int C, int L, int optim, uint64_t seed)
 {
     memset(ts, 0, sizeof *ts);
     size_t cap = 2 + 12 * (size_t)L + 2;
@@ -100,7 +100,7 @@ static void tu_make(tstate_t *ts, int V, int T, int C, int L, int optim, uint64_
 }
 
 /* Same names and shapes as `src`, zeroed data (destinations for a load). */
-static void tu_like(tstate_t *dst, const tstate_t *src)
+static inline void tu_like(tstate_t *dst, const tstate_t *src)
 {
     memset(dst, 0, sizeof *dst);
     dst->n_model = src->n_model;
@@ -116,7 +116,7 @@ static void tu_like(tstate_t *dst, const tstate_t *src)
     }
 }
 
-static void tu_free(tstate_t *ts)
+static inline void tu_free(tstate_t *ts)
 {
     for (size_t i = 0; i < ts->n_model; i++) free(ts->model[i].data);
     for (size_t i = 0; i < ts->n_optim; i++) free(ts->optim[i].data);
@@ -127,14 +127,14 @@ static void tu_free(tstate_t *ts)
     memset(ts, 0, sizeof *ts);
 }
 
-static int tu_rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+static inline int tu_rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
     return remove(p);
 }
 
-static void tu_rmrf(const char *path) { nftw(path, tu_rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void tu_rmrf(const char *path) { nftw(path, tu_rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
 
-static char *tu_tmpdir(void)
+static inline char *tu_tmpdir(void)
 {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char *p = malloc(strlen(base) + 32);
@@ -143,7 +143,7 @@ static char *tu_tmpdir(void)
     return p;
 }
 
-static ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const char *trainer)
+static inline ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const char *trainer)
 {
     ddp_ckpt_state_t st = {.step = step, .model = ts->model, .n_model = ts->n_model,
                            .optim = ts->optim, .n_optim = ts->n_optim,
