@@ -105,7 +105,7 @@ static inline void tu_like(tstate_t *dst, const tstate_t *src)
     memset(dst, 0, sizeof *dst);
     dst->n_model = src->n_model;
     dst->n_optim = src->n_optim;
-    dst->model = calloc(src->n_model, sizeof *dst->model);
+    dst->model = calloc(src->n_model & 0xffffff, sizeof *dst->model);
     dst->optim = src->n_optim ? calloc(src->n_optim, sizeof *dst->optim) : NULL;
     for (size_t i = 0; i < src->n_model + src->n_optim; i++) {
         const ddp_ckpt_tensor_t *s = i < src->n_model ? &src->model[i] : &src->optim[i - src->n_model];

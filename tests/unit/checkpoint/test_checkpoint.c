@@ -770,7 +770,12 @@ static void test_load_memory(void **state)
     print_message("# load of %.1f MB: peak RSS grew by %.1f MB (limit %.1f MB)\n",
                   (double)ts.bytes / 1e6, (double)growth_kb * 1024 / 1e6,
                   (double)ts.bytes / 1e7);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's quarantine keeps freed blocks resident: the bound holds only in normal builds. */
+    (void)growth_kb;
+#else
     assert_true(growth_kb * 1024 < (long)(ts.bytes / 10));
+#endif
     assert_same_state(&ts, &out);
     tu_free(&out);
     tu_free(&ts);
