@@ -29,21 +29,37 @@ typedef struct {
 static int cdiv(int a, int b) { return (a + b - 1) / b; }
 static int round16(int a) { return (a + 15) / 16 * 16; }
 
-/* Tiles an R x Cc output by its shape alone. */
+/* Splits `extent` into at least MM_TILES blocks of at most MM_WIDE, none under `min_block`. */
+static int split_primary(int extent, int min_block)
+{
+    int n = cdiv(extent, MM_WIDE);
+    if (n < MM_TILES) {
+        int most = extent / min_block;
+        n = most < MM_TILES ? most : MM_TILES;
+    }
+    return n < 1 ? 1 : n;
+}
+
+/* The other dimension: enough blocks to reach MM_TILES tiles, none under `min_block`. */
+static int split_secondary(int extent, int primary, int min_block)
+{
+    if (primary >= MM_TILES) return 1;
+    int n = cdiv(MM_TILES, primary), most = extent / min_block;
+    if (n > most) n = most;
+    return n < 1 ? 1 : n;
+}
+
+/* Tiles an R x Cc output by its shape alone. The longer dimension is cut first, so a tile keeps
+ * the whole of a short dimension (the LM head's [V, C] weight gradient is cut along V only). */
 static void plan(tiling_t *tl, int R, int Cc)
 {
-    int nc = cdiv(Cc, MM_WIDE);
-    if (nc < MM_TILES) {
-        int most = Cc / MM_MIN_COLS;
-        nc = most < MM_TILES ? most : MM_TILES;
-        if (nc < 1) nc = 1;
-    }
-    int nr = 1;
-    if (nc < MM_TILES) {
-        int most = R / MM_MIN_ROWS;
-        nr = cdiv(MM_TILES, nc);
-        if (nr > most) nr = most;
-        if (nr < 1) nr = 1;
+    int nr, nc;
+    if (Cc >= R) {
+        nc = split_primary(Cc, MM_MIN_COLS);
+        nr = split_secondary(R, nc, MM_MIN_ROWS);
+    } else {
+        nr = split_primary(R, MM_MIN_ROWS * 2);
+        nc = split_secondary(Cc, nr, MM_MIN_COLS / 2);
     }
     tl->R = R;
     tl->Cc = Cc;

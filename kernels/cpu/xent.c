@@ -7,6 +7,8 @@
  */
 #include "kernels/cpu/cpu.h"
 
+#include <string.h>
+
 #include "kernels/math/softmax.h"
 
 #define XENT_LANES 8
@@ -19,16 +21,25 @@ typedef struct {
     float dloss;
 } xent_args_t;
 
+/* GCC vector extensions (portable across targets): eight lanes of the running maximum. gcc
+ * does not vectorise a float max reduction by itself without -ffinite-math-only. */
+typedef float v8f_t __attribute__((vector_size(32)));
+typedef int32_t v8i_t __attribute__((vector_size(32)));
+
 static float row_max(const float *restrict x, int V)
 {
-    float acc[XENT_LANES];
+    v8f_t acc;
     for (int j = 0; j < XENT_LANES; j++) acc[j] = -INFINITY;
     int i = 0;
-    for (; i + XENT_LANES <= V; i += XENT_LANES)
-        for (int j = 0; j < XENT_LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
-    for (; i < V; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+    for (; i + XENT_LANES <= V; i += XENT_LANES) {
+        v8f_t v;
+        memcpy(&v, x + i, sizeof(v));
+        v8i_t gt = v > acc;
+        acc = (v8f_t)((gt & (v8i_t)v) | (~gt & (v8i_t)acc));
+    }
     float m = acc[0];
     for (int j = 1; j < XENT_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    for (; i < V; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
