@@ -129,6 +129,21 @@ static int tail_read(ddpd_job_t *j)
     return got;
 }
 
+static void close_handles(ddpd_job_t *j)
+{
+    uv_close((uv_handle_t *)&j->tail_timer, timer_closed);
+    uv_close((uv_handle_t *)&j->kill_timer, timer_closed);
+    uv_close((uv_handle_t *)&j->run_watch, timer_closed);
+}
+
+static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
+{
+    ddpd_job_t *j = h->data;
+    (void)events;
+    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && tail_read(j))
+        ddpd_api_job_event(j->d, j);
+}
+
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
@@ -193,8 +208,7 @@ static void finish(ddpd_job_t *j)
         set_state(j, DDPD_SUCCEEDED, "all %d ranks exited 0", j->world);
     }
     j->freeing = 1;
-    uv_close((uv_handle_t *)&j->tail_timer, timer_closed);
-    uv_close((uv_handle_t *)&j->kill_timer, timer_closed);
+    close_handles(j);
     ddpd_sched_kick(d);
 }
 
@@ -308,8 +322,9 @@ static int job_new(ddpd_t *d, ddpd_job_t **out)
     j->fail_rank = -1;
     uv_timer_init(d->loop, &j->kill_timer);
     uv_timer_init(d->loop, &j->tail_timer);
-    j->kill_timer.data = j->tail_timer.data = j;
-    j->handles = 2;
+    uv_fs_event_init(d->loop, &j->run_watch);
+    j->kill_timer.data = j->tail_timer.data = j->run_watch.data = j;
+    j->handles = 3;
     *out = j;
     return 0;
 }
@@ -327,8 +342,7 @@ static void job_discard(ddpd_job_t *j)
     j->freeing = 1;
     j->state = DDPD_FAILED;
     job_link(j->d, j); /* job_free unlinks */
-    uv_close((uv_handle_t *)&j->tail_timer, timer_closed);
-    uv_close((uv_handle_t *)&j->kill_timer, timer_closed);
+    close_handles(j);
 }
 
 static void make_run_dir(ddpd_job_t *j)
@@ -510,7 +524,9 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         return;
     }
     tail_read(j); /* skip what an earlier run (re-queue) left */
-    uv_timer_start(&j->tail_timer, tail_cb, 200, 200);
+    /* inotify shows each line at once; the timer is the fallback (NFS, no inotify) */
+    uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
+    uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
 
     j->procs = ddp_calloc(n_local ? (size_t)n_local : 1, sizeof *j->procs);
     if (!j->procs) {
@@ -594,8 +610,7 @@ int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
         set_state(j, DDPD_CANCELLED, "cancelled by uid %u before it started", uid);
         j->d->n_finished[2]++;
         j->freeing = 1;
-        uv_close((uv_handle_t *)&j->tail_timer, timer_closed);
-        uv_close((uv_handle_t *)&j->kill_timer, timer_closed);
+        close_handles(j);
         ddpd_sched_kick(j->d);
         return 0;
     }
@@ -626,7 +641,6 @@ void ddpd_job_close_idle(ddpd_t *d)
         next = j->next;
         if (j->freeing || j->live_local > 0) continue;
         j->freeing = 1;
-        uv_close((uv_handle_t *)&j->tail_timer, timer_closed);
-        uv_close((uv_handle_t *)&j->kill_timer, timer_closed);
+        close_handles(j);
     }
 }

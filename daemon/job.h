@@ -57,6 +57,7 @@ struct ddpd_job {
     int slots_held;   /* local slots accounted in d->slots_used */
 
     uv_timer_t kill_timer, tail_timer;
+    uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */
     int handles;      /* open uv handles (timers + processes) */
     int freeing;
 
