@@ -184,7 +184,8 @@ int ddp_coll_fake_world_new(int n, ddp_coll_fake_world_t **out);
  * it does not wait for the others. opts as for ddp_coll_new (chunk_delay_us is honoured). */
 int ddp_coll_new_fake(ddp_coll_fake_world_t *w, int rank, const ddp_coll_opts_t *opts,
                       ddp_coll_t **out);
-/* Frees the world after every communicator on it is freed. NULL-safe. */
+/* Frees the world after every communicator on it is freed. A world serves one communicator per
+ * rank (its links keep their counters): make a new world for the next set. NULL-safe. */
 void ddp_coll_fake_world_free(ddp_coll_fake_world_t *w);
 
 /* ---- Backend vtable ------------------------------------------------------------------------- */
