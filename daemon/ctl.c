@@ -305,7 +305,13 @@ static int cmd_run(int argc, char **argv)
         rc = ddpctl_follow(&c, socket_path, id, as_json, 1);
     }
     ddpd_client_close(&c);
-    if (embedded > 0) stop_embedded(embedded);
+    if (embedded > 0) {
+        stop_embedded(embedded);
+        if (rc == CTL_OK)
+            unlink(logpath); /* kept when something went wrong */
+        else
+            fprintf(stderr, "ddpctl: the embedded daemon's log: %s\n", logpath);
+    }
     return rc;
 }
 
