@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,7 @@ int ddpd_test_start(ddpd_test_daemon_t *t, const char *const *extra)
     if (t->pid < 0) return -1;
     if (t->pid == 0) {
         close(pfd[0]);
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test that crashes leaves no daemon behind */
         int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (lf >= 0) dup2(lf, 2);
         snprintf(fdarg, sizeof fdarg, "%d", pfd[1]);
