@@ -14,13 +14,11 @@
 
 #include "hd.h"
 
-#ifndef __CUDACC__
 #include <string.h>
-#endif
 
 DDP_HD float ddp__bits_to_float(int i)
 {
-#ifdef __CUDACC__
+#ifdef __CUDA_ARCH__
     return __int_as_float(i);
 #else
     float f;

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package (and the two PyPI packages) that building and testing ddpd
+# needs. Idempotent: does nothing when everything is already there. Run as root or with sudo.
+set -euo pipefail
+
+packages=(
+  build-essential meson ninja-build pkg-config
+  libuv1-dev libjansson-dev libcyaml-dev libyaml-dev libopenblas-dev libsqlite3-dev
+  libsystemd-dev libsodium-dev libcmocka-dev
+  libopenmpi-dev openmpi-bin
+  iproute2 python3 python3-pip python3-numpy
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# The checkpoint format test reads shards with the reference safetensors reader.
+if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+  python3 -m pip install -q safetensors numpy 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages safetensors numpy ||
+    echo "install-deps: safetensors not installed; the Python format check will be skipped"
+fi
+echo "install-deps: ok"

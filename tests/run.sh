@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit tests
+# again under ASan+UBSan. Ends with one line: "tests: N passed, N failed, N skipped".
+# Exit status is non-zero when any test failed or a build broke.
+#
+#   tests/run.sh            everything
+#   tests/run.sh --quick    only the main build's suites (no sanitizer build)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+werror=false
+[ "${CI:-}" = "true" ] && werror=true
+
+deploy/install-deps.sh || exit 1
+
+status=0
+summaries=()
+
+run_suites() { # builddir label meson-test-args...
+  local dir=$1 label=$2
+  shift 2
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" >"$dir/test-output.txt" 2>&1
+  local rc=$?
+  grep -E '^ *[0-9]+/[0-9]+ ' "$dir/test-output.txt" | sed "s/^/[$label] /"
+  if [ $rc -ne 0 ]; then
+    status=1
+    sed -n '/^=* *[0-9]*\/[0-9]* .*FAIL/,/^==*$/p' "$dir/test-output.txt" | tail -n 200
+  fi
+  summaries+=("$dir/meson-logs/testlog.json")
+}
+
+setup() { # builddir meson-options...
+  local dir=$1
+  shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" -Dwerror=$werror "$@" >"$dir.setup.log" 2>&1 ||
+      { cat "$dir.setup.log"; return 1; }
+  fi
+  ninja -C "$dir" >"$dir.build.log" 2>&1 || { tail -n 60 "$dir.build.log"; return 1; }
+}
+
+if setup build; then
+  run_suites build main
+else
+  echo "build failed"; status=1
+fi
+
+if [ $quick -eq 0 ]; then
+  if setup build-asan -Db_sanitize=address,undefined -Dcuda=disabled -Dbuildtype=debugoptimized; then
+    run_suites build-asan asan --suite unit
+  else
+    echo "sanitizer build failed"; status=1
+  fi
+fi
+
+python3 tests/summarize.py "${summaries[@]}" || status=1
+exit $status

@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""Reads meson's testlog.json files and prints one closing line:
+   tests: N passed, N failed, N skipped
+Subtests of TAP tests count one each; a test binary that crashed or timed out counts as one
+failure. Exit status 1 when anything failed or no test ran."""
+import json
+import sys
+
+passed = failed = skipped = 0
+for path in sys.argv[1:]:
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        failed += 1
+        continue
+    for line in lines:
+        rec = json.loads(line)
+        result = rec.get("result")
+        if result == "SKIP":
+            skipped += 1
+            continue
+        # Count TAP subtests from the captured output when the binary ran to completion.
+        ok = sum(1 for l in rec.get("stdout", "").splitlines() if l.startswith("ok "))
+        not_ok = sum(1 for l in rec.get("stdout", "").splitlines() if l.startswith("not ok "))
+        if result in ("OK", "EXPECTEDFAIL"):
+            passed += max(ok, 1)
+        else:
+            passed += ok
+            failed += max(not_ok, 1)
+print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
+sys.exit(1 if failed or passed == 0 else 0)
