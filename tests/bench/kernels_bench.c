@@ -1,7 +1,9 @@
 /* Micro-benchmark of the CPU kernel backend on GPT-2 124M shapes (B=4, T=64, C=768, 12 layers,
  * 12 heads, V=50257): the time of one forward+backward of every matmul (the sgemm floor of a
  * training step), of the other ops of a step, and of AdamW over 124M parameters.
- * Prints the median of `reps` runs and the matmul GFLOP/s. Not part of pass/fail.
+ * Prints the median of `reps` runs and the matmul GFLOP/s, and the process CPU time of the
+ * matmuls (on a shared, loaded machine CPU time / threads is the better estimate of the unloaded
+ * wall time). Not part of pass/fail.
  *
  *   kernels_bench [threads] [reps]      (threads 0 = one per core)
  * Build (not registered with meson: tests/bench/meson.build belongs to the benchmark owner):
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "kernels/kernels.h"
@@ -27,6 +30,13 @@ static float *buf(ddp_kernels_t *k, size_t n, unsigned seed)
     srand(seed);
     for (size_t i = 0; i < n; i++) p[i] = ((float)rand() / (float)RAND_MAX - 0.5f) * 0.04f;
     return p;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int cmp(const void *a, const void *b)
@@ -64,10 +74,11 @@ int main(int argc, char **argv)
     for (int j = 0; j < 4; j++) flops += 6.0 * N * ic[j] * oc[j] * L;
     flops += 6.0 * N * C * (double)V;
 
-    double tm[99], to[99], ta[99];
+    double tm[99], to[99], ta[99], tc[99];
     size_t np = 124475904; /* GPT-2 124M with the tied wte */
     float *p = buf(&k, np, 17), *g = buf(&k, np, 18), *m = buf(&k, np, 19), *v = buf(&k, np, 20);
     for (int r = 0; r < reps; r++) {
+        double c0 = cpu_s();
         double t0 = ddp_now_s();
         for (int l = 0; l < L; l++)
             for (int j = 0; j < 4; j++)
@@ -79,6 +90,7 @@ int main(int argc, char **argv)
                 DDP_K(&k, matmul_bwd, dx, dw[l][j], dbias[l][j], dy, x, w[l][j], N, ic[j], oc[j],
                       DDP_W_IN_OUT);
         double t1 = ddp_now_s();
+        tc[r] = cpu_s() - c0;
         /* The other ops of a step, at their real sizes. */
         DDP_K(&k, encoder_fwd, y, tok, wte, lnw, B, 1, C);
         for (int l = 0; l < L; l++) {
@@ -104,11 +116,13 @@ int main(int argc, char **argv)
     qsort(tm, reps, sizeof(double), cmp);
     qsort(to, reps, sizeof(double), cmp);
     qsort(ta, reps, sizeof(double), cmp);
+    qsort(tc, reps, sizeof(double), cmp);
     int h = reps / 2;
-    printf("threads %d, median of %d (OPENBLAS_CORETYPE=%s)\n", k.ctx ? threads : 0, reps,
+    printf("threads %d (0 = per core), median of %d (OPENBLAS_CORETYPE=%s)\n", threads, reps,
            getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
     printf("matmuls fwd+bwd      %7.1f ms  %6.1f GFLOP/s (%.0f GFLOP)\n", tm[h] * 1e3,
            flops / tm[h] * 1e-9, flops * 1e-9);
+    printf("matmuls CPU time      %7.1f ms  (all threads together)\n", tc[h] * 1e3);
     printf("other ops fwd+bwd    %7.1f ms\n", to[h] * 1e3);
     printf("sumsq + adamw (124M) %7.1f ms\n", ta[h] * 1e3);
     printf("total                %7.1f ms\n", (tm[h] + to[h] + ta[h]) * 1e3);
