@@ -48,7 +48,19 @@ static void cpu_close(ddp_kctx_t *ctx)
 {
     if (!ctx) return;
     ddp__pool_free(ctx->pool);
+    free(ctx->scratch);
     free(ctx);
+}
+
+float *ddp__cpu_scratch(ddp_kctx_t *ctx, size_t bytes)
+{
+    if (bytes <= ctx->scratch_bytes) return ctx->scratch;
+    float *p = ddp_aligned_alloc(CPU_ALIGN, bytes);
+    if (!p) return NULL;
+    free(ctx->scratch);
+    ctx->scratch = p;
+    ctx->scratch_bytes = bytes;
+    return p;
 }
 
 static int cpu_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)

@@ -44,7 +44,13 @@ struct ddp_kctx {
     ddp__pool_t *pool;
     int threads;
     int err; /* first error of an op since the last sync (ops return nothing) */
+    float *scratch; /* op scratch (matmul's split-K partial sums), grown on demand */
+    size_t scratch_bytes;
 };
+
+/* A scratch buffer of at least `bytes` owned by ctx (valid until the next call or close), or
+ * NULL when it cannot be grown. Only the thread that calls the ops may call it. */
+float *ddp__cpu_scratch(ddp_kctx_t *ctx, size_t bytes);
 
 /* Number of tasks of `chunk` elements that cover n. */
 static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chunk - 1) / chunk); }

@@ -9,6 +9,11 @@
  * and the tiling depends on the shapes only, so results are bitwise identical for any thread
  * count. For the tied LM head (OC = V large) the forward and dweight tiles cut V.
  * One backward call runs its dinp, dweight and dbias tasks as one batch for load balance.
+ * Split K, the one exception: the LM head's dinp [N,C] = dout [N,V] @ wte [V,C] is small and its
+ * reduction V long, so output tiles would re-read dout and wte many times; instead it is cut
+ * into K chunks of MM_KCHUNK whose products go to scratch and are then added in chunk order
+ * (a fixed order, so still thread-independent). Used only while the partials fit in
+ * MM_KSPLIT_BYTES; otherwise, or when scratch cannot be had, output tiles as above.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -19,6 +24,10 @@
 #define MM_MIN_ROWS 64
 #define MM_TILES 8     /* aim for at least this many tiles (balance over 2..4 threads) */
 #define MM_BIAS_COLS 256
+#define MM_KSPLIT_MIN 8192             /* split K of dinp from this K (= OC) on */
+#define MM_KCHUNK 4096
+#define MM_KSPLIT_BYTES (32u << 20)    /* most scratch for the partials */
+#define MM_REDUCE_ROWS 16
 
 typedef struct {
     int R, Cc;   /* output dims */
@@ -87,6 +96,8 @@ typedef struct {
     ddp_wlayout_t layout;
     tiling_t fwd, di, dw;
     long n_di, n_dw, n_db; /* backward task counts per kind, in that order */
+    int ksplit;            /* > 0: dinp by split K into `part`, ksplit chunks */
+    float *part;           /* [ksplit][N][C] */
 } mm_args_t;
 
 static void fwd_task(void *varg, long task)
@@ -123,9 +134,43 @@ void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const fl
     ddp__pool_run(ctx->pool, ntiles(&a.fwd), fwd_task, &a);
 }
 
+/* part[k] = dout[:, k0:k1] @ W^T[k0:k1, :], chunk k of the split-K dinp. */
+static void dinp_chunk_task(const mm_args_t *a, long k)
+{
+    int N = a->N, C = a->C, OC = a->OC;
+    int k0 = (int)k * MM_KCHUNK, kw = OC - k0 < MM_KCHUNK ? OC - k0 : MM_KCHUNK;
+    float *part = a->part + (size_t)k * N * C;
+    if (a->layout == DDP_W_IN_OUT)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, kw, 1.0f, a->dout + k0, OC,
+                    a->weight + k0, OC, 0.0f, part, C);
+    else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, kw, 1.0f, a->dout + k0, OC,
+                    a->weight + (size_t)k0 * C, C, 0.0f, part, C);
+}
+
+/* dinp rows += the split-K partials, added in chunk order. */
+static void dinp_reduce_task(void *varg, long task)
+{
+    const mm_args_t *a = varg;
+    size_t NC = (size_t)a->N * a->C;
+    int r0 = (int)task * MM_REDUCE_ROWS;
+    int r1 = r0 + MM_REDUCE_ROWS < a->N ? r0 + MM_REDUCE_ROWS : a->N;
+    size_t lo = (size_t)r0 * a->C, hi = (size_t)r1 * a->C;
+    float *restrict d = a->dinp;
+    for (size_t i = lo; i < hi; i++) {
+        float s = a->part[i];
+        for (int k = 1; k < a->ksplit; k++) s += a->part[(size_t)k * NC + i];
+        d[i] += s;
+    }
+}
+
 /* dinp[N,C] += dout[N,OC] @ W^T (W^T as [OC,C]). */
 static void dinp_task(const mm_args_t *a, long task)
 {
+    if (a->ksplit) {
+        dinp_chunk_task(a, task);
+        return;
+    }
     int r0, c0, h, w;
     tile_at(&a->di, task, &r0, &c0, &h, &w);
     int C = a->C, OC = a->OC;
@@ -196,5 +241,16 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
     a.n_dw = dweight ? ntiles(&a.dw) : 0;
     a.n_di = dinp ? ntiles(&a.di) : 0;
     a.n_db = dbias ? ddp__ntasks((size_t)OC, MM_BIAS_COLS) : 0;
+    if (dinp && OC >= MM_KSPLIT_MIN) {
+        int ks = (OC + MM_KCHUNK - 1) / MM_KCHUNK;
+        size_t bytes = (size_t)ks * N * C * sizeof(float);
+        if (bytes <= MM_KSPLIT_BYTES) a.part = ddp__cpu_scratch(ctx, bytes);
+        if (a.part) {
+            a.ksplit = ks;
+            a.n_di = ks;
+        }
+    }
     ddp__pool_run(ctx->pool, a.n_dw + a.n_di + a.n_db, bwd_task, &a);
+    if (a.ksplit)
+        ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, MM_REDUCE_ROWS), dinp_reduce_task, &a);
 }

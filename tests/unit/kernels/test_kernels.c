@@ -217,6 +217,7 @@ static void test_matmul(void **state)
         check_matmul(67, 37, 150, (ddp_wlayout_t)layout, 0, 30);
         check_matmul(130, 90, 1100, (ddp_wlayout_t)layout, 1, 12); /* many tiles */
         check_matmul(5, 16, 4999, (ddp_wlayout_t)layout, 0, 12);   /* LM-head-like */
+        check_matmul(5, 16, 9001, (ddp_wlayout_t)layout, 1, 12);   /* dinp by split K */
     }
 }
 

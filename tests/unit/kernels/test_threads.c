@@ -66,6 +66,8 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     run_matmul(k, o, &r, 130, 90, 1100, DDP_W_IN_OUT);
     run_matmul(k, o, &r, 20, 48, 5000, DDP_W_OUT_IN);
     run_matmul(k, o, &r, 300, 70, 64, DDP_W_IN_OUT);
+    run_matmul(k, o, &r, 7, 24, 9001, DDP_W_OUT_IN); /* dinp by split K */
+    run_matmul(k, o, &r, 7, 24, 9001, DDP_W_IN_OUT);
 
     int N = 100, C = 300;
     size_t n = (size_t)N * C;
