@@ -21,24 +21,31 @@ typedef struct {
     float dloss;
 } xent_args_t;
 
-/* GCC vector extensions (portable across targets): eight lanes of the running maximum. gcc
- * does not vectorise a float max reduction by itself without -ffinite-math-only. */
-typedef float v8f_t __attribute__((vector_size(32)));
-typedef int32_t v8i_t __attribute__((vector_size(32)));
+/* GCC vector extensions (portable across targets) of the baseline SSE width, two accumulators:
+ * gcc does not vectorise a float max reduction by itself without -ffinite-math-only. */
+typedef float v4f_t __attribute__((vector_size(16)));
+typedef int32_t v4i_t __attribute__((vector_size(16)));
+
+static inline v4f_t vmax(v4f_t a, v4f_t b)
+{
+    v4i_t gt = a > b;
+    return (v4f_t)((gt & (v4i_t)a) | (~gt & (v4i_t)b));
+}
 
 static float row_max(const float *restrict x, int V)
 {
-    v8f_t acc;
-    for (int j = 0; j < XENT_LANES; j++) acc[j] = -INFINITY;
+    v4f_t acc0 = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, acc1 = acc0;
     int i = 0;
-    for (; i + XENT_LANES <= V; i += XENT_LANES) {
-        v8f_t v;
-        memcpy(&v, x + i, sizeof(v));
-        v8i_t gt = v > acc;
-        acc = (v8f_t)((gt & (v8i_t)v) | (~gt & (v8i_t)acc));
+    for (; i + 8 <= V; i += 8) {
+        v4f_t v0, v1;
+        memcpy(&v0, x + i, sizeof(v0));
+        memcpy(&v1, x + i + 4, sizeof(v1));
+        acc0 = vmax(v0, acc0);
+        acc1 = vmax(v1, acc1);
     }
-    float m = acc[0];
-    for (int j = 1; j < XENT_LANES; j++) m = acc[j] > m ? acc[j] : m;
+    acc0 = vmax(acc0, acc1);
+    float m = acc0[0];
+    for (int j = 1; j < 4; j++) m = acc0[j] > m ? acc0[j] : m;
     for (; i < V; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
