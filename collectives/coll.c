@@ -308,14 +308,22 @@ static int fill_ei(ddp_coll_t *c, int rc, ddp_errinfo_t *ei)
     return rc;
 }
 
-int ddp_coll_wait(ddp_coll_req_t *req, int64_t deadline_ns, ddp_errinfo_t *ei)
+int ddp_coll_wait_timed(ddp_coll_req_t *req, int64_t deadline_ns, int64_t *start_ns,
+                        int64_t *end_ns, ddp_errinfo_t *ei)
 {
     if (!req) return 0;
     ddp_coll_t *c = req->comm;
     int rc = c->ops->wait(c, req, deadline_ns);
     if (rc > 0) rc = 0;
+    if (start_ns) *start_ns = req->t_start;
+    if (end_ns) *end_ns = req->t_end;
     release(req);
     return fill_ei(c, rc, ei);
+}
+
+int ddp_coll_wait(ddp_coll_req_t *req, int64_t deadline_ns, ddp_errinfo_t *ei)
+{
+    return ddp_coll_wait_timed(req, deadline_ns, NULL, NULL, ei);
 }
 
 int ddp_coll_wait_all(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)

@@ -151,6 +151,10 @@ int ddp_coll_test(ddp_coll_req_t *req, int *done);
  * Returns 0 or the error; on error ei (may be NULL) gets the named message. An expired deadline
  * aborts the communicator (DDP_ETIMEDOUT naming the rank waited for). NULL req returns 0. */
 int ddp_coll_wait(ddp_coll_req_t *req, int64_t deadline_ns, ddp_errinfo_t *ei);
+/* ddp_coll_wait that also reports when the operation ran on the communication thread (absolute
+ * monotonic ns; 0 when it never started). start_ns/end_ns may be NULL. */
+int ddp_coll_wait_timed(ddp_coll_req_t *req, int64_t deadline_ns, int64_t *start_ns,
+                        int64_t *end_ns, ddp_errinfo_t *ei);
 /* Waits for and releases every request of c not yet waited for. */
 int ddp_coll_wait_all(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei);
 /* Blocks until every rank has entered the barrier, or deadline_ns. */

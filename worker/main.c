@@ -17,6 +17,7 @@
 #include "common/log.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
+#include "worker/export.h"
 #include "worker/train.h"
 
 static volatile sig_atomic_t stop_requested;
@@ -40,7 +41,7 @@ static void usage(FILE *out)
             "                      VALUE is read as JSON when it parses, else as a string)\n"
             "  --run-dir DIR       write metrics.jsonl there (default: $DDP_RUN_DIR)\n"
             "  --backend NAME      kernel backend: auto (default), cpu, cuda\n"
-            "  --dump-weights FILE write the final parameters (raw fp32, arena order)\n"
+            "  --dump-weights FILE write the final parameters as a safetensors file (HF names)\n"
             "  --quiet             no per-step lines\n"
             "  --selftest          compare every kernel backend present with the CPU one\n"
             "  --help, --version\n");
@@ -86,12 +87,6 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
     return rc;
 }
 
-static int env_int(const char *name, int fallback)
-{
-    const char *v = getenv(name);
-    return v && *v ? atoi(v) : fallback;
-}
-
 int main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER };
@@ -127,20 +122,21 @@ int main(int argc, char **argv)
         free(sets);
         return 2;
     }
-    opts.rank = env_int("DDP_RANK", 0);
-    opts.world = env_int("DDP_WORLD_SIZE", 1);
-    if (opts.world > 1) ddp_log_set_rank(opts.rank);
 
     ddp_errinfo_t ei;
     ddp_errinfo_clear(&ei);
     char msg[1024];
     ddp_spec_t spec;
     int rc = ddp_spec_load(&spec, argv[optind], &ei);
-    if (rc == 0) rc = apply_overrides(&spec, sets, n_sets, &ei);
+    const char *origin = argv[optind];
+    if (rc == 0) {
+        rc = apply_overrides(&spec, sets, n_sets, &ei);
+        origin = "--set";
+    }
     free(sets);
     if (rc) {
         fprintf(stderr, "ddp-worker: %s\n",
-                ei.msg[0] ? ddp_errinfo_str(&ei, msg, sizeof msg) : ddp_strerror(rc));
+                ei.msg[0] ? ddp_spec_errstr(&ei, origin, msg, sizeof msg) : ddp_strerror(rc));
         return 2;
     }
 
@@ -155,18 +151,8 @@ int main(int argc, char **argv)
         return rc == DDP_ESPEC ? 2 : 1;
     }
     rc = ddp_trainer_run(&t, &stop_requested, &ei);
-    if (rc == 0 && opts.dump_weights) {
-        float *host = ddp_malloc(t.model.n_params * sizeof(float));
-        FILE *f = fopen(opts.dump_weights, "wb");
-        rc = host && f ? 0 : DDP_EIO;
-        if (rc == 0)
-            rc = t.k.ops->memcpy_d2h(t.k.ctx, host, t.model.w, t.model.n_params * sizeof(float));
-        if (rc == 0 && fwrite(host, sizeof(float), t.model.n_params, f) != t.model.n_params)
-            rc = DDP_EIO;
-        if (f && fclose(f)) rc = DDP_EIO;
-        free(host);
-    }
-    if (rc == 0 && !stop_requested && opts.rank == 0 && spec.sample_tokens > 0) {
+    if (rc == 0 && opts.dump_weights) rc = ddp_gpt2_export(&t.model, opts.dump_weights, &ei);
+    if (rc == 0 && !t.any_stop && t.opts.rank == 0 && spec.sample_tokens > 0) {
         printf("--- sample (%d tokens) ---\n", spec.sample_tokens);
         rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
     }
@@ -178,7 +164,7 @@ int main(int argc, char **argv)
         if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
         fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
     }
-    int stopped = stop_requested;
+    int stopped = t.any_stop;
     ddp_trainer_close(&t);
     if (rc) return 1;
     return stopped ? 143 : 0;

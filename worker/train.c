@@ -10,6 +10,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/replicas.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg)
@@ -30,6 +31,47 @@ static int open_metrics(ddp_trainer_t *t)
     return 0;
 }
 
+/* Threads per rank when the spec says 0: the cores divided among this host's ranks. */
+static int default_threads(void)
+{
+    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
+    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int n = local ? atoi(local) : 1;
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 && cores / n > 0 ? cores / n : 1;
+}
+
+/* Joins the job's communicator: MPI under mpirun, else the environment rendezvous (a world of
+ * one when DDP_WORLD_SIZE is unset). */
+static int join_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_coll_bootstrap_t *bs = NULL;
+    int under_mpi = ddp_coll_under_mpi();
+    DDP_CHECK(under_mpi ? ddp_coll_bootstrap_mpi(&bs, ei) : ddp_coll_bootstrap_env(&bs, ei));
+    t->opts.rank = bs->rank;
+    t->opts.world = bs->size;
+    int rc = 0;
+    if (bs->size > 1) {
+        /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
+        const char *backend = t->spec.backend;
+        if (!strcmp(backend, "auto")) backend = strcmp(t->k.ops->name, "cuda") ? "ring" : "nccl";
+        ddp_coll_opts_t copts = {.backend = backend};
+        rc = ddp_coll_new(bs, &copts, &t->comm, ei);
+    }
+    ddp_coll_bootstrap_free(bs);
+    return rc;
+}
+
+/* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
+static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!t->comm) return 0;
+    ddp_coll_req_t *req;
+    DDP_CHECK(ddp_coll_broadcast(t->comm, t->model.w, t->model.n_params * sizeof(float), 0,
+                                 &req));
+    return ddp_coll_wait(req, 0, ei);
+}
+
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei)
 {
@@ -38,30 +80,47 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->opts = *opts;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
-
-    long per_pass = (long)s->micro_batch * s->seq_len * opts->world;
-    long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass;
-    if (gbt % per_pass) {
-        return ddp_errinfo_set(ei, DDP_ESPEC,
-                               "train.global_batch_tokens: %ld is not a multiple of micro_batch "
-                               "x seq_len x world size = %d x %d x %d",
-                               gbt, s->micro_batch, s->seq_len, opts->world);
-    }
-    t->accum = (int)(gbt / per_pass);
-
-    int threads = s->threads > 0 ? s->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = s->threads > 0 ? s->threads : default_threads();
     rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", 0, threads);
-    if (rc) return ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend,
-                                   ddp_strerror(rc));
+    if (rc) {
+        ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
+        goto fail;
+    }
+    DDP_CHECK_GOTO(join_world(t, ei), rc, fail);
+    int world = t->opts.world;
+    if (world > 1) ddp_log_set_rank(t->opts.rank);
+
+    long per_pass = (long)s->micro_batch * s->seq_len;
+    long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
+    if (gbt % (per_pass * world)) {
+        char sizes[256] = "";
+        size_t used = 0;
+        for (long w = 1; w <= gbt / per_pass && used < sizeof sizes - 16; w++)
+            if ((gbt / per_pass) % w == 0 && gbt % per_pass == 0)
+                used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld",
+                                         used ? ", " : "", w);
+        rc = ddp_errinfo_set(ei, DDP_ESPEC,
+                             "train.global_batch_tokens: %ld tokens cannot be split over %d "
+                             "rank(s) of micro_batch x seq_len = %d x %d; world sizes that "
+                             "divide it: %s",
+                             gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
+        goto fail;
+    }
+    t->accum = (int)(gbt / (per_pass * world));
+
     DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len), rc,
                    fail);
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
+    DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model), rc, fail);
     if (t->accum > 1)
         DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->acc,
                                        t->model.n_params * sizeof(float)),
                        rc, fail);
+    DDP_CHECK_GOTO(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
+                                    s->first_bucket_mb, s->bucket_mb, s->overlap),
+                   rc, fail);
 
     DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
@@ -72,15 +131,16 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                        rc, fail);
         t->have_val = 1;
     }
-    DDP_CHECK_GOTO(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, opts->rank,
-                                    opts->world, t->accum),
+    DDP_CHECK_GOTO(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, t->opts.rank,
+                                    world, t->accum),
                    rc, fail);
     DDP_CHECK_GOTO(open_metrics(t), rc, fail);
-    if (opts->rank == 0 && !opts->quiet)
+    if (t->opts.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
-                 "%s backend, %d threads; %d rank(s) x %d micro-step(s) x %d x %d tokens",
+                 "%s kernels, %d threads; %d rank(s)%s%s x %d micro-step(s) x %d x %d tokens",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
-                 (double)t->model.n_params / 1e6, t->k.ops->name, threads, opts->world,
+                 (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
+                 t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  t->accum, s->micro_batch, s->seq_len);
     return 0;
 fail:
@@ -95,14 +155,33 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_loader_stop(&t->loader);
     ddp_dataset_close(&t->train_set);
     ddp_dataset_close(&t->val_set);
+    ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         t->k.ops->free(t->k.ctx, t->acc);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
     }
     ddp_kernels_close(&t->k);
+    ddp_coll_free(t->comm);
     if (t->metrics) fclose(t->metrics);
     memset(t, 0, sizeof *t);
+}
+
+static void on_grads_ready(void *arg, size_t done)
+{
+    ddp_trainer_t *t = arg;
+    int rc = ddp_reducer_ready(&t->reducer, done);
+    if (rc && !t->ready_rc) t->ready_rc = rc;
+}
+
+/* Averages small per-step values over the ranks (in place). */
+static int allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
+                           ddp_errinfo_t *ei)
+{
+    if (!t->comm) return 0;
+    ddp_coll_req_t *req;
+    DDP_CHECK(ddp_coll_allreduce(t->comm, vals, (size_t)n, DDP_DT_F32, op, &req));
+    return ddp_coll_wait(req, 0, ei);
 }
 
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
@@ -111,18 +190,32 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     ddp_kernels_t *k = &t->k;
     size_t bytes = m->n_params * sizeof(float);
     double loss_sum = 0;
+    int64_t t0 = ddp_now_ns();
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
+        int last = micro == t->accum - 1;
         DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
         float l = 0;
         DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
         loss_sum += l;
-        DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
-        if (t->accum == 1) break;
-        if (micro == 0) DDP_CHECK(k->ops->memcpy_d2d(k->ctx, t->acc, m->g, bytes));
-        else if (micro < t->accum - 1) DDP_K(k, add, t->acc, m->g, m->n_params);
-        else DDP_K(k, add, m->g, t->acc, m->n_params); /* g = g_last + (g0 + ... ) */
+        if (!last) {
+            /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
+            DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
+            if (micro == 0) DDP_CHECK(k->ops->memcpy_d2d(k->ctx, t->acc, m->g, bytes));
+            else DDP_K(k, add, t->acc, m->g, m->n_params);
+            continue;
+        }
+        /* the last micro-step: each finished slice gets acc added and starts its all-reduce */
+        ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
+        t->ready_rc = 0;
+        DDP_CHECK(ddp_gpt2_backward(m, on_grads_ready, t));
     }
+    int64_t t1 = ddp_now_ns();
+    int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
+    if (!rc) rc = t->ready_rc;
+    if (rc) return rc;
+    t->compute_ms = (double)(t1 - t0) / 1e6;
+
     float grad_scale = 1.0f / (float)(t->accum * t->opts.world);
     double norm = 0;
     DDP_CHECK(ddp_grad_norm(m, grad_scale, &norm));
@@ -133,28 +226,35 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm));
     t->step++;
     t->tokens += (uint64_t)t->accum * t->opts.world * t->spec.micro_batch * t->spec.seq_len;
-    *loss = (float)(loss_sum / t->accum);
+    /* the mean loss over ranks, and whether any rank was asked to stop (all stop together) */
+    float vals[2] = {(float)(loss_sum / t->accum), t->stop_requested ? 1.0f : 0.0f};
+    DDP_CHECK(allreduce_small(t, vals, 2, DDP_OP_SUM, ei));
+    *loss = vals[0] / (float)t->opts.world;
+    t->any_stop = vals[1] > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
     return 0;
 }
 
-int ddp_trainer_validate(ddp_trainer_t *t, float *loss)
+int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
 {
     int B = t->spec.micro_batch, T = t->spec.seq_len;
     size_t n = (size_t)B * T;
     int32_t *in = ddp_malloc(n * sizeof *in), *tg = ddp_malloc(n * sizeof *tg);
     int rc = (in && tg) ? 0 : DDP_ENOMEM;
-    double sum = 0;
-    for (int b = 0; rc == 0 && b < t->spec.val_batches; b++) {
+    /* rank r evaluates batches r, r + W, ...; the sums and counts are then added up */
+    float sums[2] = {0, 0};
+    for (int b = t->opts.rank; rc == 0 && b < t->spec.val_batches; b += t->opts.world) {
         float l = 0;
-        rc = ddp_dataset_fill(&t->val_set, (uint64_t)b * B, B, 0, in, tg, NULL);
+        rc = ddp_dataset_fill(&t->val_set, (uint64_t)b * B, B, 0, in, tg, ei);
         if (rc == 0) rc = ddp_gpt2_forward(&t->model, in, tg, B, T, &l);
-        sum += l;
+        sums[0] += l;
+        sums[1] += 1;
     }
     free(in);
     free(tg);
-    if (rc == 0) *loss = t->last_val_loss = (float)(sum / t->spec.val_batches);
+    if (rc == 0) rc = allreduce_small(t, sums, 2, DDP_OP_SUM, ei);
+    if (rc == 0) *loss = t->last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
     return rc;
 }
 
@@ -204,18 +304,28 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
 static void log_step(ddp_trainer_t *t, float loss, double ms)
 {
     const ddp_spec_t *s = &t->spec;
+    const ddp_reducer_stats_t *c = &t->comm_stats;
     double tok = (double)t->accum * t->opts.world * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
     double lr = ddp_lr_at(s, t->step - 1);
-    if (!t->opts.quiet && (t->step % s->log_every == 0 || t->step == s->steps))
-        DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms",
-                 t->step, s->steps, loss, lr, t->last_norm, tps, ms);
+    if (t->opts.rank == 0 && !t->opts.quiet &&
+        (t->step % s->log_every == 0 || t->step == s->steps)) {
+        if (t->comm)
+            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
+                     "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden",
+                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms,
+                     c->comm_ms, c->exposed_ms, 100.0 * c->hidden);
+        else
+            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms",
+                     t->step, s->steps, loss, lr, t->last_norm, tps, ms);
+    }
     if (t->metrics) {
         fprintf(t->metrics,
                 "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
-                "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"tokens\":%llu}\n",
-                t->step, s->steps, loss, lr, t->last_norm, tps, ms,
-                (unsigned long long)t->tokens);
+                "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
+                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"tokens\":%llu,\"world\":%d}\n",
+                t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
+                c->exposed_ms, c->hidden, (unsigned long long)t->tokens, t->opts.world);
         fflush(t->metrics);
     }
 }
@@ -223,14 +333,17 @@ static void log_step(ddp_trainer_t *t, float loss, double ms)
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
-    while (t->step < s->steps && !(stop && *stop)) {
+    while (t->step < s->steps && !t->any_stop) {
+        t->stop_requested = stop && *stop;
         int64_t t0 = ddp_now_ns();
         float loss = 0;
         DDP_CHECK(ddp_trainer_step(t, &loss, ei));
         log_step(t, loss, (double)(ddp_now_ns() - t0) / 1e6);
+        if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
+            DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
         if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
             float vl = 0;
-            DDP_CHECK(ddp_trainer_validate(t, &vl));
+            DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
             if (t->opts.rank == 0 && !t->opts.quiet)
                 DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
             if (t->metrics) {

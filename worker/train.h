@@ -12,18 +12,20 @@
 #include <signal.h>
 #include <stdio.h>
 
+#include "collectives/coll.h"
 #include "common/rng.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 #include "worker/data.h"
 #include "worker/gpt2.h"
 #include "worker/optim.h"
+#include "worker/reducer.h"
 
 typedef struct ddp_train_opts {
     const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
     const char *dump_weights; /* write the final parameter arena (raw fp32) here; NULL = no */
     const char *backend;      /* kernel backend name ("auto") */
-    int rank, world;          /* this process's place in the job */
+    int rank, world;          /* filled in by ddp_trainer_init from the bootstrap */
     int quiet;                /* no step lines (tests) */
 } ddp_train_opts_t;
 
@@ -36,6 +38,13 @@ typedef struct ddp_trainer {
     ddp_dataset_t train_set, val_set;
     int have_val;
     ddp_loader_t loader;
+    ddp_coll_t *comm;         /* NULL in a world of one */
+    ddp_reducer_t reducer;
+    ddp_reducer_stats_t comm_stats; /* of the last step */
+    double compute_ms;        /* forward + backward of the last step */
+    int ready_rc;             /* first error from the reducer inside backward */
+    int stop_requested;       /* this rank was asked to stop (signal) */
+    int any_stop;             /* some rank was: every rank stops after this step */
     ddp_rng_t rng;
     int accum;        /* micro-steps per optimizer step on this rank */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
@@ -46,8 +55,9 @@ typedef struct ddp_trainer {
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
 } ddp_trainer_t;
 
-/* Opens the backend, builds and initialises the model and optimizer, opens the data and
- * starts the loader. On failure returns a negative code with ei describing it (which file,
+/* Joins the world (MPI under mpirun, else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN, else
+ * a world of one), opens the kernel backend, builds the model (rank 0's initial weights are
+ * broadcast to all), the optimizer and the reducer, opens the data and starts the loader. On failure returns a negative code with ei describing it (which file,
  * which field). */
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei);
@@ -56,8 +66,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
 /* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
-/* Mean validation loss over spec.val_batches micro-batches. */
-int ddp_trainer_validate(ddp_trainer_t *t, float *loss);
+/* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
+int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 /* Samples n tokens after a start token with the trainer's rng and writes them as text
  * (vocab 256: bytes) or token ids to out. */
 int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);

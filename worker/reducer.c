@@ -1,0 +1,113 @@
+/* Bucketed, overlapped gradient all-reduce (see reducer.h). */
+#include "reducer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+
+int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
+                     size_t n, double first_bucket_mb, double bucket_mb, int overlap)
+{
+    memset(r, 0, sizeof *r);
+    r->comm = comm;
+    r->k = k;
+    r->arena = arena;
+    r->n = n;
+    r->overlap = overlap;
+    size_t first = (size_t)(first_bucket_mb * 1048576.0 / sizeof(float));
+    size_t rest = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
+    if (first == 0) first = 1;
+    if (rest == 0) rest = 1;
+    int count = 0;
+    for (size_t end = 0; end < n; count++) end += count == 0 ? first : rest;
+    r->bucket_end = ddp_calloc((size_t)count + 1, sizeof *r->bucket_end);
+    r->reqs = ddp_calloc((size_t)count + 1, sizeof *r->reqs);
+    r->times = ddp_calloc((size_t)count + 1, sizeof *r->times);
+    if (!r->bucket_end || !r->reqs || !r->times) {
+        ddp_reducer_close(r);
+        return DDP_ENOMEM;
+    }
+    size_t end = 0;
+    for (int b = 0; b < count; b++) {
+        end += b == 0 ? first : rest;
+        r->bucket_end[b] = end < n ? end : n;
+    }
+    r->n_buckets = count;
+    return 0;
+}
+
+void ddp_reducer_close(ddp_reducer_t *r)
+{
+    if (!r) return;
+    free(r->bucket_end);
+    free(r->reqs);
+    free(r->times);
+    memset(r, 0, sizeof *r);
+}
+
+void ddp_reducer_begin(ddp_reducer_t *r, const float *acc)
+{
+    r->acc = acc;
+    r->ready_upto = 0;
+    r->next = 0;
+    memset(r->times, 0, (size_t)r->n_buckets * sizeof *r->times);
+}
+
+/* Adds acc into the newly final part of the arena and starts complete buckets. */
+static int advance(ddp_reducer_t *r, size_t done, int submit)
+{
+    if (done > r->n) done = r->n;
+    if (done > r->ready_upto) {
+        if (r->acc)
+            DDP_K(r->k, add, r->arena + r->ready_upto, r->acc + r->ready_upto,
+                  done - r->ready_upto);
+        r->ready_upto = done;
+    }
+    int64_t now = ddp_now_ns();
+    for (int b = r->next; b < r->n_buckets && r->bucket_end[b] <= done; b++)
+        if (!r->times[b].ready) r->times[b].ready = now;
+    if (!submit) return 0;
+    while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
+        int b = r->next;
+        size_t begin = b ? r->bucket_end[b - 1] : 0;
+        DDP_CHECK(ddp_coll_allreduce(r->comm, r->arena + begin, r->bucket_end[b] - begin,
+                                     DDP_DT_F32, DDP_OP_SUM, &r->reqs[b]));
+        r->next++;
+    }
+    return 0;
+}
+
+int ddp_reducer_ready(ddp_reducer_t *r, size_t done)
+{
+    return advance(r, done, r->overlap && r->comm);
+}
+
+int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei)
+{
+    r->backward_end = ddp_now_ns();
+    int rc = advance(r, r->n, r->comm != NULL);
+    int64_t wait_begin = ddp_now_ns();
+    for (int b = 0; b < r->next; b++) {
+        int one = ddp_coll_wait_timed(r->reqs[b], 0, &r->times[b].start, &r->times[b].end, ei);
+        r->reqs[b] = NULL;
+        if (one && !rc) rc = one;
+    }
+    int64_t wait_end = ddp_now_ns();
+    if (stats) {
+        /* Busy time of the communication thread over the step's buckets: the union of their
+         * [start, end) intervals (they run one after another). */
+        int64_t busy = 0, last_end = 0;
+        for (int b = 0; b < r->next; b++) {
+            int64_t s = r->times[b].start > last_end ? r->times[b].start : last_end;
+            if (r->times[b].end > s) busy += r->times[b].end - s;
+            if (r->times[b].end > last_end) last_end = r->times[b].end;
+        }
+        stats->comm_ms = (double)busy / 1e6;
+        stats->exposed_ms = (double)(wait_end - wait_begin) / 1e6;
+        stats->hidden = busy > 0 ? 1.0 - (double)(wait_end - wait_begin) / (double)busy : 1.0;
+        if (stats->hidden < 0) stats->hidden = 0;
+    }
+    return rc;
+}

@@ -1,0 +1,20 @@
+/* Replica consistency: every rank must hold bitwise the same parameters.
+ *
+ * Each rank hashes every parameter tensor; rank 0's hashes are broadcast; each rank compares
+ * and the verdicts are summed over the ranks, so every rank learns which ranks differ and the
+ * first tensor where they do, and all stop with the same error.
+ */
+#ifndef DDP_WORKER_REPLICAS_H
+#define DDP_WORKER_REPLICAS_H
+
+#include "collectives/coll.h"
+#include "worker/gpt2.h"
+
+/* Collective. Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
+ * first differing tensor when not, or a communication error. */
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t *ei);
+
+/* 64-bit FNV-1a over the bytes of one tensor (host memory). */
+uint64_t ddp_tensor_hash(const float *x, size_t n);
+
+#endif
