@@ -3,6 +3,7 @@
  * the same id). Compiled to a stub returning DDP_ENOTSUP when built without MPI.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "collectives/coll_impl.h"
@@ -35,12 +36,22 @@ static const ddp_coll_bootstrap_ops_t mpi_bs_ops = {
     .free = mpi_bs_free,
 };
 
+/* MPI requires MPI_Finalize before a process that called MPI_Init exits; mpirun reports an
+ * abnormal termination otherwise. Registered when this bootstrap initialises MPI. */
+static void finalize_at_exit(void)
+{
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+}
+
 int ddp_coll_bootstrap_mpi(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei)
 {
     if (!out) return DDP_EINVAL;
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
+        atexit(finalize_at_exit);
         int provided = 0;
         /* the mpi backend calls MPI from its communication thread only */
         if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)

@@ -26,6 +26,9 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t 
     int rc = (mine && root && host && verdict) ? 0 : DDP_ENOMEM;
     if (rc == 0) rc = k->ops->memcpy_d2h(k->ctx, host, model->w, model->n_params * sizeof(float));
     if (rc == 0) rc = k->ops->sync(k->ctx);
+    /* Test hook: the named rank hashes a copy with one flipped bit, as if its replica drifted. */
+    const char *flip = getenv("DDP_TEST_REPLICA_FLIP_RANK");
+    if (rc == 0 && flip && atoi(flip) == rank) ((uint32_t *)host)[0] ^= 1u;
     for (int i = 0; rc == 0 && i < n; i++)
         mine[i] = ddp_tensor_hash(host + model->params[i].offset, model->params[i].numel);
     if (rc == 0) {
