@@ -5,15 +5,16 @@
  *           dbias[OC] += colsum(dout).
  * OpenBLAS runs single-threaded (cpu_init sets it); each product is cut into tiles of its OUTPUT
  * and each tile is one sgemm task, so BLAS shares the one pool with the element ops and nothing
- * spins. The reduction dimension K is never split: every output element is one sgemm dot product,
- * and the tiling depends on the shapes only, so results are bitwise identical for any thread
- * count. For the tied LM head (OC = V large) the forward and dweight tiles cut V.
+ * spins. Apart from the split-K case below, the reduction dimension K is not split: every output
+ * element is one sgemm dot product, and the tiling depends on the shapes only, so results are
+ * bitwise identical for any thread count. For the tied LM head (OC = V large) the forward and dweight tiles cut V.
  * One backward call runs its dinp, dweight and dbias tasks as one batch for load balance.
  * Split K, the one exception: the LM head's dinp [N,C] = dout [N,V] @ wte [V,C] is small and its
  * reduction V long, so output tiles would re-read dout and wte many times; instead it is cut
  * into K chunks of MM_KCHUNK whose products go to scratch and are then added in chunk order
  * (a fixed order, so still thread-independent). Used only while the partials fit in
- * MM_KSPLIT_BYTES; otherwise, or when scratch cannot be had, output tiles as above.
+ * MM_KSPLIT_BYTES; otherwise output tiles as above (also when scratch cannot be allocated: the
+ * result is then correct but rounded differently, the one case that depends on more than shape).
  */
 #include "kernels/cpu/cpu.h"
 
