@@ -7,7 +7,8 @@
  * and each tile is one sgemm task, so BLAS shares the one pool with the element ops and nothing
  * spins. Apart from the split-K case below, the reduction dimension K is not split: every output
  * element is one sgemm dot product, and the tiling depends on the shapes only, so results are
- * bitwise identical for any thread count. For the tied LM head (OC = V large) the forward and dweight tiles cut V.
+ * bitwise identical for any thread count. For the tied LM head (OC = V large) the forward and
+ * dweight tiles cut V.
  * One backward call runs its dinp, dweight and dbias tasks as one batch for load balance.
  * Split K, the one exception: the LM head's dinp [N,C] = dout [N,V] @ wte [V,C] is small and its
  * reduction V long, so output tiles would re-read dout and wte many times; instead it is cut
