@@ -4,7 +4,8 @@
  *   ddp-worker --selftest
  *
  * Exit codes: 0 done, 1 training error, 2 bad usage or spec, 143 stopped by SIGTERM/SIGINT
- * after finishing the current step.
+ * after finishing the current step (and saving a checkpoint when checkpoint.dir is set).
+ * With checkpoint.dir, a run resumes from the newest verified checkpoint there.
  */
 #include <getopt.h>
 #include <jansson.h>
@@ -42,6 +43,10 @@ static void usage(FILE *out)
             "  --run-dir DIR       write metrics.jsonl there (default: $DDP_RUN_DIR)\n"
             "  --backend NAME      kernel backend: auto (default), cpu, cuda\n"
             "  --dump-weights FILE write the final parameters as a safetensors file (HF names)\n"
+            "  --resume-step N     resume from checkpoint step N of checkpoint.dir (default: the\n"
+            "                      newest one that verifies, when there is one)\n"
+            "  --no-resume         start at step 0 even when checkpoint.dir holds checkpoints\n"
+            "  --stop-at-step N    stop after step N (saving a checkpoint), as if interrupted\n"
             "  --quiet             no per-step lines\n"
             "  --selftest          compare every kernel backend present with the CPU one\n"
             "  --help, --version\n");
@@ -89,13 +94,17 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
 
 int main(int argc, char **argv)
 {
-    enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER };
+    enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
+           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT };
     static const struct option long_opts[] = {
         {"set", required_argument, NULL, OPT_SET},
         {"run-dir", required_argument, NULL, OPT_RUN_DIR},
         {"backend", required_argument, NULL, OPT_BACKEND},
         {"dump-weights", required_argument, NULL, OPT_DUMP},
         {"quiet", no_argument, NULL, OPT_QUIET},
+        {"resume-step", required_argument, NULL, OPT_RESUME_STEP},
+        {"no-resume", no_argument, NULL, OPT_NO_RESUME},
+        {"stop-at-step", required_argument, NULL, OPT_STOP_AT},
         {"selftest", no_argument, NULL, OPT_SELFTEST},
         {"version", no_argument, NULL, OPT_VER},
         {"help", no_argument, NULL, 'h'},
@@ -111,6 +120,19 @@ int main(int argc, char **argv)
         case OPT_BACKEND: opts.backend = optarg; break;
         case OPT_DUMP: opts.dump_weights = optarg; break;
         case OPT_QUIET: opts.quiet = 1; break;
+        case OPT_RESUME_STEP: {
+            char *end = NULL;
+            opts.resume_step = strtol(optarg, &end, 10);
+            if (!*optarg || *end || opts.resume_step <= 0) {
+                fprintf(stderr, "ddp-worker: --resume-step: expected a step >= 1, got '%s'\n",
+                        optarg);
+                free(sets);
+                return 2;
+            }
+            break;
+        }
+        case OPT_NO_RESUME: opts.no_resume = 1; break;
+        case OPT_STOP_AT: opts.stop_at_step = atol(optarg); break;
         case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
         case OPT_VER: printf("ddp-worker 0.1.0\n"); free(sets); return 0;
         case 'h': usage(stdout); free(sets); return 0;

@@ -10,6 +10,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "worker/ckpt_glue.h"
 #include "worker/replicas.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
@@ -89,6 +90,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(join_world(t, ei), rc, fail);
     int world = t->opts.world;
     if (world > 1) ddp_log_set_rank(t->opts.rank);
+    DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
 
     long per_pass = (long)s->micro_batch * s->seq_len;
     long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
@@ -112,8 +114,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                    fail);
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
-    DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model), rc, fail);
+    int resumed = 0; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_tckpt_start(t, &resumed, ei), rc, fail);
+    if (!resumed) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     if (t->accum > 1)
         DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->acc,
                                        t->model.n_params * sizeof(float)),
@@ -152,6 +156,7 @@ fail:
 void ddp_trainer_close(ddp_trainer_t *t)
 {
     if (!t) return;
+    ddp_tckpt_close(t);
     ddp_loader_stop(&t->loader);
     ddp_dataset_close(&t->train_set);
     ddp_dataset_close(&t->val_set);
@@ -223,12 +228,16 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         return ddp_errinfo_set(ei, DDP_ENUMERIC, "step %ld: gradient norm is %f", t->step + 1,
                                norm);
     double lr = ddp_lr_at(&t->spec, t->step);
+    DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
     DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm));
     t->step++;
     t->tokens += (uint64_t)t->accum * t->opts.world * t->spec.micro_batch * t->spec.seq_len;
-    /* the mean loss over ranks, and whether any rank was asked to stop (all stop together) */
-    float vals[2] = {(float)(loss_sum / t->accum), t->stop_requested ? 1.0f : 0.0f};
-    DDP_CHECK(allreduce_small(t, vals, 2, DDP_OP_SUM, ei));
+    /* the mean loss over ranks, whether any rank was asked to stop (all stop together), and
+     * how many checkpoint writers have their shards durable / failed */
+    float vals[4] = {(float)(loss_sum / t->accum), t->stop_requested ? 1.0f : 0.0f, 0, 0};
+    ddp_tckpt_vote(t, vals + 2);
+    DDP_CHECK(allreduce_small(t, vals, 4, DDP_OP_SUM, ei));
+    DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
     *loss = vals[0] / (float)t->opts.world;
     t->any_stop = vals[1] > 0;
     t->last_loss = *loss;
@@ -333,7 +342,8 @@ static void log_step(ddp_trainer_t *t, float loss, double ms)
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
-    while (t->step < s->steps && !t->any_stop) {
+    long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
+    while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
         t->stop_requested = stop && *stop;
         int64_t t0 = ddp_now_ns();
         float loss = 0;
@@ -351,6 +361,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
                 fflush(t->metrics);
             }
         }
+        DDP_CHECK(ddp_tckpt_after_step(t, ei));
     }
-    return 0;
+    return ddp_tckpt_finish(t, ei);
 }

@@ -27,7 +27,12 @@ typedef struct ddp_train_opts {
     const char *backend;      /* kernel backend name ("auto") */
     int rank, world;          /* filled in by ddp_trainer_init from the bootstrap */
     int quiet;                /* no step lines (tests) */
+    int no_resume;            /* ignore checkpoints already in checkpoint.dir */
+    long resume_step;         /* > 0: resume from exactly step-N; 0: the newest that verifies */
+    long stop_at_step;        /* > 0: stop (and checkpoint) once this many steps are done */
 } ddp_train_opts_t;
+
+struct ddp_tckpt; /* checkpoint state of a run (worker/ckpt_glue.c) */
 
 typedef struct ddp_trainer {
     ddp_spec_t spec;
@@ -53,16 +58,20 @@ typedef struct ddp_trainer {
     FILE *metrics;    /* rank 0's metrics.jsonl, or NULL */
     float last_loss, last_val_loss;
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
+    struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
 } ddp_trainer_t;
 
 /* Joins the world (MPI under mpirun, else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN, else
  * a world of one), opens the kernel backend, builds the model (rank 0's initial weights are
- * broadcast to all), the optimizer and the reducer, opens the data and starts the loader. On failure returns a negative code with ei describing it (which file,
+ * broadcast to all, or model.init_from's), the optimizer and the reducer, resumes from the
+ * newest verified checkpoint in checkpoint.dir (unless opts says otherwise), opens the data and
+ * starts the loader. On failure returns a negative code with ei describing it (which file,
  * which field). */
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei);
 /* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
- * steps; may be set by a signal handler). Returns 0 or the first error. */
+ * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and
+ * at the end (also when stopped). Returns 0 or the first error. */
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
 /* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);

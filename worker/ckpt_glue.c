@@ -1,0 +1,612 @@
+/* Trainer <-> checkpoint glue (see ckpt_glue.h).
+ *
+ * Invariants:
+ * - While `helper_running`, the helper thread owns the saver and reads the arenas; the training
+ *   thread touches neither the saver nor the parameters/moments until ddp_tckpt_before_update
+ *   has joined it (every path that could reach the saver joins first).
+ * - `pending` (striped writers only) is set and cleared at the same step on every rank: set when
+ *   a save starts, cleared when the all-reduced votes say every writer reported, or in a
+ *   blocking settle that every rank enters at the same point.
+ */
+#include "worker/ckpt_glue.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "worker/checkpoint/checkpoint.h"
+
+struct ddp_tckpt {
+    int have_found;
+    ddp_ckpt_found_t found;
+    ddp_ckpt_saver_t *saver; /* on writing ranks only */
+    int writers;             /* min(checkpoint.writers, world) */
+    ddp_ckpt_tensor_t *model_t, *optim_t;
+    size_t n_model, n_optim;
+    char *names;   /* storage of the optimizer tensor names */
+    char *config;  /* config.json text, built once */
+    char *trainer; /* trainer.json of the save being snapshotted */
+    ddp_ckpt_state_t state;
+    pthread_t helper;
+    int helper_running, helper_rc;
+    long helper_step;
+    double helper_ms;
+    ddp_errinfo_t helper_ei;
+    long last_saved; /* step of the last save started; -1 */
+    int pending, reported, report_rc;
+    int commit_rc; /* first failed commit/save, for finish */
+    ddp_tckpt_stats_t stats;
+};
+
+static double ms_since(int64_t t0) { return (double)(ddp_now_ns() - t0) / 1e6; }
+
+/* Copy hooks for device arenas; on the CPU backend the arenas are host memory (NULL: memcpy,
+ * which also keeps the helper thread away from the backend context). */
+static int copy_d2h(void *dst, const void *src, size_t n, void *ctx)
+{
+    ddp_kernels_t *k = ctx;
+    int rc = k->ops->memcpy_d2h(k->ctx, dst, src, n);
+    return rc ? rc : k->ops->sync(k->ctx);
+}
+
+static int copy_h2d(void *dst, const void *src, size_t n, void *ctx)
+{
+    ddp_kernels_t *k = ctx;
+    int rc = k->ops->memcpy_h2d(k->ctx, dst, src, n);
+    return rc ? rc : k->ops->sync(k->ctx);
+}
+
+static int on_cpu(const ddp_trainer_t *t) { return !strcmp(t->k.ops->name, "cpu"); }
+
+/* Tensor lists over the arenas: model[n_tensors] and, when opt has moments, optim[2 n_tensors]
+ * ("exp_avg.*" then "exp_avg_sq.*"). *names owns the optimizer names. */
+static int build_lists(ddp_trainer_t *t, ddp_ckpt_tensor_t **model, ddp_ckpt_tensor_t **optim,
+                       char **names)
+{
+    const ddp_gpt2_t *m = &t->model;
+    size_t n = (size_t)m->n_tensors;
+    *model = ddp_calloc(n, sizeof **model);
+    *optim = t->opt.m ? ddp_calloc(2 * n, sizeof **optim) : NULL;
+    *names = t->opt.m ? ddp_malloc(2 * n * (DDP_GPT2_NAME_MAX + 16)) : NULL;
+    if (!*model || (t->opt.m && (!*optim || !*names))) return DDP_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const ddp_param_desc_t *p = &m->params[i];
+        ddp_ckpt_tensor_t d = {.name = p->name, .dtype = DDP_ST_F32, .ndim = p->ndim,
+                               .shape = {p->shape[0], p->shape[1]},
+                               .nbytes = p->numel * sizeof(float)};
+        d.data = m->w + p->offset;
+        (*model)[i] = d;
+        if (!t->opt.m) continue;
+        for (int mo = 0; mo < 2; mo++) {
+            char *nm = *names + (mo * n + i) * (DDP_GPT2_NAME_MAX + 16);
+            ddp_ckpt_optim_name(nm, DDP_GPT2_NAME_MAX + 16, mo ? "exp_avg_sq" : "exp_avg",
+                                p->name);
+            d.name = nm;
+            d.data = (mo ? t->opt.v : t->opt.m) + p->offset;
+            (*optim)[mo * n + i] = d;
+        }
+    }
+    return 0;
+}
+
+char *ddp_tckpt_config_json(const ddp_model_cfg_t *cfg)
+{
+    /* the start token of sampling: newline for byte-level models, <|endoftext|> for BPE */
+    int eot = cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
+    json_t *o = json_pack(
+        "{s:[s], s:s, s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i, s:i, s:i, s:n, s:i, s:i, "
+        "s:i, s:b, s:b, s:b, s:s, s:s}",
+        "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "activation_function",
+        "gelu_new", "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0, "bos_token_id",
+        eot, "eos_token_id", eot, "initializer_range", 0.02, "layer_norm_epsilon", 1e-5, "n_ctx",
+        cfg->block_size, "n_embd", cfg->n_embd, "n_head", cfg->n_head, "n_inner", "n_layer",
+        cfg->n_layer, "n_positions", cfg->block_size, "vocab_size", cfg->vocab_size,
+        "tie_word_embeddings", 1, "scale_attn_weights", 1, "use_cache", 1, "torch_dtype",
+        "float32", "transformers_version", "4.40.0");
+    if (!o) return NULL;
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    char *out = text ? ddp_strdup(text) : NULL;
+    free(text);
+    return out;
+}
+
+static long global_sequences(const ddp_trainer_t *t)
+{
+    return (long)t->accum * t->opts.world * t->spec.micro_batch;
+}
+
+/* trainer.json for the trainer's state now (ddp_malloc'd). */
+static char *trainer_json(const ddp_trainer_t *t)
+{
+    char rng[4][24];
+    for (int i = 0; i < 4; i++) snprintf(rng[i], sizeof rng[i], "0x%016" PRIx64, t->rng.s[i]);
+    char *spec_text = ddp_spec_to_json(&t->spec);
+    json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
+    free(spec_text);
+    long G = global_sequences(t);
+    json_t *o = json_pack(
+        "{s:s, s:I, s:I, s:{s:I, s:f, s:f, s:I, s:I, s:s}, s:{s:I}, s:[s,s,s,s], "
+        "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:f, s:o*}",
+        "format", "ddpd-trainer-1", "step", (json_int_t)t->step, "tokens",
+        (json_int_t)t->tokens, "schedule", "step", (json_int_t)t->step, "lr_at_step",
+        ddp_lr_at(&t->spec, t->step), "lr_last", ddp_lr_at(&t->spec, t->step ? t->step - 1 : 0),
+        "warmup", (json_int_t)t->spec.warmup, "steps", (json_int_t)t->spec.steps, "kind",
+        t->spec.schedule == DDP_SCHED_COSINE ? "cosine" : "constant", "adamw", "t",
+        (json_int_t)t->opt.t, "rng", rng[0], rng[1], rng[2], rng[3], "data", "cursor",
+        (json_int_t)((int64_t)t->step * G), "global_batch_sequences", (json_int_t)G, "seed",
+        (json_int_t)t->spec.seed, "world_size", t->opts.world, "accum", t->accum,
+        "global_batch_tokens", (json_int_t)G * t->spec.seq_len, "loss_scale", 1.0, "last_loss",
+        (double)t->last_loss, "spec", spec);
+    if (!o) return NULL;
+    char *text = json_dumps(o, JSON_INDENT(2));
+    json_decref(o);
+    char *out = text ? ddp_strdup(text) : NULL;
+    free(text);
+    return out;
+}
+
+/* Reads a small text file whole (ddp_malloc'd, NUL-terminated). */
+static int read_text(const char *path, char **out, ddp_errinfo_t *ei)
+{
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int rc = -errno;
+        return ddp_errinfo_set(ei, rc, "cannot open %s: %s", path, strerror(-rc));
+    }
+    size_t cap = 4096, len = 0;
+    char *buf = ddp_malloc(cap);
+    while (buf) {
+        size_t n = fread(buf + len, 1, cap - len - 1, f);
+        len += n;
+        if (len < cap - 1) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    fclose(f);
+    if (!buf) return ddp_errinfo_set(ei, DDP_ENOMEM, "reading %s: out of memory", path);
+    buf[len] = 0;
+    *out = buf;
+    return 0;
+}
+
+static json_t *load_json_file(const char *dir, const char *name, ddp_errinfo_t *ei, int *rc)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    char *text = NULL;
+    *rc = read_text(path, &text, ei);
+    if (*rc) return NULL;
+    json_error_t jerr;
+    json_t *o = json_loads(text, 0, &jerr);
+    free(text);
+    if (!o || !json_is_object(o)) {
+        json_decref(o);
+        *rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: not a JSON object (%s)", path, jerr.text);
+    }
+    return o;
+}
+
+static json_int_t get_int(json_t *o, const char *key, json_int_t dflt)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_integer(v) ? json_integer_value(v) : dflt;
+}
+
+int ddp_tckpt_prepare(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!t->spec.ckpt_dir[0]) return 0;
+    struct ddp_tckpt *c = ddp_calloc(1, sizeof *c);
+    if (!c) return DDP_ENOMEM;
+    t->ckpt = c;
+    c->last_saved = -1;
+    if (t->opts.no_resume) {
+        if (t->opts.rank == 0) DDP_INFO("checkpoint: not resuming (--no-resume)");
+        return 0;
+    }
+    ddp_errinfo_t fei;
+    ddp_errinfo_clear(&fei);
+    int named = t->opts.resume_step > 0;
+    int rc = ddp_ckpt_find(t->spec.ckpt_dir, named ? t->opts.resume_step : -1, &c->found, &fei);
+    if (rc && !named && (rc == DDP_ENOTFOUND || rc == -ENOENT)) {
+        if (t->opts.rank == 0)
+            DDP_INFO("checkpoint: nothing to resume under %s (%s); starting at step 0",
+                     t->spec.ckpt_dir, fei.msg[0] ? fei.msg : ddp_strerror(rc));
+        return 0;
+    }
+    if (rc) {
+        if (ei) *ei = fei;
+        if (ei && !ei->msg[0])
+            ddp_errinfo_set(ei, rc, "checkpoint: cannot resume from %s: %s", t->spec.ckpt_dir,
+                            ddp_strerror(rc));
+        return rc;
+    }
+    c->have_found = 1;
+    json_t *tj = load_json_file(c->found.path, "trainer.json", ei, &rc);
+    if (!tj) return rc;
+    json_int_t gbt = get_int(tj, "global_batch_tokens", 0);
+    if (t->spec.global_batch_tokens == 0 && gbt > 0) {
+        t->spec.global_batch_tokens = (long)gbt;
+        if (t->opts.rank == 0 && get_int(tj, "world_size", 0) != t->opts.world)
+            DDP_INFO("checkpoint: keeping the checkpoint's global batch of %lld tokens "
+                     "(saved by %lld rank(s), now %d)",
+                     (long long)gbt, (long long)get_int(tj, "world_size", 0), t->opts.world);
+    }
+    json_decref(tj);
+    return 0;
+}
+
+/* Checks the checkpoint's config.json against the model this run builds. */
+static int check_config(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    int rc = 0;
+    json_t *cj = load_json_file(t->ckpt->found.path, "config.json", ei, &rc);
+    if (!cj) return rc;
+    const ddp_model_cfg_t *m = &t->spec.model;
+    struct { const char *key; long want; } f[] = {
+        {"n_layer", m->n_layer},       {"n_head", m->n_head},
+        {"n_embd", m->n_embd},         {"vocab_size", m->vocab_size},
+        {"n_positions", m->block_size},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0] && rc == 0; i++) {
+        json_int_t v = get_int(cj, f[i].key, -1);
+        if (v != f[i].want)
+            rc = ddp_errinfo_set(ei, DDP_ESPEC,
+                                 "checkpoint %s/config.json: %s is %lld, this run's model has "
+                                 "%ld (resume with the same model, or --no-resume)",
+                                 t->ckpt->found.path, f[i].key, (long long)v, f[i].want);
+    }
+    json_decref(cj);
+    return rc;
+}
+
+/* Restores step, tokens, AdamW t and RNG from trainer.json text. */
+static int restore_trainer(ddp_trainer_t *t, const char *text, ddp_errinfo_t *ei)
+{
+    const char *path = t->ckpt->found.path;
+    json_error_t jerr;
+    json_t *o = json_loads(text ? text : "", 0, &jerr);
+    json_t *rng = o ? json_object_get(o, "rng") : NULL;
+    json_t *adamw = o ? json_object_get(o, "adamw") : NULL;
+    int rc = 0;
+    if (!o || !json_is_array(rng) || json_array_size(rng) != 4 || !adamw ||
+        get_int(o, "step", -1) < 0 || get_int(adamw, "t", -1) < 0) {
+        rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s/trainer.json: missing step, adamw.t or rng",
+                             path);
+        goto out;
+    }
+    for (int i = 0; i < 4; i++) {
+        const char *s = json_string_value(json_array_get(rng, (size_t)i));
+        char *end = NULL;
+        errno = 0;
+        unsigned long long v = s ? strtoull(s, &end, 16) : 0;
+        if (!s || errno || end == s || *end) {
+            rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s/trainer.json: rng[%d] is not a hex word",
+                                 path, i);
+            goto out;
+        }
+        t->rng.s[i] = (uint64_t)v;
+    }
+    t->step = (long)get_int(o, "step", 0);
+    t->tokens = (uint64_t)get_int(o, "tokens", 0);
+    t->opt.t = (long)get_int(adamw, "t", 0);
+    json_t *data = json_object_get(o, "data");
+    long G = global_sequences(t);
+    json_int_t saved_G = get_int(data, "global_batch_sequences", G);
+    if (saved_G != G)
+        DDP_WARN("checkpoint %s: the global batch changed from %lld to %ld sequences; the data "
+                 "continues at sample %lld, not at the saved cursor %lld",
+                 path, (long long)saved_G, G, (long long)t->step * G,
+                 (long long)get_int(data, "cursor", 0));
+    if (t->opts.rank == 0)
+        DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "
+                 "(saved by %lld rank(s) x %lld micro-step(s); now %d x %d)",
+                 path, t->step, (unsigned long long)t->tokens, t->opt.t,
+                 (long long)get_int(data, "cursor", 0), (long long)get_int(o, "world_size", 0),
+                 (long long)get_int(o, "accum", 0), t->opts.world, t->accum);
+out:
+    json_decref(o);
+    return rc;
+}
+
+int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    *resumed = 0;
+    if (!c && !t->spec.init_from[0]) return 0;
+    ddp_ckpt_tensor_t *model = NULL, *optim = NULL;
+    char *names = NULL;
+    int rc = build_lists(t, &model, &optim, &names);
+    size_t n = (size_t)t->model.n_tensors;
+    ddp_ckpt_copy_fn h2d = on_cpu(t) ? NULL : copy_h2d;
+    if (rc == 0 && c && c->have_found) {
+        int64_t t0 = ddp_now_ns();
+        rc = check_config(t, ei);
+        ddp_ckpt_load_t req = {.model = model, .n_model = n, .optim = optim,
+                               .n_optim = optim ? 2 * n : 0, .copy = h2d, .copy_ctx = &t->k};
+        if (rc == 0) rc = ddp_ckpt_load(c->found.path, &req, ei);
+        if (rc == 0) rc = restore_trainer(t, req.trainer_json, ei);
+        if (rc == 0 && t->opts.rank == 0)
+            DDP_INFO("checkpoint: loaded %s in %.0f ms", c->found.path, ms_since(t0));
+        free(req.config_json);
+        free(req.trainer_json);
+        if (rc == 0) *resumed = 1;
+    } else if (rc == 0 && t->spec.init_from[0]) {
+        rc = ddp_ckpt_init_from(t->spec.init_from, model, n, h2d, &t->k, ei);
+        if (rc == 0 && t->opts.rank == 0)
+            DDP_INFO("model weights from %s (model.init_from)", t->spec.init_from);
+    }
+    if (rc || !c) {
+        free(model);
+        free(optim);
+        free(names);
+        return rc;
+    }
+    c->model_t = model;
+    c->optim_t = optim;
+    c->n_model = n;
+    c->n_optim = optim ? 2 * n : 0;
+    c->names = names;
+    c->config = ddp_tckpt_config_json(&t->spec.model);
+    if (!c->config) return DDP_ENOMEM;
+    c->writers = t->spec.writers < t->opts.world ? t->spec.writers : t->opts.world;
+    if (c->writers < 1) c->writers = 1;
+    if (t->opts.rank >= c->writers) return 0;
+    ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
+                         .keep_last = t->spec.keep_last, .writers = c->writers,
+                         .rank = t->opts.rank, .copy = on_cpu(t) ? NULL : copy_d2h,
+                         .copy_ctx = &t->k};
+    DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
+    return ddp_ckpt_saver_reserve(c->saver, t->model.n_params * sizeof(float) * (optim ? 3 : 1),
+                                  ei);
+}
+
+static void *helper_main(void *arg)
+{
+    struct ddp_tckpt *c = arg;
+    int64_t t0 = ddp_now_ns();
+    ddp_errinfo_clear(&c->helper_ei);
+    c->helper_rc = ddp_ckpt_save(c->saver, &c->state, &c->helper_ei);
+    c->helper_ms = ms_since(t0);
+    return NULL;
+}
+
+/* Joins the helper; returns its result (logged here). */
+static int join_helper(ddp_trainer_t *t, double *waited_ms)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    *waited_ms = 0;
+    if (!c || !c->helper_running) return 0;
+    int64_t t0 = ddp_now_ns();
+    pthread_join(c->helper, NULL);
+    c->helper_running = 0;
+    *waited_ms = ms_since(t0);
+    c->stats.last_snapshot_ms = c->helper_ms;
+    if (c->helper_rc) {
+        char msg[1024];
+        DDP_ERROR("checkpoint step %ld: snapshot failed, the save is dropped: %s",
+                  c->helper_step, ddp_errinfo_str(&c->helper_ei, msg, sizeof msg));
+        if (!c->commit_rc) c->commit_rc = c->helper_rc;
+        if (c->pending && !c->reported) {
+            c->reported = 1;
+            c->report_rc = c->helper_rc;
+        }
+    }
+    return c->helper_rc;
+}
+
+int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    (void)ei;
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->helper_running) return 0;
+    double waited = 0;
+    join_helper(t, &waited);
+    c->stats.wait_ms += waited;
+    c->stats.last_wait_ms = waited;
+    if (t->opts.rank == 0)
+        DDP_INFO("checkpoint step %ld: snapshot copied in %.1f ms beside step %ld; the update "
+                 "waited %.1f ms for it", c->helper_step, c->helper_ms, t->step + 1, waited);
+    return 0;
+}
+
+void ddp_tckpt_vote(ddp_trainer_t *t, float vals[2])
+{
+    struct ddp_tckpt *c = t->ckpt;
+    vals[0] = vals[1] = 0;
+    if (!c || !c->pending || !c->saver) return;
+    if (!c->reported && !c->helper_running && !ddp_ckpt_busy(c->saver)) {
+        ddp_errinfo_t wei;
+        ddp_errinfo_clear(&wei);
+        c->report_rc = ddp_ckpt_wait(c->saver, &wei);
+        c->reported = 1;
+        if (c->report_rc) {
+            char msg[1024];
+            DDP_ERROR("checkpoint step %ld: writing this rank's shards failed: %s",
+                      c->last_saved, ddp_errinfo_str(&wei, msg, sizeof msg));
+        }
+    }
+    vals[0] = c->reported ? 1.0f : 0.0f;
+    vals[1] = c->reported && c->report_rc ? 1.0f : 0.0f;
+}
+
+int ddp_tckpt_tally(ddp_trainer_t *t, const float sums[2], ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->pending || sums[0] < (float)c->writers - 0.5f) return 0;
+    c->pending = 0;
+    if (sums[1] > 0) {
+        if (t->opts.rank == 0)
+            DDP_WARN("checkpoint step %ld: %.0f writer(s) failed; it is not committed",
+                     c->last_saved, (double)sums[1]);
+        if (!c->commit_rc) c->commit_rc = DDP_EIO;
+        return 0;
+    }
+    if (t->opts.rank != 0) return 0;
+    int rc = ddp_ckpt_commit(c->saver, ei);
+    if (rc) {
+        char msg[1024];
+        DDP_ERROR("checkpoint step %ld: commit failed: %s", c->last_saved,
+                  ddp_errinfo_str(ei, msg, sizeof msg));
+        if (!c->commit_rc) c->commit_rc = rc;
+    }
+    return 0;
+}
+
+/* Blocks until the pending striped save is settled on every rank (all ranks call it at the
+ * same point). */
+static int settle_blocking(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c->pending) return 0;
+    int64_t t0 = ddp_now_ns();
+    double waited;
+    join_helper(t, &waited);
+    if (c->saver && !c->reported) {
+        if (ddp_ckpt_busy(c->saver))
+            DDP_INFO("checkpoint step %ld is still being written; step %ld waits for it",
+                     c->last_saved, t->step);
+        ddp_errinfo_t wei;
+        ddp_errinfo_clear(&wei);
+        c->report_rc = ddp_ckpt_wait(c->saver, &wei);
+        c->reported = 1;
+        if (c->report_rc) {
+            char msg[1024];
+            DDP_ERROR("checkpoint step %ld: writing this rank's shards failed: %s",
+                      c->last_saved, ddp_errinfo_str(&wei, msg, sizeof msg));
+        }
+    }
+    float vals[2];
+    ddp_tckpt_vote(t, vals);
+    if (t->comm) {
+        ddp_coll_req_t *req;
+        DDP_CHECK(ddp_coll_allreduce(t->comm, vals, 2, DDP_DT_F32, DDP_OP_SUM, &req));
+        DDP_CHECK(ddp_coll_wait(req, 0, ei));
+    }
+    int rc = ddp_tckpt_tally(t, vals, ei);
+    c->stats.settle_ms += ms_since(t0);
+    return rc;
+}
+
+/* Starts the save of the current step: on the helper thread (overlap) or here. */
+static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    int64_t t0 = ddp_now_ns();
+    double waited;
+    join_helper(t, &waited);
+    if (c->writers > 1) DDP_CHECK(settle_blocking(t, ei));
+    free(c->trainer);
+    c->trainer = trainer_json(t);
+    if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    c->state = (ddp_ckpt_state_t){.step = t->step, .model = c->model_t, .n_model = c->n_model,
+                                  .optim = c->optim_t, .n_optim = c->n_optim,
+                                  .config_json = c->config, .trainer_json = c->trainer};
+    c->last_saved = t->step;
+    c->stats.saves++;
+    if (c->writers > 1) {
+        c->pending = 1;
+        c->reported = 0;
+        c->report_rc = 0;
+    }
+    int rc = 0;
+    if (c->saver) {
+        c->helper_step = t->step;
+        if (overlap && pthread_create(&c->helper, NULL, helper_main, c) == 0) {
+            c->helper_running = 1;
+        } else {
+            int64_t t1 = ddp_now_ns();
+            rc = ddp_ckpt_save(c->saver, &c->state, ei);
+            c->stats.last_snapshot_ms = ms_since(t1);
+            if (rc && c->pending && !c->reported) {
+                c->reported = 1;
+                c->report_rc = rc;
+            }
+        }
+    }
+    c->stats.boundary_ms += ms_since(t0);
+    return rc;
+}
+
+int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    const ddp_spec_t *s = &t->spec;
+    if (!c || s->ckpt_every <= 0 || t->step % s->ckpt_every != 0) return 0;
+    if (t->step >= s->steps || t->any_stop ||
+        (t->opts.stop_at_step > 0 && t->step >= t->opts.stop_at_step))
+        return 0; /* the last step: ddp_tckpt_finish saves it */
+    int rc = start_save(t, 1, ei);
+    if (rc) {
+        /* a save that cannot start does not stop training */
+        char msg[1024];
+        DDP_ERROR("checkpoint step %ld: %s", t->step, ddp_errinfo_str(ei, msg, sizeof msg));
+        if (!c->commit_rc) c->commit_rc = rc;
+        if (ei) ddp_errinfo_clear(ei);
+    }
+    return 0;
+}
+
+int ddp_tckpt_finish(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->model_t) return 0;
+    double waited;
+    join_helper(t, &waited);
+    int rc = 0;
+    if (c->last_saved != t->step) {
+        if (t->any_stop && t->opts.rank == 0)
+            DDP_INFO("stopping: saving a checkpoint of step %ld", t->step);
+        rc = start_save(t, 0, ei);
+    }
+    if (rc == 0 && c->writers > 1) rc = settle_blocking(t, ei);
+    if (rc == 0 && c->writers == 1 && c->saver) rc = ddp_ckpt_wait(c->saver, ei);
+    if (rc == 0 && c->commit_rc && c->last_saved == t->step && c->writers > 1) {
+        rc = c->commit_rc;
+        if (ei && !ei->msg[0])
+            ddp_errinfo_set(ei, rc, "checkpoint step %ld was not committed", t->step);
+    }
+    if (t->opts.rank == 0 && c->stats.saves > 0)
+        DDP_INFO("checkpoint: %ld save(s); training thread paid %.1f ms at step boundaries and "
+                 "%.1f ms waiting for snapshots (%.1f ms per save)%s",
+                 c->stats.saves, c->stats.boundary_ms, c->stats.wait_ms,
+                 (c->stats.boundary_ms + c->stats.wait_ms) / (double)c->stats.saves,
+                 rc ? "; the last save FAILED" : "");
+    return rc;
+}
+
+void ddp_tckpt_get_stats(const ddp_trainer_t *t, ddp_tckpt_stats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (t->ckpt) *out = t->ckpt->stats;
+}
+
+void ddp_tckpt_close(ddp_trainer_t *t)
+{
+    struct ddp_tckpt *c = t ? t->ckpt : NULL;
+    if (!c) return;
+    double waited;
+    join_helper(t, &waited);
+    ddp_ckpt_saver_free(c->saver);
+    free(c->model_t);
+    free(c->optim_t);
+    free(c->names);
+    free(c->config);
+    free(c->trainer);
+    free(c);
+    t->ckpt = NULL;
+}

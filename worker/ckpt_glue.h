@@ -1,0 +1,92 @@
+/* The trainer's side of checkpoints: what a ddpd checkpoint of a GPT-2 run holds, when it is
+ * saved, and how a run resumes from one (the files themselves: worker/checkpoint/).
+ *
+ * Contents: the parameter arena under Hugging Face GPT-2 names and shapes, AdamW's moments as
+ * "exp_avg.<name>" / "exp_avg_sq.<name>", a Hugging Face config.json (so `transformers` loads the
+ * directory as it is) and trainer.json: step, tokens seen, schedule position, AdamW's update
+ * count, the RNG's four words (hex strings: no precision lost), the data cursor (next global
+ * sample index = step x sequences per global batch), world size, accumulation, and the spec.
+ *
+ * Saving without stalling: parameters and moments change only inside ddp_adamw_step, so after a
+ * step that is due a save the training thread starts a helper thread that copies them into the
+ * saver's host snapshot while the NEXT step runs forward and backward; that step joins the
+ * helper just before its update (ddp_tckpt_before_update), which is the only place training can
+ * wait for a snapshot (logged when it does). The saver's writer thread then writes the files.
+ * With checkpoint.writers W > 1 (ranks < min(W, world) write stripes), completion is agreed on
+ * by piggybacking two numbers on the per-step all-reduce the trainer does anyway
+ * (ddp_tckpt_vote / ddp_tckpt_tally): once every writer reports its shards durable, rank 0
+ * commits; a save that is still pending when the next is due (or at the end) is settled
+ * blocking, and the log says so.
+ *
+ * Resume: every rank finds the newest verified checkpoint (or the one named), loads it tensor by
+ * tensor from mapped files into its arenas and restores step, tokens, AdamW's t and the RNG, so
+ * the continuation is bitwise identical to an uninterrupted run of the same world size. A
+ * different world size keeps the global batch (the accumulation changes) and the data order.
+ *
+ * Threads: every function is called on the training thread.
+ */
+#ifndef DDP_WORKER_CKPT_GLUE_H
+#define DDP_WORKER_CKPT_GLUE_H
+
+#include "common/err.h"
+#include "proto/spec.h"
+#include "worker/train.h"
+
+/* Statistics of the checkpoints of this run (for logs and the benchmark). */
+typedef struct ddp_tckpt_stats {
+    long saves;            /* saves started */
+    double boundary_ms;    /* training-thread time at the step boundaries that started a save */
+    double wait_ms;        /* time updates waited for a snapshot to finish (the overlap's miss) */
+    double last_wait_ms;   /* of the last save */
+    double settle_ms;      /* time spent settling striped saves (all-reduce + commit) */
+    double last_snapshot_ms; /* helper thread's copy time of the last save */
+} ddp_tckpt_stats_t;
+
+/* Early in ddp_trainer_init (after joining the world, before the batch split): when
+ * checkpoint.dir is set and resuming is not switched off, finds the checkpoint to resume from
+ * (opts.resume_step > 0: exactly that step; else the newest that verifies, logging any newer one
+ * skipped with its reason). When the spec leaves train.global_batch_tokens at 0, adopts the
+ * checkpoint's, so the global batch stays the same on a different world size. Returns 0 (also
+ * when there is nothing to resume), DDP_ENOTFOUND for a named step that is missing or broken,
+ * or a read error. */
+int ddp_tckpt_prepare(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
+/* After the model and the optimizer exist: loads the checkpoint found by ddp_tckpt_prepare into
+ * parameters and moments and restores step, tokens, AdamW t and RNG (*resumed = 1); else, with
+ * model.init_from, loads those weights only (*resumed = 0, the caller still broadcasts). Then,
+ * with checkpoint.dir, creates the saver on the writing ranks and reserves its snapshot.
+ * Returns 0, DDP_ESPEC (checkpoint of another model), DDP_EFORMAT, -errno. */
+int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei);
+
+/* Inside ddp_trainer_step, just before the optimizer update: joins a running snapshot helper
+ * (the parameters must not change under it), timing and logging any wait. Returns the helper's
+ * error (the snapshot failed: the save is dropped and logged, training goes on: returns 0). */
+int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
+/* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
+ * per-step all-reduce; zeros when no striped save is pending. */
+void ddp_tckpt_vote(ddp_trainer_t *t, float vals[2]);
+/* With the all-reduced sums of the votes: when every writer reported, rank 0 commits (or, when
+ * one failed, the save is abandoned with a warning). Returns 0 or the commit's error (logged;
+ * training goes on, so 0 unless the error is fatal). */
+int ddp_tckpt_tally(ddp_trainer_t *t, const float sums[2], ddp_errinfo_t *ei);
+
+/* After each completed step (all ranks): starts a save when one is due (every checkpoint.every
+ * steps). Returns 0 or an error that stops training (bad state, no memory). */
+int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
+/* At the end of training (steps done, or stopped by a signal: all ranks together): saves the
+ * current step unless it was just saved, waits for it to be durable and committed. Returns 0 or
+ * the save's error. */
+int ddp_tckpt_finish(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
+/* Copies the statistics (zeros without checkpoints). */
+void ddp_tckpt_get_stats(const ddp_trainer_t *t, ddp_tckpt_stats_t *out);
+
+/* Joins any helper, waits for the writer, frees. NULL-safe on t->ckpt. */
+void ddp_tckpt_close(ddp_trainer_t *t);
+
+/* Hugging Face GPT-2 config.json text for cfg (ddp_malloc'd; NULL on no memory). */
+char *ddp_tckpt_config_json(const ddp_model_cfg_t *cfg);
+
+#endif
