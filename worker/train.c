@@ -146,6 +146,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  t->accum, s->micro_batch, s->seq_len);
+    else if (!opts->quiet)
+        DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
+                 t->opts.rank, world, t->k.ops->name, threads,
+                 t->comm ? ddp_coll_transport_name(t->comm) : "-");
     return 0;
 fail:
     if (ei && !ei->msg[0]) ddp_errinfo_set(ei, rc, "trainer: %s", ddp_strerror(rc));
