@@ -1,0 +1,115 @@
+/* Loading a gpt2-mini checkpoint raises peak RSS by less than 10% of the checkpoint's size
+ * (one cmocka group). Each measurement runs in a fresh child process and reports VmHWM from
+ * /proc/self/status: (1) train one step and save; (2) build the same trainer without resuming;
+ * (3) build it resuming from the checkpoint. (3) - (2) is what loading costs in peak memory. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "worker/train.h"
+#include "wc_testutil.h"
+
+static char dir[1024];
+
+/* VmHWM and VmRSS of this process in kB. */
+static void mem_kb(long *hwm, long *rss)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    *hwm = *rss = -1;
+    while (f && fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "VmHWM:", 6)) *hwm = atol(line + 6);
+        if (!strncmp(line, "VmRSS:", 6)) *rss = atol(line + 6);
+    }
+    if (f) fclose(f);
+}
+
+/* mode 0: train 1 step and checkpoint; 1: init without resuming; 2: init resuming. Runs in a
+ * child; returns the child's VmHWM (kB), or -1. */
+static long run_child(int mode)
+{
+    int fds[2];
+    if (pipe(fds)) return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        ddp_spec_t spec;
+        ddp_trainer_t t;
+        ddp_train_opts_t o = {.backend = "cpu", .quiet = 1, .no_resume = mode != 2,
+                               .stop_at_step = 1};
+        ddp_errinfo_t ei;
+        ddp_errinfo_clear(&ei);
+        long out[2] = {-1, -1};
+        if (wc_spec(&spec, dir, "gpt2-mini", 1, 16, 2, 1) == 0 &&
+            ddp_trainer_init(&t, &spec, &o, &ei) == 0) {
+            int rc = mode == 0 ? ddp_trainer_run(&t, NULL, &ei) : 0;
+            if (rc == 0 && (mode != 2 || t.step == 1)) mem_kb(&out[0], &out[1]);
+            ddp_trainer_close(&t);
+        } else {
+            fprintf(stderr, "# child %d: %s\n", mode, ei.msg);
+        }
+        if (write(fds[1], out, sizeof out) != sizeof out) _exit(1);
+        _exit(0);
+    }
+    close(fds[1]);
+    long out[2] = {-1, -1};
+    if (read(fds[0], out, sizeof out) != sizeof out) out[0] = -1;
+    close(fds[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return out[0];
+}
+
+static void test_load_peak_rss(void **state)
+{
+    (void)state;
+    assert_true(run_child(0) > 0);
+    char path[1200];
+    long ckpt_bytes = 0;
+    const char *files[] = {"model.safetensors", "optim.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/ck/step-00000001/%s", dir, files[i]);
+        FILE *f = fopen(path, "rb");
+        assert_non_null(f);
+        fseek(f, 0, SEEK_END);
+        ckpt_bytes += ftell(f);
+        fclose(f);
+    }
+    long fresh = run_child(1), resumed = run_child(2);
+    long extra_kb = resumed - fresh, limit_kb = ckpt_bytes / 1024 / 10;
+    fprintf(stderr,
+            "# checkpoint %.1f MB; peak RSS %.1f MB fresh, %.1f MB resuming: +%.1f MB "
+            "(limit %.1f MB = 10%%)\n",
+            ckpt_bytes / 1e6, fresh / 1024.0, resumed / 1024.0, extra_kb / 1024.0,
+            limit_kb / 1024.0);
+    assert_true(fresh > 0);
+    assert_true(resumed > 0);
+    assert_in_range(extra_kb < 0 ? 0 : extra_kb, 0, limit_kb);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    unsetenv("DDP_WORLD_SIZE");
+    return wc_make_data(dir, sizeof dir, 20000);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    wc_rmrf(dir);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_load_peak_rss)};
+    return cmocka_run_group_tests_name("worker_ckpt_rss", tests, setup, teardown);
+}
