@@ -364,7 +364,12 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
         free(spec);
         return rc;
     }
-    if (sub->workers > 0) spec->workers = sub->workers;
+    if (sub->workers > 0) {
+        /* --workers N sets the job's size; the elastic range follows it where it must */
+        spec->workers = sub->workers;
+        if (spec->max_workers < spec->workers) spec->max_workers = spec->workers;
+        if (spec->min_workers > spec->workers) spec->min_workers = spec->workers;
+    }
     if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
     if (spec->workers < 1) spec->workers = 1;
     int cap = ddpd_sched_capacity(d);

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a trained model: installs the dependencies,
-# builds ddpd, turns a text corpus into byte-level token shards, trains gpt2-mini on the local
-# CPU cores (printing one line per step), and prints a text sample at the end.
+# builds ddpd, turns a text corpus into byte-level token shards, and runs
+# deploy/examples/quickstart.yaml (gpt2-mini, 2 data-parallel ranks on the local CPU) with
+# `ddpctl run`, which starts an embedded daemon when none is running and follows the job.
+# Prints live progress and, at the end, a text sample from the trained model.
 #
 #   deploy/quickstart.sh [TEXT_FILE...]
 #
 # Without arguments the corpus is Debian's `fortunes` package (about 2 MB of English text).
-# Set STEPS=N to train longer or shorter (default 300).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,10 +23,11 @@ fi
 [ -f build/build.ninja ] || meson setup build >/dev/null
 ninja -C build >/dev/null
 
-mkdir -p data/quickstart runs/quickstart
 build/worker/ddp-prep --out data/quickstart --val-fraction 0.05 "$@"
-exec build/worker/ddp-worker deploy/examples/shakespeare-mini.yaml \
-  --set data.train='"data/quickstart/train_*.bin"' \
-  --set data.val='"data/quickstart/val_*.bin"' \
-  --set train.steps="${STEPS:-300}" \
-  --run-dir runs/quickstart
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+build/daemon/ddpctl run deploy/examples/quickstart.yaml | tee "$out"
+run_dir=$(sed -n 's/^run dir: //p' "$out" | tail -n 1)
+if [ -n "$run_dir" ] && [ -f "$run_dir/rank-0.log" ]; then
+  sed -n '/^--- sample/,$p' "$run_dir/rank-0.log"
+fi

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit tests
-# again under ASan+UBSan. Ends with one line: "tests: N passed, N failed, N skipped".
+# Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit and fuzz
+# tests again under ASan+UBSan, and the threaded ones (kernel pool, collectives, reducer, data
+# loader) under TSan. Ends with one line: "tests: N passed, N failed, N skipped".
 # Exit status is non-zero when any test failed or a build broke.
 #
 #   tests/run.sh            everything
@@ -49,9 +50,15 @@ fi
 
 if [ $quick -eq 0 ]; then
   if setup build-asan -Db_sanitize=address,undefined -Dcuda=disabled -Dbuildtype=debugoptimized; then
-    run_suites build-asan asan --suite unit
+    run_suites build-asan asan --suite unit --suite fuzz
   else
     echo "sanitizer build failed"; status=1
+  fi
+  if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized; then
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      run_suites build-tsan tsan kernels collectives reducer data
+  else
+    echo "thread-sanitizer build failed"; status=1
   fi
 fi
 
