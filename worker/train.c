@@ -193,6 +193,35 @@ static int allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
     return ddp_coll_wait(req, 0, ei);
 }
 
+/* After a non-finite gradient: names the first tensor that holds a NaN or Inf and skips the
+ * update (the data moves on). Fails after DDP_MAX_SKIPPED_STEPS such steps in a row. */
+#define DDP_MAX_SKIPPED_STEPS 10
+
+static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
+{
+    const ddp_gpt2_t *m = &t->model;
+    const char *name = "?";
+    for (int i = 0; i < m->n_tensors; i++) {
+        int bad = 0;
+        DDP_K(&t->k, nonfinite, &bad, m->g + m->params[i].offset, m->params[i].numel);
+        DDP_CHECK(t->k.ops->sync(t->k.ctx));
+        if (bad) {
+            name = m->params[i].name;
+            break;
+        }
+    }
+    t->skipped_steps++;
+    if (++t->skipped_in_a_row >= DDP_MAX_SKIPPED_STEPS)
+        return ddp_errinfo_set(ei, DDP_ENUMERIC,
+                               "step %ld: gradient norm %g (first non-finite tensor %s); %d steps "
+                               "in a row were skipped, giving up",
+                               t->step + 1, norm, name, t->skipped_in_a_row);
+    if (t->opts.rank == 0)
+        DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
+                 t->step + 1, norm, name);
+    return 0;
+}
+
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
 {
     ddp_gpt2_t *m = &t->model;
@@ -226,14 +255,22 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->compute_ms = (double)(t1 - t0) / 1e6;
 
     float grad_scale = 1.0f / (float)(t->accum * t->opts.world);
+    const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
+    if (nan_step && atol(nan_step) == t->step + 1) {
+        float nan = NAN;
+        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[2].offset, &nan, sizeof nan));
+    }
     double norm = 0;
     DDP_CHECK(ddp_grad_norm(m, grad_scale, &norm));
-    if (!isfinite(norm))
-        return ddp_errinfo_set(ei, DDP_ENUMERIC, "step %ld: gradient norm is %f", t->step + 1,
-                               norm);
     double lr = ddp_lr_at(&t->spec, t->step);
     DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
-    DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm));
+    if (isfinite(norm)) {
+        DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm));
+        t->skipped_in_a_row = 0;
+    } else {
+        /* every rank sees the same reduced gradient, so every rank skips this update alike */
+        DDP_CHECK(skip_nonfinite_step(t, norm, ei));
+    }
     t->step++;
     t->tokens += (uint64_t)t->accum * t->opts.world * t->spec.micro_batch * t->spec.seq_len;
     /* the mean loss over ranks, whether any rank was asked to stop (all stop together), and

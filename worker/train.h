@@ -57,6 +57,8 @@ typedef struct ddp_trainer {
     uint64_t tokens;  /* tokens trained on, all ranks */
     FILE *metrics;    /* rank 0's metrics.jsonl, or NULL */
     float last_loss, last_val_loss;
+    int skipped_steps;        /* updates skipped for a non-finite gradient */
+    int skipped_in_a_row;
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
     struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
 } ddp_trainer_t;

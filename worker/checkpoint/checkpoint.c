@@ -16,6 +16,8 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -669,6 +671,11 @@ out:
 static void *writer_main(void *arg)
 {
     ddp_ckpt_saver_t *s = arg;
+    /* Writing is background work: where the compute threads already use every core it must
+     * not take their time, so the writer runs at a lower priority (Linux applies nice per
+     * thread). */
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
+        DDP_DEBUG("checkpoint writer: setpriority: %s", strerror(errno));
     int64_t t0 = ddp_now_ns();
     uint64_t bytes = 0;
     ddp_errinfo_clear(&s->result_ei);

@@ -39,7 +39,7 @@ runN() { # ranks out.safetensors accum-tokens [options]
     { cat "$tmp/launch.log" "$tmp"/run$ranks/rank-*.log; return 1; }
 }
 
-echo "1..9"
+echo "1..10"
 # 1 rank x 2 micro-steps == 2 ranks x 1, bitwise (global batch 2 x 2 x 32 = 128 tokens)
 run1 "$tmp/a1.st" 128 && runN 2 "$tmp/a2.st" 128 &&
   check "2 ranks x B equal 1 rank x 2 accumulation steps bitwise" python3 "$compare" "$tmp/a1.st" "$tmp/a2.st" --bitwise ||
@@ -68,6 +68,12 @@ if DDP_TEST_REPLICA_FLIP_RANK=1 RUN_DIR="$tmp/run2f" "$launch" 2 "$tmp/job.yaml"
   not_ok "a drifted replica stops the job"
 else
   check "a drifted replica stops the job naming rank 1 and a tensor" grep -q "replicas differ: rank(s) 1 .*first differing tensor ln_f.weight" "$tmp/flip.log"
+fi
+# a NaN in a gradient skips that update on every rank and names the tensor; training goes on
+if DDP_TEST_NAN_STEP=3 RUN_DIR="$tmp/runnan" "$launch" 2 "$tmp/job.yaml" --set train.global_batch_tokens=128 >"$tmp/nan.log" 2>&1; then
+  check "a NaN gradient skips the update, naming the tensor" grep -q "step 3: gradient norm nan, first non-finite tensor h.1.mlp.c_proj.weight: update skipped" "$tmp/nan.log"
+else
+  not_ok "a NaN gradient skips the update"; sed 's/^/# /' "$tmp/nan.log" | tail -5
 fi
 # mpirun (deploy/mpirun.sh): 2 ranks from MPI give the same weights as the environment
 # rendezvous, over our ring and over MPI_Iallreduce (a sum of two is the same either way)
