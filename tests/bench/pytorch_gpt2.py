@@ -1,0 +1,228 @@
+#!/usr/bin/python3
+"""The PyTorch reference for the training benchmarks: the same GPT-2 as ddp-worker (pre-LN
+blocks, causal multi-head attention, GELU tanh, tied LM head, GPT-2 initialisation) in fp32,
+AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D parameters only), global-norm clipping
+at 1.0, on random tokens of the same shapes. Times W warmup steps, then K measured steps, and
+prints one JSON line: median step time, tokens/s (global), peak RSS.
+
+  single process, N compute threads:
+    /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --threads 2
+  DDP over P local processes (torch.distributed gloo, 1 thread each unless --threads):
+    /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --ddp 2
+
+Use Debian's python3-torch (/usr/bin/python3). OMP_WAIT_POLICY=PASSIVE is set before torch is
+imported (on 2 cores PyTorch's OpenMP and OpenBLAS pools otherwise spin against each other), and
+torch.set_num_threads is explicit. In DDP mode -B is per rank and tokens/s is global; peak RSS
+is the largest of the ranks'.
+"""
+import argparse
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def _threads_from_argv():
+    """--threads N, read before torch is imported: Debian's torch calls into the pthread build of
+    OpenBLAS, whose own pool ignores torch.set_num_threads, so "1 thread" would still run its
+    matrix products on every core unless OPENBLAS_NUM_THREADS / OMP_NUM_THREADS say so first."""
+    for i, a in enumerate(sys.argv):
+        if a == "--threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+os.environ["OMP_NUM_THREADS"] = os.environ["OPENBLAS_NUM_THREADS"] = _threads_from_argv()
+
+PRESETS = {  # n_layer, n_head, n_embd, vocab, block — proto/spec.c
+    "gpt2-tiny": (2, 4, 128, 256, 128),
+    "gpt2-mini": (6, 6, 384, 256, 256),
+    "gpt2-124M": (12, 12, 768, 50257, 1024),
+    "gpt2-355M": (24, 16, 1024, 50257, 1024),
+}
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gpt2-124M", choices=sorted(PRESETS))
+    ap.add_argument("-B", "--batch", type=int, default=4, help="sequences per rank per step")
+    ap.add_argument("-T", "--seq", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch.set_num_threads and OPENBLAS_NUM_THREADS (default 1)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    ap.add_argument("--steps", type=int, default=8, help="measured steps")
+    ap.add_argument("--ddp", type=int, default=0, help="P > 0: DDP over P local processes")
+    ap.add_argument("--foreach", type=int, default=0,
+                    help="1: AdamW foreach implementation (no faster here, ~600 MB more RSS on 124M)")
+    ap.add_argument("--seed", type=int, default=1337)
+    # internal: a DDP rank started by the launcher
+    ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
+    ap.add_argument("--master", default="", help=argparse.SUPPRESS)
+    return ap.parse_args()
+
+
+def build_model(torch, nn, F, cfg):
+    L, NH, C, V, BLOCK = cfg
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = nn.LayerNorm(C)
+            self.c_attn = nn.Linear(C, 3 * C)
+            self.attn_proj = nn.Linear(C, C)
+            self.ln_2 = nn.LayerNorm(C)
+            self.c_fc = nn.Linear(C, 4 * C)
+            self.mlp_proj = nn.Linear(4 * C, C)
+
+        def forward(self, x, mask):
+            b, t, _ = x.shape
+            hs = C // NH
+            q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+            q = q.view(b, t, NH, hs).transpose(1, 2)
+            k = k.view(b, t, NH, hs).transpose(1, 2)
+            v = v.view(b, t, NH, hs).transpose(1, 2)
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+            att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).reshape(b, t, C)
+            x = x + self.attn_proj(y)
+            x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+            return x
+
+    class GPT2(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(V, C)
+            self.wpe = nn.Embedding(BLOCK, C)
+            self.h = nn.ModuleList(Block() for _ in range(L))
+            self.ln_f = nn.LayerNorm(C)
+            # a plain attribute, not a buffer: gloo cannot broadcast bool tensors
+            self.mask = ~torch.tril(torch.ones(BLOCK, BLOCK, dtype=torch.bool))
+            for name, p in self.named_parameters():
+                if name.endswith(".bias"):
+                    nn.init.zeros_(p)
+                elif "ln" in name:
+                    nn.init.ones_(p)
+                else:
+                    std = 0.02 / math.sqrt(2 * L) if name.endswith("proj.weight") else 0.02
+                    nn.init.normal_(p, 0.0, std)
+
+        def forward(self, idx, targets):
+            b, t = idx.shape
+            x = self.wte(idx) + self.wpe.weight[:t]
+            for blk in self.h:
+                x = blk(x, self.mask)
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # tied head
+            return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
+
+    return GPT2()
+
+
+def peak_rss_mb(who=None):
+    import resource as r
+    return r.getrusage(who if who is not None else r.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def train(args, rank, world):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    threads = args.threads or 1
+    torch.set_num_threads(threads)
+    torch.set_num_interop_threads(1)
+    torch.manual_seed(args.seed)
+    cfg = PRESETS[args.model]
+    model = build_model(torch, nn, F, cfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    if world > 1:
+        import torch.distributed as dist
+        host, port = args.master.split(":")
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}",
+                                rank=rank, world_size=world)
+        model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(args.foreach))
+    gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
+    V, B, T = cfg[3], args.batch, args.seq
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        tok = torch.randint(0, min(V, 256), (B, T + 1), generator=gen)  # byte-level ids
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(tok[:, :T], tok[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lv = loss.item()
+        dt = time.perf_counter() - t0
+        if step >= args.warmup:
+            times.append(dt)
+            losses.append(lv)
+    med = statistics.median(times)
+    res = {"impl": "pytorch", "torch": torch.__version__, "model": args.model,
+           "params": n_params, "B": B, "T": T, "world": world, "threads": threads,
+           "warmup": args.warmup, "steps": args.steps, "median_step_s": round(med, 4),
+           "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
+           "tokens_per_s": round(world * B * T / med, 1),
+           "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
+           "peak_rss_mb": round(peak_rss_mb(), 1),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+           "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+           "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+    if world > 1:
+        import torch.distributed as dist
+        # Step time of the slowest rank per step is what the job sees; rank 0 waits on it anyway
+        # in the all-reduce, so rank 0's times already include it.
+        rss = [None] * world
+        dist.all_gather_object(rss, res["peak_rss_mb"])
+        res["peak_rss_mb"] = max(rss)
+        res["peak_rss_mb_ranks"] = rss
+        dist.destroy_process_group()
+    return res
+
+
+def launch_ddp(args):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    base = [sys.executable, os.path.abspath(__file__), "--model", args.model,
+            "-B", str(args.batch), "-T", str(args.seq), "--threads", str(args.threads or 1),
+            "--warmup", str(args.warmup), "--steps", str(args.steps),
+            "--foreach", str(args.foreach), "--seed", str(args.seed),
+            "--ddp", str(args.ddp), "--master", f"127.0.0.1:{port}"]
+    procs = []
+    for r in range(args.ddp):
+        out = subprocess.PIPE if r == 0 else subprocess.DEVNULL
+        procs.append(subprocess.Popen(base + ["--rank", str(r)], stdout=out))
+    line = procs[0].communicate()[0].decode()
+    rc = max(p.wait() for p in procs)
+    if rc != 0:
+        sys.exit(f"pytorch_gpt2: a DDP rank failed (status {rc})")
+    sys.stdout.write(line)
+
+
+def main():
+    args = parse_args()
+    if args.ddp > 0 and args.rank < 0:
+        launch_ddp(args)
+        return
+    world = args.ddp if args.ddp > 0 else 1
+    res = train(args, max(args.rank, 0), world)
+    if args.rank <= 0:
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
