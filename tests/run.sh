@@ -45,20 +45,20 @@ setup() { # builddir meson-options...
 if setup build; then
   run_suites build main
 else
-  echo "build failed"; status=1
+  summaries+=(--broken build); status=1
 fi
 
 if [ $quick -eq 0 ]; then
   if setup build-asan -Db_sanitize=address,undefined -Dcuda=disabled -Dbuildtype=debugoptimized; then
     run_suites build-asan asan --suite unit --suite fuzz
   else
-    echo "sanitizer build failed"; status=1
+    summaries+=(--broken build-asan); status=1
   fi
   if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized; then
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       run_suites build-tsan tsan kernels collectives reducer data
   else
-    echo "thread-sanitizer build failed"; status=1
+    summaries+=(--broken build-tsan); status=1
   fi
 fi
 

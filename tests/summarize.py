@@ -1,13 +1,21 @@
 #!/usr/bin/env python3
 """Reads meson's testlog.json files and prints one closing line:
    tests: N passed, N failed, N skipped
+Arguments are testlog.json paths; "--broken NAME" counts a build that failed (so its tests
+never ran) as one failure.
 Subtests of TAP tests count one each; a test binary that crashed or timed out counts as one
 failure. Exit status 1 when anything failed or no test ran."""
 import json
 import sys
 
 passed = failed = skipped = 0
-for path in sys.argv[1:]:
+args = sys.argv[1:]
+while "--broken" in args:
+    i = args.index("--broken")
+    print(f"{args[i + 1]}: the build failed, its tests did not run")
+    failed += 1
+    del args[i:i + 2]
+for path in args:
     try:
         lines = open(path).read().splitlines()
     except OSError:

@@ -137,8 +137,10 @@ static inline void tu_rmrf(const char *path) { nftw(path, tu_rm_cb, 16, FTW_DEPT
 static inline char *tu_tmpdir(void)
 {
     const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
-    char *p = malloc(strlen(base) + 32);
-    sprintf(p, "%s/ddp-ckpt-XXXXXX", base);
+    size_t n = strlen(base) + 32;
+    char *p = malloc(n);
+    if (!p) abort();
+    snprintf(p, n, "%s/ddp-ckpt-XXXXXX", base);
     if (!mkdtemp(p)) abort();
     return p;
 }
