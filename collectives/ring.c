@@ -60,6 +60,17 @@ static int link_failed(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp__xp
 {
     char d[96];
     ddp__req_desc(q, d, sizeof d);
+    if (rc == DDP_EABORTED && culprit == c->rank) {
+        /* A peer blames this rank, which is alive and was itself waiting on someone: that
+         * peer timed out behind it. Name the rank this one was waiting on instead. */
+        int who = atomic_load(&c->waiting_on);
+        if (who >= 0 && who != c->rank) {
+            R->culprit = who;
+            return ddp__coll_fail(c, code ? code : DDP_EPEER,
+                                  "%s: rank %d did not arrive (this rank waited on it; rank %d "
+                                  "gave up on this one)", d, who, x->peer);
+        }
+    }
     if (rc == DDP_EABORTED) {
         R->culprit = culprit;
         if (culprit == x->peer)

@@ -52,7 +52,8 @@ typedef struct ddp_kernels_ops {
     /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */
     void (*encoder_fwd)(ddp_kctx_t *, float *out, const int32_t *inp, const float *wte,
                         const float *wpe, int B, int T, int C);
-    /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. */
+    /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. Either output may be NULL: that
+     * part is skipped (the trainer adds the embedding's share of dwte after the all-reduce). */
     void (*encoder_bwd)(ddp_kctx_t *, float *dwte, float *dwpe, const float *dout,
                         const int32_t *inp, int B, int T, int C);
 

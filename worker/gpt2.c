@@ -2,7 +2,7 @@
  *
  * Invariants: m->params is in arena order (backward completion order, see gpt2.h); views are
  * computed from it, so the layout is written down exactly once (layout_tensors below).
- * Backward reports the finished prefix of the arena after each group of tensors.
+ * Backward reports the finished prefix of the arena after the LM head, ln_f and each block.
  */
 #include "gpt2.h"
 
@@ -22,6 +22,7 @@ static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
 {
     int C = cfg->n_embd;
     char n[DDP_GPT2_NAME_MAX];
+    add(ctx, "wte.weight", 2, cfg->vocab_size, C, 1);
     add(ctx, "ln_f.weight", 1, C, 0, 0);
     add(ctx, "ln_f.bias", 1, C, 0, 0);
     for (int l = cfg->n_layer - 1; l >= 0; l--) {
@@ -43,11 +44,11 @@ static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
 #undef T_
     }
     add(ctx, "wpe.weight", 2, cfg->block_size, C, 1);
-    add(ctx, "wte.weight", 2, cfg->vocab_size, C, 1);
 }
 
-/* Tensors per block, and the number of tensors that come before block l's first tensor. */
+/* Tensors per block, and the tensors before the last block's first one (wte, ln_f x2). */
 #define TENSORS_PER_BLOCK 12
+#define TENSORS_BEFORE_BLOCKS 3
 
 typedef struct {
     ddp_param_desc_t *out; /* NULL: count only */
@@ -85,18 +86,18 @@ static void make_views(const ddp_gpt2_t *m, float *base, ddp_gpt2_views_t *v)
 {
     const ddp_param_desc_t *p = m->params;
     int L = m->cfg.n_layer;
-    v->lnfw = base + p[0].offset;
-    v->lnfb = base + p[1].offset;
+    v->wte = base + p[0].offset;
+    v->lnfw = base + p[1].offset;
+    v->lnfb = base + p[2].offset;
     for (int l = L - 1; l >= 0; l--) {
-        const ddp_param_desc_t *q = &p[2 + (L - 1 - l) * TENSORS_PER_BLOCK];
+        const ddp_param_desc_t *q = &p[TENSORS_BEFORE_BLOCKS + (L - 1 - l) * TENSORS_PER_BLOCK];
         ddp_gpt2_block_t *b = &v->h[l];
         float **dst[TENSORS_PER_BLOCK] = {&b->fcprojw, &b->fcprojb, &b->fcw,  &b->fcb,
                                           &b->ln2w,    &b->ln2b,    &b->attprojw, &b->attprojb,
                                           &b->qkvw,    &b->qkvb,    &b->ln1w, &b->ln1b};
         for (int i = 0; i < TENSORS_PER_BLOCK; i++) *dst[i] = base + q[i].offset;
     }
-    v->wpe = base + p[m->n_tensors - 2].offset;
-    v->wte = base + p[m->n_tensors - 1].offset;
+    v->wpe = base + p[m->n_tensors - 1].offset;
 }
 
 static int validate_cfg(const ddp_model_cfg_t *cfg, int B, int T)
@@ -322,11 +323,17 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
     DDP_K(k, matmul_bwd, a->dc, gv->wte, NULL, a->logits, a->lnf, m->wv.wte, (int)BT, C, V,
           DDP_W_OUT_IN);
+    /* wte's share from the LM head is complete: the largest tensor starts reducing first */
+    size_t done = m->params[0].numel;
+    if (ready) {
+        DDP_CHECK(k->ops->sync(k->ctx));
+        ready(arg, done);
+    }
     DDP_CHECK(k->ops->memset0(k->ctx, a->dres, BT * C * sizeof(float)));
     const float *xlast = a->res3 + (L - 1) * sBTC;
     DDP_K(k, layernorm_bwd, a->dres, gv->lnfw, gv->lnfb, a->dc, xlast, m->wv.lnfw, a->lnf_mean,
           a->lnf_rstd, (int)BT, C);
-    size_t done = m->params[1].offset + m->params[1].numel;
+    done = m->params[2].offset + m->params[2].numel;
     if (ready) {
         DDP_CHECK(k->ops->sync(k->ctx));
         ready(arg, done);
@@ -363,15 +370,23 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc2, x, w->ln1w,
               a->ln1_mean + l * sBT, a->ln1_rstd + l * sBT, (int)BT, C);
 
-        const ddp_param_desc_t *last = &m->params[2 + (L - l) * TENSORS_PER_BLOCK - 1];
+        const ddp_param_desc_t *last =
+            &m->params[TENSORS_BEFORE_BLOCKS + (L - l) * TENSORS_PER_BLOCK - 1];
         done = last->offset + last->numel;
         if (ready) {
             DDP_CHECK(k->ops->sync(k->ctx));
             ready(arg, done);
         }
     }
-    DDP_K(k, encoder_bwd, gv->wte, gv->wpe, a->dres, a->inputs, B, T, C);
+    /* wpe only: the embedding's share of wte is added by ddp_gpt2_embed_backward */
+    DDP_K(k, encoder_bwd, NULL, gv->wpe, a->dres, a->inputs, B, T, C);
     DDP_CHECK(k->ops->sync(k->ctx));
     if (ready) ready(arg, m->n_params);
     return 0;
+}
+
+void ddp_gpt2_embed_backward(ddp_gpt2_t *m, const int32_t *inputs, const float *dres, int B,
+                             int T)
+{
+    DDP_K(m->k, encoder_bwd, m->gv.wte, NULL, dres, inputs, B, T, m->cfg.n_embd);
 }

@@ -124,8 +124,16 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
                      float *loss);
 
 /* Backward of the last forward (which must have had targets): zeroes the gradient arena, then
- * writes d(mean loss)/dw into it, calling ready(arg, done) as each prefix of the arena becomes
- * final (ready may be NULL). Returns 0 or a backend error. */
+ * writes d(mean loss)/dw into it, except the token embedding's share of wte, calling
+ * ready(arg, done) as each prefix of the arena becomes final (ready may be NULL). The
+ * embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
+ * ddp_gpt2_embed_backward. Returns 0 or a backend error. */
 int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg);
+
+/* Adds the token embedding's share of wte's gradient to the gradient arena: for each position,
+ * row inputs[b,t] of wte's gradient += dres[b,t,:] (device pointers; after a backward,
+ * acts.inputs and acts.dres). Asynchronous on a GPU like every op. */
+void ddp_gpt2_embed_backward(ddp_gpt2_t *m, const int32_t *inputs, const float *dres, int B,
+                             int T);
 
 #endif

@@ -73,6 +73,53 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return ddp_coll_wait(req, 0, ei);
 }
 
+/* The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
+ * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
+ * g = micro * W + rank of t->emb (other slots stay zero), the slots are summed over the ranks
+ * (a gather: each slot has one non-zero contributor), and every rank adds all of them to the
+ * reduced wte gradient in slot order. Slot order is the global micro-batch order, so the sum
+ * is the same for W ranks x A micro-steps as for 1 rank x W*A micro-steps. A slot holds B*T
+ * tokens (as floats: exact below 2^24) and then B*T*C gradient values. */
+static size_t emb_slot_floats(const ddp_trainer_t *t)
+{
+    size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
+    return BT + BT * (size_t)t->model.cfg.n_embd;
+}
+
+static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *inputs)
+{
+    ddp_kernels_t *k = &t->k;
+    size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
+    float *slot = t->emb + (size_t)(micro * t->opts.world + t->opts.rank) * emb_slot_floats(t);
+    for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
+    DDP_CHECK(k->ops->memcpy_h2d(k->ctx, slot, t->emb_tokens_f, BT * sizeof(float)));
+    return k->ops->memcpy_d2d(k->ctx, slot + BT, t->model.acts.dres,
+                              BT * t->model.cfg.n_embd * sizeof(float));
+}
+
+static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_kernels_t *k = &t->k;
+    int B = t->spec.micro_batch, T = t->spec.seq_len;
+    size_t BT = (size_t)B * T, n_slots = (size_t)t->accum * t->opts.world;
+    if (t->comm) {
+        ddp_coll_req_t *req;
+        DDP_CHECK(ddp_coll_allreduce(t->comm, t->emb, n_slots * emb_slot_floats(t), DDP_DT_F32,
+                                     DDP_OP_SUM, &req));
+        DDP_CHECK(ddp_coll_wait(req, 0, ei));
+    }
+    for (size_t g = 0; g < n_slots; g++) {
+        const float *slot = t->emb + g * emb_slot_floats(t);
+        DDP_CHECK(k->ops->memcpy_d2h(k->ctx, t->emb_tokens_f, slot, BT * sizeof(float)));
+        DDP_CHECK(k->ops->sync(k->ctx));
+        for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
+        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, t->model.acts.inputs, t->emb_tokens,
+                                     BT * sizeof(int32_t)));
+        ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
+    }
+    return k->ops->sync(k->ctx);
+}
+
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei)
 {
@@ -122,6 +169,14 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->acc,
                                        t->model.n_params * sizeof(float)),
                        rc, fail);
+    t->emb_bytes = (size_t)t->accum * world * emb_slot_floats(t) * sizeof(float);
+    DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->emb, t->emb_bytes), rc, fail);
+    t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
+    t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
+    if (!t->emb_tokens_f || !t->emb_tokens) {
+        rc = DDP_ENOMEM;
+        goto fail;
+    }
     DDP_CHECK_GOTO(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
                                     s->first_bucket_mb, s->bucket_mb, s->overlap),
                    rc, fail);
@@ -167,11 +222,14 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         t->k.ops->free(t->k.ctx, t->acc);
+        t->k.ops->free(t->k.ctx, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
     }
     ddp_kernels_close(&t->k);
     ddp_coll_free(t->comm);
+    free(t->emb_tokens_f);
+    free(t->emb_tokens);
     if (t->metrics) fclose(t->metrics);
     memset(t, 0, sizeof *t);
 }
@@ -236,9 +294,11 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         float l = 0;
         DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
         loss_sum += l;
+        if (micro == 0) DDP_CHECK(k->ops->memset0(k->ctx, t->emb, t->emb_bytes));
         if (!last) {
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
             DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
+            DDP_CHECK(keep_embedding_grad(t, micro, inputs));
             if (micro == 0) DDP_CHECK(k->ops->memcpy_d2d(k->ctx, t->acc, m->g, bytes));
             else DDP_K(k, add, t->acc, m->g, m->n_params);
             continue;
@@ -247,10 +307,12 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
         t->ready_rc = 0;
         DDP_CHECK(ddp_gpt2_backward(m, on_grads_ready, t));
+        DDP_CHECK(keep_embedding_grad(t, micro, inputs));
     }
     int64_t t1 = ddp_now_ns();
     int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
     if (!rc) rc = t->ready_rc;
+    if (!rc) rc = add_embedding_grads(t, ei);
     if (rc) return rc;
     t->compute_ms = (double)(t1 - t0) / 1e6;
 
@@ -258,7 +320,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
     if (nan_step && atol(nan_step) == t->step + 1) {
         float nan = NAN;
-        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[2].offset, &nan, sizeof nan));
+        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     double norm = 0;
     DDP_CHECK(ddp_grad_norm(m, grad_scale, &norm));

@@ -53,6 +53,10 @@ typedef struct ddp_trainer {
     ddp_rng_t rng;
     int accum;        /* micro-steps per optimizer step on this rank */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
+    float *emb;       /* embedding-gradient slots, accum x world (device; see train.c) */
+    size_t emb_bytes;
+    float *emb_tokens_f;  /* host staging: one slot's tokens as floats */
+    int32_t *emb_tokens;  /* and as token ids */
     long step;        /* optimizer steps completed */
     uint64_t tokens;  /* tokens trained on, all ranks */
     FILE *metrics;    /* rank 0's metrics.jsonl, or NULL */

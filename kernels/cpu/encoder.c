@@ -1,7 +1,7 @@
 /* Token + position embedding, forward and backward.
  *
  * Forward: out[B,T,C] = wte[inp[b,t]] + wpe[t]; tasks are blocks of rows (b,t).
- * Backward: dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. Two positions may hold the same
+ * Backward: dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout; either may be NULL (skipped). Two positions may hold the same
  * token, so rows of dwte are not owned by one (b,t): tasks own blocks of columns instead and
  * walk every (b,t) in order, so each dwte/dwpe element is summed by one task in a fixed order.
  */
@@ -47,11 +47,13 @@ static void enc_bwd_task(void *varg, long task)
         for (int t = 0; t < a->T; t++) {
             size_t r = (size_t)b * a->T + t;
             const float *restrict d = a->dout + r * a->C;
-            float *restrict te = a->dwte + (size_t)a->inp[r] * a->C;
-            float *restrict pe = a->dwpe + (size_t)t * a->C;
-            for (int c = c0; c < c1; c++) {
-                te[c] += d[c];
-                pe[c] += d[c];
+            if (a->dwte) {
+                float *restrict te = a->dwte + (size_t)a->inp[r] * a->C;
+                for (int c = c0; c < c1; c++) te[c] += d[c];
+            }
+            if (a->dwpe) {
+                float *restrict pe = a->dwpe + (size_t)t * a->C;
+                for (int c = c0; c < c1; c++) pe[c] += d[c];
             }
         }
 }

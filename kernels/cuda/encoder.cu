@@ -72,9 +72,12 @@ void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const floa
     int BT = B * T;
     if (BT <= 0 || C <= 0 || ddp__cuda_enter(ctx)) return;
     size_t tc = (size_t)T * C;
-    encoder_dwpe_kernel<<<ddp__grid(tc, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-        dwpe, dout, B, T, C);
-    if (ddp__cuda_launched(ctx, "encoder_bwd(dwpe)")) return;
+    if (dwpe) {
+        encoder_dwpe_kernel<<<ddp__grid(tc, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
+            dwpe, dout, B, T, C);
+        if (ddp__cuda_launched(ctx, "encoder_bwd(dwpe)")) return;
+    }
+    if (!dwte) return;
 
     size_t sort_bytes = 0;
     if (ddp__cuda_check(ctx,

@@ -98,13 +98,20 @@ static void run_kill(int n, int victim, const char *transport, int stop_instead)
     usleep(30000);
     int64_t t_kill = ddp_now_ns();
     kill(pids[victim], stop_instead ? SIGSTOP : SIGKILL);
+    /* collect every survivor's report first and only then release the victim, so that a
+     * failed assertion below can never leave a stopped process behind */
+    report_t reps[8];
+    for (int r = 0; r < n; r++) {
+        if (r == victim) continue;
+        fcntl(a.fds[r][0], F_SETFL, 0);
+        if (read(a.fds[r][0], &reps[r], sizeof reps[r]) != sizeof reps[r]) reps[r].rc = 1;
+    }
+    kill(pids[victim], SIGKILL);
     int named = 0;
     for (int r = 0; r < n; r++) {
         if (r == victim) continue;
-        report_t rep;
-        fcntl(a.fds[r][0], F_SETFL, 0);
-        ssize_t got = read(a.fds[r][0], &rep, sizeof rep);
-        assert_int_equal(got, sizeof rep);
+        report_t rep = reps[r];
+        assert_true(rep.rc != 1);
         double dt = (double)(rep.t_err - t_kill) * 1e-9;
         fprintf(stderr, "# rank %d: %s after %.3f s: %s; new generation works: %d\n", r,
                 ddp_err_name(rep.rc), dt, rep.msg, rep.after_ok);
@@ -121,7 +128,6 @@ static void run_kill(int n, int victim, const char *transport, int stop_instead)
         assert_true(rep.after_ok);
     }
     assert_true(named >= 1);
-    if (stop_instead) kill(pids[victim], SIGKILL);
     for (int r = 0; r < n; r++) {
         int st;
         waitpid(pids[r], &st, 0);

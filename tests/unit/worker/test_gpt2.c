@@ -144,10 +144,11 @@ static void test_layout_is_backward_order(void **state)
 {
     fixture_t *fx = *state;
     const ddp_gpt2_t *m = &fx->m;
-    assert_string_equal(m->params[0].name, "ln_f.weight");
-    assert_string_equal(m->params[2].name, "h.1.mlp.c_proj.weight");
-    assert_string_equal(m->params[m->n_tensors - 1].name, "wte.weight");
-    assert_string_equal(m->params[m->n_tensors - 2].name, "wpe.weight");
+    assert_string_equal(m->params[0].name, "wte.weight");
+    assert_string_equal(m->params[1].name, "ln_f.weight");
+    assert_string_equal(m->params[3].name, "h.1.mlp.c_proj.weight");
+    assert_string_equal(m->params[m->n_tensors - 1].name, "wpe.weight");
+    assert_string_equal(m->params[m->n_tensors - 2].name, "h.0.ln_1.bias");
     size_t off = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         assert_int_equal(m->params[i].offset, off);
@@ -206,7 +207,8 @@ static void test_backward_matches_pytorch(void **state)
     assert_int_equal(ddp_gpt2_backward(&fx->m, on_ready, &r), 0);
     assert_false(r.shrank);
     assert_int_equal(r.last, fx->m.n_params);
-    assert_int_equal(r.calls, fx->cfg.n_layer + 2);
+    assert_int_equal(r.calls, fx->cfg.n_layer + 3); /* LM head, ln_f, each block, embedding */
+    ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
     double worst = 0;
     for (int i = 0; i < fx->m.n_tensors; i++) {
         const ddp_param_desc_t *p = &fx->m.params[i];
@@ -249,6 +251,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         float loss;
         assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
         assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+        ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         double norm;
         assert_int_equal(ddp_grad_norm(&fx->m, 1.0f, &norm), 0);
         assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm), 0);
