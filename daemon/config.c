@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "kernels/kernels.h"
 
 static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
 
@@ -211,7 +212,9 @@ int ddpd_config_finish(ddpd_config_t *cfg, ddp_errinfo_t *ei)
             return ddp_errinfo_set(ei, DDP_EINVAL, "state_dir is too long");
     }
     if (cfg->slots <= 0) {
-        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        /* one slot per GPU where the CUDA module finds some, else one per core */
+        long n = ddp_kernels_gpu_count();
+        if (n <= 0) n = sysconf(_SC_NPROCESSORS_ONLN);
         cfg->slots = n > 0 ? (int)n : 1;
     }
     char host[256];

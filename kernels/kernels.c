@@ -26,7 +26,7 @@
     X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd) X(encoder_bwd) X(layernorm_fwd)          \
     X(layernorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd) X(attention_bwd)          \
     X(gelu_fwd) X(gelu_bwd) X(residual_fwd) X(xent_fwd_bwd) X(adamw) X(sumsq) X(add)        \
-    X(scale) X(nonfinite)
+    X(scale) X(nonfinite) X(device_count)
 
 /* Returns the name of the first NULL member, or NULL when the table is complete. */
 static const char *missing_member(const ddp_kernels_ops_t *ops)
@@ -154,4 +154,14 @@ void ddp_kernels_close(ddp_kernels_t *k)
     if (k->ops && k->ctx) k->ops->close(k->ctx);
     if (k->module) dlclose(k->module);
     memset(k, 0, sizeof(*k));
+}
+
+int ddp_kernels_gpu_count(void)
+{
+    void *module = NULL;
+    const ddp_kernels_ops_t *ops = NULL;
+    if (load_cuda(&module, &ops) != 0) return 0;
+    int n = ops->probe() > 0 ? ops->device_count() : 0;
+    dlclose(module);
+    return n;
 }

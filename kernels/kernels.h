@@ -36,6 +36,8 @@ typedef struct ddp_kernels_ops {
     const char *name; /* "cpu", "cuda" */
     /* 0 = unusable here; higher wins. Cheap; no side effects beyond driver queries. */
     int (*probe)(void);
+    /* Devices of this kind usable here (0 for the CPU backend). Cheap; no context needed. */
+    int (*device_count)(void);
 
     /* Context on `device` (ignored by the CPU) with `threads` compute threads (0 = default). */
     int (*init)(ddp_kctx_t **out, int device, int threads);
@@ -131,6 +133,10 @@ extern const ddp_kernels_ops_t ddp_kernels_cpu;
 int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads);
 /* Closes the context and unloads the module. NULL-safe. */
 void ddp_kernels_close(ddp_kernels_t *k);
+
+/* GPUs usable here, asked of the CUDA module without opening a context: 0 when the module or
+ * a driver is absent. Used by ddpd to count its slots. */
+int ddp_kernels_gpu_count(void);
 
 /* Calls op `op` of an opened backend: DDP_K(k, gelu_fwd, out, inp, n). Every op is required
  * in every backend (ddp_kernels_open checks that none is NULL), so there is nothing optional to

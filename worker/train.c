@@ -129,7 +129,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     int threads = s->threads > 0 ? s->threads : default_threads();
-    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", 0, threads);
+    /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
+    const char *local = getenv("DDP_LOCAL_RANK");
+    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+    if (!local) local = getenv("SLURM_LOCALID");
+    int device = local ? atoi(local) : 0;
+    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", device, threads);
     if (rc) {
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;

@@ -94,9 +94,12 @@ static int cpu_sync(ddp_kctx_t *ctx)
     return rc;
 }
 
+static int cpu_device_count(void) { return 0; }
+
 const ddp_kernels_ops_t ddp_kernels_cpu = {
     .name = "cpu",
     .probe = cpu_probe,
+    .device_count = cpu_device_count,
     .init = cpu_init,
     .close = cpu_close,
     .alloc = cpu_alloc,

@@ -85,6 +85,16 @@ static int cuda_probe(void)
     return n > 0 ? 10 : 0;
 }
 
+static int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 static void cuda_close(ddp_kctx_t *ctx)
 {
     if (!ctx) return;
@@ -243,6 +253,7 @@ static int cuda_sync(ddp_kctx_t *ctx)
 static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
     .probe = cuda_probe,
+    .device_count = cuda_device_count,
     .init = cuda_init,
     .close = cuda_close,
     .alloc = cuda_alloc,
