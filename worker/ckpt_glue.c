@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -542,6 +543,19 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
     return rc;
 }
 
+/* Whether the snapshot copy may run beside the next step: only when this host has a core the
+ * compute threads leave idle. With every core busy (the default: threads = cores / local
+ * ranks) a third thread only time-slices with them: measured on 2 cores with GPT-2 124M, the
+ * 1.5 GB copy then took 3.4 s beside training against 0.3 s on its own, so copying at the
+ * boundary is the smaller stall there. */
+static int spare_core(const ddp_trainer_t *t)
+{
+    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
+    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    long ranks = local ? atol(local) : 1, cores = sysconf(_SC_NPROCESSORS_ONLN);
+    return t->spec.threads > 0 && (long)t->spec.threads * (ranks > 0 ? ranks : 1) < cores;
+}
+
 int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     struct ddp_tckpt *c = t->ckpt;
@@ -550,7 +564,7 @@ int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (t->step >= s->steps || t->any_stop ||
         (t->opts.stop_at_step > 0 && t->step >= t->opts.stop_at_step))
         return 0; /* the last step: ddp_tckpt_finish saves it */
-    int rc = start_save(t, 1, ei);
+    int rc = start_save(t, spare_core(t), ei);
     if (rc) {
         /* a save that cannot start does not stop training */
         char msg[1024];
