@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -22,6 +23,10 @@ static int32_t start_token(const ddp_model_cfg_t *cfg)
 static int open_metrics(ddp_trainer_t *t)
 {
     if (!t->opts.run_dir || t->opts.rank != 0) return 0;
+    if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
+        DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
+        return -errno;
+    }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
     t->metrics = fopen(path, "a");
