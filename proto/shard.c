@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/file.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are read in place: LE only");
 
@@ -156,27 +157,16 @@ int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
     header[1] = DDP_SHARD_VERSION;
     header[2] = (int32_t)n_tokens;
 
-    int rc = 0;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = -errno;
-        goto out;
+    int fd = ddp_file_create(tmp, NULL);
+    int rc = fd < 0 ? fd : 0;
+    if (rc == 0) {
+        rc = write_all(fd, header, sizeof header);
+        if (rc == 0 && n_tokens) rc = write_all(fd, tokens, n_tokens * sizeof *tokens);
+        rc = ddp_file_sync_close(fd, tmp, rc, NULL);
+        if (rc == 0 && rename(tmp, path) < 0) rc = -errno;
+        if (rc == 0) rc = fsync_parent(path);
+        else unlink(tmp);
     }
-    DDP_CHECK_GOTO(write_all(fd, header, sizeof header), rc, fail);
-    if (n_tokens) DDP_CHECK_GOTO(write_all(fd, tokens, n_tokens * sizeof *tokens), rc, fail);
-    if (fsync(fd) < 0) DDP_CHECK_GOTO(-errno, rc, fail);
-    if (close(fd) < 0) {
-        fd = -1;
-        DDP_CHECK_GOTO(-errno, rc, fail);
-    }
-    fd = -1;
-    if (rename(tmp, path) < 0) DDP_CHECK_GOTO(-errno, rc, fail);
-    rc = fsync_parent(path);
-    goto out;
-fail:
-    if (fd >= 0) close(fd);
-    unlink(tmp);
-out:
     free(tmp);
     return rc;
 }

@@ -30,6 +30,7 @@
 #include "checkpoint_internal.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "manifest.h"
 #include "manifest_internal.h"
@@ -419,25 +420,13 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", tmp, sh->file);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: cannot create: %s", path, strerror(errno));
-        ddp_errinfo_path(ei, "%s", path);
-        return rc;
-    }
+    int fd = ddp_file_create(path, ei);
+    if (fd < 0) return fd;
     uint32_t crc = 0;
     uint64_t n = 0;
     int rc = ddp_st_write_fd(fd, path, &s->t[sh->first], sh->count, st_meta, 1, false, &crc, &n,
                              ei);
-    if (rc == 0 && fsync(fd) < 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: fsync: %s", path, strerror(errno));
-    }
-    if (close(fd) < 0 && rc == 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: close: %s", path, strerror(errno));
-    }
+    rc = ddp_file_sync_close(fd, path, rc, ei);
     if (rc == 0) {
         rc = ddp_manifest_add(&s->mine, sh->file, n, crc);
         if (rc < 0) ddp_errinfo_set(ei, rc, "checkpoint: out of memory");

@@ -3,6 +3,8 @@
  */
 #include "manifest.h"
 
+#include "common/file.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -88,13 +90,8 @@ int ddp__write_durable(const char *dir, const char *name, const void *data, size
     char path[PATH_MAX];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return ddp_errinfo_set(ei, DDP_EINVAL, "%s/%s: path too long", dir, name);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: cannot create: %s", path, strerror(errno));
-        ddp_errinfo_path(ei, "%s", path);
-        return rc;
-    }
+    int fd = ddp_file_create(path, ei);
+    if (fd < 0) return fd;
     int rc = 0;
     const char *p = data;
     size_t left = len;
@@ -109,14 +106,7 @@ int ddp__write_durable(const char *dir, const char *name, const void *data, size
         p += w;
         left -= (size_t)w;
     }
-    if (rc == 0 && fsync(fd) < 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: fsync: %s", path, strerror(errno));
-    }
-    if (close(fd) < 0 && rc == 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: close: %s", path, strerror(errno));
-    }
+    rc = ddp_file_sync_close(fd, path, rc, ei);
     if (rc == 0 && crc) *crc = ddp_crc32c_update(0, data, len);
     return rc;
 }

@@ -18,6 +18,7 @@
 
 #include "checksum.h"
 #include "common/alloc.h"
+#include "common/file.h"
 
 #define WRITE_CHUNK (8u << 20) /* bytes per write(2); CRC'd just before, while in cache */
 
@@ -245,21 +246,10 @@ int ddp_st_write_fd(int fd, const char *path, const ddp_st_tensor_t *t, size_t n
 int ddp_st_write_file(const char *path, const ddp_st_tensor_t *t, size_t n,
                       const char *const *meta, size_t nmeta, ddp_errinfo_t *ei)
 {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int rc = -errno;
-        return ddp_errinfo_set(ei, rc, "%s: cannot create: %s", path, strerror(errno));
-    }
+    int fd = ddp_file_create(path, ei);
+    if (fd < 0) return fd;
     int rc = ddp_st_write_fd(fd, path, t, n, meta, nmeta, true, NULL, NULL, ei);
-    if (rc == 0 && fsync(fd) < 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: fsync: %s", path, strerror(errno));
-    }
-    if (close(fd) < 0 && rc == 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: close: %s", path, strerror(errno));
-    }
-    return rc;
+    return ddp_file_sync_close(fd, path, rc, ei);
 }
 
 /* ---------------------------------------------------------------- reading */
