@@ -170,13 +170,13 @@ static void test_forward_matches_pytorch(void **state)
     assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
     float ref = *(const float *)tensor(fx, "loss", NULL);
     double rel = fabs((double)loss - ref) / fabs(ref);
-    print_message("loss %.7f reference %.7f rel err %.2e\n", loss, ref, rel);
+    fprintf(stderr, "loss %.7f reference %.7f rel err %.2e\n", loss, ref, rel);
     assert_true(rel < 1e-5);
     size_t nl;
     const float *ref_logits = tensor(fx, "logits", &nl);
     assert_int_equal(nl, n * fx->cfg.vocab_size);
     double err = rel_norm_err(fx->m.acts.logits, ref_logits, nl);
-    print_message("logits rel norm err %.2e\n", err);
+    fprintf(stderr, "logits rel norm err %.2e\n", err);
     assert_true(err < 1e-5);
     free(in);
     free(tg);
@@ -216,11 +216,11 @@ static void test_backward_matches_pytorch(void **state)
         snprintf(name, sizeof name, "grad.%s", p->name);
         const float *ref = tensor(fx, name, NULL);
         double err = rel_norm_err(fx->m.g + p->offset, ref, p->numel);
-        if (err > 1e-4) print_message("%s: rel norm err %.2e\n", p->name, err);
+        if (err > 1e-4) fprintf(stderr, "%s: rel norm err %.2e\n", p->name, err);
         assert_true(err < 1e-4);
         worst = err > worst ? err : worst;
     }
-    print_message("worst gradient rel norm err %.2e over %d tensors\n", worst,
+    fprintf(stderr, "worst gradient rel norm err %.2e over %d tensors\n", worst,
                   fx->m.n_tensors);
     free(in);
     free(tg);
@@ -256,7 +256,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         assert_int_equal(ddp_grad_norm(&fx->m, 1.0f, &norm), 0);
         assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm), 0);
         double rel = fabs((double)loss - ref_losses[s]) / fabs(ref_losses[s]);
-        print_message("step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
+        fprintf(stderr, "step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
                       rel);
         assert_true(rel < 1e-5);
     }
@@ -268,7 +268,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         /* 1e-4, not 1e-5: the key part of c_attn.bias has an exactly-zero gradient in exact
          * arithmetic (softmax ignores a constant added to every key), so Adam amplifies
          * rounding noise there into lr-sized steps on both sides. */
-        if (err > 1e-5) print_message("%s: final weights rel err %.2e\n", p->name, err);
+        if (err > 1e-5) fprintf(stderr, "%s: final weights rel err %.2e\n", p->name, err);
         assert_true(err < 1e-4);
     }
     ddp_adamw_close(&opt, &fx->m);

@@ -112,7 +112,7 @@ static void test_overlap_starts_early_and_is_faster(void **state)
     run_world(with, 1, 0);
     run_world(without, 0, 0);
     for (int q = 0; q < RANKS; q++) {
-        print_message("rank %d: %d of %d buckets started before backward ended; step %.1f ms "
+        fprintf(stderr, "rank %d: %d of %d buckets started before backward ended; step %.1f ms "
                       "with overlap, %.1f ms without\n",
                       q, with[q].started_early, with[q].n_buckets, with[q].step_ms,
                       without[q].step_ms);
