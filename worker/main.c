@@ -174,6 +174,7 @@ int main(int argc, char **argv)
     if (rc == 0) {
         rc = apply_overrides(&spec, sets, n_sets, &ei);
         origin = "--set";
+        ei.line = ei.column = 0; /* a position in the re-serialised spec would mislead */
     }
     free(sets);
     if (rc) {
