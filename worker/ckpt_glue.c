@@ -425,21 +425,27 @@ int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* Waits for this rank's striped shards and records (and logs) how writing them went. */
+static void collect_report(struct ddp_tckpt *c)
+{
+    ddp_errinfo_t wei;
+    ddp_errinfo_clear(&wei);
+    c->report_rc = ddp_ckpt_wait(c->saver, &wei);
+    c->reported = 1;
+    if (c->report_rc) {
+        char msg[1024];
+        DDP_ERROR("checkpoint step %ld: writing this rank's shards failed: %s", c->last_saved,
+                  ddp_errinfo_str(&wei, msg, sizeof msg));
+    }
+}
+
 void ddp_tckpt_vote(ddp_trainer_t *t, float vals[2])
 {
     struct ddp_tckpt *c = t->ckpt;
     vals[0] = vals[1] = 0;
     if (!c || !c->pending || !c->saver) return;
     if (!c->reported && !c->helper_running && !ddp_ckpt_busy(c->saver)) {
-        ddp_errinfo_t wei;
-        ddp_errinfo_clear(&wei);
-        c->report_rc = ddp_ckpt_wait(c->saver, &wei);
-        c->reported = 1;
-        if (c->report_rc) {
-            char msg[1024];
-            DDP_ERROR("checkpoint step %ld: writing this rank's shards failed: %s",
-                      c->last_saved, ddp_errinfo_str(&wei, msg, sizeof msg));
-        }
+        collect_report(c);
     }
     vals[0] = c->reported ? 1.0f : 0.0f;
     vals[1] = c->reported && c->report_rc ? 1.0f : 0.0f;
@@ -481,15 +487,7 @@ static int settle_blocking(ddp_trainer_t *t, ddp_errinfo_t *ei)
         if (ddp_ckpt_busy(c->saver))
             DDP_INFO("checkpoint step %ld is still being written; step %ld waits for it",
                      c->last_saved, t->step);
-        ddp_errinfo_t wei;
-        ddp_errinfo_clear(&wei);
-        c->report_rc = ddp_ckpt_wait(c->saver, &wei);
-        c->reported = 1;
-        if (c->report_rc) {
-            char msg[1024];
-            DDP_ERROR("checkpoint step %ld: writing this rank's shards failed: %s",
-                      c->last_saved, ddp_errinfo_str(&wei, msg, sizeof msg));
-        }
+        collect_report(c);
     }
     float vals[2];
     ddp_tckpt_vote(t, vals);
