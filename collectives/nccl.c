@@ -31,6 +31,9 @@ typedef struct {
     int aborted;
 } nccl_impl_t;
 
+/* ddp__coll_fail's twin: this module is dlopen()ed and links nothing from the executable (any
+ * program may load it, exported symbols or not), so it records the first error itself, and
+ * also aborts the NCCL communicator, which ddp__coll_fail knows nothing of. */
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)

@@ -175,13 +175,23 @@ static int parse_submit_args(int argc, char **argv, const char **spec, int *work
     return 0;
 }
 
-static int cmd_submit(int argc, char **argv)
+/* The job.submit params of `submit`/`run`'s arguments. Returns 0 with *params (caller owns), or
+ * the usage exit code (the message is printed). */
+static int submit_request(int argc, char **argv, json_t **params)
 {
     const char *spec = NULL, *name = NULL;
-    int workers = 0, rc;
-    if ((rc = parse_submit_args(argc, argv, &spec, &workers, &name))) return rc;
-    json_t *p = submit_params(spec, workers, name);
-    if (!p) return CTL_USAGE;
+    int workers = 0;
+    int rc = parse_submit_args(argc, argv, &spec, &workers, &name);
+    if (rc) return rc;
+    *params = submit_params(spec, workers, name);
+    return *params ? 0 : CTL_USAGE;
+}
+
+static int cmd_submit(int argc, char **argv)
+{
+    json_t *p;
+    int rc = submit_request(argc, argv, &p);
+    if (rc) return rc;
     ddpd_client_t c;
     if ((rc = connect_or_die(&c))) {
         json_decref(p);
@@ -267,11 +277,9 @@ static void stop_embedded(pid_t pid)
 
 static int cmd_run(int argc, char **argv)
 {
-    const char *spec = NULL, *name = NULL;
-    int workers = 0, rc;
-    if ((rc = parse_submit_args(argc, argv, &spec, &workers, &name))) return rc;
-    json_t *p = submit_params(spec, workers, name);
-    if (!p) return CTL_USAGE;
+    json_t *p;
+    int rc = submit_request(argc, argv, &p);
+    if (rc) return rc;
     ddpd_client_t c;
     pid_t embedded = -1;
     char logpath[PATH_MAX];

@@ -16,7 +16,6 @@
 #include "worker/train.h"
 #include "wc_testutil.h"
 
-static char dir[1024];
 
 /* VmHWM and VmRSS of this process in kB. */
 static void mem_kb(long *hwm, long *rss)
@@ -94,22 +93,9 @@ static void test_load_peak_rss(void **state)
     assert_in_range(extra_kb < 0 ? 0 : extra_kb, 0, limit_kb);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    unsetenv("DDP_WORLD_SIZE");
-    return wc_make_data(dir, sizeof dir, 20000);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    wc_rmrf(dir);
-    return 0;
-}
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_load_peak_rss)};
-    return cmocka_run_group_tests_name("worker_ckpt_rss", tests, setup, teardown);
+    return cmocka_run_group_tests_name("worker_ckpt_rss", tests, wc_setup, wc_teardown);
 }

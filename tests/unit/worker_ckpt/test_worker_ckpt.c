@@ -17,21 +17,7 @@
 #include "worker/train.h"
 #include "wc_testutil.h"
 
-static char dir[900];
 
-static int setup(void **state)
-{
-    (void)state;
-    unsetenv("DDP_WORLD_SIZE");
-    return wc_make_data(dir, sizeof dir, 20000);
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    wc_rmrf(dir);
-    return 0;
-}
 
 static void init_trainer(ddp_trainer_t *t, const ddp_spec_t *spec, ddp_train_opts_t *o)
 {
@@ -166,5 +152,5 @@ int main(void)
         cmocka_unit_test(test_named_step),
         cmocka_unit_test(test_config_json),
     };
-    return cmocka_run_group_tests_name("worker_ckpt", tests, setup, teardown);
+    return cmocka_run_group_tests_name("worker_ckpt", tests, wc_setup, wc_teardown);
 }

@@ -57,4 +57,21 @@ static void wc_rmrf(const char *dir)
     if (system(cmd) != 0) fprintf(stderr, "# cannot remove %s\n", dir);
 }
 
+/* The group fixture of both test binaries: a world of one and a small dataset in `dir`. */
+static char dir[900];
+
+static int wc_setup(void **state)
+{
+    (void)state;
+    unsetenv("DDP_WORLD_SIZE");
+    return wc_make_data(dir, sizeof dir, 20000);
+}
+
+static int wc_teardown(void **state)
+{
+    (void)state;
+    wc_rmrf(dir);
+    return 0;
+}
+
 #endif
