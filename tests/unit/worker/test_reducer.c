@@ -17,10 +17,11 @@
 #include "worker/reducer.h"
 
 #define RANKS 2
-#define N (3u << 20)      /* 12 MiB of floats */
+#define N (3u << 18)      /* 3 MiB of floats: small, so even an instrumented (TSan) ring's
+                           * copying stays well below its injected per-chunk delays */
 #define SLICES 6          /* backward reports the arena in 6 growing prefixes */
 #define COMPUTE_US 30000  /* "compute" per slice */
-#define DELAY_US 3000     /* per chunk on the ring's thread */
+#define DELAY_US 8000     /* per chunk on the ring's thread */
 
 typedef struct {
     ddp_coll_fake_world_t *world;
@@ -41,10 +42,10 @@ static void *run_rank(void *arg)
     ddp_coll_t *comm = NULL;
     ddp_reducer_t r;
     float *arena = calloc(N, sizeof *arena), *acc = calloc(N, sizeof *acc);
-    ddp_coll_opts_t opts = {.chunk_delay_us = DELAY_US, .chunk_bytes = 256 << 10};
+    ddp_coll_opts_t opts = {.chunk_delay_us = DELAY_US, .chunk_bytes = 64 << 10};
     j->rc = ddp_kernels_open(&k, "cpu", 0, 1);
     if (!j->rc) j->rc = ddp_coll_new_fake(j->world, j->rank, &opts, &comm);
-    if (!j->rc) j->rc = ddp_reducer_init(&r, comm, &k, arena, N, 1.0, 2.0, j->overlap);
+    if (!j->rc) j->rc = ddp_reducer_init(&r, comm, &k, arena, N, 0.25, 0.5, j->overlap);
     if (j->rc) return NULL;
     for (size_t i = 0; i < N; i++) acc[i] = 1.0f;
 
