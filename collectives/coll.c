@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "collectives/coll_impl.h"
@@ -246,8 +247,8 @@ static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
     return 0;
 }
 
-int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
-                       ddp_coll_req_t **req)
+static int allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                     int barrier, ddp_coll_req_t **req)
 {
     if (!c || !req || (count && !buf) || (dt != DDP_DT_F32 && dt != DDP_DT_BF16) ||
         (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
@@ -256,12 +257,19 @@ int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, d
     ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
     if (!r) return DDP_ENOMEM;
     r->kind = DDP__REQ_ALLREDUCE;
+    r->barrier = barrier;
     r->buf = buf;
     r->count = count;
     r->dt = dt;
     r->op = op;
     r->bytes = count * ddp_dtype_size(dt);
     return submit(c, r, req);
+}
+
+int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                       ddp_coll_req_t **req)
+{
+    return allreduce(c, buf, count, dt, op, 0, req);
 }
 
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
@@ -343,9 +351,9 @@ int ddp_coll_wait_all(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)
 int ddp_coll_barrier(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)
 {
     if (!c) return DDP_EINVAL;
-    float one = 1.0f;
+    float one = 1.0f; /* backends without a barrier of their own sum it */
     ddp_coll_req_t *r;
-    int rc = ddp_coll_allreduce(c, &one, 1, DDP_DT_F32, DDP_OP_SUM, &r);
+    int rc = allreduce(c, &one, 1, DDP_DT_F32, DDP_OP_SUM, 1, &r);
     if (rc < 0) return fill_ei(c, rc, ei);
     return ddp_coll_wait(r, deadline_ns, ei);
 }
@@ -364,11 +372,89 @@ const char *ddp_coll_last_error(const ddp_coll_t *c)
 
 int ddp_coll_status(const ddp_coll_t *c) { return c ? atomic_load(&((ddp_coll_t *)c)->err) : 0; }
 
+/* ---- memory for collective buffers ------------------------------------------------------- */
+
+int ddp_coll_mem_alloc(ddp_coll_t *c, size_t bytes, void **out, ddp_errinfo_t *ei)
+{
+    if (!c || !out) return ddp_errinfo_set(ei, DDP_EINVAL, "ddp_coll_mem_alloc: no output");
+    *out = NULL;
+    int err = atomic_load(&c->err);
+    if (err) return fill_ei(c, err, ei);
+    ddp__mem_t *m = ddp_calloc(1, sizeof *m);
+    if (!m) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    long page = sysconf(_SC_PAGESIZE);
+    m->id = c->next_mem_id++;
+    m->bytes = bytes;
+    m->map_bytes = ((bytes ? bytes : 1) + (size_t)page - 1) & ~((size_t)page - 1);
+    int rc = 0;
+    if (c->ops->mem_map) {
+        rc = c->ops->mem_map(c, m, ei);
+    } else {
+        void *p = mmap(NULL, m->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (p == MAP_FAILED)
+            rc = ddp_errinfo_set(ei, DDP_ENOMEM, "cannot map %zu bytes: %s", m->map_bytes,
+                                 strerror(errno));
+        else
+            m->base = p;
+    }
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    m->next = c->mems;
+    c->mems = m;
+    *out = m->base;
+    return 0;
+}
+
+static void mem_release(ddp_coll_t *c, ddp__mem_t *m)
+{
+    if (c->ops->mem_unmap)
+        c->ops->mem_unmap(c, m);
+    else
+        munmap(m->base, m->map_bytes);
+    free(m);
+}
+
+void ddp_coll_mem_free(ddp_coll_t *c, void *p)
+{
+    if (!c || !p) return;
+    for (ddp__mem_t **pm = &c->mems; *pm; pm = &(*pm)->next) {
+        if ((*pm)->base != p) continue;
+        ddp__mem_t *m = *pm;
+        *pm = m->next;
+        mem_release(c, m);
+        return;
+    }
+    DDP_ERROR("ddp_coll_mem_free: %p is not memory of this communicator", p);
+}
+
+ddp__mem_t *ddp__mem_find(const ddp_coll_t *c, const void *p, size_t bytes)
+{
+    const char *b = p;
+    for (ddp__mem_t *m = c->mems; m; m = m->next)
+        if (b >= m->base && b <= m->base + m->bytes && bytes <= (size_t)(m->base + m->bytes - b))
+            return m;
+    return NULL;
+}
+
+int ddp_coll_mem_shared(const ddp_coll_t *c, const void *p)
+{
+    const ddp__mem_t *m = c && p ? ddp__mem_find(c, p, 0) : NULL;
+    return m && m->peer;
+}
+
 void ddp_coll_free(ddp_coll_t *c)
 {
     if (!c) return;
     if (c->ops->free) c->ops->free(c); /* stops the comm thread; completes queued requests */
     while (c->outstanding) release(c->outstanding);
+    while (c->mems) {
+        ddp__mem_t *m = c->mems;
+        c->mems = m->next;
+        mem_release(c, m);
+    }
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     free(c);

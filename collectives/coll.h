@@ -29,10 +29,12 @@
  * DDP_EABORTED), the message names the operation and the rank(s) that did not arrive, and the only
  * thing left to do is ddp_coll_free() and forming a new communicator (next generation).
  *
- * Threads: one communicator is driven by one caller thread (submit, test, wait, free), except
- * ddp_coll_abort() and ddp_coll_last_error(), which any thread may call. Waiting never spins: it
- * sleeps on a condition variable (futex); the communication thread sleeps in poll() on eventfds
- * and sockets.
+ * Threads: one communicator is driven by one caller thread (submit, test, wait, free, memory),
+ * except ddp_coll_abort() and ddp_coll_last_error(), which any thread may call. Callers sleep on a
+ * condition variable (futex); the communication thread sleeps in poll() on eventfds and sockets,
+ * or, on the shared-memory fast path, spins for a few microseconds before sleeping on a futex.
+ *
+ * Buffers from ddp_coll_mem_alloc() are the fast path on one host: see there.
  *
  * Test hooks (documented here because the reducer's tests use them):
  *  - DDP_COLL_DELAY_US=N (or opts.chunk_delay_us): the ring sleeps N microseconds on its
@@ -180,6 +182,25 @@ const char *ddp_coll_transport_name(const ddp_coll_t *c);
 /* Measured bus bandwidth of the last large all-reduce in bytes/s (0 if none yet). */
 double ddp_coll_bandwidth(const ddp_coll_t *c);
 
+/* ---- Memory for collective buffers -------------------------------------------------------- */
+
+/* Allocates `bytes` of zeroed, page-aligned host memory meant for collective buffers. Collective:
+ * every rank calls it with the same bytes, in the same order. On the ring backend, when every rank
+ * runs on this host (and TCP is not forced), the memory is shared with the other ranks, and an
+ * all-reduce whose buffer lies inside it runs in one pass without the ring's slots: rank r sums
+ * the r-th 1/n of the buffer straight from every rank's memory, in rank order, and writes the sum
+ * into every rank's memory (half the memory traffic of the ring, two synchronisations instead of
+ * 2 (n-1) messages; bitwise reproducible). The buffer must then lie at the same offset of the same
+ * allocation on every rank. Elsewhere (other backends, several hosts, no shared /dev/shm) it is
+ * plain memory and operations take the usual path. Errors: DDP_ENOMEM, or the communicator's.
+ * Caller's thread. */
+int ddp_coll_mem_alloc(ddp_coll_t *c, size_t bytes, void **out, ddp_errinfo_t *ei);
+/* Releases memory from ddp_coll_mem_alloc (not collective; no operation may still use it).
+ * NULL-safe. Caller's thread. */
+void ddp_coll_mem_free(ddp_coll_t *c, void *p);
+/* 1 when p lies in memory from ddp_coll_mem_alloc that is shared with every rank, else 0. */
+int ddp_coll_mem_shared(const ddp_coll_t *c, const void *p);
+
 /* ---- In-process fake world (tests) ---------------------------------------------------------- */
 
 /* A world of n ranks that are threads of this process, joined by in-memory links. */
@@ -193,6 +214,8 @@ int ddp_coll_new_fake(ddp_coll_fake_world_t *w, int rank, const ddp_coll_opts_t 
 void ddp_coll_fake_world_free(ddp_coll_fake_world_t *w);
 
 /* ---- Backend vtable ------------------------------------------------------------------------- */
+
+struct ddp__mem; /* an allocation of ddp_coll_mem_alloc (coll_impl.h) */
 
 /* One instance per backend, const, designated initialisers. Callers use the ddp_coll_* wrappers,
  * which validate arguments, never these members. */
@@ -213,6 +236,10 @@ typedef struct ddp_coll_ops {
     void (*abort)(ddp_coll_t *c);
     /* Releases c->impl. */
     void (*free)(ddp_coll_t *c);
+    /* Optional (NULL: plain anonymous memory): maps m->map_bytes for m, setting m->base and, when
+     * shared with every rank, m->peer; collective. Undone by mem_unmap. */
+    int (*mem_map)(ddp_coll_t *c, struct ddp__mem *m, ddp_errinfo_t *ei);
+    void (*mem_unmap)(ddp_coll_t *c, struct ddp__mem *m);
 } ddp_coll_ops_t;
 
 extern const ddp_coll_ops_t ddp_coll_ring_ops;

@@ -26,6 +26,7 @@ struct ddp_coll_req {
     ddp_dtype_t dt;
     ddp_redop_t op;
     int root;
+    int barrier;           /* an allreduce of one float that only synchronises (ddp_coll_barrier) */
     _Atomic int done;      /* set by the completing thread under comm->mu */
     int rc;
     int64_t t_start, t_end; /* ns, comm thread */
@@ -33,6 +34,19 @@ struct ddp_coll_req {
     ddp_coll_req_t *unext, *uprev; /* caller's outstanding list */
     void *impl;             /* backend's per-request state */
 };
+
+/* One allocation of ddp_coll_mem_alloc. */
+typedef struct ddp__mem {
+    struct ddp__mem *next;
+    uint64_t id;        /* 0, 1, ... in allocation order: the same on every rank */
+    char *base;         /* this rank's mapping */
+    size_t bytes, map_bytes;
+    char **peer;        /* [size]: every rank's memory mapped here (peer[rank] == base); NULL when
+                         * not shared */
+} ddp__mem_t;
+
+/* The allocation holding [p, p + bytes), or NULL. Caller's thread. */
+ddp__mem_t *ddp__mem_find(const ddp_coll_t *c, const void *p, size_t bytes);
 
 struct ddp_coll {
     const ddp_coll_ops_t *ops;
@@ -52,6 +66,8 @@ struct ddp_coll {
     ddp_coll_req_t *outstanding; /* caller thread: submitted, not yet waited for */
     _Atomic uint64_t bw_bits;    /* double, bytes/s of the last large operation */
     void *module;           /* dlopen handle of the nccl module, closed after free */
+    ddp__mem_t *mems;       /* caller thread: ddp_coll_mem_alloc's allocations */
+    uint64_t next_mem_id;   /* caller thread */
 };
 
 /* Records c's first error (later calls are ignored), wakes every waiter, and calls ops->abort once.

@@ -12,12 +12,13 @@
  * size: bitwise identical run to run.
  *
  * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
- * on the transports' fds and the engine's eventfd; it never spins. A failure is named: the rank
+ * on the transports' fds and the engine's eventfd, after a spin of DDP__SPIN_NS. A failure is named: the rank
  * whose link broke, the rank another rank reported, or the rank waited for when the automatic
  * deadline expired. The first failure is sent to both neighbours so it travels around the ring.
  */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -134,7 +135,14 @@ static int block(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int want_send
                               ddp__req_desc(q, d, sizeof d), who,
                               (double)(ddp_now_ns() - q->t_start) * 1e-9);
     }
-    int rc = poll(p, (nfds_t)n, (int)(left / 1000000) + 1);
+    /* A short spin first (yielding the core): over loopback and shared memory the news is
+     * usually microseconds away, and a sleeping thread takes far longer to wake. */
+    int rc = poll(p, (nfds_t)n, 0);
+    for (int64_t end = ddp_now_ns() + DDP__SPIN_NS; rc == 0 && ddp_now_ns() < end;) {
+        sched_yield();
+        rc = poll(p, (nfds_t)n, 0);
+    }
+    if (rc == 0) rc = poll(p, (nfds_t)n, (int)(left / 1000000) + 1);
     if (rc < 0 && errno != EINTR) return -errno;
     if (rc <= 0) return 0;
     if (p[0].revents) ddp__engine_drain(R->eng);
@@ -150,6 +158,39 @@ static int block(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int want_send
     else if (e < 0)
         return link_failed(R, c, q, R->recv, e, culprit, code);
     return 0;
+}
+
+int ddp__ring_check_links(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int fail_on_hangup)
+{
+    int err = atomic_load(&c->err);
+    if (err) return err;
+    struct pollfd p[5];
+    int n = 0;
+    p[n++] = (struct pollfd){.fd = ddp__engine_wakefd(R->eng), .events = POLLIN};
+    int ns = R->send->ops->pollfds(R->send, p + n, 0, 0);
+    n += ns;
+    int nr = R->recv->ops->pollfds(R->recv, p + n, 0, 0);
+    n += nr;
+    if (poll(p, (nfds_t)n, 0) > 0) {
+        if (p[0].revents) ddp__engine_drain(R->eng);
+        ddp__xport_t *xs[2] = {R->send, R->recv};
+        const struct pollfd *ps[2] = {p + 1, p + 1 + ns};
+        int cnt[2] = {ns, nr};
+        for (int i = 0; i < 2; i++) {
+            int culprit = -1, code = 0;
+            int e = xs[i]->ops->after_poll(xs[i], ps[i], cnt[i], &culprit, &code);
+            if (e == DDP_EPEER)
+                R->dead[i] = 1;
+            else if (e < 0)
+                return link_failed(R, c, q, xs[i], e, culprit, code);
+        }
+    }
+    DDP_CHECK(progress_links(R, c, q));
+    for (int i = 0; fail_on_hangup && i < 2; i++)
+        if (R->dead[i])
+            return link_failed(R, c, q, i ? R->recv : R->send, DDP_EPEER, -1, 0);
+    err = atomic_load(&c->err);
+    return err;
 }
 
 static int bad_len(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, size_t got, size_t want)
@@ -312,6 +353,7 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
     if (c->size == 1 || q->bytes == 0) return 0; /* average over one rank: x * 1 == x */
     int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
     R->grace = 0;
+    if (q->impl || (q->barrier && R->direct)) return ddp__direct_allreduce(R, c, q, deadline);
     int rc = q->kind == DDP__REQ_BCAST ? run_bcast(R, c, q, deadline)
                                        : run_allreduce(R, c, q, deadline);
     return rc < 0 ? rc : flush(R, c, q, deadline);
@@ -322,6 +364,10 @@ static int ring_probe(void) { return 10; }
 static int ring_submit(ddp_coll_t *c, ddp_coll_req_t *req)
 {
     ddp__ring_t *R = c->impl;
+    if (R->direct && req->kind == DDP__REQ_ALLREDUCE) {
+        ddp__mem_t *m = ddp__mem_find(c, req->buf, req->bytes);
+        if (m && m->peer) req->impl = m; /* shared on every rank: the single-pass path */
+    }
     ddp__engine_submit(R->eng, req);
     return 0;
 }
@@ -346,6 +392,7 @@ static void ring_free(ddp_coll_t *c)
         ddp__coll_fail(c, DDP_EABORTED, "communicator freed with operations pending");
     }
     ddp__engine_stop(R->eng);
+    ddp__direct_free(R, c->size);
     if (R->send) R->send->ops->close(R->send);
     if (R->recv) R->recv->ops->close(R->recv);
     free(R);
@@ -382,4 +429,6 @@ const ddp_coll_ops_t ddp_coll_ring_ops = {
     .test = NULL,
     .abort = ring_abort,
     .free = ring_free,
+    .mem_map = ddp__direct_mem_map,
+    .mem_unmap = ddp__direct_mem_unmap,
 };

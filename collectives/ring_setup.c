@@ -238,6 +238,11 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
         goto out;
     }
     sx = rx = NULL;
+    ddp__ring_t *R = c->impl;
+    R->all_local = !force_tcp;
+    for (int q = 0; q < c->size; q++)
+        if (strcmp(all[q].host_id, me.host_id)) R->all_local = 0;
+    snprintf(R->shm_prefix, sizeof R->shm_prefix, "/%s", all[0].unix_name);
     DDP_DEBUG("ring ready: rank %d -> %d over %s, %d <- %d over %s", c->rank, next,
               shm_next ? "shm" : "tcp", c->rank, prev, shm_prev ? "shm" : "tcp");
 out:

@@ -1,5 +1,6 @@
-/* All-reduce bus bandwidth, 2 ranks on this machine, in one invocation: the ring over shared
- * memory, the ring over TCP loopback, Open MPI's MPI_Allreduce with the vader and tcp BTLs
+/* All-reduce bus bandwidth, 2 ranks on this machine, in one invocation: the ring backend over
+ * shared memory (on a buffer from ddp_coll_mem_alloc, its single-pass path, and on a malloc()ed
+ * buffer, the ring through slots), the ring over TCP loopback, Open MPI's MPI_Allreduce with the vader and tcp BTLs
  * (this program re-runs itself under mpirun), and memcpy of the same bytes; prints a markdown
  * table with ratios. Sizes 1, 4, 25, 100, 500 MiB of fp32; median of several repetitions.
  *
@@ -35,7 +36,7 @@ static double median(double *v, int n)
 }
 
 /* One rank of the ring benchmark; rank 0 writes GB/s per size to `out`. */
-static int ring_rank(int rank, int port, const char *transport, FILE *out)
+static int ring_rank(int rank, int port, const char *transport, int coll_mem, FILE *out)
 {
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
@@ -54,7 +55,13 @@ static int ring_rank(int rank, int port, const char *transport, FILE *out)
     }
     ddp_coll_bootstrap_free(bs);
     size_t maxn = (size_t)sizes_mib[NSIZES - 1] << 18;
-    float *buf = malloc(maxn * sizeof(float));
+    float *buf = NULL;
+    if (coll_mem && ddp_coll_mem_alloc(c, maxn * sizeof(float), (void **)&buf, &ei) < 0) {
+        fprintf(stderr, "coll mem: %s\n", ei.msg);
+        return 1;
+    }
+    if (coll_mem && !ddp_coll_mem_shared(c, buf)) fprintf(stderr, "coll mem: not shared\n");
+    if (!coll_mem) buf = malloc(maxn * sizeof(float));
     for (size_t i = 0; i < maxn; i++) buf[i] = 1.0f;
     for (int s = 0; s < NSIZES; s++) {
         size_t n = (size_t)sizes_mib[s] << 18;
@@ -73,12 +80,15 @@ static int ring_rank(int rank, int port, const char *transport, FILE *out)
         }
         if (rank == 0) fprintf(out, "%.3f\n", (double)(n * 4) / median(t, reps) / 1e9);
     }
+    if (coll_mem)
+        ddp_coll_mem_free(c, buf);
+    else
+        free(buf);
     ddp_coll_free(c);
-    free(buf);
     return 0;
 }
 
-static int run_ring(const char *transport, double *gbs)
+static int run_ring(const char *transport, int coll_mem, double *gbs)
 {
     int port = 30000 + (int)(getpid() % 20000);
     char tmp[] = "/tmp/ddp-bench-XXXXXX";
@@ -88,7 +98,7 @@ static int run_ring(const char *transport, double *gbs)
     for (int r = 0; r < 2; r++) {
         p[r] = fork();
         if (p[r] == 0) {
-            int rc = ring_rank(r, port, transport, out);
+            int rc = ring_rank(r, port, transport, coll_mem, out);
             fflush(out);
             _exit(rc);
         }
@@ -174,18 +184,20 @@ int main(int argc, char **argv)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return 1;
     self[n] = 0;
-    double shm[NSIZES], tcp[NSIZES], vader[NSIZES], mtcp[NSIZES], mem[NSIZES];
-    if (run_ring("auto", shm) < 0) fprintf(stderr, "ring/shm failed\n");
-    if (run_ring("tcp", tcp) < 0) fprintf(stderr, "ring/tcp failed\n");
+    double shm[NSIZES], slots[NSIZES], tcp[NSIZES], vader[NSIZES], mtcp[NSIZES], mem[NSIZES];
+    if (run_ring("auto", 1, shm) < 0) fprintf(stderr, "ring/shm (collective memory) failed\n");
+    if (run_ring("auto", 0, slots) < 0) fprintf(stderr, "ring/shm (malloc) failed\n");
+    if (run_ring("tcp", 0, tcp) < 0) fprintf(stderr, "ring/tcp failed\n");
     if (run_mpi(self, "self,vader", vader) < 0) fprintf(stderr, "mpi vader failed\n");
     if (run_mpi(self, "self,tcp", mtcp) < 0) fprintf(stderr, "mpi tcp failed\n");
     run_memcpy(mem);
-    printf("| size | ring/shm GB/s | ring/TCP GB/s | Open MPI vader GB/s | Open MPI tcp GB/s | "
-           "memcpy GB/s | shm / vader | TCP / MPI tcp | shm / memcpy |\n");
-    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    printf("| size | ring/shm, coll. memory GB/s | ring/shm, malloc GB/s | ring/TCP GB/s | "
+           "Open MPI vader GB/s | Open MPI tcp GB/s | memcpy GB/s | shm / vader | "
+           "TCP / MPI tcp | shm / memcpy |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int s = 0; s < NSIZES; s++)
-        printf("| %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-               sizes_mib[s], shm[s], tcp[s], vader[s], mtcp[s], mem[s],
+        printf("| %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+               sizes_mib[s], shm[s], slots[s], tcp[s], vader[s], mtcp[s], mem[s],
                vader[s] > 0 ? shm[s] / vader[s] : 0, mtcp[s] > 0 ? tcp[s] / mtcp[s] : 0,
                mem[s] > 0 ? shm[s] / mem[s] : 0);
     return 0;

@@ -1,4 +1,5 @@
-/* Collectives under faults: a rank SIGKILLed in the middle of an all-reduce (shm and TCP) makes
+/* Collectives under faults: a rank SIGKILLed in the middle of an all-reduce (shm and TCP, and the
+ * single-pass path on shared collective memory) makes
  * every survivor's wait fail within 5 s with an error naming that rank; the survivors abort, form
  * a new communicator (next generation) in the same process, and it works. A stalled rank
  * (SIGSTOP) is named by the deadline. Foreign and malformed connections to the rendezvous and data
@@ -29,6 +30,7 @@ typedef struct {
     int port2;      /* rendezvous of the next generation */
     const char *transport;
     double timeout_s;
+    int coll_mem; /* the all-reduces run on memory from ddp_coll_mem_alloc */
 } kill_arg_t;
 
 /* Survivors: loop big all-reduces until one fails; report; re-form without the victim. */
@@ -37,10 +39,17 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
     kill_arg_t *a = p;
     int me = ddp_coll_rank(c), n = ddp_coll_size(c);
     size_t count = 4u << 20; /* 16 MiB of fp32 */
-    float *buf = malloc(count * sizeof(float));
-    for (size_t i = 0; i < count; i++) buf[i] = 1.0f;
     report_t rep = {0};
     ddp_errinfo_t ei;
+    float *buf = NULL;
+    if (a->coll_mem) {
+        if (ddp_coll_mem_alloc(c, count * sizeof(float), (void **)&buf, &ei) ||
+            !ddp_coll_mem_shared(c, buf))
+            W_FAIL("shared collective memory: %s", ei.msg);
+    } else {
+        buf = malloc(count * sizeof(float));
+    }
+    for (size_t i = 0; i < count; i++) buf[i] = 1.0f;
     char one = 1;
     for (int it = 0; it < 100000; it++) {
         ddp_coll_req_t *r;
@@ -74,14 +83,15 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
     if (!c2) fprintf(stderr, "rank %d: re-forming failed: %s\n", me, ei.msg);
     ddp_coll_free(c2);
     if (write(a->fds[me][1], &rep, sizeof rep) != sizeof rep) return 1;
-    free(buf);
+    if (!a->coll_mem) free(buf); /* collective memory went with its communicator */
     return 0;
 }
 
-static void run_kill(int n, int victim, const char *transport, int stop_instead)
+static void run_kill_in(int n, int victim, const char *transport, int stop_instead,
+                        int coll_mem)
 {
     kill_arg_t a = {.victim = victim, .transport = transport, .port2 = w_port(),
-                    .timeout_s = stop_instead ? 2.0 : 0};
+                    .timeout_s = stop_instead ? 2.0 : 0, .coll_mem = coll_mem};
     assert_int_equal(pipe(a.ready), 0);
     for (int r = 0; r < n; r++) assert_int_equal(pipe(a.fds[r]), 0);
     w_cfg_t cfg = {.n = n, .transport = transport, .port = w_port(), .timeout_s = a.timeout_s};
@@ -139,7 +149,15 @@ static void run_kill(int n, int victim, const char *transport, int stop_instead)
     close(a.ready[1]);
 }
 
+static void run_kill(int n, int victim, const char *transport, int stop_instead)
+{
+    run_kill_in(n, victim, transport, stop_instead, 0);
+}
+
 static void test_kill_shm_3(void **s) { run_kill(3, 1, "auto", 0); }
+static void test_kill_mem_3(void **s) { run_kill_in(3, 1, "auto", 0, 1); }
+static void test_kill_mem_4(void **s) { run_kill_in(4, 0, "auto", 0, 1); }
+static void test_stall_mem_3(void **s) { run_kill_in(3, 2, "auto", 1, 1); }
 static void test_kill_tcp_3(void **s) { run_kill(3, 2, "tcp", 0); }
 static void test_kill_shm_4(void **s) { run_kill(4, 0, "auto", 0); }
 static void test_stall_shm_3(void **s) { run_kill(3, 1, "auto", 1); }
@@ -234,6 +252,9 @@ int main(void)
         cmocka_unit_test(test_kill_tcp_3),
         cmocka_unit_test(test_kill_shm_4),
         cmocka_unit_test(test_stall_shm_3),
+        cmocka_unit_test(test_kill_mem_3),
+        cmocka_unit_test(test_kill_mem_4),
+        cmocka_unit_test(test_stall_mem_3),
     };
     return cmocka_run_group_tests_name("collectives_fault", tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* Collectives: the ring all-reduce and broadcast over shared memory and TCP between real
  * processes on loopback (1-4 ranks), over the in-process fake transport, and the world of one;
  * odd and chunk-multiple counts, sum and average, fp32 and bf16, checked against a serial double
- * sum and bitwise between two runs; argument validation.
+ * sum and bitwise between two runs; the single-pass path on memory from ddp_coll_mem_alloc
+ * (shared on one host, private over TCP), mixed with the ring's; argument validation.
  */
 #include <pthread.h>
 #include <setjmp.h>
@@ -17,31 +18,45 @@
 
 static const size_t counts[] = {0, 1, 7, 1000003, CHUNK_MULT};
 
-static int full_suite(ddp_coll_t *c, void *arg)
+static int full_suite(ddp_coll_t *c, int coll_mem)
 {
-    (void)arg;
     uint32_t seed = 1;
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int dt = 0; dt < 2; dt++)
             for (int op = 0; op < 2; op++)
-                if (w_check_allreduce(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++))
+                if (w_check_allreduce_in(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
+                                         coll_mem))
                     return 1;
-    /* several buckets in flight at once, then one wait for all (the reducer's pattern) */
+    /* several buckets in flight at once, then one wait for all (the reducer's pattern), with a
+     * small malloc()ed all-reduce between them (the ring's path amid the single-pass one) */
     size_t nb = 6, per = 300001;
-    float *arena = malloc(sizeof(float) * nb * per);
+    ddp_errinfo_t ei;
+    float *arena, small[3] = {1, 2, 3};
+    if (coll_mem) {
+        if (ddp_coll_mem_alloc(c, sizeof(float) * nb * per, (void **)&arena, &ei))
+            W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+    } else {
+        arena = malloc(sizeof(float) * nb * per);
+    }
     int n = ddp_coll_size(c), me = ddp_coll_rank(c);
     for (size_t i = 0; i < nb * per; i++) arena[i] = (float)(me + 1) * (float)(i % 97);
-    ddp_coll_req_t *req[6];
-    for (size_t b = 0; b < nb; b++)
+    ddp_coll_req_t *req[7];
+    for (size_t b = 0; b < nb; b++) {
         if (ddp_coll_allreduce(c, arena + b * per, per, DDP_DT_F32, DDP_OP_SUM, &req[b]))
             W_FAIL("submit bucket %zu", b);
-    ddp_errinfo_t ei;
+        if (b == 2 && ddp_coll_allreduce(c, small, 3, DDP_DT_F32, DDP_OP_SUM, &req[6]))
+            W_FAIL("submit small");
+    }
     int rc = ddp_coll_wait_all(c, ddp_now_ns() + 20000000000LL, &ei);
     if (rc) W_FAIL("wait_all: %s: %s", ddp_err_name(rc), ei.msg);
     float tri = (float)(n * (n + 1) / 2);
     for (size_t i = 0; i < nb * per; i++)
         if (arena[i] != tri * (float)(i % 97)) W_FAIL("bucket element %zu = %g", i, arena[i]);
-    free(arena);
+    if (small[0] != (float)n || small[2] != (float)(3 * n)) W_FAIL("small all-reduce %g", small[0]);
+    if (coll_mem)
+        ddp_coll_mem_free(c, arena);
+    else
+        free(arena);
     /* broadcast from every root, odd size */
     size_t bytes = 3 * 1024 * 1024 + 5;
     unsigned char *bb = malloc(bytes);
@@ -61,22 +76,67 @@ static int full_suite(ddp_coll_t *c, void *arg)
 }
 
 typedef struct {
-    const char *want;
-} transport_arg_t;
+    const char *transport; /* expected transport name */
+    int coll_mem;          /* buffers from ddp_coll_mem_alloc */
+    int shared;            /* ... which must then be shared (1) or private (0) */
+} expect_t;
 
 static int suite_and_transport(ddp_coll_t *c, void *arg)
 {
-    const char *want = arg;
-    if (want && strcmp(ddp_coll_transport_name(c), want))
-        W_FAIL("transport %s, expected %s", ddp_coll_transport_name(c), want);
-    return full_suite(c, NULL);
+    const expect_t *e = arg;
+    if (strcmp(ddp_coll_transport_name(c), e->transport))
+        W_FAIL("transport %s, expected %s", ddp_coll_transport_name(c), e->transport);
+    if (e->coll_mem) {
+        void *p;
+        ddp_errinfo_t ei;
+        if (ddp_coll_mem_alloc(c, 12345, &p, &ei)) W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+        if (ddp_coll_mem_shared(c, (char *)p + 100) != e->shared)
+            W_FAIL("collective memory shared = %d, expected %d", !e->shared, e->shared);
+        if (((char *)p)[12344] != 0) W_FAIL("collective memory not zeroed");
+        ddp_coll_mem_free(c, p);
+    }
+    return full_suite(c, e->coll_mem);
+}
+
+static void run_world_mem(int n, const char *transport, const char *expect, int coll_mem,
+                          int shared)
+{
+    w_cfg_t cfg = {.n = n, .transport = transport};
+    expect_t e = {.transport = expect, .coll_mem = coll_mem, .shared = shared};
+    int failed = w_run(cfg, suite_and_transport, &e, 60);
+    assert_int_equal(failed, 0);
 }
 
 static void run_world(int n, const char *transport, const char *expect)
 {
-    w_cfg_t cfg = {.n = n, .transport = transport};
-    int failed = w_run(cfg, suite_and_transport, (void *)expect, 60);
-    assert_int_equal(failed, 0);
+    run_world_mem(n, transport, expect, 0, 0);
+}
+
+/* The single-pass path and the ring give bitwise the same sums for two ranks (addition commutes);
+ * the single-pass one leaves no segment behind in /dev/shm. */
+static int same_as_ring(ddp_coll_t *c, void *arg)
+{
+    (void)arg;
+    size_t count = 1000003;
+    float *shared, *plain = malloc(count * sizeof(float));
+    ddp_errinfo_t ei;
+    if (ddp_coll_mem_alloc(c, count * sizeof(float), (void **)&shared, &ei))
+        W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+    w_fill(shared, count, DDP_DT_F32, ddp_coll_rank(c), 5);
+    w_fill(plain, count, DDP_DT_F32, ddp_coll_rank(c), 5);
+    ddp_coll_req_t *r1, *r2;
+    if (ddp_coll_allreduce(c, shared, count, DDP_DT_F32, DDP_OP_AVG, &r1) ||
+        ddp_coll_allreduce(c, plain, count, DDP_DT_F32, DDP_OP_AVG, &r2))
+        W_FAIL("submit");
+    if (ddp_coll_wait(r1, 0, &ei) || ddp_coll_wait(r2, 0, &ei)) W_FAIL("wait: %s", ei.msg);
+    if (memcmp(shared, plain, count * sizeof(float))) W_FAIL("single-pass and ring sums differ");
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "ls /dev/shm | grep -q '^ddp-coll\\.%d\\.'", (int)getpid());
+    if (ddp_coll_barrier(c, 0, &ei)) W_FAIL("barrier: %s", ei.msg);
+    if (ddp_coll_rank(c) == 0 && system(cmd) == 0) W_FAIL("a segment was left in /dev/shm");
+    ddp_coll_mem_free(c, shared);
+    free(plain);
+    return 0;
 }
 
 static void test_shm_2(void **s) { run_world(2, "auto", "shm"); }
@@ -85,6 +145,17 @@ static void test_shm_4(void **s) { run_world(4, "auto", "shm"); }
 static void test_tcp_2(void **s) { run_world(2, "tcp", "tcp"); }
 static void test_tcp_3(void **s) { run_world(3, "tcp", "tcp"); }
 static void test_tcp_1(void **s) { run_world(1, "tcp", "self"); }
+static void test_mem_shm_2(void **s) { run_world_mem(2, "auto", "shm", 1, 1); }
+static void test_mem_shm_3(void **s) { run_world_mem(3, "auto", "shm", 1, 1); }
+static void test_mem_shm_4(void **s) { run_world_mem(4, "auto", "shm", 1, 1); }
+static void test_mem_tcp_2(void **s) { run_world_mem(2, "tcp", "tcp", 1, 0); }
+static void test_mem_single(void **s) { run_world_mem(1, "auto", "self", 1, 0); }
+
+static void test_mem_same_as_ring(void **s)
+{
+    w_cfg_t cfg = {.n = 2, .transport = "auto"};
+    assert_int_equal(w_run(cfg, same_as_ring, NULL, 60), 0);
+}
 
 static void test_single(void **s)
 {
@@ -96,7 +167,7 @@ static void test_single(void **s)
     ddp_coll_bootstrap_free(bs);
     assert_int_equal(ddp_coll_size(c), 1);
     assert_string_equal(ddp_coll_backend_name(c), "ring");
-    assert_int_equal(full_suite(c, NULL), 0);
+    assert_int_equal(full_suite(c, 0), 0);
     ddp_coll_free(c);
 }
 
@@ -171,7 +242,7 @@ static void *fake_rank(void *p)
     if (a->delay_us)
         a->rc = w_check_allreduce(c, CHUNK_MULT, DDP_DT_F32, DDP_OP_AVG, 5);
     else
-        a->rc = full_suite(c, NULL);
+        a->rc = full_suite(c, 0);
     a->seconds = (double)(ddp_now_ns() - t0) * 1e-9;
     ddp_coll_free(c);
     return NULL;
@@ -218,6 +289,12 @@ int main(void)
         cmocka_unit_test(test_shm_4),
         cmocka_unit_test(test_tcp_2),
         cmocka_unit_test(test_tcp_3),
+        cmocka_unit_test(test_mem_shm_2),
+        cmocka_unit_test(test_mem_shm_3),
+        cmocka_unit_test(test_mem_shm_4),
+        cmocka_unit_test(test_mem_tcp_2),
+        cmocka_unit_test(test_mem_single),
+        cmocka_unit_test(test_mem_same_as_ring),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }

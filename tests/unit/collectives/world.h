@@ -72,13 +72,24 @@ static inline double w_get(const void *buf, size_t i, ddp_dtype_t dt)
     return dt == DDP_DT_F32 ? ((const float *)buf)[i] : ddp__bf16_to_f32(((const uint16_t *)buf)[i]);
 }
 
-/* Checks one all-reduce of `count` against the serial double sum, twice, bitwise equal. */
-static inline int w_check_allreduce(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
-                                    uint32_t seed)
+/* Checks one all-reduce of `count` against the serial double sum, twice, bitwise equal; on buffers
+ * from ddp_coll_mem_alloc (at an odd offset inside it) when coll_mem, else from malloc. */
+static inline int w_check_allreduce_in(ddp_coll_t *c, size_t count, ddp_dtype_t dt,
+                                       ddp_redop_t op, uint32_t seed, int coll_mem)
 {
     int n = ddp_coll_size(c), me = ddp_coll_rank(c);
     size_t es = ddp_dtype_size(dt);
-    char *a = malloc(count * es + 16), *b = malloc(count * es + 16);
+    char *mem = NULL, *a, *b;
+    if (coll_mem) {
+        ddp_errinfo_t mei;
+        if (ddp_coll_mem_alloc(c, 2 * count * es + 64, (void **)&mem, &mei))
+            W_FAIL("ddp_coll_mem_alloc: %s", mei.msg);
+        a = mem + es;
+        b = mem + es + count * es + 16;
+    } else {
+        a = malloc(count * es + 16);
+        b = malloc(count * es + 16);
+    }
     float *scratch = malloc(sizeof(float) * (count + 1));
     if (!a || !b || !scratch) W_FAIL("malloc");
     char d[128];
@@ -114,10 +125,20 @@ static inline int w_check_allreduce(ddp_coll_t *c, size_t count, ddp_dtype_t dt,
             W_FAIL("%s: element %zu = %.9g, serial double sum %.9g (tolerance %.3g)", d, i, got,
                    ref, tol);
     }
-    free(a);
-    free(b);
+    if (coll_mem) {
+        ddp_coll_mem_free(c, mem);
+    } else {
+        free(a);
+        free(b);
+    }
     free(scratch);
     return 0;
+}
+
+static inline int w_check_allreduce(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                                    uint32_t seed)
+{
+    return w_check_allreduce_in(c, count, dt, op, seed, 0);
 }
 
 typedef struct {
