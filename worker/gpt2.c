@@ -159,7 +159,8 @@ static size_t carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *
     return off;
 }
 
-int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T)
+int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
+                  float *grads)
 {
     memset(m, 0, sizeof *m);
     DDP_CHECK(validate_cfg(cfg, B, T));
@@ -181,7 +182,11 @@ int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, i
     layout_tensors(cfg, add_tensor, &c);
 
     DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->w, m->n_params * sizeof(float)), rc, fail);
-    DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->g, m->n_params * sizeof(float)), rc, fail);
+    m->g = grads;
+    m->g_borrowed = grads != NULL;
+    if (!grads)
+        DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->g, m->n_params * sizeof(float)), rc,
+                       fail);
     make_views(m, m->w, &m->wv);
     make_views(m, m->g, &m->gv);
 
@@ -202,7 +207,7 @@ void ddp_gpt2_close(ddp_gpt2_t *m)
     if (!m) return;
     if (m->k) {
         m->k->ops->free(m->k->ctx, m->w);
-        m->k->ops->free(m->k->ctx, m->g);
+        if (!m->g_borrowed) m->k->ops->free(m->k->ctx, m->g);
         m->k->ops->free(m->k->ctx, m->acts.base);
     }
     free(m->params);

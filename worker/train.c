@@ -68,6 +68,27 @@ static int join_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return rc;
 }
 
+/* Buffers that are all-reduced in place: collective memory on the CPU (shared by the ranks of one
+ * host, where the all-reduce reads and writes every rank's copy directly instead of streaming it
+ * through the ring: see ddp_coll_mem_alloc), the kernels' memory otherwise (device memory for
+ * NCCL). *out is zeroed. */
+static int uses_coll_mem(const ddp_trainer_t *t) { return t->comm && !strcmp(t->k.ops->name, "cpu"); }
+
+static int alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei)
+{
+    if (uses_coll_mem(t)) return ddp_coll_mem_alloc(t->comm, bytes, (void **)out, ei);
+    DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)out, bytes));
+    return t->k.ops->memset0(t->k.ctx, *out, bytes);
+}
+
+static void free_reduced(ddp_trainer_t *t, float *p)
+{
+    if (uses_coll_mem(t))
+        ddp_coll_mem_free(t->comm, p);
+    else
+        t->k.ops->free(t->k.ctx, p);
+}
+
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
@@ -167,8 +188,13 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     t->accum = (int)(gbt / (per_pass * world));
 
-    DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len), rc,
-                   fail);
+    if (uses_coll_mem(t))
+        DDP_CHECK_GOTO(alloc_reduced(t, ddp_gpt2_count_params(&s->model) * sizeof(float),
+                                     &t->grads, ei),
+                       rc, fail);
+    DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
+                                 t->grads),
+                   rc, fail);
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model), rc, fail);
@@ -180,7 +206,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                                        t->model.n_params * sizeof(float)),
                        rc, fail);
     t->emb_bytes = (size_t)t->accum * world * emb_slot_floats(t) * sizeof(float);
-    DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->emb, t->emb_bytes), rc, fail);
+    DDP_CHECK_GOTO(alloc_reduced(t, t->emb_bytes, &t->emb, ei), rc, fail);
     t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {
@@ -206,10 +232,11 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(open_metrics(t), rc, fail);
     if (t->opts.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
-                 "%s kernels, %d threads; %d rank(s)%s%s x %d micro-step(s) x %d x %d tokens",
+                 "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
+                 ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)" : "",
                  t->accum, s->micro_batch, s->seq_len);
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
@@ -232,9 +259,10 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         t->k.ops->free(t->k.ctx, t->acc);
-        t->k.ops->free(t->k.ctx, t->emb);
+        if (t->emb) free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
+        if (t->grads) free_reduced(t, t->grads);
     }
     ddp_kernels_close(&t->k);
     ddp_coll_free(t->comm);

@@ -54,6 +54,7 @@ typedef struct ddp_trainer {
     int accum;        /* micro-steps per optimizer step on this rank */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
     float *emb;       /* embedding-gradient slots, accum x world (device; see train.c) */
+    float *grads;     /* the gradient arena when the trainer provides it (collective memory) */
     size_t emb_bytes;
     float *emb_tokens_f;  /* host staging: one slot's tokens as floats */
     int32_t *emb_tokens;  /* and as token ids */

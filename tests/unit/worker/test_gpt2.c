@@ -100,7 +100,7 @@ static int setup(void **state)
     fx->B = cfg_int(fx, "B");
     fx->T = cfg_int(fx, "T");
     if (ddp_kernels_open(&fx->k, "cpu", 0, 2)) return -1;
-    if (ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T)) return -1;
+    if (ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL)) return -1;
     load_weights(fx, "init.");
     *state = fx;
     return 0;
