@@ -1,6 +1,7 @@
 /* Reduction kernels of the ring: fp32 and bf16 element-wise sums, optionally scaled (average).
  *
- * Written as plain loops over restrict pointers so gcc vectorises them at -O2/-O3; a bf16 value is
+ * Written as plain loops over restrict pointers so gcc vectorises them, once per instruction set
+ * (target_clones: AVX-512, AVX2 or the baseline SSE2, chosen at load time); a bf16 value is
  * widened to fp32, summed in fp32 and rounded back to nearest-even (NaN stays a quiet NaN). The
  * order of operands is fixed by the caller (the ring), so results are reproducible.
  */
@@ -25,7 +26,9 @@ uint16_t ddp__f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-static void reduce_f32(float *dst, const float *restrict a, const float *b,
+#define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+VECTOR_CLONES static void reduce_f32(float *dst, const float *restrict a, const float *b,
                        size_t n, float scale)
 {
     if (scale == 1.0f)
@@ -34,7 +37,7 @@ static void reduce_f32(float *dst, const float *restrict a, const float *b,
         for (size_t i = 0; i < n; i++) dst[i] = (a[i] + b[i]) * scale;
 }
 
-static void reduce2_f32(float *dst, float *restrict dst2, const float *restrict a,
+VECTOR_CLONES static void reduce2_f32(float *dst, float *restrict dst2, const float *restrict a,
                         const float *b, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++) {
@@ -58,7 +61,7 @@ static inline uint16_t tobf(float f)
     return (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? ((u >> 16) | 0x40u) : r);
 }
 
-static void reduce_bf16(uint16_t *dst, const uint16_t *restrict a,
+VECTOR_CLONES static void reduce_bf16(uint16_t *dst, const uint16_t *restrict a,
                         const uint16_t *b, size_t n, float scale)
 {
     for (size_t i = 0; i < n; i++) dst[i] = tobf((bf(a[i]) + bf(b[i])) * scale);

@@ -2,12 +2,13 @@
  * single-pass all-reduce over it.
  *
  * Memory (ddp_coll_mem_alloc on a communicator whose ranks all share this host): each rank creates
- * a POSIX shared-memory segment (shm_open, mode 0600, named after the communicator), everyone maps
- * everyone's segment, and each rank unlinks its own name once all have mapped it, so nothing
- * outlives the processes (a crash inside that window can leave a name in /dev/shm). The first
- * allocation also maps one control page per rank the same way. When any rank cannot map a peer's
- * segment (separate /dev/shm mounts, for example), all ranks agree by a vote to keep the memory
- * private, and operations take the ring's usual path.
+ * a POSIX shared-memory segment (shm_open, mode 0600, named after the communicator; its pages
+ * reserved with posix_fallocate, so a full /dev/shm is an error now rather than a SIGBUS later),
+ * everyone maps everyone's segment, and each rank unlinks its own name once all have mapped it, so
+ * nothing outlives the processes (a crash inside that window can leave a name in /dev/shm). The
+ * first allocation also maps one control page per rank the same way. When any rank cannot create
+ * or map a segment (a small or separate /dev/shm, for example), all ranks agree by a vote to keep
+ * the memory private, and operations take the ring's usual path.
  *
  * All-reduce of a buffer inside shared memory (the same offset on every rank):
  *   1. each rank publishes what it reduces and that its buffer is final (its control word), and
@@ -89,10 +90,13 @@ static void *create_seg(const ddp__ring_t *R, int rank, const char *what, size_t
     char name[128];
     seg_name(name, sizeof name, R, rank, what);
     int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    void *p = fd >= 0 && ftruncate(fd, (off_t)bytes) == 0 ? map_fd(fd, bytes) : NULL;
+    /* reserve the pages now: a /dev/shm smaller than the buffer (containers often have 64 MB)
+     * must fail here, not as SIGBUS on first touch */
+    int err = fd < 0 ? errno : posix_fallocate(fd, 0, (off_t)bytes);
+    void *p = err == 0 ? map_fd(fd, bytes) : NULL;
     if (!p) {
         DDP_WARN("collectives: cannot create shared memory %s (%zu bytes): %s; collective memory "
-                 "stays private", name, bytes, strerror(errno));
+                 "stays private", name, bytes, strerror(err ? err : errno));
         if (fd >= 0) shm_unlink(name);
     }
     if (fd >= 0) close(fd);

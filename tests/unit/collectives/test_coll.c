@@ -5,7 +5,9 @@
  * (shared on one host, private over TCP), mixed with the ring's; argument validation.
  */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <sys/mount.h>
 #include <stdarg.h>
 #include <stddef.h>
 
@@ -151,6 +153,26 @@ static void test_mem_shm_4(void **s) { run_world_mem(4, "auto", "shm", 1, 1); }
 static void test_mem_tcp_2(void **s) { run_world_mem(2, "tcp", "tcp", 1, 0); }
 static void test_mem_single(void **s) { run_world_mem(1, "auto", "self", 1, 0); }
 
+/* A /dev/shm too small for the buffers (as in containers): collective memory stays private on
+ * every rank and the results are right. Needs a private mount namespace (root), else skipped. */
+static void test_mem_small_devshm(void **s)
+{
+    pid_t p = fork();
+    if (p == 0) {
+        if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+            mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8k"))
+            _exit(77);
+        w_cfg_t cfg = {.n = 2, .transport = "auto"};
+        expect_t e = {.transport = "shm", .coll_mem = 1, .shared = 0};
+        _exit(w_run(cfg, suite_and_transport, &e, 60) ? 1 : 0);
+    }
+    int st;
+    assert_int_equal(waitpid(p, &st, 0), p);
+    assert_true(WIFEXITED(st));
+    if (WEXITSTATUS(st) == 77) skip();
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void test_mem_same_as_ring(void **s)
 {
     w_cfg_t cfg = {.n = 2, .transport = "auto"};
@@ -295,6 +317,7 @@ int main(void)
         cmocka_unit_test(test_mem_tcp_2),
         cmocka_unit_test(test_mem_single),
         cmocka_unit_test(test_mem_same_as_ring),
+        cmocka_unit_test(test_mem_small_devshm),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }
