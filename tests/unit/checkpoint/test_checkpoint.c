@@ -983,15 +983,25 @@ static int read_file(const char *path, unsigned char **buf, size_t *len)
     return got == *len ? 0 : -1;
 }
 
-/* Whether `dir` accepts O_DIRECT (tmpfs does not). */
+/* Whether `dir` takes a 4096-byte O_DIRECT write reporting its alignment through statx (ext4,
+ * xfs; not tmpfs). */
 static int fs_has_direct(const char *dir)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/.probe", dir);
-    int fd = open(path, O_WRONLY | O_CREAT | O_DIRECT, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_DIRECT, 0644), ok = 0;
+    void *buf = NULL;
+    struct statx sx;
+    if (fd >= 0 && posix_memalign(&buf, 4096, 4096) == 0) {
+        memset(buf, 0, 4096);
+        ok = write(fd, buf, 4096) == 4096 &&
+             statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+             (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align;
+    }
+    free(buf);
     if (fd >= 0) close(fd);
     unlink(path);
-    return fd >= 0;
+    return ok;
 }
 
 /* The same state saved with O_DIRECT (arenas, and separately allocated tensors whose addresses
