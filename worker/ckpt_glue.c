@@ -40,6 +40,7 @@ struct ddp_tckpt {
     long helper_step;
     double helper_ms;
     ddp_errinfo_t helper_ei;
+    int live;        /* a live save (CPU) may still read the arenas: freeze before updating */
     long last_saved; /* step of the last save started; -1 */
     int pending, reported, report_rc;
     int commit_rc; /* first failed commit/save, for finish */
@@ -412,8 +413,24 @@ static int join_helper(ddp_trainer_t *t, double *waited_ms)
 
 int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    (void)ei;
     struct ddp_tckpt *c = t->ckpt;
+    if (c && c->live) {
+        /* the writer has been reading the arenas beside this step's forward and backward;
+         * what it has not read yet is copied now, before the update changes it */
+        int64_t t0 = ddp_now_ns();
+        uint64_t copied = 0;
+        ddp_ckpt_freeze(c->saver, &copied, ei);
+        c->live = 0;
+        double waited = ms_since(t0);
+        c->stats.wait_ms += waited;
+        c->stats.last_wait_ms = waited;
+        c->stats.last_snapshot_ms = waited;
+        if (t->opts.rank == 0)
+            DDP_INFO("checkpoint step %ld: the writer read the arenas beside step %ld; the "
+                     "update waited %.1f ms for it (%.1f MB left to copy)",
+                     c->last_saved, t->step + 1, waited, (double)copied / 1e6);
+        return 0;
+    }
     if (!c || !c->helper_running) return 0;
     double waited = 0;
     join_helper(t, &waited);
@@ -525,7 +542,16 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
     int rc = 0;
     if (c->saver) {
         c->helper_step = t->step;
-        if (overlap && pthread_create(&c->helper, NULL, helper_main, c) == 0) {
+        if (on_cpu(t)) {
+            /* the arenas are host memory and change only in the update: the writer reads them
+             * itself until ddp_tckpt_before_update freezes them (no copy at the boundary) */
+            rc = ddp_ckpt_save_live(c->saver, &c->state, ei);
+            c->live = rc == 0;
+            if (rc && c->pending && !c->reported) {
+                c->reported = 1;
+                c->report_rc = rc;
+            }
+        } else if (overlap && pthread_create(&c->helper, NULL, helper_main, c) == 0) {
             c->helper_running = 1;
         } else {
             int64_t t1 = ddp_now_ns();

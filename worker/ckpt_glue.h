@@ -7,11 +7,17 @@
  * count, the RNG's four words (hex strings: no precision lost), the data cursor (next global
  * sample index = step x sequences per global batch), world size, accumulation, and the spec.
  *
- * Saving without stalling: parameters and moments change only inside ddp_adamw_step, so after a
- * step that is due a save the training thread starts a helper thread that copies them into the
- * saver's host snapshot while the NEXT step runs forward and backward; that step joins the
- * helper just before its update (ddp_tckpt_before_update), which is the only place training can
- * wait for a snapshot (logged when it does). The saver's writer thread then writes the files.
+ * Saving without stalling: parameters and moments change only inside ddp_adamw_step (every path
+ * that writes them -- the update with its clipping, the skipped NaN update, resume, the initial
+ * broadcast -- runs before a save starts or after ddp_tckpt_before_update). On the CPU backend
+ * the arenas themselves are the snapshot until the next update: a save starts the writer at the
+ * step boundary with nothing copied (ddp_ckpt_save_live), the writer writes the shards straight
+ * from the arenas (O_DIRECT) while the NEXT step runs forward and backward, and that step's
+ * ddp_tckpt_before_update freezes it: whatever the writer has not read yet is copied into the
+ * host snapshot (usually nothing) and the writer goes on from there. On a GPU the snapshot is a
+ * device-to-host copy, taken by a helper thread beside the next step when a core is idle (else
+ * at the boundary) and joined in ddp_tckpt_before_update. Either way that is the only place
+ * training waits for a save within a step (logged).
  * With checkpoint.writers W > 1 (ranks < min(W, world) write stripes), completion is agreed on
  * by piggybacking two numbers on the per-step all-reduce the trainer does anyway
  * (ddp_tckpt_vote / ddp_tckpt_tally): once every writer reports its shards durable, rank 0

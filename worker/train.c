@@ -473,9 +473,11 @@ static void log_step(ddp_trainer_t *t, float loss, double ms)
         fprintf(t->metrics,
                 "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
-                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"tokens\":%llu,\"world\":%d}\n",
+                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"tokens\":%llu,\"world\":%d,"
+                "\"wall_ms\":%.1f}\n",
                 t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
-                c->exposed_ms, c->hidden, (unsigned long long)t->tokens, t->opts.world);
+                c->exposed_ms, c->hidden, (unsigned long long)t->tokens, t->opts.world,
+                (double)(ddp_now_ns() - t->run_t0) / 1e6);
         fflush(t->metrics);
     }
 }
@@ -484,6 +486,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
 {
     const ddp_spec_t *s = &t->spec;
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
+    t->run_t0 = ddp_now_ns();
     while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
         t->stop_requested = stop && *stop;
         int64_t t0 = ddp_now_ns();

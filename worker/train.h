@@ -47,6 +47,7 @@ typedef struct ddp_trainer {
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
+    int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
     int ready_rc;             /* first error from the reducer inside backward */
     int stop_requested;       /* this rank was asked to stop (signal) */
     int any_stop;             /* some rank was: every rank stops after this step */

@@ -1,10 +1,12 @@
-/* Checkpoint benchmark (not a test): GPT-2 124M weights + AdamW moments (~1.5 GB).
+/* Checkpoint benchmark (not a test): GPT-2 124M weights + AdamW moments (~1.5 GB), laid out as
+ * the CPU trainer has them (three page-aligned arenas: parameters, exp_avg, exp_avg_sq).
  *
- * In one invocation, on the same disk: the training stall of a save (ddp_ckpt_save: the copy
- * into the host snapshot; the first save also faults the snapshot in), the write throughput of
- * the save (writer thread: shards + CRC32C + fsyncs + manifest + rename), and a plain
- * sequential write of the same bytes (8 MiB writes, then fsync) as the reference. Medians of
- * --runs runs; prints a markdown table.
+ * In one invocation, on the same disk: the write throughput of a live save (ddp_ckpt_save_live,
+ * what the CPU trainer does: the writer reads the arenas; shards + CRC32C + fsyncs + manifest +
+ * rename), the same for a save from the host snapshot (ddp_ckpt_save: the GPU path) with the
+ * copy into the snapshot timed separately, and a plain sequential write of the same bytes
+ * (8 MiB buffered writes, then fsync) as the reference. Medians of --runs runs; prints a
+ * markdown table. DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off.
  *
  * Usage: bench_checkpoint [--dir DIR] [--runs N] [--no-optim] [--layers L]
  */
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -64,6 +67,70 @@ static double plain_write(const char *dir, const tstate_t *ts)
     return dt;
 }
 
+/* Moves the tensors' data into three page-aligned arenas (model, exp_avg, exp_avg_sq), tensor
+ * after tensor, as the CPU trainer's parameter and moment arenas are. */
+static void *arenas[3];
+
+static void arena_layout(tstate_t *ts)
+{
+    size_t n = ts->n_model;
+    for (int a = 0; a < (ts->n_optim ? 3 : 1); a++) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
+        unsigned char *base = NULL;
+        if (posix_memalign((void **)&base, 4096, bytes)) exit(1);
+        uint64_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+            ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];
+            memcpy(base + off, t->data, t->nbytes);
+            free(t->data);
+            t->data = base + off;
+            off += t->nbytes;
+        }
+        arenas[a] = base;
+    }
+}
+
+static void arena_free(tstate_t *ts)
+{
+    for (int a = 0; a < 3; a++) free(arenas[a]);
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++)
+        (i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model])->data = malloc(1);
+}
+
+/* CPU time (user + system) of this process so far, seconds. */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static double last_cpu; /* CPU seconds of the last save_once, copy included */
+
+static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, double *stall,
+                        uint64_t *bytes, uint64_t *direct)
+{
+    double c0 = cpu_s();
+    ddp_errinfo_t ei;
+    ddp_ckpt_state_t st = tu_state(ts, step, "{\"step\": 0}");
+    int64_t t0 = ddp_now_ns();
+    int rc = live ? ddp_ckpt_save_live(s, &st, &ei) : ddp_ckpt_save(s, &st, &ei);
+    *stall = (double)(ddp_now_ns() - t0) * 1e-9;
+    if (rc == 0) rc = ddp_ckpt_wait(s, &ei);
+    if (rc < 0) {
+        fprintf(stderr, "save: %s\n", ei.msg);
+        exit(1);
+    }
+    ddp_ckpt_stats_t stats;
+    ddp_ckpt_saver_stats(s, &stats);
+    *bytes = stats.bytes;
+    *direct = stats.direct_bytes;
+    last_cpu = cpu_s() - c0;
+    return stats.write_s;
+}
+
 int main(int argc, char **argv)
 {
     const char *dir = "bench-ckpt.tmp";
@@ -86,6 +153,7 @@ int main(int argc, char **argv)
     ddp_log_set_level(DDP_LOG_WARN);
     tstate_t ts;
     tu_make(&ts, 50257, 1024, 768, layers, optim, 1);
+    arena_layout(&ts);
     tu_rmrf(dir);
     ddp_ckpt_opts_t o = {.dir = dir, .keep_last = 0}; /* old steps are removed untimed */
     ddp_ckpt_saver_t *s;
@@ -101,55 +169,64 @@ int main(int argc, char **argv)
     }
     double reserve_s = (double)(ddp_now_ns() - tr) * 1e-9;
     double *stall = calloc((size_t)runs, sizeof *stall), *wr = calloc((size_t)runs, sizeof *wr);
-    double *pl = calloc((size_t)runs, sizeof *pl), first_stall = 0;
-    uint64_t bytes = 0;
+    double *wl = calloc((size_t)runs, sizeof *wl), *cl = calloc((size_t)runs, sizeof *cl);
+    double *cs = calloc((size_t)runs, sizeof *cs);
+    double *pl = calloc((size_t)runs, sizeof *pl), first_stall = 0, dummy;
+    uint64_t bytes = 0, direct = 0, direct_live = 0;
     for (int r = 0; r < runs + 1; r++) {
-        ddp_ckpt_state_t st = tu_state(&ts, 1000 + r, "{\"step\": 0}");
-        int64_t t0 = ddp_now_ns();
-        if (ddp_ckpt_save(s, &st, &ei) < 0) {
-            fprintf(stderr, "save: %s\n", ei.msg);
-            return 1;
-        }
-        double dt = (double)(ddp_now_ns() - t0) * 1e-9;
-        if (ddp_ckpt_wait(s, &ei) < 0) {
-            fprintf(stderr, "save: %s\n", ei.msg);
-            return 1;
-        }
-        ddp_ckpt_stats_t stats;
-        ddp_ckpt_saver_stats(s, &stats);
-        bytes = stats.bytes;
+        double dt;
+        double w = save_once(s, &ts, 2000 + 2 * r, 0, &dt, &bytes, &direct);
         if (r == 0) { /* first save: snapshot allocation and page faults; not in the medians */
             first_stall = dt;
             continue;
         }
         stall[r - 1] = dt;
-        wr[r - 1] = stats.write_s;
+        wr[r - 1] = w;
+        cs[r - 1] = last_cpu;
+        wl[r - 1] = save_once(s, &ts, 2000 + 2 * r + 1, 1, &dummy, &bytes, &direct_live);
+        cl[r - 1] = last_cpu;
         pl[r - 1] = plain_write(dir, &ts);
-        char name[64];
-        snprintf(name, sizeof name, "%s/step-%08d", dir, 1000 + r - 1);
-        tu_rmrf(name);
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "%s/step-%08d", dir, 2000 + 2 * r + k);
+            tu_rmrf(name);
+        }
     }
     ddp_ckpt_saver_free(s);
     double st_med = median(stall, runs), wr_med = median(wr, runs), pl_med = median(pl, runs);
-    printf("\nCheckpoint of GPT-2 124M (%d layers)%s: %.1f MB of tensors, %.1f MB written, "
-           "medians of %d runs, dir %s\n\n",
+    double wl_med = median(wl, runs);
+    const char *dio = getenv("DDP_CKPT_DIRECT");
+    printf("\nCheckpoint of GPT-2 124M (%d layers)%s: %.1f MB of tensors, %.1f MB written per "
+           "save, medians of %d runs, dir %s, O_DIRECT %s\n\n",
            layers, optim ? " + AdamW moments" : "", (double)ts.bytes / 1e6, (double)bytes / 1e6,
-           runs, dir);
+           runs, dir, dio && !strcmp(dio, "0") ? "off (DDP_CKPT_DIRECT=0)" : "where the fs allows");
     printf("| measure | value |\n|---|---|\n");
-    printf("| ddp_ckpt_saver_reserve at start-up (allocate + fault in, once) | %.0f ms |\n",
-           reserve_s * 1e3);
-    printf("| stall per save (snapshot copy), first save | %.0f ms |\n", first_stall * 1e3);
-    printf("| stall per save (snapshot copy), later saves | %.0f ms (%.1f GB/s) |\n", st_med * 1e3,
-           (double)ts.bytes / st_med / 1e9);
-    printf("| save write throughput (shards + CRC32C + fsync + manifest + rename) | %.0f MB/s |\n",
-           (double)bytes / wr_med / 1e6);
+    printf("| live save (CPU trainer): write throughput, shards + CRC32C + fsync + manifest + "
+           "rename | **%.0f MB/s** (%.0f%% of the bytes written with O_DIRECT from the arenas) |\n",
+           (double)bytes / wl_med / 1e6, 100.0 * (double)direct_live / (double)ts.bytes);
+    printf("| live save: CPU time it costs (user + system, all threads) | %.0f ms |\n",
+           median(cl, runs) * 1e3);
     printf("| plain sequential write + fsync, same bytes, same disk | %.0f MB/s |\n",
            (double)ts.bytes / pl_med / 1e6);
-    printf("| save / plain | %.2f |\n", ((double)bytes / wr_med) / ((double)ts.bytes / pl_med));
+    printf("| **live save / plain** | **%.2f** |\n",
+           ((double)bytes / wl_med) / ((double)ts.bytes / pl_med));
+    printf("| save from the host snapshot (GPU path): write throughput | %.0f MB/s (save / plain: "
+           "%.2f) |\n", (double)bytes / wr_med / 1e6,
+           ((double)bytes / wr_med) / ((double)ts.bytes / pl_med));
+    printf("| save from the host snapshot: CPU time, copy included | %.0f ms |\n",
+           median(cs, runs) * 1e3);
+    printf("| its copy into the snapshot, first save / later saves | %.0f ms / %.0f ms "
+           "(%.1f GB/s) |\n", first_stall * 1e3, st_med * 1e3, (double)ts.bytes / st_med / 1e9);
+    printf("| ddp_ckpt_saver_reserve at start-up (allocate + fault in, once) | %.0f ms |\n",
+           reserve_s * 1e3);
+    arena_free(&ts);
     tu_free(&ts);
     tu_rmrf(dir);
     free(stall);
     free(wr);
+    free(wl);
+    free(cl);
+    free(cs);
     free(pl);
     return 0;
 }

@@ -31,6 +31,12 @@
  *                                          parent, swaps `latest`, prunes beyond keep_last.
  *     ... training goes on; the next ddp_ckpt_save waits for this one if it is still running
  *     (and logs that it waits) rather than dropping it.
+ * Host tensors may skip the copy: ddp_ckpt_save_live starts the writer on the tensors
+ * themselves, and ddp_ckpt_freeze, called before the caller next modifies them, copies only
+ * what the writer has not read yet. Shards are written with O_DIRECT where the file system
+ * allows (their data starts 4096-aligned: the header is padded with spaces), from the tensors
+ * when their addresses line up with their file offsets, else through a small bounce buffer;
+ * buffered otherwise. The bytes are the same either way.
  *     ddp_ckpt_wait(saver, &ei);           at the end of training: the last save's result.
  *
  * Striped writers (checkpoint.writers N > 1; needs `dir` on a file system all writers share):
@@ -123,6 +129,12 @@ typedef struct ddp_ckpt_stats {
     double wait_s;        /* of which waiting for the previous save */
     double write_s;       /* writer thread time of the last finished save (write + commit) */
     uint64_t bytes;       /* bytes this rank wrote in the last finished save */
+    uint64_t direct_bytes; /* of the shards' bytes, those written with O_DIRECT straight from
+                            * the tensors or the snapshot (the rest: buffered or bounced) */
+    double freeze_s;       /* the last ddp_ckpt_freeze: wait for the chunk in flight + copy */
+    uint64_t freeze_bytes; /* what it copied into the snapshot (0: the writer was done) */
+    /* (ddp_ckpt_saver_stats while a save runs races with its writer: call it after
+     * ddp_ckpt_wait) */
     long saves, failures; /* finished saves, and how many of them failed */
 } ddp_ckpt_stats_t;
 
@@ -156,6 +168,19 @@ int ddp_ckpt_snapshot(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errin
  * (writers == 1) the commit. Returns 0, DDP_EINVAL (no snapshot), -errno (thread). Training
  * thread. */
 int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei);
+
+/* A save without the copy, for host tensors (o->copy NULL; DDP_EINVAL otherwise): checks and
+ * plans as ddp_ckpt_snapshot does and starts the writer at once, which reads the tensors'
+ * memory itself. The caller must not modify any tensor of st until ddp_ckpt_freeze returns (or
+ * the save has finished: ddp_ckpt_wait). Returns as ddp_ckpt_save. Training thread. */
+int ddp_ckpt_save_live(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errinfo_t *ei);
+
+/* Ends a live save's reading of the caller's tensors: waits for the chunk the writer is reading
+ * (at most one write of 8 MiB), copies whatever the writer has not read yet into the snapshot
+ * (nothing when it is past the shards) and lets it go on from there. Afterwards the caller may
+ * modify its tensors. *copied (may be NULL) gets the bytes copied. A no-op when no live save
+ * runs. Returns 0. Training thread. */
+int ddp_ckpt_freeze(ddp_ckpt_saver_t *s, uint64_t *copied, ddp_errinfo_t *ei);
 
 /* Blocks until no save is running; returns the result of the last finished save and clears it
  * (0 when none or it succeeded; ei gets a failure's detail). Training thread. */

@@ -95,6 +95,16 @@ static json_t *shape_json(const ddp_st_tensor_t *t)
 int ddp_st_header_build(const ddp_st_tensor_t *t, size_t n, const char *const *meta, size_t nmeta,
                         char **out, size_t *out_len, ddp_errinfo_t *ei)
 {
+    return ddp_st_header_build_aligned(t, n, meta, nmeta, 8, out, out_len, ei);
+}
+
+int ddp_st_header_build_aligned(const ddp_st_tensor_t *t, size_t n, const char *const *meta,
+                                size_t nmeta, size_t align, char **out, size_t *out_len,
+                                ddp_errinfo_t *ei)
+{
+    if (align < 8 || align % 8)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "safetensors header: alignment %zu is not a "
+                                               "multiple of 8", align);
     int rc = 0;
     char *text = NULL;
     json_t *root = json_object();
@@ -167,7 +177,8 @@ int ddp_st_header_build(const ddp_st_tensor_t *t, size_t n, const char *const *m
         goto out;
     }
     size_t len = strlen(text);
-    size_t padded = (len + 7) & ~(size_t)7;
+    /* spaces up to where the data starts aligned (the format allows space padding) */
+    size_t padded = (8 + len + align - 1) / align * align - 8;
     char *buf = ddp_malloc(8 + padded);
     if (!buf) {
         rc = ddp_errinfo_set(ei, DDP_ENOMEM, "safetensors header: out of memory");

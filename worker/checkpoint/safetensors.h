@@ -7,7 +7,8 @@
  *   8 bytes   N, unsigned little-endian: the header's length
  *   N bytes   JSON object: {"__metadata__": {str: str}?, "<name>": {"dtype": "F32", "shape": [..],
  *             "data_offsets": [begin, end]}, ...}; offsets are relative to the first byte after
- *             the header; this writer pads the header with spaces to a multiple of 8
+ *             the header; this writer pads the header with spaces to a multiple of 8 (the
+ *             checkpoint saver: so that the data starts at a multiple of 4096)
  *   data      the tensors, contiguous, row-major, little-endian, in header order; no gaps, no
  *             overlaps, no trailing bytes
  *
@@ -84,6 +85,13 @@ int ddp_st_tensor_bytes(ddp_st_dtype_t dt, int ndim, const int64_t *shape, uint6
  * Any thread. */
 int ddp_st_header_build(const ddp_st_tensor_t *t, size_t n, const char *const *meta, size_t nmeta,
                         char **out, size_t *out_len, ddp_errinfo_t *ei);
+
+/* The same, padding the header with spaces so that the data starts at a multiple of `align`
+ * bytes from the file's start (align: a multiple of 8; 4096 lets the data be written with
+ * O_DIRECT straight from page-aligned memory). DDP_EINVAL for another align. Any thread. */
+int ddp_st_header_build_aligned(const ddp_st_tensor_t *t, size_t n, const char *const *meta,
+                                size_t nmeta, size_t align, char **out, size_t *out_len,
+                                ddp_errinfo_t *ei);
 
 /* Writes a complete safetensors file to `fd` at its current position: the header, then every
  * tensor's bytes from its `data`. When `crc` is not NULL it is extended (ddp_crc32c_update) over

@@ -25,6 +25,7 @@
 #include "common/log.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/checkpoint/checksum.h"
+#include "worker/checkpoint/dio.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/safetensors.h"
 
@@ -846,6 +847,278 @@ static void test_fault_injection(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- live saves, O_DIRECT */
+
+/* Copies every tensor of `ts` into ref (same names/shapes). */
+static void tu_copy(tstate_t *ref, const tstate_t *ts)
+{
+    tu_like(ref, ts);
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++) {
+        const ddp_ckpt_tensor_t *a = i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model];
+        ddp_ckpt_tensor_t *b = i < ts->n_model ? &ref->model[i] : &ref->optim[i - ts->n_model];
+        memcpy(b->data, a->data, a->nbytes);
+    }
+}
+
+/* Changes every value of every tensor (what an optimizer update does). */
+static void tu_update(tstate_t *ts)
+{
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++) {
+        ddp_ckpt_tensor_t *t = i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model];
+        float *f = t->data;
+        for (uint64_t k = 0; k < t->nbytes / 4; k++) f[k] = f[k] * 0.5f + 1.0f;
+    }
+}
+
+/* Moves the model tensors into one page-aligned arena and each moment into another, tensor after
+ * tensor (the CPU trainer's layout), so writes can span tensors and go O_DIRECT. Returns the
+ * arenas (free them after tu_free, which must not free the tensors: their data is reset). */
+static void tu_arenas(tstate_t *ts, void *arenas[3])
+{
+    size_t n = ts->n_model;
+    for (int a = 0; a < 3; a++) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
+        unsigned char *base = NULL;
+        assert_int_equal(posix_memalign((void **)&base, 4096, bytes), 0);
+        uint64_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+            ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];
+            memcpy(base + off, t->data, t->nbytes);
+            free(t->data);
+            t->data = base + off;
+            off += t->nbytes;
+        }
+        arenas[a] = base;
+    }
+}
+
+static void tu_arenas_free(tstate_t *ts, void *arenas[3])
+{
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++)
+        (i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model])->data = malloc(1);
+    for (int a = 0; a < 3; a++) free(arenas[a]);
+}
+
+static int host_copy(void *dst, const void *src, size_t n, void *ctx)
+{
+    memcpy(dst, src, n);
+    return 0;
+}
+
+/* A live save: the writer reads the tensors themselves; after ddp_ckpt_freeze the caller
+ * changes them (an update) while the writer is still busy, and the checkpoint must hold the
+ * values from before the update, bitwise; likewise when the freeze comes after the writer is
+ * past the shards (nothing to copy). */
+static void test_live_save_freeze(void **state)
+{
+    char *dir = tu_tmpdir();
+    tstate_t ts, ref, out;
+    void *arenas[3];
+    tu_make(&ts, 1000, 64, 96, 2, 1, 5);
+    tu_arenas(&ts, arenas);
+    for (int late = 0; late < 2; late++) {
+        /* several shards, and a pause after each, so the freeze finds shards not yet read */
+        setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", "100", 1);
+        ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.3, .keep_last = 0};
+        ddp_ckpt_saver_t *s;
+        ddp_errinfo_t ei;
+        assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+        unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
+        tu_copy(&ref, &ts);
+        ddp_ckpt_state_t st = tu_state(&ts, 30 + late, TRAINER);
+        assert_int_equal(ddp_ckpt_save_live(s, &st, &ei), 0);
+        if (late) {
+            while (ddp_ckpt_busy(s)) usleep(10000);
+        } else {
+            usleep(20000);
+            assert_true(ddp_ckpt_busy(s));
+        }
+        uint64_t copied = 1;
+        assert_int_equal(ddp_ckpt_freeze(s, &copied, &ei), 0);
+        if (late) assert_int_equal(copied, 0);
+        else assert_true(copied > 0 && copied < ts.bytes);
+        tu_update(&ts); /* the update, while the writer goes on from the snapshot */
+        assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
+        ddp_ckpt_saver_free(s);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/step-%08d", dir, 30 + late);
+        assert_int_equal(ddp_ckpt_verify(path, &ei), 0);
+        tu_like(&out, &ts);
+        ddp_ckpt_load_t req = {.model = out.model, .n_model = out.n_model, .optim = out.optim,
+                               .n_optim = out.n_optim};
+        assert_int_equal(ddp_ckpt_load(path, &req, &ei), 0);
+        assert_same_state(&ref, &out);
+        free(req.config_json);
+        free(req.trainer_json);
+        tu_free(&out);
+        tu_free(&ref);
+    }
+    /* a live save needs host tensors */
+    ddp_ckpt_opts_t o = {.dir = dir, .copy = host_copy};
+    ddp_ckpt_saver_t *s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    ddp_ckpt_state_t st = tu_state(&ts, 40, TRAINER);
+    assert_int_equal(ddp_ckpt_save_live(s, &st, &ei), DDP_EINVAL);
+    ddp_ckpt_saver_free(s);
+    tu_arenas_free(&ts, arenas);
+    tu_free(&ts);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+static int read_file(const char *path, unsigned char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(*len ? *len : 1);
+    size_t got = fread(*buf, 1, *len, f);
+    fclose(f);
+    return got == *len ? 0 : -1;
+}
+
+/* Whether `dir` takes a 4096-byte O_DIRECT write reporting its alignment through statx (ext4,
+ * xfs; not tmpfs). */
+static int fs_has_direct(const char *dir)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.probe", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_DIRECT, 0644), ok = 0;
+    void *buf = NULL;
+    struct statx sx;
+    if (fd >= 0 && posix_memalign(&buf, 4096, 4096) == 0) {
+        memset(buf, 0, 4096);
+        ok = write(fd, buf, 4096) == 4096 &&
+             statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+             (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_offset_align;
+    }
+    free(buf);
+    if (fd >= 0) close(fd);
+    unlink(path);
+    return ok;
+}
+
+/* The same state saved with O_DIRECT (arenas, and separately allocated tensors whose addresses
+ * do not match their file offsets: the bounce buffer) and buffered: identical files, data
+ * starting 4096-aligned, no trailing bytes. */
+static void test_direct_matches_buffered(void **state)
+{
+    char *dir = tu_tmpdir();
+    int direct_fs = fs_has_direct(dir);
+    for (int arena = 0; arena < 2; arena++) {
+        tstate_t ts;
+        void *arenas[3];
+        tu_make(&ts, 1001, 33, 96, 2, 1, 6); /* odd sizes: shards end off any block */
+        if (arena) tu_arenas(&ts, arenas);
+        for (int direct = 0; direct < 2; direct++) {
+            if (!direct) setenv("DDP_CKPT_DIRECT", "0", 1);
+            ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.5, .keep_last = 0};
+            ddp_ckpt_saver_t *s;
+            ddp_errinfo_t ei;
+            assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+            unsetenv("DDP_CKPT_DIRECT");
+            ddp_ckpt_state_t st = tu_state(&ts, 100 * arena + direct, TRAINER);
+            assert_int_equal(direct ? ddp_ckpt_save_live(s, &st, &ei) : ddp_ckpt_save(s, &st, &ei),
+                             0);
+            assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
+            ddp_ckpt_stats_t stats;
+            ddp_ckpt_saver_stats(s, &stats);
+            if (!direct) assert_int_equal(stats.direct_bytes, 0);
+            else if (direct_fs && arena) assert_true(stats.direct_bytes > ts.bytes / 2);
+            ddp_ckpt_saver_free(s);
+        }
+        char pat[4096];
+        snprintf(pat, sizeof pat, "%s/step-%08d/*.safetensors", dir, 100 * arena);
+        glob_t g;
+        assert_int_equal(glob(pat, 0, NULL, &g), 0);
+        assert_true(g.gl_pathc >= 3);
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            char other[4096];
+            snprintf(other, sizeof other, "%s/step-%08d/%s", dir, 100 * arena + 1,
+                     strrchr(g.gl_pathv[i], '/') + 1);
+            unsigned char *a, *b;
+            size_t la, lb;
+            assert_int_equal(read_file(g.gl_pathv[i], &a, &la), 0);
+            assert_int_equal(read_file(other, &b, &lb), 0);
+            assert_int_equal(la, lb);
+            if (memcmp(a, b, la)) fail_msg("%s differs between buffered and O_DIRECT", other);
+            /* data at a 4096 boundary, and the file ends where the last tensor ends */
+            ddp_st_file_t *f;
+            ddp_errinfo_t ei;
+            assert_int_equal(ddp_st_open(other, &f, &ei), 0);
+            assert_int_equal(ddp_st_data_start(f) % 4096, 0);
+            const ddp_st_tensor_t *last = ddp_st_get(f, ddp_st_count(f) - 1);
+            const unsigned char *first = ddp_st_get(f, 0)->data;
+            assert_int_equal(ddp_st_data_start(f) +
+                                 (uint64_t)((const unsigned char *)last->data - first) +
+                                 last->nbytes,
+                             lb);
+            ddp_st_close(f);
+            free(a);
+            free(b);
+        }
+        globfree(&g);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/step-%08d", dir, 100 * arena + 1);
+        ddp_errinfo_t ei;
+        assert_int_equal(ddp_ckpt_verify(path, &ei), 0);
+        if (arena) tu_arenas_free(&ts, arenas);
+        tu_free(&ts);
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ddp__dio_*: appends of odd sizes from addresses of every phase produce exactly those bytes. */
+static void test_dio_appends(void **state)
+{
+    char *dir = tu_tmpdir();
+    size_t total = 3 * DDP__DIO_BOUNCE + 12345;
+    unsigned char *src = NULL;
+    assert_int_equal(posix_memalign((void **)&src, 4096, total + 8192), 0);
+    uint64_t seed = 9;
+    for (size_t i = 0; i < total + 8192; i++) src[i] = (unsigned char)tu_rng(&seed);
+    const size_t sizes[] = {100, 4096 - 100, 8192, 1, DDP__DIO_BOUNCE + 7, 511, 65536 * 3,
+                            DDP__DIO_BOUNCE, 3};
+    for (int direct = 0; direct < 2; direct++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/f%d", dir, direct);
+        ddp__dio_t d;
+        ddp_errinfo_t ei;
+        assert_int_equal(ddp__dio_open(&d, path, direct, &ei), 0);
+        unsigned char *expect = malloc(total);
+        size_t len = 0, phase = 0;
+        for (size_t k = 0; len < total; k++) {
+            size_t n = sizes[k % (sizeof sizes / sizeof sizes[0])];
+            if (n > total - len) n = total - len;
+            /* the source: page-aligned when its file offset is, else some other phase */
+            const unsigned char *p = src + (k % 3 == 0 ? len % 4096 : (len + ++phase) % 4096);
+            memcpy(expect + len, p, n);
+            assert_int_equal(ddp__dio_write(&d, p, n, &ei), 0);
+            len += n;
+        }
+        uint32_t crc = d.crc;
+        assert_int_equal(ddp__dio_close(&d, 0, &ei), 0);
+        assert_int_equal(crc, ddp_crc32c_update(0, expect, total));
+        unsigned char *got;
+        size_t glen;
+        assert_int_equal(read_file(path, &got, &glen), 0);
+        assert_int_equal(glen, total);
+        if (memcmp(got, expect, total)) fail_msg("direct=%d: file content differs", direct);
+        free(got);
+        free(expect);
+    }
+    free(src);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -864,6 +1137,9 @@ int main(void)
         cmocka_unit_test(test_init_from),
         cmocka_unit_test(test_load_memory),
         cmocka_unit_test(test_fault_injection),
+        cmocka_unit_test(test_live_save_freeze),
+        cmocka_unit_test(test_direct_matches_buffered),
+        cmocka_unit_test(test_dio_appends),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
