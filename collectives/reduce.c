@@ -26,7 +26,11 @@ uint16_t ddp__f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+#ifdef __SANITIZE_THREAD__
+#define VECTOR_CLONES /* TSan's runtime is not up yet when ifunc resolvers run */
+#else
 #define VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 
 VECTOR_CLONES static void reduce_f32(float *dst, const float *restrict a, const float *b,
                        size_t n, float scale)
