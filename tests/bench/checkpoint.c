@@ -67,36 +67,7 @@ static double plain_write(const char *dir, const tstate_t *ts)
     return dt;
 }
 
-/* Moves the tensors' data into three page-aligned arenas (model, exp_avg, exp_avg_sq), tensor
- * after tensor, as the CPU trainer's parameter and moment arenas are. */
 static void *arenas[3];
-
-static void arena_layout(tstate_t *ts)
-{
-    size_t n = ts->n_model;
-    for (int a = 0; a < (ts->n_optim ? 3 : 1); a++) {
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
-        unsigned char *base = NULL;
-        if (posix_memalign((void **)&base, 4096, bytes)) exit(1);
-        uint64_t off = 0;
-        for (size_t i = 0; i < n; i++) {
-            ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];
-            memcpy(base + off, t->data, t->nbytes);
-            free(t->data);
-            t->data = base + off;
-            off += t->nbytes;
-        }
-        arenas[a] = base;
-    }
-}
-
-static void arena_free(tstate_t *ts)
-{
-    for (int a = 0; a < 3; a++) free(arenas[a]);
-    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++)
-        (i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model])->data = malloc(1);
-}
 
 /* CPU time (user + system) of this process so far, seconds. */
 static double cpu_s(void)
@@ -153,7 +124,7 @@ int main(int argc, char **argv)
     ddp_log_set_level(DDP_LOG_WARN);
     tstate_t ts;
     tu_make(&ts, 50257, 1024, 768, layers, optim, 1);
-    arena_layout(&ts);
+    if (tu_arenas(&ts, arenas)) exit(1);
     tu_rmrf(dir);
     ddp_ckpt_opts_t o = {.dir = dir, .keep_last = 0}; /* old steps are removed untimed */
     ddp_ckpt_saver_t *s;
@@ -219,7 +190,7 @@ int main(int argc, char **argv)
            "(%.1f GB/s) |\n", first_stall * 1e3, st_med * 1e3, (double)ts.bytes / st_med / 1e9);
     printf("| ddp_ckpt_saver_reserve at start-up (allocate + fault in, once) | %.0f ms |\n",
            reserve_s * 1e3);
-    arena_free(&ts);
+    tu_arenas_free(&ts, arenas);
     tu_free(&ts);
     tu_rmrf(dir);
     free(stall);

@@ -154,4 +154,37 @@ static inline ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const 
     return st;
 }
 
+/* Moves the model tensors into one page-aligned arena and each moment (when there are moments)
+ * into another, tensor after tensor (the CPU trainer's layout), so writes can span tensors and go
+ * O_DIRECT. Returns 0 or -1 (out of memory). Free them with tu_arenas_free before tu_free. */
+static inline int tu_arenas(tstate_t *ts, void *arenas[3])
+{
+    size_t n = ts->n_model;
+    for (int a = 0; a < 3; a++) arenas[a] = NULL;
+    for (int a = 0; a < (ts->n_optim ? 3 : 1); a++) {
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
+        unsigned char *base = NULL;
+        if (posix_memalign((void **)&base, 4096, bytes)) return -1;
+        uint64_t off = 0;
+        for (size_t i = 0; i < n; i++) {
+            ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];
+            memcpy(base + off, t->data, t->nbytes);
+            free(t->data);
+            t->data = base + off;
+            off += t->nbytes;
+        }
+        arenas[a] = base;
+    }
+    return 0;
+}
+
+/* Gives the tensors back small heap blocks (so tu_free can free them) and frees the arenas. */
+static inline void tu_arenas_free(tstate_t *ts, void *arenas[3])
+{
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++)
+        (i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model])->data = malloc(1);
+    for (int a = 0; a < 3; a++) free(arenas[a]);
+}
+
 #endif

@@ -870,36 +870,6 @@ static void tu_update(tstate_t *ts)
     }
 }
 
-/* Moves the model tensors into one page-aligned arena and each moment into another, tensor after
- * tensor (the CPU trainer's layout), so writes can span tensors and go O_DIRECT. Returns the
- * arenas (free them after tu_free, which must not free the tensors: their data is reset). */
-static void tu_arenas(tstate_t *ts, void *arenas[3])
-{
-    size_t n = ts->n_model;
-    for (int a = 0; a < 3; a++) {
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
-        unsigned char *base = NULL;
-        assert_int_equal(posix_memalign((void **)&base, 4096, bytes), 0);
-        uint64_t off = 0;
-        for (size_t i = 0; i < n; i++) {
-            ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];
-            memcpy(base + off, t->data, t->nbytes);
-            free(t->data);
-            t->data = base + off;
-            off += t->nbytes;
-        }
-        arenas[a] = base;
-    }
-}
-
-static void tu_arenas_free(tstate_t *ts, void *arenas[3])
-{
-    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++)
-        (i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model])->data = malloc(1);
-    for (int a = 0; a < 3; a++) free(arenas[a]);
-}
-
 static int host_copy(void *dst, const void *src, size_t n, void *ctx)
 {
     memcpy(dst, src, n);
@@ -916,7 +886,7 @@ static void test_live_save_freeze(void **state)
     tstate_t ts, ref, out;
     void *arenas[3];
     tu_make(&ts, 1000, 64, 96, 2, 1, 5);
-    tu_arenas(&ts, arenas);
+    assert_int_equal(tu_arenas(&ts, arenas), 0);
     for (int late = 0; late < 2; late++) {
         /* several shards, and a pause after each, so the freeze finds shards not yet read */
         setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", "100", 1);
@@ -1015,7 +985,7 @@ static void test_direct_matches_buffered(void **state)
         tstate_t ts;
         void *arenas[3];
         tu_make(&ts, 1001, 33, 96, 2, 1, 6); /* odd sizes: shards end off any block */
-        if (arena) tu_arenas(&ts, arenas);
+        if (arena) assert_int_equal(tu_arenas(&ts, arenas), 0);
         for (int direct = 0; direct < 2; direct++) {
             if (!direct) setenv("DDP_CKPT_DIRECT", "0", 1);
             ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.5, .keep_last = 0};
