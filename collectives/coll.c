@@ -247,22 +247,31 @@ static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
     return 0;
 }
 
+/* A zeroed request of `kind` (*req = NULL until submitted); NULL when out of memory. */
+static ddp_coll_req_t *new_req(int kind, void *buf, size_t count, size_t bytes,
+                               ddp_coll_req_t **req)
+{
+    *req = NULL;
+    ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->kind = kind;
+    r->buf = buf;
+    r->count = count;
+    r->bytes = bytes;
+    return r;
+}
+
 static int allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
                      int barrier, ddp_coll_req_t **req)
 {
     if (!c || !req || (count && !buf) || (dt != DDP_DT_F32 && dt != DDP_DT_BF16) ||
         (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
         return DDP_EINVAL;
-    *req = NULL;
-    ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
+    ddp_coll_req_t *r = new_req(DDP__REQ_ALLREDUCE, buf, count, count * ddp_dtype_size(dt), req);
     if (!r) return DDP_ENOMEM;
-    r->kind = DDP__REQ_ALLREDUCE;
     r->barrier = barrier;
-    r->buf = buf;
-    r->count = count;
     r->dt = dt;
     r->op = op;
-    r->bytes = count * ddp_dtype_size(dt);
     return submit(c, r, req);
 }
 
@@ -275,13 +284,8 @@ int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, d
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
 {
     if (!c || !req || (bytes && !buf) || root < 0 || root >= c->size) return DDP_EINVAL;
-    *req = NULL;
-    ddp_coll_req_t *r = ddp_calloc(1, sizeof *r);
+    ddp_coll_req_t *r = new_req(DDP__REQ_BCAST, buf, bytes, bytes, req);
     if (!r) return DDP_ENOMEM;
-    r->kind = DDP__REQ_BCAST;
-    r->buf = buf;
-    r->count = bytes;
-    r->bytes = bytes;
     r->root = root;
     return submit(c, r, req);
 }
@@ -386,10 +390,8 @@ int ddp_coll_mem_alloc(ddp_coll_t *c, size_t bytes, void **out, ddp_errinfo_t *e
     m->id = c->next_mem_id++;
     m->bytes = bytes;
     m->map_bytes = ((bytes ? bytes : 1) + (size_t)page - 1) & ~((size_t)page - 1);
-    int rc = 0;
-    if (c->ops->mem_map) {
-        rc = c->ops->mem_map(c, m, ei);
-    } else {
+    int rc = c->ops->mem_map ? c->ops->mem_map(c, m, ei) : 0;
+    if (rc == 0 && !m->base) { /* not shared: plain memory */
         void *p = mmap(NULL, m->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                        -1, 0);
         if (p == MAP_FAILED)
@@ -410,10 +412,8 @@ int ddp_coll_mem_alloc(ddp_coll_t *c, size_t bytes, void **out, ddp_errinfo_t *e
 
 static void mem_release(ddp_coll_t *c, ddp__mem_t *m)
 {
-    if (c->ops->mem_unmap)
-        c->ops->mem_unmap(c, m);
-    else
-        munmap(m->base, m->map_bytes);
+    if (c->ops->mem_unmap) c->ops->mem_unmap(c, m);
+    munmap(m->base, m->map_bytes);
     free(m);
 }
 

@@ -236,8 +236,9 @@ typedef struct ddp_coll_ops {
     void (*abort)(ddp_coll_t *c);
     /* Releases c->impl. */
     void (*free)(ddp_coll_t *c);
-    /* Optional (NULL: plain anonymous memory): maps m->map_bytes for m, setting m->base and, when
-     * shared with every rank, m->peer; collective. Undone by mem_unmap. */
+    /* Optional; collective: maps m->map_bytes of memory shared with every rank, setting m->base
+     * and m->peer, or leaves m->base NULL for plain anonymous memory (mapped by the caller). The
+     * caller unmaps m->base; mem_unmap releases the rest (the peers' mappings). */
     int (*mem_map)(ddp_coll_t *c, struct ddp__mem *m, ddp_errinfo_t *ei);
     void (*mem_unmap)(ddp_coll_t *c, struct ddp__mem *m);
 } ddp_coll_ops_t;

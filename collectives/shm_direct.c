@@ -73,17 +73,6 @@ static void *map_fd(int fd, size_t bytes)
     return p == MAP_FAILED ? NULL : p;
 }
 
-static int map_private(ddp__mem_t *m, ddp_errinfo_t *ei)
-{
-    void *p = mmap(NULL, m->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                   0);
-    if (p == MAP_FAILED)
-        return ddp_errinfo_set(ei, DDP_ENOMEM, "cannot map %zu bytes: %s", m->map_bytes,
-                               strerror(errno));
-    m->base = p;
-    return 0;
-}
-
 /* Creates and maps this rank's segment `what`; NULL with a warning. */
 static void *create_seg(const ddp__ring_t *R, int rank, const char *what, size_t bytes)
 {
@@ -181,12 +170,12 @@ int ddp__direct_mem_map(ddp_coll_t *c, ddp__mem_t *m, ddp_errinfo_t *ei)
 {
     ddp__ring_t *R = c->impl;
     const int first = m->id == 0;
-    if (!R->all_local || (!first && !R->direct)) return map_private(m, ei);
+    if (!R->all_local || (!first && !R->direct)) return 0; /* plain memory */
     char what[32];
     snprintf(what, sizeof what, "m%llu", (unsigned long long)m->id);
     void **data, **ctl;
     DDP_CHECK(share(c, R, m->map_bytes, what, first, &data, &ctl, ei));
-    if (!data) return map_private(m, ei);
+    if (!data) return 0; /* plain memory */
     if (first) {
         ddp__direct_t *d = ddp_calloc(1, sizeof *d);
         void *block = ddp_aligned_alloc(64, BLOCK_BYTES);
@@ -208,11 +197,8 @@ int ddp__direct_mem_map(ddp_coll_t *c, ddp__mem_t *m, ddp_errinfo_t *ei)
 
 void ddp__direct_mem_unmap(ddp_coll_t *c, ddp__mem_t *m)
 {
-    if (m->peer) {
-        unmap_all((void **)m->peer, c->size, c->rank, m->map_bytes);
-        m->peer = NULL;
-    }
-    munmap(m->base, m->map_bytes);
+    if (m->peer) unmap_all((void **)m->peer, c->size, c->rank, m->map_bytes); /* not m->base */
+    m->peer = NULL;
 }
 
 void ddp__direct_free(ddp__ring_t *R, int size)
