@@ -88,12 +88,15 @@ void ddp__coll_complete(ddp_coll_t *c, ddp_coll_req_t *req, int rc)
 
 const char *ddp__req_desc(const ddp_coll_req_t *req, char *buf, size_t len)
 {
+    static const char *const names[] = {[DDP__REQ_ALLREDUCE] = "allreduce",
+                                         [DDP__REQ_REDUCE_SCATTER] = "reduce-scatter",
+                                         [DDP__REQ_ALLGATHER] = "allgather"};
     if (req->kind == DDP__REQ_BCAST)
         snprintf(buf, len, "broadcast #%llu (%zu bytes from rank %d)",
                  (unsigned long long)req->seq, req->bytes, req->root);
     else
-        snprintf(buf, len, "allreduce #%llu (%zu bytes)", (unsigned long long)req->seq,
-                 req->bytes);
+        snprintf(buf, len, "%s #%llu (%zu bytes)", names[req->kind],
+                 (unsigned long long)req->seq, req->bytes);
     return buf;
 }
 
@@ -261,13 +264,20 @@ static ddp_coll_req_t *new_req(int kind, void *buf, size_t count, size_t bytes,
     return r;
 }
 
-static int allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
-                     int barrier, ddp_coll_req_t **req)
+/* Submits an element-wise operation of `kind` (allreduce, reduce-scatter, allgather). */
+static int elementwise(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
+                       ddp_redop_t op, int barrier, ddp_coll_req_t **req)
 {
     if (!c || !req || (count && !buf) || (dt != DDP_DT_F32 && dt != DDP_DT_BF16) ||
         (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
         return DDP_EINVAL;
-    ddp_coll_req_t *r = new_req(DDP__REQ_ALLREDUCE, buf, count, count * ddp_dtype_size(dt), req);
+    size_t bytes = count * ddp_dtype_size(dt);
+    if (kind != DDP__REQ_ALLREDUCE && c->size > 1 && count) {
+        /* slices live in every rank's memory at once: only the shared single pass has them */
+        const ddp__mem_t *m = ddp__mem_find(c, buf, bytes);
+        if (!m || !m->peer) return DDP_ENOTSUP;
+    }
+    ddp_coll_req_t *r = new_req(kind, buf, count, bytes, req);
     if (!r) return DDP_ENOMEM;
     r->barrier = barrier;
     r->dt = dt;
@@ -278,7 +288,29 @@ static int allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp
 int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
                        ddp_coll_req_t **req)
 {
-    return allreduce(c, buf, count, dt, op, 0, req);
+    return elementwise(c, DDP__REQ_ALLREDUCE, buf, count, dt, op, 0, req);
+}
+
+void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi)
+{
+    size_t n = size > 0 ? (size_t)size : 1;
+    size_t blocks = (count + DDP_COLL_SLICE_ELEMS - 1) / DDP_COLL_SLICE_ELEMS;
+    size_t per = (blocks + n - 1) / n * DDP_COLL_SLICE_ELEMS;
+    size_t a = per * (size_t)rank, b = a + per;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+}
+
+int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
+                            ddp_redop_t op, ddp_coll_req_t **req)
+{
+    return elementwise(c, DDP__REQ_REDUCE_SCATTER, buf, count, dt, op, 0, req);
+}
+
+int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
+                       ddp_coll_req_t **req)
+{
+    return elementwise(c, DDP__REQ_ALLGATHER, buf, count, dt, DDP_OP_SUM, 0, req);
 }
 
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
@@ -357,7 +389,7 @@ int ddp_coll_barrier(ddp_coll_t *c, int64_t deadline_ns, ddp_errinfo_t *ei)
     if (!c) return DDP_EINVAL;
     float one = 1.0f; /* backends without a barrier of their own sum it */
     ddp_coll_req_t *r;
-    int rc = allreduce(c, &one, 1, DDP_DT_F32, DDP_OP_SUM, 1, &r);
+    int rc = elementwise(c, DDP__REQ_ALLREDUCE, &one, 1, DDP_DT_F32, DDP_OP_SUM, 1, &r);
     if (rc < 0) return fill_ei(c, rc, ei);
     return ddp_coll_wait(r, deadline_ns, ei);
 }

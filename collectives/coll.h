@@ -144,6 +144,24 @@ int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll
  * releases it). Errors: DDP_EINVAL, or the communicator's error if it has failed. */
 int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
                        ddp_coll_req_t **req);
+/* How reduce-scatter and all-gather split a buffer of `count` elements over `size` ranks: rank
+ * `rank` owns [*lo, *hi). Slices are consecutive in rank order, start at multiples of
+ * DDP_COLL_SLICE_ELEMS elements (so a caller can keep per-block results that do not depend on the
+ * number of ranks), and trailing ones may be empty. The single-pass all-reduce splits its work
+ * the same way. Pure; any thread. */
+#define DDP_COLL_SLICE_ELEMS ((size_t)16384)
+void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi);
+/* Starts an in-place reduce-scatter: when it completes, this rank's slice of buf (ddp_coll_slice)
+ * holds the reduction over every rank's buf (in rank order, bitwise equal to what an all-reduce
+ * gives there); the rest of this rank's buf is left as it was. With more than one rank, buf must
+ * lie in collective memory shared by every rank (ddp_coll_mem_shared; same offset of the same
+ * allocation everywhere): DDP_ENOTSUP otherwise. Otherwise as ddp_coll_allreduce. */
+int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
+                            ddp_redop_t op, ddp_coll_req_t **req);
+/* Starts an in-place all-gather: when it completes, every rank's buf holds each rank's slice
+ * (ddp_coll_slice) of that rank's buf. Same conditions as ddp_coll_reduce_scatter. */
+int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
+                       ddp_coll_req_t **req);
 /* Starts a broadcast of buf[0..bytes) from rank root to all ranks (in submission order). */
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req);
 /* *done = 1 if req has completed (successfully or not), without blocking. Returns 0, or the

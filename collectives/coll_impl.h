@@ -14,14 +14,14 @@
 
 #include "collectives/coll.h"
 
-enum { DDP__REQ_ALLREDUCE = 1, DDP__REQ_BCAST = 2 };
+enum { DDP__REQ_ALLREDUCE = 1, DDP__REQ_BCAST = 2, DDP__REQ_REDUCE_SCATTER = 3, DDP__REQ_ALLGATHER = 4 };
 
 struct ddp_coll_req {
     ddp_coll_t *comm;
     uint64_t seq;          /* 1, 2, ... per communicator, per kind-independent submission */
     int kind;
     void *buf;
-    size_t count;          /* elements (allreduce) or bytes (broadcast) */
+    size_t count;          /* elements, or bytes (broadcast) */
     size_t bytes;
     ddp_dtype_t dt;
     ddp_redop_t op;

@@ -353,7 +353,7 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
     if (c->size == 1 || q->bytes == 0) return 0; /* average over one rank: x * 1 == x */
     int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
     R->grace = 0;
-    if (q->impl || (q->barrier && R->direct)) return ddp__direct_allreduce(R, c, q, deadline);
+    if (q->impl || (q->barrier && R->direct)) return ddp__direct_run(R, c, q, deadline);
     int rc = q->kind == DDP__REQ_BCAST ? run_bcast(R, c, q, deadline)
                                        : run_allreduce(R, c, q, deadline);
     return rc < 0 ? rc : flush(R, c, q, deadline);
@@ -364,7 +364,7 @@ static int ring_probe(void) { return 10; }
 static int ring_submit(ddp_coll_t *c, ddp_coll_req_t *req)
 {
     ddp__ring_t *R = c->impl;
-    if (R->direct && req->kind == DDP__REQ_ALLREDUCE) {
+    if (R->direct && req->kind != DDP__REQ_BCAST) {
         ddp__mem_t *m = ddp__mem_find(c, req->buf, req->bytes);
         if (m && m->peer) req->impl = m; /* shared on every rank: the single-pass path */
     }

@@ -39,12 +39,12 @@ int ddp__ring_start(ddp_coll_t *c, ddp__xport_t *send, ddp__xport_t *recv,
  * error in force. */
 int ddp__ring_check_links(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int fail_on_hangup);
 
-/* shm_direct.c: ops->mem_map/mem_unmap of the ring, the single-pass all-reduce over shared memory
- * (q->impl is the ddp__mem_t holding q->buf; a barrier is one synchronisation), and the release
- * of the control pages. */
+/* shm_direct.c: ops->mem_map/mem_unmap of the ring, the single-pass all-reduce, reduce-scatter and
+ * all-gather over shared memory (q->impl is the ddp__mem_t holding q->buf; a barrier is one
+ * synchronisation), and the release of the control pages. */
 int ddp__direct_mem_map(ddp_coll_t *c, ddp__mem_t *m, ddp_errinfo_t *ei);
 void ddp__direct_mem_unmap(ddp_coll_t *c, ddp__mem_t *m);
-int ddp__direct_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline);
+int ddp__direct_run(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline);
 void ddp__direct_free(ddp__ring_t *R, int size);
 
 #endif

@@ -18,7 +18,9 @@
  *   3. it publishes again and waits for everyone, so no rank reads its buffer before every slice
  *      has landed there.
  * Each element is read once and written once per rank: about half the memory traffic of the ring
- * through slots, and two synchronisations instead of 2 (n-1) messages. The summation order is
+ * through slots, and two synchronisations instead of 2 (n-1) messages. A reduce-scatter is the
+ * same with step 2 writing into this rank's memory only; an all-gather's step 2 copies this
+ * rank's slice from its memory into every other rank's. The summation order is
  * fixed (rank 0, 1, ...), so results are bitwise reproducible; for two ranks they equal the
  * ring's (addition commutes).
  *
@@ -53,7 +55,7 @@
 typedef struct {
     _Alignas(64) _Atomic uint32_t phase;
     _Atomic uint32_t sleepers;         /* peers in FUTEX_WAIT on phase */
-    uint64_t mem_id, offset, count, dt; /* the operation this rank is in (checked by peers) */
+    uint64_t mem_id, offset, count, kind; /* the operation this rank is in (checked by peers) */
 } ctl_t;
 
 typedef struct ddp__direct {
@@ -270,9 +272,10 @@ static int sync_all(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t de
     return 0;
 }
 
-/* ---- the all-reduce ------------------------------------------------------------------------- */
+/* ---- the operations ------------------------------------------------------------------------ */
 
-int ddp__direct_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
+/* All-reduce, reduce-scatter and all-gather of a buffer in shared memory (q->kind). */
+int ddp__direct_run(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
 {
     if (q->barrier) return sync_all(R, c, q, deadline);
     ddp__direct_t *d = R->direct;
@@ -283,30 +286,37 @@ int ddp__direct_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int6
     me->mem_id = m->id;
     me->offset = off;
     me->count = q->count;
-    me->dt = (uint64_t)q->dt;
+    me->kind = ((uint64_t)q->kind << 8) | (uint64_t)q->dt;
     DDP_CHECK(sync_all(R, c, q, deadline));
     for (int p = 0; p < n; p++) {
         const ctl_t *o = d->ctl[p];
         if (o->mem_id != m->id || o->offset != off || o->count != q->count ||
-            o->dt != (uint64_t)q->dt) {
+            o->kind != me->kind) {
             char dd[96];
             R->culprit = p;
-            return ddp__coll_fail(c, DDP_EPROTO, "%s: rank %d reduces %llu elements at offset "
-                                  "%llu of shared allocation %llu, rank %d %zu at %zu of %llu",
-                                  ddp__req_desc(q, dd, sizeof dd), p,
-                                  (unsigned long long)o->count, (unsigned long long)o->offset,
-                                  (unsigned long long)o->mem_id, c->rank, q->count, off,
+            return ddp__coll_fail(c, DDP_EPROTO, "%s: rank %d runs operation %llu on %llu elements "
+                                  "at offset %llu of shared allocation %llu, rank %d %llu on %zu "
+                                  "at %zu of %llu", ddp__req_desc(q, dd, sizeof dd), p,
+                                  (unsigned long long)o->kind, (unsigned long long)o->count,
+                                  (unsigned long long)o->offset, (unsigned long long)o->mem_id,
+                                  c->rank, (unsigned long long)me->kind, q->count, off,
                                   (unsigned long long)m->id);
         }
     }
-    /* slice boundaries on 64-byte lines, so no two ranks write the same cache line */
-    const size_t line = 64 / es;
-    size_t per = (q->count + (size_t)n - 1) / (size_t)n;
-    per = (per + line - 1) / line * line;
-    size_t lo = per * (size_t)c->rank < q->count ? per * (size_t)c->rank : q->count;
-    size_t hi = lo + per < q->count ? lo + per : q->count;
-    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
+    /* slice boundaries on DDP_COLL_SLICE_ELEMS elements: no two ranks write the same cache line */
+    size_t lo, hi;
+    ddp_coll_slice(q->count, n, c->rank, &lo, &hi);
     const size_t blk = BLOCK_BYTES / es;
+    if (q->kind == DDP__REQ_ALLGATHER) {
+        for (int p = 0; p < n; p++)
+            if (p != c->rank && hi > lo)
+                memcpy(m->peer[p] + off + lo * es, m->base + off + lo * es, (hi - lo) * es);
+        return sync_all(R, c, q, deadline);
+    }
+    /* an all-reduce writes the sum into every rank's memory, a reduce-scatter into this one's */
+    const int first = q->kind == DDP__REQ_ALLREDUCE ? 0 : c->rank;
+    const int last = q->kind == DDP__REQ_ALLREDUCE ? n - 1 : c->rank;
+    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
     for (size_t i = lo; i < hi; i += blk) {
         size_t len = hi - i < blk ? hi - i : blk;
         size_t at = off + i * es;
@@ -315,7 +325,7 @@ int ddp__direct_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int6
         for (int p = 2; p < n; p++)
             ddp__reduce(q->dt, d->block, NULL, m->peer[p] + at, d->block, len,
                         p == n - 1 ? scale : 1.0f);
-        for (int p = 0; p < n; p++) memcpy(m->peer[p] + at, d->block, len * es);
+        for (int p = first; p <= last; p++) memcpy(m->peer[p] + at, d->block, len * es);
     }
     return sync_all(R, c, q, deadline);
 }

@@ -2,7 +2,8 @@
  * processes on loopback (1-4 ranks), over the in-process fake transport, and the world of one;
  * odd and chunk-multiple counts, sum and average, fp32 and bf16, checked against a serial double
  * sum and bitwise between two runs; the single-pass path on memory from ddp_coll_mem_alloc
- * (shared on one host, private over TCP), mixed with the ring's; argument validation.
+ * (shared on one host, private over TCP), mixed with the ring's; reduce-scatter and all-gather
+ * there; argument validation.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -20,6 +21,54 @@
 
 static const size_t counts[] = {0, 1, 7, 1000003, CHUNK_MULT};
 
+/* Reduce-scatter then all-gather of collective memory. With shared memory: this rank's slice
+ * (ddp_coll_slice) equals a single-pass all-reduce's bitwise and the rest of the buffer is left
+ * as it was; the all-gather (with garbage outside the slice) then gives every rank the whole
+ * all-reduced buffer. Without (TCP, or a /dev/shm too small) both are refused with DDP_ENOTSUP,
+ * except in a world of one, where they change nothing. */
+static int check_scatter_gather(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
+                                uint32_t seed)
+{
+    const size_t es = ddp_dtype_size(dt), bytes = count * es;
+    const int n = ddp_coll_size(c), me = ddp_coll_rank(c);
+    char *buf, *ref, *orig = malloc(bytes + 1);
+    ddp_errinfo_t ei;
+    ddp_coll_req_t *r;
+    if (ddp_coll_mem_alloc(c, bytes + 1, (void **)&buf, &ei) ||
+        ddp_coll_mem_alloc(c, bytes + 1, (void **)&ref, &ei))
+        W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+    w_fill(buf, count, dt, me, seed);
+    w_fill(ref, count, dt, me, seed);
+    w_fill(orig, count, dt, me, seed);
+    int rc = ddp_coll_reduce_scatter(c, buf, count, dt, op, &r);
+    if (!ddp_coll_mem_shared(c, buf) && n > 1 && count) {
+        if (rc != DDP_ENOTSUP) W_FAIL("reduce-scatter of private memory: %s", ddp_err_name(rc));
+        if (ddp_coll_allgather(c, buf, count, dt, &r) != DDP_ENOTSUP)
+            W_FAIL("allgather of private memory accepted");
+        goto done;
+    }
+    if (rc || ddp_coll_wait(r, 0, &ei)) W_FAIL("reduce-scatter of %zu: %s", count, ei.msg);
+    if (ddp_coll_allreduce(c, ref, count, dt, op, &r) || ddp_coll_wait(r, 0, &ei))
+        W_FAIL("allreduce: %s", ei.msg);
+    size_t lo, hi;
+    ddp_coll_slice(count, n, me, &lo, &hi);
+    if (memcmp(buf + lo * es, ref + lo * es, (hi - lo) * es))
+        W_FAIL("reduce-scatter of %zu (dt %d op %d): slice [%zu, %zu) differs from the all-reduce",
+               count, (int)dt, (int)op, lo, hi);
+    if (memcmp(buf, orig, lo * es) || memcmp(buf + hi * es, orig + hi * es, (count - hi) * es))
+        W_FAIL("reduce-scatter of %zu changed memory outside [%zu, %zu)", count, lo, hi);
+    memset(buf, 0xA5, lo * es);
+    memset(buf + hi * es, 0xA5, (count - hi) * es);
+    if (ddp_coll_allgather(c, buf, count, dt, &r) || ddp_coll_wait(r, 0, &ei))
+        W_FAIL("allgather of %zu: %s", count, ei.msg);
+    if (memcmp(buf, ref, bytes)) W_FAIL("allgather of %zu differs from the all-reduce", count);
+done:
+    ddp_coll_mem_free(c, buf);
+    ddp_coll_mem_free(c, ref);
+    free(orig);
+    return 0;
+}
+
 static int full_suite(ddp_coll_t *c, int coll_mem)
 {
     uint32_t seed = 1;
@@ -28,6 +77,11 @@ static int full_suite(ddp_coll_t *c, int coll_mem)
             for (int op = 0; op < 2; op++)
                 if (w_check_allreduce_in(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
                                          coll_mem))
+                    return 1;
+    for (size_t k = 0; coll_mem && k < sizeof counts / sizeof counts[0]; k++)
+        for (int dt = 0; dt < 2; dt++)
+            for (int op = 0; op < 2; op++)
+                if (check_scatter_gather(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++))
                     return 1;
     /* several buckets in flight at once, then one wait for all (the reducer's pattern), with a
      * small malloc()ed all-reduce between them (the ring's path amid the single-pass one) */
@@ -235,6 +289,28 @@ static void test_args(void **s)
     unsetenv("DDP_COLL_PATH");
 }
 
+/* ddp_coll_slice: consecutive slices in rank order that cover the buffer, starting at multiples
+ * of DDP_COLL_SLICE_ELEMS, about equal. */
+static void test_slice(void **s)
+{
+    const size_t B = DDP_COLL_SLICE_ELEMS, counts2[] = {0, 1, B - 1, B, B + 1, 7 * B, 1000003};
+    for (size_t k = 0; k < sizeof counts2 / sizeof counts2[0]; k++)
+        for (int n = 1; n <= 5; n++) {
+            size_t end = 0, most = 0;
+            for (int r = 0; r < n; r++) {
+                size_t lo, hi;
+                ddp_coll_slice(counts2[k], n, r, &lo, &hi);
+                assert_int_equal(lo, end);
+                assert_true(hi >= lo);
+                assert_true(lo % B == 0 || lo == counts2[k]);
+                most = hi - lo > most ? hi - lo : most;
+                end = hi;
+            }
+            assert_int_equal(end, counts2[k]);
+            assert_true(most <= (counts2[k] + (size_t)n * B) / (size_t)n);
+        }
+}
+
 static void test_bf16_rounding(void **s)
 {
     assert_int_equal(ddp__f32_to_bf16(1.0f), 0x3f80);
@@ -301,6 +377,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_rounding),
+        cmocka_unit_test(test_slice),
         cmocka_unit_test(test_args),
         cmocka_unit_test(test_single),
         cmocka_unit_test(test_fake_3),
