@@ -107,8 +107,12 @@ typedef struct ddp_kernels_ops {
                   int t);
 
     /* Vector helpers over the arenas. */
-    /* *out = sum x[i]^2 in double (a host pointer); deterministic for a given n and backend. */
-    void (*sumsq)(ddp_kctx_t *, double *out, const float *x, size_t n);
+    /* Sums of squares of consecutive blocks (for the global gradient norm): out[j] = sum of
+     * x[i]^2 over [j * block, min((j + 1) * block, n)), accumulated in double and rounded to
+     * float once; out (host) has ceil(n / block) entries. A block's result depends only on its
+     * own elements (not on n, the thread count or where the block lies), so a norm summed from
+     * blocks is the same however the buffer is split, e.g. over the ranks of a sharded step. */
+    void (*sumsq_blocks)(ddp_kctx_t *, float *out, const float *x, size_t n, size_t block);
     /* y[i] += x[i] */
     void (*add)(ddp_kctx_t *, float *y, const float *x, size_t n);
     /* x[i] *= s */

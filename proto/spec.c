@@ -98,6 +98,7 @@ void ddp_spec_defaults(ddp_spec_t *s)
     s->max_workers = 1;
     snprintf(s->backend, sizeof s->backend, "auto");
     s->overlap = 1;
+    s->shard_optimizer = 1;
     s->check_every = 100;
     s->ckpt_every = 0;
     s->keep_last = 3;
@@ -183,6 +184,7 @@ static const field_t FIELDS[] = {
     F_INT("ddp.max_workers", max_workers, 1, 65536),
     F_CHOICE("ddp.backend", backend, BACKENDS),
     F_BOOL("ddp.overlap", overlap),
+    F_BOOL("ddp.shard_optimizer", shard_optimizer),
     F_INT("ddp.check_every", check_every, 0, NO_MAX),
     F_STR("checkpoint.dir", ckpt_dir),
     F_INT("checkpoint.every", ckpt_every, 0, NO_MAX),

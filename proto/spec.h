@@ -61,6 +61,7 @@
  *   ddp.bucket_mb              float     25             gradient bucket size, MiB
  *   ddp.first_bucket_mb        float     1              first (small) bucket, MiB, <= bucket_mb
  *   ddp.overlap                bool      true           all-reduce during backward
+ *   ddp.shard_optimizer        bool      true           ranks sharing memory split the update
  *   ddp.check_every            int       100            steps between replica checksums; 0 = never
  *   checkpoint.dir             string    ""             checkpoint directory; "" = none
  *   checkpoint.every           int       0              steps between saves; 0 = only at the end
@@ -123,6 +124,7 @@ typedef struct ddp_spec {
     int workers, min_workers, max_workers;
     char backend[16]; /* "auto", "ring", "nccl", "mpi" */
     int overlap;      /* bool */
+    int shard_optimizer; /* bool */
     long check_every; /* replica checksum comparison; 0 = never */
 
     /* checkpoint */

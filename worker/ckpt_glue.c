@@ -526,6 +526,7 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
     double waited;
     join_helper(t, &waited);
     if (c->writers > 1) DDP_CHECK(settle_blocking(t, ei));
+    DDP_CHECK(ddp_trainer_gather_moments(t, ei)); /* a sharded step leaves them in slices */
     free(c->trainer);
     c->trainer = trainer_json(t);
     if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");

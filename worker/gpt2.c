@@ -160,7 +160,7 @@ static size_t carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *
 }
 
 int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
-                  float *grads)
+                  float *weights, float *grads)
 {
     memset(m, 0, sizeof *m);
     DDP_CHECK(validate_cfg(cfg, B, T));
@@ -181,12 +181,15 @@ int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, i
     c = (layout_ctx_t){.out = m->params};
     layout_tensors(cfg, add_tensor, &c);
 
-    DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->w, m->n_params * sizeof(float)), rc, fail);
+    m->w = weights;
     m->g = grads;
-    m->g_borrowed = grads != NULL;
-    if (!grads)
+    m->borrowed = weights != NULL;
+    if (!m->borrowed) {
+        DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->w, m->n_params * sizeof(float)), rc,
+                       fail);
         DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->g, m->n_params * sizeof(float)), rc,
                        fail);
+    }
     make_views(m, m->w, &m->wv);
     make_views(m, m->g, &m->gv);
 
@@ -206,8 +209,10 @@ void ddp_gpt2_close(ddp_gpt2_t *m)
 {
     if (!m) return;
     if (m->k) {
-        m->k->ops->free(m->k->ctx, m->w);
-        if (!m->g_borrowed) m->k->ops->free(m->k->ctx, m->g);
+        if (!m->borrowed) {
+            m->k->ops->free(m->k->ctx, m->w);
+            m->k->ops->free(m->k->ctx, m->g);
+        }
         m->k->ops->free(m->k->ctx, m->acts.base);
     }
     free(m->params);

@@ -3,13 +3,12 @@
 
 #include <math.h>
 
-int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model)
+int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v)
 {
     ddp_kernels_t *k = model->k;
     size_t bytes = model->n_params * sizeof(float);
-    opt->m = opt->v = NULL;
-    opt->n = model->n_params;
-    opt->t = 0;
+    *opt = (ddp_adamw_t){.m = m, .v = v, .borrowed = m != NULL, .n = model->n_params};
+    if (opt->borrowed) return 0;
     int rc = k->ops->alloc(k->ctx, (void **)&opt->m, bytes);
     if (rc == 0) rc = k->ops->alloc(k->ctx, (void **)&opt->v, bytes);
     if (rc) ddp_adamw_close(opt, model);
@@ -19,8 +18,10 @@ int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model)
 void ddp_adamw_close(ddp_adamw_t *opt, const ddp_gpt2_t *model)
 {
     if (!opt || !model || !model->k) return;
-    model->k->ops->free(model->k->ctx, opt->m);
-    model->k->ops->free(model->k->ctx, opt->v);
+    if (!opt->borrowed) {
+        model->k->ops->free(model->k->ctx, opt->m);
+        model->k->ops->free(model->k->ctx, opt->v);
+    }
     opt->m = opt->v = NULL;
 }
 
@@ -35,35 +36,56 @@ double ddp_lr_at(const ddp_spec_t *spec, long step)
     return spec->min_lr + coeff * (spec->lr - spec->min_lr);
 }
 
-int ddp_grad_norm(const ddp_gpt2_t *model, float grad_scale, double *norm)
+int ddp_part_of_tensor(const ddp_gpt2_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
+                       size_t *hi)
+{
+    const ddp_param_desc_t *p = &model->params[i];
+    *lo = p->offset > part->lo ? p->offset : part->lo;
+    *hi = p->offset + p->numel < part->hi ? p->offset + p->numel : part->hi;
+    return *lo < *hi;
+}
+
+int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n_parts,
+                   float *sums)
 {
     ddp_kernels_t *k = model->k;
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i].hi > parts[i].lo)
+            DDP_K(k, sumsq_blocks, sums + parts[i].block, model->g + parts[i].lo,
+                  parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
+    return k->ops->sync(k->ctx);
+}
+
+double ddp_grad_norm(const float *sums, size_t n, float grad_scale)
+{
     double total = 0;
-    for (int i = 0; i < model->n_tensors; i++) {
-        const ddp_param_desc_t *p = &model->params[i];
-        double s = 0;
-        DDP_K(k, sumsq, &s, model->g + p->offset, p->numel);
-        total += s;
-    }
-    DDP_CHECK(k->ops->sync(k->ctx));
-    *norm = sqrt(total) * (double)grad_scale;
-    return 0;
+    for (size_t j = 0; j < n; j++) total += (double)sums[j];
+    return sqrt(total) * (double)grad_scale;
 }
 
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
-                   float grad_scale, double norm)
+                   float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
+                   int (*done)(void *arg, int part), void *arg)
 {
     ddp_kernels_t *k = model->k;
     double clip_coef = 1.0;
     if (spec->clip > 0 && norm > spec->clip) clip_coef = spec->clip / (norm + 1e-6);
     float scale = (float)((double)grad_scale * clip_coef);
     opt->t++;
-    for (int i = 0; i < model->n_tensors; i++) {
-        const ddp_param_desc_t *p = &model->params[i];
-        float wd = p->decay ? (float)spec->weight_decay : 0.0f;
-        DDP_K(k, adamw, model->w + p->offset, model->g + p->offset, opt->m + p->offset,
-              opt->v + p->offset, p->numel, (float)lr, (float)spec->beta1, (float)spec->beta2,
-              (float)spec->eps, wd, scale, (int)opt->t);
+    for (int j = 0; j < n_parts; j++) {
+        /* each tensor's piece inside the part, with that tensor's weight decay */
+        for (int i = 0; i < model->n_tensors; i++) {
+            size_t lo, hi;
+            if (!ddp_part_of_tensor(model, &parts[j], i, &lo, &hi)) continue;
+            float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
+            DDP_K(k, adamw, model->w + lo, model->g + lo, opt->m + lo, opt->v + lo, hi - lo,
+                  (float)lr, (float)spec->beta1, (float)spec->beta2, (float)spec->eps, wd, scale,
+                  (int)opt->t);
+        }
+        if (done) {
+            DDP_CHECK(k->ops->sync(k->ctx));
+            DDP_CHECK(done(arg, j));
+        }
     }
     return k->ops->sync(k->ctx);
 }

@@ -11,28 +11,51 @@
 #include "proto/spec.h"
 #include "worker/gpt2.h"
 
+/* The gradient norm is summed from the sums of squares of blocks of DDP_NORM_BLOCK elements that
+ * start at every bucket's beginning (see reducer.h): whichever rank computes a block, its sum is
+ * the same, so the norm is the same for any number of ranks and any split of the update. */
+#define DDP_NORM_BLOCK ((size_t)16384)
+
+/* A part of the arena that this rank updates: [lo, hi), whose first DDP_NORM_BLOCK-element block
+ * is norm block number `block`. */
+typedef struct ddp_arena_part {
+    size_t lo, hi, block;
+} ddp_arena_part_t;
+
 typedef struct ddp_adamw {
     float *m, *v; /* moment arenas (device), n_params floats each */
+    int borrowed; /* m and v were the caller's (init's arguments) */
     size_t n;
     long t; /* updates taken; the next update uses t + 1 */
 } ddp_adamw_t;
 
-/* Allocates zeroed moments for model m on its backend. */
-int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model);
-/* Frees the moments. NULL-safe. */
+/* Sets up zeroed moments for model on its backend: m and v when given (zeroed, n_params floats
+ * each, owned by the caller), else allocated here. */
+int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v);
+/* Frees the moments this module allocated. NULL-safe. */
 void ddp_adamw_close(ddp_adamw_t *opt, const ddp_gpt2_t *model);
 
 /* Learning rate at optimizer step `step` (0-based): linear warmup over spec->warmup steps to
  * spec->lr, then constant or cosine decay to spec->min_lr at spec->steps. */
 double ddp_lr_at(const ddp_spec_t *spec, long step);
 
-/* Global L2 norm of the averaged gradient: sqrt(sum g^2) * grad_scale, summed in double per
- * tensor in arena order (deterministic). */
-int ddp_grad_norm(const ddp_gpt2_t *model, float grad_scale, double *norm);
+/* Whether tensor i of model has elements in part; if so they are [*lo, *hi) of the arena. */
+int ddp_part_of_tensor(const ddp_gpt2_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
+                       size_t *hi);
 
-/* One AdamW update of every tensor with learning rate lr; the gradient used is
- * grad * grad_scale * clip_coef, clip_coef = min(1, clip / norm) when clip > 0. */
+/* Sums of squares of the gradient over the parts: sums[p.block + j] for the j-th block of each
+ * part (the other entries are left alone). */
+int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n_parts,
+                   float *sums);
+/* The global L2 norm of the averaged gradient from every block's sum of squares:
+ * sqrt(sum of sums[0..n) in order, in double) * grad_scale. */
+double ddp_grad_norm(const float *sums, size_t n, float grad_scale);
+
+/* One AdamW update of the parts of the arena with learning rate lr; the gradient used is
+ * grad * grad_scale * clip_coef, clip_coef = min(1, clip / norm) when clip > 0. When done is not
+ * NULL it is called with the index of each part once that part's parameters are final. */
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
-                   float grad_scale, double norm);
+                   float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
+                   int (*done)(void *arg, int part), void *arg);
 
 #endif

@@ -7,8 +7,14 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+/* A norm block never straddles two ranks' slices. */
+_Static_assert(DDP_COLL_SLICE_ELEMS % DDP_NORM_BLOCK == 0, "slices must hold whole norm blocks");
+
+static size_t blocks_of(size_t n) { return (n + DDP_NORM_BLOCK - 1) / DDP_NORM_BLOCK; }
+
 int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
-                     size_t n, double first_bucket_mb, double bucket_mb, int overlap)
+                     size_t n, double first_bucket_mb, double bucket_mb, int overlap,
+                     int scatter)
 {
     memset(r, 0, sizeof *r);
     r->comm = comm;
@@ -16,6 +22,7 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
     r->arena = arena;
     r->n = n;
     r->overlap = overlap;
+    r->scatter = scatter && comm;
     size_t first = (size_t)(first_bucket_mb * 1048576.0 / sizeof(float));
     size_t rest = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
     if (first == 0) first = 1;
@@ -25,7 +32,8 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
     r->bucket_end = ddp_calloc((size_t)count + 1, sizeof *r->bucket_end);
     r->reqs = ddp_calloc((size_t)count + 1, sizeof *r->reqs);
     r->times = ddp_calloc((size_t)count + 1, sizeof *r->times);
-    if (!r->bucket_end || !r->reqs || !r->times) {
+    r->parts = ddp_calloc((size_t)count + 1, sizeof *r->parts);
+    if (!r->bucket_end || !r->reqs || !r->times || !r->parts) {
         ddp_reducer_close(r);
         return DDP_ENOMEM;
     }
@@ -35,6 +43,14 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
         r->bucket_end[b] = end < n ? end : n;
     }
     r->n_buckets = count;
+    for (int b = 0; b < count; b++) {
+        size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin, lo = 0,
+               hi = len;
+        if (r->scatter) ddp_coll_slice(len, ddp_coll_size(comm), ddp_coll_rank(comm), &lo, &hi);
+        r->parts[b] = (ddp_arena_part_t){begin + lo, begin + hi,
+                                         r->n_norm_blocks + lo / DDP_NORM_BLOCK};
+        r->n_norm_blocks += blocks_of(len);
+    }
     return 0;
 }
 
@@ -44,6 +60,7 @@ void ddp_reducer_close(ddp_reducer_t *r)
     free(r->bucket_end);
     free(r->reqs);
     free(r->times);
+    free(r->parts);
     memset(r, 0, sizeof *r);
 }
 
@@ -72,8 +89,11 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
-        DDP_CHECK(ddp_coll_allreduce(r->comm, r->arena + begin, r->bucket_end[b] - begin,
-                                     DDP_DT_F32, DDP_OP_SUM, &r->reqs[b]));
+        size_t len = r->bucket_end[b] - begin;
+        DDP_CHECK(r->scatter ? ddp_coll_reduce_scatter(r->comm, r->arena + begin, len, DDP_DT_F32,
+                                                       DDP_OP_SUM, &r->reqs[b])
+                             : ddp_coll_allreduce(r->comm, r->arena + begin, len, DDP_DT_F32,
+                                                  DDP_OP_SUM, &r->reqs[b]));
         r->next++;
     }
     return 0;
@@ -108,6 +128,24 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
         stats->exposed_ms = (double)(wait_end - wait_begin) / 1e6;
         stats->hidden = busy > 0 ? 1.0 - (double)(wait_end - wait_begin) / (double)busy : 1.0;
         if (stats->hidden < 0) stats->hidden = 0;
+    }
+    return rc;
+}
+
+int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)
+{
+    size_t begin = b ? r->bucket_end[b - 1] : 0;
+    return ddp_coll_allgather(r->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
+                              &r->reqs[b]);
+}
+
+int ddp_reducer_gather_wait(ddp_reducer_t *r, ddp_errinfo_t *ei)
+{
+    int rc = 0;
+    for (int b = 0; b < r->n_buckets; b++) {
+        int one = ddp_coll_wait(r->reqs[b], 0, ei); /* NULL (never started) returns 0 */
+        r->reqs[b] = NULL;
+        if (one && !rc) rc = one;
     }
     return rc;
 }

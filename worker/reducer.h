@@ -10,6 +10,13 @@
  * started and finished on the communication thread, from which the step's exposed
  * (not hidden) communication time is derived.
  *
+ * Sharded step (`scatter`, when the ranks share collective memory): each bucket is
+ * reduce-scattered instead, so this rank holds the reduced gradient of its slice of every bucket
+ * (ddp_coll_slice), its `parts`; the optimizer updates those, and ddp_reducer_gather copies
+ * their new values to every rank. Without it every part is a whole bucket. Either way the
+ * parts carry the numbers of their gradient-norm blocks (optim.h), counted from each bucket's
+ * beginning, so the norm's blocks are the same for any world size.
+ *
  * Threads: the compute thread calls everything; the all-reduces run on the communicator's own.
  */
 #ifndef DDP_WORKER_REDUCER_H
@@ -20,6 +27,7 @@
 
 #include "collectives/coll.h"
 #include "kernels/kernels.h"
+#include "worker/optim.h"
 
 typedef struct ddp_bucket_times {
     int64_t ready, start, end; /* monotonic ns */
@@ -31,8 +39,11 @@ typedef struct ddp_reducer {
     float *arena;     /* gradient arena (reduced in place) */
     size_t n;         /* floats in it */
     int overlap;      /* 0: all buckets start after backward (ddp.overlap: false) */
+    int scatter;      /* reduce-scatter (sharded step) instead of all-reduce */
     int n_buckets;
     size_t *bucket_end; /* [n_buckets]: bucket b is [end[b-1], end[b]) */
+    ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
+    size_t n_norm_blocks;    /* norm blocks over all buckets */
     ddp_coll_req_t **reqs;
     ddp_bucket_times_t *times;
     /* per step */
@@ -49,9 +60,11 @@ typedef struct ddp_reducer_stats {
     double hidden;     /* 1 - exposed / comm, in [0, 1] */
 } ddp_reducer_stats_t;
 
-/* Splits an arena of n floats into buckets (sizes in MiB) for comm. Returns 0 or DDP_ENOMEM. */
+/* Splits an arena of n floats into buckets (sizes in MiB) for comm (NULL: one rank). scatter
+ * needs the arena in collective memory shared by every rank. Returns 0 or DDP_ENOMEM. */
 int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
-                     size_t n, double first_bucket_mb, double bucket_mb, int overlap);
+                     size_t n, double first_bucket_mb, double bucket_mb, int overlap,
+                     int scatter);
 void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
 
 /* Starts a step's reduction; acc (may be NULL) is added into each slice before it is sent. */
@@ -62,5 +75,11 @@ int ddp_reducer_ready(ddp_reducer_t *r, size_t done);
 /* After backward: starts what is left and waits for every bucket. Fills stats (may be NULL).
  * Returns 0 or the error, with ei naming the failed operation and rank. */
 int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei);
+
+/* Sharded step: starts copying this rank's part of bucket b of `arena` (an arena with the
+ * gradient's layout in the same collective memory: parameters, moments) to every rank. */
+int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b);
+/* Waits for every gather started. Returns 0 or the error, with ei naming it. */
+int ddp_reducer_gather_wait(ddp_reducer_t *r, ddp_errinfo_t *ei);
 
 #endif

@@ -89,6 +89,35 @@ static void free_reduced(ddp_trainer_t *t, float *p)
         t->k.ops->free(t->k.ctx, p);
 }
 
+/* The arenas that collectives read and write in place: the gradient's in collective memory on
+ * the CPU; with ddp.shard_optimizer also the parameters' and moments', and when all four are
+ * shared by every rank the optimizer step is sharded (reducer.h). */
+static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!uses_coll_mem(t)) return 0;
+    size_t bytes = ddp_gpt2_count_params(&t->spec.model) * sizeof(float);
+    DDP_CHECK(alloc_reduced(t, bytes, &t->grads, ei));
+    if (!t->spec.shard_optimizer) return 0;
+    DDP_CHECK(alloc_reduced(t, bytes, &t->weights, ei));
+    DDP_CHECK(alloc_reduced(t, bytes, &t->moments[0], ei));
+    DDP_CHECK(alloc_reduced(t, bytes, &t->moments[1], ei));
+    t->sharded = ddp_coll_mem_shared(t->comm, t->grads) &&
+                 ddp_coll_mem_shared(t->comm, t->weights) &&
+                 ddp_coll_mem_shared(t->comm, t->moments[0]) &&
+                 ddp_coll_mem_shared(t->comm, t->moments[1]);
+    return 0;
+}
+
+int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    for (int i = 0; t->sharded && i < 2; i++) {
+        for (int b = 0; b < t->reducer.n_buckets; b++)
+            DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
+        DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
+    }
+    return 0;
+}
+
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
@@ -188,16 +217,13 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     t->accum = (int)(gbt / (per_pass * world));
 
-    if (uses_coll_mem(t))
-        DDP_CHECK_GOTO(alloc_reduced(t, ddp_gpt2_count_params(&s->model) * sizeof(float),
-                                     &t->grads, ei),
-                       rc, fail);
+    DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
-                                 t->grads),
+                                 t->weights, t->grads),
                    rc, fail);
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
-    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model), rc, fail);
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
     int resumed = 0; /* every rank loaded the same checkpoint: nothing to broadcast */
     DDP_CHECK_GOTO(ddp_tckpt_start(t, &resumed, ei), rc, fail);
     if (!resumed) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
@@ -214,8 +240,13 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         goto fail;
     }
     DDP_CHECK_GOTO(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
-                                    s->first_bucket_mb, s->bucket_mb, s->overlap),
+                                    s->first_bucket_mb, s->bucket_mb, s->overlap, t->sharded),
                    rc, fail);
+    t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
+    if (!t->norm_sums) {
+        rc = DDP_ENOMEM;
+        goto fail;
+    }
 
     DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
@@ -236,7 +267,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
-                 ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)" : "",
+                 t->sharded ? " (gradients in shared memory, optimizer step sharded)"
+                 : ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)"
+                                                           : "",
                  t->accum, s->micro_batch, s->seq_len);
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
@@ -262,12 +295,15 @@ void ddp_trainer_close(ddp_trainer_t *t)
         if (t->emb) free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
-        if (t->grads) free_reduced(t, t->grads);
+        float *arenas[] = {t->weights, t->grads, t->moments[0], t->moments[1]};
+        for (int i = 0; i < 4; i++)
+            if (arenas[i]) free_reduced(t, arenas[i]);
     }
     ddp_kernels_close(&t->k);
     ddp_coll_free(t->comm);
     free(t->emb_tokens_f);
     free(t->emb_tokens);
+    free(t->norm_sums);
     if (t->metrics) fclose(t->metrics);
     memset(t, 0, sizeof *t);
 }
@@ -289,23 +325,49 @@ static int allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
     return ddp_coll_wait(req, 0, ei);
 }
 
-/* After a non-finite gradient: names the first tensor that holds a NaN or Inf and skips the
- * update (the data moves on). Fails after DDP_MAX_SKIPPED_STEPS such steps in a row. */
+/* The global gradient norm from the sums of squares of this rank's parts (sharded: the other
+ * blocks come from their owners; each block has one non-zero contributor, so the sum is exact). */
+static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errinfo_t *ei)
+{
+    const ddp_reducer_t *r = &t->reducer;
+    memset(t->norm_sums, 0, r->n_norm_blocks * sizeof *t->norm_sums);
+    DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->norm_sums));
+    if (t->sharded)
+        DDP_CHECK(allreduce_small(t, t->norm_sums, (int)r->n_norm_blocks, DDP_OP_SUM, ei));
+    *norm = ddp_grad_norm(t->norm_sums, r->n_norm_blocks, grad_scale);
+    return 0;
+}
+
+/* After a non-finite gradient: names the first tensor that holds a NaN or Inf in this rank's
+ * parts (sharded: in any rank's, from the tally of every rank's findings) and skips the update
+ * (the data moves on). Fails after DDP_MAX_SKIPPED_STEPS such steps in a row. */
 #define DDP_MAX_SKIPPED_STEPS 10
 
 static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
 {
     const ddp_gpt2_t *m = &t->model;
-    const char *name = "?";
-    for (int i = 0; i < m->n_tensors; i++) {
-        int bad = 0;
-        DDP_K(&t->k, nonfinite, &bad, m->g + m->params[i].offset, m->params[i].numel);
-        DDP_CHECK(t->k.ops->sync(t->k.ctx));
-        if (bad) {
-            name = m->params[i].name;
-            break;
+    const ddp_reducer_t *r = &t->reducer;
+    float *bad = ddp_calloc((size_t)m->n_tensors, sizeof *bad);
+    if (!bad) return DDP_ENOMEM;
+    for (int j = 0; j < r->n_buckets; j++)
+        for (int i = 0; i < m->n_tensors; i++) {
+            size_t lo, hi;
+            int found = 0;
+            if (!ddp_part_of_tensor(m, &r->parts[j], i, &lo, &hi)) continue;
+            DDP_K(&t->k, nonfinite, &found, m->g + lo, hi - lo);
+            int rc = t->k.ops->sync(t->k.ctx);
+            if (rc) {
+                free(bad);
+                return rc;
+            }
+            if (found) bad[i] = 1;
         }
-    }
+    int rc = t->sharded ? allreduce_small(t, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
+    const char *name = "?";
+    for (int i = m->n_tensors - 1; i >= 0; i--)
+        if (bad[i] > 0) name = m->params[i].name;
+    free(bad);
+    if (rc) return rc;
     t->skipped_steps++;
     if (++t->skipped_in_a_row >= DDP_MAX_SKIPPED_STEPS)
         return ddp_errinfo_set(ei, DDP_ENUMERIC,
@@ -316,6 +378,13 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
         DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
                  t->step + 1, norm, name);
     return 0;
+}
+
+/* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone. */
+static int on_part_updated(void *arg, int b)
+{
+    ddp_trainer_t *t = arg;
+    return ddp_reducer_gather(&t->reducer, t->model.w, b);
 }
 
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
@@ -361,16 +430,21 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     double norm = 0;
-    DDP_CHECK(ddp_grad_norm(m, grad_scale, &norm));
+    int64_t t2 = ddp_now_ns();
+    DDP_CHECK(grad_norm(t, grad_scale, &norm, ei));
     double lr = ddp_lr_at(&t->spec, t->step);
     DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
     if (isfinite(norm)) {
-        DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm));
+        const ddp_reducer_t *r = &t->reducer;
+        DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
+                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t));
+        DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         t->skipped_in_a_row = 0;
     } else {
         /* every rank sees the same reduced gradient, so every rank skips this update alike */
         DDP_CHECK(skip_nonfinite_step(t, norm, ei));
     }
+    t->optim_ms = (double)(ddp_now_ns() - t2) / 1e6;
     t->step++;
     t->tokens += (uint64_t)t->accum * t->opts.world * t->spec.micro_batch * t->spec.seq_len;
     /* the mean loss over ranks, whether any rank was asked to stop (all stop together), and
@@ -473,10 +547,11 @@ static void log_step(ddp_trainer_t *t, float loss, double ms)
         fprintf(t->metrics,
                 "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
-                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"tokens\":%llu,\"world\":%d,"
+                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
+                "\"world\":%d,"
                 "\"wall_ms\":%.1f}\n",
                 t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
-                c->exposed_ms, c->hidden, (unsigned long long)t->tokens, t->opts.world,
+                c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
                 (double)(ddp_now_ns() - t->run_t0) / 1e6);
         fflush(t->metrics);
     }

@@ -47,6 +47,7 @@ typedef struct ddp_trainer {
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
+    double optim_ms;          /* gradient norm + optimizer update of the last step */
     int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
     int ready_rc;             /* first error from the reducer inside backward */
     int stop_requested;       /* this rank was asked to stop (signal) */
@@ -55,7 +56,11 @@ typedef struct ddp_trainer {
     int accum;        /* micro-steps per optimizer step on this rank */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
     float *emb;       /* embedding-gradient slots, accum x world (device; see train.c) */
-    float *grads;     /* the gradient arena when the trainer provides it (collective memory) */
+    /* the arenas when the trainer provides them (collective memory, CPU): parameters and
+     * moments only for ddp.shard_optimizer, else NULL and the model / optimizer allocate */
+    float *weights, *grads, *moments[2];
+    int sharded;      /* the optimizer step is split over the ranks (reducer.h) */
+    float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
     float *emb_tokens_f;  /* host staging: one slot's tokens as floats */
     int32_t *emb_tokens;  /* and as token ids */
@@ -68,6 +73,10 @@ typedef struct ddp_trainer {
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
     struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
 } ddp_trainer_t;
+
+/* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
+ * current moments in its own slices only), before a checkpoint reads them. Collective. */
+int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Joins the world (MPI under mpirun, else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN, else
  * a world of one), opens the kernel backend, builds the model (rank 0's initial weights are

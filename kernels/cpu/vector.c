@@ -1,8 +1,8 @@
-/* Element-wise ops over whole arenas: AdamW, sum of squares, add, scale, non-finite check.
+/* Element-wise ops over whole arenas: AdamW, sums of squares, add, scale, non-finite check.
  *
- * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq: a block size that depends on
- * n only), so the work and, for the reductions, the partial sums are the same whatever the
- * thread count. The loops are written so that gcc vectorises them at -O3.
+ * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq_blocks: of whole blocks), so
+ * the work and, for the reductions, the partial sums are the same whatever the thread count.
+ * The loops are written so that gcc vectorises them at -O3.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -48,23 +48,19 @@ void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, 
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), adamw_task, &a);
 }
 
-/* ---- sum of squares ---- */
+/* ---- sums of squares of blocks ---- */
 
-#define SUMSQ_MAX_BLOCKS 2048
 #define SUMSQ_LANES 8
 
 typedef struct {
+    float *out;
     const float *x;
-    size_t n, block;
-    double partial[SUMSQ_MAX_BLOCKS];
+    size_t n, block, per_task; /* blocks per task */
 } sumsq_args_t;
 
-static void sumsq_task(void *varg, long task)
+/* sum x[i]^2 over [lo, hi) in double, SUMSQ_LANES interleaved partial sums added at the end */
+static double sumsq(const float *restrict x, size_t lo, size_t hi)
 {
-    sumsq_args_t *a = varg;
-    size_t lo = (size_t)task * a->block;
-    size_t hi = lo + a->block < a->n ? lo + a->block : a->n;
-    const float *restrict x = a->x;
     double acc[SUMSQ_LANES] = {0};
     size_t i = lo;
     for (; i + SUMSQ_LANES <= hi; i += SUMSQ_LANES)
@@ -72,20 +68,28 @@ static void sumsq_task(void *varg, long task)
     for (int j = 0; i < hi; i++, j++) acc[j] += (double)x[i] * (double)x[i];
     double s = 0.0;
     for (int j = 0; j < SUMSQ_LANES; j++) s += acc[j];
-    a->partial[task] = s;
+    return s;
 }
 
-void ddp__cpu_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n)
+static void sumsq_task(void *varg, long task)
 {
-    sumsq_args_t a = {.x = x, .n = n, .block = DDP__CPU_CHUNK};
-    /* The block size depends on n only; the partials are added in block order. */
-    if ((n + a.block - 1) / a.block > SUMSQ_MAX_BLOCKS)
-        a.block = ((n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS + 63) / 64 * 64;
-    long nb = ddp__ntasks(n, a.block);
-    ddp__pool_run(ctx->pool, nb, sumsq_task, &a);
-    double s = 0.0;
-    for (long b = 0; b < nb; b++) s += a.partial[b];
-    *out = s;
+    const sumsq_args_t *a = varg;
+    size_t nb = (a->n + a->block - 1) / a->block;
+    size_t first = (size_t)task * a->per_task;
+    size_t end = first + a->per_task < nb ? first + a->per_task : nb;
+    for (size_t j = first; j < end; j++) {
+        size_t lo = j * a->block, hi = lo + a->block < a->n ? lo + a->block : a->n;
+        a->out[j] = (float)sumsq(a->x, lo, hi);
+    }
+}
+
+void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block)
+{
+    if (n == 0 || block == 0) return;
+    sumsq_args_t a = {.out = out, .x = x, .n = n, .block = block,
+                      .per_task = block >= DDP__CPU_CHUNK ? 1 : DDP__CPU_CHUNK / block};
+    size_t nb = (n + block - 1) / block;
+    ddp__pool_run(ctx->pool, (long)((nb + a.per_task - 1) / a.per_task), sumsq_task, &a);
 }
 
 /* ---- add, scale ---- */

@@ -102,7 +102,6 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->scratch) cudaFree(ctx->scratch);
-    if (ctx->red) cudaFree(ctx->red);
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -150,11 +149,6 @@ static int cuda_init(ddp_kctx_t **out, int device, int threads)
                                          "cublasSetMathMode"),
                        rc, fail);
     }
-    DDP_CHECK_GOTO(ddp__cuda_check(ctx,
-                                   cudaMalloc((void **)&ctx->red,
-                                              (DDP_CUDA_RED_BLOCKS + 1) * sizeof(double)),
-                                   "cudaMalloc"),
-                   rc, fail);
     DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaMalloc((void **)&ctx->flag, sizeof(int)),
                                    "cudaMalloc"),
                    rc, fail);
@@ -276,7 +270,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .residual_fwd = ddp__cuda_residual_fwd,
     .xent_fwd_bwd = ddp__cuda_xent_fwd_bwd,
     .adamw = ddp__cuda_adamw,
-    .sumsq = ddp__cuda_sumsq,
+    .sumsq_blocks = ddp__cuda_sumsq_blocks,
     .add = ddp__cuda_add,
     .scale = ddp__cuda_scale,
     .nonfinite = ddp__cuda_nonfinite,

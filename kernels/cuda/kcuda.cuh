@@ -3,7 +3,7 @@
  *
  * - struct ddp_kctx: one context owns one device, one non-blocking compute stream, one cuBLAS
  *   handle bound to that stream, a grow-only scratch buffer for ops that need temporary device
- *   memory, and small fixed buffers for the host-visible reductions (sumsq, nonfinite).
+ *   memory (sumsq_blocks' results among others), and a small fixed buffer for nonfinite's flag.
  * - Errors: ops return nothing, so the first CUDA/cuBLAS error since the last sync is kept in
  *   ctx->err (and its original message logged); ddp_k_sync() returns it.
  * - Determinism: no op uses floating-point atomics; every reduction has a fixed order that
@@ -28,8 +28,6 @@ extern "C" {
 #include "kernels/kernels.h"
 }
 
-/* Partial sums of the two-stage double reduction (sumsq): at most this many blocks. */
-#define DDP_CUDA_RED_BLOCKS 1024
 /* Threads per block of the plain elementwise kernels. */
 #define DDP_CUDA_BLOCK 256
 /* Cap on the grid of grid-stride kernels (they loop beyond it). */
@@ -42,9 +40,8 @@ struct ddp_kctx {
     int err;             /* first error since the last sync (DDP_ECUDA), else 0 */
     void *scratch;       /* grow-only temporary device memory, `scratch_bytes` long */
     size_t scratch_bytes;
-    double *red;  /* device [DDP_CUDA_RED_BLOCKS + 1]: partial sums, then the total */
     int *flag;    /* device [1]: nonfinite flag */
-    void *pinned; /* pinned host [16 bytes]: staging for the double / int results */
+    void *pinned; /* pinned host [16 bytes]: staging for the nonfinite flag */
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and
@@ -217,7 +214,7 @@ void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
 void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
                             const int32_t *targets, int N, int V, float dloss);
 /* reduce.cu */
-void ddp__cuda_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n);
+void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block);
 void ddp__cuda_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
 
 #endif

@@ -1,37 +1,33 @@
-/* Reductions whose result goes to the host: sumsq (for the global gradient norm) and nonfinite.
+/* Reductions whose results go to the host: sumsq_blocks (for the global gradient norm) and
+ * nonfinite.
  *
- * sumsq      *out = sum x[i]^2, accumulated in double. Stage 1: G = min(ceil(n / 2048), 1024)
- *            blocks of 256 threads, grid-stride, each block's sum in a fixed order into
- *            red[block]; stage 2: one block adds red[0..G) in order into red[G'] (G' = 1024).
- *            G depends only on n, so the result is bitwise reproducible for a given n.
- * nonfinite  *out = 1 if any x[i] is NaN or Inf, else 0 (a device flag, cleared first).
- * Both wait for the stream (the result is a host value) and copy through ctx's pinned buffer.
- * On a CUDA error *out is NaN (sumsq) or 1 (nonfinite), so a caller never trusts a bad value.
+ * sumsq_blocks  out[j] = sum of x[i]^2 over block j, accumulated in double: one thread block of
+ *               256 threads per data block (grid-stride beyond DDP_CUDA_MAX_GRID), each thread
+ *               summing a fixed stride, then a fixed-order block sum; written to scratch as float
+ *               and copied to the host. Bitwise reproducible, whatever n or the block's place.
+ * nonfinite     *out = 1 if any x[i] is NaN or Inf, else 0 (a device flag, cleared first; copied
+ *               through ctx's pinned buffer).
+ * Both wait for the stream (the results are host values). On a CUDA error the results are NaN
+ * (sumsq_blocks) or 1 (nonfinite), so a caller never trusts a bad value.
  */
 #include "kernels/cuda/kcuda.cuh"
 
 #define RED_THREADS 256
 
-static __global__ void sumsq_stage1(double *red, const float *x, size_t n)
+static __global__ void sumsq_blocks_kernel(float *out, const float *x, size_t n, size_t block,
+                                           size_t nb)
 {
     __shared__ double sh[32];
-    double s = 0.0;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        double v = (double)x[i];
-        s += v * v;
+    for (size_t j = blockIdx.x; j < nb; j += gridDim.x) {
+        size_t lo = j * block, hi = lo + block < n ? lo + block : n;
+        double s = 0.0;
+        for (size_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            double v = (double)x[i];
+            s += v * v;
+        }
+        s = ddp__block_sum(s, sh); /* synchronises before reusing sh */
+        if (threadIdx.x == 0) out[j] = (float)s;
     }
-    s = ddp__block_sum(s, sh);
-    if (threadIdx.x == 0) red[blockIdx.x] = s;
-}
-
-static __global__ void sumsq_stage2(double *red, int parts)
-{
-    __shared__ double sh[32];
-    double s = 0.0;
-    for (int i = threadIdx.x; i < parts; i += blockDim.x) s += red[i];
-    s = ddp__block_sum(s, sh);
-    if (threadIdx.x == 0) red[DDP_CUDA_RED_BLOCKS] = s;
 }
 
 /* Copies `bytes` from device `src` to the pinned buffer and waits. */
@@ -43,20 +39,21 @@ static int fetch(ddp_kctx_t *ctx, const void *src, size_t bytes, const char *wha
     return ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), what);
 }
 
-void ddp__cuda_sumsq(ddp_kctx_t *ctx, double *out, const float *x, size_t n)
+void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block)
 {
-    *out = 0.0;
-    if (n == 0) return;
-    *out = NAN;
-    if (ddp__cuda_enter(ctx)) return;
-    size_t g = (n + 2047) / 2048;
-    int parts = g > DDP_CUDA_RED_BLOCKS ? DDP_CUDA_RED_BLOCKS : (int)g;
-    sumsq_stage1<<<(unsigned)parts, RED_THREADS, 0, ctx->stream>>>(ctx->red, x, n);
-    if (ddp__cuda_launched(ctx, "sumsq")) return;
-    sumsq_stage2<<<1, 1024, 0, ctx->stream>>>(ctx->red, parts);
-    if (ddp__cuda_launched(ctx, "sumsq")) return;
-    if (fetch(ctx, ctx->red + DDP_CUDA_RED_BLOCKS, sizeof(double), "sumsq")) return;
-    *out = *(const double *)ctx->pinned;
+    if (n == 0 || block == 0) return;
+    size_t nb = (n + block - 1) / block;
+    for (size_t j = 0; j < nb; j++) out[j] = NAN;
+    float *dev;
+    if (ddp__cuda_enter(ctx) || ddp__cuda_scratch(ctx, nb * sizeof(float), (void **)&dev)) return;
+    unsigned grid = nb > DDP_CUDA_MAX_GRID ? DDP_CUDA_MAX_GRID : (unsigned)nb;
+    sumsq_blocks_kernel<<<grid, RED_THREADS, 0, ctx->stream>>>(dev, x, n, block, nb);
+    if (ddp__cuda_launched(ctx, "sumsq_blocks")) return;
+    if (ddp__cuda_check(ctx, cudaMemcpyAsync(out, dev, nb * sizeof(float),
+                                             cudaMemcpyDeviceToHost, ctx->stream),
+                        "sumsq_blocks"))
+        return;
+    ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "sumsq_blocks");
 }
 
 static __global__ void nonfinite_kernel(int *flag, const float *x, size_t n)

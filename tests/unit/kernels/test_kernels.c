@@ -406,12 +406,24 @@ static void test_vector(void **state)
     kfill(&r, x, n, -3, 3);
     kfill(&r, y, n, -3, 3);
     memcpy(y0, y, n * sizeof(float));
-    double ss = 0.0, want = 0.0;
-    for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
-    DDP_K(&K, sumsq, &ss, x, n);
-    if (!(fabs(ss - want) <= 1e-12 * want)) fail_msg("sumsq: got %.17g, want %.17g", ss, want);
-    DDP_K(&K, sumsq, &ss, x, 0);
-    assert_true(ss == 0.0);
+    /* sums of squares of blocks: against a double reference, and the same for a block
+     * whatever its place in the buffer */
+    const size_t block = 1000, nb = (n + block - 1) / block;
+    float *ss = falloc(nb), *ss_shifted = falloc(nb);
+    DDP_K(&K, sumsq_blocks, ss, x, n, block);
+    for (size_t j = 0; j < nb; j++) {
+        double want = 0.0;
+        for (size_t i = j * block; i < n && i < (j + 1) * block; i++) want += (double)x[i] * x[i];
+        if (!(fabs(ss[j] - want) <= 1e-7 * want))
+            fail_msg("sumsq_blocks[%zu]: got %.9g, want %.17g", j, ss[j], want);
+    }
+    DDP_K(&K, sumsq_blocks, ss_shifted, x + 7 * block, n - 7 * block, block);
+    assert_memory_equal(ss_shifted, ss + 7, (nb - 7) * sizeof(float));
+    ss[0] = -1.0f;
+    DDP_K(&K, sumsq_blocks, ss, x, 0, block);
+    assert_true(ss[0] == -1.0f);
+    free(ss);
+    free(ss_shifted);
 
     DDP_K(&K, add, y, x, n);
     for (size_t i = 0; i < n; i++)

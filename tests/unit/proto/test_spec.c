@@ -134,6 +134,7 @@ static void test_defaults(void **state)
     assert_int_equal(s.max_workers, 1);
     assert_string_equal(s.backend, "auto");
     assert_int_equal(s.overlap, 1);
+    assert_int_equal(s.shard_optimizer, 1);
     assert_int_equal(s.check_every, 100);
     assert_string_equal(s.ckpt_dir, "");
     assert_int_equal(s.ckpt_every, 0);
@@ -152,10 +153,11 @@ static void test_defaults(void **state)
     assert_int_equal(s.min_workers, 3);
     assert_int_equal(s.max_workers, 3);
     /* empty sections are allowed; YAML booleans; integers written with an exponent */
-    assert_int_equal(parse(&s, "data: {train: x}\ntrain:\nddp: {overlap: off}\n"
+    assert_int_equal(parse(&s, "data: {train: x}\ntrain:\nddp: {overlap: off, shard_optimizer: no}\n"
                                "checkpoint: {shard_mb: 1e3}\n",
                            &ei), 0);
     assert_int_equal(s.overlap, 0);
+    assert_int_equal(s.shard_optimizer, 0);
     assert_true(s.shard_mb == 1000);
     assert_int_equal(parse(&s, "data: {train: x}\ntrain: {steps: 1e3, global_batch_tokens: 0}",
                            &ei), 0);

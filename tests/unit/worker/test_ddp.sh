@@ -39,7 +39,7 @@ runN() { # ranks out.safetensors accum-tokens [options]
     { cat "$tmp/launch.log" "$tmp"/run$ranks/rank-*.log; return 1; }
 }
 
-echo "1..10"
+echo "1..12"
 # 1 rank x 2 micro-steps == 2 ranks x 1, bitwise (global batch 2 x 2 x 32 = 128 tokens)
 run1 "$tmp/a1.st" 128 && runN 2 "$tmp/a2.st" 128 &&
   check "2 ranks x B equal 1 rank x 2 accumulation steps bitwise" python3 "$compare" "$tmp/a1.st" "$tmp/a2.st" --bitwise ||
@@ -57,6 +57,13 @@ run1 "$tmp/d1.st" 64 --set train.steps=20 && run1 "$tmp/d2.st" 64 --set train.st
 # a different seed gives different weights (the comparison can fail)
 run1 "$tmp/d3.st" 64 --set train.steps=20 --set train.seed=7 &&
   check "a different seed gives different weights" bash -c "! cmp -s '$tmp/d1.st' '$tmp/d3.st'" || not_ok "seed run"
+# the sharded optimizer step (the default when ranks share memory) and the plain one agree bitwise
+DDP_LOG_LEVEL=info RUN_DIR="$tmp/runsh" "$launch" 2 "$tmp/job.yaml" --set train.steps=3 >"$tmp/sh.log" 2>&1 &&
+  check "2 local ranks shard the optimizer step by default" grep -q "optimizer step sharded" "$tmp/sh.log" ||
+  not_ok "2-rank run of one step"
+runN 2 "$tmp/a2u.st" 128 --set ddp.shard_optimizer=false &&
+  check "2 ranks: a sharded optimizer step gives the unsharded step's weights bitwise" cmp "$tmp/a2.st" "$tmp/a2u.st" ||
+  not_ok "2-rank run without the sharded optimizer step"
 # a world size that cannot split the global batch is refused with the sizes that would
 if RUN_DIR="$tmp/run3" "$launch" 3 "$tmp/job.yaml" --set train.global_batch_tokens=256 >"$tmp/w3.log" 2>&1; then
   not_ok "3 ranks cannot split 4 sequences: refused"

@@ -100,7 +100,7 @@ static int setup(void **state)
     fx->B = cfg_int(fx, "B");
     fx->T = cfg_int(fx, "T");
     if (ddp_kernels_open(&fx->k, "cpu", 0, 2)) return -1;
-    if (ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL)) return -1;
+    if (ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL)) return -1;
     load_weights(fx, "init.");
     *state = fx;
     return 0;
@@ -231,7 +231,7 @@ static void test_adamw_steps_match_pytorch(void **state)
     fixture_t *fx = *state;
     load_weights(fx, "init.");
     ddp_adamw_t opt;
-    assert_int_equal(ddp_adamw_init(&opt, &fx->m), 0);
+    assert_int_equal(ddp_adamw_init(&opt, &fx->m, NULL, NULL), 0);
     ddp_spec_t spec;
     ddp_spec_defaults(&spec);
     spec.lr = spec.min_lr = cfg_num(fx, "lr");
@@ -246,15 +246,20 @@ static void test_adamw_steps_match_pytorch(void **state)
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     const float *ref_losses = tensor(fx, "adamw_losses", NULL);
     int steps = cfg_int(fx, "steps");
+    /* the whole arena as one part (what one rank without buckets updates) */
+    const ddp_arena_part_t whole = {0, fx->m.n_params, 0};
+    size_t nb = (fx->m.n_params + DDP_NORM_BLOCK - 1) / DDP_NORM_BLOCK;
+    float *sums = calloc(nb, sizeof *sums);
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
         float loss;
         assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
         assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
         ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
-        double norm;
-        assert_int_equal(ddp_grad_norm(&fx->m, 1.0f, &norm), 0);
-        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm), 0);
+        assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
+        double norm = ddp_grad_norm(sums, nb, 1.0f);
+        assert_int_equal(
+            ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL, NULL), 0);
         double rel = fabs((double)loss - ref_losses[s]) / fabs(ref_losses[s]);
         fprintf(stderr, "step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
                       rel);
@@ -272,6 +277,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         assert_true(err < 1e-4);
     }
     ddp_adamw_close(&opt, &fx->m);
+    free(sums);
     free(in);
     free(tg);
 }

@@ -45,7 +45,7 @@ static void *run_rank(void *arg)
     ddp_coll_opts_t opts = {.chunk_delay_us = DELAY_US, .chunk_bytes = 64 << 10};
     j->rc = ddp_kernels_open(&k, "cpu", 0, 1);
     if (!j->rc) j->rc = ddp_coll_new_fake(j->world, j->rank, &opts, &comm);
-    if (!j->rc) j->rc = ddp_reducer_init(&r, comm, &k, arena, N, 0.25, 0.5, j->overlap);
+    if (!j->rc) j->rc = ddp_reducer_init(&r, comm, &k, arena, N, 0.25, 0.5, j->overlap, 0);
     if (j->rc) return NULL;
     for (size_t i = 0; i < N; i++) acc[i] = 1.0f;
 
@@ -97,12 +97,19 @@ static void test_buckets_split_arena(void **state)
 {
     (void)state;
     ddp_reducer_t r;
-    assert_int_equal(ddp_reducer_init(&r, NULL, NULL, NULL, 1000000, 1.0, 2.0, 1), 0);
+    assert_int_equal(ddp_reducer_init(&r, NULL, NULL, NULL, 1000000, 1.0, 2.0, 1, 0), 0);
     /* 1 MiB = 262144 floats, then 2 MiB = 524288: 262144, 786432, 1000000 */
     assert_int_equal(r.n_buckets, 3);
     assert_int_equal(r.bucket_end[0], 262144);
     assert_int_equal(r.bucket_end[1], 786432);
     assert_int_equal(r.bucket_end[2], 1000000);
+    /* one rank updates whole buckets; norm blocks of 16384 floats restart at each bucket:
+     * 16 + 32 + 14 (213568 floats: the last block short) */
+    assert_int_equal(r.parts[1].lo, 262144);
+    assert_int_equal(r.parts[1].hi, 786432);
+    assert_int_equal(r.parts[1].block, 16);
+    assert_int_equal(r.parts[2].block, 48);
+    assert_int_equal(r.n_norm_blocks, 62);
     ddp_reducer_close(&r);
 }
 
