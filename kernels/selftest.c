@@ -37,7 +37,7 @@
     X(RESIDUAL_FWD, "residual_fwd")                                                          \
     X(XENT_FWD_BWD, "xent_fwd_bwd")                                                          \
     X(ADAMW, "adamw")                                                                        \
-    X(SUMSQ, "sumsq_blocks")                                                                  \
+    X(SUMSQ, "sumsq_blocks")                                                                 \
     X(ADD, "add")                                                                            \
     X(SCALE, "scale")                                                                        \
     X(NONFINITE, "nonfinite")

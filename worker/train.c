@@ -441,7 +441,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         t->skipped_in_a_row = 0;
     } else {
-        /* every rank sees the same reduced gradient, so every rank skips this update alike */
+        /* every rank has the same norm, so every rank skips this update alike */
         DDP_CHECK(skip_nonfinite_step(t, norm, ei));
     }
     t->optim_ms = (double)(ddp_now_ns() - t2) / 1e6;
