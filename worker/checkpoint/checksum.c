@@ -4,7 +4,7 @@
  * Why folding: a checkpoint save checksums 1.5 GB while training uses every core, so the CRC's
  * CPU time is taken from training. The crc32 path peaks near 22 GB/s from cache (8 bytes a
  * cycle) and reads DRAM at about 11 GB/s here; folding computes 4x faster (85 GB/s from cache),
- * so with software prefetch it reads as fast as one core can pull from memory (~14.7 GB/s).
+ * so it runs at what one core's loads pull from memory (~12.6 GB/s) with fewer cycles spent.
  *
  * The SSE4.2 path runs three independent crc32 chains over three adjacent blocks (the
  * instruction has a latency of 3 cycles and a throughput of 1), then joins them by shifting the
@@ -177,7 +177,6 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t reg, const voi
     return (uint32_t)c0;
 }
 
-#define PREFETCH 4096 /* bytes ahead the folding loop asks for */
 #define VP_TARGET __attribute__((target("sse4.2,pclmul,avx512f,vpclmulqdq")))
 
 /* One 128-bit lane folded over F bits (k: that F's constants). */
@@ -206,11 +205,10 @@ VP_TARGET static uint32_t crc_vpclmul(uint32_t reg, const void *buf, size_t n)
     n -= 256;
     const __m512i kf = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)k2048));
     while (n >= 256) {
-        /* One core's demand misses alone read DRAM at ~12 GB/s here; asking for the lines 4 KiB
-         * ahead into L2 keeps more misses in flight: ~14.7 GB/s (a 1.5 GB save: 125 -> 102 ms).
-         * Prefetches past the end are harmless (they never fault). */
-        for (int l = 0; l < 256; l += 64)
-            _mm_prefetch((const char *)p + PREFETCH + l, _MM_HINT_T2);
+        /* No software prefetch: asking for the lines 4 KiB ahead into L2 read DRAM faster
+         * alone (14.7 against 12.6 GB/s) but beside training it evicted the compute thread's
+         * L2 on the shared core: +285 ms of stall per save against +81 ms without (one run
+         * each, GPT-2 124M, 2 cores); prefetchnta was as bad (+309 ms). */
         x0 = fold512(x0, kf, _mm512_loadu_si512(p));
         x1 = fold512(x1, kf, _mm512_loadu_si512(p + 64));
         x2 = fold512(x2, kf, _mm512_loadu_si512(p + 128));
