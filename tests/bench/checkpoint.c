@@ -8,7 +8,8 @@
  * (8 MiB buffered writes, then fsync) as the reference. Medians of --runs runs; prints a
  * markdown table. DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off.
  *
- * Usage: bench_checkpoint [--dir DIR] [--runs N] [--no-optim] [--layers L]
+ * Usage: bench_checkpoint [--dir DIR] [--runs N] [--no-optim] [--layers L] [--live-only]
+ * --live-only: only the live saves (for profiling the writer: perf record, CPU time).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -69,21 +70,21 @@ static double plain_write(const char *dir, const tstate_t *ts)
 
 static void *arenas[3];
 
-/* CPU time (user + system) of this process so far, seconds. */
-static double cpu_s(void)
+/* CPU time of this process so far, seconds: user + system, and system alone in *sys. */
+static double cpu_s(double *sys)
 {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
+    *sys = (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec * 1e-6;
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + *sys;
 }
 
-static double last_cpu; /* CPU seconds of the last save_once, copy included */
+static double last_cpu, last_sys; /* CPU seconds of the last save_once, copy included */
 
 static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, double *stall,
                         uint64_t *bytes, uint64_t *direct)
 {
-    double c0 = cpu_s();
+    double s0, c0 = cpu_s(&s0);
     ddp_errinfo_t ei;
     ddp_ckpt_state_t st = tu_state(ts, step, "{\"step\": 0}");
     int64_t t0 = ddp_now_ns();
@@ -98,14 +99,35 @@ static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, d
     ddp_ckpt_saver_stats(s, &stats);
     *bytes = stats.bytes;
     *direct = stats.direct_bytes;
-    last_cpu = cpu_s() - c0;
+    double s1;
+    last_cpu = cpu_s(&s1) - c0;
+    last_sys = s1 - s0;
     return stats.write_s;
+}
+
+/* --live-only: a warm-up live save, then `runs` timed ones; prints wall and CPU time of each. */
+static int live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs)
+{
+    double dummy;
+    uint64_t bytes = 0, direct = 0;
+    for (int r = 0; r <= runs; r++) {
+        double w = save_once(s, ts, 3000 + r, 1, &dummy, &bytes, &direct);
+        printf("live save %d%s: %.0f MB in %.0f ms (%.0f MB/s), CPU %.0f ms (system %.0f ms), "
+               "%.0f%% O_DIRECT from the arenas\n",
+               r, r ? "" : " (warm-up)", (double)bytes / 1e6, w * 1e3, (double)bytes / w / 1e6,
+               last_cpu * 1e3, last_sys * 1e3, 100.0 * (double)direct / (double)ts->bytes);
+        char name[64];
+        snprintf(name, sizeof name, "%s/step-%08d", dir, 3000 + r);
+        tu_rmrf(name);
+    }
+    ddp_ckpt_saver_free(s);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
     const char *dir = "bench-ckpt.tmp";
-    int runs = 3, optim = 1, layers = 12;
+    int runs = 3, optim = 1, layers = 12, live_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
@@ -115,8 +137,11 @@ int main(int argc, char **argv)
             layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-optim"))
             optim = 0;
+        else if (!strcmp(argv[i], "--live-only"))
+            live_only = 1;
         else {
-            fprintf(stderr, "usage: %s [--dir DIR] [--runs N] [--no-optim] [--layers L]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--dir DIR] [--runs N] [--no-optim] [--layers L] "
+                            "[--live-only]\n", argv[0]);
             return 2;
         }
     }
@@ -133,6 +158,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", ei.msg);
         return 1;
     }
+    if (live_only) return live_only_main(s, &ts, dir, runs);
     int64_t tr = ddp_now_ns();
     if (ddp_ckpt_saver_reserve(s, ts.bytes, &ei) < 0) {
         fprintf(stderr, "%s\n", ei.msg);

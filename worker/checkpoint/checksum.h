@@ -3,8 +3,9 @@
  * Why CRC32C and not a library hash: it is in the x86 instruction set (SSE4.2 `crc32`), so it runs
  * at several GB/s per core with no dependency beyond the compiler, it detects every burst error
  * up to 32 bits (a flipped byte, a torn sector), and `crc32c` from Python or `gsutil hash -c`
- * reproduce it. The hardware path is chosen at run time (cpuid); other CPUs get a slicing-by-8
- * table, which gives the same values.
+ * reproduce it. The fastest path the CPU has is chosen at run time (cpuid): carry-less folding
+ * with AVX-512 VPCLMULQDQ, else the SSE4.2 crc32 instruction; other CPUs get a slicing-by-8
+ * table. All give the same values.
  *
  * Streaming: crc = ddp_crc32c_update(0, a, n); crc = ddp_crc32c_update(crc, b, m) equals one call
  * over a then b. The conventional init/final inversion is done inside, so 0 is the start value and
@@ -22,7 +23,14 @@ uint32_t ddp_crc32c_update(uint32_t crc, const void *buf, size_t n);
 /* The same with the portable table path, whatever the CPU (tests compare the two). Any thread. */
 uint32_t ddp__crc32c_sw(uint32_t crc, const void *buf, size_t n);
 
-/* 1 when the SSE4.2 path is in use. Any thread. */
+/* The implementations, slowest first. */
+enum { DDP__CRC_SW = 0, DDP__CRC_SSE42 = 1, DDP__CRC_VPCLMUL = 2 };
+
+/* ddp_crc32c_update with at most implementation `impl` (the CPU's best if it has no such one),
+ * so tests can check each path the CPU has against the table. Any thread. */
+uint32_t ddp__crc32c_impl(int impl, uint32_t crc, const void *buf, size_t n);
+
+/* The implementation in use (DDP__CRC_*): non-zero when it is a hardware one. Any thread. */
 int ddp_crc32c_hw(void);
 
 #endif

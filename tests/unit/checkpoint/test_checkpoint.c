@@ -114,6 +114,15 @@ static void test_crc32c(void **state)
         a = ddp_crc32c_update(a, b + off + 12345 + off, n - off * 997 - 12345 - off);
         assert_int_equal(a, hw);
     }
+    /* every implementation this CPU has, against the table: all lengths around the folding
+     * path's 256-byte block and 16-byte lane boundaries, odd addresses, a non-zero start */
+    for (int impl = DDP__CRC_SSE42; impl <= ddp_crc32c_hw(); impl++)
+        for (size_t len = 0; len < 1100; len += len < 600 ? 1 : 7)
+            for (size_t off = 0; off < 3; off++)
+                assert_int_equal(ddp__crc32c_impl(impl, 0x1234567u, b + off, len),
+                                 ddp__crc32c_sw(0x1234567u, b + off, len));
+    for (int impl = DDP__CRC_SW; impl <= ddp_crc32c_hw(); impl++)
+        assert_int_equal(ddp__crc32c_impl(impl, 0, b + 3, n - 3), ddp__crc32c_sw(0, b + 3, n - 3));
     free(b);
 }
 
