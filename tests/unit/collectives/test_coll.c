@@ -301,6 +301,52 @@ static void test_fake_delay(void **s)
     assert_true(secs > 0.2);
 }
 
+/* TCP (sums reduced in place in the caller's buffer) and shared memory (sums through slots) give
+ * bitwise the same results for three ranks, fp32 and bf16, sum and average. */
+static int write_sums(ddp_coll_t *c, void *arg)
+{
+    size_t count = 1000003;
+    void *buf = malloc(count * 4);
+    FILE *f = ddp_coll_rank(c) == 0 ? fopen(arg, "w") : NULL;
+    for (int dt = 0; dt < 2; dt++)
+        for (int op = 0; op < 2; op++) {
+            w_fill(buf, count, (ddp_dtype_t)dt, ddp_coll_rank(c), 11);
+            ddp_coll_req_t *r;
+            ddp_errinfo_t ei;
+            if (ddp_coll_allreduce(c, buf, count, (ddp_dtype_t)dt, (ddp_redop_t)op, &r) ||
+                ddp_coll_wait(r, 0, &ei))
+                W_FAIL("all-reduce: %s", ddp_coll_last_error(c));
+            if (f && fwrite(buf, ddp_dtype_size((ddp_dtype_t)dt), count, f) != count)
+                W_FAIL("write %s", (char *)arg);
+        }
+    if (f) fclose(f);
+    free(buf);
+    return 0;
+}
+
+static void test_tcp_shm_same_bits(void **s)
+{
+    char pt[] = "/tmp/ddp-coll-tcp-XXXXXX", ps[] = "/tmp/ddp-coll-shm-XXXXXX";
+    int ft = mkstemp(pt), fs = mkstemp(ps);
+    assert_true(ft >= 0 && fs >= 0);
+    w_cfg_t ct = {.n = 3, .transport = "tcp"}, cs = {.n = 3, .transport = "auto"};
+    assert_int_equal(w_run(ct, write_sums, pt, 60), 0);
+    assert_int_equal(w_run(cs, write_sums, ps, 60), 0);
+    off_t nt = lseek(ft, 0, SEEK_END), ns = lseek(fs, 0, SEEK_END);
+    assert_int_equal(nt, (off_t)1000003 * 12);
+    assert_int_equal(nt, ns);
+    char *a = malloc((size_t)nt), *b = malloc((size_t)nt);
+    assert_int_equal(pread(ft, a, (size_t)nt, 0), nt);
+    assert_int_equal(pread(fs, b, (size_t)nt, 0), nt);
+    assert_int_equal(memcmp(a, b, (size_t)nt), 0);
+    free(a);
+    free(b);
+    close(ft);
+    close(fs);
+    unlink(pt);
+    unlink(ps);
+}
+
 /* ---- the TCP link's caller memory ------------------------------------------------------- */
 
 #define XS_SLOT 4096
@@ -432,6 +478,7 @@ int main(void)
         cmocka_unit_test(test_mem_same_as_ring),
         cmocka_unit_test(test_mem_small_devshm),
         cmocka_unit_test(test_tcp_caller_memory),
+        cmocka_unit_test(test_tcp_shm_same_bits),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }
