@@ -11,9 +11,10 @@
  * (TCP's send_from), a partial or final sum is written into the local buffer and sent from there,
  * and a link that can receive into it (TCP's recv_post) has each all-gather message posted to its
  * final place in advance, so a segment crosses the socket with no memcpy on either side; a
- * partial sum left in the local buffer is overwritten by the all-gather. Segment s of every round is always summed starting at
- * rank s and going around the ring, so the result is a pure function of the inputs and the world
- * size: bitwise identical run to run.
+ * partial sum left in the local buffer is overwritten by the all-gather (the same operands in the
+ * same order as through slots). Segment s of every round is always summed starting at rank s and
+ * going around the ring, so the result is a pure function of the inputs and the world size:
+ * bitwise identical run to run.
  *
  * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
  * on the transports' fds and the engine's eventfd, after a spin of DDP__SPIN_NS. A failure is named: the rank

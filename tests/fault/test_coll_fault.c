@@ -3,8 +3,9 @@
  * every survivor's wait fail within 5 s with an error naming that rank; the survivors abort, form
  * a new communicator (next generation) in the same process, and it works. A stalled rank
  * (SIGSTOP) is named by the deadline. Over TCP, a survivor that frees its buffer (16 MiB: unmapped)
- * as soon as the failed wait returns must not crash: the link sends no byte from it afterwards. Foreign and malformed connections to the rendezvous and data
- * ports (wrong token, garbage, half a header then a stall) are refused and the job goes on.
+ * as soon as the failed wait returns must not crash: the link sends no byte from it afterwards.
+ * Foreign and malformed connections to the rendezvous and data ports (wrong token, garbage, half a
+ * header then a stall) are refused and the job goes on.
  */
 #include <fcntl.h>
 #include <setjmp.h>
