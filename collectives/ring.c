@@ -7,9 +7,14 @@
  * and written straight into the next send slot; the final sum (scaled by 1/n for an average) is
  * stored locally and sent in one pass; gathered segments are copied and forwarded in one pass.
  * While the last message of a round is awaited, the first message of the next round is already
- * sent, which keeps both directions busy. Segment s of every round is always summed starting at
- * rank s and going around the ring, so the result is a pure function of the inputs and the world
- * size: bitwise identical run to run.
+ * sent, which keeps both directions busy. Over a link that can send from the caller's memory
+ * (TCP's send_from), a partial or final sum is written into the local buffer and sent from there,
+ * and a link that can receive into it (TCP's recv_post) has each all-gather message posted to its
+ * final place in advance, so a segment crosses the socket with no memcpy on either side; a
+ * partial sum left in the local buffer is overwritten by the all-gather (the same operands in the
+ * same order as through slots). Segment s of every round is always summed starting at rank s and
+ * going around the ring, so the result is a pure function of the inputs and the world size:
+ * bitwise identical run to run.
  *
  * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
  * on the transports' fds and the engine's eventfd, after a spin of DDP__SPIN_NS. A failure is named: the rank
@@ -201,6 +206,25 @@ static int bad_len(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, size_t got,
                           ddp__req_desc(q, d, sizeof d), R->recv->peer, got, want);
 }
 
+/* Queues [p, p + len) of the caller's buffer on the send link, whose send_slot() returned `slot`:
+ * straight from the buffer where the link can, through the slot otherwise. */
+static void send_buf(ddp__ring_t *R, void *slot, const char *p, size_t len)
+{
+    delay(R);
+    if (R->send->ops->send_from) {
+        R->send->ops->send_from(R->send, p, len);
+    } else {
+        memcpy(slot, p, len);
+        R->send->ops->send_commit(R->send, len);
+    }
+}
+
+static void detach(ddp__ring_t *R)
+{
+    if (R->send->ops->detach) R->send->ops->detach(R->send);
+    if (R->recv->ops->detach) R->recv->ops->detach(R->recv);
+}
+
 static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
 {
     const int n = c->size, r = c->rank, T = 2 * (n - 1);
@@ -210,20 +234,34 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
     const size_t nrounds = (count + C * (size_t)n - 1) / (C * (size_t)n);
     const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
     char *buf = q->buf;
+    const int zsend = R->send->ops->send_from != NULL;
+    /* messages this rank receives: T per round, the last n-1 of each to their final place */
+    const uint64_t nmsg = (uint64_t)nrounds * (uint64_t)T;
+    uint64_t posted = R->recv->ops->recv_post ? 0 : nmsg;
     size_t round = 0;
     int t = 0, sent0 = 0, sent0_next = 0;
     while (round < nrounds) {
         int err = atomic_load(&c->err);
         if (err) return err;
+        for (; posted < nmsg; posted++) {
+            int pt = (int)(posted % (uint64_t)T);
+            char *dst = NULL;
+            size_t dlen = 0;
+            if (pt >= n - 1) {
+                seg_t s = seg_of(count, C, n, (size_t)(posted / (uint64_t)T),
+                                 mod((long)r - (pt - (n - 1)), n));
+                dst = buf + s.off * es;
+                dlen = s.len * es;
+            }
+            if (R->recv->ops->recv_post(R->recv, dst, dlen) < 0) break;
+        }
         DDP_CHECK(progress_links(R, c, q));
         int moved = 0, want_send = 0, want_recv = 0;
         if (!sent0) {
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
                 seg_t s = seg_of(count, C, n, round, r);
-                memcpy(p, buf + s.off * es, s.len * es);
-                delay(R);
-                R->send->ops->send_commit(R->send, s.len * es);
+                send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0 = moved = 1;
             } else {
                 want_send = 1;
@@ -233,9 +271,7 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
                 seg_t s = seg_of(count, C, n, round + 1, r);
-                memcpy(p, buf + s.off * es, s.len * es);
-                delay(R);
-                R->send->ops->send_commit(R->send, s.len * es);
+                send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0_next = moved = 1;
             }
         }
@@ -249,22 +285,30 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
             } else if (need_send && !sp) {
                 want_send = 1;
             } else {
+                char *local;
                 if (t < n - 1) {
                     seg_t s = seg_of(count, C, n, round, mod((long)r - t - 1, n));
                     if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
-                    char *local = buf + s.off * es;
-                    if (t < n - 2)
+                    local = buf + s.off * es;
+                    float sc = t < n - 2 ? 1.0f : scale;
+                    if (zsend) /* a partial sum in place: the all-gather overwrites it */
+                        ddp__reduce(q->dt, local, NULL, rp, local, s.len, sc);
+                    else if (t < n - 2)
                         ddp__reduce(q->dt, sp, NULL, rp, local, s.len, 1.0f);
                     else
                         ddp__reduce(q->dt, local, sp, rp, local, s.len, scale);
                 } else {
                     seg_t s = seg_of(count, C, n, round, mod((long)r - (t - (n - 1)), n));
                     if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
-                    memcpy(buf + s.off * es, rp, len);
-                    if (sp) memcpy(sp, rp, len);
+                    local = buf + s.off * es;
+                    if (rp != local) memcpy(local, rp, len); /* not received in place */
+                    if (sp && !zsend) memcpy(sp, rp, len);
                 }
                 R->recv->ops->recv_release(R->recv);
-                if (sp) {
+                if (sp && zsend) {
+                    delay(R);
+                    R->send->ops->send_from(R->send, local, len);
+                } else if (sp) {
                     delay(R);
                     R->send->ops->send_commit(R->send, len);
                 }
@@ -356,7 +400,9 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
     if (q->impl || (q->barrier && R->direct)) return ddp__direct_run(R, c, q, deadline);
     int rc = q->kind == DDP__REQ_BCAST ? run_bcast(R, c, q, deadline)
                                        : run_allreduce(R, c, q, deadline);
-    return rc < 0 ? rc : flush(R, c, q, deadline);
+    if (rc >= 0) rc = flush(R, c, q, deadline);
+    detach(R); /* after a failure too: the caller may free q->buf once it completes */
+    return rc;
 }
 
 static int ring_probe(void) { return 10; }

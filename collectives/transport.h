@@ -9,7 +9,8 @@
  *             ... read (reduce) straight from p ...
  *             recv_release(x)
  * Messages arrive in commit order. Shared memory hands the peer's slot itself to the receiver
- * (peer data is read once); TCP copies through local slots; the fake joins two threads.
+ * (peer data is read once); TCP copies through local slots, or, with the optional send_from and
+ * recv_post, writes from and reads into the caller's buffer directly; the fake joins two threads.
  *
  * Failure: progress() returns DDP_EPEER when the peer died (socket EOF/hangup), or DDP_EABORTED
  * with culprit and code filled when the peer told us that rank `culprit` failed. notify_abort()
@@ -32,6 +33,22 @@ typedef struct ddp__xport_ops {
     void (*send_commit)(ddp__xport_t *x, size_t len);
     const void *(*recv_slot)(ddp__xport_t *x, size_t *len);
     void (*recv_release)(ddp__xport_t *x);
+    /* Optional (NULL: the caller copies into send_slot() and commits). Sender: queues a message
+     * whose len bytes are read from p, caller memory, instead of from a slot; call only when
+     * send_slot() returned a slot. p must stay valid and unchanged until the message has been
+     * handed to the peer (pending() counts it) or detach() was called. */
+    void (*send_from)(ddp__xport_t *x, const void *p, size_t len);
+    /* Optional (NULL: every message lands in a slot). Receiver: says where the next message not
+     * yet posted should land: in dst when it is exactly len bytes long, in a slot when dst is
+     * NULL (or the length differs, or the message was read before its post). recv_slot() then
+     * returns dst or the slot. Returns 0, or -1 when nslots messages are posted and not yet
+     * released (post again later). dst is written until the message is complete or detach(). */
+    int (*recv_post)(ddp__xport_t *x, void *dst, size_t len);
+    /* Optional (NULL: the link never holds caller memory). Stops using caller memory: messages
+     * queued by send_from() are copied into their slots, posts are dropped, and a message being
+     * received into caller memory goes on into its slot (its bytes are then meaningless). Called
+     * when an operation ends, so the caller may free its buffer even after a failure. */
+    void (*detach)(ddp__xport_t *x);
     /* Sender: messages committed but not yet handed to the peer (TCP: not yet written). */
     int (*pending)(ddp__xport_t *x);
     /* Fills up to 2 pollfds to sleep on, given what the ring is blocked on. Returns the count. */

@@ -6,6 +6,12 @@
  * the receiver's death. The sender's slots are local buffers written straight to the socket (no
  * extra copy); the receiver reads each payload straight into a local slot that the ring reduces
  * from. A frame with a bad type or length from the peer closes the link (DDP_EPEER), never asserts.
+ *
+ * Caller memory (send_from, recv_post): a message may be written from the caller's buffer rather
+ * than a slot, and read into a posted destination rather than a slot, which saves the ring a
+ * memcpy on each side of the socket. A destination is taken when the message's header is complete
+ * and only when the length matches the post exactly, so peer bytes never overrun caller memory.
+ * detach() hands everything back to the slots, so a failed operation leaves no pointer behind.
  */
 #include <errno.h>
 #include <string.h>
@@ -32,6 +38,11 @@ typedef struct {
     int nslots;
     char *slots;
     size_t *lens;
+    char **ptr;          /* per slot: sender: the message's caller memory (NULL: the slot);
+                          * receiver: the posted destination (NULL: the slot) */
+    size_t *cap;         /* receiver: the posted length */
+    char **at;           /* receiver: where the message lands (its slot or its destination) */
+    uint64_t posted;     /* receiver: messages below this index have had their post */
     uint64_t head, tail; /* sender: committed / fully written; receiver: complete / released */
     size_t off;          /* bytes of the current frame moved (header included) */
     frame_t cur;         /* receiver: header being read */
@@ -48,6 +59,11 @@ static int take_abort(tcp_t *t, int *culprit, int *code)
     return DDP_EABORTED;
 }
 
+static char *slot(tcp_t *t, size_t i) { return t->slots + i * t->pub.slot_bytes; }
+
+/* Sender: where message i's bytes are. */
+static const char *src_of(tcp_t *t, size_t i) { return t->ptr[i] ? t->ptr[i] : slot(t, i); }
+
 static int send_progress(tcp_t *t)
 {
     while (t->tail < t->head) {
@@ -58,10 +74,9 @@ static int send_progress(tcp_t *t)
         int n = 0;
         if (t->off < sizeof h) {
             iov[n++] = (struct iovec){(char *)&h + t->off, sizeof h - t->off};
-            iov[n++] = (struct iovec){t->slots + i * t->pub.slot_bytes, t->lens[i]};
+            iov[n++] = (struct iovec){(char *)src_of(t, i), t->lens[i]};
         } else {
-            iov[n++] = (struct iovec){t->slots + i * t->pub.slot_bytes + (t->off - sizeof h),
-                                      total - t->off};
+            iov[n++] = (struct iovec){(char *)src_of(t, i) + (t->off - sizeof h), total - t->off};
         }
         struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(t->fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -87,8 +102,7 @@ static int recv_progress(tcp_t *t)
             r = recv(t->fd, (char *)&t->cur + t->off, sizeof t->cur - t->off, MSG_DONTWAIT);
         } else {
             size_t done = t->off - sizeof t->cur;
-            r = recv(t->fd, t->slots + i * t->pub.slot_bytes + done, t->cur.len - done,
-                     MSG_DONTWAIT);
+            r = recv(t->fd, t->at[i] + done, t->cur.len - done, MSG_DONTWAIT);
         }
         if (r == 0) return DDP_EPEER;
         if (r < 0) {
@@ -105,6 +119,8 @@ static int recv_progress(tcp_t *t)
                 return 0;
             }
             if (t->cur.type != F_DATA || t->cur.len > t->pub.slot_bytes) return DDP_EPEER;
+            int to_dst = t->head < t->posted && t->ptr[i] && t->cur.len == t->cap[i];
+            t->at[i] = to_dst ? t->ptr[i] : slot(t, i);
         }
         if (t->off >= sizeof t->cur && t->off == sizeof t->cur + t->cur.len) {
             t->lens[i] = t->cur.len;
@@ -135,8 +151,49 @@ static void tcp_send_commit(ddp__xport_t *x, size_t len)
 {
     tcp_t *t = (tcp_t *)x;
     t->lens[t->head % (size_t)t->nslots] = len;
+    t->ptr[t->head % (size_t)t->nslots] = NULL;
     t->head++;
     send_progress(t); /* errors surface on the next progress() */
+}
+
+static void tcp_send_from(ddp__xport_t *x, const void *p, size_t len)
+{
+    tcp_t *t = (tcp_t *)x;
+    t->lens[t->head % (size_t)t->nslots] = len;
+    t->ptr[t->head % (size_t)t->nslots] = (char *)p;
+    t->head++;
+    send_progress(t); /* errors surface on the next progress() */
+}
+
+static int tcp_recv_post(ddp__xport_t *x, void *dst, size_t len)
+{
+    tcp_t *t = (tcp_t *)x;
+    uint64_t k = t->posted > t->tail ? t->posted : t->tail;
+    if (k - t->tail >= (uint64_t)t->nslots) return -1;
+    size_t i = k % (size_t)t->nslots;
+    /* a message whose header is complete already has its place (a slot): the post is moot */
+    if (k > t->head || (k == t->head && t->off < sizeof t->cur)) {
+        t->ptr[i] = dst;
+        t->cap[i] = len;
+    }
+    t->posted = k + 1;
+    return 0;
+}
+
+static void tcp_detach(ddp__xport_t *x)
+{
+    tcp_t *t = (tcp_t *)x;
+    size_t ns = (size_t)t->nslots;
+    if (x->is_send) {
+        for (uint64_t k = t->tail; k < t->head; k++) {
+            size_t i = k % ns;
+            if (t->ptr[i]) memcpy(slot(t, i), t->ptr[i], t->lens[i]);
+        }
+    } else {
+        for (size_t i = 0; i < ns; i++) t->at[i] = slot(t, i);
+        t->posted = t->tail;
+    }
+    memset(t->ptr, 0, ns * sizeof *t->ptr);
 }
 
 static const void *tcp_recv_slot(ddp__xport_t *x, size_t *len)
@@ -145,12 +202,13 @@ static const void *tcp_recv_slot(ddp__xport_t *x, size_t *len)
     if (t->tail >= t->head) return NULL;
     size_t i = t->tail % (size_t)t->nslots;
     *len = t->lens[i];
-    return t->slots + i * x->slot_bytes;
+    return t->at[i];
 }
 
 static void tcp_recv_release(ddp__xport_t *x)
 {
     tcp_t *t = (tcp_t *)x;
+    t->ptr[t->tail % (size_t)t->nslots] = NULL;
     t->tail++;
 }
 
@@ -214,8 +272,7 @@ static void tcp_notify_abort(ddp__xport_t *x, int culprit, int code)
             ddp__net_send_all(t->fd, (char *)&h + t->off, sizeof h - t->off, deadline) < 0)
             return;
         size_t done = t->off > sizeof h ? t->off - sizeof h : 0;
-        if (ddp__net_send_all(t->fd, t->slots + i * x->slot_bytes + done, t->lens[i] - done,
-                              deadline) < 0)
+        if (ddp__net_send_all(t->fd, src_of(t, i) + done, t->lens[i] - done, deadline) < 0)
             return;
         t->off = 0;
     }
@@ -229,6 +286,9 @@ static void tcp_close(ddp__xport_t *x)
     close(t->fd);
     free(t->slots);
     free(t->lens);
+    free(t->ptr);
+    free(t->cap);
+    free(t->at);
     free(t);
 }
 
@@ -239,6 +299,9 @@ static const ddp__xport_ops_t tcp_ops = {
     .send_commit = tcp_send_commit,
     .recv_slot = tcp_recv_slot,
     .recv_release = tcp_recv_release,
+    .send_from = tcp_send_from,
+    .recv_post = tcp_recv_post,
+    .detach = tcp_detach,
     .pending = tcp_pending,
     .pollfds = tcp_pollfds,
     .after_poll = tcp_after_poll,
@@ -252,10 +315,16 @@ int ddp__tcp_xport_new(int fd, int is_send, int peer, size_t slot_bytes, int nsl
     tcp_t *t = ddp_calloc(1, sizeof *t);
     char *slots = ddp_aligned_alloc(4096, slot_bytes * (size_t)nslots);
     size_t *lens = ddp_calloc((size_t)nslots, sizeof *lens);
-    if (!t || !slots || !lens) {
+    char **ptr = ddp_calloc((size_t)nslots, sizeof *ptr);
+    size_t *cap = ddp_calloc((size_t)nslots, sizeof *cap);
+    char **at = ddp_calloc((size_t)nslots, sizeof *at);
+    if (!t || !slots || !lens || !ptr || !cap || !at) {
         free(t);
         free(slots);
         free(lens);
+        free(ptr);
+        free(cap);
+        free(at);
         return DDP_ENOMEM;
     }
     ddp__net_nonblock(fd, 1);
@@ -267,6 +336,10 @@ int ddp__tcp_xport_new(int fd, int is_send, int peer, size_t slot_bytes, int nsl
     t->nslots = nslots;
     t->slots = slots;
     t->lens = lens;
+    t->ptr = ptr;
+    t->cap = cap;
+    t->at = at;
+    for (int i = 0; i < nslots; i++) at[i] = slot(t, (size_t)i);
     *out = &t->pub;
     return 0;
 }

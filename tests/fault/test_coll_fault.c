@@ -2,8 +2,10 @@
  * single-pass path on shared collective memory) makes
  * every survivor's wait fail within 5 s with an error naming that rank; the survivors abort, form
  * a new communicator (next generation) in the same process, and it works. A stalled rank
- * (SIGSTOP) is named by the deadline. Foreign and malformed connections to the rendezvous and data
- * ports (wrong token, garbage, half a header then a stall) are refused and the job goes on.
+ * (SIGSTOP) is named by the deadline. Over TCP, a survivor that frees its buffer (16 MiB: unmapped)
+ * as soon as the failed wait returns must not crash: the link sends no byte from it afterwards.
+ * Foreign and malformed connections to the rendezvous and data ports (wrong token, garbage, half a
+ * header then a stall) are refused and the job goes on.
  */
 #include <fcntl.h>
 #include <setjmp.h>
@@ -31,6 +33,7 @@ typedef struct {
     const char *transport;
     double timeout_s;
     int coll_mem; /* the all-reduces run on memory from ddp_coll_mem_alloc */
+    int free_early; /* survivors free the (malloc'ed) buffer right after the failure */
 } kill_arg_t;
 
 /* Survivors: loop big all-reduces until one fails; report; re-form without the victim. */
@@ -61,6 +64,11 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
             rep.rc = rc;
             rep.t_err = ddp_now_ns();
             snprintf(rep.msg, sizeof rep.msg, "%s", ei.msg);
+            if (a->free_early && !a->coll_mem) {
+                free(buf);
+                buf = NULL;
+                usleep(100000); /* the comm thread tells the neighbours meanwhile */
+            }
             break;
         }
     }
@@ -87,11 +95,12 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
     return 0;
 }
 
-static void run_kill_in(int n, int victim, const char *transport, int stop_instead,
-                        int coll_mem)
+static void run_kill_ex(int n, int victim, const char *transport, int stop_instead,
+                        int coll_mem, int free_early)
 {
     kill_arg_t a = {.victim = victim, .transport = transport, .port2 = w_port(),
-                    .timeout_s = stop_instead ? 2.0 : 0, .coll_mem = coll_mem};
+                    .timeout_s = stop_instead ? 2.0 : 0, .coll_mem = coll_mem,
+                    .free_early = free_early};
     assert_int_equal(pipe(a.ready), 0);
     for (int r = 0; r < n; r++) assert_int_equal(pipe(a.fds[r]), 0);
     w_cfg_t cfg = {.n = n, .transport = transport, .port = w_port(), .timeout_s = a.timeout_s};
@@ -149,6 +158,12 @@ static void run_kill_in(int n, int victim, const char *transport, int stop_inste
     close(a.ready[1]);
 }
 
+static void run_kill_in(int n, int victim, const char *transport, int stop_instead,
+                        int coll_mem)
+{
+    run_kill_ex(n, victim, transport, stop_instead, coll_mem, 0);
+}
+
 static void run_kill(int n, int victim, const char *transport, int stop_instead)
 {
     run_kill_in(n, victim, transport, stop_instead, 0);
@@ -159,6 +174,7 @@ static void test_kill_mem_3(void **s) { run_kill_in(3, 1, "auto", 0, 1); }
 static void test_kill_mem_4(void **s) { run_kill_in(4, 0, "auto", 0, 1); }
 static void test_stall_mem_3(void **s) { run_kill_in(3, 2, "auto", 1, 1); }
 static void test_kill_tcp_3(void **s) { run_kill(3, 2, "tcp", 0); }
+static void test_kill_tcp_3_free(void **s) { run_kill_ex(3, 0, "tcp", 0, 0, 1); }
 static void test_kill_shm_4(void **s) { run_kill(4, 0, "auto", 0); }
 static void test_stall_shm_3(void **s) { run_kill(3, 1, "auto", 1); }
 
@@ -250,6 +266,7 @@ int main(void)
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_kill_shm_3),
         cmocka_unit_test(test_kill_tcp_3),
+        cmocka_unit_test(test_kill_tcp_3_free),
         cmocka_unit_test(test_kill_shm_4),
         cmocka_unit_test(test_stall_shm_3),
         cmocka_unit_test(test_kill_mem_3),

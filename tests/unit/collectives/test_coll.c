@@ -3,17 +3,21 @@
  * odd and chunk-multiple counts, sum and average, fp32 and bf16, checked against a serial double
  * sum and bitwise between two runs; the single-pass path on memory from ddp_coll_mem_alloc
  * (shared on one host, private over TCP), mixed with the ring's; reduce-scatter and all-gather
- * there; argument validation.
+ * there; argument validation; the TCP link's caller-memory operations (send_from, recv_post,
+ * detach) between two processes.
  */
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
+#include <poll.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <stddef.h>
 
 #include <cmocka.h>
 
+#include "collectives/transport.h"
 #include "world.h"
 
 /* 2 rounds of 4 ranks' 512 KiB fp32 segments: a multiple of the chunk size */
@@ -373,6 +377,161 @@ static void test_fake_delay(void **s)
     assert_true(secs > 0.2);
 }
 
+/* TCP (sums reduced in place in the caller's buffer) and shared memory (sums through slots) give
+ * bitwise the same results for three ranks, fp32 and bf16, sum and average. */
+static int write_sums(ddp_coll_t *c, void *arg)
+{
+    size_t count = 1000003;
+    void *buf = malloc(count * 4);
+    FILE *f = ddp_coll_rank(c) == 0 ? fopen(arg, "w") : NULL;
+    for (int dt = 0; dt < 2; dt++)
+        for (int op = 0; op < 2; op++) {
+            w_fill(buf, count, (ddp_dtype_t)dt, ddp_coll_rank(c), 11);
+            ddp_coll_req_t *r;
+            ddp_errinfo_t ei;
+            if (ddp_coll_allreduce(c, buf, count, (ddp_dtype_t)dt, (ddp_redop_t)op, &r) ||
+                ddp_coll_wait(r, 0, &ei))
+                W_FAIL("all-reduce: %s", ddp_coll_last_error(c));
+            if (f && fwrite(buf, ddp_dtype_size((ddp_dtype_t)dt), count, f) != count)
+                W_FAIL("write %s", (char *)arg);
+        }
+    if (f) fclose(f);
+    free(buf);
+    return 0;
+}
+
+static void test_tcp_shm_same_bits(void **s)
+{
+    char pt[] = "/tmp/ddp-coll-tcp-XXXXXX", ps[] = "/tmp/ddp-coll-shm-XXXXXX";
+    int ft = mkstemp(pt), fs = mkstemp(ps);
+    assert_true(ft >= 0 && fs >= 0);
+    w_cfg_t ct = {.n = 3, .transport = "tcp"}, cs = {.n = 3, .transport = "auto"};
+    assert_int_equal(w_run(ct, write_sums, pt, 60), 0);
+    assert_int_equal(w_run(cs, write_sums, ps, 60), 0);
+    off_t nt = lseek(ft, 0, SEEK_END), ns = lseek(fs, 0, SEEK_END);
+    assert_int_equal(nt, (off_t)1000003 * 12);
+    assert_int_equal(nt, ns);
+    char *a = malloc((size_t)nt), *b = malloc((size_t)nt);
+    assert_int_equal(pread(ft, a, (size_t)nt, 0), nt);
+    assert_int_equal(pread(fs, b, (size_t)nt, 0), nt);
+    assert_int_equal(memcmp(a, b, (size_t)nt), 0);
+    free(a);
+    free(b);
+    close(ft);
+    close(fs);
+    unlink(pt);
+    unlink(ps);
+}
+
+/* ---- the TCP link's caller memory ------------------------------------------------------- */
+
+#define XS_SLOT 4096
+#define XS_GUARD 0x5A
+
+static void fill_pat(unsigned char *p, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 7 + (size_t)k * 13 + 1);
+}
+
+static int is_pat(const unsigned char *p, size_t n, int k)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(i * 7 + (size_t)k * 13 + 1)) return 0;
+    return 1;
+}
+
+/* Child: sends messages 0..4 of `lens`, from caller memory except message 2 (a slot), then waits
+ * until everything is written and the receiver closes. */
+static int xs_sender(int fd, const size_t *lens)
+{
+    ddp__xport_t *x;
+    if (ddp__tcp_xport_new(fd, 1, 0, XS_SLOT, 8, &x)) return 1;
+    static unsigned char bufs[5][XS_SLOT];
+    for (int k = 0; k < 5; k++) {
+        fill_pat(bufs[k], lens[k], k);
+        void *slot = x->ops->send_slot(x);
+        if (!slot) return 2;
+        if (k == 2) {
+            memcpy(slot, bufs[k], lens[k]);
+            x->ops->send_commit(x, lens[k]);
+        } else {
+            x->ops->send_from(x, bufs[k], lens[k]);
+        }
+    }
+    int64_t end = ddp_now_ns() + 10000000000LL;
+    while (x->ops->pending(x) > 0 && ddp_now_ns() < end) {
+        int cu, co;
+        if (x->ops->progress(x, &cu, &co) < 0) return 3;
+        usleep(1000);
+    }
+    if (x->ops->pending(x) > 0) return 4;
+    struct pollfd pf = {.fd = fd, .events = POLLIN}; /* the receiver's close */
+    if (poll(&pf, 1, 10000) != 1) return 5;
+    x->ops->close(x);
+    return 0;
+}
+
+/* Waits for the next complete message on x (one read before the sender's exit counts). */
+static const unsigned char *xs_next(ddp__xport_t *x, size_t *len)
+{
+    int64_t end = ddp_now_ns() + 10000000000LL;
+    for (;;) {
+        int cu, co, rc = x->ops->progress(x, &cu, &co);
+        const void *p = x->ops->recv_slot(x, len);
+        if (p || ddp_now_ns() > end || rc < 0) return p;
+        usleep(1000);
+    }
+}
+
+/* Message 0 lands in its posted destination; message 1 posted with the wrong length lands in a
+ * slot and leaves the destination alone; message 2 (sent from a slot) lands in its destination;
+ * message 3 is posted to a slot; message 4's post is dropped by detach() and it lands in a slot.
+ * Whatever the sender took from caller memory or a slot arrives intact. */
+static void test_tcp_caller_memory(void **s)
+{
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    const size_t lens[5] = {1000, 600, 4096, 3, 777};
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(sv[0]);
+        _exit(xs_sender(sv[1], lens));
+    }
+    close(sv[1]);
+    ddp__xport_t *x;
+    assert_int_equal(ddp__tcp_xport_new(sv[0], 0, 1, XS_SLOT, 8, &x), 0);
+    static unsigned char dst[5][XS_SLOT + 64];
+    memset(dst, XS_GUARD, sizeof dst);
+    assert_int_equal(x->ops->recv_post(x, dst[0], lens[0]), 0);
+    assert_int_equal(x->ops->recv_post(x, dst[1], 500), 0); /* the sender's 600 do not fit */
+    assert_int_equal(x->ops->recv_post(x, dst[2], lens[2]), 0);
+    assert_int_equal(x->ops->recv_post(x, NULL, 0), 0);
+    for (int k = 0; k < 5; k++) {
+        if (k == 4) { /* dropped at once: it goes to a slot, arrived yet or not */
+            assert_int_equal(x->ops->recv_post(x, dst[4], lens[4]), 0);
+            x->ops->detach(x);
+        }
+        size_t len = 0;
+        const unsigned char *p = xs_next(x, &len);
+        assert_non_null(p);
+        assert_int_equal(len, lens[k]);
+        assert_true(is_pat(p, len, k));
+        if (k == 0 || k == 2) assert_ptr_equal(p, dst[k]);
+        if (k == 1 || k == 3 || k == 4) assert_true(p < dst[0] || p >= dst[4] + sizeof dst[4]);
+        x->ops->recv_release(x);
+    }
+    for (int k = 0; k < 8; k++) assert_int_equal(x->ops->recv_post(x, NULL, 0), 0);
+    assert_int_equal(x->ops->recv_post(x, NULL, 0), -1); /* 8 posted, none released */
+    for (int k = 1; k < 5; k += 3)
+        for (size_t i = 0; i < sizeof dst[k]; i++) assert_int_equal(dst[k][i], XS_GUARD);
+    for (size_t i = lens[0]; i < sizeof dst[0]; i++) assert_int_equal(dst[0][i], XS_GUARD);
+    x->ops->close(x);
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -395,6 +554,8 @@ int main(void)
         cmocka_unit_test(test_mem_single),
         cmocka_unit_test(test_mem_same_as_ring),
         cmocka_unit_test(test_mem_small_devshm),
+        cmocka_unit_test(test_tcp_caller_memory),
+        cmocka_unit_test(test_tcp_shm_same_bits),
     };
     return cmocka_run_group_tests_name("collectives", tests, NULL, NULL);
 }
