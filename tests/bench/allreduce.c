@@ -2,7 +2,14 @@
  * shared memory (on a buffer from ddp_coll_mem_alloc, its single-pass path, and on a malloc()ed
  * buffer, the ring through slots), the ring over TCP loopback, Open MPI's MPI_Allreduce with the vader and tcp BTLs
  * (this program re-runs itself under mpirun), and memcpy of the same bytes; prints a markdown
- * table with ratios. Sizes 1, 4, 25, 100, 500 MiB of fp32; median of several repetitions.
+ * table with ratios. Sizes 1, 4, 25, 100, 500 MiB of fp32.
+ *
+ * This machine's speed drifts (2x within a minute has been seen), so the contenders are measured
+ * in ROUNDS interleaved rounds (each round runs every one of them once, in turn); a round's
+ * figure is the median over its repetitions. The table gives, per size, the median over rounds
+ * of each contender's GB/s and the median over rounds of the per-round ratios, and below it the
+ * lowest and highest per-round ratio, so a ratio is always taken between runs minutes apart at
+ * most, never between one contender's good minute and another's bad one.
  *
  *   tests/bench/allreduce.sh [build-dir]      (builds this file with mpicc, then runs it)
  *
@@ -21,7 +28,9 @@
 static const int sizes_mib[] = {1, 4, 25, 100, 500};
 #define NSIZES 5
 
-static int reps_for(int mib) { return mib <= 4 ? 30 : mib <= 25 ? 12 : mib <= 100 ? 7 : 5; }
+#define ROUNDS 5
+
+static int reps_for(int mib) { return mib <= 4 ? 60 : mib <= 25 ? 12 : mib <= 100 ? 5 : 3; }
 
 static int cmp(const void *a, const void *b)
 {
@@ -66,7 +75,7 @@ static int ring_rank(int rank, int port, const char *transport, int coll_mem, FI
     for (int s = 0; s < NSIZES; s++) {
         size_t n = (size_t)sizes_mib[s] << 18;
         int reps = reps_for(sizes_mib[s]);
-        double t[64];
+        double t[128];
         for (int k = -1; k < reps; k++) {
             ddp_coll_barrier(c, 0, NULL);
             int64_t t0 = ddp_now_ns();
@@ -129,7 +138,7 @@ static int mpi_main(void)
     for (int s = 0; s < NSIZES; s++) {
         size_t n = (size_t)sizes_mib[s] << 18;
         int reps = reps_for(sizes_mib[s]);
-        double t[64];
+        double t[128];
         for (int k = -1; k < reps; k++) {
             MPI_Barrier(MPI_COMM_WORLD);
             double t0 = MPI_Wtime();
@@ -165,7 +174,7 @@ static void run_memcpy(double *gbs)
     for (int s = 0; s < NSIZES; s++) {
         size_t n = (size_t)sizes_mib[s] << 20;
         int reps = reps_for(sizes_mib[s]);
-        double t[64];
+        double t[128];
         for (int k = -1; k < reps; k++) {
             int64_t t0 = ddp_now_ns();
             memcpy(k & 1 ? a : b, k & 1 ? b : a, n);
@@ -177,6 +186,21 @@ static void run_memcpy(double *gbs)
     free(b);
 }
 
+enum { SHM, SLOTS, TCP, VADER, MTCP, MEM, NCONT };
+
+/* Median over rounds of v[r][s] (or of a[r][s] / b[r][s] when b) for size s; lo/hi the range. */
+static double over_rounds(double v[ROUNDS][NCONT][NSIZES], int a, int b, int s, double *lo,
+                          double *hi)
+{
+    double x[ROUNDS];
+    for (int r = 0; r < ROUNDS; r++)
+        x[r] = b < 0 ? v[r][a][s] : v[r][b][s] > 0 ? v[r][a][s] / v[r][b][s] : 0;
+    double m = median(x, ROUNDS); /* sorts x */
+    if (lo) *lo = x[0];
+    if (hi) *hi = x[ROUNDS - 1];
+    return m;
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--mpi-child")) return mpi_main();
@@ -184,21 +208,35 @@ int main(int argc, char **argv)
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n <= 0) return 1;
     self[n] = 0;
-    double shm[NSIZES], slots[NSIZES], tcp[NSIZES], vader[NSIZES], mtcp[NSIZES], mem[NSIZES];
-    if (run_ring("auto", 1, shm) < 0) fprintf(stderr, "ring/shm (collective memory) failed\n");
-    if (run_ring("auto", 0, slots) < 0) fprintf(stderr, "ring/shm (malloc) failed\n");
-    if (run_ring("tcp", 0, tcp) < 0) fprintf(stderr, "ring/tcp failed\n");
-    if (run_mpi(self, "self,vader", vader) < 0) fprintf(stderr, "mpi vader failed\n");
-    if (run_mpi(self, "self,tcp", mtcp) < 0) fprintf(stderr, "mpi tcp failed\n");
-    run_memcpy(mem);
+    static double v[ROUNDS][NCONT][NSIZES];
+    for (int r = 0; r < ROUNDS; r++) {
+        if (run_ring("auto", 1, v[r][SHM]) < 0) fprintf(stderr, "ring/shm (coll. memory) failed\n");
+        if (run_ring("auto", 0, v[r][SLOTS]) < 0) fprintf(stderr, "ring/shm (malloc) failed\n");
+        if (run_ring("tcp", 0, v[r][TCP]) < 0) fprintf(stderr, "ring/tcp failed\n");
+        if (run_mpi(self, "self,vader", v[r][VADER]) < 0) fprintf(stderr, "mpi vader failed\n");
+        if (run_mpi(self, "self,tcp", v[r][MTCP]) < 0) fprintf(stderr, "mpi tcp failed\n");
+        run_memcpy(v[r][MEM]);
+        fprintf(stderr, "round %d of %d done\n", r + 1, ROUNDS);
+    }
     printf("| size | ring/shm, coll. memory GB/s | ring/shm, malloc GB/s | ring/TCP GB/s | "
            "Open MPI vader GB/s | Open MPI tcp GB/s | memcpy GB/s | shm / vader | "
            "TCP / MPI tcp | shm / memcpy |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int s = 0; s < NSIZES; s++)
         printf("| %d MiB | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-               sizes_mib[s], shm[s], slots[s], tcp[s], vader[s], mtcp[s], mem[s],
-               vader[s] > 0 ? shm[s] / vader[s] : 0, mtcp[s] > 0 ? tcp[s] / mtcp[s] : 0,
-               mem[s] > 0 ? shm[s] / mem[s] : 0);
+               sizes_mib[s], over_rounds(v, SHM, -1, s, NULL, NULL),
+               over_rounds(v, SLOTS, -1, s, NULL, NULL), over_rounds(v, TCP, -1, s, NULL, NULL),
+               over_rounds(v, VADER, -1, s, NULL, NULL), over_rounds(v, MTCP, -1, s, NULL, NULL),
+               over_rounds(v, MEM, -1, s, NULL, NULL), over_rounds(v, SHM, VADER, s, NULL, NULL),
+               over_rounds(v, TCP, MTCP, s, NULL, NULL), over_rounds(v, SHM, MEM, s, NULL, NULL));
+    printf("\nMedians over %d interleaved rounds. Per-round ratios, lowest-highest:\n", ROUNDS);
+    for (int s = 0; s < NSIZES; s++) {
+        double a, b, c, d, e, f;
+        over_rounds(v, SHM, VADER, s, &a, &b);
+        over_rounds(v, TCP, MTCP, s, &c, &d);
+        over_rounds(v, SHM, MEM, s, &e, &f);
+        printf("  %3d MiB: shm/vader %.2f-%.2f, TCP/MPI tcp %.2f-%.2f, shm/memcpy %.2f-%.2f\n",
+               sizes_mib[s], a, b, c, d, e, f);
+    }
     return 0;
 }
