@@ -581,6 +581,13 @@ static int spare_core(const ddp_trainer_t *t)
     return t->spec.threads > 0 && (long)t->spec.threads * (ranks > 0 ? ranks : 1) < cores;
 }
 
+int ddp_tckpt_planned(const ddp_trainer_t *t, long step)
+{
+    const ddp_spec_t *s = &t->spec;
+    return t->ckpt && ((s->ckpt_every > 0 && step % s->ckpt_every == 0) || step >= s->steps ||
+                       (t->opts.stop_at_step > 0 && step >= t->opts.stop_at_step));
+}
+
 int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     struct ddp_tckpt *c = t->ckpt;

@@ -77,6 +77,10 @@ void ddp_tckpt_vote(ddp_trainer_t *t, float vals[2]);
  * training goes on, so 0 unless the error is fatal). */
 int ddp_tckpt_tally(ddp_trainer_t *t, const float sums[2], ddp_errinfo_t *ei);
 
+/* Whether a save of `step` is planned (every checkpoint.every steps, the last step, the step of
+ * --stop-at-step). A save after a stop signal is not: it is known only once the step is done. */
+int ddp_tckpt_planned(const ddp_trainer_t *t, long step);
+
 /* After each completed step (all ranks): starts a save when one is due (every checkpoint.every
  * steps). Returns 0 or an error that stops training (bad state, no memory). */
 int ddp_tckpt_after_step(ddp_trainer_t *t, ddp_errinfo_t *ei);

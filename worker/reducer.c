@@ -33,7 +33,8 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
     r->reqs = ddp_calloc((size_t)count + 1, sizeof *r->reqs);
     r->times = ddp_calloc((size_t)count + 1, sizeof *r->times);
     r->parts = ddp_calloc((size_t)count + 1, sizeof *r->parts);
-    if (!r->bucket_end || !r->reqs || !r->times || !r->parts) {
+    r->gathers = ddp_calloc(3 * (size_t)count + 1, sizeof *r->gathers);
+    if (!r->bucket_end || !r->reqs || !r->times || !r->parts || !r->gathers) {
         ddp_reducer_close(r);
         return DDP_ENOMEM;
     }
@@ -61,6 +62,7 @@ void ddp_reducer_close(ddp_reducer_t *r)
     free(r->reqs);
     free(r->times);
     free(r->parts);
+    free(r->gathers);
     memset(r, 0, sizeof *r);
 }
 
@@ -135,17 +137,19 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
 int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)
 {
     size_t begin = b ? r->bucket_end[b - 1] : 0;
+    if (r->n_gathers >= 3 * r->n_buckets) return DDP_EINVAL;
     return ddp_coll_allgather(r->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
-                              &r->reqs[b]);
+                              &r->gathers[r->n_gathers++]);
 }
 
 int ddp_reducer_gather_wait(ddp_reducer_t *r, ddp_errinfo_t *ei)
 {
     int rc = 0;
-    for (int b = 0; b < r->n_buckets; b++) {
-        int one = ddp_coll_wait(r->reqs[b], 0, ei); /* NULL (never started) returns 0 */
-        r->reqs[b] = NULL;
+    for (int i = 0; i < r->n_gathers; i++) {
+        int one = ddp_coll_wait(r->gathers[i], 0, ei); /* NULL (submit failed) returns 0 */
+        r->gathers[i] = NULL;
         if (one && !rc) rc = one;
     }
+    r->n_gathers = 0;
     return rc;
 }

@@ -45,6 +45,8 @@ typedef struct ddp_reducer {
     ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
     size_t n_norm_blocks;    /* norm blocks over all buckets */
     ddp_coll_req_t **reqs;
+    ddp_coll_req_t **gathers; /* [3 * n_buckets]: gathers started, n_gathers of them */
+    int n_gathers;
     ddp_bucket_times_t *times;
     /* per step */
     const float *acc; /* added into the arena before reduction; NULL = none */
@@ -77,7 +79,8 @@ int ddp_reducer_ready(ddp_reducer_t *r, size_t done);
 int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei);
 
 /* Sharded step: starts copying this rank's part of bucket b of `arena` (an arena with the
- * gradient's layout in the same collective memory: parameters, moments) to every rank. */
+ * gradient's layout in the same collective memory: parameters, moments) to every rank. At most
+ * three arenas' gathers may be outstanding. */
 int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b);
 /* Waits for every gather started. Returns 0 or the error, with ei naming it. */
 int ddp_reducer_gather_wait(ddp_reducer_t *r, ddp_errinfo_t *ei);

@@ -110,11 +110,11 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 
 int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    for (int i = 0; t->sharded && i < 2; i++) {
-        for (int b = 0; b < t->reducer.n_buckets; b++)
-            DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
-        DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-    }
+    if (!t->sharded || t->moments_whole) return 0;
+    for (int b = 0; b < t->reducer.n_buckets; b++)
+        for (int i = 0; i < 2; i++) DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
+    DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
+    t->moments_whole = 1;
     return 0;
 }
 
@@ -247,6 +247,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         rc = DDP_ENOMEM;
         goto fail;
     }
+    /* the moments are equal everywhere now (zero, or loaded); gathering them once touches the
+     * peers' pages here, so that the first save does not pay the page faults */
+    t->moments_whole = !t->ckpt;
+    DDP_CHECK_GOTO(ddp_trainer_gather_moments(t, ei), rc, fail);
 
     DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
@@ -380,11 +384,16 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
     return 0;
 }
 
-/* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone. */
+/* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone
+ * (and its moments too when a save follows this step: they travel beside the update instead of
+ * at the step boundary). */
 static int on_part_updated(void *arg, int b)
 {
     ddp_trainer_t *t = arg;
-    return ddp_reducer_gather(&t->reducer, t->model.w, b);
+    DDP_CHECK(ddp_reducer_gather(&t->reducer, t->model.w, b));
+    for (int i = 0; t->gather_moments && i < 2; i++)
+        DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
+    return 0;
 }
 
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
@@ -436,9 +445,11 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
+        t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
+        t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
     } else {
         /* every rank has the same norm, so every rank skips this update alike */

@@ -60,6 +60,8 @@ typedef struct ddp_trainer {
      * moments only for ddp.shard_optimizer, else NULL and the model / optimizer allocate */
     float *weights, *grads, *moments[2];
     int sharded;      /* the optimizer step is split over the ranks (reducer.h) */
+    int moments_whole; /* sharded: every rank's moment arenas are current everywhere */
+    int gather_moments; /* sharded: this step's update also gathers the moments (a save follows) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
     float *emb_tokens_f;  /* host staging: one slot's tokens as floats */
@@ -75,7 +77,8 @@ typedef struct ddp_trainer {
 } ddp_trainer_t;
 
 /* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
- * current moments in its own slices only), before a checkpoint reads them. Collective. */
+ * current moments in its own slices only), before a checkpoint reads them; at once when the
+ * update of a step whose save was planned already did. Collective. */
 int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Joins the world (MPI under mpirun, else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN, else

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checkpoint resume of real ddp-worker processes (TAP): exact resume on 1 and 2 ranks, a 2-rank
-# checkpoint resumed on 1 rank, striped writers, SIGKILL during a save, damaged newest
-# checkpoints (flipped byte, truncated shard, missing manifest) and the Python format check.
+# checkpoint resumed on 1 rank, 2 ranks stopped by SIGTERM and resumed, striped writers, SIGKILL
+# during a save, damaged newest checkpoints (flipped byte, truncated shard, missing manifest) and
+# the Python format check.
 #
 #   test_resume.sh DDP-WORKER DDP-PREP ST-COMPARE
 #
@@ -39,7 +40,7 @@ checkpoint: {dir: $tmp/ck, every: 5, keep_last: 0}
 YAML
 W() { "$worker" job.yaml --quiet "$@"; }
 L() { DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" "$@"; }
-echo "1..13"
+echo "1..14"
 
 # 1 rank: 20 straight vs 10 + resume + 10
 W --no-resume --set checkpoint.dir=\"$tmp/full1\" --dump-weights full1.st >full1.log 2>&1
@@ -61,6 +62,22 @@ rm -rf ck && cp -a ck2 ck
 W --dump-weights res21.st >e.log 2>&1
 check "2-rank checkpoint resumed on 1 rank == 2-rank run within 1e-6" "$compare" full2.st res21.st 1e-6
 check "1-rank resume keeps the global batch (accumulation 2)" grep -q "now 1 x 2" e.log
+
+# 2 ranks stopped by SIGTERM at whatever step they reach: an unplanned save, for which the
+# sharded optimizer step gathers the moments at the boundary; resumed, bitwise the straight run
+long=(--quiet --set train.steps=500 --set checkpoint.every=0)
+L 2 job.yaml "${long[@]}" --set checkpoint.dir=\"$tmp/full500\" --dump-weights full500.st >t0.log 2>&1
+DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" 2 job.yaml "${long[@]}" \
+    --set checkpoint.dir=\"$tmp/ckt\" >t1.log 2>&1 &
+pids+=($!)
+sleep 1.5
+kill -TERM $!
+wait $!
+L 2 job.yaml "${long[@]}" --set checkpoint.dir=\"$tmp/ckt\" --dump-weights term.st >t2.log 2>&1
+check "2 ranks stopped by SIGTERM mid-run, resumed: bitwise the straight run" \
+    bash -c "grep -q 'stopping: saving a checkpoint of step [0-9]' t1.log &&
+             ! grep -q 'stopping: saving a checkpoint of step 500' t1.log &&
+             '$compare' full500.st term.st"
 
 # striped writers: 2 ranks write, rank 0 commits; same weights, and the stripes resume
 rm -rf ck
