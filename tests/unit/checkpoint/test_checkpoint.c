@@ -368,17 +368,25 @@ static void test_sharding_and_index(void **state)
 
 /* ---------------------------------------------------------------- async save, load */
 
+/* A saver (keep_last 0) that pauses delay_ms after each shard it writes. */
+static ddp_ckpt_saver_t *slow_saver(const char *dir, double shard_mb, const char *delay_ms)
+{
+    setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", delay_ms, 1);
+    ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = shard_mb, .keep_last = 0};
+    ddp_ckpt_saver_t *s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
+    return s;
+}
+
 static void test_async_round_trip_and_wait(void **state)
 {
     char *dir = tu_tmpdir();
     tstate_t ts;
     tu_make(&ts, 1000, 64, 96, 2, 1, 2);
-    setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", "150", 1);
-    ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.2, .keep_last = 0};
-    ddp_ckpt_saver_t *s;
+    ddp_ckpt_saver_t *s = slow_saver(dir, 0.2, "150");
     ddp_errinfo_t ei;
-    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
-    unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
     ddp_ckpt_state_t st = tu_state(&ts, 10, TRAINER);
     assert_int_equal(ddp_ckpt_save(s, &st, &ei), 0);
     /* the snapshot is taken: changing the live tensors now must not change the checkpoint */
@@ -898,12 +906,8 @@ static void test_live_save_freeze(void **state)
     assert_int_equal(tu_arenas(&ts, arenas), 0);
     for (int late = 0; late < 2; late++) {
         /* several shards, and a pause after each, so the freeze finds shards not yet read */
-        setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", "100", 1);
-        ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.3, .keep_last = 0};
-        ddp_ckpt_saver_t *s;
+        ddp_ckpt_saver_t *s = slow_saver(dir, 0.3, "100");
         ddp_errinfo_t ei;
-        assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
-        unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
         tu_copy(&ref, &ts);
         ddp_ckpt_state_t st = tu_state(&ts, 30 + late, TRAINER);
         assert_int_equal(ddp_ckpt_save_live(s, &st, &ei), 0);
