@@ -25,7 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct ddp_kctx ddp_kctx_t; /* a backend's context: device, streams, handles, pool */
+typedef struct ddp_kctx ddp_kctx_t;
+
+/* Elements per CRC32C of the adamw op's optional checksums. */
+#define DDP_ADAMW_CRC_CHUNK ((size_t)32768) /* a backend's context: device, streams, handles, pool */
 
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
@@ -101,10 +104,14 @@ typedef struct ddp_kernels_ops {
     /* AdamW on one tensor, PyTorch's formulation with decoupled weight decay:
      * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + wd p),
      * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first
-     * (averaging and clipping fused in). */
+     * (averaging and clipping fused in).
+     * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) 3 x ceil(n / DDP_ADAMW_CRC_CHUNK)
+     * entries: crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes
+     * of param, m and v written for elements [c x CHUNK, min((c + 1) x CHUNK, n)), taken while
+     * they are still in cache, so a checkpoint of this update need not read them again. */
     void (*adamw)(ddp_kctx_t *, float *param, const float *grad, float *m, float *v, size_t n,
                   float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
-                  int t);
+                  int t, uint32_t *crc);
 
     /* Vector helpers over the arenas. */
     /* Sums of squares of consecutive blocks (for the global gradient norm): out[j] = sum of

@@ -440,7 +440,7 @@ static void case_adamw(st_t *s, size_t n, int t)
     if (!ready(s, r)) goto out;
     for (int step = t; step < t + 3; step++) {
         BOTH DDP_K(KS, adamw, P(p), P(g), P(m), P(v), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
-                   step);
+                   step, NULL);
         if (!sync_both(s, r)) goto out;
     }
     check(s, r, p, 1e-5, "param");

@@ -44,6 +44,10 @@ struct ddp_tckpt {
     long last_saved; /* step of the last save started; -1 */
     int pending, reported, report_rc;
     int commit_rc; /* first failed commit/save, for finish */
+    /* the CRC32C the AdamW update of step crc_step (AdamW count crc_update) computed of what it
+     * wrote (CPU backend, writing ranks): a save of that step takes them from here */
+    ddp_adamw_crc_t *update_crc;
+    long crc_step, crc_update;
     ddp_tckpt_stats_t stats;
 };
 
@@ -368,6 +372,8 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei)
     c->writers = t->spec.writers < t->opts.world ? t->spec.writers : t->opts.world;
     if (c->writers < 1) c->writers = 1;
     if (t->opts.rank >= c->writers) return 0;
+    if (on_cpu(t) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc))) return DDP_ENOMEM;
+    c->crc_step = -1;
     ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
                          .keep_last = t->spec.keep_last, .writers = c->writers,
                          .rank = t->opts.rank, .copy = on_cpu(t) ? NULL : copy_d2h,
@@ -518,6 +524,34 @@ static int settle_blocking(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return rc;
 }
 
+ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->update_crc || !ddp_tckpt_planned(t, t->step + 1)) return NULL;
+    c->crc_step = t->step + 1;
+    c->crc_update = t->opt.t + 1;
+    return c->update_crc;
+}
+
+/* Gives the save's tensors the CRC32C that this step's update computed, where it computed them
+ * whole (a sharded update covers only this rank's parts; a skipped one, nothing). */
+static void take_update_crcs(ddp_trainer_t *t)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    int valid = c->update_crc && c->crc_step == t->step && c->crc_update == t->opt.t;
+    for (size_t i = 0; i < c->n_model; i++) {
+        const ddp_adamw_crc_t *u = valid ? &c->update_crc[i] : NULL;
+        bool whole = u && u->covered == t->model.params[i].numel;
+        ddp_ckpt_tensor_t *d[3] = {&c->model_t[i], c->optim_t ? &c->optim_t[i] : NULL,
+                                   c->optim_t ? &c->optim_t[c->n_model + i] : NULL};
+        for (int a = 0; a < 3; a++) {
+            if (!d[a]) continue;
+            d[a]->crc_known = whole;
+            d[a]->crc32c = whole ? u->crc[a] : 0;
+        }
+    }
+}
+
 /* Starts the save of the current step: on the helper thread (overlap) or here. */
 static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
 {
@@ -527,6 +561,7 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
     join_helper(t, &waited);
     if (c->writers > 1) DDP_CHECK(settle_blocking(t, ei));
     DDP_CHECK(ddp_trainer_gather_moments(t, ei)); /* a sharded step leaves them in slices */
+    take_update_crcs(t);
     free(c->trainer);
     c->trainer = trainer_json(t);
     if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
@@ -651,6 +686,7 @@ void ddp_tckpt_close(ddp_trainer_t *t)
     free(c->model_t);
     free(c->optim_t);
     free(c->names);
+    free(c->update_crc);
     free(c->config);
     free(c->trainer);
     free(c);

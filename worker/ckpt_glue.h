@@ -69,6 +69,12 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei);
  * error (the snapshot failed: the save is dropped and logged, training goes on: returns 0). */
 int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
+/* Inside ddp_trainer_step, for the optimizer update that completes step t->step + 1: where
+ * ddp_adamw_step is to put the CRC32C of what it writes, when a save of that step is planned on
+ * this rank and the arenas are host memory (the save then need not read them for its
+ * checksums); NULL otherwise. */
+ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t);
+
 /* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
  * per-step all-reduce; zeros when no striped save is pending. */
 void ddp_tckpt_vote(ddp_trainer_t *t, float vals[2]);

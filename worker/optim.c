@@ -2,6 +2,10 @@
 #include "optim.h"
 
 #include <math.h>
+#include <stdlib.h>
+
+#include "common/alloc.h"
+#include "common/crc32c.h"
 
 int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v)
 {
@@ -63,16 +67,45 @@ double ddp_grad_norm(const float *sums, size_t n, float grad_scale)
     return sqrt(total) * (double)grad_scale;
 }
 
+/* Extends tensor i's CRCs by the piece [lo, hi) of the arena from the kernel's per-chunk CRCs. */
+static void fold_piece_crc(const ddp_gpt2_t *model, int i, size_t lo, size_t hi,
+                           const uint32_t *chunk, ddp_adamw_crc_t *out)
+{
+    ddp_adamw_crc_t *c = &out[i];
+    if (c->covered == DDP_ADAMW_CRC_BROKEN || lo != model->params[i].offset + c->covered) {
+        c->covered = DDP_ADAMW_CRC_BROKEN;
+        return;
+    }
+    for (size_t x = lo, j = 0; x < hi; x += DDP_ADAMW_CRC_CHUNK, j++) {
+        size_t len = hi - x < DDP_ADAMW_CRC_CHUNK ? hi - x : DDP_ADAMW_CRC_CHUNK;
+        for (int a = 0; a < 3; a++)
+            c->crc[a] = ddp_crc32c_combine(c->crc[a], chunk[3 * j + a], len * sizeof(float));
+    }
+    c->covered += hi - lo;
+}
+
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
                    float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
-                   int (*done)(void *arg, int part), void *arg)
+                   int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc)
 {
     ddp_kernels_t *k = model->k;
     double clip_coef = 1.0;
     if (spec->clip > 0 && norm > spec->clip) clip_coef = spec->clip / (norm + 1e-6);
     float scale = (float)((double)grad_scale * clip_coef);
+    uint32_t *chunk = NULL; /* the kernel's CRCs of one piece: 3 per chunk of the largest tensor */
+    if (crc) {
+        size_t most = 0;
+        for (int i = 0; i < model->n_tensors; i++) {
+            crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0};
+            if (model->params[i].numel > most) most = model->params[i].numel;
+        }
+        chunk = ddp_malloc(3 * ((most + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK + 1) *
+                           sizeof *chunk);
+        if (!chunk) return DDP_ENOMEM;
+    }
     opt->t++;
-    for (int j = 0; j < n_parts; j++) {
+    int rc = 0;
+    for (int j = 0; rc == 0 && j < n_parts; j++) {
         /* each tensor's piece inside the part, with that tensor's weight decay */
         for (int i = 0; i < model->n_tensors; i++) {
             size_t lo, hi;
@@ -80,12 +113,14 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
             float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
             DDP_K(k, adamw, model->w + lo, model->g + lo, opt->m + lo, opt->v + lo, hi - lo,
                   (float)lr, (float)spec->beta1, (float)spec->beta2, (float)spec->eps, wd, scale,
-                  (int)opt->t);
+                  (int)opt->t, chunk);
+            if (chunk) fold_piece_crc(model, i, lo, hi, chunk, crc);
         }
         if (done) {
-            DDP_CHECK(k->ops->sync(k->ctx));
-            DDP_CHECK(done(arg, j));
+            rc = k->ops->sync(k->ctx);
+            if (rc == 0) rc = done(arg, j);
         }
     }
-    return k->ops->sync(k->ctx);
+    free(chunk);
+    return rc ? rc : k->ops->sync(k->ctx);
 }

@@ -22,6 +22,16 @@ typedef struct ddp_arena_part {
     size_t lo, hi, block;
 } ddp_arena_part_t;
 
+/* The CRC32C (common/crc32c.h) of what one update wrote into one tensor: crc[0] its parameters,
+ * crc[1] exp_avg, crc[2] exp_avg_sq, over its first `covered` elements. They describe the whole
+ * tensor when covered == numel; a split update (the sharded step) covers only this rank's
+ * parts, and a tensor whose pieces did not come in order is marked DDP_ADAMW_CRC_BROKEN. */
+typedef struct ddp_adamw_crc {
+    uint32_t crc[3];
+    size_t covered;
+} ddp_adamw_crc_t;
+#define DDP_ADAMW_CRC_BROKEN SIZE_MAX
+
 typedef struct ddp_adamw {
     float *m, *v; /* moment arenas (device), n_params floats each */
     int borrowed; /* m and v were the caller's (init's arguments) */
@@ -53,9 +63,12 @@ double ddp_grad_norm(const float *sums, size_t n, float grad_scale);
 
 /* One AdamW update of the parts of the arena with learning rate lr; the gradient used is
  * grad * grad_scale * clip_coef, clip_coef = min(1, clip / norm) when clip > 0. When done is not
- * NULL it is called with the index of each part once that part's parameters are final. */
+ * NULL it is called with the index of each part once that part's parameters are final. When crc
+ * is not NULL (n_tensors entries; the CPU backend only) it receives the CRC32C of what the
+ * update wrote, computed by the kernel while the bytes are in cache, for a checkpoint of this
+ * step. Returns 0, DDP_ENOMEM, or the backend's or done's error. */
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
                    float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
-                   int (*done)(void *arg, int part), void *arg);
+                   int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc);
 
 #endif

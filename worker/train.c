@@ -447,7 +447,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         const ddp_reducer_t *r = &t->reducer;
         t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
-                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t));
+                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t,
+                                 ddp_tckpt_update_crcs(t)));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;

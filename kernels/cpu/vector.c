@@ -1,4 +1,4 @@
-/* Element-wise ops over whole arenas: AdamW, sums of squares, add, scale, non-finite check.
+/* Element-wise ops over whole arenas: AdamW (with optional CRC32C of its outputs), sums of squares, add, scale, non-finite check.
  *
  * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq_blocks: of whole blocks), so
  * the work and, for the reductions, the partial sums are the same whatever the thread count.
@@ -9,15 +9,19 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/crc32c.h"
 #include "kernels/math/adamw.h"
 
 /* ---- AdamW ---- */
+
+_Static_assert(DDP__CPU_CHUNK == DDP_ADAMW_CRC_CHUNK, "one adamw task is one CRC chunk");
 
 typedef struct {
     float *param, *m, *v;
     const float *grad;
     size_t n;
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
+    uint32_t *crc; /* NULL, or 3 per task */
 } adamw_args_t;
 
 static void adamw_task(void *varg, long task)
@@ -32,13 +36,20 @@ static void adamw_task(void *varg, long task)
     for (size_t i = lo; i < hi; i++)
         ddp_adamw_elem(&p[i], &m[i], &v[i], g[i] * a->grad_scale, a->lr, a->beta1, a->beta2,
                        a->eps, a->wd, a->bc1, a->bc2);
+    if (a->crc) { /* the 384 KiB just written are in this core's L2: no DRAM traffic */
+        size_t bytes = (hi - lo) * sizeof(float);
+        a->crc[3 * task] = ddp_crc32c_update(0, p + lo, bytes);
+        a->crc[3 * task + 1] = ddp_crc32c_update(0, m + lo, bytes);
+        a->crc[3 * task + 2] = ddp_crc32c_update(0, v + lo, bytes);
+    }
 }
 
 void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                    float grad_scale, int t)
+                    float grad_scale, int t, uint32_t *crc)
 {
     adamw_args_t a = {
+        .crc = crc,
         .param = param, .m = m, .v = v, .grad = grad, .n = n, .lr = lr, .beta1 = beta1,
         .beta2 = beta2, .eps = eps, .wd = wd, .grad_scale = grad_scale,
         /* The bias corrections in double, as PyTorch computes them (Python floats). */

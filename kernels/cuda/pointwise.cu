@@ -94,8 +94,13 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
 
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     float grad_scale, int t)
+                     float grad_scale, int t, uint32_t *crc)
 {
+    if (crc) { /* host-side checksums of device memory are not offered (kernels.h) */
+        DDP_ERROR("cuda: adamw: CRC32C of the outputs is a CPU-backend feature");
+        if (!ctx->err) ctx->err = DDP_ENOTSUP;
+        return;
+    }
     /* In double, as PyTorch (and the CPU backend) compute them. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)t));

@@ -39,6 +39,7 @@
 #include "checkpoint_internal.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/crc32c.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "dio.h"
@@ -56,6 +57,8 @@
 typedef struct tsrc {
     const unsigned char *src;
     uint64_t off, run_end;
+    uint32_t crc; /* the caller's (crc_known), else extended by the writer as it writes */
+    bool crc_known;
 } tsrc_t;
 
 typedef struct shard {
@@ -421,7 +424,8 @@ static int prepare(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, int64_t *t_w
         memcpy(d->shape, t->shape, sizeof d->shape);
         d->nbytes = t->nbytes;
         d->data = s->snap + off;
-        s->src[i] = (tsrc_t){.src = t->data, .off = off, .run_end = off + t->nbytes};
+        s->src[i] = (tsrc_t){.src = t->data, .off = off, .run_end = off + t->nbytes,
+                             .crc = t->crc_known ? t->crc32c : 0, .crc_known = t->crc_known};
         off += t->nbytes;
     }
     /* contiguous runs of the caller's memory, so a write may span tensors (an arena) */
@@ -570,8 +574,25 @@ static void release(ddp_ckpt_saver_t *s, uint64_t consumed)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Extends the CRC32C of the tensors without a known one over the stream bytes [pos, pos + len)
+ * at p, just written (and, for a live chunk, still claimed). */
+static void checksum_chunk(ddp_ckpt_saver_t *s, uint64_t pos, const unsigned char *p, size_t len,
+                           size_t *cursor)
+{
+    for (uint64_t x = pos, end = pos + len; x < end;) {
+        tsrc_t *t = &s->src[tensor_at(s, x, cursor)];
+        uint64_t e = t->off + s->t[*cursor].nbytes < end ? t->off + s->t[*cursor].nbytes : end;
+        if (!t->crc_known) {
+            t->crc = ddp_crc32c_update(t->crc, p + (x - pos), (size_t)(e - x));
+            s->stats.crc_bytes += e - x;
+        }
+        x = e;
+    }
+}
+
 /* One shard: header padded so the data starts DATA_ALIGN-aligned, then the data straight from
- * its source (O_DIRECT where possible), CRC32C on the way, fsync. */
+ * its source (O_DIRECT where possible), fsync. Its CRC32C is the header's followed by each
+ * tensor's (combined: common/crc32c.h), computed on the way where the caller did not give it. */
 static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
                        uint64_t *bytes, ddp_errinfo_t *ei)
 {
@@ -583,22 +604,26 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
     size_t hlen = 0;
     int rc = ddp_st_header_build_aligned(&s->t[sh->first], sh->count, st_meta, 1, DATA_ALIGN,
                                          &hdr, &hlen, ei);
+    uint32_t crc = rc == 0 ? ddp_crc32c_update(0, hdr, hlen) : 0;
     if (rc == 0) rc = ddp__dio_write(&d, hdr, hlen, ei);
     free(hdr);
     uint64_t pos = s->src[sh->first].off, end = pos + sh->bytes;
-    size_t cursor = sh->first;
+    size_t cursor = sh->first, crc_cursor = sh->first;
     while (rc == 0 && pos < end) {
         const unsigned char *p;
         size_t len;
         int live = claim(s, pos, end, &cursor, &p, &len);
         rc = ddp__dio_write(&d, p, len, ei);
+        if (rc == 0) checksum_chunk(s, pos, p, len, &crc_cursor);
         pos += len;
         if (live) release(s, pos);
     }
+    for (size_t i = sh->first; i < sh->first + sh->count; i++)
+        crc = ddp_crc32c_combine(crc, s->src[i].crc, s->t[i].nbytes);
     s->stats.direct_bytes += d.direct_bytes;
     rc = ddp__dio_close(&d, rc, ei);
     if (rc == 0) {
-        rc = ddp_manifest_add(&s->mine, sh->file, d.size, d.crc);
+        rc = ddp_manifest_add(&s->mine, sh->file, d.size, crc);
         if (rc < 0) ddp_errinfo_set(ei, rc, "checkpoint: out of memory");
         *bytes += d.size;
     }
@@ -848,10 +873,10 @@ static void *writer_main(void *arg)
     s->stats.write_s = dt;
     s->stats.bytes = bytes;
     if (rc == 0)
-        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s)%s", (long long)s->step,
-                 s->o.writers > 1 ? "this rank's shards, " : "", (double)bytes / 1e6, dt,
-                 dt > 0 ? (double)bytes / 1e6 / dt : 0.0,
-                 s->o.writers == 1 ? ", committed" : "");
+        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, %.1f MB checksummed by "
+                 "the writer)%s", (long long)s->step, s->o.writers > 1 ? "this rank's shards, " : "",
+                 (double)bytes / 1e6, dt, dt > 0 ? (double)bytes / 1e6 / dt : 0.0,
+                 (double)s->stats.crc_bytes / 1e6, s->o.writers == 1 ? ", committed" : "");
     atomic_store_explicit(&s->done, 1, memory_order_release);
     return NULL;
 }
@@ -865,6 +890,7 @@ int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
     s->result = 0;
     s->written_step = -1;
     s->stats.direct_bytes = 0;
+    s->stats.crc_bytes = 0;
     atomic_store(&s->done, 0);
     int rc = pthread_create(&s->th, NULL, writer_main, s);
     if (rc != 0)

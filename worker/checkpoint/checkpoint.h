@@ -82,7 +82,11 @@
 #define DDP_CKPT_DEFAULT_SHARD_MB 5000.0
 
 /* One tensor of the caller's state. For saving `data` is read only during ddp_ckpt_snapshot
- * (ddp_ckpt_save); for loading it is the destination. nbytes must equal shape × dtype size. */
+ * (ddp_ckpt_save); for loading it is the destination. nbytes must equal shape × dtype size.
+ * Saving: when crc_known, crc32c is the caller's CRC32C of the nbytes at data (the CPU trainer's
+ * AdamW update computes it while the bytes are in cache), and the writer folds it into the
+ * file's checksum instead of reading the tensor for it; the caller vouches that the bytes do not
+ * change before the save has read them. Loading ignores both. */
 typedef struct ddp_ckpt_tensor {
     const char *name;
     ddp_st_dtype_t dtype;
@@ -90,6 +94,8 @@ typedef struct ddp_ckpt_tensor {
     int64_t shape[DDP_ST_MAX_DIMS];
     void *data;
     uint64_t nbytes;
+    bool crc_known;
+    uint32_t crc32c;
 } ddp_ckpt_tensor_t;
 
 /* Copies n bytes; returns 0 or a negative error. Saving calls it with dst in the host snapshot
@@ -131,6 +137,8 @@ typedef struct ddp_ckpt_stats {
     uint64_t bytes;       /* bytes this rank wrote in the last finished save */
     uint64_t direct_bytes; /* of the shards' bytes, those written with O_DIRECT straight from
                             * the tensors or the snapshot (the rest: buffered or bounced) */
+    uint64_t crc_bytes;    /* of the tensors' bytes, those the writer read for their CRC32C (the
+                            * rest came with crc_known) */
     double freeze_s;       /* the last ddp_ckpt_freeze: wait for the chunk in flight + copy */
     uint64_t freeze_bytes; /* what it copied into the snapshot (0: the writer was done) */
     /* (ddp_ckpt_saver_stats while a save runs races with its writer: call it after

@@ -8,7 +8,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checksum.h"
 #include "common/alloc.h"
 #include "common/log.h"
 
@@ -137,7 +136,6 @@ static int flush_bounce(ddp__dio_t *d, ddp_errinfo_t *ei)
 
 int ddp__dio_write(ddp__dio_t *d, const void *p, size_t n, ddp_errinfo_t *ei)
 {
-    d->crc = ddp_crc32c_update(d->crc, p, n);
     d->size += n;
     const unsigned char *c = p;
     while (n && d->direct) {

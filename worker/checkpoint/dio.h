@@ -2,8 +2,9 @@
  *
  * Why: a buffered write copies every byte into the page cache, and on a machine whose cores all
  * train that copy (1.5 GB per GPT-2 124M save) is taken from training. With O_DIRECT the device
- * reads the caller's memory itself; the CPU only computes the CRC32C. Direct writes need the
- * file offset, the length and the memory address aligned (statx STATX_DIOALIGN says to what;
+ * reads the caller's memory itself and the CPU does not touch the bytes (checksums are the
+ * caller's). Direct writes need the file offset, the length and the memory address aligned
+ * (statx STATX_DIOALIGN says to what;
  * 4096 when the kernel does not say); bytes that are not (a safetensors header, a tensor run
  * whose address has another phase than its file offset, the file's tail) go through a small
  * aligned bounce buffer. The tail is padded to the alignment and the file is then truncated to
@@ -36,7 +37,6 @@ typedef struct ddp__dio {
     uint64_t off;          /* file offset of the next write(2) */
     uint64_t size;         /* bytes appended so far (the file's final size) */
     uint64_t synced;       /* buffered mode: writeback started up to here */
-    uint32_t crc;          /* CRC32C of the bytes appended so far */
     uint64_t direct_bytes; /* of them written straight from the caller's memory */
 } ddp__dio_t;
 
@@ -46,7 +46,7 @@ typedef struct ddp__dio {
  * supports it. Returns 0, -errno (ei names the file), DDP_ENOMEM. */
 int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp_errinfo_t *ei);
 
-/* Appends p[0..n), extending d->crc over it. Reads p only during the call. Returns 0 or
+/* Appends p[0..n). Reads p only during the call. Returns 0 or
  * -errno (ei names the file and the offset). */
 int ddp__dio_write(ddp__dio_t *d, const void *p, size_t n, ddp_errinfo_t *ei);
 

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checksum.h"
+#include "common/crc32c.h"
 #include "common/alloc.h"
 #include "manifest_internal.h"
 

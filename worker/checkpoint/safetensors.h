@@ -1,7 +1,7 @@
 /* safetensors: the format codec (writer and validating reader), free of training logic.
  *
  * It conceptually belongs to proto/ (formats that cross a disk boundary) and may move there; it
- * depends only on common/, jansson and checksum.h.
+ * depends only on common/, jansson and common/crc32c.h.
  *
  * The format (https://github.com/huggingface/safetensors, "Format"):
  *   8 bytes   N, unsigned little-endian: the header's length

@@ -24,7 +24,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "worker/checkpoint/checkpoint.h"
-#include "worker/checkpoint/checksum.h"
+#include "common/crc32c.h"
 #include "worker/checkpoint/dio.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/safetensors.h"
@@ -94,36 +94,6 @@ static long long file_size(const char *path)
 {
     struct stat st;
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
-}
-
-/* ---------------------------------------------------------------- CRC32C */
-
-static void test_crc32c(void **state)
-{
-    assert_int_equal(ddp_crc32c_update(0, "123456789", 9), 0xE3069283u);
-    assert_int_equal(ddp__crc32c_sw(0, "123456789", 9), 0xE3069283u);
-    assert_int_equal(ddp_crc32c_update(0, "", 0), 0u);
-    size_t n = 100003;
-    unsigned char *b = malloc(n + 8);
-    uint64_t s = 5;
-    for (size_t i = 0; i < n + 8; i++) b[i] = (unsigned char)tu_rng(&s);
-    for (size_t off = 0; off < 8; off++) {
-        uint32_t hw = ddp_crc32c_update(0, b + off, n - off * 997);
-        assert_int_equal(hw, ddp__crc32c_sw(0, b + off, n - off * 997));
-        uint32_t a = ddp_crc32c_update(0, b + off, 12345 + off);
-        a = ddp_crc32c_update(a, b + off + 12345 + off, n - off * 997 - 12345 - off);
-        assert_int_equal(a, hw);
-    }
-    /* every implementation this CPU has, against the table: all lengths around the folding
-     * path's 256-byte block and 16-byte lane boundaries, odd addresses, a non-zero start */
-    for (int impl = DDP__CRC_SSE42; impl <= ddp_crc32c_hw(); impl++)
-        for (size_t len = 0; len < 1100; len += len < 600 ? 1 : 7)
-            for (size_t off = 0; off < 3; off++)
-                assert_int_equal(ddp__crc32c_impl(impl, 0x1234567u, b + off, len),
-                                 ddp__crc32c_sw(0x1234567u, b + off, len));
-    for (int impl = DDP__CRC_SW; impl <= ddp_crc32c_hw(); impl++)
-        assert_int_equal(ddp__crc32c_impl(impl, 0, b + 3, n - 3), ddp__crc32c_sw(0, b + 3, n - 3));
-    free(b);
 }
 
 /* ---------------------------------------------------------------- safetensors */
@@ -558,6 +528,52 @@ static void test_nothing_to_find(void **state)
     mkdir(path, 0755);
     assert_int_equal(ddp_ckpt_find(dir, -1, &found, &ei), DDP_ENOTFOUND);
     assert_non_null(strstr(ei.msg, "MANIFEST.json"));
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* ---------------------------------------------------------------- CRCs from the caller */
+
+/* Tensors that come with their CRC32C (as the CPU trainer's update computes them) are not read
+ * for it: the writer checksums only the others (crc_bytes), the manifest still verifies, across
+ * several shards and with arenas whose writes span tensors; and the given CRC is what goes into
+ * the manifest: a wrong one makes verification fail on that tensor's shard. */
+static void test_known_crcs(void **state)
+{
+    char *dir = tu_tmpdir();
+    tstate_t ts;
+    void *arenas[3];
+    tu_make(&ts, 1000, 64, 96, 2, 1, 6);
+    assert_int_equal(tu_arenas(&ts, arenas), 0);
+    uint64_t unknown = 0;
+    for (size_t i = 0; i < ts.n_model + ts.n_optim; i++) {
+        ddp_ckpt_tensor_t *t = i < ts.n_model ? &ts.model[i] : &ts.optim[i - ts.n_model];
+        t->crc_known = i % 3 != 0;
+        t->crc32c = t->crc_known ? ddp__crc32c_sw(0, t->data, t->nbytes) : 0xdeadbeef;
+        if (!t->crc_known) unknown += t->nbytes;
+    }
+    ddp_errinfo_t ei;
+    for (int wrong = 0; wrong < 2; wrong++) {
+        if (wrong) ts.optim[1].crc32c ^= 1; /* exp_avg.wpe.weight: known, shard 2 (wte fills 1) */
+        ddp_ckpt_saver_t *s = slow_saver(dir, 0.3, "0");
+        ddp_ckpt_state_t st = tu_state(&ts, 50 + wrong, TRAINER);
+        assert_int_equal(ddp_ckpt_save_live(s, &st, &ei), 0);
+        assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
+        ddp_ckpt_stats_t stats;
+        ddp_ckpt_saver_stats(s, &stats);
+        assert_int_equal(stats.crc_bytes, unknown);
+        ddp_ckpt_saver_free(s);
+        char path[4096];
+        snprintf(path, sizeof path, "%s/step-%08d", dir, 50 + wrong);
+        if (!wrong) {
+            assert_int_equal(ddp_ckpt_verify(path, &ei), 0);
+            continue;
+        }
+        assert_int_equal(ddp_ckpt_verify(path, &ei), DDP_ECHECKSUM);
+        if (!strstr(ei.msg, "optim-00002-of-")) fail_msg("not named: %s", ei.msg);
+    }
+    tu_arenas_free(&ts, arenas);
+    tu_free(&ts);
     tu_rmrf(dir);
     free(dir);
 }
@@ -1086,9 +1102,7 @@ static void test_dio_appends(void **state)
             assert_int_equal(ddp__dio_write(&d, p, n, &ei), 0);
             len += n;
         }
-        uint32_t crc = d.crc;
         assert_int_equal(ddp__dio_close(&d, 0, &ei), 0);
-        assert_int_equal(crc, ddp_crc32c_update(0, expect, total));
         unsigned char *got;
         size_t glen;
         assert_int_equal(read_file(path, &got, &glen), 0);
@@ -1105,7 +1119,6 @@ static void test_dio_appends(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_st_round_trip),
         cmocka_unit_test(test_st_malformed),
         cmocka_unit_test(test_sharding_and_index),
@@ -1121,6 +1134,7 @@ int main(void)
         cmocka_unit_test(test_load_memory),
         cmocka_unit_test(test_fault_injection),
         cmocka_unit_test(test_live_save_freeze),
+        cmocka_unit_test(test_known_crcs),
         cmocka_unit_test(test_direct_matches_buffered),
         cmocka_unit_test(test_dio_appends),
     };

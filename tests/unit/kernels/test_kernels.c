@@ -17,6 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "common/crc32c.h"
 #include "common/err.h"
 #include "kernels/kernels.h"
 #include "kref.h"
@@ -376,10 +377,21 @@ static void test_adamw(void **state)
     kfill(&r, p, n, -1, 1);
     double *rp = dof(p, n), *rm = dalloc(n), *rv = dalloc(n);
     float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
+    size_t chunks = (n + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
+    uint32_t *crc = calloc(3 * chunks, sizeof *crc);
     for (int t = 1; t <= 5; t++) {
         kfill(&r, g, n, -2, 2);
         if (t == 3) g[7] = 0.0f;
-        DDP_K(&K, adamw, p, g, m, v, n, lr, b1, b2, eps, wd, gs, t);
+        /* the checksums on odd steps: they must not change what is computed (checked below
+         * against the reference on every step) and must be those of the bytes written */
+        DDP_K(&K, adamw, p, g, m, v, n, lr, b1, b2, eps, wd, gs, t, t % 2 ? crc : NULL);
+        for (size_t c = 0; t % 2 && c < chunks; c++) {
+            size_t lo = c * DDP_ADAMW_CRC_CHUNK, len = n - lo < DDP_ADAMW_CRC_CHUNK
+                                                          ? n - lo : DDP_ADAMW_CRC_CHUNK;
+            const float *out[3] = {p, m, v};
+            for (int k = 0; k < 3; k++)
+                assert_int_equal(crc[3 * c + k], ddp__crc32c_sw(0, out[k] + lo, len * 4));
+        }
         /* torch.optim.AdamW (single tensor, not capturable), in double. */
         double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
         double step = (double)lr / bc1;
@@ -395,7 +407,7 @@ static void test_adamw(void **state)
         assert_int_equal(kclose("adamw v", v, rv, n, 1e-5, 1e-6), 0);
         assert_int_equal(kclose("adamw param", p, rp, n, 1e-5, 1e-6), 0);
     }
-    free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv);
+    free(p), free(g), free(m), free(v), free(rp), free(rm), free(rv), free(crc);
 }
 
 static void test_vector(void **state)

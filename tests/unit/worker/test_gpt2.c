@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "common/crc32c.h"
 #include "worker/gpt2.h"
 #include "worker/optim.h"
 
@@ -259,7 +260,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
         assert_int_equal(
-            ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL, NULL), 0);
+            ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL, NULL, NULL), 0);
         double rel = fabs((double)loss - ref_losses[s]) / fabs(ref_losses[s]);
         fprintf(stderr, "step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
                       rel);
@@ -282,6 +283,71 @@ static void test_adamw_steps_match_pytorch(void **state)
     free(tg);
 }
 
+/* Whether crc[i] is whole and equals the table CRC32C of tensor i's parameters and moments. */
+static int crc_matches(const fixture_t *fx, const ddp_adamw_t *opt, const ddp_adamw_crc_t *crc,
+                       int i)
+{
+    const ddp_param_desc_t *p = &fx->m.params[i];
+    const float *arena[3] = {fx->m.w, opt->m, opt->v};
+    if (crc[i].covered != p->numel) return 0;
+    for (int a = 0; a < 3; a++)
+        if (crc[i].crc[a] != ddp__crc32c_sw(0, arena[a] + p->offset, p->numel * sizeof(float))) {
+            fprintf(stderr, "%s: arena %d: CRC %08x, bytes %08x\n", p->name, a, crc[i].crc[a],
+                    ddp__crc32c_sw(0, arena[a] + p->offset, p->numel * sizeof(float)));
+            return 0;
+        }
+    return 1;
+}
+
+/* The CRC32C an update computes of what it wrote: for the whole arena as one part, for three
+ * parts in arena order (cuts inside tensors, as a sharded step makes), and for the same parts in
+ * reverse order, where a tensor cut in two is marked broken instead of getting a wrong CRC. */
+static void test_adamw_crc(void **state)
+{
+    fixture_t *fx = *state;
+    load_weights(fx, "init.");
+    ddp_adamw_t opt;
+    assert_int_equal(ddp_adamw_init(&opt, &fx->m, NULL, NULL), 0);
+    ddp_spec_t spec;
+    ddp_spec_defaults(&spec);
+    size_t n = (size_t)fx->B * fx->T, np = fx->m.n_params;
+    int nt = fx->m.n_tensors;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    ddp_adamw_crc_t *crc = calloc((size_t)nt, sizeof *crc);
+    batch(fx, 0, in, tg);
+    float loss;
+    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+    const ddp_arena_part_t whole = {0, np, 0};
+    assert_int_equal(
+        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &whole, 1, NULL, NULL, crc), 0);
+    for (int i = 0; i < nt; i++) assert_true(crc_matches(fx, &opt, crc, i));
+
+    size_t cut1 = np / 3 + 7, cut2 = 2 * np / 3 + 11;
+    const ddp_arena_part_t parts[3] = {{0, cut1, 0}, {cut1, cut2, 0}, {cut2, np, 0}};
+    const ddp_arena_part_t reversed[3] = {parts[2], parts[1], parts[0]};
+    for (int order = 0; order < 2; order++) {
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0,
+                                        order ? reversed : parts, 3, NULL, NULL, crc), 0);
+        int cut_tensors = 0;
+        for (int i = 0; i < nt; i++) {
+            const ddp_param_desc_t *p = &fx->m.params[i];
+            int is_cut = (p->offset < cut1 && cut1 < p->offset + p->numel) ||
+                         (p->offset < cut2 && cut2 < p->offset + p->numel);
+            cut_tensors += is_cut;
+            if (order && is_cut)
+                assert_true(crc[i].covered == DDP_ADAMW_CRC_BROKEN);
+            else
+                assert_true(crc_matches(fx, &opt, crc, i));
+        }
+        assert_int_equal(cut_tensors, 2);
+    }
+    ddp_adamw_close(&opt, &fx->m);
+    free(crc);
+    free(in);
+    free(tg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_forward_matches_pytorch),
         cmocka_unit_test(test_backward_matches_pytorch),
         cmocka_unit_test(test_adamw_steps_match_pytorch),
+        cmocka_unit_test(test_adamw_crc),
     };
     return cmocka_run_group_tests_name("gpt2", tests, setup, teardown);
 }

@@ -1,4 +1,5 @@
-/* CRC32C (Castagnoli), the checksum of checkpoint files in MANIFEST.json.
+/* CRC32C (Castagnoli), the checksum of checkpoint files in MANIFEST.json, also computed by the
+ * CPU AdamW kernel over what it writes (so a save's writer need not read the tensors again).
  *
  * Why CRC32C and not a library hash: it is in the x86 instruction set (SSE4.2 `crc32`), so it runs
  * at several GB/s per core with no dependency beyond the compiler, it detects every burst error
@@ -11,14 +12,20 @@
  * over a then b. The conventional init/final inversion is done inside, so 0 is the start value and
  * ddp_crc32c_update(0, "123456789", 9) == 0xE3069283.
  */
-#ifndef DDP_WORKER_CHECKPOINT_CHECKSUM_H
-#define DDP_WORKER_CHECKPOINT_CHECKSUM_H
+#ifndef DDP_COMMON_CRC32C_H
+#define DDP_COMMON_CRC32C_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 /* Extends `crc` (0 to start) over buf[0..n). Pure; any thread. */
 uint32_t ddp_crc32c_update(uint32_t crc, const void *buf, size_t n);
+
+/* The CRC32C of A||B from crc_a = CRC of A, crc_b = CRC of B and len_b = |B| (zlib's
+ * crc32_combine for this polynomial), so CRCs of pieces computed apart (by several threads, or
+ * by the update of each tensor) make the CRC of a whole file. O(log len_b) small products; no
+ * data is read. Pure; any thread. */
+uint32_t ddp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 
 /* The same with the portable table path, whatever the CPU (tests compare the two). Any thread. */
 uint32_t ddp__crc32c_sw(uint32_t crc, const void *buf, size_t n);

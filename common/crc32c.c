@@ -1,5 +1,5 @@
 /* CRC32C: carry-less-multiply folding (AVX-512 VPCLMULQDQ), SSE4.2 crc32 and slicing-by-8
- * paths, chosen at run time; all give the same values. See checksum.h.
+ * paths, chosen at run time; all give the same values. See crc32c.h.
  *
  * Why folding: a checkpoint save checksums 1.5 GB while training uses every core, so the CRC's
  * CPU time is taken from training. The crc32 path peaks near 22 GB/s from cache (8 bytes a
@@ -20,7 +20,7 @@
  * registers, 256 bytes) are folded per iteration, then joined into one lane, whose CRC the crc32
  * instruction finishes. The constants are computed at start-up, not typed in.
  */
-#include "checksum.h"
+#include "crc32c.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -32,6 +32,9 @@
 #define POLY 0x82F63B78u /* reflected Castagnoli polynomial */
 
 static uint32_t table[8][256];
+/* x^(2^k) mod P for k = 0..63, reflected (bit 31 is the coefficient of x^0): the shift of a CRC
+ * register over n zero bits is the product of the entries of n's set bits. */
+static uint32_t x2k[64];
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int have_hw; /* DDP__CRC_* in use: the best the CPU supports */
 
@@ -77,8 +80,21 @@ static void fold_const(uint64_t k[2], unsigned f)
 }
 #endif
 
+/* a(x) b(x) mod P, both reflected: b is multiplied by x once per bit of a, from x^0 on. */
+static uint32_t mul_mod(uint32_t a, uint32_t b)
+{
+    uint32_t r = 0;
+    for (uint32_t bit = 1u << 31; bit; bit >>= 1) {
+        if (a & bit) r ^= b;
+        b = (b >> 1) ^ (POLY & (0u - (b & 1)));
+    }
+    return r;
+}
+
 static void init_tables(void)
 {
+    x2k[0] = 1u << 30; /* x^1 */
+    for (int k = 1; k < 64; k++) x2k[k] = mul_mod(x2k[k - 1], x2k[k - 1]);
     for (uint32_t i = 0; i < 256; i++) {
         uint32_t c = i;
         for (int k = 0; k < 8; k++) c = (c >> 1) ^ (POLY & (0u - (c & 1)));
@@ -238,6 +254,16 @@ VP_TARGET static uint32_t crc_vpclmul(uint32_t reg, const void *buf, size_t n)
     return crc_hw((uint32_t)c, p, n);
 }
 #endif
+
+uint32_t ddp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    pthread_once(&once, init_tables);
+    /* The inversions at both ends cancel: crc(A||B) = crc_a * x^(8 len_b) mod P ^ crc_b. */
+    uint32_t by = 1u << 31; /* x^0 */
+    for (int k = 3; len_b; len_b >>= 1, k++)
+        if (len_b & 1) by = mul_mod(x2k[k], by);
+    return mul_mod(by, crc_a) ^ crc_b;
+}
 
 uint32_t ddp__crc32c_impl(int impl, uint32_t crc, const void *buf, size_t n)
 {
