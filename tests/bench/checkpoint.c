@@ -6,10 +6,14 @@
  * rename), the same for a save from the host snapshot (ddp_ckpt_save: the GPU path) with the
  * copy into the snapshot timed separately, and a plain sequential write of the same bytes
  * (8 MiB buffered writes, then fsync) as the reference. Medians of --runs runs; prints a
- * markdown table. DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off.
+ * markdown table. DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off. Live saves are timed twice:
+ * reading every tensor for its CRC32C, and with the CRCs given (crc_known, what the CPU trainer's
+ * update computes for a planned save; computed here once, untimed).
  *
  * Usage: bench_checkpoint [--dir DIR] [--runs N] [--no-optim] [--layers L] [--live-only]
- * --live-only: only the live saves (for profiling the writer: perf record, CPU time).
+ *                         [--known-crcs]
+ * --live-only: only the live saves (for profiling the writer: perf record, CPU time);
+ * --known-crcs: those with the CRCs given.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/crc32c.h"
 #include "common/log.h"
 #include "tests/unit/checkpoint/ckpt_testutil.h"
 
@@ -70,6 +75,16 @@ static double plain_write(const char *dir, const tstate_t *ts)
 
 static void *arenas[3];
 
+/* Gives every tensor its CRC32C (known = 1) or takes it away. */
+static void set_known_crcs(tstate_t *ts, int known)
+{
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++) {
+        ddp_ckpt_tensor_t *t = i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model];
+        if (known && !t->crc32c) t->crc32c = ddp_crc32c_update(0, t->data, t->nbytes);
+        t->crc_known = known;
+    }
+}
+
 /* CPU time of this process so far, seconds: user + system, and system alone in *sys. */
 static double cpu_s(double *sys)
 {
@@ -84,6 +99,7 @@ static double last_cpu, last_sys; /* CPU seconds of the last save_once, copy inc
 static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, double *stall,
                         uint64_t *bytes, uint64_t *direct)
 {
+    set_known_crcs(ts, live == 2);
     double s0, c0 = cpu_s(&s0);
     ddp_errinfo_t ei;
     ddp_ckpt_state_t st = tu_state(ts, step, "{\"step\": 0}");
@@ -105,13 +121,14 @@ static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, d
     return stats.write_s;
 }
 
-/* --live-only: a warm-up live save, then `runs` timed ones; prints wall and CPU time of each. */
-static int live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs)
+/* --live-only: a warm-up live save, then `runs` timed ones; prints wall and CPU time of each.
+ * live: 1, or 2 with the CRCs given. */
+static int live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs, int live)
 {
     double dummy;
     uint64_t bytes = 0, direct = 0;
     for (int r = 0; r <= runs; r++) {
-        double w = save_once(s, ts, 3000 + r, 1, &dummy, &bytes, &direct);
+        double w = save_once(s, ts, 3000 + r, live, &dummy, &bytes, &direct);
         printf("live save %d%s: %.0f MB in %.0f ms (%.0f MB/s), CPU %.0f ms (system %.0f ms), "
                "%.0f%% O_DIRECT from the arenas\n",
                r, r ? "" : " (warm-up)", (double)bytes / 1e6, w * 1e3, (double)bytes / w / 1e6,
@@ -127,7 +144,7 @@ static int live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, in
 int main(int argc, char **argv)
 {
     const char *dir = "bench-ckpt.tmp";
-    int runs = 3, optim = 1, layers = 12, live_only = 0;
+    int runs = 3, optim = 1, layers = 12, live_only = 0, known = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc)
             dir = argv[++i];
@@ -139,9 +156,11 @@ int main(int argc, char **argv)
             optim = 0;
         else if (!strcmp(argv[i], "--live-only"))
             live_only = 1;
+        else if (!strcmp(argv[i], "--known-crcs"))
+            known = 1;
         else {
             fprintf(stderr, "usage: %s [--dir DIR] [--runs N] [--no-optim] [--layers L] "
-                            "[--live-only]\n", argv[0]);
+                            "[--live-only] [--known-crcs]\n", argv[0]);
             return 2;
         }
     }
@@ -158,7 +177,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", ei.msg);
         return 1;
     }
-    if (live_only) return live_only_main(s, &ts, dir, runs);
+    if (live_only) return live_only_main(s, &ts, dir, runs, 1 + known);
     int64_t tr = ddp_now_ns();
     if (ddp_ckpt_saver_reserve(s, ts.bytes, &ei) < 0) {
         fprintf(stderr, "%s\n", ei.msg);
@@ -169,10 +188,11 @@ int main(int argc, char **argv)
     double *wl = calloc((size_t)runs, sizeof *wl), *cl = calloc((size_t)runs, sizeof *cl);
     double *cs = calloc((size_t)runs, sizeof *cs);
     double *pl = calloc((size_t)runs, sizeof *pl), first_stall = 0, dummy;
+    double *wk = calloc((size_t)runs, sizeof *wk), *ck = calloc((size_t)runs, sizeof *ck);
     uint64_t bytes = 0, direct = 0, direct_live = 0;
     for (int r = 0; r < runs + 1; r++) {
         double dt;
-        double w = save_once(s, &ts, 2000 + 2 * r, 0, &dt, &bytes, &direct);
+        double w = save_once(s, &ts, 2000 + 3 * r, 0, &dt, &bytes, &direct);
         if (r == 0) { /* first save: snapshot allocation and page faults; not in the medians */
             first_stall = dt;
             continue;
@@ -180,12 +200,14 @@ int main(int argc, char **argv)
         stall[r - 1] = dt;
         wr[r - 1] = w;
         cs[r - 1] = last_cpu;
-        wl[r - 1] = save_once(s, &ts, 2000 + 2 * r + 1, 1, &dummy, &bytes, &direct_live);
+        wl[r - 1] = save_once(s, &ts, 2000 + 3 * r + 1, 1, &dummy, &bytes, &direct_live);
         cl[r - 1] = last_cpu;
+        wk[r - 1] = save_once(s, &ts, 2000 + 3 * r + 2, 2, &dummy, &bytes, &direct);
+        ck[r - 1] = last_cpu;
         pl[r - 1] = plain_write(dir, &ts);
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             char name[64];
-            snprintf(name, sizeof name, "%s/step-%08d", dir, 2000 + 2 * r + k);
+            snprintf(name, sizeof name, "%s/step-%08d", dir, 2000 + 3 * r + k);
             tu_rmrf(name);
         }
     }
@@ -203,6 +225,9 @@ int main(int argc, char **argv)
            (double)bytes / wl_med / 1e6, 100.0 * (double)direct_live / (double)ts.bytes);
     printf("| live save: CPU time it costs (user + system, all threads) | %.0f ms |\n",
            median(cl, runs) * 1e3);
+    printf("| live save with the update's CRC32C (a planned save of the CPU trainer): throughput, "
+           "CPU time | %.0f MB/s, **%.0f ms** |\n", (double)bytes / median(wk, runs) / 1e6,
+           median(ck, runs) * 1e3);
     printf("| plain sequential write + fsync, same bytes, same disk | %.0f MB/s |\n",
            (double)ts.bytes / pl_med / 1e6);
     printf("| **live save / plain** | **%.2f** |\n",
@@ -225,5 +250,7 @@ int main(int argc, char **argv)
     free(cl);
     free(cs);
     free(pl);
+    free(wk);
+    free(ck);
     return 0;
 }
