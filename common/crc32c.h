@@ -5,8 +5,9 @@
  * at several GB/s per core with no dependency beyond the compiler, it detects every burst error
  * up to 32 bits (a flipped byte, a torn sector), and `crc32c` from Python or `gsutil hash -c`
  * reproduce it. The fastest path the CPU has is chosen at run time (cpuid): carry-less folding
- * with AVX-512 VPCLMULQDQ, else the SSE4.2 crc32 instruction; other CPUs get a slicing-by-8
- * table. All give the same values.
+ * with VPCLMULQDQ on AVX-512 registers, else on AVX2 registers (AMD Zen 3/4 without AVX-512),
+ * else the SSE4.2 crc32 instruction; other CPUs get a slicing-by-8 table. All give the same
+ * values.
  *
  * Streaming: crc = ddp_crc32c_update(0, a, n); crc = ddp_crc32c_update(crc, b, m) equals one call
  * over a then b. The conventional init/final inversion is done inside, so 0 is the start value and
@@ -31,7 +32,7 @@ uint32_t ddp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
 uint32_t ddp__crc32c_sw(uint32_t crc, const void *buf, size_t n);
 
 /* The implementations, slowest first. */
-enum { DDP__CRC_SW = 0, DDP__CRC_SSE42 = 1, DDP__CRC_VPCLMUL = 2 };
+enum { DDP__CRC_SW = 0, DDP__CRC_SSE42 = 1, DDP__CRC_VPCLMUL256 = 2, DDP__CRC_VPCLMUL = 3 };
 
 /* ddp_crc32c_update with at most implementation `impl` (the CPU's best if it has no such one),
  * so tests can check each path the CPU has against the table. Any thread. */

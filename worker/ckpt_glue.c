@@ -44,10 +44,11 @@ struct ddp_tckpt {
     long last_saved; /* step of the last save started; -1 */
     int pending, reported, report_rc;
     int commit_rc; /* first failed commit/save, for finish */
-    /* the CRC32C the AdamW update of step crc_step (AdamW count crc_update) computed of what it
-     * wrote (CPU backend, writing ranks): a save of that step takes them from here */
+    /* the CRC32C the AdamW update of step crc_step computed of what it wrote (CPU backend; -1:
+     * none valid), merged over the ranks after a sharded update: a save of that step takes them
+     * from here */
     ddp_adamw_crc_t *update_crc;
-    long crc_step, crc_update;
+    long crc_step;
     ddp_tckpt_stats_t stats;
 };
 
@@ -371,9 +372,9 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei)
     if (!c->config) return DDP_ENOMEM;
     c->writers = t->spec.writers < t->opts.world ? t->spec.writers : t->opts.world;
     if (c->writers < 1) c->writers = 1;
-    if (t->opts.rank >= c->writers) return 0;
+    c->crc_step = -1; /* every rank: a sharded update's CRCs are merged over all of them */
     if (on_cpu(t) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc))) return DDP_ENOMEM;
-    c->crc_step = -1;
+    if (t->opts.rank >= c->writers) return 0;
     ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
                          .keep_last = t->spec.keep_last, .writers = c->writers,
                          .rank = t->opts.rank, .copy = on_cpu(t) ? NULL : copy_d2h,
@@ -528,20 +529,66 @@ ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t)
 {
     struct ddp_tckpt *c = t->ckpt;
     if (!c || !c->update_crc || !ddp_tckpt_planned(t, t->step + 1)) return NULL;
-    c->crc_step = t->step + 1;
-    c->crc_update = t->opt.t + 1;
+    c->crc_step = -1; /* until ddp_tckpt_after_update */
     return c->update_crc;
 }
 
+/* After a sharded update each rank has the CRCs of its own parts (zeros elsewhere): every rank's
+ * values go into its own slots of one table, which is summed over the ranks (each slot has one
+ * non-zero contributor and holds 16 bits, so the float sum is exact), and are merged. */
+static int merge_rank_crcs(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    enum { PER = 8 }; /* 3 CRCs and `owned` as two 16-bit halves each */
+    size_t n = c->n_model, world = (size_t)t->opts.world;
+    float *v = ddp_calloc(world * n * PER, sizeof *v);
+    if (!v) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const ddp_adamw_crc_t *u = &c->update_crc[i];
+        uint32_t w[4] = {u->crc[0], u->crc[1], u->crc[2],
+                         u->owned < UINT32_MAX ? (uint32_t)u->owned : UINT32_MAX};
+        float *slot = v + ((size_t)t->opts.rank * n + i) * PER;
+        for (int k = 0; k < 4; k++) {
+            slot[2 * k] = (float)(w[k] & 0xffff);
+            slot[2 * k + 1] = (float)(w[k] >> 16);
+        }
+    }
+    ddp_coll_req_t *req;
+    int rc = ddp_coll_allreduce(t->comm, v, world * n * PER, DDP_DT_F32, DDP_OP_SUM, &req);
+    if (rc == 0) rc = ddp_coll_wait(req, 0, ei);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        for (size_t r = 0; r < world; r++) {
+            const float *slot = v + (r * n + i) * PER;
+            uint32_t w[4];
+            for (int k = 0; k < 4; k++)
+                w[k] = (uint32_t)slot[2 * k] | (uint32_t)slot[2 * k + 1] << 16;
+            ddp_adamw_crc_t x = {{w[0], w[1], w[2]}, w[3] == UINT32_MAX ? DDP_ADAMW_CRC_BROKEN
+                                                                          : w[3], 0};
+            if (r == 0) c->update_crc[i] = x;
+            else ddp_adamw_crc_merge(&c->update_crc[i], &x, t->model.params[i].numel);
+        }
+    }
+    free(v);
+    return rc;
+}
+
+int ddp_tckpt_after_update(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (t->sharded && t->opts.world > 1) DDP_CHECK(merge_rank_crcs(t, ei));
+    c->crc_step = t->step + 1;
+    return 0;
+}
+
 /* Gives the save's tensors the CRC32C that this step's update computed, where it computed them
- * whole (a sharded update covers only this rank's parts; a skipped one, nothing). */
+ * whole (not after a skipped update, nor for a tensor whose pieces came out of order). */
 static void take_update_crcs(ddp_trainer_t *t)
 {
     struct ddp_tckpt *c = t->ckpt;
-    int valid = c->update_crc && c->crc_step == t->step && c->crc_update == t->opt.t;
+    int valid = c->update_crc && c->crc_step == t->step;
     for (size_t i = 0; i < c->n_model; i++) {
         const ddp_adamw_crc_t *u = valid ? &c->update_crc[i] : NULL;
-        bool whole = u && u->covered == t->model.params[i].numel;
+        bool whole = u && u->owned == t->model.params[i].numel;
         ddp_ckpt_tensor_t *d[3] = {&c->model_t[i], c->optim_t ? &c->optim_t[i] : NULL,
                                    c->optim_t ? &c->optim_t[c->n_model + i] : NULL};
         for (int a = 0; a < 3; a++) {

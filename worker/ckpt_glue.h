@@ -70,10 +70,14 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei);
 int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Inside ddp_trainer_step, for the optimizer update that completes step t->step + 1: where
- * ddp_adamw_step is to put the CRC32C of what it writes, when a save of that step is planned on
- * this rank and the arenas are host memory (the save then need not read them for its
- * checksums); NULL otherwise. */
+ * ddp_adamw_step is to put the CRC32C of what it writes, when a save of that step is planned
+ * and the arenas are host memory (the save then need not read them for its checksums); NULL
+ * otherwise. The same on every rank. */
 ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t);
+/* After that update completed (all ranks, when ddp_tckpt_update_crcs gave an array): a sharded
+ * update's CRCs are merged over the ranks (one small all-reduce), and the save of this step may
+ * use them. Returns 0, DDP_ENOMEM or the all-reduce's error. */
+int ddp_tckpt_after_update(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
  * per-step all-reduce; zeros when no striped save is pending. */

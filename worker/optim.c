@@ -67,21 +67,49 @@ double ddp_grad_norm(const float *sums, size_t n, float grad_scale)
     return sqrt(total) * (double)grad_scale;
 }
 
-/* Extends tensor i's CRCs by the piece [lo, hi) of the arena from the kernel's per-chunk CRCs. */
+/* CRC32C of n zero bytes: the shift of an all-ones register, inverted (see ddp_crc32c_combine). */
+static uint32_t crc_of_zeros(uint64_t n) { return ddp_crc32c_combine(~0u, ~0u, n); }
+
+/* Extends c's CRCs with zeros up to element `to` of the tensor. */
+static void fold_zeros(ddp_adamw_crc_t *c, size_t to)
+{
+    if (to <= c->next) return;
+    uint64_t bytes = (uint64_t)(to - c->next) * sizeof(float);
+    uint32_t z = crc_of_zeros(bytes);
+    for (int a = 0; a < 3; a++) c->crc[a] = ddp_crc32c_combine(c->crc[a], z, bytes);
+    c->next = to;
+}
+
+/* Extends tensor i's CRCs by the piece [lo, hi) of the arena from the kernel's per-chunk CRCs
+ * (zeros before it, where another rank's part lies). */
 static void fold_piece_crc(const ddp_gpt2_t *model, int i, size_t lo, size_t hi,
                            const uint32_t *chunk, ddp_adamw_crc_t *out)
 {
     ddp_adamw_crc_t *c = &out[i];
-    if (c->covered == DDP_ADAMW_CRC_BROKEN || lo != model->params[i].offset + c->covered) {
-        c->covered = DDP_ADAMW_CRC_BROKEN;
+    size_t at = lo - model->params[i].offset;
+    if (c->owned == DDP_ADAMW_CRC_BROKEN || at < c->next) {
+        c->owned = DDP_ADAMW_CRC_BROKEN;
         return;
     }
+    fold_zeros(c, at);
     for (size_t x = lo, j = 0; x < hi; x += DDP_ADAMW_CRC_CHUNK, j++) {
         size_t len = hi - x < DDP_ADAMW_CRC_CHUNK ? hi - x : DDP_ADAMW_CRC_CHUNK;
         for (int a = 0; a < 3; a++)
             c->crc[a] = ddp_crc32c_combine(c->crc[a], chunk[3 * j + a], len * sizeof(float));
     }
-    c->covered += hi - lo;
+    c->next = hi - model->params[i].offset;
+    c->owned += hi - lo;
+}
+
+void ddp_adamw_crc_merge(ddp_adamw_crc_t *into, const ddp_adamw_crc_t *other, size_t numel)
+{
+    if (into->owned == DDP_ADAMW_CRC_BROKEN || other->owned == DDP_ADAMW_CRC_BROKEN) {
+        into->owned = DDP_ADAMW_CRC_BROKEN;
+        return;
+    }
+    uint32_t z = crc_of_zeros((uint64_t)numel * sizeof(float));
+    for (int a = 0; a < 3; a++) into->crc[a] ^= other->crc[a] ^ z;
+    into->owned += other->owned;
 }
 
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
@@ -96,7 +124,7 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
     if (crc) {
         size_t most = 0;
         for (int i = 0; i < model->n_tensors; i++) {
-            crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0};
+            crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0, 0};
             if (model->params[i].numel > most) most = model->params[i].numel;
         }
         chunk = ddp_malloc(3 * ((most + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK + 1) *
@@ -121,6 +149,8 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
             if (rc == 0) rc = done(arg, j);
         }
     }
+    for (int i = 0; crc && i < model->n_tensors; i++) /* zeros after this rank's last piece */
+        if (crc[i].owned != DDP_ADAMW_CRC_BROKEN) fold_zeros(&crc[i], model->params[i].numel);
     free(chunk);
     return rc ? rc : k->ops->sync(k->ctx);
 }

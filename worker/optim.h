@@ -22,15 +22,24 @@ typedef struct ddp_arena_part {
     size_t lo, hi, block;
 } ddp_arena_part_t;
 
-/* The CRC32C (common/crc32c.h) of what one update wrote into one tensor: crc[0] its parameters,
- * crc[1] exp_avg, crc[2] exp_avg_sq, over its first `covered` elements. They describe the whole
- * tensor when covered == numel; a split update (the sharded step) covers only this rank's
- * parts, and a tensor whose pieces did not come in order is marked DDP_ADAMW_CRC_BROKEN. */
+/* The CRC32C (common/crc32c.h) of what one update wrote into one tensor: crc[0] of its
+ * parameters, crc[1] exp_avg, crc[2] exp_avg_sq, each over the whole tensor with the elements
+ * this update did not write taken as zero bytes, and `owned` the elements it wrote. They are the
+ * tensor's real CRCs when owned == numel. A split update (the sharded step) writes only this
+ * rank's parts: ddp_adamw_crc_merge joins the ranks' values. A tensor whose pieces did not come
+ * in arena order gets owned = DDP_ADAMW_CRC_BROKEN (never whole). */
 typedef struct ddp_adamw_crc {
     uint32_t crc[3];
-    size_t covered;
+    size_t owned;
+    size_t next; /* while the update runs: elements [0, next) of the tensor are folded in */
 } ddp_adamw_crc_t;
 #define DDP_ADAMW_CRC_BROKEN SIZE_MAX
+
+/* Joins the values of two updates of disjoint parts of one tensor of numel elements into *into:
+ * the CRC of a message that is the XOR of two (each zero where the other wrote) is the XOR of
+ * their CRCs and of the CRC of numel x 4 zero bytes (the init/final inversions make the CRC affine,
+ * not linear). Pure; any thread. */
+void ddp_adamw_crc_merge(ddp_adamw_crc_t *into, const ddp_adamw_crc_t *other, size_t numel);
 
 typedef struct ddp_adamw {
     float *m, *v; /* moment arenas (device), n_params floats each */

@@ -446,10 +446,11 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
         t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
+        ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t); /* a save of this step is planned */
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
-                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t,
-                                 ddp_tckpt_update_crcs(t)));
+                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
+        if (crc) DDP_CHECK(ddp_tckpt_after_update(t, ei));
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
     } else {

@@ -36,7 +36,11 @@ static void adamw_task(void *varg, long task)
     for (size_t i = lo; i < hi; i++)
         ddp_adamw_elem(&p[i], &m[i], &v[i], g[i] * a->grad_scale, a->lr, a->beta1, a->beta2,
                        a->eps, a->wd, a->bc1, a->bc2);
-    if (a->crc) { /* the 384 KiB just written are in this core's L2: no DRAM traffic */
+    if (a->crc) {
+        /* The 384 KiB just written are in this core's caches: no second pass over DRAM. The
+         * cost is the CRC's own throughput (GPT-2 124M, 2 threads, AMD EPYC: +30 ms on a 90 ms
+         * update with the ymm folding path, +45 ms with the crc32 chains; updating and
+         * checksumming 1-16 KiB at a time, within L1, was no faster). */
         size_t bytes = (hi - lo) * sizeof(float);
         a->crc[3 * task] = ddp_crc32c_update(0, p + lo, bytes);
         a->crc[3 * task + 1] = ddp_crc32c_update(0, m + lo, bytes);

@@ -2,19 +2,20 @@
 # Checkpoint benchmark (issue 5), one invocation: the training stall per save and the save's write
 # throughput against a plain write. Not a timed test.
 #
-#   tests/bench/checkpoint_stall.sh [BUILD_DIR] [STEPS] [EVERY] [PAIRS]   (defaults: build 52 4 2)
+#   tests/bench/checkpoint_stall.sh [BUILD_DIR] [STEPS] [EVERY] [PAIRS]   (defaults: build 52 5 3)
 #
 # Stall: GPT-2 124M on the CPU, B=4, T=64, the same job run without and with
 # checkpoint.every=EVERY, PAIRS times each, alternating. d[i] = wall[i] - wall[i-1] is step i's
 # duration from metrics.jsonl's wall_ms (time since the training loop started, taken at the end
-# of each step), so it holds everything the training loop spent between the two ends: a save of
-# step s starts after wall[s] is taken, so its work at the boundary, the freeze before the next
-# update and the writer running beside the next steps all fall in d[s+1], d[s+2], ...
+# of each step), so it holds everything the training loop spent between the two ends: the update
+# that completes step s computes the CRC32C of what it writes when a save of step s is planned
+# (in d[s]); the save starts after wall[s] is taken, so its work at the boundary, the freeze
+# before the next update and the writer running beside the next steps fall in d[s+1], d[s+2].
 #
-# 1. Within a run (the primary measure). For each save s with s-1 >= 2 and s+4 <= STEPS:
-#        stall(s) = d[s+1] + d[s+2] - (d[s-1] + d[s] + d[s+3] + d[s+4]) / 2
-#    i.e. the two steps the save runs beside against the two clean steps before and the two after
-#    it (with EVERY = 4 no other save touches them). Comparing neighbours cancels the slow drift
+# 1. Within a run (the primary measure). For each save s with s-2 >= 2 and s+4 <= STEPS:
+#        stall(s) = d[s] + d[s+1] + d[s+2] - 3 x (d[s-2] + d[s-1] + d[s+3] + d[s+4]) / 4
+#    i.e. the three steps the save touches against the two clean steps before and the two after
+#    it (with EVERY >= 5 no other save touches them). Comparing neighbours cancels the slow drift
 #    of this VM's speed (the whole-run windows below differ by seconds between runs of the same
 #    job). The script checks that every such save was committed before step s+2 ended (else the
 #    window would miss part of it and it says so). Reported: median and quartiles over all saves
@@ -30,10 +31,10 @@
 # tests/unit/checkpoint/bench_checkpoint) on the same disk: the saver alone writing the same
 # 1.5 GB state, against a plain sequential write + fsync of the same bytes.
 #
-# Time on 2 cores: about 7 minutes with the defaults (4 runs of 52 steps at ~1.7 s, 24 saves
+# Time on 2 cores: about 10 minutes with the defaults (6 runs of 52 steps at ~1.7 s, 27 saves
 # probed, then the throughput benchmark).
 set -euo pipefail
-build=${1:-build} steps=${2:-52} every=${3:-4} pairs=${4:-2}
+build=${1:-build} steps=${2:-52} every=${3:-5} pairs=${4:-3}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 worker=$here/$build/worker/ddp-worker prep=$here/$build/worker/ddp-prep
 bench=$here/$build/tests/unit/checkpoint/bench_checkpoint
@@ -80,17 +81,22 @@ def median_ci(v):  # distribution-free, at least 95%: order statistics j..n-1-j
     return v[j], v[n - 1 - j]
 
 saves = [s for s in range(1, steps) if s % every == 0]          # inside the whole-run window
-probe = [s for s in saves if s - 1 >= 2 and s + 4 <= steps]     # with clean neighbours
-clean_steps = [i for i in range(2, steps + 1) if all(not (s < i <= s + 2) for s in saves)]
-if every < 4 or not probe:
-    sys.exit("the within-run measure needs EVERY >= 4 and STEPS >= EVERY + 4")
+probe = [s for s in saves if s - 2 >= 2 and s + 4 <= steps]     # with clean neighbours
+clean_steps = [i for i in range(2, steps + 1) if all(not (s <= i <= s + 2) for s in saves)]
+if every < 5 or not probe:
+    sys.exit("the within-run measure needs EVERY >= 5 and STEPS >= EVERY + 6")
 
 def stalls(w):
     d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
-    return [d[s + 1] + d[s + 2] - (d[s - 1] + d[s] + d[s + 3] + d[s + 4]) / 2 for s in probe], \
-           statistics.median(d[i] for i in clean_steps)
+    return [d[s] + d[s + 1] + d[s + 2] - 3 * (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4
+            for s in probe], statistics.median(d[i] for i in clean_steps)
 
-within, placebo, steps_ms, whole = [], [], [], []
+def optim_ms(name):  # the update's time: steps whose save is planned (CRC32C) / the others
+    r = {r["step"]: r["optim_ms"] for r in map(json.loads, open(f"{tmp}/{name}.jsonl"))
+         if "optim_ms" in r}
+    return [v for s, v in r.items() if s in saves], [v for s, v in r.items() if s not in saves]
+
+within, placebo, steps_ms, whole, upd_crc, upd = [], [], [], [], [], []
 warn = []
 for p in range(1, pairs + 1):
     wb, wc = walls(f"base{p}"), walls(f"ckpt{p}")
@@ -99,6 +105,9 @@ for p in range(1, pairs + 1):
     within += st
     placebo += pl
     steps_ms += [step_b, step_c]
+    a, b = optim_ms(f"ckpt{p}")
+    upd_crc += a
+    upd += b
     b, c = wb[steps] - wb[1], wc[steps] - wc[1]
     whole.append((p, b, c, b / (steps - 1), (c - b) / len(saves)))
     # every probed save must be committed before step s+2 ended
@@ -140,14 +149,18 @@ log = open(f"{tmp}/ckpt{pairs}.log").read()
 waits = re.findall(r"the update waited ([\d.]+) ms for it \(([\d.]+) MB left to copy\)", log)
 m = re.search(r"checkpoint: (\d+) save\(s\); training thread paid ([\d.]+) ms at step boundaries",
               log)
-writes = re.findall(r"checkpoint step (\d+): [\d.]+ MB in ([\d.]+) s \((\d+) MB/s\)", log)
+writes = re.findall(r"checkpoint step (\d+): [\d.]+ MB in ([\d.]+) s \((\d+) MB/s, ([\d.]+) MB "
+                    r"checksummed by the writer", log)
 wt = [float(w[1]) for w in writes]
 print(f"last pair, per save: training thread at the boundary "
       f"{float(m.group(2)) / int(m.group(1)):.1f} ms (incl. the final save); update waited "
       f"{min(float(w) for w, _ in waits):.1f}-{max(float(w) for w, _ in waits):.1f} ms, "
       f"{max(float(mb) for _, mb in waits):.1f} MB copied at most")
 print(f"last pair, writer beside training: {min(wt):.1f}-{max(wt):.1f} s per save "
-      f"({min(int(w[2]) for w in writes)}-{max(int(w[2]) for w in writes)} MB/s)")
+      f"({min(int(w[2]) for w in writes)}-{max(int(w[2]) for w in writes)} MB/s), "
+      f"{max(float(w[3]) for w in writes):.1f} MB read for checksums at most")
+print(f"update (optim_ms, median over all pairs): {statistics.median(upd_crc):.0f} ms when it "
+      f"computes the CRC32C for a planned save, {statistics.median(upd):.0f} ms otherwise")
 PY
 if [ -x "$bench" ]; then
     "$bench" --dir "$tmp/bench" --runs 3

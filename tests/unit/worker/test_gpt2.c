@@ -289,7 +289,7 @@ static int crc_matches(const fixture_t *fx, const ddp_adamw_t *opt, const ddp_ad
 {
     const ddp_param_desc_t *p = &fx->m.params[i];
     const float *arena[3] = {fx->m.w, opt->m, opt->v};
-    if (crc[i].covered != p->numel) return 0;
+    if (crc[i].owned != p->numel) return 0;
     for (int a = 0; a < 3; a++)
         if (crc[i].crc[a] != ddp__crc32c_sw(0, arena[a] + p->offset, p->numel * sizeof(float))) {
             fprintf(stderr, "%s: arena %d: CRC %08x, bytes %08x\n", p->name, a, crc[i].crc[a],
@@ -300,8 +300,9 @@ static int crc_matches(const fixture_t *fx, const ddp_adamw_t *opt, const ddp_ad
 }
 
 /* The CRC32C an update computes of what it wrote: for the whole arena as one part, for three
- * parts in arena order (cuts inside tensors, as a sharded step makes), and for the same parts in
- * reverse order, where a tensor cut in two is marked broken instead of getting a wrong CRC. */
+ * parts in arena order (cuts inside tensors, as a sharded step makes), for the same parts in
+ * reverse order (a tensor cut in two is marked broken instead of getting a wrong CRC), and split
+ * over two "ranks" (two updates of disjoint parts) whose values ddp_adamw_crc_merge joins. */
 static void test_adamw_crc(void **state)
 {
     fixture_t *fx = *state;
@@ -336,13 +337,30 @@ static void test_adamw_crc(void **state)
                          (p->offset < cut2 && cut2 < p->offset + p->numel);
             cut_tensors += is_cut;
             if (order && is_cut)
-                assert_true(crc[i].covered == DDP_ADAMW_CRC_BROKEN);
+                assert_true(crc[i].owned == DDP_ADAMW_CRC_BROKEN);
             else
                 assert_true(crc_matches(fx, &opt, crc, i));
         }
         assert_int_equal(cut_tensors, 2);
     }
+
+    /* rank 0 updates the outer thirds, rank 1 the middle one; each alone has whole CRCs only for
+     * the tensors inside its parts, merged they have every tensor's */
+    ddp_adamw_crc_t *crc1 = calloc((size_t)nt, sizeof *crc1);
+    const ddp_arena_part_t outer[2] = {parts[0], parts[2]};
+    assert_int_equal(
+        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, outer, 2, NULL, NULL, crc), 0);
+    assert_int_equal(
+        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &parts[1], 1, NULL, NULL, crc1), 0);
+    int whole_alone = 0;
+    for (int i = 0; i < nt; i++) {
+        whole_alone += crc_matches(fx, &opt, crc, i) + crc_matches(fx, &opt, crc1, i);
+        ddp_adamw_crc_merge(&crc[i], &crc1[i], fx->m.params[i].numel);
+        assert_true(crc_matches(fx, &opt, crc, i));
+    }
+    assert_int_equal(whole_alone, nt - 2);
     ddp_adamw_close(&opt, &fx->m);
+    free(crc1);
     free(crc);
     free(in);
     free(tg);
