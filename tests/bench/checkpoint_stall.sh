@@ -149,8 +149,11 @@ log = open(f"{tmp}/ckpt{pairs}.log").read()
 waits = re.findall(r"the update waited ([\d.]+) ms for it \(([\d.]+) MB left to copy\)", log)
 m = re.search(r"checkpoint: (\d+) save\(s\); training thread paid ([\d.]+) ms at step boundaries",
               log)
-writes = re.findall(r"checkpoint step (\d+): [\d.]+ MB in ([\d.]+) s \((\d+) MB/s, ([\d.]+) MB "
-                    r"checksummed by the writer", log)
+WRITE_RE = (r"checkpoint step (\d+): [\d.]+ MB in ([\d.]+) s \((\d+) MB/s, writer CPU (\d+) ms, "
+            r"([\d.]+) MB checksummed by the writer")
+writes = re.findall(WRITE_RE, log)
+cpu = [int(w[3]) for p in range(1, pairs + 1)
+       for w in re.findall(WRITE_RE, open(f"{tmp}/ckpt{p}.log").read()) if int(w[0]) in saves]
 wt = [float(w[1]) for w in writes]
 print(f"last pair, per save: training thread at the boundary "
       f"{float(m.group(2)) / int(m.group(1)):.1f} ms (incl. the final save); update waited "
@@ -158,9 +161,13 @@ print(f"last pair, per save: training thread at the boundary "
       f"{max(float(mb) for _, mb in waits):.1f} MB copied at most")
 print(f"last pair, writer beside training: {min(wt):.1f}-{max(wt):.1f} s per save "
       f"({min(int(w[2]) for w in writes)}-{max(int(w[2]) for w in writes)} MB/s), "
-      f"{max(float(w[3]) for w in writes):.1f} MB read for checksums at most")
+      f"{max(float(w[4]) for w in writes):.1f} MB read for checksums at most")
+extra = statistics.median(upd_crc) - statistics.median(upd)
 print(f"update (optim_ms, median over all pairs): {statistics.median(upd_crc):.0f} ms when it "
       f"computes the CRC32C for a planned save, {statistics.median(upd):.0f} ms otherwise")
+print(f"CPU time a save takes from training (medians): writer thread {statistics.median(cpu):.0f} "
+      f"ms + CRC32C in the update {extra:.0f} ms = {statistics.median(cpu) + extra:.0f} ms "
+      f"= {100 * (statistics.median(cpu) + extra) / step:.1f}% of a step")
 PY
 if [ -x "$bench" ]; then
     "$bench" --dir "$tmp/bench" --runs 3

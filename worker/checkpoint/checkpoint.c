@@ -43,6 +43,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "dio.h"
+#include "uring.h"
 #include "manifest.h"
 #include "manifest_internal.h"
 
@@ -87,6 +88,8 @@ struct ddp_ckpt_saver {
     int have_snapshot;
     tsrc_t *src; /* per tensor of t */
     int direct;  /* write shards with O_DIRECT where possible (DDP_CKPT_DIRECT=0: never) */
+    ddp__uring_t *ring; /* direct writes from registered sources (DDP_CKPT_URING=0: none);
+                         * used by the writer thread, dropped there if registration fails */
 
     /* live-source state (see the invariants) */
     pthread_mutex_t mu;
@@ -185,6 +188,11 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
     s->delay_ms = d ? atol(d) : 0;
     d = getenv("DDP_CKPT_DIRECT");
     s->direct = !(d && !strcmp(d, "0"));
+    d = getenv("DDP_CKPT_URING");
+    if (s->direct && !(d && !strcmp(d, "0"))) {
+        int rc = ddp__uring_new(&s->ring);
+        if (rc < 0) DDP_DEBUG("checkpoint: no io_uring (%s): writing with pwrite(2)", ddp_strerror(rc));
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->dir = ddp_strdup(o->dir);
@@ -230,6 +238,7 @@ void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s)
     free(s->config);
     free(s->trainer);
     ddp_manifest_close(&s->mine);
+    ddp__uring_free(s->ring);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s->dir);
@@ -599,7 +608,7 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", tmp, sh->file);
     ddp__dio_t d;
-    DDP_CHECK(ddp__dio_open(&d, path, s->direct, ei));
+    DDP_CHECK(ddp__dio_open(&d, path, s->direct, s->ring, ei));
     char *hdr = NULL;
     size_t hlen = 0;
     int rc = ddp_st_header_build_aligned(&s->t[sh->first], sh->count, st_meta, 1, DATA_ALIGN,
@@ -621,6 +630,7 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
     for (size_t i = sh->first; i < sh->first + sh->count; i++)
         crc = ddp_crc32c_combine(crc, s->src[i].crc, s->t[i].nbytes);
     s->stats.direct_bytes += d.direct_bytes;
+    s->stats.fixed_bytes += d.fixed_bytes;
     rc = ddp__dio_close(&d, rc, ei);
     if (rc == 0) {
         rc = ddp_manifest_add(&s->mine, sh->file, d.size, crc);
@@ -852,6 +862,41 @@ out:
     return rc;
 }
 
+/* Registers the memory this save's shards are read from with the ring: the caller's contiguous
+ * runs in a live save, else the snapshot (a no-op when they are registered already). Where that
+ * is refused the ring is dropped and the writes use pwrite(2). Writer thread. */
+static void register_sources(ddp_ckpt_saver_t *s)
+{
+    if (!s->ring) return;
+    struct iovec *r = ddp_malloc((s->n_t ? s->n_t : 1) * sizeof *r);
+    int n = 0, rc = DDP_ENOMEM;
+    pthread_mutex_lock(&s->mu);
+    int live = s->live;
+    pthread_mutex_unlock(&s->mu);
+    uint64_t bytes = 0, last_end = UINT64_MAX;
+    for (size_t i = 0; r && live && i < s->n_t; i++) {
+        const tsrc_t *t = &s->src[i];
+        if (!s->t[i].nbytes || t->run_end == last_end) continue;
+        r[n++] = (struct iovec){(void *)t->src, (size_t)(t->run_end - t->off)};
+        bytes += t->run_end - t->off;
+        last_end = t->run_end;
+    }
+    if (r && !live) {
+        r[n++] = (struct iovec){s->snap, s->snap_cap};
+        bytes = s->snap_cap;
+    }
+    if (r) rc = ddp__uring_register(s->ring, r, n);
+    free(r);
+    if (rc < 0) {
+        DDP_INFO("checkpoint: io_uring cannot register the %.0f MB the shards are written from "
+                 "(%s): writing with pwrite(2), which pins the pages for every write (raise "
+                 "RLIMIT_MEMLOCK, e.g. LimitMEMLOCK=infinity, to avoid that)",
+                 (double)bytes / 1e6, ddp_strerror(rc));
+        ddp__uring_free(s->ring);
+        s->ring = NULL;
+    }
+}
+
 static void *writer_main(void *arg)
 {
     ddp_ckpt_saver_t *s = arg;
@@ -863,6 +908,8 @@ static void *writer_main(void *arg)
     if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
         DDP_DEBUG("checkpoint writer: setpriority: %s", strerror(errno));
     int64_t t0 = ddp_now_ns();
+    int64_t cpu0 = ddp_thread_cpu_ns();
+    register_sources(s);
     uint64_t bytes = 0;
     ddp_errinfo_clear(&s->result_ei);
     int rc = write_mine(s, &bytes, &s->result_ei);
@@ -871,11 +918,13 @@ static void *writer_main(void *arg)
     double dt = (double)(ddp_now_ns() - t0) * 1e-9;
     s->result = rc;
     s->stats.write_s = dt;
+    s->stats.write_cpu_s = (double)(ddp_thread_cpu_ns() - cpu0) * 1e-9;
     s->stats.bytes = bytes;
     if (rc == 0)
-        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, %.1f MB checksummed by "
-                 "the writer)%s", (long long)s->step, s->o.writers > 1 ? "this rank's shards, " : "",
-                 (double)bytes / 1e6, dt, dt > 0 ? (double)bytes / 1e6 / dt : 0.0,
+        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, writer CPU %.0f ms, %.1f MB "
+                 "checksummed by the writer)%s", (long long)s->step,
+                 s->o.writers > 1 ? "this rank's shards, " : "", (double)bytes / 1e6, dt,
+                 dt > 0 ? (double)bytes / 1e6 / dt : 0.0, s->stats.write_cpu_s * 1e3,
                  (double)s->stats.crc_bytes / 1e6, s->o.writers == 1 ? ", committed" : "");
     atomic_store_explicit(&s->done, 1, memory_order_release);
     return NULL;
@@ -890,6 +939,7 @@ int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
     s->result = 0;
     s->written_step = -1;
     s->stats.direct_bytes = 0;
+    s->stats.fixed_bytes = 0;
     s->stats.crc_bytes = 0;
     atomic_store(&s->done, 0);
     int rc = pthread_create(&s->th, NULL, writer_main, s);

@@ -36,7 +36,10 @@
  * what the writer has not read yet. Shards are written with O_DIRECT where the file system
  * allows (their data starts 4096-aligned: the header is padded with spaces), from the tensors
  * when their addresses line up with their file offsets, else through a small bounce buffer;
- * buffered otherwise. The bytes are the same either way.
+ * buffered otherwise. The bytes are the same either way. Where io_uring allows, the memory
+ * direct writes read (the tensors of a live save, else the snapshot) is registered with it once
+ * and stays registered (pinned) until the saver is freed or a save reads other memory: a caller
+ * must not unmap a live save's tensors while its saver exists (DDP_CKPT_URING=0: no io_uring).
  *     ddp_ckpt_wait(saver, &ei);           at the end of training: the last save's result.
  *
  * Striped writers (checkpoint.writers N > 1; needs `dir` on a file system all writers share):
@@ -134,9 +137,12 @@ typedef struct ddp_ckpt_stats {
     double snapshot_s;    /* the stall of the last snapshot (including any wait for the previous) */
     double wait_s;        /* of which waiting for the previous save */
     double write_s;       /* writer thread time of the last finished save (write + commit) */
+    double write_cpu_s;   /* the CPU time (user + system) the writer thread used for it */
     uint64_t bytes;       /* bytes this rank wrote in the last finished save */
     uint64_t direct_bytes; /* of the shards' bytes, those written with O_DIRECT straight from
                             * the tensors or the snapshot (the rest: buffered or bounced) */
+    uint64_t fixed_bytes;  /* of direct_bytes, those written from memory registered with io_uring
+                            * (no page pinning per write) */
     uint64_t crc_bytes;    /* of the tensors' bytes, those the writer read for their CRC32C (the
                             * rest came with crc_known) */
     double freeze_s;       /* the last ddp_ckpt_freeze: wait for the chunk in flight + copy */

@@ -36,10 +36,12 @@ static void dio_align(int fd, size_t *align, size_t *mem_align)
 #endif
 }
 
-int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp_errinfo_t *ei)
+int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp__uring_t *ring,
+                  ddp_errinfo_t *ei)
 {
     memset(d, 0, sizeof *d);
     d->path = path;
+    d->ring = ring;
     d->fd = -1;
     int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
     if (want_direct) d->fd = open(path, flags | O_DIRECT, 0644);
@@ -62,16 +64,23 @@ int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp_errinfo
     return d->fd >= 0 ? 0 : io_err(d, "cannot create", 0, ei);
 }
 
-/* Plain write of all n bytes at the current position (d->off). */
+/* Write of all n bytes at d->off: through the ring when p is registered memory (direct mode),
+ * else pwrite(2). */
 static int write_all(ddp__dio_t *d, const void *p, size_t n, ddp_errinfo_t *ei)
 {
     const char *c = p;
     while (n) {
-        ssize_t w = write(d->fd, c, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return io_err(d, "write", d->off, ei);
-        if (w == 0) {
-            errno = EIO;
+        ssize_t w = d->direct && d->ring ? ddp__uring_pwrite(d->ring, d->fd, c, n, d->off)
+                                         : -ENOENT;
+        if (w > 0) d->fixed_bytes += (uint64_t)w;
+        if (w == -ENOENT) {
+            w = pwrite(d->fd, c, n, (off_t)d->off);
+            if (w < 0) w = -errno;
+        }
+        if (w == -EINTR) continue;
+        if (w == 0) w = -EIO;
+        if (w < 0) {
+            errno = (int)-w;
             return io_err(d, "write", d->off, ei);
         }
         c += w;

@@ -12,8 +12,11 @@
  * open, or at the first write) the file is written with plain buffered writes from the same
  * calls, starting writeback every 8 MiB (sync_file_range) so the final fsync has little left.
  *
- * Invariant (direct mode): every write(2) starts at an aligned file offset `off`; the bounce
- * buffer holds the `blen` bytes that follow `off`.
+ * Direct writes from memory registered with the optional io_uring (uring.h) go through it, which
+ * spares the kernel pinning the pages for each write; the rest use pwrite(2).
+ *
+ * Invariant (direct mode): every write starts at an aligned file offset `off`; the bounce buffer
+ * holds the `blen` bytes that follow `off`.
  *
  * Threads: one ddp__dio_t is used by one thread.
  */
@@ -25,9 +28,11 @@
 #include <stdint.h>
 
 #include "common/err.h"
+#include "worker/checkpoint/uring.h"
 
 typedef struct ddp__dio {
     int fd;
+    ddp__uring_t *ring;    /* borrowed; NULL: pwrite(2) only */
     const char *path;      /* borrowed; names the file in errors */
     int direct;            /* O_DIRECT in effect */
     size_t align;          /* file offset and length alignment of a direct write */
@@ -38,13 +43,16 @@ typedef struct ddp__dio {
     uint64_t size;         /* bytes appended so far (the file's final size) */
     uint64_t synced;       /* buffered mode: writeback started up to here */
     uint64_t direct_bytes; /* of them written straight from the caller's memory */
+    uint64_t fixed_bytes;  /* of those, written from io_uring-registered memory */
 } ddp__dio_t;
 
 #define DDP__DIO_BOUNCE (4u << 20)
 
 /* Creates or truncates `path` (0644), with O_DIRECT when `want_direct` and the file system
- * supports it. Returns 0, -errno (ei names the file), DDP_ENOMEM. */
-int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp_errinfo_t *ei);
+ * supports it; direct writes from memory registered with `ring` (may be NULL) go through it.
+ * Returns 0, -errno (ei names the file), DDP_ENOMEM. */
+int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp__uring_t *ring,
+                  ddp_errinfo_t *ei);
 
 /* Appends p[0..n). Reads p only during the call. Returns 0 or
  * -errno (ei names the file and the offset). */

@@ -1085,12 +1085,23 @@ static void test_dio_appends(void **state)
     for (size_t i = 0; i < total + 8192; i++) src[i] = (unsigned char)tu_rng(&seed);
     const size_t sizes[] = {100, 4096 - 100, 8192, 1, DDP__DIO_BOUNCE + 7, 511, 65536 * 3,
                             DDP__DIO_BOUNCE, 3};
-    for (int direct = 0; direct < 2; direct++) {
+    /* mode 2: direct, with the first half of the source registered with io_uring (where this
+     * kernel allows it), so direct writes go through the ring or through pwrite */
+    ddp__uring_t *ring = NULL;
+    if (ddp__uring_new(&ring) == 0) {
+        struct iovec half = {src, total / 2};
+        if (ddp__uring_register(ring, &half, 1) < 0) {
+            ddp__uring_free(ring);
+            ring = NULL;
+        }
+    }
+    for (int mode = 0; mode < 3; mode++) {
+        int direct = mode > 0;
         char path[4096];
-        snprintf(path, sizeof path, "%s/f%d", dir, direct);
+        snprintf(path, sizeof path, "%s/f%d", dir, mode);
         ddp__dio_t d;
         ddp_errinfo_t ei;
-        assert_int_equal(ddp__dio_open(&d, path, direct, &ei), 0);
+        assert_int_equal(ddp__dio_open(&d, path, direct, mode == 2 ? ring : NULL, &ei), 0);
         unsigned char *expect = malloc(total);
         size_t len = 0, phase = 0;
         for (size_t k = 0; len < total; k++) {
@@ -1107,10 +1118,28 @@ static void test_dio_appends(void **state)
         size_t glen;
         assert_int_equal(read_file(path, &got, &glen), 0);
         assert_int_equal(glen, total);
-        if (memcmp(got, expect, total)) fail_msg("direct=%d: file content differs", direct);
+        if (memcmp(got, expect, total)) fail_msg("mode %d: file content differs", mode);
+        if (mode == 2 && ring) {
+            fprintf(stderr, "io_uring: %llu of %llu direct bytes\n",
+                    (unsigned long long)d.fixed_bytes, (unsigned long long)d.direct_bytes);
+            assert_true(d.fixed_bytes > 0 && d.fixed_bytes <= d.direct_bytes);
+        } else {
+            assert_int_equal(d.fixed_bytes, 0);
+        }
         free(got);
         free(expect);
     }
+    if (ring) {
+        /* a write is cut where the registered memory ends; other memory is not the ring's */
+        char path[4096];
+        snprintf(path, sizeof path, "%s/cut", dir);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        size_t end = (total / 2 + 4095) / 4096 * 4096; /* registered up to this page end */
+        assert_int_equal(ddp__uring_pwrite(ring, fd, src + end - 8192, 3 * 4096, 0), 8192);
+        assert_int_equal(ddp__uring_pwrite(ring, fd, src + end, 4096, 8192), -ENOENT);
+        close(fd);
+    }
+    ddp__uring_free(ring);
     free(src);
     tu_rmrf(dir);
     free(dir);
