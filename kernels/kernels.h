@@ -25,10 +25,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct ddp_kctx ddp_kctx_t;
+typedef struct ddp_kctx ddp_kctx_t; /* a backend's context: device, streams, handles, pool */
 
 /* Elements per CRC32C of the adamw op's optional checksums. */
-#define DDP_ADAMW_CRC_CHUNK ((size_t)32768) /* a backend's context: device, streams, handles, pool */
+#define DDP_ADAMW_CRC_CHUNK ((size_t)32768)
 
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */

@@ -1,4 +1,5 @@
-/* Element-wise ops over whole arenas: AdamW (with optional CRC32C of its outputs), sums of squares, add, scale, non-finite check.
+/* Element-wise ops over whole arenas: AdamW (with an optional CRC32C of its outputs), sums of
+ * squares, add, scale, non-finite check.
  *
  * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq_blocks: of whole blocks), so
  * the work and, for the reductions, the partial sums are the same whatever the thread count.

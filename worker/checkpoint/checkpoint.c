@@ -191,7 +191,8 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
     d = getenv("DDP_CKPT_URING");
     if (s->direct && !(d && !strcmp(d, "0"))) {
         int rc = ddp__uring_new(&s->ring);
-        if (rc < 0) DDP_DEBUG("checkpoint: no io_uring (%s): writing with pwrite(2)", ddp_strerror(rc));
+        if (rc < 0)
+            DDP_DEBUG("checkpoint: no io_uring (%s): writing with pwrite(2)", ddp_strerror(rc));
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
@@ -921,8 +922,8 @@ static void *writer_main(void *arg)
     s->stats.write_cpu_s = (double)(ddp_thread_cpu_ns() - cpu0) * 1e-9;
     s->stats.bytes = bytes;
     if (rc == 0)
-        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, writer CPU %.0f ms, %.1f MB "
-                 "checksummed by the writer)%s", (long long)s->step,
+        DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, writer CPU %.0f ms, "
+                 "%.1f MB checksummed by the writer)%s", (long long)s->step,
                  s->o.writers > 1 ? "this rank's shards, " : "", (double)bytes / 1e6, dt,
                  dt > 0 ? (double)bytes / 1e6 / dt : 0.0, s->stats.write_cpu_s * 1e3,
                  (double)s->stats.crc_bytes / 1e6, s->o.writers == 1 ? ", committed" : "");

@@ -34,6 +34,13 @@ int ddp__uring_new(ddp__uring_t **out)
     return 0;
 }
 
+/* The whole pages region r touches: [*lo, *hi). */
+static void page_span(const struct iovec *r, uintptr_t *lo, uintptr_t *hi)
+{
+    *lo = (uintptr_t)r->iov_base & ~(PAGE - 1);
+    *hi = ((uintptr_t)r->iov_base + r->iov_len + PAGE - 1) & ~(PAGE - 1);
+}
+
 static void unregister(ddp__uring_t *u)
 {
     if (u->n_bufs) io_uring_unregister_buffers(&u->ring);
@@ -58,8 +65,8 @@ int ddp__uring_register(ddp__uring_t *u, const struct iovec *regions, int n)
     unregister(u);
     size_t pieces = 0;
     for (int i = 0; i < n; i++) {
-        uintptr_t lo = (uintptr_t)regions[i].iov_base & ~(PAGE - 1);
-        uintptr_t hi = ((uintptr_t)regions[i].iov_base + regions[i].iov_len + PAGE - 1) & ~(PAGE - 1);
+        uintptr_t lo, hi;
+        page_span(&regions[i], &lo, &hi);
         pieces += (hi - lo + MAX_BUF - 1) / MAX_BUF;
     }
     if (pieces == 0 || pieces > 1024) return -EINVAL; /* UIO_MAXIOV */
@@ -72,8 +79,8 @@ int ddp__uring_register(ddp__uring_t *u, const struct iovec *regions, int n)
     }
     size_t k = 0;
     for (int i = 0; i < n; i++) {
-        uintptr_t lo = (uintptr_t)regions[i].iov_base & ~(PAGE - 1);
-        uintptr_t hi = ((uintptr_t)regions[i].iov_base + regions[i].iov_len + PAGE - 1) & ~(PAGE - 1);
+        uintptr_t lo, hi;
+        page_span(&regions[i], &lo, &hi);
         for (uintptr_t a = lo; a < hi; a += MAX_BUF)
             bufs[k++] = (struct iovec){(void *)a, (size_t)(hi - a < MAX_BUF ? hi - a : MAX_BUF)};
     }

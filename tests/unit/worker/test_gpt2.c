@@ -259,8 +259,9 @@ static void test_adamw_steps_match_pytorch(void **state)
         ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
-        assert_int_equal(
-            ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL, NULL, NULL), 0);
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL,
+                                        NULL, NULL),
+                         0);
         double rel = fabs((double)loss - ref_losses[s]) / fabs(ref_losses[s]);
         fprintf(stderr, "step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
                       rel);
