@@ -227,14 +227,20 @@ static void test_backward_matches_pytorch(void **state)
     free(tg);
 }
 
+/* The fixture's initial weights, fresh moments and the default spec. */
+static void adamw_setup(fixture_t *fx, ddp_adamw_t *opt, ddp_spec_t *spec)
+{
+    load_weights(fx, "init.");
+    assert_int_equal(ddp_adamw_init(opt, &fx->m, NULL, NULL), 0);
+    ddp_spec_defaults(spec);
+}
+
 static void test_adamw_steps_match_pytorch(void **state)
 {
     fixture_t *fx = *state;
-    load_weights(fx, "init.");
     ddp_adamw_t opt;
-    assert_int_equal(ddp_adamw_init(&opt, &fx->m, NULL, NULL), 0);
     ddp_spec_t spec;
-    ddp_spec_defaults(&spec);
+    adamw_setup(fx, &opt, &spec);
     spec.lr = spec.min_lr = cfg_num(fx, "lr");
     spec.warmup = 0;
     spec.schedule = DDP_SCHED_CONSTANT;
@@ -307,11 +313,9 @@ static int crc_matches(const fixture_t *fx, const ddp_adamw_t *opt, const ddp_ad
 static void test_adamw_crc(void **state)
 {
     fixture_t *fx = *state;
-    load_weights(fx, "init.");
     ddp_adamw_t opt;
-    assert_int_equal(ddp_adamw_init(&opt, &fx->m, NULL, NULL), 0);
     ddp_spec_t spec;
-    ddp_spec_defaults(&spec);
+    adamw_setup(fx, &opt, &spec);
     size_t n = (size_t)fx->B * fx->T, np = fx->m.n_params;
     int nt = fx->m.n_tensors;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
