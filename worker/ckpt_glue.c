@@ -529,6 +529,8 @@ ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t)
 {
     struct ddp_tckpt *c = t->ckpt;
     if (!c || !c->update_crc || !ddp_tckpt_planned(t, t->step + 1)) return NULL;
+    /* a rank that writes nothing computes them only for the merge of a sharded update */
+    if (!c->saver && !(t->sharded && t->opts.world > 1)) return NULL;
     c->crc_step = -1; /* until ddp_tckpt_after_update */
     return c->update_crc;
 }

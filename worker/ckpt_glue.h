@@ -70,9 +70,10 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei);
 int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Inside ddp_trainer_step, for the optimizer update that completes step t->step + 1: where
- * ddp_adamw_step is to put the CRC32C of what it writes, when a save of that step is planned
- * and the arenas are host memory (the save then need not read them for its checksums); NULL
- * otherwise. The same on every rank. */
+ * ddp_adamw_step is to put the CRC32C of what it writes, when a save of that step is planned,
+ * the arenas are host memory and this rank writes shards or takes part in a sharded update (the
+ * save then need not read the arenas for its checksums); NULL otherwise. Every rank of a sharded
+ * update gets the same answer. */
 ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_trainer_t *t);
 /* After that update completed (all ranks, when ddp_tckpt_update_crcs gave an array): a sharded
  * update's CRCs are merged over the ranks (one small all-reduce), and the save of this step may
