@@ -20,8 +20,8 @@
  * registers, or eight ymm registers where the CPU has VPCLMULQDQ but not AVX-512: 256 bytes) are
  * folded per iteration, then joined into one lane, whose CRC the crc32 instruction finishes. The
  * constants are computed at start-up, not typed in. On an AMD EPYC without AVX-512 the ymm path
- * checksums a GPT-2 124M update's 1.5 GB of outputs for 12 ms on 2 threads where the crc32
- * chains took 45 ms.
+ * runs at 24 GB/s from cache against 17-20 GB/s for the crc32 chains: checksumming a GPT-2 124M
+ * update's 1.5 GB of outputs on 2 threads costs 30 ms instead of 45 ms.
  */
 #include "crc32c.h"
 
@@ -48,15 +48,18 @@ static int have_hw; /* DDP__CRC_* in use: the best the CPU supports */
 static uint32_t shift[4][256];
 
 /* Fold constants: {x^(F+63) mod P, x^(F-1) mod P} as reflected 64-bit lanes, for F = 2048 (the
- * main loop: 256 bytes ahead), 512 (one zmm register to the next) and 128 (one lane to the
- * next). */
+ * main loop: 256 bytes ahead), 512 (one zmm register to the next), 256 (one ymm register to the
+ * next) and 128 (one lane to the next). */
 static uint64_t k2048[2], k512[2], k256[2], k128[2];
 #endif
+
+/* c(x) * x mod P, reflected: one bit of a register's advance. */
+static inline uint32_t times_x(uint32_t c) { return (c >> 1) ^ (POLY & (0u - (c & 1))); }
 
 /* Advances the raw (non-inverted) register over one zero byte. */
 static uint32_t zero_byte(uint32_t c)
 {
-    for (int k = 0; k < 8; k++) c = (c >> 1) ^ (POLY & (0u - (c & 1)));
+    for (int k = 0; k < 8; k++) c = times_x(c);
     return c;
 }
 
@@ -89,7 +92,7 @@ static uint32_t mul_mod(uint32_t a, uint32_t b)
     uint32_t r = 0;
     for (uint32_t bit = 1u << 31; bit; bit >>= 1) {
         if (a & bit) r ^= b;
-        b = (b >> 1) ^ (POLY & (0u - (b & 1)));
+        b = times_x(b);
     }
     return r;
 }
@@ -98,11 +101,7 @@ static void init_tables(void)
 {
     x2k[0] = 1u << 30; /* x^1 */
     for (int k = 1; k < 64; k++) x2k[k] = mul_mod(x2k[k - 1], x2k[k - 1]);
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (POLY & (0u - (c & 1)));
-        table[0][i] = c;
-    }
+    for (uint32_t i = 0; i < 256; i++) table[0][i] = zero_byte(i);
     for (int t = 1; t < 8; t++)
         for (int i = 0; i < 256; i++)
             table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xff];

@@ -590,8 +590,9 @@ static void checksum_chunk(ddp_ckpt_saver_t *s, uint64_t pos, const unsigned cha
                            size_t *cursor)
 {
     for (uint64_t x = pos, end = pos + len; x < end;) {
-        tsrc_t *t = &s->src[tensor_at(s, x, cursor)];
-        uint64_t e = t->off + s->t[*cursor].nbytes < end ? t->off + s->t[*cursor].nbytes : end;
+        size_t j = tensor_at(s, x, cursor);
+        tsrc_t *t = &s->src[j];
+        uint64_t e = t->off + s->t[j].nbytes < end ? t->off + s->t[j].nbytes : end;
         if (!t->crc_known) {
             t->crc = ddp_crc32c_update(t->crc, p + (x - pos), (size_t)(e - x));
             s->stats.crc_bytes += e - x;
