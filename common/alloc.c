@@ -4,6 +4,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static atomic_long fail_countdown;
 
@@ -38,5 +39,19 @@ void *ddp_aligned_alloc(size_t alignment, size_t n)
     if (should_fail()) return NULL;
     void *p = NULL;
     if (posix_memalign(&p, alignment, n ? n : alignment)) return NULL;
+    return p;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+void *ddp_alloc_big(size_t n)
+{
+    const char *thp = getenv("DDP_THP"); /* "0": 4 KiB pages, for comparisons */
+    if (n < HUGE_PAGE || (thp && !strcmp(thp, "0"))) return ddp_aligned_alloc(4096, n);
+    size_t rounded = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    void *p = ddp_aligned_alloc(HUGE_PAGE, rounded);
+#ifdef MADV_HUGEPAGE
+    if (p) (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages work too */
+#endif
     return p;
 }

@@ -69,7 +69,8 @@ static int cpu_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
 {
     size_t align = bytes >= CPU_PAGE_ALIGN_FROM ? 4096 : CPU_ALIGN;
     size_t rounded = (bytes + align - 1) / align * align;
-    void *p = ddp_aligned_alloc(align, rounded ? rounded : align);
+    void *p = align == 4096 ? ddp_alloc_big(rounded)
+                            : ddp_aligned_alloc(align, rounded ? rounded : align);
     if (!p) return DDP_ENOMEM;
     memset(p, 0, rounded ? rounded : align);
     *out = p;

@@ -12,6 +12,8 @@
  *
  * Usage: bench_checkpoint [--dir DIR] [--runs N] [--no-optim] [--layers L] [--live-only]
  *                         [--known-crcs]
+ * DIR (default .) is where it makes its own directory, bench-ckpt.XXXXXX, and removes it after:
+ * nothing else in DIR is touched.
  * --live-only: only the live saves (for profiling the writer: perf record, CPU time);
  * --known-crcs: those with the CRCs given.
  */
@@ -43,7 +45,7 @@ static double median(double *v, int n)
 /* Plain sequential write of every tensor's bytes into one file, then fsync. Seconds. */
 static double plain_write(const char *dir, const tstate_t *ts)
 {
-    char path[4096];
+    char path[4200];
     snprintf(path, sizeof path, "%s/plain.bin", dir);
     int64_t t0 = ddp_now_ns();
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -94,7 +96,24 @@ static double cpu_s(double *sys)
     return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + *sys;
 }
 
+/* The machine's CPU time so far from /proc/stat, seconds: busy (user, nice, system, irq and
+ * softirq of every CPU: kernel threads and interrupts too, which getrusage does not see) and, in
+ * *steal, time the hypervisor ran something else on our vCPUs. */
+static double machine_busy_s(double *steal)
+{
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (!f || fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3],
+                     &v[4], &v[5], &v[6], &v[7]) != 8)
+        v[0] = 0;
+    if (f) fclose(f);
+    double tick = 1.0 / (double)sysconf(_SC_CLK_TCK);
+    *steal = (double)v[7] * tick;
+    return (double)(v[0] + v[1] + v[2] + v[5] + v[6]) * tick;
+}
+
 static double last_cpu, last_sys; /* CPU seconds of the last save_once, copy included */
+static double last_busy, last_steal; /* the machine's, over the last save_once */
 
 static uint64_t last_fixed; /* bytes of the last save written from io_uring-registered memory */
 
@@ -102,7 +121,7 @@ static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, d
                         uint64_t *bytes, uint64_t *direct)
 {
     set_known_crcs(ts, live == 2);
-    double s0, c0 = cpu_s(&s0);
+    double s0, c0 = cpu_s(&s0), st0, b0 = machine_busy_s(&st0);
     ddp_errinfo_t ei;
     ddp_ckpt_state_t st = tu_state(ts, step, "{\"step\": 0}");
     int64_t t0 = ddp_now_ns();
@@ -121,37 +140,41 @@ static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, d
     double s1;
     last_cpu = cpu_s(&s1) - c0;
     last_sys = s1 - s0;
+    double st1;
+    last_busy = machine_busy_s(&st1) - b0;
+    last_steal = st1 - st0;
     return stats.write_s;
 }
 
 /* --live-only: a warm-up live save, then `runs` timed ones; prints wall and CPU time of each.
  * live: 1, or 2 with the CRCs given. */
-static int live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs, int live)
+static void live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs, int live)
 {
     double dummy;
     uint64_t bytes = 0, direct = 0;
     for (int r = 0; r <= runs; r++) {
         double w = save_once(s, ts, 3000 + r, live, &dummy, &bytes, &direct);
-        printf("live save %d%s: %.0f MB in %.0f ms (%.0f MB/s), CPU %.0f ms (system %.0f ms), "
-               "%.0f%% O_DIRECT from the arenas (%.0f%% through io_uring)\n",
+        printf("live save %d%s: %.0f MB in %.0f ms (%.0f MB/s), CPU %.0f ms (system %.0f ms); "
+               "machine: busy %.0f ms, steal %.0f ms; %.0f%% O_DIRECT from the arenas (%.0f%% "
+               "through io_uring)\n",
                r, r ? "" : " (warm-up)", (double)bytes / 1e6, w * 1e3, (double)bytes / w / 1e6,
-               last_cpu * 1e3, last_sys * 1e3, 100.0 * (double)direct / (double)ts->bytes,
+               last_cpu * 1e3, last_sys * 1e3, last_busy * 1e3, last_steal * 1e3,
+               100.0 * (double)direct / (double)ts->bytes,
                100.0 * (double)last_fixed / (double)ts->bytes);
-        char name[64];
+        char name[4200];
         snprintf(name, sizeof name, "%s/step-%08d", dir, 3000 + r);
         tu_rmrf(name);
     }
     ddp_ckpt_saver_free(s);
-    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    const char *dir = "bench-ckpt.tmp";
+    const char *parent = ".";
     int runs = 3, optim = 1, layers = 12, live_only = 0, known = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
+            parent = argv[++i];
         else if (!strcmp(argv[i], "--runs") && i + 1 < argc)
             runs = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
@@ -173,7 +196,12 @@ int main(int argc, char **argv)
     tstate_t ts;
     tu_make(&ts, 50257, 1024, 768, layers, optim, 1);
     if (tu_arenas(&ts, arenas)) exit(1);
-    tu_rmrf(dir);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/bench-ckpt.XXXXXX", parent);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "%s: %s\n", dir, strerror(errno));
+        return 1;
+    }
     ddp_ckpt_opts_t o = {.dir = dir, .keep_last = 0}; /* old steps are removed untimed */
     ddp_ckpt_saver_t *s;
     ddp_errinfo_t ei;
@@ -181,7 +209,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s\n", ei.msg);
         return 1;
     }
-    if (live_only) return live_only_main(s, &ts, dir, runs, 1 + known);
+    if (live_only) {
+        live_only_main(s, &ts, dir, runs, 1 + known);
+        tu_rmrf(dir);
+        return 0;
+    }
     int64_t tr = ddp_now_ns();
     if (ddp_ckpt_saver_reserve(s, ts.bytes, &ei) < 0) {
         fprintf(stderr, "%s\n", ei.msg);
@@ -200,6 +232,7 @@ int main(int argc, char **argv)
     double *cs = calloc((size_t)runs, sizeof *cs);
     double *pl = calloc((size_t)runs, sizeof *pl), first_stall = 0, dummy;
     double *wk = calloc((size_t)runs, sizeof *wk), *ck = calloc((size_t)runs, sizeof *ck);
+    double *bk = calloc((size_t)runs, sizeof *bk), *sk = calloc((size_t)runs, sizeof *sk);
     uint64_t bytes = 0, direct = 0, direct_live = 0;
     for (int r = 0; r < runs + 1; r++) {
         double dt;
@@ -216,9 +249,11 @@ int main(int argc, char **argv)
         cl[r - 1] = last_cpu;
         wk[r - 1] = save_once(live_s, &ts, 2000 + 3 * r + 2, 2, &dummy, &bytes, &direct);
         ck[r - 1] = last_cpu;
+        bk[r - 1] = last_busy;
+        sk[r - 1] = last_steal;
         pl[r - 1] = plain_write(dir, &ts);
         for (int k = 0; k < 3; k++) {
-            char name[64];
+            char name[4200];
             snprintf(name, sizeof name, "%s/step-%08d", dir, 2000 + 3 * r + k);
             tu_rmrf(name);
         }
@@ -241,6 +276,9 @@ int main(int argc, char **argv)
     printf("| live save with the update's CRC32C (a planned save of the CPU trainer): throughput, "
            "CPU time | %.0f MB/s, **%.0f ms** |\n", (double)bytes / median(wk, runs) / 1e6,
            median(ck, runs) * 1e3);
+    printf("| the same, the machine's CPU (every CPU: kernel threads and interrupts too) / time the "
+           "hypervisor took from it (steal) | %.0f ms / %.0f ms |\n", median(bk, runs) * 1e3,
+           median(sk, runs) * 1e3);
     printf("| plain sequential write + fsync, same bytes, same disk | %.0f MB/s |\n",
            (double)ts.bytes / pl_med / 1e6);
     printf("| **live save / plain** | **%.2f** |\n",
@@ -265,5 +303,7 @@ int main(int argc, char **argv)
     free(pl);
     free(wk);
     free(ck);
+    free(bk);
+    free(sk);
     return 0;
 }

@@ -170,7 +170,7 @@ print(f"writer thread CPU per save (median): {statistics.median(cpu):.0f} ms (it
       f"workers and the I/O interrupts are in the CPU time of the saver alone, below)")
 PY
 if [ -x "$bench" ]; then
-    "$bench" --dir "$tmp/bench" --runs 3
+    "$bench" --dir "$tmp" --runs 3
 else
     echo "(write throughput: build $bench with: ninja -C $build tests/unit/checkpoint/bench_checkpoint)"
 fi

@@ -30,7 +30,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <time.h>
@@ -120,11 +119,7 @@ char *ddp_ckpt_optim_name(char *buf, size_t len, const char *moment, const char 
 
 static void *default_alloc(size_t n, void *ctx)
 {
-    void *p = ddp_aligned_alloc(4096, n);
-#ifdef MADV_HUGEPAGE
-    if (p && n >= (2u << 20)) (void)madvise(p, n, MADV_HUGEPAGE);
-#endif
-    return p;
+    return ddp_alloc_big(n);
 }
 
 static void default_free(void *p, void *ctx) { free(p); }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/alloc.h"
 #include "worker/checkpoint/checkpoint.h"
 
 typedef struct tstate {
@@ -154,7 +155,7 @@ static inline ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const 
     return st;
 }
 
-/* Moves the model tensors into one page-aligned arena and each moment (when there are moments)
+/* Moves the model tensors into one big arena (ddp_alloc_big) and each moment (when there are moments)
  * into another, tensor after tensor (the CPU trainer's layout), so writes can span tensors and go
  * O_DIRECT. Returns 0 or -1 (out of memory). Free them with tu_arenas_free before tu_free. */
 static inline int tu_arenas(tstate_t *ts, void *arenas[3])
@@ -165,7 +166,8 @@ static inline int tu_arenas(tstate_t *ts, void *arenas[3])
         uint64_t bytes = 0;
         for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
         unsigned char *base = NULL;
-        if (posix_memalign((void **)&base, 4096, bytes)) return -1;
+        base = ddp_alloc_big(bytes); /* as the CPU trainer allocates its arenas */
+        if (!base) return -1;
         uint64_t off = 0;
         for (size_t i = 0; i < n; i++) {
             ddp_ckpt_tensor_t *t = a == 0 ? &ts->model[i] : &ts->optim[(size_t)(a - 1) * n + i];

@@ -3,6 +3,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,6 +63,54 @@ static void test_alloc_fail_injection(void **state)
     char *s = ddp_strdup("abc");
     assert_string_equal(s, "abc");
     free(s);
+}
+
+/* Whether the mapping that holds p is eligible for transparent huge pages (/proc/self/smaps's
+ * THPeligible): 1 or 0, -1 when smaps does not say. */
+static int thp_eligible(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int in = 0, eligible = -1;
+    uintptr_t a = (uintptr_t)p;
+    while (eligible < 0 && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+            in = a >= lo && a < hi;
+        else if (in && sscanf(line, "THPeligible: %d", &eligible) == 1)
+            break;
+    }
+    fclose(f);
+    return eligible;
+}
+
+static void test_alloc_big(void **state)
+{
+    (void)state;
+    char *small = ddp_alloc_big(100000);
+    assert_non_null(small);
+    assert_int_equal((uintptr_t)small % 4096, 0);
+    memset(small, 1, 100000);
+    free(small);
+
+    size_t n = (5u << 20) + 3;
+    char *big = ddp_alloc_big(n);
+    assert_non_null(big);
+    assert_int_equal((uintptr_t)big % (2u << 20), 0);
+    memset(big, 1, n);
+    char mode[128] = "";
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (f) {
+        if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+        fclose(f);
+    }
+    if (mode[0] && !strstr(mode, "[never]"))
+        assert_int_equal(thp_eligible(big), 1);
+    else
+        print_message("transparent huge pages are off here (%s): eligibility not checked\n",
+                      mode[0] ? "never" : "no sysfs");
+    free(big);
 }
 
 /* ---------------------------------------------------------------- CRC32C */
@@ -133,6 +183,7 @@ int main(void)
         cmocka_unit_test(test_err_names),
         cmocka_unit_test(test_errinfo_format),
         cmocka_unit_test(test_alloc_fail_injection),
+        cmocka_unit_test(test_alloc_big),
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_crc32c_combine),
     };
