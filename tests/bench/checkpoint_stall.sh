@@ -168,6 +168,8 @@ print(f"update (optim_ms, median over all pairs): {statistics.median(upd_crc):.0
       f"+{extra:.0f} ms = {100 * extra / step:.1f}% of a step")
 print(f"writer thread CPU per save (median): {statistics.median(cpu):.0f} ms (its io_uring "
       f"workers and the I/O interrupts are in the CPU time of the saver alone, below)")
+print("every save's stall, ms (to pool invocations):", " ".join(f"{v:.0f}" for v in within))
+print("every placebo value, ms:", " ".join(f"{v:.0f}" for v in placebo))
 PY
 if [ -x "$bench" ]; then
     "$bench" --dir "$tmp" --runs 3
