@@ -155,9 +155,9 @@ static inline ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const 
     return st;
 }
 
-/* Moves the model tensors into one big arena (ddp_alloc_big) and each moment (when there are moments)
- * into another, tensor after tensor (the CPU trainer's layout), so writes can span tensors and go
- * O_DIRECT. Returns 0 or -1 (out of memory). Free them with tu_arenas_free before tu_free. */
+/* Moves the model tensors into one arena and each moment (when there are moments) into another,
+ * tensor after tensor, allocated as the CPU trainer allocates its arenas (ddp_alloc_big), so
+ * writes can span tensors and go O_DIRECT. Returns 0 or -1 (out of memory). Free them with tu_arenas_free before tu_free. */
 static inline int tu_arenas(tstate_t *ts, void *arenas[3])
 {
     size_t n = ts->n_model;
@@ -165,8 +165,7 @@ static inline int tu_arenas(tstate_t *ts, void *arenas[3])
     for (int a = 0; a < (ts->n_optim ? 3 : 1); a++) {
         uint64_t bytes = 0;
         for (size_t i = 0; i < n; i++) bytes += ts->model[i].nbytes;
-        unsigned char *base = NULL;
-        base = ddp_alloc_big(bytes); /* as the CPU trainer allocates its arenas */
+        unsigned char *base = ddp_alloc_big(bytes);
         if (!base) return -1;
         uint64_t off = 0;
         for (size_t i = 0; i < n; i++) {

@@ -76,7 +76,7 @@ static int thp_eligible(const void *p)
     uintptr_t a = (uintptr_t)p;
     while (eligible < 0 && fgets(line, sizeof line, f)) {
         unsigned long lo, hi;
-        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) /* a mapping's first line */
             in = a >= lo && a < hi;
         else if (in && sscanf(line, "THPeligible: %d", &eligible) == 1)
             break;
