@@ -157,7 +157,8 @@ static inline ddp_ckpt_state_t tu_state(const tstate_t *ts, int64_t step, const 
 
 /* Moves the model tensors into one arena and each moment (when there are moments) into another,
  * tensor after tensor, allocated as the CPU trainer allocates its arenas (ddp_alloc_big), so
- * writes can span tensors and go O_DIRECT. Returns 0 or -1 (out of memory). Free them with tu_arenas_free before tu_free. */
+ * writes can span tensors and go O_DIRECT. Returns 0 or -1 (out of memory). Free them with
+ * tu_arenas_free before tu_free. */
 static inline int tu_arenas(tstate_t *ts, void *arenas[3])
 {
     size_t n = ts->n_model;
