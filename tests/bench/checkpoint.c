@@ -276,8 +276,8 @@ int main(int argc, char **argv)
     printf("| live save with the update's CRC32C (a planned save of the CPU trainer): throughput, "
            "CPU time | %.0f MB/s, **%.0f ms** |\n", (double)bytes / median(wk, runs) / 1e6,
            median(ck, runs) * 1e3);
-    printf("| the same, the machine's CPU (every CPU: kernel threads and interrupts too) / time the "
-           "hypervisor took from it (steal) | %.0f ms / %.0f ms |\n", median(bk, runs) * 1e3,
+    printf("| the same, the machine's CPU (every CPU: kernel threads and interrupts too) / "
+           "time the hypervisor took from it (steal) | %.0f ms / %.0f ms |\n", median(bk, runs) * 1e3,
            median(sk, runs) * 1e3);
     printf("| plain sequential write + fsync, same bytes, same disk | %.0f MB/s |\n",
            (double)ts.bytes / pl_med / 1e6);
