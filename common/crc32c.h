@@ -22,6 +22,13 @@
 /* Extends `crc` (0 to start) over buf[0..n). Pure; any thread. */
 uint32_t ddp_crc32c_update(uint32_t crc, const void *buf, size_t n);
 
+/* Extends three CRCs at once, crc[k] over buf[k][0..n), as three ddp_crc32c_update calls would.
+ * It runs the crc32 instruction on three independent chains (one per buffer) and no folding:
+ * called on a block just written to L1 between blocks of memory-bound work (the CPU AdamW
+ * kernel), it runs in that work's shadow, where folding a whole chunk afterwards is a pass of its
+ * own. Pure; any thread. */
+void ddp_crc32c_update3(uint32_t crc[3], const void *const buf[3], size_t n);
+
 /* The CRC32C of A||B from crc_a = CRC of A, crc_b = CRC of B and len_b = |B| (zlib's
  * crc32_combine for this polynomial), so CRCs of pieces computed apart (by several threads, or
  * by the update of each tensor) make the CRC of a whole file. O(log len_b) small products; no

@@ -141,6 +141,22 @@ static void test_crc32c(void **state)
                                  ddp__crc32c_sw(0x1234567u, b + off, len));
     for (int impl = DDP__CRC_SW; impl <= ddp_crc32c_hw(); impl++)
         assert_int_equal(ddp__crc32c_impl(impl, 0, b + 3, n - 3), ddp__crc32c_sw(0, b + 3, n - 3));
+    /* three at once: each its own buffer's CRC, from three different starts, at every length
+     * around the 8-byte word, odd addresses, and streamed in two calls */
+    for (size_t len = 0; len < 300; len++) {
+        const void *bufs[3] = {b + 1, b + 1000 + len % 3, b + 5003};
+        uint32_t three[3] = {0, 0x9abcdefu, 0xffffffffu}, start[3];
+        memcpy(start, three, sizeof start);
+        ddp_crc32c_update3(three, bufs, len);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(three[k], ddp__crc32c_sw(start[k], bufs[k], len));
+    }
+    const void *halves[3] = {b, b + 30000, b + 60000}, *rest[3] = {b + 77, b + 30077, b + 60077};
+    uint32_t three[3] = {0, 0, 0};
+    ddp_crc32c_update3(three, halves, 77);
+    ddp_crc32c_update3(three, rest, 9000);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(three[k], ddp__crc32c_sw(0, halves[k], 9077));
     free(b);
 }
 

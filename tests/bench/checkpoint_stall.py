@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The analysis of tests/bench/checkpoint_stall.sh (see there for the design).
+
+    checkpoint_stall.py runs TMP STEPS EVERY PAIRS   the tables of one invocation, from its runs'
+                                                    metrics and logs in TMP
+    checkpoint_stall.py pool OUTPUT...               pools the per-save values that invocations
+                                                    printed (their saved stdout): this VM's
+                                                    per-step noise needs more saves than one
+                                                    invocation holds
+"""
+import json
+import math
+import re
+import statistics
+import sys
+
+
+def quart(v):
+    q = statistics.quantiles(v, n=4, method="inclusive") if len(v) > 1 else [v[0]] * 3
+    return q[0], statistics.median(v), q[2]
+
+
+def median_ci(v):
+    """Distribution-free, at least 95%: order statistics j..n-1-j of the binomial."""
+    v, n = sorted(v), len(v)
+    cdf = lambda k: sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    j = max([k for k in range(n // 2) if 2 * cdf(k) <= 0.05] or [0])
+    return v[j], v[n - 1 - j]
+
+
+def stall_rows(within, placebo, step, label):
+    """The three rows every report has: saves, the interval of their median, the placebo."""
+    q = quart(within)
+    print(f"| **within runs**: {label} | {q[0]:+.0f} / **{q[1]:+.0f}** / {q[2]:+.0f} ms | "
+          f"{100*q[0]/step:+.1f}% / **{100*q[1]/step:+.1f}%** / {100*q[2]/step:+.1f}% |")
+    ci = median_ci(within)
+    print(f"| within runs: 95% confidence interval of the median | {ci[0]:+.0f} .. {ci[1]:+.0f} "
+          f"ms | {100*ci[0]/step:+.1f}% .. {100*ci[1]/step:+.1f}% |")
+    q = quart(placebo)
+    print(f"| placebo: the same formula on the runs without saves ({len(placebo)}) | {q[0]:+.0f} "
+          f"/ {q[1]:+.0f} / {q[2]:+.0f} ms | {100*q[0]/step:+.1f}% / {100*q[1]/step:+.1f}% / "
+          f"{100*q[2]/step:+.1f}% |")
+
+
+def runs(tmp, steps, every, pairs):
+    def walls(name):
+        return {r["step"]: r["wall_ms"] for r in map(json.loads, open(f"{tmp}/{name}.jsonl"))
+                if "wall_ms" in r}
+
+    saves = [s for s in range(1, steps) if s % every == 0]          # inside the whole-run window
+    probe = [s for s in saves if s - 2 >= 2 and s + 4 <= steps]     # with clean neighbours
+    clean_steps = [i for i in range(2, steps + 1) if all(not (s <= i <= s + 2) for s in saves)]
+    if every < 5 or not probe:
+        sys.exit("the within-run measure needs EVERY >= 5 and STEPS >= EVERY + 6")
+
+    def stalls(w):
+        d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
+        return [d[s] + d[s + 1] + d[s + 2] - 3 * (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4
+                for s in probe], statistics.median(d[i] for i in clean_steps)
+
+    def optim_ms(name):  # the update's time: steps whose save is planned (CRC32C) / the others
+        r = {r["step"]: r["optim_ms"] for r in map(json.loads, open(f"{tmp}/{name}.jsonl"))
+             if "optim_ms" in r}
+        return [v for s, v in r.items() if s in saves], [v for s, v in r.items() if s not in saves]
+
+    within, placebo, steps_ms, whole, upd_crc, upd = [], [], [], [], [], []
+    warn = []
+    for p in range(1, pairs + 1):
+        wb, wc = walls(f"base{p}"), walls(f"ckpt{p}")
+        st, step_c = stalls(wc)
+        pl, step_b = stalls(wb)
+        within += st
+        placebo += pl
+        steps_ms += [step_b, step_c]
+        a, b = optim_ms(f"ckpt{p}")
+        upd_crc += a
+        upd += b
+        b, c = wb[steps] - wb[1], wc[steps] - wc[1]
+        whole.append((p, b, c, b / (steps - 1), (c - b) / len(saves)))
+        # every probed save must be committed before step s+2 ended
+        log = open(f"{tmp}/ckpt{p}.log").read()
+        for s in probe:
+            mc = re.search(rf"checkpoint step {s}: [\d.]+ MB in .*committed", log)
+            i_end = log.find(f"step {s + 2:5d}/")
+            if not mc or i_end < 0 or mc.start() > i_end:
+                warn.append(f"pair {p}: the save of step {s} was not committed before step "
+                            f"{s + 2} ended")
+    step = statistics.median(steps_ms)
+    print(f"GPT-2 124M, B=4, T=64, {steps} steps, checkpoint.every={every} (CPU, fp32, ddp-worker "
+          f"default threads), {pairs} pair(s) of runs without/with saves, alternating")
+    print()
+    print(f"| measure | per save: 25% / median / 75% | % of a step (median clean step "
+          f"{step:.0f} ms) |")
+    print("|---|---|---|")
+    stall_rows(within, placebo, step, f"steps beside a save vs clean neighbours ({len(within)} "
+               f"saves: steps {probe[0]}..{probe[-1]} x {pairs})")
+    q = quart([w[4] for w in whole])
+    print(f"| whole runs: (window with saves - without) / {len(saves)} saves, {pairs} pair(s) | "
+          + ", ".join(f"{w[4]:+.0f}" for w in whole) + f" ms (median {q[1]:+.0f}) | "
+          + ", ".join(f"{100*w[4]/w[3]:+.1f}%" for w in whole) + " |")
+    print()
+    print("whole-run windows (end of step 1 to end of step %d), without / with saves: " % steps
+          + "; ".join(f"pair {w[0]}: {w[1]:.0f} / {w[2]:.0f} ms" for w in whole))
+    for w in warn:
+        print("WARNING: " + w)
+    log = open(f"{tmp}/ckpt{pairs}.log").read()
+    waits = re.findall(r"the update waited ([\d.]+) ms for it \(([\d.]+) MB left to copy\)", log)
+    m = re.search(r"checkpoint: (\d+) save\(s\); training thread paid ([\d.]+) ms at step "
+                  r"boundaries", log)
+    write_re = (r"checkpoint step (\d+): [\d.]+ MB in ([\d.]+) s \((\d+) MB/s, writer CPU (\d+) "
+                r"ms, ([\d.]+) MB checksummed by the writer")
+    writes = re.findall(write_re, log)
+    cpu = [int(w[3]) for p in range(1, pairs + 1)
+           for w in re.findall(write_re, open(f"{tmp}/ckpt{p}.log").read()) if int(w[0]) in saves]
+    wt = [float(w[1]) for w in writes]
+    print(f"last pair, per save: training thread at the boundary "
+          f"{float(m.group(2)) / int(m.group(1)):.1f} ms (incl. the final save); update waited "
+          f"{min(float(w) for w, _ in waits):.1f}-{max(float(w) for w, _ in waits):.1f} ms, "
+          f"{max(float(mb) for _, mb in waits):.1f} MB copied at most")
+    print(f"last pair, writer beside training: {min(wt):.1f}-{max(wt):.1f} s per save "
+          f"({min(int(w[2]) for w in writes)}-{max(int(w[2]) for w in writes)} MB/s), "
+          f"{max(float(w[4]) for w in writes):.1f} MB read for checksums at most")
+    extra = statistics.median(upd_crc) - statistics.median(upd)
+    print(f"update (optim_ms, median over all pairs): {statistics.median(upd_crc):.0f} ms when it "
+          f"computes the CRC32C for a planned save, {statistics.median(upd):.0f} ms otherwise: "
+          f"+{extra:.0f} ms = {100 * extra / step:.1f}% of a step")
+    print(f"writer thread CPU per save (median): {statistics.median(cpu):.0f} ms (its io_uring "
+          f"workers and the I/O interrupts are in the CPU time of the saver alone, below)")
+    print(f"{SAVES_LINE} {' '.join(f'{v:.0f}' for v in within)}")
+    print(f"{PLACEBO_LINE} {' '.join(f'{v:.0f}' for v in placebo)}")
+
+
+SAVES_LINE = "every save's stall, ms (to pool invocations):"
+PLACEBO_LINE = "every placebo value, ms:"
+STEP_RE = re.compile(r"median clean step (\d+) ms")
+
+
+def pool(outputs):
+    within, placebo, steps = [], [], []
+    for path in outputs:
+        text = open(path).read()
+        found = {}
+        for line in text.splitlines():
+            for key in (SAVES_LINE, PLACEBO_LINE):
+                if line.startswith(key):
+                    found[key] = [float(v) for v in line[len(key):].split()]
+        m = STEP_RE.search(text)
+        if len(found) < 2 or not m:
+            sys.exit(f"{path}: no per-save values (an output of checkpoint_stall.sh from "
+                     f"before they were printed?)")
+        within += found[SAVES_LINE]
+        placebo += found[PLACEBO_LINE]
+        steps.append(float(m.group(1)))
+    step = statistics.median(steps)
+    print(f"pooled: {len(outputs)} invocation(s) of checkpoint_stall.sh: " + ", ".join(outputs))
+    print()
+    print(f"| measure | per save: 25% / median / 75% | % of a step (median of the invocations' "
+          f"median clean steps, {step:.0f} ms) |")
+    print("|---|---|---|")
+    stall_rows(within, placebo, step, f"{len(within)} saves")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "runs":
+        runs(sys.argv[2], *map(int, sys.argv[3:6]))
+    elif len(sys.argv) >= 3 and sys.argv[1] == "pool":
+        pool(sys.argv[2:])
+    else:
+        sys.exit(__doc__)
