@@ -326,14 +326,9 @@ __attribute__((target("sse4.2"))) static void crc3_hw(uint32_t reg[3],
         c1 = __builtin_ia32_crc32di(c1, w1);
         c2 = __builtin_ia32_crc32di(c2, w2);
     }
-    for (; i < n; i++) {
-        c0 = __builtin_ia32_crc32qi((uint32_t)c0, b[0][i]);
-        c1 = __builtin_ia32_crc32qi((uint32_t)c1, b[1][i]);
-        c2 = __builtin_ia32_crc32qi((uint32_t)c2, b[2][i]);
-    }
-    reg[0] = (uint32_t)c0;
-    reg[1] = (uint32_t)c1;
-    reg[2] = (uint32_t)c2;
+    reg[0] = crc_hw((uint32_t)c0, b[0] + i, n - i); /* the last 0-7 bytes */
+    reg[1] = crc_hw((uint32_t)c1, b[1] + i, n - i);
+    reg[2] = crc_hw((uint32_t)c2, b[2] + i, n - i);
 }
 #endif
 

@@ -39,8 +39,6 @@ static inline __attribute__((always_inline)) void adamw_loop(const adamw_args_t 
                        a->eps, a->wd, a->bc1, a->bc2);
 }
 
-static void adamw_range_any(const adamw_args_t *a, size_t lo, size_t hi) { adamw_loop(a, lo, hi); }
-
 #if defined(__x86_64__)
 /* The same loop on 8-float AVX2 vectors where the CPU has them (the build's baseline is SSE2):
  * GPT-2 124M's update on 2 threads, 81 -> 62 ms (a standalone loop here). Not FMA: each
@@ -61,7 +59,7 @@ static void adamw_range(const adamw_args_t *a, size_t lo, size_t hi)
         return;
     }
 #endif
-    adamw_range_any(a, lo, hi);
+    adamw_loop(a, lo, hi);
 }
 
 /* Elements per block of an update that checksums what it writes: the block's 3 x 2 KiB of
