@@ -6,7 +6,10 @@
  * rename), the same for a save from the host snapshot (ddp_ckpt_save: the GPU path) with the
  * copy into the snapshot timed separately, and a plain sequential write of the same bytes
  * (8 MiB buffered writes, then fsync) as the reference. Medians of --runs runs; prints a
- * markdown table. DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off. Live saves are timed twice:
+ * markdown table. The savers keep the last checkpoint (keep_last 1), as a training run does: each
+ * save after the first two writes over the files of the one its predecessor retired
+ * (DDP_CKPT_RECYCLE=0: new files, the retired one deleted at the commit, in the timed save).
+ * DDP_CKPT_DIRECT=0 turns the savers' O_DIRECT off. Live saves are timed twice:
  * reading every tensor for its CRC32C, and with the CRCs given (crc_known, what the CPU trainer's
  * update computes for a planned save; computed here once, untimed).
  *
@@ -146,24 +149,22 @@ static double save_once(ddp_ckpt_saver_t *s, tstate_t *ts, int step, int live, d
     return stats.write_s;
 }
 
-/* --live-only: a warm-up live save, then `runs` timed ones; prints wall and CPU time of each.
+/* --live-only: two warm-up live saves (the second retires the first: from the third on a save
+ * writes over retired files), then `runs` timed ones; prints wall and CPU time of each.
  * live: 1, or 2 with the CRCs given. */
-static void live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, const char *dir, int runs, int live)
+static void live_only_main(ddp_ckpt_saver_t *s, tstate_t *ts, int runs, int live)
 {
     double dummy;
     uint64_t bytes = 0, direct = 0;
-    for (int r = 0; r <= runs; r++) {
-        double w = save_once(s, ts, 3000 + r, live, &dummy, &bytes, &direct);
+    for (int r = -1; r <= runs; r++) {
+        double w = save_once(s, ts, 3001 + r, live, &dummy, &bytes, &direct);
         printf("live save %d%s: %.0f MB in %.0f ms (%.0f MB/s), CPU %.0f ms (system %.0f ms); "
                "machine: busy %.0f ms, steal %.0f ms; %.0f%% O_DIRECT from the arenas (%.0f%% "
                "through io_uring)\n",
-               r, r ? "" : " (warm-up)", (double)bytes / 1e6, w * 1e3, (double)bytes / w / 1e6,
+               r, r > 0 ? "" : " (warm-up)", (double)bytes / 1e6, w * 1e3, (double)bytes / w / 1e6,
                last_cpu * 1e3, last_sys * 1e3, last_busy * 1e3, last_steal * 1e3,
                100.0 * (double)direct / (double)ts->bytes,
                100.0 * (double)last_fixed / (double)ts->bytes);
-        char name[4200];
-        snprintf(name, sizeof name, "%s/step-%08d", dir, 3000 + r);
-        tu_rmrf(name);
     }
     ddp_ckpt_saver_free(s);
 }
@@ -202,7 +203,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", dir, strerror(errno));
         return 1;
     }
-    ddp_ckpt_opts_t o = {.dir = dir, .keep_last = 0}; /* old steps are removed untimed */
+    ddp_ckpt_opts_t o = {.dir = dir, .keep_last = 1};
     ddp_ckpt_saver_t *s;
     ddp_errinfo_t ei;
     if (ddp_ckpt_saver_new(&o, &s, &ei) < 0) {
@@ -210,7 +211,7 @@ int main(int argc, char **argv)
         return 1;
     }
     if (live_only) {
-        live_only_main(s, &ts, dir, runs, 1 + known);
+        live_only_main(s, &ts, runs, 1 + known);
         tu_rmrf(dir);
         return 0;
     }
@@ -252,21 +253,19 @@ int main(int argc, char **argv)
         bk[r - 1] = last_busy;
         sk[r - 1] = last_steal;
         pl[r - 1] = plain_write(dir, &ts);
-        for (int k = 0; k < 3; k++) {
-            char name[4200];
-            snprintf(name, sizeof name, "%s/step-%08d", dir, 2000 + 3 * r + k);
-            tu_rmrf(name);
-        }
     }
     ddp_ckpt_saver_free(s);
     ddp_ckpt_saver_free(live_s);
     double st_med = median(stall, runs), wr_med = median(wr, runs), pl_med = median(pl, runs);
     double wl_med = median(wl, runs);
-    const char *dio = getenv("DDP_CKPT_DIRECT");
+    const char *dio = getenv("DDP_CKPT_DIRECT"), *rec = getenv("DDP_CKPT_RECYCLE");
     printf("\nCheckpoint of GPT-2 124M (%d layers)%s: %.1f MB of tensors, %.1f MB written per "
-           "save, medians of %d runs, dir %s, O_DIRECT %s\n\n",
+           "save, medians of %d runs, dir %s, O_DIRECT %s, keep_last 1: %s\n\n",
            layers, optim ? " + AdamW moments" : "", (double)ts.bytes / 1e6, (double)bytes / 1e6,
-           runs, dir, dio && !strcmp(dio, "0") ? "off (DDP_CKPT_DIRECT=0)" : "where the fs allows");
+           runs, dir, dio && !strcmp(dio, "0") ? "off (DDP_CKPT_DIRECT=0)" : "where the fs allows",
+           rec && !strcmp(rec, "0") ? "new files, the retired checkpoint deleted "
+                                      "(DDP_CKPT_RECYCLE=0)"
+                                    : "written over the retired checkpoint's files");
     printf("| measure | value |\n|---|---|\n");
     printf("| live save (CPU trainer): write throughput, shards + CRC32C + fsync + manifest + "
            "rename | **%.0f MB/s** (%.0f%% of the bytes written with O_DIRECT from the arenas) |\n",

@@ -25,6 +25,8 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <stdatomic.h>
@@ -50,6 +52,7 @@
 #define WRITE_CHUNK (8u << 20) /* bytes per write; also what a freeze may wait for */
 #define DATA_ALIGN 4096        /* shard data starts here in the file, for O_DIRECT */
 #define DIR_MAX (PATH_MAX - 128) /* a checkpoint dir path; leaves room for a file name */
+#define RECYCLE ".recycle"       /* the retired checkpoint, whose files the next save reuses */
 
 /* Where a tensor's bytes are: `off` in the stream (= in the snapshot), `src` the caller's
  * memory (live saves), `run_end` the stream offset where the caller's memory stops being
@@ -87,6 +90,7 @@ struct ddp_ckpt_saver {
     int have_snapshot;
     tsrc_t *src; /* per tensor of t */
     int direct;  /* write shards with O_DIRECT where possible (DDP_CKPT_DIRECT=0: never) */
+    int recycle; /* keep_last retires into RECYCLE (DDP_CKPT_RECYCLE=0: deletes at once) */
     ddp__uring_t *ring; /* direct writes from registered sources (DDP_CKPT_URING=0: none);
                          * used by the writer thread, dropped there if registration fails */
 
@@ -183,6 +187,8 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
     s->delay_ms = d ? atol(d) : 0;
     d = getenv("DDP_CKPT_DIRECT");
     s->direct = !(d && !strcmp(d, "0"));
+    d = getenv("DDP_CKPT_RECYCLE");
+    s->recycle = o->keep_last > 0 && !(d && !strcmp(d, "0"));
     d = getenv("DDP_CKPT_URING");
     if (s->direct && !(d && !strcmp(d, "0"))) {
         int rc = ddp__uring_new(&s->ring);
@@ -226,6 +232,7 @@ void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s)
 {
     if (!s) return;
     join_writer(s);
+    if (s->o.rank == 0) (void)ddp__ckpt_rmdir(s->dir, RECYCLE); /* no save left to reuse it */
     if (s->snap) s->o.host_free(s->snap, s->o.alloc_ctx);
     free(s->t);
     free(s->src);
@@ -596,6 +603,34 @@ static void checksum_chunk(ddp_ckpt_saver_t *s, uint64_t pos, const unsigned cha
     }
 }
 
+/* True when no other open file, in any process, refers to fd's file: neither a descriptor nor a
+ * mapping (a reader of the retired checkpoint), since a write lease is granted only then
+ * (fcntl(2)). The lease is dropped at once; an open that broke it in between would signal
+ * SIGURG (ignored) to this process instead of SIGIO (which kills). */
+static bool sole_opener(int fd)
+{
+    if (fcntl(fd, F_SETSIG, SIGURG) < 0 || fcntl(fd, F_SETLEASE, F_WRLCK) < 0) return false;
+    (void)fcntl(fd, F_SETLEASE, F_UNLCK);
+    return true;
+}
+
+/* Moves RECYCLE/<file> into tmp for write_shard to overwrite in place, unless something still
+ * has it open (it is then left to be deleted, which its reader does not notice). Overwriting
+ * spares what a new file costs where it hurts training: ext4 allocating 1.5 GB of blocks and
+ * converting unwritten extents, and the discards of deleting the old one on a `discard` mount.
+ * Returns whether the file moved. */
+static bool take_recycled(const ddp_ckpt_saver_t *s, const char *tmp, const char *file)
+{
+    char from[PATH_MAX], to[PATH_MAX];
+    snprintf(from, sizeof from, "%s/" RECYCLE "/%s", s->dir, file);
+    snprintf(to, sizeof to, "%s/%s", tmp, file);
+    int fd = open(from, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    bool sole = sole_opener(fd);
+    close(fd);
+    return sole && rename(from, to) == 0;
+}
+
 /* One shard: header padded so the data starts DATA_ALIGN-aligned, then the data straight from
  * its source (O_DIRECT where possible), fsync. Its CRC32C is the header's followed by each
  * tensor's (combined: common/crc32c.h), computed on the way where the caller did not give it. */
@@ -605,7 +640,9 @@ static int write_shard(ddp_ckpt_saver_t *s, const shard_t *sh, const char *tmp,
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/%s", tmp, sh->file);
     ddp__dio_t d;
-    DDP_CHECK(ddp__dio_open(&d, path, s->direct, s->ring, ei));
+    bool reuse = s->recycle && take_recycled(s, tmp, sh->file);
+    DDP_CHECK(ddp__dio_open(&d, path, s->direct, reuse, s->ring, ei));
+    s->stats.reused_bytes += d.old_size;
     char *hdr = NULL;
     size_t hlen = 0;
     int rc = ddp_st_header_build_aligned(&s->t[sh->first], sh->count, st_meta, 1, DATA_ALIGN,
@@ -765,6 +802,17 @@ static int swap_latest(const char *dir, const char *target, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* Retires dir/name into RECYCLE (replacing the one there) for the next save to overwrite. */
+static int recycle_dir(ddp_ckpt_saver_t *s, const char *name)
+{
+    char from[PATH_MAX], to[PATH_MAX];
+    snprintf(from, sizeof from, "%s/%s", s->dir, name);
+    snprintf(to, sizeof to, "%s/" RECYCLE, s->dir);
+    int rc = ddp__ckpt_rmdir(s->dir, RECYCLE);
+    if (rc == 0 && rename(from, to) < 0) rc = -errno;
+    return rc;
+}
+
 static void prune(ddp_ckpt_saver_t *s)
 {
     remove_stale_tmp(s->dir, s->step);
@@ -777,11 +825,15 @@ static void prune(ddp_ckpt_saver_t *s)
         if (steps[i] == s->step) continue;
         char name[FILE_NAME_MAX];
         snprintf(name, sizeof name, DDP__CKPT_STEP_FMT, (long long)steps[i]);
-        int rc = ddp__ckpt_rmdir(s->dir, name);
+        bool recycle = s->recycle && i + 1 == n - keep; /* the newest of those retired */
+        if (recycle && recycle_dir(s, name) < 0) recycle = false;
+        int rc = recycle ? 0 : ddp__ckpt_rmdir(s->dir, name);
         if (rc < 0)
             DDP_WARN("checkpoint: cannot remove %s/%s: %s", s->dir, name, ddp_strerror(rc));
         else
-            DDP_INFO("checkpoint: removed %s/%s (keep_last %d)", s->dir, name, s->o.keep_last);
+            DDP_INFO("checkpoint: %s %s/%s (keep_last %d)",
+                     recycle ? "retired, for the next save to write over:" : "removed", s->dir,
+                     name, s->o.keep_last);
     }
     free(steps);
 }
@@ -919,10 +971,11 @@ static void *writer_main(void *arg)
     s->stats.bytes = bytes;
     if (rc == 0)
         DDP_INFO("checkpoint step %lld: %s%.1f MB in %.2f s (%.0f MB/s, writer CPU %.0f ms, "
-                 "%.1f MB checksummed by the writer)%s", (long long)s->step,
-                 s->o.writers > 1 ? "this rank's shards, " : "", (double)bytes / 1e6, dt,
-                 dt > 0 ? (double)bytes / 1e6 / dt : 0.0, s->stats.write_cpu_s * 1e3,
-                 (double)s->stats.crc_bytes / 1e6, s->o.writers == 1 ? ", committed" : "");
+                 "%.1f MB checksummed by the writer, %.1f MB written over retired files)%s",
+                 (long long)s->step, s->o.writers > 1 ? "this rank's shards, " : "",
+                 (double)bytes / 1e6, dt, dt > 0 ? (double)bytes / 1e6 / dt : 0.0,
+                 s->stats.write_cpu_s * 1e3, (double)s->stats.crc_bytes / 1e6,
+                 (double)s->stats.reused_bytes / 1e6, s->o.writers == 1 ? ", committed" : "");
     atomic_store_explicit(&s->done, 1, memory_order_release);
     return NULL;
 }
@@ -938,6 +991,7 @@ int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
     s->stats.direct_bytes = 0;
     s->stats.fixed_bytes = 0;
     s->stats.crc_bytes = 0;
+    s->stats.reused_bytes = 0;
     atomic_store(&s->done, 0);
     int rc = pthread_create(&s->th, NULL, writer_main, s);
     if (rc != 0)

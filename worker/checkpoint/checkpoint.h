@@ -14,6 +14,12 @@
  *     MANIFEST.json                        every other file's size and CRC32C; written last
  *   dir/latest -> step-00001200            a hint; verification decides
  *   dir/.step-00001300.tmp/                a save in progress (or one that crashed)
+ *   dir/.recycle/                          the newest checkpoint keep_last retired: the next
+ *                                          save moves its shard files into its .tmp directory
+ *                                          and writes over them in place (no block allocation,
+ *                                          no discards), unless another process still has one
+ *                                          open; deleted when the saver is freed
+ *                                          (DDP_CKPT_RECYCLE=0: retired checkpoints are deleted)
  *
  * Tensor names are the caller's. The trainer uses Hugging Face GPT-2 names and shapes for the
  * model ("wte.weight" [V, C], "h.0.attn.c_attn.weight" [C, 3C], ..., "ln_f.bias"), so the
@@ -145,6 +151,8 @@ typedef struct ddp_ckpt_stats {
                             * (no page pinning per write) */
     uint64_t crc_bytes;    /* of the tensors' bytes, those the writer read for their CRC32C (the
                             * rest came with crc_known) */
+    uint64_t reused_bytes; /* the size of the retired checkpoint's shard files this save wrote
+                            * over in place instead of creating new ones (keep_last) */
     double freeze_s;       /* the last ddp_ckpt_freeze: wait for the chunk in flight + copy */
     uint64_t freeze_bytes; /* what it copied into the snapshot (0: the writer was done) */
     /* (ddp_ckpt_saver_stats while a save runs races with its writer: call it after
@@ -158,7 +166,7 @@ typedef struct ddp_ckpt_saver ddp_ckpt_saver_t;
  * crash. Returns 0, -errno, DDP_EINVAL (bad options), DDP_ENOMEM. Training thread. */
 int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_errinfo_t *ei);
 /* Waits for a running save (logging its failure, if any) and frees everything, the snapshot
- * included. NULL-safe. Training thread. */
+ * included; rank 0 deletes .recycle/. NULL-safe. Training thread. */
 void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s);
 
 /* Allocates the snapshot for `bytes` (the sum of all tensors' nbytes) and touches every page, so

@@ -36,16 +36,22 @@ static void dio_align(int fd, size_t *align, size_t *mem_align)
 #endif
 }
 
-int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp__uring_t *ring,
-                  ddp_errinfo_t *ei)
+int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, bool overwrite,
+                  ddp__uring_t *ring, ddp_errinfo_t *ei)
 {
     memset(d, 0, sizeof *d);
     d->path = path;
     d->ring = ring;
     d->fd = -1;
-    int flags = O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC;
+    int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (overwrite ? 0 : O_TRUNC);
     if (want_direct) d->fd = open(path, flags | O_DIRECT, 0644);
-    if (d->fd >= 0) {
+    bool opened_direct = d->fd >= 0;
+    if (d->fd < 0 && (!want_direct || errno == EINVAL))
+        d->fd = open(path, flags, 0644); /* EINVAL: this file system refuses O_DIRECT */
+    if (d->fd < 0) return io_err(d, "cannot create", 0, ei);
+    struct stat st;
+    if (overwrite && fstat(d->fd, &st) == 0) d->old_size = (uint64_t)st.st_size;
+    if (opened_direct) {
         dio_align(d->fd, &d->align, &d->mem_align);
         /* the bounce buffer must hold whole aligned blocks; a stranger device is written
          * buffered */
@@ -57,11 +63,8 @@ int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp__uring_
             return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", path);
         }
         if (!d->direct) (void)fcntl(d->fd, F_SETFL, fcntl(d->fd, F_GETFL) & ~O_DIRECT);
-        return 0;
     }
-    if (want_direct && errno != EINVAL) return io_err(d, "cannot create", 0, ei);
-    d->fd = open(path, flags, 0644); /* EINVAL: this file system refuses O_DIRECT */
-    return d->fd >= 0 ? 0 : io_err(d, "cannot create", 0, ei);
+    return 0;
 }
 
 /* Write of all n bytes at d->off: through the ring when p is registered memory (direct mode),
@@ -183,7 +186,8 @@ int ddp__dio_close(ddp__dio_t *d, int rc, ddp_errinfo_t *ei)
         d->blen = n;
         rc = flush_bounce(d, ei); /* refused: written buffered, padding too; cut below */
     }
-    if (rc == 0 && d->off != d->size && ftruncate(d->fd, (off_t)d->size) < 0)
+    if (rc == 0 && (d->off != d->size || d->old_size > d->size) &&
+        ftruncate(d->fd, (off_t)d->size) < 0)
         rc = io_err(d, "ftruncate", d->size, ei);
     if (rc == 0 && fsync(d->fd) < 0) rc = io_err(d, "fsync", d->size, ei);
     if (close(d->fd) < 0 && rc == 0) rc = io_err(d, "close", d->size, ei);

@@ -41,6 +41,7 @@ typedef struct ddp__dio {
     size_t blen;           /* bytes waiting in the bounce buffer */
     uint64_t off;          /* file offset of the next write(2) */
     uint64_t size;         /* bytes appended so far (the file's final size) */
+    uint64_t old_size;     /* the file's size at open (overwrite mode), cut at close */
     uint64_t synced;       /* buffered mode: writeback started up to here */
     uint64_t direct_bytes; /* of them written straight from the caller's memory */
     uint64_t fixed_bytes;  /* of those, written from io_uring-registered memory */
@@ -50,9 +51,11 @@ typedef struct ddp__dio {
 
 /* Creates or truncates `path` (0644), with O_DIRECT when `want_direct` and the file system
  * supports it; direct writes from memory registered with `ring` (may be NULL) go through it.
- * Returns 0, -errno (ei names the file), DDP_ENOMEM. */
-int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, ddp__uring_t *ring,
-                  ddp_errinfo_t *ei);
+ * With `overwrite` an existing file is not truncated: its blocks are written over in place (no
+ * block allocation, no unwritten extents to convert) and whatever lies past the new end is cut
+ * at close. Returns 0, -errno (ei names the file), DDP_ENOMEM. */
+int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, bool overwrite,
+                  ddp__uring_t *ring, ddp_errinfo_t *ei);
 
 /* Appends p[0..n). Reads p only during the call. Returns 0 or
  * -errno (ei names the file and the offset). */

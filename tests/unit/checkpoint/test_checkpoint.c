@@ -96,6 +96,21 @@ static long long file_size(const char *path)
     return stat(path, &st) == 0 ? (long long)st.st_size : -1;
 }
 
+static int read_file(const char *path, unsigned char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(*len ? *len : 1);
+    size_t got = fread(*buf, 1, *len, f);
+    fclose(f);
+    return got == *len ? 0 : -1;
+}
+
 /* ---------------------------------------------------------------- safetensors */
 
 static void test_st_round_trip(void **state)
@@ -451,6 +466,121 @@ static void test_keep_last(void **state)
     assert_int_equal(ddp_ckpt_find(dir, 100, &found, &ei), DDP_ENOTFOUND);
     assert_int_equal(ddp_ckpt_find(dir, 400, &found, &ei), 0);
     tu_free(&ts);
+    tu_rmrf(dir);
+    free(dir);
+}
+
+/* Names (without the directory) and inodes of the .safetensors files in dir/sub, by name. */
+static size_t shard_files(const char *dir, const char *sub, char names[][64], ino_t *ino,
+                          size_t max)
+{
+    char pat[4096];
+    glob_t g;
+    snprintf(pat, sizeof pat, "%s/%s/*.safetensors", dir, sub);
+    assert_int_equal(glob(pat, 0, NULL, &g), 0);
+    assert_true(g.gl_pathc <= max);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        struct stat st;
+        assert_int_equal(stat(g.gl_pathv[i], &st), 0);
+        ino[i] = st.st_ino;
+        snprintf(names[i], 64, "%s", strrchr(g.gl_pathv[i], '/') + 1);
+    }
+    size_t n = g.gl_pathc;
+    globfree(&g);
+    return n;
+}
+
+static void save_wait(ddp_ckpt_saver_t *s, tstate_t *ts, int64_t step)
+{
+    ddp_errinfo_t ei;
+    ddp_ckpt_state_t st = tu_state(ts, step, TRAINER);
+    assert_int_equal(ddp_ckpt_save(s, &st, &ei), 0);
+    assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
+}
+
+static int exists(const char *dir, const char *sub)
+{
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, sub);
+    return stat(path, &st) == 0;
+}
+
+/* keep_last retires the newest checkpoint it drops into .recycle/ and the next save writes over
+ * those files in place (the same inodes), except one that a reader still has open: that reader
+ * keeps reading the old bytes. What the save wrote loads bitwise; freeing the saver deletes
+ * .recycle/; DDP_CKPT_RECYCLE=0 deletes at once. */
+static void test_keep_last_recycles(void **state)
+{
+    char *dir = tu_tmpdir(), path[4096], names[64][64], names3[64][64];
+    ino_t ino1[64], ino3[64];
+    tstate_t ts[3];
+    for (int i = 0; i < 3; i++) tu_make(&ts[i], 512, 64, 64, 2, 1, 11 + (uint64_t)i);
+    ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.1, .keep_last = 1};
+    ddp_ckpt_saver_t *s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    save_wait(s, &ts[0], 1);
+    size_t n = shard_files(dir, "step-00000001", names, ino1, 64);
+    assert_true(n >= 4);
+    /* a reader opens one of step 1's shards before the step is retired */
+    snprintf(path, sizeof path, "%s/step-00000001/%s", dir, names[0]);
+    unsigned char *held, *again;
+    size_t held_len, again_len;
+    assert_int_equal(read_file(path, &held, &held_len), 0);
+    int reader = open(path, O_RDONLY);
+    assert_true(reader >= 0);
+
+    save_wait(s, &ts[1], 2);
+    assert_false(exists(dir, "step-00000001"));
+    ino_t ino_r[64];
+    char names_r[64][64];
+    assert_int_equal(shard_files(dir, ".recycle", names_r, ino_r, 64), n);
+    assert_memory_equal(ino_r, ino1, n * sizeof *ino1);
+
+    save_wait(s, &ts[2], 3);
+    assert_int_equal(shard_files(dir, "step-00000003", names3, ino3, 64), n);
+    ddp_ckpt_stats_t stats;
+    ddp_ckpt_saver_stats(s, &stats);
+    uint64_t reused = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_string_equal(names3[i], names[i]);
+        if (i == 0) {
+            assert_true(ino3[i] != ino1[i]); /* held open: a new file */
+        } else {
+            assert_true(ino3[i] == ino1[i]); /* written over in place */
+            snprintf(path, sizeof path, "%s/step-00000003/%s", dir, names3[i]);
+            reused += (uint64_t)file_size(path); /* same plan, same sizes */
+        }
+    }
+    assert_int_equal(stats.reused_bytes, reused);
+    snprintf(path, sizeof path, "/proc/self/fd/%d", reader);
+    assert_int_equal(read_file(path, &again, &again_len), 0);
+    assert_int_equal(again_len, held_len);
+    assert_memory_equal(again, held, held_len);
+    close(reader);
+    free(held);
+    free(again);
+    assert_false(exists(dir, "step-00000002"));
+    assert_true(exists(dir, ".recycle"));
+    tstate_t out;
+    ddp_ckpt_found_t found;
+    assert_int_equal(find_load(dir, &ts[2], &out, &found, NULL), 0);
+    assert_int_equal(found.step, 3);
+    assert_same_state(&out, &ts[2]);
+    tu_free(&out);
+    ddp_ckpt_saver_free(s);
+    assert_false(exists(dir, ".recycle"));
+    assert_true(exists(dir, "step-00000003"));
+
+    setenv("DDP_CKPT_RECYCLE", "0", 1);
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    save_wait(s, &ts[0], 4);
+    assert_false(exists(dir, "step-00000003"));
+    assert_false(exists(dir, ".recycle"));
+    ddp_ckpt_saver_free(s);
+    unsetenv("DDP_CKPT_RECYCLE");
+    for (int i = 0; i < 3; i++) tu_free(&ts[i]);
     tu_rmrf(dir);
     free(dir);
 }
@@ -967,21 +1097,6 @@ static void test_live_save_freeze(void **state)
     free(dir);
 }
 
-static int read_file(const char *path, unsigned char **buf, size_t *len)
-{
-    *buf = NULL;
-    *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    *len = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *buf = malloc(*len ? *len : 1);
-    size_t got = fread(*buf, 1, *len, f);
-    fclose(f);
-    return got == *len ? 0 : -1;
-}
-
 /* Whether `dir` takes a 4096-byte O_DIRECT write reporting its alignment through statx (ext4,
  * xfs; not tmpfs). */
 static int fs_has_direct(const char *dir)
@@ -1101,7 +1216,7 @@ static void test_dio_appends(void **state)
         snprintf(path, sizeof path, "%s/f%d", dir, mode);
         ddp__dio_t d;
         ddp_errinfo_t ei;
-        assert_int_equal(ddp__dio_open(&d, path, direct, mode == 2 ? ring : NULL, &ei), 0);
+        assert_int_equal(ddp__dio_open(&d, path, direct, false, mode == 2 ? ring : NULL, &ei), 0);
         unsigned char *expect = malloc(total);
         size_t len = 0, phase = 0;
         for (size_t k = 0; len < total; k++) {
@@ -1145,6 +1260,43 @@ static void test_dio_appends(void **state)
     free(dir);
 }
 
+/* Overwrite mode writes over an existing file's blocks (the same inode) and leaves exactly the
+ * new bytes, whether the old file was longer or shorter, direct or buffered. */
+static void test_dio_overwrites(void **state)
+{
+    char *dir = tu_tmpdir(), path[4096];
+    snprintf(path, sizeof path, "%s/f", dir);
+    const size_t sizes[] = {3 * 4096 * 256 + 100, 4096 * 100 + 77, 1000, 2 * 4096 * 256};
+    uint64_t seed = 5;
+    for (int direct = 0; direct < 2; direct++) {
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            size_t n = sizes[k];
+            unsigned char *src = NULL, *got;
+            size_t glen;
+            assert_int_equal(posix_memalign((void **)&src, 4096, n), 0);
+            for (size_t i = 0; i < n; i++) src[i] = (unsigned char)tu_rng(&seed);
+            struct stat before, after;
+            int existed = stat(path, &before) == 0;
+            ddp__dio_t d;
+            ddp_errinfo_t ei;
+            assert_int_equal(ddp__dio_open(&d, path, direct, true, NULL, &ei), 0);
+            assert_int_equal(d.old_size, existed ? (uint64_t)before.st_size : 0);
+            assert_int_equal(ddp__dio_write(&d, src, 100, &ei), 0); /* then unaligned */
+            assert_int_equal(ddp__dio_write(&d, src + 100, n - 100, &ei), 0);
+            assert_int_equal(ddp__dio_close(&d, 0, &ei), 0);
+            assert_int_equal(stat(path, &after), 0);
+            if (existed) assert_true(after.st_ino == before.st_ino);
+            assert_int_equal(read_file(path, &got, &glen), 0);
+            assert_int_equal(glen, n);
+            if (memcmp(got, src, n)) fail_msg("direct %d, size %zu: content differs", direct, n);
+            free(got);
+            free(src);
+        }
+    }
+    tu_rmrf(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1153,6 +1305,7 @@ int main(void)
         cmocka_unit_test(test_sharding_and_index),
         cmocka_unit_test(test_async_round_trip_and_wait),
         cmocka_unit_test(test_keep_last),
+        cmocka_unit_test(test_keep_last_recycles),
         cmocka_unit_test(test_flipped_byte),
         cmocka_unit_test(test_truncated_shard),
         cmocka_unit_test(test_missing_manifest),
@@ -1166,6 +1319,7 @@ int main(void)
         cmocka_unit_test(test_known_crcs),
         cmocka_unit_test(test_direct_matches_buffered),
         cmocka_unit_test(test_dio_appends),
+        cmocka_unit_test(test_dio_overwrites),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
