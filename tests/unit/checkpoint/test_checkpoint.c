@@ -521,6 +521,13 @@ static void test_keep_last_recycles(void **state)
     ddp_errinfo_t ei;
     assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
     save_wait(s, &ts[0], 1);
+    /* Where the file system grants no leases (NFS, say) nothing is reused: the saver cannot tell
+     * whether a reader has a file open. */
+    snprintf(path, sizeof path, "%s/step-00000001/config.json", dir);
+    int probe = open(path, O_WRONLY);
+    bool leases = fcntl(probe, F_SETLEASE, F_WRLCK) == 0;
+    close(probe);
+    if (!leases) fprintf(stderr, "# no leases on %s: expecting no reuse\n", dir);
     size_t n = shard_files(dir, "step-00000001", names, ino1, 64);
     assert_true(n >= 4);
     /* a reader opens one of step 1's shards before the step is retired */
@@ -545,8 +552,8 @@ static void test_keep_last_recycles(void **state)
     uint64_t reused = 0;
     for (size_t i = 0; i < n; i++) {
         assert_string_equal(names3[i], names[i]);
-        if (i == 0) {
-            assert_true(ino3[i] != ino1[i]); /* held open: a new file */
+        if (i == 0 || !leases) {
+            assert_true(ino3[i] != ino1[i]); /* held open (or cannot tell): a new file */
         } else {
             assert_true(ino3[i] == ino1[i]); /* written over in place */
             snprintf(path, sizeof path, "%s/step-00000003/%s", dir, names3[i]);
