@@ -141,8 +141,8 @@ def pool(outputs):
         text = open(path).read()
         found = {}
         for line in text.splitlines():
-            for key in (SAVES_LINE, PLACEBO_LINE):
-                if line.startswith(key):
+            for key in (SAVES_LINE, PLACEBO_LINE):  # the first analysis (RECYCLE_AB adds one)
+                if line.startswith(key) and key not in found:
                     found[key] = [float(v) for v in line[len(key):].split()]
         m = STEP_RE.search(text)
         if len(found) < 2 or not m:

@@ -34,8 +34,12 @@
 # The analysis is checkpoint_stall.py; `checkpoint_stall.py pool OUTPUT...` pools the per-save
 # values of several invocations' saved outputs.
 #
+# RECYCLE_AB=1: each pair also runs the job with saves under DDP_CKPT_RECYCLE=0 (new files, the
+# retired checkpoint deleted), before or after the default run in turn, and the analysis is
+# printed for those runs too, against the same runs without saves.
+#
 # Time on 2 cores: about 10 minutes with the defaults (6 runs of 52 steps at ~1.7 s, 27 saves
-# probed, then the throughput benchmark).
+# probed, then the throughput benchmark); half as long again with RECYCLE_AB=1.
 set -euo pipefail
 build=${1:-build} steps=${2:-52} every=${3:-5} pairs=${4:-3}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -57,15 +61,34 @@ model: {preset: gpt2-124M}
 data: {train: $tmp/data/train_*.bin}
 train: {steps: $steps, micro_batch: 4, seq_len: 64, lr: 3e-4, warmup: 1, seed: 1, sample_tokens: 0}
 YAML
+ab=${RECYCLE_AB:-0}
+if [ "$ab" = 1 ]; then mkdir "$tmp/norecycle"; fi
+ckpt_run() { # OUT [VAR=VALUE...]: a run with saves; its metrics and log go to OUT/ckpt$p.*
+    local out=$1
+    shift
+    rm -rf "$tmp/ck"
+    env "$@" "$worker" "$tmp/job.yaml" --run-dir "$tmp" --set checkpoint.dir=\"$tmp/ck\" \
+        --set checkpoint.every="$every" --set checkpoint.keep_last=1 >"$out/ckpt$p.log" 2>&1
+    mv "$tmp/metrics.jsonl" "$out/ckpt$p.jsonl"
+}
 for p in $(seq 1 "$pairs"); do
     "$worker" "$tmp/job.yaml" --run-dir "$tmp" >"$tmp/base$p.log" 2>&1
     mv "$tmp/metrics.jsonl" "$tmp/base$p.jsonl"
-    rm -rf "$tmp/ck"
-    "$worker" "$tmp/job.yaml" --run-dir "$tmp" --set checkpoint.dir=\"$tmp/ck\" \
-        --set checkpoint.every="$every" --set checkpoint.keep_last=1 >"$tmp/ckpt$p.log" 2>&1
-    mv "$tmp/metrics.jsonl" "$tmp/ckpt$p.jsonl"
+    if [ "$ab" = 1 ]; then
+        ln -s "$tmp/base$p.jsonl" "$tmp/norecycle/base$p.jsonl"
+        [ $((p % 2)) = 1 ] || ckpt_run "$tmp/norecycle" DDP_CKPT_RECYCLE=0
+    fi
+    ckpt_run "$tmp"
+    if [ "$ab" = 1 ] && [ $((p % 2)) = 1 ]; then ckpt_run "$tmp/norecycle" DDP_CKPT_RECYCLE=0; fi
 done
 python3 "$here/tests/bench/checkpoint_stall.py" runs "$tmp" "$steps" "$every" "$pairs"
+if [ "$ab" = 1 ]; then
+    echo
+    echo "The same with DDP_CKPT_RECYCLE=0 (new files, the retired checkpoint deleted at the" \
+         "commit), against the same runs without saves:"
+    echo
+    python3 "$here/tests/bench/checkpoint_stall.py" runs "$tmp/norecycle" "$steps" "$every" "$pairs"
+fi
 if [ -x "$bench" ]; then
     "$bench" --dir "$tmp" --runs 3
 else
