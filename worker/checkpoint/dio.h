@@ -41,7 +41,7 @@ typedef struct ddp__dio {
     size_t blen;           /* bytes waiting in the bounce buffer */
     uint64_t off;          /* file offset of the next write(2) */
     uint64_t size;         /* bytes appended so far (the file's final size) */
-    uint64_t old_size;     /* the file's size at open (overwrite mode), cut at close */
+    uint64_t old_size;     /* overwrite mode: the size at open; past `size` it is cut at close */
     uint64_t synced;       /* buffered mode: writeback started up to here */
     uint64_t direct_bytes; /* of them written straight from the caller's memory */
     uint64_t fixed_bytes;  /* of those, written from io_uring-registered memory */
