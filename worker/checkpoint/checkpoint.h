@@ -198,7 +198,7 @@ int ddp_ckpt_write_async(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei);
 int ddp_ckpt_save_live(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errinfo_t *ei);
 
 /* Ends a live save's reading of the caller's tensors: waits for the chunk the writer is reading
- * (at most one write of 8 MiB), copies whatever the writer has not read yet into the snapshot
+ * (at most one write of 64 MiB), copies whatever the writer has not read yet into the snapshot
  * (nothing when it is past the shards) and lets it go on from there. Afterwards the caller may
  * modify its tensors. *copied (may be NULL) gets the bytes copied. A no-op when no live save
  * runs. Returns 0. Training thread. */
