@@ -38,6 +38,10 @@
 # retired checkpoint deleted), before or after the default run in turn, and the analysis is
 # printed for those runs too, against the same runs without saves.
 #
+# KEEP_RUNS=DIR: the runs' metrics.jsonl and logs are copied into DIR (created) before the
+# temporary directory is removed, so `checkpoint_stall.py runs DIR STEPS EVERY PAIRS` can analyse
+# them again later.
+#
 # Time on 2 cores: about 10 minutes with the defaults (6 runs of 52 steps at ~1.7 s, 27 saves
 # probed, then the throughput benchmark); half as long again with RECYCLE_AB=1.
 set -euo pipefail
@@ -81,6 +85,11 @@ for p in $(seq 1 "$pairs"); do
     ckpt_run "$tmp"
     if [ "$ab" = 1 ] && [ $((p % 2)) = 1 ]; then ckpt_run "$tmp/norecycle" DDP_CKPT_RECYCLE=0; fi
 done
+if [ -n "${KEEP_RUNS:-}" ]; then
+    mkdir -p "$KEEP_RUNS"
+    cp "$tmp"/*.jsonl "$tmp"/*.log "$KEEP_RUNS"/
+    if [ "$ab" = 1 ]; then cp -rL "$tmp/norecycle" "$KEEP_RUNS"/; fi
+fi
 python3 "$here/tests/bench/checkpoint_stall.py" runs "$tmp" "$steps" "$every" "$pairs"
 if [ "$ab" = 1 ]; then
     echo
