@@ -28,6 +28,12 @@ def median_ci(v):
     return v[j], v[n - 1 - j]
 
 
+def mean_ci(v):
+    """The mean and the half-width of its 95% interval, by the normal approximation: the mean is
+    the save's cost averaged over saves (what a run pays), where the median resists outliers."""
+    return statistics.mean(v), 1.96 * statistics.stdev(v) / math.sqrt(len(v))
+
+
 def stall_rows(within, placebo, step, label):
     """The three rows every report has: saves, the interval of their median, the placebo."""
     q = quart(within)
@@ -36,6 +42,9 @@ def stall_rows(within, placebo, step, label):
     ci = median_ci(within)
     print(f"| within runs: 95% confidence interval of the median | {ci[0]:+.0f} .. {ci[1]:+.0f} "
           f"ms | {100*ci[0]/step:+.1f}% .. {100*ci[1]/step:+.1f}% |")
+    m, h = mean_ci(within)
+    print(f"| within runs: mean, its 95% interval (normal) | {m:+.0f} ({m - h:+.0f} .. {m + h:+.0f}) "
+          f"ms | {100*m/step:+.1f}% ({100*(m - h)/step:+.1f}% .. {100*(m + h)/step:+.1f}%) |")
     q = quart(placebo)
     print(f"| placebo: the same formula on the runs without saves ({len(placebo)}) | {q[0]:+.0f} "
           f"/ {q[1]:+.0f} / {q[2]:+.0f} ms | {100*q[0]/step:+.1f}% / {100*q[1]/step:+.1f}% / "
@@ -53,6 +62,11 @@ def runs(tmp, steps, every, pairs):
     if every < 5 or not probe:
         sys.exit("the within-run measure needs EVERY >= 5 and STEPS >= EVERY + 6")
 
+    def excess(w):  # each touched step against the mean of the save's clean neighbours
+        d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
+        return [[d[s + k] - (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4 for s in probe]
+                for k in range(3)]
+
     def stalls(w):
         d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
         return [d[s] + d[s + 1] + d[s + 2] - 3 * (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4
@@ -64,12 +78,15 @@ def runs(tmp, steps, every, pairs):
         return [v for s, v in r.items() if s in saves], [v for s, v in r.items() if s not in saves]
 
     within, placebo, steps_ms, whole, upd_crc, upd = [], [], [], [], [], []
+    by_step = [[], [], []]
     warn = []
     for p in range(1, pairs + 1):
         wb, wc = walls(f"base{p}"), walls(f"ckpt{p}")
         st, step_c = stalls(wc)
         pl, step_b = stalls(wb)
         within += st
+        for k, e in enumerate(excess(wc)):
+            by_step[k] += e
         placebo += pl
         steps_ms += [step_b, step_c]
         a, b = optim_ms(f"ckpt{p}")
@@ -124,6 +141,9 @@ def runs(tmp, steps, every, pairs):
     print(f"update (optim_ms, median over all pairs): {statistics.median(upd_crc):.0f} ms when it "
           f"computes the CRC32C for a planned save, {statistics.median(upd):.0f} ms otherwise: "
           f"+{extra:.0f} ms = {100 * extra / step:.1f}% of a step")
+    print("where it falls, mean over saves of each touched step minus its clean neighbours' mean: "
+          + ", ".join(f"step s+{k} {statistics.mean(e):+.0f} ms" for k, e in enumerate(by_step))
+          + " (s: the update with the CRC32C; s+1: the writer beside the step)")
     print(f"writer thread CPU per save (median): {statistics.median(cpu):.0f} ms (its io_uring "
           f"workers and the I/O interrupts are in the CPU time of the saver alone, below)")
     print(f"{SAVES_LINE} {' '.join(f'{v:.0f}' for v in within)}")
