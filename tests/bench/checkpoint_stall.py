@@ -35,7 +35,7 @@ def mean_ci(v):
 
 
 def stall_rows(within, placebo, step, label):
-    """The three rows every report has: saves, the interval of their median, the placebo."""
+    """The rows every report has: saves, the intervals of their median and mean, the placebo."""
     q = quart(within)
     print(f"| **within runs**: {label} | {q[0]:+.0f} / **{q[1]:+.0f}** / {q[2]:+.0f} ms | "
           f"{100*q[0]/step:+.1f}% / **{100*q[1]/step:+.1f}%** / {100*q[2]/step:+.1f}% |")
