@@ -29,26 +29,36 @@ def median_ci(v):
 
 
 def mean_ci(v):
-    """The mean and the half-width of its 95% interval, by the normal approximation: the mean is
-    the save's cost averaged over saves (what a run pays), where the median resists outliers."""
+    """The mean and the half-width of its 95% interval, by the normal approximation."""
     return statistics.mean(v), 1.96 * statistics.stdev(v) / math.sqrt(len(v))
 
 
 def stall_rows(within, placebo, step, label):
-    """The rows every report has: saves, the intervals of their median and mean, the placebo."""
-    q = quart(within)
-    print(f"| **within runs**: {label} | {q[0]:+.0f} / **{q[1]:+.0f}** / {q[2]:+.0f} ms | "
-          f"{100*q[0]/step:+.1f}% / **{100*q[1]/step:+.1f}%** / {100*q[2]/step:+.1f}% |")
+    """The rows every report has. The mean is the save's cost averaged over saves, what a run
+    pays; the median resists outliers but not skew: step times have a long slow tail, and the
+    placebo's median sits below zero where its mean does not."""
+    def pct(ms):
+        return f"{100 * ms / step:+.1f}%"
+
+    def quartile_row(name, v):
+        q = quart(v)
+        print(f"| {name} | {q[0]:+.0f} / **{q[1]:+.0f}** / {q[2]:+.0f} ms | {pct(q[0])} / "
+              f"**{pct(q[1])}** / {pct(q[2])} |")
+
+    def mean_row(name, m, h):
+        print(f"| {name} | **{m:+.0f}** ({m - h:+.0f} .. {m + h:+.0f}) ms | **{pct(m)}** "
+              f"({pct(m - h)} .. {pct(m + h)}) |")
+
+    quartile_row(f"**within runs**: {label}, 25% / median / 75%", within)
     ci = median_ci(within)
     print(f"| within runs: 95% confidence interval of the median | {ci[0]:+.0f} .. {ci[1]:+.0f} "
-          f"ms | {100*ci[0]/step:+.1f}% .. {100*ci[1]/step:+.1f}% |")
-    m, h = mean_ci(within)
-    print(f"| within runs: mean, its 95% interval (normal) | {m:+.0f} ({m - h:+.0f} .. {m + h:+.0f}) "
-          f"ms | {100*m/step:+.1f}% ({100*(m - h)/step:+.1f}% .. {100*(m + h)/step:+.1f}%) |")
-    q = quart(placebo)
-    print(f"| placebo: the same formula on the runs without saves ({len(placebo)}) | {q[0]:+.0f} "
-          f"/ {q[1]:+.0f} / {q[2]:+.0f} ms | {100*q[0]/step:+.1f}% / {100*q[1]/step:+.1f}% / "
-          f"{100*q[2]/step:+.1f}% |")
+          f"ms | {pct(ci[0])} .. {pct(ci[1])} |")
+    mean_row("**within runs: mean** (95% interval)", *mean_ci(within))
+    quartile_row(f"placebo: the same formula on the runs without saves ({len(placebo)}), 25% / "
+                 "median / 75%", placebo)
+    mean_row("placebo: mean (95% interval)", *mean_ci(placebo))
+    (mw, hw), (mp, hp) = mean_ci(within), mean_ci(placebo)
+    mean_row("within-run mean minus placebo mean (95% interval)", mw - mp, math.hypot(hw, hp))
 
 
 def runs(tmp, steps, every, pairs):
@@ -106,7 +116,7 @@ def runs(tmp, steps, every, pairs):
     print(f"GPT-2 124M, B=4, T=64, {steps} steps, checkpoint.every={every} (CPU, fp32, ddp-worker "
           f"default threads), {pairs} pair(s) of runs without/with saves, alternating")
     print()
-    print(f"| measure | per save: 25% / median / 75% | % of a step (median clean step "
+    print(f"| measure | per save | % of a step (median clean step "
           f"{step:.0f} ms) |")
     print("|---|---|---|")
     stall_rows(within, placebo, step, f"steps beside a save vs clean neighbours ({len(within)} "
@@ -174,7 +184,7 @@ def pool(outputs):
     step = statistics.median(steps)
     print(f"pooled: {len(outputs)} invocation(s) of checkpoint_stall.sh: " + ", ".join(outputs))
     print()
-    print(f"| measure | per save: 25% / median / 75% | % of a step (median of the invocations' "
+    print(f"| measure | per save | % of a step (median of the invocations' "
           f"median clean steps, {step:.0f} ms) |")
     print("|---|---|---|")
     stall_rows(within, placebo, step, f"{len(within)} saves")
