@@ -72,15 +72,11 @@ def runs(tmp, steps, every, pairs):
     if every < 5 or not probe:
         sys.exit("the within-run measure needs EVERY >= 5 and STEPS >= EVERY + 6")
 
-    def excess(w):  # each touched step against the mean of the save's clean neighbours
+    def stalls(w):  # per save, the stall and its three touched steps' excesses
         d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
-        return [[d[s + k] - (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4 for s in probe]
-                for k in range(3)]
-
-    def stalls(w):
-        d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
-        return [d[s] + d[s + 1] + d[s + 2] - 3 * (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4
-                for s in probe], statistics.median(d[i] for i in clean_steps)
+        excess = [[d[s + k] - (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4 for s in probe]
+                  for k in range(3)]
+        return [sum(e) for e in zip(*excess)], excess, statistics.median(d[i] for i in clean_steps)
 
     def optim_ms(name):  # the update's time: steps whose save is planned (CRC32C) / the others
         r = {r["step"]: r["optim_ms"] for r in map(json.loads, open(f"{tmp}/{name}.jsonl"))
@@ -92,10 +88,10 @@ def runs(tmp, steps, every, pairs):
     warn = []
     for p in range(1, pairs + 1):
         wb, wc = walls(f"base{p}"), walls(f"ckpt{p}")
-        st, step_c = stalls(wc)
-        pl, step_b = stalls(wb)
+        st, excess, step_c = stalls(wc)
+        pl, _, step_b = stalls(wb)
         within += st
-        for k, e in enumerate(excess(wc)):
+        for k, e in enumerate(excess):
             by_step[k] += e
         placebo += pl
         steps_ms += [step_b, step_c]
