@@ -49,8 +49,13 @@ int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, bool overwr
     if (d->fd < 0 && (!want_direct || errno == EINVAL))
         d->fd = open(path, flags, 0644); /* EINVAL: this file system refuses O_DIRECT */
     if (d->fd < 0) return io_err(d, "cannot create", 0, ei);
-    struct stat st;
-    if (overwrite && fstat(d->fd, &st) == 0) d->old_size = (uint64_t)st.st_size;
+    struct stat st; /* overwrite: without the old size a longer old tail would survive close */
+    if (overwrite && fstat(d->fd, &st) < 0) {
+        int rc = io_err(d, "fstat", 0, ei);
+        close(d->fd);
+        return rc;
+    }
+    if (overwrite) d->old_size = (uint64_t)st.st_size;
     if (opened_direct) {
         dio_align(d->fd, &d->align, &d->mem_align);
         /* the bounce buffer must hold whole aligned blocks; a stranger device is written
