@@ -10,6 +10,7 @@
 """
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -54,6 +55,8 @@ def stall_rows(within, placebo, step, label):
     print(f"| within runs: 95% confidence interval of the median | {ci[0]:+.0f} .. {ci[1]:+.0f} "
           f"ms | {pct(ci[0])} .. {pct(ci[1])} |")
     mean_row("**within runs: mean** (95% interval)", *mean_ci(within))
+    if not placebo:
+        return
     quartile_row(f"placebo: the same formula on the runs without saves ({len(placebo)}), 25% / "
                  "median / 75%", placebo)
     mean_row("placebo: mean (95% interval)", *mean_ci(placebo))
@@ -66,16 +69,23 @@ def runs(tmp, steps, every, pairs):
         return {r["step"]: r["wall_ms"] for r in map(json.loads, open(f"{tmp}/{name}.jsonl"))
                 if "wall_ms" in r}
 
+    # checkpoint_stall.sh writes bench.json; runs kept before it existed used these values
+    cfg = {"micro_batch": 4, "seq_len": 64, "touched": 3, "placebo": True}
+    if os.path.exists(f"{tmp}/bench.json"):
+        cfg.update(json.load(open(f"{tmp}/bench.json")))
+    touched = cfg["touched"]
     saves = [s for s in range(1, steps) if s % every == 0]          # inside the whole-run window
-    probe = [s for s in saves if s - 2 >= 2 and s + 4 <= steps]     # with clean neighbours
-    clean_steps = [i for i in range(2, steps + 1) if all(not (s <= i <= s + 2) for s in saves)]
-    if every < 5 or not probe:
-        sys.exit("the within-run measure needs EVERY >= 5 and STEPS >= EVERY + 6")
+    probe = [s for s in saves if s - 2 >= 2 and s + touched + 1 <= steps]  # with clean neighbours
+    clean_steps = [i for i in range(2, steps + 1)
+                   if all(not (s <= i < s + touched) for s in saves)]
+    if touched < 1 or every < touched + 2 or not probe:
+        sys.exit(f"the within-run measure needs EVERY >= TOUCHED + 2 = {touched + 2} and STEPS "
+                 f">= EVERY + TOUCHED + 3")
 
-    def stalls(w):  # per save, the stall and its three touched steps' excesses
+    def stalls(w):  # per save, the stall and its touched steps' excesses
         d = {i: w[i] - w[i - 1] for i in range(2, steps + 1)}
-        excess = [[d[s + k] - (d[s - 2] + d[s - 1] + d[s + 3] + d[s + 4]) / 4 for s in probe]
-                  for k in range(3)]
+        clean = {s: (d[s - 2] + d[s - 1] + d[s + touched] + d[s + touched + 1]) / 4 for s in probe}
+        excess = [[d[s + k] - clean[s] for s in probe] for k in range(touched)]
         return [sum(e) for e in zip(*excess)], excess, statistics.median(d[i] for i in clean_steps)
 
     def optim_ms(name):  # the update's time: steps whose save is planned (CRC32C) / the others
@@ -84,46 +94,56 @@ def runs(tmp, steps, every, pairs):
         return [v for s, v in r.items() if s in saves], [v for s, v in r.items() if s not in saves]
 
     within, placebo, steps_ms, whole, upd_crc, upd = [], [], [], [], [], []
-    by_step = [[], [], []]
+    by_step = [[] for _ in range(touched)]
     warn = []
     for p in range(1, pairs + 1):
-        wb, wc = walls(f"base{p}"), walls(f"ckpt{p}")
+        wc = walls(f"ckpt{p}")
         st, excess, step_c = stalls(wc)
-        pl, _, step_b = stalls(wb)
         within += st
         for k, e in enumerate(excess):
             by_step[k] += e
-        placebo += pl
-        steps_ms += [step_b, step_c]
+        steps_ms.append(step_c)
         a, b = optim_ms(f"ckpt{p}")
         upd_crc += a
         upd += b
-        b, c = wb[steps] - wb[1], wc[steps] - wc[1]
-        whole.append((p, b, c, b / (steps - 1), (c - b) / len(saves)))
-        # every probed save must be committed before step s+2 ended
+        if cfg["placebo"]:
+            wb = walls(f"base{p}")
+            pl, _, step_b = stalls(wb)
+            placebo += pl
+            steps_ms.append(step_b)
+            b, c = wb[steps] - wb[1], wc[steps] - wc[1]
+            whole.append((p, b, c, b / (steps - 1), (c - b) / len(saves)))
+        # every probed save must be committed before its last touched step ended
         log = open(f"{tmp}/ckpt{p}.log").read()
         for s in probe:
+            last = s + touched - 1
             mc = re.search(rf"checkpoint step {s}: [\d.]+ MB in .*committed", log)
-            i_end = log.find(f"step {s + 2:5d}/")
+            i_end = log.find(f"step {last:5d}/")
             if not mc or i_end < 0 or mc.start() > i_end:
-                warn.append(f"pair {p}: the save of step {s} was not committed before step "
-                            f"{s + 2} ended")
+                warn.append(f"run {p}: the save of step {s} was not committed before step "
+                            f"{last} ended")
     step = statistics.median(steps_ms)
-    print(f"GPT-2 124M, B=4, T=64, {steps} steps, checkpoint.every={every} (CPU, fp32, ddp-worker "
-          f"default threads), {pairs} pair(s) of runs without/with saves, alternating")
+    runs_desc = (f"{pairs} pair(s) of runs without/with saves, alternating" if cfg["placebo"]
+                 else f"{pairs} run(s) with saves (PLACEBO=0: no runs without)")
+    print(f"GPT-2 124M, B={cfg['micro_batch']}, T={cfg['seq_len']}, {steps} steps, "
+          f"checkpoint.every={every}, {touched} steps touched per save (CPU, fp32, ddp-worker "
+          f"default threads), {runs_desc}")
     print()
     print(f"| measure | per save | % of a step (median clean step "
           f"{step:.0f} ms) |")
     print("|---|---|---|")
     stall_rows(within, placebo, step, f"steps beside a save vs clean neighbours ({len(within)} "
                f"saves: steps {probe[0]}..{probe[-1]} x {pairs})")
-    q = quart([w[4] for w in whole])
-    print(f"| whole runs: (window with saves - without) / {len(saves)} saves, {pairs} pair(s) | "
-          + ", ".join(f"{w[4]:+.0f}" for w in whole) + f" ms (median {q[1]:+.0f}) | "
-          + ", ".join(f"{100*w[4]/w[3]:+.1f}%" for w in whole) + " |")
-    print()
-    print("whole-run windows (end of step 1 to end of step %d), without / with saves: " % steps
-          + "; ".join(f"pair {w[0]}: {w[1]:.0f} / {w[2]:.0f} ms" for w in whole))
+    if whole:
+        q = quart([w[4] for w in whole])
+        print(f"| whole runs: (window with saves - without) / {len(saves)} saves, {pairs} pair(s) "
+              "| " + ", ".join(f"{w[4]:+.0f}" for w in whole) + f" ms (median {q[1]:+.0f}) | "
+              + ", ".join(f"{100*w[4]/w[3]:+.1f}%" for w in whole) + " |")
+        print()
+        print("whole-run windows (end of step 1 to end of step %d), without / with saves: " % steps
+              + "; ".join(f"pair {w[0]}: {w[1]:.0f} / {w[2]:.0f} ms" for w in whole))
+    else:
+        print()
     for w in warn:
         print("WARNING: " + w)
     log = open(f"{tmp}/ckpt{pairs}.log").read()
@@ -153,30 +173,35 @@ def runs(tmp, steps, every, pairs):
     print(f"writer thread CPU per save (median): {statistics.median(cpu):.0f} ms (its io_uring "
           f"workers and the I/O interrupts are in the CPU time of the saver alone, below)")
     print(f"{SAVES_LINE} {' '.join(f'{v:.0f}' for v in within)}")
-    print(f"{PLACEBO_LINE} {' '.join(f'{v:.0f}' for v in placebo)}")
+    if placebo:
+        print(f"{PLACEBO_LINE} {' '.join(f'{v:.0f}' for v in placebo)}")
 
 
 SAVES_LINE = "every save's stall, ms (to pool invocations):"
 PLACEBO_LINE = "every placebo value, ms:"
 STEP_RE = re.compile(r"median clean step (\d+) ms")
+SHAPE_RE = re.compile(r"GPT-2 124M, (B=\d+, T=\d+)")
 
 
 def pool(outputs):
-    within, placebo, steps = [], [], []
+    within, placebo, steps, shapes = [], [], [], set()
     for path in outputs:
         text = open(path).read()
+        shapes.update(SHAPE_RE.findall(text))
         found = {}
         for line in text.splitlines():
             for key in (SAVES_LINE, PLACEBO_LINE):  # the first analysis (RECYCLE_AB adds one)
                 if line.startswith(key) and key not in found:
                     found[key] = [float(v) for v in line[len(key):].split()]
         m = STEP_RE.search(text)
-        if len(found) < 2 or not m:
+        if SAVES_LINE not in found or not m:
             sys.exit(f"{path}: no per-save values (an output of checkpoint_stall.sh from "
                      f"before they were printed?)")
         within += found[SAVES_LINE]
-        placebo += found[PLACEBO_LINE]
+        placebo += found.get(PLACEBO_LINE, [])  # none with PLACEBO=0
         steps.append(float(m.group(1)))
+    if len(shapes) > 1:  # their steps differ in length, and a save's share of them
+        sys.exit("pool: these invocations ran different batch shapes: " + ", ".join(shapes))
     step = statistics.median(steps)
     print(f"pooled: {len(outputs)} invocation(s) of checkpoint_stall.sh: " + ", ".join(outputs))
     print()

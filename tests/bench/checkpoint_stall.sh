@@ -42,16 +42,25 @@
 # temporary directory is removed, so `checkpoint_stall.py runs DIR STEPS EVERY PAIRS` can analyse
 # them again later.
 #
+# Other shapes: MICRO_BATCH and SEQ_LEN (default 4 and 64) set the job's batch. TOUCHED (default
+# 3) is how many steps from s on the within-run measure counts as the save's; it needs EVERY >=
+# TOUCHED + 2. Where steps are long enough for the writer to finish beside step s+1 (T=1024),
+# TOUCHED=2 with EVERY=4 measures more saves per minute; the script still checks that each
+# probed save was committed before its last touched step ended. PLACEBO=0 skips the runs without
+# saves (no placebo, no whole-run rows), so every run probes saves.
+#
 # Time on 2 cores: about 10 minutes with the defaults (6 runs of 52 steps at ~1.7 s, 27 saves
 # probed, then the throughput benchmark); half as long again with RECYCLE_AB=1.
 set -euo pipefail
 build=${1:-build} steps=${2:-52} every=${3:-5} pairs=${4:-3}
+micro_batch=${MICRO_BATCH:-4} seq_len=${SEQ_LEN:-64} touched=${TOUCHED:-3} placebo=${PLACEBO:-1}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 worker=$here/$build/worker/ddp-worker prep=$here/$build/worker/ddp-prep
 bench=$here/$build/tests/unit/checkpoint/bench_checkpoint
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-ckpt-stall.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-echo "command: $0 $build $steps $every $pairs; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset};" \
+echo "command: MICRO_BATCH=$micro_batch SEQ_LEN=$seq_len TOUCHED=$touched PLACEBO=$placebo" \
+     "$0 $build $steps $every $pairs; OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset};" \
      "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 python3 -c "
 import random
@@ -63,10 +72,19 @@ cat >"$tmp/job.yaml" <<YAML
 name: ckpt-stall
 model: {preset: gpt2-124M}
 data: {train: $tmp/data/train_*.bin}
-train: {steps: $steps, micro_batch: 4, seq_len: 64, lr: 3e-4, warmup: 1, seed: 1, sample_tokens: 0}
+train: {steps: $steps, micro_batch: $micro_batch, seq_len: $seq_len, lr: 3e-4, warmup: 1, seed: 1,
+        sample_tokens: 0}
 YAML
+placebo_json=$([ "$placebo" = 1 ] && echo true || echo false)
+echo "{\"micro_batch\": $micro_batch, \"seq_len\": $seq_len, \"touched\": $touched," \
+     "\"placebo\": $placebo_json}" >"$tmp/bench.json"
 ab=${RECYCLE_AB:-0}
-if [ "$ab" = 1 ]; then mkdir "$tmp/norecycle"; fi
+if [ "$ab" = 1 ]; then
+    [ "$placebo" = 1 ] || { echo "RECYCLE_AB=1 compares against the runs without saves:" \
+                                 "it needs PLACEBO=1" >&2; exit 2; }
+    mkdir "$tmp/norecycle"
+    cp "$tmp/bench.json" "$tmp/norecycle/"
+fi
 ckpt_run() { # OUT [VAR=VALUE...]: a run with saves; its metrics and log go to OUT/ckpt$p.*
     local out=$1
     shift
@@ -76,8 +94,10 @@ ckpt_run() { # OUT [VAR=VALUE...]: a run with saves; its metrics and log go to O
     mv "$tmp/metrics.jsonl" "$out/ckpt$p.jsonl"
 }
 for p in $(seq 1 "$pairs"); do
-    "$worker" "$tmp/job.yaml" --run-dir "$tmp" >"$tmp/base$p.log" 2>&1
-    mv "$tmp/metrics.jsonl" "$tmp/base$p.jsonl"
+    if [ "$placebo" = 1 ]; then
+        "$worker" "$tmp/job.yaml" --run-dir "$tmp" >"$tmp/base$p.log" 2>&1
+        mv "$tmp/metrics.jsonl" "$tmp/base$p.jsonl"
+    fi
     if [ "$ab" = 1 ]; then
         ln -s "$tmp/base$p.jsonl" "$tmp/norecycle/base$p.jsonl"
         [ $((p % 2)) = 1 ] || ckpt_run "$tmp/norecycle" DDP_CKPT_RECYCLE=0
@@ -87,7 +107,7 @@ for p in $(seq 1 "$pairs"); do
 done
 if [ -n "${KEEP_RUNS:-}" ]; then
     mkdir -p "$KEEP_RUNS"
-    cp "$tmp"/*.jsonl "$tmp"/*.log "$KEEP_RUNS"/
+    cp "$tmp"/*.jsonl "$tmp"/*.log "$tmp/bench.json" "$KEEP_RUNS"/
     if [ "$ab" = 1 ]; then cp -rL "$tmp/norecycle" "$KEEP_RUNS"/; fi
 fi
 python3 "$here/tests/bench/checkpoint_stall.py" runs "$tmp" "$steps" "$every" "$pairs"
