@@ -54,6 +54,11 @@
 set -euo pipefail
 build=${1:-build} steps=${2:-52} every=${3:-5} pairs=${4:-3}
 micro_batch=${MICRO_BATCH:-4} seq_len=${SEQ_LEN:-64} touched=${TOUCHED:-3} placebo=${PLACEBO:-1}
+ab=${RECYCLE_AB:-0}
+if [ "$ab" = 1 ] && [ "$placebo" != 1 ]; then
+    echo "RECYCLE_AB=1 compares against the runs without saves: it needs PLACEBO=1" >&2
+    exit 2
+fi
 here=$(cd "$(dirname "$0")/../.." && pwd)
 worker=$here/$build/worker/ddp-worker prep=$here/$build/worker/ddp-prep
 bench=$here/$build/tests/unit/checkpoint/bench_checkpoint
@@ -78,10 +83,7 @@ YAML
 placebo_json=$([ "$placebo" = 1 ] && echo true || echo false)
 echo "{\"micro_batch\": $micro_batch, \"seq_len\": $seq_len, \"touched\": $touched," \
      "\"placebo\": $placebo_json}" >"$tmp/bench.json"
-ab=${RECYCLE_AB:-0}
 if [ "$ab" = 1 ]; then
-    [ "$placebo" = 1 ] || { echo "RECYCLE_AB=1 compares against the runs without saves:" \
-                                 "it needs PLACEBO=1" >&2; exit 2; }
     mkdir "$tmp/norecycle"
     cp "$tmp/bench.json" "$tmp/norecycle/"
 fi
