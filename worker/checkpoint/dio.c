@@ -53,6 +53,7 @@ int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, bool overwr
     if (overwrite && fstat(d->fd, &st) < 0) {
         int rc = io_err(d, "fstat", 0, ei);
         close(d->fd);
+        d->fd = -1;
         return rc;
     }
     if (overwrite) d->old_size = (uint64_t)st.st_size;
@@ -65,6 +66,7 @@ int ddp__dio_open(ddp__dio_t *d, const char *path, bool want_direct, bool overwr
         if (d->direct) d->bounce = ddp_aligned_alloc(4096, DDP__DIO_BOUNCE);
         if (d->direct && !d->bounce) {
             close(d->fd);
+            d->fd = -1;
             return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", path);
         }
         if (!d->direct) (void)fcntl(d->fd, F_SETFL, fcntl(d->fd, F_GETFL) & ~O_DIRECT);
