@@ -17,6 +17,7 @@
 
 #include "collectives/coll_impl.h"
 #include "collectives/net.h"
+#include "common/host.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -244,8 +245,7 @@ static int join_root(tcp_bs_t *t, const char *host, int port, int64_t deadline,
     return 0;
 }
 
-/* Computes local_rank from everyone's host id. */
-static int learn_hosts(ddp_coll_bootstrap_t *b, int64_t deadline, ddp_errinfo_t *ei)
+int ddp__bootstrap_learn_hosts(ddp_coll_bootstrap_t *b, int64_t deadline, ddp_errinfo_t *ei)
 {
     size_t n = (size_t)b->size;
     char *ids = ddp_malloc(n * sizeof b->host_id);
@@ -287,7 +287,7 @@ int ddp_coll_bootstrap_tcp(const ddp_coll_rdzv_cfg_t *cfg, ddp_coll_bootstrap_t 
     b->size = cfg->size;
     b->generation = cfg->generation;
     snprintf(b->token, sizeof b->token, "%s", cfg->token);
-    ddp__net_host_id(b->host_id, sizeof b->host_id);
+    ddp_host_id(b->host_id, sizeof b->host_id);
     b->local_rank = cfg->rank;
     int64_t deadline = ddp_now_ns() + (int64_t)((cfg->timeout_s > 0 ? cfg->timeout_s : 60) * 1e9);
     int rc = 0;
@@ -308,7 +308,7 @@ int ddp_coll_bootstrap_tcp(const ddp_coll_rdzv_cfg_t *cfg, ddp_coll_bootstrap_t 
     } else {
         rc = join_root(t, host, port, deadline, ei);
     }
-    if (rc == 0 && cfg->size > 1) rc = learn_hosts(b, deadline, ei);
+    if (rc == 0 && cfg->size > 1) rc = ddp__bootstrap_learn_hosts(b, deadline, ei);
     if (rc < 0) {
         tcp_free(b);
         return rc;
@@ -377,7 +377,7 @@ int ddp_coll_bootstrap_single(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei)
     const char *tok = getenv("DDP_JOB_TOKEN");
     snprintf(b->token, sizeof b->token, "%s", tok && *tok ? tok : "single");
     snprintf(b->data_host, sizeof b->data_host, "127.0.0.1");
-    ddp__net_host_id(b->host_id, sizeof b->host_id);
+    ddp_host_id(b->host_id, sizeof b->host_id);
     *out = b;
     return 0;
 }

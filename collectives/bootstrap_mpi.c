@@ -8,6 +8,7 @@
 
 #include "collectives/coll_impl.h"
 #include "collectives/net.h"
+#include "common/host.h"
 #include "common/alloc.h"
 #include "common/log.h"
 
@@ -73,7 +74,7 @@ int ddp_coll_bootstrap_mpi(ddp_coll_bootstrap_t **out, ddp_errinfo_t *ei)
     int leader = b->local_rank == 0 ? b->rank : 0;
     MPI_Bcast(&leader, 1, MPI_INT, 0, local);
     MPI_Comm_free(&local);
-    ddp__net_host_id(b->host_id, sizeof b->host_id);
+    ddp_host_id(b->host_id, sizeof b->host_id);
     /* keep the netns/boot part but make the split authoritative */
     size_t hl = strlen(b->host_id);
     snprintf(b->host_id + hl, sizeof b->host_id - hl, "/mpi%d", leader);

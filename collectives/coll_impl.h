@@ -89,6 +89,8 @@ void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, cons
                            const ddp_coll_opts_t *opts);
 /* Allocates a zeroed communicator with its mutex/condvar; NULL on ENOMEM. */
 ddp_coll_t *ddp__coll_alloc(void);
+/* Sets b->local_rank from every rank's host id (one allgather through b). */
+int ddp__bootstrap_learn_hosts(ddp_coll_bootstrap_t *b, int64_t deadline, ddp_errinfo_t *ei);
 
 /* ---- engine: the communication thread of the CPU backends ---------------------------------- */
 

@@ -228,21 +228,6 @@ int ddp__net_local_host(int fd, char *host, size_t len)
     return 0;
 }
 
-void ddp__net_host_id(char *out, size_t len)
-{
-    char boot[64] = "noboot", hn[64] = "nohost", ns[64] = "nonet";
-    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
-    if (f) {
-        if (fgets(boot, sizeof boot, f)) boot[strcspn(boot, "\n")] = 0;
-        fclose(f);
-    }
-    gethostname(hn, sizeof hn - 1);
-    hn[sizeof hn - 1] = 0;
-    ssize_t n = readlink("/proc/self/ns/net", ns, sizeof ns - 1);
-    if (n > 0) ns[n] = 0;
-    snprintf(out, len, "%s/%s/%s", boot, hn, ns);
-}
-
 int ddp__net_token_eq(const char *a, const char *b, size_t n)
 {
     unsigned char d = 0;

@@ -1,5 +1,5 @@
 /* Socket helpers of the collectives: address parsing, listeners, connects and exact-length
- * transfers with absolute deadlines, host identity.
+ * transfers with absolute deadlines (host identity: common/host.h).
  *
  * All descriptors are close-on-exec. Functions return 0 or a negative code (-errno,
  * DDP_ETIMEDOUT, DDP_ECLOSED when the peer closed). Any thread.
@@ -26,9 +26,6 @@ int ddp__net_send_all(int fd, const void *buf, size_t len, int64_t deadline_ns);
 int ddp__net_recv_all(int fd, void *buf, size_t len, int64_t deadline_ns);
 /* Numeric local address of a connected socket ("10.0.0.2"). */
 int ddp__net_local_host(int fd, char *host, size_t len);
-/* Boot id + hostname + network namespace: processes with equal ids can share memory and reach
- * each other's abstract Unix sockets. */
-void ddp__net_host_id(char *out, size_t len);
 /* Constant-time comparison of two NUL-terminated strings of at most n bytes: 1 equal. */
 int ddp__net_token_eq(const char *a, const char *b, size_t n);
 /* Sets O_NONBLOCK on or off. */

@@ -1,0 +1,423 @@
+/* The worker's connection to an elastic job's coordinator (see elastic.h and elastic_proto.h).
+ *
+ * The socket stays blocking; the connection's thread polls it with a timeout of one heartbeat
+ * period, so it both reads promptly and heartbeats on time. Writes from the caller's thread
+ * (join, allgather, done) and the connection's thread (heartbeats) are serialised by send_mu.
+ * Everything the connection's thread learns is published under mu and signalled on cv.
+ */
+#include "collectives/elastic.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "collectives/coll_impl.h"
+#include "collectives/elastic_proto.h"
+#include "collectives/net.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/host.h"
+#include "common/log.h"
+
+struct ddp_elastic {
+    int fd;
+    int hint;
+    char token[128];
+    char host_id[160];
+    char data_host[64];
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t send_mu;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* under mu */
+    int stop;
+    long step;
+    uint64_t cur_gen;     /* the generation this worker is in (0: none) */
+    ddp_coll_t *watched;
+    json_t *gen_msg;      /* a "gen" not yet taken by join */
+    json_t *ag_msg;       /* an "ag" result not yet taken */
+    int regroup;          /* the current generation ends at the next boundary (or has ended) */
+    int lost;             /* the job is over for this worker */
+    char lost_why[512];
+};
+
+typedef struct {
+    ddp_coll_bootstrap_t pub;
+    ddp_elastic_t *e;
+} elastic_bs_t;
+
+/* Sends msg (consumed) as one line. */
+static int send_msg(ddp_elastic_t *e, json_t *msg)
+{
+    char *s = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+    json_decref(msg);
+    if (!s) return DDP_ENOMEM;
+    size_t n = strlen(s);
+    s[n] = '\n';
+    pthread_mutex_lock(&e->send_mu);
+    int rc = ddp__net_send_all(e->fd, s, n + 1, ddp_now_ns() + 10000000000LL);
+    pthread_mutex_unlock(&e->send_mu);
+    free(s);
+    return rc;
+}
+
+/* Caller holds mu. The watched communicator fails at once with why. */
+static void abort_watched(ddp_elastic_t *e, int rc, const char *why)
+{
+    if (e->watched) ddp_coll_abort(e->watched, rc, why);
+}
+
+static void set_lost(ddp_elastic_t *e, const char *why)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->lost) {
+        e->lost = 1;
+        snprintf(e->lost_why, sizeof e->lost_why, "%s", why);
+    }
+    e->regroup = 1;
+    abort_watched(e, DDP_EABORTED, why);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void on_message(ddp_elastic_t *e, json_t *m)
+{
+    const char *t = json_string_value(json_object_get(m, "t"));
+    uint64_t g = (uint64_t)json_integer_value(json_object_get(m, "gen"));
+    const char *why = json_string_value(json_object_get(m, "why"));
+    char buf[512];
+    if (!t) return;
+    pthread_mutex_lock(&e->mu);
+    if (!strcmp(t, "gen")) {
+        json_decref(e->gen_msg);
+        e->gen_msg = json_incref(m);
+    } else if (!strcmp(t, "ag")) {
+        if (g == e->cur_gen) {
+            json_decref(e->ag_msg);
+            e->ag_msg = json_incref(m);
+        }
+    } else if (!strcmp(t, "reform")) {
+        if (g == e->cur_gen) {
+            e->regroup = 1;
+            snprintf(buf, sizeof buf, "generation %llu ended by the coordinator: %s",
+                     (unsigned long long)g, why ? why : "?");
+            abort_watched(e, DDP_EABORTED, buf);
+        }
+    } else if (!strcmp(t, "regroup")) {
+        if (g == e->cur_gen) e->regroup = 1;
+    } else if (!strcmp(t, "exit")) {
+        snprintf(buf, sizeof buf, "the coordinator ended this worker's part in the job: %s",
+                 why ? why : "?");
+        pthread_mutex_unlock(&e->mu);
+        set_lost(e, buf);
+        return;
+    }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *conn_main(void *arg)
+{
+    ddp_elastic_t *e = arg;
+    char *line = NULL;
+    size_t len = 0, cap = 0;
+    char buf[65536];
+    int64_t next_hb = 0;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        int stop = e->stop;
+        long step = e->step;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        int64_t now = ddp_now_ns();
+        if (now >= next_hb) {
+            if (send_msg(e, json_pack("{s:s, s:I}", "t", "hb", "step", (json_int_t)step)) < 0) {
+                set_lost(e, "lost the connection to the coordinator (heartbeat failed)");
+                break;
+            }
+            next_hb = now + DDP_ELASTIC_HB_MS * 1000000LL;
+        }
+        struct pollfd p = {.fd = e->fd, .events = POLLIN};
+        int pr = poll(&p, 1, DDP_ELASTIC_HB_MS);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) continue;
+        ssize_t n = read(e->fd, buf, sizeof buf);
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n <= 0) {
+            pthread_mutex_lock(&e->mu);
+            stop = e->stop;
+            pthread_mutex_unlock(&e->mu);
+            if (!stop) set_lost(e, "lost the connection to the coordinator");
+            break;
+        }
+        for (ssize_t i = 0; i < n; i++) {
+            if (buf[i] != '\n') {
+                if (len + 1 > cap) {
+                    size_t nc = cap ? cap * 2 : 4096;
+                    char *nl = nc <= DDP_ELASTIC_MAX_LINE * 2 ? ddp_realloc(line, nc) : NULL;
+                    if (!nl) {
+                        set_lost(e, "the coordinator sent a line that is too long");
+                        goto out;
+                    }
+                    line = nl;
+                    cap = nc;
+                }
+                line[len++] = buf[i];
+                continue;
+            }
+            json_t *m = json_loadb(line ? line : "", len, 0, NULL);
+            len = 0;
+            if (json_is_object(m)) on_message(e, m);
+            json_decref(m);
+        }
+    }
+out:
+    free(line);
+    return NULL;
+}
+
+int ddp_elastic_connect(const char *addr, const char *token, int hint, double timeout_s,
+                        ddp_elastic_t **out, ddp_errinfo_t *ei)
+{
+    char host[256];
+    int port = 0;
+    if (!addr || ddp__net_parse(addr, host, sizeof host, &port) < 0)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "coordinator address '%s' is not host:port",
+                               addr ? addr : "(null)");
+    if (!token || !*token || strlen(token) >= 128)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "elastic: a job token (< 128 bytes) is needed");
+    ddp_elastic_t *e = ddp_calloc(1, sizeof *e);
+    if (!e) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    e->hint = hint;
+    e->step = -1;
+    snprintf(e->token, sizeof e->token, "%s", token);
+    ddp_host_id(e->host_id, sizeof e->host_id);
+    int64_t deadline = ddp_now_ns() + (int64_t)((timeout_s > 0 ? timeout_s : 60) * 1e9);
+    e->fd = ddp__net_connect(host, port, deadline);
+    if (e->fd < 0) {
+        int rc = e->fd;
+        free(e);
+        return ddp_errinfo_set(ei, rc == DDP_ETIMEDOUT ? rc : DDP_EPEER,
+                               "elastic: cannot reach the coordinator at %s (%s)", addr,
+                               ddp_strerror(rc));
+    }
+    ddp__net_nonblock(e->fd, 0);
+    ddp__net_local_host(e->fd, e->data_host, sizeof e->data_host);
+    pthread_mutex_init(&e->send_mu, NULL);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (pthread_create(&e->thread, NULL, conn_main, e) != 0) {
+        ddp_elastic_free(e);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "elastic: cannot start the connection's thread");
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+}
+
+/* Waits under mu until *slot holds a message, the job is lost, or the deadline passes.
+ * Returns the message (owned by the caller) or NULL with rc set. */
+static json_t *take(ddp_elastic_t *e, json_t **slot, int64_t deadline, int *rc)
+{
+    json_t *m = NULL;
+    *rc = 0;
+    while (!*slot && !e->lost) {
+        struct timespec ts = {.tv_sec = deadline / 1000000000LL, .tv_nsec = deadline % 1000000000LL};
+        int w = pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+        if (w == ETIMEDOUT && !*slot) {
+            *rc = DDP_ETIMEDOUT;
+            return NULL;
+        }
+    }
+    if (*slot) {
+        m = *slot;
+        *slot = NULL;
+    } else {
+        *rc = DDP_EABORTED;
+    }
+    return m;
+}
+
+static int hexval(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    return -1;
+}
+
+static int elastic_allgather(ddp_coll_bootstrap_t *b, const void *mine, size_t len, void *all,
+                             int64_t deadline_ns, ddp_errinfo_t *ei)
+{
+    ddp_elastic_t *e = ((elastic_bs_t *)b)->e;
+    if (!deadline_ns) deadline_ns = ddp_now_ns() + 60000000000LL;
+    char *hex = ddp_malloc(2 * len + 1);
+    if (!hex) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    for (size_t i = 0; i < len; i++) sprintf(hex + 2 * i, "%02x", ((const unsigned char *)mine)[i]);
+    hex[2 * len] = 0;
+    int rc = send_msg(e, json_pack("{s:s, s:I, s:s}", "t", "ag", "gen", (json_int_t)b->generation,
+                                   "data", hex));
+    free(hex);
+    if (rc < 0) return ddp_errinfo_set(ei, DDP_EPEER, "elastic allgather: coordinator gone");
+    pthread_mutex_lock(&e->mu);
+    json_t *m = NULL;
+    while (!e->regroup && !(m = take(e, &e->ag_msg, deadline_ns, &rc)) && rc == 0) {
+    }
+    if (e->regroup && !m) rc = DDP_EABORTED;
+    const char *why = e->lost ? e->lost_why : "the generation ended while it formed";
+    pthread_mutex_unlock(&e->mu);
+    if (!m)
+        return ddp_errinfo_set(ei, rc, "elastic allgather of generation %llu: %s",
+                               (unsigned long long)b->generation,
+                               rc == DDP_ETIMEDOUT ? "deadline expired" : why);
+    json_t *arr = json_object_get(m, "all");
+    rc = json_is_array(arr) && json_array_size(arr) == (size_t)b->size ? 0 : DDP_EPROTO;
+    for (int r = 0; rc == 0 && r < b->size; r++) {
+        const char *s = json_string_value(json_array_get(arr, (size_t)r));
+        if (!s || strlen(s) != 2 * len) {
+            rc = DDP_EPROTO;
+            break;
+        }
+        unsigned char *dst = (unsigned char *)all + (size_t)r * len;
+        for (size_t i = 0; i < len; i++) {
+            int hi = hexval(s[2 * i]), lo = hexval(s[2 * i + 1]);
+            if (hi < 0 || lo < 0) {
+                rc = DDP_EPROTO;
+                break;
+            }
+            dst[i] = (unsigned char)(hi << 4 | lo);
+        }
+    }
+    json_decref(m);
+    if (rc) return ddp_errinfo_set(ei, rc, "elastic allgather: malformed answer");
+    return 0;
+}
+
+static void elastic_bs_free(ddp_coll_bootstrap_t *b) { free(b); }
+
+static const ddp_coll_bootstrap_ops_t elastic_bs_ops = {
+    .name = "elastic",
+    .allgather = elastic_allgather,
+    .free = elastic_bs_free,
+};
+
+int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
+                     ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
+{
+    pthread_mutex_lock(&e->mu);
+    e->step = step;
+    e->cur_gen = 0;
+    e->regroup = 0;
+    json_decref(e->ag_msg);
+    e->ag_msg = NULL;
+    int lost = e->lost;
+    pthread_mutex_unlock(&e->mu);
+    if (lost) return ddp_errinfo_set(ei, DDP_EABORTED, "%s", e->lost_why);
+    int rc = send_msg(e, json_pack("{s:s, s:s, s:I, s:s, s:i, s:I}", "t", "join", "token", e->token,
+                                   "pid", (json_int_t)getpid(), "host_id", e->host_id, "hint",
+                                   e->hint, "step", (json_int_t)step));
+    if (rc < 0) {
+        set_lost(e, "lost the connection to the coordinator");
+        return ddp_errinfo_set(ei, DDP_EPEER, "elastic: cannot reach the coordinator");
+    }
+    pthread_mutex_lock(&e->mu);
+    json_t *m = take(e, &e->gen_msg, INT64_MAX / 2, &rc);
+    if (m) {
+        e->cur_gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
+        e->regroup = 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!m) return ddp_errinfo_set(ei, DDP_EABORTED, "%s", e->lost_why);
+    memset(gen, 0, sizeof *gen);
+    gen->gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
+    gen->rank = (int)json_integer_value(json_object_get(m, "rank"));
+    gen->size = (int)json_integer_value(json_object_get(m, "size"));
+    gen->source = (int)json_integer_value(json_object_get(m, "source"));
+    gen->sync = json_is_true(json_object_get(m, "sync"));
+    gen->step = (long)json_integer_value(json_object_get(m, "step"));
+    const char *why = json_string_value(json_object_get(m, "why"));
+    snprintf(gen->why, sizeof gen->why, "%s", why ? why : "");
+    json_decref(m);
+    if (gen->size < 1 || gen->rank < 0 || gen->rank >= gen->size || gen->source < 0 ||
+        gen->source >= gen->size)
+        return ddp_errinfo_set(ei, DDP_EPROTO, "elastic: the coordinator sent a bad generation");
+    elastic_bs_t *b = ddp_calloc(1, sizeof *b);
+    if (!b) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    b->e = e;
+    b->pub.ops = &elastic_bs_ops;
+    b->pub.rank = gen->rank;
+    b->pub.size = gen->size;
+    b->pub.generation = gen->gen;
+    snprintf(b->pub.token, sizeof b->pub.token, "%s", e->token);
+    snprintf(b->pub.data_host, sizeof b->pub.data_host, "%s", e->data_host);
+    snprintf(b->pub.host_id, sizeof b->pub.host_id, "%s", e->host_id);
+    b->pub.local_rank = gen->rank;
+    rc = gen->size > 1 ? ddp__bootstrap_learn_hosts(&b->pub, 0, ei) : 0;
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    *bs = &b->pub;
+    return 0;
+}
+
+void ddp_elastic_watch(ddp_elastic_t *e, ddp_coll_t *comm)
+{
+    pthread_mutex_lock(&e->mu);
+    e->watched = comm;
+    if (comm && e->regroup) ddp_coll_abort(comm, DDP_EABORTED, "the generation already ended");
+    pthread_mutex_unlock(&e->mu);
+}
+
+void ddp_elastic_set_step(ddp_elastic_t *e, long step)
+{
+    pthread_mutex_lock(&e->mu);
+    e->step = step;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int ddp_elastic_regroup_wanted(ddp_elastic_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int r = e->regroup;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+int ddp_elastic_lost(ddp_elastic_t *e, const char **why)
+{
+    pthread_mutex_lock(&e->mu);
+    int r = e->lost;
+    pthread_mutex_unlock(&e->mu);
+    if (why) *why = e->lost_why;
+    return r;
+}
+
+int ddp_elastic_done(ddp_elastic_t *e, long step)
+{
+    return send_msg(e, json_pack("{s:s, s:I}", "t", "done", "step", (json_int_t)step));
+}
+
+void ddp_elastic_free(ddp_elastic_t *e)
+{
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_mutex_unlock(&e->mu);
+        shutdown(e->fd, SHUT_RDWR);
+        pthread_join(e->thread, NULL);
+    }
+    if (e->fd >= 0) close(e->fd);
+    json_decref(e->gen_msg);
+    json_decref(e->ag_msg);
+    pthread_mutex_destroy(&e->send_mu);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}

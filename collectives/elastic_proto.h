@@ -1,0 +1,39 @@
+/* The elastic rendezvous protocol: what a worker (collectives/bootstrap_elastic.c) and the job's
+ * coordinator (daemon/coord.c) say to each other. One JSON object per line over one TCP
+ * connection that stays open for the worker's life; the coordinator forms *generations* from
+ * the workers connected to it.
+ *
+ * worker -> coordinator
+ *   {"t":"join","token":T,"pid":P,"host_id":H,"hint":R,"step":S}
+ *        wants a place in the next generation. S: optimizer steps completed in this process's
+ *        memory, -1 when it holds no state yet (a fresh process). R: the launcher's rank, used
+ *        only to order the first generation. Sent on arrival and again after every generation
+ *        ends (a failure, or a regroup at a step boundary).
+ *   {"t":"hb","step":S}          heartbeat, every DDP_ELASTIC_HB_MS from a thread of its own
+ *   {"t":"ag","gen":G,"data":X}  this member's contribution to an allgather of generation G
+ *                                (X: lowercase hex); allgathers of a generation run in order
+ *   {"t":"done","step":S}        trained to the end; leaves without a regroup
+ *
+ * coordinator -> worker
+ *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W}
+ *        generation G is formed: this worker is rank R of N. K: the rank whose state is the
+ *        newest (the highest completed step S); B: 1 when some member is behind K, so every
+ *        member takes part in K's state broadcast before training. W: why it formed.
+ *   {"t":"ag","gen":G,"all":[X0, X1, ...]}   the allgather's result, in rank order
+ *   {"t":"reform","gen":G,"why":W}  generation G is over (a member died or stopped
+ *                                answering): abort its communicator at once and join again
+ *   {"t":"regroup","gen":G,"why":W} a joiner waits: finish the current step, then join again
+ *   {"t":"exit","why":W}         the job cannot go on (below ddp.min_workers for too long, or
+ *                                this worker was evicted): stop with W as the reason
+ *
+ * Anything that carries an older generation than the coordinator's is dropped. A worker whose
+ * connection to the coordinator breaks leaves the job (exit status 1): the side of a partition
+ * without the coordinator stops, so there is never a second brain.
+ */
+#ifndef DDP_COLLECTIVES_ELASTIC_PROTO_H
+#define DDP_COLLECTIVES_ELASTIC_PROTO_H
+
+#define DDP_ELASTIC_HB_MS 250        /* heartbeat period of a worker */
+#define DDP_ELASTIC_MAX_LINE 65536   /* longest line either side accepts */
+
+#endif

@@ -1,0 +1,502 @@
+/* The elastic job coordinator (see coord.h; the protocol: collectives/elastic_proto.h).
+ *
+ * Invariants: a member is in c->members from accept until its close callback, which frees it;
+ * `rank` >= 0 only for members of the current generation while it runs; `waiting` members have
+ * asked to join the next one. The coordinator is freed when its listener, its timer and every
+ * member are closed.
+ */
+#include "daemon/coord.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/elastic_proto.h"
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/host.h"
+#include "common/log.h"
+#include "daemon/lines.h"
+
+typedef enum { FORMING, RUNNING, ENDED } phase_t;
+
+typedef struct member member_t;
+struct member {
+    uv_tcp_t tcp;
+    ddpd_coord_t *c;
+    member_t *next;
+    ddpd_lines_t in;
+    int closing;
+    int joined;   /* sent a valid join once */
+    int waiting;  /* wants a place in the next generation */
+    int done;     /* trained to the end */
+    int rank;     /* in the running generation, else -1 */
+    int hint;
+    long pid, step;
+    char host_id[160];
+    char peer[64];
+    uint64_t seq; /* arrival order */
+    int64_t last_heard_ns;
+    json_t *ag;   /* this member's pending allgather contribution */
+};
+
+struct ddpd_coord {
+    uv_loop_t *loop;
+    ddpd_coord_cfg_t cfg;
+    char token[128];
+    char host_id[160];
+    uv_tcp_t listener;
+    uv_timer_t tick;
+    int port;
+    int handles; /* listener + timer + members still open */
+    int closing;
+    member_t *members;
+    uint64_t next_seq;
+    unsigned long gen;
+    phase_t phase;
+    int formed_once;
+    int regroup_sent;     /* the running members were asked to regroup at a boundary */
+    int64_t below_min_ns; /* when the job fell below min_workers (0: it is not) */
+    int64_t reform_ns;    /* when the running generation ended (detection -> formation) */
+    char why[256];        /* why the next generation forms */
+};
+
+static void emit(ddpd_coord_t *c, json_t *ev)
+{
+    if (c->cfg.on_event) c->cfg.on_event(c->cfg.arg, ev);
+    json_decref(ev);
+}
+
+static void maybe_free(ddpd_coord_t *c)
+{
+    if (c->closing && c->handles == 0) free(c);
+}
+
+static void member_closed(uv_handle_t *h)
+{
+    member_t *m = h->data;
+    ddpd_coord_t *c = m->c;
+    member_t **pp = &c->members;
+    while (*pp && *pp != m) pp = &(*pp)->next;
+    if (*pp) *pp = m->next;
+    ddpd_lines_free(&m->in);
+    json_decref(m->ag);
+    free(m);
+    c->handles--;
+    maybe_free(c);
+}
+
+static void send_to(member_t *m, json_t *msg)
+{
+    if (!m->closing && ddpd_lines_send((uv_stream_t *)&m->tcp, msg) != 0) {
+        m->closing = 1;
+        uv_close((uv_handle_t *)&m->tcp, member_closed);
+    }
+    json_decref(msg);
+}
+
+static int count(const ddpd_coord_t *c, int (*pred)(const member_t *))
+{
+    int n = 0;
+    for (const member_t *m = c->members; m; m = m->next)
+        if (!m->closing && pred(m)) n++;
+    return n;
+}
+
+static int is_member(const member_t *m) { return m->joined && !m->done; }
+static int is_waiting(const member_t *m) { return m->joined && !m->done && m->waiting; }
+static int is_running(const member_t *m) { return m->rank >= 0; }
+static int is_done(const member_t *m) { return m->done; }
+
+/* The job is over once some member finished and none is still training. */
+static void check_done(ddpd_coord_t *c)
+{
+    if (c->phase == ENDED || count(c, is_done) == 0 || count(c, is_member) > 0) return;
+    long step = -1;
+    for (const member_t *m = c->members; m; m = m->next)
+        if (m->done && m->step > step) step = m->step;
+    c->phase = ENDED;
+    DDP_INFO("coordinator: every member is done (step %ld)", step);
+    emit(c, json_pack("{s:s, s:I}", "event", "done", "step", (json_int_t)step));
+}
+
+static void end_job(ddpd_coord_t *c, const char *why)
+{
+    c->phase = ENDED;
+    json_t *exit_msg = json_pack("{s:s, s:s}", "t", "exit", "why", why);
+    for (member_t *m = c->members; m; m = m->next) send_to(m, json_incref(exit_msg));
+    json_decref(exit_msg);
+    DDP_ERROR("coordinator: the job failed: %s", why);
+    emit(c, json_pack("{s:s, s:s}", "event", "failed", "why", why));
+}
+
+/* The running generation is over: everyone still in it aborts and joins again. */
+static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->why, sizeof c->why, fmt, ap);
+    va_end(ap);
+    if (c->phase != RUNNING) return;
+    c->phase = FORMING;
+    c->regroup_sent = 0;
+    c->reform_ns = ddp_now_ns();
+    DDP_INFO("coordinator: generation %lu ends: %s", c->gen, c->why);
+    json_t *msg = json_pack("{s:s, s:I, s:s}", "t", "reform", "gen", (json_int_t)c->gen, "why",
+                            c->why);
+    for (member_t *m = c->members; m; m = m->next)
+        if (m->rank >= 0 && !m->waiting) send_to(m, json_incref(msg));
+    json_decref(msg);
+}
+
+/* Removes m from the job: closes its connection and, on this host, kills the process so that it
+ * cannot act in a later generation; a daemon kills one elsewhere from the event. */
+static void evict(ddpd_coord_t *c, member_t *m, const char *why)
+{
+    if (m->closing) return;
+    int was_running = m->rank >= 0 && c->phase == RUNNING;
+    int rank = m->rank;
+    DDP_WARN("coordinator: evicting pid %ld on %s (rank %d of generation %lu): %s", m->pid,
+             m->peer, m->rank, c->gen, why);
+    if (m->joined && m->pid > 0 && !strcmp(m->host_id, c->host_id)) kill((pid_t)m->pid, SIGKILL);
+    emit(c, json_pack("{s:s, s:I, s:s, s:i, s:s}", "event", "evict", "pid", (json_int_t)m->pid,
+                      "host_id", m->host_id, "rank", rank, "why", why));
+    m->closing = 1;
+    m->rank = -1;
+    uv_close((uv_handle_t *)&m->tcp, member_closed);
+    if (was_running) end_generation(c, "rank %d (pid %ld) %s", rank, m->pid, why);
+    check_done(c);
+}
+
+static int by_order(const void *a, const void *b)
+{
+    const member_t *x = *(member_t *const *)a, *y = *(member_t *const *)b;
+    /* survivors first by their old rank, then by the launcher's hint, then by arrival */
+    int xr = x->rank >= 0 ? x->rank : 1 << 30, yr = y->rank >= 0 ? y->rank : 1 << 30;
+    if (xr != yr) return xr < yr ? -1 : 1;
+    if (x->hint != y->hint) return x->hint < y->hint ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Forms the next generation when the rules allow (coord.h). */
+static void try_form(ddpd_coord_t *c)
+{
+    if (c->phase != FORMING) return;
+    int members = count(c, is_member), waiting = count(c, is_waiting);
+    if (waiting == 0 || waiting < members) return; /* someone has not asked yet */
+    int need = c->formed_once ? c->cfg.min_workers : c->cfg.world;
+    if (waiting < need) {
+        if (c->formed_once && !c->below_min_ns) {
+            c->below_min_ns = ddp_now_ns();
+            DDP_WARN("coordinator: %d member(s), below ddp.min_workers = %d: waiting up to %.0f s "
+                     "for replacements", waiting, need, c->cfg.rejoin_timeout_s);
+        }
+        return;
+    }
+    c->below_min_ns = 0;
+    member_t **list = ddp_calloc((size_t)waiting, sizeof *list);
+    if (!list) return; /* the next tick tries again */
+    int n = 0;
+    for (member_t *m = c->members; m; m = m->next)
+        if (!m->closing && is_waiting(m)) list[n++] = m;
+    qsort(list, (size_t)n, sizeof *list, by_order);
+    long top = -1;
+    int source = 0, behind = 0;
+    for (int r = 0; r < n; r++)
+        if (list[r]->step > top) {
+            top = list[r]->step;
+            source = r;
+        }
+    for (int r = 0; r < n; r++) behind += list[r]->step != top;
+    c->gen++;
+    c->phase = RUNNING;
+    c->formed_once = 1;
+    c->regroup_sent = 0;
+    const char *why = c->why[0] ? c->why : "start";
+    double reform_ms = c->reform_ns ? (double)(ddp_now_ns() - c->reform_ns) / 1e6 : 0;
+    json_t *ranks = json_array();
+    for (int r = 0; r < n; r++) {
+        member_t *m = list[r];
+        m->rank = r;
+        m->waiting = 0;
+        json_decref(m->ag);
+        m->ag = NULL;
+        json_array_append_new(ranks, json_integer(m->pid));
+        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s}", "t", "gen", "gen",
+                             (json_int_t)c->gen, "rank", r, "size", n, "source", source, "sync",
+                             behind > 0 && top >= 0, "step", (json_int_t)top, "why", why));
+    }
+    DDP_INFO("coordinator: generation %lu formed: %d member(s), state from rank %d (step %ld)%s; "
+             "cause: %s", c->gen, n, source, top, behind && top >= 0 ? ", synced" : "", why);
+    emit(c, json_pack("{s:s, s:I, s:i, s:o, s:i, s:I, s:s, s:f}", "event", "generation", "gen",
+                      (json_int_t)c->gen, "size", n, "pids", ranks, "source", source, "step",
+                      (json_int_t)top, "why", why, "reform_ms", reform_ms));
+    c->why[0] = 0;
+    c->reform_ns = 0;
+    free(list);
+}
+
+/* Answers an allgather once every member of the running generation has contributed. */
+static void try_allgather(ddpd_coord_t *c)
+{
+    int n = count(c, is_running);
+    for (member_t *m = c->members; m; m = m->next)
+        if (!m->closing && m->rank >= 0 && !m->ag) return;
+    if (n == 0) return;
+    json_t *all = json_array();
+    for (int r = 0; r < n; r++)
+        for (member_t *m = c->members; m; m = m->next)
+            if (!m->closing && m->rank == r) json_array_append(all, m->ag);
+    json_t *msg = json_pack("{s:s, s:I, s:o}", "t", "ag", "gen", (json_int_t)c->gen, "all", all);
+    for (member_t *m = c->members; m; m = m->next) {
+        if (m->closing || m->rank < 0) continue;
+        json_decref(m->ag);
+        m->ag = NULL;
+        send_to(m, json_incref(msg));
+    }
+    json_decref(msg);
+}
+
+static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
+{
+    const char *token = json_string_value(json_object_get(msg, "token"));
+    if (!token || strcmp(token, c->token) != 0) {
+        DDP_WARN("coordinator: refused %s: wrong job token", m->peer);
+        send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why", "wrong job token"));
+        evict(c, m, "presented a wrong job token");
+        return;
+    }
+    int fresh = !m->joined;
+    if (fresh && count(c, is_member) >= c->cfg.max_workers) {
+        send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why",
+                             "the job already has ddp.max_workers members"));
+        m->closing = 1;
+        uv_close((uv_handle_t *)&m->tcp, member_closed);
+        return;
+    }
+    m->joined = 1;
+    m->waiting = 1;
+    m->pid = (long)json_integer_value(json_object_get(msg, "pid"));
+    m->hint = (int)json_integer_value(json_object_get(msg, "hint"));
+    m->step = (long)json_integer_value(json_object_get(msg, "step"));
+    const char *hid = json_string_value(json_object_get(msg, "host_id"));
+    snprintf(m->host_id, sizeof m->host_id, "%s", hid ? hid : "");
+    if (c->phase == RUNNING) {
+        if (m->rank >= 0 && !c->regroup_sent) {
+            /* a member left the running generation by itself: it saw a failure */
+            end_generation(c, "rank %d reported a failed collective", m->rank);
+        } else if (m->rank < 0 && !c->regroup_sent) {
+            /* a joiner: the running members finish their step and come back for it */
+            snprintf(c->why, sizeof c->why, "pid %ld joins", m->pid);
+            json_t *rg = json_pack("{s:s, s:I, s:s}", "t", "regroup", "gen", (json_int_t)c->gen,
+                                   "why", c->why);
+            for (member_t *o = c->members; o; o = o->next)
+                if (o->rank >= 0) send_to(o, json_incref(rg));
+            json_decref(rg);
+            c->regroup_sent = 1;
+            c->reform_ns = ddp_now_ns();
+        }
+        if (c->phase == RUNNING && c->regroup_sent) {
+            int still = 0; /* running members not back yet */
+            for (member_t *o = c->members; o; o = o->next)
+                if (!o->closing && o->rank >= 0 && !o->waiting) still++;
+            if (still == 0) c->phase = FORMING;
+        }
+    }
+    try_form(c);
+}
+
+static int on_line(void *arg, json_t *msg)
+{
+    member_t *m = arg;
+    ddpd_coord_t *c = m->c;
+    if (!msg) {
+        evict(c, m, "sent a line that is not a JSON object");
+        return 1;
+    }
+    m->last_heard_ns = ddp_now_ns();
+    const char *t = json_string_value(json_object_get(msg, "t"));
+    if (!t) t = "";
+    if (!m->joined && strcmp(t, "join") != 0) {
+        evict(c, m, "spoke before joining");
+        return 1;
+    }
+    if (!strcmp(t, "join")) {
+        on_join(c, m, msg);
+    } else if (!strcmp(t, "hb")) {
+        json_t *s = json_object_get(msg, "step");
+        if (json_is_integer(s)) m->step = (long)json_integer_value(s);
+    } else if (!strcmp(t, "ag")) {
+        json_int_t g = json_integer_value(json_object_get(msg, "gen"));
+        json_t *data = json_object_get(msg, "data");
+        if ((unsigned long)g != c->gen || m->rank < 0 || c->phase != RUNNING) return 0; /* stale */
+        if (!json_is_string(data) || m->ag) {
+            evict(c, m, "sent a malformed allgather");
+            return 1;
+        }
+        m->ag = json_incref(data);
+        try_allgather(c);
+    } else if (!strcmp(t, "done")) {
+        m->done = 1;
+        m->step = (long)json_integer_value(json_object_get(msg, "step"));
+        check_done(c);
+    } else {
+        evict(c, m, "sent an unknown message");
+        return 1;
+    }
+    return m->closing;
+}
+
+static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
+{
+    member_t *m = s->data;
+    ddpd_coord_t *c = m->c;
+    if (n < 0) {
+        free(b->base);
+        if (m->closing) return;
+        if (m->done || !m->joined || c->phase == ENDED) {
+            m->closing = 1; /* a finished member exits; a stranger went away */
+            uv_close((uv_handle_t *)&m->tcp, member_closed);
+        } else {
+            evict(c, m, n == UV_EOF ? "died (its connection closed)" : "lost its connection");
+        }
+        try_form(c);
+        return;
+    }
+    if (n > 0 && ddpd_lines_feed(&m->in, b->base, (size_t)n, DDP_ELASTIC_MAX_LINE, on_line, m) < 0)
+        evict(c, m, "sent a line that is too long");
+    free(b->base);
+    if (c->phase == FORMING) try_form(c);
+}
+
+static void on_accept(uv_stream_t *server, int status)
+{
+    ddpd_coord_t *c = server->data;
+    if (status < 0 || c->closing) return;
+    member_t *m = ddp_calloc(1, sizeof *m);
+    if (!m) return;
+    m->c = c;
+    m->rank = -1;
+    m->step = -1;
+    m->seq = c->next_seq++;
+    m->last_heard_ns = ddp_now_ns();
+    uv_tcp_init(c->loop, &m->tcp);
+    m->tcp.data = m;
+    c->handles++;
+    m->next = c->members;
+    c->members = m;
+    if (uv_accept(server, (uv_stream_t *)&m->tcp) != 0) {
+        m->closing = 1;
+        uv_close((uv_handle_t *)&m->tcp, member_closed);
+        return;
+    }
+    uv_tcp_nodelay(&m->tcp, 1);
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    if (uv_tcp_getpeername(&m->tcp, (struct sockaddr *)&ss, &len) == 0)
+        uv_ip_name((struct sockaddr *)&ss, m->peer, sizeof m->peer);
+    uv_read_start((uv_stream_t *)&m->tcp, ddpd_lines_alloc, on_read);
+}
+
+/* Evicts members that stopped answering and fails the job below min_workers for too long. */
+static void on_tick(uv_timer_t *t)
+{
+    ddpd_coord_t *c = t->data;
+    if (c->phase == ENDED) return;
+    int64_t now = ddp_now_ns(), silence = (int64_t)(c->cfg.hb_timeout_s * 1e9);
+    for (member_t *m = c->members; m; m = m->next) {
+        if (m->closing || m->done) continue;
+        if (now - m->last_heard_ns > silence) {
+            char why[96];
+            snprintf(why, sizeof why, "stopped answering (no heartbeat for %.1f s)",
+                     (double)(now - m->last_heard_ns) / 1e9);
+            evict(c, m, why);
+        }
+    }
+    if (c->below_min_ns && now - c->below_min_ns > (int64_t)(c->cfg.rejoin_timeout_s * 1e9)) {
+        char why[512];
+        snprintf(why, sizeof why,
+                 "%d member(s) left, below ddp.min_workers = %d, and no replacement joined within "
+                 "ddp.rejoin_timeout_s = %.0f s (last cause: %s)",
+                 count(c, is_member), c->cfg.min_workers, c->cfg.rejoin_timeout_s, c->why);
+        end_job(c, why);
+        return;
+    }
+    try_form(c);
+}
+
+static void handle_closed(uv_handle_t *h)
+{
+    ddpd_coord_t *c = h->data;
+    c->handles--;
+    maybe_free(c);
+}
+
+int ddpd_coord_new(uv_loop_t *loop, const ddpd_coord_cfg_t *cfg, ddpd_coord_t **out,
+                   ddp_errinfo_t *ei)
+{
+    if (!loop || !cfg || !cfg->token || strlen(cfg->token) >= 128 || cfg->world < 1 ||
+        cfg->min_workers < 1 || cfg->min_workers > cfg->world || cfg->max_workers < cfg->world)
+        return ddp_errinfo_set(ei, DDP_EINVAL,
+                               "coordinator: need a token and 1 <= min_workers <= world <= "
+                               "max_workers");
+    ddpd_coord_t *c = ddp_calloc(1, sizeof *c);
+    if (!c) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    c->loop = loop;
+    c->cfg = *cfg;
+    if (c->cfg.hb_timeout_s <= 0) c->cfg.hb_timeout_s = 5;
+    if (c->cfg.rejoin_timeout_s <= 0) c->cfg.rejoin_timeout_s = 60;
+    snprintf(c->token, sizeof c->token, "%s", cfg->token);
+    c->cfg.token = c->token;
+    ddp_host_id(c->host_id, sizeof c->host_id);
+    struct sockaddr_storage addr;
+    const char *host = cfg->host && *cfg->host ? cfg->host : "0.0.0.0";
+    int rc = strchr(host, ':') ? uv_ip6_addr(host, cfg->port, (struct sockaddr_in6 *)&addr)
+                               : uv_ip4_addr(host, cfg->port, (struct sockaddr_in *)&addr);
+    if (rc) {
+        free(c);
+        return ddp_errinfo_set(ei, DDP_EINVAL, "coordinator: bad listen address %s", host);
+    }
+    uv_tcp_init(loop, &c->listener);
+    c->listener.data = c;
+    c->handles++;
+    rc = uv_tcp_bind(&c->listener, (struct sockaddr *)&addr, 0);
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&c->listener, SOMAXCONN, on_accept);
+    if (rc) {
+        c->closing = 1;
+        uv_close((uv_handle_t *)&c->listener, handle_closed);
+        return ddp_errinfo_set(ei, rc, "coordinator: cannot listen on %s:%d: %s", host, cfg->port,
+                               uv_strerror(rc));
+    }
+    struct sockaddr_storage bound;
+    int blen = sizeof bound;
+    uv_tcp_getsockname(&c->listener, (struct sockaddr *)&bound, &blen);
+    c->port = ntohs(((struct sockaddr_in *)&bound)->sin_port);
+    uv_timer_init(loop, &c->tick);
+    c->tick.data = c;
+    c->handles++;
+    uv_timer_start(&c->tick, on_tick, 100, 100);
+    *out = c;
+    return 0;
+}
+
+int ddpd_coord_port(const ddpd_coord_t *c) { return c->port; }
+unsigned long ddpd_coord_generation(const ddpd_coord_t *c) { return c->gen; }
+
+void ddpd_coord_close(ddpd_coord_t *c)
+{
+    if (!c || c->closing) return;
+    c->closing = 1;
+    c->phase = ENDED;
+    for (member_t *m = c->members; m; m = m->next)
+        if (!m->closing) {
+            m->closing = 1;
+            uv_close((uv_handle_t *)&m->tcp, member_closed);
+        }
+    uv_close((uv_handle_t *)&c->listener, handle_closed);
+    uv_close((uv_handle_t *)&c->tick, handle_closed);
+}
