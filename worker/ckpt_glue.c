@@ -29,6 +29,7 @@ struct ddp_tckpt {
     ddp_ckpt_found_t found;
     ddp_ckpt_saver_t *saver; /* on writing ranks only */
     int writers;             /* min(checkpoint.writers, world) */
+    int saver_rank;          /* the rank the saver was made for */
     ddp_ckpt_tensor_t *model_t, *optim_t;
     size_t n_model, n_optim;
     char *names;   /* storage of the optimizer tensor names */
@@ -127,7 +128,7 @@ char *ddp_tckpt_config_json(const ddp_model_cfg_t *cfg)
 
 static long global_sequences(const ddp_trainer_t *t)
 {
-    return (long)t->accum * t->opts.world * t->spec.micro_batch;
+    return (long)t->n_micro * t->spec.micro_batch;
 }
 
 /* trainer.json for the trainer's state now (ddp_malloc'd). */
@@ -330,6 +331,28 @@ out:
     return rc;
 }
 
+/* The saver of a writing rank (ranks < min(checkpoint.writers, world)); a rank that keeps its
+ * place keeps its saver across generations. */
+static int open_saver(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    int writers = t->spec.writers < t->opts.world ? t->spec.writers : t->opts.world;
+    if (writers < 1) writers = 1;
+    if (c->saver && c->saver_rank == t->opts.rank && c->writers == writers) return 0;
+    ddp_ckpt_saver_free(c->saver);
+    c->saver = NULL;
+    c->writers = writers;
+    c->saver_rank = t->opts.rank;
+    if (t->opts.rank >= c->writers) return 0;
+    ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
+                         .keep_last = t->spec.keep_last, .writers = c->writers,
+                         .rank = t->opts.rank, .copy = on_cpu(t) ? NULL : copy_d2h,
+                         .copy_ctx = &t->k};
+    DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
+    return ddp_ckpt_saver_reserve(c->saver,
+                                  t->model.n_params * sizeof(float) * (c->optim_t ? 3 : 1), ei);
+}
+
 int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei)
 {
     struct ddp_tckpt *c = t->ckpt;
@@ -370,18 +393,9 @@ int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei)
     c->names = names;
     c->config = ddp_tckpt_config_json(&t->spec.model);
     if (!c->config) return DDP_ENOMEM;
-    c->writers = t->spec.writers < t->opts.world ? t->spec.writers : t->opts.world;
-    if (c->writers < 1) c->writers = 1;
     c->crc_step = -1; /* every rank: a sharded update's CRCs are merged over all of them */
     if (on_cpu(t) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc))) return DDP_ENOMEM;
-    if (t->opts.rank >= c->writers) return 0;
-    ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
-                         .keep_last = t->spec.keep_last, .writers = c->writers,
-                         .rank = t->opts.rank, .copy = on_cpu(t) ? NULL : copy_d2h,
-                         .copy_ctx = &t->k};
-    DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
-    return ddp_ckpt_saver_reserve(c->saver, t->model.n_params * sizeof(float) * (optim ? 3 : 1),
-                                  ei);
+    return open_saver(t, ei);
 }
 
 static void *helper_main(void *arg)
@@ -416,6 +430,27 @@ static int join_helper(ddp_trainer_t *t, double *waited_ms)
         }
     }
     return c->helper_rc;
+}
+
+int ddp_tckpt_regroup(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->model_t) return 0;
+    double waited;
+    join_helper(t, &waited);
+    if (c->saver) {
+        /* a save in flight completes from what this rank holds (its step's state: the failed
+         * step changed nothing), before a state broadcast may overwrite the arenas */
+        ddp_errinfo_t wei;
+        ddp_errinfo_clear(&wei);
+        char msg[1024];
+        if (ddp_ckpt_wait(c->saver, &wei) != 0)
+            DDP_ERROR("checkpoint step %ld: %s", c->last_saved,
+                      ddp_errinfo_str(&wei, msg, sizeof msg));
+        c->live = 0;
+    }
+    c->pending = 0; /* a striped save of the old generation is abandoned: the next one redoes it */
+    return open_saver(t, ei);
 }
 
 int ddp_tckpt_before_update(ddp_trainer_t *t, ddp_errinfo_t *ei)

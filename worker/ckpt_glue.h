@@ -64,6 +64,11 @@ int ddp_tckpt_prepare(ddp_trainer_t *t, ddp_errinfo_t *ei);
  * Returns 0, DDP_ESPEC (checkpoint of another model), DDP_EFORMAT, -errno. */
 int ddp_tckpt_start(ddp_trainer_t *t, int *resumed, ddp_errinfo_t *ei);
 
+/* Elastic, when the world changed: completes a save this rank is writing (before a state
+ * broadcast may change the arenas), abandons a striped save of the old generation, and makes
+ * the savers of the ranks that write in the new one. Returns 0 or the new saver's error. */
+int ddp_tckpt_regroup(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
 /* Inside ddp_trainer_step, just before the optimizer update: joins a running snapshot helper
  * (the parameters must not change under it), timing and logging any wait. Returns the helper's
  * error (the snapshot failed: the save is dropped and logged, training goes on: returns 0). */

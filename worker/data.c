@@ -128,7 +128,7 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
 static uint64_t first_sample(const ddp_loader_t *l, int64_t key)
 {
     int64_t step = key / l->accum, micro = key % l->accum;
-    uint64_t G = (uint64_t)l->world * l->accum * l->B;
+    uint64_t G = (uint64_t)l->n_micro * l->B;
     return (uint64_t)step * G + ((uint64_t)micro * l->world + l->rank) * l->B;
 }
 
@@ -181,14 +181,16 @@ static void *loader_main(void *arg)
 }
 
 int ddp_loader_start(ddp_loader_t *l, const ddp_dataset_t *d, int B, int rank, int world,
-                     int accum)
+                     int n_micro)
 {
     memset(l, 0, sizeof *l);
     l->d = d;
     l->B = B;
     l->rank = rank;
     l->world = world;
-    l->accum = accum;
+    l->n_micro = n_micro;
+    l->accum = ddp_loader_accum(n_micro, rank, world);
+    if (l->accum < 1) return DDP_EINVAL;
     l->want = -1;
     l->slot_key[0] = l->slot_key[1] = -1;
     size_t n = (size_t)B * d->T;

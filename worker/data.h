@@ -6,9 +6,11 @@
  * S is the number of windows and perm_e a seeded pseudo-random permutation of [0, S) keyed by
  * (seed, e). So the order is a pure function of (seed, epoch, global sample index).
  *
- * Optimizer step s covers samples [s G, (s + 1) G), G = sequences per global batch. Rank r of
- * W, micro-step a of A, takes the B = G / (W A) samples starting at s G + (a W + r) B: every
- * rank reads a disjoint part, and the union over ranks and micro-steps is the same whatever W.
+ * Optimizer step s covers samples [s G, (s + 1) G), G = sequences per global batch, in M = G / B
+ * micro-batches of B sequences; micro-batch g (0 <= g < M) starts at sample s G + g B. They are
+ * dealt round-robin: rank r of W takes g = r, r + W, r + 2 W, ... (its micro-step a is
+ * g = a W + r), so every rank reads a disjoint part, the union over ranks is the same whatever
+ * W, and a world that does not divide M gets the extra micro-batches on its lowest ranks.
  * A loader thread prepares the next micro-batch while the current one trains.
  */
 #ifndef DDP_WORKER_DATA_H
@@ -51,7 +53,9 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
 typedef struct ddp_loader {
     const ddp_dataset_t *d;
     int B; /* sequences per micro-batch */
-    int rank, world, accum;
+    int rank, world;
+    int n_micro; /* M: micro-batches per optimizer step, all ranks */
+    int accum;   /* this rank's share of them */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -64,10 +68,15 @@ typedef struct ddp_loader {
     int started;
 } ddp_loader_t;
 
-/* Starts the loader thread for rank/world with `accum` micro-steps per optimizer step; keys
- * are step * accum + micro. */
+/* Starts the loader thread for rank/world with n_micro micro-batches per optimizer step over
+ * all ranks (this rank's share: ddp_loader_accum); keys are step * accum + micro. */
 int ddp_loader_start(ddp_loader_t *l, const ddp_dataset_t *d, int B, int rank, int world,
-                     int accum);
+                     int n_micro);
+/* Micro-steps rank r of world takes of n_micro: those g < n_micro with g mod world = r. */
+static inline int ddp_loader_accum(int n_micro, int rank, int world)
+{
+    return rank < n_micro ? (n_micro - rank + world - 1) / world : 0;
+}
 /* Blocks until micro-batch (step, micro) is ready and returns pointers valid until the next
  * call; starts preparing the following one. Returns 0 or the data error. Caller thread only. */
 int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **inputs,

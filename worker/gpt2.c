@@ -183,13 +183,14 @@ int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, i
 
     m->w = weights;
     m->g = grads;
-    m->borrowed = weights != NULL;
-    if (!m->borrowed) {
+    m->borrowed_w = weights != NULL;
+    m->borrowed_g = grads != NULL;
+    if (!m->borrowed_w)
         DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->w, m->n_params * sizeof(float)), rc,
                        fail);
+    if (!m->borrowed_g)
         DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->g, m->n_params * sizeof(float)), rc,
                        fail);
-    }
     make_views(m, m->w, &m->wv);
     make_views(m, m->g, &m->gv);
 
@@ -209,16 +210,28 @@ void ddp_gpt2_close(ddp_gpt2_t *m)
 {
     if (!m) return;
     if (m->k) {
-        if (!m->borrowed) {
-            m->k->ops->free(m->k->ctx, m->w);
-            m->k->ops->free(m->k->ctx, m->g);
-        }
+        if (!m->borrowed_w) m->k->ops->free(m->k->ctx, m->w);
+        if (!m->borrowed_g) m->k->ops->free(m->k->ctx, m->g);
         m->k->ops->free(m->k->ctx, m->acts.base);
     }
     free(m->params);
     free(m->wv.h);
     free(m->gv.h);
     memset(m, 0, sizeof *m);
+}
+
+int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads)
+{
+    float *own = NULL;
+    if (!grads) {
+        DDP_CHECK(m->k->ops->alloc(m->k->ctx, (void **)&own, m->n_params * sizeof(float)));
+        DDP_CHECK(m->k->ops->memset0(m->k->ctx, own, m->n_params * sizeof(float)));
+    }
+    if (!m->borrowed_g) m->k->ops->free(m->k->ctx, m->g);
+    m->g = grads ? grads : own;
+    m->borrowed_g = grads != NULL;
+    make_views(m, m->g, &m->gv);
+    return 0;
 }
 
 int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng)

@@ -91,7 +91,7 @@ typedef struct ddp_gpt2 {
     size_t n_params;          /* floats in an arena */
     float *w;                 /* parameter arena (device) */
     float *g;                 /* gradient arena (device) */
-    int borrowed;             /* w and g were the caller's (init's arguments) */
+    int borrowed_w, borrowed_g; /* w / g were the caller's (init's arguments) */
     ddp_gpt2_views_t wv, gv;  /* views into w and g */
     ddp_gpt2_acts_t acts;
 } ddp_gpt2_t;
@@ -103,12 +103,16 @@ typedef void (*ddp_gpt2_ready_fn)(void *arg, size_t done);
 /* Builds the layout and allocates the parameter and gradient arenas (zeroed) and activations
  * for B x T on backend k (borrowed; must outlive the model). weights, grads: zeroed arenas of
  * ddp_gpt2_count_params(cfg) floats that the caller owns (the trainer passes collective memory,
- * which the collectives read and write in place), or both NULL to allocate them with k.
+ * which the collectives read and write in place), or NULL to allocate that one with k.
  * Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
 int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads);
 /* Frees everything init allocated. NULL-safe. */
 void ddp_gpt2_close(ddp_gpt2_t *m);
+/* Moves the gradients to a caller-owned arena of n_params floats (a new generation's collective
+ * memory), or with grads NULL to one the model allocates; the previous arena, if the model
+ * allocated it, is freed. Gradients are not kept. Returns 0 or an allocation error. */
+int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads);
 
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg);

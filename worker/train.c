@@ -20,20 +20,39 @@ static int32_t start_token(const ddp_model_cfg_t *cfg)
     return cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
 }
 
+/* The highest step of metrics.jsonl's step lines (-1: none): a new rank 0 of a later generation
+ * goes on after it, so that every step has one line even when a step is redone. */
+static long last_logged_step(FILE *f)
+{
+    long last = -1, step;
+    char line[4096];
+    rewind(f);
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "{\"step\":%ld,\"steps\"", &step) == 1 && step > last) last = step;
+    fseek(f, 0, SEEK_END);
+    return last;
+}
+
+/* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
 static int open_metrics(ddp_trainer_t *t)
 {
-    if (!t->opts.run_dir || t->opts.rank != 0) return 0;
+    if (t->opts.rank != 0 && t->metrics) {
+        fclose(t->metrics);
+        t->metrics = NULL;
+    }
+    if (!t->opts.run_dir || t->opts.rank != 0 || t->metrics) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
         DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
         return -errno;
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    t->metrics = fopen(path, "a");
+    t->metrics = fopen(path, "a+");
     if (!t->metrics) {
         DDP_ERROR("cannot open %s: %s", path, strerror(errno));
         return -errno;
     }
+    if (t->elastic) t->logged_step = last_logged_step(t->metrics);
     return 0;
 }
 
@@ -47,13 +66,23 @@ static int default_threads(void)
     return n > 0 && cores / n > 0 ? cores / n : 1;
 }
 
-/* Joins the job's communicator: MPI under mpirun, else the environment rendezvous (a world of
+/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->gen
+ * says whether it joins a job that already trains); else the environment rendezvous (a world of
  * one when DDP_WORLD_SIZE is unset). */
-static int join_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
+static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
 {
-    ddp_coll_bootstrap_t *bs = NULL;
-    int under_mpi = ddp_coll_under_mpi();
-    DDP_CHECK(under_mpi ? ddp_coll_bootstrap_mpi(&bs, ei) : ddp_coll_bootstrap_env(&bs, ei));
+    if (ddp_coll_under_mpi()) return ddp_coll_bootstrap_mpi(bs, ei);
+    const char *elastic = getenv("DDP_ELASTIC");
+    if (!elastic || strcmp(elastic, "1") != 0) return ddp_coll_bootstrap_env(bs, ei);
+    const char *hint = getenv("DDP_RANK"), *ts = getenv("DDP_RDZV_TIMEOUT_S");
+    DDP_CHECK(ddp_elastic_connect(getenv("DDP_RDZV"), getenv("DDP_JOB_TOKEN"),
+                                  hint ? atoi(hint) : 0, ts ? atof(ts) : 0, &t->elastic, ei));
+    return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);
+}
+
+/* Forms the communicator of bs (none in a world of one); bs is freed. */
+static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *ei)
+{
     t->opts.rank = bs->rank;
     t->opts.world = bs->size;
     int rc = 0;
@@ -65,6 +94,8 @@ static int join_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
         rc = ddp_coll_new(bs, &copts, &t->comm, ei);
     }
     ddp_coll_bootstrap_free(bs);
+    if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->comm);
+    ddp_log_set_rank(t->opts.world > 1 ? t->opts.rank : -1);
     return rc;
 }
 
@@ -97,7 +128,10 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (!uses_coll_mem(t)) return 0;
     size_t bytes = ddp_gpt2_count_params(&t->spec.model) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, bytes, &t->grads, ei));
-    if (!t->spec.shard_optimizer) return 0;
+    /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
+     * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
+     * update would leave the ranks with different parameters) */
+    if (!t->spec.shard_optimizer || t->elastic) return 0;
     DDP_CHECK(alloc_reduced(t, bytes, &t->weights, ei));
     DDP_CHECK(alloc_reduced(t, bytes, &t->moments[0], ei));
     DDP_CHECK(alloc_reduced(t, bytes, &t->moments[1], ei));
@@ -130,11 +164,11 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 
 /* The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
  * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
- * g = micro * W + rank of t->emb (other slots stay zero), the slots are summed over the ranks
- * (a gather: each slot has one non-zero contributor), and every rank adds all of them to the
- * reduced wte gradient in slot order. Slot order is the global micro-batch order, so the sum
- * is the same for W ranks x A micro-steps as for 1 rank x W*A micro-steps. A slot holds B*T
- * tokens (as floats: exact below 2^24) and then B*T*C gradient values. */
+ * g = micro * W + rank of t->emb, its global micro-batch index (other slots stay zero), the
+ * n_micro slots are summed over the ranks (a gather: each slot has one non-zero contributor),
+ * and every rank adds all of them to the reduced wte gradient in slot order. Slot order is the
+ * global micro-batch order, so this part of the sum is the same at any world size. A slot holds
+ * B*T tokens (as floats: exact below 2^24) and then B*T*C gradient values. */
 static size_t emb_slot_floats(const ddp_trainer_t *t)
 {
     size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
@@ -156,7 +190,7 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     ddp_kernels_t *k = &t->k;
     int B = t->spec.micro_batch, T = t->spec.seq_len;
-    size_t BT = (size_t)B * T, n_slots = (size_t)t->accum * t->opts.world;
+    size_t BT = (size_t)B * T, n_slots = (size_t)t->n_micro;
     if (t->comm) {
         ddp_coll_req_t *req;
         DDP_CHECK(ddp_coll_allreduce(t->comm, t->emb, n_slots * emb_slot_floats(t), DDP_DT_F32,
@@ -175,12 +209,136 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return k->ops->sync(k->ctx);
 }
 
+/* Global micro-batches per step from train.global_batch_tokens (or one per rank). A static
+ * world must divide them evenly (so every rank does the same work); an elastic one deals them
+ * unevenly when it must, so that the global batch survives any change of the world. */
+static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    int world = t->opts.world;
+    long per_pass = (long)s->micro_batch * s->seq_len;
+    long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
+    long unit = t->elastic ? per_pass : per_pass * world;
+    if (gbt % unit == 0 && gbt / per_pass >= world) {
+        t->n_micro = (int)(gbt / per_pass);
+        t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, world);
+        return 0;
+    }
+    char sizes[256] = "";
+    size_t used = 0;
+    for (long w = 1; w <= gbt / per_pass && used < sizeof sizes - 16; w++)
+        if ((gbt / per_pass) % w == 0 && gbt % per_pass == 0)
+            used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld", used ? ", " : "",
+                                     w);
+    return ddp_errinfo_set(ei, DDP_ESPEC,
+                           "train.global_batch_tokens: %ld tokens cannot be split over %d "
+                           "rank(s) of micro_batch x seq_len = %d x %d; world sizes that "
+                           "divide it: %s",
+                           gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
+}
+
+/* Everything that depends on the world, once the communicator exists: the gradient arena in a
+ * generation's collective memory, this rank's share of the micro-batches, the embedding slots,
+ * the reducer, the loader and (rank 0) the metrics file. Undone by ddp_trainer_leave_world. */
+static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    size_t bytes = t->model.n_params * sizeof(float);
+    if (uses_coll_mem(t) && !t->grads) {
+        DDP_CHECK(alloc_reduced(t, bytes, &t->grads, ei));
+        DDP_CHECK(ddp_gpt2_set_grads(&t->model, t->grads));
+    } else if (!uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
+        DDP_CHECK(ddp_gpt2_set_grads(&t->model, NULL)); /* a world of one: the model's own */
+    }
+    t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, t->opts.world);
+    if (t->accum > 1 && !t->acc)
+        DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)&t->acc, bytes));
+    t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
+    DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
+    DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
+                               s->first_bucket_mb, s->bucket_mb, s->overlap, t->sharded));
+    t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
+    if (!t->norm_sums) return DDP_ENOMEM;
+    DDP_CHECK(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, t->opts.rank,
+                               t->opts.world, t->n_micro));
+    return open_metrics(t);
+}
+
+void ddp_trainer_leave_world(ddp_trainer_t *t)
+{
+    if (t->elastic) ddp_elastic_watch(t->elastic, NULL);
+    ddp_loader_stop(&t->loader);
+    ddp_reducer_close(&t->reducer);
+    free(t->norm_sums);
+    t->norm_sums = NULL;
+    if (t->emb) free_reduced(t, t->emb);
+    t->emb = NULL;
+    if (t->grads) free_reduced(t, t->grads); /* the model's pointer is replaced on attach */
+    t->grads = NULL;
+    ddp_coll_free(t->comm);
+    t->comm = NULL;
+}
+
+/* The source rank's state to every rank (elastic: a joiner, or a survivor that missed the last
+ * step): weights, AdamW's moments and the trainer's counters, then a replica check, so that no
+ * rank trains on a state that differs from the others'. */
+typedef struct {
+    int64_t step, adam_t;
+    uint64_t tokens, rng[4];
+    int32_t skipped;
+    float last_loss, last_val_loss;
+} sync_header_t;
+
+static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t *ei)
+{
+    sync_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
+                       .skipped = t->skipped_steps, .last_loss = t->last_loss,
+                       .last_val_loss = t->last_val_loss};
+    memcpy(h.rng, t->rng.s, sizeof h.rng);
+    size_t n = t->model.n_params * sizeof(float);
+    void *bufs[] = {&h, t->model.w, t->opt.m, t->opt.v};
+    size_t lens[] = {sizeof h, n, n, n};
+    ddp_coll_req_t *req[4];
+    for (int i = 0; i < 4; i++) DDP_CHECK(ddp_coll_broadcast(t->comm, bufs[i], lens[i], source,
+                                                             &req[i]));
+    for (int i = 0; i < 4; i++) DDP_CHECK(ddp_coll_wait(req[i], 0, ei));
+    t->step = h.step;
+    t->opt.t = h.adam_t;
+    t->tokens = h.tokens;
+    t->skipped_steps = h.skipped;
+    t->last_loss = h.last_loss;
+    t->last_val_loss = h.last_val_loss;
+    memcpy(t->rng.s, h.rng, sizeof h.rng);
+    *bytes = (double)(sizeof h + 3 * n);
+    return ddp_replicas_check(t->comm, &t->model, ei);
+}
+
+int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
+{
+    ddp_coll_bootstrap_t *bs;
+    memset(st, 0, sizeof *st);
+    DDP_CHECK(ddp_elastic_join(t->elastic, t->step, &t->gen, &bs, ei));
+    DDP_CHECK(open_comm(t, bs, ei));
+    if (t->n_micro < t->opts.world)
+        return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
+                               "%d micro-batches", (unsigned long long)t->gen.gen, t->opts.world,
+                               t->n_micro);
+    DDP_CHECK(attach_world(t, ei));
+    DDP_CHECK(ddp_tckpt_regroup(t, ei));
+    if (!t->gen.sync) return 0;
+    int64_t t0 = ddp_now_ns();
+    DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
+    st->sync_ms = (double)(ddp_now_ns() - t0) / 1e6;
+    return 0;
+}
+
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei)
 {
     memset(t, 0, sizeof *t);
     t->spec = *spec;
     t->opts = *opts;
+    t->logged_step = -1;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     int threads = s->threads > 0 ? s->threads : default_threads();
@@ -194,28 +352,15 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;
     }
-    DDP_CHECK_GOTO(join_world(t, ei), rc, fail);
+    ddp_coll_bootstrap_t *bs = NULL;
+    DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
+    DDP_CHECK_GOTO(open_comm(t, bs, ei), rc, fail);
     int world = t->opts.world;
-    if (world > 1) ddp_log_set_rank(t->opts.rank);
+    /* a joiner of a job that trains already gets its state from a live member, not from disk */
+    int joins_live = t->elastic && t->gen.step >= 0;
+    if (joins_live) t->opts.no_resume = 1;
     DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
-
-    long per_pass = (long)s->micro_batch * s->seq_len;
-    long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
-    if (gbt % (per_pass * world)) {
-        char sizes[256] = "";
-        size_t used = 0;
-        for (long w = 1; w <= gbt / per_pass && used < sizeof sizes - 16; w++)
-            if ((gbt / per_pass) % w == 0 && gbt % per_pass == 0)
-                used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld",
-                                         used ? ", " : "", w);
-        rc = ddp_errinfo_set(ei, DDP_ESPEC,
-                             "train.global_batch_tokens: %ld tokens cannot be split over %d "
-                             "rank(s) of micro_batch x seq_len = %d x %d; world sizes that "
-                             "divide it: %s",
-                             gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
-        goto fail;
-    }
-    t->accum = (int)(gbt / (per_pass * world));
+    DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
 
     DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
@@ -226,32 +371,13 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
     int resumed = 0; /* every rank loaded the same checkpoint: nothing to broadcast */
     DDP_CHECK_GOTO(ddp_tckpt_start(t, &resumed, ei), rc, fail);
-    if (!resumed) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    if (t->accum > 1)
-        DDP_CHECK_GOTO(t->k.ops->alloc(t->k.ctx, (void **)&t->acc,
-                                       t->model.n_params * sizeof(float)),
-                       rc, fail);
-    t->emb_bytes = (size_t)t->accum * world * emb_slot_floats(t) * sizeof(float);
-    DDP_CHECK_GOTO(alloc_reduced(t, t->emb_bytes, &t->emb, ei), rc, fail);
+    if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {
         rc = DDP_ENOMEM;
         goto fail;
     }
-    DDP_CHECK_GOTO(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
-                                    s->first_bucket_mb, s->bucket_mb, s->overlap, t->sharded),
-                   rc, fail);
-    t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
-    if (!t->norm_sums) {
-        rc = DDP_ENOMEM;
-        goto fail;
-    }
-    /* the moments are equal everywhere now (zero, or loaded); gathering them once touches the
-     * peers' pages here, so that the first save does not pay the page faults */
-    t->moments_whole = !t->ckpt;
-    DDP_CHECK_GOTO(ddp_trainer_gather_moments(t, ei), rc, fail);
-
     DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
                    rc, fail);
@@ -261,20 +387,29 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                        rc, fail);
         t->have_val = 1;
     }
-    DDP_CHECK_GOTO(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, t->opts.rank,
-                                    world, t->accum),
-                   rc, fail);
-    DDP_CHECK_GOTO(open_metrics(t), rc, fail);
+    DDP_CHECK_GOTO(attach_world(t, ei), rc, fail);
+    /* the moments are equal everywhere now (zero, or loaded); gathering them once touches the
+     * peers' pages here, so that the first save does not pay the page faults */
+    t->moments_whole = !t->ckpt;
+    DDP_CHECK_GOTO(ddp_trainer_gather_moments(t, ei), rc, fail);
+    if (t->elastic && t->gen.sync) {
+        double bytes;
+        DDP_CHECK_GOTO(sync_state(t, t->gen.source, &bytes, ei), rc, fail);
+        DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
+                 "(%.1f MB)", (unsigned long long)t->gen.gen, t->opts.rank, world, t->step,
+                 t->gen.source, bytes / 1e6);
+    }
     if (t->opts.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
-                 "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens",
+                 "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  t->sharded ? " (gradients in shared memory, optimizer step sharded)"
                  : ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)"
                                                            : "",
-                 t->accum, s->micro_batch, s->seq_len);
+                 t->accum, s->micro_batch, s->seq_len,
+                 t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
                  t->opts.rank, world, t->k.ops->name, threads,
@@ -305,6 +440,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     }
     ddp_kernels_close(&t->k);
     ddp_coll_free(t->comm);
+    ddp_elastic_free(t->elastic);
     free(t->emb_tokens_f);
     free(t->emb_tokens);
     free(t->norm_sums);
@@ -432,7 +568,19 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     if (rc) return rc;
     t->compute_ms = (double)(t1 - t0) / 1e6;
 
-    float grad_scale = 1.0f / (float)(t->accum * t->opts.world);
+    /* The step commits here: every rank's gradients arrived (the reducer and the embedding
+     * slots are complete), and one small all-reduce carries the losses, whether any rank was
+     * asked to stop (all stop together) or to regroup (all leave the generation after this
+     * step), and how many checkpoint writers have their shards durable / failed. Past it a rank
+     * applies the update without talking to the others (the elastic world never shards it), so
+     * a failure before it leaves every survivor at the previous step, to redo the step. */
+    float vals[5] = {(float)loss_sum, t->stop_requested ? 1.0f : 0.0f, 0, 0,
+                     t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f};
+    ddp_tckpt_vote(t, vals + 2);
+    DDP_CHECK(allreduce_small(t, vals, 5, DDP_OP_SUM, ei));
+    DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
+
+    float grad_scale = 1.0f / (float)t->n_micro;
     const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
     if (nan_step && atol(nan_step) == t->step + 1) {
         float nan = NAN;
@@ -459,17 +607,13 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     }
     t->optim_ms = (double)(ddp_now_ns() - t2) / 1e6;
     t->step++;
-    t->tokens += (uint64_t)t->accum * t->opts.world * t->spec.micro_batch * t->spec.seq_len;
-    /* the mean loss over ranks, whether any rank was asked to stop (all stop together), and
-     * how many checkpoint writers have their shards durable / failed */
-    float vals[4] = {(float)(loss_sum / t->accum), t->stop_requested ? 1.0f : 0.0f, 0, 0};
-    ddp_tckpt_vote(t, vals + 2);
-    DDP_CHECK(allreduce_small(t, vals, 4, DDP_OP_SUM, ei));
-    DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
-    *loss = vals[0] / (float)t->opts.world;
+    t->tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
+    *loss = vals[0] / (float)t->n_micro;
     t->any_stop = vals[1] > 0;
+    t->regroup = vals[4] > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
+    if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     return 0;
 }
 
@@ -538,62 +682,39 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     return rc;
 }
 
-static void log_step(ddp_trainer_t *t, float loss, double ms)
+void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
 {
     const ddp_spec_t *s = &t->spec;
     const ddp_reducer_stats_t *c = &t->comm_stats;
-    double tok = (double)t->accum * t->opts.world * s->micro_batch * s->seq_len;
+    double tok = (double)t->n_micro * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
     double lr = ddp_lr_at(s, t->step - 1);
+    char world[48] = "";
+    if (t->elastic)
+        snprintf(world, sizeof world, " | world %d, gen %llu", t->opts.world,
+                 (unsigned long long)t->gen.gen);
     if (t->opts.rank == 0 && !t->opts.quiet &&
         (t->step % s->log_every == 0 || t->step == s->steps)) {
         if (t->comm)
             DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
-                     "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden",
+                     "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden%s",
                      t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms,
-                     c->comm_ms, c->exposed_ms, 100.0 * c->hidden);
+                     c->comm_ms, c->exposed_ms, 100.0 * c->hidden, world);
         else
-            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms",
-                     t->step, s->steps, loss, lr, t->last_norm, tps, ms);
+            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms%s",
+                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
     }
-    if (t->metrics) {
+    if (t->metrics && t->step > t->logged_step) {
         fprintf(t->metrics,
                 "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
                 "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
-                "\"world\":%d,"
+                "\"world\":%d,\"generation\":%llu,"
                 "\"wall_ms\":%.1f}\n",
                 t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
                 c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
-                (double)(ddp_now_ns() - t->run_t0) / 1e6);
+                (unsigned long long)t->gen.gen, (double)(ddp_now_ns() - t->run_t0) / 1e6);
         fflush(t->metrics);
+        t->logged_step = t->step;
     }
-}
-
-int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei)
-{
-    const ddp_spec_t *s = &t->spec;
-    long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
-    t->run_t0 = ddp_now_ns();
-    while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
-        t->stop_requested = stop && *stop;
-        int64_t t0 = ddp_now_ns();
-        float loss = 0;
-        DDP_CHECK(ddp_trainer_step(t, &loss, ei));
-        log_step(t, loss, (double)(ddp_now_ns() - t0) / 1e6);
-        if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
-            DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
-        if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
-            float vl = 0;
-            DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
-            if (t->opts.rank == 0 && !t->opts.quiet)
-                DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
-            if (t->metrics) {
-                fprintf(t->metrics, "{\"step\":%ld,\"val_loss\":%.6f}\n", t->step, vl);
-                fflush(t->metrics);
-            }
-        }
-        DDP_CHECK(ddp_tckpt_after_step(t, ei));
-    }
-    return ddp_tckpt_finish(t, ei);
 }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "collectives/coll.h"
+#include "collectives/elastic.h"
 #include "common/rng.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
@@ -44,6 +45,11 @@ typedef struct ddp_trainer {
     int have_val;
     ddp_loader_t loader;
     ddp_coll_t *comm;         /* NULL in a world of one */
+    ddp_elastic_t *elastic;   /* the coordinator's connection (DDP_ELASTIC=1), else NULL */
+    ddp_elastic_gen_t gen;    /* elastic: the generation this rank is in */
+    int regroup;              /* some rank must leave the generation: all do after this step */
+    int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
+    long logged_step;         /* highest step written to metrics.jsonl */
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
@@ -53,9 +59,9 @@ typedef struct ddp_trainer {
     int stop_requested;       /* this rank was asked to stop (signal) */
     int any_stop;             /* some rank was: every rank stops after this step */
     ddp_rng_t rng;
-    int accum;        /* micro-steps per optimizer step on this rank */
+    int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
-    float *emb;       /* embedding-gradient slots, accum x world (device; see train.c) */
+    float *emb;       /* embedding-gradient slots, n_micro of them (device; see train.c) */
     /* the arenas when the trainer provides them (collective memory, CPU): parameters and
      * moments only for ddp.shard_optimizer, else NULL and the model / optimizer allocate */
     float *weights, *grads, *moments[2];
@@ -81,17 +87,33 @@ typedef struct ddp_trainer {
  * update of a step whose save was planned already did. Collective. */
 int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
-/* Joins the world (MPI under mpirun, else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN, else
- * a world of one), opens the kernel backend, builds the model (rank 0's initial weights are
+/* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
+ * DDP_RDZV forms; else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN; else a world of one), opens the kernel backend, builds the model (rank 0's initial weights are
  * broadcast to all, or model.init_from's), the optimizer and the reducer, resumes from the
  * newest verified checkpoint in checkpoint.dir (unless opts says otherwise), opens the data and
  * starts the loader. On failure returns a negative code with ei describing it (which file,
  * which field). */
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei);
+/* Elastic: leaves the current generation: stops the loader, releases the reducer, the
+ * collective memory and the communicator; weights, moments, step and RNG stay. */
+void ddp_trainer_leave_world(ddp_trainer_t *t);
+/* Elastic: joins the next generation (blocking until the coordinator forms it) with the state
+ * this rank holds, rebuilds what depends on the world (communicator, gradient arena, the deal of
+ * micro-batches, reducer, loader, metrics file, checkpoint writer) and, when some rank is
+ * behind, takes part in the source rank's state broadcast and checks the replicas.
+ * *st gets what the state broadcast cost (zeros when there was none). */
+typedef struct ddp_regroup_stats {
+    double sync_bytes, sync_ms;
+} ddp_regroup_stats_t;
+int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
+/* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
+void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
+
 /* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
  * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and
- * at the end (also when stopped). Returns 0 or the first error. */
+ * at the end (also when stopped). Elastic: a failed generation is left and the next joined,
+ * redoing the interrupted step (worker/run.c). Returns 0 or the first error. */
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
 /* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);

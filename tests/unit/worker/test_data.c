@@ -81,12 +81,13 @@ static int cmp_rows(const void *a, const void *b) { return memcmp(a, b, T * size
 /* Rows of the first `steps` global batches of G sequences as seen by `world` ranks. */
 static int32_t *collect(ddp_dataset_t *d, int world, int G, int steps)
 {
-    int accum = G / world / 2, B = 2;
+    int B = 2, n_micro = G / B;
     int32_t *rows = malloc((size_t)steps * G * T * sizeof *rows);
     size_t at = 0;
     for (int r = 0; r < world; r++) {
         ddp_loader_t l;
-        assert_int_equal(ddp_loader_start(&l, d, B, r, world, accum), 0);
+        assert_int_equal(ddp_loader_start(&l, d, B, r, world, n_micro), 0);
+        int accum = ddp_loader_accum(n_micro, r, world);
         for (int s = 0; s < steps; s++)
             for (int a = 0; a < accum; a++) {
                 const int32_t *in, *tg;
@@ -111,9 +112,14 @@ static void test_order_independent_of_world_size(void **state)
     int32_t *one = collect(&d, 1, G, steps);
     int32_t *two = collect(&d, 2, G, steps);
     int32_t *four = collect(&d, 4, G, steps);
+    int32_t *three = collect(&d, 3, G, steps); /* 4 micro-batches dealt 2, 1, 1 */
     size_t bytes = (size_t)steps * G * T * sizeof(int32_t);
     assert_memory_equal(one, two, bytes);
     assert_memory_equal(one, four, bytes);
+    assert_memory_equal(one, three, bytes);
+    assert_int_equal(ddp_loader_accum(4, 0, 3), 2);
+    assert_int_equal(ddp_loader_accum(4, 2, 3), 1);
+    free(three);
     free(one);
     free(two);
     free(four);

@@ -1,0 +1,118 @@
+/* The training loop: generations, and steps within them (see train.h).
+ *
+ * A static world (mpirun, the environment rendezvous, a world of one) is one generation: any
+ * failure ends the run. An elastic world (DDP_ELASTIC=1) goes on after a failed collective or a
+ * coordinator's notice: the rank leaves the generation, keeping weights, moments, step and RNG
+ * in memory, joins the next one the coordinator forms, and redoes the step that was
+ * interrupted. ddp_trainer_step commits a step with one small all-reduce before the update, so a
+ * failure leaves every survivor at the same step, except when it strikes after that all-reduce
+ * (then the coordinator picks the rank with the newest step as the source and the others take
+ * its state). Each generation change is logged and written to metrics.jsonl by rank 0.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "worker/ckpt_glue.h"
+#include "worker/replicas.h"
+#include "worker/train.h"
+
+/* Whether rc ended only this generation (elastic, and the coordinator still has the job). */
+static int generation_failed(ddp_trainer_t *t, int rc)
+{
+    if (!t->elastic || ddp_elastic_lost(t->elastic, NULL)) return 0;
+    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
+           (t->comm && ddp_coll_status(t->comm) != 0);
+}
+
+/* One step and the work at its boundary: the step line, the replica check, validation and a
+ * checkpoint when due. */
+static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    int64_t t0 = ddp_now_ns();
+    float loss = 0;
+    DDP_CHECK(ddp_trainer_step(t, &loss, ei));
+    ddp_trainer_log_step(t, loss, (double)(ddp_now_ns() - t0) / 1e6);
+    if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
+        DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
+    if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
+        float vl = 0;
+        DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
+        if (t->opts.rank == 0 && !t->opts.quiet)
+            DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
+        if (t->metrics) {
+            fprintf(t->metrics, "{\"step\":%ld,\"val_loss\":%.6f}\n", t->step, vl);
+            fflush(t->metrics);
+        }
+    }
+    return ddp_tckpt_after_step(t, ei);
+}
+
+/* Leaves the current generation and joins the next (blocking until it forms). */
+static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *ei)
+{
+    int64_t t0 = ddp_now_ns();
+    unsigned long long old_gen = (unsigned long long)t->gen.gen;
+    int old_world = t->opts.world;
+    DDP_WARN("generation %llu ends at step %ld: %s", old_gen, t->step, cause);
+    ddp_trainer_leave_world(t);
+    ddp_regroup_stats_t st;
+    DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
+    double ms = (double)(ddp_now_ns() - t0) / 1e6;
+    DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
+             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
+             t->opts.world, old_world, t->step, ms,
+             st.sync_bytes > 0 ? ", state broadcast from rank " : "", t->gen.why);
+    if (st.sync_bytes > 0)
+        DDP_INFO("generation %llu: state of step %ld from rank %d: %.1f MB in %.0f ms (%.0f MB/s)",
+                 (unsigned long long)t->gen.gen, t->step, t->gen.source, st.sync_bytes / 1e6,
+                 st.sync_ms, st.sync_bytes / 1e3 / (st.sync_ms > 0 ? st.sync_ms : 1));
+    if (t->metrics) {
+        char why[300];
+        size_t j = 0;
+        for (const char *p = t->gen.why; *p && j < sizeof why - 2; p++) /* JSON-safe */
+            if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) why[j++] = *p;
+        why[j] = 0;
+        fprintf(t->metrics,
+                "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
+                "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"sync_mb\":%.2f,\"sync_ms\":%.1f,"
+                "\"source\":%d}\n",
+                (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms,
+                st.sync_bytes / 1e6, st.sync_ms, t->gen.source);
+        fflush(t->metrics);
+    }
+    return 0;
+}
+
+int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
+    t->run_t0 = ddp_now_ns();
+    if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
+    while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
+        t->stop_requested = stop && *stop;
+        int rc = step_and_boundary(t, ei);
+        if (rc && generation_failed(t, rc)) {
+            char cause[1100];
+            snprintf(cause, sizeof cause, "%s", ei && ei->msg[0] ? ei->msg : ddp_strerror(rc));
+            if (ei) ddp_errinfo_clear(ei);
+            rc = next_generation(t, cause, ei);
+        } else if (rc == 0 && t->regroup && t->step < s->steps && !t->any_stop) {
+            rc = next_generation(t, "regroup at the step boundary", ei);
+        }
+        if (rc) {
+            if (t->elastic && ddp_elastic_lost(t->elastic, NULL)) {
+                const char *why;
+                ddp_elastic_lost(t->elastic, &why);
+                return ddp_errinfo_set(ei, DDP_EABORTED, "%s", why);
+            }
+            return rc;
+        }
+    }
+    DDP_CHECK(ddp_tckpt_finish(t, ei));
+    if (t->elastic) DDP_CHECK(ddp_elastic_done(t->elastic, t->step));
+    return 0;
+}
