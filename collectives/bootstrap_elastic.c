@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collectives/coll_impl.h"
@@ -211,7 +212,11 @@ int ddp_elastic_connect(const char *addr, const char *token, int hint, double ti
     ddp__net_local_host(e->fd, e->data_host, sizeof e->data_host);
     pthread_mutex_init(&e->send_mu, NULL);
     pthread_mutex_init(&e->mu, NULL);
-    pthread_cond_init(&e->cv, NULL);
+    pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC (ddp_now_ns) */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->cv, &ca);
+    pthread_condattr_destroy(&ca);
     if (pthread_create(&e->thread, NULL, conn_main, e) != 0) {
         ddp_elastic_free(e);
         return ddp_errinfo_set(ei, DDP_ENOMEM, "elastic: cannot start the connection's thread");

@@ -153,18 +153,21 @@ static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
     json_decref(msg);
 }
 
-/* Removes m from the job: closes its connection and, on this host, kills the process so that it
- * cannot act in a later generation; a daemon kills one elsewhere from the event. */
-static void evict(ddpd_coord_t *c, member_t *m, const char *why)
+/* Removes m from the job: closes its connection and, with kill_it, kills the process on this host
+ * so that it cannot act in a later generation (a daemon kills one elsewhere from the event). */
+static void evict(ddpd_coord_t *c, member_t *m, const char *why, int kill_it)
 {
     if (m->closing) return;
     int was_running = m->rank >= 0 && c->phase == RUNNING;
     int rank = m->rank;
     DDP_WARN("coordinator: evicting pid %ld on %s (rank %d of generation %lu): %s", m->pid,
              m->peer, m->rank, c->gen, why);
-    if (m->joined && m->pid > 0 && !strcmp(m->host_id, c->host_id)) kill((pid_t)m->pid, SIGKILL);
-    emit(c, json_pack("{s:s, s:I, s:s, s:i, s:s}", "event", "evict", "pid", (json_int_t)m->pid,
-                      "host_id", m->host_id, "rank", rank, "why", why));
+    /* a member that went silent may still run: kill it here (a closed connection is a process
+     * that exited or is exiting, and cannot rejoin under its old membership anyway) */
+    if (kill_it && m->joined && m->pid > 0 && !strcmp(m->host_id, c->host_id))
+        kill((pid_t)m->pid, SIGKILL);
+    emit(c, json_pack("{s:s, s:I, s:s, s:i, s:s, s:b}", "event", "evict", "pid", (json_int_t)m->pid,
+                      "host_id", m->host_id, "rank", rank, "why", why, "kill", kill_it));
     m->closing = 1;
     m->rank = -1;
     uv_close((uv_handle_t *)&m->tcp, member_closed);
@@ -267,7 +270,7 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
     if (!token || strcmp(token, c->token) != 0) {
         DDP_WARN("coordinator: refused %s: wrong job token", m->peer);
         send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why", "wrong job token"));
-        evict(c, m, "presented a wrong job token");
+        evict(c, m, "presented a wrong job token", 0);
         return;
     }
     int fresh = !m->joined;
@@ -315,14 +318,15 @@ static int on_line(void *arg, json_t *msg)
     member_t *m = arg;
     ddpd_coord_t *c = m->c;
     if (!msg) {
-        evict(c, m, "sent a line that is not a JSON object");
+        evict(c, m, "sent a line that is not a JSON object", 1);
         return 1;
     }
     m->last_heard_ns = ddp_now_ns();
     const char *t = json_string_value(json_object_get(msg, "t"));
     if (!t) t = "";
+    if (!m->joined && !strcmp(t, "hb")) return 0; /* its first heartbeat may precede its join */
     if (!m->joined && strcmp(t, "join") != 0) {
-        evict(c, m, "spoke before joining");
+        evict(c, m, "spoke before joining", 0);
         return 1;
     }
     if (!strcmp(t, "join")) {
@@ -335,7 +339,7 @@ static int on_line(void *arg, json_t *msg)
         json_t *data = json_object_get(msg, "data");
         if ((unsigned long)g != c->gen || m->rank < 0 || c->phase != RUNNING) return 0; /* stale */
         if (!json_is_string(data) || m->ag) {
-            evict(c, m, "sent a malformed allgather");
+            evict(c, m, "sent a malformed allgather", 1);
             return 1;
         }
         m->ag = json_incref(data);
@@ -345,7 +349,7 @@ static int on_line(void *arg, json_t *msg)
         m->step = (long)json_integer_value(json_object_get(msg, "step"));
         check_done(c);
     } else {
-        evict(c, m, "sent an unknown message");
+        evict(c, m, "sent an unknown message", 1);
         return 1;
     }
     return m->closing;
@@ -362,13 +366,13 @@ static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
             m->closing = 1; /* a finished member exits; a stranger went away */
             uv_close((uv_handle_t *)&m->tcp, member_closed);
         } else {
-            evict(c, m, n == UV_EOF ? "died (its connection closed)" : "lost its connection");
+            evict(c, m, n == UV_EOF ? "died (its connection closed)" : "lost its connection", 0);
         }
         try_form(c);
         return;
     }
     if (n > 0 && ddpd_lines_feed(&m->in, b->base, (size_t)n, DDP_ELASTIC_MAX_LINE, on_line, m) < 0)
-        evict(c, m, "sent a line that is too long");
+        evict(c, m, "sent a line that is too long", 1);
     free(b->base);
     if (c->phase == FORMING) try_form(c);
 }
@@ -414,7 +418,7 @@ static void on_tick(uv_timer_t *t)
             char why[96];
             snprintf(why, sizeof why, "stopped answering (no heartbeat for %.1f s)",
                      (double)(now - m->last_heard_ns) / 1e9);
-            evict(c, m, why);
+            evict(c, m, why, 1);
         }
     }
     if (c->below_min_ns && now - c->below_min_ns > (int64_t)(c->cfg.rejoin_timeout_s * 1e9)) {

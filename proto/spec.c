@@ -97,6 +97,10 @@ void ddp_spec_defaults(ddp_spec_t *s)
     s->min_workers = 1;
     s->max_workers = 1;
     snprintf(s->backend, sizeof s->backend, "auto");
+    snprintf(s->restart, sizeof s->restart, "never");
+    s->max_restarts = 3;
+    s->rejoin_timeout_s = 60;
+    s->heartbeat_timeout_s = 5;
     s->overlap = 1;
     s->shard_optimizer = 1;
     s->check_every = 100;
@@ -141,6 +145,7 @@ typedef struct field {
 static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
+static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
                                        NULL};
 
@@ -186,6 +191,10 @@ static const field_t FIELDS[] = {
     F_BOOL("ddp.overlap", overlap),
     F_BOOL("ddp.shard_optimizer", shard_optimizer),
     F_INT("ddp.check_every", check_every, 0, NO_MAX),
+    F_CHOICE("ddp.restart", restart, RESTARTS),
+    F_INT("ddp.max_restarts", max_restarts, 0, 1000000),
+    F_NUM("ddp.rejoin_timeout_s", rejoin_timeout_s, 0, 1e6, true, false),
+    F_NUM("ddp.heartbeat_timeout_s", heartbeat_timeout_s, 0, 3600, true, false),
     F_STR("checkpoint.dir", ckpt_dir),
     F_INT("checkpoint.every", ckpt_every, 0, NO_MAX),
     F_INT("checkpoint.keep_last", keep_last, 0, 1000000),

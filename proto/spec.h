@@ -63,6 +63,11 @@
  *   ddp.overlap                bool      true           all-reduce during backward
  *   ddp.shard_optimizer        bool      true           ranks sharing memory split the update
  *   ddp.check_every            int       100            steps between replica checksums; 0 = never
+ *   ddp.restart                enum      never          on-failure: a dead rank is restarted and
+ *                                                       rejoins the running job (elastic)
+ *   ddp.max_restarts           int       3              restarts per rank
+ *   ddp.rejoin_timeout_s       float     60             wait below min_workers, then fail
+ *   ddp.heartbeat_timeout_s    float     5              silence before a rank is evicted
  *   checkpoint.dir             string    ""             checkpoint directory; "" = none
  *   checkpoint.every           int       0              steps between saves; 0 = only at the end
  *   checkpoint.keep_last       int       3              checkpoints kept; 0 = all
@@ -126,6 +131,10 @@ typedef struct ddp_spec {
     int overlap;      /* bool */
     int shard_optimizer; /* bool */
     long check_every; /* replica checksum comparison; 0 = never */
+    char restart[16];  /* "never", "on-failure": a dead rank is restarted and rejoins (elastic) */
+    int max_restarts;  /* restarts per rank */
+    double rejoin_timeout_s;    /* below min_workers: how long the job waits for replacements */
+    double heartbeat_timeout_s; /* silence after which a rank is evicted */
 
     /* checkpoint */
     char ckpt_dir[1024]; /* "" = no checkpoints */

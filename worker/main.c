@@ -67,6 +67,7 @@ static void usage(FILE *out)
             "  --no-resume         start at step 0 even when checkpoint.dir holds checkpoints\n"
             "  --stop-at-step N    stop after step N (saving a checkpoint), as if interrupted\n"
             "  --quiet             no per-step lines\n"
+            "  --print-spec        print the validated spec (defaults filled in) as JSON, exit\n"
             "  --selftest          compare every kernel backend present with the CPU one\n"
             "  --help, --version\n");
 }
@@ -114,7 +115,7 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
 int main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
-           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT };
+           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC };
     static const struct option long_opts[] = {
         {"set", required_argument, NULL, OPT_SET},
         {"run-dir", required_argument, NULL, OPT_RUN_DIR},
@@ -125,6 +126,7 @@ int main(int argc, char **argv)
         {"no-resume", no_argument, NULL, OPT_NO_RESUME},
         {"stop-at-step", required_argument, NULL, OPT_STOP_AT},
         {"selftest", no_argument, NULL, OPT_SELFTEST},
+        {"print-spec", no_argument, NULL, OPT_PRINT_SPEC},
         {"version", no_argument, NULL, OPT_VER},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -132,7 +134,7 @@ int main(int argc, char **argv)
     prefer_fast_blas(argv);
     ddp_train_opts_t opts = {.backend = "auto", .run_dir = getenv("DDP_RUN_DIR")};
     char **sets = calloc((size_t)argc, sizeof *sets);
-    int n_sets = 0, c;
+    int n_sets = 0, c, print_spec = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
         case OPT_SET: sets[n_sets++] = optarg; break;
@@ -153,6 +155,7 @@ int main(int argc, char **argv)
         }
         case OPT_NO_RESUME: opts.no_resume = 1; break;
         case OPT_STOP_AT: opts.stop_at_step = atol(optarg); break;
+        case OPT_PRINT_SPEC: print_spec = 1; break;
         case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
         case OPT_VER: printf("ddp-worker 0.1.0\n"); free(sets); return 0;
         case 'h': usage(stdout); free(sets); return 0;
@@ -181,6 +184,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "ddp-worker: %s\n",
                 ei.msg[0] ? ddp_spec_errstr(&ei, origin, msg, sizeof msg) : ddp_strerror(rc));
         return 2;
+    }
+
+    if (print_spec) {
+        char *text = ddp_spec_to_json(&spec);
+        if (!text) return 1;
+        printf("%s\n", text);
+        free(text);
+        return 0;
     }
 
     struct sigaction sa = {.sa_handler = on_stop_signal};

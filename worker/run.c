@@ -62,9 +62,8 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
-             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
-             t->opts.world, old_world, t->step, ms,
-             st.sync_bytes > 0 ? ", state broadcast from rank " : "", t->gen.why);
+             "in %.0f ms (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
+             t->opts.world, old_world, t->step, ms, t->gen.why);
     if (st.sync_bytes > 0)
         DDP_INFO("generation %llu: state of step %ld from rank %d: %.1f MB in %.0f ms (%.0f MB/s)",
                  (unsigned long long)t->gen.gen, t->step, t->gen.source, st.sync_bytes / 1e6,
@@ -113,6 +112,9 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
         }
     }
     DDP_CHECK(ddp_tckpt_finish(t, ei));
-    if (t->elastic) DDP_CHECK(ddp_elastic_done(t->elastic, t->step));
+    if (t->elastic) {
+        ddp_elastic_watch(t->elastic, NULL); /* the coordinator closes once everyone is done */
+        DDP_CHECK(ddp_elastic_done(t->elastic, t->step));
+    }
     return 0;
 }
