@@ -165,6 +165,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     const char *text;
     size_t len;
     char origin[PATH_MAX + 8];
+    const char *inline_name = spec_origin && *spec_origin ? spec_origin : "<inline>";
     if (path) {
         char full[PATH_MAX * 2 + 2];
         if (path[0] == '/' || !cwd)
@@ -191,7 +192,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     } else if (json_is_string(spec)) {
         text = json_string_value(spec);
         len = json_string_length(spec);
-        snprintf(origin, sizeof origin, "%s", spec_origin && *spec_origin ? spec_origin : "<inline>");
+        snprintf(origin, sizeof origin, "%s", inline_name);
     } else {
         owned = json_dumps(spec, JSON_COMPACT);
         if (!owned) {
@@ -200,7 +201,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
         }
         text = owned;
         len = strlen(owned);
-        snprintf(origin, sizeof origin, "%s", spec_origin && *spec_origin ? spec_origin : "<inline>");
+        snprintf(origin, sizeof origin, "%s", inline_name);
     }
     ddpd_submit_t sub = {.spec_text = text,
                          .spec_len = len,
