@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "daemon/api.h"
 #include "daemon/config.h"
 #include "daemon/ctl.h"
 
@@ -77,6 +78,10 @@ static int call(ddpd_client_t *c, const char *method, json_t *params, json_t **r
         } else {
             ddpctl_print_error(err);
             json_t *data = json_object_get(err, "data");
+            /* a spec error's message already reads "FILE:LINE:COLUMN: FIELD: ..." */
+            if (json_integer_value(json_object_get(err, "code")) == DDPD_RPC_BAD_SPEC &&
+                json_integer_value(json_object_get(data, "line")) > 0)
+                data = NULL;
             const char *p = json_string_value(json_object_get(data, "path"));
             long long line = json_integer_value(json_object_get(data, "line"));
             if (p && *p)
@@ -133,7 +138,9 @@ static char *read_file(const char *path)
 }
 
 /* job.submit params for a spec file: the text goes inline (the daemon may not see the file);
- * the submitter's directory goes along so relative data paths resolve as the user expects. */
+ * the submitter's directory goes along so relative data paths resolve as the user expects, and
+ * the file's name as typed, so a spec error reads "job.yaml:4:7: train.lr: ..." as ddp-worker
+ * prints it. */
 static json_t *submit_params(const char *spec, int workers, const char *name)
 {
     char *text = read_file(spec);
@@ -149,6 +156,8 @@ static json_t *submit_params(const char *spec, int workers, const char *name)
         return NULL;
     }
     if (getcwd(cwd, sizeof cwd)) json_object_set_new(p, "cwd", json_string(cwd));
+    json_t *origin = json_string(spec); /* NULL when the name is not UTF-8: then "<inline>" */
+    if (origin) json_object_set_new(p, "origin", origin);
     if (workers > 0) json_object_set_new(p, "workers", json_integer(workers));
     if (name) json_object_set_new(p, "name", json_string(name));
     return p;
@@ -395,11 +404,15 @@ static int cmd_status(int argc, char **argv)
                json_string_value(json_object_get(res, "nodes")),
                json_string_value(json_object_get(res, "run_dir")));
         json_t *pg = json_object_get(res, "progress");
-        if (pg && json_object_get(pg, "step"))
-            printf("  step:    %lld/%lld  loss %.4f\n",
+        if (pg && json_object_get(pg, "step")) {
+            /* a validation line may be the newest record: no loss in it then */
+            json_t *pl = json_object_get(pg, "loss");
+            char lb[32] = "-";
+            if (json_is_number(pl)) snprintf(lb, sizeof lb, "%.4f", json_number_value(pl));
+            printf("  step:    %lld/%lld  loss %s\n",
                    (long long)json_integer_value(json_object_get(pg, "step")),
-                   (long long)json_integer_value(json_object_get(pg, "steps")),
-                   json_number_value(json_object_get(pg, "loss")));
+                   (long long)json_integer_value(json_object_get(pg, "steps")), lb);
+        }
         json_t *fl = json_object_get(res, "final_loss");
         if (json_is_number(fl)) printf("  final loss: %.4f\n", json_number_value(fl));
         printf("  transitions:\n");

@@ -45,8 +45,63 @@ static const char *num(json_t *v, const char *fmt, char *buf, size_t n)
     return buf;
 }
 
-static void render(json_t *job, int tty, int as_json, int64_t *last_print, long long *last_step,
-                   char *last_state, size_t lsn)
+static const char *fmt_tps(double t, char *buf, size_t n)
+{
+    if (t >= 1e6)
+        snprintf(buf, n, "%.2fM", t / 1e6);
+    else if (t >= 1e3)
+        snprintf(buf, n, "%.1fk", t / 1e3);
+    else
+        snprintf(buf, n, "%.0f", t);
+    return buf;
+}
+
+/* What the follower remembers between notifications. Not every notification carries a step's
+ * metrics (a validation line or a state change may be the newest thing the daemon read), so the
+ * last loss and rate seen are kept, and the first and last (tokens, wall_ms) pairs give the
+ * run's average rate when it ends. */
+typedef struct follow {
+    int64_t last_print;
+    long long last_step;
+    char last_state[32];
+    double loss, tps;         /* last seen; NAN until one is */
+    double tok0, wall0;       /* first step metrics seen: cumulative tokens, ms since start */
+    double tok1, wall1;       /* last ones */
+    int n_seen;               /* step metrics seen */
+} follow_t;
+
+static void remember(follow_t *f, json_t *job)
+{
+    json_t *m = json_object_get(job, "metrics");
+    json_t *l = json_object_get(job, "loss"), *t = json_object_get(job, "tokens_per_s");
+    if (json_is_number(l)) f->loss = json_number_value(l);
+    if (json_is_number(t)) f->tps = json_number_value(t);
+    json_t *tok = json_object_get(m, "tokens"), *w = json_object_get(m, "wall_ms");
+    if (!json_is_number(tok) || !json_is_number(w)) return;
+    f->tok1 = json_number_value(tok);
+    f->wall1 = json_number_value(w);
+    if (f->n_seen++ == 0) {
+        f->tok0 = f->tok1;
+        f->wall0 = f->wall1;
+    }
+}
+
+/* The run's average tokens/s: over the steps this follower saw (first to last), or the last
+ * step's rate when it saw only one. NAN when it saw none. */
+static double average_tps(const follow_t *f)
+{
+    if (f->n_seen >= 2 && f->wall1 > f->wall0)
+        return (f->tok1 - f->tok0) / ((f->wall1 - f->wall0) / 1000.0);
+    return f->tps;
+}
+
+static int terminal(const char *state)
+{
+    return state && (!strcmp(state, "succeeded") || !strcmp(state, "failed") ||
+                     !strcmp(state, "cancelled"));
+}
+
+static void render(json_t *job, int tty, int as_json, follow_t *f)
 {
     if (as_json) {
         char *s = json_dumps(job, JSON_COMPACT);
@@ -55,39 +110,44 @@ static void render(json_t *job, int tty, int as_json, int64_t *last_print, long 
         fflush(stdout);
         return;
     }
+    remember(f, job);
     const char *state = json_string_value(json_object_get(job, "state"));
     long long step = json_integer_value(json_object_get(job, "step"));
     long long steps = json_integer_value(json_object_get(job, "steps"));
-    int changed = strcmp(state ? state : "", last_state) != 0;
+    int changed = strcmp(state ? state : "", f->last_state) != 0;
     int64_t now = ddp_now_ns();
-    if (!tty && !changed && (step == *last_step || now - *last_print < 1000000000LL)) return;
-    char l[64], tps[64], eta[32];
-    double t = json_number_value(json_object_get(job, "tokens_per_s"));
-    if (t >= 1e6)
-        snprintf(tps, sizeof tps, "%.2fM", t / 1e6);
-    else if (t >= 1e3)
-        snprintf(tps, sizeof tps, "%.1fk", t / 1e3);
-    else
-        snprintf(tps, sizeof tps, "%.0f", t);
-    json_t *e = json_object_get(job, "eta_s");
+    if (!tty && !changed && (step == f->last_step || now - f->last_print < 1000000000LL)) return;
+    char l[64] = "-", tps[64] = "-", eta[32];
+    long long id = (long long)json_integer_value(json_object_get(job, "id"));
     char line[512];
-    if (json_object_get(job, "step"))
-        snprintf(line, sizeof line, "job %lld [%s] step %lld/%lld  loss %s  %s tok/s  ETA %s",
-                 (long long)json_integer_value(json_object_get(job, "id")), state, step, steps,
-                 num(json_object_get(job, "loss"), "%.4f", l, sizeof l), tps,
+    if (json_object_get(job, "step") && terminal(state)) {
+        /* the end: the final loss (the worker's "done" record) and the run's average speed */
+        json_t *fl = json_object_get(json_object_get(job, "done"), "final_loss");
+        double loss = json_is_number(fl) ? json_number_value(fl) : f->loss;
+        double avg = average_tps(f);
+        if (isfinite(loss)) snprintf(l, sizeof l, "%.4f", loss);
+        if (isfinite(avg)) fmt_tps(avg, tps, sizeof tps);
+        snprintf(line, sizeof line, "job %lld [%s] step %lld/%lld  final loss %s  %s tok/s average",
+                 id, state, step, steps, l, tps);
+    } else if (json_object_get(job, "step")) {
+        if (isfinite(f->loss)) snprintf(l, sizeof l, "%.4f", f->loss);
+        if (isfinite(f->tps)) fmt_tps(f->tps, tps, sizeof tps);
+        json_t *e = json_object_get(job, "eta_s");
+        snprintf(line, sizeof line, "job %lld [%s] step %lld/%lld  loss %s  %s tok/s  ETA %s", id,
+                 state, step, steps, l, tps,
                  json_is_number(e) ? ddpctl_fmt_dur(json_number_value(e), eta, sizeof eta) : "-");
-    else
-        snprintf(line, sizeof line, "job %lld [%s] %s",
-                 (long long)json_integer_value(json_object_get(job, "id")), state,
+    } else {
+        snprintf(line, sizeof line, "job %lld [%s] %s", id, state,
                  json_string_value(json_object_get(job, "reason")));
+    }
     if (tty)
         fprintf(stderr, "\r\033[K%s", line);
     else
         printf("%s\n", line);
     fflush(tty ? stderr : stdout);
-    *last_print = now;
-    *last_step = step;
-    snprintf(last_state, lsn, "%s", state ? state : "");
+    f->last_print = now;
+    f->last_step = step;
+    snprintf(f->last_state, sizeof f->last_state, "%s", state ? state : "");
 }
 
 int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int as_json,
@@ -100,9 +160,7 @@ int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int a
     long rid;
     int tty = isatty(STDERR_FILENO) && !as_json;
     int rc = ddpd_client_send(c, "job.watch", json_pack("{sI}", "id", (json_int_t)id), &rid);
-    int64_t last_print = 0;
-    long long last_step = -1;
-    char last_state[32] = "";
+    follow_t f = {.last_step = -1, .loss = NAN, .tps = NAN};
     int cancels = 0, ret = CTL_ERROR;
     json_t *final = NULL;
     while (rc == 0) {
@@ -125,8 +183,7 @@ int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int a
         const char *method = json_string_value(json_object_get(m, "method"));
         json_t *mid = json_object_get(m, "id");
         if (method && !strcmp(method, "job.progress")) {
-            render(json_object_get(json_object_get(m, "params"), "job"), tty, as_json, &last_print,
-                   &last_step, last_state, sizeof last_state);
+            render(json_object_get(json_object_get(m, "params"), "job"), tty, as_json, &f);
         } else if (json_is_integer(mid) && json_integer_value(mid) == rid) {
             if (json_object_get(m, "error")) {
                 ddpctl_print_error(json_object_get(m, "error"));

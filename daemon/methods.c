@@ -2,8 +2,10 @@
  * does its work and answers exactly once, either at once or, for the streaming methods, when
  * the stream ends.
  *
- *   job.submit  {spec: string|object | path: string, cwd?, name?, workers?}
+ *   job.submit  {spec: string|object | path: string, cwd?, name?, workers?, origin?}
  *                 -> {id, name, state, world, run_dir}      errors 1001 1005 1006 1007 1008
+ *                 origin names an inline spec in error messages (the file it was read from);
+ *                 a spec error's message reads "ORIGIN:LINE:COLUMN: FIELD.PATH: what is wrong"
  *   job.list    {state?, limit?}        -> {jobs: [...]}
  *   job.get     {id}                    -> job + transitions (+ progress)     error 1002
  *   job.cancel  {id}                    -> {id, state}                 errors 1002 1003 1004
@@ -31,6 +33,7 @@
 #include "daemon/peer.h"
 #include "daemon/rpc.h"
 #include "daemon/sched.h"
+#include "proto/spec.h"
 
 /* ---- param helpers: each returns 0, or sends -32602 and returns -1 ---- */
 
@@ -138,10 +141,10 @@ static char *read_spec_file(const char *path, size_t *len, int *err)
 
 static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
 {
-    const char *path = NULL, *cwd = NULL, *name = NULL;
+    const char *path = NULL, *cwd = NULL, *name = NULL, *spec_origin = NULL;
     long long workers = 0;
     if (p_str(s, id, params, "path", &path) || p_str(s, id, params, "cwd", &cwd) ||
-        p_str(s, id, params, "name", &name) ||
+        p_str(s, id, params, "name", &name) || p_str(s, id, params, "origin", &spec_origin) ||
         p_int(s, id, params, "workers", 0, 1, 4096, &workers))
         return;
     json_t *spec = params ? json_object_get(params, "spec") : NULL;
@@ -162,6 +165,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     const char *text;
     size_t len;
     char origin[PATH_MAX + 8];
+    const char *inline_name = spec_origin && *spec_origin ? spec_origin : "<inline>";
     if (path) {
         char full[PATH_MAX * 2 + 2];
         if (path[0] == '/' || !cwd)
@@ -188,7 +192,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     } else if (json_is_string(spec)) {
         text = json_string_value(spec);
         len = json_string_length(spec);
-        snprintf(origin, sizeof origin, "<inline>");
+        snprintf(origin, sizeof origin, "%s", inline_name);
     } else {
         owned = json_dumps(spec, JSON_COMPACT);
         if (!owned) {
@@ -197,7 +201,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
         }
         text = owned;
         len = strlen(owned);
-        snprintf(origin, sizeof origin, "<inline>");
+        snprintf(origin, sizeof origin, "%s", inline_name);
     }
     ddpd_submit_t sub = {.spec_text = text,
                          .spec_len = len,
@@ -228,7 +232,10 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     if (code == DDPD_RPC_BAD_SPEC && rc != DDP_ESPEC)
         json_object_set_new(data, "error", json_string(ddp_err_name(rc)));
     char where[1024];
-    ddpd__send_error(s, id, code, data, "%s", ddp_errinfo_str(&ei, where, sizeof where));
+    /* a spec error reads as ddp-worker prints it: the spec's name first, then the field */
+    ddpd__send_error(s, id, code, data, "%s",
+                     rc == DDP_ESPEC ? ddp_spec_errstr(&ei, origin, where, sizeof where)
+                                     : ddp_errinfo_str(&ei, where, sizeof where));
 }
 
 /* ---- job.list / job.get ---- */
