@@ -45,6 +45,7 @@ struct ddp_elastic {
     json_t *ag_msg;       /* an "ag" result not yet taken */
     int regroup;          /* the current generation ends at the next boundary (or has ended) */
     int lost;             /* the job is over for this worker */
+    int job_done;         /* ... because it finished before this worker was admitted */
     char lost_why[512];
 };
 
@@ -115,6 +116,7 @@ static void on_message(ddp_elastic_t *e, json_t *m)
     } else if (!strcmp(t, "exit")) {
         snprintf(buf, sizeof buf, "the coordinator ended this worker's part in the job: %s",
                  why ? why : "?");
+        e->job_done = json_is_true(json_object_get(m, "done"));
         pthread_mutex_unlock(&e->mu);
         set_lost(e, buf);
         return;
@@ -337,7 +339,8 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
         e->regroup = 0;
     }
     pthread_mutex_unlock(&e->mu);
-    if (!m) return ddp_errinfo_set(ei, DDP_EABORTED, "%s", e->lost_why);
+    if (!m)
+        return ddp_errinfo_set(ei, e->job_done ? DDP_ECLOSED : DDP_EABORTED, "%s", e->lost_why);
     memset(gen, 0, sizeof *gen);
     gen->gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
     gen->rank = (int)json_integer_value(json_object_get(m, "rank"));

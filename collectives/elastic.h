@@ -44,6 +44,7 @@ int ddp_elastic_connect(const char *addr, const char *token, int hint, double ti
  * process's memory (-1: none), and blocks until it forms. On success *bs is a bootstrap for
  * ddp_coll_new (owned by the caller) whose allgathers go through the coordinator. Errors:
  * DDP_EABORTED (the coordinator ended the job or evicted this worker: ei has its reason),
+ * DDP_ECLOSED (the job finished before this worker was admitted: nothing left to do),
  * DDP_EPEER (the connection broke). */
 int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
                      ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei);

@@ -110,14 +110,22 @@ static int is_waiting(const member_t *m) { return m->joined && !m->done && m->wa
 static int is_running(const member_t *m) { return m->rank >= 0; }
 static int is_done(const member_t *m) { return m->done; }
 
-/* The job is over once some member finished and none is still training. */
+/* The job is over once some member finished and none is still training; a joiner still
+ * waiting then is told so (it leaves with success: there is nothing left to do). */
 static void check_done(ddpd_coord_t *c)
 {
-    if (c->phase == ENDED || count(c, is_done) == 0 || count(c, is_member) > 0) return;
+    if (c->phase == ENDED || count(c, is_done) == 0) return;
     long step = -1;
-    for (const member_t *m = c->members; m; m = m->next)
+    for (const member_t *m = c->members; m; m = m->next) {
+        if (m->closing) continue;
+        if (m->joined && !m->done && m->rank >= 0) return; /* still training */
         if (m->done && m->step > step) step = m->step;
+    }
     c->phase = ENDED;
+    json_t *bye = json_pack("{s:s, s:s, s:b}", "t", "exit", "why", "the job is done", "done", 1);
+    for (member_t *m = c->members; m; m = m->next)
+        if (m->joined && !m->done) send_to(m, json_incref(bye));
+    json_decref(bye);
     DDP_INFO("coordinator: every member is done (step %ld)", step);
     emit(c, json_pack("{s:s, s:I}", "event", "done", "step", (json_int_t)step));
 }

@@ -200,6 +200,10 @@ int main(int argc, char **argv)
 
     ddp_trainer_t t;
     rc = ddp_trainer_init(&t, &spec, &opts, &ei);
+    if (rc == DDP_ECLOSED) { /* elastic: a restarted rank that came after the last step */
+        fprintf(stderr, "ddp-worker: %s\n", ei.msg);
+        return 0;
+    }
     if (rc) {
         fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
         return rc == DDP_ESPEC ? 2 : 1;

@@ -287,13 +287,15 @@ typedef struct {
     uint64_t tokens, rng[4];
     int32_t skipped;
     float last_loss, last_val_loss;
+    double last_norm, last_step_ms;
 } sync_header_t;
 
 static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t *ei)
 {
     sync_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
                        .skipped = t->skipped_steps, .last_loss = t->last_loss,
-                       .last_val_loss = t->last_val_loss};
+                       .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
+                       .last_step_ms = t->last_step_ms};
     memcpy(h.rng, t->rng.s, sizeof h.rng);
     size_t n = t->model.n_params * sizeof(float);
     void *bufs[] = {&h, t->model.w, t->opt.m, t->opt.v};
@@ -308,6 +310,8 @@ static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t
     t->skipped_steps = h.skipped;
     t->last_loss = h.last_loss;
     t->last_val_loss = h.last_val_loss;
+    t->last_norm = h.last_norm;
+    t->last_step_ms = h.last_step_ms;
     memcpy(t->rng.s, h.rng, sizeof h.rng);
     *bytes = (double)(sizeof h + 3 * n);
     return ddp_replicas_check(t->comm, &t->model, ei);
@@ -325,10 +329,17 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
                                t->n_micro);
     DDP_CHECK(attach_world(t, ei));
     DDP_CHECK(ddp_tckpt_regroup(t, ei));
-    if (!t->gen.sync) return 0;
-    int64_t t0 = ddp_now_ns();
-    DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
-    st->sync_ms = (double)(ddp_now_ns() - t0) / 1e6;
+    if (t->gen.sync) {
+        int64_t t0 = ddp_now_ns();
+        DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
+        st->sync_ms = (double)(ddp_now_ns() - t0) / 1e6;
+    }
+    /* a step no line was written for: the old rank 0 died between completing it and logging
+     * it, or the source completed a step this rank did not (a failure struck between the
+     * step's commit on some ranks and on others); its line comes from the step's figures,
+     * which every rank holds (loss and norm are global) or received with the state */
+    if (t->metrics && t->step > 0 && t->step > t->logged_step)
+        ddp_trainer_log_step(t, t->last_loss, t->last_step_ms);
     return 0;
 }
 
@@ -689,6 +700,7 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     double tok = (double)t->n_micro * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
     double lr = ddp_lr_at(s, t->step - 1);
+    t->last_step_ms = ms;
     char world[48] = "";
     if (t->elastic)
         snprintf(world, sizeof world, " | world %d, gen %llu", t->opts.world,

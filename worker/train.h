@@ -79,6 +79,7 @@ typedef struct ddp_trainer {
     int skipped_steps;        /* updates skipped for a non-finite gradient */
     int skipped_in_a_row;
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
+    double last_step_ms; /* wall time of the last step */
     struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
 } ddp_trainer_t;
 

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Elastic training with real processes and real signals (TAP): deploy/launch-local.sh runs a
+# coordinator (ddp-rdzv) and 4 ranks of gpt2-tiny with `ddp.restart: on-failure`; a rank is
+# SIGKILLed or SIGSTOPped at a step chosen at random; the survivors go on without reading a
+# checkpoint, the restarted rank rejoins from a live peer, and the run must end with every step
+# logged exactly once and weights equal to an uninterrupted run's within 1e-5 (relative, per
+# tensor). The global batch is 10 micro-batches, so 4 ranks take 3,3,2,2 and 3 ranks 4,3,3:
+# the uneven deal is exercised whenever the world shrinks.
+# Every wait is for an event (a step line, a file, a log line) with a deadline.
+#   test_elastic.sh DDP_WORKER DDP_PREP
+set -uo pipefail
+worker=$1 prep=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=${DDP_SOURCE_ROOT:-$here/../..}
+launch="$root/deploy/launch-local.sh"
+compare="$root/tests/unit/worker/compare_weights.py"
+tmp=$(mktemp -d /tmp/ddp-test-elastic.XXXXXX)
+launcher=""
+cleanup() {
+    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
+    for f in "$tmp"/*/rank-*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
+    wait 2>/dev/null
+    [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+export DDP_WORKER=$worker DDP_LOG_LEVEL=info
+
+n=0 failed=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
+check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+
+# wait_for FILE REGEX TIMEOUT_S: until a line of FILE matches (polled; fails at the deadline)
+wait_for() {
+    local file=$1 re=$2 deadline=$((SECONDS + $3))
+    while [ $SECONDS -lt "$deadline" ]; do
+        grep -Eq -- "$re" "$file" 2>/dev/null && return 0
+        kill -0 "$launcher" 2>/dev/null || { grep -Eq -- "$re" "$file" 2>/dev/null; return; }
+        sleep 0.05
+    done
+    echo "# timed out waiting for /$re/ in $file"
+    return 1
+}
+
+awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
+"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+steps=30
+cat >"$tmp/job.yaml" <<YAML
+name: elastic-test
+model: {preset: gpt2-tiny}
+data: {train: "$tmp/data/train_*.bin", val: "$tmp/data/val_*.bin"}
+train: {steps: $steps, micro_batch: 2, seq_len: 32, global_batch_tokens: 640, lr: 1.0e-3,
+        warmup: 2, val_every: 10, val_batches: 2, sample_tokens: 0, threads: 1, log_every: 1}
+ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625, check_every: 5, workers: 4, min_workers: 2,
+      restart: on-failure, max_restarts: 3, heartbeat_timeout_s: 1, rejoin_timeout_s: 30}
+YAML
+
+# start NAME [ddp-worker options]: a 4-rank elastic run in the background, in $tmp/NAME
+start() {
+    local name=$1; shift
+    mkdir -p "$tmp/$name"
+    RUN_DIR="$tmp/$name" "$launch" 4 "$tmp/job.yaml" --dump-weights "$tmp/$name/w.st" "$@" \
+        >"$tmp/$name/out.log" 2>&1 &
+    launcher=$!
+}
+finish() { # waits for the launcher; its status
+    wait "$launcher"; local rc=$?
+    launcher=""
+    return $rc
+}
+pid_of() { cat "$tmp/$1/rank-$2.pid"; }
+
+# every step 1..N has exactly one line in metrics.jsonl
+steps_once() {
+    python3 - "$1/metrics.jsonl" "$steps" <<'PY'
+import json, sys
+seen = [json.loads(l)["step"] for l in open(sys.argv[1]) if l.startswith('{"step":') and '"loss"' in l]
+want = list(range(1, int(sys.argv[2]) + 1))
+if seen != want:
+    sys.exit(f"step lines {seen} != 1..{sys.argv[2]}")
+PY
+}
+generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
+
+echo "1..19"
+
+# reference: the same job, uninterrupted
+start ref
+finish && ok "uninterrupted elastic run of 4 ranks" || { not_ok "uninterrupted run"; sed 's/^/# /' "$tmp/ref/out.log" | tail -20; }
+
+# 1. a rank killed at a random step: the survivors go on, the restarted rank rejoins
+k=$((3 + RANDOM % 15))
+echo "# SIGKILL rank 2 after step $k"
+start kill
+if wait_for "$tmp/kill/out.log" "step +$k/$steps" 120; then
+    kill -KILL "$(pid_of kill 2)"
+    finish && ok "the job survives rank 2's SIGKILL after step $k" || { not_ok "job with a killed rank"; tail -30 "$tmp/kill/out.log" | sed 's/^/# /'; }
+    check "every step logged exactly once" steps_once "$tmp/kill"
+    check "a generation formed without rank 2, and again when it rejoined" test "$(generations "$tmp/kill")" -ge 2
+    check "the rejoined rank received the state from a live rank" grep -q "joined generation .* state of step" "$tmp/kill/rank-2.log"
+    check "final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/kill/w.st" --rel 1e-5
+else
+    for i in 1 2 3 4 5; do not_ok "kill run did not reach step $k"; done
+fi
+
+# 2. rank 0 killed: the step lines and the checkpoints move to the new rank 0
+ck="$tmp/ck0/checkpoints"
+start ck0 --set checkpoint.dir="$ck" --set checkpoint.every=5
+if wait_for "$tmp/ck0/out.log" "step +12/$steps" 120; then
+    kill -KILL "$(pid_of ck0 0)"
+    finish && ok "the job survives rank 0's SIGKILL" || { not_ok "job with rank 0 killed"; tail -30 "$tmp/ck0/out.log" "$tmp/ck0"/rank-1.log | sed 's/^/# /'; }
+    check "every step logged exactly once after rank 0 died" steps_once "$tmp/ck0"
+    check "checkpoints after the kill were written by the new rank 0 (steps 20..30)" test -f "$ck/step-00000020/MANIFEST.json" -a -f "$ck/step-00000030/MANIFEST.json"
+    check "the last checkpoint verifies and resumes (1 rank, 2 more steps)" "$worker" "$tmp/job.yaml" --quiet --set checkpoint.dir="$ck" --set train.steps=$((steps + 2))
+    check "final weights (rank 0 died) equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/ck0/w.st" --rel 1e-5
+else
+    for i in 1 2 3 4 5; do not_ok "rank-0 run did not reach step 12"; done
+fi
+
+# 3. a hung rank (SIGSTOP): evicted after the heartbeat deadline, killed, replaced
+start stop
+if wait_for "$tmp/stop/out.log" "step +8/$steps" 120; then
+    kill -STOP "$(pid_of stop 1)"
+    finish && ok "the job survives a SIGSTOPped rank" || { not_ok "job with a stopped rank"; tail -30 "$tmp/stop/out.log" | sed 's/^/# /'; }
+    check "the coordinator evicted it for silence" grep -q "stopped answering" "$tmp/stop/rdzv.log"
+    check "final weights (hung rank) equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/stop/w.st" --rel 1e-5
+else
+    for i in 1 2 3; do not_ok "stop run did not reach step 8"; done
+fi
+
+# 4. chaos: three different ranks killed at three points
+start chaos
+ok_chaos=1
+for spec in "5 3" "14 1" "22 0"; do
+    set -- $spec
+    wait_for "$tmp/chaos/out.log" "step +$1/$steps" 180 || { ok_chaos=0; break; }
+    kill -KILL "$(pid_of chaos "$2")" 2>/dev/null
+done
+if [ $ok_chaos = 1 ] && finish; then
+    ok "the job survives three kills (ranks 3, 1, 0)"
+    check "chaos: every step logged exactly once" steps_once "$tmp/chaos"
+    check "chaos: final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/chaos/w.st" --rel 1e-5
+else
+    not_ok "chaos run"; tail -30 "$tmp/chaos/out.log" | sed 's/^/# /'; not_ok "chaos steps"; not_ok "chaos weights"
+fi
+
+# 5. below ddp.min_workers with no restarts left: the job fails and says why
+start below --set ddp.min_workers=4 --set ddp.max_restarts=0 --set ddp.rejoin_timeout_s=1
+if wait_for "$tmp/below/out.log" "step +4/$steps" 120; then
+    kill -KILL "$(pid_of below 3)"
+    if finish; then not_ok "a job below min_workers must fail"; else ok "a job below min_workers fails"; fi
+    check "its reason names min_workers and the timeout" grep -q "below ddp.min_workers = 4.*rejoin_timeout_s" "$tmp/below/out.log"
+else
+    not_ok "below run did not reach step 4"; not_ok "below reason"
+fi
+
+echo "# $failed of $n failed"
+[ $failed -eq 0 ]
