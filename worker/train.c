@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/ckpt_glue.h"
+#include "worker/metrics_sink.h" /* observe: metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
@@ -29,7 +30,7 @@ static int open_metrics(ddp_trainer_t *t)
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    t->metrics = fopen(path, "a");
+    t->metrics = ddp_metrics_open(t->opts.run_dir, path); /* observe: + RUN_DIR/tb/ events */
     if (!t->metrics) {
         DDP_ERROR("cannot open %s: %s", path, strerror(errno));
         return -errno;
