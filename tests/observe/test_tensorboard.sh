@@ -22,7 +22,7 @@ fi
 
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; printf "%s\n" "$@" | sed "s/^/# /"; }
 
 awk 'BEGIN { for (i = 0; i < 3000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
 "$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 77; }
