@@ -64,9 +64,9 @@ int ddpd_series_read(const char *path, off_t tail, ddpd_series_t *s)
     FILE *f = fopen(path, "re");
     if (!f) return -errno;
     int skip_first = 0;
-    if (tail > 0 && fseeko(f, 0, SEEK_END) == 0 && ftello(f) > tail) {
-        fseeko(f, -tail, SEEK_END);
-        skip_first = 1;
+    if (tail > 0 && fseeko(f, 0, SEEK_END) == 0) {
+        skip_first = ftello(f) > tail;
+        fseeko(f, skip_first ? -tail : 0, skip_first ? SEEK_END : SEEK_SET);
     }
     char *line = NULL;
     size_t cap = 0;
