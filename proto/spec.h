@@ -28,7 +28,9 @@
  *   model.n_layer .. block_size int      (preset)       instead of a preset: all five required;
  *                                                       n_embd % n_head == 0, vocab <= 65536
  *   model.init_from            string    ""             dir of HF GPT-2 safetensors to start from
- *                                                       (needs a preset or the dimensions too)
+ *                                                       (its config.json gives the model when
+ *                                                       no preset or dimensions do; given ones
+ *                                                       are checked against it)
  *   data.train                 string    (required)     glob of training token shards
  *   data.val                   string    ""             glob of validation shards; "" = none
  *   train.steps                int       1000           optimizer steps, >= 1
@@ -95,7 +97,9 @@ typedef struct ddp_spec {
 
     /* model */
     char preset[32];        /* "" when given by dimensions or init_from */
-    ddp_model_cfg_t model;  /* always filled (from the preset when one is named) */
+    ddp_model_cfg_t model;  /* from the preset or the dimensions; all zero when only init_from
+                             * is given, until ddp_spec_resolve_model (proto/hf_config.h) reads
+                             * its config.json (and then seq_len 0 becomes block_size) */
     char init_from[1024];   /* "" or a directory of GPT-2 safetensors */
 
     /* data: glob patterns of token shards */

@@ -12,6 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/ckpt_glue.h"
+#include "proto/hf_config.h"         /* observe: init_from config.json */
 #include "worker/metrics_sink.h" /* observe: metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
 
@@ -184,6 +185,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->opts = *opts;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
+    DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* observe: init_from */
     int threads = s->threads > 0 ? s->threads : default_threads();
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
     const char *local = getenv("DDP_LOCAL_RANK");
