@@ -244,7 +244,8 @@ int ddpctl_plot(int argc, char **argv, const char *socket_path)
     }
     const char *job = argv[optind];
     char def[64] = "loss.svg"; /* job-N-loss.svg for a job id */
-    if (strspn(job, "0123456789") == strlen(job)) snprintf(def, sizeof def, "job-%.40s-loss.svg", job);
+    if (strspn(job, "0123456789") == strlen(job))
+        snprintf(def, sizeof def, "job-%.40s-loss.svg", job);
     if (!out) out = def;
     int png = ends_with(out, ".png");
     if (!png && !ends_with(out, ".svg")) {

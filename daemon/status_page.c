@@ -190,7 +190,8 @@ char *ddpd_status_page_html(ddpd_t *d)
                "font-weight:bold}tr.failed .state{color:#d62728}tr.succeeded .state{color:#1f77b4}"
                "progress{width:120px}.tick{font-size:11px;fill:#555}.axis,.legend{font-size:12px}"
                "section{margin-top:18px}h2{font-size:15px;margin:0 0 4px}"
-               ".reason{color:#666;max-width:360px}.name,.progress{white-space:nowrap}</style></head>\n<body>\n",
+               ".reason{color:#666;max-width:360px}.name,.progress{white-space:nowrap}"
+               "</style></head>\n<body>\n",
             REFRESH_S, running);
     fputs("<h1>ddpd on ", f);
     put_escaped(f, d->cfg.node_name);

@@ -57,7 +57,10 @@ static void put_le(wbuf_t *b, uint64_t v, int bytes)
 }
 
 /* key = field number << 3 | wire type (0 varint, 1 fixed64, 2 length-delimited, 5 fixed32) */
-static void put_key(wbuf_t *b, int field, int wire) { put_varint(b, (uint64_t)(field << 3 | wire)); }
+static void put_key(wbuf_t *b, int field, int wire)
+{
+    put_varint(b, (uint64_t)(field << 3 | wire));
+}
 
 static void put_bytes(wbuf_t *b, int field, const void *s, size_t n)
 {

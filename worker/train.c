@@ -12,7 +12,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "worker/ckpt_glue.h"
-#include "proto/hf_config.h"         /* observe: init_from config.json */
+#include "proto/hf_config.h"    /* observe: init_from config.json */
 #include "worker/metrics_sink.h" /* observe: metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
 
@@ -31,7 +31,7 @@ static int open_metrics(ddp_trainer_t *t)
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    t->metrics = ddp_metrics_open(t->opts.run_dir, path); /* observe: + RUN_DIR/tb/ events */
+    t->metrics = ddp_metrics_open(t->opts.run_dir, path); /* observe: + RUN_DIR/tb/ */
     if (!t->metrics) {
         DDP_ERROR("cannot open %s: %s", path, strerror(errno));
         return -errno;
