@@ -165,8 +165,12 @@ int ddp_tb_open(const char *run_dir, ddp_tb_t **out)
     *out = NULL;
     ddp_tb_t *tb = ddp_calloc(1, sizeof *tb);
     if (!tb) return DDP_ENOMEM;
+    tb->fd = -1;
     char dir[4096], host[256] = "localhost";
-    snprintf(dir, sizeof dir, "%s/tb", run_dir);
+    if ((size_t)snprintf(dir, sizeof dir, "%s/tb", run_dir) >= sizeof dir) {
+        free(tb);
+        return -ENAMETOOLONG;
+    }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
         int rc = -errno;
         free(tb);
@@ -179,8 +183,11 @@ int ddp_tb_open(const char *run_dir, ddp_tb_t **out)
     for (int i = 0; i < 100; i++) {
         char suffix[16] = "";
         if (i) snprintf(suffix, sizeof suffix, ".%d", i);
-        snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%lld.%s%s", dir,
-                 (long long)sec, host, suffix);
+        if ((size_t)snprintf(tb->path, sizeof tb->path, "%s/events.out.tfevents.%lld.%s%s", dir,
+                             (long long)sec, host, suffix) >= sizeof tb->path) {
+            errno = ENAMETOOLONG;
+            break;
+        }
         tb->fd = open(tb->path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
         if (tb->fd >= 0 || errno != EEXIST) break;
     }
