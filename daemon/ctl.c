@@ -23,7 +23,8 @@
 #include "common/clock.h"
 #include "daemon/config.h"
 #include "daemon/ctl.h"
-#include "daemon/ctl_plot.h" /* observe */
+#include "daemon/ctl_plot.h"  /* observe */
+#include "daemon/ctl_trace.h" /* observe */
 
 static int as_json;
 static char socket_path[PATH_MAX];
@@ -41,6 +42,7 @@ static void usage(FILE *f)
             "  cancel ID\n"
             "  watch ID\n"
             "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
+            "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"
             "  nodes\n"
             "  info                                   daemon status\n"
             "  call METHOD [PARAMS-JSON]              raw JSON-RPC call\n"
@@ -609,6 +611,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "info")) return simple("daemon.status", NULL, 1);
     if (!strcmp(cmd, "call")) return cmd_call(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, socket_path); /* observe */
+    if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, socket_path); /* observe */
     fprintf(stderr, "ddpctl: unknown command '%s'\n", cmd);
     usage(stderr);
     return CTL_USAGE;

@@ -42,17 +42,17 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && !strcasecmp(s + n - m, suffix);
 }
 
-/* The metrics.jsonl of JOB: a file, a run directory, or a job id asked of the daemon. */
-static int resolve(const char *job, const char *socket_path, char *path, size_t len, char *title,
-                   size_t tlen)
+int ddpctl_run_dir(const char *job, const char *socket_path, char *path, size_t len,
+                   int *is_file, char *title, size_t tlen)
 {
     struct stat st;
     if (stat(job, &st) == 0) {
-        if (S_ISDIR(st.st_mode)) snprintf(path, len, "%s/metrics.jsonl", job);
-        else snprintf(path, len, "%s", job);
+        snprintf(path, len, "%s", job);
+        *is_file = !S_ISDIR(st.st_mode);
         snprintf(title, tlen, "%s", job);
         return 0;
     }
+    *is_file = 0;
     char *end = NULL;
     long long id = strtoll(job, &end, 10);
     if (!*job || *end || id <= 0) {
@@ -81,7 +81,7 @@ static int resolve(const char *job, const char *socket_path, char *path, size_t 
         return CTL_ERROR;
     }
     const char *dir = json_string_value(json_object_get(res, "run_dir"));
-    snprintf(path, len, "%s/metrics.jsonl", dir ? dir : "");
+    snprintf(path, len, "%s", dir ? dir : "");
     snprintf(title, tlen, "job %lld (%s)", id,
              json_string_value(json_object_get(res, "name")) ?: "?");
     json_decref(res);
@@ -253,8 +253,11 @@ int ddpctl_plot(int argc, char **argv, const char *socket_path)
         return CTL_USAGE;
     }
     char path[PATH_MAX], title[512];
-    int rc = resolve(job, socket_path, path, sizeof path, title, sizeof title);
+    int is_file;
+    int rc = ddpctl_run_dir(job, socket_path, path, sizeof path - 16, &is_file, title,
+                            sizeof title);
     if (rc) return rc;
+    if (!is_file) strcat(path, "/metrics.jsonl");
     ddpd_series_t s;
     rc = ddpd_series_read(path, 0, &s);
     if (rc) {

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/trace.h"
 #include "proto/spec_tree.h"
 
 #define SPEC_MAX_BYTES (4 << 20)
@@ -177,6 +178,7 @@ static const field_t FIELDS[] = {
     F_INT("train.val_batches", val_batches, 1, 1 << 20),
     F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
     F_INT("train.log_every", log_every, 1, NO_MAX),
+    F_STR("train.trace", trace), /* observe: timeline trace */
     F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),
     F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false),
     F_INT("ddp.workers", workers, 1, 65536),
@@ -628,6 +630,10 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     if (s->min_lr > s->lr)
         return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
                          s->lr, s->min_lr);
+    if (!ddp_trace_steps_valid(s->trace)) /* observe */
+        return idx_error(ps, field_index("train.trace"),
+                         "must be \"N\" or \"N-M\" (steps to trace, 1 <= N <= M), got \"%s\"",
+                         s->trace);
     if (s->warmup > 0 && s->warmup >= s->steps)
         return idx_error(ps, field_index("train.warmup"), "must be < train.steps (%ld), got %ld",
                          s->steps, s->warmup);

@@ -55,6 +55,8 @@
  *   train.val_batches          int       8              micro-batches per validation
  *   train.sample_tokens        int       200            tokens sampled at the end; 0 = none
  *   train.log_every            int       1              a step line every N steps
+ *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
+ *                                                       JSON in RUN_DIR/trace/rank-R.json
  *   ddp.workers                int       1              ranks
  *   ddp.min_workers            int       workers        fewest ranks the job goes on with
  *   ddp.max_workers            int       workers        most ranks the job may grow to
@@ -122,6 +124,7 @@ typedef struct ddp_spec {
     int val_batches;   /* micro-batches per validation */
     int sample_tokens; /* tokens sampled at the end; 0 = none */
     long log_every;    /* step lines every N steps */
+    char trace[32];    /* steps to trace, "N" or "N-M" (common/trace.h); "" = none */
 
     /* ddp */
     double bucket_mb, first_bucket_mb;

@@ -11,6 +11,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/trace.h" /* observe: train.trace */
 #include "worker/ckpt_glue.h"
 #include "proto/hf_config.h"    /* observe: init_from config.json */
 #include "worker/metrics_sink.h" /* observe: metrics.jsonl teed to TensorBoard */
@@ -198,6 +199,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         goto fail;
     }
     DDP_CHECK_GOTO(join_world(t, ei), rc, fail);
+    ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* observe: train.trace */
     int world = t->opts.world;
     if (world > 1) ddp_log_set_rank(t->opts.rank);
     DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
@@ -312,6 +314,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     free(t->emb_tokens);
     free(t->norm_sums);
     if (t->metrics) fclose(t->metrics);
+    ddp_trace_close(); /* observe: train.trace */
     memset(t, 0, sizeof *t);
 }
 
@@ -579,6 +582,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
     t->run_t0 = ddp_now_ns();
     while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
+        ddp_trace_step(t->step + 1); /* observe: train.trace */
         t->stop_requested = stop && *stop;
         int64_t t0 = ddp_now_ns();
         float loss = 0;
