@@ -54,6 +54,12 @@ ev = json.load(open('$tmp/trace.json'))['traceEvents']
 sys.exit(0 if sum(e['ph'] == 'X' and e['tid'] == 3 and e['name'].startswith('load step')
                   for e in ev) >= 2 else 1)"
 
+if command -v gnuplot >/dev/null && python3 -c 'import PIL' 2>/dev/null; then
+  check "the merged trace draws as a timeline (tests/observe/trace_picture.py)" bash -c "
+      python3 '$here/trace_picture.py' '$tmp/trace.json' '$tmp/trace.png' &&
+      python3 -c \"from PIL import Image; im = Image.open('$tmp/trace.png'); assert im.size[0] == 1200 and len(set(im.convert('RGB').getdata())) > 20\""
+fi
+
 "$worker" "$tmp/job.yaml" --set train.trace='"5-2"' >"$tmp/bad.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q 'train.trace: must be "N" or "N-M"' "$tmp/bad.log" &&
