@@ -24,6 +24,8 @@
 #include "daemon/api.h"
 #include "daemon/config.h"
 #include "daemon/ctl.h"
+#include "daemon/ctl_plot.h"
+#include "daemon/ctl_trace.h"
 
 static int as_json;
 static char socket_path[PATH_MAX];
@@ -40,6 +42,8 @@ static void usage(FILE *f)
             "  logs ID [-f|--follow] [--rank N]\n"
             "  cancel ID\n"
             "  watch ID\n"
+            "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
+            "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"
             "  nodes\n"
             "  info                                   daemon status\n"
             "  call METHOD [PARAMS-JSON]              raw JSON-RPC call\n"
@@ -619,6 +623,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "nodes")) return cmd_nodes();
     if (!strcmp(cmd, "info")) return simple("daemon.status", NULL, 1);
     if (!strcmp(cmd, "call")) return cmd_call(sub_argc, sub_argv);
+    if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, socket_path);
+    if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, socket_path);
     fprintf(stderr, "ddpctl: unknown command '%s'\n", cmd);
     usage(stderr);
     return CTL_USAGE;

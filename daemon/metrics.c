@@ -14,6 +14,7 @@
 #include "daemon/config.h"
 #include "daemon/job.h"
 #include "daemon/peer.h"
+#include "daemon/status_page.h"
 
 typedef struct mconn {
     uv_tcp_t tcp;
@@ -141,7 +142,8 @@ static void m_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
     }
     c->answered = 1;
     uv_read_stop(st);
-    char *body = ddpd_metrics_text(c->d);
+    int page = ddpd_status_page_wanted(c->buf, c->len); /* GET / is the status page */
+    char *body = page ? ddpd_status_page_html(c->d) : ddpd_metrics_text(c->d);
     size_t bl = body ? strlen(body) : 0;
     char *resp = ddp_malloc(bl + 256);
     uv_write_t *req = ddp_malloc(sizeof *req);
@@ -153,9 +155,9 @@ static void m_read(uv_stream_t *st, ssize_t n, const uv_buf_t *buf)
         return;
     }
     int hl = snprintf(resp, 256,
-                      "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                      "HTTP/1.0 200 OK\r\nContent-Type: %s\r\n"
                       "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                      bl);
+                      page ? "text/html; charset=utf-8" : "text/plain; version=0.0.4", bl);
     if (bl) memcpy(resp + hl, body, bl);
     free(body);
     c->resp = resp;
@@ -215,7 +217,8 @@ int ddpd_metrics_start(ddpd_t *d, ddp_errinfo_t *ei)
         port = ntohs(((struct sockaddr_in *)&got)->sin_port);
         snprintf(d->cfg.metrics, sizeof d->cfg.metrics, "%.200s:%d", host, port);
     }
-    DDP_INFO("metrics on http://%s/metrics", d->cfg.metrics);
+    DDP_INFO("metrics on http://%s/metrics, status page on http://%s/", d->cfg.metrics,
+             d->cfg.metrics);
     return 0;
 }
 

@@ -9,6 +9,7 @@ packages=(
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
   libopenmpi-dev openmpi-bin
   iproute2 python3 python3-pip python3-numpy
+  gnuplot-nox chromium fonts-dejavu-core  # observe: ddpctl plot; the status page's browser test
 )
 
 missing=()
@@ -30,5 +31,11 @@ if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
   python3 -m pip install -q safetensors numpy 2>/dev/null ||
     python3 -m pip install -q --break-system-packages safetensors numpy ||
     echo "install-deps: safetensors not installed; the Python format check will be skipped"
+fi
+# The TensorBoard test reads event files with TensorBoard's own reader (it installs it too).
+if ! python3 -c 'import tensorboard' 2>/dev/null; then
+  python3 -m pip install -q tensorboard 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages tensorboard ||
+    echo "install-deps: tensorboard not installed; its test will install it or skip"
 fi
 echo "install-deps: ok"

@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/trace.h"
 #include "proto/spec_tree.h"
 
 #define SPEC_MAX_BYTES (4 << 20)
@@ -182,6 +183,7 @@ static const field_t FIELDS[] = {
     F_INT("train.val_batches", val_batches, 1, 1 << 20),
     F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
     F_INT("train.log_every", log_every, 1, NO_MAX),
+    F_STR("train.trace", trace), /* timeline trace */
     F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),
     F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false),
     F_INT("ddp.workers", workers, 1, 65536),
@@ -600,10 +602,14 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
                              "must be divisible by model.n_head (%d), got %d", s->model.n_head,
                              s->model.n_embd);
     }
-    if (SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims)
-        return idx_error(ps, field_index("model.init_from"),
-                         "needs the architecture too: add model.preset or the dimensions "
-                         "(they are checked against the checkpoint's config.json)");
+    /* init_from alone: the architecture is its config.json's, read where the files are (the
+     * worker: ddp_spec_resolve_model, proto/hf_config.h); until then the model is all zeros
+     * and seq_len 0 means "block_size" */
+    int arch_later = SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims;
+    if (arch_later) {
+        s->preset[0] = '\0';
+        memset(&s->model, 0, sizeof s->model);
+    }
 
     /* data */
     if (!s->train_glob[0]) {
@@ -616,12 +622,12 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
 
     /* train */
     if (!SET("train.seq_len")) s->seq_len = s->model.block_size;
-    if (s->seq_len > s->model.block_size)
+    if (!arch_later && s->seq_len > s->model.block_size)
         return idx_error(ps, field_index("train.seq_len"),
                          "must be <= model.block_size (%d), got %d", s->model.block_size,
                          s->seq_len);
     long per = (long)s->micro_batch * s->seq_len;
-    if (s->global_batch_tokens % per)
+    if (per && s->global_batch_tokens % per)
         return idx_error(ps, field_index("train.global_batch_tokens"),
                          "must be 0 (one micro-batch per rank) or a multiple of "
                          "train.micro_batch * train.seq_len = %ld, got %ld",
@@ -633,6 +639,10 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     if (s->min_lr > s->lr)
         return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
                          s->lr, s->min_lr);
+    if (!ddp_trace_steps_valid(s->trace))
+        return idx_error(ps, field_index("train.trace"),
+                         "must be \"N\" or \"N-M\" (steps to trace, 1 <= N <= M), got \"%s\"",
+                         s->trace);
     if (s->warmup > 0 && s->warmup >= s->steps)
         return idx_error(ps, field_index("train.warmup"), "must be < train.steps (%ld), got %ld",
                          s->steps, s->warmup);
@@ -795,6 +805,8 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
         if (model && !strcmp(f->path, "model.init_from") && !s->init_from[0]) continue;
         if (model && !strcmp(f->path, "model.preset") && !s->preset[0]) continue;
         if (model && s->preset[0] && f->type == FT_INT) continue; /* dims come from preset */
+        if (model && !s->model.n_layer && f->type == FT_INT) continue; /* from init_from */
+        if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
         const char *dot = strchr(f->path, '.');
         json_t *obj = root;
         if (dot) {

@@ -28,7 +28,9 @@
  *   model.n_layer .. block_size int      (preset)       instead of a preset: all five required;
  *                                                       n_embd % n_head == 0, vocab <= 65536
  *   model.init_from            string    ""             dir of HF GPT-2 safetensors to start from
- *                                                       (needs a preset or the dimensions too)
+ *                                                       (its config.json gives the model when
+ *                                                       no preset or dimensions do; given ones
+ *                                                       are checked against it)
  *   data.train                 string    (required)     glob of training token shards
  *   data.val                   string    ""             glob of validation shards; "" = none
  *   train.steps                int       1000           optimizer steps, >= 1
@@ -53,6 +55,8 @@
  *   train.val_batches          int       8              micro-batches per validation
  *   train.sample_tokens        int       200            tokens sampled at the end; 0 = none
  *   train.log_every            int       1              a step line every N steps
+ *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
+ *                                                       JSON in RUN_DIR/trace/rank-R.json
  *   ddp.workers                int       1              ranks
  *   ddp.min_workers            int       workers        fewest ranks the job goes on with
  *   ddp.max_workers            int       workers        most ranks the job may grow to
@@ -100,7 +104,9 @@ typedef struct ddp_spec {
 
     /* model */
     char preset[32];        /* "" when given by dimensions or init_from */
-    ddp_model_cfg_t model;  /* always filled (from the preset when one is named) */
+    ddp_model_cfg_t model;  /* from the preset or the dimensions; all zero when only init_from
+                             * is given, until ddp_spec_resolve_model (proto/hf_config.h) reads
+                             * its config.json (and then seq_len 0 becomes block_size) */
     char init_from[1024];   /* "" or a directory of GPT-2 safetensors */
 
     /* data: glob patterns of token shards */
@@ -123,6 +129,7 @@ typedef struct ddp_spec {
     int val_batches;   /* micro-batches per validation */
     int sample_tokens; /* tokens sampled at the end; 0 = none */
     long log_every;    /* step lines every N steps */
+    char trace[32];    /* steps to trace, "N" or "N-M" (common/trace.h); "" = none */
 
     /* ddp */
     double bucket_mb, first_bucket_mb;

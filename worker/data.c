@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/rng.h"
+#include "common/trace.h"
 
 int ddp_dataset_open(ddp_dataset_t *d, const char *glob, int T, int vocab_size, uint64_t seed,
                      ddp_errinfo_t *ei)
@@ -168,8 +169,11 @@ static void *loader_main(void *arg)
         pthread_mutex_unlock(&l->mu);
         ddp_errinfo_t ei;
         ddp_errinfo_clear(&ei);
+        int64_t tr = ddp_trace_begin();
         int rc = ddp_dataset_fill(l->d, first_sample(l, key), l->B, 1, l->buf[s][0],
                                   l->buf[s][1], &ei);
+        ddp_trace_end(DDP_TRACE_DATA, tr, "load step %lld micro-batch %lld",
+                      (long long)(key / l->accum + 1), (long long)(key % l->accum));
         pthread_mutex_lock(&l->mu);
         l->slot_key[s] = key;
         l->slot_rc[s] = rc;
@@ -219,6 +223,7 @@ int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **input
                     const int32_t **targets, ddp_errinfo_t *ei)
 {
     int64_t key = (int64_t)step * l->accum + micro;
+    int64_t tr = ddp_trace_begin();
     pthread_mutex_lock(&l->mu);
     l->want = key;
     pthread_cond_broadcast(&l->cv);
@@ -229,6 +234,7 @@ int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **input
     *inputs = l->buf[s][0];
     *targets = l->buf[s][1];
     pthread_mutex_unlock(&l->mu);
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "data wait (micro-batch %d)", micro);
     return rc;
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/trace.h"
 
 /* Calls add(ctx, name, ndim, d0, d1, decay) for every tensor in arena order. The one place the
  * layout is defined. */
@@ -288,6 +289,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     DDP_K(k, encoder_fwd, a->encoded, a->inputs, m->wv.wte, m->wv.wpe, B, T, C);
     const float *x = a->encoded;
     for (int l = 0; l < L; l++) {
+        int64_t tr = ddp_trace_begin();
         const ddp_gpt2_block_t *w = &m->wv.h[l];
         float *ln1 = a->ln1 + l * sBTC, *qkv = a->qkv + 3 * l * sBTC, *atty = a->atty + l * sBTC;
         float *res2 = a->res2 + l * sBTC, *ln2 = a->ln2 + l * sBTC, *res3 = a->res3 + l * sBTC;
@@ -306,7 +308,9 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
               DDP_W_IN_OUT);
         DDP_K(k, residual_fwd, res3, res2, a->dc, BT * C);
         x = res3;
+        ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward h.%d", l);
     }
+    int64_t tr = ddp_trace_begin();
     DDP_K(k, layernorm_fwd, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->wv.lnfw, m->wv.lnfb, (int)BT,
           C);
     DDP_K(k, matmul_fwd, a->logits, a->lnf, m->wv.wte, NULL, (int)BT, C, V, DDP_W_OUT_IN);
@@ -324,6 +328,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     for (size_t i = 0; i < BT; i++) sum += host_losses[i];
     free(host_losses);
     if (loss) *loss = (float)(sum / (double)BT);
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward ln_f, lm_head, loss");
     return rc;
 }
 
@@ -339,6 +344,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     size_t sATT = (size_t)a->B * NH * a->T * a->T;
     const ddp_gpt2_views_t *gv = &m->gv;
 
+    int64_t tr = ddp_trace_begin();
     DDP_CHECK(k->ops->memset0(k->ctx, m->g, m->n_params * sizeof(float)));
     /* d(mean loss)/dlogits, written over the logits */
     DDP_K(k, xent_fwd_bwd, a->losses, a->logits, a->logits, a->targets, (int)BT, V,
@@ -361,8 +367,10 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         DDP_CHECK(k->ops->sync(k->ctx));
         ready(arg, done);
     }
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward loss, lm_head, ln_f");
 
     for (int l = L - 1; l >= 0; l--) {
+        tr = ddp_trace_begin();
         const ddp_gpt2_block_t *w = &m->wv.h[l], *g = &gv->h[l];
         const float *x = l ? a->res3 + (l - 1) * sBTC : a->encoded;
         float *ln1 = a->ln1 + l * sBTC, *qkv = a->qkv + 3 * l * sBTC, *atty = a->atty + l * sBTC;
@@ -400,6 +408,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
             DDP_CHECK(k->ops->sync(k->ctx));
             ready(arg, done);
         }
+        ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward h.%d", l);
     }
     /* wpe only: the embedding's share of wte is added by ddp_gpt2_embed_backward */
     DDP_K(k, encoder_bwd, NULL, gv->wpe, a->dres, a->inputs, B, T, C);

@@ -6,6 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/crc32c.h"
+#include "common/trace.h"
 
 int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v)
 {
@@ -117,6 +118,7 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
                    int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc)
 {
     ddp_kernels_t *k = model->k;
+    int64_t tr = ddp_trace_begin();
     double clip_coef = 1.0;
     if (spec->clip > 0 && norm > spec->clip) clip_coef = spec->clip / (norm + 1e-6);
     float scale = (float)((double)grad_scale * clip_coef);
@@ -152,5 +154,7 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
     for (int i = 0; crc && i < model->n_tensors; i++) /* zeros after this rank's last piece */
         if (crc[i].owned != DDP_ADAMW_CRC_BROKEN) fold_zeros(&crc[i], model->params[i].numel);
     free(chunk);
-    return rc ? rc : k->ops->sync(k->ctx);
+    if (!rc) rc = k->ops->sync(k->ctx);
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "optimizer (AdamW%s)", n_parts && done ? ", sharded" : "");
+    return rc;
 }

@@ -6,6 +6,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/trace.h"
 
 /* A norm block never straddles two ranks' slices. */
 _Static_assert(DDP_COLL_SLICE_ELEMS % DDP_NORM_BLOCK == 0, "slices must hold whole norm blocks");
@@ -52,6 +53,7 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
                                          r->n_norm_blocks + lo / DDP_NORM_BLOCK};
         r->n_norm_blocks += blocks_of(len);
     }
+    ddp_trace_note("buckets", count); /* a trace shows every bucket of a step */
     return 0;
 }
 
@@ -117,6 +119,12 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
         if (one && !rc) rc = one;
     }
     int64_t wait_end = ddp_now_ns();
+    /* each bucket's collective on the communication thread, and the exposed wait */
+    for (int b = 0; b < r->next; b++)
+        ddp_trace_span(DDP_TRACE_COMM, r->times[b].start, r->times[b].end, "%s bucket %d (%.2f MB)",
+                       r->scatter ? "reduce-scatter" : "all-reduce", b,
+                       (double)(r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0)) * 4 / 1e6);
+    ddp_trace_span(DDP_TRACE_COMPUTE, wait_begin, wait_end, "wait for communication");
     if (stats) {
         /* Busy time of the communication thread over the step's buckets: the union of their
          * [start, end) intervals (they run one after another). */

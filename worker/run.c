@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/trace.h"
 #include "common/log.h"
 #include "worker/ckpt_glue.h"
 #include "worker/replicas.h"
@@ -92,6 +93,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     t->run_t0 = ddp_now_ns();
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
+        ddp_trace_step(t->step + 1); /* train.trace */
         t->stop_requested = stop && *stop;
         int rc = step_and_boundary(t, ei);
         if (rc && generation_failed(t, rc)) {

@@ -11,7 +11,10 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/trace.h" /* train.trace */
 #include "worker/ckpt_glue.h"
+#include "proto/hf_config.h"    /* init_from config.json */
+#include "worker/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
@@ -22,14 +25,15 @@ static int32_t start_token(const ddp_model_cfg_t *cfg)
 
 /* The highest step of metrics.jsonl's step lines (-1: none): a new rank 0 of a later generation
  * goes on after it, so that every step has one line even when a step is redone. */
-static long last_logged_step(FILE *f)
+static long last_logged_step(const char *path)
 {
     long last = -1, step;
     char line[4096];
-    rewind(f);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
     while (fgets(line, sizeof line, f))
         if (sscanf(line, "{\"step\":%ld,\"steps\"", &step) == 1 && step > last) last = step;
-    fseek(f, 0, SEEK_END);
+    fclose(f);
     return last;
 }
 
@@ -47,12 +51,12 @@ static int open_metrics(ddp_trainer_t *t)
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    t->metrics = fopen(path, "a+");
+    if (t->elastic) t->logged_step = last_logged_step(path);
+    t->metrics = ddp_metrics_open(t->opts.run_dir, path); /* + RUN_DIR/tb/ */
     if (!t->metrics) {
         DDP_ERROR("cannot open %s: %s", path, strerror(errno));
         return -errno;
     }
-    if (t->elastic) t->logged_step = last_logged_step(t->metrics);
     return 0;
 }
 
@@ -352,6 +356,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->logged_step = -1;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
+    DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
     int threads = s->threads > 0 ? s->threads : default_threads();
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
     const char *local = getenv("DDP_LOCAL_RANK");
@@ -366,6 +371,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     ddp_coll_bootstrap_t *bs = NULL;
     DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
     DDP_CHECK_GOTO(open_comm(t, bs, ei), rc, fail);
+    ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
@@ -456,6 +462,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     free(t->emb_tokens);
     free(t->norm_sums);
     if (t->metrics) fclose(t->metrics);
+    ddp_trace_close(); /* train.trace */
     memset(t, 0, sizeof *t);
 }
 

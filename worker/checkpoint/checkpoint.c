@@ -43,6 +43,7 @@
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/trace.h"
 #include "dio.h"
 #include "uring.h"
 #include "manifest.h"
@@ -961,7 +962,7 @@ static void *writer_main(void *arg)
      * update, 120-190 ms of copying there). */
     if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 10) != 0)
         DDP_DEBUG("checkpoint writer: setpriority: %s", strerror(errno));
-    int64_t t0 = ddp_now_ns();
+    int64_t t0 = ddp_now_ns(), trace_t0 = ddp_trace_begin(); /* a traced step's save */
     int64_t cpu0 = ddp_thread_cpu_ns();
     register_sources(s);
     uint64_t bytes = 0;
@@ -970,6 +971,8 @@ static void *writer_main(void *arg)
     if (rc == 0) s->written_step = s->step;
     if (rc == 0 && s->o.writers == 1) rc = commit(s, &s->result_ei);
     double dt = (double)(ddp_now_ns() - t0) * 1e-9;
+    ddp_trace_end(DDP_TRACE_CKPT, trace_t0, "checkpoint step %lld: write%s",
+                  (long long)s->step, rc == 0 && s->o.writers == 1 ? " + commit" : "");
     s->result = rc;
     s->stats.write_s = dt;
     s->stats.write_cpu_s = (double)(ddp_thread_cpu_ns() - cpu0) * 1e-9;
