@@ -38,6 +38,7 @@ typedef struct ddpd {
 
     /* counters for /metrics */
     uint64_t n_submitted, n_requests, n_request_errors, n_finished[3];
+    uint64_t n_worker_restarts; /* elastic jobs' ranks spawned again */
 } ddpd_t;
 
 #endif

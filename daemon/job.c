@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/api.h"
+#include "daemon/coord.h"
 #include "daemon/peer.h"
 #include "daemon/sched.h"
 #include "proto/spec.h"
@@ -197,6 +198,13 @@ static void finish(ddpd_job_t *j)
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
     ddpd_store_job_result(d->store, j->id, code, step, j->steps,
                           json_is_number(fl) ? json_number_value(fl) : NAN);
+    if (j->coord && !j->done && !j->fail_why[0] && !j->cancel_requested) {
+        snprintf(j->fail_why, sizeof j->fail_why,
+                 "every rank ended before the job completed (generation %lu)", j->generation);
+        j->fail_rank = j->world;
+    }
+    ddpd_coord_close(j->coord);
+    j->coord = NULL;
     if (j->cancel_requested) {
         d->n_finished[2]++;
         set_state(j, DDPD_CANCELLED, "cancelled by uid %u", j->cancel_uid);
@@ -214,7 +222,9 @@ static void finish(ddpd_job_t *j)
 
 static void maybe_finish(ddpd_job_t *j)
 {
-    if (j->live_local == 0 && j->live_remote == 0 && j->state != DDPD_QUEUED) finish(j);
+    if (j->live_local == 0 && j->live_remote == 0 && j->pending_restarts == 0 &&
+        j->state != DDPD_QUEUED)
+        finish(j);
 }
 
 static void kill_cb(uv_timer_t *t)
@@ -256,6 +266,37 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
     terminate(j);
 }
 
+/* The launch description of this job's local ranks. */
+static void launch_of(ddpd_job_t *j, ddpd_launch_t *l)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n_local = 0;
+    for (int r = 0; r < j->world; r++) n_local += j->rank_node[r] == 0;
+    *l = (ddpd_launch_t){.worker_bin = j->d->cfg.worker_bin,
+                         .spec_path = j->spec_path,
+                         .run_dir = j->run_dir,
+                         .cwd = j->cwd[0] && access(j->cwd, X_OK) == 0 ? j->cwd : NULL,
+                         .rdzv = j->rdzv,
+                         .token = j->token,
+                         .job_id = j->id,
+                         .world = j->world,
+                         .local_world = n_local,
+                         .threads = j->threads > 0 ? j->threads
+                                    : (int)(cores / n_local > 0 ? cores / n_local : 1),
+                         .as_user = 1,
+                         .elastic = j->elastic,
+                         .uid = j->uid,
+                         .gid = j->gid};
+}
+
+/* Elastic: whether a local rank that ended with code/sig is spawned again to rejoin. Not after
+ * our own signal, a cancel, the coordinator's verdict, a bad spec (exit 2), or its last restart. */
+static int restart_wanted(ddpd_job_t *j, const ddpd_proc_t *p, int code)
+{
+    return j->coord && !j->signalled && !j->cancel_requested && !j->fail_why[0] && code != 2 &&
+           p->restarts < j->max_restarts;
+}
+
 static void proc_exit(ddpd_proc_t *p)
 {
     ddpd_job_t *j = p->data;
@@ -267,12 +308,85 @@ static void proc_exit(ddpd_proc_t *p)
         /* 143 after our own SIGTERM is the worker's clean cancel */
         int ours = j->signalled && (p->exit_status == 143 || p->term_signal == SIGTERM ||
                                     p->term_signal == SIGKILL);
-        if (!ours) rank_failed(j, p->rank, (int)p->exit_status, p->term_signal);
+        if (!ours && restart_wanted(j, p, (int)p->exit_status)) {
+            p->respawn = 1; /* once its handle is closed (proc_closed) */
+            j->pending_restarts++;
+        } else if (!ours && j->coord) {
+            /* the coordinator goes on without it while min_workers remain, or fails the job */
+            DDP_WARN("job %lld: rank %d ended (code %d, signal %d) and is not restarted "
+                     "(%d of ddp.max_restarts = %d used)", (long long)j->id, p->rank,
+                     (int)p->exit_status, p->term_signal, p->restarts, j->max_restarts);
+        } else if (!ours) {
+            rank_failed(j, p->rank, (int)p->exit_status, p->term_signal);
+        }
     }
     maybe_finish(j);
 }
 
-static void proc_closed(ddpd_proc_t *p) { handle_closed(p->data); }
+/* Spawns an elastic job's local rank again: it joins the coordinator as a new member and
+ * receives the state from a live rank. */
+static void respawn(ddpd_job_t *j, ddpd_proc_t *p)
+{
+    p->respawn = 0;
+    j->pending_restarts--;
+    if (j->signalled || j->fail_why[0] || ddpd_state_terminal(j->state)) return;
+    ddpd_launch_t l;
+    launch_of(j, &l);
+    char why[512];
+    int code = (int)p->exit_status, sig = p->term_signal;
+    p->restarts++;
+    int rc = ddpd_spawn_rank(j->d->loop, p, &l, p->rank, p->local_rank, why, sizeof why);
+    if (p->open) j->handles++;
+    if (rc) {
+        DDP_ERROR("job %lld: cannot spawn rank %d again: %s", (long long)j->id, p->rank, why);
+        return;
+    }
+    j->live_local++;
+    j->slots_held++;
+    j->d->slots_used++;
+    j->restarts++;
+    j->d->n_worker_restarts++;
+    DDP_WARN("job %lld: rank %d ended (code %d, signal %d): spawned again as pid %d, restart %d "
+             "of %d; it rejoins the running job", (long long)j->id, p->rank, code, sig, p->pid,
+             p->restarts, j->max_restarts);
+}
+
+static void proc_closed(ddpd_proc_t *p)
+{
+    ddpd_job_t *j = p->data;
+    if (p->respawn) respawn(j, p);
+    handle_closed(j);
+    if (j->pending_restarts == 0) maybe_finish(j);
+}
+
+/* Events of an elastic job's coordinator. */
+static void coord_event(void *arg, json_t *ev)
+{
+    ddpd_job_t *j = arg;
+    const char *what = json_string_value(json_object_get(ev, "event"));
+    const char *why = json_string_value(json_object_get(ev, "why"));
+    if (!what || ddpd_state_terminal(j->state)) return;
+    if (!strcmp(what, "generation")) {
+        j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
+        int size = (int)json_integer_value(json_object_get(ev, "size"));
+        if (j->generation > 1 && j->state == DDPD_RUNNING)
+            set_state(j, DDPD_RUNNING, "generation %lu: %d of %d ranks (cause: %.300s)",
+                      j->generation, size, j->world, why ? why : "?");
+    } else if (!strcmp(what, "evict") && json_is_true(json_object_get(ev, "kill"))) {
+        /* a silent rank: kill it here (the coordinator does on its own host) */
+        int pid = (int)json_integer_value(json_object_get(ev, "pid"));
+        for (int i = 0; i < j->n_local; i++)
+            if (j->procs[i].alive && j->procs[i].pid == pid)
+                ddpd_proc_signal(&j->procs[i], SIGKILL);
+    } else if (!strcmp(what, "failed")) {
+        if (!j->fail_why[0]) {
+            snprintf(j->fail_why, sizeof j->fail_why, "%.500s",
+                     why ? why : "the coordinator failed");
+            j->fail_rank = j->world;
+        }
+        terminate(j);
+    }
+}
 
 void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig)
 {
@@ -281,7 +395,7 @@ void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig
     j->live_remote--;
     if (code != 0 || sig) {
         int ours = j->signalled && (code == 143 || sig == SIGTERM || sig == SIGKILL);
-        if (!ours) rank_failed(j, rank, code, sig);
+        if (!ours && !j->coord) rank_failed(j, rank, code, sig); /* elastic: the coordinator's */
     }
     maybe_finish(j);
 }
@@ -313,6 +427,19 @@ void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
 }
 
 /* ---- acceptance ---- */
+
+/* What the daemon keeps of a validated spec. */
+static void take_spec(ddpd_job_t *j, const ddp_spec_t *spec)
+{
+    j->world = spec->workers < 1 ? 1 : spec->workers;
+    j->threads = spec->threads;
+    j->steps = spec->steps;
+    j->elastic = !strcmp(spec->restart, "on-failure");
+    j->min_workers = spec->min_workers < j->world ? spec->min_workers : j->world;
+    j->max_restarts = spec->max_restarts;
+    j->hb_timeout_s = spec->heartbeat_timeout_s;
+    j->rejoin_timeout_s = spec->rejoin_timeout_s;
+}
 
 static int job_new(ddpd_t *d, ddpd_job_t **out)
 {
@@ -389,9 +516,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     }
     j->spec_json = ddp_spec_to_json(spec);
     snprintf(j->name, sizeof j->name, "%s", spec->name[0] ? spec->name : "job");
-    j->world = spec->workers;
-    j->threads = spec->threads;
-    j->steps = spec->steps;
+    take_spec(j, spec);
     free(spec);
     j->uid = sub->uid;
     j->gid = sub->gid;
@@ -442,9 +567,7 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
         return DDP_ESPEC;
     }
     j->spec_json = ddp_strdup(spec_text);
-    j->world = spec->workers < 1 ? 1 : spec->workers;
-    j->threads = spec->threads;
-    j->steps = spec->steps;
+    take_spec(j, spec);
     free(spec);
     j->id = json_integer_value(json_object_get(row, "id"));
     j->uid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
@@ -517,9 +640,28 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
                                last);
         if (wl >= sizeof where) wl = sizeof where - 1;
     }
-    int port = free_port();
-    snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, port > 0 ? port : 29500);
-    set_state(j, DDPD_STARTING, "placed on %s, rendezvous %s", where, j->rdzv);
+    if (j->elastic) {
+        /* the coordinator listens on every address: ranks on peers dial the advertised one */
+        ddpd_coord_cfg_t cc = {.host = "0.0.0.0", .token = j->token, .world = j->world,
+                               .min_workers = j->min_workers, .max_workers = j->world,
+                               .hb_timeout_s = j->hb_timeout_s,
+                               .rejoin_timeout_s = j->rejoin_timeout_s,
+                               .on_event = coord_event, .arg = j};
+        ddp_errinfo_t ei;
+        ddp_errinfo_clear(&ei);
+        if (ddpd_coord_new(d->loop, &cc, &j->coord, &ei) != 0) {
+            snprintf(j->fail_why, sizeof j->fail_why, "%.300s", ei.msg);
+            set_state(j, DDPD_STARTING, "placed on %s", where);
+            maybe_finish(j);
+            return;
+        }
+        snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, ddpd_coord_port(j->coord));
+    } else {
+        int port = free_port();
+        snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, port > 0 ? port : 29500);
+    }
+    set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
+              j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
 
     int rc = write_spec(j);
     if (rc != 0) {
@@ -539,22 +681,8 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         maybe_finish(j);
         return;
     }
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    ddpd_launch_t l = {.worker_bin = d->cfg.worker_bin,
-                       .spec_path = j->spec_path,
-                       .run_dir = j->run_dir,
-                       .cwd = j->cwd,
-                       .rdzv = j->rdzv,
-                       .token = j->token,
-                       .job_id = j->id,
-                       .world = j->world,
-                       .local_world = n_local,
-                       .threads = j->threads > 0 ? j->threads
-                                                 : (int)(cores / n_local > 0 ? cores / n_local : 1),
-                       .as_user = 1,
-                       .uid = j->uid,
-                       .gid = j->gid};
-    if (l.cwd[0] && access(l.cwd, X_OK) != 0) l.cwd = NULL;
+    ddpd_launch_t l;
+    launch_of(j, &l);
     for (int r = 0, k = 0; r < j->world && !j->fail_why[0]; r++) {
         if (rank_node[r] != 0) continue;
         ddpd_proc_t *p = &j->procs[k];

@@ -50,7 +50,7 @@ struct ddpd_job {
     int live_remote;  /* remote ranks not yet reported ended */
     int pending_acks; /* peers that have not yet confirmed their ranks started */
     int fail_rank;    /* first rank that failed, -1 */
-    char fail_why[256];
+    char fail_why[512];
     int cancel_requested;
     uint32_t cancel_uid;
     int signalled;    /* SIGTERM sent to the ranks */
@@ -65,6 +65,16 @@ struct ddpd_job {
     char partial[8192];
     size_t partial_len;
     json_t *last_step; /* last {"step":...} object of metrics.jsonl */
+
+    /* elastic jobs (ddp.restart: on-failure): a coordinator on this daemon's loop forms the
+     * generations; a local rank that dies is spawned again (up to max_restarts times each) and
+     * rejoins; the job fails only when the coordinator says so (below min_workers too long) */
+    struct ddpd_coord *coord;
+    int elastic, min_workers, max_restarts;
+    double hb_timeout_s, rejoin_timeout_s;
+    unsigned long generation;
+    int restarts;         /* local ranks spawned again */
+    int pending_restarts; /* local ranks that exited and are to be spawned again */
     json_t *done;      /* the {"event":"done"} object */
 };
 

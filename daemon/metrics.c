@@ -85,6 +85,13 @@ char *ddpd_metrics_text(ddpd_t *d)
     for (int i = 0; i < ddpd_peers_count(d); i++) up += ddpd_peers_up(d, i);
     sb_add(&b, "# TYPE ddpd_peers gauge\nddpd_peers %d\n", ddpd_peers_count(d));
     sb_add(&b, "# TYPE ddpd_peers_up gauge\nddpd_peers_up %d\n", up);
+    sb_add(&b, "# TYPE ddpd_worker_restarts_total counter\nddpd_worker_restarts_total %llu\n",
+           (unsigned long long)d->n_worker_restarts);
+    sb_add(&b, "# TYPE ddpd_job_generation gauge\n");
+    for (ddpd_job_t *j = d->jobs; j; j = j->next)
+        if (j->coord && !ddpd_state_terminal(j->state))
+            sb_add(&b, "ddpd_job_generation{job=\"%lld\"} %lu\n", (long long)j->id,
+                   j->generation);
     sb_add(&b, "# TYPE ddpd_job_step gauge\n# TYPE ddpd_job_loss gauge\n"
                "# TYPE ddpd_job_tokens_per_second gauge\n");
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {

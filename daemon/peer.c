@@ -5,6 +5,7 @@
  * logged and closed. After that both sides send JSON lines:
  *   listener -> dialer   {"t":"status","node":N,"slots":S,"free":F}   (and on every change)
  *   dialer   -> listener {"t":"start","job":J,"name":..,"ranks":[..],"world":W,"rdzv":..,
+ *                         "elastic":B (DDP_RDZV is the job's coordinator),
  *                         "token":..,"spec":"<json>","cwd":..,"uid":U,"gid":G,"threads":T}
  *   listener -> dialer   {"t":"started","job":J,"n":K} | {"t":"failed","job":J,"why":..}
  *                        {"t":"exit","job":J,"rank":R,"code":C,"sig":S}
@@ -363,6 +364,7 @@ static void on_start(link_t *l, json_t *m)
                         .local_world = (int)n,
                         .threads = threads > 0 ? threads : (int)(cores / (long)n > 0 ? cores / (long)n : 1),
                         .as_user = 1,
+                        .elastic = json_is_true(json_object_get(m, "elastic")),
                         .uid = uid,
                         .gid = gid};
     char why[512] = "";
@@ -768,10 +770,11 @@ int ddpd_peers_launch(ddpd_t *d, int i, ddpd_job_t *j, const int *ranks, int n)
     peer_t *p = &d->peers->peers[i];
     json_t *rs = json_array();
     for (int k = 0; k < n; k++) json_array_append_new(rs, json_integer(ranks[k]));
-    json_t *m = json_pack("{ss sI ss so si ss ss ss ss si si si}", "t", "start", "job",
+    json_t *m = json_pack("{ss sI ss so si ss ss ss ss si si si sb}", "t", "start", "job",
                           (json_int_t)j->id, "name", j->name, "ranks", rs, "world", j->world,
                           "rdzv", j->rdzv, "token", j->token, "spec", j->spec_json, "cwd",
-                          j->cwd, "uid", (int)j->uid, "gid", (int)j->gid, "threads", j->threads);
+                          j->cwd, "uid", (int)j->uid, "gid", (int)j->gid, "threads", j->threads,
+                          "elastic", j->elastic);
     if (!m) return DDP_ENOMEM;
     p->free -= n; /* until its next status */
     send_msg(p->link, m);

@@ -20,7 +20,7 @@ static const char *const contract_keys[] = {
     "DDP_RANK=",     "DDP_WORLD_SIZE=", "DDP_LOCAL_RANK=", "DDP_LOCAL_WORLD_SIZE=",
     "DDP_RDZV=",     "DDP_JOB_TOKEN=",  "DDP_JOB_ID=",     "DDP_GENERATION=",
     "DDP_RUN_DIR=",  "DDP_THREADS=",    "NOTIFY_SOCKET=",  "LISTEN_FDS=",
-    "LISTEN_PID=",   NULL};
+    "LISTEN_PID=",   "DDP_ELASTIC=",    NULL};
 
 static int is_contract_key(const char *kv)
 {
@@ -71,7 +71,7 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     size_t n_env = 0;
     while (environ[n_env]) n_env++;
     char **env = ddp_calloc(n_env + 16, sizeof *env);
-    char extra[10][4400];
+    char extra[11][4400];
     int fd = -1, rc = 0;
     if (!env) {
         rc = -ENOMEM;
@@ -91,7 +91,8 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     snprintf(extra[7], sizeof extra[7], "DDP_GENERATION=%d", l->generation);
     snprintf(extra[8], sizeof extra[8], "DDP_RUN_DIR=%s", l->run_dir);
     snprintf(extra[9], sizeof extra[9], "DDP_THREADS=%d", l->threads);
-    for (int i = 0; i < 10; i++) env[k++] = extra[i];
+    snprintf(extra[10], sizeof extra[10], "DDP_ELASTIC=%d", l->elastic);
+    for (int i = 0; i < 11; i++) env[k++] = extra[i];
     env[k] = NULL;
 
     fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);

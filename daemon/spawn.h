@@ -23,6 +23,7 @@ typedef struct ddpd_launch {
     int generation;
     int world, local_world, threads;
     int as_user; /* drop to uid/gid (only when the daemon is root) */
+    int elastic; /* DDP_ELASTIC=1: DDP_RDZV is the job's coordinator (daemon/coord.h) */
     uid_t uid;
     gid_t gid;
 } ddpd_launch_t;
@@ -38,6 +39,8 @@ struct ddpd_proc {
     int alive;            /* spawned and not yet exited */
     int64_t exit_status;  /* valid after on_exit */
     int term_signal;      /* 0 or the signal that ended it */
+    int restarts;         /* times the owner spawned this rank again (elastic jobs) */
+    int respawn;          /* the owner spawns it again once the handle is closed */
     ddpd_proc_cb on_exit; /* process ended (not called when the spawn failed) */
     ddpd_proc_cb on_close; /* the handle is closed: storage may be freed */
     void *data;

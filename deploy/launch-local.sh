@@ -82,7 +82,7 @@ supervise() { # rank: runs it, and restarts it while the job goes on
     kill -0 $rdzv 2>/dev/null || return $rc             # the job is over
     [ $tries -ge "$max_restarts" ] && { echo "launch-local: rank $r exited with $rc; no restarts left (ddp.max_restarts = $max_restarts)" >&2; return $rc; }
     tries=$((tries + 1))
-    echo "launch-local: rank $r exited with $rc; restarting it ($tries of $max_restarts)" >&2
+    echo "$(date +%H:%M:%S.%3N) launch-local: rank $r exited with $rc; restarting it ($tries of $max_restarts)" >&2
     sleep "0.$((tries < 9 ? tries : 9))"   # backoff
   done
 }

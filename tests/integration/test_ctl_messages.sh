@@ -19,16 +19,16 @@ cat > "$T/specs/job.yaml" <<'SPEC'
 name: msg
 model: {preset: gpt2-tiny}
 data: {train: "nowhere/train_*.bin"}
-train: {steps: 2, trace: true}
+train: {steps: 2, no_such_key: true}
 SPEC
 (cd "$T/specs" && "$DDPCTL" --socket "$T/a.sock" submit job.yaml) >/dev/null 2>"$T/rel.err"
 rc=$?
 diag "$T/rel.err"
 check "bad spec (relative name): exit 1" test $rc -eq 1
-check "bad spec: 'ddpctl: job.yaml:4:COL: train.trace: unknown key'" \
-    grep -Eq '^ddpctl: job\.yaml:4:[0-9]+: train\.trace: unknown key' "$T/rel.err"
+check "bad spec: 'ddpctl: job.yaml:4:COL: train.no_such_key: unknown key'" \
+    grep -Eq '^ddpctl: job\.yaml:4:[0-9]+: train\.no_such_key: unknown key' "$T/rel.err"
 check "bad spec: the field is not printed where a file name goes" \
-    bash -c "! grep -q '^ddpctl: train\\.trace' '$T/rel.err'"
+    bash -c "! grep -q '^ddpctl: train\\.no_such_key' '$T/rel.err'"
 check "bad spec: the position is printed once" test "$(grep -c 'line 4' "$T/rel.err")" -eq 0
 
 ctl a submit "$T/specs/job.yaml" >/dev/null 2>"$T/abs.err"
@@ -38,13 +38,13 @@ check "bad spec (absolute name): that name first" \
 # the API: params.origin names an inline spec; without it the spec is "<inline>"
 inline=$(jq -Rs . "$T/specs/job.yaml")
 ctl a call job.submit "{\"spec\":$inline,\"origin\":\"mine.yaml\"}" >/dev/null 2>"$T/api1.json"
-check "job.submit origin: message 'mine.yaml:4:COL: train.trace: ...'" \
-    bash -c "jq -r .message '$T/api1.json' | grep -Eq '^mine\\.yaml:4:[0-9]+: train\\.trace: unknown key'"
+check "job.submit origin: message 'mine.yaml:4:COL: train.no_such_key: ...'" \
+    bash -c "jq -r .message '$T/api1.json' | grep -Eq '^mine\\.yaml:4:[0-9]+: train\\.no_such_key: unknown key'"
 check "job.submit origin: data keeps path, line and origin" \
-    test "$(jq -c '[.code,.data.path,.data.line,.data.origin]' "$T/api1.json")" = '[1001,"train.trace",4,"mine.yaml"]'
+    test "$(jq -c '[.code,.data.path,.data.line,.data.origin]' "$T/api1.json")" = '[1001,"train.no_such_key",4,"mine.yaml"]'
 ctl a call job.submit "{\"spec\":$inline}" >/dev/null 2>"$T/api2.json"
-check "job.submit without origin: '<inline>:4:COL: train.trace: ...'" \
-    bash -c "jq -r .message '$T/api2.json' | grep -Eq '^<inline>:4:[0-9]+: train\\.trace: unknown key'"
+check "job.submit without origin: '<inline>:4:COL: train.no_such_key: ...'" \
+    bash -c "jq -r .message '$T/api2.json' | grep -Eq '^<inline>:4:[0-9]+: train\\.no_such_key: unknown key'"
 
 # ---- the final progress line ----
 head -c 60000 "$SRC/daemon/job.c" > "$T/corpus.txt"

@@ -227,7 +227,7 @@ static void test_round_trip(void **state)
     assert_int_equal(r.seed, 123456789012345ULL);
     assert_string_equal(r.init_from, "hf/gpt2");
     /* init_from alone: the model waits for its config.json (zeros, seq_len 0), and says so
-     * again after the round trip (observe: ddp_spec_resolve_model fills it in the worker) */
+     * again after the round trip (ddp_spec_resolve_model fills it in the worker) */
     assert_int_equal(parse(&s, "model: {init_from: hf/gpt2}\ndata: {train: x}", &ei), 0);
     assert_int_equal(s.model.n_layer, 0);
     assert_int_equal(s.seq_len, 0);

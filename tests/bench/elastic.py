@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""Recovery after a killed rank: elastic (survivors go on, the restarted rank rejoins from a live
+peer) against restart-everything (what torchrun does: every rank ends, the job is launched again
+and resumes from the newest checkpoint), measured in the same invocation on the same spec.
+
+    tests/bench/elastic.py [--model gpt2-mini] [--ranks 4] [--steps 40] [--kill-after 15]
+                           [--ckpt-every 10] [--micro-batch 2] [--seq-len 64] [--build build]
+
+Both runs use deploy/launch-local.sh with N ranks; rank 2 gets SIGKILL once rank 0 has logged
+step --kill-after. Reported: detection ms (kill -> the coordinator evicts it), reconfiguration ms
+(the survivors' new generation), kill -> the survivors' next completed step, the joiner's time
+from its restart to its first step and its state transfer MB/s (against the all-reduce bus
+bandwidth of the same ranks in the same run), completed steps lost, and each run's total time.
+Not part of pass/fail; prints a table and the JSON of every figure.
+"""
+import argparse, datetime, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--build", default="build")
+ap.add_argument("--model", default="gpt2-mini")
+ap.add_argument("--ranks", type=int, default=4)
+ap.add_argument("--steps", type=int, default=40)
+ap.add_argument("--kill-after", type=int, default=15)
+ap.add_argument("--ckpt-every", type=int, default=10)
+ap.add_argument("--micro-batch", type=int, default=2)
+ap.add_argument("--seq-len", type=int, default=64)
+ap.add_argument("--victim", type=int, default=2)
+args = ap.parse_args()
+
+src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+build = os.path.abspath(args.build)
+worker, prep = f"{build}/worker/ddp-worker", f"{build}/worker/ddp-prep"
+launch = f"{src}/deploy/launch-local.sh"
+work = tempfile.mkdtemp(prefix="ddp-bench-elastic.")
+TS = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d\d\d) ")
+
+
+def log_time(line):
+    """Wall time (epoch s) of a log line's HH:MM:SS.mmm prefix (today)."""
+    m = TS.match(line)
+    if not m:
+        return None
+    h, mi, s, ms = map(int, m.groups())
+    now = datetime.datetime.now()
+    t = now.replace(hour=h, minute=mi, second=s, microsecond=ms * 1000)
+    return t.timestamp()
+
+
+def setup():
+    text = os.path.join(src, "..", "shared", "data", "tinyshakespeare.txt")
+    if not os.path.exists(text):
+        text = f"{work}/text.txt"
+        with open(text, "w") as f:
+            for i in range(20000):
+                f.write(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 11} dogs.\n")
+    subprocess.run([prep, "--val-fraction", "0", "--out", f"{work}/data", text], check=True,
+                   stdout=subprocess.DEVNULL)
+    gbt = args.ranks * 2 * args.micro_batch * args.seq_len  # 2 micro-steps per rank at N ranks
+    with open(f"{work}/job.yaml", "w") as f:
+        f.write(f"""name: bench-elastic
+model: {{preset: {args.model}}}
+data: {{train: "{work}/data/train_*.bin"}}
+train: {{steps: {args.steps}, micro_batch: {args.micro_batch}, seq_len: {args.seq_len},
+        global_batch_tokens: {gbt}, lr: 6.0e-4, warmup: 5, val_every: 0, sample_tokens: 0,
+        threads: 1}}
+ddp: {{workers: {args.ranks}, min_workers: 2, check_every: 0, heartbeat_timeout_s: 2}}
+""")
+
+
+class Run:
+    """One launch-local.sh invocation whose rank-0 lines are read as they come."""
+
+    def __init__(self, run_dir, extra):
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir, self.lines = run_dir, []
+        env = dict(os.environ, RUN_DIR=run_dir, DDP_WORKER=worker)
+        self.p = subprocess.Popen([launch, str(args.ranks), f"{work}/job.yaml"] + extra, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.cv = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.p.stdout:
+            with self.cv:
+                self.lines.append((time.time(), line.rstrip("\n")))
+                self.cv.notify_all()
+        with self.cv:
+            self.lines.append((time.time(), None))
+            self.cv.notify_all()
+
+    def wait_line(self, pattern, timeout=1800):
+        rx, deadline, seen = re.compile(pattern), time.time() + timeout, 0
+        with self.cv:
+            while time.time() < deadline:
+                for t, l in self.lines[seen:]:
+                    if l is None:
+                        return None
+                    if rx.search(l):
+                        return t, l
+                seen = len(self.lines)
+                self.cv.wait(1)
+        return None
+
+    def kill_rank(self, r):
+        pid = int(open(f"{self.run_dir}/rank-{r}.pid").read())
+        t = time.time()
+        os.kill(pid, signal.SIGKILL)
+        return t
+
+    def wait(self):
+        return self.p.wait()
+
+
+def step_lines(lines):
+    out = []
+    for t, l in lines:
+        m = l and re.search(r"step +(\d+)/\d+ \| loss", l)
+        if m:
+            out.append((log_time(l) or t, int(m.group(1))))
+    return out
+
+
+setup()
+res = {"model": args.model, "ranks": args.ranks, "steps": args.steps, "kill_after": args.kill_after}
+
+# ---- elastic ----
+t0 = time.time()
+el = Run(f"{work}/elastic", ["--set", "ddp.restart=on-failure"])
+el.wait_line(rf"step +{args.kill_after}/")
+t_kill = el.kill_rank(args.victim)
+rc = el.wait()
+t_end = time.time()
+assert rc == 0, f"elastic run failed ({rc}): " + "\n".join(l or "" for _, l in el.lines[-20:])
+rdzv = open(f"{work}/elastic/rdzv.log").read().splitlines()
+evict = next(log_time(l) for l in rdzv if "evicting" in l)
+gens = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"event":"generation"' in l]
+steps = step_lines(el.lines)
+next_step = next(t for t, s in steps if t > t_kill)
+joined = [l for l in open(f"{work}/elastic/rank-{args.victim}.log").read().splitlines()
+          if "joined generation" in l]
+restart = [l for _, l in el.lines if l and "restarting it" in l]
+sync = next(g for g in gens if g["sync_mb"] > 0)
+metrics = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"loss"' in l]
+full = [m for m in metrics if m["world"] == args.ranks and m["step"] < args.kill_after]
+comm = sorted(m["comm_ms"] for m in full)[len(full) // 2]
+param_bytes = sync["sync_mb"] * 1e6 / 3
+bus = 2 * (args.ranks - 1) / args.ranks * param_bytes / (comm / 1e3) / 1e6
+seen = [m["step"] for m in metrics]
+res["elastic"] = {
+    "detection_ms": round((evict - t_kill) * 1e3, 1),
+    "reconfig_ms": gens[0]["reconfig_ms"],
+    "kill_to_next_step_s": round(next_step - t_kill, 3),
+    "step_s": round(sorted(m["step_ms"] for m in full)[len(full) // 2] / 1e3, 3),
+    "joiner_restart_to_service_s": round(log_time(joined[-1]) - log_time(restart[-1]), 3)
+    if joined and restart and TS.match(restart[-1]) else None,
+    "state_mb": sync["sync_mb"], "state_ms": sync["sync_ms"],
+    "state_mb_s": round(sync["sync_mb"] / (sync["sync_ms"] / 1e3), 1),
+    "allreduce_bus_mb_s": round(bus, 1),
+    "steps_lost": 0 if seen == list(range(1, args.steps + 1)) else f"lines {seen}",
+    "total_s": round(t_end - t0, 2),
+}
+
+# ---- restart everything from the newest checkpoint ----
+ck = f"{work}/restart/checkpoints"
+extra = ["--set", f"checkpoint.dir={ck}", "--set", f"checkpoint.every={args.ckpt_every}"]
+t0 = time.time()
+r1 = Run(f"{work}/restart", extra)
+r1.wait_line(rf"step +{args.kill_after}/")
+t_kill = r1.kill_rank(args.victim)
+r1.wait()
+t_relaunch = time.time()
+reached = max(s for _, s in step_lines(r1.lines))
+r2 = Run(f"{work}/restart", extra)
+first = r2.wait_line(r"step +\d+/")
+rc = r2.wait()
+t_end = time.time()
+assert rc == 0, "relaunch failed: " + "\n".join(l or "" for _, l in r2.lines[-20:])
+resumed = min(s for _, s in step_lines(r2.lines)) - 1
+res["restart_all"] = {
+    "all_ranks_ended_s": round(t_relaunch - t_kill, 3),
+    "kill_to_next_step_s": round(first[0] - t_kill, 3),
+    "steps_lost": reached - resumed,
+    "resumed_from": resumed,
+    "total_s": round(t_end - t0, 2),
+}
+
+e, r = res["elastic"], res["restart_all"]
+print(f"model {args.model}, {args.ranks} ranks on {os.cpu_count()} cores, {args.steps} steps, "
+      f"rank {args.victim} SIGKILLed after step {args.kill_after}; checkpoints every "
+      f"{args.ckpt_every} steps for restart-everything")
+print(f"| | elastic (ddpd) | restart everything |")
+print(f"|---|---|---|")
+print(f"| detection | {e['detection_ms']} ms | - |")
+print(f"| reconfiguration | {e['reconfig_ms']:.0f} ms | all ranks end, relaunch, reload |")
+print(f"| kill -> next completed step | {e['kill_to_next_step_s']} s (step {e['step_s']} s) | "
+      f"{r['kill_to_next_step_s']} s |")
+print(f"| completed steps lost | {e['steps_lost']} | {r['steps_lost']} (resumed from step "
+      f"{r['resumed_from']}) |")
+print(f"| joiner: restart -> in service | {e['joiner_restart_to_service_s']} s | - |")
+print(f"| state transfer | {e['state_mb']} MB at {e['state_mb_s']} MB/s (all-reduce bus "
+      f"{e['allreduce_bus_mb_s']} MB/s) | from disk |")
+print(f"| total run time | {e['total_s']} s | {r['total_s']} s |")
+print(json.dumps(res))
+shutil.rmtree(work, ignore_errors=True)
