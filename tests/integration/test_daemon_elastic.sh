@@ -1,0 +1,67 @@
+#!/bin/bash
+# An elastic job under ddpd, real processes: a 3-rank gpt2-tiny job with ddp.restart:
+# on-failure; one rank SIGKILLed mid-run; the daemon spawns it again, it rejoins, and the job
+# succeeds with every step logged once. The change of generation is a transition in ddpctl
+# status and a Prometheus gauge; restarts are counted. Then ddp.max_restarts: 0 and
+# ddp.min_workers equal to the world: the job fails with the coordinator's reason.
+. "$(dirname "$0")/lib.sh"
+[ "$(worker_bin)" = "$BUILD/worker/ddp-worker" ] || { echo "1..0 # SKIP needs the real worker"; exit 77; }
+export DDP_WORKER_BIN=$BUILD/worker/ddp-worker
+
+make_job "$T/job.yaml" 3 40
+sed -i 's/^ddp: {workers: 3}/ddp: {workers: 3, min_workers: 2, restart: on-failure, max_restarts: 2, heartbeat_timeout_s: 2, rejoin_timeout_s: 20, check_every: 5}/' "$T/job.yaml"
+sed -i 's/^train: {steps: 40, micro_batch: 2,/train: {steps: 40, micro_batch: 2, global_batch_tokens: 384, threads: 1,/' "$T/job.yaml"
+
+start_daemon a --slots 4 --metrics 127.0.0.1:0 || { echo "1..0 # SKIP daemon did not start"; exit 1; }
+
+# rank_pid JOB RANK: the worker process of that rank (its environment names both)
+rank_pid() {
+    for p in $(workers_of "$T/a/runs/job-$1"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "DDP_RANK=$2" && { echo "$p"; return 0; }
+    done
+    return 1
+}
+# wait_step JOB STEP: until metrics.jsonl has that step (deadline 120 s)
+wait_step() {
+    local f="$T/a/runs/job-$1/metrics.jsonl"
+    for _ in $(seq 1 1200); do
+        grep -q "{\"step\":$2,\"steps\"" "$f" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+id=$(ctl a submit "$T/job.yaml")
+if wait_step "$id" 8; then
+    pid=$(rank_pid "$id" 1)
+    echo "# killing rank 1 (pid $pid)"
+    kill -KILL "$pid"
+    check "the elastic job succeeds after a rank was killed" wait_state a "$id" succeeded 180
+    rd="$T/a/runs/job-$id"
+    check "every step 1..40 logged exactly once" test \
+        "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$rd/metrics.jsonl")" = "$(jq -n -c '[range(1;41)]')"
+    check "the survivors formed a new generation" grep -q '"event":"generation"' "$rd/metrics.jsonl"
+    check "the daemon spawned rank 1 again and it rejoined from a live rank" \
+        grep -q "joined generation .* state of step" "$rd/rank-1.log"
+    check "ddpctl status shows the generation change as a transition" \
+        bash -c "ctl() { \"$DDPCTL\" --socket \"$T/a.sock\" \"\$@\"; }; ctl --json status $id | jq -r '.transitions[].reason' | grep -q '^generation [0-9]*: 2 of 3 ranks'"
+    murl=$(grep -o 'http://[0-9.:]*' "$T/a.log" | head -1)
+    check "Prometheus counts the restart" bash -c "curl -sf $murl/metrics | grep -qx 'ddpd_worker_restarts_total 1'"
+    check "the daemon log names the restart" grep -q "rank 1 ended .* spawned again" "$T/a.log"
+else
+    not_ok "the elastic job reached step 8"; diag "$T/a.log"
+fi
+
+# no restarts and min_workers = world: the coordinator fails the job with its reason
+sed 's/min_workers: 2, restart: on-failure, max_restarts: 2/min_workers: 3, restart: on-failure, max_restarts: 0/; s/rejoin_timeout_s: 20/rejoin_timeout_s: 1/' "$T/job.yaml" >"$T/strict.yaml"
+id=$(ctl a submit "$T/strict.yaml")
+if wait_step "$id" 4; then
+    kill -KILL "$(rank_pid "$id" 2)"
+    check "below min_workers with no restart left: the job fails" wait_state a "$id" failed 60
+    check "its reason names min_workers and the timeout" \
+        bash -c "\"$DDPCTL\" --socket \"$T/a.sock\" --json status $id | jq -r .reason | grep -q 'below ddp.min_workers = 3.*rejoin_timeout_s'"
+    check "no worker of the failed job is left" test -z "$(workers_of "$T/a/runs/job-$id")"
+else
+    not_ok "the strict job reached step 4"; diag "$T/a.log"
+fi
+finish
