@@ -13,6 +13,7 @@
 # Environment: DDP_WORKER (the ddp-worker binary; default build/worker/ddp-worker), DDP_RDZV_BIN
 # (ddp-rdzv; default beside it in build/daemon), RUN_DIR (default runs/local), PORT (rendezvous
 # port; default a free one).
+# Each rank's pid is in RUN_DIR/rank-R.pid while it runs.
 # Exit status: 0 when every rank succeeded, else the first failing rank's status (elastic: the
 # coordinator's verdict). Ctrl-C or SIGTERM is passed to every rank (they finish their step and
 # stop together).
@@ -41,6 +42,7 @@ if [ "$restart" != "on-failure" ]; then
         DDP_RDZV=127.0.0.1:$port DDP_JOB_TOKEN=$token DDP_RUN_DIR="$run_dir" \
         "$worker" "$@" > >(log_of $r) 2>&1 &
     pids+=($!)
+    echo $! >"$run_dir/rank-$r.pid"
   done
   trap 'kill -TERM "${pids[@]}" 2>/dev/null' INT TERM
   status=0
