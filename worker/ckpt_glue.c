@@ -17,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -684,6 +687,73 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
         }
     }
     c->stats.boundary_ms += ms_since(t0);
+    return rc;
+}
+
+int ddp_tckpt_emergency_save(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    struct ddp_tckpt *c = t->ckpt;
+    if (!c || !c->model_t || t->step == 0) return 0;
+    if (t->sharded && !t->moments_whole)
+        return ddp_errinfo_set(ei, DDP_ENOTSUP,
+                               "checkpoint: step %ld is not saved: the optimizer state is sharded "
+                               "over the ranks (ddp.shard_optimizer), no survivor holds all of it",
+                               t->step);
+    int64_t t0 = ddp_now_ns();
+    double waited;
+    join_helper(t, &waited);
+    if (c->saver) { /* this rank's own save in flight completes first */
+        ddp_errinfo_t wei;
+        ddp_errinfo_clear(&wei);
+        ddp_ckpt_wait(c->saver, &wei);
+        c->live = 0;
+    }
+    char path[1200];
+    if (mkdir(t->spec.ckpt_dir, 0755) != 0 && errno != EEXIST)
+        return ddp_errinfo_set(ei, -errno, "checkpoint: cannot create %s", t->spec.ckpt_dir);
+    /* one survivor per file system writes; the others leave it to that one */
+    snprintf(path, sizeof path, "%s/.emergency.lock", t->spec.ckpt_dir);
+    int fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+    if (fd < 0) return ddp_errinfo_set(ei, -errno, "checkpoint: cannot open %s", path);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        DDP_INFO("checkpoint: another survivor saves step %ld", t->step);
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/step-%08ld/MANIFEST.json", t->spec.ckpt_dir, t->step);
+    int rc = 0;
+    ddp_ckpt_saver_t *sv = NULL;
+    if (access(path, F_OK) == 0) {
+        DDP_INFO("checkpoint: step %ld is saved already", t->step);
+        goto out;
+    }
+    ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,
+                         .keep_last = t->spec.keep_last, .writers = 1, .rank = 0,
+                         .copy = on_cpu(t) ? NULL : copy_d2h, .copy_ctx = &t->k};
+    DDP_CHECK_GOTO(ddp_ckpt_saver_new(&o, &sv, ei), rc, out);
+    free(c->trainer);
+    c->trainer = trainer_json(t);
+    if (!c->trainer) {
+        rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+        goto out;
+    }
+    c->state = (ddp_ckpt_state_t){.step = t->step, .model = c->model_t, .n_model = c->n_model,
+                                  .optim = c->optim_t, .n_optim = c->n_optim,
+                                  .config_json = c->config, .trainer_json = c->trainer};
+    if (on_cpu(t)) { /* the writer reads the arenas themselves: nothing changes them now */
+        rc = ddp_ckpt_save_live(sv, &c->state, ei);
+    } else {
+        rc = ddp_ckpt_saver_reserve(sv, t->model.n_params * sizeof(float) *
+                                            (c->optim_t ? 3 : 1), ei);
+        if (rc == 0) rc = ddp_ckpt_save(sv, &c->state, ei);
+    }
+    if (rc == 0) rc = ddp_ckpt_wait(sv, ei);
+    if (rc == 0)
+        DDP_WARN("checkpoint: step %ld saved from this survivor's memory in %.0f ms", t->step,
+                 ms_since(t0));
+out:
+    ddp_ckpt_saver_free(sv);
+    close(fd); /* releases the lock */
     return rc;
 }
 

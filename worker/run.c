@@ -19,12 +19,32 @@
 #include "worker/replicas.h"
 #include "worker/train.h"
 
+
+/* A failure of the communication or of the coordinator: the weights this rank holds are fine. */
+static int lost_peers(ddp_trainer_t *t, int rc)
+{
+    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
+           (t->comm && ddp_coll_status(t->comm) != 0);
+}
+
+/* The run ends with a lost rank: the last completed step is saved from memory first (under
+ * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). */
+static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
+{
+    if (!lost_peers(t, rc)) return rc;
+    ddp_errinfo_t sei;
+    ddp_errinfo_clear(&sei);
+    if (ddp_tckpt_emergency_save(t, &sei) != 0) {
+        char msg[1024];
+        DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
+    }
+    return rc;
+}
+
 /* Whether rc ended only this generation (elastic, and the coordinator still has the job). */
 static int generation_failed(ddp_trainer_t *t, int rc)
 {
-    if (!t->elastic || ddp_elastic_lost(t->elastic, NULL)) return 0;
-    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
-           (t->comm && ddp_coll_status(t->comm) != 0);
+    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && lost_peers(t, rc);
 }
 
 /* One step and the work at its boundary: the step line, the replica check, validation and a
@@ -105,12 +125,11 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
             rc = next_generation(t, "regroup at the step boundary", ei);
         }
         if (rc) {
-            if (t->elastic && ddp_elastic_lost(t->elastic, NULL)) {
-                const char *why;
-                ddp_elastic_lost(t->elastic, &why);
-                return ddp_errinfo_set(ei, DDP_EABORTED, "%s", why);
+            const char *why;
+            if (t->elastic && ddp_elastic_lost(t->elastic, &why)) {
+                rc = ddp_errinfo_set(ei, DDP_EABORTED, "%s", why);
             }
-            return rc;
+            return end_with_failure(t, rc, ei);
         }
     }
     DDP_CHECK(ddp_tckpt_finish(t, ei));

@@ -82,7 +82,7 @@ PY
 }
 generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
 
-echo "1..19"
+echo "1..23"
 
 # reference: the same job, uninterrupted
 start ref
@@ -152,6 +152,41 @@ if wait_for "$tmp/below/out.log" "step +4/$steps" 120; then
     check "its reason names min_workers and the timeout" grep -q "below ddp.min_workers = 4.*rejoin_timeout_s" "$tmp/below/out.log"
 else
     not_ok "below run did not reach step 4"; not_ok "below reason"
+fi
+
+# 6. mpirun (no coordinator, no rejoin): the survivors save the last completed step from memory
+#    before mpirun ends them, and the relaunch resumes with no completed step lost (bitwise the
+#    uninterrupted run: the same world size)
+mpi_rank_pid() { # the ddp-worker with OMPI_COMM_WORLD_RANK=$1 whose command names $2
+    for p in $(pgrep -f "ddp-worker $2"); do
+        tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return 0; }
+    done
+    return 1
+}
+if command -v mpirun >/dev/null; then
+    sed 's/restart: on-failure, //; s/check_every: 5,/check_every: 5, shard_optimizer: false,/' "$tmp/job.yaml" >"$tmp/mjob.yaml"
+    sed -i 's/global_batch_tokens: 640/global_batch_tokens: 384/' "$tmp/mjob.yaml"
+    mpi() { ASAN_OPTIONS=detect_leaks=0 DDP_RUN_DIR="$tmp/mpi" "$root/deploy/mpirun.sh" --oversubscribe --mca plm isolated -np 3 "$tmp/mjob.yaml" "$@"; }
+    mpi --dump-weights "$tmp/mref.st" >"$tmp/mref.log" 2>&1 || sed 's/^/# /' "$tmp/mref.log" | tail -5
+    rm -rf "$tmp/mpi"
+    mpi --set checkpoint.dir="$tmp/mck" --set checkpoint.every=1000 --dump-weights "$tmp/mrun.st" >"$tmp/mrun.log" 2>&1 &
+    launcher=$!
+    if wait_for "$tmp/mrun.log" "step +9/$steps" 120; then
+        kill -KILL "$(mpi_rank_pid 1 "$tmp/mjob.yaml")"
+        if finish; then not_ok "mpirun must fail when a rank dies"; else ok "mpirun ends the job when a rank dies"; fi
+        saved=$(ls "$tmp/mck" | sed -n 's/^step-0*\([0-9]*\)$/\1/p' | sort -n | tail -1)
+        last=$(grep -o '"step":[0-9]*,"steps"' "$tmp/mpi/metrics.jsonl" | tail -1 | grep -o '[0-9]*' | head -1)
+        echo "# emergency checkpoint: step ${saved:-none}; last step line: $last"
+        check "a survivor saved the last completed step from memory" grep -q "saved from this survivor's memory" "$tmp/mrun.log"
+        check "no completed step is lost (checkpoint step >= last logged step)" test "${saved:-0}" -ge "$last"
+        mpi --set checkpoint.dir="$tmp/mck" --set checkpoint.every=1000 --dump-weights "$tmp/mrun.st" >"$tmp/mrun2.log" 2>&1
+        check "the relaunch resumes from it and ends bitwise equal to the uninterrupted run" cmp "$tmp/mref.st" "$tmp/mrun.st"
+    else
+        for i in 1 2 3 4; do not_ok "mpirun run did not reach step 9"; done
+        sed 's/^/# /' "$tmp/mrun.log" | tail -5
+    fi
+else
+    for i in 1 2 3 4; do n=$((n + 1)); echo "ok $n - mpirun # SKIP mpirun not installed"; done
 fi
 
 echo "# $failed of $n failed"
