@@ -404,6 +404,15 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
 {
     ddpd_job_t *j = ddpd_job_find(d, job_id);
     if (!j || ddpd_state_terminal(j->state)) return;
+    if (j->coord && j->state == DDPD_RUNNING) {
+        /* elastic: the ranks there may still train (their coordinator is here), or are gone and
+         * the coordinator evicts them; either way the job goes on while it can */
+        DDP_WARN("job %lld: %s; the job goes on with the ranks its coordinator has",
+                 (long long)j->id, why);
+        j->live_remote = 0;
+        maybe_finish(j);
+        return;
+    }
     if (!j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why, "%s", why);
         j->fail_rank = j->fail_rank >= 0 ? j->fail_rank : j->world;

@@ -5,7 +5,7 @@
  * logged and closed. After that both sides send JSON lines:
  *   listener -> dialer   {"t":"status","node":N,"slots":S,"free":F}   (and on every change)
  *   dialer   -> listener {"t":"start","job":J,"name":..,"ranks":[..],"world":W,"rdzv":..,
- *                         "elastic":B (DDP_RDZV is the job's coordinator),
+ *                         "elastic":B (DDP_RDZV is the job's coordinator),"max_restarts":R,
  *                         "token":..,"spec":"<json>","cwd":..,"uid":U,"gid":G,"threads":T}
  *   listener -> dialer   {"t":"started","job":J,"n":K} | {"t":"failed","job":J,"why":..}
  *                        {"t":"exit","job":J,"rank":R,"code":C,"sig":S}
@@ -68,6 +68,10 @@ struct guest {
     int freeing;
     ddpd_proc_t *procs;
     char run_dir[PATH_MAX];
+    char spec_path[PATH_MAX + 16];
+    json_t *start;    /* the start request (its strings are the launch's) */
+    int max_restarts; /* elastic: a rank that dies is spawned again this many times */
+    int signalled;    /* the coordinator sent a signal: no restarts any more */
 };
 
 typedef struct peer {
@@ -254,8 +258,33 @@ static void guest_maybe_free(guest_t *g)
             *pp = g->next;
             break;
         }
+    json_decref(g->start);
     free(g->procs);
     free(g);
+}
+
+/* The launch description of a guest's ranks (strings borrowed from g->start). */
+static void guest_launch(const guest_t *g, ddpd_launch_t *la)
+{
+    const json_t *m = g->start;
+    const char *cwd = json_string_value(json_object_get(m, "cwd"));
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int threads = (int)json_integer_value(json_object_get(m, "threads"));
+    *la = (ddpd_launch_t){
+        .worker_bin = g->d->cfg.worker_bin,
+        .spec_path = g->spec_path,
+        .run_dir = g->run_dir,
+        .cwd = cwd && access(cwd, X_OK) == 0 ? cwd : NULL,
+        .rdzv = json_string_value(json_object_get(m, "rdzv")),
+        .token = json_string_value(json_object_get(m, "token")),
+        .job_id = g->job,
+        .world = (int)json_integer_value(json_object_get(m, "world")),
+        .local_world = g->n,
+        .threads = threads > 0 ? threads : (int)(cores / g->n > 0 ? cores / g->n : 1),
+        .as_user = 1,
+        .elastic = json_is_true(json_object_get(m, "elastic")),
+        .uid = (uid_t)json_integer_value(json_object_get(m, "uid")),
+        .gid = (gid_t)json_integer_value(json_object_get(m, "gid"))};
 }
 
 static void guest_exit(ddpd_proc_t *p)
@@ -266,15 +295,45 @@ static void guest_exit(ddpd_proc_t *p)
     int code = (int)p->exit_status;
     DDP_INFO("guest rank %d of %s job %lld ended (code %d, signal %d)", p->rank, g->coord,
              (long long)g->job, code, p->term_signal);
+    if ((code != 0 || p->term_signal) && code != 2 && g->link && !g->signalled &&
+        !g->d->stopping && p->restarts < g->max_restarts) {
+        p->respawn = 1; /* elastic: spawned again once closed (guest_closed); not reported */
+        return;
+    }
     send_msg(g->link, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job,
                                 "rank", p->rank, "code", code, "sig", p->term_signal));
     if (g->live == 0) g->freeing = 1;
     ddpd_peers_announce(g->d);
 }
 
+/* Elastic: a guest rank that died is spawned again and rejoins the job's coordinator. */
+static void guest_respawn(guest_t *g, ddpd_proc_t *p)
+{
+    p->respawn = 0;
+    ddpd_launch_t la;
+    guest_launch(g, &la);
+    char why[512];
+    p->restarts++;
+    int rc = ddpd_spawn_rank(g->d->loop, p, &la, p->rank, p->local_rank, why, sizeof why);
+    if (p->open) g->handles++;
+    if (rc == 0) {
+        g->live++;
+        g->d->slots_used++;
+        g->d->n_worker_restarts++;
+        DDP_WARN("guest rank %d of job %lld spawned again as pid %d (restart %d of %d)",
+                 p->rank, (long long)g->job, p->pid, p->restarts, g->max_restarts);
+        return;
+    }
+    DDP_ERROR("guest rank %d of job %lld: %s", p->rank, (long long)g->job, why);
+    send_msg(g->link, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job,
+                                "rank", p->rank, "code", 1, "sig", 0));
+    if (g->live == 0) g->freeing = 1;
+}
+
 static void guest_closed(ddpd_proc_t *p)
 {
     guest_t *g = p->data;
+    if (p->respawn) guest_respawn(g, p);
     g->handles--;
     guest_maybe_free(g);
 }
@@ -282,8 +341,10 @@ static void guest_closed(ddpd_proc_t *p)
 static void guests_signal(ddpd_peers_t *ps, link_t *l, int64_t job, int sig)
 {
     for (guest_t *g = ps->guests; g; g = g->next)
-        if (g->link == l && (job < 0 || g->job == job))
+        if (g->link == l && (job < 0 || g->job == job)) {
+            g->signalled = 1;
             for (int i = 0; i < g->n; i++) ddpd_proc_signal(&g->procs[i], sig);
+        }
 }
 
 static void guests_lost_link(ddpd_peers_t *ps, link_t *l)
@@ -312,7 +373,6 @@ static void on_start(link_t *l, json_t *m)
     const char *spec = json_string_value(json_object_get(m, "spec"));
     const char *rdzv = json_string_value(json_object_get(m, "rdzv"));
     const char *token = json_string_value(json_object_get(m, "token"));
-    const char *cwd = json_string_value(json_object_get(m, "cwd"));
     int world = (int)json_integer_value(json_object_get(m, "world"));
     size_t n = json_array_size(ranks);
     if (!spec || !rdzv || !token || n == 0 || n > 4096 || world < (int)n) {
@@ -346,29 +406,18 @@ static void on_start(link_t *l, json_t *m)
     gid_t gid = (gid_t)json_integer_value(json_object_get(m, "gid"));
     if (geteuid() == 0 && uid != 0 && chown(g->run_dir, uid, gid) != 0)
         DDP_WARN("chown %s: %s", g->run_dir, strerror(errno));
-    char spec_path[PATH_MAX + 16];
-    snprintf(spec_path, sizeof spec_path, "%s/job.json", g->run_dir);
-    FILE *f = fopen(spec_path, "we");
+    snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
+    FILE *f = fopen(g->spec_path, "we");
     int ok = f && fputs(spec, f) >= 0;
     if (f) ok = (fclose(f) == 0) && ok;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = (int)json_integer_value(json_object_get(m, "threads"));
-    ddpd_launch_t la = {.worker_bin = d->cfg.worker_bin,
-                        .spec_path = spec_path,
-                        .run_dir = g->run_dir,
-                        .cwd = cwd && access(cwd, X_OK) == 0 ? cwd : NULL,
-                        .rdzv = rdzv,
-                        .token = token,
-                        .job_id = job,
-                        .world = world,
-                        .local_world = (int)n,
-                        .threads = threads > 0 ? threads : (int)(cores / (long)n > 0 ? cores / (long)n : 1),
-                        .as_user = 1,
-                        .elastic = json_is_true(json_object_get(m, "elastic")),
-                        .uid = uid,
-                        .gid = gid};
+    g->start = json_incref(m);
+    g->max_restarts = json_is_true(json_object_get(m, "elastic"))
+                          ? (int)json_integer_value(json_object_get(m, "max_restarts"))
+                          : 0;
+    ddpd_launch_t la;
+    guest_launch(g, &la);
     char why[512] = "";
-    if (!ok) snprintf(why, sizeof why, "cannot write %.200s", spec_path);
+    if (!ok) snprintf(why, sizeof why, "cannot write %.200s", g->spec_path);
     for (size_t i = 0; i < n && ok; i++) {
         ddpd_proc_t *p = &g->procs[i];
         p->data = g;
@@ -770,11 +819,11 @@ int ddpd_peers_launch(ddpd_t *d, int i, ddpd_job_t *j, const int *ranks, int n)
     peer_t *p = &d->peers->peers[i];
     json_t *rs = json_array();
     for (int k = 0; k < n; k++) json_array_append_new(rs, json_integer(ranks[k]));
-    json_t *m = json_pack("{ss sI ss so si ss ss ss ss si si si sb}", "t", "start", "job",
+    json_t *m = json_pack("{ss sI ss so si ss ss ss ss si si si sb si}", "t", "start", "job",
                           (json_int_t)j->id, "name", j->name, "ranks", rs, "world", j->world,
                           "rdzv", j->rdzv, "token", j->token, "spec", j->spec_json, "cwd",
                           j->cwd, "uid", (int)j->uid, "gid", (int)j->gid, "threads", j->threads,
-                          "elastic", j->elastic);
+                          "elastic", j->elastic, "max_restarts", j->max_restarts);
     if (!m) return DDP_ENOMEM;
     p->free -= n; /* until its next status */
     send_msg(p->link, m);
