@@ -45,6 +45,7 @@ struct ddp_elastic {
     json_t *ag_msg;       /* an "ag" result not yet taken */
     int regroup;          /* the current generation ends at the next boundary (or has ended) */
     int lost;             /* the job is over for this worker */
+    int64_t silence_ns;   /* give the coordinator up after this long unheard (0: not yet known) */
     int job_done;         /* ... because it finished before this worker was admitted */
     char lost_why[512];
 };
@@ -97,6 +98,7 @@ static void on_message(ddp_elastic_t *e, json_t *m)
     if (!t) return;
     pthread_mutex_lock(&e->mu);
     if (!strcmp(t, "gen")) {
+        e->silence_ns = (int64_t)(json_number_value(json_object_get(m, "hb_timeout_s")) * 1e9);
         json_decref(e->gen_msg);
         e->gen_msg = json_incref(m);
     } else if (!strcmp(t, "ag")) {
@@ -131,14 +133,22 @@ static void *conn_main(void *arg)
     char *line = NULL;
     size_t len = 0, cap = 0;
     char buf[65536];
-    int64_t next_hb = 0;
+    int64_t next_hb = 0, heard = ddp_now_ns();
     for (;;) {
         pthread_mutex_lock(&e->mu);
         int stop = e->stop;
         long step = e->step;
+        int64_t silence = e->silence_ns;
         pthread_mutex_unlock(&e->mu);
         if (stop) break;
         int64_t now = ddp_now_ns();
+        if (silence > 0 && now - heard > silence) {
+            char why[160];
+            snprintf(why, sizeof why, "the coordinator has not been heard for %.1f s (cut off "
+                     "from it: this side stops)", (double)(now - heard) / 1e9);
+            set_lost(e, why);
+            break;
+        }
         if (now >= next_hb) {
             if (send_msg(e, json_pack("{s:s, s:I}", "t", "hb", "step", (json_int_t)step)) < 0) {
                 set_lost(e, "lost the connection to the coordinator (heartbeat failed)");
@@ -152,6 +162,7 @@ static void *conn_main(void *arg)
         if (pr <= 0) continue;
         ssize_t n = read(e->fd, buf, sizeof buf);
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n > 0) heard = ddp_now_ns();
         if (n <= 0) {
             pthread_mutex_lock(&e->mu);
             stop = e->stop;

@@ -15,10 +15,12 @@
  *   {"t":"done","step":S}        trained to the end; leaves without a regroup
  *
  * coordinator -> worker
- *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W}
+ *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W,"hb_timeout_s":H}
  *        generation G is formed: this worker is rank R of N. K: the rank whose state is the
  *        newest (the highest completed step S); B: 1 when some member is behind K, so every
- *        member takes part in K's state broadcast before training. W: why it formed.
+ *        member takes part in K's state broadcast before training. W: why it formed. H: the
+ *        silence after which either side gives the other up.
+ *   {"t":"hb"}                   the coordinator's heartbeat, every DDP_ELASTIC_HB_MS
  *   {"t":"ag","gen":G,"all":[X0, X1, ...]}   the allgather's result, in rank order
  *   {"t":"reform","gen":G,"why":W}  generation G is over (a member died or stopped
  *                                answering): abort its communicator at once and join again
@@ -27,8 +29,9 @@
  *                                this worker was evicted): stop with W as the reason
  *
  * Anything that carries an older generation than the coordinator's is dropped. A worker whose
- * connection to the coordinator breaks leaves the job (exit status 1): the side of a partition
- * without the coordinator stops, so there is never a second brain.
+ * connection to the coordinator breaks, or that hears nothing from it for H seconds, leaves the
+ * job (exit status 1): the side of a partition without the coordinator stops, so there is never
+ * a second brain.
  */
 #ifndef DDP_COLLECTIVES_ELASTIC_PROTO_H
 #define DDP_COLLECTIVES_ELASTIC_PROTO_H

@@ -60,6 +60,7 @@ struct ddpd_coord {
     int regroup_sent;     /* the running members were asked to regroup at a boundary */
     int64_t below_min_ns; /* when the job fell below min_workers (0: it is not) */
     int64_t reform_ns;    /* when the running generation ended (detection -> formation) */
+    int64_t last_hb_ns;   /* the coordinator's last heartbeat to its members */
     char why[256];        /* why the next generation forms */
 };
 
@@ -237,9 +238,10 @@ static void try_form(ddpd_coord_t *c)
         json_decref(m->ag);
         m->ag = NULL;
         json_array_append_new(ranks, json_integer(m->pid));
-        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s}", "t", "gen", "gen",
+        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f}", "t", "gen", "gen",
                              (json_int_t)c->gen, "rank", r, "size", n, "source", source, "sync",
-                             behind > 0 && top >= 0, "step", (json_int_t)top, "why", why));
+                             behind > 0 && top >= 0, "step", (json_int_t)top, "why", why,
+                             "hb_timeout_s", c->cfg.hb_timeout_s));
     }
     DDP_INFO("coordinator: generation %lu formed: %d member(s), state from rank %d (step %ld)%s; "
              "cause: %s", c->gen, n, source, top, behind && top >= 0 ? ", synced" : "", why);
@@ -420,6 +422,14 @@ static void on_tick(uv_timer_t *t)
     ddpd_coord_t *c = t->data;
     if (c->phase == ENDED) return;
     int64_t now = ddp_now_ns(), silence = (int64_t)(c->cfg.hb_timeout_s * 1e9);
+    if (now - c->last_hb_ns >= DDP_ELASTIC_HB_MS * 1000000LL) {
+        /* members hear from the coordinator too: one cut off from it stops by itself */
+        c->last_hb_ns = now;
+        json_t *hb = json_pack("{s:s}", "t", "hb");
+        for (member_t *m = c->members; m; m = m->next)
+            if (m->joined && !m->done) send_to(m, json_incref(hb));
+        json_decref(hb);
+    }
     for (member_t *m = c->members; m; m = m->next) {
         if (m->closing || m->done) continue;
         if (now - m->last_heard_ns > silence) {

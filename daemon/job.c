@@ -374,10 +374,20 @@ static void coord_event(void *arg, json_t *ev)
                       j->generation, size, j->world, why ? why : "?");
     } else if (!strcmp(what, "evict") && json_is_true(json_object_get(ev, "kill"))) {
         /* a silent rank: kill it here (the coordinator does on its own host) */
-        int pid = (int)json_integer_value(json_object_get(ev, "pid"));
+        int pid = (int)json_integer_value(json_object_get(ev, "pid")), here = 0;
         for (int i = 0; i < j->n_local; i++)
-            if (j->procs[i].alive && j->procs[i].pid == pid)
+            if (j->procs[i].alive && j->procs[i].pid == pid) {
                 ddpd_proc_signal(&j->procs[i], SIGKILL);
+                here = 1;
+            }
+        for (int i = 0; !here && i < ddpd_peers_count(j->d); i++)
+            ddpd_peers_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
+                            json_string_value(json_object_get(ev, "host_id")));
+    } else if (!strcmp(what, "done")) {
+        /* every member trained to the end: ranks elsewhere that the coordinator evicted (a
+         * partition: their daemon may never report them) are no longer this job's */
+        j->live_remote = 0;
+        maybe_finish(j);
     } else if (!strcmp(what, "failed")) {
         if (!j->fail_why[0]) {
             snprintf(j->fail_why, sizeof j->fail_why, "%.500s",

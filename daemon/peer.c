@@ -9,7 +9,7 @@
  *                         "token":..,"spec":"<json>","cwd":..,"uid":U,"gid":G,"threads":T}
  *   listener -> dialer   {"t":"started","job":J,"n":K} | {"t":"failed","job":J,"why":..}
  *                        {"t":"exit","job":J,"rank":R,"code":C,"sig":S}
- *   dialer   -> listener {"t":"signal","job":J,"sig":SIG}
+ *   dialer   -> listener {"t":"signal","job":J,"sig":SIG} | {"t":"kill","job":J,"pid":P,"host_id":H}
  * So a coordinator learns a peer's slots and drives its ranks over the link it dialled. When
  * a coordinator's link drops, its guest ranks here are ended; when a peer's link drops, the
  * coordinator fails the jobs that had ranks there.
@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/host.h"
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/job.h"
@@ -464,6 +465,19 @@ static void on_message(link_t *l, json_t *m)
         if (was != p->slots || p->free > 0) ddpd_sched_kick(d);
     } else if (!strcmp(t, "start") && l->peer < 0) {
         on_start(l, m);
+    } else if (!strcmp(t, "kill") && l->peer < 0) {
+        int pid = (int)json_integer_value(json_object_get(m, "pid"));
+        const char *hid = json_string_value(json_object_get(m, "host_id"));
+        char mine[160];
+        ddp_host_id(mine, sizeof mine);
+        for (guest_t *g = d->peers->guests; hid && !strcmp(hid, mine) && g; g = g->next)
+            if (g->link == l && g->job == job)
+                for (int i = 0; i < g->n; i++)
+                    if (g->procs[i].alive && g->procs[i].pid == pid) {
+                        DDP_WARN("killing guest rank %d of job %lld (pid %d): its coordinator "
+                                 "evicted it", g->procs[i].rank, (long long)job, pid);
+                        ddpd_proc_signal(&g->procs[i], SIGKILL);
+                    }
     } else if (!strcmp(t, "signal") && l->peer < 0) {
         guests_signal(d->peers, l, job, (int)json_integer_value(json_object_get(m, "sig")));
     } else if (!strcmp(t, "started") && p) {
@@ -828,6 +842,14 @@ int ddpd_peers_launch(ddpd_t *d, int i, ddpd_job_t *j, const int *ranks, int n)
     p->free -= n; /* until its next status */
     send_msg(p->link, m);
     return 0;
+}
+
+void ddpd_peers_kill(ddpd_t *d, int i, int64_t job_id, int pid, const char *host_id)
+{
+    if (!ddpd_peers_up(d, i)) return;
+    send_msg(d->peers->peers[i].link, json_pack("{ss sI si ss}", "t", "kill", "job",
+                                                (json_int_t)job_id, "pid", pid, "host_id",
+                                                host_id ? host_id : ""));
 }
 
 void ddpd_peers_signal(ddpd_t *d, int i, int64_t job_id, int sig)

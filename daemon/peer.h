@@ -30,6 +30,10 @@ const char *ddpd_peers_name(ddpd_t *d, int i);
 int ddpd_peers_launch(ddpd_t *d, int i, ddpd_job_t *j, const int *ranks, int n);
 /* Asks peer i to signal its ranks of a job. */
 void ddpd_peers_signal(ddpd_t *d, int i, int64_t job_id, int sig);
+/* Elastic: asks peer i to SIGKILL the process `pid` among its ranks of job_id when host_id (as
+ * common/host.h makes it) is its own (a rank the job's coordinator evicted for silence; its
+ * daemon kills it so that it cannot come back). */
+void ddpd_peers_kill(ddpd_t *d, int i, int64_t job_id, int pid, const char *host_id);
 
 /* New array describing this node and every peer (for node.list). */
 json_t *ddpd_peers_nodes(ddpd_t *d);
