@@ -10,7 +10,8 @@
 # survivors and SIGKILLs them after odls_base_sigkill_timeout (1 s by default); in between, one
 # survivor saves the last completed step from memory (checkpoint.dir), so relaunching the same
 # command loses no completed step. A GPT-2 124M save took 0.97 s here (1.5 GB at 1.5 GB/s), so
-# this script grants 30 s (DDP_MPI_SIGKILL_TIMEOUT overrides it).
+# this script grants 10 s (DDP_MPI_SIGKILL_TIMEOUT=S overrides it; Open MPI waits that long after
+# a failure even when every survivor has exited, so larger is slower to give up).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 worker=${DDP_WORKER:-$here/build/worker/ddp-worker}
@@ -27,5 +28,5 @@ extra=()
 # --bind-to none: the worker sizes its own thread pool (cores / local ranks); MPI's default
 # core binding would pin every thread of a rank to one core.
 exec mpirun "${extra[@]}" --bind-to none \
-  --mca odls_base_sigkill_timeout "${DDP_MPI_SIGKILL_TIMEOUT:-30}" "${mpi_args[@]}" \
+  --mca odls_base_sigkill_timeout "${DDP_MPI_SIGKILL_TIMEOUT:-10}" "${mpi_args[@]}" \
   -x DDP_LOG_LEVEL -x OPENBLAS_CORETYPE "$worker" "$@"

@@ -41,6 +41,10 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     return rc;
 }
 
+/* Generations that may end in a row before a step completes: failures of rank after rank (each
+ * may die max_restarts times) are legitimate; the same error every time is not. */
+#define DDP_MAX_STALLED_GENERATIONS 50
+
 /* Whether rc ended only this generation (elastic, and the coordinator still has the job). */
 static int generation_failed(ddp_trainer_t *t, int rc)
 {
@@ -111,18 +115,26 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     const ddp_spec_t *s = &t->spec;
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
     t->run_t0 = ddp_now_ns();
+    int stalled = 0; /* generations ended in a row without a completed step */
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
         ddp_trace_step(t->step + 1); /* train.trace */
         t->stop_requested = stop && *stop;
         int rc = step_and_boundary(t, ei);
-        if (rc && generation_failed(t, rc)) {
+        if (rc == 0 && t->regroup && t->step < s->steps && !t->any_stop)
+            rc = next_generation(t, "regroup at the step boundary", ei);
+        if (rc == 0) stalled = 0;
+        while (rc && generation_failed(t, rc)) { /* also a failure while a generation forms */
             char cause[1100];
             snprintf(cause, sizeof cause, "%s", ei && ei->msg[0] ? ei->msg : ddp_strerror(rc));
             if (ei) ddp_errinfo_clear(ei);
+            if (++stalled > DDP_MAX_STALLED_GENERATIONS) {
+                /* the same failure every time (a bug, not a lost rank): stop going round */
+                rc = ddp_errinfo_set(ei, rc, "no step completed in %d generations in a row; the "
+                                     "last failure: %s", DDP_MAX_STALLED_GENERATIONS, cause);
+                break;
+            }
             rc = next_generation(t, cause, ei);
-        } else if (rc == 0 && t->regroup && t->step < s->steps && !t->any_stop) {
-            rc = next_generation(t, "regroup at the step boundary", ei);
         }
         if (rc) {
             const char *why;
