@@ -108,7 +108,7 @@ static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (first) {
-        DDP_ERROR("collectives (nccl, rank %d of %d): %s", c->rank, c->size, c->errmsg);
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size, c->errmsg);
         if (c->impl) abort_comm(c->impl);
     }
     return atomic_load(&c->err);
@@ -314,7 +314,7 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
     nccl_impl_t *m = c->impl;
     char d[96];
     if (q->kind != DDP__REQ_ALLREDUCE && q->kind != DDP__REQ_BCAST) {
-        DDP_ERROR("collectives (nccl): %s #%llu: only all-reduce and broadcast are implemented",
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s #%llu: only all-reduce and broadcast are implemented",
                   q->kind == DDP__REQ_REDUCE_SCATTER ? "reduce-scatter" : "all-gather",
                   (unsigned long long)q->seq);
         return DDP_ENOTSUP;
@@ -326,7 +326,7 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
         int rc = stage_reserve(c, m, q->bytes, &r->off);
         if (rc < 0) {
             if (rc == DDP_EINVAL)
-                DDP_ERROR("collectives (nccl): %s: a host buffer of %zu bytes (at most %zu are "
+                DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: a host buffer of %zu bytes (at most %zu are "
                           "staged through device memory; pass device memory)",
                           desc(q, d, sizeof d), q->bytes, (size_t)STAGE_MAX);
             free(r);
@@ -475,7 +475,7 @@ static void finalize(ddp_coll_t *c, nccl_impl_t *m)
         if (gone) return;
         if (st == ncclSuccess) break;
         if (st != ncclInProgress || ddp_now_ns() > deadline) {
-            DDP_WARN("collectives (nccl, rank %d of %d): finalize %s: aborting the communicator",
+            DDP_WARN("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): finalize %s: aborting the communicator",
                      c->rank, c->size,
                      st != ncclInProgress ? ncclGetErrorString(st) : "did not complete in time");
             abort_comm(m);

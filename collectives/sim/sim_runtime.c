@@ -544,7 +544,14 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
     if (!enter(comm, "ncclCommFinalize")) return ncclInvalidArgument;
     ncclResult_t r = ncclInProgress;
     pthread_mutex_lock(&g.mu);
-    if (comm->state != ncclSuccess || comm->have_worker || !comm->inner)
+    int ready = comm->state == ncclSuccess && comm->inner;
+    pthread_mutex_unlock(&g.mu);
+    if (ready && comm->have_worker) { /* the finished init */
+        pthread_join(comm->worker, NULL);
+        comm->have_worker = 0;
+    }
+    pthread_mutex_lock(&g.mu);
+    if (!ready || comm->state != ncclSuccess)
         r = ncclInvalidUsage;
     else
         comm->state = ncclInProgress;
