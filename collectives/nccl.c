@@ -287,7 +287,8 @@ static int stage_reserve(ddp_coll_t *c, nccl_impl_t *m, size_t bytes, size_t *of
         if (m->stage_dev) cudaFree(m->stage_dev);
         m->stage_host = m->stage_dev = NULL;
         m->stage_cap = 0;
-        cudaError_t e = cudaMallocHost(&m->stage_host, cap);
+        cudaError_t e = cudaSetDevice(m->device); /* the caller's thread may be elsewhere */
+        if (e == cudaSuccess) e = cudaMallocHost(&m->stage_host, cap);
         if (e == cudaSuccess) e = cudaMalloc(&m->stage_dev, cap);
         if (e != cudaSuccess) {
             fail(c, DDP_ECUDA, "staging area of %zu bytes: %s", cap, cudaGetErrorString(e));

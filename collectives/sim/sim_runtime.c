@@ -31,6 +31,7 @@
 #define SIM_DEVICES 8
 
 static __thread int cur_dev;
+static _Atomic int calls_in_flight; /* over every communicator */
 
 /* ---- CUDA runtime ---- */
 
@@ -247,7 +248,10 @@ static int enter(ncclComm_t comm, const char *fn)
     pthread_mutex_lock(&g.mu);
     struct ddp_sim_nccl_comm *c = g.live;
     while (c && c != comm) c = c->next;
-    if (c) atomic_fetch_add(&c->in_call, 1);
+    if (c) {
+        atomic_fetch_add(&c->in_call, 1);
+        atomic_fetch_add(&calls_in_flight, 1);
+    }
     pthread_mutex_unlock(&g.mu);
     if (!c) {
         violation("%s on communicator %p, which was aborted or destroyed (or never existed)", fn,
@@ -262,7 +266,13 @@ static int enter(ncclComm_t comm, const char *fn)
     return 1;
 }
 
-static void leave(ncclComm_t comm) { atomic_fetch_sub(&comm->in_call, 1); }
+static void leave(ncclComm_t comm)
+{
+    atomic_fetch_sub(&comm->in_call, 1);
+    atomic_fetch_sub(&calls_in_flight, 1);
+}
+
+int ddp_sim_nccl_calls_in_flight(void) { return atomic_load(&calls_in_flight); }
 
 static void set_state(ncclComm_t comm, ncclResult_t st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -425,14 +435,15 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
     } else if (send != recv) {
         r = ncclInvalidArgument; /* the backend works in place only */
     } else if (dev != comm->device || ddp_simdev_stream_device(stream) != comm->device) {
+        char what[32];
+        snprintf(what, sizeof what, "memory of device %d", dev);
         snprintf(comm->last, sizeof comm->last,
-                 "%s: buffer %p (%zu bytes) is %s %d and the stream's device is %d, but the "
+                 "%s: buffer %p (%zu bytes) is %s and the stream's device is %d, but the "
                  "communicator is on device %d: NCCL needs device memory of its own GPU (on a "
                  "GPU this is an illegal memory access)",
                  fn, recv, bytes,
-                 dev >= 0 ? "memory of device" : dev == DDP_SIMDEV_PINNED ? "pinned host memory, code"
-                                                                         : "host memory, code",
-                 dev, ddp_simdev_stream_device(stream), comm->device);
+                 dev >= 0 ? what : dev == DDP_SIMDEV_PINNED ? "pinned host memory" : "host memory",
+                 ddp_simdev_stream_device(stream), comm->device);
         DDP_ERROR("sim nccl: %s", comm->last);
         r = ncclInvalidArgument;
     }
