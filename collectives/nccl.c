@@ -258,8 +258,10 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     return 0;
 }
 
-/* 1 when [p, p + bytes) is device memory of m's device (what NCCL may be given). */
-static int on_device(nccl_impl_t *m, const void *p, size_t bytes)
+/* Where p lies: 1 device memory of m's device (what NCCL may be given), 0 host memory (to be
+ * staged), -1 device memory of another device (refused: neither usable nor readable here),
+ * with that device in *other. */
+static int on_device(nccl_impl_t *m, const void *p, size_t bytes, int *other)
 {
     if (!bytes) return 1;
     struct cudaPointerAttributes a;
@@ -268,7 +270,9 @@ static int on_device(nccl_impl_t *m, const void *p, size_t bytes)
         cudaGetLastError(); /* plain host memory on old runtimes: not sticky */
         return 0;
     }
-    return a.type == cudaMemoryTypeDevice && a.device == m->device;
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 0;
+    *other = a.device;
+    return a.device == m->device ? 1 : -1;
 }
 
 /* Reserves `bytes` of the staging area for a host buffer; DDP_EINVAL when it cannot hold them. */
@@ -323,7 +327,15 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
     nccl_req_t *r = ddp_calloc(1, sizeof *r);
     if (!r) return DDP_ENOMEM;
     void *buf = q->buf;
-    if (!on_device(m, q->buf, q->bytes)) {
+    int other = -1, where = on_device(m, q->buf, q->bytes, &other);
+    if (where < 0) {
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: the buffer is memory of device %d, "
+                  "the communicator's device is %d (opts.cuda_device)",
+                  desc(q, d, sizeof d), other, m->device);
+        free(r);
+        return DDP_EINVAL;
+    }
+    if (where == 0) {
         int rc = stage_reserve(c, m, q->bytes, &r->off);
         if (rc < 0) {
             if (rc == DDP_EINVAL)
@@ -350,15 +362,18 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
         return fail(c, DDP_ECUDA, "%s: cudaEventCreate: %s", desc(q, d, sizeof d),
                     cudaGetErrorString(ce));
     }
+    char last[256] = "";
     pthread_mutex_lock(&m->lock);
     int gone = m->comm == NULL;
     ncclResult_t nr = gone ? ncclSuccess : enqueue_op(m, q, buf);
+    if (!gone && nr != ncclSuccess && nr != ncclInProgress)
+        snprintf(last, sizeof last, "%s", ncclGetLastError(m->comm));
     pthread_mutex_unlock(&m->lock);
     int rc = 0;
     if (gone) {
         rc = atomic_load(&c->err) ? atomic_load(&c->err) : DDP_EABORTED;
     } else if (nr != ncclSuccess && nr != ncclInProgress) {
-        rc = fail(c, DDP_ENCCL, "%s: %s", desc(q, d, sizeof d), ncclGetErrorString(nr));
+        rc = fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d), ncclGetErrorString(nr), last);
     } else if (nr == ncclInProgress) {
         rc = settle(c, m, ddp_now_ns() + auto_timeout_ns(c, q->bytes), desc(q, d, sizeof d));
     }
@@ -411,10 +426,21 @@ static int nccl_test(ddp_coll_t *c, ddp_coll_req_t *q)
     cudaError_t e = cudaEventQuery(r->ev);
     if (e == cudaErrorNotReady) return 0;
     int rc = 0;
+    char d[96];
     if (e != cudaSuccess) {
-        char d[96];
         rc = fail(c, DDP_ECUDA, "%s: cudaEventQuery: %s", desc(q, d, sizeof d),
                   cudaGetErrorString(e));
+    } else if (atomic_load(&c->err)) {
+        rc = atomic_load(&c->err); /* the stream went on after an abort or an NCCL error */
+    } else {
+        int gone;
+        char last[256] = "";
+        ncclResult_t st = async_state(c->impl, &gone, last, sizeof last);
+        if (gone)
+            rc = DDP_EABORTED;
+        else if (st != ncclSuccess && st != ncclInProgress)
+            rc = fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d), ncclGetErrorString(st),
+                      last);
     }
     finish(c->impl, q, rc);
     return 1;
