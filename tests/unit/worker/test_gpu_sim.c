@@ -510,5 +510,7 @@ int main(void)
         cmocka_unit_test(test_selftest_checks_lm_head_dinp),
         cmocka_unit_test(test_host_access_to_device_memory_faults),
     };
+    const char *only = getenv("GPU_SIM_TEST"); /* one test by name, e.g. to check a revert */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
