@@ -129,7 +129,7 @@ typedef struct ddp_coll_opts {
     size_t chunk_bytes;    /* ring slot size; 0 = DDP_COLL_CHUNK_KB or 512 KiB */
     int chunk_delay_us;    /* test hook, see above; 0 = DDP_COLL_DELAY_US or none */
     double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
-    int cuda_device;       /* nccl: CUDA device ordinal */
+    int cuda_device;       /* nccl, sim: the rank's device ordinal (its buffers' device) */
     void *cuda_stream;     /* nccl: cudaStream_t to run on (NULL = the backend's own stream) */
 } ddp_coll_opts_t;
 

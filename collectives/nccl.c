@@ -108,7 +108,8 @@ static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (first) {
-        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size, c->errmsg);
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size,
+                  c->errmsg);
         if (c->impl) abort_comm(c->impl);
     }
     return atomic_load(&c->err);
@@ -116,8 +117,9 @@ static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
 
 static const char *desc(const ddp_coll_req_t *q, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s #%llu (%zu bytes)", q->kind == DDP__REQ_BCAST ? "broadcast" : "allreduce",
-             (unsigned long long)q->seq, q->bytes);
+    snprintf(buf, len, "%s #%llu (%zu bytes)",
+             q->kind == DDP__REQ_BCAST ? "broadcast" : "allreduce", (unsigned long long)q->seq,
+             q->bytes);
     return buf;
 }
 
@@ -183,8 +185,8 @@ static int settle(ddp_coll_t *c, nccl_impl_t *m, int64_t deadline, const char *w
         if (st != ncclInProgress)
             return fail(c, DDP_ENCCL, "%s: %s (%s)", what, ncclGetErrorString(st), last);
         if (ddp_now_ns() > deadline)
-            return fail(c, DDP_ETIMEDOUT, "%s: not complete within the deadline (ranks 0..%d)", what,
-                        c->size - 1);
+            return fail(c, DDP_ETIMEDOUT, "%s: not complete within the deadline (ranks 0..%d)",
+                        what, c->size - 1);
         nap();
     }
 }
@@ -319,7 +321,8 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
     nccl_impl_t *m = c->impl;
     char d[96];
     if (q->kind != DDP__REQ_ALLREDUCE && q->kind != DDP__REQ_BCAST) {
-        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s #%llu: only all-reduce and broadcast are implemented",
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s #%llu: only all-reduce and "
+                  "broadcast are implemented",
                   q->kind == DDP__REQ_REDUCE_SCATTER ? "reduce-scatter" : "all-gather",
                   (unsigned long long)q->seq);
         return DDP_ENOTSUP;
@@ -339,8 +342,8 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
         int rc = stage_reserve(c, m, q->bytes, &r->off);
         if (rc < 0) {
             if (rc == DDP_EINVAL)
-                DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: a host buffer of %zu bytes (at most %zu are "
-                          "staged through device memory; pass device memory)",
+                DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: a host buffer of %zu bytes "
+                          "(at most %zu are staged through device memory; pass device memory)",
                           desc(q, d, sizeof d), q->bytes, (size_t)STAGE_MAX);
             free(r);
             return rc;
@@ -498,11 +501,13 @@ static void finalize(ddp_coll_t *c, nccl_impl_t *m)
     int64_t deadline = ddp_now_ns() + (int64_t)(c->timeout_s * 1e9);
     for (;;) {
         int gone = 0;
-        ncclResult_t st = r == ncclSuccess || r == ncclInProgress ? async_state(m, &gone, NULL, 0) : r;
+        ncclResult_t st =
+            r == ncclSuccess || r == ncclInProgress ? async_state(m, &gone, NULL, 0) : r;
         if (gone) return;
         if (st == ncclSuccess) break;
         if (st != ncclInProgress || ddp_now_ns() > deadline) {
-            DDP_WARN("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): finalize %s: aborting the communicator",
+            DDP_WARN("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): finalize %s: "
+                     "aborting the communicator",
                      c->rank, c->size,
                      st != ncclInProgress ? ncclGetErrorString(st) : "did not complete in time");
             abort_comm(m);

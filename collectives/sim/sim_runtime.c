@@ -469,8 +469,9 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    return enqueue("ncclAllReduce", send, recv, count, dt == ncclBfloat16 ? DDP_DT_BF16 : DDP_DT_F32,
-                   op == ncclAvg ? DDP_OP_AVG : DDP_OP_SUM, -1, comm, stream);
+    ddp_dtype_t t = dt == ncclBfloat16 ? DDP_DT_BF16 : DDP_DT_F32;
+    return enqueue("ncclAllReduce", send, recv, count, t, op == ncclAvg ? DDP_OP_AVG : DDP_OP_SUM,
+                   -1, comm, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
