@@ -402,6 +402,19 @@ int ddp_simdev_launch(ddp_simdev_stream_t *s, const char *what, ddp_simdev_fn fn
     return rc;
 }
 
+int ddp_simdev_check(ddp_simdev_stream_t *s, const char *what, const ddp_simdev_access_t *acc,
+                     int nacc)
+{
+    int rc = 0;
+    pthread_mutex_lock(&g.mu);
+    join(s->clock, g.host_clock);
+    prune();
+    for (int i = 0; i < nacc; i++)
+        if (acc[i].bytes && check(s, what, &acc[i]) < 0) rc = DDP_EHAZARD;
+    pthread_mutex_unlock(&g.mu);
+    return rc;
+}
+
 void ddp_simdev_stream_sync(ddp_simdev_stream_t *s)
 {
     pthread_mutex_lock(&g.mu);

@@ -79,6 +79,10 @@ typedef void (*ddp_simdev_fn)(void *arg);
  * device (the op is queued all the same), or DDP_ENOMEM (then fn does not run). */
 int ddp_simdev_launch(ddp_simdev_stream_t *s, const char *what, ddp_simdev_fn fn, void *arg,
                       const ddp_simdev_access_t *acc, int nacc);
+/* The checks of ddp_simdev_launch without queuing anything: 0, or DDP_EHAZARD (logged and
+ * counted). For callers that refuse an op rather than let it race. */
+int ddp_simdev_check(ddp_simdev_stream_t *s, const char *what, const ddp_simdev_access_t *acc,
+                     int nacc);
 /* Blocks until every op queued on s so far has run; the host then knows them complete. */
 void ddp_simdev_stream_sync(ddp_simdev_stream_t *s);
 /* Records ev on s after the ops queued so far (cudaEventRecord). */

@@ -5,7 +5,9 @@
  * port). Operations are queued on the caller's simulated stream and run the inner all-reduce or
  * broadcast there; they check that the buffer is device memory of the communicator's device
  * (the device current when it was created) and declare the buffer to the simulator, which
- * reports a hazard with queued work of other streams. Semantics kept from NCCL: nonblocking
+ * reports a hazard with queued work of other streams: such an operation is refused
+ * (ncclInvalidUsage, the hazard as ncclGetLastError) rather than raced, where a GPU would give
+ * wrong sums silently. Semantics kept from NCCL: nonblocking
  * communicators (blocking = 0) return ncclInProgress and are polled with
  * ncclCommGetAsyncError; ncclCommAbort frees the communicator; ncclCommFinalize completes only
  * when every rank finalizes; ncclCommDestroy of a communicator that was not finalized waits for

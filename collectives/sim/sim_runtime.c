@@ -447,6 +447,14 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
         DDP_ERROR("sim nccl: %s", comm->last);
         r = ncclInvalidArgument;
     }
+    ddp_simdev_access_t acc = {recv, bytes, DDP_SIMDEV_RW};
+    if (r == ncclSuccess && ddp_simdev_check(stream, fn, &acc, 1) == DDP_EHAZARD) {
+        /* on a GPU: wrong sums, silently; here the operation is refused, not raced */
+        char h[400];
+        ddp_simdev_last_hazard(h, sizeof h);
+        set_state(comm, ncclInvalidUsage, "%s", h);
+        r = ncclInvalidUsage;
+    }
     nop_t *o = r == ncclSuccess ? malloc(sizeof *o) : NULL;
     if (r == ncclSuccess && !o) r = ncclSystemError;
     if (o) {
@@ -454,13 +462,7 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
         pthread_mutex_lock(&g.mu);
         comm->queued++;
         pthread_mutex_unlock(&g.mu);
-        ddp_simdev_access_t acc = {recv, bytes, DDP_SIMDEV_RW};
-        if (ddp_simdev_launch(stream, fn, run_op, o, &acc, 1) == DDP_EHAZARD) {
-            char h[400];
-            ddp_simdev_last_hazard(h, sizeof h);
-            set_state(comm, ncclInvalidUsage, "%s", h); /* on a GPU: wrong sums, silently */
-            r = ncclInvalidUsage;
-        }
+        ddp_simdev_launch(stream, fn, run_op, o, &acc, 1); /* checked just above */
     }
     leave(comm);
     return r;

@@ -26,6 +26,7 @@
 #include "collectives/coll.h"
 #include "collectives/sim/sim.h"
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/simdev.h"
 #include "kernels/kernels.h"
 #include "worker/reducer.h"
@@ -510,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_selftest_checks_lm_head_dinp),
         cmocka_unit_test(test_host_access_to_device_memory_faults),
     };
+    DDP_DEBUG("test_gpu_sim"); /* the logger reads its level once, here, before any thread */
     const char *only = getenv("GPU_SIM_TEST"); /* one test by name, e.g. to check a revert */
     if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, NULL, NULL);
