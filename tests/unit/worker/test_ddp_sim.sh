@@ -42,7 +42,7 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs
   ! grep -h "hazard\|violation\|error" "$tmp/$1.launch" "$tmp/$1"/rank-*.log
 }
 
-echo "1..6"
+echo "1..8"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
@@ -65,4 +65,24 @@ if DDP_TEST_REPLICA_FLIP_RANK=1 run2 simflip sim --no-resume >/dev/null; then
 else
   check "a drifted replica stops the sim job naming rank 1" grep -q "replicas differ: rank(s) 1 " "$tmp/simflip.launch" "$tmp/simflip"/rank-*.log
 fi
+# elastic on the simulated GPU: rank 1 is killed after step 3, restarted, and rejoins; the
+# coordinator's thread aborts the sim communicator, the source broadcasts its state (a host
+# header and device arenas) and the replicas are checked; the weights are the uninterrupted
+# run's (on the CPU), bitwise
+sed -e '/^checkpoint:/d' -e 's/steps: 4,/steps: 12,/' -e 's/val_every: 2,/val_every: 0,/' \
+    -e 's/shard_optimizer: false}/shard_optimizer: false, restart: on-failure, max_restarts: 2}/' \
+    "$tmp/job.yaml" >"$tmp/ejob.yaml"
+RUN_DIR="$tmp/ecpu" "$launch" 2 "$tmp/ejob.yaml" --quiet --backend cpu --dump-weights "$tmp/ecpu.st" \
+  >"$tmp/ecpu.launch" 2>&1 || { not_ok "elastic run on the CPU"; sed 's/^/# /' "$tmp/ecpu.launch" | tail; }
+( DDP_LOG_LEVEL=info DDP_SIM_DELAY_US=2000 RUN_DIR="$tmp/esim" "$launch" 2 "$tmp/ejob.yaml" \
+    --backend sim --dump-weights "$tmp/esim.st" >"$tmp/esim.launch" 2>&1 ) &
+elaunch=$!
+deadline=$((SECONDS + 120))  # rank 0 logs to the launcher's output: wait for its step 3
+until grep -q "step     3/" "$tmp/esim.launch" 2>/dev/null || [ $SECONDS -ge $deadline ]; do sleep 0.1; done
+kill -9 "$(cat "$tmp/esim/rank-1.pid")" 2>/dev/null
+wait $elaunch
+check "elastic on sim: rank 1 killed after step 3 rejoins and gets the state of step 3" \
+  grep -q "state of step [3-9] from rank 0" "$tmp/esim.launch"
+check "elastic on sim with a rank killed gives the uninterrupted CPU run's weights bitwise" \
+  python3 "$compare" "$tmp/ecpu.st" "$tmp/esim.st" --bitwise
 exit $((failed > 0))
