@@ -57,18 +57,31 @@ typedef struct {
 #define ncclCommFinalize ddp_sim_ncclCommFinalize
 #define ncclCommDestroy ddp_sim_ncclCommDestroy
 
+/* Writes "127.0.0.1:PORT" (a port free a moment ago) into id: rank 0's rendezvous. */
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+/* A communicator on the calling thread's current device, formed by a thread (TCP rendezvous at
+ * id, then an inner ring communicator). blocking = 0: returns ncclInProgress at once (poll
+ * ncclCommGetAsyncError); else waits and returns the outcome. *comm is set either way. */
 ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t *cfg);
+/* *state: ncclInProgress, ncclSuccess or the first error of the communicator. */
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state);
 const char *ncclGetErrorString(ncclResult_t r);
+/* The communicator's last error message (thread-local copy, valid until the next call). */
 const char *ncclGetLastError(ncclComm_t comm);
+/* In place only (send == recv). Queues the inner all-reduce (broadcast: count bytes of
+ * ncclUint8) on stream after the checks described above; the error is then the return value
+ * and ncclGetLastError; a failure while it runs becomes the communicator's async error. */
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            int root, ncclComm_t comm, cudaStream_t stream);
+/* Aborts the inner communicator (peers are told), waits for the queued operations, frees comm.
+ * A violation when another thread is inside a call on comm, or comm is gone. */
 ncclResult_t ncclCommAbort(ncclComm_t comm);
+/* Starts a barrier of every rank on a thread: ncclInProgress until it completes. */
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
+/* Frees comm; without a finalize first, waits for every rank's destroy with no deadline. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
 
 #endif
