@@ -74,10 +74,11 @@ sed -e '/^checkpoint:/d' -e 's/steps: 4,/steps: 12,/' -e 's/val_every: 2,/val_ev
     "$tmp/job.yaml" >"$tmp/ejob.yaml"
 RUN_DIR="$tmp/ecpu" "$launch" 2 "$tmp/ejob.yaml" --quiet --backend cpu --dump-weights "$tmp/ecpu.st" \
   >"$tmp/ecpu.launch" 2>&1 || { not_ok "elastic run on the CPU"; sed 's/^/# /' "$tmp/ecpu.launch" | tail; }
-( DDP_LOG_LEVEL=info DDP_SIM_DELAY_US=2000 RUN_DIR="$tmp/esim" "$launch" 2 "$tmp/ejob.yaml" \
+# (bounded: a generation that fails the same way each time would be re-formed for ever)
+( DDP_LOG_LEVEL=info DDP_SIM_DELAY_US=2000 RUN_DIR="$tmp/esim" timeout 100 "$launch" 2 "$tmp/ejob.yaml" \
     --backend sim --dump-weights "$tmp/esim.st" >"$tmp/esim.launch" 2>&1 ) &
 elaunch=$!
-deadline=$((SECONDS + 120))  # rank 0 logs to the launcher's output: wait for its step 3
+deadline=$((SECONDS + 60))  # rank 0 logs to the launcher's output: wait for its step 3
 until grep -q "step     3/" "$tmp/esim.launch" 2>/dev/null || [ $SECONDS -ge $deadline ]; do sleep 0.1; done
 kill -9 "$(cat "$tmp/esim/rank-1.pid")" 2>/dev/null
 wait $elaunch
