@@ -42,7 +42,7 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs
   ! grep -h "hazard\|violation\|error" "$tmp/$1.launch" "$tmp/$1"/rank-*.log
 }
 
-echo "1..8"
+echo "1..9"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
@@ -86,4 +86,17 @@ check "elastic on sim: rank 1 killed after step 3 rejoins and gets the state of 
   grep -q "state of step [3-9] from rank 0" "$tmp/esim.launch"
 check "elastic on sim with a rank killed gives the uninterrupted CPU run's weights bitwise" \
   python3 "$compare" "$tmp/ecpu.st" "$tmp/esim.st" --bitwise
+# the NCCL module is found beside ddp-worker (without DDP_COLL_PATH): here, without a GPU, it
+# loads and says it is not usable, rather than not found
+if [ -f "${DDP_BUILD_ROOT:-$(dirname "$worker")/..}/collectives/ddp_coll_nccl.so" ]; then
+  if RUN_DIR="$tmp/nccl" env -u DDP_COLL_PATH timeout 60 "$launch" 2 "$tmp/ejob.yaml" --quiet \
+       --backend cpu --set ddp.backend=nccl --set ddp.restart=never >"$tmp/nccl.launch" 2>&1; then
+    ok "nccl on this host: a GPU is present # SKIP the module ran"
+  else
+    check "ddp_coll_nccl.so is found beside ddp-worker" \
+      grep -q "backend 'nccl' is not usable here" "$tmp/nccl.launch" "$tmp/nccl"/rank-*.log
+  fi
+else
+  n=$((n + 1)); echo "ok $n - nccl module beside ddp-worker # SKIP built without NCCL"
+fi
 exit $((failed > 0))
