@@ -302,7 +302,6 @@ static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t
     void *bufs[] = {&h, t->model.w, t->opt.m, t->opt.v};
     size_t lens[] = {sizeof h, n, n, n};
     ddp_coll_req_t *req[4];
-    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k)); /* the arenas' last writes first */
     for (int i = 0; i < 4; i++) DDP_CHECK(ddp_coll_broadcast(t->comm, bufs[i], lens[i], source,
                                                              &req[i]));
     for (int i = 0; i < 4; i++) DDP_CHECK(ddp_coll_wait(req[i], 0, ei));
