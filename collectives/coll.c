@@ -185,6 +185,7 @@ static const ddp_coll_ops_t *find_backend(const char *name)
     if (!strcmp(name, "ring")) return &ddp_coll_ring_ops;
     if (!strcmp(name, "mpi")) return &ddp_coll_mpi_ops;
     if (!strcmp(name, "nccl")) return load_nccl();
+    if (!strcmp(name, "sim")) return &ddp_coll_sim_ops;
     return NULL;
 }
 
@@ -203,7 +204,7 @@ int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll
         if (!ops)
             return ddp_errinfo_set(ei, strcmp(name, "nccl") ? DDP_EINVAL : DDP_ENODEV,
                                    "collectives backend '%s' %s", name,
-                                   strcmp(name, "nccl") ? "is unknown (ring, mpi, nccl)"
+                                   strcmp(name, "nccl") ? "is unknown (ring, mpi, nccl, sim)"
                                                         : "is not available: ddp_coll_nccl.so "
                                                           "not found (DDP_COLL_PATH)");
     }
@@ -320,6 +321,16 @@ int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_col
     if (!r) return DDP_ENOMEM;
     r->root = root;
     return submit(c, r, req);
+}
+
+int ddp_coll_wait_event(ddp_coll_t *c, void *event)
+{
+    if (!c) return DDP_EINVAL;
+    if (!event) return 0;
+    int err = atomic_load(&c->err);
+    if (err) return err;
+    if (!c->ops->wait_event) return DDP_ENOTSUP;
+    return c->ops->wait_event(c, event);
 }
 
 int ddp_coll_test(ddp_coll_req_t *req, int *done)

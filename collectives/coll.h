@@ -7,7 +7,10 @@
  * MPI under mpirun, or a world of one.
  *
  * Backends: "ring" (CPU; shared memory between processes of one host, TCP between hosts),
- * "mpi" (CPU; MPI_Iallreduce, when built with MPI), "nccl" (GPU; a dlopen()ed module).
+ * "mpi" (CPU; MPI_Iallreduce, when built with MPI), "nccl" (GPU; a dlopen()ed module), "sim"
+ * (tests: nccl.c itself over a simulated CUDA runtime and NCCL, on the "sim" kernel backend's
+ * simulated device memory; see common/simdev.h and docs/gpu.md).
+ * nccl and sim need device memory of opts.cuda_device; host buffers are staged (nccl.c).
  *
  * Typical use by the reducer (CPU):
  *
@@ -126,7 +129,7 @@ typedef struct ddp_coll_opts {
     size_t chunk_bytes;    /* ring slot size; 0 = DDP_COLL_CHUNK_KB or 512 KiB */
     int chunk_delay_us;    /* test hook, see above; 0 = DDP_COLL_DELAY_US or none */
     double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
-    int cuda_device;       /* nccl: CUDA device ordinal */
+    int cuda_device;       /* nccl, sim: the rank's device ordinal (its buffers' device) */
     void *cuda_stream;     /* nccl: cudaStream_t to run on (NULL = the backend's own stream) */
 } ddp_coll_opts_t;
 
@@ -164,6 +167,15 @@ int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                        ddp_coll_req_t **req);
 /* Starts a broadcast of buf[0..bytes) from rank root to all ranks (in submission order). */
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req);
+/* Orders the operations submitted after this call after `event`: a device event of the kernel
+ * backend whose memory the buffers are (ddp_kernels_ops_t.record_event: a cudaEvent_t recorded
+ * on the compute stream for CUDA, a simulated one for "sim"). Backends whose operations run on a
+ * device stream (nccl, sim) make that stream wait for the event (cudaStreamWaitEvent) without
+ * blocking the caller; a buffer written by queued device work must not be handed to a
+ * collective without this. NULL (the CPU backend's synchronous ops) orders nothing and returns
+ * 0. A non-NULL event on a backend without device streams (ring, mpi) is DDP_ENOTSUP. The event
+ * is read at the call: its owner may record it again right after. Caller's thread. */
+int ddp_coll_wait_event(ddp_coll_t *c, void *event);
 /* *done = 1 if req has completed (successfully or not), without blocking. Returns 0, or the
  * request's error once done. */
 int ddp_coll_test(ddp_coll_req_t *req, int *done);
@@ -250,7 +262,10 @@ typedef struct ddp_coll_ops {
     int (*wait)(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns);
     /* Nonblocking completion check: 1 done, 0 not yet. */
     int (*test)(ddp_coll_t *c, ddp_coll_req_t *req);
-    /* Tells the peers and wakes every waiter; called once, with c's error already recorded. */
+    /* Optional: makes later operations wait for a device event (ddp_coll_wait_event). */
+    int (*wait_event)(ddp_coll_t *c, void *event);
+    /* Tells the peers and wakes every waiter; called once, with c's error already recorded.
+     * Any thread, also while the caller's thread is inside submit, test or wait. */
     void (*abort)(ddp_coll_t *c);
     /* Releases c->impl. */
     void (*free)(ddp_coll_t *c);
@@ -263,5 +278,6 @@ typedef struct ddp_coll_ops {
 
 extern const ddp_coll_ops_t ddp_coll_ring_ops;
 extern const ddp_coll_ops_t ddp_coll_mpi_ops; /* probe() returns 0 when built without MPI */
+extern const ddp_coll_ops_t ddp_coll_sim_ops; /* nccl.c over the simulated device (tests) */
 
 #endif

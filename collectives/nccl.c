@@ -1,12 +1,38 @@
 /* The nccl backend (GPU), built as the module ddp_coll_nccl.so and dlopen()ed by coll.c, so one
  * binary runs with and without CUDA. Plain C against the CUDA runtime and NCCL headers.
  *
- * Init: rank 0's ncclUniqueId is allgathered through the bootstrap; ncclCommInitRankConfig with
- * blocking = 0, then ncclCommGetAsyncError is polled until the communicator is ready or the
- * deadline passes. Operations are enqueued on the stream (opts.cuda_stream, or the backend's own)
- * at submit; completion is a CUDA event. Waits poll the event and ncclCommGetAsyncError with
- * 50 us sleeps (never a spin), and call ncclCommAbort on an NCCL error or an expired deadline.
- * NCCL cannot say which rank is missing: the message names the operation and the rank set.
+ * The same file is compiled a second time against a simulated CUDA runtime and NCCL
+ * (collectives/sim/, over common/simdev.h) into the "sim" backend of the collectives library,
+ * so that the tests run this code on the CPU: DDP_COLL_NCCL_OPS names the ops table then.
+ *
+ * Init: the device is opts.cuda_device (the caller's GPU, never a default 0); rank 0's
+ * ncclUniqueId is allgathered through the bootstrap; ncclCommInitRankConfig with blocking = 0,
+ * then ncclCommGetAsyncError is polled until the communicator is ready or the deadline passes.
+ * Operations are enqueued on the stream (opts.cuda_stream, or the backend's own) at submit;
+ * completion is a CUDA event. Waits poll the event and ncclCommGetAsyncError with 50 us sleeps
+ * (never a spin), and abort the communicator on an NCCL error or an expired deadline. NCCL
+ * cannot say which rank is missing: the message names the operation and the rank set.
+ *
+ * Invariants
+ * - Ordering: an operation runs after the work that ddp_coll_wait_event() named (a
+ *   cudaStreamWaitEvent on this backend's stream); nothing else orders it after the caller's
+ *   compute stream.
+ * - Host buffers: NCCL reads and writes device memory only. A buffer that is not device memory
+ *   of this communicator's device (a host float on the stack, a header struct, a small table)
+ *   is staged: copied into pinned memory and then device memory at submit, reduced there, and
+ *   copied back into the caller's buffer when the request is seen complete (test/wait). Staged
+ *   requests share a grow-only staging area of STAGE_MAX bytes at most; a larger host buffer is
+ *   refused (DDP_EINVAL). So every small collective of the trainer works unchanged.
+ * - Kinds: all-reduce and broadcast. Reduce-scatter and all-gather are refused (DDP_ENOTSUP),
+ *   never run as something else.
+ * - Abort from any thread: every call that uses the NCCL communicator holds m->lock, and
+ *   ncclCommAbort runs under it too, so no thread is inside ncclCommGetAsyncError or
+ *   ncclAllReduce when the communicator is freed; afterwards m->comm is NULL and every path
+ *   checks it. Calls on a nonblocking communicator return at once, so the lock is held briefly.
+ * - Teardown has a deadline: ncclCommFinalize, then ncclCommGetAsyncError is polled until it
+ *   completes or max(timeout floor) passes; on expiry or error the communicator is aborted
+ *   instead (a dead peer never lets a finalize or a destroy finish).
+ * - Every CUDA call's result is checked; a failure fails the request or the communicator.
  *
  * This file must not depend on the rest of the collectives library (the module links only
  * common/): it records errors into struct ddp_coll itself, the same way coll.c does.
@@ -24,16 +50,48 @@
 #include "common/clock.h"
 #include "common/log.h"
 
+#ifndef DDP_COLL_NCCL_OPS
+#define DDP_COLL_NCCL_OPS ddp_coll_nccl_ops
+#define DDP_COLL_NCCL_NAME "nccl"
+#endif
+
+#define STAGE_MAX ((size_t)64 << 20) /* bytes of host buffers in flight at once */
+#define STAGE_ALIGN 256
+
 typedef struct {
-    ncclComm_t comm;
+    pthread_mutex_t lock; /* guards comm (see the invariants) */
+    ncclComm_t comm;      /* NULL once aborted or destroyed */
+    int device;
     cudaStream_t stream;
     int own_stream;
-    int aborted;
+    /* staging of host buffers: pinned host and device memory of `stage_cap` bytes each */
+    void *stage_host, *stage_dev;
+    size_t stage_cap, stage_used;
+    int staged_inflight; /* staged requests not yet completed; the area resets at 0 */
 } nccl_impl_t;
+
+/* A request's backend state. */
+typedef struct {
+    cudaEvent_t ev;
+    void *host;   /* the caller's buffer when staged, else NULL */
+    size_t off;   /* its place in the staging area */
+} nccl_req_t;
+
+/* Aborts the NCCL communicator once, from any thread. */
+static void abort_comm(nccl_impl_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->comm) {
+        ncclCommAbort(m->comm);
+        m->comm = NULL;
+    }
+    pthread_mutex_unlock(&m->lock);
+}
 
 /* ddp__coll_fail's twin: this module is dlopen()ed and links nothing from the executable (any
  * program may load it, exported symbols or not), so it records the first error itself, and
- * also aborts the NCCL communicator, which ddp__coll_fail knows nothing of. */
+ * also aborts the NCCL communicator, which ddp__coll_fail knows nothing of. Never called with
+ * m->lock held. */
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
@@ -50,20 +108,18 @@ static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
     pthread_cond_broadcast(&c->cv);
     pthread_mutex_unlock(&c->mu);
     if (first) {
-        DDP_ERROR("collectives (nccl, rank %d of %d): %s", c->rank, c->size, c->errmsg);
-        nccl_impl_t *m = c->impl;
-        if (m && m->comm && !m->aborted) {
-            m->aborted = 1;
-            ncclCommAbort(m->comm);
-        }
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size,
+                  c->errmsg);
+        if (c->impl) abort_comm(c->impl);
     }
     return atomic_load(&c->err);
 }
 
 static const char *desc(const ddp_coll_req_t *q, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s #%llu (%zu bytes)", q->kind == DDP__REQ_BCAST ? "broadcast" : "allreduce",
-             (unsigned long long)q->seq, q->bytes);
+    snprintf(buf, len, "%s #%llu (%zu bytes)",
+             q->kind == DDP__REQ_BCAST ? "broadcast" : "allreduce", (unsigned long long)q->seq,
+             q->bytes);
     return buf;
 }
 
@@ -100,22 +156,48 @@ static int nccl_probe(void)
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0 ? 20 : 0;
 }
 
+/* The communicator's asynchronous state under the lock: ncclSuccess, ncclInProgress or an
+ * error; *gone = 1 when it was aborted (by another thread, perhaps). */
+static ncclResult_t async_state(nccl_impl_t *m, int *gone, char *last, size_t len)
+{
+    ncclResult_t st = ncclSuccess;
+    pthread_mutex_lock(&m->lock);
+    *gone = m->comm == NULL;
+    if (m->comm) {
+        ncclResult_t r = ncclCommGetAsyncError(m->comm, &st);
+        if (r != ncclSuccess) st = r;
+        if (st != ncclSuccess && st != ncclInProgress && last)
+            snprintf(last, len, "%s", ncclGetLastError(m->comm));
+    }
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
 /* Polls the communicator until it is no longer in progress. */
 static int settle(ddp_coll_t *c, nccl_impl_t *m, int64_t deadline, const char *what)
 {
     for (;;) {
-        ncclResult_t st = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(m->comm, &st);
-        if (r != ncclSuccess) st = r;
+        int gone;
+        char last[256] = "";
+        ncclResult_t st = async_state(m, &gone, last, sizeof last);
+        if (gone) return atomic_load(&c->err) ? atomic_load(&c->err) : DDP_EABORTED;
         if (st == ncclSuccess) return 0;
         if (st != ncclInProgress)
-            return fail(c, DDP_ENCCL, "%s: %s (%s)", what, ncclGetErrorString(st),
-                        ncclGetLastError(m->comm));
+            return fail(c, DDP_ENCCL, "%s: %s (%s)", what, ncclGetErrorString(st), last);
         if (ddp_now_ns() > deadline)
-            return fail(c, DDP_ETIMEDOUT, "%s: not complete within the deadline (ranks 0..%d)", what,
-                        c->size - 1);
+            return fail(c, DDP_ETIMEDOUT, "%s: not complete within the deadline (ranks 0..%d)",
+                        what, c->size - 1);
         nap();
     }
+}
+
+static void release_impl(nccl_impl_t *m)
+{
+    if (m->stage_host) cudaFreeHost(m->stage_host);
+    if (m->stage_dev) cudaFree(m->stage_dev);
+    if (m->own_stream) cudaStreamDestroy(m->stream);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
 }
 
 static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts,
@@ -144,12 +226,14 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     free(all);
     nccl_impl_t *m = ddp_calloc(1, sizeof *m);
     if (!m) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    pthread_mutex_init(&m->lock, NULL);
+    m->device = dev;
     if (opts && opts->cuda_stream) {
         m->stream = (cudaStream_t)opts->cuda_stream;
     } else {
         ce = cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking);
         if (ce != cudaSuccess) {
-            free(m);
+            release_impl(m);
             return ddp_errinfo_set(ei, DDP_ECUDA, "cudaStreamCreate: %s", cudaGetErrorString(ce));
         }
         m->own_stream = 1;
@@ -157,7 +241,9 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     c->impl = m;
-    ncclResult_t r = ncclCommInitRankConfig(&m->comm, bs->size, id, bs->rank, &cfg);
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, bs->size, id, bs->rank, &cfg);
+    m->comm = comm;
     if (r != ncclSuccess && r != ncclInProgress) {
         rc = ddp_errinfo_set(ei, DDP_ENCCL, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
     } else {
@@ -165,9 +251,8 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
         if (rc < 0) ddp_errinfo_set(ei, rc, "%s", c->errmsg);
     }
     if (rc < 0) {
-        if (m->comm && !m->aborted) ncclCommAbort(m->comm);
-        if (m->own_stream) cudaStreamDestroy(m->stream);
-        free(m);
+        abort_comm(m);
+        release_impl(m);
         c->impl = NULL;
         return rc;
     }
@@ -175,43 +260,192 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     return 0;
 }
 
+/* Where p lies: 1 device memory of m's device (what NCCL may be given), 0 host memory (to be
+ * staged), -1 device memory of another device (refused: neither usable nor readable here),
+ * with that device in *other. */
+static int on_device(nccl_impl_t *m, const void *p, size_t bytes, int *other)
+{
+    if (!bytes) return 1;
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* plain host memory on old runtimes: not sticky */
+        return 0;
+    }
+    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) return 0;
+    *other = a.device;
+    return a.device == m->device ? 1 : -1;
+}
+
+/* Reserves `bytes` of the staging area for a host buffer; DDP_EINVAL when it cannot hold them. */
+static int stage_reserve(ddp_coll_t *c, nccl_impl_t *m, size_t bytes, size_t *off)
+{
+    size_t need = (bytes + STAGE_ALIGN - 1) / STAGE_ALIGN * STAGE_ALIGN;
+    if (m->staged_inflight == 0) m->stage_used = 0;
+    if (m->stage_used + need > STAGE_MAX)
+        return DDP_EINVAL; /* the caller's buffer must be device memory */
+    if (m->stage_used + need > m->stage_cap) {
+        if (m->staged_inflight) return DDP_EINVAL; /* cannot move the area under requests */
+        size_t cap = m->stage_cap ? m->stage_cap : 65536;
+        while (cap < need) cap *= 2;
+        if (cap > STAGE_MAX) cap = STAGE_MAX;
+        if (m->stage_host) cudaFreeHost(m->stage_host);
+        if (m->stage_dev) cudaFree(m->stage_dev);
+        m->stage_host = m->stage_dev = NULL;
+        m->stage_cap = 0;
+        cudaError_t e = cudaSetDevice(m->device); /* the caller's thread may be elsewhere */
+        if (e == cudaSuccess) e = cudaMallocHost(&m->stage_host, cap);
+        if (e == cudaSuccess) e = cudaMalloc(&m->stage_dev, cap);
+        if (e != cudaSuccess) {
+            fail(c, DDP_ECUDA, "staging area of %zu bytes: %s", cap, cudaGetErrorString(e));
+            return DDP_ECUDA;
+        }
+        m->stage_cap = cap;
+    }
+    *off = m->stage_used;
+    m->stage_used += need;
+    return 0;
+}
+
+/* Queues the NCCL call of q on buf (device memory); under m->lock. */
+static ncclResult_t enqueue_op(nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
+{
+    if (q->kind == DDP__REQ_BCAST)
+        return ncclBroadcast(buf, buf, q->bytes, ncclUint8, q->root, m->comm, m->stream);
+    return ncclAllReduce(buf, buf, q->count, q->dt == DDP_DT_F32 ? ncclFloat32 : ncclBfloat16,
+                         q->op == DDP_OP_AVG ? ncclAvg : ncclSum, m->comm, m->stream);
+}
+
 static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
 {
     nccl_impl_t *m = c->impl;
-    cudaEvent_t ev;
-    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) return DDP_ECUDA;
-    ncclResult_t r;
-    if (q->kind == DDP__REQ_BCAST)
-        r = ncclBroadcast(q->buf, q->buf, q->bytes, ncclUint8, q->root, m->comm, m->stream);
-    else
-        r = ncclAllReduce(q->buf, q->buf, q->count, q->dt == DDP_DT_F32 ? ncclFloat32 : ncclBfloat16,
-                          q->op == DDP_OP_AVG ? ncclAvg : ncclSum, m->comm, m->stream);
     char d[96];
-    if (r != ncclSuccess && r != ncclInProgress) {
-        cudaEventDestroy(ev);
-        return fail(c, DDP_ENCCL, "%s: %s", desc(q, d, sizeof d), ncclGetErrorString(r));
+    if (q->kind != DDP__REQ_ALLREDUCE && q->kind != DDP__REQ_BCAST) {
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s #%llu: only all-reduce and "
+                  "broadcast are implemented",
+                  q->kind == DDP__REQ_REDUCE_SCATTER ? "reduce-scatter" : "all-gather",
+                  (unsigned long long)q->seq);
+        return DDP_ENOTSUP;
     }
-    int64_t deadline = ddp_now_ns() + auto_timeout_ns(c, q->bytes);
-    if (r == ncclInProgress && settle(c, m, deadline, desc(q, d, sizeof d)) < 0) {
-        cudaEventDestroy(ev);
-        return atomic_load(&c->err);
+    nccl_req_t *r = ddp_calloc(1, sizeof *r);
+    if (!r) return DDP_ENOMEM;
+    void *buf = q->buf;
+    int other = -1, where = on_device(m, q->buf, q->bytes, &other);
+    if (where < 0) {
+        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: the buffer is memory of device %d, "
+                  "the communicator's device is %d (opts.cuda_device)",
+                  desc(q, d, sizeof d), other, m->device);
+        free(r);
+        return DDP_EINVAL;
     }
-    cudaEventRecord(ev, m->stream);
-    q->impl = ev;
+    if (where == 0) {
+        int rc = stage_reserve(c, m, q->bytes, &r->off);
+        if (rc < 0) {
+            if (rc == DDP_EINVAL)
+                DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: a host buffer of %zu bytes "
+                          "(at most %zu are staged through device memory; pass device memory)",
+                          desc(q, d, sizeof d), q->bytes, (size_t)STAGE_MAX);
+            free(r);
+            return rc;
+        }
+        r->host = q->buf;
+        buf = (char *)m->stage_dev + r->off;
+        memcpy((char *)m->stage_host + r->off, q->buf, q->bytes);
+        cudaError_t e = cudaMemcpyAsync(buf, (char *)m->stage_host + r->off, q->bytes,
+                                        cudaMemcpyHostToDevice, m->stream);
+        if (e != cudaSuccess) {
+            free(r);
+            return fail(c, DDP_ECUDA, "%s: staging copy: %s", desc(q, d, sizeof d),
+                        cudaGetErrorString(e));
+        }
+    }
+    cudaError_t ce = cudaEventCreateWithFlags(&r->ev, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+        free(r);
+        return fail(c, DDP_ECUDA, "%s: cudaEventCreate: %s", desc(q, d, sizeof d),
+                    cudaGetErrorString(ce));
+    }
+    char last[256] = "";
+    pthread_mutex_lock(&m->lock);
+    int gone = m->comm == NULL;
+    ncclResult_t nr = gone ? ncclSuccess : enqueue_op(m, q, buf);
+    if (!gone && nr != ncclSuccess && nr != ncclInProgress)
+        snprintf(last, sizeof last, "%s", ncclGetLastError(m->comm));
+    pthread_mutex_unlock(&m->lock);
+    int rc = 0;
+    if (gone) {
+        rc = atomic_load(&c->err) ? atomic_load(&c->err) : DDP_EABORTED;
+    } else if (nr != ncclSuccess && nr != ncclInProgress) {
+        rc = fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d), ncclGetErrorString(nr), last);
+    } else if (nr == ncclInProgress) {
+        rc = settle(c, m, ddp_now_ns() + auto_timeout_ns(c, q->bytes), desc(q, d, sizeof d));
+    }
+    if (rc == 0 && r->host) {
+        ce = cudaMemcpyAsync((char *)m->stage_host + r->off, buf, q->bytes, cudaMemcpyDeviceToHost,
+                             m->stream);
+        if (ce != cudaSuccess)
+            rc = fail(c, DDP_ECUDA, "%s: staging copy back: %s", desc(q, d, sizeof d),
+                      cudaGetErrorString(ce));
+    }
+    if (rc == 0) {
+        ce = cudaEventRecord(r->ev, m->stream);
+        if (ce != cudaSuccess)
+            rc = fail(c, DDP_ECUDA, "%s: cudaEventRecord: %s", desc(q, d, sizeof d),
+                      cudaGetErrorString(ce));
+    }
+    if (rc < 0) {
+        cudaEventDestroy(r->ev);
+        free(r);
+        return rc;
+    }
+    if (r->host) m->staged_inflight++;
+    q->impl = r;
     q->t_start = ddp_now_ns();
     return 0;
+}
+
+/* Marks q done with rc and releases its backend state (copying a staged result back). */
+static void finish(nccl_impl_t *m, ddp_coll_req_t *q, int rc)
+{
+    nccl_req_t *r = q->impl;
+    if (r) {
+        if (r->host) {
+            if (rc == 0) memcpy(r->host, (char *)m->stage_host + r->off, q->bytes);
+            m->staged_inflight--;
+        }
+        cudaEventDestroy(r->ev);
+        free(r);
+        q->impl = NULL;
+    }
+    q->rc = rc;
+    q->t_end = ddp_now_ns();
+    atomic_store(&q->done, 1);
 }
 
 static int nccl_test(ddp_coll_t *c, ddp_coll_req_t *q)
 {
     if (atomic_load(&q->done)) return 1;
-    cudaError_t e = cudaEventQuery((cudaEvent_t)q->impl);
+    nccl_req_t *r = q->impl;
+    cudaError_t e = cudaEventQuery(r->ev);
     if (e == cudaErrorNotReady) return 0;
-    cudaEventDestroy((cudaEvent_t)q->impl);
-    q->impl = NULL;
-    int rc = e == cudaSuccess ? 0 : DDP_ECUDA;
-    q->rc = rc;
-    atomic_store(&q->done, 1);
+    int rc = 0;
+    char d[96];
+    if (e != cudaSuccess) {
+        rc = fail(c, DDP_ECUDA, "%s: cudaEventQuery: %s", desc(q, d, sizeof d),
+                  cudaGetErrorString(e));
+    } else if (atomic_load(&c->err)) {
+        rc = atomic_load(&c->err); /* the stream went on after an abort or an NCCL error */
+    } else {
+        int gone;
+        char last[256] = "";
+        ncclResult_t st = async_state(c->impl, &gone, last, sizeof last);
+        if (gone)
+            rc = DDP_EABORTED;
+        else if (st != ncclSuccess && st != ncclInProgress)
+            rc = fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d), ncclGetErrorString(st),
+                      last);
+    }
+    finish(c->impl, q, rc);
     return 1;
 }
 
@@ -222,57 +456,94 @@ static int nccl_wait(ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline_ns)
     char d[96];
     while (!nccl_test(c, q)) {
         int err = atomic_load(&c->err);
-        if (err) return err;
-        ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(m->comm, &st);
-        if (st != ncclSuccess && st != ncclInProgress)
-            return fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d), ncclGetErrorString(st),
-                        ncclGetLastError(m->comm));
-        if (ddp_now_ns() > deadline_ns)
-            return fail(c, DDP_ETIMEDOUT, "%s: a rank among 0..%d did not arrive within the "
-                        "deadline (NCCL does not say which)", desc(q, d, sizeof d), c->size - 1);
+        if (!err) {
+            int gone;
+            char last[256] = "";
+            ncclResult_t st = async_state(m, &gone, last, sizeof last);
+            if (gone) err = DDP_EABORTED;
+            else if (st != ncclSuccess && st != ncclInProgress)
+                err = fail(c, DDP_ENCCL, "%s: %s (%s)", desc(q, d, sizeof d),
+                           ncclGetErrorString(st), last);
+            else if (ddp_now_ns() > deadline_ns)
+                err = fail(c, DDP_ETIMEDOUT, "%s: a rank among 0..%d did not arrive within the "
+                           "deadline (NCCL does not say which)", desc(q, d, sizeof d), c->size - 1);
+        }
+        if (err) {
+            finish(m, q, atomic_load(&c->err) ? atomic_load(&c->err) : err);
+            return q->rc;
+        }
         nap();
     }
     if (q->rc == 0) note_bw(c, q->bytes, ddp_now_ns() - q->t_start);
     return q->rc;
 }
 
-static void nccl_abort(ddp_coll_t *c)
+static int nccl_wait_event(ddp_coll_t *c, void *event)
 {
     nccl_impl_t *m = c->impl;
-    if (m && m->comm && !m->aborted) {
-        m->aborted = 1;
-        ncclCommAbort(m->comm);
+    cudaError_t e = cudaStreamWaitEvent(m->stream, (cudaEvent_t)event, 0);
+    if (e != cudaSuccess)
+        return fail(c, DDP_ECUDA, "cudaStreamWaitEvent: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+static void nccl_abort(ddp_coll_t *c)
+{
+    if (c->impl) abort_comm(c->impl);
+}
+
+/* Ends a healthy communicator within the deadline: finalize and poll, else abort. */
+static void finalize(ddp_coll_t *c, nccl_impl_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    ncclResult_t r = m->comm ? ncclCommFinalize(m->comm) : ncclSuccess;
+    pthread_mutex_unlock(&m->lock);
+    int64_t deadline = ddp_now_ns() + (int64_t)(c->timeout_s * 1e9);
+    for (;;) {
+        int gone = 0;
+        ncclResult_t st =
+            r == ncclSuccess || r == ncclInProgress ? async_state(m, &gone, NULL, 0) : r;
+        if (gone) return;
+        if (st == ncclSuccess) break;
+        if (st != ncclInProgress || ddp_now_ns() > deadline) {
+            DDP_WARN("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): finalize %s: "
+                     "aborting the communicator",
+                     c->rank, c->size,
+                     st != ncclInProgress ? ncclGetErrorString(st) : "did not complete in time");
+            abort_comm(m);
+            return;
+        }
+        nap();
     }
+    pthread_mutex_lock(&m->lock);
+    if (m->comm) ncclCommDestroy(m->comm); /* finalized: frees local resources only */
+    m->comm = NULL;
+    pthread_mutex_unlock(&m->lock);
 }
 
 static void nccl_free(ddp_coll_t *c)
 {
     nccl_impl_t *m = c->impl;
     if (!m) return;
+    if (atomic_load(&c->err))
+        abort_comm(m);
+    else
+        finalize(c, m);
     for (ddp_coll_req_t *q = c->outstanding; q; q = q->unext)
-        if (q->impl) {
-            cudaEventDestroy((cudaEvent_t)q->impl);
-            q->impl = NULL;
-        }
-    if (!m->aborted) {
-        if (atomic_load(&c->err))
-            ncclCommAbort(m->comm);
-        else
-            ncclCommDestroy(m->comm);
-    }
-    if (m->own_stream) cudaStreamDestroy(m->stream);
-    free(m);
+        if (q->impl) finish(m, q, DDP_EABORTED);
+    if (cudaStreamSynchronize(m->stream) != cudaSuccess) cudaGetLastError();
+    release_impl(m);
     c->impl = NULL;
 }
 
-const ddp_coll_ops_t ddp_coll_nccl_ops = {
-    .name = "nccl",
+const ddp_coll_ops_t DDP_COLL_NCCL_OPS = {
+    .name = DDP_COLL_NCCL_NAME,
     .probe = nccl_probe,
     .init = nccl_init,
     .submit = nccl_submit,
     .wait = nccl_wait,
     .test = nccl_test,
+    .wait_event = nccl_wait_event,
     .abort = nccl_abort,
     .free = nccl_free,
 };

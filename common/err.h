@@ -39,7 +39,8 @@
     X(ENUMERIC, -1019, "non-finite value (NaN or Inf)")                                      \
     X(EMISMATCH, -1020, "replicas differ")                                                   \
     X(EPERM, -1021, "permission denied")                                                     \
-    X(ESQL, -1022, "database error")
+    X(ESQL, -1022, "database error")                                                         \
+    X(EHAZARD, -1023, "device hazard: memory used without ordering (simulated device)")
 
 enum {
     DDP_OK = 0,

@@ -26,7 +26,8 @@
     X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd) X(encoder_bwd) X(layernorm_fwd)          \
     X(layernorm_bwd) X(matmul_fwd) X(matmul_bwd) X(attention_fwd) X(attention_bwd)          \
     X(gelu_fwd) X(gelu_bwd) X(residual_fwd) X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) \
-    X(scale) X(nonfinite) X(device_count)
+    X(scale) X(nonfinite) X(device_count)      \
+    X(coll_backend) X(record_event)
 
 /* Returns the name of the first NULL member, or NULL when the table is complete. */
 static const char *missing_member(const ddp_kernels_ops_t *ops)
@@ -127,11 +128,12 @@ int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads
 {
     memset(k, 0, sizeof(*k));
     if (!name) name = "auto";
+    if (strcmp(name, "sim") == 0) return start(k, &ddp_kernels_sim, NULL, device, threads);
     int want_cpu = strcmp(name, "cpu") == 0;
     int want_cuda = strcmp(name, "cuda") == 0;
     int want_auto = strcmp(name, "auto") == 0;
     if (!want_cpu && !want_cuda && !want_auto) {
-        DDP_ERROR("kernels: unknown backend '%s' (cpu, cuda or auto)", name);
+        DDP_ERROR("kernels: unknown backend '%s' (cpu, cuda, sim or auto)", name);
         return DDP_EINVAL;
     }
     if (threads < 0) return DDP_EINVAL;

@@ -1,6 +1,7 @@
 /* The kernel backend interface: memory, streams and every GPT-2 op, forward and backward.
  *
- * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu).
+ * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu, and
+ * the test-only simulated GPU kernels/sim/backend.c, opened only by its name "sim").
  * The CPU backend is linked into every binary; the CUDA backend is a shared module
  * (ddp_kernels_cuda.so) that ddp_kernels_open() dlopen()s, so one binary runs with and without a
  * GPU. Callers go through ddp_kernels_open/close and the DDP_K() call macro below.
@@ -36,7 +37,10 @@ typedef enum {
 } ddp_wlayout_t;
 
 typedef struct ddp_kernels_ops {
-    const char *name; /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda", "sim" */
+    /* The collectives backend that works on this backend's memory under ddp.backend "auto":
+     * "ring" (host memory), "nccl" (CUDA device memory), "sim" (the simulated device). */
+    const char *coll_backend;
     /* 0 = unusable here; higher wins. Cheap; no side effects beyond driver queries. */
     int (*probe)(void);
     /* Devices of this kind usable here (0 for the CPU backend). Cheap; no context needed. */
@@ -53,6 +57,12 @@ typedef struct ddp_kernels_ops {
     int (*memcpy_d2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
     int (*memset0)(ddp_kctx_t *ctx, void *dst, size_t bytes);
     int (*sync)(ddp_kctx_t *ctx); /* waits for queued work; returns its first error */
+    /* Records the context's ordering event after everything queued so far and sets *event to
+     * it: a cudaEvent_t for CUDA (hand it to ddp_coll_wait_event before anything else touches
+     * the buffers), NULL where ops are synchronous (CPU). The event belongs to ctx and is
+     * recorded again by the next call: a consumer takes its dependency at once (as
+     * cudaStreamWaitEvent does). Returns 0 or the error of recording it. */
+    int (*record_event)(ddp_kctx_t *ctx, void **event);
 
     /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */
     void (*encoder_fwd)(ddp_kctx_t *, float *out, const int32_t *inp, const float *wte,
@@ -137,8 +147,10 @@ typedef struct ddp_kernels {
 
 /* The built-in CPU backend. */
 extern const ddp_kernels_ops_t ddp_kernels_cpu;
+/* The simulated GPU (tests; see kernels/sim/backend.c): never picked by "auto". */
+extern const ddp_kernels_ops_t ddp_kernels_sim;
 
-/* Opens backend `name` ("cpu", "cuda", or "auto" = highest probe) into k.
+/* Opens backend `name` ("cpu", "cuda", "sim", or "auto" = highest probe of cpu and cuda) into k.
  * For "cuda" the module is looked up beside the executable, then in DDP_KERNELS_PATH, then
  * through the dynamic linker. Returns DDP_ENODEV when the named backend is unusable here. */
 int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads);

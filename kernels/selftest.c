@@ -6,8 +6,11 @@
  * passes when |dev - cpu| <= tol * (|cpu| + scale), scale = the largest |cpu| of that tensor:
  * relative for large values, and relative to the tensor's magnitude for values that come out
  * of a cancellation. `tol` per op reflects fp32 summation orders that legitimately differ
- * (cuBLAS vs OpenBLAS, warp vs lane reductions). Backward ops start from non-zero gradients,
- * so their += is checked too; the aliasing the interface allows is exercised.
+ * (cuBLAS vs OpenBLAS, warp vs lane reductions), in fp32: the self-test turns TF32 off. The
+ * tied LM head's matmul (DDP_W_OUT_IN, OC = 50257) is checked with its input gradient.
+ * DDP_SELFTEST_BACKENDS=sim checks the simulated GPU, which runs it in CI. Backward ops start
+ * from non-zero gradients, so their += is checked too; the aliasing the interface allows is
+ * exercised.
  *
  * Output: one line per op and backend: op, backend, max abs error, max relative error
  * (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h.
@@ -359,9 +362,11 @@ out:
     end_case(s);
 }
 
+/* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), and its input
+ * gradient (dinp) is what backward carries into the final LayerNorm, so it is checked too. */
 static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
 {
-    int N = sh->B * sh->T, C = sh->C, OC = sh->OC;
+    int N = sh->B * sh->T, C = sh->C, OC = layout == DDP_W_OUT_IN ? sh->V : sh->OC;
     result_t *rf = &s->res[OP_MATMUL_FWD], *rb = &s->res[OP_MATMUL_BWD];
     pt_t inp = pt_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
     pt_t bias = pt_rand(s, OC, -1, 1), out = pt_zero(s, (size_t)N * OC);
@@ -371,13 +376,13 @@ static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int wi
     BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC,
                layout);
     if (sync_both(s, rf)) check(s, rf, out, 1e-5, "out");
-    /* Without bias the optional outputs are left out too. */
-    BOTH DDP_K(KS, matmul_bwd, with_bias ? P(dinp) : NULL, P(dw), with_bias ? P(db) : NULL,
-               P(dout), P(inp), P(w), N, C, OC, layout);
+    /* Without bias dbias is left out; dinp is always computed (the LM head needs it). */
+    BOTH DDP_K(KS, matmul_bwd, P(dinp), P(dw), with_bias ? P(db) : NULL, P(dout), P(inp), P(w), N,
+               C, OC, layout);
     if (sync_both(s, rb)) {
         check(s, rb, dinp, 1e-5, "dinp");
         check(s, rb, dw, 1e-5, "dweight");
-        check(s, rb, db, 1e-5, "dbias");
+        if (with_bias) check(s, rb, db, 1e-5, "dbias");
     }
 out:
     end_case(s);
@@ -586,6 +591,12 @@ static int backend_list(char names[][16], int max)
 
 int ddp_kernels_selftest(void)
 {
+    /* fp32 tolerances: TF32 matmuls (10-bit mantissas) would fail them, so TF32 is off for the
+     * self-test whatever the environment says (read by the CUDA runtime and our module when
+     * they start, which is below) */
+    setenv("NVIDIA_TF32_OVERRIDE", "0", 1);
+    unsetenv("DDP_CUDA_TF32");
+    printf("selftest: TF32 off (NVIDIA_TF32_OVERRIDE=0, DDP_CUDA_TF32 unset): fp32 tolerances\n");
     char backends[4][16];
     int nbackends = backend_list(backends, 4);
     ddp_kernels_t cpu;

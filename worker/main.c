@@ -60,7 +60,7 @@ static void usage(FILE *out)
             "  --set KEY=VALUE     override a spec field, e.g. --set train.steps=20 (repeatable;\n"
             "                      VALUE is read as JSON when it parses, else as a string)\n"
             "  --run-dir DIR       write metrics.jsonl there (default: $DDP_RUN_DIR)\n"
-            "  --backend NAME      kernel backend: auto (default), cpu, cuda\n"
+            "  --backend NAME      kernel backend: auto (default), cpu, cuda, sim (tests)\n"
             "  --dump-weights FILE write the final parameters as a safetensors file (HF names)\n"
             "  --resume-step N     resume from checkpoint step N of checkpoint.dir (default: the\n"
             "                      newest one that verifies, when there is one)\n"

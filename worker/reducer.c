@@ -90,6 +90,10 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     for (int b = r->next; b < r->n_buckets && r->bucket_end[b] <= done; b++)
         if (!r->times[b].ready) r->times[b].ready = now;
     if (!submit) return 0;
+    /* the adds above (and backward's last writes) are queued on the compute stream: the
+     * all-reduces run on the communicator's stream, after them (issue 24, finding 1) */
+    if (r->next < r->n_buckets && r->bucket_end[r->next] <= done)
+        DDP_CHECK(ddp_reducer_after_compute(r->comm, r->k));
     while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
@@ -101,6 +105,14 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
         r->next++;
     }
     return 0;
+}
+
+int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k)
+{
+    if (!comm) return 0;
+    void *ev = NULL;
+    DDP_CHECK(k->ops->record_event(k->ctx, &ev));
+    return ddp_coll_wait_event(comm, ev);
 }
 
 int ddp_reducer_ready(ddp_reducer_t *r, size_t done)

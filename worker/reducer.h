@@ -5,7 +5,9 @@
  * the arena (ddp_reducer_ready); each bucket inside it starts its all-reduce at once on the
  * communicator's thread, always in bucket order, so every rank submits the same sequence.
  * With accumulation, the sum of the earlier micro-steps (`acc`) is added into each slice just
- * before its bucket starts, so the all-reduce carries sum over micro-steps and ranks.
+ * before its bucket starts, so the all-reduce carries sum over micro-steps and ranks. On a GPU
+ * that add is queued on the compute stream and the all-reduce on NCCL's: an event recorded
+ * after the adds orders them (ddp_reducer_after_compute).
  * ddp_reducer_finish waits for every bucket and records, per bucket, when it became ready,
  * started and finished on the communication thread, from which the step's exposed
  * (not hidden) communication time is derived.
@@ -68,6 +70,13 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
                      size_t n, double first_bucket_mb, double bucket_mb, int overlap,
                      int scatter);
 void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
+
+/* Orders the operations submitted to comm from now on after everything queued so far on k's
+ * compute stream (an event recorded there, waited for on the communicator's stream): call it
+ * before handing a collective a buffer that queued device work writes. Without it NCCL's
+ * stream may read the buffer before the compute stream has written it. Nothing to do on the
+ * CPU (synchronous ops) or without a communicator. Returns 0 or the error. Compute thread. */
+int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k);
 
 /* Starts a step's reduction; acc (may be NULL) is added into each slice before it is sent. */
 void ddp_reducer_begin(ddp_reducer_t *r, const float *acc);

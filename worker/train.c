@@ -93,8 +93,9 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
     if (bs->size > 1) {
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
         const char *backend = t->spec.backend;
-        if (!strcmp(backend, "auto")) backend = strcmp(t->k.ops->name, "cuda") ? "ring" : "nccl";
-        ddp_coll_opts_t copts = {.backend = backend};
+        if (!strcmp(backend, "auto")) backend = t->k.ops->coll_backend;
+        /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3) */
+        ddp_coll_opts_t copts = {.backend = backend, .cuda_device = t->device};
         rc = ddp_coll_new(bs, &copts, &t->comm, ei);
     }
     ddp_coll_bootstrap_free(bs);
@@ -197,6 +198,8 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
     size_t BT = (size_t)B * T, n_slots = (size_t)t->n_micro;
     if (t->comm) {
         ddp_coll_req_t *req;
+        /* the slots' copies are queued on the compute stream (issue 24, finding 1) */
+        DDP_CHECK(ddp_reducer_after_compute(t->comm, k));
         DDP_CHECK(ddp_coll_allreduce(t->comm, t->emb, n_slots * emb_slot_floats(t), DDP_DT_F32,
                                      DDP_OP_SUM, &req));
         DDP_CHECK(ddp_coll_wait(req, 0, ei));
@@ -385,8 +388,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const char *local = getenv("DDP_LOCAL_RANK");
     if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
     if (!local) local = getenv("SLURM_LOCALID");
-    int device = local ? atoi(local) : 0;
-    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", device, threads);
+    t->device = local ? atoi(local) : 0;
+    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->device, threads);
     if (rc) {
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;

@@ -39,6 +39,7 @@ typedef struct ddp_trainer {
     ddp_spec_t spec;
     ddp_train_opts_t opts;
     ddp_kernels_t k;
+    int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
     ddp_gpt2_t model;
     ddp_adamw_t opt;
     ddp_dataset_t train_set, val_set;

@@ -100,8 +100,17 @@ static int cpu_sync(ddp_kctx_t *ctx)
 
 static int cpu_device_count(void) { return 0; }
 
+/* Ops are synchronous: there is nothing to order after. */
+static int cpu_record_event(ddp_kctx_t *ctx, void **event)
+{
+    *event = NULL;
+    return 0;
+}
+
 const ddp_kernels_ops_t ddp_kernels_cpu = {
     .name = "cpu",
+    .coll_backend = "ring",
+    .record_event = cpu_record_event,
     .probe = cpu_probe,
     .device_count = cpu_device_count,
     .init = cpu_init,

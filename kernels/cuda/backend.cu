@@ -104,6 +104,7 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
+    if (ctx->order) cudaEventDestroy(ctx->order);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
 }
@@ -153,6 +154,10 @@ static int cuda_init(ddp_kctx_t **out, int device, int threads)
                                    "cudaMalloc"),
                    rc, fail);
     DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaMallocHost(&ctx->pinned, 16), "cudaMallocHost"),
+                   rc, fail);
+    DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaEventCreateWithFlags(&ctx->order,
+                                                                 cudaEventDisableTiming),
+                                   "cudaEventCreate"),
                    rc, fail);
     {
         cudaDeviceProp prop;
@@ -244,8 +249,19 @@ static int cuda_sync(ddp_kctx_t *ctx)
     return rc;
 }
 
+/* The ordering event after everything queued so far on the compute stream (kernels.h). */
+static int cuda_record_event(ddp_kctx_t *ctx, void **event)
+{
+    *event = NULL;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    DDP_CHECK(ddp__cuda_check(ctx, cudaEventRecord(ctx->order, ctx->stream), "cudaEventRecord"));
+    *event = (void *)ctx->order;
+    return 0;
+}
+
 static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
+    .coll_backend = "nccl",
     .probe = cuda_probe,
     .device_count = cuda_device_count,
     .init = cuda_init,
@@ -257,6 +273,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .memcpy_d2d = cuda_memcpy_d2d,
     .memset0 = cuda_memset0,
     .sync = cuda_sync,
+    .record_event = cuda_record_event,
     .encoder_fwd = ddp__cuda_encoder_fwd,
     .encoder_bwd = ddp__cuda_encoder_bwd,
     .layernorm_fwd = ddp__cuda_layernorm_fwd,

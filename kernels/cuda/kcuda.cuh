@@ -42,6 +42,7 @@ struct ddp_kctx {
     size_t scratch_bytes;
     int *flag;    /* device [1]: nonfinite flag */
     void *pinned; /* pinned host [16 bytes]: staging for the nonfinite flag */
+    cudaEvent_t order; /* record_event's event: collectives wait for it on their stream */
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and

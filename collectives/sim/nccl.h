@@ -1,0 +1,87 @@
+/* A simulated NCCL: the subset that collectives/nccl.c uses (see cuda_runtime_api.h here).
+ *
+ * A communicator is an inner "ring" communicator of the collectives library, formed by a TCP
+ * rendezvous at the address that rank 0's ncclGetUniqueId put in the id (127.0.0.1, a free
+ * port). Operations are queued on the caller's simulated stream and run the inner all-reduce or
+ * broadcast there; they check that the buffer is device memory of the communicator's device
+ * (the device current when it was created) and declare the buffer to the simulator, which
+ * reports a hazard with queued work of other streams: such an operation is refused
+ * (ncclInvalidUsage, the hazard as ncclGetLastError) rather than raced, where a GPU would give
+ * wrong sums silently. Semantics kept from NCCL: nonblocking
+ * communicators (blocking = 0) return ncclInProgress and are polled with
+ * ncclCommGetAsyncError; ncclCommAbort frees the communicator; ncclCommFinalize completes only
+ * when every rank finalizes; ncclCommDestroy of a communicator that was not finalized waits for
+ * every rank, without a deadline, as a real one can hang on a dead peer.
+ * Misuse that NCCL would punish with a crash or a hang is counted as a violation and logged
+ * (collectives/sim/sim.h): a call on a communicator after ncclCommAbort/Destroy, and
+ * ncclCommAbort while another thread is inside a call on the same communicator. Test hook:
+ * DDP_SIM_NCCL_CALL_US=N makes every call stay N us inside (so such races show).
+ */
+#ifndef DDP_COLLECTIVES_SIM_NCCL_H
+#define DDP_COLLECTIVES_SIM_NCCL_H
+
+#include <stddef.h>
+
+#include "cuda_runtime_api.h"
+
+typedef enum {
+    ncclSuccess = 0,
+    ncclUnhandledCudaError = 1,
+    ncclSystemError = 2,
+    ncclInternalError = 3,
+    ncclInvalidArgument = 4,
+    ncclInvalidUsage = 5,
+    ncclRemoteError = 6,
+    ncclInProgress = 7,
+} ncclResult_t;
+
+typedef enum { ncclUint8 = 1, ncclFloat32 = 7, ncclBfloat16 = 9 } ncclDataType_t;
+typedef enum { ncclSum = 0, ncclAvg = 4 } ncclRedOp_t;
+typedef struct ddp_sim_nccl_comm *ncclComm_t;
+typedef struct {
+    char internal[128];
+} ncclUniqueId;
+typedef struct {
+    int blocking;
+} ncclConfig_t;
+#define NCCL_CONFIG_INITIALIZER {1}
+
+#define ncclGetUniqueId ddp_sim_ncclGetUniqueId
+#define ncclCommInitRankConfig ddp_sim_ncclCommInitRankConfig
+#define ncclCommGetAsyncError ddp_sim_ncclCommGetAsyncError
+#define ncclGetErrorString ddp_sim_ncclGetErrorString
+#define ncclGetLastError ddp_sim_ncclGetLastError
+#define ncclAllReduce ddp_sim_ncclAllReduce
+#define ncclBroadcast ddp_sim_ncclBroadcast
+#define ncclCommAbort ddp_sim_ncclCommAbort
+#define ncclCommFinalize ddp_sim_ncclCommFinalize
+#define ncclCommDestroy ddp_sim_ncclCommDestroy
+
+/* Writes "127.0.0.1:PORT" (a port free a moment ago) into id: rank 0's rendezvous. */
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
+/* A communicator on the calling thread's current device, formed by a thread (TCP rendezvous at
+ * id, then an inner ring communicator). blocking = 0: returns ncclInProgress at once (poll
+ * ncclCommGetAsyncError); else waits and returns the outcome. *comm is set either way. */
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *cfg);
+/* *state: ncclInProgress, ncclSuccess or the first error of the communicator. */
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state);
+const char *ncclGetErrorString(ncclResult_t r);
+/* The communicator's last error message (thread-local copy, valid until the next call). */
+const char *ncclGetLastError(ncclComm_t comm);
+/* In place only (send == recv). Queues the inner all-reduce (broadcast: count bytes of
+ * ncclUint8) on stream after the checks described above; the error is then the return value
+ * and ncclGetLastError; a failure while it runs becomes the communicator's async error. */
+ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                           int root, ncclComm_t comm, cudaStream_t stream);
+/* Aborts the inner communicator (peers are told), waits for the queued operations, frees comm.
+ * A violation when another thread is inside a call on comm, or comm is gone. */
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+/* Starts a barrier of every rank on a thread: ncclInProgress until it completes. */
+ncclResult_t ncclCommFinalize(ncclComm_t comm);
+/* Frees comm; without a finalize first, waits for every rank's destroy with no deadline. */
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+
+#endif

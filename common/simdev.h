@@ -1,0 +1,100 @@
+/* A simulated GPU for tests: device memory, streams, events, and a checker of their ordering.
+ *
+ * The "sim" kernel backend (kernels/sim/backend.c) and the simulated CUDA runtime and NCCL that
+ * collectives/nccl.c is compiled against for the "sim" collectives backend (collectives/sim/)
+ * are built on it, so the GPU's hazards fail on the CPU:
+ *
+ * - Device memory comes from its own allocator and is tagged with its device id. Between ops it
+ *   is mapped PROT_NONE: the host touching it (instead of going through a copy op) faults.
+ *   While any op runs, all of it is readable and writable (mprotect is per process), so the
+ *   protection catches host accesses between ops, which is where a host loop would make them.
+ * - A stream is a thread with a FIFO queue: an op is queued by ddp_simdev_launch and runs later
+ *   (DDP_SIM_DELAY_US=N delays every op by N us on purpose), in order on its stream; streams run
+ *   concurrently.
+ * - Ordering is tracked with vector clocks, independently of how the threads happened to run,
+ *   so a missing dependency is reported every time, not only when the race shows: an op
+ *   launched on stream S that reads or writes bytes that a queued op of another stream S'
+ *   writes (or writes bytes that one reads) is a hazard unless S is known to run after that op:
+ *   through an event recorded on S' after it and waited for on S (ddp_simdev_stream_wait_event),
+ *   or because the host had seen it complete (stream sync, event query) before launching.
+ *   A hazard is logged naming both ops, counted (ddp_simdev_hazards) and returned as
+ *   DDP_EHAZARD by the launch; the op still runs, as it would on a GPU.
+ * - Every access an op declares must lie in device memory of its stream's device, except those
+ *   marked DDP_SIMDEV_HOST (the host side of a copy), which must not be device memory.
+ *
+ * Threads: every function may be called from any thread; one mutex guards the state.
+ * Test-only: nothing in production opens the sim backends.
+ */
+#ifndef DDP_COMMON_SIMDEV_H
+#define DDP_COMMON_SIMDEV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DDP_SIMDEV_MAX_STREAMS 64
+#define DDP_SIMDEV_PINNED (-3) /* "device" of pinned host memory (ddp_simdev_alloc) */
+#define DDP_SIMDEV_HOST (-1)   /* what ddp_simdev_device_of says of any other host memory */
+
+typedef struct ddp_simdev_stream ddp_simdev_stream_t;
+
+/* An event: the point of one stream after the ops queued before its record. */
+typedef struct ddp_simdev_event {
+    int stream; /* -1 while never recorded (waiting for it orders nothing, queries say done) */
+    uint64_t seq;
+    uint64_t clock[DDP_SIMDEV_MAX_STREAMS];
+} ddp_simdev_event_t;
+
+enum { DDP_SIMDEV_R = 1, DDP_SIMDEV_W = 2, DDP_SIMDEV_RW = 3, DDP_SIMDEV_HOSTSIDE = 4 };
+
+/* One range an op reads and/or writes. */
+typedef struct ddp_simdev_access {
+    const void *p;
+    size_t bytes;
+    int mode; /* DDP_SIMDEV_R / W / RW, | DDP_SIMDEV_HOSTSIDE for host memory */
+} ddp_simdev_access_t;
+
+/* Zero-filled memory of `device` (>= 0), or pinned host memory (DDP_SIMDEV_PINNED, never
+ * protected). Returns 0, DDP_ENOMEM or DDP_EINVAL. */
+int ddp_simdev_alloc(int device, size_t bytes, void **out);
+/* Frees memory of ddp_simdev_alloc; the caller has synchronised with every op that uses it.
+ * NULL-safe; other pointers are logged and ignored. */
+void ddp_simdev_free(void *p);
+/* The device of [p, p + bytes): its id, DDP_SIMDEV_PINNED, DDP_SIMDEV_HOST for memory the
+ * simulator does not own, or -2 when the range starts in an allocation and leaves it. */
+int ddp_simdev_device_of(const void *p, size_t bytes);
+/* The end of the allocation holding p (for ops whose extent the arguments do not give), or p. */
+const void *ddp_simdev_end_of(const void *p);
+
+/* A stream of `device` named `name` (for messages). Returns 0, DDP_ENOMEM, DDP_EBUSY (all
+ * DDP_SIMDEV_MAX_STREAMS in use) or -errno. */
+int ddp_simdev_stream_new(int device, const char *name, ddp_simdev_stream_t **out);
+/* Waits for the stream's ops, stops its thread, frees it. NULL-safe. */
+void ddp_simdev_stream_free(ddp_simdev_stream_t *s);
+int ddp_simdev_stream_device(const ddp_simdev_stream_t *s);
+
+typedef void (*ddp_simdev_fn)(void *arg);
+/* Queues fn(arg) on s, then free(arg) (the stream takes ownership of arg, which must come from
+ * malloc). `what` names the op in messages (a static string). acc[0..nacc) are the ranges it
+ * reads and writes. Returns 0, or DDP_EHAZARD after logging a hazard or a range on the wrong
+ * device (the op is queued all the same), or DDP_ENOMEM (then fn does not run). */
+int ddp_simdev_launch(ddp_simdev_stream_t *s, const char *what, ddp_simdev_fn fn, void *arg,
+                      const ddp_simdev_access_t *acc, int nacc);
+/* The checks of ddp_simdev_launch without queuing anything: 0, or DDP_EHAZARD (logged and
+ * counted). For callers that refuse an op rather than let it race. */
+int ddp_simdev_check(ddp_simdev_stream_t *s, const char *what, const ddp_simdev_access_t *acc,
+                     int nacc);
+/* Blocks until every op queued on s so far has run; the host then knows them complete. */
+void ddp_simdev_stream_sync(ddp_simdev_stream_t *s);
+/* Records ev on s after the ops queued so far (cudaEventRecord). */
+void ddp_simdev_event_record(ddp_simdev_event_t *ev, ddp_simdev_stream_t *s);
+/* Makes later ops of s wait for ev (cudaStreamWaitEvent), without blocking the caller; ev is
+ * read now. */
+void ddp_simdev_stream_wait_event(ddp_simdev_stream_t *s, const ddp_simdev_event_t *ev);
+/* 1 when the ops before ev have run (the host then knows them complete), else 0. */
+int ddp_simdev_event_query(const ddp_simdev_event_t *ev);
+
+/* Hazards reported since the process started, and the last one's message ("" if none). */
+uint64_t ddp_simdev_hazards(void);
+void ddp_simdev_last_hazard(char *buf, size_t len);
+
+#endif

@@ -1,0 +1,477 @@
+/* The "sim" kernel backend: a simulated GPU for tests (common/simdev.h), with the CPU's math.
+ *
+ * It has the CUDA backend's semantics, not the CPU's: memory is simulated device memory of the
+ * context's device (PROT_NONE to the host between ops); every op is queued on the context's
+ * compute stream (a thread) and runs later, by the CPU backend's op on a CPU context of
+ * `threads` threads that only the stream thread uses, so results are bitwise the CPU
+ * backend's. What waits mirrors kernels/cuda/backend.cu exactly: alloc returns zeroed memory
+ * that any stream may use at once; free, memcpy_h2d, memcpy_d2h, sumsq_blocks and nonfinite
+ * wait for the stream; memcpy_d2d, memset0 and every other op do not. record_event records a
+ * simulated event that the "sim" collectives backend's stream waits for.
+ *
+ * Each op declares the ranges it reads and writes, so the simulator reports an op that touches
+ * memory another stream (a collective) still uses without an event between them, and a buffer
+ * that is not device memory of this device. A hazard is kept as the context's error
+ * (DDP_EHAZARD, returned by the next sync) and logged.
+ *
+ * Test hook: DDP_SIM_BREAK=lm_head_dinp adds 1 to dinp[0] in matmul_bwd for the tied LM head's
+ * shape (layout DDP_W_OUT_IN, OC >= 50257), a bug the self-test must catch.
+ * Opened only by name ("sim"); "auto" never picks it. Threads: one caller thread per context.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "common/simdev.h"
+#include "kernels/kernels.h"
+
+struct ddp_kctx {
+    int device;
+    ddp_simdev_stream_t *stream; /* the compute stream */
+    ddp_kctx_t *cpu;             /* the CPU backend's context (its own struct): stream only */
+    int err;                     /* first error since the last sync (caller's thread) */
+    int break_lm_head;           /* DDP_SIM_BREAK=lm_head_dinp */
+    ddp_simdev_event_t order;    /* record_event's event */
+};
+
+#define CPU ddp_kernels_cpu
+
+enum {
+    ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, GELU_FWD, GELU_BWD,
+    RESIDUAL, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO
+};
+
+/* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
+typedef struct {
+    ddp_kctx_t *ctx;
+    int op;
+    void *p[8];
+    int i[5];
+    size_t z[2];
+    float f[7];
+} args_t;
+
+static void run(void *arg)
+{
+    args_t *a = arg;
+    ddp_kctx_t *c = a->ctx->cpu;
+    void **p = a->p;
+    int *i = a->i;
+    switch (a->op) {
+    case ENC_FWD: CPU.encoder_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
+    case ENC_BWD: CPU.encoder_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
+    case LN_FWD: CPU.layernorm_fwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
+    case LN_BWD:
+        CPU.layernorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1]);
+        break;
+    case MM_FWD: CPU.matmul_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[3]); break;
+    case MM_BWD:
+        CPU.matmul_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2], i[3]);
+        if (a->ctx->break_lm_head && p[0] && i[3] == DDP_W_OUT_IN && i[2] >= 50257)
+            ((float *)p[0])[0] += 1.0f;
+        break;
+    case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
+    case ATT_BWD: CPU.attention_bwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]); break;
+    case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
+    case GELU_BWD: CPU.gelu_bwd(c, p[0], p[1], p[2], a->z[0]); break;
+    case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
+    case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
+    case ADAMW:
+        CPU.adamw(c, p[0], p[1], p[2], p[3], a->z[0], a->f[0], a->f[1], a->f[2], a->f[3],
+                  a->f[4], a->f[5], i[0], NULL);
+        break;
+    case SUMSQ: CPU.sumsq_blocks(c, p[0], p[1], a->z[0], a->z[1]); break;
+    case ADD: CPU.add(c, p[0], p[1], a->z[0]); break;
+    case SCALE: CPU.scale(c, p[0], a->f[0], a->z[0]); break;
+    case NONFINITE: CPU.nonfinite(c, p[0], p[1], a->z[0]); break;
+    case COPY: memmove(p[0], p[1], a->z[0]); break;
+    case ZERO: memset(p[0], 0, a->z[0]); break;
+    }
+}
+
+/* A range for an op's access list; NULL pointers give an empty range. */
+#define RANGE(ptr, n, sz, m) ((ddp_simdev_access_t){(ptr), (ptr) ? (size_t)(n) * (sz) : 0, (m)})
+#define F(ptr, n, m) RANGE(ptr, n, sizeof(float), m)
+#define R DDP_SIMDEV_R
+#define W DDP_SIMDEV_W
+#define RW DDP_SIMDEV_RW
+
+static args_t *new_args(ddp_kctx_t *ctx, int op)
+{
+    args_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        if (!ctx->err) ctx->err = DDP_ENOMEM;
+        return NULL;
+    }
+    a->ctx = ctx;
+    a->op = op;
+    return a;
+}
+
+/* Queues a; keeps the first error (a hazard) for sync. */
+static void launch(ddp_kctx_t *ctx, args_t *a, const char *what, const ddp_simdev_access_t *acc,
+                   int nacc)
+{
+    if (!a) return;
+    int rc = ddp_simdev_launch(ctx->stream, what, run, a, acc, nacc);
+    if (rc && !ctx->err) ctx->err = rc;
+}
+
+#define LAUNCH(ctx, a, what, ...)                                                            \
+    do {                                                                                     \
+        ddp_simdev_access_t acc_[] = {__VA_ARGS__};                                          \
+        launch(ctx, a, what, acc_, (int)(sizeof acc_ / sizeof acc_[0]));                     \
+    } while (0)
+
+static void set_p(args_t *a, int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    for (int k = 0; k < n; k++) a->p[k] = va_arg(ap, void *);
+    va_end(ap);
+}
+
+/* ---- memory, copies, context ---- */
+
+static int sim_probe(void) { return 0; /* only by name */ }
+static int sim_device_count(void) { return 8; }
+
+static void sim_close(ddp_kctx_t *ctx)
+{
+    if (!ctx) return;
+    ddp_simdev_stream_free(ctx->stream);
+    if (ctx->cpu) CPU.close(ctx->cpu);
+    free(ctx);
+}
+
+static int sim_init(ddp_kctx_t **out, int device, int threads)
+{
+    *out = NULL;
+    if (device < 0) return DDP_ENODEV;
+    ddp_kctx_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return DDP_ENOMEM;
+    ctx->device = device;
+    ctx->order.stream = -1;
+    const char *brk = getenv("DDP_SIM_BREAK");
+    ctx->break_lm_head = brk && strcmp(brk, "lm_head_dinp") == 0;
+    char name[32];
+    snprintf(name, sizeof name, "compute(dev %d)", device);
+    int rc = CPU.init(&ctx->cpu, 0, threads);
+    if (rc == 0) rc = ddp_simdev_stream_new(device, name, &ctx->stream);
+    if (rc) {
+        sim_close(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return 0;
+}
+
+static int sim_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
+{
+    *out = NULL;
+    if (bytes == 0) return 0;
+    return ddp_simdev_alloc(ctx->device, bytes, out);
+}
+
+static void sim_free(ddp_kctx_t *ctx, void *p)
+{
+    if (!p) return;
+    ddp_simdev_stream_sync(ctx->stream); /* as cuda_free: queued ops may still use p */
+    ddp_simdev_free(p);
+}
+
+static int sim_sync(ddp_kctx_t *ctx)
+{
+    ddp_simdev_stream_sync(ctx->stream);
+    int rc = ctx->err, cpu = CPU.sync(ctx->cpu);
+    ctx->err = 0;
+    return rc ? rc : cpu;
+}
+
+static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int dst_host,
+                int src_host, int wait, const char *what)
+{
+    if (bytes == 0) return 0;
+    args_t *a = new_args(ctx, COPY);
+    if (!a) return DDP_ENOMEM;
+    set_p(a, 2, dst, (void *)src);
+    a->z[0] = bytes;
+    LAUNCH(ctx, a, what, RANGE(dst, bytes, 1, W | (dst_host ? DDP_SIMDEV_HOSTSIDE : 0)),
+           RANGE(src, bytes, 1, R | (src_host ? DDP_SIMDEV_HOSTSIDE : 0)));
+    if (wait) ddp_simdev_stream_sync(ctx->stream);
+    int rc = ctx->err;
+    if (wait) ctx->err = 0; /* reported here rather than at the next sync */
+    return rc;
+}
+
+static int sim_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, 0, 1, 1, "memcpy_h2d");
+}
+
+static int sim_d2h(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, 1, 0, 1, "memcpy_d2h");
+}
+
+static int sim_d2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, 0, 0, 0, "memcpy_d2d");
+}
+
+static int sim_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    args_t *a = new_args(ctx, ZERO);
+    if (!a) return DDP_ENOMEM;
+    a->p[0] = dst;
+    a->z[0] = bytes;
+    LAUNCH(ctx, a, "memset0", RANGE(dst, bytes, 1, W));
+    return 0;
+}
+
+static int sim_record_event(ddp_kctx_t *ctx, void **event)
+{
+    ddp_simdev_event_record(&ctx->order, ctx->stream);
+    *event = &ctx->order;
+    return 0;
+}
+
+/* ---- ops ---- */
+
+static void sim_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
+                            const float *wpe, int B, int T, int C)
+{
+    args_t *a = new_args(ctx, ENC_FWD);
+    if (!a) return;
+    size_t BT = (size_t)B * T;
+    set_p(a, 4, out, inp, wte, wpe);
+    a->i[0] = B, a->i[1] = T, a->i[2] = C;
+    LAUNCH(ctx, a, "encoder_fwd", F(out, BT * C, W), RANGE(inp, BT, 4, R), F(wte, C, R),
+           F(wpe, (size_t)T * C, R));
+}
+
+static void sim_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
+                            const int32_t *inp, int B, int T, int C)
+{
+    args_t *a = new_args(ctx, ENC_BWD);
+    if (!a) return;
+    size_t BT = (size_t)B * T;
+    set_p(a, 4, dwte, dwpe, dout, inp);
+    a->i[0] = B, a->i[1] = T, a->i[2] = C;
+    /* dwte's rows are the tokens': the op may write anywhere up to the end of its allocation */
+    size_t wte_bytes = dwte ? (size_t)((const char *)ddp_simdev_end_of(dwte) - (char *)dwte) : 0;
+    LAUNCH(ctx, a, "encoder_bwd", RANGE(dwte, wte_bytes, 1, RW), F(dwpe, (size_t)T * C, RW),
+           F(dout, BT * C, R), RANGE(inp, BT, 4, R));
+}
+
+static void sim_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+                              const float *inp, const float *weight, const float *bias, int N,
+                              int C)
+{
+    args_t *a = new_args(ctx, LN_FWD);
+    if (!a) return;
+    size_t NC = (size_t)N * C;
+    set_p(a, 6, out, mean, rstd, inp, weight, bias);
+    a->i[0] = N, a->i[1] = C;
+    LAUNCH(ctx, a, "layernorm_fwd", F(out, NC, W), F(mean, N, W), F(rstd, N, W), F(inp, NC, R),
+           F(weight, C, R), F(bias, C, R));
+}
+
+static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                              const float *dout, const float *inp, const float *weight,
+                              const float *mean, const float *rstd, int N, int C)
+{
+    args_t *a = new_args(ctx, LN_BWD);
+    if (!a) return;
+    size_t NC = (size_t)N * C;
+    set_p(a, 8, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    a->i[0] = N, a->i[1] = C;
+    LAUNCH(ctx, a, "layernorm_bwd", F(dinp, NC, RW), F(dweight, C, RW), F(dbias, C, RW),
+           F(dout, NC, R), F(inp, NC, R), F(weight, C, R), F(mean, N, R), F(rstd, N, R));
+}
+
+static void sim_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
+                           const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+{
+    args_t *a = new_args(ctx, MM_FWD);
+    if (!a) return;
+    set_p(a, 4, out, inp, weight, bias);
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
+    LAUNCH(ctx, a, "matmul_fwd", F(out, (size_t)N * OC, W), F(inp, (size_t)N * C, R),
+           F(weight, (size_t)C * OC, R), F(bias, OC, R));
+}
+
+static void sim_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
+                           const float *dout, const float *inp, const float *weight, int N, int C,
+                           int OC, ddp_wlayout_t layout)
+{
+    args_t *a = new_args(ctx, MM_BWD);
+    if (!a) return;
+    set_p(a, 6, dinp, dweight, dbias, dout, inp, weight);
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
+    LAUNCH(ctx, a, "matmul_bwd", F(dinp, (size_t)N * C, RW), F(dweight, (size_t)C * OC, RW),
+           F(dbias, OC, RW), F(dout, (size_t)N * OC, R), F(inp, (size_t)N * C, R),
+           F(weight, (size_t)C * OC, R));
+}
+
+static void sim_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+                              int T, int C, int NH)
+{
+    args_t *a = new_args(ctx, ATT_FWD);
+    if (!a) return;
+    size_t BT = (size_t)B * T;
+    set_p(a, 3, out, att, qkv);
+    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
+    LAUNCH(ctx, a, "attention_fwd", F(out, BT * C, W), F(att, BT * NH * T, W),
+           F(qkv, BT * 3 * C, R));
+}
+
+static void sim_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
+                              const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    args_t *a = new_args(ctx, ATT_BWD);
+    if (!a) return;
+    size_t BT = (size_t)B * T;
+    set_p(a, 5, dqkv, datt, dout, qkv, att);
+    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
+    LAUNCH(ctx, a, "attention_bwd", F(dqkv, BT * 3 * C, RW), F(datt, BT * NH * T, W),
+           F(dout, BT * C, R), F(qkv, BT * 3 * C, R), F(att, BT * NH * T, R));
+}
+
+static void sim_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
+{
+    args_t *a = new_args(ctx, GELU_FWD);
+    if (!a) return;
+    set_p(a, 2, out, inp);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "gelu_fwd", F(out, n, W), F(inp, n, R));
+}
+
+static void sim_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
+                         size_t n)
+{
+    args_t *a = new_args(ctx, GELU_BWD);
+    if (!a) return;
+    set_p(a, 3, dinp, inp, dout);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "gelu_bwd", F(dinp, n, RW), F(inp, n, R), F(dout, n, R));
+}
+
+static void sim_residual_fwd(ddp_kctx_t *ctx, float *out, const float *x, const float *y,
+                             size_t n)
+{
+    args_t *a = new_args(ctx, RESIDUAL);
+    if (!a) return;
+    set_p(a, 3, out, x, y);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "residual_fwd", F(out, n, W), F(x, n, R), F(y, n, R));
+}
+
+static void sim_xent(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
+                     const int32_t *targets, int N, int V, float dloss)
+{
+    args_t *a = new_args(ctx, XENT);
+    if (!a) return;
+    size_t NV = (size_t)N * V;
+    set_p(a, 4, losses, dlogits, logits, targets);
+    a->i[0] = N, a->i[1] = V;
+    a->f[0] = dloss;
+    LAUNCH(ctx, a, "xent_fwd_bwd", F(losses, N, W), F(dlogits, NV, W), F(logits, NV, R),
+           RANGE(targets, N, 4, R));
+}
+
+static void sim_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
+                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                      float grad_scale, int t, uint32_t *crc)
+{
+    if (crc) { /* as the CUDA backend: checksums are the CPU backend's */
+        if (!ctx->err) ctx->err = DDP_ENOTSUP;
+        return;
+    }
+    args_t *a = new_args(ctx, ADAMW);
+    if (!a) return;
+    set_p(a, 4, param, (void *)grad, m, v);
+    a->z[0] = n;
+    float f[] = {lr, beta1, beta2, eps, wd, grad_scale};
+    memcpy(a->f, f, sizeof f);
+    a->i[0] = t;
+    LAUNCH(ctx, a, "adamw", F(param, n, RW), F(grad, n, R), F(m, n, RW), F(v, n, RW));
+}
+
+static void sim_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block)
+{
+    args_t *a = new_args(ctx, SUMSQ);
+    if (!a) return;
+    set_p(a, 2, out, x);
+    a->z[0] = n, a->z[1] = block;
+    LAUNCH(ctx, a, "sumsq_blocks", F(out, (n + block - 1) / block, W | DDP_SIMDEV_HOSTSIDE),
+           F(x, n, R));
+    ddp_simdev_stream_sync(ctx->stream); /* a host result, as in the CUDA backend */
+}
+
+static void sim_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n)
+{
+    args_t *a = new_args(ctx, ADD);
+    if (!a) return;
+    set_p(a, 2, y, x);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "add", F(y, n, RW), F(x, n, R));
+}
+
+static void sim_scale(ddp_kctx_t *ctx, float *x, float s, size_t n)
+{
+    args_t *a = new_args(ctx, SCALE);
+    if (!a) return;
+    a->p[0] = x;
+    a->f[0] = s;
+    a->z[0] = n;
+    LAUNCH(ctx, a, "scale", F(x, n, RW));
+}
+
+static void sim_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n)
+{
+    args_t *a = new_args(ctx, NONFINITE);
+    if (!a) return;
+    set_p(a, 2, out, x);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "nonfinite", RANGE(out, 1, sizeof(int), W | DDP_SIMDEV_HOSTSIDE), F(x, n, R));
+    ddp_simdev_stream_sync(ctx->stream);
+}
+
+const ddp_kernels_ops_t ddp_kernels_sim = {
+    .name = "sim",
+    .coll_backend = "sim",
+    .probe = sim_probe,
+    .device_count = sim_device_count,
+    .init = sim_init,
+    .close = sim_close,
+    .alloc = sim_alloc,
+    .free = sim_free,
+    .memcpy_h2d = sim_h2d,
+    .memcpy_d2h = sim_d2h,
+    .memcpy_d2d = sim_d2d,
+    .memset0 = sim_memset0,
+    .sync = sim_sync,
+    .record_event = sim_record_event,
+    .encoder_fwd = sim_encoder_fwd,
+    .encoder_bwd = sim_encoder_bwd,
+    .layernorm_fwd = sim_layernorm_fwd,
+    .layernorm_bwd = sim_layernorm_bwd,
+    .matmul_fwd = sim_matmul_fwd,
+    .matmul_bwd = sim_matmul_bwd,
+    .attention_fwd = sim_attention_fwd,
+    .attention_bwd = sim_attention_bwd,
+    .gelu_fwd = sim_gelu_fwd,
+    .gelu_bwd = sim_gelu_bwd,
+    .residual_fwd = sim_residual_fwd,
+    .xent_fwd_bwd = sim_xent,
+    .adamw = sim_adamw,
+    .sumsq_blocks = sim_sumsq_blocks,
+    .add = sim_add,
+    .scale = sim_scale,
+    .nonfinite = sim_nonfinite,
+};

@@ -1,0 +1,518 @@
+/* The GPU path's hazards on the simulated device (issue 24), one test per finding.
+ *
+ * Ranks are threads of this process, each with a "sim" kernel context on its own device (rank r
+ * on device r) and a "sim" communicator (collectives/nccl.c over the simulated CUDA runtime and
+ * NCCL); every rank runs its part on its own thread, as a worker's compute thread would. A
+ * scenario returns 0, or fails with a message that the test prints. Deadlines, never sleeps:
+ * a wait for another thread's event polls it with a deadline.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "collectives/coll.h"
+#include "collectives/sim/sim.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/simdev.h"
+#include "kernels/kernels.h"
+#include "worker/reducer.h"
+
+#define NR 2
+
+typedef struct rank rank_t;
+typedef int (*scenario_fn)(rank_t *r);
+
+struct rank {
+    int rank, size, device, coll_device;
+    char addr[64];
+    double timeout_s;
+    ddp_coll_t *comm;
+    ddp_kernels_t k;
+    scenario_fn fn;
+    int rc;
+    char msg[600];
+    int64_t free_ns; /* dissolve: how long ddp_coll_free took */
+};
+
+/* Shared by the scenarios of one test. */
+static _Atomic int flag;
+
+#define FAIL(r, ...)                                                                           \
+    do {                                                                                       \
+        snprintf((r)->msg, sizeof (r)->msg, __VA_ARGS__);                                      \
+        return -1;                                                                             \
+    } while (0)
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static void *form_main(void *arg)
+{
+    rank_t *r = arg;
+    ddp_errinfo_t ei = {0};
+    ddp_coll_rdzv_cfg_t cfg = {.rank = r->rank, .size = r->size, .addr = r->addr,
+                               .token = "gpu-sim-test", .timeout_s = 30};
+    ddp_coll_bootstrap_t *bs = NULL;
+    r->rc = ddp_kernels_open(&r->k, "sim", r->device, 1);
+    if (r->rc == 0) r->rc = ddp_coll_bootstrap_tcp(&cfg, &bs, &ei);
+    ddp_coll_opts_t opts = {.backend = "sim", .cuda_device = r->coll_device,
+                            .timeout_s = r->timeout_s};
+    if (r->rc == 0) r->rc = ddp_coll_new(bs, &opts, &r->comm, &ei);
+    ddp_coll_bootstrap_free(bs);
+    if (r->rc) snprintf(r->msg, sizeof r->msg, "forming: %s (%s)", ddp_strerror(r->rc), ei.msg);
+    return NULL;
+}
+
+static void *run_main(void *arg)
+{
+    rank_t *r = arg;
+    r->rc = r->fn(r);
+    return NULL;
+}
+
+static void *dissolve_main(void *arg)
+{
+    rank_t *r = arg;
+    if (r->fn) r->rc = r->fn(r); /* may wait for the other rank before freeing */
+    int64_t t0 = ddp_now_ns();
+    ddp_coll_free(r->comm);
+    r->comm = NULL;
+    r->free_ns = ddp_now_ns() - t0;
+    ddp_kernels_close(&r->k);
+    return NULL;
+}
+
+/* Runs fn on every rank's thread and waits for all. */
+static void on_ranks(rank_t *rs, int n, void *(*fn)(void *))
+{
+    pthread_t th[NR];
+    for (int i = 0; i < n; i++) assert_int_equal(pthread_create(&th[i], NULL, fn, &rs[i]), 0);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+static void expect_ok(rank_t *rs, int n, const char *what)
+{
+    for (int i = 0; i < n; i++)
+        if (rs[i].rc != 0) fail_msg("%s: rank %d: rc %d: %s", what, i, rs[i].rc, rs[i].msg);
+}
+
+/* A world of NR ranks; rank r's kernels on device r, its communicator on coll_device[r]. */
+static void form(rank_t *rs, const int *coll_device, double timeout_s)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
+    for (int i = 0; i < NR; i++) {
+        memset(&rs[i], 0, sizeof rs[i]);
+        rs[i].rank = i;
+        rs[i].size = NR;
+        rs[i].device = i;
+        rs[i].coll_device = coll_device ? coll_device[i] : i;
+        rs[i].timeout_s = timeout_s;
+        snprintf(rs[i].addr, sizeof rs[i].addr, "%s", addr);
+    }
+    on_ranks(rs, NR, form_main);
+    expect_ok(rs, NR, "form");
+}
+
+static void run(rank_t *rs, scenario_fn f0, scenario_fn f1)
+{
+    rs[0].fn = f0;
+    rs[1].fn = f1;
+    on_ranks(rs, NR, run_main);
+}
+
+static void dissolve(rank_t *rs, scenario_fn f0, scenario_fn f1)
+{
+    rs[0].fn = f0;
+    rs[1].fn = f1;
+    on_ranks(rs, NR, dissolve_main);
+}
+
+/* n floats of device memory holding base + i (through a copy). */
+static float *dev_iota(rank_t *r, size_t n, float base)
+{
+    float *h = malloc(n * sizeof *h), *d = NULL;
+    for (size_t i = 0; i < n; i++) h[i] = base + (float)i;
+    if (r->k.ops->alloc(r->k.ctx, (void **)&d, n * sizeof *d) ||
+        r->k.ops->memcpy_h2d(r->k.ctx, d, h, n * sizeof *d))
+        d = NULL;
+    free(h);
+    return d;
+}
+
+/* 0 when device buffer d holds want(i) for every i < n. */
+static int dev_expect(rank_t *r, const float *d, size_t n, float base, float step, const char *what)
+{
+    float *h = malloc(n * sizeof *h);
+    int rc = r->k.ops->memcpy_d2h(r->k.ctx, h, d, n * sizeof *h);
+    for (size_t i = 0; rc == 0 && i < n; i++)
+        if (h[i] != base + step * (float)i) {
+            snprintf(r->msg, sizeof r->msg, "%s[%zu] = %g, expected %g", what, i, h[i],
+                     base + step * (float)i);
+            rc = -1;
+        }
+    free(h);
+    return rc;
+}
+
+/* ---- finding 2: host buffers go through device memory; device buffers as they are ---- */
+
+typedef struct {
+    int64_t step;
+    float loss;
+    char tag[12];
+} header_t;
+
+static int sc_host_and_device(rank_t *r)
+{
+    size_t n = 1000;
+    float *d = dev_iota(r, n, (float)r->rank);
+    if (!d) FAIL(r, "device buffer");
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(r->comm, d, n, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    if (rc) FAIL(r, "device all-reduce: %s", ei.msg);
+    if (dev_expect(r, d, n, 1.0f, 2.0f, "device sum")) return -1; /* (0 + i) + (1 + i) */
+    r->k.ops->free(r->k.ctx, d);
+    float vals[5] = {1, 2, 3, 4, (float)r->rank}; /* host, on the stack, as the trainer's */
+    rc = ddp_coll_allreduce(r->comm, vals, 5, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    if (rc) FAIL(r, "host all-reduce: rc %d %s", rc, ei.msg);
+    if (vals[0] != 2 || vals[3] != 8 || vals[4] != 1)
+        FAIL(r, "host sum: %g %g %g", vals[0], vals[3], vals[4]);
+    header_t h = {.step = 100 + r->rank, .loss = 1.5f * (float)(r->rank + 1)};
+    snprintf(h.tag, sizeof h.tag, "rank %d", r->rank);
+    rc = ddp_coll_broadcast(r->comm, &h, sizeof h, 1, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    if (rc) FAIL(r, "host broadcast: %s", ei.msg);
+    if (h.step != 101 || h.loss != 3.0f || strcmp(h.tag, "rank 1") != 0)
+        FAIL(r, "broadcast header: step %lld loss %g tag %s", (long long)h.step, h.loss, h.tag);
+    if ((rc = ddp_coll_barrier(r->comm, 0, &ei)) != 0) FAIL(r, "barrier: %s", ei.msg);
+    return 0;
+}
+
+static void test_host_buffers_are_staged(void **state)
+{
+    rank_t rs[NR];
+    uint64_t hz = ddp_simdev_hazards(), vi = ddp_sim_nccl_violations();
+    form(rs, NULL, 30);
+    run(rs, sc_host_and_device, sc_host_and_device);
+    expect_ok(rs, NR, "host and device buffers");
+    dissolve(rs, NULL, NULL);
+    assert_int_equal(ddp_simdev_hazards(), hz);
+    assert_int_equal(ddp_sim_nccl_violations(), vi);
+}
+
+/* ---- finding 1: the accumulation add and the all-reduce, ordered by an event ---- */
+
+static int sc_reducer_acc(rank_t *r)
+{
+    size_t n = 70000; /* several buckets of 64 KiB */
+    float *g = dev_iota(r, n, (float)r->rank), *acc = dev_iota(r, n, 10.0f);
+    if (!g || !acc) FAIL(r, "buffers");
+    ddp_reducer_t red;
+    if (ddp_reducer_init(&red, r->comm, &r->k, g, n, 0.0625, 0.0625, 1, 0)) FAIL(r, "init");
+    ddp_reducer_begin(&red, acc);
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_reducer_ready(&red, n / 2);
+    if (rc == 0) rc = ddp_reducer_ready(&red, n);
+    int frc = ddp_reducer_finish(&red, NULL, &ei);
+    ddp_reducer_close(&red);
+    if (rc || frc) FAIL(r, "reducer: rc %d / %d: %s", rc, frc, ei.msg);
+    /* sum over ranks of (rank + i) + (10 + i) = 21 + 4 i */
+    if (dev_expect(r, g, n, 21.0f, 4.0f, "reduced gradient")) return -1;
+    r->k.ops->free(r->k.ctx, g);
+    r->k.ops->free(r->k.ctx, acc);
+    return 0;
+}
+
+/* The same without the event: the simulator must see the race (the check can fail). */
+static int sc_unordered_add(rank_t *r)
+{
+    size_t n = 4096;
+    float *g = dev_iota(r, n, 0), *acc = dev_iota(r, n, 1);
+    if (!g || !acc) FAIL(r, "buffers");
+    DDP_K(&r->k, add, g, acc, n); /* queued on the compute stream */
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(r->comm, g, n, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    r->k.ops->sync(r->k.ctx);
+    r->k.ops->free(r->k.ctx, g);
+    r->k.ops->free(r->k.ctx, acc);
+    if (rc == 0) FAIL(r, "an all-reduce of a buffer that a queued add writes succeeded");
+    const char *why = ddp_coll_last_error(r->comm);
+    if (!strstr(why, "hazard")) FAIL(r, "the error does not name the hazard: %s", why);
+    return 0;
+}
+
+static void test_accumulation_add_ordered_before_allreduce(void **state)
+{
+    rank_t rs[NR];
+    uint64_t hz = ddp_simdev_hazards();
+    form(rs, NULL, 30);
+    run(rs, sc_reducer_acc, sc_reducer_acc);
+    expect_ok(rs, NR, "reducer with accumulation");
+    assert_int_equal(ddp_simdev_hazards(), hz);
+    run(rs, sc_unordered_add, sc_unordered_add);
+    expect_ok(rs, NR, "unordered add (negative control)");
+    assert_true(ddp_simdev_hazards() > hz);
+    dissolve(rs, NULL, NULL);
+}
+
+/* ---- finding 3: the communicator on the rank's device, not device 0 ---- */
+
+static int sc_device_buffer(rank_t *r)
+{
+    float *d = dev_iota(r, 64, 0);
+    if (!d) FAIL(r, "buffer");
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(r->comm, d, 64, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    r->k.ops->free(r->k.ctx, d);
+    snprintf(r->msg, sizeof r->msg, "%s", ei.msg);
+    return rc;
+}
+
+static void test_communicator_on_the_ranks_device(void **state)
+{
+    rank_t rs[NR];
+    int wrong[NR] = {0, 0}; /* what copts gave before: device 0 everywhere */
+    form(rs, wrong, 5);
+    run(rs, sc_device_buffer, sc_device_buffer);
+    assert_int_not_equal(rs[1].rc, 0); /* rank 1's memory is device 1's */
+    dissolve(rs, NULL, NULL);
+    form(rs, NULL, 30);
+    run(rs, sc_device_buffer, sc_device_buffer);
+    expect_ok(rs, NR, "communicators on devices 0 and 1");
+    dissolve(rs, NULL, NULL);
+}
+
+/* ---- finding 4: a failed cudaEventRecord fails the submit ---- */
+
+static int sc_submit_fails(rank_t *r)
+{
+    float *d = dev_iota(r, 64, 0);
+    ddp_coll_req_t *q = NULL;
+    int rc = ddp_coll_allreduce(r->comm, d, 64, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) ddp_coll_wait(q, 0, NULL);
+    r->k.ops->free(r->k.ctx, d);
+    if (rc != DDP_ECUDA) FAIL(r, "submit with a failing cudaEventRecord returned %d", rc);
+    return 0;
+}
+
+static void test_event_record_failure_is_an_error(void **state)
+{
+    rank_t rs[NR];
+    form(rs, NULL, 5);
+    setenv("DDP_SIM_FAIL", "cudaEventRecord", 1);
+    run(rs, sc_submit_fails, sc_submit_fails);
+    unsetenv("DDP_SIM_FAIL");
+    expect_ok(rs, NR, "failing cudaEventRecord");
+    assert_int_equal(ddp_coll_status(rs[0].comm), DDP_ECUDA);
+    dissolve(rs, NULL, NULL);
+}
+
+/* ---- finding 5: ddp_coll_abort from another thread while the owner polls ---- */
+
+static int sc_wait_aborted(rank_t *r)
+{
+    float *d = dev_iota(r, 64, 0);
+    ddp_coll_req_t *q = NULL;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(r->comm, d, 64, DDP_DT_F32, DDP_OP_SUM, &q);
+    atomic_store(&flag, 1);
+    if (rc == 0) rc = ddp_coll_wait(q, ddp_now_ns() + 20 * 1000000000LL, &ei);
+    r->k.ops->sync(r->k.ctx);
+    r->k.ops->free(r->k.ctx, d);
+    if (rc != DDP_EABORTED) FAIL(r, "wait returned %d (%s), not DDP_EABORTED", rc, ei.msg);
+    return 0;
+}
+
+static int sc_idle(rank_t *r) { return 0; }
+
+static void *abort_main(void *arg)
+{
+    rank_t *r = arg;
+    int64_t deadline = ddp_now_ns() + 20 * 1000000000LL;
+    /* once rank 0 is inside a call of NCCL (it polls in ddp_coll_wait) */
+    while ((!atomic_load(&flag) || ddp_sim_nccl_calls_in_flight() == 0) && ddp_now_ns() < deadline)
+        sched_yield();
+    ddp_coll_abort(r->comm, DDP_EABORTED, "test: aborted from another thread");
+    return NULL;
+}
+
+static void test_abort_from_another_thread(void **state)
+{
+    rank_t rs[NR];
+    uint64_t vi = ddp_sim_nccl_violations();
+    form(rs, NULL, 5);
+    atomic_store(&flag, 0);
+    setenv("DDP_SIM_NCCL_CALL_US", "20000", 1); /* each call stays 20 ms inside */
+    pthread_t ab;
+    assert_int_equal(pthread_create(&ab, NULL, abort_main, &rs[0]), 0);
+    run(rs, sc_wait_aborted, sc_idle);
+    pthread_join(ab, NULL);
+    unsetenv("DDP_SIM_NCCL_CALL_US");
+    expect_ok(rs, NR, "abort while waiting");
+    char v[400];
+    ddp_sim_nccl_last_violation(v, sizeof v);
+    if (ddp_sim_nccl_violations() != vi) fail_msg("NCCL misuse: %s", v);
+    dissolve(rs, NULL, NULL);
+}
+
+/* ---- finding 6: freeing a communicator whose peer is gone ends within its deadline ---- */
+
+static int sc_free_first(rank_t *r) { return 0; }
+
+static int sc_free_after_peer(rank_t *r)
+{
+    int64_t deadline = ddp_now_ns() + 15 * 1000000000LL; /* the peer "is dead" until then */
+    while (!atomic_load(&flag) && ddp_now_ns() < deadline) sched_yield();
+    if (!atomic_load(&flag)) FAIL(r, "rank 0's ddp_coll_free did not return within 15 s");
+    return 0;
+}
+
+static void *flag_after_free(void *arg)
+{
+    rank_t *r = arg;
+    dissolve_main(r);
+    atomic_store(&flag, 1);
+    return NULL;
+}
+
+static void test_free_has_a_deadline(void **state)
+{
+    rank_t rs[NR];
+    form(rs, NULL, 1); /* a 1 s floor: the finalize's deadline */
+    atomic_store(&flag, 0);
+    rs[0].fn = sc_free_first;
+    rs[1].fn = sc_free_after_peer;
+    pthread_t t0, t1;
+    assert_int_equal(pthread_create(&t0, NULL, flag_after_free, &rs[0]), 0);
+    assert_int_equal(pthread_create(&t1, NULL, dissolve_main, &rs[1]), 0);
+    pthread_join(t0, NULL);
+    pthread_join(t1, NULL);
+    expect_ok(rs, NR, "free with a silent peer");
+    if (rs[0].free_ns > 10 * 1000000000LL)
+        fail_msg("ddp_coll_free took %.1f s with a silent peer", rs[0].free_ns / 1e9);
+}
+
+/* ---- finding 7: what is not implemented is refused ---- */
+
+static void test_unimplemented_kinds_refused(void **state)
+{
+    ddp_kernels_t k;
+    ddp_coll_bootstrap_t *bs;
+    ddp_coll_t *c;
+    ddp_errinfo_t ei = {0};
+    assert_int_equal(ddp_kernels_open(&k, "sim", 0, 1), 0);
+    assert_int_equal(ddp_coll_bootstrap_single(&bs, &ei), 0);
+    ddp_coll_opts_t opts = {.backend = "sim", .cuda_device = 0};
+    assert_int_equal(ddp_coll_new(bs, &opts, &c, &ei), 0);
+    ddp_coll_bootstrap_free(bs);
+    float *d = NULL;
+    assert_int_equal(k.ops->alloc(k.ctx, (void **)&d, 64 * sizeof *d), 0);
+    ddp_coll_req_t *q = NULL;
+    assert_int_equal(ddp_coll_reduce_scatter(c, d, 64, DDP_DT_F32, DDP_OP_SUM, &q), DDP_ENOTSUP);
+    assert_int_equal(ddp_coll_allgather(c, d, 64, DDP_DT_F32, &q), DDP_ENOTSUP);
+    assert_int_equal(ddp_coll_allreduce(c, d, 64, DDP_DT_F32, DDP_OP_SUM, &q), 0);
+    assert_int_equal(ddp_coll_wait(q, 0, &ei), 0);
+    ddp_coll_free(c);
+    k.ops->free(k.ctx, d);
+    ddp_kernels_close(&k);
+}
+
+/* ---- finding 8: the self-test checks the LM head's input gradient at OC = 50257 ---- */
+
+static int quiet_selftest(void)
+{
+    fflush(stdout);
+    int saved = dup(1);
+    FILE *null = fopen("/dev/null", "w");
+    dup2(fileno(null), 1);
+    int rc = ddp_kernels_selftest();
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    fclose(null);
+    return rc;
+}
+
+static void test_selftest_checks_lm_head_dinp(void **state)
+{
+    setenv("DDP_SELFTEST_BACKENDS", "sim", 1);
+    assert_int_equal(quiet_selftest(), 0);
+    setenv("DDP_SIM_BREAK", "lm_head_dinp", 1); /* a wrong dinp for OC = 50257 only */
+    assert_int_equal(quiet_selftest(), 1);
+    unsetenv("DDP_SIM_BREAK");
+    unsetenv("DDP_SELFTEST_BACKENDS");
+}
+
+/* ---- the simulator itself: the host may not touch device memory ---- */
+
+static sigjmp_buf segv_jump;
+static void on_segv(int sig) { siglongjmp(segv_jump, 1); }
+
+static void test_host_access_to_device_memory_faults(void **state)
+{
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "sim", 3, 1), 0);
+    float *d = NULL;
+    assert_int_equal(k.ops->alloc(k.ctx, (void **)&d, 256), 0);
+    assert_int_equal(ddp_simdev_device_of(d, 256), 3);
+    struct sigaction sa = {.sa_handler = on_segv}, old;
+    sigaction(SIGSEGV, &sa, &old);
+    volatile int faulted = 0;
+    if (sigsetjmp(segv_jump, 1) == 0)
+        d[0] = 1.0f; /* the host writing device memory directly */
+    else
+        faulted = 1;
+    sigaction(SIGSEGV, &old, NULL);
+    assert_int_equal(faulted, 1);
+    k.ops->free(k.ctx, d);
+    ddp_kernels_close(&k);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_host_buffers_are_staged),
+        cmocka_unit_test(test_accumulation_add_ordered_before_allreduce),
+        cmocka_unit_test(test_communicator_on_the_ranks_device),
+        cmocka_unit_test(test_event_record_failure_is_an_error),
+        cmocka_unit_test(test_abort_from_another_thread),
+        cmocka_unit_test(test_free_has_a_deadline),
+        cmocka_unit_test(test_unimplemented_kinds_refused),
+        cmocka_unit_test(test_selftest_checks_lm_head_dinp),
+        cmocka_unit_test(test_host_access_to_device_memory_faults),
+    };
+    DDP_DEBUG("test_gpu_sim"); /* the logger reads its level once, here, before any thread */
+    const char *only = getenv("GPU_SIM_TEST"); /* one test by name, e.g. to check a revert */
+    if (only && *only) cmocka_set_test_filter(only);
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
