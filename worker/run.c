@@ -20,18 +20,11 @@
 #include "worker/train.h"
 
 
-/* A failure of the communication or of the coordinator: the weights this rank holds are fine. */
-static int lost_peers(ddp_trainer_t *t, int rc)
-{
-    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
-           (t->comm && ddp_coll_status(t->comm) != 0);
-}
-
 /* The run ends with a lost rank: the last completed step is saved from memory first (under
  * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!lost_peers(t, rc)) return rc;
+    if (!ddp_trainer_comm_failed(t, rc)) return rc;
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
     if (ddp_tckpt_emergency_save(t, &sei) != 0) {
@@ -44,12 +37,6 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 /* Generations that may end in a row before a step completes: failures of rank after rank (each
  * may die max_restarts times) are legitimate; the same error every time is not. */
 #define DDP_MAX_STALLED_GENERATIONS 50
-
-/* Whether rc ended only this generation (elastic, and the coordinator still has the job). */
-static int generation_failed(ddp_trainer_t *t, int rc)
-{
-    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && lost_peers(t, rc);
-}
 
 /* One step and the work at its boundary: the step line, the replica check, validation and a
  * checkpoint when due. */
@@ -124,7 +111,8 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
         if (rc == 0 && t->regroup && t->step < s->steps && !t->any_stop)
             rc = next_generation(t, "regroup at the step boundary", ei);
         if (rc == 0) stalled = 0;
-        while (rc && generation_failed(t, rc)) { /* also a failure while a generation forms */
+        /* also a failure while the next generation forms */
+        while (rc && ddp_trainer_generation_failed(t, rc)) {
             char cause[1100];
             snprintf(cause, sizeof cause, "%s", ei && ei->msg[0] ? ei->msg : ddp_strerror(rc));
             if (ei) ddp_errinfo_clear(ei);

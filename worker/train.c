@@ -347,11 +347,23 @@ static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t
     return ddp_replicas_check(t->comm, &t->model, ei);
 }
 
+int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
+{
+    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
+           (t->comm && ddp_coll_status(t->comm) != 0);
+}
+
+int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc)
+{
+    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && ddp_trainer_comm_failed(t, rc);
+}
+
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
 {
     ddp_coll_bootstrap_t *bs;
     memset(st, 0, sizeof *st);
-    DDP_CHECK(ddp_elastic_join(t->elastic, t->step, &t->gen, &bs, ei));
+    /* a rank still waiting for its first state has none to offer */
+    DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->step : -1, &t->gen, &bs, ei));
     DDP_CHECK(open_comm(t, bs, ei));
     if (t->n_micro < t->opts.world)
         return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
@@ -363,6 +375,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
         int64_t t0 = ddp_now_ns();
         DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
         st->sync_ms = (double)(ddp_now_ns() - t0) / 1e6;
+        t->has_state = 1;
     }
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
@@ -396,7 +409,15 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     ddp_coll_bootstrap_t *bs = NULL;
     DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
-    DDP_CHECK_GOTO(open_comm(t, bs, ei), rc, fail);
+    rc = open_comm(t, bs, ei);
+    while (rc && ddp_trainer_generation_failed(t, rc)) { /* it ended as it formed: the next */
+        ddp_coll_free(t->comm);
+        t->comm = NULL;
+        if (ei) ddp_errinfo_clear(ei);
+        rc = ddp_elastic_join(t->elastic, -1, &t->gen, &bs, ei);
+        if (rc == 0) rc = open_comm(t, bs, ei);
+    }
+    if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
@@ -435,9 +456,19 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
      * peers' pages here, so that the first save does not pay the page faults */
     t->moments_whole = !t->ckpt;
     DDP_CHECK_GOTO(ddp_trainer_gather_moments(t, ei), rc, fail);
+    t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
-        double bytes;
-        DDP_CHECK_GOTO(sync_state(t, t->gen.source, &bytes, ei), rc, fail);
+        double bytes = 0;
+        rc = sync_state(t, t->gen.source, &bytes, ei);
+        while (rc && ddp_trainer_generation_failed(t, rc)) { /* a member died meanwhile */
+            if (ei) ddp_errinfo_clear(ei);
+            ddp_trainer_leave_world(t);
+            ddp_regroup_stats_t st;
+            rc = ddp_trainer_join_world(t, &st, ei);
+            bytes = st.sync_bytes;
+        }
+        if (rc) goto fail;
+        t->has_state = 1;
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
                  "(%.1f MB)", (unsigned long long)t->gen.gen, t->opts.rank, world, t->step,
                  t->gen.source, bytes / 1e6);

@@ -51,6 +51,7 @@ typedef struct ddp_trainer {
     int regroup;              /* some rank must leave the generation: all do after this step */
     int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
     long logged_step;         /* highest step written to metrics.jsonl */
+    int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
@@ -109,6 +110,12 @@ typedef struct ddp_regroup_stats {
     double sync_bytes, sync_ms;
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
+/* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation
+ * or the job was ended): the state this rank holds is sound. */
+int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc);
+/* Whether rc ended only the current generation: such a failure, in an elastic job that the
+ * coordinator still runs. */
+int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);
 /* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
 
