@@ -5,6 +5,9 @@
  * A session that fails inside a callback is flagged (closing) and freed in its close callback,
  * never in the middle of dispatch. After the client half-closes, queued responses and running
  * streams still finish, then the session closes.
+ * Bursts: the listener's backlog is the system's maximum (net.core.somaxconn), so a thousand
+ * clients connecting at once queue in the kernel instead of getting EAGAIN; the fd limit is
+ * raised to its hard limit for the same reason (one fd per session).
  */
 #include "daemon/api_int.h"
 
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -290,6 +294,29 @@ void ddpd_api_job_event(ddpd_t *d, ddpd_job_t *j)
         if (!s->closing && s->streams) ddpd__watch_event(s, j);
 }
 
+/* The largest listen backlog the kernel grants: net.core.somaxconn, or 4096 (the default since
+ * Linux 5.4) when it cannot be read. The kernel clamps larger values, so erring high is safe. */
+static int max_backlog(void)
+{
+    int v = 0;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "re");
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) v = 0;
+        fclose(f);
+    }
+    return v > 0 ? v : 4096;
+}
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard limit: every session holds one descriptor. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        DDP_DEBUG("api: cannot raise the fd limit: %s", strerror(errno));
+}
+
 /* mkdir -p for the socket's directory. */
 static void make_parent(const char *path)
 {
@@ -345,7 +372,9 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
     mode_t old = umask(0117); /* the socket file is created 0660 */
     int rc = uv_pipe_bind(&api->listener, path);
     umask(old);
-    if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, 128, on_connection);
+    raise_nofile();
+    int backlog = max_backlog();
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, backlog, on_connection);
     if (rc != 0)
         return ddp_errinfo_set(ei, DDP_EIO, "cannot listen on %s: %s", path, uv_strerror(rc));
     if (chmod(path, 0660) != 0) DDP_WARN("api: chmod %s: %s", path, strerror(errno));
@@ -357,6 +386,7 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
             DDP_WARN("api: chown %s: %s", path, strerror(errno));
     }
     uv_timer_start(&api->tick, tick_cb, 200, 200);
+    DDP_DEBUG("api: listening on %s, backlog %d", path, backlog);
     return 0;
 }
 
