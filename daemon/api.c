@@ -136,48 +136,22 @@ void ddpd__stream_end(ddpd_session_t *s, ddpd_stream_t *st, json_t *result)
     ddpd__session_maybe_close(s);
 }
 
-/* Validates the envelope of one request line and dispatches it. */
+/* Validates the envelope of one request line (ddpd_rpc_parse_request) and dispatches it. */
 static void handle_line(ddpd_session_t *s, const char *line, size_t len)
 {
-    while (len && (line[len - 1] == '\r' || line[len - 1] == ' ' || line[len - 1] == '\t')) len--;
-    size_t lead = 0;
-    while (lead < len && (line[lead] == ' ' || line[lead] == '\t')) lead++;
-    if (lead == len) return; /* blank lines are ignored */
+    ddpd_rpc_req_t req;
+    char *err = NULL;
+    int rc = ddpd_rpc_parse_request(line, len, &req, &err);
+    if (rc == 1) return; /* blank line */
     s->d->n_requests++;
-    json_error_t je;
-    json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
-    if (!req) {
-        ddpd__send_error(s, NULL, DDPD_RPC_PARSE,
-                         json_pack("{si si}", "line", je.line, "column", je.column),
-                         "invalid JSON at column %d: %s", je.column, je.text);
+    if (rc < 0) {
+        s->d->n_request_errors++;
+        if (err) ddpd__send(s, err);
+        else s->close_after = 1; /* out of memory: not even an error line */
         return;
     }
-    json_t *id = json_object_get(req, "id");
-    if (!json_is_object(req)) {
-        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, NULL, "a request must be a JSON object");
-    } else if (id && !json_is_null(id) && !json_is_integer(id) && !json_is_string(id)) {
-        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, json_pack("{ss}", "path", "id"),
-                         "id must be an integer, a string or null");
-    } else if (!json_is_string(json_object_get(req, "jsonrpc")) ||
-               strcmp(json_string_value(json_object_get(req, "jsonrpc")), "2.0") != 0) {
-        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "jsonrpc"),
-                         "jsonrpc must be \"2.0\"");
-    } else if (!json_is_string(json_object_get(req, "method"))) {
-        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "method"),
-                         "method must be a string");
-    } else {
-        json_t *params = json_object_get(req, "params");
-        if (params && !json_is_object(params) && !json_is_null(params)) {
-            ddpd__send_error(s, id, DDPD_RPC_PARAMS, json_pack("{ss}", "path", "params"),
-                             "params must be an object");
-        } else {
-            /* a request without "id" is a notification: it runs but gets no response */
-            json_t *rid = id ? id : NULL;
-            ddpd__dispatch(s, rid, json_string_value(json_object_get(req, "method")),
-                           json_is_object(params) ? params : NULL);
-        }
-    }
-    json_decref(req);
+    ddpd__dispatch(s, req.id, req.method, req.params);
+    json_decref(req.root);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
