@@ -9,6 +9,7 @@ packages=(
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
   libopenmpi-dev openmpi-bin
   iproute2 python3 python3-pip python3-numpy
+  clang libclang-rt-dev   # tests/fuzz/run_fuzzers.sh: libFuzzer with ASan and UBSan
 )
 
 missing=()
