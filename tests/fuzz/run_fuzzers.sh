@@ -34,7 +34,7 @@ fi
 
 flags=(-g -O1 -std=gnu11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I"$src" -I"$src/tests/fuzz/harness"
        -fno-omit-frame-pointer -fno-sanitize-recover=all -Wno-unused-command-line-argument)
-libsan=(-fsanitize=fuzzer-no-link,address,undefined)
+libsan=("-fsanitize=fuzzer-no-link,address,undefined")
 # what each harness links beyond its own file
 common=(common/err.c common/log.c common/alloc.c common/file.c common/crc32c.c)
 proto=(proto/spec.c proto/spec_tree.c proto/shard.c)
@@ -51,7 +51,8 @@ libs=(-ljansson -lcyaml -lyaml -luring -lsodium -lm -lpthread)
 
 mkdir -p "$out/obj"
 build_obj() { # source -> object path (rebuilt when the source is newer)
-    local o=$out/obj/$(echo "$1" | tr / _).o
+    local o
+    o=$out/obj/$(echo "$1" | tr / _).o
     if [ ! -f "$o" ] || [ "$src/$1" -nt "$o" ]; then
         "$cc" "${flags[@]}" "${libsan[@]}" $uv_cflags -c "$src/$1" -o "$o" 2>"$o.log" ||
             { cat "$o.log" >&2; return 1; }
@@ -90,20 +91,22 @@ for h in "${only[@]}"; do
     work=$out/corpus/$h
     mkdir -p "$work" "$out/crashes/$h" "$seeds"
     t0=$SECONDS
+    limit=(-max_total_time="$secs")
+    [ "$secs" = 0 ] && limit=(-runs=0) # replay the corpus only
     # ASan's leak check runs at exit; libFuzzer also reports per-input leaks (-detect_leaks).
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
     TMPDIR=$out/tmp-$h \
-        bash -c 'mkdir -p "$TMPDIR"; exec "$@"' _ "$bin" -max_total_time="$secs" \
+        bash -c 'mkdir -p "$TMPDIR"; exec "$@"' _ "$bin" "${limit[@]}" \
         -print_final_stats=1 -timeout=20 -rss_limit_mb=2048 -error_exitcode=1 \
         -timeout_exitcode=1 -artifact_prefix="$out/crashes/$h/" "$work" "$seeds" >"$log" 2>&1
     rc=$?
-    [ "$secs" = 0 ] && rc=$rc # replay only: libFuzzer runs the corpus once and stops
     rm -rf "$out/tmp-$h"
     execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' | tail -1)
     cov=$(grep -oE '(cov|DONE +cov): [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
     ft=$(grep -oE 'ft: [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
     corp=$(grep -oE 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$log" | tail -1 | cut -d' ' -f2)
-    line="fuzz $h: ${execs:-?} executions in $((SECONDS - t0)) s, ${cov:-?} edges covered, ${ft:-?} features, corpus ${corp:-?}"
+    total=$(grep -oE 'Loaded 1 modules +\([0-9]+' "$log" | grep -oE '[0-9]+$' | head -1)
+    line="fuzz $h: ${execs:-?} executions in $((SECONDS - t0)) s, ${cov:-?} of ${total:-?} instrumented edges covered, ${ft:-?} features, corpus ${corp:-?}"
     if [ $rc -eq 0 ]; then
         echo "$line"
         echo "ok 1 - fuzz_$h: $line" >"$log.tap"; record "$h" OK "$log.tap"
