@@ -32,7 +32,7 @@ fi
 
 T=$(mktemp -d /tmp/ddp-slurm.XXXXXX)
 chmod 755 "$T"
-daemons=()
+daemons=() # munged, slurmctld, slurmd, and a running sbatch: ended by pid on exit
 cleanup() {
     [ -f "$T/slurm.conf" ] && SLURM_CONF=$T/slurm.conf timeout 10 scancel --quiet --user=root \
         >/dev/null 2>&1
@@ -130,15 +130,21 @@ train: {steps: 10, micro_batch: 2, seq_len: 32, global_batch_tokens: 128, lr: 1e
 ddp: {workers: 2}
 YAML
 DDP_WORKER=$worker RUN_DIR=$T/run "$src/deploy/launch-local.sh" 2 job.yaml --quiet \
-    --dump-weights local.st >local.log 2>&1
+    --dump-weights local.st >local.log 2>&1 &
+daemons=("$!" "${daemons[@]}")
+wait "$!"
 check "deploy/launch-local.sh 2 trains the reference" test -s local.st
 
 # sbatch with 2 tasks on the one node; --wait returns the job's exit code
+# (in the background and waited for, so that a signal to this script runs the cleanup at once)
 run_sbatch() { # label bootstrap
     DDP_WORKER=$worker DDP_SLURM_BOOTSTRAP=$2 timeout 300 sbatch --wait --parsable \
         --job-name="ddp-$1" --nodes=1 --ntasks-per-node=2 --cpus-per-task=1 --gpus-per-node=0 \
         --time=10 --output="$T/$1-%j.out" "$src/deploy/slurm.sbatch" job.yaml \
-        --dump-weights "$T/$1.st" >"$T/$1.sbatch" 2>&1
+        --dump-weights "$T/$1.st" >"$T/$1.sbatch" 2>&1 &
+    local pid=$!
+    daemons=("$pid" "${daemons[@]}")
+    wait "$pid"
 }
 for mode in mpi env; do
     run_sbatch "$mode" "$mode"; rc=$?
