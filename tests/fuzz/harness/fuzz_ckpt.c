@@ -78,6 +78,7 @@ static int copy_fn(void *dst, const void *src, size_t n, void *ctx)
     return 0;
 }
 
+/* libFuzzer's entry point: one input, any bytes; returns 0 (a bug aborts). One thread. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char dir[300];

@@ -10,6 +10,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* libFuzzer's entry point: one input, any bytes; returns 0 (a bug aborts). One thread. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     /* a private copy: the reader keeps pointers into the buffer */

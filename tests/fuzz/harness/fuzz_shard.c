@@ -9,6 +9,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* libFuzzer's entry point: one input, any bytes; returns 0 (a bug aborts). One thread. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char path[64];
