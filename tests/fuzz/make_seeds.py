@@ -31,9 +31,16 @@ def safetensors(tensors, meta={"format": "pt"}):
     hdr, off, body = {}, 0, b""
     if meta:
         hdr["__metadata__"] = meta
-    for name, shape, vals in tensors:
-        raw = struct.pack("<%df" % len(vals), *vals)
-        hdr[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(raw)]}
+    for t in tensors:
+        name, shape, vals = t[:3]
+        dtype = t[3] if len(t) > 3 else "F32"
+        if dtype == "F32":
+            raw = struct.pack("<%df" % len(vals), *vals)
+        elif dtype == "F16":
+            raw = struct.pack("<%de" % len(vals), *vals)
+        else:  # BF16: the high half of the fp32 bits
+            raw = b"".join(struct.pack("<f", v)[2:] for v in vals)
+        hdr[name] = {"dtype": dtype, "shape": shape, "data_offsets": [off, off + len(raw)]}
         off += len(raw)
         body += raw
     h = json.dumps(hdr, separators=(",", ":")).encode()
@@ -93,6 +100,14 @@ put("ckpt", "sharded.ckpt", pack({"MANIFEST.json": manifest(1, files2), **files2
 hf = safetensors([("transformer.wte.weight", [8, 4], [0.0] * 32), ("transformer.ln_f.bias", [4],
                   [1.0] * 4), ("lm_head.weight", [8, 4], [0.0] * 32)])
 put("ckpt", "hf-prefixed.ckpt", pack({"model.safetensors": hf}))
+# half-precision sources (converted to F32 by init_from), and a shape that does not match
+half = safetensors([("wte.weight", [8, 4], [i / 4 for i in range(32)], "F16"),
+                    ("ln_f.bias", [4], [1.5, -2.0, 0.25, 3.0], "BF16")])
+put("ckpt", "hf-half.ckpt", pack({"model.safetensors": half}))
+bad_shape = safetensors([("wte.weight", [4, 8], [0.0] * 32), lnb])
+put("ckpt", "bad-shape.ckpt", pack({"model.safetensors": bad_shape, "config.json": config,
+                                    "trainer.json": trainer,
+                                    "MANIFEST.json": manifest(1, {"model.safetensors": bad_shape})}))
 
 # rpc
 reqs = [

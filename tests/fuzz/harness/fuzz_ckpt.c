@@ -2,9 +2,10 @@
  * list of files, each "@@FILE <name>\n" followed by its bytes up to the next marker (names are
  * cleaned to [A-Za-z0-9._-]); the seeds are real checkpoints (MANIFEST.json, model shards,
  * model.safetensors.index.json, config.json, trainer.json). Then, on that directory:
- * ddp_ckpt_verify (manifest, sizes, CRC32C), ddp_ckpt_load into two destinations of fixed
- * names and shapes (the loader does not re-verify, so it meets every malformed file), and
- * ddp_ckpt_init_from (Hugging Face directories: index or single file, dtype conversion).
+ * ddp_ckpt_verify (manifest, sizes, CRC32C), ddp_ckpt_find (the newest step that verifies),
+ * ddp_ckpt_load into two destinations of fixed names and shapes (the loader does not
+ * re-verify, so it meets every malformed file), and ddp_ckpt_init_from (Hugging Face
+ * directories: index or single file, F16/BF16 converted to F32).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -92,6 +93,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ddp_errinfo_t ei;
     ddp_errinfo_clear(&ei);
     (void)ddp_ckpt_verify(dir, &ei);
+    static ddp_ckpt_found_t found; /* large: not on the stack */
+    (void)ddp_ckpt_find(fuzz_scratch(), -1, &found, &ei); /* resume's choice among step-* */
 
     /* the seeds' tensors: wte.weight F32 [8,4] and ln_f.bias F32 [4] */
     static float wte[32], lnb[4];
