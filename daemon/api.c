@@ -5,6 +5,9 @@
  * A session that fails inside a callback is flagged (closing) and freed in its close callback,
  * never in the middle of dispatch. After the client half-closes, queued responses and running
  * streams still finish, then the session closes.
+ * Bursts: the listener's backlog is the system's maximum (net.core.somaxconn), so a thousand
+ * clients connecting at once queue in the kernel instead of getting EAGAIN; the fd limit is
+ * raised to its hard limit for the same reason (one fd per session).
  */
 #include "daemon/api_int.h"
 
@@ -14,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -132,48 +136,22 @@ void ddpd__stream_end(ddpd_session_t *s, ddpd_stream_t *st, json_t *result)
     ddpd__session_maybe_close(s);
 }
 
-/* Validates the envelope of one request line and dispatches it. */
+/* Validates the envelope of one request line (ddpd_rpc_parse_request) and dispatches it. */
 static void handle_line(ddpd_session_t *s, const char *line, size_t len)
 {
-    while (len && (line[len - 1] == '\r' || line[len - 1] == ' ' || line[len - 1] == '\t')) len--;
-    size_t lead = 0;
-    while (lead < len && (line[lead] == ' ' || line[lead] == '\t')) lead++;
-    if (lead == len) return; /* blank lines are ignored */
+    ddpd_rpc_req_t req;
+    char *err = NULL;
+    int rc = ddpd_rpc_parse_request(line, len, &req, &err);
+    if (rc == 1) return; /* blank line */
     s->d->n_requests++;
-    json_error_t je;
-    json_t *req = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
-    if (!req) {
-        ddpd__send_error(s, NULL, DDPD_RPC_PARSE,
-                         json_pack("{si si}", "line", je.line, "column", je.column),
-                         "invalid JSON at column %d: %s", je.column, je.text);
+    if (rc < 0) {
+        s->d->n_request_errors++;
+        if (err) ddpd__send(s, err);
+        else s->close_after = 1; /* out of memory: not even an error line */
         return;
     }
-    json_t *id = json_object_get(req, "id");
-    if (!json_is_object(req)) {
-        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, NULL, "a request must be a JSON object");
-    } else if (id && !json_is_null(id) && !json_is_integer(id) && !json_is_string(id)) {
-        ddpd__send_error(s, NULL, DDPD_RPC_INVALID, json_pack("{ss}", "path", "id"),
-                         "id must be an integer, a string or null");
-    } else if (!json_is_string(json_object_get(req, "jsonrpc")) ||
-               strcmp(json_string_value(json_object_get(req, "jsonrpc")), "2.0") != 0) {
-        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "jsonrpc"),
-                         "jsonrpc must be \"2.0\"");
-    } else if (!json_is_string(json_object_get(req, "method"))) {
-        ddpd__send_error(s, id, DDPD_RPC_INVALID, json_pack("{ss}", "path", "method"),
-                         "method must be a string");
-    } else {
-        json_t *params = json_object_get(req, "params");
-        if (params && !json_is_object(params) && !json_is_null(params)) {
-            ddpd__send_error(s, id, DDPD_RPC_PARAMS, json_pack("{ss}", "path", "params"),
-                             "params must be an object");
-        } else {
-            /* a request without "id" is a notification: it runs but gets no response */
-            json_t *rid = id ? id : NULL;
-            ddpd__dispatch(s, rid, json_string_value(json_object_get(req, "method")),
-                           json_is_object(params) ? params : NULL);
-        }
-    }
-    json_decref(req);
+    ddpd__dispatch(s, req.id, req.method, req.params);
+    json_decref(req.root);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
@@ -290,6 +268,29 @@ void ddpd_api_job_event(ddpd_t *d, ddpd_job_t *j)
         if (!s->closing && s->streams) ddpd__watch_event(s, j);
 }
 
+/* The largest listen backlog the kernel grants: net.core.somaxconn, or 4096 (the default since
+ * Linux 5.4) when it cannot be read. The kernel clamps larger values, so erring high is safe. */
+static int max_backlog(void)
+{
+    int v = 0;
+    FILE *f = fopen("/proc/sys/net/core/somaxconn", "re");
+    if (f) {
+        if (fscanf(f, "%d", &v) != 1) v = 0;
+        fclose(f);
+    }
+    return v > 0 ? v : 4096;
+}
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard limit: every session holds one descriptor. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        DDP_DEBUG("api: cannot raise the fd limit: %s", strerror(errno));
+}
+
 /* mkdir -p for the socket's directory. */
 static void make_parent(const char *path)
 {
@@ -345,7 +346,9 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
     mode_t old = umask(0117); /* the socket file is created 0660 */
     int rc = uv_pipe_bind(&api->listener, path);
     umask(old);
-    if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, 128, on_connection);
+    raise_nofile();
+    int backlog = max_backlog();
+    if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, backlog, on_connection);
     if (rc != 0)
         return ddp_errinfo_set(ei, DDP_EIO, "cannot listen on %s: %s", path, uv_strerror(rc));
     if (chmod(path, 0660) != 0) DDP_WARN("api: chmod %s: %s", path, strerror(errno));
@@ -357,6 +360,7 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
             DDP_WARN("api: chown %s: %s", path, strerror(errno));
     }
     uv_timer_start(&api->tick, tick_cb, 200, 200);
+    DDP_DEBUG("api: listening on %s, backlog %d", path, backlog);
     return 0;
 }
 

@@ -14,6 +14,20 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 
+/* One connect attempt: 0 with c->fd set, or -errno. */
+static int connect_once(ddpd_client_t *c, const struct sockaddr_un *a)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    if (connect(fd, (const struct sockaddr *)a, sizeof *a) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    c->fd = fd;
+    return 0;
+}
+
 int ddpd_client_connect(ddpd_client_t *c, const char *path)
 {
     memset(c, 0, sizeof *c);
@@ -22,15 +36,18 @@ int ddpd_client_connect(ddpd_client_t *c, const char *path)
     struct sockaddr_un a = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof a.sun_path) return -ENAMETOOLONG;
     snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -errno;
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-        int e = errno;
-        close(fd);
-        return -e;
+    /* A full backlog (EAGAIN) or a listener between bind and listen (ECONNREFUSED) is brief:
+     * retry with doubling waits, 1 ms up to 100 ms, for at most DDPD_CLIENT_RETRY_MS. */
+    int64_t deadline = ddp_now_ns() + (int64_t)DDPD_CLIENT_RETRY_MS * 1000000;
+    long wait_us = 1000;
+    for (;;) {
+        int rc = connect_once(c, &a);
+        if (rc != -EAGAIN && rc != -ECONNREFUSED && rc != -EINTR) return rc;
+        if (ddp_now_ns() + wait_us * 1000 > deadline) return rc;
+        struct timespec ts = {.tv_sec = wait_us / 1000000, .tv_nsec = (wait_us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        wait_us = wait_us * 2 > 100000 ? 100000 : wait_us * 2;
     }
-    c->fd = fd;
-    return 0;
 }
 
 void ddpd_client_close(ddpd_client_t *c)

@@ -14,7 +14,13 @@ typedef struct ddpd_client {
     long next_id;
 } ddpd_client_t;
 
-/* Connects to the Unix socket at path. Returns 0 or -errno. */
+/* How long ddpd_client_connect keeps retrying a refused or full socket (milliseconds). */
+#define DDPD_CLIENT_RETRY_MS 1000
+
+/* Connects to the Unix socket at path, retrying EAGAIN (the listener's backlog is full) and
+ * ECONNREFUSED (nobody listens yet, or a stale socket file) with backoff for up to
+ * DDPD_CLIENT_RETRY_MS. Returns 0 or -errno (ENOENT at once when there is no socket file).
+ * Blocking; any thread, one client per thread. */
 int ddpd_client_connect(ddpd_client_t *c, const char *path);
 /* Closes. Safe on a zeroed or closed client. */
 void ddpd_client_close(ddpd_client_t *c);

@@ -1,5 +1,6 @@
 /* JSON-RPC 2.0 helpers shared by the daemon's API and ddpctl: building responses, errors and
- * notifications as single lines, and making arbitrary bytes safe for a JSON string.
+ * notifications as single lines, validating a request line's envelope, and making arbitrary
+ * bytes safe for a JSON string. Pure: no I/O, any thread.
  */
 #ifndef DDPD_RPC_H
 #define DDPD_RPC_H
@@ -14,6 +15,22 @@ char *ddpd_rpc_result(json_t *id, json_t *result);
 char *ddpd_rpc_error(json_t *id, int code, const char *message, json_t *data);
 /* A notification line {"jsonrpc":"2.0","method":m,"params":params (stolen)}. */
 char *ddpd_rpc_notify(const char *method, json_t *params);
+
+/* One validated request: root owns everything; id (NULL for a notification), method and params
+ * (NULL when absent or null) are borrowed from it. */
+typedef struct ddpd_rpc_req {
+    json_t *root;
+    json_t *id;
+    const char *method;
+    json_t *params;
+} ddpd_rpc_req_t;
+
+/* Parses and validates one request line (without its '\n'): a JSON object with jsonrpc "2.0",
+ * a string method, an integer, string or null id, and object or null params. Trailing CR and
+ * blanks are ignored. Returns 0 with *req filled (free with json_decref(req->root)); 1 for a
+ * blank line (nothing to answer); -1 with *error_line set to the error response to send (the
+ * caller frees it; NULL on out of memory), *req zeroed. */
+int ddpd_rpc_parse_request(const char *line, size_t len, ddpd_rpc_req_t *req, char **error_line);
 
 /* Copies up to n bytes of possibly invalid UTF-8 into a new JSON string, replacing invalid
  * bytes with U+FFFD. When `hold_tail` is set, an incomplete sequence at the very end is left

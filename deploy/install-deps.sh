@@ -9,7 +9,8 @@ packages=(
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
   libopenmpi-dev openmpi-bin
   iproute2 python3 python3-pip python3-numpy
-  gnuplot-nox chromium fonts-dejavu-core  # observe: ddpctl plot; the status page's browser test
+  gnuplot-nox chromium fonts-dejavu-core  # ddpctl plot; the status page's browser test
+  clang libclang-rt-dev   # tests/fuzz/run_fuzzers.sh: libFuzzer with ASan and UBSan
 )
 
 missing=()

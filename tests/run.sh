@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit and fuzz
-# tests again under ASan+UBSan, and the threaded ones (kernel pool, collectives, reducer, data
-# loader) under TSan. Ends with one line: "tests: N passed, N failed, N skipped".
+# tests again under ASan+UBSan, the threaded ones (kernel pool, collectives, reducer, data
+# loader) under TSan, and the libFuzzer harnesses (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS
+# each, default 30; any crash fails). Ends with one line: "tests: N passed, N failed, N skipped".
 # Exit status is non-zero when any test failed or a build broke.
 #
 #   tests/run.sh            everything
@@ -60,6 +61,16 @@ if [ $quick -eq 0 ]; then
   else
     summaries+=(--broken build-tsan); status=1
   fi
+fi
+
+if [ $quick -eq 0 ]; then
+  # coverage-guided fuzzing with clang in its own build dir; 77 = no clang/libFuzzer (a skip)
+  t0=$SECONDS
+  FUZZ_SECONDS=${FUZZ_SECONDS:-30} tests/fuzz/run_fuzzers.sh build-fuzz | sed 's/^/[libfuzzer] /'
+  rc=${PIPESTATUS[0]}
+  echo "[libfuzzer] $((SECONDS - t0)) s"
+  [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
+  summaries+=(build-fuzz/testlog.json)
 fi
 
 python3 tests/summarize.py "${summaries[@]}" || status=1

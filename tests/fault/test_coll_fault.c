@@ -114,7 +114,6 @@ static void run_kill_ex(int n, int victim, const char *transport, int stop_inste
         char b;
         assert_int_equal(read(a.ready[0], &b, 1), 1);
     }
-    usleep(30000);
     int64_t t_kill = ddp_now_ns();
     kill(pids[victim], stop_instead ? SIGSTOP : SIGKILL);
     /* collect every survivor's report first and only then release the victim, so that a
@@ -182,7 +181,8 @@ static void test_stall_shm_3(void **s) { run_kill(3, 1, "auto", 1); }
 
 static int rogue(const char *host, int port, const void *bytes, size_t len)
 {
-    int fd = ddp__net_connect(host, port, ddp_now_ns() + 5000000000LL);
+    /* retries until the port listens (30 s): the test waits for that event, not for a time */
+    int fd = ddp__net_connect(host, port, ddp_now_ns() + 30000000000LL);
     if (fd < 0) return fd;
     if (len) ddp__net_send_all(fd, bytes, len, ddp_now_ns() + 1000000000LL);
     return fd;
@@ -212,8 +212,8 @@ static void test_malformed(void **s)
         dup2(logfd, 2);
         _exit(w_child(&cfg, 0, mal_fn, NULL) ? 1 : 0);
     }
-    /* rank 0 is alone at the rendezvous: send it garbage, a wrong token, half a hello */
-    usleep(200000);
+    /* rank 0 is alone at the rendezvous: send it garbage, a wrong token, half a hello (rogue
+     * connects as soon as rank 0 listens) */
     char garbage[200];
     memset(garbage, 'G', sizeof garbage);
     struct {
@@ -233,7 +233,8 @@ static void test_malformed(void **s)
         dup2(logfd, 2);
         _exit(w_child(&cfg, 1, mal_fn, NULL) ? 1 : 0);
     }
-    usleep(400000); /* rank 1 holds back its communicator: rank 0's data port is open */
+    /* rank 1 holds back its communicator for 1 s (pre_new_delay_s): rank 0's data port opens
+     * meanwhile, and rogue connects as soon as it does */
     int g1 = rogue("127.0.0.1", dbase, garbage, sizeof garbage);
     int g3 = rogue("127.0.0.1", dbase, "DDPLINK1xxxx", 12);
     int st0, st1;

@@ -99,7 +99,7 @@ int main(void)
     ddpd_test_daemon_t D;
     if (ddpd_test_start(&D, extra) != 0) {
         printf("1..0 # SKIP ddpd did not start\n");
-        return 1;
+        return 77; /* a skip (meson's 77), not a failure */
     }
     enum { NC = 4 };
     ddpd_client_t c[NC];

@@ -49,7 +49,8 @@ start_daemon() {
     local pid=$!
     PIDS="$PIDS $pid"
     eval "${name}_PID=$pid"
-    for _ in $(seq 1 100); do
+    local deadline=$((SECONDS + 30))
+    while [ $SECONDS -lt $deadline ]; do
         "$DDPCTL" --socket "$T/$name.sock" info >/dev/null 2>&1 && return 0
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.05
@@ -63,25 +64,38 @@ stop_daemon() {
     local name=$1 sig=${2:-TERM}
     local pid; eval "pid=\$${name}_PID"
     kill "-$sig" "$pid" 2>/dev/null
-    for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    wait_until 30 bash -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null
     wait "$pid" 2>/dev/null
     PIDS=$(echo "$PIDS" | sed "s/ $pid\b//")
 }
 
 ctl() { local name=$1; shift; "$DDPCTL" --socket "$T/$name.sock" "$@"; }
 
+# wait_until TIMEOUT_S COMMAND...: runs COMMAND every 50 ms until it succeeds (0) or
+# TIMEOUT_S seconds of wall clock pass (1). The way to wait for an event: never a bare sleep.
+wait_until() {
+    local deadline=$((SECONDS + $1)); shift
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -ge $deadline ] && return 1
+        sleep 0.05
+    done
+}
+
 # wait_state NAME ID STATE [TIMEOUT_S]
 wait_state() {
-    local name=$1 id=$2 want=$3 t=${4:-60}
-    for _ in $(seq 1 $((t * 10))); do
-        [ "$(ctl "$name" --json status "$id" 2>/dev/null | jq -r .state)" = "$want" ] && return 0
+    local name=$1 id=$2 want=$3 deadline=$((SECONDS + ${4:-60}))
+    until [ "$(ctl "$name" --json status "$id" 2>/dev/null | jq -r .state)" = "$want" ]; do
+        [ $SECONDS -ge $deadline ] && return 1
         sleep 0.1
     done
-    return 1
 }
 
 # Processes whose command line names this run dir's spec (the workers of one job).
 workers_of() { pgrep -f "$1/job.json" || true; }
+# n_workers_at_least RUN_DIR N: at least N worker processes of that job are alive.
+n_workers_at_least() { [ "$(workers_of "$1" | wc -l)" -ge "$2" ]; }
+# no_workers RUN_DIR: no worker process of that job is alive.
+no_workers() { [ -z "$(workers_of "$1")" ]; }
 
 # A small token-shard data set and a gpt2-tiny job spec (WORKERS ranks, STEPS steps).
 make_job() {

@@ -42,22 +42,15 @@ start_ns() {
     local pid=$!
     PIDS="$PIDS $pid"
     eval "${name}_PID=$pid"
-    for _ in $(seq 1 100); do
-        "$DDPCTL" --socket "$T/$name.sock" info >/dev/null 2>&1 && return 0
-        sleep 0.05
-    done
+    wait_until 30 "$DDPCTL" --socket "$T/$name.sock" info && return 0
     diag "$T/$name.log"; return 1
 }
 start_ns "$NA" a --slots 2 --listen "$A:7450" --secret-file "$T/secret" --peer "b=$Bip:7450"
 start_ns "$NB" b --slots 2 --listen "$Bip:7450" --secret-file "$T/secret" --peer "a=$A:7450"
 start_ns "$NB" c --slots 2 --listen "$Bip:7451" --secret-file "$T/wrong" --peer "a=$A:7450"
 
-up=0
-for _ in $(seq 1 100); do
-    up=$(ctl a --json nodes | jq '[.[]|select(.up and (.self|not))]|length')
-    [ "$up" = 1 ] && break; sleep 0.1
-done
-check "a sees peer b up" test "$up" = 1
+peers_up() { [ "$(ctl a --json nodes | jq '[.[]|select(.up and (.self|not))]|length')" = "$1" ]; }
+check "a sees peer b up" wait_until 30 peers_up 1
 check "ddpctl nodes lists both with 2 slots" test "$(ctl a --json nodes | jq '[.[].slots]|add')" = 4
 
 out=$(ctl a run "$T/job4.yaml" 2>&1); rc=$?

@@ -22,6 +22,7 @@
 
 #include "ckpt_testutil.h"
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "common/crc32c.h"
@@ -1067,7 +1068,20 @@ static void test_live_save_freeze(void **state)
         if (late) {
             while (ddp_ckpt_busy(s)) usleep(10000);
         } else {
-            usleep(20000);
+            /* the writer has read its first shard once the second one's file exists (it
+             * pauses 100 ms before each next shard): the freeze then finds some shards read
+             * and some not. Waited for with a deadline, never a fixed sleep. */
+            char pat[4200];
+            snprintf(pat, sizeof pat, "%s/.step-%08d.tmp/*.safetensors", dir, 30 + late);
+            size_t files = 0;
+            int64_t end = ddp_now_ns() + 60000000000LL;
+            while (files < 2 && ddp_now_ns() < end) {
+                glob_t g;
+                files = glob(pat, 0, NULL, &g) == 0 ? g.gl_pathc : 0;
+                globfree(&g);
+                if (files < 2) nanosleep(&(struct timespec){0, 2000000}, NULL);
+            }
+            assert_true(files >= 2);
             assert_true(ddp_ckpt_busy(s));
         }
         uint64_t copied = 1;

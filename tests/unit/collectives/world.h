@@ -7,11 +7,14 @@
 #ifndef DDP_TESTS_COLL_WORLD_H
 #define DDP_TESTS_COLL_WORLD_H
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,10 +35,36 @@ typedef int (*w_rank_fn)(ddp_coll_t *c, void *arg);
 
 static int w_port_next;
 
-/* A fresh loopback port for a rendezvous (distinct per process and call). */
+/* True when 127.0.0.1:port can be bound now. */
+static inline int w_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0) return 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+    close(fd);
+    return ok;
+}
+
+/* A fresh loopback port for a rendezvous (distinct per process and call): from a block of 64
+ * per process below the kernel's ephemeral range (net.ipv4.ip_local_port_range), where no
+ * outgoing connection of this or any other program can hold it, and free when asked. */
 static inline int w_port(void)
 {
-    if (!w_port_next) w_port_next = 20000 + (int)(getpid() % 2000) * 16;
+    if (!w_port_next) {
+        int lo = 32768;
+        FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "re");
+        if (f) {
+            if (fscanf(f, "%d", &lo) != 1) lo = 32768;
+            fclose(f);
+        }
+        int blocks = (lo - 10000) / 64;
+        if (blocks < 16) blocks = 16;
+        w_port_next = 10000 + (int)(getpid() % blocks) * 64;
+    }
+    while (!w_port_free(w_port_next)) w_port_next++;
     return w_port_next++;
 }
 

@@ -20,6 +20,15 @@ n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
 not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
 check() { local name=$1; shift; if "$@" >"$tmp/check.out" 2>&1; then ok "$name"; else not_ok "$name" "$(tail -5 "$tmp/check.out")"; fi; }
+# wait_until TIMEOUT_S COMMAND...: polls COMMAND every 20 ms until it succeeds (0) or the
+# deadline passes (1). Tests wait for events this way, never with a bare sleep.
+wait_until() {
+    local deadline=$((SECONDS + $1)); shift
+    until "$@" >/dev/null 2>&1; do [ $SECONDS -ge $deadline ] && return 1; sleep 0.02; done
+}
+# DDP_TEST_SLOW_US (default 0): a delay per all-reduce chunk in every run here
+# (DDP_COLL_DELAY_US), to check that the verdicts do not depend on the machine's speed.
+[ "${DDP_TEST_SLOW_US:-0}" -gt 0 ] && export DDP_COLL_DELAY_US=$DDP_TEST_SLOW_US
 
 cd "$tmp" || exit 1
 python3 - >text.txt <<'PY' || awk 'BEGIN{srand(7); for(i=0;i<4000;i++){l=""; for(j=0;j<12;j++) l=l" w"int(rand()*40); print l}}' >text.txt
@@ -73,12 +82,15 @@ check "1-rank resume keeps the global batch (accumulation 2)" grep -q "now 1 x 2
 # sharded optimizer step gathers the moments at the boundary; resumed, bitwise the straight run
 long=(--quiet --set train.steps=500 --set checkpoint.every=0)
 L 2 job.yaml "${long[@]}" --set checkpoint.dir=\"$tmp/full500\" --dump-weights full500.st >t0.log 2>&1
-DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" 2 job.yaml "${long[@]}" \
+# The run prints its step lines (no --quiet) and every all-reduce chunk waits 2 ms, so 500
+# steps take seconds at any machine speed; SIGTERM goes as soon as step 20 is logged.
+DDP_COLL_DELAY_US=$((${DDP_TEST_SLOW_US:-0} > 2000 ? ${DDP_TEST_SLOW_US:-0} : 2000)) \
+    DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" 2 job.yaml "${long[@]:1}" \
     --set checkpoint.dir=\"$tmp/ckt\" >t1.log 2>&1 &
-pids+=($!)
-sleep 1.5
-kill -TERM $!
-wait $!
+t1=$!; pids+=($t1)
+wait_until 120 grep -qE 'step +20/500' t1.log || echo "# step 20 never logged: $(tail -3 t1.log)"
+kill -TERM $t1
+wait $t1
 L 2 job.yaml "${long[@]}" --set checkpoint.dir=\"$tmp/ckt\" --dump-weights term.st >t2.log 2>&1
 check "2 ranks stopped by SIGTERM mid-run, resumed: bitwise the straight run" \
     bash -c "grep -q 'stopping: saving a checkpoint of step [0-9]' t1.log &&
@@ -100,8 +112,9 @@ W --stop-at-step 5 >h.log 2>&1
 DDP_TEST_CKPT_SHARD_DELAY_MS=5000 "$worker" job.yaml --quiet --stop-at-step 10 \
     --set checkpoint.shard_mb=1 >i.log 2>&1 &
 pid=$!; pids+=($pid)
-for _ in $(seq 1 200); do [ -d ck/.step-00000010.tmp ] && break; sleep 0.05; done
-sleep 0.2
+# the first shard of step 10 is written (the writer then pauses 5 s): kill in the middle
+wait_until 120 bash -c 'ls ck/.step-00000010.tmp/*.safetensors' ||
+    echo "# step 10's first shard never appeared"
 kill -9 $pid; wait $pid 2>/dev/null
 check "SIGKILL during a save: previous checkpoint intact, latest -> step-00000005" \
     bash -c "[ \"\$(readlink ck/latest)\" = step-00000005 ] && [ -f ck/step-00000005/MANIFEST.json ] && [ ! -d ck/step-00000010 ] && [ -d ck/.step-00000010.tmp ]"

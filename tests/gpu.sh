@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should check, in one command, in under 10 minutes:
+#   1. build with -Dcuda=enabled for this GPU's architecture (nvidia-smi compute_cap)
+#   2. ddp-worker --selftest (every CUDA op against the CPU op) with TF32 off
+#   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed)
+#   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
+#   5. bf16 (the default precision) on the GPU: tokens/s and memory
+#   6. NCCL all-reduce through the project's nccl backend: 1 rank, and 2 on a 2-GPU machine
+#      (then also 2-rank NCCL training against 1 GPU with the same global batch)
+#   7. the elastic NCCL abort-and-rebuild test (a hook: runs tests/gpu/elastic_abort.sh when it
+#      exists)
+# and one summary at the end. Exit 0 when nothing failed, 1 otherwise, 77 when there is no GPU.
+#
+#   tests/gpu.sh [BUILD_DIR]          default build-gpu; OUT=<dir> keeps the logs (default a
+#                                     temporary directory, printed at the end)
+set -uo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+bdir=${1:-$src/build-gpu}
+t_start=$SECONDS
+
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "tests/gpu.sh: SKIP: no NVIDIA GPU here (nvidia-smi missing or lists no GPU)"
+    exit 77
+fi
+ngpu=$(nvidia-smi -L | grep -c '^GPU ')
+cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+out=${OUT:-$(mktemp -d /tmp/ddp-gpu.XXXXXX)}
+mkdir -p "$out"
+export NVIDIA_TF32_OVERRIDE=0 # no TF32 in cuBLAS: the GPU must match the CPU's fp32
+export DDP_COLL_PATH=$bdir/collectives
+
+results=()
+failed=0
+res() { # PASS|FAIL|SKIP name detail
+    results+=("$(printf '%-4s  %-34s %s' "$1" "$2" "$3")")
+    [ "$1" = FAIL ] && failed=1
+    echo "== $1 $2: $3"
+}
+secs() { echo "$(($SECONDS - $1)) s"; }
+
+echo "== $gpu_name x $ngpu, compute capability $cap; logs in $out"
+
+# 1. build
+t=$SECONDS
+if { [ -f "$bdir/build.ninja" ] ||
+     meson setup "$bdir" -Dcuda=enabled -Dgpu_arch="$cap" -Dbuildtype=release \
+         -Dwerror=false >"$out/setup.log" 2>&1; } &&
+   meson configure "$bdir" -Dcuda=enabled -Dgpu_arch="$cap" >>"$out/setup.log" 2>&1 &&
+   ninja -C "$bdir" >"$out/build.log" 2>&1 &&
+   [ -f "$bdir/worker/ddp_kernels_cuda.so" ]; then
+    res PASS build "-Dcuda=enabled -Dgpu_arch=$cap, $(secs $t)"
+else
+    tail -n 30 "$out/setup.log" "$out/build.log" 2>/dev/null
+    res FAIL build "see $out/build.log"
+    printf '%s\n' "${results[@]}"
+    exit 1
+fi
+W=$bdir/worker/ddp-worker
+
+# 2. self-test
+t=$SECONDS
+timeout 300 "$W" --selftest >"$out/selftest.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ]; then
+    res PASS "selftest (TF32 off)" "every CUDA op matches the CPU op, $(secs $t)"
+else
+    tail -n 20 "$out/selftest.log"
+    res FAIL "selftest (TF32 off)" "exit $rc (2: no usable GPU backend); $out/selftest.log"
+fi
+
+# 3. compute-sanitizer memcheck on the self-test
+cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ -n "$cs" ]; then
+    t=$SECONDS
+    timeout 240 "$cs" --tool memcheck --error-exitcode 9 "$W" --selftest >"$out/memcheck.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then res PASS "memcheck selftest" "no errors, $(secs $t)"
+    elif [ $rc -eq 124 ]; then res SKIP "memcheck selftest" "over 240 s, stopped"
+    else grep -m 5 'ERROR SUMMARY\|Invalid' "$out/memcheck.log"; res FAIL "memcheck selftest" "exit $rc"
+    fi
+else
+    res SKIP "memcheck selftest" "compute-sanitizer not installed"
+fi
+
+# data: byte-level shards of a word salad
+python3 -c 'import random
+r = random.Random(7)
+w = "the quick brown fox jumps over the lazy dog while a cat runs far away into night".split()
+print("\n".join(" ".join(r.choice(w) for _ in range(14)) for _ in range(60000)))' >"$out/text.txt"
+"$bdir/worker/ddp-prep" --out "$out/data" "$out/text.txt" >/dev/null 2>&1 ||
+    { res FAIL data "ddp-prep failed"; printf '%s\n' "${results[@]}"; exit 1; }
+job() { # name preset micro_batch seq_len
+    cat >"$out/$1.yaml" <<YAML
+name: gpu-$1
+model: {preset: $2}
+data: {train: "$out/data/train_*.bin"}
+train: {steps: 20, micro_batch: $3, seq_len: $4, lr: 3e-4, warmup: 5, seed: 1,
+        sample_tokens: 0, val_every: 0, precision: fp32}
+YAML
+}
+losses() { grep -oE 'step +[0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | awk '{print $NF}'; }
+median_tps() { grep -oE '[0-9]+ tok/s' "$1" | awk 'NR > 3 {print $1}' | sort -n |
+               awk '{a[NR] = $1} END {print NR ? a[int((NR + 1) / 2)] : 0}'; }
+# peak GPU memory (MiB) while a command runs, sampled every 200 ms by nvidia-smi
+with_mem() { # memfile command...
+    local mf=$1; shift
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$mf" 2>/dev/null &
+    local smi=$!
+    "$@"; local rc=$?
+    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+    return $rc
+}
+peak() { sort -n "$1" 2>/dev/null | tail -n 1; }
+
+# 4. and 5.: fp32 GPU vs CPU, then bf16 on the GPU
+compare_model() { # name preset B T tolerance
+    local name=$1 tol=$5
+    job "$name" "$2" "$3" "$4"
+    local t=$SECONDS
+    timeout 300 "$W" "$out/$name.yaml" --backend cpu >"$out/$name-cpu.log" 2>&1 ||
+        { res FAIL "$name fp32 GPU vs CPU" "CPU run failed: $out/$name-cpu.log"; return; }
+    with_mem "$out/$name-mem.txt" timeout 300 "$W" "$out/$name.yaml" --backend cuda \
+        >"$out/$name-gpu.log" 2>&1 ||
+        { res FAIL "$name fp32 GPU vs CPU" "GPU run failed: $out/$name-gpu.log"; return; }
+    local worst
+    worst=$(paste <(losses "$out/$name-cpu.log") <(losses "$out/$name-gpu.log") |
+        awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
+             END {if (n < 20) print "missing"; else printf "%.2e", w}')
+    local detail
+    detail="20 steps, worst relative loss difference $worst (limit $tol); GPU $(median_tps "$out/$name-gpu.log") tok/s vs CPU $(median_tps "$out/$name-cpu.log") tok/s; GPU memory peak $(peak "$out/$name-mem.txt") MiB; $(secs $t)"
+    if [ "$worst" != missing ] && awk -v w="$worst" -v l="$tol" 'BEGIN {exit !(w <= l)}'; then
+        res PASS "$name fp32 GPU vs CPU" "$detail"
+    else
+        res FAIL "$name fp32 GPU vs CPU" "$detail"
+    fi
+    t=$SECONDS
+    with_mem "$out/$name-bf16-mem.txt" timeout 300 "$W" "$out/$name.yaml" --backend cuda \
+        --set train.precision=\"bf16\" >"$out/$name-bf16.log" 2>&1
+    local rc=$? last
+    last=$(losses "$out/$name-bf16.log" | tail -n 1)
+    if [ $rc -eq 0 ] && [ -n "$last" ] && awk -v l="$last" -v f="$(losses "$out/$name-cpu.log" | tail -n 1)" \
+        'BEGIN {d = (l - f) / f; if (d < 0) d = -d; exit !(d < 0.05)}'; then
+        res PASS "$name bf16 on the GPU" "$(median_tps "$out/$name-bf16.log") tok/s, memory peak $(peak "$out/$name-bf16-mem.txt") MiB, final loss $last (CPU fp32 $(losses "$out/$name-cpu.log" | tail -n 1)); $(secs $t)"
+    else
+        res FAIL "$name bf16 on the GPU" "exit $rc, final loss ${last:-none}: $out/$name-bf16.log"
+    fi
+}
+compare_model gpt2-mini gpt2-mini 8 256 2e-3
+compare_model gpt2-124M gpt2-124M 2 256 2e-3
+
+# 6. NCCL through the project's backend
+N=$bdir/tests/gpu/nccl_allreduce
+t=$SECONDS
+if timeout 120 "$N" >"$out/nccl1.log" 2>&1; then
+    res PASS "nccl all-reduce, 1 rank" "$(grep -o '256 MiB.*' "$out/nccl1.log"), $(secs $t)"
+else
+    tail -n 10 "$out/nccl1.log"; res FAIL "nccl all-reduce, 1 rank" "$out/nccl1.log"
+fi
+if [ "$ngpu" -ge 2 ]; then
+    t=$SECONDS
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    pids=()
+    for r in 0 1; do
+        DDP_RANK=$r DDP_LOCAL_RANK=$r DDP_WORLD_SIZE=2 DDP_RDZV=127.0.0.1:$port \
+            DDP_JOB_TOKEN=gpu-sh timeout 120 "$N" >"$out/nccl2-$r.log" 2>&1 &
+        pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    if [ $rc -eq 0 ]; then
+        res PASS "nccl all-reduce, 2 ranks" "$(grep -o '256 MiB.*' "$out/nccl2-0.log"), $(secs $t)"
+    else
+        tail -n 5 "$out"/nccl2-*.log; res FAIL "nccl all-reduce, 2 ranks" "$out/nccl2-*.log"
+    fi
+    # 2 GPUs with NCCL against 1 GPU accumulating 2 micro-steps: the same global batch
+    t=$SECONDS
+    job ddp2 gpt2-mini 8 256
+    gbt="--set train.global_batch_tokens=4096"
+    # shellcheck disable=SC2086
+    timeout 300 "$W" "$out/ddp2.yaml" --backend cuda $gbt >"$out/ddp2-1gpu.log" 2>&1
+    # shellcheck disable=SC2086
+    DDP_WORKER=$W RUN_DIR=$out/run2 timeout 300 "$src/deploy/launch-local.sh" 2 "$out/ddp2.yaml" \
+        --backend cuda --set ddp.backend=\"nccl\" $gbt >"$out/ddp2-2gpu.log" 2>&1
+    rc=$?
+    worst=$(paste <(losses "$out/ddp2-1gpu.log") <(losses "$out/ddp2-2gpu.log") |
+        awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
+             END {if (n < 20) print "missing"; else printf "%.2e", w}')
+    if [ $rc -eq 0 ] && [ "$worst" != missing ] && awk -v w="$worst" 'BEGIN {exit !(w <= 1e-3)}'; then
+        res PASS "2-GPU NCCL training vs 1 GPU" "worst relative loss difference $worst, $(median_tps "$out/ddp2-2gpu.log") tok/s on 2 GPUs, $(secs $t)"
+    else
+        res FAIL "2-GPU NCCL training vs 1 GPU" "exit $rc, worst $worst: $out/ddp2-2gpu.log"
+    fi
+else
+    res SKIP "nccl all-reduce, 2 ranks" "one GPU here"
+fi
+
+# 7. hook: the elastic NCCL abort-and-rebuild test (written with elastic training)
+if [ -x "$src/tests/gpu/elastic_abort.sh" ]; then
+    t=$SECONDS
+    if timeout 300 "$src/tests/gpu/elastic_abort.sh" "$bdir" >"$out/elastic.log" 2>&1; then
+        res PASS "elastic NCCL abort + rebuild" "$(secs $t)"
+    else
+        tail -n 10 "$out/elastic.log"; res FAIL "elastic NCCL abort + rebuild" "$out/elastic.log"
+    fi
+else
+    res SKIP "elastic NCCL abort + rebuild" "tests/gpu/elastic_abort.sh not written yet"
+fi
+
+echo
+echo "== summary: $gpu_name x $ngpu (sm_$cap), $(($SECONDS - t_start)) s, logs in $out"
+printf '%s\n' "${results[@]}"
+exit $failed

@@ -1,0 +1,132 @@
+/* NCCL all-reduce through the project's nccl backend (collectives/nccl.c, dlopen()ed by
+ * ddp_coll_new), on GPU memory: odd and large counts, fp32 and bf16 sums checked against the
+ * serial sum on the host, and the bus bandwidth of a 256 MiB fp32 all-reduce. One rank (a world
+ * of one: the backend is still initialised and every operation goes through NCCL) or N ranks
+ * started with the environment rendezvous (deploy/launch-local.sh style: DDP_RANK,
+ * DDP_WORLD_SIZE, DDP_RDZV, DDP_JOB_TOKEN), one GPU per rank (DDP_LOCAL_RANK).
+ * Built and run by tests/gpu.sh on a machine with a GPU; exit 0 when every check passes.
+ */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collectives/coll.h"
+#include "common/clock.h"
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e_ = (x);                                                                  \
+        if (e_ != cudaSuccess) {                                                               \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static uint16_t to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16); /* the values used are exact in bf16 */
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* One all-reduce of count elements; returns the number of wrong elements. */
+static size_t check(ddp_coll_t *c, size_t count, ddp_dtype_t dt, int rank, int size)
+{
+    size_t es = dt == DDP_DT_F32 ? 4 : 2;
+    void *h = malloc(count * es + 1), *d = NULL;
+    for (size_t i = 0; i < count; i++) {
+        float v = (float)(rank + 1) * (float)(i % 13);
+        if (dt == DDP_DT_F32) ((float *)h)[i] = v;
+        else ((uint16_t *)h)[i] = to_bf16(v);
+    }
+    CK(cudaMalloc(&d, count * es + 1));
+    CK(cudaMemcpy(d, h, count * es, cudaMemcpyHostToDevice));
+    ddp_coll_req_t *req;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(c, d, count, dt, DDP_OP_SUM, &req);
+    if (rc == 0) rc = ddp_coll_wait(req, 0, &ei);
+    if (rc) {
+        fprintf(stderr, "allreduce of %zu: %s (%s)\n", count, ddp_strerror(rc), ei.msg);
+        exit(1);
+    }
+    CK(cudaMemcpy(h, d, count * es, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    float ranks = (float)size * (float)(size + 1) / 2;
+    for (size_t i = 0; i < count; i++) {
+        float want = ranks * (float)(i % 13);
+        float got = dt == DDP_DT_F32 ? ((float *)h)[i] : from_bf16(((uint16_t *)h)[i]);
+        if (got != want) bad++;
+    }
+    CK(cudaFree(d));
+    free(h);
+    return bad;
+}
+
+int main(void)
+{
+    const char *lr = getenv("DDP_LOCAL_RANK");
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    int dev = lr ? atoi(lr) % (ndev ? ndev : 1) : 0;
+    CK(cudaSetDevice(dev));
+    ddp_coll_bootstrap_t *bs;
+    ddp_errinfo_t ei = {0};
+    int rc = getenv("DDP_WORLD_SIZE") ? ddp_coll_bootstrap_env(&bs, &ei)
+                                      : ddp_coll_bootstrap_single(&bs, &ei);
+    if (rc) {
+        fprintf(stderr, "bootstrap: %s\n", ei.msg);
+        return 1;
+    }
+    ddp_coll_opts_t o = {.backend = "nccl", .cuda_device = dev};
+    ddp_coll_t *c;
+    rc = ddp_coll_new(bs, &o, &c, &ei);
+    ddp_coll_bootstrap_free(bs);
+    if (rc) {
+        fprintf(stderr, "nccl communicator: %s (%s)\n", ddp_strerror(rc), ei.msg);
+        return 1;
+    }
+    int rank = ddp_coll_rank(c), size = ddp_coll_size(c);
+    size_t counts[] = {1, 7, 1000003, 25u << 20};
+    size_t bad = 0;
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++) {
+        bad += check(c, counts[k], DDP_DT_F32, rank, size);
+        if (counts[k] < (1u << 24)) bad += check(c, counts[k], DDP_DT_BF16, rank, size);
+    }
+    /* bus bandwidth: 256 MiB fp32, 5 timed after 2 warm-ups */
+    size_t n = 64u << 20;
+    void *d;
+    CK(cudaMalloc(&d, n * 4));
+    CK(cudaMemset(d, 0, n * 4));
+    double best = 1e30;
+    for (int it = 0; it < 7; it++) {
+        ddp_coll_req_t *req;
+        int64_t t0 = ddp_now_ns();
+        rc = ddp_coll_allreduce(c, d, n, DDP_DT_F32, DDP_OP_SUM, &req);
+        if (rc == 0) rc = ddp_coll_wait(req, 0, &ei);
+        double s = (double)(ddp_now_ns() - t0) / 1e9;
+        if (rc) {
+            fprintf(stderr, "timed allreduce: %s\n", ei.msg);
+            return 1;
+        }
+        if (it >= 2 && s < best) best = s;
+    }
+    CK(cudaFree(d));
+    double busbw = size > 1 ? 2.0 * (size - 1) / size * (double)n * 4 / best / 1e9
+                            : (double)n * 4 / best / 1e9;
+    if (rank == 0)
+        printf("nccl allreduce: %d rank(s), backend %s, %zu wrong elements, 256 MiB fp32 in "
+               "%.2f ms, bus bandwidth %.1f GB/s\n",
+               size, ddp_coll_backend_name(c), bad, best * 1e3, busbw);
+    ddp_coll_free(c);
+    return bad ? 1 : 0;
+}
