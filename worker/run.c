@@ -88,10 +88,10 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
         why[j] = 0;
         fprintf(t->metrics,
                 "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
-                "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"sync_mb\":%.2f,\"sync_ms\":%.1f,"
-                "\"source\":%d}\n",
-                (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms,
-                st.sync_bytes / 1e6, st.sync_ms, t->gen.source);
+                "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
+                "\"attach_ms\":%.1f,\"sync_mb\":%.2f,\"sync_ms\":%.1f,\"source\":%d}\n",
+                (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
+                st.comm_ms, st.attach_ms, st.sync_bytes / 1e6, st.sync_ms, t->gen.source);
         fflush(t->metrics);
     }
     return 0;

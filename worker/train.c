@@ -287,8 +287,8 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
 }
 
 /* The source rank's state to every rank (elastic: a joiner, or a survivor that missed the last
- * step): weights, AdamW's moments and the trainer's counters, then a replica check, so that no
- * rank trains on a state that differs from the others'. */
+ * step): weights, AdamW's moments and the trainer's counters. The callers then compare the
+ * replicas' checksums, so that no rank trains on a state that differs from the others'. */
 typedef struct {
     int64_t step, adam_t;
     uint64_t tokens, rng[4];
@@ -344,7 +344,7 @@ static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t
     t->last_step_ms = h.last_step_ms;
     memcpy(t->rng.s, h.rng, sizeof h.rng);
     *bytes = (double)(sizeof h + 3 * t->model.n_params * sizeof(float));
-    return ddp_replicas_check(t->comm, &t->model, ei);
+    return 0;
 }
 
 int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
@@ -362,20 +362,27 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
 {
     ddp_coll_bootstrap_t *bs;
     memset(st, 0, sizeof *st);
+    int64_t t0 = ddp_now_ns();
     /* a rank still waiting for its first state has none to offer */
     DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->step : -1, &t->gen, &bs, ei));
+    int64_t t1 = ddp_now_ns();
     DDP_CHECK(open_comm(t, bs, ei));
     if (t->n_micro < t->opts.world)
         return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
                                "%d micro-batches", (unsigned long long)t->gen.gen, t->opts.world,
                                t->n_micro);
+    int64_t t2 = ddp_now_ns();
     DDP_CHECK(attach_world(t, ei));
     DDP_CHECK(ddp_tckpt_regroup(t, ei));
+    int64_t t3 = ddp_now_ns();
+    st->form_ms = (double)(t1 - t0) / 1e6;
+    st->comm_ms = (double)(t2 - t1) / 1e6;
+    st->attach_ms = (double)(t3 - t2) / 1e6;
     if (t->gen.sync) {
-        int64_t t0 = ddp_now_ns();
         DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
-        st->sync_ms = (double)(ddp_now_ns() - t0) / 1e6;
+        st->sync_ms = (double)(ddp_now_ns() - t3) / 1e6;
         t->has_state = 1;
+        DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
     }
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
@@ -467,6 +474,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
             rc = ddp_trainer_join_world(t, &st, ei);
             bytes = st.sync_bytes;
         }
+        if (rc == 0) rc = ddp_replicas_check(t->comm, &t->model, ei);
         if (rc) goto fail;
         t->has_state = 1;
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "

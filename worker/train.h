@@ -107,7 +107,10 @@ void ddp_trainer_leave_world(ddp_trainer_t *t);
  * behind, takes part in the source rank's state broadcast and checks the replicas.
  * *st gets what the state broadcast cost (zeros when there was none). */
 typedef struct ddp_regroup_stats {
-    double sync_bytes, sync_ms;
+    double form_ms;   /* waiting for the coordinator to form the generation */
+    double comm_ms;   /* the new communicator's set-up */
+    double attach_ms; /* collective memory, reducer, loader, checkpoint writer */
+    double sync_bytes, sync_ms; /* the state transfer, when some rank was behind */
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
 /* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation

@@ -149,6 +149,7 @@ seen = [m["step"] for m in metrics]
 res["elastic"] = {
     "detection_ms": round((evict - t_kill) * 1e3, 1),
     "reconfig_ms": gens[0]["reconfig_ms"],
+    "reconfig_parts_ms": {k: gens[0][k] for k in ("form_ms", "comm_ms", "attach_ms")},
     "kill_to_next_step_s": round(next_step - t_kill, 3),
     "step_s": round(sorted(m["step_ms"] for m in full)[len(full) // 2] / 1e3, 3),
     "joiner_restart_to_service_s": round(log_time(joined[-1]) - log_time(restart[-1]), 3)
@@ -191,7 +192,9 @@ print(f"model {args.model}, {args.ranks} ranks on {os.cpu_count()} cores, {args.
 print(f"| | elastic (ddpd) | restart everything |")
 print(f"|---|---|---|")
 print(f"| detection | {e['detection_ms']} ms | - |")
-print(f"| reconfiguration | {e['reconfig_ms']:.0f} ms | all ranks end, relaunch, reload |")
+parts = ", ".join(f"{k[:-3]} {v:.0f}" for k, v in e["reconfig_parts_ms"].items())
+print(f"| reconfiguration | {e['reconfig_ms']:.0f} ms ({parts}) | all ranks end, relaunch, "
+      f"reload |")
 print(f"| kill -> next completed step | {e['kill_to_next_step_s']} s (step {e['step_s']} s) | "
       f"{r['kill_to_next_step_s']} s |")
 print(f"| completed steps lost | {e['steps_lost']} | {r['steps_lost']} (resumed from step "
