@@ -416,6 +416,10 @@ static int cmd_status(int argc, char **argv)
             printf("  step:    %lld/%lld  loss %s\n",
                    (long long)json_integer_value(json_object_get(pg, "step")),
                    (long long)json_integer_value(json_object_get(pg, "steps")), lb);
+            json_t *sg = json_object_get(pg, "straggler");
+            if (json_is_integer(sg) && json_integer_value(sg) >= 0)
+                printf("  straggler: rank %lld (compute >= 20%% above the median)\n",
+                       (long long)json_integer_value(sg));
         }
         json_t *fl = json_object_get(res, "final_loss");
         if (json_is_number(fl)) printf("  final loss: %.4f\n", json_number_value(fl));

@@ -95,11 +95,16 @@ static void tail_line(ddpd_job_t *j, const char *line, size_t len)
     if (ev && !strcmp(ev, "done")) {
         json_decref(j->done);
         j->done = o;
-    } else if (json_is_integer(json_object_get(o, "step"))) {
+    } else if (!ev && j->last_step && json_object_get(o, "val_loss") &&
+               !json_object_get(o, "loss")) {
+        /* a validation line adds to its step's record (the loss and speed stay shown) */
+        json_object_set(j->last_step, "val_loss", json_object_get(o, "val_loss"));
+        json_decref(o);
+    } else if (!ev && json_is_integer(json_object_get(o, "step"))) {
         if (!j->last_step) j->first_step_ms = ddp_wall_ms();
         json_decref(j->last_step);
         j->last_step = o;
-    } else {
+    } else { /* other events (a new generation) are not a step's record */
         json_decref(o);
     }
 }
@@ -167,6 +172,7 @@ json_t *ddpd_job_progress(const ddpd_job_t *j)
         json_t *v;
         if ((v = json_object_get(m, "loss"))) json_object_set(o, "loss", v);
         if ((v = json_object_get(m, "tokens_per_s"))) json_object_set(o, "tokens_per_s", v);
+        if ((v = json_object_get(m, "straggler"))) json_object_set(o, "straggler", v);
         double el = (double)(ddp_wall_ms() - j->first_step_ms) / 1000.0;
         json_t *sms = json_object_get(m, "step_ms");
         double per_step = json_is_number(sms) ? json_number_value(sms) / 1000.0 : 0;

@@ -93,7 +93,7 @@ char *ddpd_metrics_text(ddpd_t *d)
             sb_add(&b, "ddpd_job_generation{job=\"%lld\"} %lu\n", (long long)j->id,
                    j->generation);
     sb_add(&b, "# TYPE ddpd_job_step gauge\n# TYPE ddpd_job_loss gauge\n"
-               "# TYPE ddpd_job_tokens_per_second gauge\n");
+               "# TYPE ddpd_job_tokens_per_second gauge\n# TYPE ddpd_job_straggler_rank gauge\n");
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {
         if (!j->last_step || ddpd_state_terminal(j->state)) continue;
         json_t *m = j->last_step;
@@ -106,6 +106,9 @@ char *ddpd_metrics_text(ddpd_t *d)
         if (json_is_number(v = json_object_get(m, "tokens_per_s")))
             sb_add(&b, "ddpd_job_tokens_per_second{job=\"%lld\"} %.6g\n", (long long)j->id,
                    json_number_value(v));
+        if (json_is_integer(v = json_object_get(m, "straggler"))) /* -1: none */
+            sb_add(&b, "ddpd_job_straggler_rank{job=\"%lld\"} %lld\n", (long long)j->id,
+                   (long long)json_integer_value(v));
     }
     return b.p;
 }

@@ -268,6 +268,10 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (!t->norm_sums) return DDP_ENOMEM;
     DDP_CHECK(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, t->opts.rank,
                                t->opts.world, t->n_micro));
+    free(t->vote);
+    t->vote = ddp_calloc(5 + (size_t)t->opts.world, sizeof *t->vote);
+    if (!t->vote) return DDP_ENOMEM;
+    DDP_CHECK(ddp_straggler_init(&t->stragglers, t->opts.world));
     return open_metrics(t);
 }
 
@@ -400,6 +404,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->spec = *spec;
     t->opts = *opts;
     t->logged_step = -1;
+    t->stragglers.named = -1;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
@@ -426,6 +431,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
+    const char *slow = getenv("DDP_TEST_SLOW_RANK"); /* test hook "R:US": rank R is slow */
+    if (slow && atoi(slow) == t->opts.rank && strchr(slow, ':'))
+        t->slow_us = atol(strchr(slow, ':') + 1);
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
@@ -629,6 +637,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         float l = 0;
         DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
         loss_sum += l;
+        if (t->slow_us) usleep((useconds_t)t->slow_us); /* test hook: a slow rank */
         if (micro == 0) DDP_CHECK(k->ops->memset0(k->ctx, t->emb, t->emb_bytes));
         if (!last) {
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
@@ -657,11 +666,22 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
      * step), and how many checkpoint writers have their shards durable / failed. Past it a rank
      * applies the update without talking to the others (the elastic world never shards it), so
      * a failure before it leaves every survivor at the previous step, to redo the step. */
-    float vals[5] = {(float)loss_sum, t->stop_requested ? 1.0f : 0.0f, 0, 0,
-                     t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f};
+    float *vals = t->vote;
+    memset(vals, 0, (5 + (size_t)t->opts.world) * sizeof *vals);
+    vals[0] = (float)loss_sum;
+    vals[1] = t->stop_requested ? 1.0f : 0.0f;
+    vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
+    vals[5 + t->opts.rank] = (float)t->compute_ms; /* every rank's: stragglers are named */
     ddp_tckpt_vote(t, vals + 2);
-    DDP_CHECK(allreduce_small(t, vals, 5, DDP_OP_SUM, ei));
+    DDP_CHECK(allreduce_small(t, vals, 5 + t->opts.world, DDP_OP_SUM, ei));
     DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
+    int straggler = ddp_straggler_update(&t->stragglers, vals + 5);
+    if (straggler >= 0 && t->opts.rank == 0)
+        DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
+                 "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
+                 straggler, t->stragglers.named_ms,
+                 100.0 * (t->stragglers.named_ms / t->stragglers.median_ms - 1),
+                 t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
 
     float grad_scale = 1.0f / (float)t->n_micro;
     const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
@@ -793,11 +813,12 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
                 "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
                 "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
-                "\"world\":%d,\"generation\":%llu,"
+                "\"world\":%d,\"generation\":%llu,\"straggler\":%d,"
                 "\"wall_ms\":%.1f}\n",
                 t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
                 c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
-                (unsigned long long)t->gen.gen, (double)(ddp_now_ns() - t->run_t0) / 1e6);
+                (unsigned long long)t->gen.gen, t->stragglers.named,
+                (double)(ddp_now_ns() - t->run_t0) / 1e6);
         fflush(t->metrics);
         t->logged_step = t->step;
     }

@@ -21,6 +21,7 @@
 #include "worker/gpt2.h"
 #include "worker/optim.h"
 #include "worker/reducer.h"
+#include "worker/straggler.h"
 
 typedef struct ddp_train_opts {
     const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
@@ -52,6 +53,9 @@ typedef struct ddp_trainer {
     int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
+    float *vote;              /* the step's small all-reduce: 5 values, then [world] compute ms */
+    ddp_straggler_t stragglers;
+    long slow_us;             /* test hook DDP_TEST_SLOW_RANK=R:US: this rank sleeps per micro-step */
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */

@@ -3,7 +3,8 @@
 # on-failure; one rank SIGKILLed mid-run; the daemon spawns it again, it rejoins, and the job
 # succeeds with every step logged once. The change of generation is a transition in ddpctl
 # status and a Prometheus gauge; restarts are counted. Then ddp.max_restarts: 0 and
-# ddp.min_workers equal to the world: the job fails with the coordinator's reason.
+# ddp.min_workers equal to the world: the job fails with the coordinator's reason. Last, a slowed
+# rank is named a straggler.
 . "$(dirname "$0")/lib.sh"
 [ "$(worker_bin)" = "$BUILD/worker/ddp-worker" ] || { echo "1..0 # SKIP needs the real worker"; exit 77; }
 export DDP_WORKER_BIN=$BUILD/worker/ddp-worker
@@ -64,4 +65,21 @@ if wait_step "$id" 4; then
 else
     not_ok "the strict job reached step 4"; diag "$T/a.log"
 fi
+
+# a deliberately slowed rank (test hook DDP_TEST_SLOW_RANK=1:US, read by the workers of this
+# daemon only) is named a straggler in the log, metrics.jsonl, ddpctl status and Prometheus
+DDP_TEST_SLOW_RANK=1:40000 start_daemon s --slots 4 --metrics 127.0.0.1:0 ||
+    { not_ok "second daemon started"; finish; exit; }
+make_job "$T/slow.yaml" 2 300
+id=$(ctl s submit "$T/slow.yaml")
+rd="$T/s/runs/job-$id"
+named=0
+for _ in $(seq 1 1200); do grep -q '"straggler":1,' "$rd/metrics.jsonl" 2>/dev/null && { named=1; break; }; sleep 0.1; done
+check "the slowed rank 1 is named in metrics.jsonl" test $named = 1
+check "rank 0 logs it with its compute time and the median" grep -q "rank 1 is a straggler: its forward and backward took .* above the median" "$rd/rank-0.log"
+check "ddpctl status names it" bash -c "\"$DDPCTL\" --socket \"$T/s.sock\" status $id | grep -q 'straggler: rank 1'"
+murl=$(grep -o 'http://[0-9.:]*' "$T/s.log" | head -1)
+check "Prometheus names it" bash -c "curl -sf $murl/metrics | grep -qx 'ddpd_job_straggler_rank{job=\"$id\"} 1'"
+check "rank 0 is never named" bash -c "! grep -q '\"straggler\":0,' '$rd/metrics.jsonl'"
+ctl s cancel "$id" >/dev/null
 finish
