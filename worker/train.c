@@ -534,6 +534,8 @@ void ddp_trainer_close(ddp_trainer_t *t)
     free(t->emb_tokens_f);
     free(t->emb_tokens);
     free(t->norm_sums);
+    free(t->vote);
+    ddp_straggler_close(&t->stragglers);
     if (t->metrics) fclose(t->metrics);
     ddp_trace_close(); /* train.trace */
     memset(t, 0, sizeof *t);
