@@ -10,6 +10,7 @@
  */
 #include "worker/ckpt_glue.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
@@ -690,6 +691,22 @@ static int start_save(ddp_trainer_t *t, int overlap, ddp_errinfo_t *ei)
     return rc;
 }
 
+/* The newest step-N of dir whose MANIFEST.json exists (it is written last), or -1. */
+static long newest_saved(const char *dir)
+{
+    long newest = -1, step;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char path[1200];
+    while (d && (e = readdir(d)) != NULL) {
+        if (sscanf(e->d_name, "step-%ld", &step) != 1 || step <= newest) continue;
+        snprintf(path, sizeof path, "%s/%.100s/MANIFEST.json", dir, e->d_name);
+        if (access(path, F_OK) == 0) newest = step;
+    }
+    if (d) closedir(d);
+    return newest;
+}
+
 int ddp_tckpt_emergency_save(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     struct ddp_tckpt *c = t->ckpt;
@@ -711,20 +728,20 @@ int ddp_tckpt_emergency_save(ddp_trainer_t *t, ddp_errinfo_t *ei)
     char path[1200];
     if (mkdir(t->spec.ckpt_dir, 0755) != 0 && errno != EEXIST)
         return ddp_errinfo_set(ei, -errno, "checkpoint: cannot create %s", t->spec.ckpt_dir);
-    /* one survivor per file system writes; the others leave it to that one */
+    /* the survivors take turns; each writes only a step newer than every one saved (they can
+     * differ by one: a failure that struck while the step's commit completed on some ranks) */
     snprintf(path, sizeof path, "%s/.emergency.lock", t->spec.ckpt_dir);
     int fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0644);
     if (fd < 0) return ddp_errinfo_set(ei, -errno, "checkpoint: cannot open %s", path);
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (flock(fd, LOCK_EX) != 0) {
         close(fd);
-        DDP_INFO("checkpoint: another survivor saves step %ld", t->step);
-        return 0;
+        return ddp_errinfo_set(ei, -errno, "checkpoint: cannot lock %s", path);
     }
-    snprintf(path, sizeof path, "%s/step-%08ld/MANIFEST.json", t->spec.ckpt_dir, t->step);
     int rc = 0;
     ddp_ckpt_saver_t *sv = NULL;
-    if (access(path, F_OK) == 0) {
-        DDP_INFO("checkpoint: step %ld is saved already", t->step);
+    long newest = newest_saved(t->spec.ckpt_dir);
+    if (newest >= t->step) {
+        DDP_INFO("checkpoint: step %ld is saved already (the newest is %ld)", t->step, newest);
         goto out;
     }
     ddp_ckpt_opts_t o = {.dir = t->spec.ckpt_dir, .shard_mb = t->spec.shard_mb,

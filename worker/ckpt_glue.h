@@ -108,9 +108,10 @@ int ddp_tckpt_finish(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* After a failure that ends the run (a static world lost a rank, or an elastic job failed):
  * saves the last completed step from this rank's memory, so a relaunch loses no completed step.
- * Every replica is the same, so one survivor per file system writes it (an flock on
- * checkpoint.dir/.emergency.lock decides; the others return at once); nothing is written when
- * that step is saved already, or when there are no checkpoints. Needs no communication.
+ * The survivors take turns (an flock on checkpoint.dir/.emergency.lock), and each writes only a
+ * step newer than every one saved there: replicas are equal at a step, but survivors may differ
+ * by one step when the failure struck as the step committed on some ranks. Nothing is written
+ * without checkpoints. Needs no communication.
  * Returns 0 or the save's error (DDP_ENOTSUP for a sharded optimizer state). */
 int ddp_tckpt_emergency_save(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
