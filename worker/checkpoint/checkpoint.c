@@ -49,7 +49,6 @@
 #include "manifest.h"
 #include "manifest_internal.h"
 
-#define FILE_NAME_MAX 64
 /* Bytes per write; also what a freeze may wait for (16 ms at 4 GB/s, and only when the writer is
  * late). Each write costs the writer a submission, a wake-up and the block layer's setup, so
  * fewer, larger ones take less CPU from training: GPT-2 124M + AdamW (1.5 GB) over retired
@@ -142,30 +141,6 @@ static int copy_bytes(const ddp_ckpt_opts_t *o, void *dst, const void *src, size
 }
 
 /* Removes stale .step-*.tmp directories (all, or those of steps below `below`) and .latest.tmp. */
-static void remove_stale_tmp(const char *dir, int64_t below)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char names[64][FILE_NAME_MAX];
-    int n = 0;
-    while ((e = readdir(d)) && n < 64) {
-        long long st;
-        char tail[8];
-        if (sscanf(e->d_name, ".step-%lld.%7s", &st, tail) == 2 &&
-            (!strcmp(tail, "tmp") || !strcmp(tail, "old")) && (below < 0 || st < below) &&
-            strlen(e->d_name) < FILE_NAME_MAX)
-            snprintf(names[n++], FILE_NAME_MAX, "%s", e->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++) {
-        DDP_INFO("checkpoint: removing %s/%s (left by an interrupted save)", dir, names[i]);
-        ddp__ckpt_rmdir(dir, names[i]);
-    }
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/.latest.tmp", dir);
-    (void)unlink(p);
-}
 
 int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_errinfo_t *ei)
 {
@@ -214,7 +189,7 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
         ddp_ckpt_saver_free(s);
         return rc;
     }
-    if (s->o.rank == 0) remove_stale_tmp(s->dir, -1);
+    if (s->o.rank == 0) ddp__ckpt_remove_stale_tmp(s->dir, -1);
     *out = s;
     return 0;
 }
@@ -794,19 +769,6 @@ static int expected_files(const ddp_ckpt_saver_t *s, const ddp_manifest_t *m, dd
     return 0;
 }
 
-static int swap_latest(const char *dir, const char *target, ddp_errinfo_t *ei)
-{
-    char tmpl[PATH_MAX], latest[PATH_MAX];
-    snprintf(tmpl, sizeof tmpl, "%s/.latest.tmp", dir);
-    snprintf(latest, sizeof latest, "%s/latest", dir);
-    (void)unlink(tmpl);
-    if (symlink(target, tmpl) < 0 || rename(tmpl, latest) < 0) {
-        int rc = -errno;
-        return ddp_errinfo_set(ei, rc, "%s: cannot point at %s: %s", latest, target,
-                               strerror(errno));
-    }
-    return 0;
-}
 
 /* Retires dir/name into RECYCLE (replacing the one there) for the next save to overwrite. */
 static int recycle_dir(ddp_ckpt_saver_t *s, const char *name)
@@ -821,7 +783,7 @@ static int recycle_dir(ddp_ckpt_saver_t *s, const char *name)
 
 static void prune(ddp_ckpt_saver_t *s)
 {
-    remove_stale_tmp(s->dir, s->step);
+    ddp__ckpt_remove_stale_tmp(s->dir, s->step);
     if (s->o.keep_last <= 0) return;
     int64_t *steps;
     size_t n;
@@ -904,7 +866,7 @@ static int commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
         goto out;
     }
     DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
-    DDP_CHECK_GOTO(swap_latest(s->dir, name, ei), rc, out);
+    DDP_CHECK_GOTO(ddp__ckpt_swap_latest(s->dir, name, ei), rc, out);
     DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
     if (replaced) (void)ddp__ckpt_rmdir(s->dir, strrchr(old, '/') + 1);
     s->committed = 1;

@@ -1,5 +1,5 @@
 /* Checkpoint directory helpers: step directory names, listing, flat removal, mkdir -p, small
- * file reads. */
+ * file reads, stale temporary directories, the `latest` link. */
 #include "checkpoint_internal.h"
 
 #include <dirent.h>
@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/err.h"
+#include "common/log.h"
 
 int64_t ddp__ckpt_parse_step(const char *name)
 {
@@ -147,5 +149,44 @@ int ddp__ckpt_read_text(const char *path, size_t max, char **out, ddp_errinfo_t 
     close(fd);
     buf[got] = 0;
     *out = buf;
+    return 0;
+}
+
+void ddp__ckpt_remove_stale_tmp(const char *dir, int64_t below)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    char names[64][FILE_NAME_MAX];
+    int n = 0;
+    while ((e = readdir(d)) && n < 64) {
+        long long st;
+        char tail[8];
+        if (sscanf(e->d_name, ".step-%lld.%7s", &st, tail) == 2 &&
+            (!strcmp(tail, "tmp") || !strcmp(tail, "old")) && (below < 0 || st < below) &&
+            strlen(e->d_name) < FILE_NAME_MAX)
+            snprintf(names[n++], FILE_NAME_MAX, "%s", e->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        DDP_INFO("checkpoint: removing %s/%s (left by an interrupted save)", dir, names[i]);
+        ddp__ckpt_rmdir(dir, names[i]);
+    }
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/.latest.tmp", dir);
+    (void)unlink(p);
+}
+
+int ddp__ckpt_swap_latest(const char *dir, const char *target, ddp_errinfo_t *ei)
+{
+    char tmpl[PATH_MAX], latest[PATH_MAX];
+    snprintf(tmpl, sizeof tmpl, "%s/.latest.tmp", dir);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    (void)unlink(tmpl);
+    if (symlink(target, tmpl) < 0 || rename(tmpl, latest) < 0) {
+        int rc = -errno;
+        return ddp_errinfo_set(ei, rc, "%s: cannot point at %s: %s", latest, target,
+                               strerror(errno));
+    }
     return 0;
 }

@@ -12,6 +12,8 @@
 #define DDP__CKPT_PART_FMT ".part-%05d.json"
 
 /* Parses "step-<digits>" (the whole name); returns the step or -1. */
+#define FILE_NAME_MAX 64 /* the longest file name a checkpoint directory holds, NUL included */
+
 int64_t ddp__ckpt_parse_step(const char *name);
 
 /* Steps of all step-* directories under dir, ascending, ddp_malloc'd into *steps (free it; NULL
@@ -28,5 +30,11 @@ int ddp__ckpt_mkdirs(const char *path, ddp_errinfo_t *ei);
 /* Reads a whole small file into a ddp_malloc'd NUL-terminated string. Returns 0, -errno,
  * DDP_ENOMEM, DDP_EFORMAT (larger than max). */
 int ddp__ckpt_read_text(const char *path, size_t max, char **out, ddp_errinfo_t *ei);
+/* Removes dir's ".step-N.tmp"/".step-N.old" directories (N < below; below < 0: all) left by an
+ * interrupted save, and a stale ".latest.tmp" link. Logs each. */
+void ddp__ckpt_remove_stale_tmp(const char *dir, int64_t below);
+/* Points dir/latest at target atomically (a new link renamed over the old). Returns 0 or -errno
+ * with ei naming the link. */
+int ddp__ckpt_swap_latest(const char *dir, const char *target, ddp_errinfo_t *ei);
 
 #endif
