@@ -11,9 +11,9 @@
 #define DDP__CKPT_TMP_FMT ".step-%08lld.tmp"
 #define DDP__CKPT_PART_FMT ".part-%05d.json"
 
-/* Parses "step-<digits>" (the whole name); returns the step or -1. */
 #define FILE_NAME_MAX 64 /* the longest file name a checkpoint directory holds, NUL included */
 
+/* Parses "step-<digits>" (the whole name); returns the step or -1. */
 int64_t ddp__ckpt_parse_step(const char *name);
 
 /* Steps of all step-* directories under dir, ascending, ddp_malloc'd into *steps (free it; NULL

@@ -189,4 +189,58 @@ static inline void tu_arenas_free(tstate_t *ts, void *arenas[3])
     for (int a = 0; a < 3; a++) free(arenas[a]);
 }
 
+/* Reads a whole file into *buf (malloc'd; the caller frees). Returns 0, or -1. */
+static inline int tu_read_file(const char *path, unsigned char **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc(*len ? *len : 1);
+    size_t got = fread(*buf, 1, *len, f);
+    fclose(f);
+    return got == *len ? 0 : -1;
+}
+
+/* Copies every tensor of `ts` into ref (same names/shapes). */
+static inline void tu_copy(tstate_t *ref, const tstate_t *ts)
+{
+    tu_like(ref, ts);
+    for (size_t i = 0; i < ts->n_model + ts->n_optim; i++) {
+        const ddp_ckpt_tensor_t *a = i < ts->n_model ? &ts->model[i] : &ts->optim[i - ts->n_model];
+        ddp_ckpt_tensor_t *b = i < ts->n_model ? &ref->model[i] : &ref->optim[i - ts->n_model];
+        memcpy(b->data, a->data, a->nbytes);
+    }
+}
+
+#ifdef cmocka_unit_test /* for test binaries that include cmocka.h first */
+/* A saver (keep_last 0) that pauses delay_ms after each shard it writes. */
+static inline ddp_ckpt_saver_t *tu_slow_saver(const char *dir, double shard_mb, const char *delay_ms)
+{
+    setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", delay_ms, 1);
+    ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = shard_mb, .keep_last = 0};
+    ddp_ckpt_saver_t *s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
+    return s;
+}
+
+static inline void tu_assert_same_state(const tstate_t *a, const tstate_t *b)
+{
+    assert_int_equal(a->n_model, b->n_model);
+    assert_int_equal(a->n_optim, b->n_optim);
+    for (size_t i = 0; i < a->n_model + a->n_optim; i++) {
+        const ddp_ckpt_tensor_t *x = i < a->n_model ? &a->model[i] : &a->optim[i - a->n_model];
+        const ddp_ckpt_tensor_t *y = i < b->n_model ? &b->model[i] : &b->optim[i - b->n_model];
+        assert_string_equal(x->name, y->name);
+        assert_int_equal(x->nbytes, y->nbytes);
+        if (memcmp(x->data, y->data, x->nbytes) != 0) fail_msg("tensor %s differs", x->name);
+    }
+}
+#endif
+
 #endif
