@@ -10,6 +10,7 @@
  * raised to its hard limit for the same reason (one fd per session).
  */
 #include "daemon/api_int.h"
+#include "daemon/lines.h"
 
 #include <errno.h>
 #include <grp.h>
@@ -50,7 +51,7 @@ static void session_closed(uv_handle_t *h)
         json_decref(st->req_id);
         free(st);
     }
-    free(s->buf);
+    ddpd_lines_free(&s->in);
     free(s);
     if (--api->refs == 0) free(api);
 }
@@ -154,12 +155,11 @@ static void handle_line(ddpd_session_t *s, const char *line, size_t len)
     json_decref(req.root);
 }
 
-static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
+static int on_line(void *arg, const char *line, size_t len)
 {
-    (void)h;
-    (void)suggested;
-    buf->base = ddp_malloc(65536);
-    buf->len = buf->base ? 65536 : 0;
+    ddpd_session_t *s = arg;
+    handle_line(s, line, len);
+    return s->closing || s->close_after;
 }
 
 static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
@@ -173,41 +173,16 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
         ddpd__session_maybe_close(s);
         return;
     }
-    const char *p = buf->base;
-    size_t n = (size_t)nread;
-    while (n && !s->closing && !s->close_after) {
-        const char *nl = memchr(p, '\n', n);
-        size_t take = nl ? (size_t)(nl - p) : n;
-        if (s->len + take > DDPD_MAX_LINE) {
-            ddpd__send_error(s, NULL, DDPD_RPC_INVALID,
-                             json_pack("{sI}", "limit", (json_int_t)DDPD_MAX_LINE),
-                             "request line longer than %u bytes; closing the connection",
-                             DDPD_MAX_LINE);
-            DDP_WARN("api: pid %d uid %u sent a line over %u bytes: connection closed",
-                     (int)s->pid, (unsigned)s->uid, DDPD_MAX_LINE);
-            uv_read_stop(st);
-            s->close_after = 1;
-            break;
-        }
-        if (s->len + take > s->cap) {
-            size_t cap = s->cap ? s->cap : 4096;
-            while (cap < s->len + take) cap *= 2;
-            char *nb = ddp_realloc(s->buf, cap);
-            if (!nb) {
-                s->close_after = 1;
-                break;
-            }
-            s->buf = nb;
-            s->cap = cap;
-        }
-        memcpy(s->buf + s->len, p, take);
-        s->len += take;
-        if (!nl) break;
-        p += take + 1;
-        n -= take + 1;
-        size_t l = s->len;
-        s->len = 0;
-        handle_line(s, s->buf, l);
+    if (!s->closing && !s->close_after &&
+        ddpd_lines_feed(&s->in, buf->base, (size_t)nread, DDPD_MAX_LINE, on_line, s) < 0) {
+        ddpd__send_error(s, NULL, DDPD_RPC_INVALID,
+                         json_pack("{sI}", "limit", (json_int_t)DDPD_MAX_LINE),
+                         "request line longer than %u bytes; closing the connection",
+                         DDPD_MAX_LINE);
+        DDP_WARN("api: pid %d uid %u sent a line over %u bytes: connection closed",
+                 (int)s->pid, (unsigned)s->uid, DDPD_MAX_LINE);
+        uv_read_stop(st);
+        s->close_after = 1;
     }
     free(buf->base);
     ddpd__session_maybe_close(s);
@@ -251,7 +226,7 @@ static void on_connection(uv_stream_t *server, int status)
         s->close_after = 1;
         return;
     }
-    uv_read_start((uv_stream_t *)&s->pipe, alloc_cb, read_cb);
+    uv_read_start((uv_stream_t *)&s->pipe, ddpd_lines_alloc, read_cb);
 }
 
 static void tick_cb(uv_timer_t *t)

@@ -10,6 +10,8 @@
 #include <sys/types.h>
 #include <uv.h>
 
+#include "daemon/lines.h"
+
 #include "daemon/api.h"
 #include "daemon/ddpd.h"
 
@@ -35,8 +37,7 @@ typedef struct ddpd_session {
     uid_t uid;
     gid_t gid;
     pid_t pid;
-    char *buf; /* partial request line */
-    size_t len, cap;
+    ddpd_lines_t in;   /* partial request line */
     int closing;       /* uv_close called: send nothing more */
     int eof;           /* the client half-closed */
     int close_after;   /* close once pending writes are flushed */

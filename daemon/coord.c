@@ -323,14 +323,25 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
     try_form(c);
 }
 
-static int on_line(void *arg, json_t *msg)
+static int on_message(member_t *m, json_t *msg);
+
+static int on_line(void *arg, const char *line, size_t len)
 {
     member_t *m = arg;
-    ddpd_coord_t *c = m->c;
-    if (!msg) {
-        evict(c, m, "sent a line that is not a JSON object", 1);
+    json_t *msg = json_loadb(line, len, 0, NULL);
+    if (!json_is_object(msg)) {
+        json_decref(msg);
+        evict(m->c, m, "sent a line that is not a JSON object", 1);
         return 1;
     }
+    int stop = on_message(m, msg);
+    json_decref(msg);
+    return stop;
+}
+
+static int on_message(member_t *m, json_t *msg)
+{
+    ddpd_coord_t *c = m->c;
     m->last_heard_ns = ddp_now_ns();
     const char *t = json_string_value(json_object_get(msg, "t"));
     if (!t) t = "";

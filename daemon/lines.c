@@ -1,4 +1,4 @@
-/* JSON lines over libuv streams (see lines.h). */
+/* Lines over libuv streams (see lines.h). */
 #include "daemon/lines.h"
 
 #include <stdlib.h>
@@ -27,15 +27,9 @@ int ddpd_lines_feed(ddpd_lines_t *l, const char *data, size_t n, size_t max_line
         if (!nl) break;
         data += take + 1;
         n -= take + 1;
-        json_t *m = json_loadb(l->buf, l->len, 0, NULL);
+        size_t len = l->len;
         l->len = 0;
-        if (!json_is_object(m)) {
-            json_decref(m);
-            m = NULL;
-        }
-        int stop = fn(arg, m);
-        json_decref(m);
-        if (stop) return 1;
+        if (fn(arg, l->buf, len)) return 1;
     }
     return 0;
 }

@@ -1,5 +1,6 @@
-/* JSON lines over a libuv stream: the framing every daemon connection uses (one JSON object per
- * line). Feeding bytes in and writing objects out; no policy. Loop thread only.
+/* Lines over a libuv stream: the framing every daemon connection uses (one JSON object per line:
+ * the control API, peer links, the elastic coordinator). Feeding bytes in and writing objects
+ * out; no policy. Loop thread only.
  */
 #ifndef DDPD_LINES_H
 #define DDPD_LINES_H
@@ -14,9 +15,9 @@ typedef struct ddpd_lines {
     size_t len, cap;
 } ddpd_lines_t;
 
-/* Called for each complete line that parses as a JSON object (borrowed); lines that do not are
- * passed as NULL. Returns nonzero to stop feeding (the connection is being closed). */
-typedef int (*ddpd_line_fn)(void *arg, json_t *msg);
+/* Called for each complete line (without its newline; borrowed until the call returns).
+ * Returns nonzero to stop feeding (the connection is being closed). */
+typedef int (*ddpd_line_fn)(void *arg, const char *line, size_t len);
 
 /* Appends n bytes, calling fn for every line they complete. Returns 0, 1 when fn asked to stop,
  * or DDP_EPROTO when a line grows past max_line bytes (the rest is not read) or DDP_ENOMEM. */

@@ -32,6 +32,7 @@
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/job.h"
+#include "daemon/lines.h"
 #include "daemon/sched.h"
 #include "daemon/spawn.h"
 
@@ -53,8 +54,7 @@ struct link {
     char remote[128]; /* address as seen */
     char name[64];    /* node name the other side claims (proven once UP) */
     unsigned char n_mine[DDPD_AUTH_NONCEBYTES], n_theirs[DDPD_AUTH_NONCEBYTES];
-    char *buf;
-    size_t len, cap;
+    ddpd_lines_t in; /* the partial line */
 };
 
 struct guest {
@@ -177,7 +177,7 @@ static void link_closed(uv_handle_t *h)
             *pp = l->next;
             break;
         }
-    free(l->buf);
+    ddpd_lines_free(&l->in);
     free(l);
     peers_unref(ps);
 }
@@ -580,12 +580,21 @@ static void on_auth(link_t *l, json_t *m)
     }
 }
 
-static void p_alloc(uv_handle_t *h, size_t sz, uv_buf_t *b)
+static int on_line(void *arg, const char *line, size_t len)
 {
-    (void)h;
-    (void)sz;
-    b->base = ddp_malloc(65536);
-    b->len = b->base ? 65536 : 0;
+    link_t *l = arg;
+    json_t *m = json_loadb(line, len, 0, NULL);
+    if (!json_is_object(m)) {
+        json_decref(m);
+        if (l->state != L_UP) refuse(l, "not a JSON object"); /* after auth: ignored */
+        return l->closing;
+    }
+    if (l->state == L_UP)
+        on_message(l, m);
+    else
+        on_auth(l, m);
+    json_decref(m);
+    return l->closing;
 }
 
 static void p_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
@@ -597,47 +606,9 @@ static void p_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
         return;
     }
     size_t lim = l->state == L_UP ? PEER_MAX_LINE : 4096;
-    const char *p = b->base;
-    size_t left = (size_t)n;
-    while (left && !l->closing) {
-        const char *nl = memchr(p, '\n', left);
-        size_t take = nl ? (size_t)(nl - p) : left;
-        if (l->len + take > lim) {
-            DDP_WARN("peer link %s: line over %zu bytes: closed", l->remote, lim);
-            link_close(l);
-            break;
-        }
-        if (l->len + take > l->cap) {
-            size_t cap = l->cap ? l->cap : 4096;
-            while (cap < l->len + take) cap *= 2;
-            char *nb = ddp_realloc(l->buf, cap);
-            if (!nb) {
-                link_close(l);
-                break;
-            }
-            l->buf = nb;
-            l->cap = cap;
-        }
-        memcpy(l->buf + l->len, p, take);
-        l->len += take;
-        if (!nl) break;
-        p += take + 1;
-        left -= take + 1;
-        json_t *m = json_loadb(l->buf, l->len, 0, NULL);
-        l->len = 0;
-        if (!json_is_object(m)) {
-            json_decref(m);
-            if (l->state != L_UP) {
-                refuse(l, "not a JSON object");
-                break;
-            }
-            continue;
-        }
-        if (l->state == L_UP)
-            on_message(l, m);
-        else
-            on_auth(l, m);
-        json_decref(m);
+    if (!l->closing && ddpd_lines_feed(&l->in, b->base, (size_t)n, lim, on_line, l) < 0) {
+        DDP_WARN("peer link %s: line over %zu bytes: closed", l->remote, lim);
+        link_close(l);
     }
     free(b->base);
 }
@@ -656,7 +627,7 @@ static void on_connect(uv_connect_t *req, int status)
     ddpd_auth_nonce(l->n_mine);
     ddpd_auth_to_hex(nhex, l->n_mine, sizeof l->n_mine);
     l->state = L_HELLO_SENT;
-    uv_read_start((uv_stream_t *)&l->tcp, p_alloc, p_read);
+    uv_read_start((uv_stream_t *)&l->tcp, ddpd_lines_alloc, p_read);
     send_msg(l, json_pack("{ss ss}", "hello", l->d->cfg.node_name, "nonce", nhex));
 }
 
@@ -729,7 +700,7 @@ static void on_accept(uv_stream_t *server, int status)
     }
     snprintf(l->remote, sizeof l->remote, "%s", ip);
     l->state = L_WAIT_HELLO;
-    uv_read_start((uv_stream_t *)&l->tcp, p_alloc, p_read);
+    uv_read_start((uv_stream_t *)&l->tcp, ddpd_lines_alloc, p_read);
 }
 
 /* ---- public ---- */
