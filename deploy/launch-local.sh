@@ -33,24 +33,35 @@ field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])["ddp"][sys.
 restart=$(field restart)
 
 log_of() { if [ "$1" -eq 0 ]; then cat; else cat >>"$run_dir/rank-$1.log"; fi; }
+# start_rank R ELASTIC ARGS...: starts rank R in the background ($! is its pid, also in rank-R.pid)
+start_rank() {
+  local r=$1 elastic=$2
+  shift 2
+  env DDP_ELASTIC=$elastic DDP_RANK=$r DDP_WORLD_SIZE=$n DDP_LOCAL_RANK=$r \
+      DDP_LOCAL_WORLD_SIZE=$n DDP_RDZV=127.0.0.1:$port DDP_JOB_TOKEN=$token \
+      DDP_RUN_DIR="$run_dir" "$worker" "$@" > >(log_of "$r") 2>&1 &
+  echo $! >"$run_dir/rank-$r.pid"
+}
+# wait_all PIDS...: waits for every one; the first non-zero status, else 0
+wait_all() {
+  local status=0 rc
+  for pid in "$@"; do
+    wait "$pid"; rc=$?
+    [ $status -eq 0 ] && [ $rc -ne 0 ] && status=$rc
+  done
+  return $status
+}
 
 if [ "$restart" != "on-failure" ]; then
   port=${PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
   pids=()
   for ((r = 0; r < n; r++)); do
-    env DDP_RANK=$r DDP_WORLD_SIZE=$n DDP_LOCAL_RANK=$r DDP_LOCAL_WORLD_SIZE=$n \
-        DDP_RDZV=127.0.0.1:$port DDP_JOB_TOKEN=$token DDP_RUN_DIR="$run_dir" \
-        "$worker" "$@" > >(log_of $r) 2>&1 &
+    start_rank $r 0 "$@"
     pids+=($!)
-    echo $! >"$run_dir/rank-$r.pid"
   done
   trap 'kill -TERM "${pids[@]}" 2>/dev/null' INT TERM
-  status=0
-  for pid in "${pids[@]}"; do
-    wait "$pid"; rc=$?
-    [ $status -eq 0 ] && [ $rc -ne 0 ] && status=$rc
-  done
-  exit $status
+  wait_all "${pids[@]}"
+  exit $?
 fi
 
 # ---- elastic: a coordinator, and a supervisor per rank that restarts it ----
@@ -75,10 +86,7 @@ supervise() { # rank: runs it, and restarts it while the job goes on
   local r=$1 tries=0 rc
   shift
   while :; do
-    env DDP_ELASTIC=1 DDP_RANK=$r DDP_WORLD_SIZE=$n DDP_LOCAL_RANK=$r DDP_LOCAL_WORLD_SIZE=$n \
-        DDP_RDZV=127.0.0.1:$port DDP_JOB_TOKEN=$token DDP_RUN_DIR="$run_dir" \
-        "$worker" "$@" > >(log_of $r) 2>&1 &
-    echo $! >"$run_dir/rank-$r.pid"
+    start_rank "$r" 1 "$@"
     wait $!; rc=$?
     [ $rc -eq 0 ] || [ $rc -eq 2 ] || [ $rc -eq 143 ] && return $rc   # done, bad spec, stopped
     kill -0 $rdzv 2>/dev/null || return $rc             # the job is over
@@ -91,11 +99,7 @@ supervise() { # rank: runs it, and restarts it while the job goes on
 sups=()
 for ((r = 0; r < n; r++)); do supervise $r "$@" & sups+=($!); done
 trap 'kill -TERM $(cat "$run_dir"/rank-*.pid 2>/dev/null) 2>/dev/null' INT TERM
-status=0
-for pid in "${sups[@]}"; do
-  wait "$pid"; rc=$?
-  [ $status -eq 0 ] && [ $rc -ne 0 ] && status=$rc
-done
+wait_all "${sups[@]}"; status=$?
 kill -TERM $rdzv 2>/dev/null
 wait $rdzv; rdzv_rc=$?
 [ $rdzv_rc -eq 1 ] && [ $status -eq 0 ] && status=1
