@@ -23,14 +23,7 @@ rank_pid() {
     return 1
 }
 # wait_step JOB STEP: until metrics.jsonl has that step (deadline 120 s)
-wait_step() {
-    local f="$T/a/runs/job-$1/metrics.jsonl"
-    for _ in $(seq 1 1200); do
-        grep -q "{\"step\":$2,\"steps\"" "$f" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    return 1
-}
+wait_step() { wait_until 120 grep -q "{\"step\":$2,\"steps\"" "$T/a/runs/job-$1/metrics.jsonl"; }
 
 id=$(ctl a submit "$T/job.yaml")
 if wait_step "$id" 8; then
@@ -73,9 +66,7 @@ DDP_TEST_SLOW_RANK=1:40000 start_daemon s --slots 4 --metrics 127.0.0.1:0 ||
 make_job "$T/slow.yaml" 2 300
 id=$(ctl s submit "$T/slow.yaml")
 rd="$T/s/runs/job-$id"
-named=0
-for _ in $(seq 1 1200); do grep -q '"straggler":1,' "$rd/metrics.jsonl" 2>/dev/null && { named=1; break; }; sleep 0.1; done
-check "the slowed rank 1 is named in metrics.jsonl" test $named = 1
+check "the slowed rank 1 is named in metrics.jsonl" wait_until 120 grep -q '"straggler":1,' "$rd/metrics.jsonl"
 check "rank 0 logs it with its compute time and the median" grep -q "rank 1 is a straggler: its forward and backward took .* above the median" "$rd/rank-0.log"
 check "ddpctl status names it" bash -c "\"$DDPCTL\" --socket \"$T/s.sock\" status $id | grep -q 'straggler: rank 1'"
 murl=$(grep -o 'http://[0-9.:]*' "$T/s.log" | head -1)
