@@ -110,6 +110,16 @@ static int is_member(const member_t *m) { return m->joined && !m->done; }
 static int is_waiting(const member_t *m) { return m->joined && !m->done && m->waiting; }
 static int is_running(const member_t *m) { return m->rank >= 0; }
 static int is_done(const member_t *m) { return m->done; }
+static int is_any(const member_t *m) { return m != NULL; }
+static int running_not_back(const member_t *m) { return m->rank >= 0 && !m->waiting; }
+
+/* Sends msg (consumed) to every open member that pred accepts. */
+static void send_all(ddpd_coord_t *c, json_t *msg, int (*pred)(const member_t *))
+{
+    for (member_t *m = c->members; m; m = m->next)
+        if (!m->closing && pred(m)) send_to(m, json_incref(msg));
+    json_decref(msg);
+}
 
 /* The job is over once some member finished and none is still training; a joiner still
  * waiting then is told so (it leaves with success: there is nothing left to do). */
@@ -123,10 +133,8 @@ static void check_done(ddpd_coord_t *c)
         if (m->done && m->step > step) step = m->step;
     }
     c->phase = ENDED;
-    json_t *bye = json_pack("{s:s, s:s, s:b}", "t", "exit", "why", "the job is done", "done", 1);
-    for (member_t *m = c->members; m; m = m->next)
-        if (m->joined && !m->done) send_to(m, json_incref(bye));
-    json_decref(bye);
+    send_all(c, json_pack("{s:s, s:s, s:b}", "t", "exit", "why", "the job is done", "done", 1),
+             is_member);
     DDP_INFO("coordinator: every member is done (step %ld)", step);
     emit(c, json_pack("{s:s, s:I}", "event", "done", "step", (json_int_t)step));
 }
@@ -134,9 +142,7 @@ static void check_done(ddpd_coord_t *c)
 static void end_job(ddpd_coord_t *c, const char *why)
 {
     c->phase = ENDED;
-    json_t *exit_msg = json_pack("{s:s, s:s}", "t", "exit", "why", why);
-    for (member_t *m = c->members; m; m = m->next) send_to(m, json_incref(exit_msg));
-    json_decref(exit_msg);
+    send_all(c, json_pack("{s:s, s:s}", "t", "exit", "why", why), is_any);
     DDP_ERROR("coordinator: the job failed: %s", why);
     emit(c, json_pack("{s:s, s:s}", "event", "failed", "why", why));
 }
@@ -155,11 +161,8 @@ static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
     c->regroup_sent = 0;
     c->reform_ns = ddp_now_ns();
     DDP_INFO("coordinator: generation %lu ends: %s", c->gen, c->why);
-    json_t *msg = json_pack("{s:s, s:I, s:s}", "t", "reform", "gen", (json_int_t)c->gen, "why",
-                            c->why);
-    for (member_t *m = c->members; m; m = m->next)
-        if (m->rank >= 0 && !m->waiting) send_to(m, json_incref(msg));
-    json_decref(msg);
+    send_all(c, json_pack("{s:s, s:I, s:s}", "t", "reform", "gen", (json_int_t)c->gen, "why",
+                          c->why), running_not_back);
 }
 
 /* Removes m from the job: closes its connection and, with kill_it, kills the process on this host
@@ -305,11 +308,8 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
         } else if (m->rank < 0 && !c->regroup_sent) {
             /* a joiner: the running members finish their step and come back for it */
             snprintf(c->why, sizeof c->why, "pid %ld joins", m->pid);
-            json_t *rg = json_pack("{s:s, s:I, s:s}", "t", "regroup", "gen", (json_int_t)c->gen,
-                                   "why", c->why);
-            for (member_t *o = c->members; o; o = o->next)
-                if (o->rank >= 0) send_to(o, json_incref(rg));
-            json_decref(rg);
+            send_all(c, json_pack("{s:s, s:I, s:s}", "t", "regroup", "gen", (json_int_t)c->gen,
+                                  "why", c->why), is_running);
             c->regroup_sent = 1;
             c->reform_ns = ddp_now_ns();
         }
@@ -436,10 +436,7 @@ static void on_tick(uv_timer_t *t)
     if (now - c->last_hb_ns >= DDP_ELASTIC_HB_MS * 1000000LL) {
         /* members hear from the coordinator too: one cut off from it stops by itself */
         c->last_hb_ns = now;
-        json_t *hb = json_pack("{s:s}", "t", "hb");
-        for (member_t *m = c->members; m; m = m->next)
-            if (m->joined && !m->done) send_to(m, json_incref(hb));
-        json_decref(hb);
+        send_all(c, json_pack("{s:s}", "t", "hb"), is_member);
     }
     for (member_t *m = c->members; m; m = m->next) {
         if (m->closing || m->done) continue;
