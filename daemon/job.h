@@ -60,6 +60,7 @@ struct ddpd_job {
     uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */
     int handles;      /* open uv handles (timers + processes) */
     int freeing;
+    int detached;     /* the daemon stops and leaves the job running (ddpd_job_detach_all) */
 
     int64_t metrics_off;
     char partial[8192];
@@ -121,9 +122,19 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why);
 /* A peer acknowledged that all its ranks of the job are started. */
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks);
 
-/* Live view of an active job for job.get/job.watch (new object; state, progress, eta_s). */
-json_t *ddpd_job_progress(const ddpd_job_t *j);
 
+/* Daemon stop that keeps jobs (a restart, an upgrade): every running job is left to train on,
+ * with what a restarted daemon needs to adopt it recorded in the store; its handles are closed
+ * and nothing is signalled. */
+void ddpd_job_detach_all(ddpd_t *d);
+
+/* Daemon start: takes over a job an earlier run of the daemon left running (a row of
+ * ddpd_store_unfinished): its live local ranks are watched again, the ones that ended meanwhile
+ * are counted (an elastic job spawns them again), an elastic job's coordinator listens on the
+ * same port again and adopts the running generation, and the metrics tail goes on. Returns 0,
+ * or an error with why filled (no runtime record, ranks on peer daemons, the coordinator's port
+ * taken); the caller then fails the job. */
+int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen);
 
 /* Shutdown, after ranks are gone: closes the handles of jobs that have no processes (queued
  * ones stay queued in the store and are re-queued at the next start). */

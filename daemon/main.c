@@ -87,10 +87,13 @@ static void on_stop_timer(uv_timer_t *t)
     ddpd_t *d = t->data;
     if (busy(d)) return;
     uv_timer_stop(t);
-    DDP_INFO("all ranks ended; closing");
+    DDP_INFO("no rank left to wait for; closing");
     close_all(d);
 }
 
+/* SIGTERM (systemctl stop/restart, an upgrade) leaves running jobs training: the next ddpd
+ * adopts them, as slurmd's restart leaves its jobs. SIGINT (^C on a ddpd in a terminal) ends
+ * them: SIGTERM to their ranks, SIGKILL after grace_s; a second signal kills at once. */
 static void on_signal(uv_signal_t *s, int signum)
 {
     ddpd_t *d = s->data;
@@ -101,10 +104,17 @@ static void on_signal(uv_signal_t *s, int signum)
         return;
     }
     d->stopping = 1;
-    DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)", strsignal(signum),
-             d->cfg.grace_s);
-    NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
-    ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+    if (signum == SIGTERM) {
+        DDP_INFO("%s: stopping; running jobs keep training and are adopted when ddpd starts "
+                 "again", strsignal(signum));
+        NOTIFY("STOPPING=1\nSTATUS=stopping: running jobs stay");
+        ddpd_job_detach_all(d);
+    } else {
+        DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)",
+                 strsignal(signum), d->cfg.grace_s);
+        NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
+        ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+    }
     ddpd_peers_stop_guests(d);
     uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
 }

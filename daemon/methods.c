@@ -30,6 +30,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/job.h"
+#include "daemon/job_tail.h"
 #include "daemon/peer.h"
 #include "daemon/rpc.h"
 #include "daemon/sched.h"

@@ -16,6 +16,7 @@
 
 #include "common/clock.h"
 #include "daemon/job.h"
+#include "daemon/job_tail.h"
 #include "daemon/peer.h"
 #include "daemon/series.h"
 #include "daemon/store.h"
