@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "daemon/api.h"
-#include "daemon/config.h"
-#include "daemon/ctl.h"
+#include "daemon/client.h"
+#include "daemon/ctl_watch.h"
+#include "daemon/rpc.h"
 #include "daemon/ctl_plot.h"
 #include "daemon/ctl_trace.h"
 
@@ -584,10 +584,11 @@ int main(int argc, char **argv)
                                       {"json", no_argument, 0, 'j'},
                                       {"help", no_argument, 0, 'h'},
                                       {0, 0, 0, 0}};
-    ddpd_config_t cfg;
-    ddpd_config_defaults(&cfg, NULL);
     const char *env = getenv("DDPD_SOCKET");
-    snprintf(socket_path, sizeof socket_path, "%s", env && *env ? env : cfg.socket_path);
+    if (env && *env)
+        snprintf(socket_path, sizeof socket_path, "%s", env);
+    else
+        ddpd_default_socket_path(socket_path, sizeof socket_path);
     int c;
     /* options before the command only ("+"), so each command parses its own */
     while ((c = getopt_long(argc, argv, "+s:jh", o, NULL)) != -1) {
