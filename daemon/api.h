@@ -15,7 +15,5 @@
 int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei);
 /* Closes the listener and every session (their handles close asynchronously). NULL-safe. */
 void ddpd_api_close(ddpd_t *d);
-/* A job changed state (terminal or not) or reported a step: forwards to its watchers. */
-void ddpd_api_job_event(ddpd_t *d, ddpd_job_t *j);
 
 #endif

@@ -23,11 +23,9 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "daemon/api.h"
 #include "daemon/coord.h"
 #include "daemon/job_tail.h"
 #include "daemon/peer.h"
-#include "daemon/sched.h"
 #include "proto/spec.h"
 
 static const char *const state_names[] = {"queued",    "starting", "running",
@@ -41,6 +39,19 @@ ddpd_job_t *ddpd_job_find(ddpd_t *d, int64_t id)
     for (ddpd_job_t *j = d->jobs; j; j = j->next)
         if (j->id == id) return j;
     return NULL;
+}
+
+void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg)
+{
+    DDP_ASSERT(d->n_job_watchers < DDPD_MAX_JOB_WATCHERS);
+    d->job_watchers[d->n_job_watchers].fn = fn;
+    d->job_watchers[d->n_job_watchers++].arg = arg;
+}
+
+static void notify(ddpd_job_t *j, unsigned what)
+{
+    for (int i = 0; i < j->d->n_job_watchers; i++)
+        j->d->job_watchers[i].fn(j->d->job_watchers[i].arg, j, what);
 }
 
 static void job_free(ddpd_job_t *j)
@@ -80,7 +91,7 @@ static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
                               j->reason, ddp_wall_ms());
     DDP_INFO("job %lld (%s): %s -> %s: %s", (long long)j->id, j->name, ddpd_state_name(from),
              ddpd_state_name(to), j->reason);
-    ddpd_api_job_event(j->d, j);
+    notify(j, DDPD_JOB_STATE);
 }
 
 static void close_handles(ddpd_job_t *j)
@@ -95,13 +106,13 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
     ddpd_job_t *j = h->data;
     (void)events;
     if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_job_tail_read(j))
-        ddpd_api_job_event(j->d, j);
+        notify(j, DDPD_JOB_PROGRESS);
 }
 
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
-    if (ddpd_job_tail_read(j)) ddpd_api_job_event(j->d, j);
+    if (ddpd_job_tail_read(j)) notify(j, DDPD_JOB_PROGRESS);
 }
 
 /* ---- ending ---- */
@@ -143,7 +154,6 @@ static void finish(ddpd_job_t *j)
     }
     j->freeing = 1;
     close_handles(j);
-    ddpd_sched_kick(d);
 }
 
 static void maybe_finish(ddpd_job_t *j)
@@ -235,7 +245,7 @@ static void proc_exit(ddpd_proc_t *p)
     j->live_local--;
     j->d->slots_used--;
     j->slots_held--;
-    ddpd_peers_announce(j->d);
+    notify(j, DDPD_JOB_SLOTS);
     if (p->term_signal || p->exit_status != 0) {
         /* 143 after our own SIGTERM is the worker's clean cancel */
         int ours = j->signalled && (p->exit_status == 143 || p->term_signal == SIGTERM ||
@@ -457,7 +467,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     }
     if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
     if (spec->workers < 1) spec->workers = 1;
-    int cap = ddpd_sched_capacity(d);
+    int cap = sub->capacity;
     if (spec->workers > cap) {
         rc = ddp_errinfo_set(ei, DDP_EBUSY,
                              "the job needs %d ranks but the cluster has %d slots (this node "
@@ -503,7 +513,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     d->n_submitted++;
     DDP_INFO("job %lld (%s): queued, %d ranks, uid %u", (long long)j->id, j->name, j->world,
              j->uid);
-    ddpd_sched_kick(d);
+    notify(j, DDPD_JOB_STATE);
     *out = j;
     return 0;
 }
@@ -540,7 +550,7 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
     j->state = DDPD_QUEUED;
     make_run_dir(j);
     job_link(d, j);
-    ddpd_sched_kick(d);
+    notify(j, DDPD_JOB_STATE);
     return 0;
 }
 
@@ -685,7 +695,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
             return;
         }
     }
-    ddpd_peers_announce(d);
+    notify(j, DDPD_JOB_SLOTS);
     if (j->pending_acks == 0) set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
 }
 
@@ -703,7 +713,6 @@ int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
         j->d->n_finished[2]++;
         j->freeing = 1;
         close_handles(j);
-        ddpd_sched_kick(j->d);
         return 0;
     }
     DDP_INFO("job %lld: cancel by uid %u: SIGTERM to its ranks", (long long)j->id, uid);
@@ -898,7 +907,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
     for (int k = 0; k < j->n_local; k++)
         if (!j->procs[k].alive && !j->procs[k].open) adopted_gone(j, &j->procs[k]);
     save_runtime(j);
-    ddpd_peers_announce(d);
+    notify(j, DDPD_JOB_SLOTS);
     maybe_finish(j);
     return 0;
 }

@@ -79,6 +79,11 @@ struct ddpd_job {
     json_t *done;      /* the {"event":"done"} object */
 };
 
+/* Subscribes fn to every change of every job (see ddpd_job_change_fn): the API's watchers, the
+ * scheduler and the peers' slot announcements learn of jobs this way, so that jobs know none
+ * of them. At most DDPD_MAX_JOB_WATCHERS subscribers (a programmer error past that). */
+void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg);
+
 const char *ddpd_state_name(ddpd_state_t s);
 int ddpd_state_terminal(ddpd_state_t s);
 
@@ -90,6 +95,7 @@ typedef struct ddpd_submit {
     const char *name;  /* override or NULL */
     const char *cwd;   /* submitter's directory or NULL */
     int workers;       /* override (> 0) or 0 */
+    int capacity;      /* slots in the cluster: a job that needs more is refused */
     uint32_t uid, gid;
 } ddpd_submit_t;
 

@@ -204,7 +204,8 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
         len = strlen(owned);
         snprintf(origin, sizeof origin, "%s", inline_name);
     }
-    ddpd_submit_t sub = {.spec_text = text,
+    ddpd_submit_t sub = {.capacity = ddpd_sched_capacity(s->d),
+                         .spec_text = text,
                          .spec_len = len,
                          .origin = origin,
                          .name = name,

@@ -705,6 +705,13 @@ static void on_accept(uv_stream_t *server, int status)
 
 /* ---- public ---- */
 
+/* Local ranks started or ended: the peers hear of this node's free slots. */
+static void job_changed(void *arg, ddpd_job_t *j, unsigned what)
+{
+    (void)j;
+    if (what & DDPD_JOB_SLOTS) ddpd_peers_announce(arg);
+}
+
 int ddpd_peers_start(ddpd_t *d, ddp_errinfo_t *ei)
 {
     ddpd_peers_t *ps = ddp_calloc(1, sizeof *ps);
@@ -712,6 +719,7 @@ int ddpd_peers_start(ddpd_t *d, ddp_errinfo_t *ei)
     ps->d = d;
     ps->refs = 1;
     d->peers = ps;
+    ddpd_job_on_change(d, job_changed, d);
     if (!d->cfg.listen[0] && !d->cfg.n_peers) return 0;
     int rc = ddpd_auth_load_key(d->cfg.secret_file, ps->key);
     if (rc != 0)
