@@ -18,7 +18,8 @@
 typedef struct ddpd_job ddpd_job_t;
 typedef struct ddpd_api ddpd_api_t;
 typedef struct ddpd_metrics ddpd_metrics_t;
-typedef struct ddpd_peers ddpd_peers_t;
+typedef struct ddpd_links ddpd_links_t;
+typedef struct ddpd_remote ddpd_remote_t;
 
 /* Told that job j changed; `what` is a mask of DDPD_JOB_STATE (a transition), DDPD_JOB_PROGRESS
  * (a new metrics line) and DDPD_JOB_SLOTS (local ranks started or ended). See job.h. */
@@ -34,7 +35,8 @@ typedef struct ddpd {
     ddpd_store_t *store;
     ddpd_api_t *api;
     ddpd_metrics_t *metrics;
-    ddpd_peers_t *peers;
+    ddpd_links_t *links;   /* link.h */
+    ddpd_remote_t *remote; /* remote.h */
 
     ddpd_job_t *jobs;      /* jobs this node coordinates that are not finished, in id order */
     struct {

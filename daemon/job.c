@@ -25,7 +25,8 @@
 #include "common/log.h"
 #include "daemon/coord.h"
 #include "daemon/job_tail.h"
-#include "daemon/peer.h"
+#include "daemon/link.h"
+#include "daemon/remote.h"
 #include "proto/spec.h"
 
 static const char *const state_names[] = {"queued",    "starting", "running",
@@ -62,8 +63,7 @@ static void job_free(ddpd_job_t *j)
             *pp = j->next;
             break;
         }
-    json_decref(j->last_step);
-    json_decref(j->done);
+    ddpd_tail_close(&j->tail);
     free(j->spec_json);
     free(j->rank_node);
     free(j->procs);
@@ -105,14 +105,14 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
 {
     ddpd_job_t *j = h->data;
     (void)events;
-    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_job_tail_read(j))
+    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_tail_read(&j->tail, j->run_dir))
         notify(j, DDPD_JOB_PROGRESS);
 }
 
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
-    if (ddpd_job_tail_read(j)) notify(j, DDPD_JOB_PROGRESS);
+    if (ddpd_tail_read(&j->tail, j->run_dir)) notify(j, DDPD_JOB_PROGRESS);
 }
 
 /* ---- ending ---- */
@@ -121,21 +121,21 @@ static void finish(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
     if (ddpd_state_terminal(j->state)) return;
-    ddpd_job_tail_read(j);
+    ddpd_tail_read(&j->tail, j->run_dir);
     uv_timer_stop(&j->tail_timer);
     uv_timer_stop(&j->kill_timer);
     int code = -1;
     if (j->n_local && j->procs[0].rank == 0 && !j->procs[0].alive)
         code = j->procs[0].term_signal ? 128 + j->procs[0].term_signal
                                        : (int)j->procs[0].exit_status;
-    long step = j->last_step ? (long)json_integer_value(json_object_get(j->last_step, "step")) : 0;
-    json_t *fl = j->done ? json_object_get(j->done, "final_loss") : NULL;
-    if (!fl && j->last_step) fl = json_object_get(j->last_step, "loss");
-    json_t *tot = j->last_step ? json_object_get(j->last_step, "steps") : NULL;
+    long step = j->tail.last_step ? (long)json_integer_value(json_object_get(j->tail.last_step, "step")) : 0;
+    json_t *fl = j->tail.done ? json_object_get(j->tail.done, "final_loss") : NULL;
+    if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
+    json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
     ddpd_store_job_result(d->store, j->id, code, step, j->steps,
                           json_is_number(fl) ? json_number_value(fl) : NAN);
-    if (j->coord && !j->done && !j->fail_why[0] && !j->cancel_requested) {
+    if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
         j->fail_rank = j->world;
@@ -171,7 +171,7 @@ static void kill_cb(uv_timer_t *t)
              j->d->cfg.grace_s);
     for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGKILL);
     for (int i = 0; i < ddpd_peers_count(j->d); i++)
-        ddpd_peers_signal(j->d, i, j->id, SIGKILL);
+        ddpd_remote_signal(j->d, i, j->id, SIGKILL);
 }
 
 /* SIGTERM to every rank, SIGKILL after the grace period. */
@@ -185,7 +185,7 @@ static void terminate(ddpd_job_t *j)
         if (j->rank_node[r] > 0) peers_used = 1;
     if (peers_used)
         for (int i = 0; i < ddpd_peers_count(j->d); i++)
-            ddpd_peers_signal(j->d, i, j->id, SIGTERM);
+            ddpd_remote_signal(j->d, i, j->id, SIGTERM);
     uv_timer_start(&j->kill_timer, kill_cb, (uint64_t)(j->d->cfg.grace_s * 1000), 0);
 }
 
@@ -330,7 +330,7 @@ static void coord_event(void *arg, json_t *ev)
                 here = 1;
             }
         for (int i = 0; !here && i < ddpd_peers_count(j->d); i++)
-            ddpd_peers_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
+            ddpd_remote_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
                             json_string_value(json_object_get(ev, "host_id")));
     } else if (!strcmp(what, "done")) {
         /* every member trained to the end: ranks elsewhere that the coordinator evicted (a
@@ -383,6 +383,21 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
     j->live_remote = 0;
     terminate(j);
     maybe_finish(j);
+}
+
+void ddpd_job_node_down(ddpd_t *d, int peer)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (ddpd_state_terminal(j->state) || !j->rank_node) continue;
+        for (int r = 0; r < j->world; r++)
+            if (j->rank_node[r] == peer + 1) {
+                char why[160];
+                snprintf(why, sizeof why, "lost the link to node %s, which ran rank %d",
+                         ddpd_peers_name(d, peer), r);
+                ddpd_job_remote_failed(d, j->id, why);
+                break;
+            }
+    }
 }
 
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
@@ -638,7 +653,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         maybe_finish(j);
         return;
     }
-    ddpd_job_tail_read(j); /* skip what an earlier run (re-queue) left */
+    ddpd_tail_read(&j->tail, j->run_dir); /* skip what an earlier run (re-queue) left */
     /* inotify shows each line at once; the timer is the fallback (NFS, no inotify) */
     uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
     uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
@@ -690,7 +705,12 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         if (!cnt) continue;
         j->live_remote += cnt;
         j->pending_acks++;
-        if (ddpd_peers_launch(d, n - 1, j, ranks, cnt) != 0) {
+        ddpd_remote_start_t rs = {.job = j->id, .name = j->name, .rdzv = j->rdzv,
+                                  .token = j->token, .spec_json = j->spec_json, .cwd = j->cwd,
+                                  .ranks = ranks, .n = cnt, .world = j->world,
+                                  .threads = j->threads, .elastic = j->elastic,
+                                  .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid};
+        if (ddpd_remote_launch(d, n - 1, &rs) != 0) {
             ddpd_job_remote_failed(d, j->id, "a peer disconnected before its ranks started");
             return;
         }
@@ -761,7 +781,7 @@ static void save_runtime(ddpd_job_t *j)
         json_array_append_new(nodes, json_integer(j->rank_node[r]));
     json_t *o = json_pack("{ss so so si sI sI}", "rdzv", j->rdzv, "procs", procs, "rank_node",
                           nodes, "restarts", j->restarts, "first_step_ms",
-                          (json_int_t)j->first_step_ms, "generation", (json_int_t)j->generation);
+                          (json_int_t)j->tail.first_step_ms, "generation", (json_int_t)j->generation);
     char *text = json_dumps(o, JSON_COMPACT);
     if (!text || ddpd_store_job_runtime(j->d->store, j->id, text) != 0)
         DDP_WARN("job %lld: cannot record its runtime: a restarted daemon could not adopt it",
@@ -853,7 +873,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
     j->state = strcmp(json_string_value(json_object_get(row, "state")), "starting")
                    ? DDPD_RUNNING : DDPD_STARTING;
     j->submitted_ms = j->started_ms = json_integer_value(json_object_get(row, "started_ms"));
-    j->first_step_ms = json_integer_value(json_object_get(rt, "first_step_ms"));
+    j->tail.first_step_ms = json_integer_value(json_object_get(rt, "first_step_ms"));
     j->restarts = (int)json_integer_value(json_object_get(rt, "restarts"));
     j->generation = (unsigned long)json_integer_value(json_object_get(rt, "generation"));
     j->rank_node = ddp_calloc((size_t)j->world, sizeof *j->rank_node);
@@ -879,7 +899,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
         }
     }
     job_link(d, j);
-    ddpd_job_tail_from_end(j);
+    ddpd_tail_from_end(&j->tail, j->run_dir);
     uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
     uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
     int alive = 0;

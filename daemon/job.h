@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "daemon/ddpd.h"
+#include "daemon/job_tail.h"
 #include "daemon/spawn.h"
 
 typedef enum {
@@ -41,7 +42,7 @@ struct ddpd_job {
     char *spec_json;
     char run_dir[PATH_MAX], cwd[PATH_MAX], spec_path[PATH_MAX + 16];
     char token[65], rdzv[300];
-    int64_t submitted_ms, started_ms, first_step_ms;
+    int64_t submitted_ms, started_ms;
 
     int *rank_node;   /* per rank: 0 = this node, i+1 = peer i */
     ddpd_proc_t *procs; /* local ranks */
@@ -62,10 +63,7 @@ struct ddpd_job {
     int freeing;
     int detached;     /* the daemon stops and leaves the job running (ddpd_job_detach_all) */
 
-    int64_t metrics_off;
-    char partial[8192];
-    size_t partial_len;
-    json_t *last_step; /* last {"step":...} object of metrics.jsonl */
+    ddpd_tail_t tail; /* rank 0's metrics.jsonl */
 
     /* elastic jobs (ddp.restart: on-failure): a coordinator on this daemon's loop forms the
      * generations; a local rank that dies is spawned again (up to max_restarts times each) and
@@ -76,7 +74,6 @@ struct ddpd_job {
     unsigned long generation;
     int restarts;         /* local ranks spawned again */
     int pending_restarts; /* local ranks that exited and are to be spawned again */
-    json_t *done;      /* the {"event":"done"} object */
 };
 
 /* Subscribes fn to every change of every job (see ddpd_job_change_fn): the API's watchers, the
@@ -125,6 +122,8 @@ int ddpd_job_stop_all(ddpd_t *d, const char *reason);
 /* A remote rank ended (peer report), or a peer could not start/keep its ranks. */
 void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig);
 void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why);
+/* The link to peer `peer` went down: the jobs with ranks there hear of it (as remote_failed). */
+void ddpd_job_node_down(ddpd_t *d, int peer);
 /* A peer acknowledged that all its ranks of the job are started. */
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks);
 

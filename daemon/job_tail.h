@@ -1,23 +1,32 @@
-/* A running job's view from the tail of rank 0's metrics.jsonl: the last step's record, the
- * "done" event, and the progress object job.get/job.watch show. Reads the file from
- * j->metrics_off on; never writes. Loop thread only.
+/* The tail of rank 0's metrics.jsonl, which is what the daemon knows of a running job's
+ * progress: the last step's record and the "done" event. Reads the file from `off` on; never
+ * writes. Loop thread only.
  */
 #ifndef DDPD_JOB_TAIL_H
 #define DDPD_JOB_TAIL_H
 
 #include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
 
-#include "daemon/job.h"
+typedef struct ddpd_tail {
+    int64_t off;          /* bytes of metrics.jsonl read so far */
+    char partial[8192];   /* the line being read */
+    size_t partial_len;
+    json_t *last_step;    /* the last {"step":...} record (a validation line adds val_loss) */
+    json_t *done;         /* the {"event":"done"} record */
+    int64_t first_step_ms; /* wall clock when the first step's record was read */
+} ddpd_tail_t;
 
-/* Reads what rank 0 appended since the last call (at most 64 KiB a call). Returns 1 if a new
- * line was parsed. */
-int ddpd_job_tail_read(ddpd_job_t *j);
+/* Reads what rank 0 appended to <run_dir>/metrics.jsonl since the last call (at most 64 KiB a
+ * call). Returns 1 if a new line was parsed. */
+int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir);
 
-/* Starts the tail near the end of the file (an adopted job: the last step's record is all the
- * view needs) and reads to the end. */
-void ddpd_job_tail_from_end(ddpd_job_t *j);
+/* Starts near the end of the file (an adopted job: the last step's record is all the view
+ * needs) and reads to the end. */
+void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir);
 
-/* Live view of an active job for job.get/job.watch (new object; state, progress, eta_s). */
-json_t *ddpd_job_progress(const ddpd_job_t *j);
+/* Drops the records. */
+void ddpd_tail_close(ddpd_tail_t *t);
 
 #endif

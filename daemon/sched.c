@@ -7,7 +7,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/job.h"
-#include "daemon/peer.h"
+#include "daemon/link.h"
 
 int ddpd_sched_capacity(ddpd_t *d)
 {
