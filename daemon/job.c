@@ -55,6 +55,16 @@ static void notify(ddpd_job_t *j, unsigned what)
         j->d->job_watchers[i].fn(j->d->job_watchers[i].arg, j, what);
 }
 
+/* A store write failed (the store logged SQLite's message): the job goes on, but its history
+ * misses this record; say which, and count it (ddpd_store_errors_total). */
+static void check_stored(ddpd_job_t *j, int rc, const char *what)
+{
+    if (rc == 0) return;
+    j->d->n_store_errors++;
+    DDP_ERROR("job %lld: the store did not record its %s (%s): `ddpctl status` will miss it",
+              (long long)j->id, what, ddp_strerror(rc));
+}
+
 static void job_free(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
@@ -87,8 +97,9 @@ static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
     vsnprintf(j->reason, sizeof j->reason, fmt, ap);
     va_end(ap);
     j->state = to;
-    ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from), ddpd_state_name(to),
-                              j->reason, ddp_wall_ms());
+    check_stored(j, ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from),
+                                              ddpd_state_name(to), j->reason, ddp_wall_ms()),
+                 "transition");
     DDP_INFO("job %lld (%s): %s -> %s: %s", (long long)j->id, j->name, ddpd_state_name(from),
              ddpd_state_name(to), j->reason);
     notify(j, DDPD_JOB_STATE);
@@ -133,8 +144,9 @@ static void finish(ddpd_job_t *j)
     if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
     json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
-    ddpd_store_job_result(d->store, j->id, code, step, j->steps,
-                          json_is_number(fl) ? json_number_value(fl) : NAN);
+    check_stored(j, ddpd_store_job_result(d->store, j->id, code, step, j->steps,
+                                          json_is_number(fl) ? json_number_value(fl) : NAN),
+                 "result");
     if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
@@ -544,8 +556,9 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
         ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
         free(spec);
         j->id = json_integer_value(json_object_get(row, "id"));
-        ddpd_store_job_transition(d->store, j->id, "queued", "failed",
-                                  "stored spec no longer valid", ddp_wall_ms());
+        check_stored(j, ddpd_store_job_transition(d->store, j->id, "queued", "failed",
+                                                  "stored spec no longer valid", ddp_wall_ms()),
+                     "failure");
         job_discard(j);
         return DDP_ESPEC;
     }
@@ -687,10 +700,9 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         j->slots_held++;
         d->slots_used++;
     }
-    if (j->n_local && j->procs[0].pid)
-        ddpd_store_job_placement(d->store, j->id, where, j->procs[0].pid);
-    else
-        ddpd_store_job_placement(d->store, j->id, where, 0);
+    check_stored(j, ddpd_store_job_placement(d->store, j->id, where,
+                                             j->n_local ? j->procs[0].pid : 0),
+                 "placement");
     save_runtime(j);
     if (j->fail_why[0]) {
         terminate(j);
@@ -783,9 +795,8 @@ static void save_runtime(ddpd_job_t *j)
                           nodes, "restarts", j->restarts, "first_step_ms",
                           (json_int_t)j->tail.first_step_ms, "generation", (json_int_t)j->generation);
     char *text = json_dumps(o, JSON_COMPACT);
-    if (!text || ddpd_store_job_runtime(j->d->store, j->id, text) != 0)
-        DDP_WARN("job %lld: cannot record its runtime: a restarted daemon could not adopt it",
-                 (long long)j->id);
+    check_stored(j, text ? ddpd_store_job_runtime(j->d->store, j->id, text) : DDP_ENOMEM,
+                 "runtime record (a restarted daemon could not adopt it)");
     free(text);
     json_decref(o);
 }
