@@ -227,20 +227,18 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
 /* The launch description of this job's local ranks. */
 static void launch_of(ddpd_job_t *j, ddpd_launch_t *l)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n_local = 0;
     for (int r = 0; r < j->world; r++) n_local += j->rank_node[r] == 0;
     *l = (ddpd_launch_t){.worker_bin = j->d->cfg.worker_bin,
                          .spec_path = j->spec_path,
                          .run_dir = j->run_dir,
-                         .cwd = j->cwd[0] && access(j->cwd, X_OK) == 0 ? j->cwd : NULL,
+                         .cwd = j->cwd,
                          .rdzv = j->rdzv,
                          .token = j->token,
                          .job_id = j->id,
                          .world = j->world,
                          .local_world = n_local,
-                         .threads = j->threads > 0 ? j->threads
-                                    : (int)(cores / n_local > 0 ? cores / n_local : 1),
+                         .threads = j->threads,
                          .as_user = 1,
                          .elastic = j->elastic,
                          .uid = j->uid,
@@ -509,15 +507,6 @@ static int free_port(void)
     return port;
 }
 
-static int write_spec(ddpd_job_t *j)
-{
-    snprintf(j->spec_path, sizeof j->spec_path, "%s/job.json", j->run_dir);
-    FILE *f = fopen(j->spec_path, "we");
-    if (!f) return -errno;
-    int ok = fputs(j->spec_json, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    return ok ? 0 : DDP_EIO;
-}
 
 /* Spawns rank r here as the next local process (j->procs has room for every rank). */
 static int spawn_local(ddpd_job_t *j, int r, char *why, size_t whylen)
@@ -631,7 +620,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
     ddpd__job_set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
               j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
 
-    int rc = write_spec(j);
+    int rc = ddpd_write_spec(j->run_dir, j->spec_json, j->spec_path, sizeof j->spec_path);
     if (rc != 0) {
         snprintf(j->fail_why, sizeof j->fail_why, "cannot write %.150s: %.60s", j->spec_path,
                  ddp_strerror(rc));

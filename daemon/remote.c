@@ -75,20 +75,17 @@ static void guest_maybe_free(guest_t *g)
 static void guest_launch(const guest_t *g, ddpd_launch_t *la)
 {
     const json_t *m = g->start;
-    const char *cwd = json_string_value(json_object_get(m, "cwd"));
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = (int)json_integer_value(json_object_get(m, "threads"));
     *la = (ddpd_launch_t){
         .worker_bin = g->d->cfg.worker_bin,
         .spec_path = g->spec_path,
         .run_dir = g->run_dir,
-        .cwd = cwd && access(cwd, X_OK) == 0 ? cwd : NULL,
+        .cwd = json_string_value(json_object_get(m, "cwd")),
         .rdzv = json_string_value(json_object_get(m, "rdzv")),
         .token = json_string_value(json_object_get(m, "token")),
         .job_id = g->job,
         .world = (int)json_integer_value(json_object_get(m, "world")),
         .local_world = g->n,
-        .threads = threads > 0 ? threads : (int)(cores / g->n > 0 ? cores / g->n : 1),
+        .threads = (int)json_integer_value(json_object_get(m, "threads")),
         .as_user = 1,
         .elastic = json_is_true(json_object_get(m, "elastic")),
         .uid = (uid_t)json_integer_value(json_object_get(m, "uid")),
@@ -213,10 +210,7 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
     gid_t gid = (gid_t)json_integer_value(json_object_get(m, "gid"));
     if (geteuid() == 0 && uid != 0 && chown(g->run_dir, uid, gid) != 0)
         DDP_WARN("chown %s: %s", g->run_dir, strerror(errno));
-    snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
-    FILE *f = fopen(g->spec_path, "we");
-    int ok = f && fputs(spec, f) >= 0;
-    if (f) ok = (fclose(f) == 0) && ok;
+    int ok = ddpd_write_spec(g->run_dir, spec, g->spec_path, sizeof g->spec_path) == 0;
     g->start = json_incref(m);
     g->max_restarts = json_is_true(json_object_get(m, "elastic"))
                           ? (int)json_integer_value(json_object_get(m, "max_restarts"))
