@@ -447,6 +447,26 @@ void ddpd_job_node_down(ddpd_t *d, int peer)
     }
 }
 
+void ddpd_job_remote_adopted(ddpd_t *d, int64_t job_id, int peer, const int *ranks, int n)
+{
+    ddpd_job_t *j = ddpd_job_find(d, job_id);
+    if (!j || ddpd_state_terminal(j->state) || !j->rank_node) return;
+    int back = 0;
+    for (int k = 0; k < n; k++) {
+        int r = ranks[k];
+        if (r < 0 || r >= j->world || j->rank_node[r] != -1) continue; /* placed again already */
+        j->rank_node[r] = peer + 1;
+        j->remote_alive[r] = 1;
+        j->live_remote++;
+        j->n_unplaced--;
+        back++;
+    }
+    if (!back) return;
+    DDP_INFO("job %lld: node %s still runs %d of its rank(s): they are the job's again",
+             (long long)j->id, ddpd_peers_name(d, peer), back);
+    ddpd__job_save_runtime(j);
+}
+
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
 {
     ddpd_job_t *j = ddpd_job_find(d, job_id);

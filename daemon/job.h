@@ -133,6 +133,9 @@ void ddpd_job_node_down(ddpd_t *d, int peer);
  * here or started there, they join the job's coordinator as new members and receive the state
  * from a live rank. Returns how many were placed. */
 int ddpd_job_place(ddpd_job_t *j, int node, const int *ranks, int n);
+/* A peer whose link came back still runs these ranks of the job (its daemon or this one
+ * restarted): the ones still waiting for a place are the job's again there. */
+void ddpd_job_remote_adopted(ddpd_t *d, int64_t job_id, int peer, const int *ranks, int n);
 /* A peer acknowledged that all its ranks of the job are started. */
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks);
 

@@ -186,8 +186,8 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
     json_array_foreach(nodes, i, v) remote += json_integer_value(v) != 0;
     if (remote && !j->elastic) {
         ddpd__job_discard(j);
-        return adopt_fail(why, whylen, "it has ranks on peer daemons, which ended them when this "
-                          "daemon's links went down (ddp.restart: on-failure places them again)");
+        return adopt_fail(why, whylen, "it has ranks on peer daemons, and only an elastic job "
+                          "(ddp.restart: on-failure) is adopted across daemons");
     }
     j->spec_json = ddp_strdup(spec_text);
     j->id = json_integer_value(json_object_get(row, "id"));
@@ -229,8 +229,8 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
                               rdzv, ei.msg);
         }
     }
-    /* ranks on peers were ended by their daemons when this one's links went down: they wait
-     * for a place (ddpd_job_place, from the scheduler) like ranks lost with a node */
+    /* ranks on peers wait for their daemons to say they still run them (ddpd_job_remote_adopted,
+     * the first thing on a link), else for a place like ranks lost with a node */
     json_array_foreach(nodes, i, v) if (json_integer_value(v) != 0)
     {
         j->rank_node[i] = -1;
@@ -258,8 +258,9 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
         }
     }
     ddpd__job_set_state(j, DDPD_RUNNING, "adopted after a daemon restart: %d of %d local rank(s) still "
-              "running%s", alive, j->n_local, j->n_unplaced ? "; the ranks on peers are placed "
-              "again" : j->elastic ? "; the coordinator waits for them" : "");
+              "running%s", alive, j->n_local, j->n_unplaced ? "; the ranks on peers are taken "
+              "back from their daemons or placed again" : j->elastic ? "; the coordinator waits "
+              "for them" : "");
     for (int k = 0; k < j->n_local; k++)
         if (!j->procs[k].alive && !j->procs[k].open) ddpd__job_ended_unwatched(j, &j->procs[k]);
     ddpd__job_save_runtime(j);

@@ -3,8 +3,8 @@
 # 4-rank job together (2 slots each: ranks 0-1 on a, 2-3 on b); a third daemon with the wrong
 # secret is refused and the refusal is logged. Elastic jobs across the two: a rank killed, hung
 # or cut off on b; node b dying with its ranks (the job goes on, and grows back when b returns);
-# the coordinating daemon restarting (it adopts the job and places b's ranks again). Skips (77)
-# only if namespaces cannot be made.
+# either daemon restarting mid-job (every rank trains on and is taken back). Skips (77) only if
+# namespaces cannot be made.
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "1..0 # SKIP needs root for network namespaces"; exit 77; }
 sfx=$$
@@ -132,18 +132,28 @@ if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
     check "every step 1..600 logged exactly once" test \
         "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$m")" = "$(jq -n -c '[range(1;601)]')"
 
-    # the coordinating daemon restarts (SIGTERM) while a job has ranks on b: b ends them when
-    # a's link drops, and the new a adopts the job and places ranks 2-3 on b again
+    # daemon restarts across the two hosts leave every rank training: (1) the coordinating
+    # daemon a (its ranks on b wait for it as orphans, and its new coordinator adopts the running
+    # generation of 4), (2) b (it takes its guest ranks back from their records and they are a's
+    # again when its link returns); no new generation forms for either
     id=$(ctl a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
     wait_until 120 grep -q '{"step":8,"steps"' "$m"
     stop_daemon a
     start_ns "$NA" a --slots 2 --listen "$A:7450" --secret-file "$T/secret" --peer "b=$Bip:7450"
-    check "the new a adopts the multi-node job" bash -c "$DDPCTL --socket $T/a.sock --json status $id | jq -r '.transitions[].reason' | grep -q 'adopted after a daemon restart: 2 of 2 local rank(s) still running; the ranks on peers are placed again'"
-    check "and places its ranks on b again" wait_until 60 grep -q "job $id: 2 lost rank(s) placed again on b" "$T/a.log"
-    check "the adopted multi-node job succeeds" wait_state a "$id" succeeded 300
+    check "the new a adopts the multi-node job" bash -c "$DDPCTL --socket $T/a.sock --json status $id | jq -r '.transitions[].reason' | grep -q 'adopted after a daemon restart: 2 of 2 local rank(s) still running'"
+    check "b kept a's ranks and gives them back" wait_until 60 grep -q "job $id: node b still runs 2 of its rank(s)" "$T/a.log"
+    check "a's coordinator adopts the generation of 4" wait_until 60 grep -q "adopted the running generation 1: all 4 member(s) came back" "$T/a.log"
+    wait_until 120 grep -q '{"step":300,"steps"' "$m"
+    stop_daemon b
+    check "b's guest ranks outlive b" test -n "$(pgrep -f "a-job-$id/job.json")"
+    start_ns "$NB" b --slots 2 --listen "$Bip:7450" --secret-file "$T/secret" --peer "a=$A:7450"
+    check "the new b takes its guest ranks back" wait_until 60 grep -q "took back 2 of 2 guest rank(s) of a's job $id" "$T/b.log"
+    check "and they are a's again" wait_until 60 bash -c "[ \$(grep -c 'job $id: node b still runs 2 of its rank(s)' '$T/a.log') -ge 2 ]"
+    check "the job through both restarts succeeds" wait_state a "$id" succeeded 300
     check "every step 1..600 logged exactly once" test \
         "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$m")" = "$(jq -n -c '[range(1;601)]')"
+    check "no new generation formed through either restart" bash -c "! grep -q '\"event\":\"generation\"' '$m'"
 else
-    for i in $(seq 1 19); do ok "elastic across hosts # SKIP needs the real worker"; done
+    for i in $(seq 1 23); do ok "elastic across hosts # SKIP needs the real worker"; done
 fi
 finish
