@@ -261,8 +261,14 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
               "running%s", alive, j->n_local, j->n_unplaced ? "; the ranks on peers are taken "
               "back from their daemons or placed again" : j->elastic ? "; the coordinator waits "
               "for them" : "");
-    for (int k = 0; k < j->n_local; k++)
-        if (!j->procs[k].alive && !j->procs[k].open) ddpd__job_ended_unwatched(j, &j->procs[k]);
+    /* ranks that ended unwatched: those killed (no exit status) first, as the likelier cause of
+     * the others' errors, so that a failed job names them */
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < j->n_local; k++) {
+            ddpd_proc_t *p = &j->procs[k];
+            if (!p->alive && !p->open && p->status_unknown == !pass)
+                ddpd__job_ended_unwatched(j, p);
+        }
     ddpd__job_save_runtime(j);
     ddpd__job_notify(j, DDPD_JOB_SLOTS);
     ddpd__job_maybe_finish(j);
