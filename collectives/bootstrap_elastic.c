@@ -115,11 +115,11 @@ static void on_message(ddp_elastic_t *e, json_t *m)
         e->silence_ns = (int64_t)(json_number_value(json_object_get(m, "hb_timeout_s")) * 1e9);
         e->reconnect_ns = (int64_t)(json_number_value(json_object_get(m, "reconnect_s")) * 1e9);
         json_decref(e->gen_msg);
-        e->gen_msg = json_incref(m);
+        e->gen_msg = json_deep_copy(m); /* a copy: no reference count shared between threads */
     } else if (!strcmp(t, "ag")) {
         if (g == e->cur_gen) {
             json_decref(e->ag_msg);
-            e->ag_msg = json_incref(m);
+            e->ag_msg = json_deep_copy(m);
         }
     } else if (!strcmp(t, "reform")) {
         if (g == e->cur_gen) {
