@@ -12,7 +12,7 @@
  *   data: {train: "data/train_*.bin", val: "data/val_*.bin"}
  *   train: {steps, micro_batch, seq_len, global_batch_tokens, lr, min_lr, warmup, schedule,
  *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
- *           val_batches, sample_tokens, log_every}
+ *           val_batches, sample_tokens, log_every, trace, recompute, memory_limit}
  *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
  *         check_every}
  *   checkpoint: {dir, every, keep_last, writers, shard_mb}
@@ -57,6 +57,11 @@
  *   train.log_every            int       1              a step line every N steps
  *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
  *                                                       JSON in RUN_DIR/trace/rank-R.json
+ *   train.recompute            enum      none           none | block: keep only each block's
+ *                                                       input, redo its forward in backward
+ *   train.memory_limit         bytes     0              memory a rank may use ("8GiB", "512MB",
+ *                                                       or bytes); 0 = the GPU's, else the
+ *                                                       cgroup's or RAM's; checked before step 1
  *   ddp.workers                int       1              ranks
  *   ddp.min_workers            int       workers        fewest ranks the job goes on with
  *   ddp.max_workers            int       workers        most ranks the job may grow to
@@ -98,6 +103,9 @@ typedef struct ddp_model_cfg {
 
 typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
 typedef enum { DDP_PREC_FP32 = 0, DDP_PREC_BF16 = 1, DDP_PREC_FP16 = 2 } ddp_precision_t;
+/* What backward recomputes instead of keeping: nothing, or each block's forward (only the
+ * blocks' inputs are kept). */
+typedef enum { DDP_RECOMPUTE_NONE = 0, DDP_RECOMPUTE_BLOCK = 1 } ddp_recompute_t;
 
 typedef struct ddp_spec {
     char name[128];
@@ -130,6 +138,8 @@ typedef struct ddp_spec {
     int sample_tokens; /* tokens sampled at the end; 0 = none */
     long log_every;    /* step lines every N steps */
     char trace[32];    /* steps to trace, "N" or "N-M" (common/trace.h); "" = none */
+    ddp_recompute_t recompute; /* activation recomputation in backward */
+    int64_t memory_limit;      /* bytes a rank may use; 0 = the device's (GPU, cgroup or RAM) */
 
     /* ddp */
     double bucket_mb, first_bucket_mb;
