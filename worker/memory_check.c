@@ -59,7 +59,7 @@ void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0 || t->opts.quiet) return;
     char peak[32], plan[32];
-    DDP_INFO("peak RSS %s (ru_maxrss); the memory budget said %s",
-             ddp_mem_fmt((int64_t)ru.ru_maxrss * 1024, peak, sizeof peak),
-             ddp_mem_fmt(t->mem_budget, plan, sizeof plan));
+    DDP_INFO("peak RSS %s (ru_maxrss %ld KiB); the memory budget said %s (%lld KiB)",
+             ddp_mem_fmt((int64_t)ru.ru_maxrss * 1024, peak, sizeof peak), ru.ru_maxrss,
+             ddp_mem_fmt(t->mem_budget, plan, sizeof plan), (long long)(t->mem_budget / 1024));
 }
