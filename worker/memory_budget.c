@@ -228,10 +228,10 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
         return 1;
     }
     char t[32], l[32], o[32], x[32];
-    size_t n = (size_t)snprintf(buf, len,
-                                "needs %s per rank but the limit is %s (%s), %s over; what helps:",
-                                ddp_mem_fmt(b->total, t, sizeof t), ddp_mem_fmt(b->limit, l, sizeof l),
-                                b->limit_from, ddp_mem_fmt(b->total - b->limit, o, sizeof o));
+    size_t n = (size_t)snprintf(
+        buf, len, "needs %s per rank but the limit is %s (%s), %s over; what helps:",
+        ddp_mem_fmt(b->total, t, sizeof t), ddp_mem_fmt(b->limit, l, sizeof l), b->limit_from,
+        ddp_mem_fmt(b->total - b->limit, o, sizeof o));
 #define ADD(...) (n += n < len ? (size_t)snprintf(buf + n, len - n, __VA_ARGS__) : 0)
     int cur = b->max_B;
     if (cur >= 1 && cur < b->B)

@@ -116,7 +116,8 @@ static void test_budget_figures(void **state)
     assert_int_equal(b.limit, (int64_t)1 << 30);
     int64_t sum = b.params + b.grads + b.moments + b.accum_buf + b.emb + b.acts + b.workspace +
                   b.checkpoint + b.runtime;
-    if (sum != b.total) fail_msg("parts add to %lld, total %lld", (long long)sum, (long long)b.total);
+    if (sum != b.total)
+        fail_msg("parts add to %lld, total %lld", (long long)sum, (long long)b.total);
     char text[2048];
     ddp_mem_budget_format(&b, text, sizeof text);
     assert_non_null(strstr(text, "activations"));
@@ -166,7 +167,8 @@ static void test_budget_advice(void **state)
 static void test_spec_fields(void **state)
 {
     (void)state;
-    ddp_spec_t s = spec_for("data: {train: x}\ntrain: {recompute: block, memory_limit: \"8GiB\"}\n");
+    ddp_spec_t s =
+        spec_for("data: {train: x}\ntrain: {recompute: block, memory_limit: \"8GiB\"}\n");
     assert_int_equal(s.recompute, DDP_RECOMPUTE_BLOCK);
     assert_int_equal(s.memory_limit, (int64_t)8 << 30);
     s = spec_for("data: {train: x}\ntrain: {memory_limit: 123456}\n");
@@ -189,7 +191,8 @@ static void test_spec_fields(void **state)
         ddp_errinfo_clear(&ei);
         ddp_spec_t x;
         assert_int_equal(ddp_spec_parse(&x, bad[i], strlen(bad[i]), "<test>", &ei), DDP_ESPEC);
-        if (!strstr(ei.msg, msg[i])) fail_msg("spec %d: got \"%s\", want \"%s\"", i, ei.msg, msg[i]);
+        if (!strstr(ei.msg, msg[i]))
+            fail_msg("spec %d: got \"%s\", want \"%s\"", i, ei.msg, msg[i]);
     }
 }
 
