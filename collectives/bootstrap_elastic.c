@@ -2,8 +2,15 @@
  *
  * The socket stays blocking; the connection's thread polls it with a timeout of one heartbeat
  * period, so it both reads promptly and heartbeats on time. Writes from the caller's thread
- * (join, allgather, done) and the connection's thread (heartbeats) are serialised by send_mu.
- * Everything the connection's thread learns is published under mu and signalled on cv.
+ * (join, allgather, done) and the connection's thread (heartbeats) are serialised by send_mu,
+ * which also guards the descriptor: only the connection's thread replaces it, when it
+ * reconnects. Everything the connection's thread learns is published under mu and signalled on
+ * cv.
+ *
+ * A connection that closes (the coordinator's daemon restarted) is not the end: once a member,
+ * the worker redials for the "reconnect_s" the coordinator gave it, training on meanwhile, and
+ * says where it stands ("rejoin" inside a generation, "join" again while it waits for one). A
+ * coordinator that goes silent instead is a partition: this side stops.
  */
 #include "collectives/elastic.h"
 
@@ -26,8 +33,10 @@
 #include "common/log.h"
 
 struct ddp_elastic {
-    int fd;
+    int fd; /* under send_mu; -1 while reconnecting */
     int hint;
+    char host[256];
+    int port;
     char token[128];
     char host_id[160];
     char data_host[64];
@@ -40,12 +49,15 @@ struct ddp_elastic {
     int stop;
     long step;
     uint64_t cur_gen;     /* the generation this worker is in (0: none) */
+    int cur_rank, cur_size;
+    int joining;          /* a join is outstanding: no "gen" answered it yet */
     ddp_coll_t *watched;
     json_t *gen_msg;      /* a "gen" not yet taken by join */
     json_t *ag_msg;       /* an "ag" result not yet taken */
     int regroup;          /* the current generation ends at the next boundary (or has ended) */
     int lost;             /* the job is over for this worker */
     int64_t silence_ns;   /* give the coordinator up after this long unheard (0: not yet known) */
+    int64_t reconnect_ns; /* redial a closed connection for this long (0: not yet a member) */
     int job_done;         /* ... because it finished before this worker was admitted */
     char lost_why[512];
 };
@@ -64,7 +76,8 @@ static int send_msg(ddp_elastic_t *e, json_t *msg)
     size_t n = strlen(s);
     s[n] = '\n';
     pthread_mutex_lock(&e->send_mu);
-    int rc = ddp__net_send_all(e->fd, s, n + 1, ddp_now_ns() + 10000000000LL);
+    int rc = e->fd < 0 ? DDP_EPEER
+                       : ddp__net_send_all(e->fd, s, n + 1, ddp_now_ns() + 10000000000LL);
     pthread_mutex_unlock(&e->send_mu);
     free(s);
     return rc;
@@ -99,6 +112,7 @@ static void on_message(ddp_elastic_t *e, json_t *m)
     pthread_mutex_lock(&e->mu);
     if (!strcmp(t, "gen")) {
         e->silence_ns = (int64_t)(json_number_value(json_object_get(m, "hb_timeout_s")) * 1e9);
+        e->reconnect_ns = (int64_t)(json_number_value(json_object_get(m, "reconnect_s")) * 1e9);
         json_decref(e->gen_msg);
         e->gen_msg = json_incref(m);
     } else if (!strcmp(t, "ag")) {
@@ -115,6 +129,9 @@ static void on_message(ddp_elastic_t *e, json_t *m)
         }
     } else if (!strcmp(t, "regroup")) {
         if (g == e->cur_gen) e->regroup = 1;
+    } else if (!strcmp(t, "adopted")) {
+        DDP_INFO("elastic: the coordinator is back and adopted generation %llu",
+                 (unsigned long long)g);
     } else if (!strcmp(t, "exit")) {
         snprintf(buf, sizeof buf, "the coordinator ended this worker's part in the job: %s",
                  why ? why : "?");
@@ -125,6 +142,66 @@ static void on_message(ddp_elastic_t *e, json_t *m)
     }
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
+}
+
+static json_t *join_msg(ddp_elastic_t *e, long step)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:I}", "t", "join", "token", e->token, "pid",
+                     (json_int_t)getpid(), "host_id", e->host_id, "hint", e->hint, "step",
+                     (json_int_t)step);
+}
+
+/* The connection's thread, after its connection closed: redials for reconnect_ns and tells the
+ * new coordinator where this worker stands. Returns 1 when connected again, 0 when the worker
+ * must leave (never a member yet, stopped, or the window passed). */
+static int reconnect(ddp_elastic_t *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int64_t window = e->reconnect_ns;
+    int stop = e->stop;
+    pthread_mutex_unlock(&e->mu);
+    if (window <= 0 || stop) return 0;
+    pthread_mutex_lock(&e->send_mu);
+    close(e->fd);
+    e->fd = -1;
+    pthread_mutex_unlock(&e->send_mu);
+    DDP_WARN("elastic: the connection to the coordinator closed: redialling for up to %.0f s; "
+             "training goes on meanwhile", (double)window / 1e9);
+    int64_t start = ddp_now_ns(), deadline = start + window;
+    int fd = -1;
+    while (fd < 0 && !stop && ddp_now_ns() < deadline) {
+        int64_t slice = ddp_now_ns() + 1000000000LL; /* re-check stop every second */
+        fd = ddp__net_connect(e->host, e->port, slice < deadline ? slice : deadline);
+        pthread_mutex_lock(&e->mu);
+        stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (fd < 0) return 0;
+    ddp__net_nonblock(fd, 0);
+    pthread_mutex_lock(&e->send_mu);
+    e->fd = fd;
+    pthread_mutex_unlock(&e->send_mu);
+    /* where this worker stands: inside a running generation it rejoins it; a generation still
+     * forming cannot be finished with a coordinator that never saw it, so it ends here and the
+     * caller joins again; an outstanding join is repeated */
+    json_t *hello = NULL;
+    pthread_mutex_lock(&e->mu);
+    if (e->cur_gen && e->watched && !e->regroup) {
+        hello = json_pack("{s:s, s:s, s:I, s:s, s:i, s:I, s:I, s:i, s:i}", "t", "rejoin", "token",
+                          e->token, "pid", (json_int_t)getpid(), "host_id", e->host_id, "hint",
+                          e->hint, "step", (json_int_t)e->step, "gen", (json_int_t)e->cur_gen,
+                          "rank", e->cur_rank, "size", e->cur_size);
+    } else if (e->cur_gen) {
+        e->regroup = 1;
+        abort_watched(e, DDP_EABORTED, "the coordinator restarted while the generation formed");
+        pthread_cond_broadcast(&e->cv);
+    } else if (e->joining) {
+        hello = join_msg(e, e->step);
+    }
+    pthread_mutex_unlock(&e->mu);
+    DDP_INFO("elastic: reconnected to the coordinator after %.2f s",
+             (double)(ddp_now_ns() - start) / 1e9);
+    return !hello || send_msg(e, hello) == 0;
 }
 
 static void *conn_main(void *arg)
@@ -151,6 +228,11 @@ static void *conn_main(void *arg)
         }
         if (now >= next_hb) {
             if (send_msg(e, json_pack("{s:s, s:I}", "t", "hb", "step", (json_int_t)step)) < 0) {
+                if (reconnect(e)) {
+                    heard = ddp_now_ns();
+                    len = 0;
+                    continue;
+                }
                 set_lost(e, "lost the connection to the coordinator (heartbeat failed)");
                 break;
             }
@@ -164,6 +246,11 @@ static void *conn_main(void *arg)
         if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (n > 0) heard = ddp_now_ns();
         if (n <= 0) {
+            if (reconnect(e)) {
+                heard = ddp_now_ns();
+                len = 0;
+                continue;
+            }
             pthread_mutex_lock(&e->mu);
             stop = e->stop;
             pthread_mutex_unlock(&e->mu);
@@ -210,6 +297,8 @@ int ddp_elastic_connect(const char *addr, const char *token, int hint, double ti
     if (!e) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     e->hint = hint;
     e->step = -1;
+    snprintf(e->host, sizeof e->host, "%s", host);
+    e->port = port;
     snprintf(e->token, sizeof e->token, "%s", token);
     ddp_host_id(e->host_id, sizeof e->host_id);
     int64_t deadline = ddp_now_ns() + (int64_t)((timeout_s > 0 ? timeout_s : 60) * 1e9);
@@ -331,23 +420,23 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
     e->step = step;
     e->cur_gen = 0;
     e->regroup = 0;
+    e->joining = 1;
     json_decref(e->ag_msg);
     e->ag_msg = NULL;
     int lost = e->lost;
     pthread_mutex_unlock(&e->mu);
     if (lost) return ddp_errinfo_set(ei, DDP_EABORTED, "%s", e->lost_why);
-    int rc = send_msg(e, json_pack("{s:s, s:s, s:I, s:s, s:i, s:I}", "t", "join", "token", e->token,
-                                   "pid", (json_int_t)getpid(), "host_id", e->host_id, "hint",
-                                   e->hint, "step", (json_int_t)step));
-    if (rc < 0) {
-        set_lost(e, "lost the connection to the coordinator");
-        return ddp_errinfo_set(ei, DDP_EPEER, "elastic: cannot reach the coordinator");
-    }
+    /* a failed send is not the end: the connection's thread sees the connection close, and
+     * repeats this join once it reconnects (or gives the job up) */
+    int rc = send_msg(e, join_msg(e, step));
     pthread_mutex_lock(&e->mu);
     json_t *m = take(e, &e->gen_msg, INT64_MAX / 2, &rc);
     if (m) {
         e->cur_gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
+        e->cur_rank = (int)json_integer_value(json_object_get(m, "rank"));
+        e->cur_size = (int)json_integer_value(json_object_get(m, "size"));
         e->regroup = 0;
+        e->joining = 0;
     }
     pthread_mutex_unlock(&e->mu);
     if (!m)
@@ -419,7 +508,10 @@ int ddp_elastic_lost(ddp_elastic_t *e, const char **why)
 
 int ddp_elastic_done(ddp_elastic_t *e, long step)
 {
-    return send_msg(e, json_pack("{s:s, s:I}", "t", "done", "step", (json_int_t)step));
+    if (send_msg(e, json_pack("{s:s, s:I}", "t", "done", "step", (json_int_t)step)) < 0)
+        DDP_WARN("elastic: the coordinator is away at the end of the job; its daemon learns of "
+                 "the end from this process's exit");
+    return 0;
 }
 
 void ddp_elastic_free(ddp_elastic_t *e)
@@ -429,7 +521,9 @@ void ddp_elastic_free(ddp_elastic_t *e)
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_mutex_unlock(&e->mu);
-        shutdown(e->fd, SHUT_RDWR);
+        pthread_mutex_lock(&e->send_mu);
+        if (e->fd >= 0) shutdown(e->fd, SHUT_RDWR);
+        pthread_mutex_unlock(&e->send_mu);
         pthread_join(e->thread, NULL);
     }
     if (e->fd >= 0) close(e->fd);

@@ -15,7 +15,9 @@
  * A thread of the connection reads the coordinator's messages and sends a heartbeat every
  * DDP_ELASTIC_HB_MS, so a worker busy in a long step stays a member, and a stopped or hung
  * process (no heartbeats) is evicted. When the connection breaks the worker can no longer be a
- * member: the watched communicator is aborted and every later call fails with DDP_EPEER.
+ * member: the watched communicator is aborted and every later call fails with DDP_EPEER --
+ * unless the coordinator comes back (its daemon restarted): a member redials it for the
+ * "reconnect_s" of its last generation, training on, and rejoins (elastic_proto.h).
  * Threads: one caller thread; the connection's thread is internal.
  */
 #ifndef DDP_COLLECTIVES_ELASTIC_H
@@ -58,7 +60,8 @@ void ddp_elastic_set_step(ddp_elastic_t *e, long step);
 int ddp_elastic_regroup_wanted(ddp_elastic_t *e);
 /* 1 once the coordinator ended the job or the connection broke (why: its reason). */
 int ddp_elastic_lost(ddp_elastic_t *e, const char **why);
-/* Tells the coordinator this worker trained to the end (it leaves without a regroup). */
+/* Tells the coordinator this worker trained to the end (it leaves without a regroup). Returns 0
+ * (a coordinator that is away learns of the end from its daemon). */
 int ddp_elastic_done(ddp_elastic_t *e, long step);
 /* Closes the connection and joins its thread. NULL-safe. */
 void ddp_elastic_free(ddp_elastic_t *e);

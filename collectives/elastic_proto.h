@@ -13,25 +13,35 @@
  *   {"t":"ag","gen":G,"data":X}  this member's contribution to an allgather of generation G
  *                                (X: lowercase hex); allgathers of a generation run in order
  *   {"t":"done","step":S}        trained to the end; leaves without a regroup
+ *   {"t":"rejoin","token":T,"pid":P,"host_id":H,"hint":R,"step":S,"gen":G,"rank":K,"size":N}
+ *        sent after reconnecting to a coordinator that restarted (its daemon did): this worker
+ *        is rank K of N in generation G, still training. A coordinator that is adopting the
+ *        running job takes generation G over once all N ranks of it are back.
  *
  * coordinator -> worker
- *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W,"hb_timeout_s":H}
+ *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W,"hb_timeout_s":H,
+ *    "reconnect_s":C}
  *        generation G is formed: this worker is rank R of N. K: the rank whose state is the
  *        newest (the highest completed step S); B: 1 when some member is behind K, so every
  *        member takes part in K's state broadcast before training. W: why it formed. H: the
- *        silence after which either side gives the other up.
+ *        silence after which either side gives the other up. C ("reconnect_s"): how long a
+ *        member redials a connection that closed.
  *   {"t":"hb"}                   the coordinator's heartbeat, every DDP_ELASTIC_HB_MS
  *   {"t":"ag","gen":G,"all":[X0, X1, ...]}   the allgather's result, in rank order
  *   {"t":"reform","gen":G,"why":W}  generation G is over (a member died or stopped
  *                                answering): abort its communicator at once and join again
  *   {"t":"regroup","gen":G,"why":W} a joiner waits: finish the current step, then join again
+ *   {"t":"adopted","gen":G}      a restarted coordinator took the running generation G over:
+ *                                nothing changes for the member
  *   {"t":"exit","why":W}         the job cannot go on (below ddp.min_workers for too long, or
  *                                this worker was evicted): stop with W as the reason
  *
- * Anything that carries an older generation than the coordinator's is dropped. A worker whose
- * connection to the coordinator breaks, or that hears nothing from it for H seconds, leaves the
- * job (exit status 1): the side of a partition without the coordinator stops, so there is never
- * a second brain.
+ * Anything that carries an older generation than the coordinator's is dropped. A worker that
+ * hears nothing from the coordinator for H seconds leaves the job (exit status 1): the side of a
+ * partition without the coordinator stops, so there is never a second brain. A connection that
+ * closes is a coordinator that went away (its daemon restarting): a member redials it for C
+ * seconds while it trains on, then rejoins; it leaves only when C passes. A generation's data
+ * plane spans all its members, so a worker cut off from the others cannot train alone meanwhile.
  */
 #ifndef DDP_COLLECTIVES_ELASTIC_PROTO_H
 #define DDP_COLLECTIVES_ELASTIC_PROTO_H

@@ -236,9 +236,11 @@ static void tick_cb(uv_timer_t *t)
         if (!s->closing && s->streams) ddpd__service_logs(s);
 }
 
-void ddpd_api_job_event(ddpd_t *d, ddpd_job_t *j)
+/* A job changed state or reported a step: its watchers hear of it. */
+static void job_changed(void *arg, ddpd_job_t *j, unsigned what)
 {
-    if (!d->api) return;
+    ddpd_t *d = arg;
+    if (!d->api || !(what & (DDPD_JOB_STATE | DDPD_JOB_PROGRESS))) return;
     for (ddpd_session_t *s = d->api->sessions; s; s = s->next)
         if (!s->closing && s->streams) ddpd__watch_event(s, j);
 }
@@ -311,6 +313,7 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
     if (!api) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     api->d = d;
     d->api = api;
+    ddpd_job_on_change(d, job_changed, d);
     uv_timer_init(d->loop, &api->tick);
     api->tick.data = api;
     uv_pipe_init(d->loop, &api->listener, 0);

@@ -159,3 +159,14 @@ int ddpd_client_call(ddpd_client_t *c, const char *method, json_t *params, json_
         json_decref(m);
     }
 }
+
+void ddpd_default_socket_path(char *buf, size_t n)
+{
+    const char *xrt = getenv("XDG_RUNTIME_DIR");
+    if (geteuid() == 0)
+        snprintf(buf, n, "/run/ddpd/ddpd.sock");
+    else if (xrt && *xrt)
+        snprintf(buf, n, "%s/ddpd.sock", xrt);
+    else
+        snprintf(buf, n, "/tmp/ddpd-%u.sock", (unsigned)geteuid());
+}

@@ -14,6 +14,10 @@ typedef struct ddpd_client {
     long next_id;
 } ddpd_client_t;
 
+/* Where a daemon listens unless told otherwise (the same rule for ddpd and its clients):
+ * /run/ddpd/ddpd.sock for root, else $XDG_RUNTIME_DIR/ddpd.sock, else /tmp/ddpd-<uid>.sock. */
+void ddpd_default_socket_path(char *buf, size_t n);
+
 /* How long ddpd_client_connect keeps retrying a refused or full socket (milliseconds). */
 #define DDPD_CLIENT_RETRY_MS 1000
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "daemon/client.h"
 #include "kernels/kernels.h"
 
 static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
@@ -20,17 +21,11 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
     memset(cfg, 0, sizeof *cfg);
     if (gethostname(cfg->node_name, sizeof cfg->node_name - 1) != 0)
         copy_str(cfg->node_name, sizeof cfg->node_name, "localhost");
-    const char *xrt = getenv("XDG_RUNTIME_DIR");
     const char *home = getenv("HOME");
+    ddpd_default_socket_path(cfg->socket_path, sizeof cfg->socket_path);
     if (geteuid() == 0) {
-        copy_str(cfg->socket_path, sizeof cfg->socket_path, "/run/ddpd/ddpd.sock");
         copy_str(cfg->state_dir, sizeof cfg->state_dir, "/var/lib/ddpd");
     } else {
-        if (xrt && *xrt)
-            snprintf(cfg->socket_path, sizeof cfg->socket_path, "%s/ddpd.sock", xrt);
-        else
-            snprintf(cfg->socket_path, sizeof cfg->socket_path, "/tmp/ddpd-%u.sock",
-                     (unsigned)geteuid());
         const char *xs = getenv("XDG_STATE_HOME");
         if (xs && *xs)
             snprintf(cfg->state_dir, sizeof cfg->state_dir, "%s/ddpd", xs);

@@ -20,7 +20,7 @@
 #include "common/log.h"
 #include "daemon/lines.h"
 
-typedef enum { FORMING, RUNNING, ENDED } phase_t;
+typedef enum { ADOPTING, FORMING, RUNNING, ENDED } phase_t;
 
 typedef struct member member_t;
 struct member {
@@ -34,6 +34,8 @@ struct member {
     int done;     /* trained to the end */
     int rank;     /* in the running generation, else -1 */
     int hint;
+    unsigned long rejoin_gen; /* adopting: the generation it says it runs in (0: a joiner) */
+    int rejoin_size;
     long pid, step;
     char host_id[160];
     char peer[64];
@@ -61,6 +63,7 @@ struct ddpd_coord {
     int64_t below_min_ns; /* when the job fell below min_workers (0: it is not) */
     int64_t reform_ns;    /* when the running generation ended (detection -> formation) */
     int64_t last_hb_ns;   /* the coordinator's last heartbeat to its members */
+    int64_t adopt_end_ns; /* adopting: when it gives up waiting for the members to come back */
     char why[256];        /* why the next generation forms */
 };
 
@@ -165,6 +168,8 @@ static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
                           c->why), running_not_back);
 }
 
+static void abandon_adoption(ddpd_coord_t *c, const char *why);
+
 /* Removes m from the job: closes its connection and, with kill_it, kills the process on this host
  * so that it cannot act in a later generation (a daemon kills one elsewhere from the event). */
 static void evict(ddpd_coord_t *c, member_t *m, const char *why, int kill_it)
@@ -184,6 +189,11 @@ static void evict(ddpd_coord_t *c, member_t *m, const char *why, int kill_it)
     m->rank = -1;
     uv_close((uv_handle_t *)&m->tcp, member_closed);
     if (was_running) end_generation(c, "rank %d (pid %ld) %s", rank, m->pid, why);
+    if (c->phase == ADOPTING && m->rejoin_gen) {
+        char w[256];
+        snprintf(w, sizeof w, "rank %d (pid %ld) %s", rank, m->pid, why);
+        abandon_adoption(c, w);
+    }
     check_done(c);
 }
 
@@ -241,10 +251,11 @@ static void try_form(ddpd_coord_t *c)
         json_decref(m->ag);
         m->ag = NULL;
         json_array_append_new(ranks, json_integer(m->pid));
-        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f}", "t", "gen", "gen",
-                             (json_int_t)c->gen, "rank", r, "size", n, "source", source, "sync",
-                             behind > 0 && top >= 0, "step", (json_int_t)top, "why", why,
-                             "hb_timeout_s", c->cfg.hb_timeout_s));
+        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f, s:f}", "t", "gen",
+                             "gen", (json_int_t)c->gen, "rank", r, "size", n, "source", source,
+                             "sync", behind > 0 && top >= 0, "step", (json_int_t)top, "why", why,
+                             "hb_timeout_s", c->cfg.hb_timeout_s, "reconnect_s",
+                             c->cfg.rejoin_timeout_s));
     }
     DDP_INFO("coordinator: generation %lu formed: %d member(s), state from rank %d (step %ld)%s; "
              "cause: %s", c->gen, n, source, top, behind && top >= 0 ? ", synced" : "", why);
@@ -277,6 +288,86 @@ static void try_allgather(ddpd_coord_t *c)
     json_decref(msg);
 }
 
+/* Adopting: the running generation cannot be taken over (a member is missing, died, or lost its
+ * generation while the coordinator was away). Every member that came back aborts its generation
+ * and joins again; the next generation's number is above all of theirs. */
+static void abandon_adoption(ddpd_coord_t *c, const char *why)
+{
+    if (c->phase != ADOPTING) return;
+    c->phase = FORMING;
+    c->reform_ns = ddp_now_ns();
+    snprintf(c->why, sizeof c->why, "%s", why);
+    DDP_WARN("coordinator: the running generation cannot be adopted: %s; forming a new one", why);
+    for (member_t *m = c->members; m; m = m->next) {
+        if (m->closing || !m->rejoin_gen) continue;
+        if (m->rejoin_gen > c->gen) c->gen = m->rejoin_gen;
+        send_to(m, json_pack("{s:s, s:I, s:s}", "t", "reform", "gen", (json_int_t)m->rejoin_gen,
+                             "why", why));
+        m->rejoin_gen = 0;
+    }
+}
+
+/* Adopting: takes generation G over once all its members are back and nobody else waits. */
+static void try_adopt(ddpd_coord_t *c)
+{
+    if (c->phase != ADOPTING) return;
+    unsigned long g = 0;
+    int size = 0, back = 0;
+    for (const member_t *m = c->members; m; m = m->next)
+        if (!m->closing && m->rejoin_gen > g) {
+            g = m->rejoin_gen;
+            size = m->rejoin_size;
+        }
+    uint64_t seen = 0; /* ranks of g that are back (a bit each) */
+    for (const member_t *m = c->members; m; m = m->next) {
+        if (m->closing || !m->joined || m->done) continue;
+        if (m->rejoin_gen != g || m->rejoin_size != size || m->rank < 0 || m->rank >= size ||
+            m->rank >= 64 || (seen >> m->rank & 1)) {
+            abandon_adoption(c, "the members that came back do not form one generation");
+            return;
+        }
+        seen |= 1ULL << m->rank;
+        back++;
+    }
+    if (g == 0 || back < size) return;
+    c->gen = g;
+    c->phase = RUNNING;
+    c->formed_once = 1;
+    send_all(c, json_pack("{s:s, s:I}", "t", "adopted", "gen", (json_int_t)g), is_running);
+    json_t *pids = json_array();
+    for (int r = 0; r < size; r++)
+        for (const member_t *m = c->members; m; m = m->next)
+            if (!m->closing && m->rank == r) json_array_append_new(pids, json_integer(m->pid));
+    DDP_INFO("coordinator: adopted the running generation %lu: all %d member(s) came back", g,
+             size);
+    emit(c, json_pack("{s:s, s:I, s:i, s:o}", "event", "adopted", "gen", (json_int_t)g, "size",
+                      size, "pids", pids));
+}
+
+/* A member of a running generation came back after the coordinator restarted. */
+static void on_rejoin(ddpd_coord_t *c, member_t *m, json_t *msg)
+{
+    m->joined = 1;
+    m->waiting = 0;
+    m->pid = (long)json_integer_value(json_object_get(msg, "pid"));
+    m->hint = (int)json_integer_value(json_object_get(msg, "hint"));
+    m->step = (long)json_integer_value(json_object_get(msg, "step"));
+    const char *hid = json_string_value(json_object_get(msg, "host_id"));
+    snprintf(m->host_id, sizeof m->host_id, "%s", hid ? hid : "");
+    unsigned long g = (unsigned long)json_integer_value(json_object_get(msg, "gen"));
+    if (c->phase != ADOPTING) {
+        /* too late to adopt its generation: it ends there and the member joins again */
+        if (g > c->gen && c->phase != RUNNING) c->gen = g;
+        send_to(m, json_pack("{s:s, s:I, s:s}", "t", "reform", "gen", (json_int_t)g, "why",
+                             "its generation was not adopted by the restarted coordinator"));
+        return;
+    }
+    m->rejoin_gen = g ? g : 1;
+    m->rejoin_size = (int)json_integer_value(json_object_get(msg, "size"));
+    m->rank = (int)json_integer_value(json_object_get(msg, "rank"));
+    try_adopt(c);
+}
+
 static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
 {
     const char *token = json_string_value(json_object_get(msg, "token"));
@@ -296,6 +387,7 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
     }
     m->joined = 1;
     m->waiting = 1;
+    if (c->phase == ADOPTING) abandon_adoption(c, "a worker asked to join");
     m->pid = (long)json_integer_value(json_object_get(msg, "pid"));
     m->hint = (int)json_integer_value(json_object_get(msg, "hint"));
     m->step = (long)json_integer_value(json_object_get(msg, "step"));
@@ -346,12 +438,19 @@ static int on_message(member_t *m, json_t *msg)
     const char *t = json_string_value(json_object_get(msg, "t"));
     if (!t) t = "";
     if (!m->joined && !strcmp(t, "hb")) return 0; /* its first heartbeat may precede its join */
-    if (!m->joined && strcmp(t, "join") != 0) {
+    if (!m->joined && strcmp(t, "join") != 0 && strcmp(t, "rejoin") != 0) {
         evict(c, m, "spoke before joining", 0);
         return 1;
     }
     if (!strcmp(t, "join")) {
         on_join(c, m, msg);
+    } else if (!strcmp(t, "rejoin")) {
+        const char *token = json_string_value(json_object_get(msg, "token"));
+        if (!token || strcmp(token, c->token) != 0) {
+            evict(c, m, "presented a wrong job token", 0);
+            return 1;
+        }
+        on_rejoin(c, m, msg);
     } else if (!strcmp(t, "hb")) {
         json_t *s = json_object_get(msg, "step");
         if (json_is_integer(s)) m->step = (long)json_integer_value(s);
@@ -447,6 +546,9 @@ static void on_tick(uv_timer_t *t)
             evict(c, m, why, 1);
         }
     }
+    if (c->phase == ADOPTING && now > c->adopt_end_ns)
+        abandon_adoption(c, "not every member of the running generation came back within "
+                            "ddp.heartbeat_timeout_s");
     if (c->below_min_ns && now - c->below_min_ns > (int64_t)(c->cfg.rejoin_timeout_s * 1e9)) {
         char why[512];
         snprintf(why, sizeof why,
@@ -509,6 +611,14 @@ int ddpd_coord_new(uv_loop_t *loop, const ddpd_coord_cfg_t *cfg, ddpd_coord_t **
     uv_timer_init(loop, &c->tick);
     c->tick.data = c;
     c->handles++;
+    if (cfg->adopt) {
+        c->phase = ADOPTING;
+        c->gen = cfg->last_gen;
+        c->formed_once = 1;
+        c->adopt_end_ns = ddp_now_ns() + (int64_t)(c->cfg.hb_timeout_s * 1e9);
+    } else {
+        c->phase = FORMING;
+    }
     uv_timer_start(&c->tick, on_tick, 100, 100);
     *out = c;
     return 0;

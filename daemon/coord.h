@@ -16,6 +16,10 @@
  *    step and join again, so no step is interrupted for it.
  *  - The member with the highest completed step is the source of the state; when anyone is
  *    behind it, every member takes part in its broadcast before the next step.
+ *  - Adopting (a daemon that restarted while the job ran): the running generation is taken over
+ *    as it is once every one of its members has reconnected ("rejoin") -- nothing is
+ *    interrupted. A member missing after hb_timeout_s, one that died, or a worker asking to join
+ *    ends it instead: those that came back abort it and a new generation forms.
  * Loop thread only.
  */
 #ifndef DDPD_COORD_H
@@ -36,8 +40,13 @@ typedef struct ddpd_coord_cfg {
     int min_workers;         /* fewest members a generation may have */
     int max_workers;         /* most members; a joiner beyond is refused */
     double hb_timeout_s;     /* silence before a member is evicted (0 = 5 s) */
-    double rejoin_timeout_s; /* how long the job waits below min_workers (0 = 60 s) */
+    double rejoin_timeout_s; /* how long the job waits below min_workers (0 = 60 s), and how
+                                long a member redials a coordinator that went away */
+    int adopt;               /* the job already runs: adopt its generation (see above) */
+    unsigned long last_gen;  /* adopting: the newest generation the job is known to have had;
+                                new ones are numbered above it */
     /* Called with each event (borrowed object): {"event":"generation",...}, {"event":"evict",...},
+     * {"event":"adopted","gen":G,"size":N,"pids":[...]},
      * {"event":"done"} and {"event":"failed","why":...}; after "done" or "failed" the coordinator
      * does nothing more but can be closed. May be NULL. */
     void (*on_event)(void *arg, json_t *event);

@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "daemon/api.h"
-#include "daemon/config.h"
-#include "daemon/ctl.h"
+#include "daemon/client.h"
+#include "daemon/ctl_watch.h"
+#include "daemon/rpc.h"
 #include "daemon/ctl_plan.h"
 #include "daemon/ctl_plot.h"
 #include "daemon/ctl_trace.h"
@@ -45,7 +45,8 @@ static void usage(FILE *f)
             "  watch ID\n"
             "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
             "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"
-            "  plan SPEC [--workers N] [--local N]    memory budget per rank, without running\n"
+            "  plan SPEC [--workers N] [--local N] [--gpu BYTES]\n"
+            "                                         memory budget per rank, without running\n"
             "  nodes\n"
             "  info                                   daemon status\n"
             "  call METHOD [PARAMS-JSON]              raw JSON-RPC call\n"
@@ -586,10 +587,11 @@ int main(int argc, char **argv)
                                       {"json", no_argument, 0, 'j'},
                                       {"help", no_argument, 0, 'h'},
                                       {0, 0, 0, 0}};
-    ddpd_config_t cfg;
-    ddpd_config_defaults(&cfg, NULL);
     const char *env = getenv("DDPD_SOCKET");
-    snprintf(socket_path, sizeof socket_path, "%s", env && *env ? env : cfg.socket_path);
+    if (env && *env)
+        snprintf(socket_path, sizeof socket_path, "%s", env);
+    else
+        ddpd_default_socket_path(socket_path, sizeof socket_path);
     int c;
     /* options before the command only ("+"), so each command parses its own */
     while ((c = getopt_long(argc, argv, "+s:jh", o, NULL)) != -1) {

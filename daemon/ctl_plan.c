@@ -6,8 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon/ctl.h"
-#include "kernels/kernels.h"
+#include "daemon/ctl_watch.h" /* CTL_* */
 #include "proto/hf_config.h"
 #include "proto/spec.h"
 #include "worker/memory_budget.h"
@@ -16,12 +15,15 @@ int ddpctl_plan(int argc, char **argv)
 {
     static const struct option o[] = {{"workers", required_argument, 0, 'w'},
                                       {"local", required_argument, 0, 'l'},
+                                      {"gpu", required_argument, 0, 'g'},
                                       {0, 0, 0, 0}};
     int c, workers = 0, local = 0;
+    int64_t gpu = 0; /* bytes of each rank's GPU; 0 = the ranks run on the CPU */
     optind = 0;
-    while ((c = getopt_long(argc, argv, "w:l:", o, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "w:l:g:", o, NULL)) != -1) {
         if (c == 'w') workers = atoi(optarg);
         else if (c == 'l') local = atoi(optarg);
+        else if (c == 'g' && ddp_spec_parse_bytes(optarg, &gpu) == 0 && gpu > 0) continue;
         else return CTL_USAGE;
     }
     if (optind != argc - 1) {
@@ -42,10 +44,8 @@ int ddpctl_plan(int argc, char **argv)
     }
     if (workers < 1) workers = spec.workers;
     if (local < 1 || local > workers) local = workers;
-    /* a GPU here: the ranks would run on GPUs, whose size only train.memory_limit tells */
-    int on_gpu = ddp_kernels_gpu_count() > 0;
     ddp_mem_budget_t b;
-    if (ddp_mem_budget_plan(&spec, workers, local, on_gpu, 0, 0, &b)) {
+    if (ddp_mem_budget_plan(&spec, workers, local, gpu > 0, gpu, 0, &b)) {
         fprintf(stderr, "ddpctl: %s: no model to plan for\n", path);
         return CTL_USAGE;
     }

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/ctl.h"
+#include "daemon/ctl_watch.h"
 #include "daemon/series.h"
 
 extern char **environ;

@@ -14,7 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/ctl.h"
+#include "daemon/ctl_watch.h"
 #include "daemon/ctl_plot.h"
 
 int ddpctl_trace(int argc, char **argv, const char *socket_path)

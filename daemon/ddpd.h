@@ -18,7 +18,16 @@
 typedef struct ddpd_job ddpd_job_t;
 typedef struct ddpd_api ddpd_api_t;
 typedef struct ddpd_metrics ddpd_metrics_t;
-typedef struct ddpd_peers ddpd_peers_t;
+typedef struct ddpd_links ddpd_links_t;
+typedef struct ddpd_remote ddpd_remote_t;
+
+/* Told that job j changed; `what` is a mask of DDPD_JOB_STATE (a transition), DDPD_JOB_PROGRESS
+ * (a new metrics line) and DDPD_JOB_SLOTS (local ranks started or ended). See job.h. */
+typedef void (*ddpd_job_change_fn)(void *arg, ddpd_job_t *j, unsigned what);
+#define DDPD_JOB_STATE 1u
+#define DDPD_JOB_PROGRESS 2u
+#define DDPD_JOB_SLOTS 4u
+#define DDPD_MAX_JOB_WATCHERS 4
 
 typedef struct ddpd {
     uv_loop_t *loop;
@@ -26,9 +35,15 @@ typedef struct ddpd {
     ddpd_store_t *store;
     ddpd_api_t *api;
     ddpd_metrics_t *metrics;
-    ddpd_peers_t *peers;
+    ddpd_links_t *links;   /* link.h */
+    ddpd_remote_t *remote; /* remote.h */
 
     ddpd_job_t *jobs;      /* jobs this node coordinates that are not finished, in id order */
+    struct {
+        ddpd_job_change_fn fn;
+        void *arg;
+    } job_watchers[DDPD_MAX_JOB_WATCHERS]; /* ddpd_job_on_change */
+    int n_job_watchers;
     int slots_used;        /* local slots held by running ranks (own jobs and peers' ranks) */
     uv_timer_t sched_timer; /* deferred scheduling pass (a safe point) */
     uv_signal_t sig_term, sig_int;

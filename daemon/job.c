@@ -23,10 +23,10 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "daemon/api.h"
 #include "daemon/coord.h"
-#include "daemon/peer.h"
-#include "daemon/sched.h"
+#include "daemon/job_tail.h"
+#include "daemon/link.h"
+#include "daemon/remote.h"
 #include "proto/spec.h"
 
 static const char *const state_names[] = {"queued",    "starting", "running",
@@ -42,6 +42,19 @@ ddpd_job_t *ddpd_job_find(ddpd_t *d, int64_t id)
     return NULL;
 }
 
+void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg)
+{
+    DDP_ASSERT(d->n_job_watchers < DDPD_MAX_JOB_WATCHERS);
+    d->job_watchers[d->n_job_watchers].fn = fn;
+    d->job_watchers[d->n_job_watchers++].arg = arg;
+}
+
+static void notify(ddpd_job_t *j, unsigned what)
+{
+    for (int i = 0; i < j->d->n_job_watchers; i++)
+        j->d->job_watchers[i].fn(j->d->job_watchers[i].arg, j, what);
+}
+
 static void job_free(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
@@ -50,8 +63,7 @@ static void job_free(ddpd_job_t *j)
             *pp = j->next;
             break;
         }
-    json_decref(j->last_step);
-    json_decref(j->done);
+    ddpd_tail_close(&j->tail);
     free(j->spec_json);
     free(j->rank_node);
     free(j->procs);
@@ -79,60 +91,7 @@ static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
                               j->reason, ddp_wall_ms());
     DDP_INFO("job %lld (%s): %s -> %s: %s", (long long)j->id, j->name, ddpd_state_name(from),
              ddpd_state_name(to), j->reason);
-    ddpd_api_job_event(j->d, j);
-}
-
-/* ---- metrics.jsonl tail ---- */
-
-static void tail_line(ddpd_job_t *j, const char *line, size_t len)
-{
-    json_t *o = json_loadb(line, len, 0, NULL);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        return;
-    }
-    const char *ev = json_string_value(json_object_get(o, "event"));
-    if (ev && !strcmp(ev, "done")) {
-        json_decref(j->done);
-        j->done = o;
-    } else if (!ev && j->last_step && json_object_get(o, "val_loss") &&
-               !json_object_get(o, "loss")) {
-        /* a validation line adds to its step's record (the loss and speed stay shown) */
-        json_object_set(j->last_step, "val_loss", json_object_get(o, "val_loss"));
-        json_decref(o);
-    } else if (!ev && json_is_integer(json_object_get(o, "step"))) {
-        if (!j->last_step) j->first_step_ms = ddp_wall_ms();
-        json_decref(j->last_step);
-        j->last_step = o;
-    } else { /* other events (a new generation) are not a step's record */
-        json_decref(o);
-    }
-}
-
-/* Reads what rank 0 appended since the last call (bounded per call). Returns 1 if anything
- * new was parsed. */
-static int tail_read(ddpd_job_t *j)
-{
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", j->run_dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    char buf[65536];
-    int got = 0;
-    ssize_t n = pread(fd, buf, sizeof buf, j->metrics_off);
-    close(fd);
-    if (n <= 0) return 0;
-    j->metrics_off += n;
-    for (ssize_t i = 0; i < n; i++) {
-        if (buf[i] == '\n') {
-            tail_line(j, j->partial, j->partial_len);
-            j->partial_len = 0;
-            got = 1;
-        } else if (j->partial_len < sizeof j->partial) {
-            j->partial[j->partial_len++] = buf[i];
-        }
-    }
-    return got;
+    notify(j, DDPD_JOB_STATE);
 }
 
 static void close_handles(ddpd_job_t *j)
@@ -146,42 +105,14 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
 {
     ddpd_job_t *j = h->data;
     (void)events;
-    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && tail_read(j))
-        ddpd_api_job_event(j->d, j);
+    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_tail_read(&j->tail, j->run_dir))
+        notify(j, DDPD_JOB_PROGRESS);
 }
 
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
-    if (tail_read(j)) ddpd_api_job_event(j->d, j);
-}
-
-json_t *ddpd_job_progress(const ddpd_job_t *j)
-{
-    json_t *o = json_pack("{sI ss ss ss si}", "id", (json_int_t)j->id, "name", j->name, "state",
-                          ddpd_state_name(j->state), "reason", j->reason, "world", j->world);
-    json_object_set_new(o, "steps", json_integer(j->steps));
-    if (j->last_step) {
-        json_t *m = j->last_step;
-        json_object_set(o, "metrics", m);
-        json_int_t step = json_integer_value(json_object_get(m, "step"));
-        json_t *tot = json_object_get(m, "steps");
-        long steps = json_is_integer(tot) ? (long)json_integer_value(tot) : j->steps;
-        json_object_set_new(o, "step", json_integer(step));
-        json_object_set_new(o, "steps", json_integer(steps));
-        json_t *v;
-        if ((v = json_object_get(m, "loss"))) json_object_set(o, "loss", v);
-        if ((v = json_object_get(m, "tokens_per_s"))) json_object_set(o, "tokens_per_s", v);
-        if ((v = json_object_get(m, "straggler"))) json_object_set(o, "straggler", v);
-        double el = (double)(ddp_wall_ms() - j->first_step_ms) / 1000.0;
-        json_t *sms = json_object_get(m, "step_ms");
-        double per_step = json_is_number(sms) ? json_number_value(sms) / 1000.0 : 0;
-        if (per_step <= 0 && step > 0) per_step = el / (double)step;
-        if (steps > step && per_step > 0)
-            json_object_set_new(o, "eta_s", json_real((double)(steps - step) * per_step));
-    }
-    if (j->done) json_object_set(o, "done", j->done);
-    return o;
+    if (ddpd_tail_read(&j->tail, j->run_dir)) notify(j, DDPD_JOB_PROGRESS);
 }
 
 /* ---- ending ---- */
@@ -190,21 +121,21 @@ static void finish(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
     if (ddpd_state_terminal(j->state)) return;
-    tail_read(j);
+    ddpd_tail_read(&j->tail, j->run_dir);
     uv_timer_stop(&j->tail_timer);
     uv_timer_stop(&j->kill_timer);
     int code = -1;
     if (j->n_local && j->procs[0].rank == 0 && !j->procs[0].alive)
         code = j->procs[0].term_signal ? 128 + j->procs[0].term_signal
                                        : (int)j->procs[0].exit_status;
-    long step = j->last_step ? (long)json_integer_value(json_object_get(j->last_step, "step")) : 0;
-    json_t *fl = j->done ? json_object_get(j->done, "final_loss") : NULL;
-    if (!fl && j->last_step) fl = json_object_get(j->last_step, "loss");
-    json_t *tot = j->last_step ? json_object_get(j->last_step, "steps") : NULL;
+    long step = j->tail.last_step ? (long)json_integer_value(json_object_get(j->tail.last_step, "step")) : 0;
+    json_t *fl = j->tail.done ? json_object_get(j->tail.done, "final_loss") : NULL;
+    if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
+    json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
     ddpd_store_job_result(d->store, j->id, code, step, j->steps,
                           json_is_number(fl) ? json_number_value(fl) : NAN);
-    if (j->coord && !j->done && !j->fail_why[0] && !j->cancel_requested) {
+    if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
         j->fail_rank = j->world;
@@ -223,11 +154,11 @@ static void finish(ddpd_job_t *j)
     }
     j->freeing = 1;
     close_handles(j);
-    ddpd_sched_kick(d);
 }
 
 static void maybe_finish(ddpd_job_t *j)
 {
+    if (j->detached) return; /* the daemon stops; the job goes on without it */
     if (j->live_local == 0 && j->live_remote == 0 && j->pending_restarts == 0 &&
         j->state != DDPD_QUEUED)
         finish(j);
@@ -240,7 +171,7 @@ static void kill_cb(uv_timer_t *t)
              j->d->cfg.grace_s);
     for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGKILL);
     for (int i = 0; i < ddpd_peers_count(j->d); i++)
-        ddpd_peers_signal(j->d, i, j->id, SIGKILL);
+        ddpd_remote_signal(j->d, i, j->id, SIGKILL);
 }
 
 /* SIGTERM to every rank, SIGKILL after the grace period. */
@@ -254,7 +185,7 @@ static void terminate(ddpd_job_t *j)
         if (j->rank_node[r] > 0) peers_used = 1;
     if (peers_used)
         for (int i = 0; i < ddpd_peers_count(j->d); i++)
-            ddpd_peers_signal(j->d, i, j->id, SIGTERM);
+            ddpd_remote_signal(j->d, i, j->id, SIGTERM);
     uv_timer_start(&j->kill_timer, kill_cb, (uint64_t)(j->d->cfg.grace_s * 1000), 0);
 }
 
@@ -265,6 +196,9 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
     if (sig)
         snprintf(j->fail_why, sizeof j->fail_why, "rank %d killed by signal %d (%s)", rank, sig,
                  strsignal(sig));
+    else if (code < 0)
+        snprintf(j->fail_why, sizeof j->fail_why, "rank %d ended without recording an exit "
+                 "status (killed or crashed; see rank-%d.log)", rank, rank);
     else
         snprintf(j->fail_why, sizeof j->fail_why, "rank %d exited with code %d (see rank-%d.log)",
                  rank, code, rank);
@@ -303,13 +237,15 @@ static int restart_wanted(ddpd_job_t *j, const ddpd_proc_t *p, int code)
            p->restarts < j->max_restarts;
 }
 
+static void save_runtime(ddpd_job_t *j);
+
 static void proc_exit(ddpd_proc_t *p)
 {
     ddpd_job_t *j = p->data;
     j->live_local--;
     j->d->slots_used--;
     j->slots_held--;
-    ddpd_peers_announce(j->d);
+    notify(j, DDPD_JOB_SLOTS);
     if (p->term_signal || p->exit_status != 0) {
         /* 143 after our own SIGTERM is the worker's clean cancel */
         int ours = j->signalled && (p->exit_status == 143 || p->term_signal == SIGTERM ||
@@ -355,6 +291,7 @@ static void respawn(ddpd_job_t *j, ddpd_proc_t *p)
     DDP_WARN("job %lld: rank %d ended (code %d, signal %d): spawned again as pid %d, restart %d "
              "of %d; it rejoins the running job", (long long)j->id, p->rank, code, sig, p->pid,
              p->restarts, j->max_restarts);
+    save_runtime(j);
 }
 
 static void proc_closed(ddpd_proc_t *p)
@@ -372,9 +309,15 @@ static void coord_event(void *arg, json_t *ev)
     const char *what = json_string_value(json_object_get(ev, "event"));
     const char *why = json_string_value(json_object_get(ev, "why"));
     if (!what || ddpd_state_terminal(j->state)) return;
-    if (!strcmp(what, "generation")) {
+    if (!strcmp(what, "adopted")) {
+        j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
+        set_state(j, DDPD_RUNNING, "the running generation %lu (%d ranks) was adopted: it goes "
+                  "on without a pause", j->generation,
+                  (int)json_integer_value(json_object_get(ev, "size")));
+    } else if (!strcmp(what, "generation")) {
         j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
         int size = (int)json_integer_value(json_object_get(ev, "size"));
+        save_runtime(j);
         if (j->generation > 1 && j->state == DDPD_RUNNING)
             set_state(j, DDPD_RUNNING, "generation %lu: %d of %d ranks (cause: %.300s)",
                       j->generation, size, j->world, why ? why : "?");
@@ -387,7 +330,7 @@ static void coord_event(void *arg, json_t *ev)
                 here = 1;
             }
         for (int i = 0; !here && i < ddpd_peers_count(j->d); i++)
-            ddpd_peers_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
+            ddpd_remote_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
                             json_string_value(json_object_get(ev, "host_id")));
     } else if (!strcmp(what, "done")) {
         /* every member trained to the end: ranks elsewhere that the coordinator evicted (a
@@ -440,6 +383,21 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
     j->live_remote = 0;
     terminate(j);
     maybe_finish(j);
+}
+
+void ddpd_job_node_down(ddpd_t *d, int peer)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (ddpd_state_terminal(j->state) || !j->rank_node) continue;
+        for (int r = 0; r < j->world; r++)
+            if (j->rank_node[r] == peer + 1) {
+                char why[160];
+                snprintf(why, sizeof why, "lost the link to node %s, which ran rank %d",
+                         ddpd_peers_name(d, peer), r);
+                ddpd_job_remote_failed(d, j->id, why);
+                break;
+            }
+    }
 }
 
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
@@ -524,7 +482,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     }
     if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
     if (spec->workers < 1) spec->workers = 1;
-    int cap = ddpd_sched_capacity(d);
+    int cap = sub->capacity;
     if (spec->workers > cap) {
         rc = ddp_errinfo_set(ei, DDP_EBUSY,
                              "the job needs %d ranks but the cluster has %d slots (this node "
@@ -570,7 +528,7 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     d->n_submitted++;
     DDP_INFO("job %lld (%s): queued, %d ranks, uid %u", (long long)j->id, j->name, j->world,
              j->uid);
-    ddpd_sched_kick(d);
+    notify(j, DDPD_JOB_STATE);
     *out = j;
     return 0;
 }
@@ -607,7 +565,7 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
     j->state = DDPD_QUEUED;
     make_run_dir(j);
     job_link(d, j);
-    ddpd_sched_kick(d);
+    notify(j, DDPD_JOB_STATE);
     return 0;
 }
 
@@ -695,7 +653,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         maybe_finish(j);
         return;
     }
-    tail_read(j); /* skip what an earlier run (re-queue) left */
+    ddpd_tail_read(&j->tail, j->run_dir); /* skip what an earlier run (re-queue) left */
     /* inotify shows each line at once; the timer is the fallback (NFS, no inotify) */
     uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
     uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
@@ -733,6 +691,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         ddpd_store_job_placement(d->store, j->id, where, j->procs[0].pid);
     else
         ddpd_store_job_placement(d->store, j->id, where, 0);
+    save_runtime(j);
     if (j->fail_why[0]) {
         terminate(j);
         maybe_finish(j);
@@ -746,12 +705,17 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         if (!cnt) continue;
         j->live_remote += cnt;
         j->pending_acks++;
-        if (ddpd_peers_launch(d, n - 1, j, ranks, cnt) != 0) {
+        ddpd_remote_start_t rs = {.job = j->id, .name = j->name, .rdzv = j->rdzv,
+                                  .token = j->token, .spec_json = j->spec_json, .cwd = j->cwd,
+                                  .ranks = ranks, .n = cnt, .world = j->world,
+                                  .threads = j->threads, .elastic = j->elastic,
+                                  .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid};
+        if (ddpd_remote_launch(d, n - 1, &rs) != 0) {
             ddpd_job_remote_failed(d, j->id, "a peer disconnected before its ranks started");
             return;
         }
     }
-    ddpd_peers_announce(d);
+    notify(j, DDPD_JOB_SLOTS);
     if (j->pending_acks == 0) set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
 }
 
@@ -769,7 +733,6 @@ int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
         j->d->n_finished[2]++;
         j->freeing = 1;
         close_handles(j);
-        ddpd_sched_kick(j->d);
         return 0;
     }
     DDP_INFO("job %lld: cancel by uid %u: SIGTERM to its ranks", (long long)j->id, uid);
@@ -801,4 +764,170 @@ void ddpd_job_close_idle(ddpd_t *d)
         j->freeing = 1;
         close_handles(j);
     }
+}
+
+/* ---- a daemon restart: detach, and adopt ---- */
+
+/* Records what a restarted daemon needs to adopt the job (store column `runtime`). */
+static void save_runtime(ddpd_job_t *j)
+{
+    json_t *procs = json_array(), *nodes = json_array();
+    for (int i = 0; i < j->n_local; i++)
+        json_array_append_new(procs, json_pack("{si si si si}", "rank", j->procs[i].rank,
+                                               "local_rank", j->procs[i].local_rank, "pid",
+                                               j->procs[i].pid, "restarts",
+                                               j->procs[i].restarts));
+    for (int r = 0; r < j->world && j->rank_node; r++)
+        json_array_append_new(nodes, json_integer(j->rank_node[r]));
+    json_t *o = json_pack("{ss so so si sI sI}", "rdzv", j->rdzv, "procs", procs, "rank_node",
+                          nodes, "restarts", j->restarts, "first_step_ms",
+                          (json_int_t)j->tail.first_step_ms, "generation", (json_int_t)j->generation);
+    char *text = json_dumps(o, JSON_COMPACT);
+    if (!text || ddpd_store_job_runtime(j->d->store, j->id, text) != 0)
+        DDP_WARN("job %lld: cannot record its runtime: a restarted daemon could not adopt it",
+                 (long long)j->id);
+    free(text);
+    json_decref(o);
+}
+
+void ddpd_job_detach_all(ddpd_t *d)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (j->freeing || ddpd_state_terminal(j->state) || j->state == DDPD_QUEUED) continue;
+        DDP_INFO("job %lld (%s): left running (%d local rank(s)); the next ddpd adopts it",
+                 (long long)j->id, j->name, j->live_local);
+        save_runtime(j);
+        j->detached = 1;
+        j->freeing = 1;
+        j->live_local = 0;
+        ddpd_coord_close(j->coord); /* its members redial the next daemon's coordinator */
+        j->coord = NULL;
+        for (int i = 0; i < j->n_local; i++) ddpd_proc_release(&j->procs[i]);
+        close_handles(j);
+    }
+}
+
+/* A local rank that ended while no daemon watched it: as if its exit had just been seen. */
+static void adopted_gone(ddpd_job_t *j, ddpd_proc_t *p)
+{
+    DDP_WARN("job %lld: rank %d (pid %d) ended while the daemon was away (%s %ld)",
+             (long long)j->id, p->rank, p->pid, p->status_unknown ? "no exit status," : "code",
+             p->status_unknown ? 0L : (long)p->exit_status);
+    int failed = p->status_unknown || p->exit_status != 0;
+    if (!failed) return;
+    if (restart_wanted(j, p, (int)p->exit_status)) {
+        j->pending_restarts++;
+        respawn(j, p);
+    } else if (!j->coord) {
+        rank_failed(j, p->rank, (int)p->exit_status, 0);
+    }
+}
+
+static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+    return DDP_EINVAL;
+}
+
+int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
+{
+    json_t *rt = json_object_get(row, "runtime");
+    json_t *procs = json_object_get(rt, "procs"), *nodes = json_object_get(rt, "rank_node");
+    const char *rdzv = json_string_value(json_object_get(rt, "rdzv"));
+    const char *spec_text = json_string_value(json_object_get(row, "spec"));
+    if (!json_is_array(procs) || !json_is_array(nodes) || !rdzv || !spec_text)
+        return adopt_fail(why, whylen, "no record of its ranks to adopt them from");
+    size_t i;
+    json_t *v;
+    json_array_foreach(nodes, i, v) if (json_integer_value(v) != 0) return adopt_fail(
+        why, whylen, "it has ranks on peer daemons, and a job across daemons is not adopted");
+    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
+    ddp_errinfo_t ei;
+    if (!spec || ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
+        free(spec);
+        return adopt_fail(why, whylen, "its stored spec no longer parses");
+    }
+    ddpd_job_t *j;
+    int rc = job_new(d, &j);
+    if (rc) {
+        free(spec);
+        return adopt_fail(why, whylen, "out of memory");
+    }
+    take_spec(j, spec);
+    free(spec);
+    j->spec_json = ddp_strdup(spec_text);
+    j->id = json_integer_value(json_object_get(row, "id"));
+    j->uid = j->gid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
+    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
+    snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
+    snprintf(j->run_dir, sizeof j->run_dir, "%s",
+             json_string_value(json_object_get(row, "run_dir")));
+    snprintf(j->token, sizeof j->token, "%s", json_string_value(json_object_get(row, "token")));
+    snprintf(j->spec_path, sizeof j->spec_path, "%s/job.json", j->run_dir);
+    snprintf(j->rdzv, sizeof j->rdzv, "%s", rdzv);
+    j->state = strcmp(json_string_value(json_object_get(row, "state")), "starting")
+                   ? DDPD_RUNNING : DDPD_STARTING;
+    j->submitted_ms = j->started_ms = json_integer_value(json_object_get(row, "started_ms"));
+    j->tail.first_step_ms = json_integer_value(json_object_get(rt, "first_step_ms"));
+    j->restarts = (int)json_integer_value(json_object_get(rt, "restarts"));
+    j->generation = (unsigned long)json_integer_value(json_object_get(rt, "generation"));
+    j->rank_node = ddp_calloc((size_t)j->world, sizeof *j->rank_node);
+    j->procs = ddp_calloc(json_array_size(procs) + 1, sizeof *j->procs);
+    if (!j->spec_json || !j->rank_node || !j->procs) {
+        job_discard(j);
+        return adopt_fail(why, whylen, "out of memory");
+    }
+    if (j->elastic) {
+        const char *colon = strrchr(rdzv, ':');
+        ddpd_coord_cfg_t cc = {.host = "0.0.0.0", .port = colon ? atoi(colon + 1) : 0,
+                               .token = j->token, .world = j->world,
+                               .min_workers = j->min_workers, .max_workers = j->world,
+                               .hb_timeout_s = j->hb_timeout_s,
+                               .rejoin_timeout_s = j->rejoin_timeout_s, .adopt = 1,
+                               .last_gen = j->generation,
+                               .on_event = coord_event, .arg = j};
+        ddp_errinfo_clear(&ei);
+        if (cc.port <= 0 || ddpd_coord_new(d->loop, &cc, &j->coord, &ei) != 0) {
+            job_discard(j);
+            return adopt_fail(why, whylen, "its coordinator cannot listen on %s again: %.200s",
+                              rdzv, ei.msg);
+        }
+    }
+    job_link(d, j);
+    ddpd_tail_from_end(&j->tail, j->run_dir);
+    uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
+    uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
+    int alive = 0;
+    json_array_foreach(procs, i, v)
+    {
+        ddpd_proc_t *p = &j->procs[j->n_local++];
+        p->data = j;
+        p->on_exit = proc_exit;
+        p->on_close = proc_closed;
+        p->restarts = (int)json_integer_value(json_object_get(v, "restarts"));
+        rc = ddpd_adopt_rank(d->loop, p, (int)json_integer_value(json_object_get(v, "pid")),
+                             (int)json_integer_value(json_object_get(v, "rank")),
+                             (int)json_integer_value(json_object_get(v, "local_rank")), j->token,
+                             j->run_dir);
+        if (p->open) j->handles++;
+        if (rc == 0) {
+            alive++;
+            j->live_local++;
+            j->slots_held++;
+            d->slots_used++;
+        }
+    }
+    set_state(j, DDPD_RUNNING, "adopted after a daemon restart: %d of %d local rank(s) still "
+              "running%s", alive, j->n_local, j->elastic ? "; the coordinator waits for them" : "");
+    for (int k = 0; k < j->n_local; k++)
+        if (!j->procs[k].alive && !j->procs[k].open) adopted_gone(j, &j->procs[k]);
+    save_runtime(j);
+    notify(j, DDPD_JOB_SLOTS);
+    maybe_finish(j);
+    return 0;
 }

@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "daemon/ddpd.h"
+#include "daemon/job_tail.h"
 #include "daemon/spawn.h"
 
 typedef enum {
@@ -41,7 +42,7 @@ struct ddpd_job {
     char *spec_json;
     char run_dir[PATH_MAX], cwd[PATH_MAX], spec_path[PATH_MAX + 16];
     char token[65], rdzv[300];
-    int64_t submitted_ms, started_ms, first_step_ms;
+    int64_t submitted_ms, started_ms;
 
     int *rank_node;   /* per rank: 0 = this node, i+1 = peer i */
     ddpd_proc_t *procs; /* local ranks */
@@ -60,11 +61,9 @@ struct ddpd_job {
     uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */
     int handles;      /* open uv handles (timers + processes) */
     int freeing;
+    int detached;     /* the daemon stops and leaves the job running (ddpd_job_detach_all) */
 
-    int64_t metrics_off;
-    char partial[8192];
-    size_t partial_len;
-    json_t *last_step; /* last {"step":...} object of metrics.jsonl */
+    ddpd_tail_t tail; /* rank 0's metrics.jsonl */
 
     /* elastic jobs (ddp.restart: on-failure): a coordinator on this daemon's loop forms the
      * generations; a local rank that dies is spawned again (up to max_restarts times each) and
@@ -75,8 +74,12 @@ struct ddpd_job {
     unsigned long generation;
     int restarts;         /* local ranks spawned again */
     int pending_restarts; /* local ranks that exited and are to be spawned again */
-    json_t *done;      /* the {"event":"done"} object */
 };
+
+/* Subscribes fn to every change of every job (see ddpd_job_change_fn): the API's watchers, the
+ * scheduler and the peers' slot announcements learn of jobs this way, so that jobs know none
+ * of them. At most DDPD_MAX_JOB_WATCHERS subscribers (a programmer error past that). */
+void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg);
 
 const char *ddpd_state_name(ddpd_state_t s);
 int ddpd_state_terminal(ddpd_state_t s);
@@ -89,6 +92,7 @@ typedef struct ddpd_submit {
     const char *name;  /* override or NULL */
     const char *cwd;   /* submitter's directory or NULL */
     int workers;       /* override (> 0) or 0 */
+    int capacity;      /* slots in the cluster: a job that needs more is refused */
     uint32_t uid, gid;
 } ddpd_submit_t;
 
@@ -118,12 +122,24 @@ int ddpd_job_stop_all(ddpd_t *d, const char *reason);
 /* A remote rank ended (peer report), or a peer could not start/keep its ranks. */
 void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig);
 void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why);
+/* The link to peer `peer` went down: the jobs with ranks there hear of it (as remote_failed). */
+void ddpd_job_node_down(ddpd_t *d, int peer);
 /* A peer acknowledged that all its ranks of the job are started. */
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks);
 
-/* Live view of an active job for job.get/job.watch (new object; state, progress, eta_s). */
-json_t *ddpd_job_progress(const ddpd_job_t *j);
 
+/* Daemon stop that keeps jobs (a restart, an upgrade): every running job is left to train on,
+ * with what a restarted daemon needs to adopt it recorded in the store; its handles are closed
+ * and nothing is signalled. */
+void ddpd_job_detach_all(ddpd_t *d);
+
+/* Daemon start: takes over a job an earlier run of the daemon left running (a row of
+ * ddpd_store_unfinished): its live local ranks are watched again, the ones that ended meanwhile
+ * are counted (an elastic job spawns them again), an elastic job's coordinator listens on the
+ * same port again and adopts the running generation, and the metrics tail goes on. Returns 0,
+ * or an error with why filled (no runtime record, ranks on peer daemons, the coordinator's port
+ * taken); the caller then fails the job. */
+int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen);
 
 /* Shutdown, after ranks are gone: closes the handles of jobs that have no processes (queued
  * ones stay queued in the store and are re-queued at the next start). */

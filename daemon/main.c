@@ -20,7 +20,8 @@
 #include "daemon/ddpd.h"
 #include "daemon/job.h"
 #include "daemon/metrics.h"
-#include "daemon/peer.h"
+#include "daemon/link.h"
+#include "daemon/remote.h"
 #include "daemon/recover.h"
 #include "daemon/sched.h"
 #include "daemon/store.h"
@@ -61,13 +62,29 @@ enum { O_STATE = 256, O_RUN, O_SLOTS, O_LISTEN, O_ADV, O_METRICS, O_WORKER, O_SE
 
 static void on_stop_timer(uv_timer_t *t);
 
+/* Local ranks started or ended: the peers hear of this node's free slots. */
+static void slots_changed(void *arg, ddpd_job_t *j, unsigned what)
+{
+    (void)j;
+    if (what & DDPD_JOB_SLOTS) ddpd_peers_announce(arg);
+}
+
+/* What peers report about this node's jobs goes to the jobs and the scheduler. */
+static const ddpd_remote_reports_t remote_reports = {
+    .started = ddpd_job_remote_started,
+    .exited = ddpd_job_remote_exit,
+    .failed = ddpd_job_remote_failed,
+    .node_down = ddpd_job_node_down,
+    .nodes_changed = ddpd_sched_kick,
+};
+
 /* Closes every module's handles; the loop then ends once their callbacks have run. */
 static void close_all(ddpd_t *d)
 {
     ddpd_job_close_idle(d);
     ddpd_api_close(d);
     ddpd_metrics_close(d);
-    ddpd_peers_close(d);
+    ddpd_remote_close(d);
     ddpd_sched_close(d);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
@@ -79,7 +96,7 @@ static int busy(ddpd_t *d)
     for (ddpd_job_t *j = d->jobs; j; j = j->next)
         if (j->live_local > 0 || (j->live_remote > 0 && !ddpd_state_terminal(j->state)))
             return 1;
-    return ddpd_peers_guest_ranks(d) > 0;
+    return ddpd_remote_guest_ranks(d) > 0;
 }
 
 static void on_stop_timer(uv_timer_t *t)
@@ -87,10 +104,13 @@ static void on_stop_timer(uv_timer_t *t)
     ddpd_t *d = t->data;
     if (busy(d)) return;
     uv_timer_stop(t);
-    DDP_INFO("all ranks ended; closing");
+    DDP_INFO("no rank left to wait for; closing");
     close_all(d);
 }
 
+/* SIGTERM (systemctl stop/restart, an upgrade) leaves running jobs training: the next ddpd
+ * adopts them, as slurmd's restart leaves its jobs. SIGINT (^C on a ddpd in a terminal) ends
+ * them: SIGTERM to their ranks, SIGKILL after grace_s; a second signal kills at once. */
 static void on_signal(uv_signal_t *s, int signum)
 {
     ddpd_t *d = s->data;
@@ -101,11 +121,18 @@ static void on_signal(uv_signal_t *s, int signum)
         return;
     }
     d->stopping = 1;
-    DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)", strsignal(signum),
-             d->cfg.grace_s);
-    NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
-    ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
-    ddpd_peers_stop_guests(d);
+    if (signum == SIGTERM) {
+        DDP_INFO("%s: stopping; running jobs keep training and are adopted when ddpd starts "
+                 "again", strsignal(signum));
+        NOTIFY("STOPPING=1\nSTATUS=stopping: running jobs stay");
+        ddpd_job_detach_all(d);
+    } else {
+        DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)",
+                 strsignal(signum), d->cfg.grace_s);
+        NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
+        ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+    }
+    ddpd_remote_stop_guests(d);
     uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
 }
 
@@ -238,13 +265,14 @@ int main(int argc, char **argv)
         return 73;
     }
     ddpd_sched_init(d);
+    ddpd_job_on_change(d, slots_changed, d);
     uv_signal_init(d->loop, &d->sig_term);
     uv_signal_init(d->loop, &d->sig_int);
     uv_timer_init(d->loop, &d->stop_timer);
     d->sig_term.data = d->sig_int.data = d->stop_timer.data = d;
     int exit_code = 0;
     if ((rc = ddpd_api_start(d, &ei)) != 0 || (rc = ddpd_metrics_start(d, &ei)) != 0 ||
-        (rc = ddpd_peers_start(d, &ei)) != 0) {
+        (rc = ddpd_remote_start(d, &remote_reports, &ei)) != 0) {
         fprintf(stderr, "ddpd: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
         exit_code = 1;
         d->stopping = 1;
@@ -267,8 +295,7 @@ int main(int argc, char **argv)
     while (d->jobs) { /* every job's handles are closed: drop what is left */
         ddpd_job_t *j = d->jobs;
         d->jobs = j->next;
-        json_decref(j->last_step);
-        json_decref(j->done);
+        ddpd_tail_close(&j->tail);
         free(j->spec_json);
         free(j->rank_node);
         free(j->procs);

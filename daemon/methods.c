@@ -30,7 +30,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/job.h"
-#include "daemon/peer.h"
+#include "daemon/job_view.h"
+#include "daemon/link.h"
+#include "daemon/remote.h"
 #include "daemon/rpc.h"
 #include "daemon/sched.h"
 #include "proto/spec.h"
@@ -203,7 +205,8 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
         len = strlen(owned);
         snprintf(origin, sizeof origin, "%s", inline_name);
     }
-    ddpd_submit_t sub = {.spec_text = text,
+    ddpd_submit_t sub = {.capacity = ddpd_sched_capacity(s->d),
+                         .spec_text = text,
                          .spec_len = len,
                          .origin = origin,
                          .name = name,
@@ -512,7 +515,7 @@ static void m_status(ddpd_session_t *s, json_t *id, json_t *params)
         d->cfg.listen, "state_dir", d->cfg.state_dir, "run_dir", d->cfg.run_dir, "worker_bin",
         d->cfg.worker_bin, "slots", d->cfg.slots, "slots_used", d->slots_used, "capacity",
         ddpd_sched_capacity(d), "running", active, "queued", queued, "guest_ranks",
-        ddpd_peers_guest_ranks(d), "jobs", counts, "peers", ddpd_peers_count(d), "peers_up", up);
+        ddpd_remote_guest_ranks(d), "jobs", counts, "peers", ddpd_peers_count(d), "peers_up", up);
     json_object_set_new(o, "sessions", json_integer(d->api ? d->api->n_sessions : 0));
     json_object_set_new(o, "stopping", json_boolean(d->stopping));
     reply(s, id, o);

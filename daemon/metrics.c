@@ -13,7 +13,7 @@
 #include "common/log.h"
 #include "daemon/config.h"
 #include "daemon/job.h"
-#include "daemon/peer.h"
+#include "daemon/link.h"
 #include "daemon/status_page.h"
 
 typedef struct mconn {
@@ -95,8 +95,8 @@ char *ddpd_metrics_text(ddpd_t *d)
     sb_add(&b, "# TYPE ddpd_job_step gauge\n# TYPE ddpd_job_loss gauge\n"
                "# TYPE ddpd_job_tokens_per_second gauge\n# TYPE ddpd_job_straggler_rank gauge\n");
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (!j->last_step || ddpd_state_terminal(j->state)) continue;
-        json_t *m = j->last_step;
+        if (!j->tail.last_step || ddpd_state_terminal(j->state)) continue;
+        json_t *m = j->tail.last_step;
         sb_add(&b, "ddpd_job_step{job=\"%lld\"} %lld\n", (long long)j->id,
                (long long)json_integer_value(json_object_get(m, "step")));
         json_t *v;

@@ -14,27 +14,11 @@
 #include "common/log.h"
 #include "daemon/job.h"
 
-static int environ_has(int pid, const char *needle, size_t nl)
-{
-    char path[64], buf[65536];
-    snprintf(path, sizeof path, "/proc/%d/environ", pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return 0;
-    ssize_t n = read(fd, buf, sizeof buf);
-    close(fd);
-    for (ssize_t i = 0; n > 0 && i < n;) {
-        size_t l = strnlen(buf + i, (size_t)(n - i));
-        if (l == nl && !memcmp(buf + i, needle, nl)) return 1;
-        i += (ssize_t)l + 1;
-    }
-    return 0;
-}
-
 int ddpd_kill_by_token(const char *token, int sig)
 {
     if (!token || strlen(token) < 16) return 0;
     char needle[128];
-    int nl = snprintf(needle, sizeof needle, "DDP_JOB_TOKEN=%s", token);
+    snprintf(needle, sizeof needle, "DDP_JOB_TOKEN=%s", token);
     DIR *dir = opendir("/proc");
     if (!dir) return 0;
     int n = 0;
@@ -43,7 +27,7 @@ int ddpd_kill_by_token(const char *token, int sig)
         if (!isdigit((unsigned char)e->d_name[0])) continue;
         int pid = atoi(e->d_name);
         if (pid <= 1 || pid == getpid()) continue;
-        if (environ_has(pid, needle, (size_t)nl) && kill(pid, sig) == 0) n++;
+        if (ddpd_proc_has_env(pid, needle) && kill(pid, sig) == 0) n++;
     }
     closedir(dir);
     return n;
@@ -51,18 +35,23 @@ int ddpd_kill_by_token(const char *token, int sig)
 
 int ddpd_recover(ddpd_t *d)
 {
-    json_t *orphans = NULL, *queued = NULL;
-    int rc = ddpd_store_recover(d->store, "the daemon stopped while the job was running",
-                                ddp_wall_ms(), &orphans, &queued);
+    json_t *live = NULL, *queued = NULL;
+    int rc = ddpd_store_unfinished(d->store, &live, &queued);
     size_t i;
     json_t *o;
-    json_array_foreach(orphans, i, o)
+    json_array_foreach(live, i, o)
     {
+        long long id = (long long)json_integer_value(json_object_get(o, "id"));
+        char why[400];
+        if (ddpd_job_adopt(d, o, why, sizeof why) == 0) continue;
+        char reason[512];
+        snprintf(reason, sizeof reason, "the daemon stopped while the job was running, and the "
+                 "next one could not adopt it: %s", why);
         const char *token = json_string_value(json_object_get(o, "token"));
         int k = ddpd_kill_by_token(token, SIGKILL);
-        DDP_WARN("job %lld was %s when the daemon stopped: marked failed%s",
-                 (long long)json_integer_value(json_object_get(o, "id")),
-                 json_string_value(json_object_get(o, "state")),
+        ddpd_store_job_transition(d->store, id, json_string_value(json_object_get(o, "state")),
+                                  "failed", reason, ddp_wall_ms());
+        DDP_WARN("job %lld: %s; marked failed%s", id, reason,
                  k ? "; its leftover workers were killed" : "");
     }
     json_array_foreach(queued, i, o)
@@ -70,7 +59,7 @@ int ddpd_recover(ddpd_t *d)
         if (ddpd_job_requeue(d, o) == 0)
             DDP_INFO("job %lld re-queued", (long long)json_integer_value(json_object_get(o, "id")));
     }
-    json_decref(orphans);
+    json_decref(live);
     json_decref(queued);
     return rc;
 }

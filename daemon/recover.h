@@ -1,7 +1,8 @@
-/* Start-up recovery after a daemon that died: jobs it left starting/running are marked failed
- * in the store and any of their worker processes still alive are ended (found by the job's
- * token in /proc/<pid>/environ, so an unrelated process is never touched); jobs it left queued
- * are queued again. Loop thread, before the API starts.
+/* Start-up recovery after a daemon that stopped or died: jobs it left running are adopted
+ * (ddpd_job_adopt: their ranks trained on meanwhile); one that cannot be is marked failed in the
+ * store with the reason, and any of its worker processes still alive are ended (found by the
+ * job's token in /proc/<pid>/environ, so an unrelated process is never touched); jobs it left
+ * queued are queued again. Loop thread, before the API starts.
  */
 #ifndef DDPD_RECOVER_H
 #define DDPD_RECOVER_H

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "daemon/api.h"
 
 static char *line_of(json_t *o)
 {

@@ -8,6 +8,26 @@
 #include <jansson.h>
 #include <stddef.h>
 
+/* Application error codes (JSON-RPC's own are -32700, -32600, -32601, -32602, -32603). */
+enum {
+    DDPD_RPC_PARSE = -32700,
+    DDPD_RPC_INVALID = -32600,
+    DDPD_RPC_METHOD = -32601,
+    DDPD_RPC_PARAMS = -32602,
+    DDPD_RPC_INTERNAL = -32603,
+    DDPD_RPC_BAD_SPEC = 1001,     /* data: {path, line, column, origin} */
+    DDPD_RPC_NOT_FOUND = 1002,    /* no job with that id */
+    DDPD_RPC_DENIED = 1003,       /* not the submitter or root */
+    DDPD_RPC_FINISHED = 1004,     /* the job already ended */
+    DDPD_RPC_NO_CAPACITY = 1005,  /* more ranks than the cluster has slots */
+    DDPD_RPC_SPEC_IO = 1006,      /* spec file unreadable; data: {path} */
+    DDPD_RPC_STOPPING = 1007,     /* daemon shutting down */
+    DDPD_RPC_STORE = 1008,        /* the job store failed */
+    DDPD_RPC_NO_LOG = 1009,       /* the rank's log is not on this node */
+};
+
+#define DDPD_MAX_LINE (1u << 20) /* the longest request or response line */
+
 /* A response line for id (borrowed; NULL = null) with `result` (reference stolen). Caller
  * frees the returned string; NULL on out of memory. Ends with '\n'. */
 char *ddpd_rpc_result(json_t *id, json_t *result);

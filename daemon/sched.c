@@ -7,7 +7,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "daemon/job.h"
-#include "daemon/peer.h"
+#include "daemon/link.h"
 
 int ddpd_sched_capacity(ddpd_t *d)
 {
@@ -48,10 +48,18 @@ static void pass(uv_timer_t *t)
     }
 }
 
+/* A job was queued or ended, or ranks started or ended: slots may have changed hands. */
+static void job_changed(void *arg, ddpd_job_t *j, unsigned what)
+{
+    (void)j;
+    if (what & (DDPD_JOB_STATE | DDPD_JOB_SLOTS)) ddpd_sched_kick(arg);
+}
+
 void ddpd_sched_init(ddpd_t *d)
 {
     uv_timer_init(d->loop, &d->sched_timer);
     d->sched_timer.data = d;
+    ddpd_job_on_change(d, job_changed, d);
 }
 
 void ddpd_sched_close(ddpd_t *d) { uv_close((uv_handle_t *)&d->sched_timer, NULL); }

@@ -1,10 +1,12 @@
-/* uv_spawn of one worker rank: environment (the worker contract), log file, process group. */
+/* uv_spawn of one worker rank: environment (the worker contract), log file, process group; and
+ * the adoption of a rank an earlier run of the daemon spawned. */
 #include "spawn.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sodium.h>
+#include <sys/syscall.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,10 @@ static void close_cb(uv_handle_t *h)
 {
     ddpd_proc_t *p = h->data;
     p->open = 0;
+    if (p->adopted && p->pidfd >= 0) {
+        close(p->pidfd);
+        p->pidfd = -1;
+    }
     if (p->on_close) p->on_close(p);
 }
 
@@ -66,6 +72,8 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     p->alive = 0;
     p->open = 0;
     p->pid = 0;
+    p->adopted = 0;
+    p->status_unknown = 0;
     p->h.data = p;
 
     size_t n_env = 0;
@@ -148,6 +156,98 @@ fail:
     if (fd >= 0) close(fd);
     free(env);
     return rc;
+}
+
+int ddpd_proc_has_env(int pid, const char *kv)
+{
+    char path[64], buf[65536];
+    snprintf(path, sizeof path, "/proc/%d/environ", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf);
+    close(fd);
+    size_t kl = strlen(kv);
+    for (ssize_t i = 0; n > 0 && i < n;) {
+        size_t l = strnlen(buf + i, (size_t)(n - i));
+        if (l == kl && !memcmp(buf + i, kv, kl)) return 1;
+        i += (ssize_t)l + 1;
+    }
+    return 0;
+}
+
+/* The exit status an adopted rank recorded, if it is this process's. */
+static void read_exit_record(ddpd_proc_t *p)
+{
+    char path[PATH_MAX + 32], buf[64] = "";
+    snprintf(path, sizeof path, "%s/rank-%d.exit", p->run_dir, p->rank);
+    FILE *f = fopen(path, "re");
+    long pid = 0, code = 0;
+    int got = f && fgets(buf, sizeof buf, f) && sscanf(buf, "%ld %ld", &pid, &code) == 2;
+    if (f) fclose(f);
+    p->term_signal = 0;
+    p->exit_status = got && pid == p->pid ? code : -1;
+    p->status_unknown = !(got && pid == p->pid);
+}
+
+static void adopted_cb(uv_poll_t *h, int status, int events)
+{
+    ddpd_proc_t *p = h->data;
+    (void)status;
+    (void)events;
+    uv_poll_stop(h);
+    p->alive = 0;
+    read_exit_record(p);
+    if (p->on_exit) p->on_exit(p);
+    uv_close((uv_handle_t *)h, close_cb);
+}
+
+int ddpd_adopt_rank(uv_loop_t *loop, ddpd_proc_t *p, int pid, int rank, int local_rank,
+                    const char *token, const char *run_dir)
+{
+    char kv[160];
+    p->rank = rank;
+    p->local_rank = local_rank;
+    p->alive = p->open = 0;
+    p->pid = pid;
+    p->adopted = 1;
+    p->status_unknown = 0;
+    p->pidfd = -1;
+    snprintf(p->run_dir, sizeof p->run_dir, "%s", run_dir);
+    /* a rank that is gone ended while no daemon watched it: its record says how, if it could */
+    read_exit_record(p);
+    if (pid <= 0) return -ESRCH;
+    /* the pidfd first: the identity checked next is then the process it refers to, not a
+     * later one that reused the number */
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (fd < 0) return -errno;
+    int ok = 1;
+    snprintf(kv, sizeof kv, "DDP_JOB_TOKEN=%s", token);
+    ok = ok && ddpd_proc_has_env(pid, kv);
+    snprintf(kv, sizeof kv, "DDP_RANK=%d", rank);
+    ok = ok && ddpd_proc_has_env(pid, kv);
+    if (!ok) {
+        close(fd);
+        return -ESRCH;
+    }
+    p->pidfd = fd;
+    p->watch.data = p;
+    int rc = uv_poll_init(loop, &p->watch, fd);
+    if (rc == 0) rc = uv_poll_start(&p->watch, UV_READABLE, adopted_cb);
+    p->open = 1;
+    if (rc) {
+        uv_close((uv_handle_t *)&p->watch, close_cb);
+        return rc;
+    }
+    p->alive = 1;
+    return 0;
+}
+
+void ddpd_proc_release(ddpd_proc_t *p)
+{
+    uv_handle_t *h = p->adopted ? (uv_handle_t *)&p->watch : (uv_handle_t *)&p->h;
+    if (!p->open || uv_is_closing(h)) return;
+    p->alive = 0;
+    uv_close(h, close_cb);
 }
 
 void ddpd_proc_signal(ddpd_proc_t *p, int sig)

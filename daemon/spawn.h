@@ -8,6 +8,7 @@
 #ifndef DDPD_SPAWN_H
 #define DDPD_SPAWN_H
 
+#include <limits.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
@@ -32,7 +33,12 @@ typedef struct ddpd_proc ddpd_proc_t;
 typedef void (*ddpd_proc_cb)(ddpd_proc_t *p);
 
 struct ddpd_proc {
-    uv_process_t h;
+    uv_process_t h;       /* a rank this daemon spawned */
+    uv_poll_t watch;      /* a rank it adopted: its pidfd turns readable when it exits */
+    int pidfd;
+    int adopted;          /* not this process's child: watched through a pidfd */
+    int status_unknown;   /* adopted, and it ended without recording its exit status */
+    char run_dir[PATH_MAX]; /* adopted: where it records its exit status */
     int rank, local_rank;
     int pid;
     int open;             /* the uv handle is initialised: on_close is still to come */
@@ -51,6 +57,22 @@ struct ddpd_proc {
  * on_close is called later only if p->open is set (the handle got initialised). */
 int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int rank,
                     int local_rank, char *why, size_t whylen);
+
+/* Takes over a rank that an earlier run of this daemon spawned (the daemon restarted and the
+ * rank kept training): `pid` must be alive and carry DDP_JOB_TOKEN=token and DDP_RANK=rank in
+ * its environment, else -ESRCH. Its exit is watched through a pidfd; the exit status is the one
+ * the worker records in <run_dir>/rank-<rank>.exit ("<pid> <code>"), or status_unknown when it
+ * recorded none (killed by a signal). Same callbacks and on_close contract as ddpd_spawn_rank.
+ * When it fails, exit_status/status_unknown say how the rank ended, as far as it recorded. */
+int ddpd_adopt_rank(uv_loop_t *loop, ddpd_proc_t *p, int pid, int rank, int local_rank,
+                    const char *token, const char *run_dir);
+
+/* Stops watching the rank without signalling it (the daemon stops and leaves it running):
+ * on_exit is not called; on_close follows. No-op when no handle is open. */
+void ddpd_proc_release(ddpd_proc_t *p);
+
+/* 1 when process pid's environment holds the entry `kv` ("KEY=value"). */
+int ddpd_proc_has_env(int pid, const char *kv);
 
 /* Sends sig to the rank's process group (falls back to the process). No-op when not alive. */
 void ddpd_proc_signal(ddpd_proc_t *p, int sig);

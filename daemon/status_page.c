@@ -16,7 +16,8 @@
 
 #include "common/clock.h"
 #include "daemon/job.h"
-#include "daemon/peer.h"
+#include "daemon/job_view.h"
+#include "daemon/link.h"
 #include "daemon/series.h"
 #include "daemon/store.h"
 

@@ -1,6 +1,7 @@
-/* SQLite job store. Schema (version 1):
+/* SQLite job store. Schema (version 2; version 1 lacked `runtime`, added on open):
  *   jobs(id, name, uid, state, reason, world, nodes, pgid, spec, run_dir, cwd, token,
- *        submitted_ms, started_ms, ended_ms, exit_code, step, steps, final_loss)
+ *        submitted_ms, started_ms, ended_ms, exit_code, step, steps, final_loss, runtime)
+ *   runtime: what a restarted daemon needs to adopt the running job (JSON, see job.c)
  *   transitions(job_id, ts_ms, from_state, to_state, reason)
  * SQLite errors are logged with SQLite's message and returned as DDP_ESQL.
  */
@@ -30,13 +31,24 @@ static const char *schema =
     " nodes TEXT NOT NULL DEFAULT '', pgid INTEGER NOT NULL DEFAULT 0, spec TEXT NOT NULL,"
     " run_dir TEXT NOT NULL, cwd TEXT NOT NULL, token TEXT NOT NULL,"
     " submitted_ms INTEGER NOT NULL, started_ms INTEGER, ended_ms INTEGER,"
-    " exit_code INTEGER, step INTEGER, steps INTEGER, final_loss REAL);"
+    " exit_code INTEGER, step INTEGER, steps INTEGER, final_loss REAL,"
+    " runtime TEXT NOT NULL DEFAULT '');"
     "CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);"
     "CREATE TABLE IF NOT EXISTS transitions("
     " job_id INTEGER NOT NULL, ts_ms INTEGER NOT NULL, from_state TEXT NOT NULL,"
     " to_state TEXT NOT NULL, reason TEXT NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);"
-    "PRAGMA user_version=1;";
+    "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job_id);";
+
+/* The schema's version in the file (0: a new file). */
+static int user_version(ddpd_store_t *s)
+{
+    sqlite3_stmt *st;
+    int v = -1;
+    if (sqlite3_prepare_v2(s->db, "PRAGMA user_version", -1, &st, NULL) != SQLITE_OK) return -1;
+    if (sqlite3_step(st) == SQLITE_ROW) v = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    return v;
+}
 
 static int sql_err(ddpd_store_t *s, const char *what)
 {
@@ -64,8 +76,14 @@ int ddpd_store_open(ddpd_store_t **out, const char *dir)
     }
     sqlite3_busy_timeout(s->db, 2000);
     char *msg = NULL;
-    if (sqlite3_exec(s->db, schema, NULL, NULL, &msg) != SQLITE_OK) {
-        DDP_ERROR("store: schema: %s", msg ? msg : "?");
+    int v = user_version(s);
+    const char *upgrade = v == 1 ? "ALTER TABLE jobs ADD COLUMN runtime TEXT NOT NULL DEFAULT '';"
+                                   "PRAGMA user_version=2;"
+                                 : "PRAGMA user_version=2;";
+    if (v < 0 || v > 2 || sqlite3_exec(s->db, schema, NULL, NULL, &msg) != SQLITE_OK ||
+        sqlite3_exec(s->db, upgrade, NULL, NULL, &msg) != SQLITE_OK) {
+        if (v > 2) DDP_ERROR("store: %s is schema version %d, newer than this ddpd's 2", path, v);
+        else DDP_ERROR("store: schema: %s", msg ? msg : sqlite3_errmsg(s->db));
         sqlite3_free(msg);
         ddpd_store_close(s);
         return DDP_ESQL;
@@ -158,6 +176,15 @@ int ddpd_store_job_result(ddpd_store_t *s, int64_t id, int exit_code, long step,
         sqlite3_bind_null(st, 4);
     sqlite3_bind_int64(st, 5, id);
     return step_done(s, st, "update job result");
+}
+
+int ddpd_store_job_runtime(ddpd_store_t *s, int64_t id, const char *runtime_json)
+{
+    sqlite3_stmt *st;
+    DDP_CHECK(prep(s, "UPDATE jobs SET runtime=? WHERE id=?", &st));
+    sqlite3_bind_text(st, 1, runtime_json, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(st, 2, id);
+    return step_done(s, st, "update job runtime");
 }
 
 int ddpd_store_job_placement(ddpd_store_t *s, int64_t id, const char *nodes, int pgid)
@@ -270,43 +297,33 @@ int ddpd_store_job_counts(ddpd_store_t *s, json_t **out)
     return 0;
 }
 
-int ddpd_store_recover(ddpd_store_t *s, const char *reason, int64_t ts_ms, json_t **orphans,
-                       json_t **queued)
+int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued)
 {
     sqlite3_stmt *st;
-    *orphans = json_array();
+    *live = json_array();
     *queued = json_array();
     DDP_CHECK(prep(s,
-                   "SELECT id,state,token,pgid,spec,cwd,uid,run_dir,name FROM jobs"
-                   " WHERE state IN ('queued','starting','running') ORDER BY id",
+                   "SELECT id,state,token,pgid,spec,cwd,uid,run_dir,name,nodes,started_ms,runtime"
+                   " FROM jobs WHERE state IN ('queued','starting','running') ORDER BY id",
                    &st));
     while (sqlite3_step(st) == SQLITE_ROW) {
         const char *state = (const char *)sqlite3_column_text(st, 1);
-        json_t *o = json_pack("{sI ss ss si}", "id", (json_int_t)sqlite3_column_int64(st, 0),
-                              "state", state, "token",
+        json_t *o = json_pack("{sI ss ss si ss ss sI ss ss ss sI}", "id",
+                              (json_int_t)sqlite3_column_int64(st, 0), "state", state, "token",
                               (const char *)sqlite3_column_text(st, 2), "pgid",
-                              sqlite3_column_int(st, 3));
-        if (!strcmp(state, "queued")) {
-            json_object_set_new(o, "spec",
-                                json_string((const char *)sqlite3_column_text(st, 4)));
-            json_object_set_new(o, "cwd", json_string((const char *)sqlite3_column_text(st, 5)));
-            json_object_set_new(o, "uid", json_integer(sqlite3_column_int64(st, 6)));
-            json_object_set_new(o, "run_dir",
-                                json_string((const char *)sqlite3_column_text(st, 7)));
-            json_object_set_new(o, "name", json_string((const char *)sqlite3_column_text(st, 8)));
-            json_array_append_new(*queued, o);
-        } else {
-            json_array_append_new(*orphans, o);
-        }
+                              sqlite3_column_int(st, 3), "spec",
+                              (const char *)sqlite3_column_text(st, 4), "cwd",
+                              (const char *)sqlite3_column_text(st, 5), "uid",
+                              (json_int_t)sqlite3_column_int64(st, 6), "run_dir",
+                              (const char *)sqlite3_column_text(st, 7), "name",
+                              (const char *)sqlite3_column_text(st, 8), "nodes",
+                              (const char *)sqlite3_column_text(st, 9), "started_ms",
+                              (json_int_t)sqlite3_column_int64(st, 10));
+        json_t *rt = json_loads((const char *)sqlite3_column_text(st, 11), 0, NULL);
+        if (json_is_object(rt)) json_object_set(o, "runtime", rt);
+        json_decref(rt);
+        json_array_append_new(!strcmp(state, "queued") ? *queued : *live, o);
     }
     sqlite3_finalize(st);
-    size_t i;
-    json_t *o;
-    json_array_foreach(*orphans, i, o)
-    {
-        int64_t id = json_integer_value(json_object_get(o, "id"));
-        DDP_CHECK(ddpd_store_job_transition(
-            s, id, json_string_value(json_object_get(o, "state")), "failed", reason, ts_ms));
-    }
     return 0;
 }

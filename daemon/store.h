@@ -38,6 +38,8 @@ int ddpd_store_job_transition(ddpd_store_t *s, int64_t id, const char *from, con
 /* Records results: exit code (or -1), step reached, total steps, final loss (NaN = none). */
 int ddpd_store_job_result(ddpd_store_t *s, int64_t id, int exit_code, long step, long steps,
                           double final_loss);
+/* Records what a restarted daemon needs to adopt the running job (a JSON object's text). */
+int ddpd_store_job_runtime(ddpd_store_t *s, int64_t id, const char *runtime_json);
 /* Records where the job runs ("a:0-1,b:2-3") and rank 0's process group (for orphan cleanup). */
 int ddpd_store_job_placement(ddpd_store_t *s, int64_t id, const char *nodes, int pgid);
 
@@ -48,10 +50,9 @@ int ddpd_store_job_get(ddpd_store_t *s, int64_t id, int with_spec, json_t **out)
 /* Counts jobs per state into a new object {"queued":n,...}. */
 int ddpd_store_job_counts(ddpd_store_t *s, json_t **out);
 
-/* Marks every job left in starting/running by a daemon that died as failed with `reason`, and
- * returns them (id, token, pgid) in a new array so the caller can end leftover processes;
- * queued jobs are returned in *queued (id, spec, cwd, uid, run_dir, token, name) to re-queue. */
-int ddpd_store_recover(ddpd_store_t *s, const char *reason, int64_t ts_ms, json_t **orphans,
-                       json_t **queued);
+/* The jobs a daemon that stopped left unfinished, in two new arrays of objects (id, state,
+ * token, pgid, spec, cwd, uid, run_dir, name, nodes, started_ms, and "runtime" when recorded):
+ * *live those it left starting or running, *queued those still queued. */
+int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued);
 
 #endif

@@ -383,21 +383,12 @@ static bool to_text(const ddp__snode_t *n, const char **out)
     return true;
 }
 
-/* A byte count: an integer, or a string "<number>[ ]<unit>" with unit B, kB/KiB, MB/MiB, GB/GiB,
- * TB/TiB (k, K, M, G, T alone are binary). */
-static bool to_bytes(const ddp__snode_t *n, int64_t *out)
+int ddp_spec_parse_bytes(const char *text, int64_t *out)
 {
-    long long v;
-    if (to_integer(n, &v)) {
-        *out = v;
-        return v >= 0;
-    }
-    const char *s;
-    if (!to_text(n, &s)) return false;
     char *end;
     errno = 0;
-    double x = strtod(s, &end);
-    if (end == s || errno || !(x >= 0)) return false;
+    double x = strtod(text, &end);
+    if (end == text || errno || !(x >= 0)) return DDP_EINVAL;
     while (*end == ' ') end++;
     static const struct {
         const char *unit;
@@ -409,11 +400,23 @@ static bool to_bytes(const ddp__snode_t *n, int64_t *out)
     for (size_t i = 0; i < sizeof U / sizeof U[0]; i++)
         if (!strcmp(end, U[i].unit)) {
             double b = x * U[i].mult;
-            if (b >= 9.2e18) return false;
+            if (b >= 9.2e18) return DDP_EINVAL;
             *out = (int64_t)b;
-            return true;
+            return 0;
         }
-    return false;
+    return DDP_EINVAL;
+}
+
+/* A byte count: an integer, or a string that ddp_spec_parse_bytes reads. */
+static bool to_bytes(const ddp__snode_t *n, int64_t *out)
+{
+    long long v;
+    if (to_integer(n, &v)) {
+        *out = v;
+        return v >= 0;
+    }
+    const char *s;
+    return to_text(n, &s) && ddp_spec_parse_bytes(s, out) == 0;
 }
 
 static void store_int(void *p, size_t size, long long v)

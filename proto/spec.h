@@ -172,6 +172,11 @@ int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *o
  * working directory. Returns 0, -errno for an unreadable file, or DDP_ESPEC. */
 int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei);
 
+/* A size in bytes: "<number>[ ]<unit>" with unit B, kB/KB (10^3), KiB/k/K, MB, MiB/M, GB,
+ * GiB/G, TB, TiB/T, or none (bytes): "8GiB", "1.5 GB", "123456". Returns 0 with *out, or
+ * DDP_EINVAL. */
+int ddp_spec_parse_bytes(const char *text, int64_t *out);
+
 /* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */
 int ddp_spec_preset(const char *name, ddp_model_cfg_t *out);

@@ -112,7 +112,7 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
     return rc;
 }
 
-int main(int argc, char **argv)
+static int worker_main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
            OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC };
@@ -228,4 +228,26 @@ int main(int argc, char **argv)
     ddp_trainer_close(&t);
     if (rc) return 1;
     return stopped ? 143 : 0;
+}
+
+/* A rank a daemon started records how it ended in <DDP_RUN_DIR>/rank-<DDP_RANK>.exit, "<pid>
+ * <code>": a daemon that restarted meanwhile is not this process's parent and learns the exit
+ * status only from there (daemon/spawn.h, ddpd_adopt_rank). */
+static void record_exit(int code)
+{
+    const char *dir = getenv("DDP_RUN_DIR"), *rank = getenv("DDP_RANK");
+    if (!dir || !rank || !getenv("DDP_JOB_TOKEN")) return;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/rank-%s.exit", dir, rank);
+    FILE *f = fopen(path, "we");
+    if (!f) return;
+    fprintf(f, "%ld %d\n", (long)getpid(), code);
+    fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+    int code = worker_main(argc, argv);
+    record_exit(code);
+    return code;
 }

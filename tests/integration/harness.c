@@ -88,7 +88,12 @@ int ddpd_test_stop(ddpd_test_daemon_t *t)
     }
     kill(t->pid, SIGKILL);
     waitpid(t->pid, &st, 0);
-done:
+done:;
+    /* SIGTERM leaves running jobs' ranks training (a restarted daemon adopts them): end the
+     * ones this test's daemon started, found by their spec's path under its directory */
+    char kill_cmd[400];
+    snprintf(kill_cmd, sizeof kill_cmd, "pkill -KILL -f '%s/.*job.json'", t->dir);
+    if (system(kill_cmd) < 0) fprintf(stderr, "# could not run pkill\n");
     if (!getenv("KEEP_TMP")) {
         char cmd[400];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);

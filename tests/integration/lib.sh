@@ -36,6 +36,9 @@ cleanup() {
         for _ in $(seq 1 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$p" 2>/dev/null
     done
+    # a daemon stopped with SIGTERM leaves its jobs' ranks running (the next one adopts them):
+    # end those of this test's daemons, found by their spec's path under $T
+    pkill -KILL -f "$T/.*job.json" 2>/dev/null
     wait 2>/dev/null
     [ -n "${KEEP_TMP:-}" ] || rm -rf "$T"
 }

@@ -3,8 +3,10 @@
 # on-failure; one rank SIGKILLed mid-run; the daemon spawns it again, it rejoins, and the job
 # succeeds with every step logged once. The change of generation is a transition in ddpctl
 # status and a Prometheus gauge; restarts are counted. Then ddp.max_restarts: 0 and
-# ddp.min_workers equal to the world: the job fails with the coordinator's reason. Last, a slowed
-# rank is named a straggler.
+# ddp.min_workers equal to the world: the job fails with the coordinator's reason. A daemon
+# restart mid-job: the ranks train on and the new daemon adopts the running generation; a rank
+# killed while no daemon runs is spawned again by the next one. Last, a slowed rank is named a
+# straggler.
 . "$(dirname "$0")/lib.sh"
 [ "$(worker_bin)" = "$BUILD/worker/ddp-worker" ] || { echo "1..0 # SKIP needs the real worker"; exit 77; }
 export DDP_WORKER_BIN=$BUILD/worker/ddp-worker
@@ -57,6 +59,46 @@ if wait_step "$id" 4; then
     check "no worker of the failed job is left" test -z "$(workers_of "$T/a/runs/job-$id")"
 else
     not_ok "the strict job reached step 4"; diag "$T/a.log"
+fi
+
+# a daemon restart (SIGTERM alone, then a new ddpd on the same store): the ranks train on,
+# redial the coordinator, and the new daemon adopts the running generation with no new one
+make_job "$T/adopt.yaml" 3 300
+sed -i 's/^ddp: {workers: 3}/ddp: {workers: 3, min_workers: 2, restart: on-failure, max_restarts: 2, heartbeat_timeout_s: 2, rejoin_timeout_s: 30}/' "$T/adopt.yaml"
+sed -i 's/^train: {steps: 300, micro_batch: 2,/train: {steps: 300, micro_batch: 2, global_batch_tokens: 384, threads: 1,/' "$T/adopt.yaml"
+id=$(ctl a submit "$T/adopt.yaml")
+rd="$T/a/runs/job-$id"
+if wait_step "$id" 10; then
+    stop_daemon a
+    check "its three ranks outlive the daemon" n_workers_at_least "$rd" 3
+    start_daemon a --slots 4 --metrics 127.0.0.1:0
+    check "the new coordinator adopts the running generation" \
+        wait_until 60 grep -q "adopted the running generation 1: all 3 member(s) came back" "$T/a.log"
+    check "the adopted elastic job succeeds" wait_state a "$id" succeeded 180
+    check "every step 1..300 logged exactly once" test \
+        "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$rd/metrics.jsonl")" = "$(jq -n -c '[range(1;301)]')"
+    check "no new generation formed for it" bash -c "! grep -q '\"event\":\"generation\"' '$rd/metrics.jsonl'"
+    check "the ranks logged the reconnection" grep -q "reconnected to the coordinator" "$rd/rank-2.log"
+else
+    not_ok "the adopted job reached step 10"; diag "$T/a.log"
+fi
+
+# a rank killed while no daemon runs: the new daemon spawns it again, the survivors' generation
+# is not adopted but replaced, and the job completes with nothing lost
+id=$(ctl a submit "$T/adopt.yaml")
+rd="$T/a/runs/job-$id"
+if wait_step "$id" 10; then
+    stop_daemon a
+    kill -KILL "$(rank_pid "$id" 1)"
+    start_daemon a --slots 4 --metrics 127.0.0.1:0
+    check "the job with a rank lost meanwhile succeeds" wait_state a "$id" succeeded 180
+    check "every step 1..300 logged exactly once" test \
+        "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$rd/metrics.jsonl")" = "$(jq -n -c '[range(1;301)]')"
+    check "the daemon spawned the lost rank again" grep -q "rank 1 ended .* spawned again" "$T/a.log"
+    check "a new generation replaced the one that could not be adopted" \
+        grep -q "the running generation cannot be adopted" "$T/a.log"
+else
+    not_ok "the second adopted job reached step 10"; diag "$T/a.log"
 fi
 
 # a deliberately slowed rank (test hook DDP_TEST_SLOW_RANK=1:US, read by the workers of this

@@ -2,7 +2,9 @@
 # Single-node daemon, real processes: submit a 2-rank gpt2-tiny job with ddpctl and follow it to
 # succeeded; logs, metrics.jsonl and Prometheus; cancel a running job and see both workers
 # gone; permissions on cancel; restart the daemon and see the history; a daemon killed during
-# a job marks it failed after restart; `ddpctl run` with no daemon starts an embedded one.
+# a job: its ranks train on and the next daemon adopts the job, which completes; a rank that
+# dies while no daemon runs fails the job with that reason; `ddpctl run` with no daemon starts
+# an embedded one.
 . "$(dirname "$0")/lib.sh"
 W=$(worker_bin)
 echo "# worker: $W"
@@ -52,15 +54,39 @@ check "daemon stopped on SIGTERM" test -z "$(kill -0 "$a_PID" 2>/dev/null && ech
 start_daemon a --slots 4
 check "after restart ls shows the same jobs and states" test "$(ctl a --json ls | jq -c '[.[]|[.id,.state]]')" = "$before"
 
-# a daemon that dies during a job: the job is failed after restart and its workers are gone
-id=$(ctl a submit "$T/long.yaml")
-wait_state a "$id" running 30
-wait_until 30 n_workers_at_least "$T/a/runs/job-$id" 2 # its workers exist before the daemon dies
+# a daemon that dies during a job (a crash: SIGKILL) leaves its ranks training; the next daemon
+# adopts them from its store and the job completes with every step logged once
+make_job "$T/adopt.yaml" 2 1500
+id=$(ctl a submit "$T/adopt.yaml")
+rd="$T/a/runs/job-$id"
+wait_until 60 grep -q '{"step":5,' "$rd/metrics.jsonl"
 stop_daemon a KILL
+check "its two ranks outlive the daemon" n_workers_at_least "$rd" 2
+n=$(grep -c '"loss"' "$rd/metrics.jsonl")
+check "they go on training while no daemon runs" \
+    wait_until 60 bash -c "[ \$(grep -c '\"loss\"' '$rd/metrics.jsonl') -gt $((n + 3)) ]"
 start_daemon a --slots 4
-check "job running when the daemon died is failed" test "$(ctl a --json status "$id" | jq -r .state)" = failed
-check "its reason says the daemon stopped" bash -c "$DDPCTL --socket $T/a.sock --json status $id | jq -r .reason | grep -q 'daemon stopped'"
-check "its leftover workers were ended" wait_until 30 no_workers "$T/a/runs/job-$id"
+check "the restarted daemon adopts the job and both live ranks" bash -c \
+    "$DDPCTL --socket $T/a.sock --json status $id | jq -r '.transitions[].reason' | grep -q 'adopted after a daemon restart: 2 of 2 local rank(s) still running'"
+check "the adopted job completes" wait_state a "$id" succeeded 180
+check "every step 1..1500 logged exactly once" test \
+    "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$rd/metrics.jsonl")" = "$(jq -n -c '[range(1;1501)]')"
+check "each rank recorded its exit status for the daemon" bash -c "grep -qx '[0-9]* 0' $rd/rank-0.exit && grep -qx '[0-9]* 0' $rd/rank-1.exit"
+
+# a rank that dies while no daemon watches: the next daemon finds it gone without an exit status,
+# fails the job with that reason and stops the other rank
+id=$(ctl a submit "$T/long.yaml")
+rd="$T/a/runs/job-$id"
+wait_state a "$id" running 30
+wait_until 30 n_workers_at_least "$rd" 2
+stop_daemon a
+victim=$(for p in $(workers_of "$rd"); do tr '\0' '\n' <"/proc/$p/environ" | grep -qx DDP_RANK=1 && echo "$p"; done)
+kill -KILL $victim
+start_daemon a --slots 4
+check "the job is failed once the daemon is back" wait_state a "$id" failed 30
+check "its reason names the rank that died unwatched" bash -c \
+    "$DDPCTL --socket $T/a.sock --json status $id | jq -r .reason | grep -q 'rank 1 ended without recording an exit status'"
+check "the other rank was stopped" wait_until 30 no_workers "$rd"
 
 # bad spec through ddpctl: exit 1 and the field path
 printf 'name: x\ndata: {train: "a"}\ntrain: {steps: -3}\n' > "$T/bad.yaml"

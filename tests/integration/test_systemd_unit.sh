@@ -18,6 +18,7 @@ check "systemd-analyze verify passes" test $rc -eq 0
 check "no warnings about the unit" bash -c "! grep -q 'ddpd.service:' '$T/verify.log'"
 check "Type=notify" grep -q '^Type=notify' "$unit"
 check "restarts on failure" grep -q '^Restart=on-failure' "$unit"
+check "a stop or restart signals ddpd alone (its jobs are adopted)" grep -q '^KillMode=process' "$unit"
 check "runtime and state directories" grep -q '^RuntimeDirectory=ddpd' "$unit"
 check "example config parses (ddpd reads it)" bash -c "'$DDPD' --config '$SRC/deploy/ddpd.yaml' --check-config >/dev/null"
 DESTDIR="$T/stage" bash "$SRC/deploy/install.sh" "$BUILD" /usr/local >"$T/install.log" 2>&1

@@ -9,9 +9,11 @@
 #include <cmocka.h>
 #include <math.h>
 #include <sodium.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/auth.h"
@@ -184,19 +186,24 @@ static void test_store(void **state)
     assert_true(fabs(json_real_value(json_object_get(o, "final_loss")) - 1.5) < 1e-12);
     json_decref(o);
     assert_int_equal(ddpd_store_job_get(s, 999, 0, &o), DDP_ENOTFOUND);
+    /* a restart: the running job comes back with its runtime record, the queued one too */
+    assert_int_equal(ddpd_store_job_runtime(s, id2, "{\"rdzv\":\"h:1\"}"), 0);
     ddpd_store_close(s);
-
-    /* a restart: the running job is failed with the reason, the queued one comes back */
     assert_int_equal(ddpd_store_open(&s, dir), 0);
-    json_t *orphans, *queued;
-    assert_int_equal(ddpd_store_recover(s, "daemon died", 7, &orphans, &queued), 0);
-    assert_int_equal(json_array_size(orphans), 1);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(orphans, 0), "token")),
-                        "t2");
+    json_t *live, *queued;
+    assert_int_equal(ddpd_store_unfinished(s, &live, &queued), 0);
+    assert_int_equal(json_array_size(live), 1);
+    json_t *l0 = json_array_get(live, 0);
+    assert_string_equal(json_string_value(json_object_get(l0, "token")), "t2");
+    assert_string_equal(json_string_value(json_object_get(l0, "state")), "running");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(l0, "runtime"), "rdzv")), "h:1");
     assert_int_equal(json_array_size(queued), 1);
     assert_int_equal(json_integer_value(json_object_get(json_array_get(queued, 0), "id")), id3);
-    json_decref(orphans);
+    json_decref(live);
     json_decref(queued);
+    /* what the daemon then decides is an ordinary transition */
+    assert_int_equal(ddpd_store_job_transition(s, id2, "running", "failed", "daemon died", 7), 0);
     json_t *arr;
     assert_int_equal(ddpd_store_job_list(s, NULL, 0, &arr), 0);
     assert_int_equal(json_array_size(arr), 3);
@@ -229,12 +236,50 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
+/* A version-1 file (before `runtime`) opens, keeps its jobs and gains the column. */
+static void test_store_upgrade(void **state)
+{
+    (void)state;
+    char dir[300], path[320];
+    snprintf(dir, sizeof dir, "%s/v1", tmpdir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    snprintf(path, sizeof path, "%s/ddpd.db", dir);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(db,
+                     "CREATE TABLE jobs(id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL,"
+                     " uid INTEGER NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',"
+                     " world INTEGER NOT NULL, nodes TEXT NOT NULL DEFAULT '', pgid INTEGER NOT "
+                     "NULL DEFAULT 0, spec TEXT NOT NULL, run_dir TEXT NOT NULL, cwd TEXT NOT "
+                     "NULL, token TEXT NOT NULL, submitted_ms INTEGER NOT NULL, started_ms "
+                     "INTEGER, ended_ms INTEGER, exit_code INTEGER, step INTEGER, steps INTEGER,"
+                     " final_loss REAL);"
+                     "INSERT INTO jobs(name,uid,state,world,spec,run_dir,cwd,token,submitted_ms)"
+                     " VALUES('old',0,'running',2,'{}','/r/job-1','','tok',1);"
+                     "PRAGMA user_version=1;",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(db);
+    ddpd_store_t *s;
+    assert_int_equal(ddpd_store_open(&s, dir), 0);
+    assert_int_equal(ddpd_store_job_runtime(s, 1, "{}"), 0);
+    json_t *live, *queued;
+    assert_int_equal(ddpd_store_unfinished(s, &live, &queued), 0);
+    assert_int_equal(json_array_size(live), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(live, 0), "name")), "old");
+    json_decref(live);
+    json_decref(queued);
+    ddpd_store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_file), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_hostport),    cmocka_unit_test(test_auth),
         cmocka_unit_test(test_rpc),         cmocka_unit_test(test_store),
+        cmocka_unit_test(test_store_upgrade),
     };
     return cmocka_run_group_tests_name("daemon", tests, setup, teardown);
 }

@@ -29,7 +29,7 @@ train: {steps: 6, micro_batch: 2, seq_len: 64, lr: 1.0e-3, val_every: 0, sample_
 ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625}
 YAML
 
-echo "1..11"
+echo "1..12"
 # 1-2: recompute block == none, bitwise, 1 rank (with accumulation) and 2 ranks
 for r in none block; do
   "$worker" "$tmp/job.yaml" --quiet --set train.recompute=$r --set train.global_batch_tokens=256 \
@@ -85,7 +85,7 @@ else
     bash -c "grep 'memory budget: needs' '$tmp/over.log' | grep 'train.micro_batch [0-9]* (the same global batch in [0-9]* micro-steps per rank) saves' | grep 'train.recompute: block saves' | grep -q 'ddp.shard_optimizer'"
 fi
 
-# 9-11: ddpctl plan prints the worker's budget without running; an oversized spec exits 1
+# 9-12: ddpctl plan prints the worker's budget without running; an oversized spec exits 1
 sed -n 's/^.*info    total /  total /p' "$tmp/mini.log" >"$tmp/worker-total.txt"
 "$ddpctl" plan "$tmp/job.yaml" >"$tmp/plan.txt" 2>&1
 check "ddpctl plan prints the budget's lines" grep -q "activations .* recompute none" "$tmp/plan.txt"
@@ -98,4 +98,6 @@ sed 's/threads: 2}/threads: 2, memory_limit: 100MiB}/' "$tmp/mini.yaml" >"$tmp/s
 "$ddpctl" plan "$tmp/small.yaml" >"$tmp/plan-small.txt" 2>&1
 rc=$?
 check "ddpctl plan of a spec that cannot fit exits 1 with the advice" bash -c "[ $rc -eq 1 ] && grep -q 'does not fit: needs' '$tmp/plan-small.txt'"
+"$ddpctl" plan "$tmp/mini.yaml" --gpu 80GiB >"$tmp/plan-gpu.txt" 2>&1
+check "ddpctl plan --gpu 80GiB plans for GPUs of that size" grep -q "total .* of 80.00 GiB (the GPU's memory): fits" "$tmp/plan-gpu.txt"
 exit $((failed > 0))

@@ -1,6 +1,7 @@
-/* ddpctl internals shared by ctl.c (commands) and ctl_watch.c (following a job). */
-#ifndef DDPD_CTL_H
-#define DDPD_CTL_H
+/* ddpctl's exit codes, its error printing, and following a job (ctl_watch.c); used by the
+ * commands (ctl.c, ctl_plot.c, ctl_trace.c). */
+#ifndef DDPD_CTL_WATCH_H
+#define DDPD_CTL_WATCH_H
 
 #include <jansson.h>
 

@@ -1,0 +1,86 @@
+/* The tail of rank 0's metrics.jsonl (see job_tail.h). */
+#include "daemon/job_tail.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/clock.h"
+
+static void tail_line(ddpd_tail_t *t, const char *line, size_t len)
+{
+    json_t *o = json_loadb(line, len, 0, NULL);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        return;
+    }
+    const char *ev = json_string_value(json_object_get(o, "event"));
+    if (ev && !strcmp(ev, "done")) {
+        json_decref(t->done);
+        t->done = o;
+    } else if (!ev && t->last_step && json_object_get(o, "val_loss") &&
+               !json_object_get(o, "loss")) {
+        /* a validation line adds to its step's record (the loss and speed stay shown) */
+        json_object_set(t->last_step, "val_loss", json_object_get(o, "val_loss"));
+        json_decref(o);
+    } else if (!ev && json_is_integer(json_object_get(o, "step"))) {
+        if (!t->last_step && !t->first_step_ms) t->first_step_ms = ddp_wall_ms();
+        json_decref(t->last_step);
+        t->last_step = o;
+    } else { /* other events (a new generation) are not a step's record */
+        json_decref(o);
+    }
+}
+
+int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[65536];
+    int got = 0;
+    ssize_t n = pread(fd, buf, sizeof buf, t->off);
+    close(fd);
+    if (n <= 0) return 0;
+    t->off += n;
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] == '\n') {
+            tail_line(t, t->partial, t->partial_len);
+            t->partial_len = 0;
+            got = 1;
+        } else if (t->partial_len < sizeof t->partial) {
+            t->partial[t->partial_len++] = buf[i];
+        }
+    }
+    return got;
+}
+
+void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir)
+{
+    char path[PATH_MAX + 32], buf[4096];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    struct stat st;
+    if (stat(path, &st) != 0) return;
+    t->off = st.st_size > 65536 ? st.st_size - 65536 : 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t n = fd >= 0 && t->off > 0 ? pread(fd, buf, sizeof buf, t->off) : 0;
+    if (fd >= 0) close(fd);
+    for (ssize_t i = 0; i < n; i++) /* skip the first, partial, line */
+        if (buf[i] == '\n') {
+            t->off += i + 1;
+            break;
+        }
+    while (ddpd_tail_read(t, run_dir)) {
+    }
+}
+
+void ddpd_tail_close(ddpd_tail_t *t)
+{
+    json_decref(t->last_step);
+    json_decref(t->done);
+    t->last_step = t->done = NULL;
+}

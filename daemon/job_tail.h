@@ -1,0 +1,32 @@
+/* The tail of rank 0's metrics.jsonl, which is what the daemon knows of a running job's
+ * progress: the last step's record and the "done" event. Reads the file from `off` on; never
+ * writes. Loop thread only.
+ */
+#ifndef DDPD_JOB_TAIL_H
+#define DDPD_JOB_TAIL_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ddpd_tail {
+    int64_t off;          /* bytes of metrics.jsonl read so far */
+    char partial[8192];   /* the line being read */
+    size_t partial_len;
+    json_t *last_step;    /* the last {"step":...} record (a validation line adds val_loss) */
+    json_t *done;         /* the {"event":"done"} record */
+    int64_t first_step_ms; /* wall clock when the first step's record was read */
+} ddpd_tail_t;
+
+/* Reads what rank 0 appended to <run_dir>/metrics.jsonl since the last call (at most 64 KiB a
+ * call). Returns 1 if a new line was parsed. */
+int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir);
+
+/* Starts near the end of the file (an adopted job: the last step's record is all the view
+ * needs) and reads to the end. */
+void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir);
+
+/* Drops the records. */
+void ddpd_tail_close(ddpd_tail_t *t);
+
+#endif

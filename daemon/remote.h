@@ -1,0 +1,63 @@
+/* Ranks of multi-node jobs, over the daemons' links (link.h). A coordinating daemon starts,
+ * signals and kills its jobs' ranks on peers; a peer runs them as *guest* ranks and reports
+ * their exits. Messages (JSON lines on an authenticated link):
+ *   coordinator -> peer  {"t":"start","job":J,"name":..,"ranks":[..],"world":W,"rdzv":..,
+ *                         "elastic":B (DDP_RDZV is the job's coordinator),"max_restarts":R,
+ *                         "token":..,"spec":"<json>","cwd":..,"uid":U,"gid":G,"threads":T}
+ *                        {"t":"signal","job":J,"sig":SIG}
+ *                        {"t":"kill","job":J,"pid":P,"host_id":H}
+ *   peer -> coordinator  {"t":"started","job":J,"n":K} | {"t":"failed","job":J,"why":..}
+ *                        {"t":"exit","job":J,"rank":R,"code":C,"sig":S}
+ * When a coordinator's link drops, its guest ranks here are ended; when a peer's link drops,
+ * the coordinator hears of it (reports.node_down). An elastic job's guest rank that dies is
+ * spawned again here, up to max_restarts times, and rejoins the job's coordinator.
+ * Loop thread only.
+ */
+#ifndef DDPD_REMOTE_H
+#define DDPD_REMOTE_H
+
+#include <stdint.h>
+
+#include "common/err.h"
+#include "daemon/ddpd.h"
+
+/* What the peers report about this node's jobs, as calls (main wires them to job.h, so that
+ * this module knows nothing of jobs). */
+typedef struct ddpd_remote_reports {
+    void (*started)(ddpd_t *d, int64_t job, int n_ranks); /* a peer started its ranks */
+    void (*exited)(ddpd_t *d, int64_t job, int rank, int code, int sig);
+    void (*failed)(ddpd_t *d, int64_t job, const char *why); /* could not start or keep them */
+    void (*node_down)(ddpd_t *d, int peer);                   /* the link to peer went down */
+    void (*nodes_changed)(ddpd_t *d);                         /* a peer's free slots changed */
+} ddpd_remote_reports_t;
+
+/* What a peer is asked to start (strings borrowed). */
+typedef struct ddpd_remote_start {
+    int64_t job;
+    const char *name, *rdzv, *token, *spec_json, *cwd;
+    const int *ranks;
+    int n, world, threads, elastic, max_restarts;
+    uint32_t uid, gid;
+} ddpd_remote_start_t;
+
+/* Starts the links (ddpd_links_start) with this module as their handler. Returns 0 or an
+ * error with ei filled. */
+int ddpd_remote_start(ddpd_t *d, const ddpd_remote_reports_t *reports, ddp_errinfo_t *ei);
+/* Closes the links; the module goes once its last guest's handles are closed. NULL-safe. */
+void ddpd_remote_close(ddpd_t *d);
+
+/* Asks peer i to start s->n ranks; the answer comes as reports.started/exited/failed. Returns
+ * 0 or DDP_EPEER (not connected). */
+int ddpd_remote_launch(ddpd_t *d, int i, const ddpd_remote_start_t *s);
+/* Asks peer i to signal its ranks of a job. */
+void ddpd_remote_signal(ddpd_t *d, int i, int64_t job_id, int sig);
+/* Elastic: asks peer i to SIGKILL the process `pid` among its ranks of job_id when host_id (as
+ * common/host.h makes it) is its own (a rank the job's coordinator evicted for silence). */
+void ddpd_remote_kill(ddpd_t *d, int i, int64_t job_id, int pid, const char *host_id);
+
+/* Daemon shutdown: SIGTERM to every guest rank (they report their exits as usual). */
+void ddpd_remote_stop_guests(ddpd_t *d);
+/* Ranks this node runs for other coordinators (still alive). */
+int ddpd_remote_guest_ranks(ddpd_t *d);
+
+#endif
