@@ -65,6 +65,8 @@ struct ddpd_coord {
     int64_t last_hb_ns;   /* the coordinator's last heartbeat to its members */
     int64_t adopt_end_ns; /* adopting: when it gives up waiting for the members to come back */
     char why[256];        /* why the next generation forms */
+    int done;             /* ENDED because every member finished (else the job failed) */
+    char end_why[512];    /* ENDED: why */
 };
 
 static void emit(ddpd_coord_t *c, json_t *ev)
@@ -136,6 +138,8 @@ static void check_done(ddpd_coord_t *c)
         if (m->done && m->step > step) step = m->step;
     }
     c->phase = ENDED;
+    c->done = 1;
+    snprintf(c->end_why, sizeof c->end_why, "the job is done");
     send_all(c, json_pack("{s:s, s:s, s:b}", "t", "exit", "why", "the job is done", "done", 1),
              is_member);
     DDP_INFO("coordinator: every member is done (step %ld)", step);
@@ -145,6 +149,7 @@ static void check_done(ddpd_coord_t *c)
 static void end_job(ddpd_coord_t *c, const char *why)
 {
     c->phase = ENDED;
+    snprintf(c->end_why, sizeof c->end_why, "%s", why);
     send_all(c, json_pack("{s:s, s:s}", "t", "exit", "why", why), is_any);
     DDP_ERROR("coordinator: the job failed: %s", why);
     emit(c, json_pack("{s:s, s:s}", "event", "failed", "why", why));
@@ -378,6 +383,10 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
         return;
     }
     int fresh = !m->joined;
+    if (c->phase == ENDED) { /* a rank started again after the end: it has nothing to do */
+        send_to(m, json_pack("{s:s, s:s, s:b}", "t", "exit", "why", c->end_why, "done", c->done));
+        return;
+    }
     if (fresh && count(c, is_member) >= c->cfg.max_workers) {
         send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why",
                              "the job already has ddp.max_workers members"));

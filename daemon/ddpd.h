@@ -54,6 +54,7 @@ typedef struct ddpd {
     /* counters for /metrics */
     uint64_t n_submitted, n_requests, n_request_errors, n_finished[3];
     uint64_t n_worker_restarts; /* elastic jobs' ranks spawned again */
+    uint64_t n_store_errors;    /* job records the store failed to write (logged each time) */
 } ddpd_t;
 
 #endif

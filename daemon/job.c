@@ -5,7 +5,7 @@
  *  - slots are taken when local ranks are spawned and given back when each one ends.
  *  - every state change goes through set_state (store + watchers + log).
  */
-#include "job.h"
+#include "daemon/job_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -49,10 +49,20 @@ void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg)
     d->job_watchers[d->n_job_watchers++].arg = arg;
 }
 
-static void notify(ddpd_job_t *j, unsigned what)
+void ddpd__job_notify(ddpd_job_t *j, unsigned what)
 {
     for (int i = 0; i < j->d->n_job_watchers; i++)
         j->d->job_watchers[i].fn(j->d->job_watchers[i].arg, j, what);
+}
+
+/* A store write failed (the store logged SQLite's message): the job goes on, but its history
+ * misses this record; say which, and count it (ddpd_store_errors_total). */
+void ddpd__job_check_stored(ddpd_job_t *j, int rc, const char *what)
+{
+    if (rc == 0) return;
+    j->d->n_store_errors++;
+    DDP_ERROR("job %lld: the store did not record its %s (%s): `ddpctl status` will miss it",
+              (long long)j->id, what, ddp_strerror(rc));
 }
 
 static void job_free(ddpd_job_t *j)
@@ -66,6 +76,7 @@ static void job_free(ddpd_job_t *j)
     ddpd_tail_close(&j->tail);
     free(j->spec_json);
     free(j->rank_node);
+    free(j->remote_alive);
     free(j->procs);
     free(j);
 }
@@ -77,9 +88,7 @@ static void handle_closed(ddpd_job_t *j)
 
 static void timer_closed(uv_handle_t *h) { handle_closed(h->data); }
 
-static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
+void ddpd__job_set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
 {
     ddpd_state_t from = j->state;
     va_list ap;
@@ -87,11 +96,12 @@ static void set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
     vsnprintf(j->reason, sizeof j->reason, fmt, ap);
     va_end(ap);
     j->state = to;
-    ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from), ddpd_state_name(to),
-                              j->reason, ddp_wall_ms());
+    ddpd__job_check_stored(j, ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from),
+                                              ddpd_state_name(to), j->reason, ddp_wall_ms()),
+                 "transition");
     DDP_INFO("job %lld (%s): %s -> %s: %s", (long long)j->id, j->name, ddpd_state_name(from),
              ddpd_state_name(to), j->reason);
-    notify(j, DDPD_JOB_STATE);
+    ddpd__job_notify(j, DDPD_JOB_STATE);
 }
 
 static void close_handles(ddpd_job_t *j)
@@ -106,13 +116,20 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
     ddpd_job_t *j = h->data;
     (void)events;
     if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_tail_read(&j->tail, j->run_dir))
-        notify(j, DDPD_JOB_PROGRESS);
+        ddpd__job_notify(j, DDPD_JOB_PROGRESS);
 }
 
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
-    if (ddpd_tail_read(&j->tail, j->run_dir)) notify(j, DDPD_JOB_PROGRESS);
+    if (ddpd_tail_read(&j->tail, j->run_dir)) ddpd__job_notify(j, DDPD_JOB_PROGRESS);
+}
+
+void ddpd__job_watch_run_dir(ddpd_job_t *j)
+{
+    /* inotify shows each line at once; the timer is the fallback (NFS, no inotify) */
+    uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
+    uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
 }
 
 /* ---- ending ---- */
@@ -133,8 +150,9 @@ static void finish(ddpd_job_t *j)
     if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
     json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
-    ddpd_store_job_result(d->store, j->id, code, step, j->steps,
-                          json_is_number(fl) ? json_number_value(fl) : NAN);
+    ddpd__job_check_stored(j, ddpd_store_job_result(d->store, j->id, code, step, j->steps,
+                                          json_is_number(fl) ? json_number_value(fl) : NAN),
+                 "result");
     if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
@@ -144,19 +162,19 @@ static void finish(ddpd_job_t *j)
     j->coord = NULL;
     if (j->cancel_requested) {
         d->n_finished[2]++;
-        set_state(j, DDPD_CANCELLED, "cancelled by uid %u", j->cancel_uid);
+        ddpd__job_set_state(j, DDPD_CANCELLED, "cancelled by uid %u", j->cancel_uid);
     } else if (j->fail_rank >= 0 || j->fail_why[0]) {
         d->n_finished[1]++;
-        set_state(j, DDPD_FAILED, "%s", j->fail_why);
+        ddpd__job_set_state(j, DDPD_FAILED, "%s", j->fail_why);
     } else {
         d->n_finished[0]++;
-        set_state(j, DDPD_SUCCEEDED, "all %d ranks exited 0", j->world);
+        ddpd__job_set_state(j, DDPD_SUCCEEDED, "all %d ranks exited 0", j->world);
     }
     j->freeing = 1;
     close_handles(j);
 }
 
-static void maybe_finish(ddpd_job_t *j)
+void ddpd__job_maybe_finish(ddpd_job_t *j)
 {
     if (j->detached) return; /* the daemon stops; the job goes on without it */
     if (j->live_local == 0 && j->live_remote == 0 && j->pending_restarts == 0 &&
@@ -209,20 +227,18 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
 /* The launch description of this job's local ranks. */
 static void launch_of(ddpd_job_t *j, ddpd_launch_t *l)
 {
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
     int n_local = 0;
     for (int r = 0; r < j->world; r++) n_local += j->rank_node[r] == 0;
     *l = (ddpd_launch_t){.worker_bin = j->d->cfg.worker_bin,
                          .spec_path = j->spec_path,
                          .run_dir = j->run_dir,
-                         .cwd = j->cwd[0] && access(j->cwd, X_OK) == 0 ? j->cwd : NULL,
+                         .cwd = j->cwd,
                          .rdzv = j->rdzv,
                          .token = j->token,
                          .job_id = j->id,
                          .world = j->world,
                          .local_world = n_local,
-                         .threads = j->threads > 0 ? j->threads
-                                    : (int)(cores / n_local > 0 ? cores / n_local : 1),
+                         .threads = j->threads,
                          .as_user = 1,
                          .elastic = j->elastic,
                          .uid = j->uid,
@@ -237,7 +253,6 @@ static int restart_wanted(ddpd_job_t *j, const ddpd_proc_t *p, int code)
            p->restarts < j->max_restarts;
 }
 
-static void save_runtime(ddpd_job_t *j);
 
 static void proc_exit(ddpd_proc_t *p)
 {
@@ -245,7 +260,7 @@ static void proc_exit(ddpd_proc_t *p)
     j->live_local--;
     j->d->slots_used--;
     j->slots_held--;
-    notify(j, DDPD_JOB_SLOTS);
+    ddpd__job_notify(j, DDPD_JOB_SLOTS);
     if (p->term_signal || p->exit_status != 0) {
         /* 143 after our own SIGTERM is the worker's clean cancel */
         int ours = j->signalled && (p->exit_status == 143 || p->term_signal == SIGTERM ||
@@ -262,7 +277,7 @@ static void proc_exit(ddpd_proc_t *p)
             rank_failed(j, p->rank, (int)p->exit_status, p->term_signal);
         }
     }
-    maybe_finish(j);
+    ddpd__job_maybe_finish(j);
 }
 
 /* Spawns an elastic job's local rank again: it joins the coordinator as a new member and
@@ -291,7 +306,7 @@ static void respawn(ddpd_job_t *j, ddpd_proc_t *p)
     DDP_WARN("job %lld: rank %d ended (code %d, signal %d): spawned again as pid %d, restart %d "
              "of %d; it rejoins the running job", (long long)j->id, p->rank, code, sig, p->pid,
              p->restarts, j->max_restarts);
-    save_runtime(j);
+    ddpd__job_save_runtime(j);
 }
 
 static void proc_closed(ddpd_proc_t *p)
@@ -299,11 +314,18 @@ static void proc_closed(ddpd_proc_t *p)
     ddpd_job_t *j = p->data;
     if (p->respawn) respawn(j, p);
     handle_closed(j);
-    if (j->pending_restarts == 0) maybe_finish(j);
+    if (j->pending_restarts == 0) ddpd__job_maybe_finish(j);
+}
+
+void ddpd__job_proc_init(ddpd_job_t *j, ddpd_proc_t *p)
+{
+    p->data = j;
+    p->on_exit = proc_exit;
+    p->on_close = proc_closed;
 }
 
 /* Events of an elastic job's coordinator. */
-static void coord_event(void *arg, json_t *ev)
+void ddpd__job_coord_event(void *arg, json_t *ev)
 {
     ddpd_job_t *j = arg;
     const char *what = json_string_value(json_object_get(ev, "event"));
@@ -311,15 +333,15 @@ static void coord_event(void *arg, json_t *ev)
     if (!what || ddpd_state_terminal(j->state)) return;
     if (!strcmp(what, "adopted")) {
         j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
-        set_state(j, DDPD_RUNNING, "the running generation %lu (%d ranks) was adopted: it goes "
+        ddpd__job_set_state(j, DDPD_RUNNING, "the running generation %lu (%d ranks) was adopted: it goes "
                   "on without a pause", j->generation,
                   (int)json_integer_value(json_object_get(ev, "size")));
     } else if (!strcmp(what, "generation")) {
         j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
         int size = (int)json_integer_value(json_object_get(ev, "size"));
-        save_runtime(j);
+        ddpd__job_save_runtime(j);
         if (j->generation > 1 && j->state == DDPD_RUNNING)
-            set_state(j, DDPD_RUNNING, "generation %lu: %d of %d ranks (cause: %.300s)",
+            ddpd__job_set_state(j, DDPD_RUNNING, "generation %lu: %d of %d ranks (cause: %.300s)",
                       j->generation, size, j->world, why ? why : "?");
     } else if (!strcmp(what, "evict") && json_is_true(json_object_get(ev, "kill"))) {
         /* a silent rank: kill it here (the coordinator does on its own host) */
@@ -336,7 +358,7 @@ static void coord_event(void *arg, json_t *ev)
         /* every member trained to the end: ranks elsewhere that the coordinator evicted (a
          * partition: their daemon may never report them) are no longer this job's */
         j->live_remote = 0;
-        maybe_finish(j);
+        ddpd__job_maybe_finish(j);
     } else if (!strcmp(what, "failed")) {
         if (!j->fail_why[0]) {
             snprintf(j->fail_why, sizeof j->fail_why, "%.500s",
@@ -351,12 +373,16 @@ void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig
 {
     ddpd_job_t *j = ddpd_job_find(d, job_id);
     if (!j || ddpd_state_terminal(j->state) || j->live_remote <= 0) return;
+    if (rank >= 0 && rank < j->world && j->remote_alive) {
+        if (!j->remote_alive[rank]) return; /* lost with its node already */
+        j->remote_alive[rank] = 0;
+    }
     j->live_remote--;
     if (code != 0 || sig) {
         int ours = j->signalled && (code == 143 || sig == SIGTERM || sig == SIGKILL);
         if (!ours && !j->coord) rank_failed(j, rank, code, sig); /* elastic: the coordinator's */
     }
-    maybe_finish(j);
+    ddpd__job_maybe_finish(j);
 }
 
 void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
@@ -369,7 +395,7 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
         DDP_WARN("job %lld: %s; the job goes on with the ranks its coordinator has",
                  (long long)j->id, why);
         j->live_remote = 0;
-        maybe_finish(j);
+        ddpd__job_maybe_finish(j);
         return;
     }
     if (!j->fail_why[0] && !j->cancel_requested) {
@@ -382,22 +408,63 @@ void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why)
     (void)remote;
     j->live_remote = 0;
     terminate(j);
-    maybe_finish(j);
+    ddpd__job_maybe_finish(j);
 }
 
 void ddpd_job_node_down(ddpd_t *d, int peer)
 {
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {
         if (ddpd_state_terminal(j->state) || !j->rank_node) continue;
+        int lost = 0, first = -1;
         for (int r = 0; r < j->world; r++)
             if (j->rank_node[r] == peer + 1) {
-                char why[160];
-                snprintf(why, sizeof why, "lost the link to node %s, which ran rank %d",
-                         ddpd_peers_name(d, peer), r);
-                ddpd_job_remote_failed(d, j->id, why);
-                break;
+                if (first < 0) first = r;
+                lost++;
             }
+        if (!lost) continue;
+        if (!j->elastic || j->state != DDPD_RUNNING || j->signalled) {
+            char why[160];
+            snprintf(why, sizeof why, "lost the link to node %s, which ran rank %d",
+                     ddpd_peers_name(d, peer), first);
+            ddpd_job_remote_failed(d, j->id, why);
+            continue;
+        }
+        for (int r = 0; r < j->world; r++) {
+            if (j->rank_node[r] != peer + 1) continue;
+            j->rank_node[r] = -1;
+            j->n_unplaced++;
+            if (j->remote_alive[r]) {
+                j->remote_alive[r] = 0;
+                j->live_remote--;
+            }
+        }
+        DDP_WARN("job %lld: node %s went down with %d rank(s): the job goes on with the others, "
+                 "and they are placed again where a node has free slots", (long long)j->id,
+                 ddpd_peers_name(d, peer), lost);
+        ddpd__job_save_runtime(j);
+        ddpd__job_notify(j, DDPD_JOB_SLOTS);
+        ddpd__job_maybe_finish(j);
     }
+}
+
+void ddpd_job_remote_adopted(ddpd_t *d, int64_t job_id, int peer, const int *ranks, int n)
+{
+    ddpd_job_t *j = ddpd_job_find(d, job_id);
+    if (!j || ddpd_state_terminal(j->state) || !j->rank_node) return;
+    int back = 0;
+    for (int k = 0; k < n; k++) {
+        int r = ranks[k];
+        if (r < 0 || r >= j->world || j->rank_node[r] != -1) continue; /* placed again already */
+        j->rank_node[r] = peer + 1;
+        j->remote_alive[r] = 1;
+        j->live_remote++;
+        j->n_unplaced--;
+        back++;
+    }
+    if (!back) return;
+    DDP_INFO("job %lld: node %s still runs %d of its rank(s): they are the job's again",
+             (long long)j->id, ddpd_peers_name(d, peer), back);
+    ddpd__job_save_runtime(j);
 }
 
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
@@ -406,25 +473,12 @@ void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks)
     if (!j || j->state != DDPD_STARTING) return;
     (void)n_ranks;
     if (--j->pending_acks == 0 && j->live_local == j->n_local)
-        set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
+        ddpd__job_set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
 }
 
 /* ---- acceptance ---- */
 
-/* What the daemon keeps of a validated spec. */
-static void take_spec(ddpd_job_t *j, const ddp_spec_t *spec)
-{
-    j->world = spec->workers < 1 ? 1 : spec->workers;
-    j->threads = spec->threads;
-    j->steps = spec->steps;
-    j->elastic = !strcmp(spec->restart, "on-failure");
-    j->min_workers = spec->min_workers < j->world ? spec->min_workers : j->world;
-    j->max_restarts = spec->max_restarts;
-    j->hb_timeout_s = spec->heartbeat_timeout_s;
-    j->rejoin_timeout_s = spec->rejoin_timeout_s;
-}
-
-static int job_new(ddpd_t *d, ddpd_job_t **out)
+int ddpd__job_new(ddpd_t *d, ddpd_job_t **out)
 {
     ddpd_job_t *j = ddp_calloc(1, sizeof *j);
     if (!j) return DDP_ENOMEM;
@@ -439,7 +493,7 @@ static int job_new(ddpd_t *d, ddpd_job_t **out)
     return 0;
 }
 
-static void job_link(ddpd_t *d, ddpd_job_t *j)
+void ddpd__job_link(ddpd_t *d, ddpd_job_t *j)
 {
     ddpd_job_t **pp = &d->jobs;
     while (*pp) pp = &(*pp)->next;
@@ -447,126 +501,12 @@ static void job_link(ddpd_t *d, ddpd_job_t *j)
 }
 
 /* A job that never got linked or started: close its timers and free at the close callback. */
-static void job_discard(ddpd_job_t *j)
+void ddpd__job_discard(ddpd_job_t *j)
 {
     j->freeing = 1;
     j->state = DDPD_FAILED;
-    job_link(j->d, j); /* job_free unlinks */
+    ddpd__job_link(j->d, j); /* job_free unlinks */
     close_handles(j);
-}
-
-static void make_run_dir(ddpd_job_t *j)
-{
-    if (mkdir(j->run_dir, 0750) != 0 && errno != EEXIST)
-        DDP_WARN("job %lld: mkdir %s: %s", (long long)j->id, j->run_dir, strerror(errno));
-    if (geteuid() == 0 && j->uid != 0 && chown(j->run_dir, j->uid, j->gid) != 0)
-        DDP_WARN("job %lld: chown %s: %s", (long long)j->id, j->run_dir, strerror(errno));
-}
-
-int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_errinfo_t *ei)
-{
-    *out = NULL;
-    if (d->stopping) return ddp_errinfo_set(ei, DDP_EABORTED, "the daemon is shutting down");
-    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
-    if (!spec) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
-    int rc = ddp_spec_parse(spec, sub->spec_text, sub->spec_len, sub->origin, ei);
-    if (rc != 0) {
-        free(spec);
-        return rc;
-    }
-    if (sub->workers > 0) {
-        /* --workers N sets the job's size; the elastic range follows it where it must */
-        spec->workers = sub->workers;
-        if (spec->max_workers < spec->workers) spec->max_workers = spec->workers;
-        if (spec->min_workers > spec->workers) spec->min_workers = spec->workers;
-    }
-    if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
-    if (spec->workers < 1) spec->workers = 1;
-    int cap = sub->capacity;
-    if (spec->workers > cap) {
-        rc = ddp_errinfo_set(ei, DDP_EBUSY,
-                             "the job needs %d ranks but the cluster has %d slots (this node "
-                             "%d); lower ddp.workers or add slots/peers",
-                             spec->workers, cap, d->cfg.slots);
-        ddp_errinfo_path(ei, "ddp.workers");
-        free(spec);
-        return rc;
-    }
-    ddpd_job_t *j;
-    if ((rc = job_new(d, &j)) != 0) {
-        free(spec);
-        return ddp_errinfo_set(ei, rc, "out of memory");
-    }
-    j->spec_json = ddp_spec_to_json(spec);
-    snprintf(j->name, sizeof j->name, "%s", spec->name[0] ? spec->name : "job");
-    take_spec(j, spec);
-    free(spec);
-    j->uid = sub->uid;
-    j->gid = sub->gid;
-    snprintf(j->cwd, sizeof j->cwd, "%s", sub->cwd ? sub->cwd : "");
-    ddpd_random_hex(j->token, 32);
-    j->submitted_ms = ddp_wall_ms();
-    ddpd_jobrec_t rec = {.name = j->name,
-                         .uid = j->uid,
-                         .world = j->world,
-                         .spec_json = j->spec_json ? j->spec_json : "{}",
-                         .run_dir = d->cfg.run_dir,
-                         .cwd = j->cwd,
-                         .token = j->token,
-                         .submitted_ms = j->submitted_ms};
-    if (!j->spec_json || (rc = ddpd_store_job_insert(d->store, &rec, &j->id)) != 0) {
-        rc = rc ? rc : DDP_ENOMEM;
-        ddp_errinfo_set(ei, rc, "cannot record the job: %s", ddp_strerror(rc));
-        job_discard(j);
-        return rc;
-    }
-    snprintf(j->run_dir, sizeof j->run_dir, "%.4000s/job-%lld", d->cfg.run_dir, (long long)j->id);
-    make_run_dir(j);
-    snprintf(j->reason, sizeof j->reason, "submitted");
-    j->state = DDPD_QUEUED;
-    job_link(d, j);
-    d->n_submitted++;
-    DDP_INFO("job %lld (%s): queued, %d ranks, uid %u", (long long)j->id, j->name, j->world,
-             j->uid);
-    notify(j, DDPD_JOB_STATE);
-    *out = j;
-    return 0;
-}
-
-int ddpd_job_requeue(ddpd_t *d, json_t *row)
-{
-    ddpd_job_t *j;
-    DDP_CHECK(job_new(d, &j));
-    const char *spec_text = json_string_value(json_object_get(row, "spec"));
-    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
-    ddp_errinfo_t ei;
-    if (!spec || !spec_text ||
-        ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
-        free(spec);
-        j->id = json_integer_value(json_object_get(row, "id"));
-        ddpd_store_job_transition(d->store, j->id, "queued", "failed",
-                                  "stored spec no longer valid", ddp_wall_ms());
-        job_discard(j);
-        return DDP_ESPEC;
-    }
-    j->spec_json = ddp_strdup(spec_text);
-    take_spec(j, spec);
-    free(spec);
-    j->id = json_integer_value(json_object_get(row, "id"));
-    j->uid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
-    j->gid = j->uid;
-    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
-    snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
-    snprintf(j->run_dir, sizeof j->run_dir, "%s",
-             json_string_value(json_object_get(row, "run_dir")));
-    snprintf(j->token, sizeof j->token, "%s", json_string_value(json_object_get(row, "token")));
-    snprintf(j->reason, sizeof j->reason, "re-queued after a daemon restart");
-    j->submitted_ms = ddp_wall_ms();
-    j->state = DDPD_QUEUED;
-    make_run_dir(j);
-    job_link(d, j);
-    notify(j, DDPD_JOB_STATE);
-    return 0;
 }
 
 /* ---- start ---- */
@@ -587,14 +527,68 @@ static int free_port(void)
     return port;
 }
 
-static int write_spec(ddpd_job_t *j)
+
+/* Spawns rank r here as the next local process (j->procs has room for every rank). */
+static int spawn_local(ddpd_job_t *j, int r, char *why, size_t whylen)
 {
-    snprintf(j->spec_path, sizeof j->spec_path, "%s/job.json", j->run_dir);
-    FILE *f = fopen(j->spec_path, "we");
-    if (!f) return -errno;
-    int ok = fputs(j->spec_json, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    return ok ? 0 : DDP_EIO;
+    ddpd_launch_t l;
+    j->rank_node[r] = 0;
+    launch_of(j, &l);
+    ddpd_proc_t *p = &j->procs[j->n_local];
+    ddpd__job_proc_init(j, p);
+    int rc = ddpd_spawn_rank(j->d->loop, p, &l, r, j->n_local, why, whylen);
+    if (p->open) j->handles++;
+    j->n_local++;
+    if (rc != 0) return rc;
+    j->live_local++;
+    j->slots_held++;
+    j->d->slots_used++;
+    return 0;
+}
+
+/* Asks peer node-1 to start ranks[0..cnt) of j. */
+static int launch_remote(ddpd_job_t *j, int node, const int *ranks, int cnt)
+{
+    ddpd_remote_start_t rs = {.job = j->id, .name = j->name, .rdzv = j->rdzv, .token = j->token,
+                              .spec_json = j->spec_json, .cwd = j->cwd, .ranks = ranks, .n = cnt,
+                              .world = j->world, .threads = j->threads, .elastic = j->elastic,
+                              .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid};
+    int rc = ddpd_remote_launch(j->d, node - 1, &rs);
+    if (rc != 0) return rc;
+    for (int k = 0; k < cnt; k++) {
+        j->rank_node[ranks[k]] = node;
+        j->remote_alive[ranks[k]] = 1;
+    }
+    j->live_remote += cnt;
+    return 0;
+}
+
+int ddpd_job_place(ddpd_job_t *j, int node, const int *ranks, int n)
+{
+    int placed = 0;
+    if (node == 0) {
+        for (int k = 0; k < n && j->n_local < j->world; k++) {
+            char why[512];
+            if (spawn_local(j, ranks[k], why, sizeof why) != 0) {
+                DDP_ERROR("job %lld: placing rank %d again: %s", (long long)j->id, ranks[k], why);
+                j->rank_node[ranks[k]] = -1;
+                break;
+            }
+            placed++;
+        }
+    } else if (launch_remote(j, node, ranks, n) == 0) {
+        placed = n;
+    }
+    if (!placed) return 0;
+    j->n_unplaced -= placed;
+    j->restarts += placed;
+    j->d->n_worker_restarts += (uint64_t)placed;
+    DDP_WARN("job %lld: %d lost rank(s) placed again on %s, from rank %d; they join the running "
+             "job", (long long)j->id, placed, node ? ddpd_peers_name(j->d, node - 1)
+                                                   : j->d->cfg.node_name, ranks[0]);
+    ddpd__job_save_runtime(j);
+    ddpd__job_notify(j, DDPD_JOB_SLOTS);
+    return placed;
 }
 
 void ddpd_job_start(ddpd_job_t *j, int *rank_node)
@@ -629,13 +623,13 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
                                .min_workers = j->min_workers, .max_workers = j->world,
                                .hb_timeout_s = j->hb_timeout_s,
                                .rejoin_timeout_s = j->rejoin_timeout_s,
-                               .on_event = coord_event, .arg = j};
+                               .on_event = ddpd__job_coord_event, .arg = j};
         ddp_errinfo_t ei;
         ddp_errinfo_clear(&ei);
         if (ddpd_coord_new(d->loop, &cc, &j->coord, &ei) != 0) {
             snprintf(j->fail_why, sizeof j->fail_why, "%.300s", ei.msg);
-            set_state(j, DDPD_STARTING, "placed on %s", where);
-            maybe_finish(j);
+            ddpd__job_set_state(j, DDPD_STARTING, "placed on %s", where);
+            ddpd__job_maybe_finish(j);
             return;
         }
         snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, ddpd_coord_port(j->coord));
@@ -643,58 +637,42 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         int port = free_port();
         snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, port > 0 ? port : 29500);
     }
-    set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
+    ddpd__job_set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
               j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
 
-    int rc = write_spec(j);
+    int rc = ddpd_write_spec(j->run_dir, j->spec_json, j->spec_path, sizeof j->spec_path);
     if (rc != 0) {
         snprintf(j->fail_why, sizeof j->fail_why, "cannot write %.150s: %.60s", j->spec_path,
                  ddp_strerror(rc));
-        maybe_finish(j);
+        ddpd__job_maybe_finish(j);
         return;
     }
     ddpd_tail_read(&j->tail, j->run_dir); /* skip what an earlier run (re-queue) left */
-    /* inotify shows each line at once; the timer is the fallback (NFS, no inotify) */
-    uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
-    uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
+    ddpd__job_watch_run_dir(j);
 
-    j->procs = ddp_calloc(n_local ? (size_t)n_local : 1, sizeof *j->procs);
-    if (!j->procs) {
+    j->procs = ddp_calloc((size_t)j->world, sizeof *j->procs);
+    j->remote_alive = ddp_calloc((size_t)j->world, 1);
+    if (!j->procs || !j->remote_alive) {
         snprintf(j->fail_why, sizeof j->fail_why, "out of memory");
-        maybe_finish(j);
+        ddpd__job_maybe_finish(j);
         return;
     }
-    ddpd_launch_t l;
-    launch_of(j, &l);
-    for (int r = 0, k = 0; r < j->world && !j->fail_why[0]; r++) {
+    for (int r = 0; r < j->world && !j->fail_why[0]; r++) {
         if (rank_node[r] != 0) continue;
-        ddpd_proc_t *p = &j->procs[k];
-        p->data = j;
-        p->on_exit = proc_exit;
-        p->on_close = proc_closed;
         char why[512];
-        rc = ddpd_spawn_rank(d->loop, p, &l, r, k, why, sizeof why);
-        if (p->open) j->handles++;
-        k++;
-        j->n_local = k;
-        if (rc != 0) {
+        if (spawn_local(j, r, why, sizeof why) != 0) {
             DDP_ERROR("job %lld: %s", (long long)j->id, why);
             snprintf(j->fail_why, sizeof j->fail_why, "%.250s", why);
             j->fail_rank = r;
-            break;
         }
-        j->live_local++;
-        j->slots_held++;
-        d->slots_used++;
     }
-    if (j->n_local && j->procs[0].pid)
-        ddpd_store_job_placement(d->store, j->id, where, j->procs[0].pid);
-    else
-        ddpd_store_job_placement(d->store, j->id, where, 0);
-    save_runtime(j);
+    ddpd__job_check_stored(j, ddpd_store_job_placement(d->store, j->id, where,
+                                             j->n_local ? j->procs[0].pid : 0),
+                 "placement");
+    ddpd__job_save_runtime(j);
     if (j->fail_why[0]) {
         terminate(j);
-        maybe_finish(j);
+        ddpd__job_maybe_finish(j);
         return;
     }
     /* remote ranks */
@@ -703,20 +681,14 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         for (int r = 0; r < j->world && cnt < 1024; r++)
             if (rank_node[r] == n) ranks[cnt++] = r;
         if (!cnt) continue;
-        j->live_remote += cnt;
         j->pending_acks++;
-        ddpd_remote_start_t rs = {.job = j->id, .name = j->name, .rdzv = j->rdzv,
-                                  .token = j->token, .spec_json = j->spec_json, .cwd = j->cwd,
-                                  .ranks = ranks, .n = cnt, .world = j->world,
-                                  .threads = j->threads, .elastic = j->elastic,
-                                  .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid};
-        if (ddpd_remote_launch(d, n - 1, &rs) != 0) {
+        if (launch_remote(j, n, ranks, cnt) != 0) {
             ddpd_job_remote_failed(d, j->id, "a peer disconnected before its ranks started");
             return;
         }
     }
-    notify(j, DDPD_JOB_SLOTS);
-    if (j->pending_acks == 0) set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
+    ddpd__job_notify(j, DDPD_JOB_SLOTS);
+    if (j->pending_acks == 0) ddpd__job_set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
 }
 
 /* ---- cancel / stop ---- */
@@ -729,7 +701,7 @@ int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
     j->cancel_requested = 1;
     j->cancel_uid = uid;
     if (j->state == DDPD_QUEUED) {
-        set_state(j, DDPD_CANCELLED, "cancelled by uid %u before it started", uid);
+        ddpd__job_set_state(j, DDPD_CANCELLED, "cancelled by uid %u before it started", uid);
         j->d->n_finished[2]++;
         j->freeing = 1;
         close_handles(j);
@@ -737,7 +709,7 @@ int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
     }
     DDP_INFO("job %lld: cancel by uid %u: SIGTERM to its ranks", (long long)j->id, uid);
     terminate(j);
-    maybe_finish(j);
+    ddpd__job_maybe_finish(j);
     return 0;
 }
 
@@ -769,7 +741,7 @@ void ddpd_job_close_idle(ddpd_t *d)
 /* ---- a daemon restart: detach, and adopt ---- */
 
 /* Records what a restarted daemon needs to adopt the job (store column `runtime`). */
-static void save_runtime(ddpd_job_t *j)
+void ddpd__job_save_runtime(ddpd_job_t *j)
 {
     json_t *procs = json_array(), *nodes = json_array();
     for (int i = 0; i < j->n_local; i++)
@@ -783,9 +755,8 @@ static void save_runtime(ddpd_job_t *j)
                           nodes, "restarts", j->restarts, "first_step_ms",
                           (json_int_t)j->tail.first_step_ms, "generation", (json_int_t)j->generation);
     char *text = json_dumps(o, JSON_COMPACT);
-    if (!text || ddpd_store_job_runtime(j->d->store, j->id, text) != 0)
-        DDP_WARN("job %lld: cannot record its runtime: a restarted daemon could not adopt it",
-                 (long long)j->id);
+    ddpd__job_check_stored(j, text ? ddpd_store_job_runtime(j->d->store, j->id, text) : DDP_ENOMEM,
+                 "runtime record (a restarted daemon could not adopt it)");
     free(text);
     json_decref(o);
 }
@@ -796,7 +767,7 @@ void ddpd_job_detach_all(ddpd_t *d)
         if (j->freeing || ddpd_state_terminal(j->state) || j->state == DDPD_QUEUED) continue;
         DDP_INFO("job %lld (%s): left running (%d local rank(s)); the next ddpd adopts it",
                  (long long)j->id, j->name, j->live_local);
-        save_runtime(j);
+        ddpd__job_save_runtime(j);
         j->detached = 1;
         j->freeing = 1;
         j->live_local = 0;
@@ -808,7 +779,7 @@ void ddpd_job_detach_all(ddpd_t *d)
 }
 
 /* A local rank that ended while no daemon watched it: as if its exit had just been seen. */
-static void adopted_gone(ddpd_job_t *j, ddpd_proc_t *p)
+void ddpd__job_ended_unwatched(ddpd_job_t *j, ddpd_proc_t *p)
 {
     DDP_WARN("job %lld: rank %d (pid %d) ended while the daemon was away (%s %ld)",
              (long long)j->id, p->rank, p->pid, p->status_unknown ? "no exit status," : "code",
@@ -823,111 +794,3 @@ static void adopted_gone(ddpd_job_t *j, ddpd_proc_t *p)
     }
 }
 
-static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, whylen, fmt, ap);
-    va_end(ap);
-    return DDP_EINVAL;
-}
-
-int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
-{
-    json_t *rt = json_object_get(row, "runtime");
-    json_t *procs = json_object_get(rt, "procs"), *nodes = json_object_get(rt, "rank_node");
-    const char *rdzv = json_string_value(json_object_get(rt, "rdzv"));
-    const char *spec_text = json_string_value(json_object_get(row, "spec"));
-    if (!json_is_array(procs) || !json_is_array(nodes) || !rdzv || !spec_text)
-        return adopt_fail(why, whylen, "no record of its ranks to adopt them from");
-    size_t i;
-    json_t *v;
-    json_array_foreach(nodes, i, v) if (json_integer_value(v) != 0) return adopt_fail(
-        why, whylen, "it has ranks on peer daemons, and a job across daemons is not adopted");
-    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
-    ddp_errinfo_t ei;
-    if (!spec || ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
-        free(spec);
-        return adopt_fail(why, whylen, "its stored spec no longer parses");
-    }
-    ddpd_job_t *j;
-    int rc = job_new(d, &j);
-    if (rc) {
-        free(spec);
-        return adopt_fail(why, whylen, "out of memory");
-    }
-    take_spec(j, spec);
-    free(spec);
-    j->spec_json = ddp_strdup(spec_text);
-    j->id = json_integer_value(json_object_get(row, "id"));
-    j->uid = j->gid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
-    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
-    snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
-    snprintf(j->run_dir, sizeof j->run_dir, "%s",
-             json_string_value(json_object_get(row, "run_dir")));
-    snprintf(j->token, sizeof j->token, "%s", json_string_value(json_object_get(row, "token")));
-    snprintf(j->spec_path, sizeof j->spec_path, "%s/job.json", j->run_dir);
-    snprintf(j->rdzv, sizeof j->rdzv, "%s", rdzv);
-    j->state = strcmp(json_string_value(json_object_get(row, "state")), "starting")
-                   ? DDPD_RUNNING : DDPD_STARTING;
-    j->submitted_ms = j->started_ms = json_integer_value(json_object_get(row, "started_ms"));
-    j->tail.first_step_ms = json_integer_value(json_object_get(rt, "first_step_ms"));
-    j->restarts = (int)json_integer_value(json_object_get(rt, "restarts"));
-    j->generation = (unsigned long)json_integer_value(json_object_get(rt, "generation"));
-    j->rank_node = ddp_calloc((size_t)j->world, sizeof *j->rank_node);
-    j->procs = ddp_calloc(json_array_size(procs) + 1, sizeof *j->procs);
-    if (!j->spec_json || !j->rank_node || !j->procs) {
-        job_discard(j);
-        return adopt_fail(why, whylen, "out of memory");
-    }
-    if (j->elastic) {
-        const char *colon = strrchr(rdzv, ':');
-        ddpd_coord_cfg_t cc = {.host = "0.0.0.0", .port = colon ? atoi(colon + 1) : 0,
-                               .token = j->token, .world = j->world,
-                               .min_workers = j->min_workers, .max_workers = j->world,
-                               .hb_timeout_s = j->hb_timeout_s,
-                               .rejoin_timeout_s = j->rejoin_timeout_s, .adopt = 1,
-                               .last_gen = j->generation,
-                               .on_event = coord_event, .arg = j};
-        ddp_errinfo_clear(&ei);
-        if (cc.port <= 0 || ddpd_coord_new(d->loop, &cc, &j->coord, &ei) != 0) {
-            job_discard(j);
-            return adopt_fail(why, whylen, "its coordinator cannot listen on %s again: %.200s",
-                              rdzv, ei.msg);
-        }
-    }
-    job_link(d, j);
-    ddpd_tail_from_end(&j->tail, j->run_dir);
-    uv_fs_event_start(&j->run_watch, fs_cb, j->run_dir, 0);
-    uv_timer_start(&j->tail_timer, tail_cb, 500, 500);
-    int alive = 0;
-    json_array_foreach(procs, i, v)
-    {
-        ddpd_proc_t *p = &j->procs[j->n_local++];
-        p->data = j;
-        p->on_exit = proc_exit;
-        p->on_close = proc_closed;
-        p->restarts = (int)json_integer_value(json_object_get(v, "restarts"));
-        rc = ddpd_adopt_rank(d->loop, p, (int)json_integer_value(json_object_get(v, "pid")),
-                             (int)json_integer_value(json_object_get(v, "rank")),
-                             (int)json_integer_value(json_object_get(v, "local_rank")), j->token,
-                             j->run_dir);
-        if (p->open) j->handles++;
-        if (rc == 0) {
-            alive++;
-            j->live_local++;
-            j->slots_held++;
-            d->slots_used++;
-        }
-    }
-    set_state(j, DDPD_RUNNING, "adopted after a daemon restart: %d of %d local rank(s) still "
-              "running%s", alive, j->n_local, j->elastic ? "; the coordinator waits for them" : "");
-    for (int k = 0; k < j->n_local; k++)
-        if (!j->procs[k].alive && !j->procs[k].open) adopted_gone(j, &j->procs[k]);
-    save_runtime(j);
-    notify(j, DDPD_JOB_SLOTS);
-    maybe_finish(j);
-    return 0;
-}

@@ -44,9 +44,12 @@ struct ddpd_job {
     char token[65], rdzv[300];
     int64_t submitted_ms, started_ms;
 
-    int *rank_node;   /* per rank: 0 = this node, i+1 = peer i */
-    ddpd_proc_t *procs; /* local ranks */
+    int *rank_node;   /* per rank: 0 = this node, i+1 = peer i, -1 = lost with its node (an
+                         elastic job's rank waiting for a place, see ddpd_job_place) */
+    unsigned char *remote_alive; /* per rank: runs on a peer and has not been reported ended */
+    ddpd_proc_t *procs; /* local ranks (room for `world`: replacements may come here) */
     int n_local;
+    int n_unplaced;   /* ranks with rank_node -1 */
     int live_local;   /* local ranks still running */
     int live_remote;  /* remote ranks not yet reported ended */
     int pending_acks; /* peers that have not yet confirmed their ranks started */
@@ -122,8 +125,17 @@ int ddpd_job_stop_all(ddpd_t *d, const char *reason);
 /* A remote rank ended (peer report), or a peer could not start/keep its ranks. */
 void ddpd_job_remote_exit(ddpd_t *d, int64_t job_id, int rank, int code, int sig);
 void ddpd_job_remote_failed(ddpd_t *d, int64_t job_id, const char *why);
-/* The link to peer `peer` went down: the jobs with ranks there hear of it (as remote_failed). */
+/* The link to peer `peer` went down. A static job with ranks there fails; an elastic one goes
+ * on with the ranks it has (its coordinator evicts the lost ones) and the lost ranks wait for a
+ * place (rank_node -1) until a node has free slots (ddpd_job_place). */
 void ddpd_job_node_down(ddpd_t *d, int peer);
+/* Places n of an elastic job's lost ranks again on `node` (0: this one, i+1: peer i): spawned
+ * here or started there, they join the job's coordinator as new members and receive the state
+ * from a live rank. Returns how many were placed. */
+int ddpd_job_place(ddpd_job_t *j, int node, const int *ranks, int n);
+/* A peer whose link came back still runs these ranks of the job (its daemon or this one
+ * restarted): the ones still waiting for a place are the job's again there. */
+void ddpd_job_remote_adopted(ddpd_t *d, int64_t job_id, int peer, const int *ranks, int n);
 /* A peer acknowledged that all its ranks of the job are started. */
 void ddpd_job_remote_started(ddpd_t *d, int64_t job_id, int n_ranks);
 

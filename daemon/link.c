@@ -254,6 +254,7 @@ static void on_auth(ddpd_link_t *l, json_t *m)
         l->state = L_UP;
         DDP_INFO("peer %s (%s) authenticated (inbound)", l->name, l->remote);
         send_msg(l, json_pack("{sb ss}", "ok", 1, "node", l->d->cfg.node_name));
+        if (ls->h.up) ls->h.up(l->d, l); /* before the slots: what already runs comes first */
         send_msg(l, status_msg(l->d));
         return;
     case L_HELLO_SENT: { /* dialer: {"node","nonce","mac"} proves the listener knows it */

@@ -17,6 +17,9 @@ typedef struct ddpd_link ddpd_link_t;
 typedef struct ddpd_link_handler {
     /* a message (borrowed) on an authenticated link */
     void (*message)(ddpd_t *d, ddpd_link_t *l, json_t *m);
+    /* a link from another daemon (one that coordinates jobs here) is authenticated; what the
+     * handler sends now arrives before this node's slot announcement */
+    void (*up)(ddpd_t *d, ddpd_link_t *l);
     /* an authenticated link goes down (it is still valid during the call) */
     void (*down)(ddpd_t *d, ddpd_link_t *l);
     /* a peer's slots changed, or some became free */

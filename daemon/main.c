@@ -74,6 +74,7 @@ static const ddpd_remote_reports_t remote_reports = {
     .started = ddpd_job_remote_started,
     .exited = ddpd_job_remote_exit,
     .failed = ddpd_job_remote_failed,
+    .adopted = ddpd_job_remote_adopted,
     .node_down = ddpd_job_node_down,
     .nodes_changed = ddpd_sched_kick,
 };
@@ -126,13 +127,14 @@ static void on_signal(uv_signal_t *s, int signum)
                  "again", strsignal(signum));
         NOTIFY("STOPPING=1\nSTATUS=stopping: running jobs stay");
         ddpd_job_detach_all(d);
+        ddpd_remote_detach_guests(d);
     } else {
         DDP_INFO("%s: stopping (running jobs get SIGTERM, SIGKILL after %.0fs)",
                  strsignal(signum), d->cfg.grace_s);
         NOTIFY("STOPPING=1\nSTATUS=stopping: ending running jobs");
         ddpd_job_stop_all(d, "the daemon was stopped while the job was running");
+        ddpd_remote_stop_guests(d);
     }
-    ddpd_remote_stop_guests(d);
     uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
 }
 

@@ -87,6 +87,8 @@ char *ddpd_metrics_text(ddpd_t *d)
     sb_add(&b, "# TYPE ddpd_peers_up gauge\nddpd_peers_up %d\n", up);
     sb_add(&b, "# TYPE ddpd_worker_restarts_total counter\nddpd_worker_restarts_total %llu\n",
            (unsigned long long)d->n_worker_restarts);
+    sb_add(&b, "# TYPE ddpd_store_errors_total counter\nddpd_store_errors_total %llu\n",
+           (unsigned long long)d->n_store_errors);
     sb_add(&b, "# TYPE ddpd_job_generation gauge\n");
     for (ddpd_job_t *j = d->jobs; j; j = j->next)
         if (j->coord && !ddpd_state_terminal(j->state))

@@ -49,8 +49,9 @@ int ddpd_recover(ddpd_t *d)
                  "next one could not adopt it: %s", why);
         const char *token = json_string_value(json_object_get(o, "token"));
         int k = ddpd_kill_by_token(token, SIGKILL);
-        ddpd_store_job_transition(d->store, id, json_string_value(json_object_get(o, "state")),
-                                  "failed", reason, ddp_wall_ms());
+        if (ddpd_store_job_transition(d->store, id, json_string_value(json_object_get(o, "state")),
+                                      "failed", reason, ddp_wall_ms()) != 0)
+            d->n_store_errors++; /* the store logged why; the job stays "running" there */
         DDP_WARN("job %lld: %s; marked failed%s", id, reason,
                  k ? "; its leftover workers were killed" : "");
     }

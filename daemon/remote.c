@@ -13,7 +13,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "daemon/link.h"
@@ -37,21 +40,61 @@ struct guest {
     json_t *start;    /* the start request (its strings are the launch's) */
     int max_restarts; /* elastic: a rank that dies is spawned again this many times */
     int signalled;    /* the coordinator sent a signal: no restarts any more */
+    int64_t orphan_ns; /* when its coordinator's link went (0: linked, or never was) */
+    int detached;     /* left running for the next ddpd: its record stays */
+    json_t *pending;  /* reports for the coordinator kept while its link is down */
 };
 
 struct ddpd_remote {
     ddpd_remote_reports_t reports;
     guest_t *guests;
+    uv_timer_t orphans; /* ends guests whose coordinator stays away */
+    int timer_open;
     int closing;
 };
+
+/* How long guest ranks outlive their coordinator's link: its daemon restarting comes back well
+ * within this (and takes them back); one that does not is gone, and so is the job here. */
+#define DDPD_GUEST_ORPHAN_S 60
 
 static void remote_maybe_free(ddpd_t *d)
 {
     ddpd_remote_t *rm = d->remote;
-    if (rm && rm->closing && !rm->guests) {
+    if (rm && rm->closing && !rm->guests && !rm->timer_open) {
         free(rm);
         d->remote = NULL;
     }
+}
+
+/* Sends a report to the guest's coordinator, or keeps it until its link is back. */
+static void guest_report(guest_t *g, json_t *m)
+{
+    if (g->link) {
+        ddpd_link_send(g->link, m);
+        return;
+    }
+    if (!g->pending) g->pending = json_array();
+    json_array_append_new(g->pending, m);
+}
+
+/* <run_dir>/guest.json: what a restarted daemon needs to take the guest's ranks back. */
+static void guest_record(guest_t *g)
+{
+    json_t *procs = json_array();
+    for (int i = 0; i < g->n; i++)
+        json_array_append_new(procs, json_pack("{si si si si}", "rank", g->procs[i].rank,
+                                               "local_rank", g->procs[i].local_rank, "pid",
+                                               g->procs[i].pid, "restarts",
+                                               g->procs[i].restarts));
+    json_t *o = json_pack("{ss sI sO so}", "coord", g->coord, "job", (json_int_t)g->job, "start",
+                          g->start, "procs", procs);
+    char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
+    snprintf(path, sizeof path, "%s/guest.json", g->run_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (!o || json_dump_file(o, tmp, JSON_COMPACT) != 0 || rename(tmp, path) != 0)
+        DDP_WARN("guest ranks of job %lld: cannot record them in %s: a restarted daemon could "
+                 "not take them back", (long long)g->job, path);
+    json_decref(o);
 }
 
 /* ---- guests ---- */
@@ -60,12 +103,18 @@ static void guest_maybe_free(guest_t *g)
 {
     if (!g->freeing || g->handles > 0) return;
     ddpd_t *d = g->d;
+    if (!g->detached) { /* nothing of it runs any more: no daemon is to take it back */
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof path, "%s/guest.json", g->run_dir);
+        unlink(path);
+    }
     for (guest_t **pp = &d->remote->guests; *pp; pp = &(*pp)->next)
         if (*pp == g) {
             *pp = g->next;
             break;
         }
     json_decref(g->start);
+    json_decref(g->pending);
     free(g->procs);
     free(g);
     remote_maybe_free(d);
@@ -75,20 +124,17 @@ static void guest_maybe_free(guest_t *g)
 static void guest_launch(const guest_t *g, ddpd_launch_t *la)
 {
     const json_t *m = g->start;
-    const char *cwd = json_string_value(json_object_get(m, "cwd"));
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int threads = (int)json_integer_value(json_object_get(m, "threads"));
     *la = (ddpd_launch_t){
         .worker_bin = g->d->cfg.worker_bin,
         .spec_path = g->spec_path,
         .run_dir = g->run_dir,
-        .cwd = cwd && access(cwd, X_OK) == 0 ? cwd : NULL,
+        .cwd = json_string_value(json_object_get(m, "cwd")),
         .rdzv = json_string_value(json_object_get(m, "rdzv")),
         .token = json_string_value(json_object_get(m, "token")),
         .job_id = g->job,
         .world = (int)json_integer_value(json_object_get(m, "world")),
         .local_world = g->n,
-        .threads = threads > 0 ? threads : (int)(cores / g->n > 0 ? cores / g->n : 1),
+        .threads = (int)json_integer_value(json_object_get(m, "threads")),
         .as_user = 1,
         .elastic = json_is_true(json_object_get(m, "elastic")),
         .uid = (uid_t)json_integer_value(json_object_get(m, "uid")),
@@ -103,13 +149,14 @@ static void guest_exit(ddpd_proc_t *p)
     int code = (int)p->exit_status;
     DDP_INFO("guest rank %d of %s job %lld ended (code %d, signal %d)", p->rank, g->coord,
              (long long)g->job, code, p->term_signal);
-    if ((code != 0 || p->term_signal) && code != 2 && g->link && !g->signalled &&
+    if ((code != 0 || p->term_signal || p->status_unknown) && code != 2 && !g->signalled &&
         !g->d->stopping && p->restarts < g->max_restarts) {
         p->respawn = 1; /* elastic: spawned again once closed (guest_closed); not reported */
         return;
     }
-    ddpd_link_send(g->link, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job,
-                                "rank", p->rank, "code", code, "sig", p->term_signal));
+    guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job, "rank",
+                              p->rank, "code", p->status_unknown ? 1 : code, "sig",
+                              p->term_signal));
     if (g->live == 0) g->freeing = 1;
     ddpd_peers_announce(g->d);
 }
@@ -130,11 +177,12 @@ static void guest_respawn(guest_t *g, ddpd_proc_t *p)
         g->d->n_worker_restarts++;
         DDP_WARN("guest rank %d of job %lld spawned again as pid %d (restart %d of %d)",
                  p->rank, (long long)g->job, p->pid, p->restarts, g->max_restarts);
+        guest_record(g);
         return;
     }
     DDP_ERROR("guest rank %d of job %lld: %s", p->rank, (long long)g->job, why);
-    ddpd_link_send(g->link, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job,
-                                "rank", p->rank, "code", 1, "sig", 0));
+    guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job, "rank",
+                              p->rank, "code", 1, "sig", 0));
     if (g->live == 0) g->freeing = 1;
 }
 
@@ -155,16 +203,59 @@ static void guests_signal(ddpd_t *d, ddpd_link_t *l, int64_t job, int sig)
         }
 }
 
+/* The coordinator's link went down (its daemon restarting, or gone): its ranks here train on
+ * for DDPD_GUEST_ORPHAN_S, and are taken back when its link returns (guests_link_up). */
 static void guests_lost_link(ddpd_t *d, ddpd_link_t *l)
 {
     for (guest_t *g = d->remote->guests; g; g = g->next)
         if (g->link == l) {
             if (g->live > 0)
-                DDP_WARN("coordinator %s of job %lld is gone: ending its %d ranks here", g->coord,
-                         (long long)g->job, g->live);
-            for (int i = 0; i < g->n; i++) ddpd_proc_signal(&g->procs[i], SIGKILL);
+                DDP_WARN("coordinator %s of job %lld is gone: its %d rank(s) here wait up to %d s "
+                         "for it to come back", g->coord, (long long)g->job, g->live,
+                         DDPD_GUEST_ORPHAN_S);
             g->link = NULL;
+            g->orphan_ns = ddp_now_ns();
         }
+}
+
+/* A coordinator's link is up: the guests it had (before its link dropped, or before this
+ * daemon restarted) are its again; it hears which of their ranks still run, then the exits it
+ * missed. */
+static void guests_link_up(ddpd_t *d, ddpd_link_t *l)
+{
+    for (guest_t *g = d->remote->guests; g; g = g->next) {
+        if (g->link || g->freeing || strcmp(g->coord, ddpd_link_name(l)) != 0) continue;
+        g->link = l;
+        g->orphan_ns = 0;
+        json_t *ranks = json_array();
+        for (int i = 0; i < g->n; i++)
+            if (g->procs[i].alive) json_array_append_new(ranks, json_integer(g->procs[i].rank));
+        DDP_INFO("coordinator %s is back: its %zu rank(s) of job %lld here are its again",
+                 g->coord, json_array_size(ranks), (long long)g->job);
+        ddpd_link_send(l, json_pack("{ss sI so}", "t", "adopted", "job", (json_int_t)g->job,
+                                    "ranks", ranks));
+        size_t i;
+        json_t *m;
+        json_array_foreach(g->pending, i, m) ddpd_link_send(l, json_incref(m));
+        json_decref(g->pending);
+        g->pending = NULL;
+    }
+}
+
+/* Ends the ranks of guests whose coordinator stayed away too long. */
+static void orphans_cb(uv_timer_t *t)
+{
+    ddpd_t *d = t->data;
+    int64_t now = ddp_now_ns();
+    for (guest_t *g = d->remote->guests; g; g = g->next) {
+        if (!g->orphan_ns || now - g->orphan_ns < DDPD_GUEST_ORPHAN_S * 1000000000LL) continue;
+        if (g->live > 0)
+            DDP_WARN("coordinator %s of job %lld did not come back within %d s: ending its %d "
+                     "rank(s) here", g->coord, (long long)g->job, DDPD_GUEST_ORPHAN_S, g->live);
+        g->orphan_ns = 0;
+        g->signalled = 1;
+        for (int i = 0; i < g->n; i++) ddpd_proc_signal(&g->procs[i], SIGKILL);
+    }
 }
 
 static void fail_start(ddpd_link_t *l, int64_t job, const char *why)
@@ -213,10 +304,7 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
     gid_t gid = (gid_t)json_integer_value(json_object_get(m, "gid"));
     if (geteuid() == 0 && uid != 0 && chown(g->run_dir, uid, gid) != 0)
         DDP_WARN("chown %s: %s", g->run_dir, strerror(errno));
-    snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
-    FILE *f = fopen(g->spec_path, "we");
-    int ok = f && fputs(spec, f) >= 0;
-    if (f) ok = (fclose(f) == 0) && ok;
+    int ok = ddpd_write_spec(g->run_dir, spec, g->spec_path, sizeof g->spec_path) == 0;
     g->start = json_incref(m);
     g->max_restarts = json_is_true(json_object_get(m, "elastic"))
                           ? (int)json_integer_value(json_object_get(m, "max_restarts"))
@@ -251,6 +339,7 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
     }
     DDP_INFO("started %zu ranks of job %lld for coordinator %s (run dir %s)", n, (long long)job,
              ddpd_link_name(l), g->run_dir);
+    guest_record(g);
     ddpd_link_send(l, json_pack("{ss sI si}", "t", "started", "job", (json_int_t)job, "n", (int)n));
     ddpd_peers_announce(d);
 }
@@ -288,6 +377,13 @@ static void on_message(ddpd_t *d, ddpd_link_t *l, json_t *m)
         snprintf(why, sizeof why, "node %s: %s", ddpd_peers_name(d, peer),
                  json_string_value(json_object_get(m, "why")));
         rep->failed(d, job, why);
+    } else if (!strcmp(t, "adopted") && peer >= 0) {
+        json_t *ranks = json_object_get(m, "ranks");
+        int rs[4096], n = 0;
+        size_t i;
+        json_t *v;
+        json_array_foreach(ranks, i, v) if (n < 4096) rs[n++] = (int)json_integer_value(v);
+        rep->adopted(d, job, peer, rs, n);
     } else if (!strcmp(t, "exit") && peer >= 0) {
         rep->exited(d, job, (int)json_integer_value(json_object_get(m, "rank")),
                     (int)json_integer_value(json_object_get(m, "code")),
@@ -304,23 +400,126 @@ static void on_down(ddpd_t *d, ddpd_link_t *l)
     guests_lost_link(d, l);
 }
 
+/* Takes back the guest ranks an earlier run of this daemon left running (their guest.json in
+ * run_dir): alive ones are watched again, dead ones are spawned again (elastic) or reported
+ * once their coordinator is back. They wait for it as orphans. */
+static void adopt_guests(ddpd_t *d)
+{
+    DIR *dir = opendir(d->cfg.run_dir);
+    struct dirent *e;
+    while (dir && (e = readdir(dir))) {
+        char path[PATH_MAX + 300];
+        snprintf(path, sizeof path, "%s/%s/guest.json", d->cfg.run_dir, e->d_name);
+        if (!strstr(e->d_name, "-job-") || access(path, R_OK) != 0) continue;
+        json_t *rec = json_load_file(path, 0, NULL);
+        json_t *start = json_object_get(rec, "start"), *procs = json_object_get(rec, "procs");
+        const char *coord = json_string_value(json_object_get(rec, "coord"));
+        const char *token = json_string_value(json_object_get(start, "token"));
+        size_t n = json_array_size(procs);
+        guest_t *g = n && coord && token ? ddp_calloc(1, sizeof *g) : NULL;
+        if (g && !(g->procs = ddp_calloc(n, sizeof *g->procs))) {
+            free(g);
+            g = NULL;
+        }
+        if (!g) {
+            json_decref(rec);
+            continue;
+        }
+        g->d = d;
+        g->job = json_integer_value(json_object_get(rec, "job"));
+        g->n = (int)n;
+        g->start = json_incref(start);
+        g->orphan_ns = ddp_now_ns();
+        g->max_restarts = json_is_true(json_object_get(start, "elastic"))
+                              ? (int)json_integer_value(json_object_get(start, "max_restarts"))
+                              : 0;
+        snprintf(g->coord, sizeof g->coord, "%s", coord);
+        snprintf(g->run_dir, sizeof g->run_dir, "%.3800s/%.250s", d->cfg.run_dir, e->d_name);
+        snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
+        g->next = d->remote->guests;
+        d->remote->guests = g;
+        int alive = 0;
+        for (size_t i = 0; i < n; i++) {
+            json_t *p = json_array_get(procs, i);
+            ddpd_proc_t *pr = &g->procs[i];
+            pr->data = g;
+            pr->on_exit = guest_exit;
+            pr->on_close = guest_closed;
+            pr->restarts = (int)json_integer_value(json_object_get(p, "restarts"));
+            int rc = ddpd_adopt_rank(d->loop, pr, (int)json_integer_value(json_object_get(p, "pid")),
+                                     (int)json_integer_value(json_object_get(p, "rank")),
+                                     (int)json_integer_value(json_object_get(p, "local_rank")),
+                                     token, g->run_dir);
+            if (pr->open) g->handles++;
+            if (rc == 0) {
+                alive++;
+                g->live++;
+                d->slots_used++;
+            }
+        }
+        DDP_INFO("took back %d of %zu guest rank(s) of %s's job %lld; they wait for %s's link",
+                 alive, n, coord, (long long)g->job, coord);
+        /* the ones that ended meanwhile are reported, not spawned again: their coordinator has
+         * counted them lost with this node and places them where it finds room */
+        for (size_t i = 0; i < n; i++)
+            if (!g->procs[i].open)
+                guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job",
+                                          (json_int_t)g->job, "rank", g->procs[i].rank, "code",
+                                          g->procs[i].status_unknown ? 1
+                                                                     : (int)g->procs[i].exit_status,
+                                          "sig", 0));
+        if (g->live == 0) g->freeing = 1;
+        guest_maybe_free(g);
+        json_decref(rec);
+    }
+    if (dir) closedir(dir);
+}
+
 int ddpd_remote_start(ddpd_t *d, const ddpd_remote_reports_t *reports, ddp_errinfo_t *ei)
 {
     ddpd_remote_t *rm = ddp_calloc(1, sizeof *rm);
     if (!rm) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     rm->reports = *reports;
     d->remote = rm;
-    ddpd_link_handler_t h = {.message = on_message, .down = on_down,
+    uv_timer_init(d->loop, &rm->orphans);
+    rm->orphans.data = d;
+    rm->timer_open = 1;
+    uv_timer_start(&rm->orphans, orphans_cb, 1000, 1000);
+    adopt_guests(d);
+    ddpd_link_handler_t h = {.message = on_message, .up = guests_link_up, .down = on_down,
                              .nodes_changed = reports->nodes_changed};
     return ddpd_links_start(d, &h, ei);
+}
+
+static void orphans_closed(uv_handle_t *h)
+{
+    ddpd_t *d = h->data;
+    d->remote->timer_open = 0;
+    remote_maybe_free(d);
 }
 
 void ddpd_remote_close(ddpd_t *d)
 {
     ddpd_links_close(d);
-    if (!d->remote) return;
+    if (!d->remote || d->remote->closing) return;
     d->remote->closing = 1;
-    remote_maybe_free(d);
+    uv_close((uv_handle_t *)&d->remote->orphans, orphans_closed);
+}
+
+void ddpd_remote_detach_guests(ddpd_t *d)
+{
+    if (!d->remote) return;
+    for (guest_t *g = d->remote->guests; g; g = g->next) {
+        if (g->freeing) continue;
+        if (g->live > 0)
+            DDP_INFO("guest rank(s) of %s's job %lld left running; the next ddpd takes them back",
+                     g->coord, (long long)g->job);
+        guest_record(g);
+        g->live = 0;
+        g->freeing = 1;
+        g->detached = 1;
+        for (int i = 0; i < g->n; i++) ddpd_proc_release(&g->procs[i]);
+    }
 }
 
 

@@ -8,9 +8,13 @@
  *                        {"t":"kill","job":J,"pid":P,"host_id":H}
  *   peer -> coordinator  {"t":"started","job":J,"n":K} | {"t":"failed","job":J,"why":..}
  *                        {"t":"exit","job":J,"rank":R,"code":C,"sig":S}
- * When a coordinator's link drops, its guest ranks here are ended; when a peer's link drops,
- * the coordinator hears of it (reports.node_down). An elastic job's guest rank that dies is
- * spawned again here, up to max_restarts times, and rejoins the job's coordinator.
+ *                        {"t":"adopted","job":J,"ranks":[..]}  (first thing on a new link)
+ * Daemons restart without ending ranks: when a coordinator's link drops, its guest ranks here
+ * train on for DDPD_GUEST_ORPHAN_S (remote.c) and are its again when it links back ("adopted",
+ * then the exits it missed); a peer daemon that restarts takes its guest ranks back from
+ * <run_dir>/guest.json and they wait for their coordinator the same way. When a peer's link
+ * drops, the coordinator hears of it (reports.node_down). An elastic job's guest rank that
+ * dies is spawned again here, up to max_restarts times, and rejoins the job's coordinator.
  * Loop thread only.
  */
 #ifndef DDPD_REMOTE_H
@@ -27,6 +31,8 @@ typedef struct ddpd_remote_reports {
     void (*started)(ddpd_t *d, int64_t job, int n_ranks); /* a peer started its ranks */
     void (*exited)(ddpd_t *d, int64_t job, int rank, int code, int sig);
     void (*failed)(ddpd_t *d, int64_t job, const char *why); /* could not start or keep them */
+    /* a peer whose link came back still runs these ranks of the job */
+    void (*adopted)(ddpd_t *d, int64_t job, int peer, const int *ranks, int n);
     void (*node_down)(ddpd_t *d, int peer);                   /* the link to peer went down */
     void (*nodes_changed)(ddpd_t *d);                         /* a peer's free slots changed */
 } ddpd_remote_reports_t;
@@ -55,7 +61,11 @@ void ddpd_remote_signal(ddpd_t *d, int i, int64_t job_id, int sig);
  * common/host.h makes it) is its own (a rank the job's coordinator evicted for silence). */
 void ddpd_remote_kill(ddpd_t *d, int i, int64_t job_id, int pid, const char *host_id);
 
-/* Daemon shutdown: SIGTERM to every guest rank (they report their exits as usual). */
+/* Daemon stop that keeps jobs (SIGTERM): the guest ranks are recorded for the next ddpd and
+ * left running, unwatched. */
+void ddpd_remote_detach_guests(ddpd_t *d);
+/* Daemon stop that ends jobs (SIGINT): SIGTERM to every guest rank (they report their exits as
+ * usual). */
 void ddpd_remote_stop_guests(ddpd_t *d);
 /* Ranks this node runs for other coordinators (still alive). */
 int ddpd_remote_guest_ranks(ddpd_t *d);

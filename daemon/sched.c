@@ -32,10 +32,32 @@ static int place(ddpd_t *d, int world, int *rank_node)
     return r == world;
 }
 
+/* Elastic jobs' ranks lost with their node get a place again, here first, then on any peer
+ * with free slots; running jobs come before queued ones. */
+static void replace_lost(ddpd_t *d)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
+        if (j->state != DDPD_RUNNING || j->freeing || j->n_unplaced <= 0) continue;
+        int *ranks = ddp_calloc((size_t)j->world, sizeof *ranks), n = 0;
+        if (!ranks) return;
+        for (int r = 0; r < j->world; r++)
+            if (j->rank_node[r] < 0) ranks[n++] = r;
+        int done = 0, local_free = d->cfg.slots - d->slots_used;
+        if (local_free > 0)
+            done += ddpd_job_place(j, 0, ranks, local_free < n ? local_free : n);
+        for (int i = 0; done < n && i < ddpd_peers_count(d); i++) {
+            int f = ddpd_peers_free(d, i);
+            if (f > 0) done += ddpd_job_place(j, i + 1, ranks + done, f < n - done ? f : n - done);
+        }
+        free(ranks);
+    }
+}
+
 static void pass(uv_timer_t *t)
 {
     ddpd_t *d = t->data;
     if (d->stopping) return;
+    replace_lost(d);
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {
         if (j->state != DDPD_QUEUED || j->freeing) continue;
         int *rank_node = ddp_calloc((size_t)j->world, sizeof *rank_node);

@@ -98,7 +98,10 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     snprintf(extra[6], sizeof extra[6], "DDP_JOB_ID=%lld", (long long)l->job_id);
     snprintf(extra[7], sizeof extra[7], "DDP_GENERATION=%d", l->generation);
     snprintf(extra[8], sizeof extra[8], "DDP_RUN_DIR=%s", l->run_dir);
-    snprintf(extra[9], sizeof extra[9], "DDP_THREADS=%d", l->threads);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int per_rank = l->local_world > 0 && cores / l->local_world > 0 ? (int)(cores / l->local_world)
+                                                                     : 1;
+    snprintf(extra[9], sizeof extra[9], "DDP_THREADS=%d", l->threads > 0 ? l->threads : per_rank);
     snprintf(extra[10], sizeof extra[10], "DDP_ELASTIC=%d", l->elastic);
     for (int i = 0; i < 11; i++) env[k++] = extra[i];
     env[k] = NULL;
@@ -125,7 +128,7 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     opt.file = l->worker_bin;
     opt.args = args;
     opt.env = env;
-    opt.cwd = (l->cwd && *l->cwd) ? l->cwd : l->run_dir;
+    opt.cwd = l->cwd && *l->cwd && access(l->cwd, X_OK) == 0 ? l->cwd : l->run_dir;
     opt.stdio = stdio;
     opt.stdio_count = 3;
     /* own session and process group: cancel signals the whole group, and a terminal's ^C on
@@ -156,6 +159,16 @@ fail:
     if (fd >= 0) close(fd);
     free(env);
     return rc;
+}
+
+int ddpd_write_spec(const char *run_dir, const char *spec_json, char *path, size_t n)
+{
+    snprintf(path, n, "%s/job.json", run_dir);
+    FILE *f = fopen(path, "we");
+    if (!f) return -errno;
+    int ok = fputs(spec_json, f) >= 0 && fputc('\n', f) != EOF;
+    ok = (fclose(f) == 0) && ok;
+    return ok ? 0 : -EIO;
 }
 
 int ddpd_proc_has_env(int pid, const char *kv)

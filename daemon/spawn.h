@@ -17,12 +17,13 @@ typedef struct ddpd_launch {
     const char *worker_bin;
     const char *spec_path; /* passed as argv[1] */
     const char *run_dir;   /* DDP_RUN_DIR; logs go here */
-    const char *cwd;       /* working directory ("" or NULL = run_dir) */
+    const char *cwd;       /* working directory (run_dir when "", NULL or not accessible) */
     const char *rdzv;      /* DDP_RDZV host:port */
     const char *token;     /* DDP_JOB_TOKEN */
     int64_t job_id;
     int generation;
-    int world, local_world, threads;
+    int world, local_world;
+    int threads;           /* DDP_THREADS; 0: the cores divided among this host's local_world */
     int as_user; /* drop to uid/gid (only when the daemon is root) */
     int elastic; /* DDP_ELASTIC=1: DDP_RDZV is the job's coordinator (daemon/coord.h) */
     uid_t uid;
@@ -66,6 +67,10 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
  * When it fails, exit_status/status_unknown say how the rank ended, as far as it recorded. */
 int ddpd_adopt_rank(uv_loop_t *loop, ddpd_proc_t *p, int pid, int rank, int local_rank,
                     const char *token, const char *run_dir);
+
+/* Writes a job's spec (JSON text) to <run_dir>/job.json, the file every rank gets as argv[1];
+ * path receives its name. Returns 0 or -errno. */
+int ddpd_write_spec(const char *run_dir, const char *spec_json, char *path, size_t n);
 
 /* Stops watching the rank without signalling it (the daemon stops and leaves it running):
  * on_exit is not called; on_close follows. No-op when no handle is open. */

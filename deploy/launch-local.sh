@@ -89,7 +89,7 @@ supervise() { # rank: runs it, and restarts it while the job goes on
     start_rank "$r" 1 "$@"
     wait $!; rc=$?
     [ $rc -eq 0 ] || [ $rc -eq 2 ] || [ $rc -eq 143 ] && return $rc   # done, bad spec, stopped
-    kill -0 $rdzv 2>/dev/null || return $rc             # the job is over
+    kill -0 $rdzv 2>/dev/null || return 0   # the job is over: its outcome is the coordinator's
     [ $tries -ge "$max_restarts" ] && { echo "launch-local: rank $r exited with $rc; no restarts left (ddp.max_restarts = $max_restarts)" >&2; return $rc; }
     tries=$((tries + 1))
     echo "$(date +%H:%M:%S.%3N) launch-local: rank $r exited with $rc; restarting it ($tries of $max_restarts)" >&2

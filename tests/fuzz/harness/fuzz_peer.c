@@ -1,7 +1,7 @@
 /* libFuzzer harness: what a peer daemon's link parses before it trusts anything, reached
  * without I/O: the challenge-response message (a JSON line carrying hex nonces and a hex
  * HMAC, checked with daemon/auth.c's hex decoder and constant-time verifier). The message
- * handlers themselves (daemon/peer.c) and the rendezvous hello (collectives/bootstrap_env.c)
+ * handlers themselves (daemon/link.c) and the rendezvous hello (collectives/bootstrap_env.c)
  * are static functions behind sockets; the fault tests send them garbage, a wrong token and
  * half a hello instead (tests/fault/test_coll_fault.c, test_malformed).
  */
@@ -31,7 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const char *peer_hex = json_string_value(json_object_get(m, "peer_nonce"));
     const char *mac_hex = json_string_value(json_object_get(m, "mac"));
     unsigned char a[DDPD_AUTH_NONCEBYTES] = {0}, b[DDPD_AUTH_NONCEBYTES] = {0};
-    /* as peer.c does: the fields go to the decoder as they are, NULL when absent */
+    /* as link.c does: the fields go to the decoder as they are, NULL when absent */
     (void)ddpd_auth_verify_hex(key, "ddpd-server", a, a, mac_hex);
     if (ddpd_auth_from_hex(a, sizeof a, nonce_hex) == 0) {
         char back[2 * DDPD_AUTH_NONCEBYTES + 1];

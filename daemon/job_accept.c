@@ -1,0 +1,270 @@
+/* Jobs come into being here: submitted (the spec validated, stored and queued), re-queued
+ * after a daemon restart, or adopted running after one (their ranks trained on meanwhile).
+ * Built on the state machine's internals (job_int.h); nothing there calls back here.
+ * Loop thread only.
+ */
+#include "daemon/job_int.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "daemon/coord.h"
+#include "proto/spec.h"
+
+/* What the daemon keeps of a validated spec. */
+static void take_spec(ddpd_job_t *j, const ddp_spec_t *spec)
+{
+    j->world = spec->workers < 1 ? 1 : spec->workers;
+    j->threads = spec->threads;
+    j->steps = spec->steps;
+    j->elastic = !strcmp(spec->restart, "on-failure");
+    j->min_workers = spec->min_workers < j->world ? spec->min_workers : j->world;
+    j->max_restarts = spec->max_restarts;
+    j->hb_timeout_s = spec->heartbeat_timeout_s;
+    j->rejoin_timeout_s = spec->rejoin_timeout_s;
+}
+
+static void make_run_dir(ddpd_job_t *j)
+{
+    if (mkdir(j->run_dir, 0750) != 0 && errno != EEXIST)
+        DDP_WARN("job %lld: mkdir %s: %s", (long long)j->id, j->run_dir, strerror(errno));
+    if (geteuid() == 0 && j->uid != 0 && chown(j->run_dir, j->uid, j->gid) != 0)
+        DDP_WARN("job %lld: chown %s: %s", (long long)j->id, j->run_dir, strerror(errno));
+}
+
+int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_errinfo_t *ei)
+{
+    *out = NULL;
+    if (d->stopping) return ddp_errinfo_set(ei, DDP_EABORTED, "the daemon is shutting down");
+    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
+    if (!spec) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    int rc = ddp_spec_parse(spec, sub->spec_text, sub->spec_len, sub->origin, ei);
+    if (rc != 0) {
+        free(spec);
+        return rc;
+    }
+    if (sub->workers > 0) {
+        /* --workers N sets the job's size; the elastic range follows it where it must */
+        spec->workers = sub->workers;
+        if (spec->max_workers < spec->workers) spec->max_workers = spec->workers;
+        if (spec->min_workers > spec->workers) spec->min_workers = spec->workers;
+    }
+    if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
+    if (spec->workers < 1) spec->workers = 1;
+    int cap = sub->capacity;
+    if (spec->workers > cap) {
+        rc = ddp_errinfo_set(ei, DDP_EBUSY,
+                             "the job needs %d ranks but the cluster has %d slots (this node "
+                             "%d); lower ddp.workers or add slots/peers",
+                             spec->workers, cap, d->cfg.slots);
+        ddp_errinfo_path(ei, "ddp.workers");
+        free(spec);
+        return rc;
+    }
+    ddpd_job_t *j;
+    if ((rc = ddpd__job_new(d, &j)) != 0) {
+        free(spec);
+        return ddp_errinfo_set(ei, rc, "out of memory");
+    }
+    j->spec_json = ddp_spec_to_json(spec);
+    snprintf(j->name, sizeof j->name, "%s", spec->name[0] ? spec->name : "job");
+    take_spec(j, spec);
+    free(spec);
+    j->uid = sub->uid;
+    j->gid = sub->gid;
+    snprintf(j->cwd, sizeof j->cwd, "%s", sub->cwd ? sub->cwd : "");
+    ddpd_random_hex(j->token, 32);
+    j->submitted_ms = ddp_wall_ms();
+    ddpd_jobrec_t rec = {.name = j->name,
+                         .uid = j->uid,
+                         .world = j->world,
+                         .spec_json = j->spec_json ? j->spec_json : "{}",
+                         .run_dir = d->cfg.run_dir,
+                         .cwd = j->cwd,
+                         .token = j->token,
+                         .submitted_ms = j->submitted_ms};
+    if (!j->spec_json || (rc = ddpd_store_job_insert(d->store, &rec, &j->id)) != 0) {
+        rc = rc ? rc : DDP_ENOMEM;
+        ddp_errinfo_set(ei, rc, "cannot record the job: %s", ddp_strerror(rc));
+        ddpd__job_discard(j);
+        return rc;
+    }
+    snprintf(j->run_dir, sizeof j->run_dir, "%.4000s/job-%lld", d->cfg.run_dir, (long long)j->id);
+    make_run_dir(j);
+    snprintf(j->reason, sizeof j->reason, "submitted");
+    j->state = DDPD_QUEUED;
+    ddpd__job_link(d, j);
+    d->n_submitted++;
+    DDP_INFO("job %lld (%s): queued, %d ranks, uid %u", (long long)j->id, j->name, j->world,
+             j->uid);
+    ddpd__job_notify(j, DDPD_JOB_STATE);
+    *out = j;
+    return 0;
+}
+
+int ddpd_job_requeue(ddpd_t *d, json_t *row)
+{
+    ddpd_job_t *j;
+    DDP_CHECK(ddpd__job_new(d, &j));
+    const char *spec_text = json_string_value(json_object_get(row, "spec"));
+    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
+    ddp_errinfo_t ei;
+    if (!spec || !spec_text ||
+        ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
+        free(spec);
+        j->id = json_integer_value(json_object_get(row, "id"));
+        ddpd__job_check_stored(j, ddpd_store_job_transition(d->store, j->id, "queued", "failed",
+                                                  "stored spec no longer valid", ddp_wall_ms()),
+                     "failure");
+        ddpd__job_discard(j);
+        return DDP_ESPEC;
+    }
+    j->spec_json = ddp_strdup(spec_text);
+    take_spec(j, spec);
+    free(spec);
+    j->id = json_integer_value(json_object_get(row, "id"));
+    j->uid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
+    j->gid = j->uid;
+    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
+    snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
+    snprintf(j->run_dir, sizeof j->run_dir, "%s",
+             json_string_value(json_object_get(row, "run_dir")));
+    snprintf(j->token, sizeof j->token, "%s", json_string_value(json_object_get(row, "token")));
+    snprintf(j->reason, sizeof j->reason, "re-queued after a daemon restart");
+    j->submitted_ms = ddp_wall_ms();
+    j->state = DDPD_QUEUED;
+    make_run_dir(j);
+    ddpd__job_link(d, j);
+    ddpd__job_notify(j, DDPD_JOB_STATE);
+    return 0;
+}
+
+static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int adopt_fail(char *why, size_t whylen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, whylen, fmt, ap);
+    va_end(ap);
+    return DDP_EINVAL;
+}
+
+int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
+{
+    json_t *rt = json_object_get(row, "runtime");
+    json_t *procs = json_object_get(rt, "procs"), *nodes = json_object_get(rt, "rank_node");
+    const char *rdzv = json_string_value(json_object_get(rt, "rdzv"));
+    const char *spec_text = json_string_value(json_object_get(row, "spec"));
+    if (!json_is_array(procs) || !json_is_array(nodes) || !rdzv || !spec_text)
+        return adopt_fail(why, whylen, "no record of its ranks to adopt them from");
+    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
+    ddp_errinfo_t ei;
+    if (!spec || ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
+        free(spec);
+        return adopt_fail(why, whylen, "its stored spec no longer parses");
+    }
+    ddpd_job_t *j;
+    int rc = ddpd__job_new(d, &j);
+    if (rc) {
+        free(spec);
+        return adopt_fail(why, whylen, "out of memory");
+    }
+    take_spec(j, spec);
+    free(spec);
+    size_t i;
+    json_t *v;
+    int remote = 0;
+    json_array_foreach(nodes, i, v) remote += json_integer_value(v) != 0;
+    if (remote && !j->elastic) {
+        ddpd__job_discard(j);
+        return adopt_fail(why, whylen, "it has ranks on peer daemons, and only an elastic job "
+                          "(ddp.restart: on-failure) is adopted across daemons");
+    }
+    j->spec_json = ddp_strdup(spec_text);
+    j->id = json_integer_value(json_object_get(row, "id"));
+    j->uid = j->gid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
+    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
+    snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
+    snprintf(j->run_dir, sizeof j->run_dir, "%s",
+             json_string_value(json_object_get(row, "run_dir")));
+    snprintf(j->token, sizeof j->token, "%s", json_string_value(json_object_get(row, "token")));
+    snprintf(j->spec_path, sizeof j->spec_path, "%s/job.json", j->run_dir);
+    snprintf(j->rdzv, sizeof j->rdzv, "%s", rdzv);
+    j->state = strcmp(json_string_value(json_object_get(row, "state")), "starting")
+                   ? DDPD_RUNNING : DDPD_STARTING;
+    j->submitted_ms = j->started_ms = json_integer_value(json_object_get(row, "started_ms"));
+    j->tail.first_step_ms = json_integer_value(json_object_get(rt, "first_step_ms"));
+    j->restarts = (int)json_integer_value(json_object_get(rt, "restarts"));
+    j->generation = (unsigned long)json_integer_value(json_object_get(rt, "generation"));
+    j->rank_node = ddp_calloc((size_t)j->world, sizeof *j->rank_node);
+    j->remote_alive = ddp_calloc((size_t)j->world, 1);
+    j->procs = ddp_calloc((size_t)j->world, sizeof *j->procs);
+    if (!j->spec_json || !j->rank_node || !j->remote_alive || !j->procs ||
+        json_array_size(procs) > (size_t)j->world || json_array_size(nodes) != (size_t)j->world) {
+        ddpd__job_discard(j);
+        return adopt_fail(why, whylen, "out of memory");
+    }
+    if (j->elastic) {
+        const char *colon = strrchr(rdzv, ':');
+        ddpd_coord_cfg_t cc = {.host = "0.0.0.0", .port = colon ? atoi(colon + 1) : 0,
+                               .token = j->token, .world = j->world,
+                               .min_workers = j->min_workers, .max_workers = j->world,
+                               .hb_timeout_s = j->hb_timeout_s,
+                               .rejoin_timeout_s = j->rejoin_timeout_s, .adopt = 1,
+                               .last_gen = j->generation,
+                               .on_event = ddpd__job_coord_event, .arg = j};
+        ddp_errinfo_clear(&ei);
+        if (cc.port <= 0 || ddpd_coord_new(d->loop, &cc, &j->coord, &ei) != 0) {
+            ddpd__job_discard(j);
+            return adopt_fail(why, whylen, "its coordinator cannot listen on %s again: %.200s",
+                              rdzv, ei.msg);
+        }
+    }
+    /* ranks on peers wait for their daemons to say they still run them (ddpd_job_remote_adopted,
+     * the first thing on a link), else for a place like ranks lost with a node */
+    json_array_foreach(nodes, i, v) if (json_integer_value(v) != 0)
+    {
+        j->rank_node[i] = -1;
+        j->n_unplaced++;
+    }
+    ddpd__job_link(d, j);
+    ddpd_tail_from_end(&j->tail, j->run_dir);
+    ddpd__job_watch_run_dir(j);
+    int alive = 0;
+    json_array_foreach(procs, i, v)
+    {
+        ddpd_proc_t *p = &j->procs[j->n_local++];
+        ddpd__job_proc_init(j, p);
+        p->restarts = (int)json_integer_value(json_object_get(v, "restarts"));
+        rc = ddpd_adopt_rank(d->loop, p, (int)json_integer_value(json_object_get(v, "pid")),
+                             (int)json_integer_value(json_object_get(v, "rank")),
+                             (int)json_integer_value(json_object_get(v, "local_rank")), j->token,
+                             j->run_dir);
+        if (p->open) j->handles++;
+        if (rc == 0) {
+            alive++;
+            j->live_local++;
+            j->slots_held++;
+            d->slots_used++;
+        }
+    }
+    ddpd__job_set_state(j, DDPD_RUNNING, "adopted after a daemon restart: %d of %d local rank(s) still "
+              "running%s", alive, j->n_local, j->n_unplaced ? "; the ranks on peers are taken "
+              "back from their daemons or placed again" : j->elastic ? "; the coordinator waits "
+              "for them" : "");
+    for (int k = 0; k < j->n_local; k++)
+        if (!j->procs[k].alive && !j->procs[k].open) ddpd__job_ended_unwatched(j, &j->procs[k]);
+    ddpd__job_save_runtime(j);
+    ddpd__job_notify(j, DDPD_JOB_SLOTS);
+    ddpd__job_maybe_finish(j);
+    return 0;
+}

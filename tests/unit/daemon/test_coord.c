@@ -1,0 +1,297 @@
+/* The elastic coordinator (daemon/coord.c) against clients that speak its protocol
+ * (collectives/elastic_proto.h) over real loopback TCP: the first generation, the end of the job
+ * and a rank that comes after it, and adoption after a daemon restart (all members back; a
+ * joiner or a missing member ends the adopted generation instead). One thread: the test pumps
+ * the coordinator's libuv loop while it waits for a client's line. One cmocka group.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "common/clock.h"
+#include "daemon/coord.h"
+
+typedef struct {
+    int fd;
+    char buf[65536];
+    size_t len;
+} client_t;
+
+static json_t *events; /* every event the coordinator emitted */
+
+static void on_event(void *arg, json_t *ev)
+{
+    (void)arg;
+    json_array_append(events, ev);
+}
+
+static ddpd_coord_t *coord_start(uv_loop_t *loop, int world, int min_workers, int adopt,
+                                 unsigned long last_gen, double hb_timeout_s)
+{
+    ddpd_coord_cfg_t cfg = {.host = "127.0.0.1", .token = "tok", .world = world,
+                            .min_workers = min_workers, .max_workers = world,
+                            .hb_timeout_s = hb_timeout_s, .rejoin_timeout_s = 30,
+                            .adopt = adopt, .last_gen = last_gen, .on_event = on_event};
+    ddpd_coord_t *c = NULL;
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
+    assert_int_equal(ddpd_coord_new(loop, &cfg, &c, &ei), 0);
+    return c;
+}
+
+static void coord_stop(uv_loop_t *loop, ddpd_coord_t *c)
+{
+    ddpd_coord_close(c);
+    uv_run(loop, UV_RUN_DEFAULT); /* until every handle is closed */
+}
+
+static void cl_connect(client_t *cl, int port)
+{
+    memset(cl, 0, sizeof *cl);
+    cl->fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(cl->fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(cl->fd, (struct sockaddr *)&a, sizeof a), 0);
+    fcntl(cl->fd, F_SETFL, O_NONBLOCK);
+}
+
+static void cl_send(client_t *cl, const char *line)
+{
+    size_t n = strlen(line);
+    assert_int_equal(write(cl->fd, line, n), (ssize_t)n);
+    assert_int_equal(write(cl->fd, "\n", 1), 1);
+}
+
+static void cl_join(client_t *cl, int hint, long step)
+{
+    char line[200];
+    snprintf(line, sizeof line,
+             "{\"t\":\"join\",\"token\":\"tok\",\"pid\":%d,\"host_id\":\"test\",\"hint\":%d,"
+             "\"step\":%ld}", 100000 + hint, hint, step);
+    cl_send(cl, line);
+}
+
+static void cl_rejoin(client_t *cl, unsigned long gen, int rank, int size, long step)
+{
+    char line[300];
+    snprintf(line, sizeof line,
+             "{\"t\":\"rejoin\",\"token\":\"tok\",\"pid\":%d,\"host_id\":\"test\",\"hint\":%d,"
+             "\"step\":%ld,\"gen\":%lu,\"rank\":%d,\"size\":%d}", 100000 + rank, rank, step, gen,
+             rank, size);
+    cl_send(cl, line);
+}
+
+/* Pumps the loop and reads cl until a line of type `t` arrives (heartbeats skipped), sending
+ * cl's own heartbeat every 100 ms as a worker does: the message (new reference), or NULL after
+ * a 10 s deadline. */
+static json_t *cl_expect(uv_loop_t *loop, client_t *cl, const char *t)
+{
+    int64_t deadline = ddp_now_ns() + 10000000000LL, next_hb = 0;
+    while (ddp_now_ns() < deadline) {
+        if (ddp_now_ns() >= next_hb) {
+            cl_send(cl, "{\"t\":\"hb\",\"step\":40}");
+            next_hb = ddp_now_ns() + 100000000LL;
+        }
+        char *nl;
+        while ((nl = memchr(cl->buf, '\n', cl->len))) {
+            json_t *m = json_loadb(cl->buf, (size_t)(nl - cl->buf), 0, NULL);
+            size_t used = (size_t)(nl - cl->buf) + 1;
+            memmove(cl->buf, nl + 1, cl->len - used);
+            cl->len -= used;
+            const char *mt = json_string_value(json_object_get(m, "t"));
+            if (mt && !strcmp(mt, t)) return m;
+            json_decref(m);
+        }
+        uv_run(loop, UV_RUN_NOWAIT);
+        ssize_t n = read(cl->fd, cl->buf + cl->len, sizeof cl->buf - cl->len);
+        if (n > 0) cl->len += (size_t)n;
+        if (n <= 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+static long ival(json_t *m, const char *k) { return (long)json_integer_value(json_object_get(m, k)); }
+
+/* The event of that kind the coordinator emitted last, or NULL (borrowed). */
+static json_t *last_event(const char *what)
+{
+    json_t *found = NULL, *e;
+    size_t i;
+    json_array_foreach(events, i, e)
+    {
+        if (!strcmp(json_string_value(json_object_get(e, "event")), what)) found = e;
+    }
+    return found;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    events = json_array();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    json_decref(events);
+    return 0;
+}
+
+/* Two joiners form generation 1 in the launcher's order; both finish: "done", and a rank that
+ * comes after that is told the job is done. */
+static void test_form_done_late(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ddpd_coord_t *c = coord_start(&loop, 2, 1, 0, 0, 5);
+    client_t a, b, late;
+    cl_connect(&a, ddpd_coord_port(c));
+    cl_connect(&b, ddpd_coord_port(c));
+    cl_join(&b, 1, -1);
+    cl_join(&a, 0, -1);
+    json_t *ga = cl_expect(&loop, &a, "gen"), *gb = cl_expect(&loop, &b, "gen");
+    assert_non_null(ga);
+    assert_non_null(gb);
+    assert_int_equal(ival(ga, "gen"), 1);
+    assert_int_equal(ival(ga, "rank"), 0);
+    assert_int_equal(ival(gb, "rank"), 1);
+    assert_int_equal(ival(gb, "size"), 2);
+    assert_true(json_number_value(json_object_get(ga, "reconnect_s")) == 30.0);
+    json_decref(ga);
+    json_decref(gb);
+    cl_send(&a, "{\"t\":\"done\",\"step\":10}");
+    cl_send(&b, "{\"t\":\"done\",\"step\":10}");
+    int64_t deadline = ddp_now_ns() + 10000000000LL;
+    while (!last_event("done") && ddp_now_ns() < deadline) uv_run(&loop, UV_RUN_NOWAIT);
+    assert_non_null(last_event("done"));
+    cl_connect(&late, ddpd_coord_port(c));
+    cl_join(&late, 1, -1);
+    json_t *x = cl_expect(&loop, &late, "exit");
+    assert_non_null(x);
+    assert_true(json_is_true(json_object_get(x, "done")));
+    assert_string_equal(json_string_value(json_object_get(x, "why")), "the job is done");
+    json_decref(x);
+    close(a.fd);
+    close(b.fd);
+    close(late.fd);
+    coord_stop(&loop, c);
+    uv_loop_close(&loop);
+}
+
+/* A restarted coordinator adopts generation 7 once both of its members are back, without a
+ * new generation: each member hears "adopted". */
+static void test_adopt_all_back(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 5);
+    client_t a, b;
+    cl_connect(&a, ddpd_coord_port(c));
+    cl_connect(&b, ddpd_coord_port(c));
+    cl_rejoin(&b, 7, 1, 2, 40);
+    cl_rejoin(&a, 7, 0, 2, 40);
+    json_t *xa = cl_expect(&loop, &a, "adopted"), *xb = cl_expect(&loop, &b, "adopted");
+    assert_non_null(xa);
+    assert_non_null(xb);
+    assert_int_equal(ival(xa, "gen"), 7);
+    json_decref(xa);
+    json_decref(xb);
+    json_t *ev = last_event("adopted");
+    assert_non_null(ev);
+    assert_int_equal(ival(ev, "size"), 2);
+    assert_null(last_event("generation"));
+    assert_int_equal(ddpd_coord_generation(c), 7);
+    close(a.fd);
+    close(b.fd);
+    coord_stop(&loop, c);
+    uv_loop_close(&loop);
+}
+
+/* A worker that asks to join while the coordinator adopts (its generation failed meanwhile):
+ * the member that came back aborts generation 7, joins again, and generation 8 forms. */
+static void test_adopt_abandoned_by_join(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 5);
+    client_t a, b;
+    cl_connect(&a, ddpd_coord_port(c));
+    cl_connect(&b, ddpd_coord_port(c));
+    cl_rejoin(&a, 7, 0, 2, 40);
+    cl_join(&b, 1, 40);
+    json_t *r = cl_expect(&loop, &a, "reform");
+    assert_non_null(r);
+    assert_int_equal(ival(r, "gen"), 7);
+    json_decref(r);
+    cl_join(&a, 0, 40);
+    json_t *ga = cl_expect(&loop, &a, "gen"), *gb = cl_expect(&loop, &b, "gen");
+    assert_non_null(ga);
+    assert_non_null(gb);
+    assert_int_equal(ival(ga, "gen"), 8); /* above every generation the members had */
+    assert_int_equal(ival(ga, "size"), 2);
+    assert_int_equal(ival(ga, "rank"), 0); /* the survivor keeps its place */
+    json_decref(ga);
+    json_decref(gb);
+    assert_null(last_event("adopted"));
+    close(a.fd);
+    close(b.fd);
+    coord_stop(&loop, c);
+    uv_loop_close(&loop);
+}
+
+/* One of two members never comes back: after heartbeat_timeout_s the adopted generation ends
+ * and the one that is back forms generation 8 alone (min_workers 1). */
+static void test_adopt_member_missing(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 0.3);
+    client_t a;
+    cl_connect(&a, ddpd_coord_port(c));
+    cl_rejoin(&a, 7, 0, 2, 40);
+    json_t *r = cl_expect(&loop, &a, "reform");
+    assert_non_null(r);
+    json_decref(r);
+    cl_join(&a, 0, 40);
+    json_t *g = cl_expect(&loop, &a, "gen");
+    assert_non_null(g);
+    assert_int_equal(ival(g, "gen"), 8);
+    assert_int_equal(ival(g, "size"), 1);
+    json_decref(g);
+    close(a.fd);
+    coord_stop(&loop, c);
+    uv_loop_close(&loop);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_form_done_late, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adopt_all_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adopt_abandoned_by_join, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adopt_member_missing, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
+}
