@@ -114,16 +114,16 @@ static int64_t total_at(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, i
     return fixed_bytes(b, accum) + batch_bytes(b, cfg, B, r, &acts, &emb, &work);
 }
 
-/* The largest micro-batch that divides the global batch (over the ranks) and fits. */
+/* The largest micro-batch that divides the global batch (over the ranks) and fits. Every
+ * divisor is tried: the total is not monotonic in B (the accumulation buffer goes away where
+ * one micro-step per rank remains). */
 static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, ddp_recompute_t r)
 {
     int64_t seqs = (int64_t)b->n_micro * b->B; /* sequences per step, all ranks */
     int best = 0;
-    for (int64_t B = 1; B <= seqs && B <= (1 << 20); B++) {
-        if (seqs % (B * b->world)) continue;
-        if (total_at(b, cfg, (int)B, r) > b->limit) break;
-        best = (int)B;
-    }
+    for (int64_t B = 1; B <= seqs && B <= (1 << 20); B++)
+        if (seqs % (B * b->world) == 0 && total_at(b, cfg, (int)B, r) <= b->limit)
+            best = (int)B;
     return best;
 }
 
