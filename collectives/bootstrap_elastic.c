@@ -51,6 +51,7 @@ struct ddp_elastic {
     uint64_t cur_gen;     /* the generation this worker is in (0: none) */
     int cur_rank, cur_size;
     int joining;          /* a join is outstanding: no "gen" answered it yet */
+    int attached;         /* the current generation's communicator is formed (ddp_elastic_watch) */
     ddp_coll_t *watched;
     json_t *gen_msg;      /* a "gen" not yet taken by join */
     json_t *ag_msg;       /* an "ag" result not yet taken */
@@ -165,7 +166,7 @@ static int reconnect(ddp_elastic_t *e)
     close(e->fd);
     e->fd = -1;
     pthread_mutex_unlock(&e->send_mu);
-    DDP_WARN("elastic: the connection to the coordinator closed: redialling for up to %.0f s; "
+    DDP_WARN("elastic: the connection to the coordinator closed: redialling for up to %.1f s; "
              "training goes on meanwhile", (double)window / 1e9);
     int64_t start = ddp_now_ns(), deadline = start + window;
     int fd = -1;
@@ -186,7 +187,7 @@ static int reconnect(ddp_elastic_t *e)
      * caller joins again; an outstanding join is repeated */
     json_t *hello = NULL;
     pthread_mutex_lock(&e->mu);
-    if (e->cur_gen && e->watched && !e->regroup) {
+    if (e->cur_gen && e->attached && !e->regroup) {
         hello = json_pack("{s:s, s:s, s:I, s:s, s:i, s:I, s:I, s:i, s:i}", "t", "rejoin", "token",
                           e->token, "pid", (json_int_t)getpid(), "host_id", e->host_id, "hint",
                           e->hint, "step", (json_int_t)e->step, "gen", (json_int_t)e->cur_gen,
@@ -421,6 +422,7 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
     e->cur_gen = 0;
     e->regroup = 0;
     e->joining = 1;
+    e->attached = 0;
     json_decref(e->ag_msg);
     e->ag_msg = NULL;
     int lost = e->lost;
@@ -478,6 +480,7 @@ void ddp_elastic_watch(ddp_elastic_t *e, ddp_coll_t *comm)
 {
     pthread_mutex_lock(&e->mu);
     e->watched = comm;
+    e->attached = 1; /* a world of one has no communicator, but is formed all the same */
     if (comm && e->regroup) ddp_coll_abort(comm, DDP_EABORTED, "the generation already ended");
     pthread_mutex_unlock(&e->mu);
 }

@@ -96,9 +96,9 @@ void ddpd__job_set_state(ddpd_job_t *j, ddpd_state_t to, const char *fmt, ...)
     vsnprintf(j->reason, sizeof j->reason, fmt, ap);
     va_end(ap);
     j->state = to;
-    ddpd__job_check_stored(j, ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from),
-                                              ddpd_state_name(to), j->reason, ddp_wall_ms()),
-                 "transition");
+    int rc = ddpd_store_job_transition(j->d->store, j->id, ddpd_state_name(from),
+                                       ddpd_state_name(to), j->reason, ddp_wall_ms());
+    ddpd__job_check_stored(j, rc, "transition");
     DDP_INFO("job %lld (%s): %s -> %s: %s", (long long)j->id, j->name, ddpd_state_name(from),
              ddpd_state_name(to), j->reason);
     ddpd__job_notify(j, DDPD_JOB_STATE);
@@ -115,7 +115,8 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
 {
     ddpd_job_t *j = h->data;
     (void)events;
-    if (status == 0 && name && !strcmp(name, "metrics.jsonl") && ddpd_tail_read(&j->tail, j->run_dir))
+    if (status == 0 && name && !strcmp(name, "metrics.jsonl") &&
+        ddpd_tail_read(&j->tail, j->run_dir))
         ddpd__job_notify(j, DDPD_JOB_PROGRESS);
 }
 
@@ -145,14 +146,15 @@ static void finish(ddpd_job_t *j)
     if (j->n_local && j->procs[0].rank == 0 && !j->procs[0].alive)
         code = j->procs[0].term_signal ? 128 + j->procs[0].term_signal
                                        : (int)j->procs[0].exit_status;
-    long step = j->tail.last_step ? (long)json_integer_value(json_object_get(j->tail.last_step, "step")) : 0;
+    json_t *last = j->tail.last_step;
+    long step = last ? (long)json_integer_value(json_object_get(last, "step")) : 0;
     json_t *fl = j->tail.done ? json_object_get(j->tail.done, "final_loss") : NULL;
     if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
     json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
     if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
-    ddpd__job_check_stored(j, ddpd_store_job_result(d->store, j->id, code, step, j->steps,
-                                          json_is_number(fl) ? json_number_value(fl) : NAN),
-                 "result");
+    int rc = ddpd_store_job_result(d->store, j->id, code, step, j->steps,
+                                   json_is_number(fl) ? json_number_value(fl) : NAN);
+    ddpd__job_check_stored(j, rc, "result");
     if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
@@ -333,16 +335,17 @@ void ddpd__job_coord_event(void *arg, json_t *ev)
     if (!what || ddpd_state_terminal(j->state)) return;
     if (!strcmp(what, "adopted")) {
         j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
-        ddpd__job_set_state(j, DDPD_RUNNING, "the running generation %lu (%d ranks) was adopted: it goes "
-                  "on without a pause", j->generation,
-                  (int)json_integer_value(json_object_get(ev, "size")));
+        ddpd__job_set_state(j, DDPD_RUNNING,
+                            "the running generation %lu (%d ranks) was adopted: it goes on "
+                            "without a pause", j->generation,
+                            (int)json_integer_value(json_object_get(ev, "size")));
     } else if (!strcmp(what, "generation")) {
         j->generation = (unsigned long)json_integer_value(json_object_get(ev, "gen"));
         int size = (int)json_integer_value(json_object_get(ev, "size"));
         ddpd__job_save_runtime(j);
         if (j->generation > 1 && j->state == DDPD_RUNNING)
             ddpd__job_set_state(j, DDPD_RUNNING, "generation %lu: %d of %d ranks (cause: %.300s)",
-                      j->generation, size, j->world, why ? why : "?");
+                                j->generation, size, j->world, why ? why : "?");
     } else if (!strcmp(what, "evict") && json_is_true(json_object_get(ev, "kill"))) {
         /* a silent rank: kill it here (the coordinator does on its own host) */
         int pid = (int)json_integer_value(json_object_get(ev, "pid")), here = 0;
@@ -638,7 +641,7 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         snprintf(j->rdzv, sizeof j->rdzv, "%s:%d", d->cfg.advertise, port > 0 ? port : 29500);
     }
     ddpd__job_set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
-              j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
+                        j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
 
     int rc = ddpd_write_spec(j->run_dir, j->spec_json, j->spec_path, sizeof j->spec_path);
     if (rc != 0) {
@@ -666,9 +669,9 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
             j->fail_rank = r;
         }
     }
-    ddpd__job_check_stored(j, ddpd_store_job_placement(d->store, j->id, where,
-                                             j->n_local ? j->procs[0].pid : 0),
-                 "placement");
+    ddpd__job_check_stored(
+        j, ddpd_store_job_placement(d->store, j->id, where, j->n_local ? j->procs[0].pid : 0),
+        "placement");
     ddpd__job_save_runtime(j);
     if (j->fail_why[0]) {
         terminate(j);
@@ -688,7 +691,8 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
         }
     }
     ddpd__job_notify(j, DDPD_JOB_SLOTS);
-    if (j->pending_acks == 0) ddpd__job_set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
+    if (j->pending_acks == 0)
+        ddpd__job_set_state(j, DDPD_RUNNING, "all %d ranks started", j->world);
 }
 
 /* ---- cancel / stop ---- */
@@ -753,10 +757,12 @@ void ddpd__job_save_runtime(ddpd_job_t *j)
         json_array_append_new(nodes, json_integer(j->rank_node[r]));
     json_t *o = json_pack("{ss so so si sI sI}", "rdzv", j->rdzv, "procs", procs, "rank_node",
                           nodes, "restarts", j->restarts, "first_step_ms",
-                          (json_int_t)j->tail.first_step_ms, "generation", (json_int_t)j->generation);
+                          (json_int_t)j->tail.first_step_ms, "generation",
+                          (json_int_t)j->generation);
     char *text = json_dumps(o, JSON_COMPACT);
-    ddpd__job_check_stored(j, text ? ddpd_store_job_runtime(j->d->store, j->id, text) : DDP_ENOMEM,
-                 "runtime record (a restarted daemon could not adopt it)");
+    ddpd__job_check_stored(j, text ? ddpd_store_job_runtime(j->d->store, j->id, text)
+                                   : DDP_ENOMEM,
+                           "runtime record (a restarted daemon could not adopt it)");
     free(text);
     json_decref(o);
 }

@@ -121,9 +121,9 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
         ddp_spec_parse(spec, spec_text, strlen(spec_text), "<stored>", &ei) != 0) {
         free(spec);
         j->id = json_integer_value(json_object_get(row, "id"));
-        ddpd__job_check_stored(j, ddpd_store_job_transition(d->store, j->id, "queued", "failed",
-                                                  "stored spec no longer valid", ddp_wall_ms()),
-                     "failure");
+        int rc = ddpd_store_job_transition(d->store, j->id, "queued", "failed",
+                                           "stored spec no longer valid", ddp_wall_ms());
+        ddpd__job_check_stored(j, rc, "failure");
         ddpd__job_discard(j);
         return DDP_ESPEC;
     }
@@ -257,12 +257,21 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
             d->slots_used++;
         }
     }
-    ddpd__job_set_state(j, DDPD_RUNNING, "adopted after a daemon restart: %d of %d local rank(s) still "
-              "running%s", alive, j->n_local, j->n_unplaced ? "; the ranks on peers are taken "
-              "back from their daemons or placed again" : j->elastic ? "; the coordinator waits "
-              "for them" : "");
-    for (int k = 0; k < j->n_local; k++)
-        if (!j->procs[k].alive && !j->procs[k].open) ddpd__job_ended_unwatched(j, &j->procs[k]);
+    ddpd__job_set_state(j, DDPD_RUNNING,
+                        "adopted after a daemon restart: %d of %d local rank(s) still running%s",
+                        alive, j->n_local,
+                        j->n_unplaced ? "; the ranks on peers are taken back from their daemons "
+                                        "or placed again"
+                        : j->elastic  ? "; the coordinator waits for them"
+                                      : "");
+    /* ranks that ended unwatched: those killed (no exit status) first, as the likelier cause of
+     * the others' errors, so that a failed job names them */
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < j->n_local; k++) {
+            ddpd_proc_t *p = &j->procs[k];
+            if (!p->alive && !p->open && p->status_unknown == !pass)
+                ddpd__job_ended_unwatched(j, p);
+        }
     ddpd__job_save_runtime(j);
     ddpd__job_notify(j, DDPD_JOB_SLOTS);
     ddpd__job_maybe_finish(j);

@@ -502,7 +502,10 @@ int ddpd_peers_up(ddpd_t *d, int i)
     return d->links && i >= 0 && i < d->links->n && d->links->peers[i].link != NULL;
 }
 
-int ddpd_peers_slots(ddpd_t *d, int i) { return ddpd_peers_up(d, i) ? d->links->peers[i].slots : 0; }
+int ddpd_peers_slots(ddpd_t *d, int i)
+{
+    return ddpd_peers_up(d, i) ? d->links->peers[i].slots : 0;
+}
 int ddpd_peers_free(ddpd_t *d, int i) { return ddpd_peers_up(d, i) ? d->links->peers[i].free : 0; }
 
 const char *ddpd_peers_name(ddpd_t *d, int i)

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "daemon/api_int.h"
+#include "daemon/methods.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"

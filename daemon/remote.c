@@ -446,7 +446,8 @@ static void adopt_guests(ddpd_t *d)
             pr->on_exit = guest_exit;
             pr->on_close = guest_closed;
             pr->restarts = (int)json_integer_value(json_object_get(p, "restarts"));
-            int rc = ddpd_adopt_rank(d->loop, pr, (int)json_integer_value(json_object_get(p, "pid")),
+            int pid = (int)json_integer_value(json_object_get(p, "pid"));
+            int rc = ddpd_adopt_rank(d->loop, pr, pid,
                                      (int)json_integer_value(json_object_get(p, "rank")),
                                      (int)json_integer_value(json_object_get(p, "local_rank")),
                                      token, g->run_dir);

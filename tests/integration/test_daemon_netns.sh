@@ -82,16 +82,16 @@ b_rank_pid() { # the worker of job $id with DDP_RANK=$1 (on b)
     done
     return 1
 }
-steps_once() { test "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$m")" = "$(jq -n -c '[range(1;41)]')"; }
+steps_once() { test "$(jq -s -c '[.[]|select(.loss and .steps)|.step]' "$m")" = "$(jq -n -c '[range(1;121)]')"; }
 if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
-    make_job "$T/el.yaml" 4 40
-    sed -i 's/^ddp: {workers: 4}/ddp: {workers: 4, min_workers: 2, restart: on-failure, max_restarts: 2, heartbeat_timeout_s: 2, check_every: 5}/; s/^train: {steps: 40, micro_batch: 2,/train: {steps: 40, micro_batch: 2, global_batch_tokens: 512, threads: 1,/' "$T/el.yaml"
+    make_job "$T/el.yaml" 4 120
+    sed -i 's/^ddp: {workers: 4}/ddp: {workers: 4, min_workers: 2, restart: on-failure, max_restarts: 2, heartbeat_timeout_s: 2, check_every: 5}/; s/^train: {steps: 120, micro_batch: 2,/train: {steps: 120, micro_batch: 2, global_batch_tokens: 512, threads: 1,/' "$T/el.yaml"
     el_submit
     victim=$(b_rank_pid 2)
     echo "# killing rank 2 on b (pid ${victim:-none})"
     [ -n "$victim" ] && kill -KILL "$victim"
     check "elastic job across two hosts survives rank 2's death on b" wait_state a "$id" succeeded 180
-    check "every step 1..40 logged exactly once" steps_once
+    check "every step 1..120 logged exactly once" steps_once
     check "b spawned rank 2 again" grep -q "guest rank 2 of job $id spawned again" "$T/b.log"
     check "rank 2 rejoined a's coordinator and received the state" \
         grep -q "joined generation .* state of step" "$T/b/runs/a-job-$id/rank-2.log"
@@ -110,14 +110,14 @@ if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
     el_submit
     ip -n "$NB" link set "vb$sfx" down
     check "a partitioned job finishes on the coordinator's side" wait_state a "$id" succeeded 180
-    check "every step 1..40 logged exactly once across the partition" steps_once
+    check "every step 1..120 logged exactly once across the partition" steps_once
     check "b's ranks stopped by themselves, cut off from the coordinator" \
         wait_until 60 grep -q "cut off from it: this side stops" "$T/b/runs/a-job-$id/rank-2.log"
     ip -n "$NB" link set "vb$sfx" up
 
     # node death: b's daemon and its ranks are SIGKILLed; the job goes on on a (min_workers 2),
     # and once b's daemon is back, a places the two lost ranks there again: the job grows back
-    sed 's/steps: 40,/steps: 600,/' "$T/el.yaml" >"$T/el_long.yaml"
+    sed 's/steps: 120,/steps: 600,/' "$T/el.yaml" >"$T/el_long.yaml"
     id=$(ctl a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
     wait_until 120 grep -q '{"step":8,"steps"' "$m"
     guests=$(pgrep -f "a-job-$id/job.json")

@@ -127,7 +127,10 @@ static json_t *cl_expect(uv_loop_t *loop, client_t *cl, const char *t)
     return NULL;
 }
 
-static long ival(json_t *m, const char *k) { return (long)json_integer_value(json_object_get(m, k)); }
+static long ival(json_t *m, const char *k)
+{
+    return (long)json_integer_value(json_object_get(m, k));
+}
 
 /* The event of that kind the coordinator emitted last, or NULL (borrowed). */
 static json_t *last_event(const char *what)

@@ -1,8 +1,9 @@
-/* Internals shared by api.c (socket, sessions, framing, dispatch) and methods.c (the method
- * handlers and their streams). Not for other modules. Loop thread only.
+/* A session of the control socket and what is sent on it: the state api.c (socket, framing,
+ * dispatch) and methods.c (the method handlers and their streams) share, and the output side
+ * (session.c) both use. Not for other modules. Loop thread only.
  */
-#ifndef DDPD_API_INT_H
-#define DDPD_API_INT_H
+#ifndef DDPD_SESSION_H
+#define DDPD_SESSION_H
 
 #include <jansson.h>
 #include <limits.h>
@@ -12,7 +13,6 @@
 
 #include "daemon/lines.h"
 
-#include "daemon/api.h"
 #include "daemon/ddpd.h"
 
 typedef enum { DDPD_STREAM_LOGS, DDPD_STREAM_WATCH } ddpd_stream_kind_t;
@@ -61,14 +61,9 @@ void ddpd__send_error(ddpd_session_t *s, json_t *id, int code, json_t *data, con
     __attribute__((format(printf, 5, 6)));
 /* Ends a stream with `result` (stolen) as the response to its request, and frees it. */
 void ddpd__stream_end(ddpd_session_t *s, ddpd_stream_t *st, json_t *result);
+/* Closes the session now (uv_close; it is freed in the close callback). */
+void ddpd__session_close(ddpd_session_t *s);
 /* Closes the session once what is queued is written, or now if it is idle. */
 void ddpd__session_maybe_close(ddpd_session_t *s);
-
-/* Runs one request (params may be NULL). */
-void ddpd__dispatch(ddpd_session_t *s, json_t *id, const char *method, json_t *params);
-/* Advances a session's log streams (from the tick timer and right after job.logs). */
-void ddpd__service_logs(ddpd_session_t *s);
-/* Forwards a job event to the session's watch streams. */
-void ddpd__watch_event(ddpd_session_t *s, ddpd_job_t *j);
 
 #endif
