@@ -81,9 +81,12 @@ static void job_free(ddpd_job_t *j)
     free(j);
 }
 
-static void handle_closed(ddpd_job_t *j)
+/* Returns 1 when that was the last handle of a job being freed: j is gone. */
+static int handle_closed(ddpd_job_t *j)
 {
-    if (--j->handles == 0 && j->freeing) job_free(j);
+    if (--j->handles != 0 || !j->freeing) return 0;
+    job_free(j);
+    return 1;
 }
 
 static void timer_closed(uv_handle_t *h) { handle_closed(h->data); }
@@ -315,7 +318,7 @@ static void proc_closed(ddpd_proc_t *p)
 {
     ddpd_job_t *j = p->data;
     if (p->respawn) respawn(j, p);
-    handle_closed(j);
+    if (handle_closed(j)) return; /* freed: nothing left to finish (ASan found the read) */
     if (j->pending_restarts == 0) ddpd__job_maybe_finish(j);
 }
 
