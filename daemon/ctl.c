@@ -24,6 +24,7 @@
 #include "daemon/client.h"
 #include "daemon/ctl_watch.h"
 #include "daemon/rpc.h"
+#include "daemon/ctl_plan.h"
 #include "daemon/ctl_plot.h"
 #include "daemon/ctl_trace.h"
 
@@ -44,6 +45,8 @@ static void usage(FILE *f)
             "  watch ID\n"
             "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
             "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"
+            "  plan SPEC [--workers N] [--local N] [--gpu BYTES]\n"
+            "                                         memory budget per rank, without running\n"
             "  nodes\n"
             "  info                                   daemon status\n"
             "  call METHOD [PARAMS-JSON]              raw JSON-RPC call\n"
@@ -630,6 +633,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "call")) return cmd_call(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, socket_path);
     if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, socket_path);
+    if (!strcmp(cmd, "plan")) return ddpctl_plan(sub_argc, sub_argv);
     fprintf(stderr, "ddpctl: unknown command '%s'\n", cmd);
     usage(stderr);
     return CTL_USAGE;

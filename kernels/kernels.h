@@ -152,7 +152,10 @@ extern const ddp_kernels_ops_t ddp_kernels_sim;
 
 /* Opens backend `name` ("cpu", "cuda", "sim", or "auto" = highest probe of cpu and cuda) into k.
  * For "cuda" the module is looked up beside the executable, then in DDP_KERNELS_PATH, then
- * through the dynamic linker. Returns DDP_ENODEV when the named backend is unusable here. */
+ * through the dynamic linker. "auto" does not load the module on a host without an NVIDIA
+ * device node (/dev/nvidiactl, /dev/nvidia0, WSL's /dev/dxg) unless DDP_KERNELS_PATH is set:
+ * its CUDA libraries would cost ~150 MB of resident memory for nothing.
+ * Returns DDP_ENODEV when the named backend is unusable here. */
 int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads);
 /* Closes the context and unloads the module. NULL-safe. */
 void ddp_kernels_close(ddp_kernels_t *k);

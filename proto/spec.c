@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -123,6 +124,7 @@ typedef enum {
     FT_SEED,   /* uint64_t, 0..INT64_MAX */
     FT_PAIR,   /* two consecutive doubles given as a sequence [a, b], each in [lo, hi) */
     FT_PRESET, /* char[size], a preset name */
+    FT_BYTES,  /* int64_t bytes >= 0: an integer, or a string with a unit ("8GiB", "512MB") */
 } ftype_t;
 
 typedef struct field {
@@ -147,6 +149,7 @@ static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
 static const char *const RESTARTS[] = {"never", "on-failure", NULL};
+static const char *const RECOMPUTES[] = {"none", "block", NULL};
 static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
                                        NULL};
 
@@ -184,6 +187,8 @@ static const field_t FIELDS[] = {
     F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
     F_INT("train.log_every", log_every, 1, NO_MAX),
     F_STR("train.trace", trace), /* timeline trace */
+    F_ENUM("train.recompute", recompute, RECOMPUTES),
+    {"train.memory_limit", FT_BYTES, M(memory_limit), 0, 0, false, false, NULL},
     F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),
     F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false),
     F_INT("ddp.workers", workers, 1, 65536),
@@ -378,6 +383,42 @@ static bool to_text(const ddp__snode_t *n, const char **out)
     return true;
 }
 
+int ddp_spec_parse_bytes(const char *text, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(text, &end);
+    if (end == text || errno || !(x >= 0)) return DDP_EINVAL;
+    while (*end == ' ') end++;
+    static const struct {
+        const char *unit;
+        double mult;
+    } U[] = {{"", 1},          {"B", 1},          {"kB", 1e3},          {"KB", 1e3},
+             {"KiB", 1024.0},  {"k", 1024.0},     {"K", 1024.0},        {"MB", 1e6},
+             {"MiB", 1 << 20}, {"M", 1 << 20},    {"GB", 1e9},          {"GiB", 1 << 30},
+             {"G", 1 << 30},   {"TB", 1e12},      {"TiB", 1099511627776.0}, {"T", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof U / sizeof U[0]; i++)
+        if (!strcmp(end, U[i].unit)) {
+            double b = x * U[i].mult;
+            if (b >= 9.2e18) return DDP_EINVAL;
+            *out = (int64_t)b;
+            return 0;
+        }
+    return DDP_EINVAL;
+}
+
+/* A byte count: an integer, or a string that ddp_spec_parse_bytes reads. */
+static bool to_bytes(const ddp__snode_t *n, int64_t *out)
+{
+    long long v;
+    if (to_integer(n, &v)) {
+        *out = v;
+        return v >= 0;
+    }
+    const char *s;
+    return to_text(n, &s) && ddp_spec_parse_bytes(s, out) == 0;
+}
+
 static void store_int(void *p, size_t size, long long v)
 {
     if (size == sizeof(int))
@@ -476,6 +517,12 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
                 }
         return idx_error(ps, i, "must be one of %s; got %s", want, repr(n, rb, sizeof rb));
     }
+    case FT_BYTES:
+        if (!to_bytes(n, (int64_t *)dst))
+            return idx_error(ps, i, "must be a size in bytes >= 0, as a number or with a unit "
+                                    "(\"8GiB\", \"512MB\"; 0 = the device's memory), got %s",
+                             repr(n, rb, sizeof rb));
+        return 0;
     case FT_PRESET: {
         const char *s = NULL;
         if (to_text(n, &s) && ddp_spec_preset(s, &ps->spec->model) == 0) {
@@ -778,6 +825,7 @@ static json_t *field_json(const ddp_spec_t *s, const field_t *f)
     case FT_INT:
         return json_integer(f->size == sizeof(int) ? *(const int *)p : *(const long *)p);
     case FT_SEED: return json_integer((json_int_t) * (const uint64_t *)p);
+    case FT_BYTES: return json_integer((json_int_t) * (const int64_t *)p);
     case FT_NUM: return json_real(*(const double *)p);
     case FT_BOOL: return json_boolean(*(const int *)p);
     case FT_ENUM: {

@@ -12,7 +12,7 @@
  *   data: {train: "data/train_*.bin", val: "data/val_*.bin"}
  *   train: {steps, micro_batch, seq_len, global_batch_tokens, lr, min_lr, warmup, schedule,
  *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
- *           val_batches, sample_tokens, log_every}
+ *           val_batches, sample_tokens, log_every, trace, recompute, memory_limit}
  *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
  *         check_every}
  *   checkpoint: {dir, every, keep_last, writers, shard_mb}
@@ -57,6 +57,11 @@
  *   train.log_every            int       1              a step line every N steps
  *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
  *                                                       JSON in RUN_DIR/trace/rank-R.json
+ *   train.recompute            enum      none           none | block: keep only each block's
+ *                                                       input, redo its forward in backward
+ *   train.memory_limit         bytes     0              memory a rank may use ("8GiB", "512MB",
+ *                                                       or bytes); 0 = the GPU's, else the
+ *                                                       cgroup's or RAM's; checked before step 1
  *   ddp.workers                int       1              ranks
  *   ddp.min_workers            int       workers        fewest ranks the job goes on with
  *   ddp.max_workers            int       workers        most ranks the job may grow to
@@ -98,6 +103,9 @@ typedef struct ddp_model_cfg {
 
 typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
 typedef enum { DDP_PREC_FP32 = 0, DDP_PREC_BF16 = 1, DDP_PREC_FP16 = 2 } ddp_precision_t;
+/* What backward recomputes instead of keeping: nothing, or each block's forward (only the
+ * blocks' inputs are kept). */
+typedef enum { DDP_RECOMPUTE_NONE = 0, DDP_RECOMPUTE_BLOCK = 1 } ddp_recompute_t;
 
 typedef struct ddp_spec {
     char name[128];
@@ -130,6 +138,8 @@ typedef struct ddp_spec {
     int sample_tokens; /* tokens sampled at the end; 0 = none */
     long log_every;    /* step lines every N steps */
     char trace[32];    /* steps to trace, "N" or "N-M" (common/trace.h); "" = none */
+    ddp_recompute_t recompute; /* activation recomputation in backward */
+    int64_t memory_limit;      /* bytes a rank may use; 0 = the device's (GPU, cgroup or RAM) */
 
     /* ddp */
     double bucket_mb, first_bucket_mb;
@@ -161,6 +171,11 @@ int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *o
 /* Reads and parses a spec file. Relative data/checkpoint paths stay relative to the caller's
  * working directory. Returns 0, -errno for an unreadable file, or DDP_ESPEC. */
 int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei);
+
+/* A size in bytes: "<number>[ ]<unit>" with unit B, kB/KB (10^3), KiB/k/K, MB, MiB/M, GB,
+ * GiB/G, TB, TiB/T, or none (bytes): "8GiB", "1.5 GB", "123456". Returns 0 with *out, or
+ * DDP_EINVAL. */
+int ddp_spec_parse_bytes(const char *text, int64_t *out);
 
 /* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */

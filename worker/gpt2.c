@@ -1,7 +1,7 @@
 /* GPT-2 layout, initialisation, forward and backward over the kernel backend.
  *
  * Invariants: m->params is in arena order (backward completion order, see gpt2.h); views are
- * computed from it, so the layout is written down exactly once (layout_tensors below).
+ * computed from it, so the layout is written down exactly once (gpt2_layout.c).
  * Backward reports the finished prefix of the arena after the LM head, ln_f and each block.
  */
 #include "gpt2.h"
@@ -15,72 +15,9 @@
 #include "common/log.h"
 #include "common/trace.h"
 
-/* Calls add(ctx, name, ndim, d0, d1, decay) for every tensor in arena order. The one place the
- * layout is defined. */
-typedef void (*tensor_fn)(void *ctx, const char *name, int ndim, int d0, int d1, int decay);
-
-static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
-{
-    int C = cfg->n_embd;
-    char n[DDP_GPT2_NAME_MAX];
-    add(ctx, "wte.weight", 2, cfg->vocab_size, C, 1);
-    add(ctx, "ln_f.weight", 1, C, 0, 0);
-    add(ctx, "ln_f.bias", 1, C, 0, 0);
-    for (int l = cfg->n_layer - 1; l >= 0; l--) {
-#define T_(suffix, ndim, d0, d1)                                                             \
-    snprintf(n, sizeof n, "h.%d." suffix, l);                                                \
-    add(ctx, n, ndim, d0, d1, ndim == 2)
-        T_("mlp.c_proj.weight", 2, 4 * C, C);
-        T_("mlp.c_proj.bias", 1, C, 0);
-        T_("mlp.c_fc.weight", 2, C, 4 * C);
-        T_("mlp.c_fc.bias", 1, 4 * C, 0);
-        T_("ln_2.weight", 1, C, 0);
-        T_("ln_2.bias", 1, C, 0);
-        T_("attn.c_proj.weight", 2, C, C);
-        T_("attn.c_proj.bias", 1, C, 0);
-        T_("attn.c_attn.weight", 2, C, 3 * C);
-        T_("attn.c_attn.bias", 1, 3 * C, 0);
-        T_("ln_1.weight", 1, C, 0);
-        T_("ln_1.bias", 1, C, 0);
-#undef T_
-    }
-    add(ctx, "wpe.weight", 2, cfg->block_size, C, 1);
-}
-
 /* Tensors per block, and the tensors before the last block's first one (wte, ln_f x2). */
 #define TENSORS_PER_BLOCK 12
 #define TENSORS_BEFORE_BLOCKS 3
-
-typedef struct {
-    ddp_param_desc_t *out; /* NULL: count only */
-    int n;
-    size_t offset;
-} layout_ctx_t;
-
-static void add_tensor(void *vctx, const char *name, int ndim, int d0, int d1, int decay)
-{
-    layout_ctx_t *c = vctx;
-    size_t numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
-    if (c->out) {
-        ddp_param_desc_t *p = &c->out[c->n];
-        snprintf(p->name, sizeof p->name, "%s", name);
-        p->ndim = ndim;
-        p->shape[0] = d0;
-        p->shape[1] = ndim == 2 ? d1 : 0;
-        p->offset = c->offset;
-        p->numel = numel;
-        p->decay = decay;
-    }
-    c->n++;
-    c->offset += numel;
-}
-
-size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg)
-{
-    layout_ctx_t c = {0};
-    layout_tensors(cfg, add_tensor, &c);
-    return c.offset;
-}
 
 /* Fills views for an arena at `base` from the descriptors. */
 static void make_views(const ddp_gpt2_t *m, float *base, ddp_gpt2_views_t *v)
@@ -114,73 +51,29 @@ static int validate_cfg(const ddp_model_cfg_t *cfg, int B, int T)
     return 0;
 }
 
-/* Carves the activation arena; with base == NULL only counts floats. */
-static size_t carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base)
-{
-    size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
-    size_t BT = (size_t)a->B * a->T, att = (size_t)a->B * NH * a->T * a->T;
-    size_t off = 0;
-#define CARVE(field, n)                                                                      \
-    do {                                                                                     \
-        a->field = base ? base + off : NULL;                                                 \
-        off += ((n) + 15) & ~(size_t)15; /* 64-byte aligned tensors */                       \
-    } while (0)
-    CARVE(encoded, BT * C);
-    CARVE(ln1, L * BT * C);
-    CARVE(ln1_mean, L * BT);
-    CARVE(ln1_rstd, L * BT);
-    CARVE(qkv, L * BT * 3 * C);
-    CARVE(atty, L * BT * C);
-    CARVE(att, L * att);
-    CARVE(res2, L * BT * C);
-    CARVE(ln2, L * BT * C);
-    CARVE(ln2_mean, L * BT);
-    CARVE(ln2_rstd, L * BT);
-    CARVE(fch, L * BT * 4 * C);
-    CARVE(fch_gelu, L * BT * 4 * C);
-    CARVE(res3, L * BT * C);
-    CARVE(lnf, BT * C);
-    CARVE(lnf_mean, BT);
-    CARVE(lnf_rstd, BT);
-    CARVE(logits, BT * V);
-    CARVE(losses, BT);
-    CARVE(dres, BT * C);
-    CARVE(dc, BT * C);
-    CARVE(dc2, BT * C);
-    CARVE(dqkv, BT * 3 * C);
-    CARVE(datt, att);
-    CARVE(dfc, BT * 4 * C);
-    CARVE(dfc2, BT * 4 * C);
-    /* int32 token buffers share the float arena (same size, 4 bytes) */
-    a->inputs = base ? (int32_t *)(base + off) : NULL;
-    off += (BT + 15) & ~(size_t)15;
-    a->targets = base ? (int32_t *)(base + off) : NULL;
-    off += (BT + 15) & ~(size_t)15;
-#undef CARVE
-    return off;
-}
-
 int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads)
+{
+    return ddp_gpt2_init_with(m, cfg, k, B, T, weights, grads, DDP_RECOMPUTE_NONE);
+}
+
+int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
+                       int T, float *weights, float *grads, ddp_recompute_t recompute)
 {
     memset(m, 0, sizeof *m);
     DDP_CHECK(validate_cfg(cfg, B, T));
     m->cfg = *cfg;
     m->k = k;
     int rc = 0;
-    layout_ctx_t c = {0};
-    layout_tensors(cfg, add_tensor, &c);
-    m->n_tensors = c.n;
-    m->n_params = c.offset;
-    m->params = ddp_calloc((size_t)c.n, sizeof *m->params);
+    m->n_tensors = ddp__gpt2_layout(cfg, NULL, &m->n_params);
+    m->params = ddp_calloc((size_t)m->n_tensors, sizeof *m->params);
     m->wv.h = ddp_calloc((size_t)cfg->n_layer, sizeof *m->wv.h);
     m->gv.h = ddp_calloc((size_t)cfg->n_layer, sizeof *m->gv.h);
     if (!m->params || !m->wv.h || !m->gv.h) {
         rc = DDP_ENOMEM;
         goto fail;
     }
-    c = (layout_ctx_t){.out = m->params};
-    layout_tensors(cfg, add_tensor, &c);
+    ddp__gpt2_layout(cfg, m->params, &m->n_params);
 
     m->w = weights;
     m->g = grads;
@@ -197,10 +90,11 @@ int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, i
 
     m->acts.B = B;
     m->acts.T = T;
-    size_t n_acts = carve_acts(&m->acts, cfg, NULL);
+    m->acts.recompute = recompute;
+    size_t n_acts = ddp__gpt2_carve_acts(&m->acts, cfg, NULL);
     DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->acts.base, n_acts * sizeof(float)), rc,
                    fail);
-    carve_acts(&m->acts, cfg, m->acts.base);
+    ddp__gpt2_carve_acts(&m->acts, cfg, m->acts.base);
     return 0;
 fail:
     ddp_gpt2_close(m);
@@ -267,18 +161,61 @@ const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name)
     return NULL;
 }
 
+/* Layer l's saved activations: slice l of each per-layer tensor, or under recompute the one
+ * slice that every block's forward writes (see gpt2_acts.c). */
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    float *fch, *fchg;
+} layer_acts_t;
+
+static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
+{
+    const ddp_gpt2_acts_t *a = &m->acts;
+    /* strides use the allocated B x T, so a smaller batch leaves slack, never overlap */
+    size_t s = a->recompute == DDP_RECOMPUTE_BLOCK ? 0 : (size_t)l;
+    size_t BT = (size_t)a->B * a->T, C = (size_t)m->cfg.n_embd;
+    size_t sBTC = s * BT * C, sBT = s * BT;
+    size_t sATT = s * (size_t)a->B * m->cfg.n_head * a->T * a->T;
+    return (layer_acts_t){
+        .ln1 = a->ln1 + sBTC, .ln1_mean = a->ln1_mean + sBT, .ln1_rstd = a->ln1_rstd + sBT,
+        .qkv = a->qkv + 3 * sBTC, .atty = a->atty + sBTC, .att = a->att + sATT,
+        .res2 = a->res2 + sBTC, .ln2 = a->ln2 + sBTC, .ln2_mean = a->ln2_mean + sBT,
+        .ln2_rstd = a->ln2_rstd + sBT, .fch = a->fch + 4 * sBTC, .fchg = a->fch_gelu + 4 * sBTC};
+}
+
+/* Block l's forward on its input x[B,T,C] into its saved activations (a->dc is scratch); with
+ * out non-NULL also the MLP's projection and the residual: out[B,T,C] = the block's output.
+ * Backward's recomputation passes out NULL: it needs neither. The same ops on the same inputs,
+ * so a recomputed activation is bitwise the one the forward saw. */
+static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int B, int T)
+{
+    ddp_kernels_t *k = m->k;
+    float *dc = m->acts.dc;
+    int C = m->cfg.n_embd, NH = m->cfg.n_head, BT = B * T;
+    const ddp_gpt2_block_t *w = &m->wv.h[l];
+    layer_acts_t s = layer_acts(m, l);
+    DDP_K(k, layernorm_fwd, s.ln1, s.ln1_mean, s.ln1_rstd, x, w->ln1w, w->ln1b, BT, C);
+    DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, 3 * C, DDP_W_IN_OUT);
+    DDP_K(k, attention_fwd, s.atty, s.att, s.qkv, B, T, C, NH);
+    DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, DDP_W_IN_OUT);
+    DDP_K(k, residual_fwd, s.res2, x, dc, (size_t)BT * C);
+    DDP_K(k, layernorm_fwd, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, w->ln2w, w->ln2b, BT, C);
+    DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, 4 * C, DDP_W_IN_OUT);
+    DDP_K(k, gelu_fwd, s.fchg, s.fch, (size_t)BT * 4 * C);
+    if (!out) return;
+    DDP_K(k, matmul_fwd, dc, s.fchg, w->fcprojw, w->fcprojb, BT, 4 * C, C, DDP_W_IN_OUT);
+    DDP_K(k, residual_fwd, out, s.res2, dc, (size_t)BT * C);
+}
+
 int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *loss)
 {
     ddp_kernels_t *k = m->k;
     ddp_gpt2_acts_t *a = &m->acts;
     if (B < 1 || T < 1 || B > a->B || T > a->T) return DDP_EINVAL;
-    int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer;
     size_t BT = (size_t)B * T;
-    /* Per-layer strides use the allocated B x T, so a smaller batch leaves slack, never
-     * overlap. */
-    size_t sBTC = (size_t)a->B * a->T * C, sBT = (size_t)a->B * a->T;
-    size_t sATT = (size_t)a->B * NH * a->T * a->T;
+    size_t sBTC = (size_t)a->B * a->T * C; /* res3's layer stride: the allocated B x T */
     for (size_t i = 0; i < BT; i++)
         if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
             return DDP_EINVAL;
@@ -290,23 +227,8 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     const float *x = a->encoded;
     for (int l = 0; l < L; l++) {
         int64_t tr = ddp_trace_begin();
-        const ddp_gpt2_block_t *w = &m->wv.h[l];
-        float *ln1 = a->ln1 + l * sBTC, *qkv = a->qkv + 3 * l * sBTC, *atty = a->atty + l * sBTC;
-        float *res2 = a->res2 + l * sBTC, *ln2 = a->ln2 + l * sBTC, *res3 = a->res3 + l * sBTC;
-        float *fch = a->fch + 4 * l * sBTC, *fchg = a->fch_gelu + 4 * l * sBTC;
-        DDP_K(k, layernorm_fwd, ln1, a->ln1_mean + l * sBT, a->ln1_rstd + l * sBT, x, w->ln1w,
-              w->ln1b, (int)BT, C);
-        DDP_K(k, matmul_fwd, qkv, ln1, w->qkvw, w->qkvb, (int)BT, C, 3 * C, DDP_W_IN_OUT);
-        DDP_K(k, attention_fwd, atty, a->att + l * sATT, qkv, B, T, C, NH);
-        DDP_K(k, matmul_fwd, a->dc, atty, w->attprojw, w->attprojb, (int)BT, C, C, DDP_W_IN_OUT);
-        DDP_K(k, residual_fwd, res2, x, a->dc, BT * C);
-        DDP_K(k, layernorm_fwd, ln2, a->ln2_mean + l * sBT, a->ln2_rstd + l * sBT, res2, w->ln2w,
-              w->ln2b, (int)BT, C);
-        DDP_K(k, matmul_fwd, fch, ln2, w->fcw, w->fcb, (int)BT, C, 4 * C, DDP_W_IN_OUT);
-        DDP_K(k, gelu_fwd, fchg, fch, BT * 4 * C);
-        DDP_K(k, matmul_fwd, a->dc, fchg, w->fcprojw, w->fcprojb, (int)BT, 4 * C, C,
-              DDP_W_IN_OUT);
-        DDP_K(k, residual_fwd, res3, res2, a->dc, BT * C);
+        float *res3 = a->res3 + l * sBTC;
+        block_forward(m, l, x, res3, B, T);
         x = res3;
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward h.%d", l);
     }
@@ -340,8 +262,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     int B = a->last_B, T = a->last_T;
     int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
     size_t BT = (size_t)B * T;
-    size_t sBTC = (size_t)a->B * a->T * C, sBT = (size_t)a->B * a->T;
-    size_t sATT = (size_t)a->B * NH * a->T * a->T;
+    size_t sBTC = (size_t)a->B * a->T * C;
     const ddp_gpt2_views_t *gv = &m->gv;
 
     int64_t tr = ddp_trace_begin();
@@ -373,9 +294,11 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         tr = ddp_trace_begin();
         const ddp_gpt2_block_t *w = &m->wv.h[l], *g = &gv->h[l];
         const float *x = l ? a->res3 + (l - 1) * sBTC : a->encoded;
-        float *ln1 = a->ln1 + l * sBTC, *qkv = a->qkv + 3 * l * sBTC, *atty = a->atty + l * sBTC;
-        float *res2 = a->res2 + l * sBTC, *ln2 = a->ln2 + l * sBTC;
-        float *fch = a->fch + 4 * l * sBTC, *fchg = a->fch_gelu + 4 * l * sBTC;
+        /* recompute: the block's activations again, from its input (a->dc is free here) */
+        if (a->recompute == DDP_RECOMPUTE_BLOCK) block_forward(m, l, x, NULL, B, T);
+        layer_acts_t s = layer_acts(m, l);
+        float *ln1 = s.ln1, *qkv = s.qkv, *atty = s.atty, *res2 = s.res2, *ln2 = s.ln2;
+        float *fch = s.fch, *fchg = s.fchg;
 
         /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
         DDP_CHECK(k->ops->memset0(k->ctx, a->dfc, BT * 4 * C * sizeof(float)));
@@ -387,19 +310,19 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc2, ln2, w->fcw, (int)BT, C, 4 * C,
               DDP_W_IN_OUT);
         DDP_K(k, layernorm_bwd, a->dres, g->ln2w, g->ln2b, a->dc, res2, w->ln2w,
-              a->ln2_mean + l * sBT, a->ln2_rstd + l * sBT, (int)BT, C);
+              s.ln2_mean, s.ln2_rstd, (int)BT, C);
 
         /* attention: res2 = x + attproj(attn(qkv(ln1(x)))) */
         DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres, atty, w->attprojw,
               (int)BT, C, C, DDP_W_IN_OUT);
         DDP_CHECK(k->ops->memset0(k->ctx, a->dqkv, BT * 3 * C * sizeof(float)));
-        DDP_K(k, attention_bwd, a->dqkv, a->datt, a->dc, qkv, a->att + l * sATT, B, T, C, NH);
+        DDP_K(k, attention_bwd, a->dqkv, a->datt, a->dc, qkv, s.att, B, T, C, NH);
         DDP_CHECK(k->ops->memset0(k->ctx, a->dc2, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc2, g->qkvw, g->qkvb, a->dqkv, ln1, w->qkvw, (int)BT, C, 3 * C,
               DDP_W_IN_OUT);
         DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc2, x, w->ln1w,
-              a->ln1_mean + l * sBT, a->ln1_rstd + l * sBT, (int)BT, C);
+              s.ln1_mean, s.ln1_rstd, (int)BT, C);
 
         const ddp_param_desc_t *last =
             &m->params[TENSORS_BEFORE_BLOCKS + (L - l) * TENSORS_PER_BLOCK - 1];

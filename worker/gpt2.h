@@ -54,9 +54,11 @@ typedef struct ddp_gpt2_views {
     ddp_gpt2_block_t *h; /* [n_layer] */
 } ddp_gpt2_views_t;
 
-/* Activations for micro-batches of B sequences of up to T tokens. */
+/* Activations for micro-batches of B sequences of up to T tokens. [L,...] tensors hold one
+ * slice per layer, or a single slice under DDP_RECOMPUTE_BLOCK (res3 always has L). */
 typedef struct ddp_gpt2_acts {
     int B, T;
+    ddp_recompute_t recompute;
     float *base; /* one allocation */
     float *encoded; /* [B,T,C] */
     float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T] x2 */
@@ -107,6 +109,12 @@ typedef void (*ddp_gpt2_ready_fn)(void *arg, size_t done);
  * Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
 int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads);
+/* ddp_gpt2_init with activation recomputation: DDP_RECOMPUTE_BLOCK keeps only each block's
+ * input and output (res3) across the forward, and backward recomputes the block's forward
+ * before its backward: one more forward of the blocks for a much smaller activation arena, with
+ * gradients bitwise equal to DDP_RECOMPUTE_NONE's. */
+int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
+                       int T, float *weights, float *grads, ddp_recompute_t recompute);
 /* Frees everything init allocated. NULL-safe. */
 void ddp_gpt2_close(ddp_gpt2_t *m);
 /* Moves the gradients to a caller-owned arena of n_params floats (a new generation's collective
@@ -116,6 +124,15 @@ int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads);
 
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg);
+/* Floats (4-byte units) in the activation arena for B x T under `recompute` (no allocation;
+ * gpt2_layout.c, which links without the kernels' ops). */
+size_t ddp_gpt2_acts_floats(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute);
+/* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params
+ * to the floats of an arena, returns the number of tensors. Internal (gpt2.c, gpt2_layout.c). */
+int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
+/* Carves a's arena at base from a->B, a->T, a->recompute (base NULL: only counts); returns its
+ * size in floats. Internal to gpt2.c and gpt2_layout.c. */
+size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base);
 
 /* GPT-2 initialisation from rng: weights N(0, 0.02), residual projections (attn.c_proj,
  * mlp.c_proj) N(0, 0.02/sqrt(2 L)), biases 0, LayerNorm weights 1. Draws on the host in arena

@@ -224,6 +224,7 @@ static int worker_main(int argc, char **argv)
         fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
     }
     int stopped = t.any_stop;
+    ddp_trainer_log_peak_memory(&t);
     ddp_trainer_close(&t);
     if (rc) return 1;
     return stopped ? 143 : 0;

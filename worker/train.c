@@ -440,10 +440,11 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (joins_live) t->opts.no_resume = 1;
     DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
+    DDP_CHECK_GOTO(ddp_trainer_check_memory(t, ei), rc, fail); /* before step 1 */
 
     DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
-    DDP_CHECK_GOTO(ddp_gpt2_init(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
-                                 t->weights, t->grads),
+    DDP_CHECK_GOTO(ddp_gpt2_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
+                                      t->weights, t->grads, s->recompute),
                    rc, fail);
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);

@@ -87,6 +87,7 @@ typedef struct ddp_trainer {
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
     double last_step_ms; /* wall time of the last step */
     struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
+    int64_t mem_budget;     /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;
 
 /* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
@@ -140,5 +141,12 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
 /* Frees everything. NULL-safe. */
 void ddp_trainer_close(ddp_trainer_t *t);
+
+/* memory_check.c: plans this rank's memory for the spec and the world (worker/memory_budget.h),
+ * logs the plan (unless quiet) and fails with DDP_ESPEC and advice in ei when it cannot fit
+ * train.memory_limit. Called by init before the model is allocated. */
+int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei);
+/* Logs this process's peak RSS beside the budget's total (unless quiet). */
+void ddp_trainer_log_peak_memory(const ddp_trainer_t *t);
 
 #endif

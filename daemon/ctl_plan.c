@@ -1,0 +1,57 @@
+/* `ddpctl plan` (see ctl_plan.h): the worker's own budget code (worker/memory_budget.c), run
+ * here on the spec file, so the two always print the same figures. */
+#include "daemon/ctl_plan.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "daemon/ctl_watch.h" /* CTL_* */
+#include "proto/hf_config.h"
+#include "proto/spec.h"
+#include "worker/memory_budget.h"
+
+int ddpctl_plan(int argc, char **argv)
+{
+    static const struct option o[] = {{"workers", required_argument, 0, 'w'},
+                                      {"local", required_argument, 0, 'l'},
+                                      {"gpu", required_argument, 0, 'g'},
+                                      {0, 0, 0, 0}};
+    int c, workers = 0, local = 0;
+    int64_t gpu = 0; /* bytes of each rank's GPU; 0 = the ranks run on the CPU */
+    optind = 0;
+    while ((c = getopt_long(argc, argv, "w:l:g:", o, NULL)) != -1) {
+        if (c == 'w') workers = atoi(optarg);
+        else if (c == 'l') local = atoi(optarg);
+        else if (c == 'g' && ddp_spec_parse_bytes(optarg, &gpu) == 0 && gpu > 0) continue;
+        else return CTL_USAGE;
+    }
+    if (optind != argc - 1) {
+        fprintf(stderr, "ddpctl: plan needs exactly one spec file\n");
+        return CTL_USAGE;
+    }
+    const char *path = argv[optind];
+    ddp_spec_t spec;
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
+    char msg[1024];
+    int rc = ddp_spec_load(&spec, path, &ei);
+    if (rc == 0) rc = ddp_spec_resolve_model(&spec, &ei); /* model.init_from's config.json */
+    if (rc) {
+        fprintf(stderr, "ddpctl: %s\n", ei.msg[0] ? ddp_spec_errstr(&ei, path, msg, sizeof msg)
+                                                  : ddp_strerror(rc));
+        return CTL_USAGE;
+    }
+    if (workers < 1) workers = spec.workers;
+    if (local < 1 || local > workers) local = workers;
+    ddp_mem_budget_t b;
+    if (ddp_mem_budget_plan(&spec, workers, local, gpu > 0, gpu, 0, &b)) {
+        fprintf(stderr, "ddpctl: %s: no model to plan for\n", path);
+        return CTL_USAGE;
+    }
+    char text[2048], advice[1024];
+    printf("%s\n", ddp_mem_budget_format(&b, text, sizeof text));
+    if (ddp_mem_budget_fits(&b, &spec, advice, sizeof advice)) return CTL_OK;
+    printf("does not fit: %s\n", advice);
+    return CTL_JOB_FAILED;
+}

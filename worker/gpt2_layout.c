@@ -1,0 +1,138 @@
+/* GPT-2's layouts: the parameter arena's tensors in order, and how the activation arena is
+ * carved into named tensors; both sizes without allocating.
+ *
+ * Kept apart from gpt2.c (which runs the model) so that the memory budget (memory_budget.c),
+ * which ddpctl links without the kernels' ops, counts exactly what the model allocates.
+ * Invariants: the parameter layout is written down once (layout_tensors); every activation
+ * tensor starts 64 bytes after a 64-byte-aligned base; per-layer tensors hold
+ * n_layer slices, or one under DDP_RECOMPUTE_BLOCK (backward recomputes a block's forward into
+ * that one slice), except res3, the blocks' outputs, which recomputation starts from.
+ */
+#include "worker/gpt2.h"
+
+#include <stdio.h>
+
+/* Calls add(ctx, name, ndim, d0, d1, decay) for every tensor in arena order. The one place the
+ * layout is defined. */
+typedef void (*tensor_fn)(void *ctx, const char *name, int ndim, int d0, int d1, int decay);
+
+static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
+{
+    int C = cfg->n_embd;
+    char n[DDP_GPT2_NAME_MAX];
+    add(ctx, "wte.weight", 2, cfg->vocab_size, C, 1);
+    add(ctx, "ln_f.weight", 1, C, 0, 0);
+    add(ctx, "ln_f.bias", 1, C, 0, 0);
+    for (int l = cfg->n_layer - 1; l >= 0; l--) {
+#define T_(suffix, ndim, d0, d1)                                                             \
+    snprintf(n, sizeof n, "h.%d." suffix, l);                                                \
+    add(ctx, n, ndim, d0, d1, ndim == 2)
+        T_("mlp.c_proj.weight", 2, 4 * C, C);
+        T_("mlp.c_proj.bias", 1, C, 0);
+        T_("mlp.c_fc.weight", 2, C, 4 * C);
+        T_("mlp.c_fc.bias", 1, 4 * C, 0);
+        T_("ln_2.weight", 1, C, 0);
+        T_("ln_2.bias", 1, C, 0);
+        T_("attn.c_proj.weight", 2, C, C);
+        T_("attn.c_proj.bias", 1, C, 0);
+        T_("attn.c_attn.weight", 2, C, 3 * C);
+        T_("attn.c_attn.bias", 1, 3 * C, 0);
+        T_("ln_1.weight", 1, C, 0);
+        T_("ln_1.bias", 1, C, 0);
+#undef T_
+    }
+    add(ctx, "wpe.weight", 2, cfg->block_size, C, 1);
+}
+
+typedef struct {
+    ddp_param_desc_t *out; /* NULL: count only */
+    int n;
+    size_t offset;
+} layout_ctx_t;
+
+static void add_tensor(void *vctx, const char *name, int ndim, int d0, int d1, int decay)
+{
+    layout_ctx_t *c = vctx;
+    size_t numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    if (c->out) {
+        ddp_param_desc_t *p = &c->out[c->n];
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->ndim = ndim;
+        p->shape[0] = d0;
+        p->shape[1] = ndim == 2 ? d1 : 0;
+        p->offset = c->offset;
+        p->numel = numel;
+        p->decay = decay;
+    }
+    c->n++;
+    c->offset += numel;
+}
+
+
+
+int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params)
+{
+    layout_ctx_t c = {.out = out};
+    layout_tensors(cfg, add_tensor, &c);
+    *n_params = c.offset;
+    return c.n;
+}
+
+size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg)
+{
+    size_t n;
+    ddp__gpt2_layout(cfg, NULL, &n);
+    return n;
+}
+
+size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base)
+{
+    size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
+    size_t BT = (size_t)a->B * a->T, att = (size_t)a->B * NH * a->T * a->T;
+    size_t LS = a->recompute == DDP_RECOMPUTE_BLOCK ? 1 : L; /* slices of a per-layer tensor */
+    size_t off = 0;
+#define CARVE(field, n)                                                                      \
+    do {                                                                                     \
+        a->field = base ? base + off : NULL;                                                 \
+        off += ((n) + 15) & ~(size_t)15; /* 64-byte aligned tensors */                       \
+    } while (0)
+    CARVE(encoded, BT * C);
+    CARVE(ln1, LS * BT * C);
+    CARVE(ln1_mean, LS * BT);
+    CARVE(ln1_rstd, LS * BT);
+    CARVE(qkv, LS * BT * 3 * C);
+    CARVE(atty, LS * BT * C);
+    CARVE(att, LS * att);
+    CARVE(res2, LS * BT * C);
+    CARVE(ln2, LS * BT * C);
+    CARVE(ln2_mean, LS * BT);
+    CARVE(ln2_rstd, LS * BT);
+    CARVE(fch, LS * BT * 4 * C);
+    CARVE(fch_gelu, LS * BT * 4 * C);
+    CARVE(res3, L * BT * C);
+    CARVE(lnf, BT * C);
+    CARVE(lnf_mean, BT);
+    CARVE(lnf_rstd, BT);
+    CARVE(logits, BT * V);
+    CARVE(losses, BT);
+    CARVE(dres, BT * C);
+    CARVE(dc, BT * C);
+    CARVE(dc2, BT * C);
+    CARVE(dqkv, BT * 3 * C);
+    CARVE(datt, att);
+    CARVE(dfc, BT * 4 * C);
+    CARVE(dfc2, BT * 4 * C);
+    /* int32 token buffers share the float arena (same size, 4 bytes) */
+    a->inputs = base ? (int32_t *)(base + off) : NULL;
+    off += (BT + 15) & ~(size_t)15;
+    a->targets = base ? (int32_t *)(base + off) : NULL;
+    off += (BT + 15) & ~(size_t)15;
+#undef CARVE
+    return off;
+}
+
+size_t ddp_gpt2_acts_floats(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute)
+{
+    ddp_gpt2_acts_t a = {.B = B, .T = T, .recompute = recompute};
+    return ddp__gpt2_carve_acts(&a, cfg, NULL);
+}

@@ -1,0 +1,65 @@
+/* The trainer's side of the memory budget (memory_budget.h): each rank plans its memory before
+ * it allocates the model, prints the plan, and refuses a job that cannot fit before step 1;
+ * at the end it prints the peak it reached, beside the plan's total.
+ */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "common/log.h"
+#include "worker/memory_budget.h"
+#include "worker/train.h"
+
+/* Device memory of this rank's GPU, asked of the CUDA runtime the kernel module loaded
+ * (cudaMemGetInfo through the module's handle, so nothing here links CUDA); 0 when unknown. */
+static int64_t gpu_bytes(const ddp_trainer_t *t)
+{
+    if (!t->k.module) return 0;
+    typedef int (*meminfo_fn)(size_t *free_b, size_t *total_b);
+    meminfo_fn fn = (meminfo_fn)dlsym(t->k.module, "cudaMemGetInfo");
+    size_t free_b = 0, total_b = 0;
+    if (!fn || fn(&free_b, &total_b) != 0) return 0;
+    return (int64_t)total_b;
+}
+
+/* Ranks on this host, from the launcher (the same variables default_threads reads). */
+static int local_ranks(int world)
+{
+    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
+    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    int n = local ? atoi(local) : 1;
+    return n >= 1 && n <= world ? n : 1;
+}
+
+int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_mem_budget_t b;
+    int world = t->opts.world, on_gpu = t->k.module != NULL;
+    /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
+    int64_t extra = t->opts.dump_weights && t->opts.rank == 0
+                        ? (int64_t)ddp_gpt2_count_params(&t->spec.model) * 4
+                        : 0;
+    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(world), on_gpu, gpu_bytes(t), extra,
+                            &b))
+        return 0; /* nothing to plan without a model (init_from resolves it first) */
+    t->mem_budget = b.total;
+    char text[2048], advice[1024];
+    if (!t->opts.quiet || b.total > b.limit) {
+        ddp_mem_budget_format(&b, text, sizeof text);
+        for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"))
+            DDP_INFO("%s", line);
+    }
+    if (ddp_mem_budget_fits(&b, &t->spec, advice, sizeof advice)) return 0;
+    return ddp_errinfo_set(ei, DDP_ESPEC, "memory budget: %s", advice);
+}
+
+void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) != 0 || t->opts.quiet) return;
+    char peak[32], plan[32];
+    DDP_INFO("peak RSS %s (ru_maxrss %ld KiB); the memory budget said %s (%lld KiB)",
+             ddp_mem_fmt((int64_t)ru.ru_maxrss * 1024, peak, sizeof peak), ru.ru_maxrss,
+             ddp_mem_fmt(t->mem_budget, plan, sizeof plan), (long long)(t->mem_budget / 1024));
+}
