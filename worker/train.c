@@ -822,13 +822,15 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
                      t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
     }
     if (t->metrics && t->step > t->logged_step) {
+        char norm[32] = "null"; /* a skipped step's norm is not finite: not a JSON number */
+        if (isfinite(t->last_norm)) snprintf(norm, sizeof norm, "%.6g", t->last_norm);
         fprintf(t->metrics,
-                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%s,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
                 "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
                 "\"world\":%d,\"generation\":%llu,\"straggler\":%d,\"loss_scale\":%g,"
                 "\"wall_ms\":%.1f}\n",
-                t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
+                t->step, s->steps, loss, lr, norm, tps, ms, t->compute_ms, c->comm_ms,
                 c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
                 (unsigned long long)t->gen.gen, t->stragglers.named, t->lscale.scale,
                 (double)(ddp_now_ns() - t->run_t0) / 1e6);
