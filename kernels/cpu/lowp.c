@@ -5,9 +5,16 @@
  * Why emulation and no native bf16 kernel (measured on the 2-vCPU AMD EPYC (Zen 3, AVX2, no
  * AVX-512) this was written on; ../shared/research/cpu-gemm.md has a Zen 5 with AVX512_BF16):
  * oneDNN 2.6 (Debian's libdnnl) refuses a bf16 matmul on an AVX2-only CPU (dnnl_unimplemented),
- * and its fp32 matmul (gemm:jit) was no faster than OpenBLAS's sgemm on GPT-2 124M's shapes
- * (tests/bench/gemm_shapes.c), so the CPU backend keeps OpenBLAS for every precision and
- * reports bf16 as not native (train.precision "auto" then picks fp32 on the CPU).
+ * and its fp32 matmul (gemm:jit) was no faster than ddpd's OpenBLAS tiles on GPT-2 124M's
+ * shapes: one step's products (forward + backward, 12 layers + LM head), 2 threads, 3 rounds
+ * alternating the libraries on a machine at load 7-10: CPU time 2.57 s (ddpd, OpenBLAS's
+ * autodetected Zen kernels) vs 2.66 s (oneDNN) vs 2.48 s (OPENBLAS_CORETYPE=Haswell), medians,
+ * +-6% between rounds; wall time too noisy there to rank them (ddpd/oneDNN 0.80-1.02 per
+ * round). tests/bench/gemm_shapes.c measures it. So the CPU backend keeps OpenBLAS for every
+ * precision and reports bf16 as not native (train.precision "auto" then picks fp32 on the CPU).
+ * On this CPU OpenBLAS picks its real kernels without OPENBLAS_CORETYPE. A CPU with AVX512_BF16
+ * or AMX would want oneDNN's bf16 brgemm (../shared/research/cpu-gemm.md: ~2x its fp32): not
+ * built, since no such CPU was at hand to test it.
  *
  * Rounded weights are cached: one copy per weight pointer, filled on first use after
  * set_precision and reused by every product until the next set_precision (the trainer calls it

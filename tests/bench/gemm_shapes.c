@@ -10,7 +10,9 @@
  *           reports "unimplemented" on an AVX2-only CPU)
  * One library per process (two thread pools in one process fight over the cores); run the modes
  * alternately several times on a shared machine. Prints one line per shape (median of `reps`
- * GFLOP/s) and the step's total. Not part of pass/fail; needs libdnnl-dev (not a ddpd
+ * GFLOP/s) and the step's total, in wall time and in process CPU time (on a loaded machine the
+ * CPU time is the steadier measure of work; run oneDNN with OMP_WAIT_POLICY=passive so that
+ * its idle threads do not spin into it). Not part of pass/fail; needs libdnnl-dev (not a ddpd
  * dependency) for the oneDNN modes.
  *
  *   cc -O2 -I. tests/bench/gemm_shapes.c BUILD/kernels/libddp_kernels.a \
@@ -27,6 +29,13 @@
 #include "kernels/kernels.h"
 
 enum { N = 256, C = 768, L = 12, V = 50257 };
+
+static double cpu_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
 
 static double now_s(void)
 {
@@ -127,7 +136,7 @@ int main(int argc, char **argv)
         dnnl_engine_create(&eng, dnnl_cpu, 0);
         dnnl_stream_create(&stream, eng, dnnl_stream_default_flags);
     }
-    double step_s = 0, step_flop = 0;
+    double step_s = 0, step_flop = 0, step_cpu = 0;
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
         const shape_t *sh = &SHAPES[s];
         int K = sh->K, OC = sh->OC;
@@ -152,7 +161,7 @@ int main(int argc, char **argv)
                 return 0;
             }
         }
-        double t[64];
+        double t[64], c0 = cpu_s();
         for (int r = 0; r < reps; r++) {
             double t0 = now_s();
             if (ddpd) {
@@ -166,16 +175,18 @@ int main(int argc, char **argv)
             }
             t[r] = now_s() - t0;
         }
+        double cpu = (cpu_s() - c0) / reps;
         qsort(t, (size_t)reps, sizeof *t, cmp);
         double flop = 3 * 2.0 * N * K * OC;
         printf("%-6s %-9s %4dx%4dx%5d  fwd+bwd %7.2f ms  %6.1f GFLOP/s\n", mode, sh->name, N, K,
                OC, t[reps / 2] * 1e3, flop / t[reps / 2] / 1e9);
         step_s += t[reps / 2] * sh->per_step;
+        step_cpu += cpu * sh->per_step;
         step_flop += flop * sh->per_step;
         free(inp), free(w), free(dout), free(out), free(dinp), free(dw);
     }
-    printf("%-6s one step's matmuls: %.0f ms, %.1f GFLOP/s (threads %d)\n", mode, step_s * 1e3,
-           step_flop / step_s / 1e9, threads);
+    printf("%-6s one step's matmuls: %.0f ms, %.1f GFLOP/s (threads %d); CPU time %.0f ms\n",
+           mode, step_s * 1e3, step_flop / step_s / 1e9, threads, step_cpu * 1e3);
     if (ddpd) ddp_kernels_close(&k);
     return 0;
 }
