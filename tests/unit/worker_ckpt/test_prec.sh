@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mixed precision in real ddp-worker processes (TAP): train.precision's choice is printed, bf16
-# and fp16 runs differ from fp32 and track it; fp16's loss scaler: an overflow injected on one
+# and fp16 runs differ from fp32 and their 200-step loss curves track it; fp16's loss scaler: an overflow injected on one
 # of 2 ranks skips the step on every rank (bitwise the 1-rank run with the overflow on its
 # only rank) and halves the scale; the scale grows after the interval; a resumed run keeps the
 # scale and its clean-step count (bitwise the straight run).
@@ -42,7 +42,7 @@ ddp: {max_workers: 2}
 YAML
 W() { "$worker" job.yaml "$@"; }
 L() { DDP_WORKER=$worker "$launch" "$@"; }
-echo "1..10"
+echo "1..11"
 
 W --set train.precision=\"auto\" --dump-weights auto.st >auto.log 2>&1
 W --set train.precision=\"fp32\" --dump-weights fp32.st >fp32.log 2>&1
@@ -51,14 +51,27 @@ check "auto: the choice and its reason are printed (fp32 on the CPU backend)" \
 check "auto on the CPU is fp32, bitwise" "$compare" auto.st fp32.st
 W --set train.precision=\"bf16\" --dump-weights bf16.st >bf16.log 2>&1
 W --set train.precision=\"fp16\" --dump-weights fp16.st >fp16.log 2>&1
-# the last step's loss of a log
-last_loss() { sed -n 's/.*step \+12\/12 | loss \([0-9.]*\) .*/\1/p' "$1"; }
-export -f last_loss
-check "bf16 and fp16 runs round (not bitwise fp32); their last loss is within 1% of fp32's" \
-    bash -c "! '$compare' bf16.st fp32.st && ! '$compare' fp16.st fp32.st &&
-             python3 -c \"import sys; a, b, c = map(float, sys.argv[1:]);
-assert abs(b - a) < 0.01 * a and abs(c - a) < 0.01 * a, (a, b, c)\" \
-             \$(last_loss fp32.log) \$(last_loss bf16.log) \$(last_loss fp16.log)"
+# 200-step loss curves: bf16 and fp16 track fp32 (means over windows of 20 steps within 5%;
+# the trajectories drift apart and back, bf16 by up to 2.9% here), and the loss falls
+long=(--set train.steps=200 --set train.lr=3e-3 --quiet)
+for p in fp32 bf16 fp16; do W "${long[@]}" --set train.precision=\"$p\" --run-dir "c$p" >"c$p.log" 2>&1; done
+check "200 steps: bf16 and fp16 loss curves track fp32's within 5% (windows of 20 steps)" \
+    python3 - <<'PY'
+import json
+def curve(d):
+    rows = [json.loads(l) for l in open(f"c{d}/metrics.jsonl")]
+    ls = [r["loss"] for r in rows if "step_ms" in r]
+    return [sum(ls[i:i + 20]) / 20 for i in range(0, 200, 20)]
+ref = curve("fp32")
+assert len(ref) == 10 and ref[-1] < 0.6 * ref[0], ref
+for p in ("bf16", "fp16"):
+    c = curve(p)
+    worst = max(abs(a - b) / b for a, b in zip(c, ref))
+    print(p, "worst window", round(worst, 5))
+    assert worst < 0.05, (p, c, ref)
+PY
+check "bf16 and fp16 runs round: not bitwise the fp32 run" \
+    bash -c "! '$compare' bf16.st fp32.st && ! '$compare' fp16.st fp32.st"
 check "fp16: the step line shows the loss scale" grep -qE "step +1/12 .*\| scale 65536" fp16.log
 
 # an overflow on rank 1 only, at step 5: both ranks skip it
