@@ -31,6 +31,14 @@ typedef struct ddp_kctx ddp_kctx_t; /* a backend's context: device, streams, han
 /* Elements per CRC32C of the adamw op's optional checksums. */
 #define DDP_ADAMW_CRC_CHUNK ((size_t)32768)
 
+/* The input precision of matrix products (ddp_kernels_ops_t.set_precision). The values are
+ * proto/spec.h's ddp_precision_t's. */
+typedef enum {
+    DDP_KPREC_FP32 = 0, /* fp32 inputs */
+    DDP_KPREC_BF16 = 1, /* inputs rounded to bf16, fp32 accumulation and output */
+    DDP_KPREC_FP16 = 2, /* inputs rounded to fp16 (|x| >= 65520 becomes Inf), fp32 accumulation */
+} ddp_kprec_t;
+
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
     DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
@@ -78,6 +86,20 @@ typedef struct ddp_kernels_ops {
     void (*layernorm_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
                           const float *dout, const float *inp, const float *weight,
                           const float *mean, const float *rstd, int N, int C);
+
+    /* Mixed precision (autocast's rules): from this call on, matmul_fwd and matmul_bwd round
+     * their matrix inputs (inp, weight, dout) to `prec` and accumulate in fp32; bias, dbias and
+     * every other op stay fp32 (LayerNorm, softmax, GELU, the loss, AdamW on fp32 weights). A
+     * backend may keep a converted copy of each weight it has multiplied by: the copy is dropped
+     * by the next set_precision call, so the caller calls it again after every write to the
+     * weights (the optimizer step, a load) -- one conversion per weight per step, not per
+     * product. Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results
+     * are bitwise those of a context that never had it called. */
+    void (*set_precision)(ddp_kctx_t *, ddp_kprec_t prec);
+    /* 1 when this backend multiplies `prec` in hardware, faster than fp32 (bf16 on a GPU's
+     * tensor cores), else 0 (a backend that emulates it by rounding: correct, not faster).
+     * Writes a one-line reason (static string) to *why. For train.precision "auto". */
+    int (*prec_native)(ddp_kctx_t *, ddp_kprec_t prec, const char **why);
 
     /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL). */
     void (*matmul_fwd)(ddp_kctx_t *, float *out, const float *inp, const float *weight,

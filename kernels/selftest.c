@@ -33,6 +33,8 @@
     X(LAYERNORM_BWD, "layernorm_bwd")                                                        \
     X(MATMUL_FWD, "matmul_fwd")                                                              \
     X(MATMUL_BWD, "matmul_bwd")                                                              \
+    X(MATMUL_BF16, "matmul_bf16")                                                            \
+    X(MATMUL_FP16, "matmul_fp16")                                                            \
     X(ATTENTION_FWD, "attention_fwd")                                                        \
     X(ATTENTION_BWD, "attention_bwd")                                                        \
     X(GELU_FWD, "gelu_fwd")                                                                  \
@@ -363,16 +365,22 @@ out:
 }
 
 /* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), and its input
- * gradient (dinp) is what backward carries into the final LayerNorm, so it is checked too. */
-static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
+ * gradient (dinp) is what backward carries into the final LayerNorm, so it is checked too.
+ * prec bf16/fp16: both sides round the inputs alike (the CPU emulates), so the products are the
+ * same exact values and only the fp32 summation order differs: the fp32 tolerances hold. */
+static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias,
+                        ddp_kprec_t prec)
 {
     int N = sh->B * sh->T, C = sh->C, OC = layout == DDP_W_OUT_IN ? sh->V : sh->OC;
     result_t *rf = &s->res[OP_MATMUL_FWD], *rb = &s->res[OP_MATMUL_BWD];
+    if (prec != DDP_KPREC_FP32)
+        rf = rb = &s->res[prec == DDP_KPREC_BF16 ? OP_MATMUL_BF16 : OP_MATMUL_FP16];
     pt_t inp = pt_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
     pt_t bias = pt_rand(s, OC, -1, 1), out = pt_zero(s, (size_t)N * OC);
     pt_t dout = pt_rand(s, (size_t)N * OC, -1, 1), dinp = pt_rand(s, (size_t)N * C, -1, 1);
     pt_t dw = pt_rand(s, (size_t)C * OC, -1, 1), db = pt_rand(s, OC, -1, 1);
     if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, set_precision, prec);
     BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC,
                layout);
     if (sync_both(s, rf)) check(s, rf, out, 1e-5, "out");
@@ -384,6 +392,7 @@ static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int wi
         check(s, rb, dw, 1e-5, "dweight");
         if (with_bias) check(s, rb, db, 1e-5, "dbias");
     }
+    BOTH DDP_K(KS, set_precision, DDP_KPREC_FP32);
 out:
     end_case(s);
 }
@@ -544,8 +553,12 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
         case_encoder(s, sh, 0);
         case_encoder(s, sh, 1);
         case_layernorm(s, sh);
-        case_matmul(s, sh, DDP_W_IN_OUT, 1);
-        case_matmul(s, sh, DDP_W_OUT_IN, 0);
+        case_matmul(s, sh, DDP_W_IN_OUT, 1, DDP_KPREC_FP32);
+        case_matmul(s, sh, DDP_W_OUT_IN, 0, DDP_KPREC_FP32);
+        for (int p = DDP_KPREC_BF16; p <= DDP_KPREC_FP16; p++) {
+            case_matmul(s, sh, DDP_W_IN_OUT, 1, (ddp_kprec_t)p);
+            case_matmul(s, sh, DDP_W_OUT_IN, 0, (ddp_kprec_t)p);
+        }
         case_attention(s, sh);
         for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
     }

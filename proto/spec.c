@@ -86,7 +86,8 @@ void ddp_spec_defaults(ddp_spec_t *s)
     s->beta2 = 0.95;
     s->eps = 1e-8;
     s->clip = 1.0;
-    s->precision = DDP_PREC_BF16;
+    s->precision = DDP_PREC_AUTO;
+    s->loss_scale_interval = 2000;
     s->seed = 1337;
     s->threads = 0;
     s->val_every = 100;
@@ -146,7 +147,8 @@ typedef struct field {
 #define F_CHOICE(p, m, ch) {p, FT_CHOICE, M(m), 0, 0, false, false, ch}
 
 static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
-static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", NULL};
+/* in ddp_precision_t's order */
+static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", "auto", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
 static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const RECOMPUTES[] = {"none", "block", NULL};
@@ -180,6 +182,7 @@ static const field_t FIELDS[] = {
     F_NUM("train.eps", eps, 0, 1, true, false),
     F_NUM("train.clip", clip, 0, NO_MAX, false, false),
     F_ENUM("train.precision", precision, PRECISIONS),
+    F_INT("train.loss_scale_interval", loss_scale_interval, 1, NO_MAX),
     {"train.seed", FT_SEED, M(seed), 0, 0, false, false, NULL},
     F_INT("train.threads", threads, 0, 4096),
     F_INT("train.val_every", val_every, 0, NO_MAX),

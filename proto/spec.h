@@ -48,7 +48,11 @@
  *   train.betas                [f, f]    [0.9, 0.95]    AdamW betas (or beta1 / beta2), in [0, 1)
  *   train.eps                  float     1e-8           AdamW epsilon, in (0, 1]
  *   train.clip                 float     1.0            global grad-norm clip; 0 = off
- *   train.precision            enum      bf16           fp32 | bf16 | fp16 (CPU always runs fp32)
+ *   train.precision            enum      auto           auto | fp32 | bf16 | fp16: matmul inputs;
+ *                                                       auto = bf16 where the backend multiplies
+ *                                                       it natively (GPU), else fp32
+ *   train.loss_scale_interval  int       2000           fp16: clean steps before the loss
+ *                                                       scale doubles
  *   train.seed                 int       1337           seed of init, data order and sampling
  *   train.threads              int       0              compute threads per rank; 0 = cores/ranks
  *   train.val_every            int       100            steps between validations; 0 = never
@@ -102,7 +106,13 @@ typedef struct ddp_model_cfg {
 } ddp_model_cfg_t;
 
 typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
-typedef enum { DDP_PREC_FP32 = 0, DDP_PREC_BF16 = 1, DDP_PREC_FP16 = 2 } ddp_precision_t;
+/* The values are kernels/kernels.h's ddp_kprec_t's; AUTO is resolved by the worker. */
+typedef enum {
+    DDP_PREC_FP32 = 0,
+    DDP_PREC_BF16 = 1,
+    DDP_PREC_FP16 = 2,
+    DDP_PREC_AUTO = 3,
+} ddp_precision_t;
 /* What backward recomputes instead of keeping: nothing, or each block's forward (only the
  * blocks' inputs are kept). */
 typedef enum { DDP_RECOMPUTE_NONE = 0, DDP_RECOMPUTE_BLOCK = 1 } ddp_recompute_t;
@@ -130,7 +140,8 @@ typedef struct ddp_spec {
     long warmup;              /* linear warmup steps */
     ddp_schedule_t schedule;
     double weight_decay, beta1, beta2, eps, clip; /* clip 0 = off */
-    ddp_precision_t precision;                   /* fp32 on CPU whatever is asked */
+    ddp_precision_t precision;                   /* matmul inputs; AUTO until the worker picks */
+    long loss_scale_interval;                    /* fp16: clean steps before the scale doubles */
     uint64_t seed;
     int threads;       /* compute threads per rank; 0 = cores / local ranks */
     long val_every;    /* 0 = never */

@@ -146,7 +146,7 @@ static char *trainer_json(const ddp_trainer_t *t)
     long G = global_sequences(t);
     json_t *o = json_pack(
         "{s:s, s:I, s:I, s:{s:I, s:f, s:f, s:I, s:I, s:s}, s:{s:I}, s:[s,s,s,s], "
-        "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:f, s:o*}",
+        "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:I, s:f, s:o*}",
         "format", "ddpd-trainer-1", "step", (json_int_t)t->step, "tokens",
         (json_int_t)t->tokens, "schedule", "step", (json_int_t)t->step, "lr_at_step",
         ddp_lr_at(&t->spec, t->step), "lr_last", ddp_lr_at(&t->spec, t->step ? t->step - 1 : 0),
@@ -155,7 +155,8 @@ static char *trainer_json(const ddp_trainer_t *t)
         (json_int_t)t->opt.t, "rng", rng[0], rng[1], rng[2], rng[3], "data", "cursor",
         (json_int_t)((int64_t)t->step * G), "global_batch_sequences", (json_int_t)G, "seed",
         (json_int_t)t->spec.seed, "world_size", t->opts.world, "accum", t->accum,
-        "global_batch_tokens", (json_int_t)G * t->spec.seq_len, "loss_scale", 1.0, "last_loss",
+        "global_batch_tokens", (json_int_t)G * t->spec.seq_len, "loss_scale",
+        (double)t->lscale.scale, "loss_scale_clean", (json_int_t)t->lscale.clean, "last_loss",
         (double)t->last_loss, "spec", spec);
     if (!o) return NULL;
     char *text = json_dumps(o, JSON_INDENT(2));
@@ -316,6 +317,11 @@ static int restore_trainer(ddp_trainer_t *t, const char *text, ddp_errinfo_t *ei
     t->step = (long)get_int(o, "step", 0);
     t->tokens = (uint64_t)get_int(o, "tokens", 0);
     t->opt.t = (long)get_int(adamw, "t", 0);
+    if (t->lscale.enabled) { /* fp16: the scale goes on; a checkpoint of another precision has 1 */
+        double sc = json_number_value(json_object_get(o, "loss_scale"));
+        if (isfinite(sc) && sc > 0 && sc != 1.0) t->lscale.scale = (float)sc;
+        t->lscale.clean = (long)get_int(o, "loss_scale_clean", 0);
+    }
     json_t *data = json_object_get(o, "data");
     long G = global_sequences(t);
     json_int_t saved_G = get_int(data, "global_batch_sequences", G);

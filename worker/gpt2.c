@@ -64,6 +64,7 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     DDP_CHECK(validate_cfg(cfg, B, T));
     m->cfg = *cfg;
     m->k = k;
+    m->loss_scale = 1.0f;
     int rc = 0;
     m->n_tensors = ddp__gpt2_layout(cfg, NULL, &m->n_params);
     m->params = ddp_calloc((size_t)m->n_tensors, sizeof *m->params);
@@ -269,7 +270,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     DDP_CHECK(k->ops->memset0(k->ctx, m->g, m->n_params * sizeof(float)));
     /* d(mean loss)/dlogits, written over the logits */
     DDP_K(k, xent_fwd_bwd, a->losses, a->logits, a->logits, a->targets, (int)BT, V,
-          1.0f / (float)BT);
+          m->loss_scale / (float)BT);
     DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
     DDP_K(k, matmul_bwd, a->dc, gv->wte, NULL, a->logits, a->lnf, m->wv.wte, (int)BT, C, V,
           DDP_W_OUT_IN);

@@ -96,6 +96,7 @@ typedef struct ddp_gpt2 {
     int borrowed_w, borrowed_g; /* w / g were the caller's (init's arguments) */
     ddp_gpt2_views_t wv, gv;  /* views into w and g */
     ddp_gpt2_acts_t acts;
+    float loss_scale; /* backward's gradient is of loss_scale x mean loss (fp16); init: 1 */
 } ddp_gpt2_t;
 
 /* Called by backward each time a prefix of the gradient arena is final: floats
@@ -149,7 +150,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
                      float *loss);
 
 /* Backward of the last forward (which must have had targets): zeroes the gradient arena, then
- * writes d(mean loss)/dw into it, except the token embedding's share of wte, calling
+ * writes d(loss_scale x mean loss)/dw into it, except the token embedding's share of wte, calling
  * ready(arg, done) as each prefix of the arena becomes final (ready may be NULL). The
  * embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
  * ddp_gpt2_embed_backward. Returns 0 or a backend error. */

@@ -154,6 +154,11 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
     b->accum_buf = b->accum > 1 ? b->params : 0;
     b->runtime = on_gpu ? RUNTIME_GPU : RUNTIME_CPU;
     b->extra = extra > 0 ? extra : 0;
+    /* bf16/fp16 (kernels' set_precision): the matrix weights' rounded copies, kept per step:
+     * fp32 copies on the CPU, 16-bit ones on a GPU (auto is bf16 only on a GPU) */
+    int lowp = s->precision == DDP_PREC_BF16 || s->precision == DDP_PREC_FP16 ||
+               (s->precision == DDP_PREC_AUTO && on_gpu);
+    if (lowp) b->extra += on_gpu ? b->params / 2 : b->params;
     /* ckpt_glue.c: a save copies the parameters and both moments to a host snapshot (on the
      * CPU the writer reads the arenas live and copies what it has not read before the update:
      * up to all of it), split over the writer ranks */
@@ -245,11 +250,9 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
         ADD(" train.recompute: block saves %s%s;",
             ddp_mem_fmt(b->acts_none - b->acts_block, x, sizeof x),
             b->max_B_block >= b->B ? " (enough alone)" : "");
-    if (b->on_gpu)
-        ADD(" train.precision: bf16 saves about %s (16-bit activations);",
-            ddp_mem_fmt(b->acts / 2, x, sizeof x));
-    else
-        ADD(" train.precision does not help on the CPU (always fp32);");
+    /* bf16/fp16 round the products' inputs; activations stay fp32 (and the CPU keeps rounded
+     * copies of the weights), so precision is no memory saver here yet */
+    ADD(" train.precision does not lower memory (activations stay fp32);");
     if (b->sharded)
         ADD(" ddp.shard_optimizer is on already;");
     else if (b->world > 1 && !b->on_gpu && s->shard_optimizer)

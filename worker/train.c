@@ -338,6 +338,7 @@ static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t
     DDP_CHECK(ddp_coll_wait(req, 0, ei));
     float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
     for (int i = 0; i < 3; i++) DDP_CHECK(sync_arena(t, source, arenas[i], ei));
+    DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
     t->step = h.step;
     t->opt.t = h.adam_t;
     t->tokens = h.tokens;
@@ -438,6 +439,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
+    ddp_prec_select(&t->k, s->precision, t->opts.rank == 0 && !t->opts.quiet, &t->prec);
+    ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
     DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_trainer_check_memory(t, ei), rc, fail); /* before step 1 */
@@ -633,6 +636,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     size_t bytes = m->n_params * sizeof(float);
     double loss_sum = 0;
     int64_t t0 = ddp_now_ns();
+    m->loss_scale = ddp_lscale_factor(&t->lscale, t->step + 1, t->opts.rank); /* 1 unless fp16 */
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
         int last = micro == t->accum - 1;
@@ -687,6 +691,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
                  t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
 
     float grad_scale = 1.0f / (float)t->n_micro;
+    if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
     const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
     if (nan_step && atol(nan_step) == t->step + 1) {
         float nan = NAN;
@@ -697,6 +702,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     DDP_CHECK(grad_norm(t, grad_scale, &norm, ei));
     double lr = ddp_lr_at(&t->spec, t->step);
     DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
+    /* fp16: a non-finite norm is an overflow (halve the scale); equal on every rank */
+    ddp_lscale_update(&t->lscale, isfinite(norm), t->step + 1, t->opts.rank == 0);
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
         t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
@@ -707,6 +714,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         if (crc) DDP_CHECK(ddp_tckpt_after_update(t, ei));
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
+        DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
     } else {
         /* every rank has the same norm, so every rank skips this update alike */
         DDP_CHECK(skip_nonfinite_step(t, norm, ei));
@@ -796,10 +804,13 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     double tps = tok / (ms / 1000.0);
     double lr = ddp_lr_at(s, t->step - 1);
     t->last_step_ms = ms;
-    char world[48] = "";
+    char world[80] = "";
     if (t->elastic)
         snprintf(world, sizeof world, " | world %d, gen %llu", t->opts.world,
                  (unsigned long long)t->gen.gen);
+    if (t->lscale.enabled) /* fp16 */
+        snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
+                 t->lscale.scale);
     if (t->opts.rank == 0 && !t->opts.quiet &&
         (t->step % s->log_every == 0 || t->step == s->steps)) {
         if (t->comm)
@@ -812,15 +823,17 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
                      t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
     }
     if (t->metrics && t->step > t->logged_step) {
+        char norm[32] = "null"; /* a skipped step's norm is not finite: not a JSON number */
+        if (isfinite(t->last_norm)) snprintf(norm, sizeof norm, "%.6g", t->last_norm);
         fprintf(t->metrics,
-                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%.6g,"
+                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%s,"
                 "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
                 "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
-                "\"world\":%d,\"generation\":%llu,\"straggler\":%d,"
+                "\"world\":%d,\"generation\":%llu,\"straggler\":%d,\"loss_scale\":%g,"
                 "\"wall_ms\":%.1f}\n",
-                t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms, c->comm_ms,
+                t->step, s->steps, loss, lr, norm, tps, ms, t->compute_ms, c->comm_ms,
                 c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
-                (unsigned long long)t->gen.gen, t->stragglers.named,
+                (unsigned long long)t->gen.gen, t->stragglers.named, t->lscale.scale,
                 (double)(ddp_now_ns() - t->run_t0) / 1e6);
         fflush(t->metrics);
         t->logged_step = t->step;

@@ -19,6 +19,7 @@
 #include "proto/spec.h"
 #include "worker/data.h"
 #include "worker/gpt2.h"
+#include "worker/loss_scale.h"
 #include "worker/optim.h"
 #include "worker/reducer.h"
 #include "worker/straggler.h"
@@ -40,6 +41,8 @@ typedef struct ddp_trainer {
     ddp_spec_t spec;
     ddp_train_opts_t opts;
     ddp_kernels_t k;
+    ddp_kprec_t prec;         /* train.precision as resolved on this backend (loss_scale.h) */
+    ddp_lscale_t lscale;      /* fp16's loss scale (saved in checkpoints) */
     int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
     ddp_gpt2_t model;
     ddp_adamw_t opt;

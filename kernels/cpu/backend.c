@@ -50,6 +50,7 @@ static void cpu_close(ddp_kctx_t *ctx)
 {
     if (!ctx) return;
     ddp__pool_free(ctx->pool);
+    ddp__cpu_lowp_free(ctx);
     free(ctx->scratch);
     free(ctx);
 }
@@ -126,6 +127,8 @@ const ddp_kernels_ops_t ddp_kernels_cpu = {
     .encoder_bwd = ddp__cpu_encoder_bwd,
     .layernorm_fwd = ddp__cpu_layernorm_fwd,
     .layernorm_bwd = ddp__cpu_layernorm_bwd,
+    .set_precision = ddp__cpu_set_precision,
+    .prec_native = ddp__cpu_prec_native,
     .matmul_fwd = ddp__cpu_matmul_fwd,
     .matmul_bwd = ddp__cpu_matmul_bwd,
     .attention_fwd = ddp__cpu_attention_fwd,

@@ -46,6 +46,11 @@ struct ddp_kctx {
     int err; /* first error of an op since the last sync (ops return nothing) */
     float *scratch; /* op scratch (matmul's split-K partial sums), grown on demand */
     size_t scratch_bytes;
+    ddp_kprec_t prec;              /* matmul input precision (lowp.c) */
+    float *lowp_in[2];             /* rounded matmul inputs of the current call, grown on demand */
+    size_t lowp_in_n[2];           /* their capacities, in floats */
+    struct ddp__wcopy *wcopies;    /* rounded weights, one per weight pointer (lowp.c) */
+    int n_wcopies, cap_wcopies;
 };
 
 /* A scratch buffer of at least `bytes` owned by ctx (valid until the next call or close), or
@@ -54,6 +59,19 @@ float *ddp__cpu_scratch(ddp_kctx_t *ctx, size_t bytes);
 
 /* Number of tasks of `chunk` elements that cover n. */
 static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chunk - 1) / chunk); }
+
+/* ---- mixed precision (lowp.c) ---- */
+
+/* x[0..n) rounded to ctx->prec into input slot `slot` (0 or 1) of ctx, valid until the next
+ * call with that slot; NULL (ctx->err set) when it cannot be allocated. */
+const float *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
+/* Weight w[0..n) rounded to ctx->prec: a copy kept per pointer until the next set_precision.
+ * NULL (ctx->err set) when it cannot be allocated. */
+const float *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
+/* Frees the rounded copies (close). */
+void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
+void ddp__cpu_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
+int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
 /* ---- ops (one file per family) ---- */
 

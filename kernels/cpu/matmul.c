@@ -16,6 +16,9 @@
  * (a fixed order, so still thread-independent). Used only while the partials fit in
  * MM_KSPLIT_BYTES; otherwise output tiles as above (also when scratch cannot be allocated: the
  * result is then correct but rounded differently, the one case that depends on more than shape).
+ * Mixed precision (ctx->prec bf16/fp16, lowp.c): inp, weight and dout are rounded first and the
+ * same sgemm tiles run on the rounded copies; bias and dbias (from the fp32 dout) stay fp32.
+ * OpenBLAS was kept over oneDNN by measurement (lowp.c says why).
  */
 #include "kernels/cpu/cpu.h"
 
@@ -94,6 +97,7 @@ static void tile_at(const tiling_t *tl, long i, int *r0, int *c0, int *h, int *w
 typedef struct {
     float *out, *dinp, *dweight, *dbias;
     const float *inp, *weight, *bias, *dout;
+    const float *dout32; /* dbias's dout: fp32 even when dout was rounded */
     int N, C, OC;
     ddp_wlayout_t layout;
     tiling_t fwd, di, dw;
@@ -130,6 +134,11 @@ static void fwd_task(void *varg, long task)
 void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
 {
+    if (ctx->prec != DDP_KPREC_FP32) {
+        inp = ddp__cpu_lowp_input(ctx, 0, inp, (size_t)N * C);
+        weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
+        if (!inp || !weight) return;
+    }
     mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
                    .OC = OC, .layout = layout};
     plan(&a.fwd, N, OC);
@@ -207,7 +216,7 @@ static void dbias_task(const mm_args_t *a, long task)
     int w = a->OC - c0 < MM_BIAS_COLS ? a->OC - c0 : MM_BIAS_COLS;
     float acc[MM_BIAS_COLS] = {0};
     for (int n = 0; n < a->N; n++) {
-        const float *restrict d = a->dout + (size_t)n * a->OC + c0;
+        const float *restrict d = a->dout32 + (size_t)n * a->OC + c0;
         for (int j = 0; j < w; j++) acc[j] += d[j];
     }
     for (int j = 0; j < w; j++) a->dbias[c0 + j] += acc[j];
@@ -233,8 +242,16 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
                          const float *dout, const float *inp, const float *weight, int N, int C,
                          int OC, ddp_wlayout_t layout)
 {
+    const float *dout32 = dout;
+    if (ctx->prec != DDP_KPREC_FP32) {
+        dout = ddp__cpu_lowp_input(ctx, 0, dout, (size_t)N * OC);
+        if (dweight) inp = ddp__cpu_lowp_input(ctx, 1, inp, (size_t)N * C);
+        if (dinp) weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
+        if (!dout || !inp || !weight) return;
+    }
     mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
-                   .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout};
+                   .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
+                   .dout32 = dout32};
     plan(&a.di, N, C);
     if (layout == DDP_W_IN_OUT)
         plan(&a.dw, C, OC);

@@ -101,6 +101,7 @@ static void cuda_close(ddp_kctx_t *ctx)
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     if (ctx->blas) cublasDestroy(ctx->blas);
+    ddp__cuda_lowp_free(ctx);
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -278,6 +279,8 @@ static const ddp_kernels_ops_t cuda_ops = {
     .encoder_bwd = ddp__cuda_encoder_bwd,
     .layernorm_fwd = ddp__cuda_layernorm_fwd,
     .layernorm_bwd = ddp__cuda_layernorm_bwd,
+    .set_precision = ddp__cuda_set_precision,
+    .prec_native = ddp__cuda_prec_native,
     .matmul_fwd = ddp__cuda_matmul_fwd,
     .matmul_bwd = ddp__cuda_matmul_bwd,
     .attention_fwd = ddp__cuda_attention_fwd,

@@ -43,6 +43,11 @@ struct ddp_kctx {
     int *flag;    /* device [1]: nonfinite flag */
     void *pinned; /* pinned host [16 bytes]: staging for the nonfinite flag */
     cudaEvent_t order; /* record_event's event: collectives wait for it on their stream */
+    ddp_kprec_t prec;  /* matmul input precision (lowp.cu) */
+    void *lowp_in[2];  /* device: the current product's inputs in bf16/fp16 */
+    size_t lowp_in_n[2];
+    struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies of weights (lowp.cu) */
+    int n_wcopies, cap_wcopies;
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and
@@ -189,6 +194,19 @@ void ddp__cuda_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rs
 void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
                              const float *dout, const float *inp, const float *weight,
                              const float *mean, const float *rstd, int N, int C);
+/* lowp.cu: mixed precision */
+/* The cuBLAS type of ctx->prec's inputs (CUDA_R_16BF or CUDA_R_16F). */
+cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx);
+/* x[0..n) converted to ctx->prec in input slot `slot` (0, 1) of ctx, queued on the stream;
+ * NULL (error recorded) on failure. Valid until the next call with that slot. */
+const void *ddp__cuda_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
+/* Weight w[0..n) converted to ctx->prec, converted once per set_precision and kept per pointer;
+ * NULL (error recorded) on failure. */
+const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
+void ddp__cuda_lowp_free(ddp_kctx_t *ctx);
+void ddp__cuda_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
+int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
+
 /* matmul.cu */
 void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
                           const float *bias, int N, int C, int OC, ddp_wlayout_t layout);

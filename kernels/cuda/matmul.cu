@@ -10,6 +10,9 @@
  * backward  dinp[N,C] += dout @ W^T         (beta = 1)
  *           dweight    += inp^T @ dout in W's layout (beta = 1)
  *           dbias[OC]  += colsum(dout)      deterministic two-stage column sum (kcuda.cuh)
+ * Mixed precision (ctx->prec bf16/fp16, lowp.cu): the same products by cublasGemmEx on the
+ * converted inputs (bf16 or fp16 A and B, fp32 C, CUBLAS_COMPUTE_32F: fp32 accumulation on
+ * tensor cores); bias and dbias stay fp32 (dbias from the fp32 dout).
  * Limits: N, C, OC < 2^31 (cuBLAS ints).
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -21,18 +24,35 @@ static __global__ void bias_add_kernel(float *out, const float *bias, int OC, si
         out[i] += bias[i % (size_t)OC];
 }
 
+/* C = op(A) @ op(B) in cuBLAS's column-major terms, with fp32 or low-precision A and B. */
+static cublasStatus_t gemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, int m,
+                           int n, int k, const void *A, int lda, const void *B, int ldb,
+                           float beta, float *C, int ldc)
+{
+    const float one = 1.0f;
+    if (ctx->prec == DDP_KPREC_FP32)
+        return cublasSgemm(ctx->blas, ta, tb, m, n, k, &one, (const float *)A, lda,
+                           (const float *)B, ldb, &beta, C, ldc);
+    cudaDataType_t t = ddp__cuda_lowp_type(ctx);
+    return cublasGemmEx(ctx->blas, ta, tb, m, n, k, &one, A, t, lda, B, t, ldb, &beta, C,
+                        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
 void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
                           const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
-    const float one = 1.0f, zero = 0.0f;
+    const void *A = weight, *B = inp;
+    if (ctx->prec != DDP_KPREC_FP32) {
+        A = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+        B = ddp__cuda_lowp_input(ctx, 0, inp, (size_t)N * C);
+        if (!A || !B) return;
+    }
     cublasStatus_t s;
     if (layout == DDP_W_IN_OUT)
-        s = cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, &one, weight, OC, inp, C,
-                        &zero, out, OC);
+        s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, A, OC, B, C, 0.0f, out, OC);
     else
-        s = cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, weight, C, inp, C,
-                        &zero, out, OC);
+        s = gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, A, C, B, C, 0.0f, out, OC);
     if (ddp__cublas_check(ctx, s, "matmul_fwd")) return;
     if (bias) {
         size_t total = (size_t)N * OC;
@@ -53,24 +73,26 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *d
                           int OC, ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
-    const float one = 1.0f;
+    const void *W = weight, *D = dout, *X = inp;
+    if (ctx->prec != DDP_KPREC_FP32) {
+        D = ddp__cuda_lowp_input(ctx, 0, dout, (size_t)N * OC);
+        if (dweight) X = ddp__cuda_lowp_input(ctx, 1, inp, (size_t)N * C);
+        if (dinp) W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+        if (!D || !X || !W) return;
+    }
     cublasStatus_t s;
     if (dinp) {
         if (layout == DDP_W_IN_OUT) /* dinp^T[C,N] = W[C,OC] @ dout^T; W's view is [OC,C] */
-            s = cublasSgemm(ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, &one, weight, OC,
-                            dout, OC, &one, dinp, C);
+            s = gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, W, OC, D, OC, 1.0f, dinp, C);
         else /* W[OC,C] is viewed as W^T[C,OC] */
-            s = cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, weight, C,
-                            dout, OC, &one, dinp, C);
+            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, W, C, D, OC, 1.0f, dinp, C);
         if (ddp__cublas_check(ctx, s, "matmul_bwd(dinp)")) return;
     }
     if (dweight) {
         if (layout == DDP_W_IN_OUT) /* dW^T[OC,C] += dout^T @ inp */
-            s = cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, &one, dout, OC, inp,
-                            C, &one, dweight, OC);
+            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, D, OC, X, C, 1.0f, dweight, OC);
         else /* dW^T[C,OC] += inp^T @ dout */
-            s = cublasSgemm(ctx->blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout,
-                            OC, &one, dweight, C);
+            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, X, C, D, OC, 1.0f, dweight, C);
         if (ddp__cublas_check(ctx, s, "matmul_bwd(dweight)")) return;
     }
     if (dbias) {

@@ -41,7 +41,7 @@ struct ddp_kctx {
 
 enum {
     ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, GELU_FWD, GELU_BWD,
-    RESIDUAL, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO
+    RESIDUAL, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
@@ -89,6 +89,7 @@ static void run(void *arg)
     case NONFINITE: CPU.nonfinite(c, p[0], p[1], a->z[0]); break;
     case COPY: memmove(p[0], p[1], a->z[0]); break;
     case ZERO: memset(p[0], 0, a->z[0]); break;
+    case SET_PREC: CPU.set_precision(c, (ddp_kprec_t)i[0]); break;
     }
 }
 
@@ -294,6 +295,24 @@ static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, floa
            F(dout, NC, R), F(inp, NC, R), F(weight, C, R), F(mean, N, R), F(rstd, N, R));
 }
 
+/* Queued like the ops around it, so products already queued keep the precision they had. */
+static void sim_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
+{
+    args_t *a = new_args(ctx, SET_PREC);
+    if (!a) return;
+    a->i[0] = (int)prec;
+    launch(ctx, a, "set_precision", NULL, 0);
+}
+
+/* The simulated GPU computes with the CPU's emulation: nothing is faster in bf16, and "auto"
+ * stays fp32 so that sim results remain bitwise the CPU backend's. */
+static int sim_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
+{
+    *why = prec == DDP_KPREC_FP32 ? "fp32 is native"
+                                  : "the simulated GPU emulates bf16/fp16 with the CPU's ops";
+    return prec == DDP_KPREC_FP32;
+}
+
 static void sim_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
                            const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
 {
@@ -461,6 +480,8 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     .encoder_bwd = sim_encoder_bwd,
     .layernorm_fwd = sim_layernorm_fwd,
     .layernorm_bwd = sim_layernorm_bwd,
+    .set_precision = sim_set_precision,
+    .prec_native = sim_prec_native,
     .matmul_fwd = sim_matmul_fwd,
     .matmul_bwd = sim_matmul_bwd,
     .attention_fwd = sim_attention_fwd,

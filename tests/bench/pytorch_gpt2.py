@@ -9,6 +9,8 @@ prints one JSON line: median step time, tokens/s (global), peak RSS.
     /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --threads 2
   DDP over P local processes (torch.distributed gloo, 1 thread each unless --threads):
     /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --ddp 2
+  PyTorch 2.x (a virtual environment from PyPI), bf16 autocast and torch.compile:
+    /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py --amp bf16 --compile 1 --threads 2
 
 Use Debian's python3-torch (/usr/bin/python3). OMP_WAIT_POLICY=PASSIVE is set before torch is
 imported (on 2 cores PyTorch's OpenMP and OpenBLAS pools otherwise spin against each other), and
@@ -63,6 +65,10 @@ def parse_args():
     ap.add_argument("--foreach", type=int, default=0,
                     help="1: AdamW foreach implementation (no faster here, ~600 MB more RSS on 124M)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--amp", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: torch.autocast(cpu, bfloat16) around forward and loss")
+    ap.add_argument("--compile", type=int, default=0,
+                    help="1: torch.compile the model (PyTorch >= 2; compiled in the warmup)")
     # internal: a DDP rank started by the launcher
     ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--master", default="", help=argparse.SUPPRESS)
@@ -153,6 +159,8 @@ def train(args, rank, world):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(args.foreach))
+    fwd = torch.compile(model) if args.compile else model
+    amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
     V, B, T = cfg[3], args.batch, args.seq
     times, losses = [], []
@@ -160,7 +168,9 @@ def train(args, rank, world):
         tok = torch.randint(0, min(V, 256), (B, T + 1), generator=gen)  # byte-level ids
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(tok[:, :T], tok[:, 1:])
+        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16,
+                            enabled=amp_dtype is not None):
+            loss = fwd(tok[:, :T], tok[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -172,6 +182,7 @@ def train(args, rank, world):
     med = statistics.median(times)
     res = {"impl": "pytorch", "torch": torch.__version__, "model": args.model,
            "params": n_params, "B": B, "T": T, "world": world, "threads": threads,
+           "amp": args.amp, "compile": args.compile,
            "warmup": args.warmup, "steps": args.steps, "median_step_s": round(med, 4),
            "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
            "tokens_per_s": round(world * B * T / med, 1),

@@ -120,7 +120,8 @@ static void test_defaults(void **state)
     assert_true(s.beta2 == 0.95);
     assert_true(s.eps == 1e-8);
     assert_true(s.clip == 1.0);
-    assert_int_equal(s.precision, DDP_PREC_BF16);
+    assert_int_equal(s.precision, DDP_PREC_AUTO);
+    assert_int_equal(s.loss_scale_interval, 2000);
     assert_int_equal(s.seed, 1337);
     assert_int_equal(s.threads, 0);
     assert_int_equal(s.val_every, 100);
@@ -333,7 +334,8 @@ static void test_reject_inline(void **state)
         {D "ddp: {overlap: maybe}", "ddp.overlap", 2, 16, "must be true or false, got maybe"},
         {D "train: {schedule: linear}", "train.schedule", 2, 19,
          "must be one of cosine, constant; got linear"},
-        {D "train: {precision: fp8}", "train.precision", 2, 20, "fp32, bf16, fp16"},
+        {D "train: {precision: fp8}", "train.precision", 2, 20, "fp32, bf16, fp16, auto"},
+        {D "train: {loss_scale_interval: 0}", "train.loss_scale_interval", 2, 30, ">= 1"},
         {D "ddp: {backend: gloo}", "ddp.backend", 2, 16, "auto, ring, nccl, mpi"},
         {D "model: {preset: gpt3}", "model.preset", 2, 17, "gpt2-tiny, gpt2-mini, gpt2-124M"},
         {D "name: [a]", "name", 2, 7, "must be a string"},

@@ -1,7 +1,8 @@
 /* GPT-2 on the CPU backend against the PyTorch reference (tests/fixtures/gpt2_tiny.*):
  * logits and loss of one forward, every parameter's gradient after one backward, and the
- * losses and final weights of 10 AdamW steps with clipping. Also: the layout is in backward
- * completion order and backward's ready prefixes only grow. */
+ * losses and final weights of 10 AdamW steps with clipping; the same 10 steps in bf16 and fp16
+ * (with loss scaling) against PyTorch autocast (tests/fixtures/gpt2_prec.json). Also: the layout
+ * is in backward completion order and backward's ready prefixes only grow. */
 #include <jansson.h>
 #include <math.h>
 #include <setjmp.h>
@@ -15,6 +16,7 @@
 
 #include "common/crc32c.h"
 #include "worker/gpt2.h"
+#include "worker/loss_scale.h"
 #include "worker/optim.h"
 
 typedef struct {
@@ -65,6 +67,9 @@ static double cfg_num(fixture_t *fx, const char *key)
 {
     return json_number_value(json_object_get(json_object_get(fx->meta, "config"), key));
 }
+
+/* The backend's first error since the last sync. */
+static int ddp_kernels_sync_err(fixture_t *fx) { return fx->k.ops->sync(fx->k.ctx); }
 
 /* Loads init.* into the model's parameter arena. */
 static void load_weights(fixture_t *fx, const char *prefix)
@@ -290,6 +295,147 @@ static void test_adamw_steps_match_pytorch(void **state)
     free(tg);
 }
 
+/* The 10 AdamW steps of the fixture in precision `prec` on the CPU (the emulation: inputs of
+ * every matmul rounded, fp32 accumulation), with worker/loss_scale.c's scaler as the trainer
+ * uses it; the loss before each step goes to losses[]. Returns the steps skipped. */
+static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps)
+{
+    ddp_adamw_t opt;
+    ddp_spec_t spec;
+    adamw_setup(fx, &opt, &spec);
+    spec.lr = spec.min_lr = cfg_num(fx, "lr");
+    spec.warmup = 0;
+    spec.schedule = DDP_SCHED_CONSTANT;
+    spec.beta1 = cfg_num(fx, "beta1");
+    spec.beta2 = cfg_num(fx, "beta2");
+    spec.eps = cfg_num(fx, "eps");
+    spec.weight_decay = cfg_num(fx, "weight_decay");
+    spec.clip = cfg_num(fx, "clip");
+    ddp_lscale_t ls;
+    ddp_lscale_init(&ls, prec, 2000);
+    DDP_K(&fx->k, set_precision, prec);
+    size_t n = (size_t)fx->B * fx->T;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    const ddp_arena_part_t whole = {0, fx->m.n_params, 0};
+    size_t nb = (fx->m.n_params + DDP_NORM_BLOCK - 1) / DDP_NORM_BLOCK;
+    float *sums = calloc(nb, sizeof *sums);
+    int skipped = 0;
+    for (int s = 0; s < steps; s++) {
+        batch(fx, s, in, tg);
+        fx->m.loss_scale = ddp_lscale_factor(&ls, s + 1, 0);
+        assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &losses[s]), 0);
+        assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+        ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
+        assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
+        float grad_scale = 1.0f / ls.scale;
+        double norm = ddp_grad_norm(sums, nb, grad_scale);
+        if (ddp_lscale_update(&ls, isfinite(norm), s + 1, 0)) {
+            skipped++;
+            continue;
+        }
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, grad_scale, norm, &whole,
+                                        1, NULL, NULL, NULL),
+                         0);
+        DDP_K(&fx->k, set_precision, prec); /* the weights changed */
+    }
+    assert_int_equal(ddp_kernels_sync_err(fx), 0);
+    DDP_K(&fx->k, set_precision, DDP_KPREC_FP32);
+    fx->m.loss_scale = 1.0f;
+    ddp_adamw_close(&opt, &fx->m);
+    free(sums);
+    free(in);
+    free(tg);
+    return skipped;
+}
+
+/* bf16 and fp16 training against PyTorch autocast: every step's loss within the largest
+ * distance between PyTorch's own autocast run and its fp32 run (bf16: 5.8e-4, fp16: 1.3e-4 with
+ * PyTorch 2.15), and not bitwise the fp32 run (the rounding happened). */
+static void test_mixed_precision_matches_autocast(void **state)
+{
+    fixture_t *fx = *state;
+    const char *root = getenv("DDP_SOURCE_ROOT");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/fixtures/gpt2_prec.json", root ? root : ".");
+    json_error_t err;
+    json_t *ref = json_load_file(path, 0, &err);
+    assert_non_null(ref);
+    json_t *all = json_object_get(ref, "losses");
+    json_t *fp32 = json_object_get(all, "fp32");
+    int steps = (int)json_array_size(fp32);
+    assert_int_equal(steps, cfg_int(fx, "steps"));
+    float ours32[16], ours[16];
+    assert_true(steps <= 16);
+    train_steps(fx, DDP_KPREC_FP32, ours32, steps);
+    const ddp_kprec_t precs[2] = {DDP_KPREC_BF16, DDP_KPREC_FP16};
+    for (int p = 0; p < 2; p++) {
+        const char *name = ddp_prec_name(precs[p]);
+        json_t *amp = json_object_get(all, name);
+        double bound = 0, worst = 0;
+        for (int s = 0; s < steps; s++) {
+            double d = fabs(json_number_value(json_array_get(amp, (size_t)s)) -
+                            json_number_value(json_array_get(fp32, (size_t)s)));
+            bound = d > bound ? d : bound;
+        }
+        assert_int_equal(train_steps(fx, precs[p], ours, steps), 0);
+        int differs = 0;
+        for (int s = 0; s < steps; s++) {
+            double d = fabs(ours[s] - json_number_value(json_array_get(amp, (size_t)s)));
+            worst = d > worst ? d : worst;
+            differs |= ours[s] != ours32[s];
+            if (d > bound)
+                fail_msg("%s step %d: loss %.7f, PyTorch autocast %.7f: |diff| %.2e > %.2e "
+                         "(PyTorch's autocast-vs-fp32 distance)",
+                         name, s, ours[s], json_number_value(json_array_get(amp, (size_t)s)), d,
+                         bound);
+        }
+        fprintf(stderr, "%s: max |ddpd - autocast| %.2e, bound (autocast vs fp32) %.2e\n", name,
+                worst, bound);
+        assert_true(differs);
+    }
+    json_decref(ref);
+}
+
+/* fp16 overflow: an infinite loss gradient skips the update and halves the scale; a run whose
+ * scale doubles after 2 clean steps goes 65536, 131072, ... */
+static void test_loss_scaler(void **state)
+{
+    (void)state;
+    ddp_lscale_t ls;
+    ddp_lscale_init(&ls, DDP_KPREC_BF16, 2);
+    assert_int_equal(ls.enabled, 0);
+    assert_true(ls.scale == 1.0f);
+    assert_int_equal(ddp_lscale_update(&ls, 0, 1, 0), 0); /* bf16: nothing to do */
+    ddp_lscale_init(&ls, DDP_KPREC_FP16, 2);
+    assert_true(ls.scale == 65536.0f);
+    assert_int_equal(ddp_lscale_update(&ls, 1, 1, 0), 0);
+    assert_true(ls.scale == 65536.0f);
+    assert_int_equal(ddp_lscale_update(&ls, 1, 2, 0), 0);
+    assert_true(ls.scale == 131072.0f);
+    assert_int_equal(ddp_lscale_update(&ls, 0, 3, 0), 1); /* overflow: skip, halve */
+    assert_true(ls.scale == 65536.0f);
+    assert_int_equal(ls.clean, 0);
+    assert_int_equal(ddp_lscale_update(&ls, 1, 4, 0), 0);
+    assert_int_equal(ddp_lscale_update(&ls, 0, 5, 0), 1); /* the clean count restarts */
+    assert_int_equal(ddp_lscale_update(&ls, 1, 6, 0), 0);
+    assert_true(ls.scale == 32768.0f);
+    assert_int_equal(ls.overflows, 2);
+}
+
+/* train.precision auto on the CPU backend: fp32, since it only emulates bf16 -- the fallback
+ * for CPUs without bf16 instructions, this machine's path whatever it has. */
+static void test_auto_is_fp32_on_cpu(void **state)
+{
+    fixture_t *fx = *state;
+    ddp_kprec_t p = DDP_KPREC_BF16;
+    assert_int_equal(ddp_prec_select(&fx->k, DDP_PREC_AUTO, 0, &p), 0);
+    assert_int_equal(p, DDP_KPREC_FP32);
+    const char *why = NULL;
+    assert_int_equal(fx->k.ops->prec_native(fx->k.ctx, DDP_KPREC_BF16, &why), 0);
+    assert_non_null(why);
+    assert_int_equal(fx->k.ops->prec_native(fx->k.ctx, DDP_KPREC_FP32, &why), 1);
+}
+
 /* Whether crc[i] is whole and equals the table CRC32C of tensor i's parameters and moments. */
 static int crc_matches(const fixture_t *fx, const ddp_adamw_t *opt, const ddp_adamw_crc_t *crc,
                        int i)
@@ -379,6 +525,9 @@ int main(void)
         cmocka_unit_test(test_backward_matches_pytorch),
         cmocka_unit_test(test_adamw_steps_match_pytorch),
         cmocka_unit_test(test_adamw_crc),
+        cmocka_unit_test(test_mixed_precision_matches_autocast),
+        cmocka_unit_test(test_loss_scaler),
+        cmocka_unit_test(test_auto_is_fp32_on_cpu),
     };
     return cmocka_run_group_tests_name("gpt2", tests, setup, teardown);
 }

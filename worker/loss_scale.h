@@ -1,0 +1,56 @@
+/* Mixed precision in the trainer: choosing train.precision's meaning on this backend, and fp16's
+ * dynamic loss scaling.
+ *
+ * The kernels do the arithmetic (kernels.h set_precision: matmul inputs rounded, fp32
+ * accumulation, fp32 master weights and AdamW); this module decides which precision a run gets
+ * and keeps the loss scale:
+ * - bf16 and fp32 runs have scale 1 and never skip a step for it.
+ * - fp16: the loss gradient is multiplied by the scale (initially 2^16) so that small gradients
+ *   survive fp16's range; the trainer divides it out in the gradient norm's pass and AdamW's
+ *   grad_scale (no extra pass over the gradients). A non-finite gradient norm is an overflow:
+ *   the update is skipped and the scale halves; after `interval` clean steps in a row it doubles.
+ *   The norm is the same on every rank (it comes from the all-reduced gradients, or the
+ *   all-reduced sums when sharded), so every rank skips and rescales alike, and the scale stays
+ *   identical everywhere without a message of its own.
+ * Test hook (read once by ddp_lscale_init): DDP_TEST_OVERFLOW="S:R" makes rank R's loss
+ * gradient infinite at step S (1-based), as an fp16 overflow on one rank would.
+ */
+#ifndef DDP_WORKER_LOSS_SCALE_H
+#define DDP_WORKER_LOSS_SCALE_H
+
+#include "kernels/kernels.h"
+#include "proto/spec.h"
+
+#define DDP_LSCALE_INIT 65536.0f /* 2^16, PyTorch GradScaler's default */
+
+typedef struct ddp_lscale {
+    int enabled;     /* fp16 */
+    float scale;     /* the factor on the loss gradient; 1 when disabled */
+    long clean;      /* clean steps since the last overflow or growth */
+    long interval;   /* clean steps before the scale doubles */
+    long overflows;  /* steps skipped for an overflow */
+    long test_step;  /* DDP_TEST_OVERFLOW: step (1-based) and rank; 0 = none */
+    int test_rank;
+} ddp_lscale_t;
+
+/* Resolves `asked` (AUTO: bf16 where backend k multiplies it natively, else fp32) into *out,
+ * sets it on k (set_precision), and when `log` says so prints the choice and why. Returns 0. */
+int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_t *out);
+
+/* The name of a precision ("fp32", "bf16", "fp16"). */
+const char *ddp_prec_name(ddp_kprec_t prec);
+
+/* Starts the scaler for precision prec (enabled for fp16) with growth after `interval` clean
+ * steps; reads the test hook. */
+void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval);
+
+/* The factor on the loss gradient of step `step` (1-based) on `rank`: the scale, or Inf where
+ * the test hook says so. */
+float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank);
+
+/* After the step's gradient norm: `finite` = whether it is. Returns 1 when the update must be
+ * skipped for an overflow (the scale has halved), else 0 (the scale may have doubled). A
+ * disabled scaler returns 0 and changes nothing. `log` prints what changed. */
+int ddp_lscale_update(ddp_lscale_t *ls, int finite, long step, int log);
+
+#endif
