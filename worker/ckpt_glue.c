@@ -64,18 +64,18 @@ static double ms_since(int64_t t0) { return (double)(ddp_now_ns() - t0) / 1e6; }
 static int copy_d2h(void *dst, const void *src, size_t n, void *ctx)
 {
     ddp_kernels_t *k = ctx;
-    int rc = k->ops->memcpy_d2h(k->ctx, dst, src, n);
-    return rc ? rc : k->ops->sync(k->ctx);
+    int rc = ddp_k_memcpy_d2h(k, dst, src, n);
+    return rc ? rc : ddp_k_sync(k);
 }
 
 static int copy_h2d(void *dst, const void *src, size_t n, void *ctx)
 {
     ddp_kernels_t *k = ctx;
-    int rc = k->ops->memcpy_h2d(k->ctx, dst, src, n);
-    return rc ? rc : k->ops->sync(k->ctx);
+    int rc = ddp_k_memcpy_h2d(k, dst, src, n);
+    return rc ? rc : ddp_k_sync(k);
 }
 
-static int on_cpu(const ddp_trainer_t *t) { return !strcmp(t->k.ops->name, "cpu"); }
+static int on_cpu(const ddp_trainer_t *t) { return ddp_k_host_memory(&t->k); }
 
 /* Tensor lists over the arenas: model[n_tensors] and, when opt has moments, optim[2 n_tensors]
  * ("exp_avg.*" then "exp_avg_sq.*"). *names owns the optimizer names. */

@@ -24,8 +24,8 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t 
     /* verdict[r] = 1 + index of rank r's first differing tensor, 0 when it agrees */
     float *verdict = ddp_calloc((size_t)world, sizeof *verdict);
     int rc = (mine && root && host && verdict) ? 0 : DDP_ENOMEM;
-    if (rc == 0) rc = k->ops->memcpy_d2h(k->ctx, host, model->w, model->n_params * sizeof(float));
-    if (rc == 0) rc = k->ops->sync(k->ctx);
+    if (rc == 0) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
+    if (rc == 0) rc = ddp_k_sync(k);
     /* Test hook: the named rank hashes a copy with one flipped bit, as if its replica drifted. */
     const char *flip = getenv("DDP_TEST_REPLICA_FLIP_RANK");
     if (rc == 0 && flip && atoi(flip) == rank) ((uint32_t *)host)[0] ^= 1u;

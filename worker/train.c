@@ -93,7 +93,7 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
     if (bs->size > 1) {
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
         const char *backend = t->spec.backend;
-        if (!strcmp(backend, "auto")) backend = t->k.ops->coll_backend;
+        if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
         /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3) */
         ddp_coll_opts_t copts = {.backend = backend, .cuda_device = t->device};
         rc = ddp_coll_new(bs, &copts, &t->comm, ei);
@@ -108,13 +108,13 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
  * host, where the all-reduce reads and writes every rank's copy directly instead of streaming it
  * through the ring: see ddp_coll_mem_alloc), the kernels' memory otherwise (device memory for
  * NCCL). *out is zeroed. */
-static int uses_coll_mem(const ddp_trainer_t *t) { return t->comm && !strcmp(t->k.ops->name, "cpu"); }
+static int uses_coll_mem(const ddp_trainer_t *t) { return t->comm && ddp_k_host_memory(&t->k); }
 
 static int alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei)
 {
     if (uses_coll_mem(t)) return ddp_coll_mem_alloc(t->comm, bytes, (void **)out, ei);
-    DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)out, bytes));
-    return t->k.ops->memset0(t->k.ctx, *out, bytes);
+    DDP_CHECK(ddp_k_alloc(&t->k, (void **)out, bytes));
+    return ddp_k_memset0(&t->k, *out, bytes);
 }
 
 static void free_reduced(ddp_trainer_t *t, float *p)
@@ -122,7 +122,7 @@ static void free_reduced(ddp_trainer_t *t, float *p)
     if (uses_coll_mem(t))
         ddp_coll_mem_free(t->comm, p);
     else
-        t->k.ops->free(t->k.ctx, p);
+        ddp_k_free(&t->k, p);
 }
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
@@ -186,8 +186,8 @@ static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *input
     size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
     float *slot = t->emb + (size_t)(micro * t->opts.world + t->opts.rank) * emb_slot_floats(t);
     for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
-    DDP_CHECK(k->ops->memcpy_h2d(k->ctx, slot, t->emb_tokens_f, BT * sizeof(float)));
-    return k->ops->memcpy_d2d(k->ctx, slot + BT, t->model.acts.dres,
+    DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
+    return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
                               BT * t->model.cfg.n_embd * sizeof(float));
 }
 
@@ -206,14 +206,14 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     for (size_t g = 0; g < n_slots; g++) {
         const float *slot = t->emb + g * emb_slot_floats(t);
-        DDP_CHECK(k->ops->memcpy_d2h(k->ctx, t->emb_tokens_f, slot, BT * sizeof(float)));
-        DDP_CHECK(k->ops->sync(k->ctx));
+        DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f, slot, BT * sizeof(float)));
+        DDP_CHECK(ddp_k_sync(k));
         for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
-        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, t->model.acts.inputs, t->emb_tokens,
+        DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
                                      BT * sizeof(int32_t)));
         ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
     }
-    return k->ops->sync(k->ctx);
+    return ddp_k_sync(k);
 }
 
 /* Global micro-batches per step from train.global_batch_tokens (or one per rank). A static
@@ -259,7 +259,7 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, t->opts.world);
     if (t->accum > 1 && !t->acc)
-        DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)&t->acc, bytes));
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, bytes));
     t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
     DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
@@ -313,17 +313,17 @@ static int sync_arena(ddp_trainer_t *t, int source, float *arena, ddp_errinfo_t 
     float *g = t->model.g;
     size_t n = t->model.n_params;
     if (t->opts.rank == source) {
-        DDP_CHECK(k->ops->memcpy_d2d(k->ctx, g, arena, n * sizeof(float)));
+        DDP_CHECK(ddp_k_memcpy_d2d(k, g, arena, n * sizeof(float)));
     } else {
-        DDP_CHECK(k->ops->memset0(k->ctx, g, n * sizeof(float)));
-        DDP_K(k, scale, g, -1.0f, n);
+        DDP_CHECK(ddp_k_memset0(k, g, n * sizeof(float)));
+        ddp_k_scale(k, g, -1.0f, n);
     }
-    DDP_CHECK(k->ops->sync(k->ctx));
+    DDP_CHECK(ddp_k_sync(k));
     ddp_coll_req_t *req;
     DDP_CHECK(ddp_coll_allreduce(t->comm, g, n, DDP_DT_F32, DDP_OP_SUM, &req));
     DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    DDP_CHECK(k->ops->memcpy_d2d(k->ctx, arena, g, n * sizeof(float)));
-    return k->ops->sync(k->ctx);
+    DDP_CHECK(ddp_k_memcpy_d2d(k, arena, g, n * sizeof(float)));
+    return ddp_k_sync(k);
 }
 
 static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t *ei)
@@ -493,7 +493,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
                  "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
-                 (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
+                 (double)t->model.n_params / 1e6, ddp_k_name(&t->k), threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  t->sharded ? " (gradients in shared memory, optimizer step sharded)"
                  : ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)"
@@ -502,7 +502,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
-                 t->opts.rank, world, t->k.ops->name, threads,
+                 t->opts.rank, world, ddp_k_name(&t->k), threads,
                  t->comm ? ddp_coll_transport_name(t->comm) : "-");
     return 0;
 fail:
@@ -520,7 +520,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_dataset_close(&t->val_set);
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
-        t->k.ops->free(t->k.ctx, t->acc);
+        ddp_k_free(&t->k, t->acc);
         if (t->emb) free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
@@ -587,8 +587,8 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
             size_t lo, hi;
             int found = 0;
             if (!ddp_part_of_tensor(m, &r->parts[j], i, &lo, &hi)) continue;
-            DDP_K(&t->k, nonfinite, &found, m->g + lo, hi - lo);
-            int rc = t->k.ops->sync(t->k.ctx);
+            ddp_k_nonfinite(&t->k, &found, m->g + lo, hi - lo);
+            int rc = ddp_k_sync(&t->k);
             if (rc) {
                 free(bad);
                 return rc;
@@ -640,13 +640,13 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
         loss_sum += l;
         if (t->slow_us) usleep((useconds_t)t->slow_us); /* test hook: a slow rank */
-        if (micro == 0) DDP_CHECK(k->ops->memset0(k->ctx, t->emb, t->emb_bytes));
+        if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (!last) {
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
             DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
             DDP_CHECK(keep_embedding_grad(t, micro, inputs));
-            if (micro == 0) DDP_CHECK(k->ops->memcpy_d2d(k->ctx, t->acc, m->g, bytes));
-            else DDP_K(k, add, t->acc, m->g, m->n_params);
+            if (micro == 0) DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, bytes));
+            else ddp_k_add(k, t->acc, m->g, m->n_params);
             continue;
         }
         /* the last micro-step: each finished slice gets acc added and starts its all-reduce */
@@ -689,7 +689,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
     if (nan_step && atol(nan_step) == t->step + 1) {
         float nan = NAN;
-        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[3].offset, &nan, sizeof nan));
+        DDP_CHECK(ddp_k_memcpy_h2d(k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     double norm = 0;
     int64_t t2 = ddp_now_ns();
@@ -772,9 +772,9 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         const int32_t *window = ctx + (i - len);
         rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
         if (rc == 0)
-            rc = m->k->ops->memcpy_d2h(m->k->ctx, row, m->acts.logits + (size_t)(len - 1) * V,
+            rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
                                        (size_t)V * sizeof *row);
-        if (rc == 0) rc = m->k->ops->sync(m->k->ctx);
+        if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ctx[i] = draw(&t->rng, row, V);
         if (V == 256) fputc(ctx[i], out);
