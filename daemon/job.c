@@ -58,6 +58,8 @@ static void job_free(ddpd_job_t *j)
     free(j);
 }
 
+void ddpd_job_free(ddpd_job_t *j) { job_free(j); }
+
 static void handle_closed(ddpd_job_t *j)
 {
     if (--j->handles == 0 && j->freeing) job_free(j);

@@ -128,5 +128,7 @@ json_t *ddpd_job_progress(const ddpd_job_t *j);
 /* Shutdown, after ranks are gone: closes the handles of jobs that have no processes (queued
  * ones stay queued in the store and are re-queued at the next start). */
 void ddpd_job_close_idle(ddpd_t *d);
+/* Unlinks j from d->jobs and frees it; its handles must be closed (after the loop ran out). */
+void ddpd_job_free(ddpd_job_t *j);
 
 #endif

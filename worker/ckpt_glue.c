@@ -25,6 +25,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "worker/checkpoint/checkpoint.h"
 
@@ -165,44 +166,16 @@ static char *trainer_json(const ddp_trainer_t *t)
     return out;
 }
 
-/* Reads a small text file whole (ddp_malloc'd, NUL-terminated). */
-static int read_text(const char *path, char **out, ddp_errinfo_t *ei)
-{
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int rc = -errno;
-        return ddp_errinfo_set(ei, rc, "cannot open %s: %s", path, strerror(-rc));
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = ddp_malloc(cap);
-    while (buf) {
-        size_t n = fread(buf + len, 1, cap - len - 1, f);
-        len += n;
-        if (len < cap - 1) break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    fclose(f);
-    if (!buf) return ddp_errinfo_set(ei, DDP_ENOMEM, "reading %s: out of memory", path);
-    buf[len] = 0;
-    *out = buf;
-    return 0;
-}
-
 static json_t *load_json_file(const char *dir, const char *name, ddp_errinfo_t *ei, int *rc)
 {
     char path[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     char *text = NULL;
-    *rc = read_text(path, &text, ei);
-    if (*rc) return NULL;
+    *rc = ddp_file_read(path, (size_t)1 << 30, &text, NULL);
+    if (*rc) {
+        ddp_errinfo_set(ei, *rc, "cannot read %s: %s", path, ddp_strerror(*rc));
+        return NULL;
+    }
     json_error_t jerr;
     json_t *o = json_loads(text, 0, &jerr);
     free(text);
