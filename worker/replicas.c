@@ -14,7 +14,8 @@ uint64_t ddp_tensor_hash(const float *x, size_t n)
     return h;
 }
 
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t *ei)
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
+                       ddp_errinfo_t *ei)
 {
     int rank = ddp_coll_rank(comm), world = ddp_coll_size(comm), n = model->n_tensors;
     ddp_kernels_t *k = model->k;
@@ -27,8 +28,7 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t 
     if (rc == 0) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
     if (rc == 0) rc = ddp_k_sync(k);
     /* Test hook: the named rank hashes a copy with one flipped bit, as if its replica drifted. */
-    const char *flip = getenv("DDP_TEST_REPLICA_FLIP_RANK");
-    if (rc == 0 && flip && atoi(flip) == rank) ((uint32_t *)host)[0] ^= 1u;
+    if (rc == 0 && flip_rank == rank) ((uint32_t *)host)[0] ^= 1u;
     for (int i = 0; rc == 0 && i < n; i++)
         mine[i] = ddp_tensor_hash(host + model->params[i].offset, model->params[i].numel);
     if (rc == 0) {

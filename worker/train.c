@@ -12,10 +12,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/trace.h" /* train.trace */
-#include "worker/ckpt_glue.h"
 #include "proto/hf_config.h"    /* init_from config.json */
 #include "worker/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
+#include "worker/train_checkpoint.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg)
@@ -61,11 +61,9 @@ static int open_metrics(ddp_trainer_t *t)
 }
 
 /* Threads per rank when the spec says 0: the cores divided among this host's ranks. */
-static int default_threads(void)
+static int default_threads(const ddp_train_env_t *env)
 {
-    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
-    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int n = local ? atoi(local) : 1;
+    int n = env->local_world ? env->local_world : 1;
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 && cores / n > 0 ? cores / n : 1;
 }
@@ -75,12 +73,11 @@ static int default_threads(void)
  * one when DDP_WORLD_SIZE is unset). */
 static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
 {
+    const ddp_train_env_t *env = &t->opts.env;
     if (ddp_coll_under_mpi()) return ddp_coll_bootstrap_mpi(bs, ei);
-    const char *elastic = getenv("DDP_ELASTIC");
-    if (!elastic || strcmp(elastic, "1") != 0) return ddp_coll_bootstrap_env(bs, ei);
-    const char *hint = getenv("DDP_RANK"), *ts = getenv("DDP_RDZV_TIMEOUT_S");
-    DDP_CHECK(ddp_elastic_connect(getenv("DDP_RDZV"), getenv("DDP_JOB_TOKEN"),
-                                  hint ? atoi(hint) : 0, ts ? atof(ts) : 0, &t->elastic, ei));
+    if (!env->elastic) return ddp_coll_bootstrap_env(bs, ei);
+    DDP_CHECK(ddp_elastic_connect(env->rdzv, env->job_token, env->rank_hint, env->rdzv_timeout_s,
+                                  &t->elastic, ei));
     return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);
 }
 
@@ -155,6 +152,33 @@ int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
     t->moments_whole = 1;
     return 0;
+}
+
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_trainer_gather_moments(arg, ei); }
+
+/* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
+ * each change of the world. */
+static void checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
+{
+    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .model = &t->model, .opt = &t->opt,
+                           .stop_at_step = t->opts.stop_at_step,
+                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
+                           .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
+                           .accum = t->accum, .sharded = t->sharded,
+                           .gather_moments = gather_moments, .gather_arg = t};
+}
+
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
+{
+    *pos = (ddp_tckpt_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss};
+    memcpy(pos->rng, t->rng.s, sizeof pos->rng);
+}
+
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    /* test hook DDP_TEST_REPLICA_FLIP_RANK: that rank's check sees a flipped bit */
+    int flip = t->opts.env.flip ? t->opts.env.flip_rank : -1;
+    return ddp_replicas_check(t->comm, &t->model, flip, ei);
 }
 
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
@@ -377,7 +401,9 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
                                t->n_micro);
     int64_t t2 = ddp_now_ns();
     DDP_CHECK(attach_world(t, ei));
-    DDP_CHECK(ddp_tckpt_regroup(t, ei));
+    ddp_tckpt_run_t view;
+    checkpoint_view(t, &view);
+    DDP_CHECK(ddp_tckpt_regroup(t->ckpt, &view, ei));
     int64_t t3 = ddp_now_ns();
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;
@@ -386,7 +412,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
         DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
         st->sync_ms = (double)(ddp_now_ns() - t3) / 1e6;
         t->has_state = 1;
-        DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
+        DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     }
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
@@ -408,12 +434,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    int threads = s->threads > 0 ? s->threads : default_threads();
+    int threads = s->threads > 0 ? s->threads : default_threads(&t->opts.env);
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
-    const char *local = getenv("DDP_LOCAL_RANK");
-    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = getenv("SLURM_LOCALID");
-    t->device = local ? atoi(local) : 0;
+    t->device = t->opts.env.local_rank;
     rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->device, threads);
     if (rc) {
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
@@ -431,14 +454,16 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
-    const char *slow = getenv("DDP_TEST_SLOW_RANK"); /* test hook "R:US": rank R is slow */
-    if (slow && atoi(slow) == t->opts.rank && strchr(slow, ':'))
-        t->slow_us = atol(strchr(slow, ':') + 1);
+    if (t->opts.env.slow_rank == t->opts.rank) t->slow_us = t->opts.env.slow_us; /* test hook */
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
-    DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
+    long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
+    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->opts.rank, world, t->opts.no_resume,
+                                     t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),
+                   rc, fail);
+    if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
 
     DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
@@ -448,9 +473,17 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
-    int resumed = 0; /* every rank loaded the same checkpoint: nothing to broadcast */
-    DDP_CHECK_GOTO(ddp_tckpt_start(t, &resumed, ei), rc, fail);
-    if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
+    ddp_tckpt_run_t view;
+    checkpoint_view(t, &view);
+    ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_tckpt_start(t->ckpt, &view, &res, ei), rc, fail);
+    if (res.resumed) {
+        t->step = res.step;
+        t->tokens = res.tokens;
+        t->opt.t = res.adam_t;
+        memcpy(t->rng.s, res.rng, sizeof t->rng.s);
+    }
+    if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {
@@ -482,7 +515,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
             rc = ddp_trainer_join_world(t, &st, ei);
             bytes = st.sync_bytes;
         }
-        if (rc == 0) rc = ddp_replicas_check(t->comm, &t->model, ei);
+        if (rc == 0) rc = ddp_trainer_check_replicas(t, ei);
         if (rc) goto fail;
         t->has_state = 1;
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
@@ -514,7 +547,8 @@ fail:
 void ddp_trainer_close(ddp_trainer_t *t)
 {
     if (!t) return;
-    ddp_tckpt_close(t);
+    ddp_tckpt_free(t->ckpt);
+    t->ckpt = NULL;
     ddp_loader_stop(&t->loader);
     ddp_dataset_close(&t->train_set);
     ddp_dataset_close(&t->val_set);
@@ -674,9 +708,9 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     vals[1] = t->stop_requested ? 1.0f : 0.0f;
     vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
     vals[5 + t->opts.rank] = (float)t->compute_ms; /* every rank's: stragglers are named */
-    ddp_tckpt_vote(t, vals + 2);
+    ddp_tckpt_vote(t->ckpt, vals + 2);
     DDP_CHECK(allreduce_small(t, vals, 5 + t->opts.world, DDP_OP_SUM, ei));
-    DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
+    DDP_CHECK(ddp_tckpt_tally(t->ckpt, vals + 2, ei));
     int straggler = ddp_straggler_update(&t->stragglers, vals + 5);
     if (straggler >= 0 && t->opts.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
@@ -686,8 +720,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
                  t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
 
     float grad_scale = 1.0f / (float)t->n_micro;
-    const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
-    if (nan_step && atol(nan_step) == t->step + 1) {
+    if (t->opts.env.nan_step == t->step + 1) { /* test hook: poison one gradient */
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
@@ -695,15 +728,17 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     int64_t t2 = ddp_now_ns();
     DDP_CHECK(grad_norm(t, grad_scale, &norm, ei));
     double lr = ddp_lr_at(&t->spec, t->step);
-    DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
+    /* a snapshot of the arenas must be done */
+    DDP_CHECK(ddp_tckpt_before_update(t->ckpt, t->step + 1, ei));
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
-        t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
-        ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t); /* a save of this step is planned */
+        t->gather_moments = t->sharded && ddp_tckpt_planned(t->ckpt, t->step + 1);
+        /* a save of this step is planned */
+        ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t->ckpt, t->step + 1);
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-        if (crc) DDP_CHECK(ddp_tckpt_after_update(t, ei));
+        if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
     } else {
