@@ -57,7 +57,7 @@ int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n
     for (int i = 0; i < n_parts; i++)
         if (parts[i].hi > parts[i].lo)
             ddp_k_sumsq_blocks(k, sums + parts[i].block, model->g + parts[i].lo,
-                  parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
+                               parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
     return ddp_k_sync(k);
 }
 

@@ -212,7 +212,7 @@ static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *input
     for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
     DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
     return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
-                              BT * t->model.cfg.n_embd * sizeof(float));
+                            BT * t->model.cfg.n_embd * sizeof(float));
 }
 
 static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
@@ -234,7 +234,7 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_k_sync(k));
         for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
         DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
-                                     BT * sizeof(int32_t)));
+                                   BT * sizeof(int32_t)));
         ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
     }
     return ddp_k_sync(k);
@@ -808,7 +808,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
         if (rc == 0)
             rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
-                                       (size_t)V * sizeof *row);
+                                  (size_t)V * sizeof *row);
         if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ctx[i] = draw(&t->rng, row, V);
