@@ -31,8 +31,9 @@
  * blocking, and the log says so.
  *
  * Resume: every rank finds the newest verified checkpoint (or the one named), loads it tensor by
- * tensor from mapped files into its arenas and restores step, tokens, AdamW's t and the RNG, so
- * the continuation is bitwise identical to an uninterrupted run of the same world size. A
+ * tensor from mapped files into its arenas and returns step, tokens, AdamW's t and the RNG for
+ * the trainer to restore, so the continuation is bitwise identical to an uninterrupted run of
+ * the same world size. A
  * different world size keeps the global batch (the accumulation changes) and the data order.
  *
  * Threads: every function is called on the training thread.
