@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/file.h"
 #include "daemon/client.h"
 #include "daemon/ctl_watch.h"
 #include "daemon/rpc.h"
@@ -119,40 +120,16 @@ static long long parse_id(const char *s)
     return v;
 }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "re");
-    if (!f) return NULL;
-    size_t cap = 65536, n = 0;
-    char *b = malloc(cap + 1);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(b, cap * 2 + 1);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 /* job.submit params for a spec file: the text goes inline (the daemon may not see the file);
  * the submitter's directory goes along so relative data paths resolve as the user expects, and
  * the file's name as typed, so a spec error reads "job.yaml:4:7: train.lr: ..." as ddp-worker
  * prints it. */
 static json_t *submit_params(const char *spec, int workers, const char *name)
 {
-    char *text = read_file(spec);
-    if (!text) {
-        fprintf(stderr, "ddpctl: cannot read %s: %s\n", spec, strerror(errno));
+    char *text = NULL;
+    int rc = ddp_file_read(spec, (size_t)1 << 30, &text, NULL);
+    if (rc) {
+        fprintf(stderr, "ddpctl: cannot read %s: %s\n", spec, ddp_strerror(rc));
         return NULL;
     }
     char cwd[PATH_MAX];

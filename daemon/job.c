@@ -65,7 +65,7 @@ void ddpd__job_check_stored(ddpd_job_t *j, int rc, const char *what)
               (long long)j->id, what, ddp_strerror(rc));
 }
 
-static void job_free(ddpd_job_t *j)
+void ddpd_job_free(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
     for (ddpd_job_t **pp = &d->jobs; *pp; pp = &(*pp)->next)
@@ -85,7 +85,7 @@ static void job_free(ddpd_job_t *j)
 static int handle_closed(ddpd_job_t *j)
 {
     if (--j->handles != 0 || !j->freeing) return 0;
-    job_free(j);
+    ddpd_job_free(j);
     return 1;
 }
 
@@ -511,7 +511,7 @@ void ddpd__job_discard(ddpd_job_t *j)
 {
     j->freeing = 1;
     j->state = DDPD_FAILED;
-    ddpd__job_link(j->d, j); /* job_free unlinks */
+    ddpd__job_link(j->d, j); /* ddpd_job_free unlinks */
     close_handles(j);
 }
 

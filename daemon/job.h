@@ -156,5 +156,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen);
 /* Shutdown, after ranks are gone: closes the handles of jobs that have no processes (queued
  * ones stay queued in the store and are re-queued at the next start). */
 void ddpd_job_close_idle(ddpd_t *d);
+/* Unlinks j from d->jobs and frees it; its handles must be closed (after the loop ran out). */
+void ddpd_job_free(ddpd_job_t *j);
 
 #endif

@@ -294,15 +294,7 @@ int main(int argc, char **argv)
         }
     }
     uv_run(d->loop, UV_RUN_DEFAULT);
-    while (d->jobs) { /* every job's handles are closed: drop what is left */
-        ddpd_job_t *j = d->jobs;
-        d->jobs = j->next;
-        ddpd_tail_close(&j->tail);
-        free(j->spec_json);
-        free(j->rank_node);
-        free(j->procs);
-        free(j);
-    }
+    while (d->jobs) ddpd_job_free(d->jobs); /* every job's handles are closed: drop the rest */
     ddpd_store_close(d->store);
     uv_loop_close(d->loop);
     DDP_INFO("stopped");

@@ -28,6 +28,7 @@
 #include "daemon/methods.h"
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "daemon/job.h"
 #include "daemon/job_view.h"
@@ -95,52 +96,6 @@ static void reply(ddpd_session_t *s, json_t *id, json_t *result)
 
 /* ---- job.submit ---- */
 
-static char *read_spec_file(const char *path, size_t *len, int *err)
-{
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        *err = errno;
-        return NULL;
-    }
-    size_t cap = 65536, n = 0;
-    char *b = ddp_malloc(cap + 1);
-    while (b) {
-        if (n == cap) {
-            if (cap >= DDPD_MAX_LINE) {
-                *err = EFBIG;
-                free(b);
-                b = NULL;
-                break;
-            }
-            char *nb = ddp_realloc(b, cap * 2 + 1);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-        ssize_t r = read(fd, b + n, cap - n);
-        if (r < 0) {
-            *err = errno;
-            free(b);
-            b = NULL;
-            break;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
-    }
-    close(fd);
-    if (b) {
-        b[n] = 0;
-        *len = n;
-    } else if (!*err) {
-        *err = ENOMEM;
-    }
-    return b;
-}
-
 static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
 {
     const char *path = NULL, *cwd = NULL, *name = NULL, *spec_origin = NULL;
@@ -174,11 +129,10 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
             snprintf(full, sizeof full, "%s", path);
         else
             snprintf(full, sizeof full, "%s/%s", cwd, path);
-        int err = 0;
-        owned = read_spec_file(full, &len, &err);
-        if (!owned) {
+        int err = ddp_file_read(full, DDPD_MAX_LINE, &owned, &len);
+        if (err) {
             ddpd__send_error(s, id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", full),
-                             "cannot read spec %s: %s", full, strerror(err));
+                             "cannot read spec %s: %s", full, ddp_strerror(err));
             return;
         }
         /* the daemon may read what the submitter cannot: only when they could, too */

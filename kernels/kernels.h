@@ -4,7 +4,10 @@
  * the test-only simulated GPU kernels/sim/backend.c, opened only by its name "sim").
  * The CPU backend is linked into every binary; the CUDA backend is a shared module
  * (ddp_kernels_cuda.so) that ddp_kernels_open() dlopen()s, so one binary runs with and without a
- * GPU. Callers go through ddp_kernels_open/close and the DDP_K() call macro below.
+ * GPU. Callers go through ddp_kernels_open/close and the front door below: one wrapper per
+ * member, ddp_k_<member>(k, ...), that accepts an unopened k, checks the arguments and keeps
+ * the first error for ddp_k_sync(); no caller touches `ops` or asks which backend it has (the
+ * table's capability fields say what differs).
  *
  * Conventions for every op
  * - All pointers are device pointers of the backend (host memory for CPU), fp32 unless typed.
@@ -49,6 +52,10 @@ typedef struct ddp_kernels_ops {
     /* The collectives backend that works on this backend's memory under ddp.backend "auto":
      * "ring" (host memory), "nccl" (CUDA device memory), "sim" (the simulated device). */
     const char *coll_backend;
+    /* Capability: 1 when this backend's tensors are host memory that the host may read and write
+     * directly (CPU): collective memory may back them, a checkpoint reads them in place. 0 for
+     * device memory (CUDA, sim): only memcpy_* moves data in and out. */
+    int host_memory;
     /* 0 = unusable here; higher wins. Cheap; no side effects beyond driver queries. */
     int (*probe)(void);
     /* Devices of this kind usable here (0 for the CPU backend). Cheap; no context needed. */
@@ -160,11 +167,12 @@ typedef struct ddp_kernels_ops {
     void (*nonfinite)(ddp_kctx_t *, int *out, const float *x, size_t n);
 } ddp_kernels_ops_t;
 
-/* An opened backend: ops plus context. */
+/* An opened backend: ops plus context. Use it through the ddp_k_* wrappers below. */
 typedef struct ddp_kernels {
     const ddp_kernels_ops_t *ops;
     ddp_kctx_t *ctx;
     void *module; /* dlopen handle, or NULL for the built-in CPU backend */
+    int err;      /* first argument error a wrapper found (atomic access); ddp_k_sync returns it */
 } ddp_kernels_t;
 
 /* The built-in CPU backend. */
@@ -186,10 +194,67 @@ void ddp_kernels_close(ddp_kernels_t *k);
  * a driver is absent. Used by ddpd to count its slots. */
 int ddp_kernels_gpu_count(void);
 
-/* Calls op `op` of an opened backend: DDP_K(k, gelu_fwd, out, inp, n). Every op is required
- * in every backend (ddp_kernels_open checks that none is NULL), so there is nothing optional to
- * handle here. */
-#define DDP_K(k, op, ...) ((k)->ops->op((k)->ctx, __VA_ARGS__))
+/* The front door: one wrapper per member of the ops table, in the table's order.
+ * - NULL-safe: k may be NULL or not opened (closed, or its open failed): a fallible wrapper
+ *   returns DDP_EINVAL, an op does nothing, ddp_k_free does nothing.
+ * - Arguments are checked against the contract above (required pointers, positive sizes): an
+ *   op with bad arguments is not run, it is logged, and its DDP_EINVAL is kept in k (the first
+ *   one only) for ddp_k_sync(), as a GPU keeps an asynchronous error. Counts of 0 pass through.
+ * - Thread: as the backend's members (the training thread; the checkpoint helper copies with
+ *   memcpy_d2h and sync on the same context). */
+const char *ddp_k_name(const ddp_kernels_t *k);         /* "cpu", "cuda", "sim"; "none" */
+const char *ddp_k_coll_backend(const ddp_kernels_t *k); /* ddp.backend "auto" resolves to it */
+int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capability; 0 */
+
+int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes); /* *out zero-filled, or NULL */
+void ddp_k_free(ddp_kernels_t *k, void *p);                  /* NULL-safe (k and p) */
+int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
+int ddp_k_memcpy_d2h(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
+int ddp_k_memcpy_d2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
+int ddp_k_memset0(ddp_kernels_t *k, void *dst, size_t bytes);
+/* Waits for everything queued on k; returns the first error: a wrapper's argument error kept
+ * in k (it stays: the context's work since then is suspect), else the backend's. */
+int ddp_k_sync(ddp_kernels_t *k);
+int ddp_k_record_event(ddp_kernels_t *k, void **event);
+
+void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const float *wte,
+                       const float *wpe, int B, int T, int C);
+void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *dout,
+                       const int32_t *inp, int B, int T, int C);
+void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
+                         const float *inp, const float *weight, const float *bias, int N, int C);
+void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight,
+                         const float *mean, const float *rstd, int N, int C);
+void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const float *weight,
+                      const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
+void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
+                      const float *dout, const float *inp, const float *weight, int N, int C,
+                      int OC, ddp_wlayout_t layout);
+void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *att, const float *qkv, int B,
+                         int T, int C, int NH);
+void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, float *datt, const float *dout,
+                         const float *qkv, const float *att, int B, int T, int C, int NH);
+void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n);
+void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
+                    size_t n);
+void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const float *b, size_t n);
+void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
+                        const int32_t *targets, int N, int V, float dloss);
+void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
+                 size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                 float grad_scale, int t, uint32_t *crc);
+void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, size_t block);
+void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n);
+void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n);
+void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n);
+void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec); /* not opened: nothing */
+/* 1 when k multiplies prec natively; else 0 with *why (a static string). */
+int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why);
+
+/* DDP_K(k, gelu_fwd, out, inp, n) is ddp_k_gelu_fwd(k, out, inp, n): the spelling of the
+ * forward and backward passes and the kernel tests. */
+#define DDP_K(k, op, ...) ddp_k_##op((k), __VA_ARGS__)
 
 /* Runs every op of every backend usable here against the CPU backend on random inputs and
  * prints one line per op and backend (max abs and relative error, pass/fail) to stdout.

@@ -23,48 +23,44 @@
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "shards are read in place: LE only");
 
-static int shard_error(ddp_errinfo_t *ei, int rc, const char *path, long long offset,
-                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-
-static int shard_error(ddp_errinfo_t *ei, int rc, const char *path, long long offset,
-                       const char *fmt, ...)
+/* Adds where an error is to ei (NULL-safe): the shard's path and the byte offset (-1: none).
+ * Returns rc. */
+static int located(ddp_errinfo_t *ei, const char *path, long long offset, int rc)
 {
-    if (!ei) return rc;
-    ddp_errinfo_clear(ei);
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(ei->msg, sizeof ei->msg, fmt, ap);
-    va_end(ap);
     ddp_errinfo_path(ei, "%s", path);
-    ei->offset = offset;
+    if (ei) ei->offset = offset;
     return rc;
 }
+
+/* ddp_errinfo_set's message, then where it is (the arguments run first). */
+#define SHARD_ERROR(ei, rc, path, offset, ...)                                               \
+    located((ei), (path), (offset), ddp_errinfo_set((ei), (rc), __VA_ARGS__))
 
 int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei)
 {
     memset(s, 0, sizeof *s);
     if (strlen(path) >= sizeof s->path)
-        return shard_error(ei, DDP_EINVAL, path, -1, "path longer than %zu bytes",
+        return SHARD_ERROR(ei, DDP_EINVAL, path, -1, "path longer than %zu bytes",
                            sizeof s->path - 1);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int rc = -errno;
-        return shard_error(ei, rc, path, -1, "cannot open token shard: %s", strerror(errno));
+        return SHARD_ERROR(ei, rc, path, -1, "cannot open token shard: %s", strerror(errno));
     }
     struct stat st;
     if (fstat(fd, &st) < 0) {
         int rc = -errno;
         close(fd);
-        return shard_error(ei, rc, path, -1, "cannot stat token shard: %s", strerror(-rc));
+        return SHARD_ERROR(ei, rc, path, -1, "cannot stat token shard: %s", strerror(-rc));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
-        return shard_error(ei, DDP_EFORMAT, path, -1, "not a regular file");
+        return SHARD_ERROR(ei, DDP_EFORMAT, path, -1, "not a regular file");
     }
     size_t size = (size_t)st.st_size;
     if (size < DDP_SHARD_HEADER_BYTES) {
         close(fd);
-        return shard_error(ei, DDP_EFORMAT, path, (long long)size,
+        return SHARD_ERROR(ei, DDP_EFORMAT, path, (long long)size,
                            "truncated token shard: %zu bytes, shorter than the %d-byte header",
                            size, DDP_SHARD_HEADER_BYTES);
     }
@@ -72,26 +68,26 @@ int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei)
     int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED)
-        return shard_error(ei, -map_errno, path, -1, "cannot map token shard: %s",
+        return SHARD_ERROR(ei, -map_errno, path, -1, "cannot map token shard: %s",
                            strerror(map_errno));
 
     const int32_t *h = map;
     int rc = 0;
     if (h[0] != DDP_SHARD_MAGIC) {
-        rc = shard_error(ei, DDP_EFORMAT, path, 0,
+        rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 0,
                          "not a token shard: magic is %d (0x%08x), expected %d (llm.c format)",
                          h[0], (unsigned)h[0], DDP_SHARD_MAGIC);
     } else if (h[1] != DDP_SHARD_VERSION) {
-        rc = shard_error(ei, DDP_EFORMAT, path, 4,
+        rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 4,
                          "unsupported token shard version %d (supported: %d)", h[1],
                          DDP_SHARD_VERSION);
     } else if (h[2] < 0) {
-        rc = shard_error(ei, DDP_EFORMAT, path, 8, "negative token count %d in the header",
+        rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 8, "negative token count %d in the header",
                          h[2]);
     } else {
         size_t want = DDP_SHARD_HEADER_BYTES + (size_t)h[2] * sizeof(uint16_t);
         if (want != size)
-            rc = shard_error(ei, DDP_EFORMAT, path, (long long)(size < want ? size : want),
+            rc = SHARD_ERROR(ei, DDP_EFORMAT, path, (long long)(size < want ? size : want),
                              "%s token shard: header says %d tokens, so %zu bytes expected, "
                              "but the file has %zu bytes",
                              size < want ? "truncated" : "oversized", h[2], want, size);

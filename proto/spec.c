@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/file.h"
 #include "common/trace.h"
 #include "proto/spec_tree.h"
 
@@ -780,42 +781,24 @@ int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *o
 
 int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int rc = -errno;
-        ddp_errinfo_set(ei, rc, "cannot open the spec: %s", strerror(errno));
-        ddp_errinfo_path(ei, "%s", path);
-        return rc;
-    }
     struct stat st;
     char *buf = NULL;
-    int rc = 0;
-    if (fstat(fd, &st) < 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "cannot stat the spec: %s", strerror(errno));
-    } else if (!S_ISREG(st.st_mode) || st.st_size > SPEC_MAX_BYTES) {
-        rc = DDP_ESPEC;
-        ddp_errinfo_set(ei, rc, "a spec must be a regular file of at most %d bytes",
-                        SPEC_MAX_BYTES);
-    } else if (!(buf = ddp_malloc((size_t)st.st_size + 1))) {
-        rc = ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory reading the spec");
+    size_t len = 0;
+    int rc = stat(path, &st) == 0 && !S_ISREG(st.st_mode)
+                 ? -EFBIG /* the same rule as a file too big */
+                 : ddp_file_read(path, SPEC_MAX_BYTES, &buf, &len);
+    if (rc == -EFBIG) {
+        rc = ddp_errinfo_set(ei, DDP_ESPEC, "a spec must be a regular file of at most %d bytes",
+                             SPEC_MAX_BYTES);
+    } else if (rc == DDP_ENOMEM) {
+        ddp_errinfo_set(ei, rc, "out of memory reading the spec");
+    } else if (rc) {
+        ddp_errinfo_set(ei, rc, "cannot read the spec: %s", strerror(-rc));
     } else {
-        size_t got = 0;
-        while (got < (size_t)st.st_size) {
-            ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                rc = r < 0 ? -errno : -EIO;
-                ddp_errinfo_set(ei, rc, "cannot read the spec: %s", strerror(-rc));
-                break;
-            }
-            got += (size_t)r;
-        }
-        if (!rc) rc = ddp_spec_parse(spec, buf, got, path, ei);
+        rc = ddp_spec_parse(spec, buf, len, path, ei);
     }
     if (rc && ei && !ei->path[0]) ddp_errinfo_path(ei, "%s", path);
     free(buf);
-    close(fd);
     return rc;
 }
 

@@ -81,10 +81,10 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     m->borrowed_w = weights != NULL;
     m->borrowed_g = grads != NULL;
     if (!m->borrowed_w)
-        DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->w, m->n_params * sizeof(float)), rc,
+        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->w, m->n_params * sizeof(float)), rc,
                        fail);
     if (!m->borrowed_g)
-        DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->g, m->n_params * sizeof(float)), rc,
+        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->g, m->n_params * sizeof(float)), rc,
                        fail);
     make_views(m, m->w, &m->wv);
     make_views(m, m->g, &m->gv);
@@ -93,7 +93,7 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     m->acts.T = T;
     m->acts.recompute = recompute;
     size_t n_acts = ddp__gpt2_carve_acts(&m->acts, cfg, NULL);
-    DDP_CHECK_GOTO(k->ops->alloc(k->ctx, (void **)&m->acts.base, n_acts * sizeof(float)), rc,
+    DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->acts.base, n_acts * sizeof(float)), rc,
                    fail);
     ddp__gpt2_carve_acts(&m->acts, cfg, m->acts.base);
     return 0;
@@ -106,9 +106,9 @@ void ddp_gpt2_close(ddp_gpt2_t *m)
 {
     if (!m) return;
     if (m->k) {
-        if (!m->borrowed_w) m->k->ops->free(m->k->ctx, m->w);
-        if (!m->borrowed_g) m->k->ops->free(m->k->ctx, m->g);
-        m->k->ops->free(m->k->ctx, m->acts.base);
+        if (!m->borrowed_w) ddp_k_free(m->k, m->w);
+        if (!m->borrowed_g) ddp_k_free(m->k, m->g);
+        ddp_k_free(m->k, m->acts.base);
     }
     free(m->params);
     free(m->wv.h);
@@ -120,10 +120,10 @@ int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads)
 {
     float *own = NULL;
     if (!grads) {
-        DDP_CHECK(m->k->ops->alloc(m->k->ctx, (void **)&own, m->n_params * sizeof(float)));
-        DDP_CHECK(m->k->ops->memset0(m->k->ctx, own, m->n_params * sizeof(float)));
+        DDP_CHECK(ddp_k_alloc(m->k, (void **)&own, m->n_params * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(m->k, own, m->n_params * sizeof(float)));
     }
-    if (!m->borrowed_g) m->k->ops->free(m->k->ctx, m->g);
+    if (!m->borrowed_g) ddp_k_free(m->k, m->g);
     m->g = grads ? grads : own;
     m->borrowed_g = grads != NULL;
     make_views(m, m->g, &m->gv);
@@ -149,7 +149,7 @@ int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng)
             for (size_t j = 0; j < p->numel; j++) dst[j] = (float)ddp_rng_normal(rng) * std;
         }
     }
-    int rc = m->k->ops->memcpy_h2d(m->k->ctx, m->w, host, m->n_params * sizeof(float));
+    int rc = ddp_k_memcpy_h2d(m->k, m->w, host, m->n_params * sizeof(float));
     free(host);
     return rc;
 }
@@ -221,8 +221,8 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
         if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
             return DDP_EINVAL;
 
-    DDP_CHECK(k->ops->memcpy_h2d(k->ctx, a->inputs, inputs, BT * sizeof(int32_t)));
-    if (targets) DDP_CHECK(k->ops->memcpy_h2d(k->ctx, a->targets, targets, BT * sizeof(int32_t)));
+    DDP_CHECK(ddp_k_memcpy_h2d(k, a->inputs, inputs, BT * sizeof(int32_t)));
+    if (targets) DDP_CHECK(ddp_k_memcpy_h2d(k, a->targets, targets, BT * sizeof(int32_t)));
 
     DDP_K(k, encoder_fwd, a->encoded, a->inputs, m->wv.wte, m->wv.wpe, B, T, C);
     const float *x = a->encoded;
@@ -240,13 +240,13 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     a->last_B = B;
     a->last_T = T;
     a->last_had_targets = targets != NULL;
-    if (!targets) return k->ops->sync(k->ctx);
+    if (!targets) return ddp_k_sync(k);
 
     DDP_K(k, xent_fwd_bwd, a->losses, NULL, a->logits, a->targets, (int)BT, V, 0.0f);
     float *host_losses = ddp_malloc(BT * sizeof(float));
     if (!host_losses) return DDP_ENOMEM;
-    int rc = k->ops->memcpy_d2h(k->ctx, host_losses, a->losses, BT * sizeof(float));
-    if (rc == 0) rc = k->ops->sync(k->ctx);
+    int rc = ddp_k_memcpy_d2h(k, host_losses, a->losses, BT * sizeof(float));
+    if (rc == 0) rc = ddp_k_sync(k);
     double sum = 0;
     for (size_t i = 0; i < BT; i++) sum += host_losses[i];
     free(host_losses);
@@ -267,26 +267,26 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     const ddp_gpt2_views_t *gv = &m->gv;
 
     int64_t tr = ddp_trace_begin();
-    DDP_CHECK(k->ops->memset0(k->ctx, m->g, m->n_params * sizeof(float)));
+    DDP_CHECK(ddp_k_memset0(k, m->g, m->n_params * sizeof(float)));
     /* d(mean loss)/dlogits, written over the logits */
     DDP_K(k, xent_fwd_bwd, a->losses, a->logits, a->logits, a->targets, (int)BT, V,
           m->loss_scale / (float)BT);
-    DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
+    DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
     DDP_K(k, matmul_bwd, a->dc, gv->wte, NULL, a->logits, a->lnf, m->wv.wte, (int)BT, C, V,
           DDP_W_OUT_IN);
     /* wte's share from the LM head is complete: the largest tensor starts reducing first */
     size_t done = m->params[0].numel;
     if (ready) {
-        DDP_CHECK(k->ops->sync(k->ctx));
+        DDP_CHECK(ddp_k_sync(k));
         ready(arg, done);
     }
-    DDP_CHECK(k->ops->memset0(k->ctx, a->dres, BT * C * sizeof(float)));
+    DDP_CHECK(ddp_k_memset0(k, a->dres, BT * C * sizeof(float)));
     const float *xlast = a->res3 + (L - 1) * sBTC;
     DDP_K(k, layernorm_bwd, a->dres, gv->lnfw, gv->lnfb, a->dc, xlast, m->wv.lnfw, a->lnf_mean,
           a->lnf_rstd, (int)BT, C);
     done = m->params[2].offset + m->params[2].numel;
     if (ready) {
-        DDP_CHECK(k->ops->sync(k->ctx));
+        DDP_CHECK(ddp_k_sync(k));
         ready(arg, done);
     }
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward loss, lm_head, ln_f");
@@ -302,24 +302,24 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         float *fch = s.fch, *fchg = s.fchg;
 
         /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dfc, BT * 4 * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dfc, BT * 4 * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres, fchg, w->fcprojw, (int)BT,
               4 * C, C, DDP_W_IN_OUT);
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dfc2, BT * 4 * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dfc2, BT * 4 * C * sizeof(float)));
         DDP_K(k, gelu_bwd, a->dfc2, fch, a->dfc, BT * 4 * C);
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc2, ln2, w->fcw, (int)BT, C, 4 * C,
               DDP_W_IN_OUT);
         DDP_K(k, layernorm_bwd, a->dres, g->ln2w, g->ln2b, a->dc, res2, w->ln2w,
               s.ln2_mean, s.ln2_rstd, (int)BT, C);
 
         /* attention: res2 = x + attproj(attn(qkv(ln1(x)))) */
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dc, BT * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres, atty, w->attprojw,
               (int)BT, C, C, DDP_W_IN_OUT);
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dqkv, BT * 3 * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dqkv, BT * 3 * C * sizeof(float)));
         DDP_K(k, attention_bwd, a->dqkv, a->datt, a->dc, qkv, s.att, B, T, C, NH);
-        DDP_CHECK(k->ops->memset0(k->ctx, a->dc2, BT * C * sizeof(float)));
+        DDP_CHECK(ddp_k_memset0(k, a->dc2, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc2, g->qkvw, g->qkvb, a->dqkv, ln1, w->qkvw, (int)BT, C, 3 * C,
               DDP_W_IN_OUT);
         DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc2, x, w->ln1w,
@@ -329,14 +329,14 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
             &m->params[TENSORS_BEFORE_BLOCKS + (L - l) * TENSORS_PER_BLOCK - 1];
         done = last->offset + last->numel;
         if (ready) {
-            DDP_CHECK(k->ops->sync(k->ctx));
+            DDP_CHECK(ddp_k_sync(k));
             ready(arg, done);
         }
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward h.%d", l);
     }
     /* wpe only: the embedding's share of wte is added by ddp_gpt2_embed_backward */
     DDP_K(k, encoder_bwd, NULL, gv->wpe, a->dres, a->inputs, B, T, C);
-    DDP_CHECK(k->ops->sync(k->ctx));
+    DDP_CHECK(ddp_k_sync(k));
     if (ready) ready(arg, m->n_params);
     return 0;
 }

@@ -22,19 +22,19 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
     const char *why = "";
     ddp_kprec_t p;
     if (asked == DDP_PREC_AUTO) {
-        int native = k->ops->prec_native(k->ctx, DDP_KPREC_BF16, &why);
+        int native = ddp_k_prec_native(k, DDP_KPREC_BF16, &why);
         p = native ? DDP_KPREC_BF16 : DDP_KPREC_FP32;
         if (log)
-            DDP_INFO("precision: auto -> %s on backend %s: %s", ddp_prec_name(p), k->ops->name,
+            DDP_INFO("precision: auto -> %s on backend %s: %s", ddp_prec_name(p), ddp_k_name(k),
                      why);
     } else {
         p = (ddp_kprec_t)asked;
-        int native = k->ops->prec_native(k->ctx, p, &why);
+        int native = ddp_k_prec_native(k, p, &why);
         if (log)
             DDP_INFO("precision: %s (train.precision) on backend %s%s%s", ddp_prec_name(p),
-                     k->ops->name, native ? "" : ": ", native ? "" : why);
+                     ddp_k_name(k), native ? "" : ": ", native ? "" : why);
     }
-    k->ops->set_precision(k->ctx, p);
+    ddp_k_set_precision(k, p);
     *out = p;
     return 0;
 }

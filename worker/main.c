@@ -72,6 +72,44 @@ static void usage(FILE *out)
             "  --help, --version\n");
 }
 
+/* The first of the variables `names` that is set, or NULL. */
+static const char *first_env(const char *const *names)
+{
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v) return v;
+    }
+    return NULL;
+}
+
+/* Everything the trainer takes from the environment, read once here beside the spec (the
+ * trainer itself reads none). */
+static void read_env(ddp_train_env_t *env)
+{
+    static const char *const local_rank[] = {"DDP_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                             "SLURM_LOCALID", NULL};
+    static const char *const local_world[] = {"DDP_LOCAL_WORLD_SIZE",
+                                              "OMPI_COMM_WORLD_LOCAL_SIZE", NULL};
+    const char *v;
+    memset(env, 0, sizeof *env);
+    if ((v = first_env(local_rank))) env->local_rank = atoi(v);
+    if ((v = first_env(local_world))) env->local_world = atoi(v);
+    env->elastic = (v = getenv("DDP_ELASTIC")) && strcmp(v, "1") == 0;
+    env->rdzv = getenv("DDP_RDZV");
+    env->job_token = getenv("DDP_JOB_TOKEN");
+    if ((v = getenv("DDP_RANK"))) env->rank_hint = atoi(v);
+    if ((v = getenv("DDP_RDZV_TIMEOUT_S"))) env->rdzv_timeout_s = atof(v);
+    if ((v = getenv("DDP_TEST_NAN_STEP"))) env->nan_step = atol(v);
+    if ((v = getenv("DDP_TEST_SLOW_RANK")) && strchr(v, ':')) { /* "R:US" */
+        env->slow_rank = atoi(v);
+        env->slow_us = atol(strchr(v, ':') + 1);
+    }
+    if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
+        env->flip = 1;
+        env->flip_rank = atoi(v);
+    }
+}
+
 /* Applies "a.b=value" overrides to spec by a round trip through its JSON form, so an override
  * is validated exactly like the file it overrides. */
 static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinfo_t *ei)
@@ -133,6 +171,7 @@ static int worker_main(int argc, char **argv)
     };
     prefer_fast_blas(argv);
     ddp_train_opts_t opts = {.backend = "auto", .run_dir = getenv("DDP_RUN_DIR")};
+    read_env(&opts.env);
     char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, c, print_spec = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {

@@ -14,8 +14,8 @@ int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v
     size_t bytes = model->n_params * sizeof(float);
     *opt = (ddp_adamw_t){.m = m, .v = v, .borrowed = m != NULL, .n = model->n_params};
     if (opt->borrowed) return 0;
-    int rc = k->ops->alloc(k->ctx, (void **)&opt->m, bytes);
-    if (rc == 0) rc = k->ops->alloc(k->ctx, (void **)&opt->v, bytes);
+    int rc = ddp_k_alloc(k, (void **)&opt->m, bytes);
+    if (rc == 0) rc = ddp_k_alloc(k, (void **)&opt->v, bytes);
     if (rc) ddp_adamw_close(opt, model);
     return rc;
 }
@@ -24,8 +24,8 @@ void ddp_adamw_close(ddp_adamw_t *opt, const ddp_gpt2_t *model)
 {
     if (!opt || !model || !model->k) return;
     if (!opt->borrowed) {
-        model->k->ops->free(model->k->ctx, opt->m);
-        model->k->ops->free(model->k->ctx, opt->v);
+        ddp_k_free(model->k, opt->m);
+        ddp_k_free(model->k, opt->v);
     }
     opt->m = opt->v = NULL;
 }
@@ -56,9 +56,9 @@ int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n
     ddp_kernels_t *k = model->k;
     for (int i = 0; i < n_parts; i++)
         if (parts[i].hi > parts[i].lo)
-            DDP_K(k, sumsq_blocks, sums + parts[i].block, model->g + parts[i].lo,
-                  parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
-    return k->ops->sync(k->ctx);
+            ddp_k_sumsq_blocks(k, sums + parts[i].block, model->g + parts[i].lo,
+                               parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
+    return ddp_k_sync(k);
 }
 
 double ddp_grad_norm(const float *sums, size_t n, float grad_scale)
@@ -141,20 +141,20 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
             size_t lo, hi;
             if (!ddp_part_of_tensor(model, &parts[j], i, &lo, &hi)) continue;
             float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
-            DDP_K(k, adamw, model->w + lo, model->g + lo, opt->m + lo, opt->v + lo, hi - lo,
-                  (float)lr, (float)spec->beta1, (float)spec->beta2, (float)spec->eps, wd, scale,
-                  (int)opt->t, chunk);
+            ddp_k_adamw(k, model->w + lo, model->g + lo, opt->m + lo, opt->v + lo, hi - lo,
+                        (float)lr, (float)spec->beta1, (float)spec->beta2, (float)spec->eps, wd,
+                        scale, (int)opt->t, chunk);
             if (chunk) fold_piece_crc(model, i, lo, hi, chunk, crc);
         }
         if (done) {
-            rc = k->ops->sync(k->ctx);
+            rc = ddp_k_sync(k);
             if (rc == 0) rc = done(arg, j);
         }
     }
     for (int i = 0; crc && i < model->n_tensors; i++) /* zeros after this rank's last piece */
         if (crc[i].owned != DDP_ADAMW_CRC_BROKEN) fold_zeros(&crc[i], model->params[i].numel);
     free(chunk);
-    if (!rc) rc = k->ops->sync(k->ctx);
+    if (!rc) rc = ddp_k_sync(k);
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "optimizer (AdamW%s)", n_parts && done ? ", sharded" : "");
     return rc;
 }

@@ -82,8 +82,8 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     if (done > r->n) done = r->n;
     if (done > r->ready_upto) {
         if (r->acc)
-            DDP_K(r->k, add, r->arena + r->ready_upto, r->acc + r->ready_upto,
-                  done - r->ready_upto);
+            ddp_k_add(r->k, r->arena + r->ready_upto, r->acc + r->ready_upto,
+                      done - r->ready_upto);
         r->ready_upto = done;
     }
     int64_t now = ddp_now_ns();
@@ -111,7 +111,7 @@ int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k)
 {
     if (!comm) return 0;
     void *ev = NULL;
-    DDP_CHECK(k->ops->record_event(k->ctx, &ev));
+    DDP_CHECK(ddp_k_record_event(k, &ev));
     return ddp_coll_wait_event(comm, ev);
 }
 

@@ -14,7 +14,8 @@ uint64_t ddp_tensor_hash(const float *x, size_t n)
     return h;
 }
 
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t *ei)
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
+                       ddp_errinfo_t *ei)
 {
     int rank = ddp_coll_rank(comm), world = ddp_coll_size(comm), n = model->n_tensors;
     ddp_kernels_t *k = model->k;
@@ -24,11 +25,10 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t 
     /* verdict[r] = 1 + index of rank r's first differing tensor, 0 when it agrees */
     float *verdict = ddp_calloc((size_t)world, sizeof *verdict);
     int rc = (mine && root && host && verdict) ? 0 : DDP_ENOMEM;
-    if (rc == 0) rc = k->ops->memcpy_d2h(k->ctx, host, model->w, model->n_params * sizeof(float));
-    if (rc == 0) rc = k->ops->sync(k->ctx);
+    if (rc == 0) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
+    if (rc == 0) rc = ddp_k_sync(k);
     /* Test hook: the named rank hashes a copy with one flipped bit, as if its replica drifted. */
-    const char *flip = getenv("DDP_TEST_REPLICA_FLIP_RANK");
-    if (rc == 0 && flip && atoi(flip) == rank) ((uint32_t *)host)[0] ^= 1u;
+    if (rc == 0 && flip_rank == rank) ((uint32_t *)host)[0] ^= 1u;
     for (int i = 0; rc == 0 && i < n; i++)
         mine[i] = ddp_tensor_hash(host + model->params[i].offset, model->params[i].numel);
     if (rc == 0) {

@@ -11,8 +11,10 @@
 #include "worker/gpt2.h"
 
 /* Collective. Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
- * first differing tensor when not, or a communication error. */
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, ddp_errinfo_t *ei);
+ * first differing tensor when not, or a communication error. flip_rank: a test hook
+ * (DDP_TEST_REPLICA_FLIP_RANK): that rank hashes its parameters with one bit flipped; -1 none. */
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
+                       ddp_errinfo_t *ei);
 
 /* 64-bit FNV-1a over the bytes of one tensor (host memory). */
 uint64_t ddp_tensor_hash(const float *x, size_t n);

@@ -15,9 +15,8 @@
 #include "common/clock.h"
 #include "common/trace.h"
 #include "common/log.h"
-#include "worker/ckpt_glue.h"
-#include "worker/replicas.h"
 #include "worker/train.h"
+#include "worker/train_checkpoint.h"
 
 
 /* The run ends with a lost rank: the last completed step is saved from memory first (under
@@ -27,7 +26,9 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     if (!ddp_trainer_comm_failed(t, rc)) return rc;
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
-    if (ddp_tckpt_emergency_save(t, &sei) != 0) {
+    ddp_tckpt_pos_t pos;
+    ddp_trainer_position(t, &pos);
+    if (ddp_tckpt_emergency_save(t->ckpt, &pos, t->moments_whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
     }
@@ -48,7 +49,7 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_trainer_step(t, &loss, ei));
     ddp_trainer_log_step(t, loss, (double)(ddp_now_ns() - t0) / 1e6);
     if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
-        DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
+        DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
         float vl = 0;
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
@@ -59,7 +60,9 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
             fflush(t->metrics);
         }
     }
-    return ddp_tckpt_after_step(t, ei);
+    ddp_tckpt_pos_t pos;
+    ddp_trainer_position(t, &pos);
+    return ddp_tckpt_after_step(t->ckpt, &pos, t->any_stop, ei);
 }
 
 /* Leaves the current generation and joins the next (blocking until it forms). */
@@ -132,7 +135,9 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
             return end_with_failure(t, rc, ei);
         }
     }
-    DDP_CHECK(ddp_tckpt_finish(t, ei));
+    ddp_tckpt_pos_t pos;
+    ddp_trainer_position(t, &pos);
+    DDP_CHECK(ddp_tckpt_finish(t->ckpt, &pos, t->any_stop, ei));
     if (t->elastic) {
         ddp_elastic_watch(t->elastic, NULL); /* the coordinator closes once everyone is done */
         DDP_CHECK(ddp_elastic_done(t->elastic, t->step));

@@ -12,10 +12,10 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/trace.h" /* train.trace */
-#include "worker/ckpt_glue.h"
 #include "proto/hf_config.h"    /* init_from config.json */
 #include "worker/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
+#include "worker/train_checkpoint.h"
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg)
@@ -61,11 +61,9 @@ static int open_metrics(ddp_trainer_t *t)
 }
 
 /* Threads per rank when the spec says 0: the cores divided among this host's ranks. */
-static int default_threads(void)
+static int default_threads(const ddp_train_env_t *env)
 {
-    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
-    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int n = local ? atoi(local) : 1;
+    int n = env->local_world ? env->local_world : 1;
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 && cores / n > 0 ? cores / n : 1;
 }
@@ -75,12 +73,11 @@ static int default_threads(void)
  * one when DDP_WORLD_SIZE is unset). */
 static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
 {
+    const ddp_train_env_t *env = &t->opts.env;
     if (ddp_coll_under_mpi()) return ddp_coll_bootstrap_mpi(bs, ei);
-    const char *elastic = getenv("DDP_ELASTIC");
-    if (!elastic || strcmp(elastic, "1") != 0) return ddp_coll_bootstrap_env(bs, ei);
-    const char *hint = getenv("DDP_RANK"), *ts = getenv("DDP_RDZV_TIMEOUT_S");
-    DDP_CHECK(ddp_elastic_connect(getenv("DDP_RDZV"), getenv("DDP_JOB_TOKEN"),
-                                  hint ? atoi(hint) : 0, ts ? atof(ts) : 0, &t->elastic, ei));
+    if (!env->elastic) return ddp_coll_bootstrap_env(bs, ei);
+    DDP_CHECK(ddp_elastic_connect(env->rdzv, env->job_token, env->rank_hint, env->rdzv_timeout_s,
+                                  &t->elastic, ei));
     return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);
 }
 
@@ -93,7 +90,7 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
     if (bs->size > 1) {
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
         const char *backend = t->spec.backend;
-        if (!strcmp(backend, "auto")) backend = t->k.ops->coll_backend;
+        if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
         /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3) */
         ddp_coll_opts_t copts = {.backend = backend, .cuda_device = t->device};
         rc = ddp_coll_new(bs, &copts, &t->comm, ei);
@@ -108,13 +105,13 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
  * host, where the all-reduce reads and writes every rank's copy directly instead of streaming it
  * through the ring: see ddp_coll_mem_alloc), the kernels' memory otherwise (device memory for
  * NCCL). *out is zeroed. */
-static int uses_coll_mem(const ddp_trainer_t *t) { return t->comm && !strcmp(t->k.ops->name, "cpu"); }
+static int uses_coll_mem(const ddp_trainer_t *t) { return t->comm && ddp_k_host_memory(&t->k); }
 
 static int alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei)
 {
     if (uses_coll_mem(t)) return ddp_coll_mem_alloc(t->comm, bytes, (void **)out, ei);
-    DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)out, bytes));
-    return t->k.ops->memset0(t->k.ctx, *out, bytes);
+    DDP_CHECK(ddp_k_alloc(&t->k, (void **)out, bytes));
+    return ddp_k_memset0(&t->k, *out, bytes);
 }
 
 static void free_reduced(ddp_trainer_t *t, float *p)
@@ -122,7 +119,7 @@ static void free_reduced(ddp_trainer_t *t, float *p)
     if (uses_coll_mem(t))
         ddp_coll_mem_free(t->comm, p);
     else
-        t->k.ops->free(t->k.ctx, p);
+        ddp_k_free(&t->k, p);
 }
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
@@ -157,6 +154,34 @@ int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return 0;
 }
 
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_trainer_gather_moments(arg, ei); }
+
+/* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
+ * each change of the world. */
+static void checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
+{
+    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .model = &t->model, .opt = &t->opt,
+                           .stop_at_step = t->opts.stop_at_step,
+                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
+                           .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
+                           .accum = t->accum, .sharded = t->sharded,
+                           .gather_moments = gather_moments, .gather_arg = t};
+}
+
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
+{
+    *pos = (ddp_tckpt_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss,
+                             .loss_scale = t->lscale.scale, .loss_scale_clean = t->lscale.clean};
+    memcpy(pos->rng, t->rng.s, sizeof pos->rng);
+}
+
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    /* test hook DDP_TEST_REPLICA_FLIP_RANK: that rank's check sees a flipped bit */
+    int flip = t->opts.env.flip ? t->opts.env.flip_rank : -1;
+    return ddp_replicas_check(t->comm, &t->model, flip, ei);
+}
+
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
@@ -186,9 +211,9 @@ static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *input
     size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
     float *slot = t->emb + (size_t)(micro * t->opts.world + t->opts.rank) * emb_slot_floats(t);
     for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
-    DDP_CHECK(k->ops->memcpy_h2d(k->ctx, slot, t->emb_tokens_f, BT * sizeof(float)));
-    return k->ops->memcpy_d2d(k->ctx, slot + BT, t->model.acts.dres,
-                              BT * t->model.cfg.n_embd * sizeof(float));
+    DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
+    return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
+                            BT * t->model.cfg.n_embd * sizeof(float));
 }
 
 static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
@@ -206,14 +231,14 @@ static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     for (size_t g = 0; g < n_slots; g++) {
         const float *slot = t->emb + g * emb_slot_floats(t);
-        DDP_CHECK(k->ops->memcpy_d2h(k->ctx, t->emb_tokens_f, slot, BT * sizeof(float)));
-        DDP_CHECK(k->ops->sync(k->ctx));
+        DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f, slot, BT * sizeof(float)));
+        DDP_CHECK(ddp_k_sync(k));
         for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
-        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, t->model.acts.inputs, t->emb_tokens,
-                                     BT * sizeof(int32_t)));
+        DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
+                                   BT * sizeof(int32_t)));
         ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
     }
-    return k->ops->sync(k->ctx);
+    return ddp_k_sync(k);
 }
 
 /* Global micro-batches per step from train.global_batch_tokens (or one per rank). A static
@@ -259,7 +284,7 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, t->opts.world);
     if (t->accum > 1 && !t->acc)
-        DDP_CHECK(t->k.ops->alloc(t->k.ctx, (void **)&t->acc, bytes));
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, bytes));
     t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
     DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
@@ -313,17 +338,17 @@ static int sync_arena(ddp_trainer_t *t, int source, float *arena, ddp_errinfo_t 
     float *g = t->model.g;
     size_t n = t->model.n_params;
     if (t->opts.rank == source) {
-        DDP_CHECK(k->ops->memcpy_d2d(k->ctx, g, arena, n * sizeof(float)));
+        DDP_CHECK(ddp_k_memcpy_d2d(k, g, arena, n * sizeof(float)));
     } else {
-        DDP_CHECK(k->ops->memset0(k->ctx, g, n * sizeof(float)));
-        DDP_K(k, scale, g, -1.0f, n);
+        DDP_CHECK(ddp_k_memset0(k, g, n * sizeof(float)));
+        ddp_k_scale(k, g, -1.0f, n);
     }
-    DDP_CHECK(k->ops->sync(k->ctx));
+    DDP_CHECK(ddp_k_sync(k));
     ddp_coll_req_t *req;
     DDP_CHECK(ddp_coll_allreduce(t->comm, g, n, DDP_DT_F32, DDP_OP_SUM, &req));
     DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    DDP_CHECK(k->ops->memcpy_d2d(k->ctx, arena, g, n * sizeof(float)));
-    return k->ops->sync(k->ctx);
+    DDP_CHECK(ddp_k_memcpy_d2d(k, arena, g, n * sizeof(float)));
+    return ddp_k_sync(k);
 }
 
 static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t *ei)
@@ -378,7 +403,9 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
                                t->n_micro);
     int64_t t2 = ddp_now_ns();
     DDP_CHECK(attach_world(t, ei));
-    DDP_CHECK(ddp_tckpt_regroup(t, ei));
+    ddp_tckpt_run_t view;
+    checkpoint_view(t, &view);
+    DDP_CHECK(ddp_tckpt_regroup(t->ckpt, &view, ei));
     int64_t t3 = ddp_now_ns();
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;
@@ -387,7 +414,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
         DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
         st->sync_ms = (double)(ddp_now_ns() - t3) / 1e6;
         t->has_state = 1;
-        DDP_CHECK(ddp_replicas_check(t->comm, &t->model, ei));
+        DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     }
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
@@ -409,12 +436,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    int threads = s->threads > 0 ? s->threads : default_threads();
+    int threads = s->threads > 0 ? s->threads : default_threads(&t->opts.env);
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
-    const char *local = getenv("DDP_LOCAL_RANK");
-    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    if (!local) local = getenv("SLURM_LOCALID");
-    t->device = local ? atoi(local) : 0;
+    t->device = t->opts.env.local_rank;
     rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->device, threads);
     if (rc) {
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
@@ -432,16 +456,18 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
-    const char *slow = getenv("DDP_TEST_SLOW_RANK"); /* test hook "R:US": rank R is slow */
-    if (slow && atoi(slow) == t->opts.rank && strchr(slow, ':'))
-        t->slow_us = atol(strchr(slow, ':') + 1);
+    if (t->opts.env.slow_rank == t->opts.rank) t->slow_us = t->opts.env.slow_us; /* test hook */
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->opts.rank == 0 && !t->opts.quiet, &t->prec);
     ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
-    DDP_CHECK_GOTO(ddp_tckpt_prepare(t, ei), rc, fail);
+    long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
+    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->opts.rank, world, t->opts.no_resume,
+                                     t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),
+                   rc, fail);
+    if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_trainer_check_memory(t, ei), rc, fail); /* before step 1 */
 
@@ -452,9 +478,23 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     ddp_rng_seed(&t->rng, s->seed);
     DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
-    int resumed = 0; /* every rank loaded the same checkpoint: nothing to broadcast */
-    DDP_CHECK_GOTO(ddp_tckpt_start(t, &resumed, ei), rc, fail);
-    if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
+    ddp_tckpt_run_t view;
+    checkpoint_view(t, &view);
+    ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_tckpt_start(t->ckpt, &view, &res, ei), rc, fail);
+    if (res.resumed) {
+        t->step = res.step;
+        t->tokens = res.tokens;
+        t->opt.t = res.adam_t;
+        memcpy(t->rng.s, res.rng, sizeof t->rng.s);
+        /* fp16: the scale goes on; a checkpoint of another precision has 1 */
+        if (t->lscale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
+            res.loss_scale != 1.0) {
+            t->lscale.scale = (float)res.loss_scale;
+            t->lscale.clean = res.loss_scale_clean;
+        }
+    }
+    if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {
@@ -486,7 +526,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
             rc = ddp_trainer_join_world(t, &st, ei);
             bytes = st.sync_bytes;
         }
-        if (rc == 0) rc = ddp_replicas_check(t->comm, &t->model, ei);
+        if (rc == 0) rc = ddp_trainer_check_replicas(t, ei);
         if (rc) goto fail;
         t->has_state = 1;
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
@@ -497,7 +537,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
                  "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
-                 (double)t->model.n_params / 1e6, t->k.ops->name, threads, world,
+                 (double)t->model.n_params / 1e6, ddp_k_name(&t->k), threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  t->sharded ? " (gradients in shared memory, optimizer step sharded)"
                  : ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)"
@@ -506,7 +546,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
-                 t->opts.rank, world, t->k.ops->name, threads,
+                 t->opts.rank, world, ddp_k_name(&t->k), threads,
                  t->comm ? ddp_coll_transport_name(t->comm) : "-");
     return 0;
 fail:
@@ -518,13 +558,14 @@ fail:
 void ddp_trainer_close(ddp_trainer_t *t)
 {
     if (!t) return;
-    ddp_tckpt_close(t);
+    ddp_tckpt_free(t->ckpt);
+    t->ckpt = NULL;
     ddp_loader_stop(&t->loader);
     ddp_dataset_close(&t->train_set);
     ddp_dataset_close(&t->val_set);
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
-        t->k.ops->free(t->k.ctx, t->acc);
+        ddp_k_free(&t->k, t->acc);
         if (t->emb) free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
@@ -591,8 +632,8 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
             size_t lo, hi;
             int found = 0;
             if (!ddp_part_of_tensor(m, &r->parts[j], i, &lo, &hi)) continue;
-            DDP_K(&t->k, nonfinite, &found, m->g + lo, hi - lo);
-            int rc = t->k.ops->sync(t->k.ctx);
+            ddp_k_nonfinite(&t->k, &found, m->g + lo, hi - lo);
+            int rc = ddp_k_sync(&t->k);
             if (rc) {
                 free(bad);
                 return rc;
@@ -645,13 +686,13 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
         loss_sum += l;
         if (t->slow_us) usleep((useconds_t)t->slow_us); /* test hook: a slow rank */
-        if (micro == 0) DDP_CHECK(k->ops->memset0(k->ctx, t->emb, t->emb_bytes));
+        if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (!last) {
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
             DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
             DDP_CHECK(keep_embedding_grad(t, micro, inputs));
-            if (micro == 0) DDP_CHECK(k->ops->memcpy_d2d(k->ctx, t->acc, m->g, bytes));
-            else DDP_K(k, add, t->acc, m->g, m->n_params);
+            if (micro == 0) DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, bytes));
+            else ddp_k_add(k, t->acc, m->g, m->n_params);
             continue;
         }
         /* the last micro-step: each finished slice gets acc added and starts its all-reduce */
@@ -679,9 +720,9 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     vals[1] = t->stop_requested ? 1.0f : 0.0f;
     vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
     vals[5 + t->opts.rank] = (float)t->compute_ms; /* every rank's: stragglers are named */
-    ddp_tckpt_vote(t, vals + 2);
+    ddp_tckpt_vote(t->ckpt, vals + 2);
     DDP_CHECK(allreduce_small(t, vals, 5 + t->opts.world, DDP_OP_SUM, ei));
-    DDP_CHECK(ddp_tckpt_tally(t, vals + 2, ei));
+    DDP_CHECK(ddp_tckpt_tally(t->ckpt, vals + 2, ei));
     int straggler = ddp_straggler_update(&t->stragglers, vals + 5);
     if (straggler >= 0 && t->opts.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
@@ -692,26 +733,27 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
 
     float grad_scale = 1.0f / (float)t->n_micro;
     if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
-    const char *nan_step = getenv("DDP_TEST_NAN_STEP"); /* test hook: poison one gradient */
-    if (nan_step && atol(nan_step) == t->step + 1) {
+    if (t->opts.env.nan_step == t->step + 1) { /* test hook: poison one gradient */
         float nan = NAN;
-        DDP_CHECK(k->ops->memcpy_h2d(k->ctx, m->g + m->params[3].offset, &nan, sizeof nan));
+        DDP_CHECK(ddp_k_memcpy_h2d(k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     double norm = 0;
     int64_t t2 = ddp_now_ns();
     DDP_CHECK(grad_norm(t, grad_scale, &norm, ei));
     double lr = ddp_lr_at(&t->spec, t->step);
-    DDP_CHECK(ddp_tckpt_before_update(t, ei)); /* a snapshot of the arenas must be done */
+    /* a snapshot of the arenas must be done */
+    DDP_CHECK(ddp_tckpt_before_update(t->ckpt, t->step + 1, ei));
     /* fp16: a non-finite norm is an overflow (halve the scale); equal on every rank */
     ddp_lscale_update(&t->lscale, isfinite(norm), t->step + 1, t->opts.rank == 0);
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
-        t->gather_moments = t->sharded && ddp_tckpt_planned(t, t->step + 1);
-        ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t); /* a save of this step is planned */
+        t->gather_moments = t->sharded && ddp_tckpt_planned(t->ckpt, t->step + 1);
+        /* a save of this step is planned */
+        ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t->ckpt, t->step + 1);
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-        if (crc) DDP_CHECK(ddp_tckpt_after_update(t, ei));
+        if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
         DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
@@ -781,9 +823,9 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         const int32_t *window = ctx + (i - len);
         rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
         if (rc == 0)
-            rc = m->k->ops->memcpy_d2h(m->k->ctx, row, m->acts.logits + (size_t)(len - 1) * V,
-                                       (size_t)V * sizeof *row);
-        if (rc == 0) rc = m->k->ops->sync(m->k->ctx);
+            rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
+                                  (size_t)V * sizeof *row);
+        if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ctx[i] = draw(&t->rng, row, V);
         if (V == 256) fputc(ctx[i], out);

@@ -23,6 +23,26 @@
 #include "worker/optim.h"
 #include "worker/reducer.h"
 #include "worker/straggler.h"
+#include "worker/train_checkpoint.h"
+
+/* What the environment says about this rank, read once where the spec is loaded (worker/main.c's
+ * read_env), never in the step. Zeros: one rank on this host, no elastic coordinator,
+ * no test hooks. (The environment rendezvous, DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV, is read by its
+ * bootstrap, collectives/bootstrap_env.c.) */
+typedef struct ddp_train_env {
+    int local_rank;  /* DDP_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID: the GPU */
+    int local_world; /* DDP_LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE; 0: unknown (1) */
+    int elastic;     /* DDP_ELASTIC=1: the first generation comes from the coordinator at rdzv */
+    const char *rdzv, *job_token; /* DDP_RDZV, DDP_JOB_TOKEN (elastic) */
+    int rank_hint;   /* DDP_RANK (elastic: orders the first generation only) */
+    double rdzv_timeout_s; /* DDP_RDZV_TIMEOUT_S; 0: the default */
+    /* test hooks (DDP_TEST_*) */
+    long nan_step;   /* DDP_TEST_NAN_STEP=N: step N's gradient gets a NaN; 0: off */
+    int slow_rank;   /* DDP_TEST_SLOW_RANK=R:US: rank R sleeps US microseconds per micro-step */
+    long slow_us;    /* 0: off */
+    int flip;        /* DDP_TEST_REPLICA_FLIP_RANK=R: rank R's replica checks see a flipped bit */
+    int flip_rank;
+} ddp_train_env_t;
 
 typedef struct ddp_train_opts {
     const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
@@ -33,9 +53,8 @@ typedef struct ddp_train_opts {
     int no_resume;            /* ignore checkpoints already in checkpoint.dir */
     long resume_step;         /* > 0: resume from exactly step-N; 0: the newest that verifies */
     long stop_at_step;        /* > 0: stop (and checkpoint) once this many steps are done */
+    ddp_train_env_t env;      /* what the environment says (zeros: nothing) */
 } ddp_train_opts_t;
-
-struct ddp_tckpt; /* checkpoint state of a run (worker/ckpt_glue.c) */
 
 typedef struct ddp_trainer {
     ddp_spec_t spec;
@@ -58,7 +77,7 @@ typedef struct ddp_trainer {
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
     float *vote;              /* the step's small all-reduce: 5 values, then [world] compute ms */
     ddp_straggler_t stragglers;
-    long slow_us;             /* test hook DDP_TEST_SLOW_RANK=R:US: this rank sleeps per micro-step */
+    long slow_us;             /* test hook: this rank sleeps per micro-step (env.slow_rank) */
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
@@ -89,8 +108,8 @@ typedef struct ddp_trainer {
     int skipped_in_a_row;
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
     double last_step_ms; /* wall time of the last step */
-    struct ddp_tckpt *ckpt; /* NULL without checkpoint.dir */
-    int64_t mem_budget;     /* the memory budget's total for this rank (memory_check.c) */
+    ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
+    int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;
 
 /* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
@@ -129,6 +148,11 @@ int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc);
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);
 /* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
+/* Collective: every rank's parameters are bitwise rank 0's (worker/replicas.h), else
+ * DDP_EMISMATCH naming where they differ. */
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
+/* The trainer's position now, for its checkpoints. */
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos);
 
 /* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
  * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and

@@ -111,6 +111,7 @@ static int cpu_record_event(ddp_kctx_t *ctx, void **event)
 const ddp_kernels_ops_t ddp_kernels_cpu = {
     .name = "cpu",
     .coll_backend = "ring",
+    .host_memory = 1,
     .record_event = cpu_record_event,
     .probe = cpu_probe,
     .device_count = cpu_device_count,

@@ -263,6 +263,7 @@ static int cuda_record_event(ddp_kctx_t *ctx, void **event)
 static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
     .coll_backend = "nccl",
+    .host_memory = 0,
     .probe = cuda_probe,
     .device_count = cuda_device_count,
     .init = cuda_init,

@@ -464,6 +464,7 @@ static void sim_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n)
 const ddp_kernels_ops_t ddp_kernels_sim = {
     .name = "sim",
     .coll_backend = "sim",
+    .host_memory = 0,
     .probe = sim_probe,
     .device_count = sim_device_count,
     .init = sim_init,

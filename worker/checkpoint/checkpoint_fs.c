@@ -14,6 +14,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/file.h"
 #include "common/log.h"
 
 int64_t ddp__ckpt_parse_step(const char *name)
@@ -113,43 +114,16 @@ int ddp__ckpt_mkdirs(const char *path, ddp_errinfo_t *ei)
 
 int ddp__ckpt_read_text(const char *path, size_t max, char **out, ddp_errinfo_t *ei)
 {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    struct stat st;
-    if (fd < 0 || fstat(fd, &st) < 0) {
-        int rc = -errno;
-        if (fd >= 0) close(fd);
+    int rc = ddp_file_read(path, max, out, NULL);
+    if (rc == -EFBIG) {
+        rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: more than %zu bytes", path, max);
+    } else if (rc == DDP_ENOMEM) {
+        ddp_errinfo_set(ei, rc, "%s: out of memory", path);
+    } else if (rc) {
         ddp_errinfo_set(ei, rc, "%s: cannot read: %s", path, strerror(-rc));
         ddp_errinfo_path(ei, "%s", path);
-        return rc;
     }
-    if ((uint64_t)st.st_size > max) {
-        close(fd);
-        ddp_errinfo_set(ei, DDP_EFORMAT, "%s: %lld bytes, more than %zu", path,
-                        (long long)st.st_size, max);
-        return DDP_EFORMAT;
-    }
-    char *buf = ddp_malloc((size_t)st.st_size + 1);
-    if (!buf) {
-        close(fd);
-        return ddp_errinfo_set(ei, DDP_ENOMEM, "%s: out of memory", path);
-    }
-    size_t got = 0;
-    while (got < (size_t)st.st_size) {
-        ssize_t r = read(fd, buf + got, (size_t)st.st_size - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int rc = r < 0 ? -errno : DDP_EFORMAT;
-            free(buf);
-            close(fd);
-            return ddp_errinfo_set(ei, rc, "%s: short read", path);
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    buf[got] = 0;
-    *out = buf;
-    return 0;
+    return rc;
 }
 
 void ddp__ckpt_remove_stale_tmp(const char *dir, int64_t below)

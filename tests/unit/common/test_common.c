@@ -7,12 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/alloc.h"
 #include "common/crc32c.h"
 #include "common/err.h"
+#include "common/file.h"
 
 static uint32_t rng(uint64_t *s)
 {
@@ -63,6 +65,56 @@ static void test_alloc_fail_injection(void **state)
     char *s = ddp_strdup("abc");
     assert_string_equal(s, "abc");
     free(s);
+}
+
+/* ddp_file_read: a regular file whole, the size limit, a pipe read to its end (bigger than the
+ * first buffer), a directory, a missing file, and every allocation failing in turn. */
+static void test_file_read(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ddp-file-XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/f", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("hello\nworld", f);
+    fclose(f);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(ddp_file_read(path, 100, &text, &len), 0);
+    assert_int_equal(len, 11);
+    assert_string_equal(text, "hello\nworld");
+    free(text);
+    assert_int_equal(ddp_file_read(path, 11, &text, NULL), 0); /* exactly max */
+    free(text);
+    assert_int_equal(ddp_file_read(path, 10, &text, &len), -EFBIG);
+    assert_null(text);
+    assert_int_equal(ddp_file_read(dir, 100, &text, NULL), -EISDIR);
+    snprintf(path, sizeof path, "%s/missing", dir);
+    assert_int_equal(ddp_file_read(path, 100, &text, NULL), -ENOENT);
+    assert_null(text);
+    /* a pipe: 200000 bytes, more than the first 64 KiB buffer */
+    f = popen("head -c 200000 /dev/zero | tr '\\0' x", "r");
+    assert_non_null(f);
+    snprintf(path, sizeof path, "/dev/fd/%d", fileno(f));
+    assert_int_equal(ddp_file_read(path, 1 << 20, &text, &len), 0);
+    assert_int_equal(len, 200000);
+    assert_int_equal(text[199999], 'x');
+    assert_int_equal(text[200000], 0);
+    free(text);
+    pclose(f);
+    snprintf(path, sizeof path, "%s/f", dir);
+    for (int k = 1;; k++) { /* fault injection: the k-th allocation fails */
+        ddp_alloc_fail_at(k);
+        int rc = ddp_file_read(path, 100, &text, NULL);
+        ddp_alloc_fail_at(0);
+        if (rc == 0) break;
+        assert_int_equal(rc, DDP_ENOMEM);
+        assert_null(text);
+    }
+    free(text);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* Whether the mapping that holds p is eligible for transparent huge pages (/proc/self/smaps's
@@ -202,6 +254,7 @@ int main(void)
         cmocka_unit_test(test_alloc_big),
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_crc32c_combine),
+        cmocka_unit_test(test_file_read),
     };
     return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -8,5 +8,6 @@ void test_threads(void **state);
 /* test_open.c: ddp_kernels_open/close with cpu, auto, cuda and a fake module; alloc and copies. */
 void test_open(void **state);
 void test_memory(void **state);
+void test_front_door(void **state);
 
 #endif

@@ -546,7 +546,7 @@ int main(void)
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_xent),         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_vector),       cmocka_unit_test(test_accumulate),
-        cmocka_unit_test(test_threads),
+        cmocka_unit_test(test_threads),      cmocka_unit_test(test_front_door),
     };
     return cmocka_run_group_tests_name("kernels", tests, group_setup, group_teardown);
 }

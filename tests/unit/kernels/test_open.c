@@ -117,3 +117,53 @@ void test_memory(void **state)
     k.ops->free(k.ctx, NULL);
     ddp_kernels_close(&k);
 }
+
+/* The front door (kernels/front.c): an unopened backend, arguments against the contract (the
+ * first error kept for ddp_k_sync), and the host_memory capability instead of a backend name. */
+void test_front_door(void **state)
+{
+    (void)state;
+    ddp_kernels_t none;
+    memset(&none, 0, sizeof none);
+    void *p = (void *)1;
+    assert_int_equal(ddp_k_alloc(NULL, &p, 64), DDP_EINVAL);
+    assert_null(p);
+    assert_int_equal(ddp_k_alloc(&none, &p, 64), DDP_EINVAL);
+    assert_int_equal(ddp_k_sync(NULL), DDP_EINVAL);
+    assert_int_equal(ddp_k_memset0(&none, NULL, 0), DDP_EINVAL);
+    ddp_k_free(NULL, NULL);
+    ddp_k_free(&none, (void *)16); /* not opened: nothing to free with */
+    float x = 1.0f;
+    ddp_k_scale(NULL, &x, 2.0f, 1);
+    ddp_k_scale(&none, &x, 2.0f, 1);
+    assert_true(x == 1.0f);
+    assert_string_equal(ddp_k_name(NULL), "none");
+    assert_int_equal(ddp_k_host_memory(NULL), 0);
+
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
+    assert_int_equal(ddp_k_host_memory(&k), 1);
+    assert_string_equal(ddp_k_name(&k), "cpu");
+    assert_string_equal(ddp_k_coll_backend(&k), "ring");
+    float *buf = NULL;
+    assert_int_equal(ddp_k_alloc(&k, (void **)&buf, 8 * sizeof(float)), 0);
+    assert_int_equal(ddp_k_alloc(&k, NULL, 8), DDP_EINVAL);
+    assert_int_equal(ddp_k_memcpy_h2d(&k, buf, NULL, 4), DDP_EINVAL);
+    assert_int_equal(ddp_k_memcpy_h2d(&k, buf, &x, 0), 0); /* nothing to copy */
+    ddp_k_add(&k, buf, buf, 0);                             /* a count of 0 is no error */
+    assert_int_equal(ddp_k_sync(&k), 0);
+    /* bad arguments: the op does not run, and ddp_k_sync reports the first error */
+    ddp_k_matmul_fwd(&k, buf, buf, NULL, NULL, 2, 2, 2, DDP_W_IN_OUT);
+    ddp_k_attention_fwd(&k, buf, buf, buf, 1, 1, 6, 4); /* C not a multiple of NH */
+    buf[0] = 3.0f;
+    ddp_k_scale(&k, NULL, 2.0f, 4);
+    assert_true(buf[0] == 3.0f);
+    assert_int_equal(ddp_k_sync(&k), DDP_EINVAL);
+    ddp_k_free(&k, buf);
+    ddp_kernels_close(&k);
+
+    assert_int_equal(ddp_kernels_open(&k, "sim", 0, 1), 0);
+    assert_int_equal(ddp_k_host_memory(&k), 0); /* device memory: the host may not touch it */
+    assert_string_equal(ddp_k_coll_backend(&k), "sim");
+    ddp_kernels_close(&k);
+}

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "worker/ckpt_glue.h"
+#include "worker/train_checkpoint.h"
 #include "worker/train.h"
 #include "wc_testutil.h"
 

@@ -1,0 +1,260 @@
+/* The kernel backends' front door: ddp_k_<member>(k, ...) for every member of the ops table
+ * (kernels.h), in the table's order.
+ *
+ * Each wrapper accepts a k that is NULL or not opened, checks its arguments against the
+ * table's contract and only then calls the backend. Ops return nothing (they are asynchronous
+ * on a GPU), so an op with bad arguments is skipped, logged, and its DDP_EINVAL kept in k->err
+ * (the first only, by compare-and-swap: the checkpoint helper thread shares the context) for
+ * ddp_k_sync(), the way a GPU reports an asynchronous error at the next synchronisation.
+ * A count of 0 is passed through to the backend unchanged (every backend treats it as nothing
+ * to do), so callers see no difference on any valid call.
+ */
+#include "kernels/kernels.h"
+
+#include "common/err.h"
+#include "common/log.h"
+
+static int opened(const ddp_kernels_t *k) { return k && k->ops && k->ctx; }
+
+/* Keeps the first argument error of k (when k exists) and logs what was wrong. */
+static void bad_args(ddp_kernels_t *k, const char *op, const char *what)
+{
+    DDP_ERROR("kernels: %s: %s; the op is not run", op, what);
+    if (!k) return;
+    int none = 0;
+    __atomic_compare_exchange_n(&k->err, &none, DDP_EINVAL, 0, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
+}
+
+/* The checks every op shares: an opened k, then each condition; 1 = run the op. */
+#define OP_READY(k, op) (opened(k) ? 1 : (bad_args((k), #op, "backend not opened"), 0))
+#define REQUIRE(k, op, cond)                                                                 \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            bad_args((k), #op, "requires " #cond);                                           \
+            return;                                                                          \
+        }                                                                                    \
+    } while (0)
+
+const char *ddp_k_name(const ddp_kernels_t *k) { return k && k->ops ? k->ops->name : "none"; }
+
+const char *ddp_k_coll_backend(const ddp_kernels_t *k)
+{
+    return k && k->ops ? k->ops->coll_backend : "ring";
+}
+
+int ddp_k_host_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->host_memory; }
+
+int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes)
+{
+    if (out) *out = NULL;
+    if (!opened(k) || !out) return DDP_EINVAL;
+    return k->ops->alloc(k->ctx, out, bytes);
+}
+
+void ddp_k_free(ddp_kernels_t *k, void *p)
+{
+    if (opened(k) && p) k->ops->free(k->ctx, p);
+}
+
+int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
+{
+    if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
+    return k->ops->memcpy_h2d(k->ctx, dst, src, bytes);
+}
+
+int ddp_k_memcpy_d2h(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
+{
+    if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
+    return k->ops->memcpy_d2h(k->ctx, dst, src, bytes);
+}
+
+int ddp_k_memcpy_d2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
+{
+    if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
+    return k->ops->memcpy_d2d(k->ctx, dst, src, bytes);
+}
+
+int ddp_k_memset0(ddp_kernels_t *k, void *dst, size_t bytes)
+{
+    if (!opened(k) || (bytes && !dst)) return DDP_EINVAL;
+    return k->ops->memset0(k->ctx, dst, bytes);
+}
+
+int ddp_k_sync(ddp_kernels_t *k)
+{
+    if (!opened(k)) return DDP_EINVAL;
+    int rc = k->ops->sync(k->ctx);
+    int kept = __atomic_load_n(&k->err, __ATOMIC_RELAXED);
+    return kept ? kept : rc;
+}
+
+int ddp_k_record_event(ddp_kernels_t *k, void **event)
+{
+    if (event) *event = NULL;
+    if (!opened(k) || !event) return DDP_EINVAL;
+    return k->ops->record_event(k->ctx, event);
+}
+
+void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const float *wte,
+                       const float *wpe, int B, int T, int C)
+{
+    if (!OP_READY(k, encoder_fwd)) return;
+    REQUIRE(k, encoder_fwd, out && inp && wte && wpe);
+    REQUIRE(k, encoder_fwd, B > 0 && T > 0 && C > 0);
+    k->ops->encoder_fwd(k->ctx, out, inp, wte, wpe, B, T, C);
+}
+
+void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *dout,
+                       const int32_t *inp, int B, int T, int C)
+{
+    if (!OP_READY(k, encoder_bwd)) return;
+    REQUIRE(k, encoder_bwd, dout && inp);
+    REQUIRE(k, encoder_bwd, B > 0 && T > 0 && C > 0);
+    k->ops->encoder_bwd(k->ctx, dwte, dwpe, dout, inp, B, T, C);
+}
+
+void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
+                         const float *inp, const float *weight, const float *bias, int N, int C)
+{
+    if (!OP_READY(k, layernorm_fwd)) return;
+    REQUIRE(k, layernorm_fwd, out && mean && rstd && inp && weight && bias);
+    REQUIRE(k, layernorm_fwd, N > 0 && C > 0);
+    k->ops->layernorm_fwd(k->ctx, out, mean, rstd, inp, weight, bias, N, C);
+}
+
+void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
+                         const float *dout, const float *inp, const float *weight,
+                         const float *mean, const float *rstd, int N, int C)
+{
+    if (!OP_READY(k, layernorm_bwd)) return;
+    REQUIRE(k, layernorm_bwd, dinp && dweight && dbias && dout && inp && weight && mean && rstd);
+    REQUIRE(k, layernorm_bwd, N > 0 && C > 0);
+    k->ops->layernorm_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const float *weight,
+                      const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+{
+    if (!OP_READY(k, matmul_fwd)) return;
+    REQUIRE(k, matmul_fwd, out && inp && weight);
+    REQUIRE(k, matmul_fwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
+    k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, layout);
+}
+
+void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
+                      const float *dout, const float *inp, const float *weight, int N, int C,
+                      int OC, ddp_wlayout_t layout)
+{
+    if (!OP_READY(k, matmul_bwd)) return;
+    REQUIRE(k, matmul_bwd, dweight && dout && inp && weight);
+    REQUIRE(k, matmul_bwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_bwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
+    k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+}
+
+void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *att, const float *qkv, int B,
+                         int T, int C, int NH)
+{
+    if (!OP_READY(k, attention_fwd)) return;
+    REQUIRE(k, attention_fwd, out && att && qkv);
+    REQUIRE(k, attention_fwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
+    k->ops->attention_fwd(k->ctx, out, att, qkv, B, T, C, NH);
+}
+
+void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, float *datt, const float *dout,
+                         const float *qkv, const float *att, int B, int T, int C, int NH)
+{
+    if (!OP_READY(k, attention_bwd)) return;
+    REQUIRE(k, attention_bwd, dqkv && datt && dout && qkv && att);
+    REQUIRE(k, attention_bwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
+    k->ops->attention_bwd(k->ctx, dqkv, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n)
+{
+    if (!OP_READY(k, gelu_fwd)) return;
+    REQUIRE(k, gelu_fwd, n == 0 || (out && inp));
+    k->ops->gelu_fwd(k->ctx, out, inp, n);
+}
+
+void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
+                    size_t n)
+{
+    if (!OP_READY(k, gelu_bwd)) return;
+    REQUIRE(k, gelu_bwd, n == 0 || (dinp && inp && dout));
+    k->ops->gelu_bwd(k->ctx, dinp, inp, dout, n);
+}
+
+void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const float *b, size_t n)
+{
+    if (!OP_READY(k, residual_fwd)) return;
+    REQUIRE(k, residual_fwd, n == 0 || (out && a && b));
+    k->ops->residual_fwd(k->ctx, out, a, b, n);
+}
+
+void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
+                        const int32_t *targets, int N, int V, float dloss)
+{
+    if (!OP_READY(k, xent_fwd_bwd)) return;
+    REQUIRE(k, xent_fwd_bwd, losses && logits && targets);
+    REQUIRE(k, xent_fwd_bwd, N > 0 && V > 0);
+    k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, dloss);
+}
+
+void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
+                 size_t n, float lr, float beta1, float beta2, float eps, float wd,
+                 float grad_scale, int t, uint32_t *crc)
+{
+    if (!OP_READY(k, adamw)) return;
+    REQUIRE(k, adamw, n == 0 || (param && grad && m && v));
+    REQUIRE(k, adamw, t >= 1);
+    k->ops->adamw(k->ctx, param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t, crc);
+}
+
+void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, size_t block)
+{
+    if (!OP_READY(k, sumsq_blocks)) return;
+    REQUIRE(k, sumsq_blocks, block > 0);
+    REQUIRE(k, sumsq_blocks, n == 0 || (out && x));
+    k->ops->sumsq_blocks(k->ctx, out, x, n, block);
+}
+
+void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n)
+{
+    if (!OP_READY(k, add)) return;
+    REQUIRE(k, add, n == 0 || (y && x));
+    k->ops->add(k->ctx, y, x, n);
+}
+
+void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n)
+{
+    if (!OP_READY(k, scale)) return;
+    REQUIRE(k, scale, n == 0 || x);
+    k->ops->scale(k->ctx, x, s, n);
+}
+
+void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n)
+{
+    if (!OP_READY(k, nonfinite)) return;
+    REQUIRE(k, nonfinite, out && (n == 0 || x));
+    k->ops->nonfinite(k->ctx, out, x, n);
+}
+
+void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec)
+{
+    if (!OP_READY(k, set_precision)) return;
+    REQUIRE(k, set_precision, prec == DDP_KPREC_FP32 || prec == DDP_KPREC_BF16 ||
+                                  prec == DDP_KPREC_FP16);
+    k->ops->set_precision(k->ctx, prec);
+}
+
+int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why)
+{
+    const char *none = NULL;
+    if (!why) why = &none;
+    *why = "no kernel backend is open";
+    if (!opened(k)) return 0;
+    return k->ops->prec_native(k->ctx, prec, why);
+}
