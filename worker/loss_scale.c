@@ -45,11 +45,6 @@ void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval)
     ls->enabled = prec == DDP_KPREC_FP16;
     ls->scale = ls->enabled ? DDP_LSCALE_INIT : 1.0f;
     ls->interval = interval > 0 ? interval : 2000;
-    const char *hook = getenv("DDP_TEST_OVERFLOW"); /* "S:R" */
-    if (hook && strchr(hook, ':')) {
-        ls->test_step = atol(hook);
-        ls->test_rank = atoi(strchr(hook, ':') + 1);
-    }
 }
 
 float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank)

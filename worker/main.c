@@ -104,6 +104,10 @@ static void read_env(ddp_train_env_t *env)
         env->slow_rank = atoi(v);
         env->slow_us = atol(strchr(v, ':') + 1);
     }
+    if ((v = getenv("DDP_TEST_OVERFLOW")) && strchr(v, ':')) { /* "S:R" */
+        env->overflow_step = atol(v);
+        env->overflow_rank = atoi(strchr(v, ':') + 1);
+    }
     if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
         env->flip = 1;
         env->flip_rank = atoi(v);

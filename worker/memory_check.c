@@ -23,12 +23,10 @@ static int64_t gpu_bytes(const ddp_trainer_t *t)
     return (int64_t)total_b;
 }
 
-/* Ranks on this host, from the launcher (the same variables default_threads reads). */
-static int local_ranks(int world)
+/* Ranks on this host, as the launcher said (main.c read it with the spec). */
+static int local_ranks(const ddp_trainer_t *t, int world)
 {
-    const char *local = getenv("DDP_LOCAL_WORLD_SIZE");
-    if (!local) local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    int n = local ? atoi(local) : 1;
+    int n = t->opts.env.local_world;
     return n >= 1 && n <= world ? n : 1;
 }
 
@@ -40,7 +38,7 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     int64_t extra = t->opts.dump_weights && t->opts.rank == 0
                         ? (int64_t)ddp_gpt2_count_params(&t->spec.model) * 4
                         : 0;
-    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(world), on_gpu, gpu_bytes(t), extra,
+    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), on_gpu, gpu_bytes(t), extra,
                             &b))
         return 0; /* nothing to plan without a model (init_from resolves it first) */
     t->mem_budget = b.total;

@@ -463,6 +463,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->opts.rank == 0 && !t->opts.quiet, &t->prec);
     ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
+    t->lscale.test_step = t->opts.env.overflow_step; /* test hook: DDP_TEST_OVERFLOW */
+    t->lscale.test_rank = t->opts.env.overflow_rank;
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
     DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->opts.rank, world, t->opts.no_resume,
                                      t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),

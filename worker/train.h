@@ -42,6 +42,8 @@ typedef struct ddp_train_env {
     long slow_us;    /* 0: off */
     int flip;        /* DDP_TEST_REPLICA_FLIP_RANK=R: rank R's replica checks see a flipped bit */
     int flip_rank;
+    long overflow_step; /* DDP_TEST_OVERFLOW=S:R: fp16's loss scale overflows at step S ... */
+    int overflow_rank;  /* ... on rank R; 0: off */
 } ddp_train_env_t;
 
 typedef struct ddp_train_opts {
