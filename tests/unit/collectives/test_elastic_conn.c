@@ -87,7 +87,8 @@ static void *coord_main(void *arg)
     return NULL;
 }
 
-static void fake_start(fake_coord_t *f, pthread_t *th)
+/* The fake coordinator's listener on a free loopback port, served by `fn` in a thread. */
+static void fake_start(fake_coord_t *f, pthread_t *th, void *(*fn)(void *))
 {
     f->lfd = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
@@ -100,10 +101,10 @@ static void fake_start(fake_coord_t *f, pthread_t *th)
     getsockname(f->lfd, (struct sockaddr *)&a, &al);
     f->port = ntohs(a.sin_port);
     pthread_mutex_init(&f->mu, NULL);
-    assert_int_equal(pthread_create(th, NULL, coord_main, f), 0);
+    assert_int_equal(pthread_create(th, NULL, fn, f), 0);
 }
 
-static ddp_elastic_t *member(fake_coord_t *f)
+static ddp_elastic_t *connect_to(fake_coord_t *f)
 {
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", f->port);
@@ -111,6 +112,14 @@ static ddp_elastic_t *member(fake_coord_t *f)
     ddp_errinfo_t ei;
     ddp_errinfo_clear(&ei);
     assert_int_equal(ddp_elastic_connect(addr, "tok", 0, 5, &e, &ei), 0);
+    return e;
+}
+
+static ddp_elastic_t *member(fake_coord_t *f)
+{
+    ddp_elastic_t *e = connect_to(f);
+    ddp_errinfo_t ei;
+    ddp_errinfo_clear(&ei);
     ddp_elastic_gen_t g;
     ddp_coll_bootstrap_t *bs = NULL;
     assert_int_equal(ddp_elastic_join(e, -1, &g, &bs, &ei), 0);
@@ -126,7 +135,7 @@ static void test_rejoin_after_restart(void **state)
     (void)state;
     fake_coord_t f = {.reconnect_s = 10, .come_back = 1};
     pthread_t th;
-    fake_start(&f, &th);
+    fake_start(&f, &th, coord_main);
     ddp_elastic_t *e = member(&f);
     json_t *r = NULL;
     int64_t deadline = ddp_now_ns() + 20000000000LL;
@@ -158,7 +167,7 @@ static void test_gone_for_good(void **state)
     (void)state;
     fake_coord_t f = {.reconnect_s = 0.3, .come_back = 0};
     pthread_t th;
-    fake_start(&f, &th);
+    fake_start(&f, &th, coord_main);
     ddp_elastic_t *e = member(&f);
     const char *why = NULL;
     int64_t deadline = ddp_now_ns() + 20000000000LL;
@@ -191,21 +200,11 @@ static void test_never_a_member(void **state)
 {
     (void)state;
     fake_coord_t f = {0};
-    f.lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t al = sizeof a;
-    assert_int_equal(bind(f.lfd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(listen(f.lfd, 4), 0);
-    getsockname(f.lfd, (struct sockaddr *)&a, &al);
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, close_after_join, &f), 0);
-    char addr[64];
-    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
-    ddp_elastic_t *e = NULL;
+    fake_start(&f, &th, close_after_join);
+    ddp_elastic_t *e = connect_to(&f);
     ddp_errinfo_t ei;
     ddp_errinfo_clear(&ei);
-    assert_int_equal(ddp_elastic_connect(addr, "tok", 0, 5, &e, &ei), 0);
     ddp_elastic_gen_t g;
     ddp_coll_bootstrap_t *bs = NULL;
     int64_t t0 = ddp_now_ns();

@@ -58,6 +58,32 @@ static void coord_stop(uv_loop_t *loop, ddpd_coord_t *c)
     uv_run(loop, UV_RUN_DEFAULT); /* until every handle is closed */
 }
 
+/* A coordinator on its own loop, and clients connected to it. */
+typedef struct {
+    uv_loop_t loop;
+    ddpd_coord_t *c;
+    client_t cl[3];
+    int n;
+} fixture_t;
+
+static void cl_connect(client_t *cl, int port);
+
+static void fx_start(fixture_t *f, int n_clients, int world, int min_workers, int adopt,
+                     unsigned long last_gen, double hb_timeout_s)
+{
+    uv_loop_init(&f->loop);
+    f->c = coord_start(&f->loop, world, min_workers, adopt, last_gen, hb_timeout_s);
+    f->n = n_clients;
+    for (int i = 0; i < n_clients; i++) cl_connect(&f->cl[i], ddpd_coord_port(f->c));
+}
+
+static void fx_stop(fixture_t *f)
+{
+    for (int i = 0; i < f->n; i++) close(f->cl[i].fd);
+    coord_stop(&f->loop, f->c);
+    uv_loop_close(&f->loop);
+}
+
 static void cl_connect(client_t *cl, int port)
 {
     memset(cl, 0, sizeof *cl);
@@ -163,15 +189,12 @@ static int teardown(void **state)
 static void test_form_done_late(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    ddpd_coord_t *c = coord_start(&loop, 2, 1, 0, 0, 5);
-    client_t a, b, late;
-    cl_connect(&a, ddpd_coord_port(c));
-    cl_connect(&b, ddpd_coord_port(c));
-    cl_join(&b, 1, -1);
-    cl_join(&a, 0, -1);
-    json_t *ga = cl_expect(&loop, &a, "gen"), *gb = cl_expect(&loop, &b, "gen");
+    fixture_t f;
+    fx_start(&f, 3, 2, 1, 0, 0, 5);
+    client_t *a = &f.cl[0], *b = &f.cl[1], *late = &f.cl[2];
+    cl_join(b, 1, -1);
+    cl_join(a, 0, -1);
+    json_t *ga = cl_expect(&f.loop, a, "gen"), *gb = cl_expect(&f.loop, b, "gen");
     assert_non_null(ga);
     assert_non_null(gb);
     assert_int_equal(ival(ga, "gen"), 1);
@@ -181,23 +204,18 @@ static void test_form_done_late(void **state)
     assert_true(json_number_value(json_object_get(ga, "reconnect_s")) == 30.0);
     json_decref(ga);
     json_decref(gb);
-    cl_send(&a, "{\"t\":\"done\",\"step\":10}");
-    cl_send(&b, "{\"t\":\"done\",\"step\":10}");
+    cl_send(a, "{\"t\":\"done\",\"step\":10}");
+    cl_send(b, "{\"t\":\"done\",\"step\":10}");
     int64_t deadline = ddp_now_ns() + 10000000000LL;
-    while (!last_event("done") && ddp_now_ns() < deadline) uv_run(&loop, UV_RUN_NOWAIT);
+    while (!last_event("done") && ddp_now_ns() < deadline) uv_run(&f.loop, UV_RUN_NOWAIT);
     assert_non_null(last_event("done"));
-    cl_connect(&late, ddpd_coord_port(c));
-    cl_join(&late, 1, -1);
-    json_t *x = cl_expect(&loop, &late, "exit");
+    cl_join(late, 1, -1);
+    json_t *x = cl_expect(&f.loop, late, "exit");
     assert_non_null(x);
     assert_true(json_is_true(json_object_get(x, "done")));
     assert_string_equal(json_string_value(json_object_get(x, "why")), "the job is done");
     json_decref(x);
-    close(a.fd);
-    close(b.fd);
-    close(late.fd);
-    coord_stop(&loop, c);
-    uv_loop_close(&loop);
+    fx_stop(&f);
 }
 
 /* A restarted coordinator adopts generation 7 once both of its members are back, without a
@@ -205,29 +223,22 @@ static void test_form_done_late(void **state)
 static void test_adopt_all_back(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 5);
-    client_t a, b;
-    cl_connect(&a, ddpd_coord_port(c));
-    cl_connect(&b, ddpd_coord_port(c));
-    cl_rejoin(&b, 7, 1, 2, 40);
-    cl_rejoin(&a, 7, 0, 2, 40);
-    json_t *xa = cl_expect(&loop, &a, "adopted"), *xb = cl_expect(&loop, &b, "adopted");
-    assert_non_null(xa);
-    assert_non_null(xb);
-    assert_int_equal(ival(xa, "gen"), 7);
-    json_decref(xa);
-    json_decref(xb);
+    fixture_t f;
+    fx_start(&f, 2, 2, 1, 1, 7, 5);
+    cl_rejoin(&f.cl[1], 7, 1, 2, 40);
+    cl_rejoin(&f.cl[0], 7, 0, 2, 40);
+    for (int i = 0; i < 2; i++) {
+        json_t *x = cl_expect(&f.loop, &f.cl[i], "adopted");
+        assert_non_null(x);
+        assert_int_equal(ival(x, "gen"), 7);
+        json_decref(x);
+    }
     json_t *ev = last_event("adopted");
     assert_non_null(ev);
     assert_int_equal(ival(ev, "size"), 2);
     assert_null(last_event("generation"));
-    assert_int_equal(ddpd_coord_generation(c), 7);
-    close(a.fd);
-    close(b.fd);
-    coord_stop(&loop, c);
-    uv_loop_close(&loop);
+    assert_int_equal(ddpd_coord_generation(f.c), 7);
+    fx_stop(&f);
 }
 
 /* A worker that asks to join while the coordinator adopts (its generation failed meanwhile):
@@ -235,20 +246,17 @@ static void test_adopt_all_back(void **state)
 static void test_adopt_abandoned_by_join(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 5);
-    client_t a, b;
-    cl_connect(&a, ddpd_coord_port(c));
-    cl_connect(&b, ddpd_coord_port(c));
-    cl_rejoin(&a, 7, 0, 2, 40);
-    cl_join(&b, 1, 40);
-    json_t *r = cl_expect(&loop, &a, "reform");
+    fixture_t f;
+    fx_start(&f, 2, 2, 1, 1, 7, 5);
+    client_t *a = &f.cl[0], *b = &f.cl[1];
+    cl_rejoin(a, 7, 0, 2, 40);
+    cl_join(b, 1, 40);
+    json_t *r = cl_expect(&f.loop, a, "reform");
     assert_non_null(r);
     assert_int_equal(ival(r, "gen"), 7);
     json_decref(r);
-    cl_join(&a, 0, 40);
-    json_t *ga = cl_expect(&loop, &a, "gen"), *gb = cl_expect(&loop, &b, "gen");
+    cl_join(a, 0, 40);
+    json_t *ga = cl_expect(&f.loop, a, "gen"), *gb = cl_expect(&f.loop, b, "gen");
     assert_non_null(ga);
     assert_non_null(gb);
     assert_int_equal(ival(ga, "gen"), 8); /* above every generation the members had */
@@ -257,10 +265,7 @@ static void test_adopt_abandoned_by_join(void **state)
     json_decref(ga);
     json_decref(gb);
     assert_null(last_event("adopted"));
-    close(a.fd);
-    close(b.fd);
-    coord_stop(&loop, c);
-    uv_loop_close(&loop);
+    fx_stop(&f);
 }
 
 /* One of two members never comes back: after heartbeat_timeout_s the adopted generation ends
@@ -268,24 +273,20 @@ static void test_adopt_abandoned_by_join(void **state)
 static void test_adopt_member_missing(void **state)
 {
     (void)state;
-    uv_loop_t loop;
-    uv_loop_init(&loop);
-    ddpd_coord_t *c = coord_start(&loop, 2, 1, 1, 7, 0.3);
-    client_t a;
-    cl_connect(&a, ddpd_coord_port(c));
-    cl_rejoin(&a, 7, 0, 2, 40);
-    json_t *r = cl_expect(&loop, &a, "reform");
+    fixture_t f;
+    fx_start(&f, 1, 2, 1, 1, 7, 0.3);
+    client_t *a = &f.cl[0];
+    cl_rejoin(a, 7, 0, 2, 40);
+    json_t *r = cl_expect(&f.loop, a, "reform");
     assert_non_null(r);
     json_decref(r);
-    cl_join(&a, 0, 40);
-    json_t *g = cl_expect(&loop, &a, "gen");
+    cl_join(a, 0, 40);
+    json_t *g = cl_expect(&f.loop, a, "gen");
     assert_non_null(g);
     assert_int_equal(ival(g, "gen"), 8);
     assert_int_equal(ival(g, "size"), 1);
     json_decref(g);
-    close(a.fd);
-    coord_stop(&loop, c);
-    uv_loop_close(&loop);
+    fx_stop(&f);
 }
 
 int main(void)
