@@ -375,13 +375,6 @@ static void on_rejoin(ddpd_coord_t *c, member_t *m, json_t *msg)
 
 static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
 {
-    const char *token = json_string_value(json_object_get(msg, "token"));
-    if (!token || strcmp(token, c->token) != 0) {
-        DDP_WARN("coordinator: refused %s: wrong job token", m->peer);
-        send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why", "wrong job token"));
-        evict(c, m, "presented a wrong job token", 0);
-        return;
-    }
     int fresh = !m->joined;
     if (c->phase == ENDED) { /* a rank started again after the end: it has nothing to do */
         send_to(m, json_pack("{s:s, s:s, s:b}", "t", "exit", "why", c->end_why, "done", c->done));
@@ -451,15 +444,18 @@ static int on_message(member_t *m, json_t *msg)
         evict(c, m, "spoke before joining", 0);
         return 1;
     }
-    if (!strcmp(t, "join")) {
-        on_join(c, m, msg);
-    } else if (!strcmp(t, "rejoin")) {
+    if (!strcmp(t, "join") || !strcmp(t, "rejoin")) {
         const char *token = json_string_value(json_object_get(msg, "token"));
-        if (!token || strcmp(token, c->token) != 0) {
+        if (!token || strcmp(token, c->token) != 0) { /* the same refusal for both */
+            DDP_WARN("coordinator: refused %s: wrong job token", m->peer);
+            send_to(m, json_pack("{s:s, s:s}", "t", "exit", "why", "wrong job token"));
             evict(c, m, "presented a wrong job token", 0);
             return 1;
         }
-        on_rejoin(c, m, msg);
+        if (t[0] == 'j')
+            on_join(c, m, msg);
+        else
+            on_rejoin(c, m, msg);
     } else if (!strcmp(t, "hb")) {
         json_t *s = json_object_get(msg, "step");
         if (json_is_integer(s)) m->step = (long)json_integer_value(s);

@@ -141,6 +141,13 @@ static void guest_launch(const guest_t *g, ddpd_launch_t *la)
         .gid = (gid_t)json_integer_value(json_object_get(m, "gid"))};
 }
 
+/* Reports that rank `rank` of g ended (code, sig) to its coordinator. */
+static void report_exit(guest_t *g, int rank, int code, int sig)
+{
+    guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job, "rank",
+                              rank, "code", code, "sig", sig));
+}
+
 static void guest_exit(ddpd_proc_t *p)
 {
     guest_t *g = p->data;
@@ -154,9 +161,7 @@ static void guest_exit(ddpd_proc_t *p)
         p->respawn = 1; /* elastic: spawned again once closed (guest_closed); not reported */
         return;
     }
-    guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job, "rank",
-                              p->rank, "code", p->status_unknown ? 1 : code, "sig",
-                              p->term_signal));
+    report_exit(g, p->rank, p->status_unknown ? 1 : code, p->term_signal);
     if (g->live == 0) g->freeing = 1;
     ddpd_peers_announce(g->d);
 }
@@ -181,8 +186,7 @@ static void guest_respawn(guest_t *g, ddpd_proc_t *p)
         return;
     }
     DDP_ERROR("guest rank %d of job %lld: %s", p->rank, (long long)g->job, why);
-    guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job", (json_int_t)g->job, "rank",
-                              p->rank, "code", 1, "sig", 0));
+    report_exit(g, p->rank, 1, 0);
     if (g->live == 0) g->freeing = 1;
 }
 
@@ -464,11 +468,8 @@ static void adopt_guests(ddpd_t *d)
          * counted them lost with this node and places them where it finds room */
         for (size_t i = 0; i < n; i++)
             if (!g->procs[i].open)
-                guest_report(g, json_pack("{ss sI si si si}", "t", "exit", "job",
-                                          (json_int_t)g->job, "rank", g->procs[i].rank, "code",
-                                          g->procs[i].status_unknown ? 1
-                                                                     : (int)g->procs[i].exit_status,
-                                          "sig", 0));
+                report_exit(g, g->procs[i].rank,
+                            g->procs[i].status_unknown ? 1 : (int)g->procs[i].exit_status, 0);
         if (g->live == 0) g->freeing = 1;
         guest_maybe_free(g);
         json_decref(rec);
