@@ -4,9 +4,23 @@
 Arguments are testlog.json paths; "--broken NAME" counts a build that failed (so its tests
 never ran) as one failure.
 Subtests of TAP tests count one each; a test binary that crashed or timed out counts as one
-failure. Exit status 1 when anything failed or no test ran."""
+failure. Each failed test is named first with its "not ok" lines and the last lines of its
+output, so a CI log shows the cause. Exit status 1 when anything failed or no test ran."""
 import json
 import sys
+
+TAIL_LINES = 40
+
+
+def report_failure(path, rec):
+    out = rec.get("stdout", "").splitlines()
+    print(f"--- {rec.get('name')} ({path}): {rec.get('result')}")
+    for l in out:
+        if l.startswith("not ok "):
+            print(f"    {l}")
+    for l in (out + rec.get("stderr", "").splitlines())[-TAIL_LINES:]:
+        print(f"  | {l}")
+
 
 passed = failed = skipped = 0
 args = sys.argv[1:]
@@ -35,5 +49,6 @@ for path in args:
         else:
             passed += ok
             failed += max(not_ok, 1)
+            report_failure(path, rec)
 print(f"tests: {passed} passed, {failed} failed, {skipped} skipped")
 sys.exit(1 if failed or passed == 0 else 0)

@@ -26,7 +26,7 @@ ok() { n_test=$((n_test + 1)); echo "ok $n_test - $*"; }
 not_ok() { n_test=$((n_test + 1)); n_fail=$((n_fail + 1)); echo "not ok $n_test - $*"; }
 check() { # check "description" command...
     local d=$1; shift
-    if "$@" >>"$T/check.log" 2>&1; then ok "$d"; else not_ok "$d"; echo "# failed: $*"; fi
+    if "$@" >>"$T/check.log" 2>&1; then ok "$d"; else not_ok "$d"; echo "# failed: $*"; return 1; fi
 }
 diag() { sed 's/^/# /' "$@" 2>/dev/null; }
 
