@@ -273,7 +273,7 @@ static int elementwise(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dty
         (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
         return DDP_EINVAL;
     size_t bytes = count * ddp_dtype_size(dt);
-    if (kind != DDP__REQ_ALLREDUCE && c->size > 1 && count) {
+    if (kind != DDP__REQ_ALLREDUCE && c->size > 1 && count && !c->ops->slices_anywhere) {
         /* slices live in every rank's memory at once: only the shared single pass has them */
         const ddp__mem_t *m = ddp__mem_find(c, buf, bytes);
         if (!m || !m->peer) return DDP_ENOTSUP;
@@ -313,6 +313,8 @@ int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
 {
     return elementwise(c, DDP__REQ_ALLGATHER, buf, count, dt, DDP_OP_SUM, 0, req);
 }
+
+int ddp_coll_slices_anywhere(const ddp_coll_t *c) { return c && c->ops->slices_anywhere; }
 
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
 {

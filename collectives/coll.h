@@ -155,16 +155,20 @@ int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, d
 #define DDP_COLL_SLICE_ELEMS ((size_t)16384)
 void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi);
 /* Starts an in-place reduce-scatter: when it completes, this rank's slice of buf (ddp_coll_slice)
- * holds the reduction over every rank's buf (in rank order, bitwise equal to what an all-reduce
- * gives there); the rest of this rank's buf is left as it was. With more than one rank, buf must
- * lie in collective memory shared by every rank (ddp_coll_mem_shared; same offset of the same
- * allocation everywhere): DDP_ENOTSUP otherwise. Otherwise as ddp_coll_allreduce. */
+ * holds the reduction over every rank's buf, bitwise equal to what an all-reduce of the same
+ * buffer gives there; the rest of this rank's buf is left as it was. The ring takes any memory;
+ * over the other backends, with more than one rank, buf must lie in collective memory shared by
+ * every rank (ddp_coll_mem_shared; same offset of the same allocation everywhere): DDP_ENOTSUP
+ * otherwise (ddp_coll_slices_anywhere says which). Otherwise as ddp_coll_allreduce. */
 int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                             ddp_redop_t op, ddp_coll_req_t **req);
 /* Starts an in-place all-gather: when it completes, every rank's buf holds each rank's slice
  * (ddp_coll_slice) of that rank's buf. Same conditions as ddp_coll_reduce_scatter. */
 int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                        ddp_coll_req_t **req);
+/* Whether c's reduce-scatter and all-gather take any memory (1), or only collective memory
+ * shared by every rank (0). Any thread. */
+int ddp_coll_slices_anywhere(const ddp_coll_t *c);
 /* Starts a broadcast of buf[0..bytes) from rank root to all ranks (in submission order). */
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req);
 /* Orders the operations submitted after this call after `event`: a device event of the kernel
@@ -253,6 +257,9 @@ typedef struct ddp_coll_ops {
     const char *name;
     /* 0 = unusable here; higher wins under "auto". */
     int (*probe)(void);
+    /* 1: reduce-scatter and all-gather work on any memory; 0: only on collective memory shared
+     * by every rank (the single pass over it) */
+    int slices_anywhere;
     /* Fills c->impl (and c->transport) from the bootstrap; collective. */
     int (*init)(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts,
                 ddp_errinfo_t *ei);

@@ -1,20 +1,25 @@
 /* The ring backend's algorithms, written once over the transport interface (transport.h).
  *
- * All-reduce: the buffer is cut into rounds of n * C elements (C = elements per slot); each round
- * is n segments of at most C elements, and runs the bandwidth-optimal ring: n-1 reduce-scatter
- * steps then n-1 all-gather steps, one slot-sized message per step on the link to the next rank.
+ * All-reduce: every rank's slice of the buffer (ddp_coll_slice) is a segment; the segments are
+ * cut into rounds of at most C elements each (C = elements per slot), and each round runs the
+ * bandwidth-optimal ring: n-1 reduce-scatter steps then n-1 all-gather steps, one slot-sized
+ * message per step on the link to the next rank. The segment that starts at rank s + 1 ends its
+ * reduce-scatter at rank s, so after the reduce-scatter steps each rank holds the sum of its own
+ * slice: a reduce-scatter is the first half of the schedule and an all-gather the second, and
+ * the slice a reduce-scatter leaves is bitwise what the all-reduce gives there.
  * Steps are fused so peer data is read once: a received partial sum is added to the local data
  * and written straight into the next send slot; the final sum (scaled by 1/n for an average) is
  * stored locally and sent in one pass; gathered segments are copied and forwarded in one pass.
  * While the last message of a round is awaited, the first message of the next round is already
  * sent, which keeps both directions busy. Over a link that can send from the caller's memory
- * (TCP's send_from), a partial or final sum is written into the local buffer and sent from there,
- * and a link that can receive into it (TCP's recv_post) has each all-gather message posted to its
- * final place in advance, so a segment crosses the socket with no memcpy on either side; a
- * partial sum left in the local buffer is overwritten by the all-gather (the same operands in the
- * same order as through slots). Segment s of every round is always summed starting at rank s and
- * going around the ring, so the result is a pure function of the inputs and the world size:
- * bitwise identical run to run.
+ * (TCP's send_from), a partial or final sum of an all-reduce is written into the local buffer
+ * and sent from there, and a link that can receive into it (TCP's recv_post) has each
+ * all-gather message posted to its final place in advance, so a segment crosses the socket with
+ * no memcpy on either side; a partial sum left in the local buffer is overwritten by the
+ * all-gather (the same operands in the same order as through slots). A reduce-scatter keeps its
+ * partial sums in the slots: it leaves the rest of the buffer as it was. Each segment is always
+ * summed starting at the same rank and going around the ring, so the result is a pure function
+ * of the inputs and the world size: bitwise identical run to run.
  *
  * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
  * on the transports' fds and the engine's eventfd, after a spin of DDP__SPIN_NS. A failure is named: the rank
@@ -40,17 +45,14 @@ typedef struct {
     size_t off, len;
 } seg_t;
 
+/* Round `round` of segment s: elements [round * C, round * C + C) of slice s - 1 (the slice the
+ * segment's reduce-scatter ends at); empty past the slice's end. */
 static seg_t seg_of(size_t count, size_t C, int n, size_t round, int s)
 {
-    size_t full = C * (size_t)n;
-    size_t base = round * full;
-    size_t rem = count - base < full ? count - base : full;
-    size_t per = (rem + (size_t)n - 1) / (size_t)n;
-    per = (per + 15) & ~(size_t)15; /* vector-friendly; C is a multiple of 16 */
-    if (per > C) per = C;
-    size_t o = (size_t)s * per < rem ? (size_t)s * per : rem;
-    size_t l = rem - o < per ? rem - o : per;
-    return (seg_t){base + o, l};
+    size_t lo, hi;
+    ddp_coll_slice(count, n, mod(s - 1, n), &lo, &hi);
+    size_t o = lo + round * C < hi ? lo + round * C : hi;
+    return (seg_t){o, hi - o < C ? hi - o : C};
 }
 
 static void delay(ddp__ring_t *R)
@@ -225,26 +227,36 @@ static void detach(ddp__ring_t *R)
     if (R->recv->ops->detach) R->recv->ops->detach(R->recv);
 }
 
-static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
+/* All-reduce, reduce-scatter or all-gather: steps [t0, t1) of each round's schedule (module
+ * comment). Step t < n - 1 receives a partial sum of segment r - t - 1; step t >= n - 1
+ * receives the final sum of segment r - (t - n + 1). */
+static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
 {
-    const int n = c->size, r = c->rank, T = 2 * (n - 1);
+    const int n = c->size, r = c->rank;
+    const int t0 = q->kind == DDP__REQ_ALLGATHER ? n - 1 : 0;
+    const int t1 = q->kind == DDP__REQ_REDUCE_SCATTER ? n - 1 : 2 * (n - 1);
+    const int T = t1 - t0;
+    /* the first message of a round: this rank's data, or for an all-gather its final slice */
+    const int first = q->kind == DDP__REQ_ALLGATHER ? r + 1 : r;
     const size_t es = ddp_dtype_size(q->dt);
     const size_t C = (R->slot_bytes / es) & ~(size_t)15;
     const size_t count = q->count;
-    const size_t nrounds = (count + C * (size_t)n - 1) / (C * (size_t)n);
+    size_t lo0, hi0;
+    ddp_coll_slice(count, n, 0, &lo0, &hi0); /* the first slice is the longest */
+    const size_t nrounds = (hi0 - lo0 + C - 1) / C;
     const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
     char *buf = q->buf;
-    const int zsend = R->send->ops->send_from != NULL;
-    /* messages this rank receives: T per round, the last n-1 of each to their final place */
+    const int zsend = R->send->ops->send_from != NULL && q->kind != DDP__REQ_REDUCE_SCATTER;
+    /* messages this rank receives: T per round, the all-gather's to their final place */
     const uint64_t nmsg = (uint64_t)nrounds * (uint64_t)T;
     uint64_t posted = R->recv->ops->recv_post ? 0 : nmsg;
     size_t round = 0;
-    int t = 0, sent0 = 0, sent0_next = 0;
+    int t = t0, sent0 = 0, sent0_next = 0;
     while (round < nrounds) {
         int err = atomic_load(&c->err);
         if (err) return err;
         for (; posted < nmsg; posted++) {
-            int pt = (int)(posted % (uint64_t)T);
+            int pt = t0 + (int)(posted % (uint64_t)T);
             char *dst = NULL;
             size_t dlen = 0;
             if (pt >= n - 1) {
@@ -260,17 +272,17 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
         if (!sent0) {
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
-                seg_t s = seg_of(count, C, n, round, r);
+                seg_t s = seg_of(count, C, n, round, mod(first, n));
                 send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0 = moved = 1;
             } else {
                 want_send = 1;
             }
         }
-        if (sent0 && t == T - 1 && round + 1 < nrounds && !sent0_next) {
+        if (sent0 && t == t1 - 1 && round + 1 < nrounds && !sent0_next) {
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
-                seg_t s = seg_of(count, C, n, round + 1, r);
+                seg_t s = seg_of(count, C, n, round + 1, mod(first, n));
                 send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0_next = moved = 1;
             }
@@ -278,7 +290,7 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
         if (sent0) {
             size_t len = 0;
             const void *rp = R->recv->ops->recv_slot(R->recv, &len);
-            int need_send = t < T - 1;
+            int need_send = t < t1 - 1;
             void *sp = (rp && need_send) ? R->send->ops->send_slot(R->send) : NULL;
             if (!rp) {
                 want_recv = 1;
@@ -313,8 +325,8 @@ static int run_allreduce(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64
                     R->send->ops->send_commit(R->send, len);
                 }
                 moved = 1;
-                if (++t == T) {
-                    t = 0;
+                if (++t == t1) {
+                    t = t0;
                     round++;
                     sent0 = sent0_next;
                     sent0_next = 0;
@@ -399,7 +411,7 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
     R->grace = 0;
     if (q->impl || (q->barrier && R->direct)) return ddp__direct_run(R, c, q, deadline);
     int rc = q->kind == DDP__REQ_BCAST ? run_bcast(R, c, q, deadline)
-                                       : run_allreduce(R, c, q, deadline);
+                                       : run_elementwise(R, c, q, deadline);
     if (rc >= 0) rc = flush(R, c, q, deadline);
     detach(R); /* after a failure too: the caller may free q->buf once it completes */
     return rc;
@@ -469,6 +481,7 @@ int ddp__ring_start(ddp_coll_t *c, ddp__xport_t *send, ddp__xport_t *recv,
 const ddp_coll_ops_t ddp_coll_ring_ops = {
     .name = "ring",
     .probe = ring_probe,
+    .slices_anywhere = 1,
     .init = ddp__ring_init,
     .submit = ring_submit,
     .wait = ring_wait,

@@ -4,7 +4,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 static atomic_long fail_countdown;
 
@@ -54,4 +56,33 @@ void *ddp_alloc_big(size_t n)
     if (p) (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: 4 KiB pages work too */
 #endif
     return p;
+}
+
+void ddp_mem_release(void *p, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
+    if (!p || b <= a) return;
+    /* shared memory (tmpfs) frees its pages only when they are removed; private anonymous
+     * memory refuses MADV_REMOVE and frees them with MADV_DONTNEED */
+    if (madvise((void *)a, b - a, MADV_REMOVE) != 0) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+}
+
+long long ddp_mem_resident(const void *p, size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
+    size_t pages = ((uintptr_t)p + n - a + page - 1) / page;
+    if (!p || !n) return 0;
+    unsigned char *vec = malloc(pages);
+    if (!vec) return -1;
+    long long resident = -1;
+    if (mincore((void *)a, pages * page, vec) == 0) {
+        resident = 0;
+        for (size_t i = 0; i < pages; i++) resident += vec[i] & 1;
+        resident *= (long long)page;
+    }
+    free(vec);
+    return resident;
 }

@@ -23,6 +23,14 @@ void *ddp_aligned_alloc(size_t alignment, size_t n);
  * loops miss the TLB less. */
 void *ddp_alloc_big(size_t n);
 
+/* Gives the whole pages inside [p, p + n) back to the kernel: they read as zero afterwards and
+ * take no memory until written again. For mapped memory (anonymous or shared) and large
+ * allocations; the partial pages at either end are left alone. */
+void ddp_mem_release(void *p, size_t n);
+
+/* Bytes of [p, p + n) resident in memory (whole pages, mincore()), or -1 when unknown. */
+long long ddp_mem_resident(const void *p, size_t n);
+
 /* Test hook: the k-th allocation from now fails (k >= 1); 0 disables. Not thread-safe with
  * respect to concurrent allocations' ordering; meant for single-threaded tests. */
 void ddp_alloc_fail_at(long k);

@@ -145,8 +145,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
     long gbt = s->global_batch_tokens ? s->global_batch_tokens : per * world;
     b->n_micro = gbt / per > 0 ? (int)(gbt / per) : 1;
     b->accum = (b->n_micro + world - 1) / world;
-    /* train.c alloc_arenas: the optimizer step is split only where the ranks share memory */
-    b->sharded = s->shard_optimizer && world > 1 && !on_gpu && local == world;
+    /* train.c alloc_arenas: the optimizer step is split over the ring (any transport) on the
+     * CPU; not on a GPU yet, nor over MPI */
+    b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0;
 
     b->n_params = (int64_t)ddp_gpt2_count_params(cfg);
     b->params = b->grads = b->n_params * 4;
@@ -255,10 +256,10 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
     ADD(" train.precision does not lower memory (activations stay fp32);");
     if (b->sharded)
         ADD(" ddp.shard_optimizer is on already;");
-    else if (b->world > 1 && !b->on_gpu && s->shard_optimizer)
-        ADD(" ddp.shard_optimizer works only for ranks on one host;");
+    else if (b->world > 1 && s->shard_optimizer)
+        ADD(" ddp.shard_optimizer works only with the ring backend on the CPU;");
     else
-        ADD(" ddp.shard_optimizer over %d ranks on one host would save %s;",
+        ADD(" ddp.shard_optimizer over %d ranks would save %s;",
             b->world > 1 ? b->world : 2,
             ddp_mem_fmt(b->moments - b->moments / (b->world > 1 ? b->world : 2), x, sizeof x));
     ADD(" or raise train.memory_limit");

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "common/alloc.h"
 #include "common/log.h"
 #include "worker/memory_budget.h"
 #include "worker/train.h"
@@ -60,4 +61,17 @@ void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
     DDP_INFO("peak RSS %s (ru_maxrss %ld KiB); the memory budget said %s (%lld KiB)",
              ddp_mem_fmt((int64_t)ru.ru_maxrss * 1024, peak, sizeof peak), ru.ru_maxrss,
              ddp_mem_fmt(t->mem_budget, plan, sizeof plan), (long long)(t->mem_budget / 1024));
+}
+
+void ddp_trainer_log_moments(const ddp_trainer_t *t)
+{
+    if (t->k.module || t->opts.quiet) return; /* device memory: mincore() cannot see it */
+    size_t bytes = t->opt.n * sizeof(float);
+    long long m = ddp_mem_resident(t->opt.m, bytes), v = ddp_mem_resident(t->opt.v, bytes);
+    char res[32], all[32];
+    if (m >= 0 && v >= 0)
+        DDP_INFO("optimizer moments resident after step %ld: %s of %s (%lld KiB)%s", t->step,
+                 ddp_mem_fmt(m + v, res, sizeof res),
+                 ddp_mem_fmt(2 * (int64_t)bytes, all, sizeof all), (m + v) / 1024,
+                 t->sharded ? ", sharded: this rank's slices" : "");
 }

@@ -12,8 +12,8 @@
  * started and finished on the communication thread, from which the step's exposed
  * (not hidden) communication time is derived.
  *
- * Sharded step (`scatter`, when the ranks share collective memory): each bucket is
- * reduce-scattered instead, so this rank holds the reduced gradient of its slice of every bucket
+ * Sharded step (`scatter`: ddp.shard_optimizer where the communicator can, see train.c
+ * alloc_arenas; ZeRO-1): each bucket is reduce-scattered instead, so this rank holds the reduced gradient of its slice of every bucket
  * (ddp_coll_slice), its `parts`; the optimizer updates those, and ddp_reducer_gather copies
  * their new values to every rank. Without it every part is a whole bucket. Either way the
  * parts carry the numbers of their gradient-norm blocks (optim.h), counted from each bucket's
@@ -65,7 +65,8 @@ typedef struct ddp_reducer_stats {
 } ddp_reducer_stats_t;
 
 /* Splits an arena of n floats into buckets (sizes in MiB) for comm (NULL: one rank). scatter
- * needs the arena in collective memory shared by every rank. Returns 0 or DDP_ENOMEM. */
+ * needs a communicator whose reduce-scatter takes the arena (ddp_coll_slices_anywhere, or the
+ * arena in collective memory shared by every rank). Returns 0 or DDP_ENOMEM. */
 int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
                      size_t n, double first_bucket_mb, double bucket_mb, int overlap,
                      int scatter);

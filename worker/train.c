@@ -123,8 +123,11 @@ static void free_reduced(ddp_trainer_t *t, float *p)
 }
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
- * the CPU; with ddp.shard_optimizer also the parameters' and moments', and when all four are
- * shared by every rank the optimizer step is sharded (reducer.h). */
+ * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
+ * sharded (reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
+ * over any transport, the others where all four are shared by every rank. A rank writes only its
+ * slices of the moments, and collective memory is mapped on demand, so the rest of the moment
+ * arenas costs no memory until a checkpoint gathers them. */
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (!uses_coll_mem(t)) return 0;
@@ -137,10 +140,11 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(alloc_reduced(t, bytes, &t->weights, ei));
     DDP_CHECK(alloc_reduced(t, bytes, &t->moments[0], ei));
     DDP_CHECK(alloc_reduced(t, bytes, &t->moments[1], ei));
-    t->sharded = ddp_coll_mem_shared(t->comm, t->grads) &&
-                 ddp_coll_mem_shared(t->comm, t->weights) &&
-                 ddp_coll_mem_shared(t->comm, t->moments[0]) &&
-                 ddp_coll_mem_shared(t->comm, t->moments[1]);
+    t->sharded = ddp_coll_slices_anywhere(t->comm) ||
+                 (ddp_coll_mem_shared(t->comm, t->grads) &&
+                  ddp_coll_mem_shared(t->comm, t->weights) &&
+                  ddp_coll_mem_shared(t->comm, t->moments[0]) &&
+                  ddp_coll_mem_shared(t->comm, t->moments[1]));
     return 0;
 }
 
@@ -513,10 +517,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         t->have_val = 1;
     }
     DDP_CHECK_GOTO(attach_world(t, ei), rc, fail);
-    /* the moments are equal everywhere now (zero, or loaded); gathering them once touches the
-     * peers' pages here, so that the first save does not pay the page faults */
-    t->moments_whole = !t->ckpt;
-    DDP_CHECK_GOTO(ddp_trainer_gather_moments(t, ei), rc, fail);
+    /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
+     * rank's slices of them (drop_foreign_moments) */
+    t->moments_whole = 1;
     t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
         double bytes = 0;
@@ -541,9 +544,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, ddp_k_name(&t->k), threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
-                 t->sharded ? " (gradients in shared memory, optimizer step sharded)"
-                 : ddp_coll_mem_shared(t->comm, t->grads) ? " (gradients in shared memory)"
-                                                           : "",
+                 !ddp_coll_mem_shared(t->comm, t->grads)
+                     ? (t->sharded ? " (optimizer step sharded)" : "")
+                 : t->sharded ? " (gradients in shared memory, optimizer step sharded)"
+                              : " (gradients in shared memory)",
                  t->accum, s->micro_batch, s->seq_len,
                  t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
@@ -660,6 +664,22 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* Sharded, after an update that left the moments in slices: gives back the pages of the moment
+ * arenas outside this rank's parts (loaded whole, or gathered for a save that has its
+ * snapshot). They read as zero until the next gather overwrites them, and only this rank's
+ * parts are read meanwhile; this is where ZeRO-1 saves its memory. */
+static void drop_foreign_moments(ddp_trainer_t *t)
+{
+    const ddp_reducer_t *r = &t->reducer;
+    for (int i = 0; i < 2; i++)
+        for (int b = 0; b < r->n_buckets; b++) {
+            size_t begin = b ? r->bucket_end[b - 1] : 0, end = r->bucket_end[b];
+            const ddp_arena_part_t *p = &r->parts[b];
+            ddp_mem_release(t->moments[i] + begin, (p->lo - begin) * sizeof(float));
+            ddp_mem_release(t->moments[i] + p->hi, (end - p->hi) * sizeof(float));
+        }
+}
+
 /* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone
  * (and its moments too when a save follows this step: they travel beside the update instead of
  * at the step boundary). */
@@ -756,6 +776,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
+        if (t->sharded && t->moments_whole && !t->gather_moments) drop_foreign_moments(t);
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
         DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
@@ -772,6 +793,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->last_loss = *loss;
     t->last_norm = norm;
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
+    if (!t->moments_logged++) ddp_trainer_log_moments(t);
     return 0;
 }
 

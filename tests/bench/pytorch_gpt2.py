@@ -11,6 +11,8 @@ prints one JSON line: median step time, tokens/s (global), peak RSS.
     /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --ddp 2
   PyTorch 2.x (a virtual environment from PyPI), bf16 autocast and torch.compile:
     /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py --amp bf16 --compile 1 --threads 2
+  the out-of-memory tools: activation checkpointing per block, ZeroRedundancyOptimizer:
+    /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py -B 1 -T 1024 --ddp 2 --recompute 1 --zero 1
 
 Use Debian's python3-torch (/usr/bin/python3). OMP_WAIT_POLICY=PASSIVE is set before torch is
 imported (on 2 cores PyTorch's OpenMP and OpenBLAS pools otherwise spin against each other), and
@@ -69,13 +71,18 @@ def parse_args():
                     help="bf16: torch.autocast(cpu, bfloat16) around forward and loss")
     ap.add_argument("--compile", type=int, default=0,
                     help="1: torch.compile the model (PyTorch >= 2; compiled in the warmup)")
+    ap.add_argument("--recompute", type=int, default=0,
+                    help="1: torch.utils.checkpoint around every block (use_reentrant=False)")
+    ap.add_argument("--zero", type=int, default=0,
+                    help="1: ZeroRedundancyOptimizer (ZeRO-1) around AdamW (DDP only)")
     # internal: a DDP rank started by the launcher
     ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--master", default="", help=argparse.SUPPRESS)
     return ap.parse_args()
 
 
-def build_model(torch, nn, F, cfg):
+def build_model(torch, nn, F, cfg, recompute=False):
+    import torch.utils.checkpoint  # noqa: F401 (torch.utils.checkpoint.checkpoint below)
     L, NH, C, V, BLOCK = cfg
 
     class Block(nn.Module):
@@ -124,7 +131,10 @@ def build_model(torch, nn, F, cfg):
             b, t = idx.shape
             x = self.wte(idx) + self.wpe.weight[:t]
             for blk in self.h:
-                x = blk(x, self.mask)
+                if recompute:
+                    x = torch.utils.checkpoint.checkpoint(blk, x, self.mask, use_reentrant=False)
+                else:
+                    x = blk(x, self.mask)
             logits = F.linear(self.ln_f(x), self.wte.weight)  # tied head
             return F.cross_entropy(logits.view(-1, V), targets.reshape(-1))
 
@@ -146,7 +156,7 @@ def train(args, rank, world):
     torch.set_num_interop_threads(1)
     torch.manual_seed(args.seed)
     cfg = PRESETS[args.model]
-    model = build_model(torch, nn, F, cfg)
+    model = build_model(torch, nn, F, cfg, bool(args.recompute))
     n_params = sum(p.numel() for p in model.parameters())
     if world > 1:
         import torch.distributed as dist
@@ -156,9 +166,14 @@ def train(args, rank, world):
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8, foreach=bool(args.foreach))
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    if args.zero and world > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(groups, optimizer_class=torch.optim.AdamW, lr=6e-4,
+                                      betas=(0.9, 0.95), eps=1e-8, foreach=bool(args.foreach))
+    else:
+        opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
+                                foreach=bool(args.foreach))
     fwd = torch.compile(model) if args.compile else model
     amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
@@ -182,7 +197,8 @@ def train(args, rank, world):
     med = statistics.median(times)
     res = {"impl": "pytorch", "torch": torch.__version__, "model": args.model,
            "params": n_params, "B": B, "T": T, "world": world, "threads": threads,
-           "amp": args.amp, "compile": args.compile,
+           "amp": args.amp, "compile": args.compile, "recompute": args.recompute,
+           "zero": args.zero,
            "warmup": args.warmup, "steps": args.steps, "median_step_s": round(med, 4),
            "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
            "tokens_per_s": round(world * B * T / med, 1),
@@ -212,6 +228,8 @@ def launch_ddp(args):
             "-B", str(args.batch), "-T", str(args.seq), "--threads", str(args.threads or 1),
             "--warmup", str(args.warmup), "--steps", str(args.steps),
             "--foreach", str(args.foreach), "--seed", str(args.seed),
+            "--amp", args.amp, "--compile", str(args.compile),
+            "--recompute", str(args.recompute), "--zero", str(args.zero),
             "--ddp", str(args.ddp), "--master", f"127.0.0.1:{port}"]
     procs = []
     for r in range(args.ddp):

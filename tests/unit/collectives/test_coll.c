@@ -3,7 +3,7 @@
  * odd and chunk-multiple counts, sum and average, fp32 and bf16, checked against a serial double
  * sum and bitwise between two runs; the single-pass path on memory from ddp_coll_mem_alloc
  * (shared on one host, private over TCP), mixed with the ring's; reduce-scatter and all-gather
- * there; argument validation; the TCP link's caller-memory operations (send_from, recv_post,
+ * on both kinds of memory; argument validation; the TCP link's caller-memory operations (send_from, recv_post,
  * detach) between two processes.
  */
 #include <pthread.h>
@@ -25,27 +25,32 @@
 
 static const size_t counts[] = {0, 1, 7, 1000003, CHUNK_MULT};
 
-/* Reduce-scatter then all-gather of collective memory. With shared memory: this rank's slice
- * (ddp_coll_slice) equals a single-pass all-reduce's bitwise and the rest of the buffer is left
- * as it was; the all-gather (with garbage outside the slice) then gives every rank the whole
- * all-reduced buffer. Without (TCP, or a /dev/shm too small) both are refused with DDP_ENOTSUP,
- * except in a world of one, where they change nothing. */
+/* Reduce-scatter then all-gather, of collective memory or of malloc()ed memory: this rank's
+ * slice (ddp_coll_slice) equals an all-reduce's bitwise and the rest of the buffer is left as it
+ * was; the all-gather (with garbage outside the slice) then gives every rank the whole
+ * all-reduced buffer. The ring does this over any memory (its schedule's two halves); a backend
+ * that cannot refuses memory not shared by every rank with DDP_ENOTSUP. In a world of one both
+ * change nothing. */
 static int check_scatter_gather(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
-                                uint32_t seed)
+                                uint32_t seed, int coll_mem)
 {
     const size_t es = ddp_dtype_size(dt), bytes = count * es;
     const int n = ddp_coll_size(c), me = ddp_coll_rank(c);
     char *buf, *ref, *orig = malloc(bytes + 1);
     ddp_errinfo_t ei;
     ddp_coll_req_t *r;
-    if (ddp_coll_mem_alloc(c, bytes + 1, (void **)&buf, &ei) ||
-        ddp_coll_mem_alloc(c, bytes + 1, (void **)&ref, &ei))
+    if (!coll_mem) {
+        buf = malloc(bytes + 1);
+        ref = malloc(bytes + 1);
+    } else if (ddp_coll_mem_alloc(c, bytes + 1, (void **)&buf, &ei) ||
+               ddp_coll_mem_alloc(c, bytes + 1, (void **)&ref, &ei)) {
         W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+    }
     w_fill(buf, count, dt, me, seed);
     w_fill(ref, count, dt, me, seed);
     w_fill(orig, count, dt, me, seed);
     int rc = ddp_coll_reduce_scatter(c, buf, count, dt, op, &r);
-    if (!ddp_coll_mem_shared(c, buf) && n > 1 && count) {
+    if (!ddp_coll_slices_anywhere(c) && !ddp_coll_mem_shared(c, buf) && n > 1 && count) {
         if (rc != DDP_ENOTSUP) W_FAIL("reduce-scatter of private memory: %s", ddp_err_name(rc));
         if (ddp_coll_allgather(c, buf, count, dt, &r) != DDP_ENOTSUP)
             W_FAIL("allgather of private memory accepted");
@@ -67,8 +72,13 @@ static int check_scatter_gather(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp
         W_FAIL("allgather of %zu: %s", count, ei.msg);
     if (memcmp(buf, ref, bytes)) W_FAIL("allgather of %zu differs from the all-reduce", count);
 done:
-    ddp_coll_mem_free(c, buf);
-    ddp_coll_mem_free(c, ref);
+    if (coll_mem) {
+        ddp_coll_mem_free(c, buf);
+        ddp_coll_mem_free(c, ref);
+    } else {
+        free(buf);
+        free(ref);
+    }
     free(orig);
     return 0;
 }
@@ -82,10 +92,11 @@ static int full_suite(ddp_coll_t *c, int coll_mem)
                 if (w_check_allreduce_in(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
                                          coll_mem))
                     return 1;
-    for (size_t k = 0; coll_mem && k < sizeof counts / sizeof counts[0]; k++)
+    for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int dt = 0; dt < 2; dt++)
             for (int op = 0; op < 2; op++)
-                if (check_scatter_gather(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++))
+                if (check_scatter_gather(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
+                                         coll_mem))
                     return 1;
     /* several buckets in flight at once, then one wait for all (the reducer's pattern), with a
      * small malloc()ed all-reduce between them (the ring's path amid the single-pass one) */
