@@ -74,7 +74,7 @@
  *   ddp.bucket_mb              float     25             gradient bucket size, MiB
  *   ddp.first_bucket_mb        float     1              first (small) bucket, MiB, <= bucket_mb
  *   ddp.overlap                bool      true           all-reduce during backward
- *   ddp.shard_optimizer        bool      true           ranks sharing memory split the update
+ *   ddp.shard_optimizer        bool      true           ZeRO-1 over the ring (TCP or shm)
  *   ddp.check_every            int       100            steps between replica checksums; 0 = never
  *   ddp.restart                enum      never          on-failure: a dead rank is restarted and
  *                                                       rejoins the running job (elastic)

@@ -244,9 +244,11 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
         ADD(" train.micro_batch %d (the same global batch in %d micro-steps per rank) saves %s;",
             cur, (b->n_micro * b->B / cur + b->world - 1) / b->world,
             ddp_mem_fmt(b->total - total_at(b, &s->model, cur, b->recompute), x, sizeof x));
-    else if (cur < 1)
+    else if (cur < 1 && b->B > 1)
         ADD(" no micro_batch fits at seq_len %d (micro_batch 1 saves %s);", b->T,
             ddp_mem_fmt(b->total - total_at(b, &s->model, 1, b->recompute), x, sizeof x));
+    else if (cur < 1)
+        ADD(" not even micro_batch 1 fits at seq_len %d;", b->T);
     if (b->recompute == DDP_RECOMPUTE_NONE)
         ADD(" train.recompute: block saves %s%s;",
             ddp_mem_fmt(b->acts_none - b->acts_block, x, sizeof x),

@@ -17,17 +17,9 @@ ns_cleanup() {
     ip netns del "$NB" 2>/dev/null
 }
 trap ns_cleanup EXIT
-if ! ip netns add "$NA" 2>/dev/null || ! ip netns add "$NB" 2>/dev/null; then
-    echo "1..0 # SKIP cannot create network namespaces"; exit 77
-fi
-ip link add "va$sfx" type veth peer name "vb$sfx" || { echo "1..0 # SKIP no veth"; exit 77; }
-ip link set "va$sfx" netns "$NA"
-ip link set "vb$sfx" netns "$NB"
-ip -n "$NA" addr add "$A/24" dev "va$sfx"
-ip -n "$NB" addr add "$Bip/24" dev "vb$sfx"
-for n in "$NA" "$NB"; do ip -n "$n" link set lo up; done
-ip -n "$NA" link set "va$sfx" up
-ip -n "$NB" link set "vb$sfx" up
+. "$SRC/tests/netns_pair.sh"
+netns_pair "$NA" "$NB" "$sfx" "$A" "$Bip" ||
+    { echo "1..0 # SKIP cannot create network namespaces"; exit 77; }
 
 W=$(worker_bin)
 echo "# worker: $W"

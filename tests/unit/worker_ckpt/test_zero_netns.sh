@@ -22,17 +22,9 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
-if ! ip netns add "$NA" 2>/dev/null || ! ip netns add "$NB" 2>/dev/null ||
-   ! ip link add "za$sfx" type veth peer name "zb$sfx" 2>/dev/null; then
-  echo "1..0 # SKIP cannot create network namespaces"; exit 77
-fi
-ip link set "za$sfx" netns "$NA"
-ip link set "zb$sfx" netns "$NB"
-ip -n "$NA" addr add "$A/24" dev "za$sfx"
-ip -n "$NB" addr add "$B/24" dev "zb$sfx"
-for ns in "$NA" "$NB"; do ip -n "$ns" link set lo up; done
-ip -n "$NA" link set "za$sfx" up
-ip -n "$NB" link set "zb$sfx" up
+. "$(dirname "$0")/../../netns_pair.sh"
+netns_pair "$NA" "$NB" "z$sfx" "$A" "$B" ||
+    { echo "1..0 # SKIP cannot create network namespaces"; exit 77; }
 
 n=0 failed=0
 ok() { n=$((n + 1)); echo "ok $n - $1"; }
