@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -137,6 +138,43 @@ static int thp_eligible(const void *p)
     return eligible;
 }
 
+/* ddp_mem_release gives whole pages back (they read as zero and are no longer resident) and
+ * leaves the partial pages at either end alone; ddp_mem_resident counts them with mincore.
+ * Private anonymous memory (MADV_DONTNEED) and shared memory (MADV_REMOVE), as ZeRO-1's moment
+ * arenas are on a rank alone and between the ranks of one host. */
+static void check_release(char *p, size_t n)
+{
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    assert_int_equal(ddp_mem_resident(p, n), 0); /* mapped, never touched */
+    memset(p, 7, n);
+    assert_int_equal(ddp_mem_resident(p, n), (long long)n);
+    /* [page / 2, n - page / 2): the first and last pages are partial, so they stay */
+    ddp_mem_release(p + page / 2, n - page);
+    assert_int_equal(ddp_mem_resident(p, n), (long long)(2 * page));
+    assert_int_equal(p[page / 2 - 1], 7);
+    assert_int_equal(p[page / 2], 7); /* the rest of the first page */
+    assert_int_equal(p[page], 0);     /* a released page reads as zero */
+    assert_int_equal(p[n - page - 1], 0);
+    assert_int_equal(p[n - page], 7);
+    ddp_mem_release(NULL, n); /* no-ops */
+    ddp_mem_release(p, page - 1);
+    assert_int_equal(p[0], 7);
+}
+
+static void test_mem_release(void **state)
+{
+    (void)state;
+    const size_t n = 16 * (size_t)sysconf(_SC_PAGESIZE);
+    char *priv = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(priv != MAP_FAILED);
+    check_release(priv, n);
+    munmap(priv, n);
+    char *shared = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(shared != MAP_FAILED);
+    check_release(shared, n);
+    munmap(shared, n);
+}
+
 static void test_alloc_big(void **state)
 {
     (void)state;
@@ -252,6 +290,7 @@ int main(void)
         cmocka_unit_test(test_errinfo_format),
         cmocka_unit_test(test_alloc_fail_injection),
         cmocka_unit_test(test_alloc_big),
+        cmocka_unit_test(test_mem_release),
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_crc32c_combine),
         cmocka_unit_test(test_file_read),
