@@ -6,7 +6,10 @@
  * message per step on the link to the next rank. The segment that starts at rank s + 1 ends its
  * reduce-scatter at rank s, so after the reduce-scatter steps each rank holds the sum of its own
  * slice: a reduce-scatter is the first half of the schedule and an all-gather the second, and
- * the slice a reduce-scatter leaves is bitwise what the all-reduce gives there.
+ * the slice a reduce-scatter leaves is bitwise what the all-reduce gives there. Slices are cut
+ * at DDP_COLL_SLICE_ELEMS elements, so a buffer shorter than n of those fills fewer than n
+ * segments and carries less in parallel: the price of that equality (gradient buckets are far
+ * larger; the small all-reduces are latency-bound anyway).
  * Steps are fused so peer data is read once: a received partial sum is added to the local data
  * and written straight into the next send slot; the final sum (scaled by 1/n for an average) is
  * stored locally and sent in one pass; gathered segments are copied and forwarded in one pass.

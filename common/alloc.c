@@ -64,9 +64,7 @@ void ddp_mem_release(void *p, size_t n)
     uintptr_t a = ((uintptr_t)p + page - 1) & ~(uintptr_t)(page - 1);
     uintptr_t b = ((uintptr_t)p + n) & ~(uintptr_t)(page - 1);
     if (!p || b <= a) return;
-    /* shared memory (tmpfs) frees its pages only when they are removed; private anonymous
-     * memory refuses MADV_REMOVE and frees them with MADV_DONTNEED */
-    if (madvise((void *)a, b - a, MADV_REMOVE) != 0) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+    (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: the pages may also just stay */
 }
 
 long long ddp_mem_resident(const void *p, size_t n)

@@ -24,8 +24,9 @@ void *ddp_aligned_alloc(size_t alignment, size_t n);
 void *ddp_alloc_big(size_t n);
 
 /* Gives the whole pages inside [p, p + n) back to the kernel: they read as zero afterwards and
- * take no memory until written again. For mapped memory (anonymous or shared) and large
- * allocations; the partial pages at either end are left alone. */
+ * take no memory until written again (MADV_DONTNEED). For private memory: anonymous mappings
+ * and large allocations; shared memory keeps its pages. The partial pages at either end are
+ * left alone. */
 void ddp_mem_release(void *p, size_t n);
 
 /* Bytes of [p, p + n) resident in memory (whole pages, mincore()), or -1 when unknown. */

@@ -146,8 +146,10 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
     b->n_micro = gbt / per > 0 ? (int)(gbt / per) : 1;
     b->accum = (b->n_micro + world - 1) / world;
     /* train.c alloc_arenas: the optimizer step is split over the ring (any transport) on the
-     * CPU; not on a GPU yet, nor over MPI */
-    b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0;
+     * CPU; not on a GPU yet, nor over MPI, nor in an elastic job (restart: on-failure). A
+     * save gathers the moments whole for a step; that transient is not counted. */
+    b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0 &&
+                 strcmp(s->restart, "on-failure") != 0;
 
     b->n_params = (int64_t)ddp_gpt2_count_params(cfg);
     b->params = b->grads = b->n_params * 4;
@@ -259,7 +261,8 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
     if (b->sharded)
         ADD(" ddp.shard_optimizer is on already;");
     else if (b->world > 1 && s->shard_optimizer)
-        ADD(" ddp.shard_optimizer works only with the ring backend on the CPU;");
+        ADD(" ddp.shard_optimizer works only with the ring backend on the CPU, and not in an "
+            "elastic job;");
     else
         ADD(" ddp.shard_optimizer over %d ranks would save %s;",
             b->world > 1 ? b->world : 2,

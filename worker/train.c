@@ -667,12 +667,15 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
 /* Sharded, after an update that left the moments in slices: gives back the pages of the moment
  * arenas outside this rank's parts (loaded whole, or gathered for a save that has its
  * snapshot). They read as zero until the next gather overwrites them, and only this rank's
- * parts are read meanwhile; this is where ZeRO-1 saves its memory. */
+ * parts are read meanwhile; this is where ZeRO-1 saves its memory. Private memory only (ranks
+ * on different hosts): an arena shared with the peers of one host is a /dev/shm segment
+ * reserved whole (shm_direct.c), where a peer writes during a gather and a full /dev/shm must
+ * stay an error at start, not a SIGBUS at the next save. */
 static void drop_foreign_moments(ddp_trainer_t *t)
 {
     const ddp_reducer_t *r = &t->reducer;
     for (int i = 0; i < 2; i++)
-        for (int b = 0; b < r->n_buckets; b++) {
+        for (int b = 0; b < r->n_buckets && !ddp_coll_mem_shared(t->comm, t->moments[i]); b++) {
             size_t begin = b ? r->bucket_end[b - 1] : 0, end = r->bucket_end[b];
             const ddp_arena_part_t *p = &r->parts[b];
             ddp_mem_release(t->moments[i] + begin, (p->lo - begin) * sizeof(float));
@@ -772,11 +775,15 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         t->gather_moments = t->sharded && ddp_tckpt_planned(t->ckpt, t->step + 1);
         /* a save of this step is planned */
         ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t->ckpt, t->step + 1);
+        /* mid-update, a sharded rank's state is part this step, part the next: an emergency
+         * save after a failure here must refuse it (it refuses moments that are not whole) */
+        int was_whole = t->moments_whole;
+        if (t->sharded) t->moments_whole = 0;
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
-        if (t->sharded && t->moments_whole && !t->gather_moments) drop_foreign_moments(t);
+        if (t->sharded && was_whole && !t->gather_moments) drop_foreign_moments(t);
         t->moments_whole = t->gather_moments;
         t->skipped_in_a_row = 0;
         DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
@@ -793,7 +800,10 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->last_loss = *loss;
     t->last_norm = norm;
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
-    if (!t->moments_logged++) ddp_trainer_log_moments(t);
+    if (!t->moments_logged && !(t->sharded && t->moments_whole)) { /* not a gathering step */
+        t->moments_logged = 1;
+        ddp_trainer_log_moments(t);
+    }
     return 0;
 }
 

@@ -97,7 +97,7 @@ typedef struct ddp_trainer {
     float *weights, *grads, *moments[2];
     int sharded;      /* the optimizer step is split over the ranks (reducer.h) */
     int moments_whole; /* sharded: every rank's moment arenas are current everywhere */
-    int moments_logged; /* ddp_trainer_log_moments ran (after the first update) */
+    int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
     int gather_moments; /* sharded: this step's update also gathers the moments (a save follows) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
@@ -179,7 +179,8 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei);
 /* Logs this process's peak RSS beside the budget's total (unless quiet). */
 void ddp_trainer_log_peak_memory(const ddp_trainer_t *t);
 /* Logs how much of the optimizer's moments is resident in memory (mincore; the CPU only, unless
- * quiet): with a sharded step, this rank's slices. Called after this process's first update. */
+ * quiet): with a sharded step, this rank's slices. Called after this process's first update that
+ * did not gather them for a save. */
 void ddp_trainer_log_moments(const ddp_trainer_t *t);
 
 #endif
