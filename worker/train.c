@@ -126,8 +126,8 @@ static void free_reduced(ddp_trainer_t *t, float *p)
  * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
  * sharded (reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
  * over any transport, the others where all four are shared by every rank. A rank writes only its
- * slices of the moments, and collective memory is mapped on demand, so the rest of the moment
- * arenas costs no memory until a checkpoint gathers them. */
+ * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
+ * there the rest of the moment arenas costs no memory until a checkpoint gathers them. */
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (!uses_coll_mem(t)) return 0;
