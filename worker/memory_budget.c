@@ -146,8 +146,7 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
     b->n_micro = gbt / per > 0 ? (int)(gbt / per) : 1;
     b->accum = (b->n_micro + world - 1) / world;
     /* train.c alloc_arenas: the optimizer step is split over the ring (any transport) on the
-     * CPU; not on a GPU yet, nor over MPI, nor in an elastic job (restart: on-failure). A
-     * save gathers the moments whole for a step; that transient is not counted. */
+     * CPU; not on a GPU yet, nor over MPI, nor in an elastic job (restart: on-failure) */
     b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0 &&
                  strcmp(s->restart, "on-failure") != 0;
 
@@ -167,6 +166,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
      * up to all of it), split over the writer ranks */
     int writers = s->writers < world ? s->writers : world;
     b->checkpoint = s->ckpt_dir[0] && !on_gpu ? 3 * b->params / (writers > 0 ? writers : 1) : 0;
+    /* a sharded run's save gathers the moments whole first (train.c): the other ranks' slices
+     * are resident until the next update gives them back */
+    if (s->ckpt_dir[0] && b->sharded) b->checkpoint += 2 * b->params - b->moments;
     int64_t work;
     batch_bytes(b, cfg, b->B, s->recompute, &b->acts, &b->emb, &work);
     b->acts_none = (int64_t)ddp_gpt2_acts_floats(cfg, b->B, b->T, DDP_RECOMPUTE_NONE) * 4;

@@ -35,7 +35,8 @@ typedef struct ddp_mem_budget {
     int64_t acts;              /* activations at B x T under `recompute` */
     int64_t acts_none, acts_block; /* activations at B x T without and with recomputation */
     int64_t workspace;         /* kernels' scratch, host staging, collective buffers */
-    int64_t checkpoint;        /* the checkpoint writer's snapshot of the state (host; CPU) */
+    int64_t checkpoint;        /* the checkpoint writer's snapshot of the state (host; CPU), and
+                                * a sharded save's gathered moments */
     int64_t runtime;           /* the process itself (host) or the CUDA context (device) */
     int64_t extra;             /* the caller's own (see ddp_mem_budget_plan), in workspace */
     int64_t total;
