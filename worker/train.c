@@ -674,13 +674,15 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
 static void drop_foreign_moments(ddp_trainer_t *t)
 {
     const ddp_reducer_t *r = &t->reducer;
-    for (int i = 0; i < 2; i++)
-        for (int b = 0; b < r->n_buckets && !ddp_coll_mem_shared(t->comm, t->moments[i]); b++) {
+    for (int i = 0; i < 2; i++) {
+        if (ddp_coll_mem_shared(t->comm, t->moments[i])) continue;
+        for (int b = 0; b < r->n_buckets; b++) {
             size_t begin = b ? r->bucket_end[b - 1] : 0, end = r->bucket_end[b];
             const ddp_arena_part_t *p = &r->parts[b];
             ddp_mem_release(t->moments[i] + begin, (p->lo - begin) * sizeof(float));
             ddp_mem_release(t->moments[i] + p->hi, (end - p->hi) * sizeof(float));
         }
+    }
 }
 
 /* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone

@@ -240,20 +240,26 @@ static void adamw_setup(fixture_t *fx, ddp_adamw_t *opt, ddp_spec_t *spec)
     ddp_spec_defaults(spec);
 }
 
+/* The fixture's AdamW settings at a constant learning rate, as PyTorch ran them. */
+static void fixture_hyperparameters(fixture_t *fx, ddp_spec_t *spec)
+{
+    spec->lr = spec->min_lr = cfg_num(fx, "lr");
+    spec->warmup = 0;
+    spec->schedule = DDP_SCHED_CONSTANT;
+    spec->beta1 = cfg_num(fx, "beta1");
+    spec->beta2 = cfg_num(fx, "beta2");
+    spec->eps = cfg_num(fx, "eps");
+    spec->weight_decay = cfg_num(fx, "weight_decay");
+    spec->clip = cfg_num(fx, "clip");
+}
+
 static void test_adamw_steps_match_pytorch(void **state)
 {
     fixture_t *fx = *state;
     ddp_adamw_t opt;
     ddp_spec_t spec;
     adamw_setup(fx, &opt, &spec);
-    spec.lr = spec.min_lr = cfg_num(fx, "lr");
-    spec.warmup = 0;
-    spec.schedule = DDP_SCHED_CONSTANT;
-    spec.beta1 = cfg_num(fx, "beta1");
-    spec.beta2 = cfg_num(fx, "beta2");
-    spec.eps = cfg_num(fx, "eps");
-    spec.weight_decay = cfg_num(fx, "weight_decay");
-    spec.clip = cfg_num(fx, "clip");
+    fixture_hyperparameters(fx, &spec);
     size_t n = (size_t)fx->B * fx->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     const float *ref_losses = tensor(fx, "adamw_losses", NULL);
@@ -303,14 +309,7 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     ddp_adamw_t opt;
     ddp_spec_t spec;
     adamw_setup(fx, &opt, &spec);
-    spec.lr = spec.min_lr = cfg_num(fx, "lr");
-    spec.warmup = 0;
-    spec.schedule = DDP_SCHED_CONSTANT;
-    spec.beta1 = cfg_num(fx, "beta1");
-    spec.beta2 = cfg_num(fx, "beta2");
-    spec.eps = cfg_num(fx, "eps");
-    spec.weight_decay = cfg_num(fx, "weight_decay");
-    spec.clip = cfg_num(fx, "clip");
+    fixture_hyperparameters(fx, &spec);
     ddp_lscale_t ls;
     ddp_lscale_init(&ls, prec, 2000);
     DDP_K(&fx->k, set_precision, prec);
