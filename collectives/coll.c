@@ -318,10 +318,29 @@ int ddp_coll_slices_anywhere(const ddp_coll_t *c) { return c && c->ops->slices_a
 
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req)
 {
-    if (!c || !req || (bytes && !buf) || root < 0 || root >= c->size) return DDP_EINVAL;
+    return ddp_coll_transfer(c, buf, bytes, root, NULL, req);
+}
+
+int ddp_coll_transfer(ddp_coll_t *c, void *buf, size_t bytes, int root,
+                      const unsigned char *receivers, ddp_coll_req_t **req)
+{
+    if (!c || !req || root < 0 || root >= c->size) return DDP_EINVAL;
+    int span = c->size - 1, keep = c->rank != root, partial = 0;
+    if (receivers) { /* the ring distance from root to its last receiver */
+        span = 0;
+        for (int d = 1; d < c->size; d++) {
+            if (receivers[(root + d) % c->size]) span = d;
+            else partial = 1;
+        }
+        keep = c->rank != root && receivers[c->rank];
+    }
+    if (bytes && !buf && (keep || c->rank == root)) return DDP_EINVAL;
     ddp_coll_req_t *r = new_req(DDP__REQ_BCAST, buf, bytes, bytes, req);
     if (!r) return DDP_ENOMEM;
     r->root = root;
+    r->span = span;
+    r->keep = keep;
+    r->partial = partial;
     return submit(c, r, req);
 }
 

@@ -171,6 +171,16 @@ int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
 int ddp_coll_slices_anywhere(const ddp_coll_t *c);
 /* Starts a broadcast of buf[0..bytes) from rank root to all ranks (in submission order). */
 int ddp_coll_broadcast(ddp_coll_t *c, void *buf, size_t bytes, int root, ddp_coll_req_t **req);
+/* Starts a copy of root's buf[0..bytes) into the buf of each rank r with receivers[r] != 0
+ * (`size` entries, the same on every rank; root's own is ignored; NULL: every rank, which is
+ * ddp_coll_broadcast). Every rank submits it, in the same order as its other operations. The
+ * other ranks never touch their buf, which may be NULL there: on the ring the data travels from
+ * root to the last receiver and the ranks between forward it from their slots, the ranks past
+ * the last receiver do nothing; NCCL broadcasts it in chunks that such ranks receive into a
+ * scratch buffer. This is how a live rank sends its state to a joiner (worker/state_transfer.c)
+ * while the other ranks keep computing with theirs. MPI: DDP_ENOTSUP unless receivers is NULL. */
+int ddp_coll_transfer(ddp_coll_t *c, void *buf, size_t bytes, int root,
+                      const unsigned char *receivers, ddp_coll_req_t **req);
 /* Orders the operations submitted after this call after `event`: a device event of the kernel
  * backend whose memory the buffers are (ddp_kernels_ops_t.record_event: a cudaEvent_t recorded
  * on the compute stream for CUDA, a simulated one for "sim"). Backends whose operations run on a

@@ -26,6 +26,11 @@ struct ddp_coll_req {
     ddp_dtype_t dt;
     ddp_redop_t op;
     int root;
+    int span;              /* broadcast: the data goes from root to the next `span` ranks along the
+                            * ring (size - 1: everyone; less: ddp_coll_transfer) */
+    int keep;              /* broadcast: this rank writes the data into buf (root: 0) */
+    int partial;           /* broadcast: some rank other than root does not keep it (the same on
+                            * every rank) */
     int barrier;           /* an allreduce of one float that only synchronises (ddp_coll_barrier) */
     _Atomic int done;      /* set by the completing thread under comm->mu */
     int rc;

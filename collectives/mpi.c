@@ -38,22 +38,30 @@ static int mpi_run(ddp_coll_t *c, ddp_coll_req_t *q)
     if (!q || q->bytes == 0) return 0;
     MPI_Request r;
     int rc;
+    void *scratch = NULL; /* a rank that only passes a transfer on (ddp_coll_transfer) */
+    if (q->kind == DDP__REQ_BCAST && c->rank != q->root && !q->keep) {
+        scratch = ddp_malloc(q->bytes);
+        if (!scratch) return ddp__coll_fail(c, DDP_ENOMEM, "transfer of %zu bytes", q->bytes);
+    }
     if (q->kind == DDP__REQ_BCAST)
-        rc = MPI_Ibcast(q->buf, (int)q->bytes, MPI_BYTE, q->root, m->comm, &r);
+        rc = MPI_Ibcast(scratch ? scratch : q->buf, (int)q->bytes, MPI_BYTE, q->root, m->comm,
+                        &r);
     else
         rc = MPI_Iallreduce(MPI_IN_PLACE, q->buf, (int)q->count,
                             q->dt == DDP_DT_F32 ? MPI_FLOAT : MPI_UINT16_T,
                             q->dt == DDP_DT_F32 ? MPI_SUM : m->bf16_sum, m->comm, &r);
     char d[96];
-    if (rc != MPI_SUCCESS)
+    if (rc != MPI_SUCCESS) {
+        free(scratch);
         return ddp__coll_fail(c, DDP_EMPI, "%s: MPI error %d", ddp__req_desc(q, d, sizeof d), rc);
+    }
     int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
     for (;;) {
         int done = 0;
         MPI_Test(&r, &done, MPI_STATUS_IGNORE);
         if (done) break;
         int err = atomic_load(&c->err);
-        if (err) return err;
+        if (err) return err; /* scratch stays: MPI may still write it */
         if (ddp_now_ns() > deadline)
             return ddp__coll_fail(c, DDP_ETIMEDOUT, "%s: not complete within the deadline (MPI "
                                   "does not say which rank is missing)",
@@ -61,6 +69,7 @@ static int mpi_run(ddp_coll_t *c, ddp_coll_req_t *q)
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
+    free(scratch);
     if (q->kind == DDP__REQ_ALLREDUCE && q->op == DDP_OP_AVG)
         ddp__scale(q->dt, q->buf, q->count, 1.0f / (float)c->size);
     return 0;

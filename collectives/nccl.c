@@ -23,8 +23,9 @@
  *   copied back into the caller's buffer when the request is seen complete (test/wait). Staged
  *   requests share a grow-only staging area of STAGE_MAX bytes at most; a larger host buffer is
  *   refused (DDP_EINVAL). So every small collective of the trainer works unchanged.
- * - Kinds: all-reduce and broadcast. Reduce-scatter and all-gather are refused (DDP_ENOTSUP),
- *   never run as something else.
+ * - Kinds: all-reduce and broadcast (a transfer to some ranks is a broadcast in chunks, see
+ *   enqueue_op). Reduce-scatter and all-gather are refused (DDP_ENOTSUP), never run as
+ *   something else.
  * - Abort from any thread: every call that uses the NCCL communicator holds m->lock, and
  *   ncclCommAbort runs under it too, so no thread is inside ncclCommGetAsyncError or
  *   ncclAllReduce when the communicator is freed; afterwards m->comm is NULL and every path
@@ -68,7 +69,11 @@ typedef struct {
     void *stage_host, *stage_dev;
     size_t stage_cap, stage_used;
     int staged_inflight; /* staged requests not yet completed; the area resets at 0 */
+    void *relay;         /* RELAY_BYTES of device memory: a transfer's chunks, on the ranks
+                          * that only pass them on (ddp_coll_transfer) */
 } nccl_impl_t;
+
+#define RELAY_BYTES ((size_t)4 << 20)
 
 /* A request's backend state. */
 typedef struct {
@@ -195,6 +200,7 @@ static void release_impl(nccl_impl_t *m)
 {
     if (m->stage_host) cudaFreeHost(m->stage_host);
     if (m->stage_dev) cudaFree(m->stage_dev);
+    if (m->relay) cudaFree(m->relay);
     if (m->own_stream) cudaStreamDestroy(m->stream);
     pthread_mutex_destroy(&m->lock);
     free(m);
@@ -308,10 +314,23 @@ static int stage_reserve(ddp_coll_t *c, nccl_impl_t *m, size_t bytes, size_t *of
 }
 
 /* Queues the NCCL call of q on buf (device memory); under m->lock. */
-static ncclResult_t enqueue_op(nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
+static ncclResult_t enqueue_op(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
 {
-    if (q->kind == DDP__REQ_BCAST)
+    if (q->kind == DDP__REQ_BCAST && !q->partial)
         return ncclBroadcast(buf, buf, q->bytes, ncclUint8, q->root, m->comm, m->stream);
+    if (q->kind == DDP__REQ_BCAST) {
+        /* a transfer to some ranks: NCCL has no relay that skips a rank's buffer, so every rank
+         * takes part in broadcasts of RELAY_BYTES chunks (one group) and a rank that does not
+         * keep the data receives it into its relay buffer. */
+        ncclResult_t r = ncclGroupStart();
+        for (size_t off = 0; r == ncclSuccess && off < q->bytes; off += RELAY_BYTES) {
+            size_t n = q->bytes - off < RELAY_BYTES ? q->bytes - off : RELAY_BYTES;
+            char *p = (q->keep || c->rank == q->root) ? (char *)buf + off : m->relay;
+            r = ncclBroadcast(p, p, n, ncclUint8, q->root, m->comm, m->stream);
+        }
+        ncclResult_t e = ncclGroupEnd();
+        return r != ncclSuccess ? r : e;
+    }
     return ncclAllReduce(buf, buf, q->count, q->dt == DDP_DT_F32 ? ncclFloat32 : ncclBfloat16,
                          q->op == DDP_OP_AVG ? ncclAvg : ncclSum, m->comm, m->stream);
 }
@@ -327,10 +346,20 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
                   (unsigned long long)q->seq);
         return DDP_ENOTSUP;
     }
+    if (q->kind == DDP__REQ_BCAST && q->partial && !q->keep && c->rank != q->root && !m->relay) {
+        cudaError_t e = cudaSetDevice(m->device); /* the caller's thread may be elsewhere */
+        if (e == cudaSuccess) e = cudaMalloc(&m->relay, RELAY_BYTES);
+        if (e != cudaSuccess) {
+            m->relay = NULL;
+            return fail(c, DDP_ECUDA, "relay buffer of %zu bytes: %s", RELAY_BYTES,
+                        cudaGetErrorString(e));
+        }
+    }
     nccl_req_t *r = ddp_calloc(1, sizeof *r);
     if (!r) return DDP_ENOMEM;
     void *buf = q->buf;
-    int other = -1, where = on_device(m, q->buf, q->bytes, &other);
+    int passes_on = q->kind == DDP__REQ_BCAST && !q->keep && c->rank != q->root; /* no buf */
+    int other = -1, where = passes_on ? 1 : on_device(m, q->buf, q->bytes, &other);
     if (where < 0) {
         DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s: the buffer is memory of device %d, "
                   "the communicator's device is %d (opts.cuda_device)",
@@ -368,7 +397,7 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
     char last[256] = "";
     pthread_mutex_lock(&m->lock);
     int gone = m->comm == NULL;
-    ncclResult_t nr = gone ? ncclSuccess : enqueue_op(m, q, buf);
+    ncclResult_t nr = gone ? ncclSuccess : enqueue_op(c, m, q, buf);
     if (!gone && nr != ncclSuccess && nr != ncclInProgress)
         snprintf(last, sizeof last, "%s", ncclGetLastError(m->comm));
     pthread_mutex_unlock(&m->lock);

@@ -341,11 +341,16 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
     return 0;
 }
 
+/* A broadcast, or a transfer to some ranks (ddp_coll_transfer): the data goes from the root
+ * along the ring to the rank `span` hops away; the ranks between forward it, and write it into
+ * their buf only when they keep it. */
 static int run_bcast(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t deadline)
 {
     char *buf = q->buf;
     size_t done = 0, S = R->slot_bytes;
-    const int forward = R->send->peer != q->root;
+    const int hops = (c->rank - q->root + c->size) % c->size;
+    if (hops > q->span || q->span == 0) return 0; /* past the last receiver */
+    const int forward = hops < q->span;
     while (done < q->bytes) {
         int err = atomic_load(&c->err);
         if (err) return err;
@@ -368,7 +373,7 @@ static int run_bcast(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t d
         void *sp = (rp && forward) ? R->send->ops->send_slot(R->send) : NULL;
         if (rp && (!forward || sp)) {
             if (len != want) return bad_len(R, c, q, len, want);
-            memcpy(buf + done, rp, len);
+            if (q->keep) memcpy(buf + done, rp, len);
             if (sp) memcpy(sp, rp, len);
             R->recv->ops->recv_release(R->recv);
             if (sp) {

@@ -23,7 +23,7 @@
  * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!ddp_trainer_comm_failed(t, rc)) return rc;
+    if (!ddp_trainer_comm_failed(t, rc) || !t->has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
     ddp_tckpt_pos_t pos;
@@ -79,10 +79,11 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
              "in %.0f ms (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
              t->opts.world, old_world, t->step, ms, t->gen.why);
-    if (st.sync_bytes > 0)
-        DDP_INFO("generation %llu: state of step %ld from rank %d: %.1f MB in %.0f ms (%.0f MB/s)",
-                 (unsigned long long)t->gen.gen, t->step, t->gen.source, st.sync_bytes / 1e6,
-                 st.sync_ms, st.sync_bytes / 1e3 / (st.sync_ms > 0 ? st.sync_ms : 1));
+    if (t->xfer.active)
+        DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
+                 "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->xfer.n_receivers,
+                 t->step, t->gen.source, t->step + 1,
+                 t->xfer.receiving ? "receives it" : "computes the step");
     if (t->metrics) {
         char why[300];
         size_t j = 0;
@@ -92,9 +93,9 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
         fprintf(t->metrics,
                 "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
                 "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
-                "\"attach_ms\":%.1f,\"sync_mb\":%.2f,\"sync_ms\":%.1f,\"source\":%d}\n",
+                "\"attach_ms\":%.1f,\"receivers\":%d,\"source\":%d}\n",
                 (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
-                st.comm_ms, st.attach_ms, st.sync_bytes / 1e6, st.sync_ms, t->gen.source);
+                st.comm_ms, st.attach_ms, t->xfer.n_receivers, t->gen.source);
         fflush(t->metrics);
     }
     return 0;

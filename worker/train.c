@@ -17,6 +17,10 @@
 #include "worker/replicas.h"
 #include "worker/train_checkpoint.h"
 
+/* The step's small all-reduce (t->vote): the loss sum, stop, two checkpoint tallies, regroup,
+ * a state transfer's time, then each rank's compute ms. */
+#define VOTE_RANKS 6
+
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg)
 {
@@ -198,7 +202,8 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 
 /* The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
  * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
- * g = micro * W + rank of t->emb, its global micro-batch index (other slots stay zero), the
+ * g = micro * W + rank of t->emb (W and rank of the deal: set_deal), its global micro-batch
+ * index (other slots stay zero), the
  * n_micro slots are summed over the ranks (a gather: each slot has one non-zero contributor),
  * and every rank adds all of them to the reduced wte gradient in slot order. Slot order is the
  * global micro-batch order, so this part of the sum is the same at any world size. A slot holds
@@ -213,7 +218,7 @@ static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *input
 {
     ddp_kernels_t *k = &t->k;
     size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
-    float *slot = t->emb + (size_t)(micro * t->opts.world + t->opts.rank) * emb_slot_floats(t);
+    float *slot = t->emb + (size_t)(micro * t->deal_world + t->deal_rank) * emb_slot_floats(t);
     for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
     DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
     return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
@@ -273,6 +278,22 @@ static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
                            gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
 }
 
+/* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
+ * world of the ranks that compute: all of them, except in a step that carries a state transfer,
+ * state_transfer.h); restarts the loader for them. world 0: none. */
+static int set_deal(ddp_trainer_t *t, int rank, int world)
+{
+    ddp_loader_stop(&t->loader);
+    t->deal_rank = rank;
+    t->deal_world = world;
+    t->accum = world > 0 ? ddp_loader_accum(t->n_micro, rank, world) : 0;
+    if (t->accum > 1 && !t->acc)
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, t->model.n_params * sizeof(float)));
+    if (t->accum == 0) return 0;
+    return ddp_loader_start(&t->loader, &t->train_set, t->spec.micro_batch, rank, world,
+                            t->n_micro);
+}
+
 /* Everything that depends on the world, once the communicator exists: the gradient arena in a
  * generation's collective memory, this rank's share of the micro-batches, the embedding slots,
  * the reducer, the loader and (rank 0) the metrics file. Undone by ddp_trainer_leave_world. */
@@ -286,19 +307,15 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     } else if (!uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
         DDP_CHECK(ddp_gpt2_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
-    t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, t->opts.world);
-    if (t->accum > 1 && !t->acc)
-        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, bytes));
     t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
     DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
                                s->first_bucket_mb, s->bucket_mb, s->overlap, t->sharded));
     t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
     if (!t->norm_sums) return DDP_ENOMEM;
-    DDP_CHECK(ddp_loader_start(&t->loader, &t->train_set, s->micro_batch, t->opts.rank,
-                               t->opts.world, t->n_micro));
+    DDP_CHECK(set_deal(t, t->opts.rank, t->opts.world));
     free(t->vote);
-    t->vote = ddp_calloc(5 + (size_t)t->opts.world, sizeof *t->vote);
+    t->vote = ddp_calloc(VOTE_RANKS + (size_t)t->opts.world, sizeof *t->vote);
     if (!t->vote) return DDP_ENOMEM;
     DDP_CHECK(ddp_straggler_init(&t->stragglers, t->opts.world));
     return open_metrics(t);
@@ -307,6 +324,7 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
 void ddp_trainer_leave_world(ddp_trainer_t *t)
 {
     if (t->elastic) ddp_elastic_watch(t->elastic, NULL);
+    ddp_xfer_clear(&t->xfer); /* its requests go with the communicator */
     ddp_loader_stop(&t->loader);
     ddp_reducer_close(&t->reducer);
     free(t->norm_sums);
@@ -319,66 +337,47 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     t->comm = NULL;
 }
 
-/* The source rank's state to every rank (elastic: a joiner, or a survivor that missed the last
- * step): weights, AdamW's moments and the trainer's counters. The callers then compare the
- * replicas' checksums, so that no rank trains on a state that differs from the others'. */
-typedef struct {
-    int64_t step, adam_t;
-    uint64_t tokens, rng[4];
-    int32_t skipped;
-    float last_loss, last_val_loss;
-    double last_norm, last_step_ms;
-} sync_header_t;
-
-/* Copies the source rank's n_params floats at arena into every rank's arena, through an
- * all-reduce of the gradient arena (free between steps): the source contributes its values and
- * every other rank -0.0, which leaves every value as it is, signed zeros and NaNs included
- * (x + -0 = x in any order). The all-reduce is striped over every rank and runs at the ring's
- * bus bandwidth (on one host the one-pass shared-memory sum), where a broadcast is limited by
- * the source's own link: measured 6.8x faster for gpt2-mini's 43 MB on 4 local ranks. */
-static int sync_arena(ddp_trainer_t *t, int source, float *arena, ddp_errinfo_t *ei)
+/* The trainer's counters for a state transfer (state_transfer.h), and back. */
+static ddp_xfer_header_t header_of(const ddp_trainer_t *t)
 {
-    ddp_kernels_t *k = &t->k;
-    float *g = t->model.g;
-    size_t n = t->model.n_params;
-    if (t->opts.rank == source) {
-        DDP_CHECK(ddp_k_memcpy_d2d(k, g, arena, n * sizeof(float)));
-    } else {
-        DDP_CHECK(ddp_k_memset0(k, g, n * sizeof(float)));
-        ddp_k_scale(k, g, -1.0f, n);
-    }
-    DDP_CHECK(ddp_k_sync(k));
-    ddp_coll_req_t *req;
-    DDP_CHECK(ddp_coll_allreduce(t->comm, g, n, DDP_DT_F32, DDP_OP_SUM, &req));
-    DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    DDP_CHECK(ddp_k_memcpy_d2d(k, arena, g, n * sizeof(float)));
-    return ddp_k_sync(k);
+    ddp_xfer_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
+                           .skipped = t->skipped_steps, .last_loss = t->last_loss,
+                           .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
+                           .last_step_ms = t->last_step_ms, .loss_scale = t->lscale.scale,
+                           .loss_scale_clean = t->lscale.clean};
+    memcpy(h.rng, t->rng.s, sizeof h.rng);
+    return h;
 }
 
-static int sync_state(ddp_trainer_t *t, int source, double *bytes, ddp_errinfo_t *ei)
+static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
 {
-    sync_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
-                       .skipped = t->skipped_steps, .last_loss = t->last_loss,
-                       .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
-                       .last_step_ms = t->last_step_ms};
-    memcpy(h.rng, t->rng.s, sizeof h.rng);
-    ddp_coll_req_t *req;
-    DDP_CHECK(ddp_coll_broadcast(t->comm, &h, sizeof h, source, &req));
-    DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
-    for (int i = 0; i < 3; i++) DDP_CHECK(sync_arena(t, source, arenas[i], ei));
-    DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
-    t->step = h.step;
-    t->opt.t = h.adam_t;
-    t->tokens = h.tokens;
-    t->skipped_steps = h.skipped;
-    t->last_loss = h.last_loss;
-    t->last_val_loss = h.last_val_loss;
-    t->last_norm = h.last_norm;
-    t->last_step_ms = h.last_step_ms;
-    memcpy(t->rng.s, h.rng, sizeof h.rng);
-    *bytes = (double)(sizeof h + 3 * t->model.n_params * sizeof(float));
-    return 0;
+    t->step = h->step;
+    t->opt.t = h->adam_t;
+    t->tokens = h->tokens;
+    t->skipped_steps = h->skipped;
+    t->last_loss = h->last_loss;
+    t->last_val_loss = h->last_val_loss;
+    t->last_norm = h->last_norm;
+    t->last_step_ms = h->last_step_ms;
+    t->lscale.scale = h->loss_scale;
+    t->lscale.clean = h->loss_scale_clean;
+    memcpy(t->rng.s, h->rng, sizeof h->rng);
+}
+
+/* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
+ * the source's counters now and its weights and moments during the next step, while the others
+ * compute it among themselves (state_transfer.h). */
+static int plan_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_xfer_header_t h = header_of(t);
+    DDP_CHECK(ddp_xfer_plan(&t->xfer, t->comm, t->gen.source, t->has_state, &h, ei));
+    if (!t->xfer.active) return 0;
+    if (t->xfer.receiving) {
+        apply_header(t, &h);
+        t->has_state = 0; /* until the step's update completes it */
+        return set_deal(t, 0, 0);
+    }
+    return set_deal(t, t->xfer.deal_rank, t->xfer.deal_world);
 }
 
 int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
@@ -414,12 +413,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;
     st->attach_ms = (double)(t3 - t2) / 1e6;
-    if (t->gen.sync) {
-        DDP_CHECK(sync_state(t, t->gen.source, &st->sync_bytes, ei));
-        st->sync_ms = (double)(ddp_now_ns() - t3) / 1e6;
-        t->has_state = 1;
-        DDP_CHECK(ddp_trainer_check_replicas(t, ei));
-    }
+    if (t->gen.sync) DDP_CHECK(plan_transfer(t, ei));
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
      * step's commit on some ranks and on others); its line comes from the step's figures,
@@ -522,21 +516,14 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->moments_whole = 1;
     t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
-        double bytes = 0;
-        rc = sync_state(t, t->gen.source, &bytes, ei);
+        rc = plan_transfer(t, ei);
         while (rc && ddp_trainer_generation_failed(t, rc)) { /* a member died meanwhile */
             if (ei) ddp_errinfo_clear(ei);
             ddp_trainer_leave_world(t);
             ddp_regroup_stats_t st;
             rc = ddp_trainer_join_world(t, &st, ei);
-            bytes = st.sync_bytes;
         }
-        if (rc == 0) rc = ddp_trainer_check_replicas(t, ei);
         if (rc) goto fail;
-        t->has_state = 1;
-        DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
-                 "(%.1f MB)", (unsigned long long)t->gen.gen, t->opts.rank, world, t->step,
-                 t->gen.source, bytes / 1e6);
     }
     if (t->opts.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
@@ -580,6 +567,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
             if (arenas[i]) free_reduced(t, arenas[i]);
     }
     ddp_kernels_close(&t->k);
+    ddp_xfer_clear(&t->xfer);
     ddp_coll_free(t->comm);
     ddp_elastic_free(t->elastic);
     free(t->emb_tokens_f);
@@ -697,6 +685,47 @@ static int on_part_updated(void *arg, int b)
     return 0;
 }
 
+/* A rank that receives the state in this step computes nothing: -0.0 in every gradient sum
+ * leaves the holders' sums as they are (x + -0 = x, signed zeros and NaNs included), and the
+ * embedding slots it does not own stay +0 as on any rank. */
+static int contribute_nothing(ddp_trainer_t *t)
+{
+    size_t n = t->model.n_params;
+    DDP_CHECK(ddp_k_memset0(&t->k, t->emb, t->emb_bytes));
+    DDP_CHECK(ddp_k_memset0(&t->k, t->model.g, n * sizeof(float)));
+    ddp_k_scale(&t->k, t->model.g, -1.0f, n);
+    ddp_reducer_begin(&t->reducer, NULL);
+    return ddp_reducer_ready(&t->reducer, n);
+}
+
+/* After the update of a step that carried a state transfer: the receivers hold the job's state
+ * (checked against every replica), the deal is the whole world's again, and the transfer is
+ * logged (rank 0: in metrics.jsonl; ms: the receivers' mean time to the last byte). */
+static int finish_transfer(ddp_trainer_t *t, double ms, ddp_errinfo_t *ei)
+{
+    ddp_xfer_t *x = &t->xfer;
+    DDP_CHECK(ddp_trainer_check_replicas(t, ei));
+    if (x->receiving) {
+        t->has_state = 1;
+        DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received while the other ranks computed "
+                 "step %ld", (unsigned long long)t->gen.gen, t->opts.rank, t->opts.world,
+                 t->step - 1, x->first_root, x->bytes / 1e6, x->ms,
+                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), t->step);
+    }
+    if (t->metrics) {
+        double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
+        fprintf(t->metrics,
+                "{\"event\":\"state_transfer\",\"generation\":%llu,\"step\":%ld,"
+                "\"receivers\":%d,\"source\":%d,\"mb\":%.2f,\"ms\":%.1f,\"mb_per_s\":%.1f}\n",
+                (unsigned long long)t->gen.gen, t->step, x->n_receivers, x->first_root, mb, ms,
+                mb * 1e3 / (ms > 0 ? ms : 1));
+        fflush(t->metrics);
+    }
+    ddp_xfer_clear(x);
+    return set_deal(t, t->opts.rank, t->opts.world);
+}
+
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
 {
     ddp_gpt2_t *m = &t->model;
@@ -705,6 +734,12 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     double loss_sum = 0;
     int64_t t0 = ddp_now_ns();
     m->loss_scale = ddp_lscale_factor(&t->lscale, t->step + 1, t->opts.rank); /* 1 unless fp16 */
+    if (t->xfer.active) { /* queued ahead of the gradient buckets, on every rank */
+        float *arenas[] = {m->w, t->opt.m, t->opt.v};
+        DDP_CHECK(ddp_reducer_after_compute(t->comm, k)); /* the last update wrote them */
+        DDP_CHECK(ddp_xfer_start(&t->xfer, t->comm, arenas, 3, m->n_params));
+    }
+    if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
         int last = micro == t->accum - 1;
@@ -731,6 +766,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     int64_t t1 = ddp_now_ns();
     int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
     if (!rc) rc = t->ready_rc;
+    if (!rc && t->xfer.active) rc = ddp_xfer_wait(&t->xfer, ei);
     if (!rc) rc = add_embedding_grads(t, ei);
     if (rc) return rc;
     t->compute_ms = (double)(t1 - t0) / 1e6;
@@ -742,15 +778,16 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
      * applies the update without talking to the others (the elastic world never shards it), so
      * a failure before it leaves every survivor at the previous step, to redo the step. */
     float *vals = t->vote;
-    memset(vals, 0, (5 + (size_t)t->opts.world) * sizeof *vals);
+    memset(vals, 0, (VOTE_RANKS + (size_t)t->opts.world) * sizeof *vals);
     vals[0] = (float)loss_sum;
     vals[1] = t->stop_requested ? 1.0f : 0.0f;
     vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
-    vals[5 + t->opts.rank] = (float)t->compute_ms; /* every rank's: stragglers are named */
+    if (t->xfer.receiving) vals[5] = (float)(t->xfer.ms / t->xfer.n_receivers);
+    vals[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms; /* stragglers are named */
     ddp_tckpt_vote(t->ckpt, vals + 2);
-    DDP_CHECK(allreduce_small(t, vals, 5 + t->opts.world, DDP_OP_SUM, ei));
+    DDP_CHECK(allreduce_small(t, vals, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
     DDP_CHECK(ddp_tckpt_tally(t->ckpt, vals + 2, ei));
-    int straggler = ddp_straggler_update(&t->stragglers, vals + 5);
+    int straggler = ddp_straggler_update(&t->stragglers, vals + VOTE_RANKS);
     if (straggler >= 0 && t->opts.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
                  "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
@@ -801,6 +838,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->regroup = vals[4] > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
+    if (t->xfer.active) DDP_CHECK(finish_transfer(t, vals[5], ei));
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     if (!t->moments_logged && !(t->sharded && t->moments_whole)) { /* not a gathering step */
         t->moments_logged = 1;

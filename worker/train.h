@@ -22,6 +22,7 @@
 #include "worker/loss_scale.h"
 #include "worker/optim.h"
 #include "worker/reducer.h"
+#include "worker/state_transfer.h"
 #include "worker/straggler.h"
 #include "worker/train_checkpoint.h"
 
@@ -77,7 +78,9 @@ typedef struct ddp_trainer {
     int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
-    float *vote;              /* the step's small all-reduce: 5 values, then [world] compute ms */
+    float *vote;              /* the step's small all-reduce (train.c VOTE_RANKS), then [world] */
+    ddp_xfer_t xfer;          /* elastic: a state transfer in the generation's first step */
+    int deal_rank, deal_world; /* this rank's share of a step's micro-batches (train.c set_deal) */
     ddp_straggler_t stragglers;
     long slow_us;             /* test hook: this rank sleeps per micro-step (env.slow_rank) */
     ddp_reducer_t reducer;
@@ -134,13 +137,12 @@ void ddp_trainer_leave_world(ddp_trainer_t *t);
 /* Elastic: joins the next generation (blocking until the coordinator forms it) with the state
  * this rank holds, rebuilds what depends on the world (communicator, gradient arena, the deal of
  * micro-batches, reducer, loader, metrics file, checkpoint writer) and, when some rank is
- * behind, takes part in the source rank's state broadcast and checks the replicas.
- * *st gets what the state broadcast cost (zeros when there was none). */
+ * behind, plans the state transfer that the next step carries (state_transfer.h). *st gets
+ * what each part cost. */
 typedef struct ddp_regroup_stats {
     double form_ms;   /* waiting for the coordinator to form the generation */
     double comm_ms;   /* the new communicator's set-up */
     double attach_ms; /* collective memory, reducer, loader, checkpoint writer */
-    double sync_bytes, sync_ms; /* the state transfer, when some rank was behind */
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
 /* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation

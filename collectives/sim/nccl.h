@@ -53,6 +53,8 @@ typedef struct {
 #define ncclGetLastError ddp_sim_ncclGetLastError
 #define ncclAllReduce ddp_sim_ncclAllReduce
 #define ncclBroadcast ddp_sim_ncclBroadcast
+#define ncclGroupStart ddp_sim_ncclGroupStart
+#define ncclGroupEnd ddp_sim_ncclGroupEnd
 #define ncclCommAbort ddp_sim_ncclCommAbort
 #define ncclCommFinalize ddp_sim_ncclCommFinalize
 #define ncclCommDestroy ddp_sim_ncclCommDestroy
@@ -76,6 +78,10 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            int root, ncclComm_t comm, cudaStream_t stream);
+/* A group only batches calls on a GPU; here each call is queued as it is made, in order, so
+ * both return ncclSuccess. */
+ncclResult_t ncclGroupStart(void);
+ncclResult_t ncclGroupEnd(void);
 /* Aborts the inner communicator (peers are told), waits for the queued operations, frees comm.
  * A violation when another thread is inside a call on comm, or comm is gone. */
 ncclResult_t ncclCommAbort(ncclComm_t comm);

@@ -10,7 +10,9 @@ Both runs use deploy/launch-local.sh with N ranks; rank 2 gets SIGKILL once rank
 step --kill-after. Reported: detection ms (kill -> the coordinator evicts it), reconfiguration ms
 (the survivors' new generation), kill -> the survivors' next completed step, the joiner's time
 from its restart to its first step and its state transfer MB/s (against the all-reduce bus
-bandwidth of the same ranks in the same run), completed steps lost, and each run's total time.
+bandwidth of the same ranks in the same run), what admitting the joiner cost the survivors (the
+regroup, and the step that carried the transfer against their steps before it), completed
+steps lost, and each run's total time.
 Not part of pass/fail; prints a table and the JSON of every figure.
 """
 import argparse, datetime, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time
@@ -139,12 +141,20 @@ next_step = next(t for t, s in steps if t > t_kill)
 joined = [l for l in open(f"{work}/elastic/rank-{args.victim}.log").read().splitlines()
           if "joined generation" in l]
 restart = [l for _, l in el.lines if l and "restarting it" in l]
-sync = next(g for g in gens if g["sync_mb"] > 0)
+events = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"event"' in l]
+xfer = next(e for e in events if e["event"] == "state_transfer")
+join_gen = next(g for g in gens if g["generation"] == xfer["generation"])
 metrics = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"loss"' in l]
 full = [m for m in metrics if m["world"] == args.ranks and m["step"] < args.kill_after]
-comm = sorted(m["comm_ms"] for m in full)[len(full) // 2]
-param_bytes = sync["sync_mb"] * 1e6 / 3
+median = lambda xs: sorted(xs)[len(xs) // 2]
+comm = median([m["comm_ms"] for m in full])
+param_bytes = xfer["mb"] * 1e6 / 3
 bus = 2 * (args.ranks - 1) / args.ranks * param_bytes / (comm / 1e3) / 1e6
+# the survivors' cost of admitting the joiner: the regroup, plus what the step that carried the
+# transfer took beyond the median step of the same survivors before it
+shrunk = [m["step_ms"] for m in metrics
+          if m["world"] == args.ranks - 1 and m["step"] < xfer["step"]]
+carrying = next(m for m in metrics if m["step"] == xfer["step"])
 seen = [m["step"] for m in metrics]
 res["elastic"] = {
     "detection_ms": round((evict - t_kill) * 1e3, 1),
@@ -154,8 +164,10 @@ res["elastic"] = {
     "step_s": round(sorted(m["step_ms"] for m in full)[len(full) // 2] / 1e3, 3),
     "joiner_restart_to_service_s": round(log_time(joined[-1]) - log_time(restart[-1]), 3)
     if joined and restart and TS.match(restart[-1]) else None,
-    "state_mb": sync["sync_mb"], "state_ms": sync["sync_ms"],
-    "state_mb_s": round(sync["sync_mb"] / (sync["sync_ms"] / 1e3), 1),
+    "state_mb": xfer["mb"], "state_ms": xfer["ms"], "state_mb_s": xfer["mb_per_s"],
+    "join_regroup_ms": join_gen["reconfig_ms"],
+    "carrying_step_ms": carrying["step_ms"],
+    "survivor_step_ms": median(shrunk) if shrunk else None,
     "allreduce_bus_mb_s": round(bus, 1),
     "steps_lost": 0 if seen == list(range(1, args.steps + 1)) else f"lines {seen}",
     "total_s": round(t_end - t0, 2),
@@ -202,6 +214,9 @@ print(f"| completed steps lost | {e['steps_lost']} | {r['steps_lost']} (resumed 
 print(f"| joiner: restart -> in service | {e['joiner_restart_to_service_s']} s | - |")
 print(f"| state transfer | {e['state_mb']} MB at {e['state_mb_s']} MB/s (all-reduce bus "
       f"{e['allreduce_bus_mb_s']} MB/s) | from disk |")
+print(f"| survivors at the join | regroup {e['join_regroup_ms']:.0f} ms; the step carrying the "
+      f"transfer {e['carrying_step_ms']:.0f} ms against {e['survivor_step_ms']} ms for their "
+      f"steps before it | - |")
 print(f"| total run time | {e['total_s']} s | {r['total_s']} s |")
 print(json.dumps(res))
 shutil.rmtree(work, ignore_errors=True)

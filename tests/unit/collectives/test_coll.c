@@ -83,6 +83,42 @@ done:
     return 0;
 }
 
+/* ddp_coll_transfer from every root to every set of receivers: receivers get root's bytes,
+ * every other rank's buffer is untouched (NULL on half of those ranks: never read or written),
+ * and an all-reduce queued behind each transfer still sums right. */
+static int check_transfers(ddp_coll_t *c)
+{
+    int n = ddp_coll_size(c), me = ddp_coll_rank(c);
+    size_t bytes = 1024 * 1024 + 3;
+    unsigned char *bb = malloc(bytes), receivers[8];
+    ddp_errinfo_t ei;
+    for (int root = 0; root < n; root++)
+        for (unsigned set = 0; set < (1u << n); set++) {
+            for (int r = 0; r < n; r++) receivers[r] = (set >> r) & 1;
+            int keeps = me != root && receivers[me];
+            unsigned char mark = (unsigned char)(0xA0 + set);
+            for (size_t i = 0; i < bytes; i++)
+                bb[i] = me == root ? (unsigned char)(i * 7 + set) : mark;
+            void *buf = (keeps || me == root || (set + (unsigned)me) % 2) ? bb : NULL;
+            ddp_coll_req_t *t, *a;
+            float one = 1;
+            if (ddp_coll_transfer(c, buf, bytes, root, receivers, &t)) W_FAIL("transfer submit");
+            if (ddp_coll_allreduce(c, &one, 1, DDP_DT_F32, DDP_OP_SUM, &a)) W_FAIL("submit");
+            int rc = ddp_coll_wait(t, 0, &ei);
+            if (rc == 0) rc = ddp_coll_wait(a, 0, &ei);
+            if (rc) W_FAIL("transfer from %d to set %u: %s", root, set, ei.msg);
+            for (size_t i = 0; i < bytes; i++) {
+                unsigned char want = (keeps || me == root) ? (unsigned char)(i * 7 + set) : mark;
+                if (bb[i] != want)
+                    W_FAIL("transfer from %d to set %u: byte %zu = %u, want %u", root, set, i,
+                           bb[i], want);
+            }
+            if (one != (float)n) W_FAIL("all-reduce after a transfer: %g", one);
+        }
+    free(bb);
+    return 0;
+}
+
 static int full_suite(ddp_coll_t *c, int coll_mem)
 {
     uint32_t seed = 1;
@@ -142,6 +178,7 @@ static int full_suite(ddp_coll_t *c, int coll_mem)
                 W_FAIL("broadcast from %d: byte %zu = %u", root, i, bb[i]);
     }
     free(bb);
+    if (check_transfers(c)) return 1;
     if ((rc = ddp_coll_barrier(c, ddp_now_ns() + 10000000000LL, &ei))) W_FAIL("barrier: %s", ei.msg);
     return 0;
 }
