@@ -153,6 +153,8 @@ static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", "auto", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
 static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const RECOMPUTES[] = {"none", "block", NULL};
+/* in ddp_state_transfer_t's order */
+static const char *const STATE_TRANSFERS[] = {"auto", "overlap", "pause", NULL};
 static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
                                        NULL};
 
@@ -206,6 +208,7 @@ static const field_t FIELDS[] = {
     F_INT("ddp.max_restarts", max_restarts, 0, 1000000),
     F_NUM("ddp.rejoin_timeout_s", rejoin_timeout_s, 0, 1e6, true, false),
     F_NUM("ddp.heartbeat_timeout_s", heartbeat_timeout_s, 0, 3600, true, false),
+    F_ENUM("ddp.state_transfer", state_transfer, STATE_TRANSFERS),
     F_STR("checkpoint.dir", ckpt_dir),
     F_INT("checkpoint.every", ckpt_every, 0, NO_MAX),
     F_INT("checkpoint.keep_last", keep_last, 0, 1000000),

@@ -14,7 +14,8 @@
  *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
  *           val_batches, sample_tokens, log_every, trace, recompute, memory_limit}
  *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
- *         check_every}
+ *         shard_optimizer, check_every, restart, max_restarts, rejoin_timeout_s,
+ *         heartbeat_timeout_s, state_transfer}
  *   checkpoint: {dir, every, keep_last, writers, shard_mb}
  *
  * Reference (defaults are applied by the parser; ranges are enforced):
@@ -81,6 +82,11 @@
  *   ddp.max_restarts           int       3              restarts per rank
  *   ddp.rejoin_timeout_s       float     60             wait below min_workers, then fail
  *   ddp.heartbeat_timeout_s    float     5              silence before a rank is evicted
+ *   ddp.state_transfer         enum      auto           how a rejoining rank gets the state:
+ *                                                       overlap (during the others' next step,
+ *                                                       which they compute without it) | pause
+ *                                                       (they wait for it) | auto (the cheaper,
+ *                                                       estimated by the source)
  *   checkpoint.dir             string    ""             checkpoint directory; "" = none
  *   checkpoint.every           int       0              steps between saves; 0 = only at the end
  *   checkpoint.keep_last       int       3              checkpoints kept; 0 = all
@@ -116,6 +122,12 @@ typedef enum {
 /* What backward recomputes instead of keeping: nothing, or each block's forward (only the
  * blocks' inputs are kept). */
 typedef enum { DDP_RECOMPUTE_NONE = 0, DDP_RECOMPUTE_BLOCK = 1 } ddp_recompute_t;
+/* How a rank that lacks the state gets it (elastic; worker/state_transfer.h). */
+typedef enum {
+    DDP_XFER_AUTO = 0,
+    DDP_XFER_OVERLAP = 1,
+    DDP_XFER_PAUSE = 2
+} ddp_state_transfer_t;
 
 typedef struct ddp_spec {
     char name[128];
@@ -163,6 +175,7 @@ typedef struct ddp_spec {
     int max_restarts;  /* restarts per rank */
     double rejoin_timeout_s;    /* below min_workers: how long the job waits for replacements */
     double heartbeat_timeout_s; /* silence after which a rank is evicted */
+    ddp_state_transfer_t state_transfer; /* a joiner's state: overlapped, paused for, or auto */
 
     /* checkpoint */
     char ckpt_dir[1024]; /* "" = no checkpoints */

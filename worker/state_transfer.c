@@ -6,8 +6,24 @@
 #include "common/clock.h"
 #include "worker/state_transfer.h"
 
-int ddp_xfer_plan(ddp_xfer_t *x, ddp_coll_t *comm, int source, int has_state,
-                  ddp_xfer_header_t *hdr, ddp_errinfo_t *ei)
+/* Micro-batches the busiest of `world` ranks computes of n_micro (data.h's deal). */
+static int busiest_share(int n_micro, int world) { return (n_micro + world - 1) / world; }
+
+int ddp_xfer_overlap_pays(const ddp_xfer_header_t *h, double bytes, size_t grad_bytes,
+                          int world, int receivers, int n_micro)
+{
+    if (h->micro_ms <= 0 || h->allreduce_ms <= 0 || h->allreduce_world < 2 || grad_bytes == 0 ||
+        receivers >= world)
+        return 0;
+    double W = h->allreduce_world;
+    double link_ms_per_byte = h->allreduce_ms / (2.0 * (W - 1) / W * (double)grad_bytes);
+    double transfer_ms = bytes * link_ms_per_byte;
+    int extra = busiest_share(n_micro, world - receivers) - busiest_share(n_micro, world);
+    return transfer_ms > extra * h->micro_ms;
+}
+
+int ddp_xfer_plan(ddp_xfer_t *x, ddp_coll_t *comm, int source, int has_state, int mode,
+                  size_t n, int n_micro, ddp_xfer_header_t *hdr, ddp_errinfo_t *ei)
 {
     ddp_xfer_clear(x);
     x->world = ddp_coll_size(comm);
@@ -34,8 +50,14 @@ int ddp_xfer_plan(ddp_xfer_t *x, ddp_coll_t *comm, int source, int has_state,
     free(behind);
     if (rc) return rc;
     x->receiving = x->receivers[x->rank];
-    x->deal_world = x->world - x->n_receivers;
+    x->deal_world = x->receiving ? 0 : x->world - x->n_receivers;
+    if (x->receiving) x->deal_rank = 0;
     x->active = x->n_receivers > 0;
+    /* the same inputs everywhere (the source's figures), so the same choice */
+    x->overlap = mode == DDP_XFER_OVERLAP ||
+                 (mode == DDP_XFER_AUTO &&
+                  ddp_xfer_overlap_pays(&h, 3.0 * (double)(n * sizeof(float)), n * sizeof(float),
+                                        x->world, x->n_receivers, n_micro));
     if (x->receiving) *hdr = h;
     return 0;
 }
@@ -76,13 +98,16 @@ int ddp_xfer_start(ddp_xfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_
 int ddp_xfer_wait(ddp_xfer_t *x, ddp_errinfo_t *ei)
 {
     int rc = 0;
+    int64_t last = x->t_start;
     for (int i = 0; i < x->n_reqs; i++) {
-        int one = ddp_coll_wait(x->reqs[i], 0, ei);
+        int64_t end = 0;
+        int one = ddp_coll_wait_timed(x->reqs[i], 0, NULL, &end, ei);
         x->reqs[i] = NULL;
         if (one && !rc) rc = one;
+        if (end > last) last = end; /* when the communication thread finished it */
     }
     x->n_reqs = 0;
-    x->ms = (double)(ddp_now_ns() - x->t_start) / 1e6;
+    x->ms = (double)(last - x->t_start) / 1e6;
     return rc;
 }
 

@@ -18,8 +18,8 @@
 #include "worker/train_checkpoint.h"
 
 /* The step's small all-reduce (t->vote): the loss sum, stop, two checkpoint tallies, regroup,
- * a state transfer's time, then each rank's compute ms. */
-#define VOTE_RANKS 6
+ * then each rank's compute ms. */
+#define VOTE_RANKS 5
 
 /* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg)
@@ -344,7 +344,9 @@ static ddp_xfer_header_t header_of(const ddp_trainer_t *t)
                            .skipped = t->skipped_steps, .last_loss = t->last_loss,
                            .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
                            .last_step_ms = t->last_step_ms, .loss_scale = t->lscale.scale,
-                           .loss_scale_clean = t->lscale.clean};
+                           .loss_scale_clean = t->lscale.clean, .micro_ms = t->last_micro_ms,
+                           .allreduce_ms = t->comm_stats.comm_ms,
+                           .allreduce_world = t->last_step_world};
     memcpy(h.rng, t->rng.s, sizeof h.rng);
     return h;
 }
@@ -364,20 +366,27 @@ static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
     memcpy(t->rng.s, h->rng, sizeof h->rng);
 }
 
+static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
 /* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
- * the source's counters now and its weights and moments during the next step, while the others
- * compute it among themselves (state_transfer.h). */
+ * the source's counters now, and its weights and moments either now or during the next step,
+ * which the others then compute among themselves (state_transfer.h). */
 static int plan_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
+    ddp_xfer_t *x = &t->xfer;
     ddp_xfer_header_t h = header_of(t);
-    DDP_CHECK(ddp_xfer_plan(&t->xfer, t->comm, t->gen.source, t->has_state, &h, ei));
-    if (!t->xfer.active) return 0;
-    if (t->xfer.receiving) {
+    DDP_CHECK(ddp_xfer_plan(x, t->comm, t->gen.source, t->has_state, t->spec.state_transfer,
+                            t->model.n_params, t->n_micro, &h, ei));
+    if (!x->active) return 0;
+    if (x->receiving) {
         apply_header(t, &h);
-        t->has_state = 0; /* until the step's update completes it */
-        return set_deal(t, 0, 0);
+        t->has_state = 0; /* until the arenas arrived (pause) or the step's update (overlap) */
     }
-    return set_deal(t, t->xfer.deal_rank, t->xfer.deal_world);
+    if (x->overlap) return set_deal(t, x->deal_rank, x->deal_world);
+    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
+    DDP_CHECK(ddp_xfer_start(x, t->comm, arenas, 3, t->model.n_params));
+    DDP_CHECK(ddp_xfer_wait(x, ei));
+    return finish_transfer(t, ei);
 }
 
 int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
@@ -698,32 +707,40 @@ static int contribute_nothing(ddp_trainer_t *t)
     return ddp_reducer_ready(&t->reducer, n);
 }
 
-/* After the update of a step that carried a state transfer: the receivers hold the job's state
- * (checked against every replica), the deal is the whole world's again, and the transfer is
- * logged (rank 0: in metrics.jsonl; ms: the receivers' mean time to the last byte). */
-static int finish_transfer(ddp_trainer_t *t, double ms, ddp_errinfo_t *ei)
+/* After a state transfer (pause: before the step; overlap: after the update of the step that
+ * carried it): the receivers hold the job's state (checked against every replica), the deal is
+ * the whole world's again, and the transfer is logged (rank 0: in metrics.jsonl, with the
+ * receivers' mean time to the last byte). Collective. */
+static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     ddp_xfer_t *x = &t->xfer;
     DDP_CHECK(ddp_trainer_check_replicas(t, ei));
+    float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
+    DDP_CHECK(allreduce_small(t, &ms, 1, DDP_OP_SUM, ei));
+    long of = x->overlap ? t->step - 1 : t->step; /* the step whose state travelled */
     if (x->receiving) {
         t->has_state = 1;
+        char during[64] = "while the other ranks waited";
+        if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
+                                 t->step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
-                 "(%.1f MB in %.0f ms, %.0f MB/s), received while the other ranks computed "
-                 "step %ld", (unsigned long long)t->gen.gen, t->opts.rank, t->opts.world,
-                 t->step - 1, x->first_root, x->bytes / 1e6, x->ms,
-                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), t->step);
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
+                 t->opts.rank, t->opts.world, of, x->first_root, x->bytes / 1e6, x->ms,
+                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
     }
     if (t->metrics) {
         double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
         fprintf(t->metrics,
                 "{\"event\":\"state_transfer\",\"generation\":%llu,\"step\":%ld,"
-                "\"receivers\":%d,\"source\":%d,\"mb\":%.2f,\"ms\":%.1f,\"mb_per_s\":%.1f}\n",
-                (unsigned long long)t->gen.gen, t->step, x->n_receivers, x->first_root, mb, ms,
-                mb * 1e3 / (ms > 0 ? ms : 1));
+                "\"mode\":\"%s\",\"receivers\":%d,\"source\":%d,\"mb\":%.2f,\"ms\":%.1f,"
+                "\"mb_per_s\":%.1f}\n",
+                (unsigned long long)t->gen.gen, of, x->overlap ? "overlap" : "pause",
+                x->n_receivers, x->first_root, mb, ms, mb * 1e3 / (ms > 0 ? ms : 1));
         fflush(t->metrics);
     }
+    int overlapped = x->overlap;
     ddp_xfer_clear(x);
-    return set_deal(t, t->opts.rank, t->opts.world);
+    return overlapped ? set_deal(t, t->opts.rank, t->opts.world) : 0;
 }
 
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
@@ -734,7 +751,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     double loss_sum = 0;
     int64_t t0 = ddp_now_ns();
     m->loss_scale = ddp_lscale_factor(&t->lscale, t->step + 1, t->opts.rank); /* 1 unless fp16 */
-    if (t->xfer.active) { /* queued ahead of the gradient buckets, on every rank */
+    if (t->xfer.active) { /* overlapped: queued ahead of the gradient buckets, on every rank */
         float *arenas[] = {m->w, t->opt.m, t->opt.v};
         DDP_CHECK(ddp_reducer_after_compute(t->comm, k)); /* the last update wrote them */
         DDP_CHECK(ddp_xfer_start(&t->xfer, t->comm, arenas, 3, m->n_params));
@@ -782,7 +799,6 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     vals[0] = (float)loss_sum;
     vals[1] = t->stop_requested ? 1.0f : 0.0f;
     vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
-    if (t->xfer.receiving) vals[5] = (float)(t->xfer.ms / t->xfer.n_receivers);
     vals[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms; /* stragglers are named */
     ddp_tckpt_vote(t->ckpt, vals + 2);
     DDP_CHECK(allreduce_small(t, vals, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
@@ -838,7 +854,9 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->regroup = vals[4] > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
-    if (t->xfer.active) DDP_CHECK(finish_transfer(t, vals[5], ei));
+    t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_xfer_overlap_pays */
+    t->last_step_world = t->opts.world;
+    if (t->xfer.active) DDP_CHECK(finish_transfer(t, ei));
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     if (!t->moments_logged && !(t->sharded && t->moments_whole)) { /* not a gathering step */
         t->moments_logged = 1;

@@ -79,7 +79,7 @@ typedef struct ddp_trainer {
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
     float *vote;              /* the step's small all-reduce (train.c VOTE_RANKS), then [world] */
-    ddp_xfer_t xfer;          /* elastic: a state transfer in the generation's first step */
+    ddp_xfer_t xfer;          /* elastic: a state transfer planned (overlapped with a step) */
     int deal_rank, deal_world; /* this rank's share of a step's micro-batches (train.c set_deal) */
     ddp_straggler_t stragglers;
     long slow_us;             /* test hook: this rank sleeps per micro-step (env.slow_rank) */
@@ -114,6 +114,8 @@ typedef struct ddp_trainer {
     int skipped_in_a_row;
     double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
     double last_step_ms; /* wall time of the last step */
+    double last_micro_ms; /* its forward + backward per micro-batch (0: computed none) */
+    int last_step_world;  /* its world */
     ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;

@@ -219,4 +219,7 @@ print(f"| survivors at the join | regroup {e['join_regroup_ms']:.0f} ms; the ste
       f"steps before it | - |")
 print(f"| total run time | {e['total_s']} s | {r['total_s']} s |")
 print(json.dumps(res))
-shutil.rmtree(work, ignore_errors=True)
+if os.environ.get("KEEP_TMP"):
+    print("kept", work)
+else:
+    shutil.rmtree(work, ignore_errors=True)

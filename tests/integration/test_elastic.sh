@@ -82,7 +82,7 @@ PY
 }
 generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
 
-echo "1..24"
+echo "1..26"
 
 # reference: the same job, uninterrupted
 start ref
@@ -91,13 +91,14 @@ finish && ok "uninterrupted elastic run of 4 ranks" || { not_ok "uninterrupted r
 # 1. a rank killed at a random step: the survivors go on, the restarted rank rejoins
 k=$((3 + RANDOM % 15))
 echo "# SIGKILL rank 2 after step $k"
-start kill
+start kill --set ddp.state_transfer=overlap
 if wait_for "$tmp/kill/out.log" "step +$k/$steps" 120; then
     kill -KILL "$(pid_of kill 2)"
     finish && ok "the job survives rank 2's SIGKILL after step $k" || { not_ok "job with a killed rank"; tail -30 "$tmp/kill/out.log" | sed 's/^/# /'; }
     check "every step logged exactly once" steps_once "$tmp/kill"
     check "a generation formed without rank 2, and again when it rejoined" test "$(generations "$tmp/kill")" -ge 2
     check "the rejoined rank received the state from a live rank" grep -q "joined generation .* state of step" "$tmp/kill/rank-2.log"
+    check "overlap: it received it while the others computed a step" grep -q "received while the other ranks computed step" "$tmp/kill/rank-2.log"
     check "final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/kill/w.st" --rel 1e-5
 else
     for i in 1 2 3 4 5; do not_ok "kill run did not reach step $k"; done
@@ -118,21 +119,23 @@ else
 fi
 
 # 3. a hung rank (SIGSTOP): evicted after the heartbeat deadline, killed, replaced
-start stop
+start stop --set ddp.state_transfer=pause
 if wait_for "$tmp/stop/out.log" "step +8/$steps" 120; then
     kill -STOP "$(pid_of stop 1)"
     finish && ok "the job survives a SIGSTOPped rank" || { not_ok "job with a stopped rank"; tail -30 "$tmp/stop/out.log" | sed 's/^/# /'; }
     check "the coordinator evicted it for silence" grep -q "stopped answering" "$tmp/stop/rdzv.log"
+    check "pause: its replacement received the state while the others waited" grep -q "received while the other ranks waited" "$tmp/stop/rank-1.log"
     check "final weights (hung rank) equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/stop/w.st" --rel 1e-5
 else
     for i in 1 2 3; do not_ok "stop run did not reach step 8"; done
 fi
 
 # 4. chaos: four kills of different ranks at different points: the checkpoint writer (rank 0)
-#    while it saves step 5, a rank right as a generation that transfers state forms (during or
-#    just after the transfer), and two more at steps 17 and 24
+#    while it saves step 5, a rank right as a generation that transfers state forms (during the
+#    step that carries the transfer, or just after it), and two more at steps 17 and 24
 ck="$tmp/chaos/ck"
-start chaos --set checkpoint.dir="$ck" --set checkpoint.every=5 --set checkpoint.keep_last=2
+start chaos --set checkpoint.dir="$ck" --set checkpoint.every=5 --set checkpoint.keep_last=2 \
+    --set ddp.state_transfer=overlap
 ok_chaos=1
 synced() { grep -c ", synced;" "$tmp/chaos/rdzv.log" 2>/dev/null; }
 if wait_for "$tmp/chaos/out.log" "step +5/$steps" 180; then

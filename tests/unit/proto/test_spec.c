@@ -337,6 +337,8 @@ static void test_reject_inline(void **state)
         {D "train: {precision: fp8}", "train.precision", 2, 20, "fp32, bf16, fp16, auto"},
         {D "train: {loss_scale_interval: 0}", "train.loss_scale_interval", 2, 30, ">= 1"},
         {D "ddp: {backend: gloo}", "ddp.backend", 2, 16, "auto, ring, nccl, mpi"},
+        {D "ddp: {state_transfer: lazy}", "ddp.state_transfer", 2, 23,
+         "must be one of auto, overlap, pause; got lazy"},
         {D "model: {preset: gpt3}", "model.preset", 2, 17, "gpt2-tiny, gpt2-mini, gpt2-124M"},
         {D "name: [a]", "name", 2, 7, "must be a string"},
         {D "data: {val: y}", NULL, 2, 1, "duplicate key 'data'"},

@@ -72,7 +72,7 @@ fi
 # another order than the 2-rank ring: the last bits differ); the replicas are checked, and the
 # weights are the uninterrupted CPU run's within 1e-5
 sed -e '/^checkpoint:/d' -e 's/steps: 4,/steps: 12,/' -e 's/val_every: 2,/val_every: 0,/' \
-    -e 's/shard_optimizer: false}/shard_optimizer: false, restart: on-failure, max_restarts: 2}/' \
+    -e 's/shard_optimizer: false}/shard_optimizer: false, restart: on-failure, max_restarts: 2, state_transfer: overlap}/' \
     "$tmp/job.yaml" >"$tmp/ejob.yaml"
 RUN_DIR="$tmp/ecpu" "$launch" 2 "$tmp/ejob.yaml" --quiet --backend cpu --dump-weights "$tmp/ecpu.st" \
   >"$tmp/ecpu.launch" 2>&1 || { not_ok "elastic run on the CPU"; sed 's/^/# /' "$tmp/ecpu.launch" | tail; }

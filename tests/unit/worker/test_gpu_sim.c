@@ -226,6 +226,45 @@ static void test_host_buffers_are_staged(void **state)
     assert_int_equal(ddp_sim_nccl_violations(), vi);
 }
 
+/* ---- ddp_coll_transfer: a joiner's state, chunked through NCCL broadcasts ---- */
+
+static int sc_transfer(rank_t *r)
+{
+    size_t n = (9u << 20) / sizeof(float) + 5; /* several 4 MiB chunks and a tail */
+    float *d = dev_iota(r, n, r->rank ? -1.0f : 3.0f), *other = dev_iota(r, n, 0);
+    if (!d || !other) FAIL(r, "buffers");
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    for (int keep = 0; keep < 2; keep++) {
+        unsigned char receivers[NR] = {0, (unsigned char)keep};
+        /* the root's compute reads the buffer while it travels (the trainer's forward does) */
+        if (r->rank == 0) DDP_K(&r->k, add, other, d, n);
+        int rc = ddp_coll_transfer(r->comm, (r->rank == 0 || keep) ? d : NULL,
+                                   n * sizeof(float), 0, receivers, &q);
+        if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+        if (rc) FAIL(r, "transfer (rank 1 %s): %s", keep ? "keeps" : "passes", ei.msg);
+        if (r->k.ops->sync(r->k.ctx)) FAIL(r, "sync");
+        /* rank 1 keeps nothing the first time (its relay buffer takes the chunks) */
+        float base = r->rank == 0 || keep ? 3.0f : -1.0f;
+        if (dev_expect(r, d, n, base, 1.0f, keep ? "received" : "untouched")) return -1;
+    }
+    r->k.ops->free(r->k.ctx, d);
+    r->k.ops->free(r->k.ctx, other);
+    return 0;
+}
+
+static void test_transfer_chunks_through_broadcasts(void **state)
+{
+    rank_t rs[NR];
+    uint64_t hz = ddp_simdev_hazards(), vi = ddp_sim_nccl_violations();
+    form(rs, NULL, 30);
+    run(rs, sc_transfer, sc_transfer);
+    expect_ok(rs, NR, "transfer");
+    dissolve(rs, NULL, NULL);
+    assert_int_equal(ddp_simdev_hazards(), hz);
+    assert_int_equal(ddp_sim_nccl_violations(), vi);
+}
+
 /* ---- finding 1: the accumulation add and the all-reduce, ordered by an event ---- */
 
 static int sc_reducer_acc(rank_t *r)
@@ -502,6 +541,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_host_buffers_are_staged),
+        cmocka_unit_test(test_transfer_chunks_through_broadcasts),
         cmocka_unit_test(test_accumulation_add_ordered_before_allreduce),
         cmocka_unit_test(test_communicator_on_the_ranks_device),
         cmocka_unit_test(test_event_record_failure_is_an_error),
