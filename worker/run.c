@@ -93,9 +93,9 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
         fprintf(t->metrics,
                 "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
                 "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
-                "\"attach_ms\":%.1f,\"receivers\":%d,\"source\":%d}\n",
+                "\"attach_ms\":%.1f,\"state_ms\":%.1f,\"receivers\":%d,\"source\":%d}\n",
                 (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
-                st.comm_ms, st.attach_ms, t->xfer.n_receivers, t->gen.source);
+                st.comm_ms, st.attach_ms, st.state_ms, t->xfer.n_receivers, t->gen.source);
         fflush(t->metrics);
     }
     return 0;

@@ -423,6 +423,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     st->comm_ms = (double)(t2 - t1) / 1e6;
     st->attach_ms = (double)(t3 - t2) / 1e6;
     if (t->gen.sync) DDP_CHECK(plan_transfer(t, ei));
+    st->state_ms = (double)(ddp_now_ns() - t3) / 1e6;
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
      * step's commit on some ranks and on others); its line comes from the step's figures,
@@ -485,7 +486,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                                       t->weights, t->grads, s->recompute),
                    rc, fail);
     ddp_rng_seed(&t->rng, s->seed);
-    DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
+    /* a live joiner's weights come from a live rank: drawing them (a third of a second for
+     * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
+    if (!joins_live) DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
     ddp_tckpt_run_t view;
     checkpoint_view(t, &view);

@@ -11,8 +11,9 @@ step --kill-after. Reported: detection ms (kill -> the coordinator evicts it), r
 (the survivors' new generation), kill -> the survivors' next completed step, the joiner's time
 from its restart to its first step and its state transfer MB/s (against the all-reduce bus
 bandwidth of the same ranks in the same run), what admitting the joiner cost the survivors (the
-regroup, and the step that carried the transfer against their steps before it), completed
-steps lost, and each run's total time.
+regroup, with the transfer when they wait for it, and the step after it beyond the full
+world's median step), completed steps lost, and each run's total time. The elastic run is repeated for each
+ddp.state_transfer mode in --modes.
 Not part of pass/fail; prints a table and the JSON of every figure.
 """
 import argparse, datetime, json, os, re, shutil, signal, subprocess, sys, tempfile, threading, time
@@ -27,6 +28,8 @@ ap.add_argument("--ckpt-every", type=int, default=10)
 ap.add_argument("--micro-batch", type=int, default=2)
 ap.add_argument("--seq-len", type=int, default=64)
 ap.add_argument("--victim", type=int, default=2)
+ap.add_argument("--modes", default="pause,overlap",
+                help="ddp.state_transfer values to run, each an elastic run of its own")
 args = ap.parse_args()
 
 src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,53 +128,61 @@ def step_lines(lines):
 setup()
 res = {"model": args.model, "ranks": args.ranks, "steps": args.steps, "kill_after": args.kill_after}
 
-# ---- elastic ----
-t0 = time.time()
-el = Run(f"{work}/elastic", ["--set", "ddp.restart=on-failure"])
-el.wait_line(rf"step +{args.kill_after}/")
-t_kill = el.kill_rank(args.victim)
-rc = el.wait()
-t_end = time.time()
-assert rc == 0, f"elastic run failed ({rc}): " + "\n".join(l or "" for _, l in el.lines[-20:])
-rdzv = open(f"{work}/elastic/rdzv.log").read().splitlines()
-evict = next(log_time(l) for l in rdzv if "evicting" in l)
-gens = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"event":"generation"' in l]
-steps = step_lines(el.lines)
-next_step = next(t for t, s in steps if t > t_kill)
-joined = [l for l in open(f"{work}/elastic/rank-{args.victim}.log").read().splitlines()
-          if "joined generation" in l]
-restart = [l for _, l in el.lines if l and "restarting it" in l]
-events = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"event"' in l]
-xfer = next(e for e in events if e["event"] == "state_transfer")
-join_gen = next(g for g in gens if g["generation"] == xfer["generation"])
-metrics = [json.loads(l) for l in open(f"{work}/elastic/metrics.jsonl") if '"loss"' in l]
-full = [m for m in metrics if m["world"] == args.ranks and m["step"] < args.kill_after]
-median = lambda xs: sorted(xs)[len(xs) // 2]
-comm = median([m["comm_ms"] for m in full])
-param_bytes = xfer["mb"] * 1e6 / 3
-bus = 2 * (args.ranks - 1) / args.ranks * param_bytes / (comm / 1e3) / 1e6
-# the survivors' cost of admitting the joiner: the regroup, plus what the step that carried the
-# transfer took beyond the median step of the same survivors before it
-shrunk = [m["step_ms"] for m in metrics
-          if m["world"] == args.ranks - 1 and m["step"] < xfer["step"]]
-carrying = next(m for m in metrics if m["step"] == xfer["step"])
-seen = [m["step"] for m in metrics]
-res["elastic"] = {
-    "detection_ms": round((evict - t_kill) * 1e3, 1),
-    "reconfig_ms": gens[0]["reconfig_ms"],
-    "reconfig_parts_ms": {k: gens[0][k] for k in ("form_ms", "comm_ms", "attach_ms")},
-    "kill_to_next_step_s": round(next_step - t_kill, 3),
-    "step_s": round(sorted(m["step_ms"] for m in full)[len(full) // 2] / 1e3, 3),
-    "joiner_restart_to_service_s": round(log_time(joined[-1]) - log_time(restart[-1]), 3)
-    if joined and restart and TS.match(restart[-1]) else None,
-    "state_mb": xfer["mb"], "state_ms": xfer["ms"], "state_mb_s": xfer["mb_per_s"],
-    "join_regroup_ms": join_gen["reconfig_ms"],
-    "carrying_step_ms": carrying["step_ms"],
-    "survivor_step_ms": median(shrunk) if shrunk else None,
-    "allreduce_bus_mb_s": round(bus, 1),
-    "steps_lost": 0 if seen == list(range(1, args.steps + 1)) else f"lines {seen}",
-    "total_s": round(t_end - t0, 2),
-}
+# ---- elastic, once per ddp.state_transfer mode ----
+def elastic(mode):
+    t0 = time.time()
+    el = Run(f"{work}/elastic-{mode}", ["--set", "ddp.restart=on-failure",
+                                        "--set", f"ddp.state_transfer={mode}"])
+    el.wait_line(rf"step +{args.kill_after}/")
+    t_kill = el.kill_rank(args.victim)
+    rc = el.wait()
+    t_end = time.time()
+    d = el.run_dir
+    assert rc == 0, f"elastic run failed ({rc}): " + "\n".join(l or "" for _, l in el.lines[-20:])
+    rdzv = open(f"{d}/rdzv.log").read().splitlines()
+    evict = next(log_time(l) for l in rdzv if "evicting" in l)
+    records = [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
+    gens = [e for e in records if e.get("event") == "generation"]
+    xfer = next(e for e in records if e.get("event") == "state_transfer")
+    join_gen = next(g for g in gens if g["generation"] == xfer["generation"])
+    metrics = [m for m in records if "loss" in m]
+    steps = step_lines(el.lines)
+    next_step = next(t for t, s in steps if t > t_kill)
+    joined = [l for l in open(f"{d}/rank-{args.victim}.log").read().splitlines()
+              if "joined generation" in l]
+    restart = [l for _, l in el.lines if l and "restarting it" in l]
+    full = [m for m in metrics if m["world"] == args.ranks and m["step"] < args.kill_after]
+    median = lambda xs: sorted(xs)[len(xs) // 2]
+    comm = median([m["comm_ms"] for m in full])
+    param_bytes = xfer["mb"] * 1e6 / 3
+    bus = 2 * (args.ranks - 1) / args.ranks * param_bytes / (comm / 1e3) / 1e6
+    # what admitting the joiner cost the survivors: the regroup (with the transfer when they
+    # wait for it) and the step after it (which carries it when overlapped) beyond the median
+    # step of the full world
+    after = next(m for m in metrics if m["step"] == xfer["step"] + 1)
+    cost = join_gen["reconfig_ms"] + after["step_ms"] - median([m["step_ms"] for m in full])
+    seen = [m["step"] for m in metrics]
+    return {
+        "mode": xfer["mode"],
+        "detection_ms": round((evict - t_kill) * 1e3, 1),
+        "reconfig_ms": gens[0]["reconfig_ms"],
+        "reconfig_parts_ms": {k: gens[0][k] for k in ("form_ms", "comm_ms", "attach_ms")},
+        "join_parts_ms": {k: join_gen[k]
+                          for k in ("reconfig_ms", "form_ms", "comm_ms", "attach_ms", "state_ms")},
+        "kill_to_next_step_s": round(next_step - t_kill, 3),
+        "step_s": round(median([m["step_ms"] for m in full]) / 1e3, 3),
+        "joiner_restart_to_service_s": round(log_time(joined[-1]) - log_time(restart[-1]), 3)
+        if joined and restart and TS.match(restart[-1]) else None,
+        "state_mb": xfer["mb"], "state_ms": xfer["ms"], "state_mb_s": xfer["mb_per_s"],
+        "allreduce_bus_mb_s": round(bus, 1),
+        "join_cost_ms": round(cost, 1),
+        "steps_lost": 0 if seen == list(range(1, args.steps + 1)) else f"lines {seen}",
+        "total_s": round(t_end - t0, 2),
+    }
+
+
+for mode in args.modes.split(","):
+    res[f"elastic_{mode}"] = elastic(mode)
 
 # ---- restart everything from the newest checkpoint ----
 ck = f"{work}/restart/checkpoints"
@@ -197,27 +208,27 @@ res["restart_all"] = {
     "total_s": round(t_end - t0, 2),
 }
 
-e, r = res["elastic"], res["restart_all"]
+r = res["restart_all"]
+es = [res[f"elastic_{m}"] for m in args.modes.split(",")]
 print(f"model {args.model}, {args.ranks} ranks on {os.cpu_count()} cores, {args.steps} steps, "
       f"rank {args.victim} SIGKILLed after step {args.kill_after}; checkpoints every "
       f"{args.ckpt_every} steps for restart-everything")
-print(f"| | elastic (ddpd) | restart everything |")
-print(f"|---|---|---|")
-print(f"| detection | {e['detection_ms']} ms | - |")
-parts = ", ".join(f"{k[:-3]} {v:.0f}" for k, v in e["reconfig_parts_ms"].items())
-print(f"| reconfiguration | {e['reconfig_ms']:.0f} ms ({parts}) | all ranks end, relaunch, "
-      f"reload |")
-print(f"| kill -> next completed step | {e['kill_to_next_step_s']} s (step {e['step_s']} s) | "
-      f"{r['kill_to_next_step_s']} s |")
-print(f"| completed steps lost | {e['steps_lost']} | {r['steps_lost']} (resumed from step "
-      f"{r['resumed_from']}) |")
-print(f"| joiner: restart -> in service | {e['joiner_restart_to_service_s']} s | - |")
-print(f"| state transfer | {e['state_mb']} MB at {e['state_mb_s']} MB/s (all-reduce bus "
-      f"{e['allreduce_bus_mb_s']} MB/s) | from disk |")
-print(f"| survivors at the join | regroup {e['join_regroup_ms']:.0f} ms; the step carrying the "
-      f"transfer {e['carrying_step_ms']:.0f} ms against {e['survivor_step_ms']} ms for their "
-      f"steps before it | - |")
-print(f"| total run time | {e['total_s']} s | {r['total_s']} s |")
+print("| | " + " | ".join(f"elastic, {e['mode']}" for e in es) + " | restart everything |")
+print("|---|" + "---|" * (len(es) + 1))
+row = lambda name, cells, ref: print(f"| {name} | " + " | ".join(cells) + f" | {ref} |")
+row("detection", [f"{e['detection_ms']} ms" for e in es], "-")
+row("reconfiguration", [f"{e['reconfig_ms']:.0f} ms (" + ", ".join(
+    f"{k[:-3]} {v:.0f}" for k, v in e["reconfig_parts_ms"].items()) + ")" for e in es],
+    "all ranks end, relaunch, reload")
+row("kill -> next completed step", [f"{e['kill_to_next_step_s']} s (step {e['step_s']} s)"
+                                    for e in es], f"{r['kill_to_next_step_s']} s")
+row("completed steps lost", [str(e["steps_lost"]) for e in es],
+    f"{r['steps_lost']} (resumed from step {r['resumed_from']})")
+row("joiner: restart -> in service", [f"{e['joiner_restart_to_service_s']} s" for e in es], "-")
+row("state transfer", [f"{e['state_mb']} MB at {e['state_mb_s']} MB/s (all-reduce bus "
+                       f"{e['allreduce_bus_mb_s']} MB/s)" for e in es], "from disk")
+row("survivors' cost of the join", [f"{e['join_cost_ms']:.0f} ms" for e in es], "-")
+row("total run time", [f"{e['total_s']} s" for e in es], f"{r['total_s']} s")
 print(json.dumps(res))
 if os.environ.get("KEEP_TMP"):
     print("kept", work)
