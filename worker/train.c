@@ -368,6 +368,14 @@ static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
 
 static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
+/* Queues the transfers of the weights and both moments (state_transfer.h). */
+static int start_transfer(ddp_trainer_t *t)
+{
+    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
+    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k)); /* the last update wrote them */
+    return ddp_xfer_start(&t->xfer, t->comm, arenas, 3, t->model.n_params);
+}
+
 /* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
  * the source's counters now, and its weights and moments either now or during the next step,
  * which the others then compute among themselves (state_transfer.h). */
@@ -383,8 +391,7 @@ static int plan_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
         t->has_state = 0; /* until the arenas arrived (pause) or the step's update (overlap) */
     }
     if (x->overlap) return set_deal(t, x->deal_rank, x->deal_world);
-    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
-    DDP_CHECK(ddp_xfer_start(x, t->comm, arenas, 3, t->model.n_params));
+    DDP_CHECK(start_transfer(t));
     DDP_CHECK(ddp_xfer_wait(x, ei));
     return finish_transfer(t, ei);
 }
@@ -720,15 +727,16 @@ static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
     DDP_CHECK(allreduce_small(t, &ms, 1, DDP_OP_SUM, ei));
-    long of = x->overlap ? t->step - 1 : t->step; /* the step whose state travelled */
+    long state_step = x->overlap ? t->step - 1 : t->step; /* whose state travelled */
     if (x->receiving) {
         t->has_state = 1;
+        DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
         char during[64] = "while the other ranks waited";
         if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
                                  t->step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
                  "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
-                 t->opts.rank, t->opts.world, of, x->first_root, x->bytes / 1e6, x->ms,
+                 t->opts.rank, t->opts.world, state_step, x->first_root, x->bytes / 1e6, x->ms,
                  x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
     }
     if (t->metrics) {
@@ -737,7 +745,7 @@ static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
                 "{\"event\":\"state_transfer\",\"generation\":%llu,\"step\":%ld,"
                 "\"mode\":\"%s\",\"receivers\":%d,\"source\":%d,\"mb\":%.2f,\"ms\":%.1f,"
                 "\"mb_per_s\":%.1f}\n",
-                (unsigned long long)t->gen.gen, of, x->overlap ? "overlap" : "pause",
+                (unsigned long long)t->gen.gen, state_step, x->overlap ? "overlap" : "pause",
                 x->n_receivers, x->first_root, mb, ms, mb * 1e3 / (ms > 0 ? ms : 1));
         fflush(t->metrics);
     }
@@ -754,11 +762,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     double loss_sum = 0;
     int64_t t0 = ddp_now_ns();
     m->loss_scale = ddp_lscale_factor(&t->lscale, t->step + 1, t->opts.rank); /* 1 unless fp16 */
-    if (t->xfer.active) { /* overlapped: queued ahead of the gradient buckets, on every rank */
-        float *arenas[] = {m->w, t->opt.m, t->opt.v};
-        DDP_CHECK(ddp_reducer_after_compute(t->comm, k)); /* the last update wrote them */
-        DDP_CHECK(ddp_xfer_start(&t->xfer, t->comm, arenas, 3, m->n_params));
-    }
+    /* overlapped: queued ahead of the gradient buckets, on every rank */
+    if (t->xfer.active) DDP_CHECK(start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
