@@ -509,6 +509,13 @@ int ddp_coll_mem_shared(const ddp_coll_t *c, const void *p)
     return m && m->peer;
 }
 
+const void *ddp_coll_mem_peer(const ddp_coll_t *c, const void *p, int rank)
+{
+    const ddp__mem_t *m = c && p && rank >= 0 && rank < c->size ? ddp__mem_find(c, p, 0) : NULL;
+    if (!m || !m->peer) return NULL;
+    return m->peer[rank] + ((const char *)p - m->base);
+}
+
 void ddp_coll_free(ddp_coll_t *c)
 {
     if (!c) return;

@@ -244,6 +244,11 @@ int ddp_coll_mem_alloc(ddp_coll_t *c, size_t bytes, void **out, ddp_errinfo_t *e
 void ddp_coll_mem_free(ddp_coll_t *c, void *p);
 /* 1 when p lies in memory from ddp_coll_mem_alloc that is shared with every rank, else 0. */
 int ddp_coll_mem_shared(const ddp_coll_t *c, const void *p);
+/* p's place in rank's copy of the same shared allocation, as this process maps it; NULL when p
+ * is not in memory shared with every rank. The mapping is this process's own, so it stays
+ * readable after that rank's process has ended: how the survivors of a sharded step read a dead
+ * rank's slices (worker/train.c ddp_trainer_moments_from_peers). Caller's thread. */
+const void *ddp_coll_mem_peer(const ddp_coll_t *c, const void *p, int rank);
 
 /* ---- In-process fake world (tests) ---------------------------------------------------------- */
 

@@ -20,7 +20,8 @@
 
 
 /* The run ends with a lost rank: the last completed step is saved from memory first (under
- * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). */
+ * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). A sharded
+ * run can do so on one host, where every rank's slices of the moments are readable. */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
     if (!ddp_trainer_comm_failed(t, rc) || !t->has_state) return rc; /* a receiver has none */
@@ -28,7 +29,10 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     ddp_errinfo_clear(&sei);
     ddp_tckpt_pos_t pos;
     ddp_trainer_position(t, &pos);
-    if (ddp_tckpt_emergency_save(t->ckpt, &pos, t->moments_whole, &sei) != 0) {
+    /* sharded on one host: the dead rank's slices of the moments are still in its shared
+     * memory, which this process maps */
+    int whole = t->ckpt && ddp_trainer_moments_from_peers(t);
+    if (ddp_tckpt_emergency_save(t->ckpt, &pos, whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
     }

@@ -164,6 +164,28 @@ int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
 
 static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_trainer_gather_moments(arg, ei); }
 
+int ddp_trainer_moments_from_peers(ddp_trainer_t *t)
+{
+    if (!t->sharded || t->moments_whole) return 1;
+    if (t->mid_update || !t->comm) return 0;
+    for (int i = 0; i < 2; i++)
+        if (!ddp_coll_mem_shared(t->comm, t->moments[i])) return 0;
+    const ddp_reducer_t *r = &t->reducer;
+    for (int i = 0; i < 2; i++)
+        for (int b = 0; b < r->n_buckets; b++) {
+            size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin;
+            for (int q = 0; q < t->opts.world; q++) {
+                size_t lo, hi;
+                ddp_coll_slice(len, t->opts.world, q, &lo, &hi);
+                float *mine = t->moments[i] + begin + lo;
+                if (q != t->opts.rank && hi > lo)
+                    memcpy(mine, ddp_coll_mem_peer(t->comm, mine, q), (hi - lo) * sizeof(float));
+            }
+        }
+    t->moments_whole = 1;
+    return 1;
+}
+
 /* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
  * each change of the world. */
 static void checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
@@ -842,12 +864,14 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
          * save after a failure here must refuse it (it refuses moments that are not whole) */
         int was_whole = t->moments_whole;
         if (t->sharded) t->moments_whole = 0;
+        t->mid_update = t->sharded;
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
                                  r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
         if (t->sharded && was_whole && !t->gather_moments) drop_foreign_moments(t);
         t->moments_whole = t->gather_moments;
+        t->mid_update = 0;
         t->skipped_in_a_row = 0;
         DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
     } else {

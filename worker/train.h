@@ -100,6 +100,7 @@ typedef struct ddp_trainer {
     float *weights, *grads, *moments[2];
     int sharded;      /* the optimizer step is split over the ranks (reducer.h) */
     int moments_whole; /* sharded: every rank's moment arenas are current everywhere */
+    int mid_update;    /* sharded: an update has begun and not completed on every rank */
     int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
     int gather_moments; /* sharded: this step's update also gathers the moments (a save follows) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
@@ -120,6 +121,12 @@ typedef struct ddp_trainer {
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;
 
+/* Sharded step on one host, after a failure: makes this rank's moment arenas whole without the
+ * other ranks, dead or alive, by reading their slices from their shared arenas, which this
+ * process maps. Sound when the last update completed (every rank's slices of it were written
+ * before the all-gather that completed it here). Returns 1 when the moments are whole (also when
+ * they were), 0 when they cannot be (an update cut short, or ranks on other hosts). */
+int ddp_trainer_moments_from_peers(ddp_trainer_t *t);
 /* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
  * current moments in its own slices only), before a checkpoint reads them; at once when the
  * update of a step whose save was planned already did. Collective. */

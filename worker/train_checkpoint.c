@@ -696,7 +696,8 @@ int ddp_tckpt_emergency_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int mom
     if (c->run.sharded && !moments_whole)
         return ddp_errinfo_set(ei, DDP_ENOTSUP,
                                "checkpoint: step %ld is not saved: the optimizer state is sharded "
-                               "over the ranks (ddp.shard_optimizer), no survivor holds all of it",
+                               "over the ranks (ddp.shard_optimizer) and no survivor can read all "
+                               "of it (ranks on other hosts, or an update cut short)",
                                step);
     int64_t t0 = ddp_now_ns();
     double waited;

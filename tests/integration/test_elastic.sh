@@ -82,7 +82,7 @@ PY
 }
 generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
 
-echo "1..26"
+echo "1..30"
 
 # reference: the same job, uninterrupted
 start ref
@@ -173,37 +173,45 @@ fi
 
 # 6. mpirun (no coordinator, no rejoin): the survivors save the last completed step from memory
 #    before mpirun ends them, and the relaunch resumes with no completed step lost (bitwise the
-#    uninterrupted run: the same world size)
+#    uninterrupted run: the same world size); unsharded, and sharded over shared memory
 mpi_rank_pid() { # the ddp-worker with OMPI_COMM_WORLD_RANK=$1 whose command names $2
     for p in $(pgrep -f "ddp-worker $2"); do
         tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && { echo "$p"; return 0; }
     done
     return 1
 }
-if command -v mpirun >/dev/null; then
-    sed 's/restart: on-failure, //; s/check_every: 5,/check_every: 5, shard_optimizer: false,/' "$tmp/job.yaml" >"$tmp/mjob.yaml"
-    sed -i 's/global_batch_tokens: 640/global_batch_tokens: 384/' "$tmp/mjob.yaml"
-    mpi() { DDP_MPI_SIGKILL_TIMEOUT=2 ASAN_OPTIONS=detect_leaks=0 DDP_RUN_DIR="$tmp/mpi" "$root/deploy/mpirun.sh" --oversubscribe --mca plm isolated -np 3 "$tmp/mjob.yaml" "$@"; }
-    mpi --dump-weights "$tmp/mref.st" >"$tmp/mref.log" 2>&1 || sed 's/^/# /' "$tmp/mref.log" | tail -5
-    rm -rf "$tmp/mpi"
-    mpi --set checkpoint.dir="$tmp/mck" --set checkpoint.every=1000 --dump-weights "$tmp/mrun.st" >"$tmp/mrun.log" 2>&1 &
+# mpi_kill SHARD: the mpirun case with ddp.shard_optimizer SHARD (true: the survivors read the dead
+# rank's slices of the moments from its shared memory to save them whole)
+mpi_kill() {
+    local shard=$1 m="$tmp/mpi-$1"
+    mkdir -p "$m"
+    sed "s/restart: on-failure, //; s/check_every: 5,/check_every: 5, shard_optimizer: $shard,/" "$tmp/job.yaml" >"$m/job.yaml"
+    sed -i 's/global_batch_tokens: 640/global_batch_tokens: 384/' "$m/job.yaml"
+    mpi() { DDP_MPI_SIGKILL_TIMEOUT=2 ASAN_OPTIONS=detect_leaks=0 DDP_RUN_DIR="$m/run" "$root/deploy/mpirun.sh" --oversubscribe --mca plm isolated -np 3 "$m/job.yaml" "$@"; }
+    mpi --dump-weights "$m/ref.st" >"$m/ref.log" 2>&1 || sed 's/^/# /' "$m/ref.log" | tail -5
+    rm -rf "$m/run"
+    mpi --set checkpoint.dir="$m/ck" --set checkpoint.every=1000 --dump-weights "$m/w.st" >"$m/run.log" 2>&1 &
     launcher=$!
-    if wait_for "$tmp/mrun.log" "step +9/$steps" 120; then
-        kill -KILL "$(mpi_rank_pid 1 "$tmp/mjob.yaml")"
-        if finish; then not_ok "mpirun must fail when a rank dies"; else ok "mpirun ends the job when a rank dies"; fi
-        saved=$(ls "$tmp/mck" | sed -n 's/^step-0*\([0-9]*\)$/\1/p' | sort -n | tail -1)
-        last=$(grep -o '"step":[0-9]*,"steps"' "$tmp/mpi/metrics.jsonl" | tail -1 | grep -o '[0-9]*' | head -1)
-        echo "# emergency checkpoint: step ${saved:-none}; last step line: $last"
-        check "a survivor saved the last completed step from memory" grep -q "saved from this survivor's memory" "$tmp/mrun.log"
-        check "no completed step is lost (checkpoint step >= last logged step)" test "${saved:-0}" -ge "$last"
-        mpi --set checkpoint.dir="$tmp/mck" --set checkpoint.every=1000 --dump-weights "$tmp/mrun.st" >"$tmp/mrun2.log" 2>&1
-        check "the relaunch resumes from it and ends bitwise equal to the uninterrupted run" cmp "$tmp/mref.st" "$tmp/mrun.st"
+    if wait_for "$m/run.log" "step +9/$steps" 120; then
+        kill -KILL "$(mpi_rank_pid 1 "$m/job.yaml")"
+        if finish; then not_ok "mpirun must fail when a rank dies (sharded: $shard)"; else ok "mpirun ends the job when a rank dies (sharded: $shard)"; fi
+        saved=$(ls "$m/ck" 2>/dev/null | sed -n 's/^step-0*\([0-9]*\)$/\1/p' | sort -n | tail -1)
+        last=$(grep -o '"step":[0-9]*,"steps"' "$m/run/metrics.jsonl" | tail -1 | grep -o '[0-9]*' | head -1)
+        echo "# sharded: $shard; emergency checkpoint: step ${saved:-none}; last step line: $last"
+        check "a survivor saved the last completed step from memory (sharded: $shard)" grep -q "saved from this survivor's memory" "$m/run.log"
+        check "no completed step is lost (sharded: $shard)" test "${saved:-0}" -ge "$last"
+        mpi --set checkpoint.dir="$m/ck" --set checkpoint.every=1000 --dump-weights "$m/w.st" >"$m/run2.log" 2>&1
+        check "the relaunch resumes from it and ends bitwise equal to the uninterrupted run (sharded: $shard)" cmp "$m/ref.st" "$m/w.st"
     else
-        for i in 1 2 3 4; do not_ok "mpirun run did not reach step 9"; done
-        sed 's/^/# /' "$tmp/mrun.log" | tail -5
+        for i in 1 2 3 4; do not_ok "mpirun run did not reach step 9 (sharded: $shard)"; done
+        sed 's/^/# /' "$m/run.log" | tail -5
     fi
+}
+if command -v mpirun >/dev/null; then
+    mpi_kill false
+    mpi_kill true
 else
-    for i in 1 2 3 4; do n=$((n + 1)); echo "ok $n - mpirun # SKIP mpirun not installed"; done
+    for i in 1 2 3 4 5 6 7 8; do n=$((n + 1)); echo "ok $n - mpirun # SKIP mpirun not installed"; done
 fi
 
 echo "# $failed of $n failed"
