@@ -227,6 +227,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     DDP_K(k, encoder_fwd, a->encoded, a->inputs, m->wv.wte, m->wv.wpe, B, T, C);
     const float *x = a->encoded;
     for (int l = 0; l < L; l++) {
+        if (m->interrupted && m->interrupted(m->interrupted_arg)) return DDP_EABORTED;
         int64_t tr = ddp_trace_begin();
         float *res3 = a->res3 + l * sBTC;
         block_forward(m, l, x, res3, B, T);
@@ -292,6 +293,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward loss, lm_head, ln_f");
 
     for (int l = L - 1; l >= 0; l--) {
+        if (m->interrupted && m->interrupted(m->interrupted_arg)) return DDP_EABORTED;
         tr = ddp_trace_begin();
         const ddp_gpt2_block_t *w = &m->wv.h[l], *g = &gv->h[l];
         const float *x = l ? a->res3 + (l - 1) * sBTC : a->encoded;

@@ -97,6 +97,11 @@ typedef struct ddp_gpt2 {
     ddp_gpt2_views_t wv, gv;  /* views into w and g */
     ddp_gpt2_acts_t acts;
     float loss_scale; /* backward's gradient is of loss_scale x mean loss (fp16); init: 1 */
+    /* asked between blocks of forward and backward (may be NULL): nonzero stops the pass, which
+     * returns DDP_EABORTED. The trainer stops a step whose communicator has failed at once,
+     * instead of computing to its next collective to learn of it. */
+    int (*interrupted)(void *arg);
+    void *interrupted_arg;
 } ddp_gpt2_t;
 
 /* Called by backward each time a prefix of the gradient arena is final: floats

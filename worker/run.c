@@ -83,7 +83,7 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
              "in %.0f ms (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
              t->opts.world, old_world, t->step, ms, t->gen.why);
-    if (t->xfer.active)
+    if (t->xfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
                  "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->xfer.n_receivers,
                  t->step, t->gen.source, t->step + 1,
@@ -99,7 +99,7 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
                 "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
                 "\"attach_ms\":%.1f,\"state_ms\":%.1f,\"receivers\":%d,\"source\":%d}\n",
                 (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
-                st.comm_ms, st.attach_ms, st.state_ms, t->xfer.n_receivers, t->gen.source);
+                st.comm_ms, st.attach_ms, st.state_ms, st.receivers, t->gen.source);
         fflush(t->metrics);
     }
     return 0;

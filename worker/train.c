@@ -359,6 +359,14 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     t->comm = NULL;
 }
 
+/* The model asks between blocks: a failed communicator stops the pass (the failure is known at
+ * once, from a dead peer's link or the coordinator's notice), and the step with it. */
+static int comm_failed_now(void *arg)
+{
+    const ddp_trainer_t *t = arg;
+    return t->comm && ddp_coll_status(t->comm) != 0;
+}
+
 /* The trainer's counters for a state transfer (state_transfer.h), and back. */
 static ddp_xfer_header_t header_of(const ddp_trainer_t *t)
 {
@@ -401,12 +409,13 @@ static int start_transfer(ddp_trainer_t *t)
 /* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
  * the source's counters now, and its weights and moments either now or during the next step,
  * which the others then compute among themselves (state_transfer.h). */
-static int plan_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+static int plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
     ddp_xfer_t *x = &t->xfer;
     ddp_xfer_header_t h = header_of(t);
     DDP_CHECK(ddp_xfer_plan(x, t->comm, t->gen.source, t->has_state, t->spec.state_transfer,
                             t->model.n_params, t->n_micro, &h, ei));
+    *receivers = x->n_receivers;
     if (!x->active) return 0;
     if (x->receiving) {
         apply_header(t, &h);
@@ -451,7 +460,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;
     st->attach_ms = (double)(t3 - t2) / 1e6;
-    if (t->gen.sync) DDP_CHECK(plan_transfer(t, ei));
+    if (t->gen.sync) DDP_CHECK(plan_transfer(t, &st->receivers, ei));
     st->state_ms = (double)(ddp_now_ns() - t3) / 1e6;
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
@@ -518,6 +527,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
     if (!joins_live) DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
+    t->model.interrupted = comm_failed_now; /* a failed step stops at once */
+    t->model.interrupted_arg = t;
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
     ddp_tckpt_run_t view;
     checkpoint_view(t, &view);
@@ -557,7 +568,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->moments_whole = 1;
     t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
-        rc = plan_transfer(t, ei);
+        int receivers;
+        rc = plan_transfer(t, &receivers, ei);
         while (rc && ddp_trainer_generation_failed(t, rc)) { /* a member died meanwhile */
             if (ei) ddp_errinfo_clear(ei);
             ddp_trainer_leave_world(t);
@@ -726,6 +738,16 @@ static int on_part_updated(void *arg, int b)
     return 0;
 }
 
+/* A forward or backward pass failed: when its communicator did, the buckets already started are
+ * waited for (they fail at once), so that nothing writes the gradient arena after the step
+ * returns, and ei gets the communicator's reason. */
+static int pass_failed(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
+{
+    if (!comm_failed_now(t)) return rc;
+    ddp_reducer_finish(&t->reducer, NULL, NULL);
+    return ddp_errinfo_set(ei, ddp_coll_status(t->comm), "%s", ddp_coll_last_error(t->comm));
+}
+
 /* A rank that receives the state in this step computes nothing: -0.0 in every gradient sum
  * leaves the holders' sums as they are (x + -0 = x, signed zeros and NaNs included), and the
  * embedding slots it does not own stay +0 as on any rank. */
@@ -792,13 +814,15 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         int last = micro == t->accum - 1;
         DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
         float l = 0;
-        DDP_CHECK(ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l));
+        int rc = ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l);
+        if (rc) return pass_failed(t, rc, ei);
         loss_sum += l;
         if (t->slow_us) usleep((useconds_t)t->slow_us); /* test hook: a slow rank */
         if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (!last) {
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
-            DDP_CHECK(ddp_gpt2_backward(m, NULL, NULL));
+            rc = ddp_gpt2_backward(m, NULL, NULL);
+            if (rc) return pass_failed(t, rc, ei);
             DDP_CHECK(keep_embedding_grad(t, micro, inputs));
             if (micro == 0) DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, bytes));
             else ddp_k_add(k, t->acc, m->g, m->n_params);
@@ -807,7 +831,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         /* the last micro-step: each finished slice gets acc added and starts its all-reduce */
         ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
         t->ready_rc = 0;
-        DDP_CHECK(ddp_gpt2_backward(m, on_grads_ready, t));
+        rc = ddp_gpt2_backward(m, on_grads_ready, t);
+        if (rc) return pass_failed(t, rc, ei);
         DDP_CHECK(keep_embedding_grad(t, micro, inputs));
     }
     int64_t t1 = ddp_now_ns();

@@ -154,6 +154,7 @@ typedef struct ddp_regroup_stats {
     double attach_ms; /* collective memory, reducer, loader, checkpoint writer */
     double state_ms;  /* planning a state transfer (and, with ddp.state_transfer: pause, the
                        * transfer and the replica check) */
+    int receivers;    /* ranks that took the source's state */
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
 /* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation

@@ -146,6 +146,45 @@ static double rel_norm_err(const float *a, const float *ref, size_t n)
     return sqrt(num) / (sqrt(den) + 1e-30);
 }
 
+/* Interrupts the pass at the (after)-th question (counting from 1). */
+typedef struct {
+    int asked, after;
+} interrupt_t;
+
+static int interrupt_after(void *arg)
+{
+    interrupt_t *i = arg;
+    return ++i->asked >= i->after;
+}
+
+/* model.interrupted stops forward and backward between blocks with DDP_EABORTED, and a pass
+ * that is never interrupted asks once per block. */
+static void test_interrupted_pass_stops(void **state)
+{
+    fixture_t *fx = *state;
+    size_t n = (size_t)fx->B * fx->T;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    batch(fx, 0, in, tg);
+    float loss;
+    interrupt_t never = {0, 1 << 30}, first = {0, 1}, second = {0, 2};
+    fx->m.interrupted = interrupt_after;
+    fx->m.interrupted_arg = &never;
+    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+    assert_int_equal(never.asked, 2 * fx->cfg.n_layer);
+    fx->m.interrupted_arg = &first;
+    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), DDP_EABORTED);
+    assert_int_equal(first.asked, 1);
+    fx->m.interrupted_arg = &never;
+    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    fx->m.interrupted_arg = &second;
+    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), DDP_EABORTED);
+    assert_int_equal(second.asked, 2);
+    fx->m.interrupted = NULL;
+    free(in);
+    free(tg);
+}
+
 static void test_layout_is_backward_order(void **state)
 {
     fixture_t *fx = *state;
@@ -520,6 +559,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_is_backward_order),
+        cmocka_unit_test(test_interrupted_pass_stops),
         cmocka_unit_test(test_forward_matches_pytorch),
         cmocka_unit_test(test_backward_matches_pytorch),
         cmocka_unit_test(test_adamw_steps_match_pytorch),
