@@ -56,6 +56,8 @@ struct ddp_elastic {
     json_t *gen_msg;      /* a "gen" not yet taken by join */
     json_t *ag_msg;       /* an "ag" result not yet taken */
     int regroup;          /* the current generation ends at the next boundary (or has ended) */
+    uint64_t regroup_gen; /* a regroup that came for a generation not attached yet (the
+                           * coordinator may send it right behind the gen message) */
     int lost;             /* the job is over for this worker */
     int64_t silence_ns;   /* give the coordinator up after this long unheard (0: not yet known) */
     int64_t reconnect_ns; /* redial a closed connection for this long (0: not yet a member) */
@@ -129,7 +131,10 @@ static void on_message(ddp_elastic_t *e, json_t *m)
             abort_watched(e, DDP_EABORTED, buf);
         }
     } else if (!strcmp(t, "regroup")) {
-        if (g == e->cur_gen) e->regroup = 1;
+        /* before its generation is attached (it may come right behind the gen message) it
+         * waits for ddp_elastic_watch: the formation's allgathers must not end for it */
+        if (g == e->cur_gen && e->attached) e->regroup = 1;
+        else if (g >= e->cur_gen) e->regroup_gen = g;
     } else if (!strcmp(t, "adopted")) {
         DDP_INFO("elastic: the coordinator is back and adopted generation %llu",
                  (unsigned long long)g);
@@ -437,7 +442,7 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
         e->cur_gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
         e->cur_rank = (int)json_integer_value(json_object_get(m, "rank"));
         e->cur_size = (int)json_integer_value(json_object_get(m, "size"));
-        e->regroup = 0;
+        e->regroup = 0; /* a regroup that came already applies once attached (watch) */
         e->joining = 0;
     }
     pthread_mutex_unlock(&e->mu);
@@ -482,6 +487,7 @@ void ddp_elastic_watch(ddp_elastic_t *e, ddp_coll_t *comm)
     e->watched = comm;
     e->attached = 1; /* a world of one has no communicator, but is formed all the same */
     if (comm && e->regroup) ddp_coll_abort(comm, DDP_EABORTED, "the generation already ended");
+    if (e->cur_gen && e->regroup_gen == e->cur_gen) e->regroup = 1; /* at the first boundary */
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -117,6 +117,8 @@ static int is_running(const member_t *m) { return m->rank >= 0; }
 static int is_done(const member_t *m) { return m->done; }
 static int is_any(const member_t *m) { return m != NULL; }
 static int running_not_back(const member_t *m) { return m->rank >= 0 && !m->waiting; }
+/* waiting without a state: a restarted or new rank */
+static int is_fresh(const member_t *m) { return is_waiting(m) && m->step < 0; }
 
 /* Sends msg (consumed) to every open member that pred accepts. */
 static void send_all(ddpd_coord_t *c, json_t *msg, int (*pred)(const member_t *))
@@ -228,11 +230,17 @@ static void try_form(ddpd_coord_t *c)
         return;
     }
     c->below_min_ns = 0;
+    /* After a failure the survivors form a generation of their own and complete a step first;
+     * a rank that has no state yet (restarted while they regrouped) is admitted at the boundary
+     * after it, so that losing a rank never waits for a replacement's start and state transfer.
+     * A planned regroup, or too few survivors, takes everyone at once. */
+    int fresh = count(c, is_fresh);
+    int defer = c->formed_once && !c->regroup_sent && fresh > 0 && waiting - fresh >= need;
     member_t **list = ddp_calloc((size_t)waiting, sizeof *list);
     if (!list) return; /* the next tick tries again */
     int n = 0;
     for (member_t *m = c->members; m; m = m->next)
-        if (!m->closing && is_waiting(m)) list[n++] = m;
+        if (!m->closing && is_waiting(m) && !(defer && is_fresh(m))) list[n++] = m;
     qsort(list, (size_t)n, sizeof *list, by_order);
     long top = -1;
     int source = 0, behind = 0;
@@ -249,6 +257,8 @@ static void try_form(ddpd_coord_t *c)
     const char *why = c->why[0] ? c->why : "start";
     double reform_ms = c->reform_ns ? (double)(ddp_now_ns() - c->reform_ns) / 1e6 : 0;
     json_t *ranks = json_array();
+    for (member_t *m = c->members; m; m = m->next)
+        if (defer && !m->closing && is_fresh(m)) m->rank = -1; /* not in this generation */
     for (int r = 0; r < n; r++) {
         member_t *m = list[r];
         m->rank = r;
@@ -270,6 +280,13 @@ static void try_form(ddpd_coord_t *c)
     c->why[0] = 0;
     c->reform_ns = 0;
     free(list);
+    if (defer) { /* the deferred ranks' turn comes at the first boundary */
+        snprintf(c->why, sizeof c->why, "%d restarted rank(s) join", fresh);
+        send_all(c, json_pack("{s:s, s:I, s:s}", "t", "regroup", "gen", (json_int_t)c->gen,
+                              "why", c->why), is_running);
+        c->regroup_sent = 1;
+        c->reform_ns = ddp_now_ns();
+    }
 }
 
 /* Answers an allgather once every member of the running generation has contributed. */

@@ -82,7 +82,7 @@ PY
 }
 generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
 
-echo "1..30"
+echo "1..31"
 
 # reference: the same job, uninterrupted
 start ref
@@ -99,6 +99,7 @@ if wait_for "$tmp/kill/out.log" "step +$k/$steps" 120; then
     check "a generation formed without rank 2, and again when it rejoined" test "$(generations "$tmp/kill")" -ge 2
     check "the rejoined rank received the state from a live rank" grep -q "joined generation .* state of step" "$tmp/kill/rank-2.log"
     check "overlap: it received it while the others computed a step" grep -q "received while the other ranks computed step" "$tmp/kill/rank-2.log"
+    check "the survivors completed a step of their own before the restarted rank was admitted" grep -q '"world":3,' "$tmp/kill/metrics.jsonl"
     check "final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/kill/w.st" --rel 1e-5
 else
     for i in 1 2 3 4 5; do not_ok "kill run did not reach step $k"; done
