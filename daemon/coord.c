@@ -376,6 +376,8 @@ static void on_rejoin(ddpd_coord_t *c, member_t *m, json_t *msg)
     m->step = (long)json_integer_value(json_object_get(msg, "step"));
     const char *hid = json_string_value(json_object_get(msg, "host_id"));
     snprintf(m->host_id, sizeof m->host_id, "%s", hid ? hid : "");
+    emit(c, json_pack("{s:s, s:I, s:I}", "event", "join", "pid", (json_int_t)m->pid, "step",
+                      (json_int_t)m->step));
     unsigned long g = (unsigned long)json_integer_value(json_object_get(msg, "gen"));
     if (c->phase != ADOPTING) {
         /* too late to adopt its generation: it ends there and the member joins again */
@@ -412,6 +414,8 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
     m->step = (long)json_integer_value(json_object_get(msg, "step"));
     const char *hid = json_string_value(json_object_get(msg, "host_id"));
     snprintf(m->host_id, sizeof m->host_id, "%s", hid ? hid : "");
+    emit(c, json_pack("{s:s, s:I, s:I}", "event", "join", "pid", (json_int_t)m->pid, "step",
+                      (json_int_t)m->step));
     if (c->phase == RUNNING) {
         if (m->rank >= 0 && !c->regroup_sent) {
             /* a member left the running generation by itself: it saw a failure */

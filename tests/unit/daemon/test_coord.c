@@ -218,6 +218,56 @@ static void test_form_done_late(void **state)
     fx_stop(&f);
 }
 
+/* After a failure, a replacement that joined before the survivor came back is left out of the
+ * survivor's generation (which is told to regroup at its first boundary), and taken into the
+ * next one with the survivor's state. */
+static void test_failure_defers_a_fresh_rank(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fx_start(&f, 3, 2, 1, 0, 0, 5);
+    client_t *a = &f.cl[0], *b = &f.cl[1], *c = &f.cl[2];
+    cl_join(a, 0, -1);
+    cl_join(b, 1, -1);
+    json_decref(cl_expect(&f.loop, a, "gen"));
+    json_decref(cl_expect(&f.loop, b, "gen"));
+    close(b->fd); /* b dies */
+    b->fd = open("/dev/null", O_RDONLY); /* fx_stop closes it */
+    json_t *reform = cl_expect(&f.loop, a, "reform");
+    assert_non_null(reform);
+    json_decref(reform);
+    cl_join(c, 2, -1); /* the replacement (pid 100002), before the survivor is back */
+    int64_t deadline = ddp_now_ns() + 10000000000LL;
+    json_t *ev = NULL;
+    while (!((ev = last_event("join")) && ival(ev, "pid") == 100002) &&
+           ddp_now_ns() < deadline)
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+    assert_non_null(ev);
+    cl_join(a, 0, 5);
+    json_t *g2 = cl_expect(&f.loop, a, "gen");
+    assert_non_null(g2);
+    assert_int_equal(ival(g2, "gen"), 2);
+    assert_int_equal(ival(g2, "size"), 1);
+    json_t *rg = cl_expect(&f.loop, a, "regroup");
+    assert_non_null(rg);
+    assert_int_equal(ival(rg, "gen"), 2);
+    cl_join(a, 0, 6); /* after its step */
+    json_t *ga = cl_expect(&f.loop, a, "gen"), *gc = cl_expect(&f.loop, c, "gen");
+    assert_non_null(ga);
+    assert_non_null(gc);
+    assert_int_equal(ival(gc, "gen"), 3);
+    assert_int_equal(ival(gc, "size"), 2);
+    assert_int_equal(ival(gc, "rank"), 1);
+    assert_true(json_is_true(json_object_get(gc, "sync")));
+    assert_int_equal(ival(gc, "source"), 0);
+    assert_int_equal(ival(gc, "step"), 6);
+    json_decref(g2);
+    json_decref(rg);
+    json_decref(ga);
+    json_decref(gc);
+    fx_stop(&f);
+}
+
 /* A restarted coordinator adopts generation 7 once both of its members are back, without a
  * new generation: each member hears "adopted". */
 static void test_adopt_all_back(void **state)
@@ -293,6 +343,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_form_done_late, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failure_defers_a_fresh_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_all_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_abandoned_by_join, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_member_missing, setup, teardown),
