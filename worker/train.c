@@ -21,12 +21,6 @@
  * then each rank's compute ms. */
 #define VOTE_RANKS 5
 
-/* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
-static int32_t start_token(const ddp_model_cfg_t *cfg)
-{
-    return cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
-}
-
 /* The highest step of metrics.jsonl's step lines (-1: none): a new rank 0 of a later generation
  * goes on after it, so that every step has one line even when a step is redone. */
 static long last_logged_step(const char *path)
@@ -162,7 +156,10 @@ int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return 0;
 }
 
-static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_trainer_gather_moments(arg, ei); }
+static int gather_moments(void *arg, ddp_errinfo_t *ei)
+{
+    return ddp_trainer_gather_moments(arg, ei);
+}
 
 int ddp_trainer_moments_from_peers(ddp_trainer_t *t)
 {
@@ -942,91 +939,4 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     if (rc == 0) rc = allreduce_small(t, sums, 2, DDP_OP_SUM, ei);
     if (rc == 0) *loss = t->last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
     return rc;
-}
-
-/* Draws a token from the softmax of logits[V] with the trainer's rng. */
-static int32_t draw(ddp_rng_t *rng, const float *logits, int V)
-{
-    float max = logits[0];
-    for (int i = 1; i < V; i++) max = logits[i] > max ? logits[i] : max;
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - max));
-    double u = ddp_rng_uniform(rng) * sum, c = 0;
-    for (int i = 0; i < V; i++) {
-        c += exp((double)(logits[i] - max));
-        if (u < c) return i;
-    }
-    return V - 1;
-}
-
-int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
-{
-    ddp_gpt2_t *m = &t->model;
-    int T = t->spec.seq_len, V = m->cfg.vocab_size;
-    int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
-    float *row = ddp_malloc((size_t)V * sizeof *row);
-    int rc = (ctx && row) ? 0 : DDP_ENOMEM;
-    ctx[0] = start_token(&m->cfg);
-    for (int i = 1; rc == 0 && i <= n; i++) {
-        int len = i < T ? i : T;
-        const int32_t *window = ctx + (i - len);
-        rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
-        if (rc == 0)
-            rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
-                                  (size_t)V * sizeof *row);
-        if (rc == 0) rc = ddp_k_sync(m->k);
-        if (rc) break;
-        ctx[i] = draw(&t->rng, row, V);
-        if (V == 256) fputc(ctx[i], out);
-        else fprintf(out, "%d ", ctx[i]);
-    }
-    fputc('\n', out);
-    fflush(out);
-    free(ctx);
-    free(row);
-    return rc;
-}
-
-void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
-{
-    const ddp_spec_t *s = &t->spec;
-    const ddp_reducer_stats_t *c = &t->comm_stats;
-    double tok = (double)t->n_micro * s->micro_batch * s->seq_len;
-    double tps = tok / (ms / 1000.0);
-    double lr = ddp_lr_at(s, t->step - 1);
-    t->last_step_ms = ms;
-    char world[80] = "";
-    if (t->elastic)
-        snprintf(world, sizeof world, " | world %d, gen %llu", t->opts.world,
-                 (unsigned long long)t->gen.gen);
-    if (t->lscale.enabled) /* fp16 */
-        snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
-                 t->lscale.scale);
-    if (t->opts.rank == 0 && !t->opts.quiet &&
-        (t->step % s->log_every == 0 || t->step == s->steps)) {
-        if (t->comm)
-            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
-                     "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden%s",
-                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms,
-                     c->comm_ms, c->exposed_ms, 100.0 * c->hidden, world);
-        else
-            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms%s",
-                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
-    }
-    if (t->metrics && t->step > t->logged_step) {
-        char norm[32] = "null"; /* a skipped step's norm is not finite: not a JSON number */
-        if (isfinite(t->last_norm)) snprintf(norm, sizeof norm, "%.6g", t->last_norm);
-        fprintf(t->metrics,
-                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%s,"
-                "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
-                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
-                "\"world\":%d,\"generation\":%llu,\"straggler\":%d,\"loss_scale\":%g,"
-                "\"wall_ms\":%.1f}\n",
-                t->step, s->steps, loss, lr, norm, tps, ms, t->compute_ms, c->comm_ms,
-                c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
-                (unsigned long long)t->gen.gen, t->stragglers.named, t->lscale.scale,
-                (double)(ddp_now_ns() - t->run_t0) / 1e6);
-        fflush(t->metrics);
-        t->logged_step = t->step;
-    }
 }

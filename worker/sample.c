@@ -1,0 +1,57 @@
+/* Text samples from the trained model (train.sample_tokens; see train.h). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/alloc.h"
+#include "worker/train.h"
+
+/* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
+static int32_t start_token(const ddp_model_cfg_t *cfg)
+{
+    return cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
+}
+
+/* Draws a token from the softmax of logits[V] with the trainer's rng. */
+static int32_t draw(ddp_rng_t *rng, const float *logits, int V)
+{
+    float max = logits[0];
+    for (int i = 1; i < V; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)(logits[i] - max));
+    double u = ddp_rng_uniform(rng) * sum, c = 0;
+    for (int i = 0; i < V; i++) {
+        c += exp((double)(logits[i] - max));
+        if (u < c) return i;
+    }
+    return V - 1;
+}
+
+int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
+{
+    ddp_gpt2_t *m = &t->model;
+    int T = t->spec.seq_len, V = m->cfg.vocab_size;
+    int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
+    float *row = ddp_malloc((size_t)V * sizeof *row);
+    int rc = (ctx && row) ? 0 : DDP_ENOMEM;
+    ctx[0] = start_token(&m->cfg);
+    for (int i = 1; rc == 0 && i <= n; i++) {
+        int len = i < T ? i : T;
+        const int32_t *window = ctx + (i - len);
+        rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
+        if (rc == 0)
+            rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
+                                  (size_t)V * sizeof *row);
+        if (rc == 0) rc = ddp_k_sync(m->k);
+        if (rc) break;
+        ctx[i] = draw(&t->rng, row, V);
+        if (V == 256) fputc(ctx[i], out);
+        else fprintf(out, "%d ", ctx[i]);
+    }
+    fputc('\n', out);
+    fflush(out);
+    free(ctx);
+    free(row);
+    return rc;
+}
+
