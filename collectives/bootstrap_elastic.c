@@ -457,6 +457,12 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
     gen->step = (long)json_integer_value(json_object_get(m, "step"));
     const char *why = json_string_value(json_object_get(m, "why"));
     snprintf(gen->why, sizeof gen->why, "%s", why ? why : "");
+    json_t *kept = json_object_get(m, "kept");
+    if (json_array_size(kept) == (size_t)gen->size && gen->size <= DDP_ELASTIC_KEPT_MAX) {
+        gen->kept_from = gen->gen - 1;
+        for (int r = 0; r < gen->size; r++)
+            gen->kept[r] = (int)json_integer_value(json_array_get(kept, (size_t)r));
+    }
     json_decref(m);
     if (gen->size < 1 || gen->rank < 0 || gen->rank >= gen->size || gen->source < 0 ||
         gen->source >= gen->size)

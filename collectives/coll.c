@@ -536,3 +536,5 @@ int ddp_coll_size(const ddp_coll_t *c) { return c ? c->size : 0; }
 uint64_t ddp_coll_generation(const ddp_coll_t *c) { return c ? c->generation : 0; }
 const char *ddp_coll_backend_name(const ddp_coll_t *c) { return c ? c->ops->name : "none"; }
 const char *ddp_coll_transport_name(const ddp_coll_t *c) { return c ? c->transport : "none"; }
+int ddp_coll_shrinks(const ddp_coll_t *c) { return c && c->shrinks; }
+int ddp_coll_shrunk(const ddp_coll_t *c) { return c && c->shrunk; }

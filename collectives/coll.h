@@ -131,6 +131,13 @@ typedef struct ddp_coll_opts {
     double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
     int cuda_device;       /* nccl, sim: the rank's device ordinal (its buffers' device) */
     void *cuda_stream;     /* nccl: cudaStream_t to run on (NULL = the backend's own stream) */
+    /* nccl: the previous generation's communicator (NULL: none) and, for each rank of the new
+     * one, its rank there (size entries, or NULL when some rank is new). When every rank has one
+     * that ddp_coll_shrinks() and was its member, the new communicator is the old one shrunk
+     * (ncclCommShrink: no new rendezvous, no new connections); otherwise it is formed afresh.
+     * The caller still frees parent, after ddp_coll_new. The other backends ignore both. */
+    ddp_coll_t *parent;
+    const int *parent_ranks;
 } ddp_coll_opts_t;
 
 /* Forms a communicator of bs->size ranks with the chosen backend. Collective: every rank of the
@@ -225,6 +232,11 @@ const char *ddp_coll_backend_name(const ddp_coll_t *c);
 const char *ddp_coll_transport_name(const ddp_coll_t *c);
 /* Measured bus bandwidth of the last large all-reduce in bytes/s (0 if none yet). */
 double ddp_coll_bandwidth(const ddp_coll_t *c);
+/* 1 when the next generation's communicator can be formed from c (opts.parent; NCCL >= 2.28,
+ * which revokes a failed communicator instead of aborting it), so c is worth keeping until then.
+ * ddp_coll_shrunk: 1 when c was formed that way. */
+int ddp_coll_shrinks(const ddp_coll_t *c);
+int ddp_coll_shrunk(const ddp_coll_t *c);
 
 /* ---- Memory for collective buffers -------------------------------------------------------- */
 

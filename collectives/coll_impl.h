@@ -71,6 +71,7 @@ struct ddp_coll {
     ddp_coll_req_t *outstanding; /* caller thread: submitted, not yet waited for */
     _Atomic uint64_t bw_bits;    /* double, bytes/s of the last large operation */
     void *module;           /* dlopen handle of the nccl module, closed after free */
+    int shrinks, shrunk;    /* set by the backend's init: see ddp_coll_shrinks/ddp_coll_shrunk */
     ddp__mem_t *mems;       /* caller thread: ddp_coll_mem_alloc's allocations */
     uint64_t next_mem_id;   /* caller thread */
 };

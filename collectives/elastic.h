@@ -29,6 +29,8 @@
 
 typedef struct ddp_elastic ddp_elastic_t;
 
+#define DDP_ELASTIC_KEPT_MAX 256
+
 typedef struct ddp_elastic_gen {
     uint64_t gen;
     int rank, size;
@@ -36,6 +38,10 @@ typedef struct ddp_elastic_gen {
     int sync;      /* 1: someone is behind the source; every rank joins its broadcast */
     long step;     /* the source's completed steps (-1: nobody holds state yet) */
     char why[256]; /* why this generation formed ("start", "rank 2 (pid 7) died ...") */
+    /* when every member was a member of the generation before (kept_from, else 0): each rank's
+     * rank there, for ddp_coll_opts_t.parent_ranks (up to DDP_ELASTIC_KEPT_MAX ranks) */
+    uint64_t kept_from;
+    int kept[DDP_ELASTIC_KEPT_MAX];
 } ddp_elastic_gen_t;
 
 /* Connects to the coordinator at addr ("host:port"), retrying until timeout_s (0 = 60 s), and

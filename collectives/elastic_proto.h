@@ -20,12 +20,13 @@
  *
  * coordinator -> worker
  *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W,"hb_timeout_s":H,
- *    "reconnect_s":C}
+ *    "reconnect_s":C[,"kept":[P0, P1, ...]]}
  *        generation G is formed: this worker is rank R of N. K: the rank whose state is the
  *        newest (the highest completed step S); B: 1 when some member is behind K, so every
  *        member takes part in K's state broadcast before training. W: why it formed. H: the
  *        silence after which either side gives the other up. C ("reconnect_s"): how long a
- *        member redials a connection that closed.
+ *        member redials a connection that closed. P: when every member of G was a member of
+ *        G - 1, each rank's rank there (its communicator can be shrunk into G's).
  *   {"t":"hb"}                   the coordinator's heartbeat, every DDP_ELASTIC_HB_MS
  *   {"t":"ag","gen":G,"all":[X0, X1, ...]}   the allgather's result, in rank order
  *   {"t":"reform","gen":G,"why":W}  generation G is over (a member died or stopped

@@ -8,9 +8,13 @@
  * Init: the device is opts.cuda_device (the caller's GPU, never a default 0); rank 0's
  * ncclUniqueId is allgathered through the bootstrap; ncclCommInitRankConfig with blocking = 0,
  * then ncclCommGetAsyncError is polled until the communicator is ready or the deadline passes.
+ * The next generation's communicator, when it keeps some of the ranks of this one and adds none
+ * (opts.parent), is this one shrunk instead: ncclCommShrink, no rendezvous, where every rank can
+ * (one allgather of a flag decides it for all).
  * Operations are enqueued on the stream (opts.cuda_stream, or the backend's own) at submit;
  * completion is a CUDA event. Waits poll the event and ncclCommGetAsyncError with 50 us sleeps
- * (never a spin), and abort the communicator on an NCCL error or an expired deadline. NCCL
+ * (never a spin), and end the communicator on an NCCL error or an expired deadline: revoked
+ * (NCCL >= 2.28: in-flight operations stop, and it stays to be shrunk) or else aborted. NCCL
  * cannot say which rank is missing: the message names the operation and the rank set.
  *
  * Invariants
@@ -29,7 +33,8 @@
  * - Abort from any thread: every call that uses the NCCL communicator holds m->lock, and
  *   ncclCommAbort runs under it too, so no thread is inside ncclCommGetAsyncError or
  *   ncclAllReduce when the communicator is freed; afterwards m->comm is NULL and every path
- *   checks it. Calls on a nonblocking communicator return at once, so the lock is held briefly.
+ *   checks it (and m->revoked, which retires it the same way without freeing it). Calls on a
+ *   nonblocking communicator return at once, so the lock is held briefly.
  * - Teardown has a deadline: ncclCommFinalize, then ncclCommGetAsyncError is polled until it
  *   completes or max(timeout floor) passes; on expiry or error the communicator is aborted
  *   instead (a dead peer never lets a finalize or a destroy finish).
@@ -71,6 +76,7 @@ typedef struct {
     int staged_inflight; /* staged requests not yet completed; the area resets at 0 */
     void *relay;         /* RELAY_BYTES of device memory: a transfer's chunks, on the ranks
                           * that only pass them on (ddp_coll_transfer) */
+    int revoked;         /* comm was revoked after a failure: kept only to be shrunk */
 } nccl_impl_t;
 
 #define RELAY_BYTES ((size_t)4 << 20)
@@ -82,6 +88,24 @@ typedef struct {
     size_t off;   /* its place in the staging area */
 } nccl_req_t;
 
+/* NCCL >= 2.28 can revoke a failed communicator (its operations stop, the communicator stays)
+ * and shrink it into the next generation's without a new rendezvous. The two are declared weak
+ * so that the module still loads on an older libnccl at run time, where they resolve to NULL and
+ * every generation forms afresh. */
+#if defined(DDP_SIM_NCCL)
+static int can_revoke(void) { return 1; }
+#elif NCCL_VERSION_CODE >= 22800
+#pragma weak ncclCommRevoke
+#pragma weak ncclCommShrink
+static int can_revoke(void) { return ncclCommRevoke != NULL && ncclCommShrink != NULL; }
+#else
+static int can_revoke(void) { return 0; }
+#define ncclCommRevoke(comm, flags) ncclInvalidUsage
+#define ncclCommShrink(comm, ex, n, out, cfg, flags) ncclInvalidUsage
+#define NCCL_SHRINK_DEFAULT 0
+#define NCCL_SHRINK_ABORT 1
+#endif
+
 /* Aborts the NCCL communicator once, from any thread. */
 static void abort_comm(nccl_impl_t *m)
 {
@@ -89,6 +113,23 @@ static void abort_comm(nccl_impl_t *m)
     if (m->comm) {
         ncclCommAbort(m->comm);
         m->comm = NULL;
+    }
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* Ends the use of the NCCL communicator after a failure, once, from any thread: revoked where it
+ * can be shrunk into the next generation's (ddp_coll_opts_t.parent), else aborted. */
+static void stop_comm(nccl_impl_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->comm && !m->revoked) {
+        ncclResult_t r = can_revoke() ? ncclCommRevoke(m->comm, 0) : ncclInvalidUsage;
+        if (r == ncclSuccess || r == ncclInProgress) {
+            m->revoked = 1;
+        } else {
+            ncclCommAbort(m->comm);
+            m->comm = NULL;
+        }
     }
     pthread_mutex_unlock(&m->lock);
 }
@@ -115,7 +156,7 @@ static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
     if (first) {
         DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size,
                   c->errmsg);
-        if (c->impl) abort_comm(c->impl);
+        if (c->impl) stop_comm(c->impl);
     }
     return atomic_load(&c->err);
 }
@@ -162,13 +203,13 @@ static int nccl_probe(void)
 }
 
 /* The communicator's asynchronous state under the lock: ncclSuccess, ncclInProgress or an
- * error; *gone = 1 when it was aborted (by another thread, perhaps). */
+ * error; *gone = 1 when it was aborted or revoked (by another thread, perhaps). */
 static ncclResult_t async_state(nccl_impl_t *m, int *gone, char *last, size_t len)
 {
     ncclResult_t st = ncclSuccess;
     pthread_mutex_lock(&m->lock);
-    *gone = m->comm == NULL;
-    if (m->comm) {
+    *gone = m->comm == NULL || m->revoked;
+    if (!*gone) {
         ncclResult_t r = ncclCommGetAsyncError(m->comm, &st);
         if (r != ncclSuccess) st = r;
         if (st != ncclSuccess && st != ncclInProgress && last)
@@ -206,6 +247,91 @@ static void release_impl(nccl_impl_t *m)
     free(m);
 }
 
+/* Whether this rank can form the new communicator by shrinking o->parent (ddp_coll_opts_t): the
+ * library can, the parent is this backend's, still there and quiescent (a revoked one settles
+ * once its operations have stopped), and the new ranks are some of its ranks in their order, this
+ * one among them. */
+static int can_shrink(const ddp_coll_t *c, const ddp_coll_bootstrap_t *bs,
+                      const ddp_coll_opts_t *o)
+{
+    const ddp_coll_t *p = o->parent;
+    const int *pr = o->parent_ranks;
+    if (!p || p->ops != c->ops || !p->shrinks || !p->impl || bs->size >= p->size ||
+        pr[bs->rank] != p->rank)
+        return 0;
+    for (int r = 0; r < bs->size; r++)
+        if (pr[r] < 0 || pr[r] >= p->size || (r > 0 && pr[r] <= pr[r - 1])) return 0;
+    nccl_impl_t *pm = p->impl;
+    int64_t deadline = ddp_now_ns() + (int64_t)(c->timeout_s * 1e9);
+    for (;;) {
+        ncclResult_t st = ncclInternalError;
+        pthread_mutex_lock(&pm->lock);
+        if (pm->comm && ncclCommGetAsyncError(pm->comm, &st) != ncclSuccess) st = ncclInternalError;
+        pthread_mutex_unlock(&pm->lock);
+        if (st == ncclSuccess) return 1;
+        if (st != ncclInProgress || ddp_now_ns() > deadline) return 0;
+        nap();
+    }
+}
+
+/* Starts the shrink of o->parent into *out, leaving out the parent ranks that o->parent_ranks
+ * does not name (NCCL numbers the rest in order, as the new ranks are). */
+static ncclResult_t shrink_parent(const ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *o,
+                                  ncclConfig_t *cfg, ncclComm_t *out)
+{
+    const ddp_coll_t *p = o->parent;
+    nccl_impl_t *pm = p->impl;
+    int n = p->size - bs->size, k = 0;
+    int *excluded = ddp_malloc((size_t)n * sizeof *excluded);
+    if (!excluded) return ncclSystemError;
+    for (int q = 0, r = 0; q < p->size; q++) {
+        if (r < bs->size && o->parent_ranks[r] == q)
+            r++;
+        else
+            excluded[k++] = q;
+    }
+    pthread_mutex_lock(&pm->lock);
+    ncclResult_t res = pm->comm ? ncclCommShrink(pm->comm, excluded, n, out, cfg,
+                                                 pm->revoked ? NCCL_SHRINK_DEFAULT
+                                                             : NCCL_SHRINK_ABORT)
+                                : ncclInvalidUsage;
+    pthread_mutex_unlock(&pm->lock);
+    free(excluded);
+    return res;
+}
+
+/* Whether every rank can shrink the parent (one allgather of a flag); 0 without parent_ranks,
+ * which every rank gives or none. */
+static int all_shrink(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *o,
+                      int64_t deadline, ddp_errinfo_t *ei)
+{
+    if (!o || !o->parent_ranks) return 0;
+    int32_t mine = can_shrink(c, bs, o), *all = ddp_malloc(sizeof mine * (size_t)bs->size);
+    if (!all) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    int rc = bs->ops->allgather(bs, &mine, sizeof mine, all, deadline, ei);
+    for (int r = 0; rc == 0 && r < bs->size; r++) mine &= all[r];
+    free(all);
+    return rc < 0 ? rc : mine;
+}
+
+/* Rank 0's ncclUniqueId, allgathered through the bootstrap. */
+static int unique_id(ddp_coll_bootstrap_t *bs, ncclUniqueId *id, int64_t deadline,
+                     ddp_errinfo_t *ei)
+{
+    memset(id, 0, sizeof *id);
+    if (bs->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(id);
+        if (r != ncclSuccess)
+            return ddp_errinfo_set(ei, DDP_ENCCL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
+    }
+    ncclUniqueId *all = ddp_malloc(sizeof *id * (size_t)bs->size);
+    if (!all) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    int rc = bs->ops->allgather(bs, id, sizeof *id, all, deadline, ei);
+    if (rc == 0) *id = all[0];
+    free(all);
+    return rc < 0 ? rc : 0;
+}
+
 static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts,
                      ddp_errinfo_t *ei)
 {
@@ -213,23 +339,11 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     cudaError_t ce = cudaSetDevice(dev);
     if (ce != cudaSuccess)
         return ddp_errinfo_set(ei, DDP_ECUDA, "cudaSetDevice(%d): %s", dev, cudaGetErrorString(ce));
-    ncclUniqueId id;
-    memset(&id, 0, sizeof id);
-    if (bs->rank == 0) {
-        ncclResult_t r = ncclGetUniqueId(&id);
-        if (r != ncclSuccess)
-            return ddp_errinfo_set(ei, DDP_ENCCL, "ncclGetUniqueId: %s", ncclGetErrorString(r));
-    }
-    ncclUniqueId *all = ddp_malloc(sizeof id * (size_t)bs->size);
-    if (!all) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     int64_t deadline = ddp_now_ns() + (int64_t)(c->timeout_s * 2e9);
-    int rc = bs->ops->allgather(bs, &id, sizeof id, all, deadline, ei);
-    if (rc < 0) {
-        free(all);
-        return rc;
-    }
-    id = all[0];
-    free(all);
+    ncclUniqueId id;
+    int shrink = all_shrink(c, bs, opts, deadline, ei);
+    int rc = shrink < 0 ? shrink : shrink ? 0 : unique_id(bs, &id, deadline, ei);
+    if (rc < 0) return rc;
     nccl_impl_t *m = ddp_calloc(1, sizeof *m);
     if (!m) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     pthread_mutex_init(&m->lock, NULL);
@@ -248,12 +362,14 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
     cfg.blocking = 0;
     c->impl = m;
     ncclComm_t comm = NULL;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, bs->size, id, bs->rank, &cfg);
+    const char *how = shrink ? "ncclCommShrink" : "ncclCommInitRankConfig";
+    ncclResult_t r = shrink ? shrink_parent(bs, opts, &cfg, &comm)
+                            : ncclCommInitRankConfig(&comm, bs->size, id, bs->rank, &cfg);
     m->comm = comm;
     if (r != ncclSuccess && r != ncclInProgress) {
-        rc = ddp_errinfo_set(ei, DDP_ENCCL, "ncclCommInitRankConfig: %s", ncclGetErrorString(r));
+        rc = ddp_errinfo_set(ei, DDP_ENCCL, "%s: %s", how, ncclGetErrorString(r));
     } else {
-        rc = settle(c, m, deadline, "ncclCommInitRankConfig");
+        rc = settle(c, m, deadline, how);
         if (rc < 0) ddp_errinfo_set(ei, rc, "%s", c->errmsg);
     }
     if (rc < 0) {
@@ -262,7 +378,10 @@ static int nccl_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opt
         c->impl = NULL;
         return rc;
     }
+    if (shrink) abort_comm(opts->parent->impl); /* it lives on as this one */
     c->transport = "nccl";
+    c->shrunk = shrink;
+    c->shrinks = can_revoke();
     return 0;
 }
 
@@ -396,7 +515,7 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
     }
     char last[256] = "";
     pthread_mutex_lock(&m->lock);
-    int gone = m->comm == NULL;
+    int gone = m->comm == NULL || m->revoked;
     ncclResult_t nr = gone ? ncclSuccess : enqueue_op(c, m, q, buf);
     if (!gone && nr != ncclSuccess && nr != ncclInProgress)
         snprintf(last, sizeof last, "%s", ncclGetLastError(m->comm));
@@ -518,7 +637,7 @@ static int nccl_wait_event(ddp_coll_t *c, void *event)
 
 static void nccl_abort(ddp_coll_t *c)
 {
-    if (c->impl) abort_comm(c->impl);
+    if (c->impl) stop_comm(c->impl);
 }
 
 /* Ends a healthy communicator within the deadline: finalize and poll, else abort. */

@@ -256,7 +256,12 @@ static void try_form(ddpd_coord_t *c)
     c->regroup_sent = 0;
     const char *why = c->why[0] ? c->why : "start";
     double reform_ms = c->reform_ns ? (double)(ddp_now_ns() - c->reform_ns) / 1e6 : 0;
-    json_t *ranks = json_array();
+    json_t *ranks = json_array(), *kept = json_array(); /* old ranks, while all have one */
+    for (int r = 0; r < n && kept; r++)
+        if (list[r]->rank < 0 || json_array_append_new(kept, json_integer(list[r]->rank))) {
+            json_decref(kept);
+            kept = NULL;
+        }
     for (member_t *m = c->members; m; m = m->next)
         if (defer && !m->closing && is_fresh(m)) m->rank = -1; /* not in this generation */
     for (int r = 0; r < n; r++) {
@@ -266,12 +271,13 @@ static void try_form(ddpd_coord_t *c)
         json_decref(m->ag);
         m->ag = NULL;
         json_array_append_new(ranks, json_integer(m->pid));
-        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f, s:f}", "t", "gen",
-                             "gen", (json_int_t)c->gen, "rank", r, "size", n, "source", source,
-                             "sync", behind > 0 && top >= 0, "step", (json_int_t)top, "why", why,
-                             "hb_timeout_s", c->cfg.hb_timeout_s, "reconnect_s",
-                             c->cfg.rejoin_timeout_s));
+        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f, s:f, s:O*}", "t",
+                             "gen", "gen", (json_int_t)c->gen, "rank", r, "size", n, "source",
+                             source, "sync", behind > 0 && top >= 0, "step", (json_int_t)top,
+                             "why", why, "hb_timeout_s", c->cfg.hb_timeout_s, "reconnect_s",
+                             c->cfg.rejoin_timeout_s, "kept", kept));
     }
+    json_decref(kept);
     DDP_INFO("coordinator: generation %lu formed: %d member(s), state from rank %d (step %ld)%s; "
              "cause: %s", c->gen, n, source, top, behind && top >= 0 ? ", synced" : "", why);
     emit(c, json_pack("{s:s, s:I, s:i, s:o, s:i, s:I, s:s, s:f}", "event", "generation", "gen",

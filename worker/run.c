@@ -81,8 +81,9 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
-             "in %.0f ms (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
-             t->opts.world, old_world, t->step, ms, t->gen.why);
+             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
+             t->opts.world, old_world, t->step, ms,
+             st.shrunk ? ", its communicator the last one shrunk" : "", t->gen.why);
     if (t->xfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
                  "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->xfer.n_receivers,
@@ -97,9 +98,11 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
         fprintf(t->metrics,
                 "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
                 "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
-                "\"attach_ms\":%.1f,\"state_ms\":%.1f,\"receivers\":%d,\"source\":%d}\n",
+                "\"attach_ms\":%.1f,\"state_ms\":%.1f,\"receivers\":%d,\"source\":%d,"
+                "\"shrunk\":%s}\n",
                 (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
-                st.comm_ms, st.attach_ms, st.state_ms, st.receivers, t->gen.source);
+                st.comm_ms, st.attach_ms, st.state_ms, st.receivers, t->gen.source,
+                st.shrunk ? "true" : "false");
         fflush(t->metrics);
     }
     return 0;

@@ -89,10 +89,17 @@ static int open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
         const char *backend = t->spec.backend;
         if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
-        /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3) */
-        ddp_coll_opts_t copts = {.backend = backend, .cuda_device = t->device};
+        /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3); the survivors of a
+         * generation shrink its communicator rather than forming one afresh */
+        const ddp_elastic_gen_t *g = &t->gen;
+        ddp_coll_opts_t copts = {
+            .backend = backend, .cuda_device = t->device,
+            .parent = g->kept_from && g->kept_from == t->parent_gen ? t->parent_comm : NULL,
+            .parent_ranks = g->kept_from ? g->kept : NULL};
         rc = ddp_coll_new(bs, &copts, &t->comm, ei);
     }
+    ddp_coll_free(t->parent_comm);
+    t->parent_comm = NULL;
     ddp_coll_bootstrap_free(bs);
     if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->comm);
     ddp_log_set_rank(t->opts.world > 1 ? t->opts.rank : -1);
@@ -352,7 +359,14 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     t->emb = NULL;
     if (t->grads) free_reduced(t, t->grads); /* the model's pointer is replaced on attach */
     t->grads = NULL;
-    ddp_coll_free(t->comm);
+    ddp_coll_free(t->parent_comm);
+    t->parent_comm = NULL;
+    if (ddp_coll_shrinks(t->comm)) { /* open_comm frees it, shrunk or not */
+        t->parent_comm = t->comm;
+        t->parent_gen = t->gen.gen;
+    } else {
+        ddp_coll_free(t->comm);
+    }
     t->comm = NULL;
 }
 
@@ -449,6 +463,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
                                "%d micro-batches", (unsigned long long)t->gen.gen, t->opts.world,
                                t->n_micro);
     int64_t t2 = ddp_now_ns();
+    st->shrunk = ddp_coll_shrunk(t->comm);
     DDP_CHECK(attach_world(t, ei));
     ddp_tckpt_run_t view;
     checkpoint_view(t, &view);
@@ -619,6 +634,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_kernels_close(&t->k);
     ddp_xfer_clear(&t->xfer);
     ddp_coll_free(t->comm);
+    ddp_coll_free(t->parent_comm);
     ddp_elastic_free(t->elastic);
     free(t->emb_tokens_f);
     free(t->emb_tokens);

@@ -72,6 +72,9 @@ typedef struct ddp_trainer {
     int have_val;
     ddp_loader_t loader;
     ddp_coll_t *comm;         /* NULL in a world of one */
+    ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
+                               * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
+    uint64_t parent_gen;      /* its generation */
     ddp_elastic_t *elastic;   /* the coordinator's connection (DDP_ELASTIC=1), else NULL */
     ddp_elastic_gen_t gen;    /* elastic: the generation this rank is in */
     int regroup;              /* some rank must leave the generation: all do after this step */
@@ -155,6 +158,7 @@ typedef struct ddp_regroup_stats {
     double state_ms;  /* planning a state transfer (and, with ddp.state_transfer: pause, the
                        * transfer and the replica check) */
     int receivers;    /* ranks that took the source's state */
+    int shrunk;       /* the communicator is the last generation's, shrunk (NCCL) */
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
 /* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation

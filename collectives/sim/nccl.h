@@ -24,6 +24,10 @@
 
 #include "cuda_runtime_api.h"
 
+#define DDP_SIM_NCCL 1 /* what collectives/nccl.c is compiled against */
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+
 typedef enum {
     ncclSuccess = 0,
     ncclUnhandledCudaError = 1,
@@ -58,6 +62,8 @@ typedef struct {
 #define ncclCommAbort ddp_sim_ncclCommAbort
 #define ncclCommFinalize ddp_sim_ncclCommFinalize
 #define ncclCommDestroy ddp_sim_ncclCommDestroy
+#define ncclCommRevoke ddp_sim_ncclCommRevoke
+#define ncclCommShrink ddp_sim_ncclCommShrink
 
 /* Writes "127.0.0.1:PORT" (a port free a moment ago) into id: rank 0's rendezvous. */
 ncclResult_t ncclGetUniqueId(ncclUniqueId *id);
@@ -89,5 +95,16 @@ ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommFinalize(ncclComm_t comm);
 /* Frees comm; without a finalize first, waits for every rank's destroy with no deadline. */
 ncclResult_t ncclCommDestroy(ncclComm_t comm);
+/* Stops comm's operations (the inner communicator is aborted; peers are told) and keeps it for a
+ * shrink: its state is ncclInProgress until its queued operations have ended, then ncclSuccess.
+ * An operation or a finalize on a revoked communicator is a violation (NCCL: invalid). */
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags);
+/* A communicator of parent's ranks less the `n` in `excluded`, numbered in order, formed like an
+ * init (nonblocking per cfg) at a rendezvous that parent's ranks agreed on when it formed (each
+ * picked a free port then; the lowest kept rank's is used). Violations: a revoked parent that is
+ * not quiescent yet, a healthy one with queued operations and NCCL_SHRINK_DEFAULT, an excluded
+ * rank calling it. NCCL_SHRINK_ABORT on a healthy parent aborts its inner communicator first. */
+ncclResult_t ncclCommShrink(ncclComm_t parent, int *excluded, int n, ncclComm_t *out,
+                            ncclConfig_t *cfg, int flags);
 
 #endif

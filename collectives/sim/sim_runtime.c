@@ -25,6 +25,7 @@
 #include "collectives/coll.h"
 #include "collectives/sim/nccl.h"
 #include "collectives/sim/sim.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -199,6 +200,8 @@ struct ddp_sim_nccl_comm {
     ncclResult_t state;
     char last[400];
     int finalized;
+    int revoked;
+    int *ports;          /* each rank's port for a shrink's rendezvous (size entries) */
     int queued;          /* operations on a stream, not yet done */
     _Atomic int in_call; /* threads inside a call on this communicator */
     pthread_t worker;    /* init, then finalize */
@@ -293,19 +296,24 @@ static void set_state(ncclComm_t comm, ncclResult_t st, const char *fmt, ...)
     pthread_mutex_unlock(&g.mu);
 }
 
-ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+/* A loopback port that was free a moment ago (a rendezvous listens there later), or -1. */
+static int free_port(void)
 {
-    memset(id, 0, sizeof *id);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &len) != 0) {
-        if (fd >= 0) close(fd);
-        return ncclSystemError;
-    }
-    close(fd); /* the rendezvous listens there (a free port a moment ago) */
-    snprintf(id->internal, sizeof id->internal, "127.0.0.1:%d", ntohs(sa.sin_port));
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+             getsockname(fd, (struct sockaddr *)&sa, &len) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(sa.sin_port) : -1;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *id)
+{
+    memset(id, 0, sizeof *id);
+    int port = free_port();
+    if (port < 0) return ncclSystemError;
+    snprintf(id->internal, sizeof id->internal, "127.0.0.1:%d", port);
     return ncclSuccess;
 }
 
@@ -325,10 +333,16 @@ static void *init_main(void *arg)
     ddp_coll_opts_t opts = {.backend = "ring", .timeout_s = inner_timeout()};
     int rc = ddp_coll_bootstrap_tcp(&cfg, &bs, &ei);
     ddp_coll_t *inner = NULL;
+    int port = free_port(), *ports = calloc((size_t)comm->size, sizeof *ports);
+    if (rc == 0 && !ports) rc = ddp_errinfo_set(&ei, DDP_ENOMEM, "out of memory");
+    if (rc == 0) /* where a shrink's rendezvous may listen */
+        rc = bs->ops->allgather(bs, &port, sizeof port, ports,
+                                ddp_now_ns() + (int64_t)(cfg.timeout_s * 1e9), &ei);
     if (rc == 0) rc = ddp_coll_new(bs, &opts, &inner, &ei);
     ddp_coll_bootstrap_free(bs);
     pthread_mutex_lock(&g.mu);
     comm->inner = inner;
+    comm->ports = ports;
     pthread_mutex_unlock(&g.mu);
     if (rc)
         set_state(comm, ncclSystemError, "init: %s", ei.msg);
@@ -337,8 +351,9 @@ static void *init_main(void *arg)
     return NULL;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
-                                    ncclConfig_t *cfg)
+/* A communicator formed by a thread at the rendezvous addr (see ncclCommInitRankConfig). */
+static ncclResult_t start_comm(ncclComm_t *out, int nranks, const char *addr, int rank,
+                               ncclConfig_t *cfg)
 {
     *out = NULL;
     ncclComm_t comm = calloc(1, sizeof *comm);
@@ -347,7 +362,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     comm->size = nranks;
     comm->device = cur_dev;
     comm->state = ncclInProgress;
-    snprintf(comm->addr, sizeof comm->addr, "%s", id.internal);
+    snprintf(comm->addr, sizeof comm->addr, "%s", addr);
     if (pthread_create(&comm->worker, NULL, init_main, comm) != 0) {
         free(comm);
         return ncclSystemError;
@@ -364,11 +379,17 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
     return comm->state;
 }
 
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                    ncclConfig_t *cfg)
+{
+    return start_comm(out, nranks, id.internal, rank, cfg);
+}
+
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state)
 {
     if (!enter(comm, "ncclCommGetAsyncError")) return ncclInvalidArgument;
     pthread_mutex_lock(&g.mu);
-    *state = comm->state;
+    *state = !comm->revoked ? comm->state : comm->queued ? ncclInProgress : ncclSuccess;
     pthread_mutex_unlock(&g.mu);
     leave(comm);
     return ncclSuccess;
@@ -428,9 +449,13 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
     ncclResult_t r = ncclSuccess;
     pthread_mutex_lock(&g.mu);
     ncclResult_t st = comm->state;
+    int revoked = comm->revoked;
     pthread_mutex_unlock(&g.mu);
     int dev = ddp_simdev_device_of(recv, bytes);
-    if (st != ncclSuccess) {
+    if (revoked) {
+        violation("%s on communicator %p after ncclCommRevoke", fn, (void *)comm);
+        r = ncclInvalidUsage;
+    } else if (st != ncclSuccess) {
         r = st == ncclInProgress ? ncclInvalidUsage : st;
     } else if (send != recv) {
         r = ncclInvalidArgument; /* the backend works in place only */
@@ -511,6 +536,7 @@ static void release(ncclComm_t comm)
     while (comm->queued > 0) pthread_cond_wait(&g.cv, &g.mu);
     pthread_mutex_unlock(&g.mu);
     ddp_coll_free(comm->inner);
+    free(comm->ports);
     free(comm);
 }
 
@@ -564,7 +590,13 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm)
     ncclResult_t r = ncclInProgress;
     pthread_mutex_lock(&g.mu);
     int ready = comm->state == ncclSuccess && comm->inner;
+    int revoked = comm->revoked;
     pthread_mutex_unlock(&g.mu);
+    if (revoked) {
+        violation("ncclCommFinalize on communicator %p after ncclCommRevoke", (void *)comm);
+        leave(comm);
+        return ncclInvalidUsage;
+    }
     if (ready && comm->have_worker) { /* the finished init */
         pthread_join(comm->worker, NULL);
         comm->have_worker = 0;
@@ -599,4 +631,68 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm)
     }
     release(comm);
     return ncclSuccess;
+}
+
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int flags)
+{
+    if (!enter(comm, "ncclCommRevoke")) return ncclInvalidArgument;
+    if (flags != 0) {
+        leave(comm);
+        return ncclInvalidArgument;
+    }
+    pthread_mutex_lock(&g.mu);
+    comm->revoked = 1;
+    ddp_coll_t *inner = comm->inner;
+    pthread_mutex_unlock(&g.mu);
+    if (inner) ddp_coll_abort(inner, DDP_EABORTED, "ncclCommRevoke"); /* its operations end */
+    leave(comm);
+    return ncclSuccess;
+}
+
+static int listed(const int *list, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (list[i] == x) return 1;
+    return 0;
+}
+
+ncclResult_t ncclCommShrink(ncclComm_t parent, int *excluded, int n, ncclComm_t *out,
+                            ncclConfig_t *cfg, int flags)
+{
+    *out = NULL;
+    if (!enter(parent, "ncclCommShrink")) return ncclInvalidArgument;
+    pthread_mutex_lock(&g.mu);
+    int queued = parent->queued, revoked = parent->revoked, size = parent->size;
+    int rank = parent->rank, *ports = parent->ports;
+    ddp_coll_t *inner = parent->inner;
+    pthread_mutex_unlock(&g.mu);
+    ncclResult_t r = ncclSuccess;
+    int below = 0, root = 0;
+    for (int i = 0; i < n; i++) {
+        if (excluded[i] < 0 || excluded[i] >= size || excluded[i] == rank) r = ncclInvalidArgument;
+        below += excluded[i] < rank;
+    }
+    while (root < size && listed(excluded, n, root)) root++; /* the new rank 0 */
+    if (r != ncclSuccess || n <= 0 || n >= size || !ports) {
+        violation("ncclCommShrink of communicator %p (rank %d of %d) excluding %d rank(s): "
+                  "invalid arguments, or a rank it excludes calls it", (void *)parent, rank, size,
+                  n);
+        r = ncclInvalidArgument;
+    } else if (revoked && queued) {
+        violation("ncclCommShrink of revoked communicator %p before it is quiescent (%d "
+                  "operation(s) queued): poll ncclCommGetAsyncError until ncclSuccess first",
+                  (void *)parent, queued);
+        r = ncclInvalidUsage;
+    } else if (!revoked && queued && flags != NCCL_SHRINK_ABORT) {
+        violation("ncclCommShrink of communicator %p with %d operation(s) in flight and "
+                  "NCCL_SHRINK_DEFAULT (it would hang on them)", (void *)parent, queued);
+        r = ncclInvalidUsage;
+    }
+    if (r == ncclSuccess && !revoked && flags == NCCL_SHRINK_ABORT && inner)
+        ddp_coll_abort(inner, DDP_EABORTED, "ncclCommShrink(NCCL_SHRINK_ABORT)");
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", r == ncclSuccess ? ports[root] : 0);
+    leave(parent);
+    if (r != ncclSuccess) return r;
+    return start_comm(out, size - n, addr, rank - below, cfg);
 }

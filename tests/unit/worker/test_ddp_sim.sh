@@ -42,7 +42,7 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs
   ! grep -h "hazard\|violation\|error" "$tmp/$1.launch" "$tmp/$1"/rank-*.log
 }
 
-echo "1..11"
+echo "1..12"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
@@ -65,11 +65,12 @@ if DDP_TEST_REPLICA_FLIP_RANK=1 run2 simflip sim --no-resume >/dev/null; then
 else
   check "a drifted replica stops the sim job naming rank 1" grep -q "replicas differ: rank(s) 1 " "$tmp/simflip.launch" "$tmp/simflip"/rank-*.log
 fi
-# elastic on the simulated GPU: rank 1 is killed after step 3, restarted, and rejoins; the
-# coordinator's thread aborts the sim communicator, the source broadcasts its counters (a host
-# header) and sends its device arenas to the joiner in chunked NCCL broadcasts during the next
-# step, which rank 0 computes alone (so that step sums its two micro-batches on one rank, in
-# another order than the 2-rank ring: the last bits differ); the replicas are checked, and the
+# elastic on the simulated GPU, 3 ranks: rank 1 is killed after step 3, restarted, and rejoins;
+# the coordinator's thread revokes the sim communicator, ranks 0 and 2 shrink it into theirs
+# (ncclCommShrink) and redo the step; the joiner comes back in a communicator formed afresh, the
+# source broadcasts its counters (a host header) and sends its device arenas to the joiner in
+# chunked NCCL broadcasts during the next step, which the other two compute (in another order
+# than the CPU run's 2-rank ring: the last bits differ); the replicas are checked, and the
 # weights are the uninterrupted CPU run's within 1e-5
 sed -e '/^checkpoint:/d' -e 's/steps: 4,/steps: 12,/' -e 's/val_every: 2,/val_every: 0,/' \
     -e 's/shard_optimizer: false}/shard_optimizer: false, restart: on-failure, max_restarts: 2, state_transfer: overlap}/' \
@@ -77,7 +78,7 @@ sed -e '/^checkpoint:/d' -e 's/steps: 4,/steps: 12,/' -e 's/val_every: 2,/val_ev
 RUN_DIR="$tmp/ecpu" "$launch" 2 "$tmp/ejob.yaml" --quiet --backend cpu --dump-weights "$tmp/ecpu.st" \
   >"$tmp/ecpu.launch" 2>&1 || { not_ok "elastic run on the CPU"; sed 's/^/# /' "$tmp/ecpu.launch" | tail; }
 # (bounded: a generation that fails the same way each time would be re-formed for ever)
-( DDP_LOG_LEVEL=info DDP_SIM_DELAY_US=2000 RUN_DIR="$tmp/esim" timeout 100 "$launch" 2 "$tmp/ejob.yaml" \
+( DDP_LOG_LEVEL=info DDP_SIM_DELAY_US=2000 RUN_DIR="$tmp/esim" timeout 100 "$launch" 3 "$tmp/ejob.yaml" \
     --backend sim --dump-weights "$tmp/esim.st" >"$tmp/esim.launch" 2>&1 ) &
 elaunch=$!
 deadline=$((SECONDS + 60))  # rank 0 logs to the launcher's output: wait for its step 3
@@ -86,6 +87,9 @@ kill -9 "$(cat "$tmp/esim/rank-1.pid")" 2>/dev/null
 wait $elaunch
 check "elastic on sim: rank 1 killed after step 3 rejoins and gets the state of step 3" \
   grep -q "state of step [3-9] from rank 0" "$tmp/esim.launch"
+check "elastic on sim: the survivors shrank the failed generation's communicator" \
+  grep -q "generation [0-9]*: rank 1 of 2 (was 3 ranks).*its communicator the last one shrunk" \
+  "$tmp/esim/rank-2.log"
 check "elastic on sim with a rank killed gives the uninterrupted CPU run's weights" \
   python3 "$compare" "$tmp/ecpu.st" "$tmp/esim.st" --rel 1e-5
 check "elastic on sim: the joiner received its state during rank 0's step, not before it" \

@@ -41,6 +41,8 @@ struct rank {
     char addr[64];
     double timeout_s;
     ddp_coll_t *comm;
+    ddp_coll_t *parent;      /* form: the previous generation's communicator (opts.parent) */
+    const int *parent_ranks; /* form: opts.parent_ranks */
     ddp_kernels_t k;
     scenario_fn fn;
     int rc;
@@ -78,7 +80,8 @@ static void *form_main(void *arg)
     r->rc = ddp_kernels_open(&r->k, "sim", r->device, 1);
     if (r->rc == 0) r->rc = ddp_coll_bootstrap_tcp(&cfg, &bs, &ei);
     ddp_coll_opts_t opts = {.backend = "sim", .cuda_device = r->coll_device,
-                            .timeout_s = r->timeout_s};
+                            .timeout_s = r->timeout_s, .parent = r->parent,
+                            .parent_ranks = r->parent_ranks};
     if (r->rc == 0) r->rc = ddp_coll_new(bs, &opts, &r->comm, &ei);
     ddp_coll_bootstrap_free(bs);
     if (r->rc) snprintf(r->msg, sizeof r->msg, "forming: %s (%s)", ddp_strerror(r->rc), ei.msg);
@@ -107,7 +110,7 @@ static void *dissolve_main(void *arg)
 /* Runs fn on every rank's thread and waits for all. */
 static void on_ranks(rank_t *rs, int n, void *(*fn)(void *))
 {
-    pthread_t th[NR];
+    pthread_t th[8];
     for (int i = 0; i < n; i++) assert_int_equal(pthread_create(&th[i], NULL, fn, &rs[i]), 0);
     for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
 }
@@ -118,20 +121,26 @@ static void expect_ok(rank_t *rs, int n, const char *what)
         if (rs[i].rc != 0) fail_msg("%s: rank %d: rc %d: %s", what, i, rs[i].rc, rs[i].msg);
 }
 
-/* A world of NR ranks; rank r's kernels on device r, its communicator on coll_device[r]. */
-static void form(rank_t *rs, const int *coll_device, double timeout_s)
+/* A world of n ranks; rank r's kernels on device[r] (NULL: r), its communicator on
+ * coll_device[r] (NULL: the same). */
+static void form_n(rank_t *rs, int n, const int *device, const int *coll_device, double timeout_s)
 {
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", free_port());
-    for (int i = 0; i < NR; i++) {
+    for (int i = 0; i < n; i++) {
         memset(&rs[i], 0, sizeof rs[i]);
         rs[i].rank = i;
-        rs[i].size = NR;
-        rs[i].device = i;
-        rs[i].coll_device = coll_device ? coll_device[i] : i;
+        rs[i].size = n;
+        rs[i].device = device ? device[i] : i;
+        rs[i].coll_device = coll_device ? coll_device[i] : rs[i].device;
         rs[i].timeout_s = timeout_s;
         snprintf(rs[i].addr, sizeof rs[i].addr, "%s", addr);
     }
+}
+
+static void form(rank_t *rs, const int *coll_device, double timeout_s)
+{
+    form_n(rs, NR, NULL, coll_device, timeout_s);
     on_ranks(rs, NR, form_main);
     expect_ok(rs, NR, "form");
 }
@@ -461,6 +470,99 @@ static void test_free_has_a_deadline(void **state)
         fail_msg("ddp_coll_free took %.1f s with a silent peer", rs[0].free_ns / 1e9);
 }
 
+/* ---- issue 17: a failed generation's communicator is shrunk into the survivors' ---- */
+
+#define NS 3 /* ranks before the failure */
+
+/* All-reduces base rank + i: every rank must get sum(ranks) + size * i. */
+static int sc_sum_of_ranks(rank_t *r)
+{
+    size_t n = 1000;
+    float *d = dev_iota(r, n, (float)r->rank);
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    int rc = d ? ddp_coll_allreduce(r->comm, d, n, DDP_DT_F32, DDP_OP_SUM, &q) : -1;
+    if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+    if (rc) FAIL(r, "all-reduce over %d ranks: rc %d %s", r->size, rc, ei.msg);
+    rc = dev_expect(r, d, n, (float)(r->size * (r->size - 1) / 2), (float)r->size, "sum");
+    r->k.ops->free(r->k.ctx, d);
+    return rc;
+}
+
+static int sc_dies(rank_t *r)
+{
+    ddp_coll_abort(r->comm, DDP_EPEER, "test: this rank died");
+    return 0;
+}
+
+/* A survivor: its all-reduce fails with the dead peer, and the communicator stays to shrink. */
+static int sc_survives(rank_t *r)
+{
+    float *d = dev_iota(r, 64, 0);
+    ddp_coll_req_t *q;
+    ddp_errinfo_t ei = {0};
+    int rc = ddp_coll_allreduce(r->comm, d, 64, DDP_DT_F32, DDP_OP_SUM, &q);
+    if (rc == 0) rc = ddp_coll_wait(q, ddp_now_ns() + 20 * 1000000000LL, &ei);
+    r->k.ops->sync(r->k.ctx);
+    r->k.ops->free(r->k.ctx, d);
+    if (rc == 0) FAIL(r, "the all-reduce succeeded without the dead rank");
+    if (!ddp_coll_shrinks(r->comm)) FAIL(r, "the failed communicator cannot be shrunk");
+    return 0;
+}
+
+/* NS ranks, `dead` dies; the survivors (`kept`, their old ranks) form the next generation with
+ * their old communicators as parents, except old rank `no_parent` (-1: none), which lost its.
+ * Every new communicator must be shrunk (or formed afresh) as `shrunk` says, and sum right. */
+static void next_generation(int dead, const int *kept, int no_parent, int shrunk)
+{
+    rank_t rs[NS], next[NS - 1];
+    uint64_t vi = ddp_sim_nccl_violations(), hz = ddp_simdev_hazards();
+    form_n(rs, NS, NULL, NULL, 5);
+    on_ranks(rs, NS, form_main);
+    expect_ok(rs, NS, "form");
+    for (int i = 0; i < NS; i++) rs[i].fn = sc_sum_of_ranks;
+    on_ranks(rs, NS, run_main);
+    expect_ok(rs, NS, "generation 1");
+    for (int i = 0; i < NS; i++) rs[i].fn = i == dead ? sc_dies : sc_survives;
+    on_ranks(rs, NS, run_main);
+    expect_ok(rs, NS, "a rank dies");
+
+    form_n(next, NS - 1, kept, NULL, 5);
+    for (int j = 0; j < NS - 1; j++) {
+        next[j].parent = kept[j] == no_parent ? NULL : rs[kept[j]].comm;
+        next[j].parent_ranks = kept;
+    }
+    on_ranks(next, NS - 1, form_main);
+    expect_ok(next, NS - 1, "generation 2");
+    for (int j = 0; j < NS - 1; j++) {
+        if (ddp_coll_shrunk(next[j].comm) != shrunk)
+            fail_msg("rank %d: generation 2 %s", j, shrunk ? "formed afresh" : "shrunk");
+        next[j].fn = sc_sum_of_ranks;
+    }
+    on_ranks(next, NS - 1, run_main);
+    expect_ok(next, NS - 1, "generation 2");
+    for (int j = 0; j < NS - 1; j++) next[j].fn = NULL;
+    on_ranks(next, NS - 1, dissolve_main);
+    for (int i = 0; i < NS; i++) rs[i].fn = NULL;
+    on_ranks(rs, NS, dissolve_main); /* the parents go last, as the trainer frees them */
+    char v[400];
+    ddp_sim_nccl_last_violation(v, sizeof v);
+    if (ddp_sim_nccl_violations() != vi) fail_msg("NCCL misuse: %s", v);
+    assert_int_equal(ddp_simdev_hazards(), hz);
+}
+
+static void test_failed_generation_is_shrunk(void **state)
+{
+    const int kept[] = {0, 2}; /* the middle rank dies: old rank 2 becomes rank 1 */
+    next_generation(1, kept, -1, 1);
+}
+
+static void test_shrink_needs_every_rank(void **state)
+{
+    const int kept[] = {0, 1}; /* rank 1 has no parent: everyone forms afresh */
+    next_generation(2, kept, 1, 0);
+}
+
 /* ---- finding 7: what is not implemented is refused ---- */
 
 static void test_unimplemented_kinds_refused(void **state)
@@ -547,6 +649,8 @@ int main(void)
         cmocka_unit_test(test_event_record_failure_is_an_error),
         cmocka_unit_test(test_abort_from_another_thread),
         cmocka_unit_test(test_free_has_a_deadline),
+        cmocka_unit_test(test_failed_generation_is_shrunk),
+        cmocka_unit_test(test_shrink_needs_every_rank),
         cmocka_unit_test(test_unimplemented_kinds_refused),
         cmocka_unit_test(test_selftest_checks_lm_head_dinp),
         cmocka_unit_test(test_host_access_to_device_memory_faults),
