@@ -108,6 +108,10 @@ static void read_env(ddp_train_env_t *env)
         env->overflow_step = atol(v);
         env->overflow_rank = atoi(strchr(v, ':') + 1);
     }
+    if ((v = getenv("DDP_TEST_HANG")) && strchr(v, ':')) { /* "S:R" */
+        env->hang_step = atol(v);
+        env->hang_rank = atoi(strchr(v, ':') + 1);
+    }
     if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
         env->flip = 1;
         env->flip_rank = atoi(v);

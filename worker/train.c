@@ -822,6 +822,11 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     /* overlapped: queued ahead of the gradient buckets, on every rank */
     if (t->xfer.active) DDP_CHECK(start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
+    if (t->opts.env.hang_step == t->step + 1 && t->opts.env.hang_rank == t->opts.rank) {
+        DDP_WARN("test hook: rank %d hangs as step %ld begins (DDP_TEST_HANG)", t->opts.rank,
+                 t->step + 1);
+        for (;;) pause();
+    }
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
         int last = micro == t->accum - 1;

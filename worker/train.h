@@ -45,6 +45,8 @@ typedef struct ddp_train_env {
     int flip_rank;
     long overflow_step; /* DDP_TEST_OVERFLOW=S:R: fp16's loss scale overflows at step S ... */
     int overflow_rank;  /* ... on rank R; 0: off */
+    long hang_step;     /* DDP_TEST_HANG=S:R: rank R stops for good as step S begins (it says */
+    int hang_rank;      /* so in its log), for a test to kill it there; 0: off */
 } ddp_train_env_t;
 
 typedef struct ddp_train_opts {
