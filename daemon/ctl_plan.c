@@ -44,13 +44,26 @@ int ddpctl_plan(int argc, char **argv)
     }
     if (workers < 1) workers = spec.workers;
     if (local < 1 || local > workers) local = workers;
-    ddp_mem_budget_t b;
-    if (ddp_mem_budget_plan(&spec, workers, local, gpu > 0, gpu, 0, &b)) {
+    ddp_mem_budget_t b, rest;
+    if (ddp_mem_budget_plan(&spec, workers, local, 0, gpu > 0, gpu, 0, &b)) {
         fprintf(stderr, "ddpctl: %s: no model to plan for\n", path);
         return CTL_USAGE;
     }
-    char text[2048], advice[1024];
+    char text[2048], advice[1024], tot[32];
     printf("%s\n", ddp_mem_budget_format(&b, text, sizeof text));
+    /* the first rank after the writers stands for all of them (the budget differs by role) */
+    int writers = spec.writers < workers ? spec.writers : workers;
+    if (b.writer && writers < workers &&
+        ddp_mem_budget_plan(&spec, workers, local, writers, gpu > 0, gpu, 0, &rest) == 0 &&
+        rest.total != b.total) {
+        char who[64];
+        if (workers - writers > 1)
+            snprintf(who, sizeof who, "ranks %d-%d write", writers, workers - 1);
+        else
+            snprintf(who, sizeof who, "rank %d writes", writers);
+        printf("%s no checkpoint shard: total %s%s\n", who,
+               ddp_mem_fmt(rest.total, tot, sizeof tot), workers - writers > 1 ? " each" : "");
+    }
     if (ddp_mem_budget_fits(&b, &spec, advice, sizeof advice)) return CTL_OK;
     printf("does not fit: %s\n", advice);
     return CTL_JOB_FAILED;

@@ -2,7 +2,8 @@
  *
  * Invariant: every figure here names the allocation it stands for, so that a change there is a
  * change here; tests/unit/worker/test_oom.sh holds the prediction to within 10% of the peak
- * RSS measured for three shapes, and test_gpt2.c holds the activation count to the model's.
+ * RSS measured for three 1-rank shapes and for each rank of 2-rank runs with validation and
+ * with checkpoints, and test_gpt2.c holds the activation count to the model's.
  */
 #include "worker/memory_budget.h"
 
@@ -13,10 +14,12 @@
 
 #include "worker/gpt2.h"
 
-/* The process without its arenas, measured (peak RSS of a 1-rank gpt2-tiny run, which
- * allocates ~4 MB, on x86-64 with OpenBLAS 0.3: code and libraries, the kernels' and loader's
- * threads, OpenBLAS's packing buffers, the heap's slack). */
-#define RUNTIME_CPU ((int64_t)12 << 20)
+/* The process without its arenas, measured (peak RSS less the other lines, on x86-64 with
+ * OpenBLAS 0.3: code and libraries, the kernels' and loader's threads, OpenBLAS's packing
+ * buffers, the heap's slack): 8.2-9.1 MiB for gpt2-tiny at 1 and 2 ranks, 12 MiB for gpt2-mini,
+ * whose larger products touch more of the packing buffers. Without MALLOC_PERTURB_, which
+ * touches every page malloc hands out (meson test sets it: 2 MiB more for gpt2-tiny). */
+#define RUNTIME_CPU ((int64_t)9 << 20)
 /* A CUDA context and cuBLAS's workspace on the device (typical of CUDA 12-13 on an H100). */
 #define RUNTIME_GPU ((int64_t)600 << 20)
 /* kernels/cpu/matmul.c: the LM head's split-K partials (MM_KSPLIT_MIN, MM_KCHUNK,
@@ -24,6 +27,15 @@
 #define KSPLIT_MIN 8192
 #define KCHUNK 4096
 #define KSPLIT_BYTES ((int64_t)32 << 20)
+/* collectives/ring_setup.c: the ring's slots on a link (DDP__RING_NSLOTS x the default 512 KiB
+ * chunk). On one host they are the shared-memory transport's segments, and what passes through
+ * them is the initial weights' broadcast and small votes: at most the parameters touch them
+ * (measured: 1.7 MiB for gpt2-tiny, 4 MiB for gpt2-mini); between hosts the TCP transport's
+ * send and receive slots, both filled by the gradients. */
+#define RING_SLOTS ((int64_t)8 * (512 << 10))
+/* checkpoint/dio.c and checkpoint.c: the writer thread's own, beside the snapshot (the O_DIRECT
+ * bounce buffer's touched part, its stack, io_uring's rings; measured 1.1-2.3 MiB) */
+#define WRITER_IO ((int64_t)2 << 20)
 
 const char *ddp_mem_fmt(int64_t bytes, char *buf, size_t len)
 {
@@ -95,12 +107,20 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     return *acts + *emb + w;
 }
 
+/* The ring's slots on the CPU (RING_SLOTS); none for one rank, nor on a GPU (NCCL's are in
+ * its runtime share). */
+static int64_t ring_bytes(const ddp_mem_budget_t *b)
+{
+    if (b->world < 2 || b->on_gpu) return 0;
+    if (!b->shared) return 2 * RING_SLOTS;
+    return b->params < RING_SLOTS ? b->params : RING_SLOTS;
+}
+
 /* Everything but the batch's share, at accumulation `accum`. */
 static int64_t fixed_bytes(const ddp_mem_budget_t *b, int accum)
 {
-    int64_t bucket = b->world > 1 ? (int64_t)2 * (25 << 20) : 0; /* a ring's in-flight chunks */
     return b->params + b->grads + b->moments + (accum > 1 ? b->params : 0) + b->runtime +
-           (b->on_gpu ? 0 : bucket) + b->extra + b->checkpoint;
+           ring_bytes(b) + b->extra + b->peers + b->checkpoint;
 }
 
 /* Total at micro-batch B (the same global batch: more accumulation as B shrinks). */
@@ -127,7 +147,26 @@ static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, dd
     return best;
 }
 
-int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
+/* A save's share of one rank (CPU; train_checkpoint.c): the moments gathered whole, and on a
+ * writing rank its snapshot and what its live save reads. */
+static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
+{
+    /* the gather (train.c, before each save) brings the other ranks' slices of both moments
+     * (2P - 2P/W): into this rank's own arenas between hosts; on one host the all-gather copies
+     * this rank's slices into every other rank's arenas, whose pages it maps as it writes them,
+     * the same amount. Either way they stay resident: shared arenas give no pages back, and a
+     * rank's own are given back only after the next update. */
+    int64_t gathered = b->sharded ? 2 * b->params - b->moments : 0;
+    if (!b->writer) return gathered;
+    /* ddp_ckpt_saver_reserve (open_saver) touches a snapshot of the whole stream, parameters
+     * and both moments, on every writing rank, however few of the shards it writes; then the
+     * live save reads (and io_uring registers) this rank's arenas whole: on one host the slices
+     * that the others' all-gather wrote into its moments join its resident set only then */
+    int64_t snapshot = 3 * b->params + WRITER_IO;
+    return gathered + snapshot + (b->shared ? gathered : 0);
+}
+
+int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int on_gpu,
                         int64_t device_bytes, int64_t extra, ddp_mem_budget_t *b)
 {
     memset(b, 0, sizeof *b);
@@ -136,7 +175,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
         return DDP_EINVAL;
     if (world < 1) world = 1;
     if (local < 1) local = 1;
+    if (rank < 0 || rank >= world) rank = 0;
     b->world = world;
+    b->rank = rank;
     b->B = s->micro_batch;
     b->T = s->seq_len;
     b->on_gpu = on_gpu;
@@ -149,6 +190,11 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
      * CPU; not on a GPU yet, nor over MPI, nor in an elastic job (restart: on-failure) */
     b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0 &&
                  strcmp(s->restart, "on-failure") != 0;
+    /* collectives/shm_direct.c: a ring whose ranks are all on this host shares its collective
+     * memory (the gradient and embedding arenas; sharded, the parameters' and moments' too) */
+    b->shared = world > 1 && local >= world && !on_gpu && strcmp(s->backend, "mpi") != 0;
+    int writers = s->writers < world ? s->writers : world;
+    b->writer = s->ckpt_dir[0] && rank < (writers > 0 ? writers : 1);
 
     b->n_params = (int64_t)ddp_gpt2_count_params(cfg);
     b->params = b->grads = b->n_params * 4;
@@ -161,20 +207,18 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
     int lowp = s->precision == DDP_PREC_BF16 || s->precision == DDP_PREC_FP16 ||
                (s->precision == DDP_PREC_AUTO && on_gpu);
     if (lowp) b->extra += on_gpu ? b->params / 2 : b->params;
-    /* ckpt_glue.c: a save copies the parameters and both moments to a host snapshot (on the
-     * CPU the writer reads the arenas live and copies what it has not read before the update:
-     * up to all of it), split over the writer ranks */
-    int writers = s->writers < world ? s->writers : world;
-    b->checkpoint = s->ckpt_dir[0] && !on_gpu ? 3 * b->params / (writers > 0 ? writers : 1) : 0;
-    /* a sharded run's save gathers the moments whole first (train.c): the other ranks' slices
-     * are resident until the next update gives them back */
-    if (s->ckpt_dir[0] && b->sharded) b->checkpoint += 2 * b->params - b->moments;
+    /* a GPU's snapshot is host memory, outside a device budget */
+    b->checkpoint = s->ckpt_dir[0] && !on_gpu ? checkpoint_bytes(b) : 0;
     int64_t work;
     batch_bytes(b, cfg, b->B, s->recompute, &b->acts, &b->emb, &work);
+    /* shared: rank r reduces slice r of every rank's gradients and embedding slots and writes
+     * the sum back into each, and (sharded) copies its slice of the updated parameters into
+     * each: (W - 1) / W of every such arena of the others is mapped here */
+    if (b->shared)
+        b->peers = (b->grads + b->emb + (b->sharded ? b->params : 0)) * (world - 1) / world;
     b->acts_none = (int64_t)ddp_gpt2_acts_floats(cfg, b->B, b->T, DDP_RECOMPUTE_NONE) * 4;
     b->acts_block = (int64_t)ddp_gpt2_acts_floats(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK) * 4;
-    b->workspace =
-        work + fixed_bytes(b, 1) - b->params - b->grads - b->moments - b->runtime - b->checkpoint;
+    b->workspace = work + ring_bytes(b) + b->extra;
     b->total = total_at(b, cfg, b->B, s->recompute);
 
     const char *from = "train.memory_limit";
@@ -196,8 +240,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
 const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t len)
 {
     char p[32], g[32], mo[32], ac[32], em[32], an[32], ab[32], ws[32], rt[32], tot[32], lim[32];
-    char ck[32];
+    char ck[32], pe[32];
     ddp_mem_fmt(b->checkpoint, ck, sizeof ck);
+    ddp_mem_fmt(b->peers, pe, sizeof pe);
     ddp_mem_fmt(b->params, p, sizeof p);
     ddp_mem_fmt(b->grads, g, sizeof g);
     ddp_mem_fmt(b->moments, mo, sizeof mo);
@@ -210,7 +255,7 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
     ddp_mem_fmt(b->total, tot, sizeof tot);
     ddp_mem_fmt(b->limit, lim, sizeof lim);
     snprintf(buf, len,
-             "memory budget per rank (%s, %d rank(s), micro-batch %d x %d, %d micro-step(s)):\n"
+             "memory budget of rank %d (%s, %d rank(s), micro-batch %d x %d, %d micro-step(s)):\n"
              "  parameters        %12s  (%.2fM fp32)\n"
              "  gradients         %12s\n"
              "  moments           %12s  (AdamW m and v%s)\n"
@@ -218,14 +263,22 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              "  embedding grads   %12s\n"
              "  activations       %12s  recompute none%s; block: %s%s\n"
              "  workspaces        %12s\n"
-             "  checkpoint        %12s\n"
+             "  peer arenas       %12s%s\n"
+             "  checkpoint        %12s%s\n"
              "  runtime           %12s\n"
              "  total             %12s  of %s (%s): %s; largest micro_batch that fits: %d "
              "(recompute block: %d)",
-             b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
+             b->rank, b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
              (double)b->n_params / 1e6, g, mo, b->sharded ? ", / world: sharded" : "", ac, em,
              an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
-             b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws, ck, rt, tot, lim,
+             b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws, pe,
+             b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)"
+                       : "",
+             ck,
+             !b->checkpoint ? ""
+             : b->writer    ? "  (this rank writes shards: a snapshot of the state)"
+                            : "  (the moments gathered for a save; this rank writes no shard)",
+             rt, tot, lim,
              b->limit_from, b->total <= b->limit ? "fits" : "DOES NOT FIT", b->max_B,
              b->max_B_block);
     return buf;
@@ -239,9 +292,9 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
     }
     char t[32], l[32], o[32], x[32];
     size_t n = (size_t)snprintf(
-        buf, len, "needs %s per rank but the limit is %s (%s), %s over; what helps:",
-        ddp_mem_fmt(b->total, t, sizeof t), ddp_mem_fmt(b->limit, l, sizeof l), b->limit_from,
-        ddp_mem_fmt(b->total - b->limit, o, sizeof o));
+        buf, len, "needs %s on rank %d but the limit is %s (%s), %s over; what helps:",
+        ddp_mem_fmt(b->total, t, sizeof t), b->rank, ddp_mem_fmt(b->limit, l, sizeof l),
+        b->limit_from, ddp_mem_fmt(b->total - b->limit, o, sizeof o));
 #define ADD(...) (n += n < len ? (size_t)snprintf(buf + n, len - n, __VA_ARGS__) : 0)
     int cur = b->max_B;
     if (cur >= 1 && cur < b->B)

@@ -4,9 +4,12 @@
  * fails there, before step 1, naming what to change and by how much each change helps;
  * `ddpctl plan SPEC` prints the same estimate without running. The figures follow the
  * allocations of the trainer (train.c), the model (gpt2.c, gpt2_layout.c: the activation count is
- * the model's own), the optimizer (optim.c) and the CPU kernels' scratch (kernels/cpu/matmul.c),
- * plus a measured constant for the process itself (code, libraries, thread stacks, BLAS
- * buffers). Pure functions of their arguments: any thread; links without the kernels' ops.
+ * the model's own), the optimizer (optim.c), the CPU kernels' scratch (kernels/cpu/matmul.c),
+ * the collectives' memory (collectives/shm_direct.c) and the checkpoint saver
+ * (train_checkpoint.c, checkpoint/checkpoint.c), plus a measured constant for the process itself
+ * (code, libraries, thread stacks, BLAS buffers). What it predicts is the peak resident set
+ * (ru_maxrss): shared memory counts on a rank once that rank has touched its pages. Pure
+ * functions of their arguments: any thread; links without the kernels' ops.
  */
 #ifndef DDP_WORKER_MEMORY_BUDGET_H
 #define DDP_WORKER_MEMORY_BUDGET_H
@@ -16,10 +19,16 @@
 
 #include "proto/spec.h"
 
-/* One rank's estimate, in bytes. */
+/* One rank's estimate, in bytes. Ranks differ: a rank that writes checkpoint shards holds a
+ * snapshot that the others do not. */
 typedef struct ddp_mem_budget {
     /* what it assumes */
     int world;       /* ranks */
+    int rank;        /* the rank it is for */
+    int writer;      /* this rank writes checkpoint shards (rank < checkpoint.writers) */
+    int shared;      /* the ranks share one host's memory: each maps the others' arenas (all
+                      * ranks local; a ring forced onto TCP, DDP_COLL_TRANSPORT=tcp, keeps its
+                      * memory private, which a plan cannot see: it then over-counts) */
     int accum;       /* micro-steps per optimizer step on this rank */
     int n_micro;     /* micro-batches per step over all ranks */
     int B, T;        /* micro-batch */
@@ -34,9 +43,11 @@ typedef struct ddp_mem_budget {
     int64_t emb;               /* the token embedding's gradient slots (train.c) */
     int64_t acts;              /* activations at B x T under `recompute` */
     int64_t acts_none, acts_block; /* activations at B x T without and with recomputation */
-    int64_t workspace;         /* kernels' scratch, host staging, collective buffers */
-    int64_t checkpoint;        /* the checkpoint writer's snapshot of the state (host; CPU), and
-                                * a sharded save's gathered moments */
+    int64_t workspace;         /* kernels' scratch, host staging, the ring's slots */
+    int64_t peers;             /* the other ranks' shared arenas that this rank reads and writes
+                                * (shared: the all-reduce's and all-gather's slices) */
+    int64_t checkpoint;        /* a save: the sharded moments gathered whole, and on a writing
+                                * rank its snapshot of the state (host; CPU) */
     int64_t runtime;           /* the process itself (host) or the CUDA context (device) */
     int64_t extra;             /* the caller's own (see ddp_mem_budget_plan), in workspace */
     int64_t total;
@@ -46,17 +57,18 @@ typedef struct ddp_mem_budget {
     int max_B_block;           /* the same with train.recompute: block */
 } ddp_mem_budget_t;
 
-/* Estimates one rank's memory for spec s at `world` ranks, `local` of them on this host (the
- * host's memory is shared by them), on a GPU with device_bytes of memory (on_gpu) or on the
- * CPU. extra: bytes the caller will also hold, counted as workspace (the worker's host copy of
- * the parameters for --dump-weights on the CPU). limit: s->memory_limit when set, else
- * device_bytes on a GPU, else this host's cgroup limit or RAM divided by `local`.
+/* Estimates the memory of rank `rank` for spec s at `world` ranks, `local` of them on this host
+ * (the host's memory is shared by them), on a GPU with device_bytes of memory (on_gpu) or on
+ * the CPU. The ranks below checkpoint.writers need the most (their snapshot). extra: bytes the
+ * caller will also hold, counted as workspace (the worker's host copy of the parameters for
+ * --dump-weights on the CPU). limit: s->memory_limit when set, else device_bytes on a GPU, else
+ * this host's cgroup limit or RAM divided by `local`.
  * Returns 0, or DDP_EINVAL for a spec without a model. */
-int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int on_gpu,
+int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int on_gpu,
                         int64_t device_bytes, int64_t extra, ddp_mem_budget_t *b);
 
-/* The budget as lines of text for a person ("memory budget: ...\n  parameters ..."), into buf
- * (always NUL-terminated). Returns buf. */
+/* The budget as lines of text for a person ("memory budget of rank 0 (...):\n  parameters ..."),
+ * into buf (always NUL-terminated). Returns buf. */
 const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t len);
 
 /* Whether the budget fits its limit (1) or not (0). When not, buf gets one paragraph that says

@@ -1,6 +1,6 @@
-/* The trainer's side of the memory budget (memory_budget.h): each rank plans its memory before
- * it allocates the model, prints the plan, and refuses a job that cannot fit before step 1;
- * at the end it prints the peak it reached, beside the plan's total.
+/* The trainer's side of the memory budget (memory_budget.h): each rank plans its own memory
+ * before it allocates the model, prints the plan, and refuses a job that cannot fit before
+ * step 1; at the end it prints the peak it reached, beside its plan's total.
  */
 #include <dlfcn.h>
 #include <stdlib.h>
@@ -39,8 +39,8 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     int64_t extra = t->opts.dump_weights && t->opts.rank == 0
                         ? (int64_t)ddp_gpt2_count_params(&t->spec.model) * 4
                         : 0;
-    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), on_gpu, gpu_bytes(t), extra,
-                            &b))
+    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->opts.rank, on_gpu,
+                            gpu_bytes(t), extra, &b))
         return 0; /* nothing to plan without a model (init_from resolves it first) */
     t->mem_budget = b.total;
     char text[2048], advice[1024];

@@ -6,12 +6,29 @@
 
 #include "common/alloc.h"
 
+#define FNV_OFFSET 0xcbf29ce484222325ull
+
+/* FNV-1a of n more bytes at p, from h. */
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 uint64_t ddp_tensor_hash(const float *x, size_t n)
 {
-    const unsigned char *p = (const unsigned char *)x;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n * sizeof(float); i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    return fnv1a(FNV_OFFSET, x, n * sizeof(float));
+}
+
+/* The hash of x[n] as if the lowest bit of its first float were flipped (the test hook), without
+ * a copy of x. */
+static uint64_t hash_flipped(const float *x, size_t n)
+{
+    uint32_t first;
+    memcpy(&first, x, sizeof first);
+    first ^= 1u;
+    return fnv1a(fnv1a(FNV_OFFSET, &first, sizeof first), x + 1, (n - 1) * sizeof(float));
 }
 
 int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
@@ -21,16 +38,23 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
     ddp_kernels_t *k = model->k;
     uint64_t *mine = ddp_calloc((size_t)n, sizeof *mine);
     uint64_t *root = ddp_calloc((size_t)n, sizeof *root);
-    float *host = ddp_malloc(model->n_params * sizeof(float));
+    /* host memory (the CPU) is hashed where it is: a copy would be a parameter arena more at
+     * each check, the peak of a long run (the memory budget does not count it) */
+    float *host = ddp_k_host_memory(k) ? NULL : ddp_malloc(model->n_params * sizeof(float));
+    const float *w = ddp_k_host_memory(k) ? model->w : host;
     /* verdict[r] = 1 + index of rank r's first differing tensor, 0 when it agrees */
     float *verdict = ddp_calloc((size_t)world, sizeof *verdict);
-    int rc = (mine && root && host && verdict) ? 0 : DDP_ENOMEM;
-    if (rc == 0) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
-    if (rc == 0) rc = ddp_k_sync(k);
-    /* Test hook: the named rank hashes a copy with one flipped bit, as if its replica drifted. */
-    if (rc == 0 && flip_rank == rank) ((uint32_t *)host)[0] ^= 1u;
-    for (int i = 0; rc == 0 && i < n; i++)
-        mine[i] = ddp_tensor_hash(host + model->params[i].offset, model->params[i].numel);
+    int rc = (mine && root && w && verdict) ? 0 : DDP_ENOMEM;
+    if (rc == 0 && host) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
+    if (rc == 0 && host) rc = ddp_k_sync(k);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const ddp_param_desc_t *p = &model->params[i];
+        /* Test hook: the named rank hashes the arena's first float with one bit flipped, as if
+         * its replica drifted. */
+        mine[i] = flip_rank == rank && p->offset == 0 && p->numel
+                      ? hash_flipped(w, p->numel)
+                      : ddp_tensor_hash(w + p->offset, p->numel);
+    }
     if (rc == 0) {
         memcpy(root, mine, (size_t)n * sizeof *root);
         ddp_coll_req_t *req;

@@ -101,47 +101,86 @@ static ddp_spec_t spec_for(const char *yaml)
     return s;
 }
 
+/* The lines of a budget add up to its total. */
+static void check_parts(const ddp_mem_budget_t *b)
+{
+    int64_t sum = b->params + b->grads + b->moments + b->accum_buf + b->emb + b->acts +
+                  b->workspace + b->peers + b->checkpoint + b->runtime;
+    if (sum != b->total)
+        fail_msg("rank %d of %d: parts add to %lld, total %lld", b->rank, b->world,
+                 (long long)sum, (long long)b->total);
+}
+
 static void test_budget_figures(void **state)
 {
     (void)state;
     ddp_spec_t s = spec_for("model: {preset: gpt2-mini}\ndata: {train: x}\n"
                             "train: {micro_batch: 4, seq_len: 256, memory_limit: 1GiB}\n");
     ddp_mem_budget_t b;
-    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, &b), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
     assert_int_equal(b.params, (int64_t)ddp_gpt2_count_params(&s.model) * 4);
     assert_int_equal(b.moments, 2 * b.params);
     assert_int_equal(b.acts, (int64_t)ddp_gpt2_acts_floats(&s.model, 4, 256, 0) * 4);
     assert_int_equal(b.acts, b.acts_none);
     assert_true(b.acts_block < b.acts_none / 2);
     assert_int_equal(b.limit, (int64_t)1 << 30);
-    int64_t sum = b.params + b.grads + b.moments + b.accum_buf + b.emb + b.acts + b.workspace +
-                  b.checkpoint + b.runtime;
-    if (sum != b.total)
-        fail_msg("parts add to %lld, total %lld", (long long)sum, (long long)b.total);
+    check_parts(&b);
     char text[2048];
     ddp_mem_budget_format(&b, text, sizeof text);
     assert_non_null(strstr(text, "activations"));
     assert_non_null(strstr(text, "largest micro_batch that fits"));
 
-    /* sharded over 2 local ranks: moments halved */
+    /* sharded over 2 local ranks: moments halved; half of the other rank's gradients,
+     * parameters and embedding slots are mapped here (shm_direct.c) */
     ddp_mem_budget_t b2;
-    assert_int_equal(ddp_mem_budget_plan(&s, 2, 2, 0, 0, 0, &b2), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s, 2, 2, 0, 0, 0, 0, &b2), 0);
     assert_int_equal(b2.moments, b.params);
+    assert_int_equal(b2.peers, (b2.grads + b2.params + b2.emb) / 2);
+    check_parts(&b2);
+    /* on two hosts nothing of the other rank is mapped */
+    assert_int_equal(ddp_mem_budget_plan(&s, 2, 1, 0, 0, 0, 0, &b2), 0);
+    assert_int_equal(b2.peers, 0);
+    check_parts(&b2);
+
+    /* checkpoints: a rank that writes shards holds the snapshot (3 arenas), the others only the
+     * moments gathered for a save; on one host the writer also maps the slices of its own
+     * moments that the other ranks gathered into them */
+    ddp_spec_t sc = spec_for("model: {preset: gpt2-mini}\ndata: {train: x}\n"
+                             "train: {micro_batch: 4, seq_len: 256, memory_limit: 1GiB}\n"
+                             "checkpoint: {dir: /nonexistent}\n");
+    ddp_mem_budget_t w, nw, one;
+    assert_int_equal(ddp_mem_budget_plan(&sc, 2, 2, 0, 0, 0, 0, &w), 0);
+    assert_int_equal(ddp_mem_budget_plan(&sc, 2, 2, 1, 0, 0, 0, &nw), 0);
+    assert_true(w.writer && !nw.writer);
+    assert_int_equal(nw.checkpoint, w.params); /* 2P - 2P/2 */
+    if (w.checkpoint < 3 * w.params + 2 * nw.checkpoint)
+        fail_msg("writer's checkpoint %lld < 3 arenas + 2 x %lld", (long long)w.checkpoint,
+                 (long long)nw.checkpoint);
+    assert_int_equal(w.total - nw.total, w.checkpoint - nw.checkpoint);
+    check_parts(&w);
+    check_parts(&nw);
+    /* one rank: the snapshot only; writers: 2 makes both ranks writers */
+    assert_int_equal(ddp_mem_budget_plan(&sc, 1, 1, 0, 0, 0, 0, &one), 0);
+    assert_true(one.writer && one.checkpoint >= 3 * one.params);
+    sc.writers = 2;
+    assert_int_equal(ddp_mem_budget_plan(&sc, 2, 2, 1, 0, 0, 0, &nw), 0);
+    assert_true(nw.writer);
+    assert_int_equal(nw.checkpoint, w.checkpoint);
 
     /* the largest micro-batch named fits, and the next one up that divides the batch does not */
     s = spec_for("model: {preset: gpt2-mini}\ndata: {train: x}\n"
                  "train: {micro_batch: 4, seq_len: 256, global_batch_tokens: 16384, "
                  "memory_limit: 400MiB}\n");
-    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, &b), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
     assert_true(b.max_B >= 1 && b.max_B < 64);
     assert_true(b.max_B_block >= b.max_B);
     ddp_spec_t s2 = s;
     s2.micro_batch = b.max_B;
-    assert_int_equal(ddp_mem_budget_plan(&s2, 1, 1, 0, 0, 0, &b2), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s2, 1, 1, 0, 0, 0, 0, &b2), 0);
     if (b2.total > b2.limit) fail_msg("micro_batch %d: %lld > limit", b.max_B, (long long)b2.total);
     int next = b.max_B * 2; /* 64 sequences a step: the next divisor */
     s2.micro_batch = next;
-    assert_int_equal(ddp_mem_budget_plan(&s2, 1, 1, 0, 0, 0, &b2), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s2, 1, 1, 0, 0, 0, 0, &b2), 0);
     if (b2.total <= b2.limit) fail_msg("micro_batch %d fits but was not named", next);
 }
 
@@ -152,7 +191,7 @@ static void test_budget_advice(void **state)
                             "train: {micro_batch: 8, seq_len: 256, memory_limit: 300MB}\n");
     ddp_mem_budget_t b;
     char advice[1024];
-    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, &b), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
     assert_int_equal(b.limit, 300000000);
     assert_int_equal(ddp_mem_budget_fits(&b, &s, advice, sizeof advice), 0);
     const char *want[] = {"over", "train.micro_batch 1", "train.recompute: block saves",
@@ -160,7 +199,7 @@ static void test_budget_advice(void **state)
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(advice, want[i])) fail_msg("advice lacks \"%s\": %s", want[i], advice);
     s.memory_limit = (int64_t)8 << 30;
-    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, &b), 0);
+    assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
     assert_int_equal(ddp_mem_budget_fits(&b, &s, advice, sizeof advice), 1);
 }
 

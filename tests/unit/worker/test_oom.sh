@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The out-of-memory toolbox with real processes (TAP): train.recompute block gives the weights
 # of none bit for bit (1 and 2 ranks) at a lower peak RSS; the memory budget each rank prints
-# before step 1 is within 10% of the peak RSS measured (ru_maxrss) for three shapes; a job over
-# train.memory_limit fails before step 1 with advice; `ddpctl plan` prints the same budget.
+# before step 1 is within 10% of the peak RSS measured (ru_maxrss) for three 1-rank shapes, and
+# for each rank of 2-rank runs with validation and with checkpoints (where the rank that writes
+# the shards needs more than the one that does not); a job over train.memory_limit fails before
+# step 1 with advice; `ddpctl plan` prints the same budget, and the non-writers' total.
 #   test_oom.sh DDP_WORKER DDP_PREP DDPCTL
 set -uo pipefail
 worker=$1 prep=$2 ddpctl=$3
@@ -29,7 +31,7 @@ train: {steps: 6, micro_batch: 2, seq_len: 64, lr: 1.0e-3, val_every: 0, sample_
 ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625}
 YAML
 
-echo "1..12"
+echo "1..18"
 # 1-2: recompute block == none, bitwise, 1 rank (with accumulation) and 2 ranks
 for r in none block; do
   "$worker" "$tmp/job.yaml" --quiet --set train.recompute=$r --set train.global_batch_tokens=256 \
@@ -42,7 +44,9 @@ check "1 rank x 2 micro-steps: recompute block gives none's weights bitwise" cmp
 check "2 ranks: recompute block gives none's weights bitwise" cmp "$tmp/w2-none.st" "$tmp/w2-block.st"
 
 # 3-5: the budget against the peak RSS, three shapes (one step each; no sample, no validation)
-# measured: /usr/bin/time's maximum resident set size (ru_maxrss), else the worker's own line
+# measured: /usr/bin/time's maximum resident set size (ru_maxrss), else the worker's own line;
+# as a job runs, without meson's MALLOC_PERTURB_ (it fills every block malloc hands out, so
+# pages that a run never touches count: the whole 4 MiB O_DIRECT bounce buffer of a save)
 peak_kib() { # LOG TIMEFILE
   if [ -s "$2" ]; then tail -n 1 "$2"; else sed -n 's/.*(ru_maxrss \([0-9]*\) KiB).*/\1/p' "$1"; fi
 }
@@ -51,9 +55,10 @@ shape() { # NAME preset B T recompute global_batch_tokens [extra --set ...]
   local name=$1 preset=$2 B=$3 T=$4 r=$5 gbt=$6; shift 6
   local timer=()
   [ -x /usr/bin/time ] && timer=(/usr/bin/time -f %M -o "$tmp/$name.time")
-  "${timer[@]}" "$worker" "$tmp/job.yaml" --set train.steps=1 --set model.preset=$preset \
-    --set train.micro_batch=$B --set train.seq_len=$T --set train.recompute=$r \
-    --set train.global_batch_tokens=$gbt "$@" >"$tmp/$name.log" 2>&1 || { sed 's/^/# /' "$tmp/$name.log"; return 1; }
+  "${timer[@]}" env -u MALLOC_PERTURB_ "$worker" "$tmp/job.yaml" --set train.steps=1 \
+    --set model.preset=$preset --set train.micro_batch=$B --set train.seq_len=$T \
+    --set train.recompute=$r --set train.global_batch_tokens=$gbt "$@" >"$tmp/$name.log" 2>&1 ||
+    { sed 's/^/# /' "$tmp/$name.log"; return 1; }
   local peak pred
   peak=$(peak_kib "$tmp/$name.log" "$tmp/$name.time") pred=$(budget_kib "$tmp/$name.log")
   echo "# $name: peak RSS $peak KiB, budget $pred KiB"
@@ -100,4 +105,52 @@ rc=$?
 check "ddpctl plan of a spec that cannot fit exits 1 with the advice" bash -c "[ $rc -eq 1 ] && grep -q 'does not fit: needs' '$tmp/plan-small.txt'"
 "$ddpctl" plan "$tmp/mini.yaml" --gpu 80GiB >"$tmp/plan-gpu.txt" 2>&1
 check "ddpctl plan --gpu 80GiB plans for GPUs of that size" grep -q "total .* of 80.00 GiB (the GPU's memory): fits" "$tmp/plan-gpu.txt"
+# 13-16: 2 ranks (gpt2-tiny, 4 steps): validation every 2 steps, then checkpoints every 2 steps
+# (rank 0 writes the shards, rank 1 none): each rank's own budget within 10% of its own peak RSS
+# (its ru_maxrss line, printed as it ends)
+rank_peak() { sed -n 's/.*(ru_maxrss \([0-9]*\) KiB).*/\1/p' "$1"; }
+within10() { # LOG: the rank's peak line against its budget
+  local peak pred
+  peak=$(rank_peak "$1") pred=$(budget_kib "$1")
+  [ -n "$peak" ] && [ -n "$pred" ] &&
+    python3 -c "import sys; p, b = $peak, $pred; sys.exit(0 if abs(b - p) <= 0.10 * p else 1)"
+}
+show() { # LOG...: each rank's figures, for the record
+  for f in "$@"; do
+    echo "# ${f#$tmp/}: peak RSS $(rank_peak "$f") KiB, budget $(budget_kib "$f") KiB"
+  done
+}
+shape2() { # NAME [extra --set ...]: a 2-rank run; its ranks' logs in $tmp/NAME/
+  local name=$1; shift
+  env -u MALLOC_PERTURB_ RUN_DIR="$tmp/$name" "$launch" 2 "$tmp/job.yaml" --set train.steps=4 \
+    --set "data.val=$tmp/data/val_*.bin" "$@" >"$tmp/$name/rank-0.log" 2>&1 ||
+    { sed 's/^/# /' "$tmp/$name"/rank-*.log; return 1; }
+}
+mkdir -p "$tmp/val2" "$tmp/ckpt2"
+if shape2 val2 --set train.val_every=2 --set train.val_batches=4 &&
+    grep -q "step  *4/4 | val loss" "$tmp/val2/rank-0.log"; then
+  show "$tmp"/val2/rank-[01].log
+  check "2 ranks, validation: rank 0's budget within 10% of its peak RSS" within10 "$tmp/val2/rank-0.log"
+  check "2 ranks, validation: rank 1's budget within 10% of its peak RSS" within10 "$tmp/val2/rank-1.log"
+else
+  not_ok "2 ranks, validation: rank 0 (the run failed, or did not validate)"; not_ok "2 ranks, validation: rank 1"
+fi
+if shape2 ckpt2 --set checkpoint.dir="$tmp/ckpt2/saves" --set checkpoint.every=2 &&
+    [ -f "$tmp/ckpt2/saves/step-00000004/MANIFEST.json" ]; then
+  show "$tmp"/ckpt2/rank-[01].log
+  check "2 ranks, checkpoints: the writer's (rank 0) budget within 10% of its peak RSS" within10 "$tmp/ckpt2/rank-0.log"
+  check "2 ranks, checkpoints: the non-writer's (rank 1) budget within 10% of its peak RSS" within10 "$tmp/ckpt2/rank-1.log"
+else
+  not_ok "2 ranks, checkpoints: rank 0 (the run failed, or saved no step 4)"; not_ok "2 ranks, checkpoints: rank 1"
+fi
+
+# 17-18: each rank prints its own budget, and `ddpctl plan` names the non-writers' total
+pred_w=$(budget_kib "$tmp/ckpt2/rank-0.log") pred_n=$(budget_kib "$tmp/ckpt2/rank-1.log")
+check "2 ranks, checkpoints: each rank prints its own budget, the writer's the larger (${pred_w:-?} > ${pred_n:-?} KiB)" \
+  test "${pred_w:-0}" -gt "${pred_n:-0}"
+sed -e "s#^data: .*#data: {train: \"$tmp/data/train_*.bin\"}\ncheckpoint: {dir: \"$tmp/plan-ckpt\"}#" \
+  "$tmp/job.yaml" >"$tmp/ckpt-plan.yaml"
+"$ddpctl" plan "$tmp/ckpt-plan.yaml" --workers 2 >"$tmp/plan-ckpt.txt" 2>&1
+check "ddpctl plan of a 2-rank job with checkpoints prints rank 0's budget and rank 1's total" \
+  bash -c "grep -q '^memory budget of rank 0' '$tmp/plan-ckpt.txt' && grep -q '^rank 1 writes no checkpoint shard: total' '$tmp/plan-ckpt.txt'"
 exit $((failed > 0))
