@@ -4,7 +4,8 @@ peer) against restart-everything (what torchrun does: every rank ends, the job i
 and resumes from the newest checkpoint), measured in the same invocation on the same spec.
 
     tests/bench/elastic.py [--model gpt2-mini] [--ranks 4] [--steps 40] [--kill-after 15]
-                           [--ckpt-every 10] [--micro-batch 2] [--seq-len 64] [--build build]
+                           [--ckpt-every 10] [--micro-batch 2] [--seq-len 64] [--micro-steps 2]
+                           [--build build]
 
 Both runs use deploy/launch-local.sh with N ranks; rank 2 gets SIGKILL once rank 0 has logged
 step --kill-after. Reported: detection ms (kill -> the coordinator evicts it), reconfiguration ms
@@ -27,6 +28,7 @@ ap.add_argument("--kill-after", type=int, default=15)
 ap.add_argument("--ckpt-every", type=int, default=10)
 ap.add_argument("--micro-batch", type=int, default=2)
 ap.add_argument("--seq-len", type=int, default=64)
+ap.add_argument("--micro-steps", type=int, default=2, help="micro-batches per rank per step")
 ap.add_argument("--victim", type=int, default=2)
 ap.add_argument("--modes", default="pause,overlap",
                 help="ddp.state_transfer values to run, each an elastic run of its own")
@@ -60,7 +62,7 @@ def setup():
                 f.write(f"line {i}: the quick brown fox {i * 7 % 13} jumps over {i % 11} dogs.\n")
     subprocess.run([prep, "--val-fraction", "0", "--out", f"{work}/data", text], check=True,
                    stdout=subprocess.DEVNULL)
-    gbt = args.ranks * 2 * args.micro_batch * args.seq_len  # 2 micro-steps per rank at N ranks
+    gbt = args.ranks * args.micro_steps * args.micro_batch * args.seq_len  # at N ranks
     with open(f"{work}/job.yaml", "w") as f:
         f.write(f"""name: bench-elastic
 model: {{preset: {args.model}}}
