@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "daemon/ctl_watch.h" /* CTL_* */
+#include "kernels/kernels.h"
 #include "proto/hf_config.h"
 #include "proto/spec.h"
 #include "worker/memory_budget.h"
@@ -45,7 +46,10 @@ int ddpctl_plan(int argc, char **argv)
     if (workers < 1) workers = spec.workers;
     if (local < 1 || local > workers) local = workers;
     ddp_mem_budget_t b, rest;
-    if (ddp_mem_budget_plan(&spec, workers, local, 0, gpu > 0, gpu, 0, &b)) {
+    const char *why;
+    /* the CPU backend as it would run on this machine (auto: bf16 where it is native) */
+    int where = gpu > 0 ? DDP_MEM_GPU : ddp_kernels_cpu_bf16(&why) ? DDP_MEM_CPU_BF16 : DDP_MEM_CPU;
+    if (ddp_mem_budget_plan(&spec, workers, local, 0, where, gpu, 0, &b)) {
         fprintf(stderr, "ddpctl: %s: no model to plan for\n", path);
         return CTL_USAGE;
     }
@@ -54,7 +58,7 @@ int ddpctl_plan(int argc, char **argv)
     /* the first rank after the writers stands for all of them (the budget differs by role) */
     int writers = spec.writers < workers ? spec.writers : workers;
     if (b.writer && writers < workers &&
-        ddp_mem_budget_plan(&spec, workers, local, writers, gpu > 0, gpu, 0, &rest) == 0 &&
+        ddp_mem_budget_plan(&spec, workers, local, writers, where, gpu, 0, &rest) == 0 &&
         rest.total != b.total) {
         char who[64];
         if (workers - writers > 1)

@@ -252,6 +252,11 @@ void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec); /* not opened: not
 /* 1 when k multiplies prec natively; else 0 with *why (a static string). */
 int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why);
 
+/* 1 when the CPU backend multiplies bf16 natively on this machine (a CPU with AVX512_BF16 or
+ * AMX, libdnnl loadable, not forced off by DDP_CPU_BF16=emulate, the one setting read here),
+ * else 0; *why: a one-line static reason. May load libdnnl. Any thread. */
+int ddp_kernels_cpu_bf16(const char **why);
+
 /* DDP_K(k, gelu_fwd, out, inp, n) is ddp_k_gelu_fwd(k, out, inp, n): the spelling of the
  * forward and backward passes and the kernel tests. */
 #define DDP_K(k, op, ...) ddp_k_##op((k), __VA_ARGS__)

@@ -20,6 +20,10 @@
  * whose larger products touch more of the packing buffers. Without MALLOC_PERTURB_, which
  * touches every page malloc hands out (meson test sets it: 2 MiB more for gpt2-tiny). */
 #define RUNTIME_CPU ((int64_t)9 << 20)
+/* kernels/cpu/bf16_gemm.c: oneDNN loaded for native bf16 products (its relocated library and
+ * OpenMP runtime, the JIT kernels of a few dozen tile shapes, a scratchpad per thread):
+ * measured 10-11 MiB beside fp32's runtime for gpt2-tiny at 1 and 2 ranks. */
+#define RUNTIME_DNNL ((int64_t)10 << 20)
 /* A CUDA context and cuBLAS's workspace on the device (typical of CUDA 12-13 on an H100). */
 #define RUNTIME_GPU ((int64_t)600 << 20)
 /* kernels/cpu/matmul.c: the LM head's split-K partials (MM_KSPLIT_MIN, MM_KCHUNK,
@@ -101,6 +105,10 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
             if (part <= KSPLIT_BYTES) w += part;
         }
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
+        /* kernels/cpu/lowp.c: a product's two converted inputs, the largest being the LM
+         * head's dout [BT, V] and the MLP projection's input [BT, 4C] */
+        int64_t widest = V > 4 * C ? V : 4 * C;
+        w += (BT * widest + BT * 4 * C) * b->lowp_bytes;
     }
     w += 3 * BT * 4;      /* train.c, gpt2.c: token and loss staging on the host */
     *work = w;
@@ -166,9 +174,10 @@ static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
     return gathered + snapshot + (b->shared ? gathered : 0);
 }
 
-int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int on_gpu,
+int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int where,
                         int64_t device_bytes, int64_t extra, ddp_mem_budget_t *b)
 {
+    int on_gpu = where == DDP_MEM_GPU, native = where != DDP_MEM_CPU;
     memset(b, 0, sizeof *b);
     const ddp_model_cfg_t *cfg = &s->model;
     if (cfg->n_layer < 1 || cfg->n_embd < 1 || s->seq_len < 1 || s->micro_batch < 1)
@@ -202,11 +211,14 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     b->accum_buf = b->accum > 1 ? b->params : 0;
     b->runtime = on_gpu ? RUNTIME_GPU : RUNTIME_CPU;
     b->extra = extra > 0 ? extra : 0;
-    /* bf16/fp16 (kernels' set_precision): the matrix weights' rounded copies, kept per step:
-     * fp32 copies on the CPU, 16-bit ones on a GPU (auto is bf16 only on a GPU) */
-    int lowp = s->precision == DDP_PREC_BF16 || s->precision == DDP_PREC_FP16 ||
-               (s->precision == DDP_PREC_AUTO && on_gpu);
-    if (lowp) b->extra += on_gpu ? b->params / 2 : b->params;
+    /* bf16/fp16 (kernels' set_precision): the matrix weights' converted copies, kept per step,
+     * and the inputs' (batch_bytes): 16-bit on a GPU and for native bf16 on a CPU, rounded fp32
+     * where the CPU emulates (fp16 on every CPU); auto is bf16 where it is native */
+    int bf16 = s->precision == DDP_PREC_BF16 || (s->precision == DDP_PREC_AUTO && native);
+    int lowp = bf16 || s->precision == DDP_PREC_FP16;
+    b->lowp_bytes = !lowp ? 0 : on_gpu || (native && bf16) ? 2 : 4;
+    b->extra += b->params / 4 * b->lowp_bytes;
+    if (where == DDP_MEM_CPU_BF16 && bf16) b->runtime += RUNTIME_DNNL;
     /* a GPU's snapshot is host memory, outside a device budget */
     b->checkpoint = s->ckpt_dir[0] && !on_gpu ? checkpoint_bytes(b) : 0;
     int64_t work;

@@ -33,6 +33,8 @@ typedef struct ddp_mem_budget {
     int n_micro;     /* micro-batches per step over all ranks */
     int B, T;        /* micro-batch */
     int on_gpu;      /* device memory (CUDA) rather than host memory */
+    int lowp_bytes;  /* bytes of a matrix product's converted input element: 0 in fp32, 2 for
+                      * bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates */
     int sharded;     /* the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
     ddp_recompute_t recompute;
     /* what it counts */
@@ -57,14 +59,22 @@ typedef struct ddp_mem_budget {
     int max_B_block;           /* the same with train.recompute: block */
 } ddp_mem_budget_t;
 
+/* Where a rank computes, for ddp_mem_budget_plan's `where`. */
+enum {
+    DDP_MEM_CPU = 0,      /* the CPU backend, bf16 emulated (auto: fp32) */
+    DDP_MEM_GPU = 1,      /* a GPU */
+    DDP_MEM_CPU_BF16 = 2, /* the CPU backend on a CPU that multiplies bf16 natively (auto: bf16;
+                           * the oneDNN runtime is loaded) */
+};
+
 /* Estimates the memory of rank `rank` for spec s at `world` ranks, `local` of them on this host
- * (the host's memory is shared by them), on a GPU with device_bytes of memory (on_gpu) or on
- * the CPU. The ranks below checkpoint.writers need the most (their snapshot). extra: bytes the
+ * (the host's memory is shared by them), on a GPU with device_bytes of memory (where ==
+ * DDP_MEM_GPU) or on the CPU. The ranks below checkpoint.writers need the most (their snapshot). extra: bytes the
  * caller will also hold, counted as workspace (the worker's host copy of the parameters for
  * --dump-weights on the CPU). limit: s->memory_limit when set, else device_bytes on a GPU, else
  * this host's cgroup limit or RAM divided by `local`.
  * Returns 0, or DDP_EINVAL for a spec without a model. */
-int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int on_gpu,
+int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int where,
                         int64_t device_bytes, int64_t extra, ddp_mem_budget_t *b);
 
 /* The budget as lines of text for a person ("memory budget of rank 0 (...):\n  parameters ..."),

@@ -35,11 +35,15 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     ddp_mem_budget_t b;
     int world = t->opts.world, on_gpu = t->k.module != NULL;
+    const char *why;
+    int where = on_gpu                                            ? DDP_MEM_GPU
+                : ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
+                                                                  : DDP_MEM_CPU;
     /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
     int64_t extra = t->opts.dump_weights && t->opts.rank == 0
                         ? (int64_t)ddp_gpt2_count_params(&t->spec.model) * 4
                         : 0;
-    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->opts.rank, on_gpu,
+    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->opts.rank, where,
                             gpu_bytes(t), extra, &b))
         return 0; /* nothing to plan without a model (init_from resolves it first) */
     t->mem_budget = b.total;

@@ -51,6 +51,7 @@ static void cpu_close(ddp_kctx_t *ctx)
     if (!ctx) return;
     ddp__pool_free(ctx->pool);
     ddp__cpu_lowp_free(ctx);
+    ddp__bf16_free(ctx->bf16);
     free(ctx->scratch);
     free(ctx);
 }

@@ -37,6 +37,28 @@ void ddp__pool_free(ddp__pool_t *pool);
 void ddp__pool_run(ddp__pool_t *pool, long ntasks, ddp__task_fn fn, void *arg);
 /* The pool's number of compute threads. */
 int ddp__pool_threads(const ddp__pool_t *pool);
+/* The calling thread's index in its pool: 1 .. threads - 1 for a worker, 0 for any other
+ * thread (the one that calls ddp__pool_run). For per-thread state of a task. */
+int ddp__pool_self(void);
+
+/* ---- native bf16 products (bf16_gemm.c, oneDNN) ---- */
+
+typedef struct ddp__bf16 ddp__bf16_t;
+/* 1 when this build and CPU multiply bf16 natively, else 0; *why: a one-line static reason. */
+int ddp__bf16_probe(const char **why);
+/* A native bf16 product engine for a pool of `threads` threads. DDP_ENOTSUP where the probe
+ * says no, DDP_ENOMEM, or the library's failure mapped. */
+int ddp__bf16_new(ddp__bf16_t **out, int threads);
+void ddp__bf16_free(ddp__bf16_t *b); /* NULL-safe */
+/* One tile on the calling thread (a task of the pool that b was made for, or its caller):
+ * C[m,n] = (accumulate ? C : 0) + op(A)[m,k] @ op(B)[k,n], row-major; op(A) = A[m,k] (lda) or,
+ * with ta, A stored [k,m]; op(B) likewise [k,n] or, with tb, [n,k]. bf16 inputs (bits),
+ * fp32 accumulation and C. Depends on the arguments only (not on the thread). A failure is kept
+ * for ddp__bf16_take_error; C is then undefined. Threads may call it concurrently. */
+void ddp__bf16_gemm(ddp__bf16_t *b, int ta, int tb, int m, int n, int k, const uint16_t *A,
+                    int lda, const uint16_t *B, int ldb, int accumulate, float *C, int ldc);
+/* The first failure of a tile since the last call (0: none), cleared. */
+int ddp__bf16_take_error(ddp__bf16_t *b);
 
 /* ---- the context ---- */
 
@@ -47,11 +69,20 @@ struct ddp_kctx {
     float *scratch; /* op scratch (matmul's split-K partial sums), grown on demand */
     size_t scratch_bytes;
     ddp_kprec_t prec;              /* matmul input precision (lowp.c) */
-    float *lowp_in[2];             /* rounded matmul inputs of the current call, grown on demand */
-    size_t lowp_in_n[2];           /* their capacities, in floats */
-    struct ddp__wcopy *wcopies;    /* rounded weights, one per weight pointer (lowp.c) */
+    void *lowp_in[2];              /* converted matmul inputs of the current call, grown on demand */
+    size_t lowp_in_bytes[2];       /* their capacities */
+    struct ddp__wcopy *wcopies;    /* converted weights, one per weight pointer (lowp.c) */
     int n_wcopies, cap_wcopies;
+    ddp__bf16_t *bf16;             /* native bf16 products (bf16_gemm.c); NULL: emulated */
+    int bf16_failed;               /* the native engine failed to start: emulate */
 };
+
+/* 1 when the products of the current precision run natively on bf16 (lowp.c's copies are then
+ * bf16 bits, uint16_t), 0 when they run on sgemm (the copies are rounded floats). */
+static inline int ddp__cpu_native(const ddp_kctx_t *ctx)
+{
+    return ctx->prec == DDP_KPREC_BF16 && ctx->bf16;
+}
 
 /* A scratch buffer of at least `bytes` owned by ctx (valid until the next call or close), or
  * NULL when it cannot be grown. Only the thread that calls the ops may call it. */
@@ -62,12 +93,13 @@ static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chun
 
 /* ---- mixed precision (lowp.c) ---- */
 
-/* x[0..n) rounded to ctx->prec into input slot `slot` (0 or 1) of ctx, valid until the next
- * call with that slot; NULL (ctx->err set) when it cannot be allocated. */
-const float *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
-/* Weight w[0..n) rounded to ctx->prec: a copy kept per pointer until the next set_precision.
+/* x[0..n) converted for the products of ctx->prec (bf16 bits when ddp__cpu_native, else floats
+ * rounded to the precision) into input slot `slot` (0 or 1) of ctx, valid until the next call
+ * with that slot; NULL (ctx->err set) when it cannot be allocated. */
+const void *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
+/* Weight w[0..n) converted likewise: a copy kept per pointer until the next set_precision.
  * NULL (ctx->err set) when it cannot be allocated. */
-const float *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
+const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
 /* Frees the rounded copies (close). */
 void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
 void ddp__cpu_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);

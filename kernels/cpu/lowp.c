@@ -1,25 +1,22 @@
-/* Mixed precision on the CPU: matmul inputs rounded to bf16 or fp16 (kernels/math/lowp.h), then
- * multiplied by the fp32 sgemm of matmul.c -- exactly the low-precision product with fp32
- * accumulation, since products of rounded values are exact in fp32.
+/* Mixed precision on the CPU: the matrix products' inputs converted for matmul.c, which
+ * multiplies them one of two ways.
+ * - Native bf16 (CPUs with AVX512_BF16 or AMX, oneDNN; bf16_gemm.c): inputs converted to bf16
+ *   bits (round to nearest even), products with fp32 accumulation in the CPU's bf16
+ *   dot-product instructions: about twice fp32's speed. `auto` picks it.
+ * - Emulated (every other CPU, fp16 everywhere, or DDP_CPU_BF16=emulate): inputs rounded to the
+ *   precision but kept as fp32 (kernels/math/lowp.h), then the fp32 sgemm -- exactly the
+ *   low-precision product with fp32 accumulation, since products of rounded values are exact in
+ *   fp32. Correct, not faster than fp32: oneDNN 2.6 (Debian) has no bf16 matmul on AVX2-only
+ *   CPUs, and no fp16 matmul without AVX512_FP16; its fp32 was no faster than OpenBLAS's tiles
+ *   (measured on a 2-vCPU AMD EPYC Zen 3, GPT-2 124M's products: 2.66 s of CPU time against
+ *   2.48-2.57 s; tests/bench/gemm_shapes.c).
+ * The two give the same products up to the order of the fp32 additions.
  *
- * Why emulation and no native bf16 kernel (measured on the 2-vCPU AMD EPYC (Zen 3, AVX2, no
- * AVX-512) this was written on; ../shared/research/cpu-gemm.md has a Zen 5 with AVX512_BF16):
- * oneDNN 2.6 (Debian's libdnnl) refuses a bf16 matmul on an AVX2-only CPU (dnnl_unimplemented),
- * and its fp32 matmul (gemm:jit) was no faster than ddpd's OpenBLAS tiles on GPT-2 124M's
- * shapes: one step's products (forward + backward, 12 layers + LM head), 2 threads, 3 rounds
- * alternating the libraries on a machine at load 7-10: CPU time 2.57 s (ddpd, OpenBLAS's
- * autodetected Zen kernels) vs 2.66 s (oneDNN) vs 2.48 s (OPENBLAS_CORETYPE=Haswell), medians,
- * +-6% between rounds; wall time too noisy there to rank them (ddpd/oneDNN 0.80-1.02 per
- * round). tests/bench/gemm_shapes.c measures it. So the CPU backend keeps OpenBLAS for every
- * precision and reports bf16 as not native (train.precision "auto" then picks fp32 on the CPU).
- * On this CPU OpenBLAS picks its real kernels without OPENBLAS_CORETYPE. A CPU with AVX512_BF16
- * or AMX would want oneDNN's bf16 brgemm (../shared/research/cpu-gemm.md: ~2x its fp32): not
- * built, since no such CPU was at hand to test it.
- *
- * Rounded weights are cached: one copy per weight pointer, filled on first use after
+ * Converted weights are cached: one copy per weight pointer, filled on first use after
  * set_precision and reused by every product until the next set_precision (the trainer calls it
- * after each update), so each weight is converted once per step. The copies cost one more fp32
- * copy of the matrix weights. Rounding is element-wise in fixed chunks: thread-independent.
+ * after each update), so each weight is converted once per step. The copies cost half (bf16) or
+ * one (emulated) more fp32 copy of the matrix weights. Conversion is element-wise in fixed
+ * chunks: thread-independent.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -27,38 +24,56 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
 #include "kernels/math/lowp.h"
 
 struct ddp__wcopy {
     const float *src;
     size_t n;
-    float *copy;
-    int valid; /* filled since the last set_precision */
+    void *copy; /* n elements of elem_size(ctx) */
+    int valid;  /* filled since the last set_precision */
 };
 
 typedef struct {
-    float *out;
+    void *out;
     const float *x;
     size_t n;
     ddp_kprec_t prec;
+    int native;
 } round_args_t;
+
+static size_t elem_size(const ddp_kctx_t *ctx)
+{
+    return ddp__cpu_native(ctx) ? sizeof(uint16_t) : sizeof(float);
+}
+
+/* bf16 bits of x[lo..hi): kept apart so that gcc vectorises the plain loop. */
+static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t lo, size_t hi)
+{
+    for (size_t i = lo; i < hi; i++) o[i] = ddp_bf16_bits(x[i]);
+}
 
 static void round_task(void *varg, long task)
 {
     const round_args_t *a = varg;
     size_t lo = (size_t)task * DDP__CPU_CHUNK;
     size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
-    float *restrict o = a->out;
     const float *restrict x = a->x;
+    if (a->native) {
+        to_bf16_bits(a->out, x, lo, hi);
+        return;
+    }
+    float *restrict o = a->out;
     if (a->prec == DDP_KPREC_BF16)
         for (size_t i = lo; i < hi; i++) o[i] = ddp_round_bf16(x[i]);
     else
         for (size_t i = lo; i < hi; i++) o[i] = ddp_round_fp16(x[i]);
 }
 
-static void round_into(ddp_kctx_t *ctx, float *out, const float *x, size_t n)
+static void round_into(ddp_kctx_t *ctx, void *out, const float *x, size_t n)
 {
-    round_args_t a = {.out = out, .x = x, .n = n, .prec = ctx->prec};
+    round_args_t a = {.out = out, .x = x, .n = n, .prec = ctx->prec,
+                      .native = ddp__cpu_native(ctx)};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), round_task, &a);
 }
 
@@ -67,23 +82,24 @@ static void fail(ddp_kctx_t *ctx, int rc)
     if (!ctx->err) ctx->err = rc;
 }
 
-const float *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n)
+const void *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n)
 {
-    if (n > ctx->lowp_in_n[slot]) {
-        float *p = ddp_aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    size_t bytes = (n * elem_size(ctx) + 63) / 64 * 64;
+    if (bytes > ctx->lowp_in_bytes[slot]) {
+        void *p = ddp_aligned_alloc(64, bytes);
         if (!p) {
             fail(ctx, DDP_ENOMEM);
             return NULL;
         }
         free(ctx->lowp_in[slot]);
         ctx->lowp_in[slot] = p;
-        ctx->lowp_in_n[slot] = n;
+        ctx->lowp_in_bytes[slot] = bytes;
     }
     round_into(ctx, ctx->lowp_in[slot], x, n);
     return ctx->lowp_in[slot];
 }
 
-const float *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
+const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 {
     struct ddp__wcopy *c = NULL;
     for (int i = 0; i < ctx->n_wcopies && !c; i++)
@@ -99,7 +115,7 @@ const float *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
             ctx->wcopies = t;
             ctx->cap_wcopies = cap;
         }
-        float *p = ddp_aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+        void *p = ddp_aligned_alloc(64, (n * elem_size(ctx) + 63) / 64 * 64);
         if (!p) {
             fail(ctx, DDP_ENOMEM);
             return NULL;
@@ -123,7 +139,7 @@ void ddp__cpu_lowp_free(ddp_kctx_t *ctx)
     for (int s = 0; s < 2; s++) {
         free(ctx->lowp_in[s]);
         ctx->lowp_in[s] = NULL;
-        ctx->lowp_in_n[s] = 0;
+        ctx->lowp_in_bytes[s] = 0;
     }
 }
 
@@ -133,7 +149,16 @@ void ddp__cpu_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
         fail(ctx, DDP_EINVAL);
         return;
     }
-    if (prec != ctx->prec) ddp__cpu_lowp_free(ctx); /* copies of another precision */
+    const char *why;
+    if (prec == DDP_KPREC_BF16 && !ctx->bf16 && !ctx->bf16_failed &&
+        ddp_kernels_cpu_bf16(&why)) {
+        int rc = ddp__bf16_new(&ctx->bf16, ctx->threads);
+        if (rc < 0) {
+            DDP_WARN("native bf16 products unavailable (%s): emulating them", ddp_strerror(rc));
+            ctx->bf16_failed = 1;
+        }
+    }
+    if (prec != ctx->prec) ddp__cpu_lowp_free(ctx); /* copies of another precision or kind */
     ctx->prec = prec;
     for (int i = 0; i < ctx->n_wcopies; i++) ctx->wcopies[i].valid = 0;
 }
@@ -144,14 +169,15 @@ int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
         *why = "fp32 is the CPU's native precision";
         return 1;
     }
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx512bf16")) {
-        *why = "this CPU has AVX512_BF16, but the CPU backend emulates bf16/fp16 products "
-               "(inputs rounded, OpenBLAS sgemm): correct, not faster than fp32";
+    if (prec == DDP_KPREC_FP16) {
+        *why = "the CPU backend emulates fp16 products (inputs rounded, OpenBLAS sgemm): "
+               "correct, not faster than fp32";
         return 0;
     }
-#endif
-    *why = "this CPU has no bf16 instructions (no AVX512_BF16/AMX); the CPU backend emulates "
-           "bf16/fp16 products (inputs rounded, OpenBLAS sgemm): correct, not faster than fp32";
-    return 0;
+    if (ctx->bf16_failed) {
+        *why = "the native bf16 path failed to start (see the warning): bf16 products are "
+               "emulated, correct but not faster than fp32";
+        return 0;
+    }
+    return ddp_kernels_cpu_bf16(why);
 }

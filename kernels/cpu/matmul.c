@@ -16,9 +16,11 @@
  * (a fixed order, so still thread-independent). Used only while the partials fit in
  * MM_KSPLIT_BYTES; otherwise output tiles as above (also when scratch cannot be allocated: the
  * result is then correct but rounded differently, the one case that depends on more than shape).
- * Mixed precision (ctx->prec bf16/fp16, lowp.c): inp, weight and dout are rounded first and the
- * same sgemm tiles run on the rounded copies; bias and dbias (from the fp32 dout) stay fp32.
- * OpenBLAS was kept over oneDNN by measurement (lowp.c says why).
+ * Mixed precision (ctx->prec bf16/fp16, lowp.c): inp, weight and dout are converted first and
+ * the same tiles run on the copies -- natively on bf16 (bf16_gemm.c, oneDNN, one tile per task as
+ * with sgemm) where the CPU has bf16 instructions, else by sgemm on rounded floats; bias and
+ * dbias (from the fp32 dout) stay fp32. For fp32 OpenBLAS was kept over oneDNN by measurement
+ * (lowp.c says why).
  */
 #include "kernels/cpu/cpu.h"
 
@@ -96,8 +98,10 @@ static void tile_at(const tiling_t *tl, long i, int *r0, int *c0, int *h, int *w
 
 typedef struct {
     float *out, *dinp, *dweight, *dbias;
-    const float *inp, *weight, *bias, *dout;
-    const float *dout32; /* dbias's dout: fp32 even when dout was rounded */
+    const void *inp, *weight, *dout; /* floats, or bf16 bits when bf16 != NULL */
+    const float *bias;
+    const float *dout32; /* dbias's dout: fp32 even when dout was converted */
+    ddp__bf16_t *bf16;   /* native bf16 tiles; NULL: sgemm */
     int N, C, OC;
     ddp_wlayout_t layout;
     tiling_t fwd, di, dw;
@@ -106,6 +110,22 @@ typedef struct {
     float *part;           /* [ksplit][N][C] */
 } mm_args_t;
 
+/* One tile: C[m,n] = (acc ? C : 0) + op(A) @ op(B), A and B at element offsets offa, offb (see
+ * ddp__bf16_gemm for op and the layouts). */
+static void gemm(const mm_args_t *a, int ta, int tb, int m, int n, int k, const void *A,
+                 size_t offa, int lda, const void *B, size_t offb, int ldb, int acc, float *C,
+                 int ldc)
+{
+    if (a->bf16) {
+        ddp__bf16_gemm(a->bf16, ta, tb, m, n, k, (const uint16_t *)A + offa, lda,
+                       (const uint16_t *)B + offb, ldb, acc, C, ldc);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
+                n, k, 1.0f, (const float *)A + offa, lda, (const float *)B + offb, ldb,
+                acc ? 1.0f : 0.0f, C, ldc);
+}
+
 static void fwd_task(void *varg, long task)
 {
     const mm_args_t *a = varg;
@@ -113,36 +133,46 @@ static void fwd_task(void *varg, long task)
     tile_at(&a->fwd, task, &r0, &c0, &h, &w);
     int C = a->C, OC = a->OC;
     float *out = a->out + (size_t)r0 * OC + c0;
-    float beta = 0.0f;
-    if (a->bias) {
+    if (a->bias)
         for (int r = 0; r < h; r++) {
             float *restrict o = out + (size_t)r * OC;
             const float *restrict b = a->bias + c0;
             for (int j = 0; j < w; j++) o[j] = b[j];
         }
-        beta = 1.0f;
-    }
-    const float *inp = a->inp + (size_t)r0 * C;
+    size_t inp = (size_t)r0 * C;
     if (a->layout == DDP_W_IN_OUT)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, h, w, C, 1.0f, inp, C,
-                    a->weight + c0, OC, beta, out, OC);
+        gemm(a, 0, 0, h, w, C, a->inp, inp, C, a->weight, c0, OC, !!a->bias, out, OC);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, h, w, C, 1.0f, inp, C,
-                    a->weight + (size_t)c0 * C, C, beta, out, OC);
+        gemm(a, 0, 1, h, w, C, a->inp, inp, C, a->weight, (size_t)c0 * C, C, !!a->bias, out, OC);
+}
+
+/* Runs the tasks; a native tile's failure goes to ctx->err. */
+static void run_tasks(ddp_kctx_t *ctx, const mm_args_t *a, long ntasks, ddp__task_fn fn)
+{
+    ddp__pool_run(ctx->pool, ntasks, fn, (void *)a);
+    int rc = a->bf16 ? ddp__bf16_take_error(a->bf16) : 0;
+    if (rc && !ctx->err) ctx->err = rc;
+}
+
+/* The inputs converted for ctx->prec (lowp.c); 0, or -1 with ctx->err set. */
+static int convert(ddp_kctx_t *ctx, mm_args_t *a, int slot, const void **x, size_t n)
+{
+    *x = ddp__cpu_lowp_input(ctx, slot, *x, n);
+    a->bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL;
+    return *x ? 0 : -1;
 }
 
 void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
 {
-    if (ctx->prec != DDP_KPREC_FP32) {
-        inp = ddp__cpu_lowp_input(ctx, 0, inp, (size_t)N * C);
-        weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
-        if (!inp || !weight) return;
-    }
     mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
                    .OC = OC, .layout = layout};
+    if (ctx->prec != DDP_KPREC_FP32) {
+        a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
+        if (!a.weight || convert(ctx, &a, 0, &a.inp, (size_t)N * C)) return;
+    }
     plan(&a.fwd, N, OC);
-    ddp__pool_run(ctx->pool, ntiles(&a.fwd), fwd_task, &a);
+    run_tasks(ctx, &a, ntiles(&a.fwd), fwd_task);
 }
 
 /* part[k] = dout[:, k0:k1] @ W^T[k0:k1, :], chunk k of the split-K dinp. */
@@ -152,11 +182,9 @@ static void dinp_chunk_task(const mm_args_t *a, long k)
     int k0 = (int)k * MM_KCHUNK, kw = OC - k0 < MM_KCHUNK ? OC - k0 : MM_KCHUNK;
     float *part = a->part + (size_t)k * N * C;
     if (a->layout == DDP_W_IN_OUT)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, C, kw, 1.0f, a->dout + k0, OC,
-                    a->weight + k0, OC, 0.0f, part, C);
+        gemm(a, 0, 1, N, C, kw, a->dout, k0, OC, a->weight, k0, OC, 0, part, C);
     else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, kw, 1.0f, a->dout + k0, OC,
-                    a->weight + (size_t)k0 * C, C, 0.0f, part, C);
+        gemm(a, 0, 0, N, C, kw, a->dout, k0, OC, a->weight, (size_t)k0 * C, C, 0, part, C);
 }
 
 /* dinp rows += the split-K partials, added in chunk order. */
@@ -185,14 +213,12 @@ static void dinp_task(const mm_args_t *a, long task)
     int r0, c0, h, w;
     tile_at(&a->di, task, &r0, &c0, &h, &w);
     int C = a->C, OC = a->OC;
-    const float *dout = a->dout + (size_t)r0 * OC;
+    size_t dout = (size_t)r0 * OC;
     float *dinp = a->dinp + (size_t)r0 * C + c0;
     if (a->layout == DDP_W_IN_OUT) /* W[C][OC]: rows c0.. of W, transposed */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, h, w, OC, 1.0f, dout, OC,
-                    a->weight + (size_t)c0 * OC, OC, 1.0f, dinp, C);
+        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 1, dinp, C);
     else /* W[OC][C]: columns c0.. of W */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, h, w, OC, 1.0f, dout, OC,
-                    a->weight + c0, C, 1.0f, dinp, C);
+        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 1, dinp, C);
 }
 
 /* IN_OUT: dW[C][OC] += inp^T @ dout.  OUT_IN: dW[OC][C] += dout^T @ inp. */
@@ -202,11 +228,11 @@ static void dweight_task(const mm_args_t *a, long task)
     tile_at(&a->dw, task, &r0, &c0, &h, &w);
     int N = a->N, C = a->C, OC = a->OC;
     if (a->layout == DDP_W_IN_OUT)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, w, N, 1.0f, a->inp + r0, C,
-                    a->dout + c0, OC, 1.0f, a->dweight + (size_t)r0 * OC + c0, OC);
+        gemm(a, 1, 0, h, w, N, a->inp, r0, C, a->dout, c0, OC, 1,
+             a->dweight + (size_t)r0 * OC + c0, OC);
     else
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, h, w, N, 1.0f, a->dout + r0, OC,
-                    a->inp + c0, C, 1.0f, a->dweight + (size_t)r0 * C + c0, C);
+        gemm(a, 1, 0, h, w, N, a->dout, r0, OC, a->inp, c0, C, 1,
+             a->dweight + (size_t)r0 * C + c0, C);
 }
 
 /* dbias[c0..c1) += sum over rows n in order. */
@@ -242,16 +268,14 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
                          const float *dout, const float *inp, const float *weight, int N, int C,
                          int OC, ddp_wlayout_t layout)
 {
-    const float *dout32 = dout;
-    if (ctx->prec != DDP_KPREC_FP32) {
-        dout = ddp__cpu_lowp_input(ctx, 0, dout, (size_t)N * OC);
-        if (dweight) inp = ddp__cpu_lowp_input(ctx, 1, inp, (size_t)N * C);
-        if (dinp) weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
-        if (!dout || !inp || !weight) return;
-    }
     mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
                    .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
-                   .dout32 = dout32};
+                   .dout32 = dout};
+    if (ctx->prec != DDP_KPREC_FP32) {
+        if (dinp && !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC))) return;
+        if (dweight && convert(ctx, &a, 1, &a.inp, (size_t)N * C)) return;
+        if (convert(ctx, &a, 0, &a.dout, (size_t)N * OC)) return;
+    }
     plan(&a.di, N, C);
     if (layout == DDP_W_IN_OUT)
         plan(&a.dw, C, OC);
@@ -269,7 +293,7 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
             a.n_di = ks;
         }
     }
-    ddp__pool_run(ctx->pool, a.n_dw + a.n_di + a.n_db, bwd_task, &a);
+    run_tasks(ctx, &a, a.n_dw + a.n_di + a.n_db, bwd_task);
     if (a.ksplit)
         ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, MM_REDUCE_ROWS), dinp_reduce_task, &a);
 }

@@ -22,6 +22,15 @@
 #include "common/alloc.h"
 #include "common/err.h"
 
+/* This thread's index in the pool that started it (0: a thread that calls ddp__pool_run). */
+static _Thread_local int self_index;
+
+/* A worker's start: the pool and the index it takes. */
+typedef struct {
+    ddp__pool_t *pool;
+    int index;
+} worker_arg_t;
+
 struct ddp__pool {
     pthread_mutex_t mu;
     pthread_cond_t work_cv; /* workers wait here for tasks */
@@ -35,6 +44,7 @@ struct ddp__pool {
     int threads;
     int nworkers; /* workers started */
     pthread_t *workers;
+    worker_arg_t *args; /* one per worker */
 };
 
 /* Claims and runs tasks until none is left; called and returns with mu held. */
@@ -51,9 +61,11 @@ static void drain(ddp__pool_t *p)
     }
 }
 
-static void *worker_main(void *arg)
+static void *worker_main(void *varg)
 {
-    ddp__pool_t *p = arg;
+    const worker_arg_t *arg = varg;
+    ddp__pool_t *p = arg->pool;
+    self_index = arg->index;
     pthread_mutex_lock(&p->mu);
     while (!p->stop) {
         drain(p);
@@ -75,13 +87,15 @@ int ddp__pool_new(ddp__pool_t **out, int threads)
     pthread_cond_init(&p->done_cv, NULL);
     if (threads > 1) {
         p->workers = ddp_calloc((size_t)threads - 1, sizeof(pthread_t));
-        if (!p->workers) {
+        p->args = ddp_calloc((size_t)threads - 1, sizeof(worker_arg_t));
+        if (!p->workers || !p->args) {
             ddp__pool_free(p);
             return DDP_ENOMEM;
         }
     }
     for (int i = 0; i < threads - 1; i++) {
-        int rc = pthread_create(&p->workers[i], NULL, worker_main, p);
+        p->args[i] = (worker_arg_t){.pool = p, .index = i + 1};
+        int rc = pthread_create(&p->workers[i], NULL, worker_main, &p->args[i]);
         if (rc) {
             ddp__pool_free(p);
             return -rc;
@@ -104,6 +118,7 @@ void ddp__pool_free(ddp__pool_t *p)
     pthread_cond_destroy(&p->work_cv);
     pthread_mutex_destroy(&p->mu);
     free(p->workers);
+    free(p->args);
     free(p);
 }
 
@@ -135,3 +150,5 @@ void ddp__pool_run(ddp__pool_t *p, long ntasks, ddp__task_fn fn, void *arg)
 }
 
 int ddp__pool_threads(const ddp__pool_t *p) { return p->threads; }
+
+int ddp__pool_self(void) { return self_index; }

@@ -3,6 +3,9 @@
  * training step, by
  *   ddpd    the CPU backend's matmul_fwd/matmul_bwd as it runs in training (OpenBLAS sgemm, one
  *           thread per task, output tiles on ddpd's pool of `threads`)
+ *   ddpdbf  the same at train.precision bf16: native bf16 tiles (oneDNN, one thread per task)
+ *           where the CPU has AVX512_BF16/AMX, else emulated; the conversions of the inputs and
+ *           of the weight (once per step in training, once per repetition here) included
  *   dnnl    oneDNN's fp32 matmul primitive (created once per shape; execution timed only), its
  *           OpenMP runtime with `threads` threads; beta = 0 where ddpd accumulates (an advantage
  *           to oneDNN)
@@ -12,8 +15,8 @@
  * alternately several times on a shared machine. Prints one line per shape (median of `reps`
  * GFLOP/s) and the step's total, in wall time and in process CPU time (on a loaded machine the
  * CPU time is the steadier measure of work; run oneDNN with OMP_WAIT_POLICY=passive so that
- * its idle threads do not spin into it). Not part of pass/fail; needs libdnnl-dev (not a ddpd
- * dependency) for the oneDNN modes.
+ * its idle threads do not spin into it). Not part of pass/fail; needs libdnnl-dev (which ddpd's
+ * native bf16 path uses too).
  *
  *   cc -O2 -I. tests/bench/gemm_shapes.c BUILD/kernels/libddp_kernels.a \
  *      BUILD/common/libddp_common.a -ldnnl -lopenblas -lpthread -lm -ldl -o /tmp/gemm_shapes
@@ -129,7 +132,8 @@ int main(int argc, char **argv)
     const char *mode = argc > 1 ? argv[1] : "ddpd";
     int threads = argc > 2 ? atoi(argv[2]) : 2, reps = argc > 3 ? atoi(argv[3]) : 5;
     if (reps > 64) reps = 64;
-    int ddpd = strcmp(mode, "ddpd") == 0, bf = strcmp(mode, "dnnlbf") == 0;
+    int dbf = strcmp(mode, "ddpdbf") == 0;
+    int ddpd = dbf || strcmp(mode, "ddpd") == 0, bf = strcmp(mode, "dnnlbf") == 0;
     ddp_kernels_t k;
     if (ddpd && ddp_kernels_open(&k, "cpu", 0, threads)) return 1;
     if (!ddpd) {
@@ -166,6 +170,7 @@ int main(int argc, char **argv)
             double t0 = now_s();
             if (ddpd) {
                 ddp_wlayout_t lay = sh->out_in ? DDP_W_OUT_IN : DDP_W_IN_OUT;
+                if (dbf) DDP_K(&k, set_precision, DDP_KPREC_BF16); /* the weight converted anew */
                 DDP_K(&k, matmul_fwd, out, inp, w, NULL, N, K, OC, lay);
                 DDP_K(&k, matmul_bwd, dinp, dw, NULL, dout, inp, w, N, K, OC, lay);
             } else {

@@ -109,7 +109,7 @@ int main(int argc, char **argv)
         }
         double t2 = ddp_now_s();
         DDP_K(&k, sumsq_blocks, sums, g, np, 16384);
-        DDP_K(&k, adamw, p, g, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, r + 1);
+        DDP_K(&k, adamw, p, g, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, r + 1, NULL);
         double t3 = ddp_now_s();
         tm[r] = t1 - t0, to[r] = t2 - t1, ta[r] = t3 - t2;
     }

@@ -1,7 +1,11 @@
 /* Mixed precision in the kernels: the bf16/fp16 rounding of kernels/math/lowp.h against known
- * values, and the CPU backend's matmul in bf16/fp16, which must equal its fp32 matmul on inputs
- * rounded beforehand (bitwise: the same sgemm tiles run on the same rounded values), with the
- * converted weights refreshed by set_precision. */
+ * values, and the CPU backend's matmul in bf16/fp16 both ways it runs:
+ * - emulated (fp16; bf16 without AVX512_BF16 or with DDP_CPU_BF16=emulate): equal to its fp32
+ *   matmul on inputs rounded beforehand, bitwise (the same sgemm tiles on the same values);
+ * - native bf16 (oneDNN, where the CPU has bf16 instructions): each output within fp32
+ *   accumulation's error bound of the exact product of the rounded inputs (computed in double),
+ *   and bitwise the same for any thread count;
+ * with the converted weights refreshed by set_precision. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -77,9 +81,62 @@ static void assert_same(const float *a, const float *b, size_t n, const char *wh
             fail_msg("%s[%zu]: %.9g, expected %.9g", what, i, a[i], b[i]);
 }
 
-/* One forward and backward at precision p vs fp32 on rounded inputs, both layouts. */
-static void check_matmul(ddp_kernels_t *k, ddp_kprec_t p, int N, int C, int OC,
-                         ddp_wlayout_t layout)
+/* W(c, o) of a weight in `layout`. */
+static double wat(const float *w, int C, int OC, ddp_wlayout_t layout, int c, int o)
+{
+    return layout == DDP_W_IN_OUT ? w[(size_t)c * OC + o] : w[(size_t)o * C + c];
+}
+
+/* |got - exact| <= (K + 2) u sum|terms| + tiny: fp32 accumulation's error bound, whatever the
+ * order of the additions (u = 2^-24). */
+static void assert_bound(float got, double exact, double abssum, int K, const char *what,
+                         size_t i)
+{
+    double tol = (K + 2) * 0x1p-24 * abssum + 1e-30;
+    if (!(fabs((double)got - exact) <= tol))
+        fail_msg("%s[%zu]: %.9g, exact %.9g, bound %.3g", what, i, got, exact, tol);
+}
+
+/* out, dinp and dweight of the rounded inputs, each within the bound of the exact product. */
+static void check_bounds(const float *out, const float *di, const float *dw, const float *rin,
+                         const float *rw, const float *rdout, const float *b, int N, int C,
+                         int OC, ddp_wlayout_t layout)
+{
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = b[o], a = fabs(b[o]);
+            for (int c = 0; c < C; c++) {
+                double t = rin[(size_t)n * C + c] * wat(rw, C, OC, layout, c, o);
+                s += t, a += fabs(t);
+            }
+            assert_bound(out[(size_t)n * OC + o], s, a, C, "out", (size_t)n * OC + o);
+        }
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) {
+            double s = 0, a = 0;
+            for (int o = 0; o < OC; o++) {
+                double t = rdout[(size_t)n * OC + o] * wat(rw, C, OC, layout, c, o);
+                s += t, a += fabs(t);
+            }
+            assert_bound(di[(size_t)n * C + c], s, a, OC, "dinp", (size_t)n * C + c);
+        }
+    for (int c = 0; c < C; c++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0, a = 0;
+            for (int n = 0; n < N; n++) {
+                double t = (double)rin[(size_t)n * C + c] * rdout[(size_t)n * OC + o];
+                s += t, a += fabs(t);
+            }
+            size_t i = layout == DDP_W_IN_OUT ? (size_t)c * OC + o : (size_t)o * C + c;
+            assert_bound(dw[i], s, a, N, "dweight", i);
+        }
+}
+
+/* One forward and backward at precision p against fp32 on rounded inputs, both layouts:
+ * bitwise when `native` is 0, within the bound when 1. With `twin` (a context of another thread
+ * count, same path) the results must be bitwise the same there too. */
+static void check_matmul(ddp_kernels_t *k, ddp_kernels_t *twin, ddp_kprec_t p, int native,
+                         int N, int C, int OC, ddp_wlayout_t layout)
 {
     uint64_t seed = 42 + (uint64_t)N * 7 + (uint64_t)OC;
     size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
@@ -101,27 +158,82 @@ static void check_matmul(ddp_kernels_t *k, ddp_kprec_t p, int N, int C, int OC,
     DDP_K(k, matmul_bwd, rdi, rdw, NULL, rdout, rin, rw, N, C, OC, layout);
     DDP_K(k, matmul_bwd, NULL, scratch, rdb, dout, rin, rw, N, C, OC, layout);
     assert_int_equal(ddp_k_sync(k), 0);
-    assert_same(out, ref, nout, "out");
-    assert_same(di, rdi, nin, "dinp");
-    assert_same(dw, rdw, nw, "dweight");
     assert_same(db, rdb, (size_t)OC, "dbias");
+    if (native) {
+        check_bounds(out, di, dw, rin, rw, rdout, b, N, C, OC, layout);
+    } else {
+        assert_same(out, ref, nout, "out");
+        assert_same(di, rdi, nin, "dinp");
+        assert_same(dw, rdw, nw, "dweight");
+    }
+    if (twin) { /* the same products on another thread count: bitwise */
+        memset(ref, 0, nout * 4), memset(rdi, 0, nin * 4), memset(rdw, 0, nw * 4);
+        memset(rdb, 0, (size_t)OC * 4);
+        DDP_K(twin, set_precision, p);
+        DDP_K(twin, matmul_fwd, ref, inp, w, b, N, C, OC, layout);
+        DDP_K(twin, matmul_bwd, rdi, rdw, rdb, dout, inp, w, N, C, OC, layout);
+        assert_int_equal(ddp_k_sync(twin), 0);
+        assert_same(ref, out, nout, "out (threads)");
+        assert_same(rdi, di, nin, "dinp (threads)");
+        assert_same(rdw, dw, nw, "dweight (threads)");
+    }
     free(inp), free(w), free(b), free(dout), free(rin), free(rw), free(rdout);
     free(out), free(ref), free(di), free(dw), free(db), free(rdi), free(rdw), free(rdb);
     free(scratch);
 }
 
+/* Every product shape class at precision p, with `emulate` forcing the emulated bf16. */
+static void check_shapes(ddp_kprec_t p, int emulate)
+{
+    if (emulate) setenv("DDP_CPU_BF16", "emulate", 1); /* read by set_precision, prec_native */
+    ddp_kernels_t k, twin;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
+    assert_int_equal(ddp_kernels_open(&twin, "cpu", 0, 3), 0);
+    const char *why;
+    int native = ddp_k_prec_native(&k, p, &why);
+    assert_false(emulate && native);
+    check_matmul(&k, &twin, p, native, 37, 29, 53, DDP_W_IN_OUT);
+    check_matmul(&k, &twin, p, native, 64, 48, 200, DDP_W_OUT_IN);
+    check_matmul(&k, &twin, p, native, 300, 40, 700, DDP_W_IN_OUT); /* several tiles each way */
+    check_matmul(&k, &twin, p, native, 16, 32, 9000, DDP_W_OUT_IN); /* split-K dinp */
+    ddp_kernels_close(&twin);
+    ddp_kernels_close(&k);
+    unsetenv("DDP_CPU_BF16");
+}
+
 static void test_cpu_matmul_lowp(void **state)
 {
     (void)state;
+    check_shapes(DDP_KPREC_BF16, 0); /* native where the CPU has bf16 instructions */
+    check_shapes(DDP_KPREC_BF16, 1); /* the fallback, forced */
+    check_shapes(DDP_KPREC_FP16, 0);
+}
+
+/* Whether bf16 is native follows the CPU's flags (and this build having oneDNN); forced off by
+ * DDP_CPU_BF16=emulate. */
+static void test_native_choice(void **state)
+{
+    (void)state;
     ddp_kernels_t k;
-    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
-    const ddp_kprec_t precs[2] = {DDP_KPREC_BF16, DDP_KPREC_FP16};
-    for (int p = 0; p < 2; p++) {
-        check_matmul(&k, precs[p], 37, 29, 53, DDP_W_IN_OUT);
-        check_matmul(&k, precs[p], 64, 48, 200, DDP_W_OUT_IN);
-        check_matmul(&k, precs[p], 16, 32, 9000, DDP_W_OUT_IN); /* split-K dinp */
-    }
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
+    const char *why = NULL;
+    int native = ddp_k_prec_native(&k, DDP_KPREC_BF16, &why);
+    assert_non_null(why);
+#if defined(__x86_64__) && defined(DDP_HAVE_DNNL)
+    assert_int_equal(native, __builtin_cpu_supports("avx512bf16") ? 1 : 0);
+#else
+    assert_int_equal(native, 0);
+#endif
+    assert_int_equal(ddp_k_prec_native(&k, DDP_KPREC_FP16, &why), 0);
     ddp_kernels_close(&k);
+    setenv("DDP_CPU_BF16", "emulate", 1);
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
+    assert_int_equal(ddp_k_prec_native(&k, DDP_KPREC_BF16, &why), 0);
+    assert_non_null(strstr(why, "DDP_CPU_BF16=emulate"));
+    assert_int_equal(ddp_kernels_cpu_bf16(&why), 0);
+    ddp_kernels_close(&k);
+    unsetenv("DDP_CPU_BF16");
+    assert_int_equal(ddp_kernels_cpu_bf16(&why), native);
 }
 
 /* The converted weight is kept until set_precision: a weight written without it keeps its old
@@ -157,6 +269,7 @@ int main(void)
         cmocka_unit_test(test_round_bf16),
         cmocka_unit_test(test_round_fp16),
         cmocka_unit_test(test_cpu_matmul_lowp),
+        cmocka_unit_test(test_native_choice),
         cmocka_unit_test(test_weight_copy_refresh),
     };
     return cmocka_run_group_tests_name("kernels_lowp", tests, NULL, NULL);

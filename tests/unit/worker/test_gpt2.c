@@ -340,8 +340,8 @@ static void test_adamw_steps_match_pytorch(void **state)
     free(tg);
 }
 
-/* The 10 AdamW steps of the fixture in precision `prec` on the CPU (the emulation: inputs of
- * every matmul rounded, fp32 accumulation), with worker/loss_scale.c's scaler as the trainer
+/* The 10 AdamW steps of the fixture in precision `prec` on the CPU (inputs of every matmul
+ * rounded, fp32 accumulation: native bf16 where the CPU has it, else emulated), with worker/loss_scale.c's scaler as the trainer
  * uses it; the loss before each step goes to losses[]. Returns the steps skipped. */
 static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps)
 {
@@ -460,18 +460,25 @@ static void test_loss_scaler(void **state)
     assert_int_equal(ls.overflows, 2);
 }
 
-/* train.precision auto on the CPU backend: fp32, since it only emulates bf16 -- the fallback
- * for CPUs without bf16 instructions, this machine's path whatever it has. */
-static void test_auto_is_fp32_on_cpu(void **state)
+/* train.precision auto on the CPU backend: bf16 where the CPU multiplies it natively
+ * (AVX512_BF16 or AMX, with oneDNN in the build), else fp32 -- the emulation is not faster. */
+static void test_auto_on_cpu(void **state)
 {
     fixture_t *fx = *state;
-    ddp_kprec_t p = DDP_KPREC_BF16;
+    ddp_kprec_t p = DDP_KPREC_FP16;
     assert_int_equal(ddp_prec_select(&fx->k, DDP_PREC_AUTO, 0, &p), 0);
-    assert_int_equal(p, DDP_KPREC_FP32);
     const char *why = NULL;
-    assert_int_equal(fx->k.ops->prec_native(fx->k.ctx, DDP_KPREC_BF16, &why), 0);
+    int native = fx->k.ops->prec_native(fx->k.ctx, DDP_KPREC_BF16, &why);
     assert_non_null(why);
+    const char *force = getenv("DDP_CPU_BF16");
+#if defined(__x86_64__) && defined(DDP_HAVE_DNNL)
+    if (!(force && !strcmp(force, "emulate")))
+        assert_int_equal(native, __builtin_cpu_supports("avx512bf16") ? 1 : 0);
+#endif
+    if (force && !strcmp(force, "emulate")) assert_int_equal(native, 0);
+    assert_int_equal(p, native ? DDP_KPREC_BF16 : DDP_KPREC_FP32);
     assert_int_equal(fx->k.ops->prec_native(fx->k.ctx, DDP_KPREC_FP32, &why), 1);
+    DDP_K(&fx->k, set_precision, DDP_KPREC_FP32);
 }
 
 /* Whether crc[i] is whole and equals the table CRC32C of tensor i's parameters and moments. */
@@ -566,7 +573,7 @@ int main(void)
         cmocka_unit_test(test_adamw_crc),
         cmocka_unit_test(test_mixed_precision_matches_autocast),
         cmocka_unit_test(test_loss_scaler),
-        cmocka_unit_test(test_auto_is_fp32_on_cpu),
+        cmocka_unit_test(test_auto_on_cpu),
     };
     return cmocka_run_group_tests_name("gpt2", tests, setup, teardown);
 }

@@ -82,10 +82,10 @@ fi
 
 # 7-8: a job over its limit fails before step 1, naming what helps
 if "$worker" "$tmp/job.yaml" --set model.preset=gpt2-mini --set train.micro_batch=8 \
-    --set train.seq_len=256 --set train.memory_limit=300MiB >"$tmp/over.log" 2>&1; then
+    --set train.seq_len=256 --set train.memory_limit=340MiB >"$tmp/over.log" 2>&1; then
   not_ok "a job over train.memory_limit is refused"
 else
-  check "a job over train.memory_limit is refused before step 1" bash -c "! grep -q 'step  *1/' '$tmp/over.log' && grep -q 'memory budget: needs .* but the limit is 300.0 MiB' '$tmp/over.log'"
+  check "a job over train.memory_limit is refused before step 1" bash -c "! grep -q 'step  *1/' '$tmp/over.log' && grep -q 'memory budget: needs .* but the limit is 340.0 MiB' '$tmp/over.log'"
   check "the refusal names micro_batch, recompute, precision and shard_optimizer with savings" \
     bash -c "grep 'memory budget: needs' '$tmp/over.log' | grep 'train.micro_batch [0-9]* (the same global batch in [0-9]* micro-steps per rank) saves' | grep 'train.recompute: block saves' | grep -q 'ddp.shard_optimizer'"
 fi

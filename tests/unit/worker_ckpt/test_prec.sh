@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Mixed precision in real ddp-worker processes (TAP): train.precision's choice is printed, bf16
-# and fp16 runs differ from fp32 and their 200-step loss curves track it; fp16's loss scaler: an overflow injected on one
+# Mixed precision in real ddp-worker processes (TAP): train.precision's choice is printed (auto:
+# bf16 where the CPU multiplies it natively, else fp32), bf16 (native and emulated) and fp16 runs
+# differ from fp32 and their 200-step loss curves track it; bf16 on 2 ranks is bitwise 1 rank
+# with 2 accumulation steps; fp16's loss scaler: an overflow injected on one
 # of 2 ranks skips the step on every rank (bitwise the 1-rank run with the overflow on its
 # only rank) and halves the scale; the scale grows after the interval; a resumed run keeps the
 # scale and its clean-step count (bitwise the straight run).
@@ -42,21 +44,25 @@ ddp: {max_workers: 2}
 YAML
 W() { "$worker" job.yaml "$@"; }
 L() { DDP_WORKER=$worker "$launch" "$@"; }
-echo "1..11"
+echo "1..12"
 
 W --set train.precision=\"auto\" --dump-weights auto.st >auto.log 2>&1
 W --set train.precision=\"fp32\" --dump-weights fp32.st >fp32.log 2>&1
-check "auto: the choice and its reason are printed (fp32 on the CPU backend)" \
-    grep -q "precision: auto -> fp32 on backend cpu: " auto.log
-check "auto on the CPU is fp32, bitwise" "$compare" auto.st fp32.st
 W --set train.precision=\"bf16\" --dump-weights bf16.st >bf16.log 2>&1
 W --set train.precision=\"fp16\" --dump-weights fp16.st >fp16.log 2>&1
+# auto is bf16 where the CPU has bf16 instructions (and the build has oneDNN), else fp32
+want=fp32
+grep -qw avx512_bf16 /proc/cpuinfo && ! grep -q "no oneDNN" auto.log && want=bf16
+check "auto: the choice ($want on this CPU) and its reason are printed" \
+    grep -q "precision: auto -> $want on backend cpu: " auto.log
+check "auto is the $want run, bitwise" "$compare" auto.st $want.st
 # 200-step loss curves: bf16 and fp16 track fp32 no worse than fp32 tracks itself with the
 # learning rate 1% higher (means over windows of 20 steps), and the loss falls
 long=(--set train.steps=200 --quiet)
 for p in fp32 bf16 fp16; do W "${long[@]}" --set train.precision=\"$p\" --run-dir "c$p" >"c$p.log" 2>&1; done
+DDP_CPU_BF16=emulate W "${long[@]}" --set train.precision=\"bf16\" --run-dir cbf16e >cbf16e.log 2>&1
 W "${long[@]}" --set train.precision=\"fp32\" --set train.lr=1.01e-3 --run-dir clr >clr.log 2>&1
-check "200 steps: bf16 and fp16 loss curves within fp32's own distance from a 1% lr change" \
+check "200 steps: bf16 (native and emulated) and fp16 loss curves within fp32's own distance from a 1% lr change" \
     python3 - <<'PY'
 import json
 def curve(d):
@@ -68,12 +74,14 @@ def dist(c, ref):
 ref = curve("fp32")
 assert len(ref) == 10 and ref[-1] < 0.6 * ref[0], ref
 bound = dist(curve("lr"), ref)
-for p in ("bf16", "fp16"):
+for p in ("bf16", "bf16e", "fp16"):
     print(p, "worst window", round(dist(curve(p), ref), 6), "bound (lr +1%)", round(bound, 6))
     assert dist(curve(p), ref) <= bound, (p, curve(p), ref)
 PY
 check "bf16 and fp16 runs round: not bitwise the fp32 run" \
     bash -c "! '$compare' bf16.st fp32.st && ! '$compare' fp16.st fp32.st"
+RUN_DIR=$tmp/b2 L 2 job.yaml --set train.precision=\"bf16\" --dump-weights bf16x2.st >bf16x2.log 2>&1
+check "bf16: 2 ranks == 1 rank with 2 accumulation steps, bitwise" "$compare" bf16x2.st bf16.st
 check "fp16: the step line shows the loss scale" grep -qE "step +1/12 .*\| scale 65536" fp16.log
 
 # an overflow on rank 1 only, at step 5: both ranks skip it
