@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit and fuzz
 # tests again under ASan+UBSan, the threaded ones (kernel pool, collectives, reducer, data
-# loader) under TSan, and the libFuzzer harnesses (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS
+# loader, the native bf16 tiles) under TSan, and the libFuzzer harnesses (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS
 # each, default 30; any crash fails). Ends with one line: "tests: N passed, N failed, N skipped".
 # Exit status is non-zero when any test failed or a build broke.
 #
@@ -54,7 +54,7 @@ if [ $quick -eq 0 ]; then
   fi
   if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized; then
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      run_suites build-tsan tsan --timeout-multiplier 3 kernels collectives elastic_conn reducer data gpu_sim
+      run_suites build-tsan tsan --timeout-multiplier 3 kernels kernels_lowp collectives elastic_conn reducer data gpu_sim
   else
     summaries+=(--broken build-tsan); status=1
   fi

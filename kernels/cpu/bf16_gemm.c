@@ -216,19 +216,10 @@ static int lookup(ddp__bf16_t *b, const shape_t *s, const entry_t **out)
             rc = 0;
             break;
         }
-        if (!e->used) {
+        if (!e->used) { /* unpublished: lock-free readers stop here and read nothing else */
             if (b->n_entries + 1 >= CACHE_SLOTS / 2) break; /* keep probes short */
-            entry_t tmp = {0};
-            rc = create_prim(b, &tmp, s);
+            rc = create_prim(b, e, s);
             if (!rc) {
-                e->key = tmp.key;
-                e->pd = tmp.pd;
-                e->prim = tmp.prim;
-                e->a_md = tmp.a_md;
-                e->b_md = tmp.b_md;
-                e->c_md = tmp.c_md;
-                e->scratch_md = tmp.scratch_md;
-                e->scratch_bytes = tmp.scratch_bytes;
                 atomic_store_explicit(&e->used, 1, memory_order_release);
                 b->n_entries++;
                 *out = e;

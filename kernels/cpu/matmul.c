@@ -154,11 +154,10 @@ static void run_tasks(ddp_kctx_t *ctx, const mm_args_t *a, long ntasks, ddp__tas
     if (rc && !ctx->err) ctx->err = rc;
 }
 
-/* The inputs converted for ctx->prec (lowp.c); 0, or -1 with ctx->err set. */
-static int convert(ddp_kctx_t *ctx, mm_args_t *a, int slot, const void **x, size_t n)
+/* *x converted for ctx->prec into input slot `slot` (lowp.c); 0, or -1 with ctx->err set. */
+static int convert(ddp_kctx_t *ctx, int slot, const void **x, size_t n)
 {
     *x = ddp__cpu_lowp_input(ctx, slot, *x, n);
-    a->bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL;
     return *x ? 0 : -1;
 }
 
@@ -166,10 +165,10 @@ void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const fl
                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
 {
     mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
-                   .OC = OC, .layout = layout};
+                   .OC = OC, .layout = layout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (ctx->prec != DDP_KPREC_FP32) {
         a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
-        if (!a.weight || convert(ctx, &a, 0, &a.inp, (size_t)N * C)) return;
+        if (!a.weight || convert(ctx, 0, &a.inp, (size_t)N * C)) return;
     }
     plan(&a.fwd, N, OC);
     run_tasks(ctx, &a, ntiles(&a.fwd), fwd_task);
@@ -270,11 +269,11 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
 {
     mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
                    .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
-                   .dout32 = dout};
+                   .dout32 = dout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (ctx->prec != DDP_KPREC_FP32) {
         if (dinp && !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC))) return;
-        if (dweight && convert(ctx, &a, 1, &a.inp, (size_t)N * C)) return;
-        if (convert(ctx, &a, 0, &a.dout, (size_t)N * OC)) return;
+        if (dweight && convert(ctx, 1, &a.inp, (size_t)N * C)) return;
+        if (convert(ctx, 0, &a.dout, (size_t)N * OC)) return;
     }
     plan(&a.di, N, C);
     if (layout == DDP_W_IN_OUT)

@@ -3,7 +3,8 @@
 #
 #   tests/bench/ddp_scaling.sh [build-dir]        (default: build)
 #
-# GPT-2 124M, B=4, T=64 per rank, fp32, AdamW, clip 1.0, 1 compute thread per rank:
+# GPT-2 124M, B=4, T=64 per rank, AdamW, clip 1.0, 1 compute thread per rank, ddpd at
+# train.precision PREC (default fp32) and PyTorch at AMP (fp32, or bf16 autocast):
 #   ddpd     1 rank            (ddp-worker, train.threads=1)
 #   ddpd     2 ranks           (deploy/launch-local.sh 2, environment rendezvous)
 #   PyTorch  1 process         (tests/bench/pytorch_gpt2.py --threads 1)
@@ -12,20 +13,26 @@
 # DDP ratio, scaling efficiency (2-rank tokens/s / (2 x 1-rank tokens/s)) for both, and ddpd's
 # communication accounting from metrics.jsonl (median hidden fraction, comm and exposed ms).
 # The environment (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE) is left as it is, for both sides.
-# Environment knobs: STEPS (default 8), WARMUP (default 2). About 3-4 minutes on 2 cores.
+# Environment knobs: STEPS (default 8), WARMUP (default 2), PREC, AMP, TORCH_PY (the Python
+# whose torch is the reference; default Debian's python3-torch, e.g. ../venv-torch/bin/python
+# for PyTorch 2.x from PyPI). About 3-4 minutes on 2 cores.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$src/build}" && pwd)
 steps=${STEPS:-8}
 warmup=${WARMUP:-2}
 B=4 T=64 model=gpt2-124M
+prec=${PREC:-fp32}
+amp=${AMP:-fp32}
 . "$src/tests/bench/bench_common.sh"
+PY=${TORCH_PY:-$PY}
 
-bench_header "$0 $*  (STEPS=$steps WARMUP=$warmup)"
+bench_header "$0 $*  (STEPS=$steps WARMUP=$warmup PREC=$prec AMP=$amp TORCH_PY=$PY)"
 bench_setup
 
 set_args=(--set model.preset=$model --set train.micro_batch=$B --set train.seq_len=$T
-          --set train.steps=$((warmup + steps)) --set train.threads=1)
+          --set train.steps=$((warmup + steps)) --set train.threads=1
+          --set train.precision=\"$prec\")
 
 echo "== ddpd, 1 rank x 1 thread"
 mkdir -p "$work/run1"
@@ -49,14 +56,14 @@ echo "  $d2  peak_rss_mb(largest rank)=$d2_rss"
 
 echo "== PyTorch, 1 process x 1 thread"
 pcmd=("$PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T --threads 1
-      --warmup $warmup --steps $steps)
+      --warmup $warmup --steps $steps --amp $amp)
 echo "  ${pcmd[*]}"
 p1=$("${pcmd[@]}")
 echo "  $p1"
 
 echo "== PyTorch DDP (gloo), 2 processes x 1 thread"
 pcmd=("$PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T --threads 1 --ddp 2
-      --warmup $warmup --steps $steps)
+      --warmup $warmup --steps $steps --amp $amp)
 echo "  ${pcmd[*]}"
 p2=$("${pcmd[@]}")
 echo "  $p2"

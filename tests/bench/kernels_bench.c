@@ -5,7 +5,8 @@
  * matmuls (on a shared, loaded machine CPU time / threads is the better estimate of the unloaded
  * wall time). Not part of pass/fail.
  *
- *   kernels_bench [threads] [reps]      (threads 0 = one per core)
+ *   kernels_bench [threads] [reps] [fp32|bf16]      (threads 0 = one per core; bf16: the
+ *                                                    products at train.precision bf16)
  * Build (not registered with meson: tests/bench/meson.build belongs to the benchmark owner):
  *   cc -O3 -I. tests/bench/kernels_bench.c BUILD/kernels/libddp_kernels.a \
  *      BUILD/common/libddp_common.a -lopenblas -lpthread -lm -ldl
@@ -51,6 +52,7 @@ int main(int argc, char **argv)
     if (reps < 1 || reps > 99) reps = 5;
     ddp_kernels_t k;
     if (ddp_kernels_open(&k, "cpu", 0, threads) < 0) return 1;
+    ddp_kprec_t prec = argc > 3 && !strcmp(argv[3], "bf16") ? DDP_KPREC_BF16 : DDP_KPREC_FP32;
     /* Per layer: qkv [C,3C], attn proj [C,C], fc [C,4C], fc proj [4C,C], as separate tensors. */
     const int oc[4] = {3 * C, C, 4 * C, C}, ic[4] = {C, C, C, 4 * C};
     float *w[L][4], *dw[L][4], *bias[L][4], *dbias[L][4];
@@ -80,6 +82,7 @@ int main(int argc, char **argv)
     float *sums = malloc((np / 16384 + 1) * sizeof(float)); /* host, the norm's block sums */
     for (int r = 0; r < reps; r++) {
         double c0 = cpu_s();
+        DDP_K(&k, set_precision, prec); /* the weights are converted once per step */
         double t0 = ddp_now_s();
         for (int l = 0; l < L; l++)
             for (int j = 0; j < 4; j++)
@@ -118,7 +121,8 @@ int main(int argc, char **argv)
     qsort(ta, reps, sizeof(double), cmp);
     qsort(tc, reps, sizeof(double), cmp);
     int h = reps / 2;
-    printf("threads %d (0 = per core), median of %d (OPENBLAS_CORETYPE=%s)\n", threads, reps,
+    printf("threads %d (0 = per core), %s, median of %d (OPENBLAS_CORETYPE=%s)\n", threads,
+           prec == DDP_KPREC_BF16 ? "bf16" : "fp32", reps,
            getenv("OPENBLAS_CORETYPE") ? getenv("OPENBLAS_CORETYPE") : "(unset)");
     printf("matmuls fwd+bwd      %7.1f ms  %6.1f GFLOP/s (%.0f GFLOP)\n", tm[h] * 1e3,
            flops / tm[h] * 1e-9, flops * 1e-9);

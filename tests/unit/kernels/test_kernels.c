@@ -271,6 +271,7 @@ static void test_attention(void **state)
     check_attention(2, 7, 12, 3, 10000); /* hs = 4: below the vector width */
     check_attention(1, 33, 40, 5, 400);  /* hs = 8 */
     check_attention(2, 9, 36, 2, 400);   /* hs = 18: a remainder after 8 lanes */
+    check_attention(1, 300, 16, 2, 200); /* three causal row blocks, the last one partial */
 }
 
 /* ------------------------------------------------------------------------------------------ */
