@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit and fuzz
-# tests again under ASan+UBSan, the threaded ones (kernel pool, collectives, reducer, data
-# loader, the native bf16 tiles) under TSan, and the libFuzzer harnesses (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS
-# each, default 30; any crash fails). Ends with one line: "tests: N passed, N failed, N skipped".
+# tests again under ASan+UBSan, the threaded ones (kernel pool, the native bf16 tiles,
+# collectives, reducer, data loader) under TSan, and the libFuzzer harnesses
+# (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS each, default 30; any crash fails). Ends with one
+# line: "tests: N passed, N failed, N skipped".
 # Exit status is non-zero when any test failed or a build broke.
 #
 #   tests/run.sh            everything
