@@ -16,7 +16,8 @@
 int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
                        ddp_errinfo_t *ei);
 
-/* 64-bit FNV-1a over the bytes of one tensor (host memory). */
+/* CRC32C over the bytes of one tensor (host memory), widened: a drifted replica matches by
+ * chance with probability 2^-32 per tensor. */
 uint64_t ddp_tensor_hash(const float *x, size_t n);
 
 #endif
