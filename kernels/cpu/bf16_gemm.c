@@ -14,7 +14,8 @@
  * result then depends on its shape only: bitwise the same for any thread count.
  *
  * Primitives: one per tile shape (m, n, k, transposes, leading dimensions, accumulate), created
- * on first use under a mutex and kept until free; a step uses a few dozen. Each pool thread has
+ * on first use under a mutex and kept until free or a trim; a step uses a few dozen. A
+ * primitive computes the same whatever the cache held before, so results never depend on it. Each pool thread has
  * its own stream and scratchpad (user-managed, so no two threads share one).
  *
  * Loading: libdnnl is dlopen()ed the first time a process asks for native bf16 (and kept), not
@@ -95,7 +96,10 @@ static int library_loaded(void)
     return D.loaded;
 }
 
-#define CACHE_SLOTS 1024 /* open addressing; a GPT-2 step uses < 100 shapes */
+#define CACHE_SLOTS 1024 /* open addressing */
+/* ddp__bf16_trim empties the cache past this many primitives: a training step uses a few dozen
+ * shapes, but sampling grows the context one token at a time, a new row count per product */
+#define TRIM_AT 256
 
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, acc;
@@ -298,6 +302,27 @@ void ddp__bf16_gemm(ddp__bf16_t *b, int ta, int tb, int m, int n, int k, const u
 
 int ddp__bf16_take_error(ddp__bf16_t *b) { return atomic_exchange(&b->err, 0); }
 
+/* Destroys every cached primitive (the caller guarantees no tile runs). */
+static void clear_cache(ddp__bf16_t *b)
+{
+    for (int i = 0; i < CACHE_SLOTS; i++) {
+        entry_t *e = &b->cache[i];
+        if (!e->used) continue;
+        D.dnnl_primitive_destroy(e->prim);
+        D.dnnl_primitive_desc_destroy(e->pd);
+        memset(&e->key, 0, sizeof e->key);
+        e->pd = NULL;
+        e->prim = NULL;
+        atomic_store(&e->used, 0);
+    }
+    b->n_entries = 0;
+}
+
+void ddp__bf16_trim(ddp__bf16_t *b)
+{
+    if (b->n_entries > TRIM_AT) clear_cache(b);
+}
+
 int ddp__bf16_probe(const char **why)
 {
 #if defined(__x86_64__)
@@ -344,11 +369,7 @@ int ddp__bf16_new(ddp__bf16_t **out, int threads)
 void ddp__bf16_free(ddp__bf16_t *b)
 {
     if (!b) return;
-    for (int i = 0; b->cache && i < CACHE_SLOTS; i++)
-        if (b->cache[i].used) {
-            D.dnnl_primitive_destroy(b->cache[i].prim);
-            D.dnnl_primitive_desc_destroy(b->cache[i].pd);
-        }
+    if (b->cache) clear_cache(b);
     for (int i = 0; b->per_thread && i < b->threads; i++) {
         if (b->per_thread[i].stream) D.dnnl_stream_destroy(b->per_thread[i].stream);
         free(b->per_thread[i].scratch);
@@ -377,6 +398,8 @@ int ddp__bf16_new(ddp__bf16_t **out, int threads)
 }
 
 void ddp__bf16_free(ddp__bf16_t *b) { (void)b; }
+
+void ddp__bf16_trim(ddp__bf16_t *b) { (void)b; }
 
 void ddp__bf16_gemm(ddp__bf16_t *b, int ta, int tb, int m, int n, int k, const uint16_t *A,
                     int lda, const uint16_t *B, int ldb, int accumulate, float *C, int ldc)

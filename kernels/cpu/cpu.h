@@ -59,6 +59,9 @@ void ddp__bf16_gemm(ddp__bf16_t *b, int ta, int tb, int m, int n, int k, const u
                     int lda, const uint16_t *B, int ldb, int accumulate, float *C, int ldc);
 /* The first failure of a tile since the last call (0: none), cleared. */
 int ddp__bf16_take_error(ddp__bf16_t *b);
+/* Between products (no tile running): empties the primitive cache once it holds more than a
+ * few hundred shapes (each keeps its JIT code); they are made again when used. */
+void ddp__bf16_trim(ddp__bf16_t *b);
 
 /* ---- the context ---- */
 

@@ -149,6 +149,7 @@ static void fwd_task(void *varg, long task)
 /* Runs the tasks; a native tile's failure goes to ctx->err. */
 static void run_tasks(ddp_kctx_t *ctx, const mm_args_t *a, long ntasks, ddp__task_fn fn)
 {
+    if (a->bf16) ddp__bf16_trim(a->bf16); /* no tile runs between products */
     ddp__pool_run(ctx->pool, ntasks, fn, (void *)a);
     int rc = a->bf16 ? ddp__bf16_take_error(a->bf16) : 0;
     if (rc && !ctx->err) ctx->err = rc;

@@ -209,6 +209,43 @@ static void test_cpu_matmul_lowp(void **state)
     check_shapes(DDP_KPREC_FP16, 0);
 }
 
+/* A new row count per product, as sampling's growing context gives: more shapes than the native
+ * path keeps primitives for (it empties its cache between products); every product completes
+ * and stays within the bound, and the first shape, made again, gives the same bits. */
+static void test_many_shapes(void **state)
+{
+    (void)state;
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
+    enum { NMAX = 1000, C = 16, OCMAX = 80 };
+    uint64_t seed = 7;
+    float *inp = randv((size_t)NMAX * C, &seed), *w = randv((size_t)C * OCMAX, &seed);
+    float *b = calloc(OCMAX, 4), *out = calloc((size_t)NMAX * OCMAX, 4);
+    float *first = calloc(OCMAX, 4);
+    float *rin = rounded(inp, (size_t)NMAX * C, DDP_KPREC_BF16);
+    float *rw = rounded(w, (size_t)C * OCMAX, DDP_KPREC_BF16);
+    DDP_K(&k, set_precision, DDP_KPREC_BF16);
+    for (int n = 1; n <= NMAX; n++) {
+        int OC = 8 + n % 10 * 8; /* ten widths: over a thousand tile shapes in all */
+        DDP_K(&k, matmul_fwd, out, inp, w, b, n, C, OC, DDP_W_IN_OUT);
+        assert_int_equal(ddp_k_sync(&k), 0);
+        if (n == 1) memcpy(first, out, (size_t)OC * 4);
+        for (int o = 0; o < OC; o++) { /* the last row, the one this n added */
+            double s = 0, a = 0;
+            for (int c = 0; c < C; c++) {
+                double t = (double)rin[(size_t)(n - 1) * C + c] * rw[(size_t)c * OC + o];
+                s += t, a += fabs(t);
+            }
+            assert_bound(out[(size_t)(n - 1) * OC + o], s, a, C, "out", (size_t)o);
+        }
+    }
+    DDP_K(&k, matmul_fwd, out, inp, w, b, 1, C, 16, DDP_W_IN_OUT);
+    assert_int_equal(ddp_k_sync(&k), 0);
+    assert_same(out, first, 16, "out (n = 1 again)");
+    free(inp), free(w), free(b), free(out), free(first), free(rin), free(rw);
+    ddp_kernels_close(&k);
+}
+
 /* Whether bf16 is native follows the CPU's flags (and this build having oneDNN); forced off by
  * DDP_CPU_BF16=emulate. */
 static void test_native_choice(void **state)
@@ -270,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_round_fp16),
         cmocka_unit_test(test_cpu_matmul_lowp),
         cmocka_unit_test(test_native_choice),
+        cmocka_unit_test(test_many_shapes),
         cmocka_unit_test(test_weight_copy_refresh),
     };
     return cmocka_run_group_tests_name("kernels_lowp", tests, NULL, NULL);
