@@ -104,8 +104,9 @@ typedef struct ddp_kernels_ops {
      * are bitwise those of a context that never had it called. */
     void (*set_precision)(ddp_kctx_t *, ddp_kprec_t prec);
     /* 1 when this backend multiplies `prec` in hardware, faster than fp32 (bf16 on a GPU's
-     * tensor cores), else 0 (a backend that emulates it by rounding: correct, not faster).
-     * Writes a one-line reason (static string) to *why. For train.precision "auto". */
+     * tensor cores, or on a CPU with AVX512_BF16/AMX), else 0 (a backend that emulates it by
+     * rounding: correct, not faster). Writes a one-line reason (static string) to *why. For
+     * train.precision "auto". */
     int (*prec_native)(ddp_kctx_t *, ddp_kprec_t prec, const char **why);
 
     /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL). */
