@@ -19,6 +19,51 @@
 #include "kernels/math/softmax.h"
 
 #define ATT_ROWS 128 /* rows of a causal block */
+#define LANES 16     /* partial sums of a row, added in lane order: vectorisable, and fixed */
+
+/* sum of x[0..n) * (y ? y : 1)[0..n) over LANES partial sums (a fixed order that depends on n
+ * only) */
+static float lane_dot(const float *restrict x, const float *restrict y, int n)
+{
+    float acc[LANES] = {0};
+    int i = 0;
+    if (y)
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * y[i + j];
+    else
+        for (; i + LANES <= n; i += LANES)
+            for (int j = 0; j < LANES; j++) acc[j] += x[i + j];
+    for (int j = 0; i < n; i++, j++) acc[j] += y ? x[i] * y[i] : x[i];
+    float s = 0.0f;
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+/* max of x[0..n), n >= 1 (order-free: lanes only let it vectorise) */
+static float lane_max(const float *restrict x, int n)
+{
+    float acc[LANES];
+    for (int j = 0; j < LANES; j++) acc[j] = x[0];
+    int i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (int j = 0; i < n; i++, j++) acc[j] = x[i] > acc[j] ? x[i] : acc[j];
+    float m = acc[0];
+    for (int j = 1; j < LANES; j++) m = acc[j] > m ? acc[j] : m;
+    return m;
+}
+
+/* row[0..n) <- softmax(row[0..n)), row[n..T) <- 0. exp is ddp_expf_approx (about 2 ulp),
+ * whose loop vectorises, where glibc's expf is a call per element: a 1024-token context spends
+ * most of its attention forward outside the products otherwise. */
+static void softmax_row(float *restrict row, int n, int T)
+{
+    float mx = lane_max(row, n);
+    for (int i = 0; i < n; i++) row[i] = ddp_softmax_exp_approx(row[i], mx);
+    float inv = 1.0f / lane_dot(row, NULL, n);
+    for (int i = 0; i < n; i++) row[i] *= inv;
+    for (int i = n; i < T; i++) row[i] = 0.0f;
+}
 
 typedef struct {
     float *out, *att, *dqkv, *datt;
@@ -46,19 +91,7 @@ static void att_fwd_task(void *varg, long task)
         /* scores = scale * Q K^T, columns < r1 */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, scale,
                     q + (size_t)r0 * C3, C3, k, C3, 0.0f, blk, T);
-        for (int t = r0; t < r1; t++) {
-            float *row = att + (size_t)t * T;
-            float mx = -INFINITY;
-            for (int t2 = 0; t2 <= t; t2++) mx = row[t2] > mx ? row[t2] : mx;
-            float sum = 0.0f;
-            for (int t2 = 0; t2 <= t; t2++) {
-                row[t2] = ddp_softmax_exp(row[t2], mx);
-                sum += row[t2];
-            }
-            float inv = 1.0f / sum;
-            for (int t2 = 0; t2 <= t; t2++) row[t2] *= inv;
-            for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
-        }
+        for (int t = r0; t < r1; t++) softmax_row(att + (size_t)t * T, t + 1, T);
         /* out = P V over columns < r1 */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, blk, T, v, C3,
                     0.0f, out + (size_t)r0 * C, C);
@@ -95,10 +128,9 @@ static void att_bwd_task(void *varg, long task)
                     1.0f, dv, C3);
         /* softmax backward, row by row, in place: dS = P (dP - sum(P dP)); zero where P is */
         for (int t = r0; t < r1; t++) {
-            const float *prow = p + (size_t)t * T;
-            float *row = ds + (size_t)t * T;
-            float pdp = 0.0f;
-            for (int t2 = 0; t2 <= t; t2++) pdp += prow[t2] * row[t2];
+            const float *restrict prow = p + (size_t)t * T;
+            float *restrict row = ds + (size_t)t * T;
+            float pdp = lane_dot(prow, row, t + 1);
             for (int t2 = 0; t2 <= t; t2++) row[t2] = ddp_softmax_bwd(prow[t2], row[t2], pdp);
             for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
         }
