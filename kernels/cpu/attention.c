@@ -55,7 +55,7 @@ static float lane_max(const float *restrict x, int n)
 
 /* row[0..n) <- softmax(row[0..n)), row[n..T) <- 0. exp is ddp_expf_approx (about 2 ulp),
  * whose loop vectorises, where glibc's expf is a call per element: a 1024-token context spends
- * most of its attention forward outside the products otherwise. */
+ * about half of its attention forward outside the products otherwise. */
 static void softmax_row(float *restrict row, int n, int T)
 {
     float mx = lane_max(row, n);
