@@ -274,7 +274,7 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              "  accumulation      %12s\n"
              "  embedding grads   %12s\n"
              "  activations       %12s  recompute none%s; block: %s%s\n"
-             "  workspaces        %12s\n"
+             "  workspaces        %12s%s\n"
              "  peer arenas       %12s%s\n"
              "  checkpoint        %12s%s\n"
              "  runtime           %12s\n"
@@ -283,7 +283,12 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              b->rank, b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
              (double)b->n_params / 1e6, g, mo, b->sharded ? ", / world: sharded" : "", ac, em,
              an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
-             b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws, pe,
+             b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws,
+             b->lowp_bytes == 2   ? "  (with 16-bit copies of the weights and products' inputs)"
+             : b->lowp_bytes == 4 ? "  (with rounded fp32 copies of the weights and products' "
+                                    "inputs: emulated)"
+                                  : "",
+             pe,
              b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)"
                        : "",
              ck,
