@@ -81,54 +81,42 @@ static void assert_same(const float *a, const float *b, size_t n, const char *wh
             fail_msg("%s[%zu]: %.9g, expected %.9g", what, i, a[i], b[i]);
 }
 
-/* W(c, o) of a weight in `layout`. */
-static double wat(const float *w, int C, int OC, ddp_wlayout_t layout, int c, int o)
+/* got = bias + sum_k x[k sx] y[k sy] (k < K) of rounded inputs, within fp32 accumulation's error
+ * bound whatever the order of the additions: |got - exact| <= (K + 2) u sum|terms| + tiny
+ * (u = 2^-24), the exact value in double. */
+static void assert_dot(float got, const float *x, size_t sx, const float *y, size_t sy, int K,
+                       double bias, const char *what, size_t i)
 {
-    return layout == DDP_W_IN_OUT ? w[(size_t)c * OC + o] : w[(size_t)o * C + c];
-}
-
-/* |got - exact| <= (K + 2) u sum|terms| + tiny: fp32 accumulation's error bound, whatever the
- * order of the additions (u = 2^-24). */
-static void assert_bound(float got, double exact, double abssum, int K, const char *what,
-                         size_t i)
-{
+    double exact = bias, abssum = fabs(bias);
+    for (int k = 0; k < K; k++) {
+        double t = (double)x[k * sx] * y[k * sy];
+        exact += t, abssum += fabs(t);
+    }
     double tol = (K + 2) * 0x1p-24 * abssum + 1e-30;
     if (!(fabs((double)got - exact) <= tol))
         fail_msg("%s[%zu]: %.9g, exact %.9g, bound %.3g", what, i, got, exact, tol);
 }
 
-/* out, dinp and dweight of the rounded inputs, each within the bound of the exact product. */
+/* out, dinp and dweight of the rounded inputs, each within the bound of the exact product.
+ * W(c, o) is rw[c OC + o] (IN_OUT) or rw[o C + c] (OUT_IN). */
 static void check_bounds(const float *out, const float *di, const float *dw, const float *rin,
                          const float *rw, const float *rdout, const float *b, int N, int C,
                          int OC, ddp_wlayout_t layout)
 {
+    int in_out = layout == DDP_W_IN_OUT;
+    size_t wc = in_out ? (size_t)OC : 1, wo = in_out ? 1 : (size_t)C; /* W's strides */
     for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            double s = b[o], a = fabs(b[o]);
-            for (int c = 0; c < C; c++) {
-                double t = rin[(size_t)n * C + c] * wat(rw, C, OC, layout, c, o);
-                s += t, a += fabs(t);
-            }
-            assert_bound(out[(size_t)n * OC + o], s, a, C, "out", (size_t)n * OC + o);
-        }
+        for (int o = 0; o < OC; o++)
+            assert_dot(out[(size_t)n * OC + o], rin + (size_t)n * C, 1, rw + o * wo, wc, C, b[o],
+                       "out", (size_t)n * OC + o);
     for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++) {
-            double s = 0, a = 0;
-            for (int o = 0; o < OC; o++) {
-                double t = rdout[(size_t)n * OC + o] * wat(rw, C, OC, layout, c, o);
-                s += t, a += fabs(t);
-            }
-            assert_bound(di[(size_t)n * C + c], s, a, OC, "dinp", (size_t)n * C + c);
-        }
+        for (int c = 0; c < C; c++)
+            assert_dot(di[(size_t)n * C + c], rdout + (size_t)n * OC, 1, rw + c * wc, wo, OC, 0,
+                       "dinp", (size_t)n * C + c);
     for (int c = 0; c < C; c++)
         for (int o = 0; o < OC; o++) {
-            double s = 0, a = 0;
-            for (int n = 0; n < N; n++) {
-                double t = (double)rin[(size_t)n * C + c] * rdout[(size_t)n * OC + o];
-                s += t, a += fabs(t);
-            }
-            size_t i = layout == DDP_W_IN_OUT ? (size_t)c * OC + o : (size_t)o * C + c;
-            assert_bound(dw[i], s, a, N, "dweight", i);
+            size_t i = c * wc + o * wo;
+            assert_dot(dw[i], rin + c, (size_t)C, rdout + o, (size_t)OC, N, 0, "dweight", i);
         }
 }
 
@@ -230,14 +218,9 @@ static void test_many_shapes(void **state)
         DDP_K(&k, matmul_fwd, out, inp, w, b, n, C, OC, DDP_W_IN_OUT);
         assert_int_equal(ddp_k_sync(&k), 0);
         if (n == 1) memcpy(first, out, (size_t)OC * 4);
-        for (int o = 0; o < OC; o++) { /* the last row, the one this n added */
-            double s = 0, a = 0;
-            for (int c = 0; c < C; c++) {
-                double t = (double)rin[(size_t)(n - 1) * C + c] * rw[(size_t)c * OC + o];
-                s += t, a += fabs(t);
-            }
-            assert_bound(out[(size_t)(n - 1) * OC + o], s, a, C, "out", (size_t)o);
-        }
+        for (int o = 0; o < OC; o++) /* the last row, the one this n added */
+            assert_dot(out[(size_t)(n - 1) * OC + o], rin + (size_t)(n - 1) * C, 1, rw + o,
+                       (size_t)OC, C, 0, "out", (size_t)o);
     }
     DDP_K(&k, matmul_fwd, out, inp, w, b, 1, C, 16, DDP_W_IN_OUT);
     assert_int_equal(ddp_k_sync(&k), 0);
