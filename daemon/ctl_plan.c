@@ -48,7 +48,9 @@ int ddpctl_plan(int argc, char **argv)
     ddp_mem_budget_t b, rest;
     const char *why;
     /* the CPU backend as it would run on this machine (auto: bf16 where it is native) */
-    int where = gpu > 0 ? DDP_MEM_GPU : ddp_kernels_cpu_bf16(&why) ? DDP_MEM_CPU_BF16 : DDP_MEM_CPU;
+    int where = gpu > 0                      ? DDP_MEM_GPU
+                : ddp_kernels_cpu_bf16(&why) ? DDP_MEM_CPU_BF16
+                                             : DDP_MEM_CPU;
     if (ddp_mem_budget_plan(&spec, workers, local, 0, where, gpu, 0, &b)) {
         fprintf(stderr, "ddpctl: %s: no model to plan for\n", path);
         return CTL_USAGE;
