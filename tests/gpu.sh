@@ -4,7 +4,8 @@
 #   2. ddp-worker --selftest (every CUDA op against the CPU op) with TF32 off
 #   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed)
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
-#   5. bf16 (the default precision) on the GPU: tokens/s and memory
+#   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
+#      the weights of none, bitwise, in less GPU memory
 #   6. NCCL all-reduce through the project's nccl backend: 1 rank, and 2 on a 2-GPU machine
 #      (then also 2-rank NCCL training against 1 GPU with the same global batch)
 #   7. the elastic NCCL abort-and-rebuild test (a hook: runs tests/gpu/elastic_abort.sh when it
@@ -13,8 +14,13 @@
 #
 #   tests/gpu.sh [BUILD_DIR]          default build-gpu; OUT=<dir> keeps the logs (default a
 #                                     temporary directory, printed at the end)
+#   GPU_SH_PREBUILT=1                 BUILD_DIR was built elsewhere (meson -Dcuda=enabled
+#                                     -Dgpu_arch=<cap>) for a GPU machine without the -dev
+#                                     packages: step 1 only checks that its programs load
+#   GPU_SH_MEMCHECK_S=<seconds>       limit for step 3 (default 240)
 set -uo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
+. "$src/tests/gpu/lib.sh"
 bdir=${1:-$src/build-gpu}
 t_start=$SECONDS
 
@@ -41,9 +47,20 @@ secs() { echo "$(($SECONDS - $1)) s"; }
 
 echo "== $gpu_name x $ngpu, compute capability $cap; logs in $out"
 
-# 1. build
+# 1. build (or, prebuilt, check that the programs find every library they link)
 t=$SECONDS
-if { [ -f "$bdir/build.ninja" ] ||
+if [ "${GPU_SH_PREBUILT:-0}" = 1 ]; then
+    missing=$(ldd "$bdir/worker/ddp-worker" "$bdir/worker/ddp_kernels_cuda.so" \
+        "$bdir/collectives/ddp_coll_nccl.so" 2>&1 | grep 'not found' | sort -u)
+    if [ -z "$missing" ] && [ -f "$bdir/worker/ddp_kernels_cuda.so" ]; then
+        res PASS build "prebuilt $bdir, every linked library found"
+    else
+        echo "$missing"
+        res FAIL build "prebuilt $bdir: ddp_kernels_cuda.so missing or libraries not found"
+        printf '%s\n' "${results[@]}"
+        exit 1
+    fi
+elif { [ -f "$bdir/build.ninja" ] ||
      meson setup "$bdir" -Dcuda=enabled -Dgpu_arch="$cap" -Dbuildtype=release \
          -Dwerror=false >"$out/setup.log" 2>&1; } &&
    meson configure "$bdir" -Dcuda=enabled -Dgpu_arch="$cap" >>"$out/setup.log" 2>&1 &&
@@ -73,22 +90,17 @@ fi
 cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 if [ -n "$cs" ]; then
     t=$SECONDS
-    timeout 240 "$cs" --tool memcheck --error-exitcode 9 "$W" --selftest >"$out/memcheck.log" 2>&1
+    timeout "${GPU_SH_MEMCHECK_S:-240}" "$cs" --tool memcheck --error-exitcode 9 "$W" --selftest >"$out/memcheck.log" 2>&1
     rc=$?
     if [ $rc -eq 0 ]; then res PASS "memcheck selftest" "no errors, $(secs $t)"
-    elif [ $rc -eq 124 ]; then res SKIP "memcheck selftest" "over 240 s, stopped"
+    elif [ $rc -eq 124 ]; then res SKIP "memcheck selftest" "over ${GPU_SH_MEMCHECK_S:-240} s, stopped"
     else grep -m 5 'ERROR SUMMARY\|Invalid' "$out/memcheck.log"; res FAIL "memcheck selftest" "exit $rc"
     fi
 else
     res SKIP "memcheck selftest" "compute-sanitizer not installed"
 fi
 
-# data: byte-level shards of a word salad
-python3 -c 'import random
-r = random.Random(7)
-w = "the quick brown fox jumps over the lazy dog while a cat runs far away into night".split()
-print("\n".join(" ".join(r.choice(w) for _ in range(14)) for _ in range(60000)))' >"$out/text.txt"
-"$bdir/worker/ddp-prep" --out "$out/data" "$out/text.txt" >/dev/null 2>&1 ||
+word_salad_shards "$bdir" "$out" ||
     { res FAIL data "ddp-prep failed"; printf '%s\n' "${results[@]}"; exit 1; }
 job() { # name preset micro_batch seq_len
     cat >"$out/$1.yaml" <<YAML
@@ -99,20 +111,6 @@ train: {steps: 20, micro_batch: $3, seq_len: $4, lr: 3e-4, warmup: 5, seed: 1,
         sample_tokens: 0, val_every: 0, precision: fp32}
 YAML
 }
-losses() { grep -oE 'step +[0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | awk '{print $NF}'; }
-median_tps() { grep -oE '[0-9]+ tok/s' "$1" | awk 'NR > 3 {print $1}' | sort -n |
-               awk '{a[NR] = $1} END {print NR ? a[int((NR + 1) / 2)] : 0}'; }
-# peak GPU memory (MiB) while a command runs, sampled every 200 ms by nvidia-smi
-with_mem() { # memfile command...
-    local mf=$1; shift
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$mf" 2>/dev/null &
-    local smi=$!
-    "$@"; local rc=$?
-    kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
-    return $rc
-}
-peak() { sort -n "$1" 2>/dev/null | tail -n 1; }
-
 # 4. and 5.: fp32 GPU vs CPU, then bf16 on the GPU
 compare_model() { # name preset B T tolerance
     local name=$1 tol=$5
@@ -148,6 +146,23 @@ compare_model() { # name preset B T tolerance
 }
 compare_model gpt2-mini gpt2-mini 8 256 2e-3
 compare_model gpt2-124M gpt2-124M 2 256 2e-3
+
+# 5b. activation recomputation on the GPU: the same weights bitwise, less memory
+t=$SECONDS
+job recompute gpt2-124M 4 1024
+for r in none block; do
+    with_mem "$out/recompute-$r-mem.txt" timeout 300 "$W" "$out/recompute.yaml" --backend cuda \
+        --set train.steps=8 --set train.recompute=\"$r\" --dump-weights "$out/recompute-$r.st" \
+        >"$out/recompute-$r.log" 2>&1
+done
+pn=$(peak "$out/recompute-none-mem.txt") pb=$(peak "$out/recompute-block-mem.txt")
+detail="gpt2-124M 4 x 1024 fp32, 8 steps: GPU memory peak $pn MiB (none) -> $pb MiB (block); $(median_tps "$out/recompute-none.log") -> $(median_tps "$out/recompute-block.log") tok/s; $(secs $t)"
+if [ -s "$out/recompute-none.st" ] && cmp -s "$out/recompute-none.st" "$out/recompute-block.st" &&
+   [ -n "$pn" ] && [ -n "$pb" ] && [ "$pb" -lt "$pn" ]; then
+    res PASS "recompute block == none, bitwise" "$detail"
+else
+    res FAIL "recompute block == none, bitwise" "$detail; $out/recompute-*.log"
+fi
 
 # 6. NCCL through the project's backend
 N=$bdir/tests/gpu/nccl_allreduce

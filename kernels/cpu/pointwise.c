@@ -26,7 +26,7 @@ static void gelu_fwd_task(void *varg, long task)
     chunk_range(p->n, task, &lo, &hi);
     float *restrict out = p->out;
     const float *restrict inp = p->a;
-    for (size_t i = lo; i < hi; i++) out[i] = ddp_gelu_approx(inp[i]);
+    for (size_t i = lo; i < hi; i++) out[i] = ddp_gelu(inp[i]);
 }
 
 void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
@@ -43,7 +43,7 @@ static void gelu_bwd_task(void *varg, long task)
     float *restrict dinp = p->out;
     const float *restrict inp = p->a;
     const float *restrict dout = p->b;
-    for (size_t i = lo; i < hi; i++) dinp[i] += ddp_gelu_grad_approx(inp[i]) * dout[i];
+    for (size_t i = lo; i < hi; i++) dinp[i] += ddp_gelu_grad(inp[i]) * dout[i];
 }
 
 void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,

@@ -13,6 +13,9 @@ prints one JSON line: median step time, tokens/s (global), peak RSS.
     /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py --amp bf16 --compile 1 --threads 2
   the out-of-memory tools: activation checkpointing per block, ZeroRedundancyOptimizer:
     /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py -B 1 -T 1024 --ddp 2 --recompute 1 --zero 1
+  on a GPU at its best (flash attention through SDPA, fused AdamW, bf16 autocast, compiled):
+    python3 tests/bench/pytorch_gpt2.py --device cuda --sdpa 1 --amp bf16 --compile 1 -B 8 -T 1024
+    (peak_gpu_mb: torch.cuda.max_memory_reserved, what the caching allocator held)
 
 Use Debian's python3-torch (/usr/bin/python3). OMP_WAIT_POLICY=PASSIVE is set before torch is
 imported (on 2 cores PyTorch's OpenMP and OpenBLAS pools otherwise spin against each other), and
@@ -67,6 +70,10 @@ def parse_args():
     ap.add_argument("--foreach", type=int, default=0,
                     help="1: AdamW foreach implementation (no faster here, ~600 MB more RSS on 124M)")
     ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: one GPU, one process (not with --ddp)")
+    ap.add_argument("--sdpa", type=int, default=0,
+                    help="1: attention through F.scaled_dot_product_attention (flash on a GPU)")
     ap.add_argument("--amp", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: torch.autocast(cpu, bfloat16) around forward and loss")
     ap.add_argument("--compile", type=int, default=0,
@@ -81,7 +88,7 @@ def parse_args():
     return ap.parse_args()
 
 
-def build_model(torch, nn, F, cfg, recompute=False):
+def build_model(torch, nn, F, cfg, recompute=False, sdpa=False):
     import torch.utils.checkpoint  # noqa: F401 (torch.utils.checkpoint.checkpoint below)
     L, NH, C, V, BLOCK = cfg
 
@@ -102,9 +109,13 @@ def build_model(torch, nn, F, cfg, recompute=False):
             q = q.view(b, t, NH, hs).transpose(1, 2)
             k = k.view(b, t, NH, hs).transpose(1, 2)
             v = v.view(b, t, NH, hs).transpose(1, 2)
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-            att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
-            y = (att @ v).transpose(1, 2).reshape(b, t, C)
+            if sdpa:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+                att = att.masked_fill(mask[:t, :t], float("-inf")).softmax(dim=-1)
+                y = att @ v
+            y = y.transpose(1, 2).reshape(b, t, C)
             x = x + self.attn_proj(y)
             x = x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
             return x
@@ -156,7 +167,11 @@ def train(args, rank, world):
     torch.set_num_interop_threads(1)
     torch.manual_seed(args.seed)
     cfg = PRESETS[args.model]
-    model = build_model(torch, nn, F, cfg, bool(args.recompute))
+    model = build_model(torch, nn, F, cfg, bool(args.recompute), bool(args.sdpa))
+    cuda = args.device == "cuda"
+    if cuda:
+        model = model.cuda()
+        model.mask = model.mask.cuda()
     n_params = sum(p.numel() for p in model.parameters())
     if world > 1:
         import torch.distributed as dist
@@ -173,7 +188,7 @@ def train(args, rank, world):
                                       betas=(0.9, 0.95), eps=1e-8, foreach=bool(args.foreach))
     else:
         opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95), eps=1e-8,
-                                foreach=bool(args.foreach))
+                                **({"fused": True} if cuda else {"foreach": bool(args.foreach)}))
     fwd = torch.compile(model) if args.compile else model
     amp_dtype = torch.bfloat16 if args.amp == "bf16" else None
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)
@@ -181,9 +196,12 @@ def train(args, rank, world):
     times, losses = [], []
     for step in range(args.warmup + args.steps):
         tok = torch.randint(0, min(V, 256), (B, T + 1), generator=gen)  # byte-level ids
+        if cuda:
+            tok = tok.cuda()
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=amp_dtype or torch.bfloat16,
+        with torch.autocast(args.device, dtype=amp_dtype or torch.bfloat16,
                             enabled=amp_dtype is not None):
             loss = fwd(tok[:, :T], tok[:, 1:])
         loss.backward()
@@ -203,10 +221,13 @@ def train(args, rank, world):
            "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
            "tokens_per_s": round(world * B * T / med, 1),
            "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-           "peak_rss_mb": round(peak_rss_mb(), 1),
+           "peak_rss_mb": round(peak_rss_mb(), 1), "device": args.device, "sdpa": args.sdpa,
            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
            "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
            "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}
+    if cuda:
+        res["gpu"] = torch.cuda.get_device_name()
+        res["peak_gpu_mb"] = round(torch.cuda.max_memory_reserved() / 2**20, 1)
     if world > 1:
         import torch.distributed as dist
         # Step time of the slowest rank per step is what the job sees; rank 0 waits on it anyway
@@ -244,6 +265,8 @@ def launch_ddp(args):
 
 def main():
     args = parse_args()
+    if args.device == "cuda" and args.ddp:
+        sys.exit("pytorch_gpt2: --device cuda runs one process on one GPU; drop --ddp")
     if args.ddp > 0 and args.rank < 0:
         launch_ddp(args)
         return
