@@ -292,16 +292,6 @@ int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, d
     return elementwise(c, DDP__REQ_ALLREDUCE, buf, count, dt, op, 0, req);
 }
 
-void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi)
-{
-    size_t n = size > 0 ? (size_t)size : 1;
-    size_t blocks = (count + DDP_COLL_SLICE_ELEMS - 1) / DDP_COLL_SLICE_ELEMS;
-    size_t per = (blocks + n - 1) / n * DDP_COLL_SLICE_ELEMS;
-    size_t a = per * (size_t)rank, b = a + per;
-    *lo = a < count ? a : count;
-    *hi = b < count ? b : count;
-}
-
 int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                             ddp_redop_t op, ddp_coll_req_t **req)
 {

@@ -160,13 +160,23 @@ int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, d
  * number of ranks), and trailing ones may be empty. The single-pass all-reduce splits its work
  * the same way. Pure; any thread. */
 #define DDP_COLL_SLICE_ELEMS ((size_t)16384)
-void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi);
+static inline void ddp_coll_slice(size_t count, int size, int rank, size_t *lo, size_t *hi)
+{
+    size_t n = size > 0 ? (size_t)size : 1;
+    size_t blocks = (count + DDP_COLL_SLICE_ELEMS - 1) / DDP_COLL_SLICE_ELEMS;
+    size_t per = (blocks + n - 1) / n * DDP_COLL_SLICE_ELEMS;
+    size_t a = per * (size_t)rank, b = a + per;
+    *lo = a < count ? a : count;
+    *hi = b < count ? b : count;
+}
 /* Starts an in-place reduce-scatter: when it completes, this rank's slice of buf (ddp_coll_slice)
- * holds the reduction over every rank's buf, bitwise equal to what an all-reduce of the same
- * buffer gives there; the rest of this rank's buf is left as it was. The ring takes any memory;
- * over the other backends, with more than one rank, buf must lie in collective memory shared by
- * every rank (ddp_coll_mem_shared; same offset of the same allocation everywhere): DDP_ENOTSUP
- * otherwise (ddp_coll_slices_anywhere says which). Otherwise as ddp_coll_allreduce. */
+ * holds the reduction over every rank's buf; the rest of this rank's buf is left as it was. On
+ * the ring it is bitwise what an all-reduce of the same buffer gives there; over NCCL the sum
+ * order is NCCL's, which may differ from its all-reduce's with more than two ranks. The ring and
+ * nccl take any memory (of the communicator's device, for nccl); over the other backends, with
+ * more than one rank, buf must lie in collective memory shared by every rank
+ * (ddp_coll_mem_shared; same offset of the same allocation everywhere): DDP_ENOTSUP otherwise
+ * (ddp_coll_slices_anywhere says which). Otherwise as ddp_coll_allreduce. */
 int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                             ddp_redop_t op, ddp_coll_req_t **req);
 /* Starts an in-place all-gather: when it completes, every rank's buf holds each rank's slice

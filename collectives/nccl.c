@@ -27,9 +27,10 @@
  *   copied back into the caller's buffer when the request is seen complete (test/wait). Staged
  *   requests share a grow-only staging area of STAGE_MAX bytes at most; a larger host buffer is
  *   refused (DDP_EINVAL). So every small collective of the trainer works unchanged.
- * - Kinds: all-reduce and broadcast (a transfer to some ranks is a broadcast in chunks, see
- *   enqueue_op). Reduce-scatter and all-gather are refused (DDP_ENOTSUP), never run as
- *   something else.
+ * - Kinds: all-reduce, broadcast (a transfer to some ranks is a broadcast in chunks, see
+ *   enqueue_op), and in-place reduce-scatter and all-gather over ddp_coll_slice's slices:
+ *   ncclReduceScatter / ncclAllGather where the slices are equal, else a group of one
+ *   ncclReduce / ncclBroadcast per rank's slice (NCCL has no uneven variants).
  * - Abort from any thread: every call that uses the NCCL communicator holds m->lock, and
  *   ncclCommAbort runs under it too, so no thread is inside ncclCommGetAsyncError or
  *   ncclAllReduce when the communicator is freed; afterwards m->comm is NULL and every path
@@ -433,8 +434,34 @@ static int stage_reserve(ddp_coll_t *c, nccl_impl_t *m, size_t bytes, size_t *of
 }
 
 /* Queues the NCCL call of q on buf (device memory); under m->lock. */
+static ncclResult_t enqueue_slices(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
+{
+    ncclDataType_t t = q->dt == DDP_DT_F32 ? ncclFloat32 : ncclBfloat16;
+    ncclRedOp_t op = q->op == DDP_OP_AVG ? ncclAvg : ncclSum;
+    size_t es = q->dt == DDP_DT_F32 ? 4 : 2, lo, hi;
+    int scatter = q->kind == DDP__REQ_REDUCE_SCATTER;
+    ddp_coll_slice(q->count, c->size, 0, &lo, &hi);
+    if (hi * (size_t)c->size == q->count) { /* equal slices: in place as NCCL defines it */
+        char *mine = (char *)buf + (size_t)c->rank * hi * es;
+        return scatter ? ncclReduceScatter(buf, mine, hi, t, op, m->comm, m->stream)
+                       : ncclAllGather(mine, buf, hi, t, m->comm, m->stream);
+    }
+    ncclResult_t r = ncclGroupStart();
+    for (int q_rank = 0; r == ncclSuccess && q_rank < c->size; q_rank++) {
+        ddp_coll_slice(q->count, c->size, q_rank, &lo, &hi);
+        char *p = (char *)buf + lo * es;
+        if (hi > lo)
+            r = scatter ? ncclReduce(p, p, hi - lo, t, op, q_rank, m->comm, m->stream)
+                        : ncclBroadcast(p, p, hi - lo, t, q_rank, m->comm, m->stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    return r != ncclSuccess ? r : e;
+}
+
 static ncclResult_t enqueue_op(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
 {
+    if (q->kind == DDP__REQ_REDUCE_SCATTER || q->kind == DDP__REQ_ALLGATHER)
+        return enqueue_slices(c, m, q, buf);
     if (q->kind == DDP__REQ_BCAST && !q->partial)
         return ncclBroadcast(buf, buf, q->bytes, ncclUint8, q->root, m->comm, m->stream);
     if (q->kind == DDP__REQ_BCAST) {
@@ -458,13 +485,6 @@ static int nccl_submit(ddp_coll_t *c, ddp_coll_req_t *q)
 {
     nccl_impl_t *m = c->impl;
     char d[96];
-    if (q->kind != DDP__REQ_ALLREDUCE && q->kind != DDP__REQ_BCAST) {
-        DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME "): %s #%llu: only all-reduce and "
-                  "broadcast are implemented",
-                  q->kind == DDP__REQ_REDUCE_SCATTER ? "reduce-scatter" : "all-gather",
-                  (unsigned long long)q->seq);
-        return DDP_ENOTSUP;
-    }
     if (q->kind == DDP__REQ_BCAST && q->partial && !q->keep && c->rank != q->root && !m->relay) {
         cudaError_t e = cudaSetDevice(m->device); /* the caller's thread may be elsewhere */
         if (e == cudaSuccess) e = cudaMalloc(&m->relay, RELAY_BYTES);
@@ -686,6 +706,7 @@ static void nccl_free(ddp_coll_t *c)
 
 const ddp_coll_ops_t DDP_COLL_NCCL_OPS = {
     .name = DDP_COLL_NCCL_NAME,
+    .slices_anywhere = 1,
     .probe = nccl_probe,
     .init = nccl_init,
     .submit = nccl_submit,

@@ -2,8 +2,8 @@
  *
  * A communicator is an inner "ring" communicator of the collectives library, formed by a TCP
  * rendezvous at the address that rank 0's ncclGetUniqueId put in the id (127.0.0.1, a free
- * port). Operations are queued on the caller's simulated stream and run the inner all-reduce or
- * broadcast there; they check that the buffer is device memory of the communicator's device
+ * port). Operations are queued on the caller's simulated stream and run inner all-reduces or
+ * broadcasts there; they check that the buffer is device memory of the communicator's device
  * (the device current when it was created) and declare the buffer to the simulator, which
  * reports a hazard with queued work of other streams: such an operation is refused
  * (ncclInvalidUsage, the hazard as ncclGetLastError) rather than raced, where a GPU would give
@@ -56,6 +56,9 @@ typedef struct {
 #define ncclGetErrorString ddp_sim_ncclGetErrorString
 #define ncclGetLastError ddp_sim_ncclGetLastError
 #define ncclAllReduce ddp_sim_ncclAllReduce
+#define ncclReduce ddp_sim_ncclReduce
+#define ncclReduceScatter ddp_sim_ncclReduceScatter
+#define ncclAllGather ddp_sim_ncclAllGather
 #define ncclBroadcast ddp_sim_ncclBroadcast
 #define ncclGroupStart ddp_sim_ncclGroupStart
 #define ncclGroupEnd ddp_sim_ncclGroupEnd
@@ -84,6 +87,19 @@ ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataT
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            int root, ncclComm_t comm, cudaStream_t stream);
+/* In place only (send == recv): root's buffer gets the reduction, the others' are only read.
+ * Runs as an inner all-reduce of a copy, kept at the root. */
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream);
+/* In place only, as NCCL defines it: recv == send + rank * recvcount elements. Runs as an inner
+ * all-reduce of a copy of the whole send buffer (so the slice is bitwise what ncclAllReduce of
+ * that buffer gives), of which recv keeps its slice; the rest of send is left as it was. */
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream);
+/* In place only: send == recv + rank * sendcount elements. Runs as one inner broadcast per
+ * rank's slice, from that rank. */
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt,
+                           ncclComm_t comm, cudaStream_t stream);
 /* A group only batches calls on a GPU; here each call is queued as it is made, in order, so
  * both return ncclSuccess. */
 ncclResult_t ncclGroupStart(void);

@@ -415,14 +415,41 @@ const char *ncclGetLastError(ncclComm_t comm)
     return buf;
 }
 
+enum { OP_ALLREDUCE, OP_BCAST, OP_REDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER };
+
 typedef struct {
     ncclComm_t comm;
-    void *buf;
-    size_t count;
+    int kind;
+    void *buf;    /* the whole buffer the operation reads and writes */
+    size_t count; /* its elements (OP_BCAST: bytes) */
+    size_t slice; /* OP_REDUCE_SCATTER, OP_ALLGATHER: elements per rank */
     ddp_dtype_t dt;
     ddp_redop_t op;
-    int root; /* -1: all-reduce */
+    int root; /* OP_BCAST, OP_REDUCE */
 } nop_t;
+
+/* rc of the submit that set *req (read after it: arguments have no evaluation order) */
+static int wait_inner(int rc, ddp_coll_req_t **req, ddp_errinfo_t *ei)
+{
+    return rc ? rc : ddp_coll_wait(*req, 0, ei);
+}
+
+/* An inner all-reduce of a copy of buf[0..count), of which [keep_lo, keep_hi) is written back. */
+static int reduce_copy(nop_t *o, size_t keep_lo, size_t keep_hi, ddp_errinfo_t *ei)
+{
+    size_t es = ddp_dtype_size(o->dt);
+    void *tmp = malloc(o->count > 0 ? o->count * es : 1);
+    if (!tmp) return DDP_ENOMEM;
+    memcpy(tmp, o->buf, o->count * es);
+    ddp_coll_req_t *req = NULL;
+    int rc = wait_inner(ddp_coll_allreduce(o->comm->inner, tmp, o->count, o->dt, o->op, &req),
+                        &req, ei);
+    if (rc == 0)
+        memcpy((char *)o->buf + keep_lo * es, (char *)tmp + keep_lo * es,
+               (keep_hi - keep_lo) * es);
+    free(tmp);
+    return rc;
+}
 
 static void run_op(void *arg)
 {
@@ -430,9 +457,30 @@ static void run_op(void *arg)
     ncclComm_t comm = o->comm;
     ddp_coll_req_t *req = NULL;
     ddp_errinfo_t ei = {0};
-    int rc = o->root < 0 ? ddp_coll_allreduce(comm->inner, o->buf, o->count, o->dt, o->op, &req)
-                         : ddp_coll_broadcast(comm->inner, o->buf, o->count, o->root, &req);
-    if (rc == 0) rc = ddp_coll_wait(req, 0, &ei);
+    size_t es = ddp_dtype_size(o->dt), r = (size_t)comm->rank;
+    int rc = 0;
+    switch (o->kind) {
+    case OP_ALLREDUCE:
+        rc = wait_inner(ddp_coll_allreduce(comm->inner, o->buf, o->count, o->dt, o->op, &req),
+                        &req, &ei);
+        break;
+    case OP_BCAST:
+        rc = wait_inner(ddp_coll_broadcast(comm->inner, o->buf, o->count, o->root, &req), &req,
+                        &ei);
+        break;
+    case OP_REDUCE:
+        rc = reduce_copy(o, 0, o->root == comm->rank ? o->count : 0, &ei);
+        break;
+    case OP_REDUCE_SCATTER:
+        rc = reduce_copy(o, r * o->slice, (r + 1) * o->slice, &ei);
+        break;
+    case OP_ALLGATHER:
+        for (int q = 0; rc == 0 && q < comm->size; q++)
+            rc = wait_inner(ddp_coll_broadcast(comm->inner, (char *)o->buf + q * o->slice * es,
+                                               o->slice * es, q, &req),
+                            &req, &ei);
+        break;
+    }
     if (rc) set_state(comm, ncclRemoteError, "%s", ei.msg[0] ? ei.msg : ddp_strerror(rc));
     pthread_mutex_lock(&g.mu);
     comm->queued--;
@@ -440,24 +488,44 @@ static void run_op(void *arg)
     pthread_mutex_unlock(&g.mu);
 }
 
-static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t count,
-                            ddp_dtype_t dt, ddp_redop_t op, int root, ncclComm_t comm,
+/* Whether send and recv have fn's in-place layout (o->slice elements of es bytes per rank);
+ * sets o->buf and o->count (the whole buffer) from it. After enter(): comm is live. */
+static int in_place(nop_t *o, const void *send, void *recv, size_t es)
+{
+    const char *s = send, *r = recv;
+    size_t mine = (size_t)o->comm->rank * o->slice * es;
+    if (o->kind == OP_REDUCE_SCATTER || o->kind == OP_ALLGATHER)
+        o->count = o->slice * (size_t)o->comm->size;
+    o->buf = o->kind == OP_REDUCE_SCATTER ? (void *)s : recv;
+    return o->kind == OP_REDUCE_SCATTER ? r == s + mine
+           : o->kind == OP_ALLGATHER    ? s == r + mine
+                                        : s == r;
+}
+
+/* Checks and queues o on stream, or frees it. */
+static ncclResult_t enqueue(const char *fn, nop_t *o, const void *send, void *recv,
                             cudaStream_t stream)
 {
-    if (!enter(comm, fn)) return ncclInvalidArgument;
-    size_t bytes = root >= 0 ? count : count * ddp_dtype_size(dt);
+    ncclComm_t comm = o->comm;
+    if (!enter(comm, fn)) {
+        free(o);
+        return ncclInvalidArgument;
+    }
+    size_t es = o->kind == OP_BCAST ? 1 : ddp_dtype_size(o->dt);
+    int layout_ok = in_place(o, send, recv, es);
+    size_t bytes = o->count * es;
     ncclResult_t r = ncclSuccess;
     pthread_mutex_lock(&g.mu);
     ncclResult_t st = comm->state;
     int revoked = comm->revoked;
     pthread_mutex_unlock(&g.mu);
-    int dev = ddp_simdev_device_of(recv, bytes);
+    int dev = ddp_simdev_device_of(o->buf, bytes);
     if (revoked) {
         violation("%s on communicator %p after ncclCommRevoke", fn, (void *)comm);
         r = ncclInvalidUsage;
     } else if (st != ncclSuccess) {
         r = st == ncclInProgress ? ncclInvalidUsage : st;
-    } else if (send != recv) {
+    } else if (!layout_ok) {
         r = ncclInvalidArgument; /* the backend works in place only */
     } else if (dev != comm->device || ddp_simdev_stream_device(stream) != comm->device) {
         char what[32];
@@ -466,15 +534,16 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
                  "%s: buffer %p (%zu bytes) is %s and the stream's device is %d, but the "
                  "communicator is on device %d: NCCL needs device memory of its own GPU (on a "
                  "GPU this is an illegal memory access)",
-                 fn, recv, bytes,
+                 fn, o->buf, bytes,
                  dev >= 0 ? what : dev == DDP_SIMDEV_PINNED ? "pinned host memory" : "host memory",
                  ddp_simdev_stream_device(stream), comm->device);
         DDP_ERROR("sim nccl: %s", comm->last);
         r = ncclInvalidArgument;
     }
-    /* a broadcast's root only reads its buffer (its compute may read it meanwhile) */
-    int mode = root >= 0 && root == comm->rank ? DDP_SIMDEV_R : DDP_SIMDEV_RW;
-    ddp_simdev_access_t acc = {recv, bytes, mode};
+    /* a root that only sends reads its buffer (its compute may read it meanwhile) */
+    int reads_only = o->root == comm->rank ? o->kind == OP_BCAST
+                                           : o->kind == OP_REDUCE;
+    ddp_simdev_access_t acc = {o->buf, bytes, reads_only ? DDP_SIMDEV_R : DDP_SIMDEV_RW};
     if (r == ncclSuccess && ddp_simdev_check(stream, fn, &acc, 1) == DDP_EHAZARD) {
         /* on a GPU: wrong sums, silently; here the operation is refused, not raced */
         char h[400];
@@ -482,33 +551,62 @@ static ncclResult_t enqueue(const char *fn, const void *send, void *recv, size_t
         set_state(comm, ncclInvalidUsage, "%s", h);
         r = ncclInvalidUsage;
     }
-    nop_t *o = r == ncclSuccess ? malloc(sizeof *o) : NULL;
-    if (r == ncclSuccess && !o) r = ncclSystemError;
-    if (o) {
-        *o = (nop_t){comm, recv, count, dt, op, root};
+    if (r == ncclSuccess) {
         pthread_mutex_lock(&g.mu);
         comm->queued++;
         pthread_mutex_unlock(&g.mu);
         ddp_simdev_launch(stream, fn, run_op, o, &acc, 1); /* checked just above */
+    } else {
+        free(o);
     }
     leave(comm);
     return r;
 }
 
+/* count: elements (OP_BCAST: of dt, ncclUint8 or a float type); slice: per rank. */
+static ncclResult_t queue(const char *fn, ncclComm_t comm, int kind, const void *send, void *recv,
+                          size_t count, size_t slice, ncclDataType_t dt, ncclRedOp_t op, int root,
+                          cudaStream_t stream)
+{
+    nop_t *o = malloc(sizeof *o);
+    if (!o) return ncclSystemError;
+    ddp_dtype_t t = dt == ncclBfloat16 ? DDP_DT_BF16 : DDP_DT_F32;
+    if (kind == OP_BCAST) count *= dt == ncclUint8 ? 1 : ddp_dtype_size(t); /* bytes */
+    *o = (nop_t){comm, kind, recv, count, slice, t, op == ncclAvg ? DDP_OP_AVG : DDP_OP_SUM, root};
+    return enqueue(fn, o, send, recv, stream);
+}
+
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
 {
-    ddp_dtype_t t = dt == ncclBfloat16 ? DDP_DT_BF16 : DDP_DT_F32;
-    return enqueue("ncclAllReduce", send, recv, count, t, op == ncclAvg ? DDP_OP_AVG : DDP_OP_SUM,
-                   -1, comm, stream);
+    return queue("ncclAllReduce", comm, OP_ALLREDUCE, send, recv, count, 0, dt, op, -1, stream);
 }
 
 ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count, ncclDataType_t dt,
                            int root, ncclComm_t comm, cudaStream_t stream)
 {
-    if (dt != ncclUint8) return ncclInvalidArgument;
-    return enqueue("ncclBroadcast", send, recv, count, DDP_DT_F32, DDP_OP_SUM,
-                   root >= 0 ? root : 0, comm, stream);
+    return queue("ncclBroadcast", comm, OP_BCAST, send, recv, count, 0, dt, ncclSum,
+                 root >= 0 ? root : 0, stream);
+}
+
+ncclResult_t ncclReduce(const void *send, void *recv, size_t count, ncclDataType_t dt,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)
+{
+    return queue("ncclReduce", comm, OP_REDUCE, send, recv, count, 0, dt, op, root, stream);
+}
+
+ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t recvcount, ncclDataType_t dt,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)
+{
+    return queue("ncclReduceScatter", comm, OP_REDUCE_SCATTER, send, recv, 0, recvcount, dt, op,
+                 -1, stream);
+}
+
+ncclResult_t ncclAllGather(const void *send, void *recv, size_t sendcount, ncclDataType_t dt,
+                           ncclComm_t comm, cudaStream_t stream)
+{
+    return queue("ncclAllGather", comm, OP_ALLGATHER, send, recv, 0, sendcount, dt, ncclSum, -1,
+                 stream);
 }
 
 ncclResult_t ncclGroupStart(void) { return ncclSuccess; }

@@ -563,29 +563,49 @@ static void test_shrink_needs_every_rank(void **state)
     next_generation(2, kept, 1, 0);
 }
 
-/* ---- finding 7: what is not implemented is refused ---- */
+/* ---- ZeRO-1 over NCCL: in-place reduce-scatter and all-gather of ddp_coll_slice's slices ---- */
 
-static void test_unimplemented_kinds_refused(void **state)
+/* Equal slices (ncclReduceScatter / ncclAllGather), uneven ones (a group of ncclReduce /
+ * ncclBroadcast per slice) and one rank's slice empty: after the reduce-scatter this rank's
+ * slice holds the sum (rank 0's i + rank 1's 1 + i) and the rest is its own as it was; after the
+ * all-gather of that, every element is the sum. */
+static int sc_slices(rank_t *r)
 {
-    ddp_kernels_t k;
-    ddp_coll_bootstrap_t *bs;
-    ddp_coll_t *c;
-    ddp_errinfo_t ei = {0};
-    assert_int_equal(ddp_kernels_open(&k, "sim", 0, 1), 0);
-    assert_int_equal(ddp_coll_bootstrap_single(&bs, &ei), 0);
-    ddp_coll_opts_t opts = {.backend = "sim", .cuda_device = 0};
-    assert_int_equal(ddp_coll_new(bs, &opts, &c, &ei), 0);
-    ddp_coll_bootstrap_free(bs);
-    float *d = NULL;
-    assert_int_equal(k.ops->alloc(k.ctx, (void **)&d, 64 * sizeof *d), 0);
-    ddp_coll_req_t *q = NULL;
-    assert_int_equal(ddp_coll_reduce_scatter(c, d, 64, DDP_DT_F32, DDP_OP_SUM, &q), DDP_ENOTSUP);
-    assert_int_equal(ddp_coll_allgather(c, d, 64, DDP_DT_F32, &q), DDP_ENOTSUP);
-    assert_int_equal(ddp_coll_allreduce(c, d, 64, DDP_DT_F32, DDP_OP_SUM, &q), 0);
-    assert_int_equal(ddp_coll_wait(q, 0, &ei), 0);
-    ddp_coll_free(c);
-    k.ops->free(k.ctx, d);
-    ddp_kernels_close(&k);
+    const size_t counts[] = {2 * DDP_COLL_SLICE_ELEMS, DDP_COLL_SLICE_ELEMS + 1000, 64};
+    for (int c = 0; c < 3; c++) {
+        size_t n = counts[c], lo, hi;
+        ddp_coll_slice(n, r->size, r->rank, &lo, &hi);
+        float *d = dev_iota(r, n, (float)r->rank);
+        if (!d) FAIL(r, "buffer");
+        ddp_coll_req_t *q;
+        ddp_errinfo_t ei = {0};
+        int rc = ddp_coll_reduce_scatter(r->comm, d, n, DDP_DT_F32, DDP_OP_SUM, &q);
+        if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+        if (rc) FAIL(r, "reduce-scatter of %zu: %s", n, ei.msg);
+        if (dev_expect(r, d, lo, (float)r->rank, 1.0f, "before the slice") ||
+            dev_expect(r, d + lo, hi - lo, 1.0f + 2.0f * (float)lo, 2.0f, "reduced slice") ||
+            dev_expect(r, d + hi, n - hi, (float)(r->rank + hi), 1.0f, "after the slice"))
+            return -1;
+        rc = ddp_coll_allgather(r->comm, d, n, DDP_DT_F32, &q);
+        if (rc == 0) rc = ddp_coll_wait(q, 0, &ei);
+        if (rc) FAIL(r, "all-gather of %zu: %s", n, ei.msg);
+        if (dev_expect(r, d, n, 1.0f, 2.0f, "gathered")) return -1;
+        r->k.ops->free(r->k.ctx, d);
+    }
+    return 0;
+}
+
+static void test_slices_over_nccl(void **state)
+{
+    rank_t rs[NR];
+    uint64_t hz = ddp_simdev_hazards(), vi = ddp_sim_nccl_violations();
+    form(rs, NULL, 30);
+    assert_true(ddp_coll_slices_anywhere(rs[0].comm));
+    run(rs, sc_slices, sc_slices);
+    expect_ok(rs, NR, "reduce-scatter and all-gather");
+    dissolve(rs, NULL, NULL);
+    assert_int_equal(ddp_simdev_hazards(), hz);
+    assert_int_equal(ddp_sim_nccl_violations(), vi);
 }
 
 /* ---- finding 8: the self-test checks the LM head's input gradient at OC = 50257 ---- */
@@ -651,7 +671,7 @@ int main(void)
         cmocka_unit_test(test_free_has_a_deadline),
         cmocka_unit_test(test_failed_generation_is_shrunk),
         cmocka_unit_test(test_shrink_needs_every_rank),
-        cmocka_unit_test(test_unimplemented_kinds_refused),
+        cmocka_unit_test(test_slices_over_nccl),
         cmocka_unit_test(test_selftest_checks_lm_head_dinp),
         cmocka_unit_test(test_host_access_to_device_memory_faults),
     };
