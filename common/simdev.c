@@ -9,6 +9,9 @@
  * - g.pending holds the ranges of queued ops that the host does not know complete yet; an entry
  *   leaves once the host's clock covers it.
  * - Device memory is PROT_NONE while g.running == 0 (and DDP_SIM_PROTECT is not 0).
+ * - A reservation has committed[i] per granule i; commit and decommit give a granule's pages
+ *   back (MADV_DONTNEED), so it reads zero when committed again whatever an op (reported as a
+ *   hazard) wrote there meanwhile.
  */
 #include "common/simdev.h"
 
@@ -30,6 +33,8 @@ typedef struct alloc {
     char *base;
     size_t bytes, map_bytes;
     int device;
+    size_t granule;           /* the unit of map_bytes: a page, or a reservation's granule */
+    unsigned char *committed; /* a reservation's [map_bytes / granule] flags, else NULL */
 } alloc_t;
 
 typedef struct op {
@@ -101,18 +106,24 @@ static alloc_t *find(const void *p)
     return NULL;
 }
 
-int ddp_simdev_alloc(int device, size_t bytes, void **out)
+/* Maps and registers an allocation of `bytes` in units of `unit` bytes (a multiple of the
+ * page size); a reservation when committed is not NULL (a takes it over, also on failure). */
+static int add(int device, size_t bytes, size_t unit, unsigned char *committed, void **out)
 {
     *out = NULL;
-    if (device < 0 && device != DDP_SIMDEV_PINNED) return DDP_EINVAL;
     alloc_t *a = calloc(1, sizeof *a);
-    if (!a) return DDP_ENOMEM;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (!a) {
+        free(committed);
+        return DDP_ENOMEM;
+    }
     a->bytes = bytes;
-    a->map_bytes = ((bytes ? bytes : 1) + page - 1) / page * page;
+    a->map_bytes = ((bytes ? bytes : 1) + unit - 1) / unit * unit;
     a->device = device;
+    a->granule = unit;
+    a->committed = committed;
     void *p = mmap(NULL, a->map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
+        free(a->committed);
         free(a);
         return DDP_ENOMEM;
     }
@@ -125,6 +136,23 @@ int ddp_simdev_alloc(int device, size_t bytes, void **out)
     pthread_mutex_unlock(&g.mu);
     *out = p;
     return 0;
+}
+
+int ddp_simdev_alloc(int device, size_t bytes, void **out)
+{
+    *out = NULL;
+    if (device < 0 && device != DDP_SIMDEV_PINNED) return DDP_EINVAL;
+    return add(device, bytes, (size_t)sysconf(_SC_PAGESIZE), NULL, out);
+}
+
+int ddp_simdev_reserve(int device, size_t bytes, size_t granule, void **out)
+{
+    *out = NULL;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (device < 0 || bytes == 0 || granule % page || (granule & (granule - 1)))
+        return DDP_EINVAL;
+    unsigned char *committed = calloc((bytes + granule - 1) / granule, 1);
+    return committed ? add(device, bytes, granule, committed, out) : DDP_ENOMEM;
 }
 
 void ddp_simdev_free(void *p)
@@ -152,6 +180,7 @@ void ddp_simdev_free(void *p)
         return;
     }
     munmap(a->base, a->map_bytes);
+    free(a->committed);
     free(a);
 }
 
@@ -350,6 +379,16 @@ static int check(ddp_simdev_stream_t *s, const char *what, const ddp_simdev_acce
     }
     const char *lo = a->p, *hi = lo + a->bytes;
     int write = (a->mode & DDP_SIMDEV_W) != 0;
+    alloc_t *r = find(lo); /* not NULL: memory of s's device */
+    size_t gr = r->granule;
+    for (size_t i = (size_t)(lo - r->base) / gr; r->committed && r->base + i * gr < hi; i++) {
+        if (r->committed[i]) continue;
+        hazard("sim: %s on stream %s (device %d) %s [%p, +%zu): granule %zu [%p, +%zu) of the "
+               "reservation at %p is not committed (a GPU faults on it: illegal address)", what,
+               s->name, s->device, write ? "writes" : "reads", a->p, a->bytes, i,
+               (void *)(r->base + i * gr), gr, (void *)r->base);
+        return DDP_EHAZARD;
+    }
     for (pending_t *e = g.pending; e; e = e->next) {
         if (e->stream == s->id || e->hi <= lo || e->lo >= hi || (!write && !e->write)) continue;
         if (s->clock[e->stream] >= e->seq) continue;
@@ -362,6 +401,70 @@ static int check(ddp_simdev_stream_t *s, const char *what, const ddp_simdev_acce
         return DDP_EHAZARD;
     }
     return 0;
+}
+
+/* The reservation holding all of [p, p + bytes), or NULL (under g.mu). */
+static alloc_t *reservation_of(const void *p, size_t bytes)
+{
+    alloc_t *a = find(p);
+    if (a && a->committed && bytes <= (size_t)(a->base + a->bytes - (const char *)p)) return a;
+    return NULL;
+}
+
+/* Gives granule i of reservation a back: its pages read zero from now on (under g.mu). */
+static void drop_pages(alloc_t *a, size_t i)
+{
+    if (madvise(a->base + i * a->granule, a->granule, MADV_DONTNEED) != 0)
+        DDP_ERROR("sim: madvise: %s", strerror(errno));
+}
+
+int ddp_simdev_commit(const void *p, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    pthread_mutex_lock(&g.mu);
+    alloc_t *a = reservation_of(p, bytes);
+    if (a) {
+        size_t off = (size_t)((const char *)p - a->base), gr = a->granule;
+        for (size_t i = off / gr; i * gr < off + bytes; i++) {
+            if (!a->committed[i]) drop_pages(a, i);
+            a->committed[i] = 1;
+        }
+    }
+    pthread_mutex_unlock(&g.mu);
+    return a ? 0 : DDP_EINVAL;
+}
+
+int ddp_simdev_decommit(const void *p, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    pthread_mutex_lock(&g.mu);
+    prune();
+    alloc_t *a = reservation_of(p, bytes);
+    int rc = 0;
+    if (!a) {
+        DDP_ERROR("sim: decommit of [%p, +%zu), which is not inside one reservation", p, bytes);
+        rc = DDP_EINVAL;
+    } else {
+        size_t off = (size_t)((const char *)p - a->base), gr = a->granule;
+        size_t end = off + bytes == a->bytes ? a->map_bytes : off + bytes;
+        for (size_t i = (off + gr - 1) / gr; (i + 1) * gr <= end; i++) {
+            const char *lo = a->base + i * gr, *hi = lo + gr;
+            for (pending_t *e = g.pending; e && rc == 0; e = e->next) {
+                if (e->hi <= lo || e->lo >= hi) continue;
+                ddp_simdev_stream_t *o = g.streams[e->stream];
+                hazard("sim: hazard: decommit of granule %zu [%p, +%zu) of the reservation at %p, "
+                       "which %s (op #%llu on stream %s) %s and may not have done yet: no host "
+                       "sync orders them", i, (const void *)lo, gr, (void *)a->base, e->what,
+                       (unsigned long long)e->seq, o ? o->name : "(freed)",
+                       e->write ? "writes" : "reads");
+                rc = DDP_EHAZARD;
+            }
+            if (a->committed[i]) drop_pages(a, i);
+            a->committed[i] = 0;
+        }
+    }
+    pthread_mutex_unlock(&g.mu);
+    return rc;
 }
 
 int ddp_simdev_launch(ddp_simdev_stream_t *s, const char *what, ddp_simdev_fn fn, void *arg,

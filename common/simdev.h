@@ -21,6 +21,11 @@
  *   DDP_EHAZARD by the launch; the op still runs, as it would on a GPU.
  * - Every access an op declares must lie in device memory of its stream's device, except those
  *   marked DDP_SIMDEV_HOST (the host side of a copy), which must not be device memory.
+ * - A reservation (ddp_simdev_reserve) is device memory cut into granules that are committed
+ *   and decommitted one by one, as the CUDA driver maps physical memory into a reserved
+ *   address range: an op that declares an access to a granule not committed is a hazard (a
+ *   GPU faults on the unmapped address), and so is a decommit of a granule that an op the
+ *   host does not know complete still uses.
  *
  * Threads: every function may be called from any thread; one mutex guards the state.
  * Test-only: nothing in production opens the sim backends.
@@ -59,6 +64,20 @@ int ddp_simdev_alloc(int device, size_t bytes, void **out);
 /* Frees memory of ddp_simdev_alloc; the caller has synchronised with every op that uses it.
  * NULL-safe; other pointers are logged and ignored. */
 void ddp_simdev_free(void *p);
+/* An address range of `bytes` of device memory of `device` (>= 0) cut into granules of
+ * `granule` bytes (a power of two, a multiple of the page size) counted from its start, the
+ * last one ending with the range; none committed. ddp_simdev_free releases it all.
+ * Returns 0, DDP_ENOMEM or DDP_EINVAL. */
+int ddp_simdev_reserve(int device, size_t bytes, size_t granule, void **out);
+/* Commits every granule that [p, p + bytes) touches: those not committed before read zero,
+ * the others keep their contents. Returns 0, or DDP_EINVAL when the range does not lie inside
+ * one reservation. */
+int ddp_simdev_commit(const void *p, size_t bytes);
+/* Decommits the granules lying wholly inside [p, p + bytes) and gives their pages back; the
+ * others keep their contents. Returns 0, DDP_EINVAL (logged) when the range does not lie
+ * inside one reservation, or DDP_EHAZARD (logged and counted) when an op that the host does not
+ * know complete accesses one of them (it is decommitted all the same). */
+int ddp_simdev_decommit(const void *p, size_t bytes);
 /* The device of [p, p + bytes): its id, DDP_SIMDEV_PINNED, DDP_SIMDEV_HOST for memory the
  * simulator does not own, or -2 when the range starts in an allocation and leaves it. */
 int ddp_simdev_device_of(const void *p, size_t bytes);

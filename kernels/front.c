@@ -57,6 +57,32 @@ void ddp_k_free(ddp_kernels_t *k, void *p)
     if (opened(k) && p) k->ops->free(k->ctx, p);
 }
 
+int ddp_k_reserve(ddp_kernels_t *k, void **out, size_t bytes)
+{
+    if (out) *out = NULL;
+    if (!opened(k) || !out) return DDP_EINVAL;
+    return k->ops->reserve(k->ctx, out, bytes);
+}
+
+int ddp_k_commit(ddp_kernels_t *k, void *p, size_t bytes)
+{
+    if (!opened(k) || (bytes && !p)) return DDP_EINVAL;
+    return k->ops->commit(k->ctx, p, bytes);
+}
+
+/* Returns nothing, like an op: a bad argument is kept for ddp_k_sync(). */
+void ddp_k_decommit(ddp_kernels_t *k, void *p, size_t bytes)
+{
+    if (!OP_READY(k, decommit)) return;
+    REQUIRE(k, decommit, bytes == 0 || p);
+    k->ops->decommit(k->ctx, p, bytes);
+}
+
+size_t ddp_k_commit_granule(ddp_kernels_t *k)
+{
+    return opened(k) ? k->ops->commit_granule(k->ctx) : 0;
+}
+
 int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
 {
     if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;

@@ -66,7 +66,17 @@ typedef struct ddp_kernels_ops {
     void (*close)(ddp_kctx_t *ctx); /* NULL-safe */
 
     int (*alloc)(ddp_kctx_t *ctx, void **out, size_t bytes); /* zero-filled */
-    void (*free)(ddp_kctx_t *ctx, void *p);                   /* NULL-safe */
+    void (*free)(ddp_kctx_t *ctx, void *p);                   /* NULL-safe; reservations too */
+    /* A sparse arena (ZeRO-1's sharded moments: the full layout, physical memory only in this
+     * rank's slices); the wrappers below state the contract. Granule i of a reservation at r of
+     * `bytes` is [r + i G, min(r + (i + 1) G, r + bytes)), G = commit_granule(ctx): cpu the
+     * page, cuda the driver's minimum (2 MiB), sim 64 KiB. Only a GPU and the sim (which
+     * reports the op as a hazard) fault on memory not committed; the CPU's reads zero until
+     * written, and commit only checks the range. */
+    int (*reserve)(ddp_kctx_t *ctx, void **out, size_t bytes);
+    int (*commit)(ddp_kctx_t *ctx, void *p, size_t bytes);
+    void (*decommit)(ddp_kctx_t *ctx, void *p, size_t bytes);
+    size_t (*commit_granule)(ddp_kctx_t *ctx); /* a power of two; 0: reserve is DDP_ENOTSUP */
     int (*memcpy_h2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
     int (*memcpy_d2h)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
     int (*memcpy_d2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
@@ -209,6 +219,24 @@ int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capab
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes); /* *out zero-filled, or NULL */
 void ddp_k_free(ddp_kernels_t *k, void *p);                  /* NULL-safe (k and p) */
+/* The sparse arena (see the table). Thread: the one that allocs and frees. */
+/* *out = an address range of `bytes` with nothing committed (NULL for 0 bytes); ddp_k_free
+ * releases all of it, committed parts included. DDP_ENOTSUP where the device cannot. */
+int ddp_k_reserve(ddp_kernels_t *k, void **out, size_t bytes);
+/* Makes [p, p + bytes) of a reservation usable, rounded OUTWARD to the granule: granules not
+ * committed before read zero, committed ones keep their contents (idempotent). Returns 0,
+ * DDP_ENOMEM, DDP_EINVAL (not inside one reservation) or the backend's error. Synchronous:
+ * any stream may use the range when it returns. */
+int ddp_k_commit(ddp_kernels_t *k, void *p, size_t bytes);
+/* Gives back the granules lying WHOLLY inside [p, p + bytes) (rounded INWARD; the last granule
+ * ends with the reservation); granules partly outside stay committed with their contents. The
+ * caller has synchronised with every op that used them; until committed again they are
+ * unusable on a GPU (and read zero once they are). A range outside one reservation is logged
+ * and its DDP_EINVAL kept for ddp_k_sync(). */
+void ddp_k_decommit(ddp_kernels_t *k, void *p, size_t bytes);
+/* The granule of commit/decommit (a power of two; 0 when k is not opened or cannot reserve):
+ * slices cut at its multiples are given back whole. */
+size_t ddp_k_commit_granule(ddp_kernels_t *k);
 int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
 int ddp_k_memcpy_d2h(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
 int ddp_k_memcpy_d2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);

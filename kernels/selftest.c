@@ -10,7 +10,8 @@
  * tied LM head's matmul (DDP_W_OUT_IN, OC = 50257) is checked with its input gradient.
  * DDP_SELFTEST_BACKENDS=sim checks the simulated GPU, which runs it in CI. Backward ops start
  * from non-zero gradients, so their += is checked too; the aliasing the interface allows is
- * exercised.
+ * exercised. The sparse arena (reserve/commit/decommit) is checked on both against what its
+ * contract says each byte holds.
  *
  * Output: one line per op and backend: op, backend, max abs error, max relative error
  * (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h.
@@ -27,6 +28,7 @@
 /* The ops, in the order their lines are printed. */
 #define ST_OPS(X)                                                                            \
     X(MEMORY, "memory")                                                                      \
+    X(SPARSE, "sparse_arena")                                                                \
     X(ENCODER_FWD, "encoder_fwd")                                                            \
     X(ENCODER_BWD, "encoder_bwd")                                                            \
     X(LAYERNORM_FWD, "layernorm_fwd")                                                        \
@@ -314,6 +316,58 @@ out:
     end_case(s);
 }
 
+/* The sparse arena, at G = the larger granule of the two backends so that both give back the
+ * same granules: reserve 3 G and a bit, commit a middle range (rounded out: granules 0-2), write
+ * a pattern over it, decommit granule 1 and the last 100 bytes of granule 0 (less than a page:
+ * the CPU keeps them too), commit granule 1 again (2 still is) and the tail. Granule 1 and the
+ * tail must read zero, 0 and 2 their pattern; a commit past the end is DDP_EINVAL. */
+static void case_sparse(st_t *s)
+{
+    result_t *r = &s->res[OP_SPARSE];
+    size_t gran[2];
+    BOTH gran[side] = ddp_k_commit_granule(KS);
+    size_t G = gran[0] > gran[1] ? gran[0] : gran[1], bytes = 3 * G + 1000;
+    size_t n = bytes / sizeof(float), g1 = G / sizeof(float), tail = 3 * g1;
+    float *pattern = malloc(bytes), *got = malloc(bytes);
+    if (!gran[0] || !gran[1] || !pattern || !got) {
+        note(r, "setup failed: %s%s", !pattern || !got ? ddp_strerror(DDP_ENOMEM) : "",
+             !gran[0] || !gran[1] ? "no commit granule" : "");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) pattern[i] = uniform(s, -1, 1);
+    BOTH
+    {
+        char *p = NULL;
+        int rc = ddp_k_reserve(KS, (void **)&p, bytes), past_end = 0;
+        if (rc == 0) rc = ddp_k_commit(KS, p + G / 2, 2 * G);
+        if (rc == 0) rc = ddp_k_memcpy_h2d(KS, p, pattern, 3 * G);
+        if (rc == 0) {
+            ddp_k_decommit(KS, p + G - 100, G + 100);
+            rc = ddp_k_commit(KS, p + G, 2 * G);
+        }
+        if (rc == 0) rc = ddp_k_commit(KS, p + 3 * G, bytes - 3 * G);
+        if (rc == 0) past_end = ddp_k_commit(KS, p + bytes - 10, 20);
+        if (rc == 0) rc = ddp_k_memcpy_d2h(KS, got, p, bytes);
+        if (rc == 0) rc = ddp_k_sync(KS);
+        ddp_k_free(KS, p);
+        if (rc) {
+            note(r, "%s: %s", KS->ops->name, ddp_strerror(rc));
+            continue;
+        }
+        if (past_end != DDP_EINVAL)
+            note(r, "%s: a commit past the end gave %s, not DDP_EINVAL", KS->ops->name,
+                 ddp_err_name(past_end));
+        int was = r->fail;
+        for (size_t i = 0; i < n; i++)
+            compare_one(r, got[i], (i >= g1 && i < 2 * g1) || i >= tail ? 0.0f : pattern[i], 1.0,
+                        0.0);
+        if (r->fail && !was) note(r, "%s: %s", KS->ops->name, "contents out of tolerance");
+    }
+out:
+    free(pattern);
+    free(got);
+}
+
 static void case_encoder(st_t *s, const shape_t *sh, int narrow)
 {
     int B = sh->B, T = sh->T, C = sh->C, V = sh->V;
@@ -547,6 +601,7 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
     s->rng = 0x9E3779B97F4A7C15ULL;
 
     case_memory(s);
+    case_sparse(s);
     size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
     for (size_t i = 0; i < nshapes; i++) {
         const shape_t *sh = &shapes[i];

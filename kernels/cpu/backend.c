@@ -2,7 +2,11 @@
  *
  * Memory is host memory: alloc returns 64-byte aligned, zero-filled blocks (cache-line and
  * AVX-512 aligned; page-aligned from 1 MiB up, so the checkpoint writer can hand the parameter
- * and moment arenas to O_DIRECT writes as they are), copies are memcpy, and sync only reports the first error an op recorded.
+ * and moment arenas to O_DIRECT writes as they are), copies are memcpy, and sync only reports
+ * the first error an op recorded. A sparse arena (reserve) is such a block with its pages given
+ * back: a page commits itself when first touched, decommit gives it back (ddp_mem_release), and
+ * the context keeps each reservation's extent to check ranges against; close releases the
+ * reservations still held.
  * The ops live in the other files of this folder; cpu.h states the threading invariants.
  */
 #include "kernels/cpu/cpu.h"
@@ -15,6 +19,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "common/log.h"
 
 #define CPU_ALIGN 64
 #define CPU_PAGE_ALIGN_FROM (1u << 20) /* bytes */
@@ -46,9 +51,19 @@ static int cpu_init(ddp_kctx_t **out, int device, int threads)
     return 0;
 }
 
+/* A sparse arena: its extent as reserved, for commit's check (pages need nothing more). */
+typedef struct ddp__cpu_resv {
+    struct ddp__cpu_resv *next;
+    char *base;
+    size_t bytes;
+} resv_t;
+
+static void cpu_free(ddp_kctx_t *ctx, void *p);
+
 static void cpu_close(ddp_kctx_t *ctx)
 {
     if (!ctx) return;
+    while (ctx->resv) cpu_free(ctx, ctx->resv->base);
     ddp__pool_free(ctx->pool);
     ddp__cpu_lowp_free(ctx);
     ddp__bf16_free(ctx->bf16);
@@ -84,7 +99,72 @@ static int cpu_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
     return 0;
 }
 
-static void cpu_free(ddp_kctx_t *ctx, void *p) { free(p); }
+static size_t cpu_commit_granule(ddp_kctx_t *ctx) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+/* alloc's allocator for large blocks, so that free() releases both kinds; ddp_mem_release
+ * makes every page zero-on-demand however malloc got it (a fresh mmap or reused heap). */
+static int cpu_reserve(ddp_kctx_t *ctx, void **out, size_t bytes)
+{
+    *out = NULL;
+    if (bytes == 0) return 0;
+    size_t page = cpu_commit_granule(ctx), rounded = (bytes + page - 1) / page * page;
+    resv_t *r = ddp_malloc(sizeof *r);
+    void *p = r ? ddp_alloc_big(rounded) : NULL;
+    if (!p) {
+        free(r);
+        return DDP_ENOMEM;
+    }
+    ddp_mem_release(p, rounded);
+    *r = (resv_t){ctx->resv, p, bytes};
+    ctx->resv = r;
+    *out = p;
+    return 0;
+}
+
+/* The reservation holding all of [p, p + bytes), or NULL. */
+static resv_t *resv_of(ddp_kctx_t *ctx, const void *p, size_t bytes)
+{
+    const char *c = p;
+    for (resv_t *r = ctx->resv; r; r = r->next)
+        if (c >= r->base && c < r->base + r->bytes)
+            return bytes <= (size_t)(r->base + r->bytes - c) ? r : NULL;
+    return NULL;
+}
+
+/* A page commits itself at its first touch and reads zero until then: only the range is
+ * checked. */
+static int cpu_commit(ddp_kctx_t *ctx, void *p, size_t bytes)
+{
+    return bytes == 0 || resv_of(ctx, p, bytes) ? 0 : DDP_EINVAL;
+}
+
+static void cpu_decommit(ddp_kctx_t *ctx, void *p, size_t bytes)
+{
+    if (bytes == 0) return;
+    resv_t *r = resv_of(ctx, p, bytes);
+    if (!r) {
+        DDP_ERROR("kernels: cpu: decommit of [%p, +%zu), which is not inside one reservation", p,
+                  bytes);
+        if (!ctx->err) ctx->err = DDP_EINVAL;
+        return;
+    }
+    size_t page = cpu_commit_granule(ctx), off = (size_t)((char *)p - r->base);
+    if (off + bytes == r->bytes) /* the last page ends with the reservation */
+        bytes = (r->bytes + page - 1) / page * page - off;
+    ddp_mem_release(p, bytes);
+}
+
+static void cpu_free(ddp_kctx_t *ctx, void *p)
+{
+    for (resv_t **pr = &ctx->resv; *pr; pr = &(*pr)->next)
+        if ((*pr)->base == p) {
+            resv_t *r = *pr;
+            *pr = r->next;
+            free(r);
+            break;
+        }
+    free(p);
+}
 
 static int cpu_memcpy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
@@ -125,6 +205,10 @@ const ddp_kernels_ops_t ddp_kernels_cpu = {
     .close = cpu_close,
     .alloc = cpu_alloc,
     .free = cpu_free,
+    .reserve = cpu_reserve,
+    .commit = cpu_commit,
+    .decommit = cpu_decommit,
+    .commit_granule = cpu_commit_granule,
     .memcpy_h2d = cpu_memcpy,
     .memcpy_d2h = cpu_memcpy,
     .memcpy_d2d = cpu_memcpy,

@@ -78,6 +78,7 @@ struct ddp_kctx {
     int n_wcopies, cap_wcopies;
     ddp__bf16_t *bf16;             /* native bf16 products (bf16_gemm.c); NULL: emulated */
     int bf16_failed;               /* the native engine failed to start: emulate */
+    struct ddp__cpu_resv *resv;    /* the sparse arenas reserved and not freed (backend.c) */
 };
 
 /* 1 when the products of the current precision run natively on bf16 (lowp.c's copies are then

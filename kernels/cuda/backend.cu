@@ -8,6 +8,7 @@
  * - A context: the device made current, a non-blocking stream, a cuBLAS handle on it. Matmuls
  *   are plain fp32; DDP_CUDA_TF32=1 in the environment lets cuBLAS use TF32 tensor cores.
  * - alloc: cudaMalloc, zero-filled when it returns; free waits for the queued ops first.
+ *   Sparse arenas (reserve/commit/decommit) are sparse.cu's; free releases them too.
  *   memcpy_h2d/d2h return when the copy is complete (the host buffer may be reused at once);
  *   memcpy_d2d and memset0 are queued on the stream.
  * - Errors: every CUDA/cuBLAS failure is logged with its original message and mapped to
@@ -102,6 +103,7 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     if (ctx->blas) cublasDestroy(ctx->blas);
     ddp__cuda_lowp_free(ctx);
+    ddp__cuda_sparse_close(ctx);
     if (ctx->scratch) cudaFree(ctx->scratch);
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
@@ -204,7 +206,7 @@ static void cuda_free(ddp_kctx_t *ctx, void *p)
     if (ddp__cuda_enter(ctx)) return;
     /* Queued ops may still use p (cudaFree alone does not promise to wait for them). */
     ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
-    ddp__cuda_check(ctx, cudaFree(p), "cudaFree");
+    if (!ddp__cuda_sparse_free(ctx, p)) ddp__cuda_check(ctx, cudaFree(p), "cudaFree");
 }
 
 static int cuda_copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes,
@@ -270,6 +272,10 @@ static const ddp_kernels_ops_t cuda_ops = {
     .close = cuda_close,
     .alloc = cuda_alloc,
     .free = cuda_free,
+    .reserve = ddp__cuda_reserve,
+    .commit = ddp__cuda_commit,
+    .decommit = ddp__cuda_decommit,
+    .commit_granule = ddp__cuda_commit_granule,
     .memcpy_h2d = cuda_memcpy_h2d,
     .memcpy_d2h = cuda_memcpy_d2h,
     .memcpy_d2d = cuda_memcpy_d2d,

@@ -48,6 +48,7 @@ struct ddp_kctx {
     size_t lowp_in_n[2];
     struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies of weights (lowp.cu) */
     int n_wcopies, cap_wcopies;
+    struct ddp__cuda_sparse *sparse; /* driver entry points and reservations (sparse.cu) */
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and
@@ -62,6 +63,17 @@ int ddp__cuda_enter(ddp_kctx_t *ctx);
 /* Points *out at >= bytes of scratch device memory, valid until the next call on ctx.
  * Growing frees the old buffer, which waits for queued work (cudaFree synchronises). */
 int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out);
+
+/* The sparse arenas (sparse.cu): the ops table's reserve, commit, decommit, commit_granule. */
+int ddp__cuda_reserve(ddp_kctx_t *ctx, void **out, size_t bytes);
+int ddp__cuda_commit(ddp_kctx_t *ctx, void *p, size_t bytes);
+void ddp__cuda_decommit(ddp_kctx_t *ctx, void *p, size_t bytes);
+size_t ddp__cuda_commit_granule(ddp_kctx_t *ctx);
+/* 1 when p is a reservation of ctx, which is then released; 0 for any other pointer. The
+ * caller has waited for the compute stream. */
+int ddp__cuda_sparse_free(ddp_kctx_t *ctx, void *p);
+/* Releases the reservations still held (context close). */
+void ddp__cuda_sparse_close(ddp_kctx_t *ctx);
 
 /* Blocks for a grid-stride loop over n items, block threads each. */
 static inline unsigned ddp__grid(size_t n, unsigned block)

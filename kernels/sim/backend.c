@@ -7,7 +7,9 @@
  * backend's. What waits mirrors kernels/cuda/backend.cu exactly: alloc returns zeroed memory
  * that any stream may use at once; free, memcpy_h2d, memcpy_d2h, sumsq_blocks and nonfinite
  * wait for the stream; memcpy_d2d, memset0 and every other op do not. record_event records a
- * simulated event that the "sim" collectives backend's stream waits for.
+ * simulated event that the "sim" collectives backend's stream waits for. A sparse arena is a
+ * simulated reservation of 64 KiB granules (ddp_simdev_reserve): commit is synchronous,
+ * decommit waits for the stream, and an op touching a granule not committed is a hazard.
  *
  * Each op declares the ranges it reads and writes, so the simulator reports an op that touches
  * memory another stream (a collective) still uses without an event between them, and a buffer
@@ -182,6 +184,42 @@ static void sim_free(ddp_kctx_t *ctx, void *p)
     if (!p) return;
     ddp_simdev_stream_sync(ctx->stream); /* as cuda_free: queued ops may still use p */
     ddp_simdev_free(p);
+}
+
+/* Smaller than the GPU's 2 MiB, so that the arenas of the small models the tests train span
+ * several granules and a rank's foreign slices are really decommitted: an op that touches one
+ * is then caught in CI. Callers cut slices at ddp_k_commit_granule's multiples, whatever it is. */
+#define SIM_GRANULE ((size_t)64 << 10)
+
+static size_t sim_commit_granule(ddp_kctx_t *ctx) { return SIM_GRANULE; }
+
+static int sim_reserve(ddp_kctx_t *ctx, void **out, size_t bytes)
+{
+    *out = NULL;
+    if (bytes == 0) return 0;
+    return ddp_simdev_reserve(ctx->device, bytes, SIM_GRANULE, out);
+}
+
+/* Synchronous, as the CUDA backend's (which zeroes the new granules and waits). */
+static int sim_commit(ddp_kctx_t *ctx, void *p, size_t bytes)
+{
+    if (bytes == 0) return 0;
+    return ddp_simdev_device_of(p, 1) == ctx->device ? ddp_simdev_commit(p, bytes) : DDP_EINVAL;
+}
+
+/* Waits for the compute stream as the CUDA backend does; what another stream (a collective)
+ * still does there without a host sync is reported by the simulator. */
+static void sim_decommit(ddp_kctx_t *ctx, void *p, size_t bytes)
+{
+    if (bytes == 0) return;
+    ddp_simdev_stream_sync(ctx->stream);
+    int rc = DDP_EINVAL;
+    if (ddp_simdev_device_of(p, 1) == ctx->device)
+        rc = ddp_simdev_decommit(p, bytes);
+    else
+        DDP_ERROR("sim: decommit of [%p, +%zu), which is not memory of device %d", p, bytes,
+                  ctx->device);
+    if (rc && !ctx->err) ctx->err = rc;
 }
 
 static int sim_sync(ddp_kctx_t *ctx)
@@ -471,6 +509,10 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     .close = sim_close,
     .alloc = sim_alloc,
     .free = sim_free,
+    .reserve = sim_reserve,
+    .commit = sim_commit,
+    .decommit = sim_decommit,
+    .commit_granule = sim_commit_granule,
     .memcpy_h2d = sim_h2d,
     .memcpy_d2h = sim_d2h,
     .memcpy_d2d = sim_d2d,

@@ -9,5 +9,12 @@ void test_threads(void **state);
 void test_open(void **state);
 void test_memory(void **state);
 void test_front_door(void **state);
+/* test_sparse.c: the sparse arena on cpu, sim (its hazards too) and, when built, cuda. */
+void test_sparse_cpu(void **state);
+void test_sparse_sim(void **state);
+void test_sparse_sim_hazards(void **state);
+#ifdef DDP_TEST_CUDA_MODULE
+void test_sparse_cuda(void **state);
+#endif
 
 #endif

@@ -548,6 +548,11 @@ int main(void)
         cmocka_unit_test(test_xent),         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_vector),       cmocka_unit_test(test_accumulate),
         cmocka_unit_test(test_threads),      cmocka_unit_test(test_front_door),
+        cmocka_unit_test(test_sparse_cpu),   cmocka_unit_test(test_sparse_sim),
+        cmocka_unit_test(test_sparse_sim_hazards),
+#ifdef DDP_TEST_CUDA_MODULE
+        cmocka_unit_test(test_sparse_cuda),
+#endif
     };
     return cmocka_run_group_tests_name("kernels", tests, group_setup, group_teardown);
 }
