@@ -159,8 +159,9 @@ static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, dd
  * writing rank its snapshot and what its live save reads. */
 static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
 {
-    /* the gather (train.c, before each save) brings the other ranks' slices of both moments
-     * (2P - 2P/W): into this rank's own arenas between hosts; on one host the all-gather copies
+    /* the gather (train_sharded.c, before each save) brings the other ranks' slices of both
+     * moments (2P - 2P/W; a GPU commits them from the start when there are checkpoints): into
+     * this rank's own arenas between hosts; on one host the all-gather copies
      * this rank's slices into every other rank's arenas, whose pages it maps as it writes them,
      * the same amount. Either way they stay resident: shared arenas give no pages back, and a
      * rank's own are given back only after the next update. */
@@ -196,8 +197,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     b->n_micro = gbt / per > 0 ? (int)(gbt / per) : 1;
     b->accum = (b->n_micro + world - 1) / world;
     /* train.c alloc_arenas: the optimizer step is split over the ring (any transport) on the
-     * CPU; not on a GPU yet, nor over MPI, nor in an elastic job (restart: on-failure) */
-    b->sharded = s->shard_optimizer && world > 1 && !on_gpu && strcmp(s->backend, "mpi") != 0 &&
+     * CPU and over NCCL on a GPU (train_sharded.c); not over MPI, nor in an elastic job
+     * (restart: on-failure) */
+    b->sharded = s->shard_optimizer && world > 1 && strcmp(s->backend, "mpi") != 0 &&
                  strcmp(s->restart, "on-failure") != 0;
     /* collectives/shm_direct.c: a ring whose ranks are all on this host shares its collective
      * memory (the gradient and embedding arenas; sharded, the parameters' and moments' too) */
@@ -333,8 +335,8 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
     if (b->sharded)
         ADD(" ddp.shard_optimizer is on already;");
     else if (b->world > 1 && s->shard_optimizer)
-        ADD(" ddp.shard_optimizer works only with the ring backend on the CPU, and not in an "
-            "elastic job;");
+        ADD(" ddp.shard_optimizer works over the ring and nccl, not over mpi nor in an elastic "
+            "job;");
     else
         ADD(" ddp.shard_optimizer over %d ranks would save %s;",
             b->world > 1 ? b->world : 2,

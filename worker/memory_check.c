@@ -77,5 +77,5 @@ void ddp_trainer_log_moments(const ddp_trainer_t *t)
         DDP_INFO("optimizer moments resident after step %ld: %s of %s (%lld KiB)%s", t->step,
                  ddp_mem_fmt(m + v, res, sizeof res),
                  ddp_mem_fmt(2 * (int64_t)bytes, all, sizeof all), (m + v) / 1024,
-                 t->sharded ? ", sharded: this rank's slices" : "");
+                 t->zero.on ? ", sharded: this rank's slices" : "");
 }

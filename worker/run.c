@@ -31,7 +31,7 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     ddp_trainer_position(t, &pos);
     /* sharded on one host: the dead rank's slices of the moments are still in its shared
      * memory, which this process maps */
-    int whole = t->ckpt && ddp_trainer_moments_from_peers(t);
+    int whole = t->ckpt && ddp_sharded_from_peers(&t->zero);
     if (ddp_tckpt_emergency_save(t->ckpt, &pos, whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));

@@ -132,10 +132,17 @@ static void free_reduced(ddp_trainer_t *t, float *p)
  * sharded (reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
  * over any transport, the others where all four are shared by every rank. A rank writes only its
  * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
- * there the rest of the moment arenas costs no memory until a checkpoint gathers them. */
+ * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
+ * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (!uses_coll_mem(t)) return 0;
+    if (!uses_coll_mem(t)) { /* device memory: the model's arenas, the trainer's moments */
+        if (!t->comm || !t->spec.shard_optimizer || t->elastic ||
+            !ddp_coll_slices_anywhere(t->comm))
+            return 0;
+        size_t n = ddp_gpt2_count_params(&t->spec.model);
+        return ddp_sharded_reserve_device(&t->zero, n, t->ckpt != NULL, ei);
+    }
     size_t bytes = ddp_gpt2_count_params(&t->spec.model) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, bytes, &t->grads, ei));
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
@@ -143,52 +150,17 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
      * update would leave the ranks with different parameters) */
     if (!t->spec.shard_optimizer || t->elastic) return 0;
     DDP_CHECK(alloc_reduced(t, bytes, &t->weights, ei));
-    DDP_CHECK(alloc_reduced(t, bytes, &t->moments[0], ei));
-    DDP_CHECK(alloc_reduced(t, bytes, &t->moments[1], ei));
-    t->sharded = ddp_coll_slices_anywhere(t->comm) ||
+    DDP_CHECK(alloc_reduced(t, bytes, &t->zero.moments[0], ei));
+    DDP_CHECK(alloc_reduced(t, bytes, &t->zero.moments[1], ei));
+    t->zero.on = ddp_coll_slices_anywhere(t->comm) ||
                  (ddp_coll_mem_shared(t->comm, t->grads) &&
                   ddp_coll_mem_shared(t->comm, t->weights) &&
-                  ddp_coll_mem_shared(t->comm, t->moments[0]) &&
-                  ddp_coll_mem_shared(t->comm, t->moments[1]));
+                  ddp_coll_mem_shared(t->comm, t->zero.moments[0]) &&
+                  ddp_coll_mem_shared(t->comm, t->zero.moments[1]));
     return 0;
 }
 
-int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei)
-{
-    if (!t->sharded || t->moments_whole) return 0;
-    for (int b = 0; b < t->reducer.n_buckets; b++)
-        for (int i = 0; i < 2; i++) DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
-    DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-    t->moments_whole = 1;
-    return 0;
-}
-
-static int gather_moments(void *arg, ddp_errinfo_t *ei)
-{
-    return ddp_trainer_gather_moments(arg, ei);
-}
-
-int ddp_trainer_moments_from_peers(ddp_trainer_t *t)
-{
-    if (!t->sharded || t->moments_whole) return 1;
-    if (t->mid_update || !t->comm) return 0;
-    for (int i = 0; i < 2; i++)
-        if (!ddp_coll_mem_shared(t->comm, t->moments[i])) return 0;
-    const ddp_reducer_t *r = &t->reducer;
-    for (int i = 0; i < 2; i++)
-        for (int b = 0; b < r->n_buckets; b++) {
-            size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin;
-            for (int q = 0; q < t->opts.world; q++) {
-                size_t lo, hi;
-                ddp_coll_slice(len, t->opts.world, q, &lo, &hi);
-                float *mine = t->moments[i] + begin + lo;
-                if (q != t->opts.rank && hi > lo)
-                    memcpy(mine, ddp_coll_mem_peer(t->comm, mine, q), (hi - lo) * sizeof(float));
-            }
-        }
-    t->moments_whole = 1;
-    return 1;
-}
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_sharded_gather(arg, ei); }
 
 /* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
  * each change of the world. */
@@ -198,8 +170,8 @@ static void checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
                            .stop_at_step = t->opts.stop_at_step,
                            .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
                            .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
-                           .accum = t->accum, .sharded = t->sharded,
-                           .gather_moments = gather_moments, .gather_arg = t};
+                           .accum = t->accum, .sharded = t->zero.on,
+                           .gather_moments = gather_moments, .gather_arg = &t->zero};
 }
 
 void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
@@ -336,7 +308,12 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
     DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
-                               s->first_bucket_mb, s->bucket_mb, s->overlap, t->sharded));
+                               s->first_bucket_mb, s->bucket_mb, s->overlap, t->zero.on));
+    t->zero.comm = t->comm;
+    t->zero.reducer = &t->reducer;
+    t->zero.weights = t->model.w;
+    t->zero.rank = t->opts.rank;
+    t->zero.world = t->opts.world;
     t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
     if (!t->norm_sums) return DDP_ENOMEM;
     DDP_CHECK(set_deal(t, t->opts.rank, t->opts.world));
@@ -502,6 +479,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;
     }
+    t->zero.k = &t->k;
     ddp_coll_bootstrap_t *bs = NULL;
     DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
     rc = open_comm(t, bs, ei);
@@ -541,7 +519,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (!joins_live) DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     t->model.interrupted = comm_failed_now; /* a failed step stops at once */
     t->model.interrupted_arg = t;
-    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->moments[0], t->moments[1]), rc, fail);
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]), rc, fail);
     ddp_tckpt_run_t view;
     checkpoint_view(t, &view);
     ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
@@ -576,8 +554,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     DDP_CHECK_GOTO(attach_world(t, ei), rc, fail);
     /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
-     * rank's slices of them (drop_foreign_moments) */
-    t->moments_whole = 1;
+     * rank's slices of them (ddp_sharded_drop_foreign) */
+    DDP_CHECK_GOTO(ddp_sharded_begin(&t->zero, ei), rc, fail);
     t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
         int receivers;
@@ -597,8 +575,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  (double)t->model.n_params / 1e6, ddp_k_name(&t->k), threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  !ddp_coll_mem_shared(t->comm, t->grads)
-                     ? (t->sharded ? " (optimizer step sharded)" : "")
-                 : t->sharded ? " (gradients in shared memory, optimizer step sharded)"
+                     ? (t->zero.on ? " (optimizer step sharded)" : "")
+                 : t->zero.on ? " (gradients in shared memory, optimizer step sharded)"
                               : " (gradients in shared memory)",
                  t->accum, s->micro_batch, s->seq_len,
                  t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
@@ -627,7 +605,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
         if (t->emb) free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_gpt2_close(&t->model);
-        float *arenas[] = {t->weights, t->grads, t->moments[0], t->moments[1]};
+        float *arenas[] = {t->weights, t->grads, t->zero.moments[0], t->zero.moments[1]};
         for (int i = 0; i < 4; i++)
             if (arenas[i]) free_reduced(t, arenas[i]);
     }
@@ -670,7 +648,7 @@ static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errin
     const ddp_reducer_t *r = &t->reducer;
     memset(t->norm_sums, 0, r->n_norm_blocks * sizeof *t->norm_sums);
     DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->norm_sums));
-    if (t->sharded)
+    if (t->zero.on)
         DDP_CHECK(allreduce_small(t, t->norm_sums, (int)r->n_norm_blocks, DDP_OP_SUM, ei));
     *norm = ddp_grad_norm(t->norm_sums, r->n_norm_blocks, grad_scale);
     return 0;
@@ -700,7 +678,7 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
             }
             if (found) bad[i] = 1;
         }
-    int rc = t->sharded ? allreduce_small(t, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
+    int rc = t->zero.on ? allreduce_small(t, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
     const char *name = "?";
     for (int i = m->n_tensors - 1; i >= 0; i--)
         if (bad[i] > 0) name = m->params[i].name;
@@ -715,39 +693,6 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
     if (t->opts.rank == 0)
         DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
                  t->step + 1, norm, name);
-    return 0;
-}
-
-/* Sharded, after an update that left the moments in slices: gives back the pages of the moment
- * arenas outside this rank's parts (loaded whole, or gathered for a save that has its
- * snapshot). They read as zero until the next gather overwrites them, and only this rank's
- * parts are read meanwhile; this is where ZeRO-1 saves its memory. Private memory only (ranks
- * on different hosts): an arena shared with the peers of one host is a /dev/shm segment
- * reserved whole (shm_direct.c), where a peer writes during a gather and a full /dev/shm must
- * stay an error at start, not a SIGBUS at the next save. */
-static void drop_foreign_moments(ddp_trainer_t *t)
-{
-    const ddp_reducer_t *r = &t->reducer;
-    for (int i = 0; i < 2; i++) {
-        if (ddp_coll_mem_shared(t->comm, t->moments[i])) continue;
-        for (int b = 0; b < r->n_buckets; b++) {
-            size_t begin = b ? r->bucket_end[b - 1] : 0, end = r->bucket_end[b];
-            const ddp_arena_part_t *p = &r->parts[b];
-            ddp_mem_release(t->moments[i] + begin, (p->lo - begin) * sizeof(float));
-            ddp_mem_release(t->moments[i] + p->hi, (end - p->hi) * sizeof(float));
-        }
-    }
-}
-
-/* ddp_adamw_step's callback in a sharded step: bucket b's part is updated, send it to everyone
- * (and its moments too when a save follows this step: they travel beside the update instead of
- * at the step boundary). */
-static int on_part_updated(void *arg, int b)
-{
-    ddp_trainer_t *t = arg;
-    DDP_CHECK(ddp_reducer_gather(&t->reducer, t->model.w, b));
-    for (int i = 0; t->gather_moments && i < 2; i++)
-        DDP_CHECK(ddp_reducer_gather(&t->reducer, t->moments[i], b));
     return 0;
 }
 
@@ -900,21 +845,22 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     ddp_lscale_update(&t->lscale, isfinite(norm), t->step + 1, t->opts.rank == 0);
     if (isfinite(norm)) {
         const ddp_reducer_t *r = &t->reducer;
-        t->gather_moments = t->sharded && ddp_tckpt_planned(t->ckpt, t->step + 1);
+        ddp_sharded_t *z = &t->zero;
+        z->gather = z->on && ddp_tckpt_planned(t->ckpt, t->step + 1);
         /* a save of this step is planned */
         ddp_adamw_crc_t *crc = ddp_tckpt_update_crcs(t->ckpt, t->step + 1);
         /* mid-update, a sharded rank's state is part this step, part the next: an emergency
          * save after a failure here must refuse it (it refuses moments that are not whole) */
-        int was_whole = t->moments_whole;
-        if (t->sharded) t->moments_whole = 0;
-        t->mid_update = t->sharded;
+        int was_whole = z->whole;
+        if (z->on) z->whole = 0;
+        z->mid_update = z->on;
         DDP_CHECK(ddp_adamw_step(&t->opt, m, &t->spec, lr, grad_scale, norm, r->parts,
-                                 r->n_buckets, t->sharded ? on_part_updated : NULL, t, crc));
+                                 r->n_buckets, z->on ? ddp_sharded_on_part_updated : NULL, z, crc));
         DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
         if (crc) DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, ei));
-        if (t->sharded && was_whole && !t->gather_moments) drop_foreign_moments(t);
-        t->moments_whole = t->gather_moments;
-        t->mid_update = 0;
+        if (z->on && was_whole && !z->gather) ddp_sharded_drop_foreign(z);
+        z->whole = z->gather;
+        z->mid_update = 0;
         t->skipped_in_a_row = 0;
         DDP_K(k, set_precision, t->prec); /* new weights: drop their low-precision copies */
     } else {
@@ -933,7 +879,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->last_step_world = t->opts.world;
     if (t->xfer.active) DDP_CHECK(finish_transfer(t, ei));
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
-    if (!t->moments_logged && !(t->sharded && t->moments_whole)) { /* not a gathering step */
+    if (!t->moments_logged && !(t->zero.on && t->zero.whole)) { /* not a gathering step */
         t->moments_logged = 1;
         ddp_trainer_log_moments(t);
     }

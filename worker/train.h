@@ -25,6 +25,7 @@
 #include "worker/state_transfer.h"
 #include "worker/straggler.h"
 #include "worker/train_checkpoint.h"
+#include "worker/train_sharded.h"
 
 /* What the environment says about this rank, read once where the spec is loaded (worker/main.c's
  * read_env), never in the step. Zeros: one rank on this host, no elastic coordinator,
@@ -100,14 +101,11 @@ typedef struct ddp_trainer {
     int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
     float *emb;       /* embedding-gradient slots, n_micro of them (device; see train.c) */
-    /* the arenas when the trainer provides them (collective memory, CPU): parameters and
-     * moments only for ddp.shard_optimizer, else NULL and the model / optimizer allocate */
-    float *weights, *grads, *moments[2];
-    int sharded;      /* the optimizer step is split over the ranks (reducer.h) */
-    int moments_whole; /* sharded: every rank's moment arenas are current everywhere */
-    int mid_update;    /* sharded: an update has begun and not completed on every rank */
+    /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
+     * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
+    float *weights, *grads;
+    ddp_sharded_t zero; /* ZeRO-1: the sharded step's moments (train_sharded.h) */
     int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
-    int gather_moments; /* sharded: this step's update also gathers the moments (a save follows) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
     float *emb_tokens_f;  /* host staging: one slot's tokens as floats */
@@ -126,16 +124,6 @@ typedef struct ddp_trainer {
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;
 
-/* Sharded step on one host, after a failure: makes this rank's moment arenas whole without the
- * other ranks, dead or alive, by reading their slices from their shared arenas, which this
- * process maps. Sound when the last update completed (every rank's slices of it were written
- * before the all-gather that completed it here). Returns 1 when the moments are whole (also when
- * they were), 0 when they cannot be (an update cut short, or ranks on other hosts). */
-int ddp_trainer_moments_from_peers(ddp_trainer_t *t);
-/* Sharded step only: makes every rank's moment arenas whole (the update leaves each rank with
- * current moments in its own slices only), before a checkpoint reads them; at once when the
- * update of a step whose save was planned already did. Collective. */
-int ddp_trainer_gather_moments(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
  * DDP_RDZV forms; else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN; else a world of one), opens the kernel backend, builds the model (rank 0's initial weights are

@@ -30,6 +30,7 @@
 #include "common/simdev.h"
 #include "kernels/kernels.h"
 #include "worker/reducer.h"
+#include "worker/train_sharded.h"
 
 #define NR 2
 
@@ -608,6 +609,37 @@ static void test_slices_over_nccl(void **state)
     assert_int_equal(ddp_sim_nccl_violations(), vi);
 }
 
+/* ZeRO-1's moment arenas on a device: reserved, this rank's slices committed; after a gather the
+ * foreign slices are decommitted, and an op touching one is what a GPU faults on. */
+static void test_sharded_moments_commit_own_slices(void **state)
+{
+    ddp_kernels_t k;
+    ddp_errinfo_t ei = {0};
+    assert_int_equal(ddp_kernels_open(&k, "sim", 0, 1), 0);
+    size_t g = ddp_k_commit_granule(&k) / sizeof(float);
+    size_t end[2] = {4 * g, 8 * g}; /* two buckets; this rank owns the first half of each */
+    ddp_arena_part_t parts[2] = {{0, 2 * g, 0}, {4 * g, 6 * g, 0}};
+    ddp_reducer_t r = {.n_buckets = 2, .bucket_end = end, .parts = parts};
+    for (int whole = 0; whole < 2; whole++) { /* without, then with checkpoints */
+        ddp_sharded_t z = {.k = &k, .reducer = &r, .rank = 0, .world = 2};
+        assert_int_equal(ddp_sharded_reserve_device(&z, 8 * g, whole, &ei), 0);
+        assert_int_equal(ddp_sharded_begin(&z, &ei), 0);
+        assert_int_equal(z.whole, whole);
+        if (whole) ddp_sharded_drop_foreign(&z);
+        uint64_t hz = ddp_simdev_hazards();
+        for (int i = 0; i < 2; i++)
+            for (int b = 0; b < 2; b++)
+                ddp_k_memset0(&k, z.moments[i] + parts[b].lo, 2 * g * sizeof(float));
+        assert_int_equal(ddp_k_sync(&k), 0);
+        assert_int_equal(ddp_simdev_hazards(), hz); /* this rank's slices are usable */
+        ddp_k_memset0(&k, z.moments[1] + 6 * g, g * sizeof(float)); /* bucket 1's other half */
+        ddp_k_sync(&k);
+        assert_true(ddp_simdev_hazards() > hz); /* not committed, or given back */
+        for (int i = 0; i < 2; i++) ddp_k_free(&k, z.moments[i]);
+    }
+    ddp_kernels_close(&k);
+}
+
 /* ---- finding 8: the self-test checks the LM head's input gradient at OC = 50257 ---- */
 
 static int quiet_selftest(void)
@@ -672,6 +704,7 @@ int main(void)
         cmocka_unit_test(test_failed_generation_is_shrunk),
         cmocka_unit_test(test_shrink_needs_every_rank),
         cmocka_unit_test(test_slices_over_nccl),
+        cmocka_unit_test(test_sharded_moments_commit_own_slices),
         cmocka_unit_test(test_selftest_checks_lm_head_dinp),
         cmocka_unit_test(test_host_access_to_device_memory_faults),
     };
