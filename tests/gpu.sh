@@ -6,8 +6,10 @@
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
 #   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
 #      the weights of none, bitwise, in less GPU memory
-#   6. NCCL all-reduce through the project's nccl backend: 1 rank, and 2 on a 2-GPU machine
-#      (then also 2-rank NCCL training against 1 GPU with the same global batch)
+#   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
+#      and 2 on a 2-GPU machine
+#      (then also 2-rank NCCL training against 1 GPU with the same global batch, and ZeRO-1
+#      against the unsharded step, bitwise)
 #   7. the elastic NCCL abort-and-rebuild test (a hook: runs tests/gpu/elastic_abort.sh when it
 #      exists)
 # and one summary at the end. Exit 0 when nothing failed, 1 otherwise, 77 when there is no GPU.
@@ -168,9 +170,9 @@ fi
 N=$bdir/tests/gpu/nccl_allreduce
 t=$SECONDS
 if timeout 120 "$N" >"$out/nccl1.log" 2>&1; then
-    res PASS "nccl all-reduce, 1 rank" "$(grep -o '256 MiB.*' "$out/nccl1.log"), $(secs $t)"
+    res PASS "nccl collectives, 1 rank" "$(grep -o '256 MiB.*' "$out/nccl1.log"); $(grep -o 'reduce-scatter.*' "$out/nccl1.log"), $(secs $t)"
 else
-    tail -n 10 "$out/nccl1.log"; res FAIL "nccl all-reduce, 1 rank" "$out/nccl1.log"
+    tail -n 10 "$out/nccl1.log"; res FAIL "nccl collectives, 1 rank" "$out/nccl1.log"
 fi
 if [ "$ngpu" -ge 2 ]; then
     t=$SECONDS
@@ -184,9 +186,9 @@ if [ "$ngpu" -ge 2 ]; then
     rc=0
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     if [ $rc -eq 0 ]; then
-        res PASS "nccl all-reduce, 2 ranks" "$(grep -o '256 MiB.*' "$out/nccl2-0.log"), $(secs $t)"
+        res PASS "nccl collectives, 2 ranks" "$(grep -o '256 MiB.*' "$out/nccl2-0.log"); $(grep -o 'reduce-scatter.*' "$out/nccl2-0.log"), $(secs $t)"
     else
-        tail -n 5 "$out"/nccl2-*.log; res FAIL "nccl all-reduce, 2 ranks" "$out/nccl2-*.log"
+        tail -n 5 "$out"/nccl2-*.log; res FAIL "nccl collectives, 2 ranks" "$out/nccl2-*.log"
     fi
     # 2 GPUs with NCCL against 1 GPU accumulating 2 micro-steps: the same global batch
     t=$SECONDS
@@ -196,7 +198,8 @@ if [ "$ngpu" -ge 2 ]; then
     timeout 300 "$W" "$out/ddp2.yaml" --backend cuda $gbt >"$out/ddp2-1gpu.log" 2>&1
     # shellcheck disable=SC2086
     DDP_WORKER=$W RUN_DIR=$out/run2 timeout 300 "$src/deploy/launch-local.sh" 2 "$out/ddp2.yaml" \
-        --backend cuda --set ddp.backend=\"nccl\" $gbt >"$out/ddp2-2gpu.log" 2>&1
+        --backend cuda --set ddp.backend=\"nccl\" $gbt --dump-weights "$out/ddp2.st" \
+        >"$out/ddp2-2gpu.log" 2>&1
     rc=$?
     worst=$(paste <(losses "$out/ddp2-1gpu.log") <(losses "$out/ddp2-2gpu.log") |
         awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
@@ -206,8 +209,21 @@ if [ "$ngpu" -ge 2 ]; then
     else
         res FAIL "2-GPU NCCL training vs 1 GPU" "exit $rc, worst $worst: $out/ddp2-2gpu.log"
     fi
+    # ZeRO-1 over NCCL (ddp.shard_optimizer, on by default above) against the unsharded step: two
+    # ranks sum in one order, so the weights are bitwise equal
+    t=$SECONDS
+    # shellcheck disable=SC2086
+    DDP_WORKER=$W RUN_DIR=$out/run2u timeout 300 "$src/deploy/launch-local.sh" 2 "$out/ddp2.yaml" \
+        --backend cuda --set ddp.backend=\"nccl\" $gbt --set ddp.shard_optimizer=false \
+        --dump-weights "$out/ddp2u.st" >"$out/ddp2u-2gpu.log" 2>&1
+    if grep -q "optimizer step sharded" "$out/ddp2-2gpu.log" && [ -s "$out/ddp2.st" ] &&
+       cmp -s "$out/ddp2.st" "$out/ddp2u.st"; then
+        res PASS "2-GPU ZeRO-1 == unsharded, bitwise" "$(median_tps "$out/ddp2-2gpu.log") vs $(median_tps "$out/ddp2u-2gpu.log") tok/s unsharded, $(secs $t)"
+    else
+        res FAIL "2-GPU ZeRO-1 == unsharded, bitwise" "$out/ddp2-2gpu.log, $out/ddp2u-2gpu.log"
+    fi
 else
-    res SKIP "nccl all-reduce, 2 ranks" "one GPU here"
+    res SKIP "nccl collectives, 2 ranks" "one GPU here"
 fi
 
 # 7. hook: the elastic NCCL abort-and-rebuild test (written with elastic training)

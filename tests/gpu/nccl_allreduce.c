@@ -1,6 +1,8 @@
 /* NCCL all-reduce through the project's nccl backend (collectives/nccl.c, dlopen()ed by
  * ddp_coll_new), on GPU memory: odd and large counts, fp32 and bf16 sums checked against the
- * serial sum on the host, and the bus bandwidth of a 256 MiB fp32 all-reduce. One rank (a world
+ * serial sum on the host, and the bus bandwidth of a 256 MiB fp32 all-reduce; then the in-place
+ * reduce-scatter and all-gather of ZeRO-1 with equal slices (ncclReduceScatter / ncclAllGather)
+ * and uneven ones (grouped ncclReduce / ncclBroadcast). One rank (a world
  * of one: the backend is still initialised and every operation goes through NCCL) or N ranks
  * started with the environment rendezvous (deploy/launch-local.sh style: DDP_RANK,
  * DDP_WORLD_SIZE, DDP_RDZV, DDP_JOB_TOKEN), one GPU per rank (DDP_LOCAL_RANK).
@@ -72,6 +74,38 @@ static size_t check(ddp_coll_t *c, size_t count, ddp_dtype_t dt, int rank, int s
     return bad;
 }
 
+/* A reduce-scatter then an all-gather of count fp32 elements; returns the wrong elements. */
+static size_t check_slices(ddp_coll_t *c, size_t count, int rank, int size)
+{
+    float *h = malloc(count * 4 + 4), *d = NULL;
+    for (size_t i = 0; i < count; i++) h[i] = (float)(rank + 1) * (float)(i % 13);
+    CK(cudaMalloc((void **)&d, count * 4 + 4));
+    CK(cudaMemcpy(d, h, count * 4, cudaMemcpyHostToDevice));
+    ddp_coll_req_t *req;
+    ddp_errinfo_t ei = {0};
+    size_t lo, hi, bad = 0;
+    ddp_coll_slice(count, size, rank, &lo, &hi);
+    float ranks = (float)size * (float)(size + 1) / 2;
+    for (int pass = 0; pass < 2; pass++) {
+        int rc = pass ? ddp_coll_allgather(c, d, count, DDP_DT_F32, &req)
+                      : ddp_coll_reduce_scatter(c, d, count, DDP_DT_F32, DDP_OP_SUM, &req);
+        if (rc == 0) rc = ddp_coll_wait(req, 0, &ei);
+        if (rc) {
+            fprintf(stderr, "%s of %zu: %s (%s)\n", pass ? "all-gather" : "reduce-scatter", count,
+                    ddp_strerror(rc), ei.msg);
+            exit(1);
+        }
+        CK(cudaMemcpy(h, d, count * 4, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < count; i++) { /* the reduce-scatter leaves the rest as it was */
+            float mine = pass || (i >= lo && i < hi) ? ranks : (float)(rank + 1);
+            if (h[i] != mine * (float)(i % 13)) bad++;
+        }
+    }
+    CK(cudaFree(d));
+    free(h);
+    return bad;
+}
+
 int main(void)
 {
     const char *lr = getenv("DDP_LOCAL_RANK");
@@ -102,6 +136,15 @@ int main(void)
         bad += check(c, counts[k], DDP_DT_F32, rank, size);
         if (counts[k] < (1u << 24)) bad += check(c, counts[k], DDP_DT_BF16, rank, size);
     }
+    size_t slice_counts[] = {7, 2 * DDP_COLL_SLICE_ELEMS * (size_t)size,
+                             DDP_COLL_SLICE_ELEMS * (size_t)size + 1000};
+    size_t bad_slices = 0;
+    for (size_t k = 0; k < sizeof slice_counts / sizeof slice_counts[0]; k++)
+        bad_slices += check_slices(c, slice_counts[k], rank, size);
+    if (rank == 0)
+        printf("nccl reduce-scatter + all-gather: %zu wrong elements (equal and uneven slices)\n",
+               bad_slices);
+    bad += bad_slices;
     /* bus bandwidth: 256 MiB fp32, 5 timed after 2 warm-ups */
     size_t n = 64u << 20;
     void *d;
