@@ -5,7 +5,7 @@
 #   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed)
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
 #   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
-#      the weights of none, bitwise, in less GPU memory
+#      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
 #      and 2 on a 2-GPU machine
 #      (then also 2-rank NCCL training against 1 GPU with the same global batch, and ZeRO-1
@@ -164,6 +164,21 @@ if [ -s "$out/recompute-none.st" ] && cmp -s "$out/recompute-none.st" "$out/reco
     res PASS "recompute block == none, bitwise" "$detail"
 else
     res FAIL "recompute block == none, bitwise" "$detail; $out/recompute-*.log"
+fi
+
+# 5c. the memory budget (printed before step 1) against the GPU's peak of the runs above: never
+# more than 10% under (a job it says fits must not run out of memory), at most 15% over
+t=$SECONDS
+ratios="" bad=0
+for r in gpt2-124M-gpu:gpt2-124M-mem gpt2-124M-bf16:gpt2-124M-bf16-mem \
+         recompute-none:recompute-none-mem recompute-block:recompute-block-mem; do
+    b=$(budget_mib "$out/${r%%:*}.log") p=$(peak "$out/${r#*:}.txt")
+    q=$(awk -v b="${b:-0}" -v p="${p:-0}" 'BEGIN {if (p > 0) printf "%.2f", b / p; else print "?"}')
+    ratios="$ratios ${r%%:*} ${b:-?}/${p:-?} MiB = $q;"
+    awk -v q="$q" 'BEGIN {exit !(q != "?" && q >= 0.9 && q <= 1.15)}' || bad=1
+done
+if [ $bad -eq 0 ]; then res PASS "memory budget vs GPU peak" "budget/peak:$ratios $(secs $t)"
+else res FAIL "memory budget vs GPU peak" "budget/peak (0.90-1.15 wanted):$ratios"
 fi
 
 # 6. NCCL through the project's backend

@@ -21,3 +21,8 @@ w = "the quick brown fox jumps over the lazy dog while a cat runs far away into 
 print("\n".join(" ".join(r.choice(w) for _ in range(14)) for _ in range(60000)))' >"$2/text.txt" &&
         "$1/worker/ddp-prep" --out "$2/data" "$2/text.txt" >/dev/null 2>&1
 }
+# the memory budget's total (MiB) that a worker's log printed before step 1
+budget_mib() { # LOG
+    grep -oE 'total +[0-9.]+ (GiB|MiB)' "$1" | head -n 1 |
+        awk '{print ($3 == "GiB" ? $2 * 1024 : $2)}'
+}
