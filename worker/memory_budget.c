@@ -157,8 +157,9 @@ static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, dd
     return best;
 }
 
-/* A save's share of one rank (CPU; train_checkpoint.c): the moments gathered whole, and on a
- * writing rank its snapshot and what its live save reads. */
+/* A save's share of one rank (train_checkpoint.c): the moments gathered whole, and on a writing
+ * rank of the CPU its snapshot and what its live save reads (a GPU's snapshot is host memory,
+ * outside a device budget). */
 static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
 {
     /* the gather (train_sharded.c, before each save) brings the other ranks' slices of both
@@ -168,7 +169,7 @@ static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
      * the same amount. Either way they stay resident: shared arenas give no pages back, and a
      * rank's own are given back only after the next update. */
     int64_t gathered = b->sharded ? 2 * b->params - b->moments : 0;
-    if (!b->writer) return gathered;
+    if (!b->writer || b->on_gpu) return gathered;
     /* ddp_ckpt_saver_reserve (open_saver) touches a snapshot of the whole stream, parameters
      * and both moments, on every writing rank, however few of the shards it writes; then the
      * live save reads (and io_uring registers) this rank's arenas whole: on one host the slices
@@ -223,8 +224,7 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     b->lowp_bytes = !lowp ? 0 : on_gpu || (native && bf16) ? 2 : 4;
     b->extra += b->params / 4 * b->lowp_bytes;
     if (where == DDP_MEM_CPU_BF16 && bf16) b->runtime += RUNTIME_DNNL;
-    /* a GPU's snapshot is host memory, outside a device budget */
-    b->checkpoint = s->ckpt_dir[0] && !on_gpu ? checkpoint_bytes(b) : 0;
+    b->checkpoint = s->ckpt_dir[0] ? checkpoint_bytes(b) : 0;
     int64_t work;
     batch_bytes(b, cfg, b->B, s->recompute, &b->acts, &b->emb, &work);
     /* shared: rank r reduces slice r of every rank's gradients and embedding slots and writes
@@ -296,8 +296,8 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)"
                        : "",
              ck,
-             !b->checkpoint ? ""
-             : b->writer    ? "  (this rank writes shards: a snapshot of the state)"
+             !b->checkpoint            ? ""
+             : b->writer && !b->on_gpu ? "  (this rank writes shards: a snapshot of the state)"
                             : "  (the moments gathered for a save; this rank writes no shard)",
              rt, tot, lim,
              b->limit_from, b->total <= b->limit ? "fits" : "DOES NOT FIT", b->max_B,

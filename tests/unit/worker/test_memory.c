@@ -167,6 +167,18 @@ static void test_budget_figures(void **state)
     assert_true(nw.writer);
     assert_int_equal(nw.checkpoint, w.checkpoint);
 
+    /* a GPU (nccl): sharded, the moments / world, and with checkpoints the other ranks' slices
+     * too (committed whole from the start, train_sharded.c); no snapshot (host memory) */
+    ddp_mem_budget_t g, gc;
+    assert_int_equal(ddp_mem_budget_plan(&s, 2, 2, 0, DDP_MEM_GPU, (int64_t)8 << 30, 0, &g), 0);
+    assert_int_equal(g.moments, g.params);
+    assert_int_equal(g.checkpoint, 0);
+    assert_int_equal(ddp_mem_budget_plan(&sc, 2, 2, 0, DDP_MEM_GPU, (int64_t)8 << 30, 0, &gc), 0);
+    assert_int_equal(gc.moments, gc.params);
+    assert_int_equal(gc.checkpoint, gc.params); /* 2P - 2P/2, the writer's snapshot aside */
+    check_parts(&g);
+    check_parts(&gc);
+
     /* the largest micro-batch named fits, and the next one up that divides the batch does not */
     s = spec_for("model: {preset: gpt2-mini}\ndata: {train: x}\n"
                  "train: {micro_batch: 4, seq_len: 256, global_batch_tokens: 16384, "
