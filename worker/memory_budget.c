@@ -282,8 +282,8 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              "  peer arenas       %12s%s\n"
              "  checkpoint        %12s%s\n"
              "  runtime           %12s\n"
-             "  total             %12s  of %s (%s): %s; largest micro_batch that fits: %d "
-             "(recompute block: %d)",
+             "  total             %12s  of %s (%s): %s; largest micro_batch that fits this "
+             "global batch: %d (recompute block: %d)",
              b->rank, b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
              (double)b->n_params / 1e6, g, mo, b->sharded ? ", / world: sharded" : "", ac, em,
              an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
