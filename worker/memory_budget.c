@@ -109,7 +109,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     }
     /* kernels/cpu/lowp.c, kernels/cuda/lowp.cu: a product's two converted inputs, the largest
      * being the LM head's dout [BT, V] and the MLP projection's input [BT, 4C] (on an H200 the
-     * GPU's were the 0.9 GB that bf16 runs of GPT-2 124M at 8 x 1024 used beyond fp32's) */
+     * GPU's were the ~890 MiB that bf16 runs of GPT-2 124M at 8 x 1024 used beyond fp32's) */
     int64_t widest = V > 4 * C ? V : 4 * C;
     w += (BT * widest + BT * 4 * C) * b->lowp_bytes;
     w += 3 * BT * 4;      /* train.c, gpt2.c: token and loss staging on the host */
