@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers for the scripts that run on a GPU machine (tests/gpu.sh, tests/bench/gpu_train.sh);
 # sourced, not run.
 losses() { grep -oE 'step +[0-9]+/[0-9]+ \| loss [0-9.]+' "$1" | awk '{print $NF}'; }
