@@ -433,12 +433,12 @@ static int stage_reserve(ddp_coll_t *c, nccl_impl_t *m, size_t bytes, size_t *of
     return 0;
 }
 
-/* Queues the NCCL call of q on buf (device memory); under m->lock. */
+/* Queues q's reduce-scatter or all-gather on buf (device memory); under m->lock. */
 static ncclResult_t enqueue_slices(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
 {
     ncclDataType_t t = q->dt == DDP_DT_F32 ? ncclFloat32 : ncclBfloat16;
     ncclRedOp_t op = q->op == DDP_OP_AVG ? ncclAvg : ncclSum;
-    size_t es = q->dt == DDP_DT_F32 ? 4 : 2, lo, hi;
+    size_t es = ddp_dtype_size(q->dt), lo, hi;
     int scatter = q->kind == DDP__REQ_REDUCE_SCATTER;
     ddp_coll_slice(q->count, c->size, 0, &lo, &hi);
     if (hi * (size_t)c->size == q->count) { /* equal slices: in place as NCCL defines it */
@@ -458,6 +458,7 @@ static ncclResult_t enqueue_slices(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t
     return r != ncclSuccess ? r : e;
 }
 
+/* Queues the NCCL call of q on buf (device memory); under m->lock. */
 static ncclResult_t enqueue_op(ddp_coll_t *c, nccl_impl_t *m, ddp_coll_req_t *q, void *buf)
 {
     if (q->kind == DDP__REQ_REDUCE_SCATTER || q->kind == DDP__REQ_ALLGATHER)

@@ -136,14 +136,13 @@ static void free_reduced(ddp_trainer_t *t, float *p)
  * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
+    size_t n = ddp_gpt2_count_params(&t->spec.model), bytes = n * sizeof(float);
     if (!uses_coll_mem(t)) { /* device memory: the model's arenas, the trainer's moments */
         if (!t->comm || !t->spec.shard_optimizer || t->elastic ||
             !ddp_coll_slices_anywhere(t->comm))
             return 0;
-        size_t n = ddp_gpt2_count_params(&t->spec.model);
         return ddp_sharded_reserve_device(&t->zero, n, t->ckpt != NULL, ei);
     }
-    size_t bytes = ddp_gpt2_count_params(&t->spec.model) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, bytes, &t->grads, ei));
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
      * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
@@ -519,7 +518,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (!joins_live) DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
     t->model.interrupted = comm_failed_now; /* a failed step stops at once */
     t->model.interrupted_arg = t;
-    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]), rc, fail);
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]),
+                   rc, fail);
     ddp_tckpt_run_t view;
     checkpoint_view(t, &view);
     ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */

@@ -124,13 +124,12 @@ typedef struct ddp_trainer {
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
 } ddp_trainer_t;
 
-
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
- * DDP_RDZV forms; else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN; else a world of one), opens the kernel backend, builds the model (rank 0's initial weights are
- * broadcast to all, or model.init_from's), the optimizer and the reducer, resumes from the
- * newest verified checkpoint in checkpoint.dir (unless opts says otherwise), opens the data and
- * starts the loader. On failure returns a negative code with ei describing it (which file,
- * which field). */
+ * DDP_RDZV forms; else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN; else a world of one),
+ * opens the kernel backend, builds the model (rank 0's initial weights are broadcast to all, or
+ * model.init_from's), the optimizer and the reducer, resumes from the newest verified checkpoint
+ * in checkpoint.dir (unless opts says otherwise), opens the data and starts the loader. On
+ * failure returns a negative code with ei describing it (which file, which field). */
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei);
 /* Elastic: leaves the current generation: stops the loader, releases the reducer, the

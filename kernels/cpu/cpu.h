@@ -72,7 +72,7 @@ struct ddp_kctx {
     float *scratch; /* op scratch (matmul's split-K partial sums), grown on demand */
     size_t scratch_bytes;
     ddp_kprec_t prec;              /* matmul input precision (lowp.c) */
-    void *lowp_in[2];              /* converted matmul inputs of the current call, grown on demand */
+    void *lowp_in[2];              /* this call's converted matmul inputs, grown as needed */
     size_t lowp_in_bytes[2];       /* their capacities */
     struct ddp__wcopy *wcopies;    /* converted weights, one per weight pointer (lowp.c) */
     int n_wcopies, cap_wcopies;

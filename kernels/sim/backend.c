@@ -188,7 +188,8 @@ static void sim_free(ddp_kctx_t *ctx, void *p)
 
 /* Smaller than the GPU's 2 MiB, so that the arenas of the small models the tests train span
  * several granules and a rank's foreign slices are really decommitted: an op that touches one
- * is then caught in CI. Callers cut slices at ddp_k_commit_granule's multiples, whatever it is. */
+ * is then caught in CI. ZeRO-1's slices start at multiples of DDP_COLL_SLICE_ELEMS floats
+ * (64 KiB), so here they are given back whole; on a GPU the granules at a slice's edges stay. */
 #define SIM_GRANULE ((size_t)64 << 10)
 
 static size_t sim_commit_granule(ddp_kctx_t *ctx) { return SIM_GRANULE; }

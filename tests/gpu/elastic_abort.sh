@@ -41,10 +41,9 @@ launch ref || { tail -n 20 "$tmp/ref.launch"; result FAIL "uninterrupted 2-rank 
 
 launch killed &
 pid=$!
-deadline=$((SECONDS + 120)) # rank 0 logs to the launcher's output: wait for its step 3
-until grep -q "step     3/" "$tmp/killed.launch" 2>/dev/null || [ $SECONDS -ge $deadline ]; do
-    sleep 0.1
-done
+# rank 0 logs to the launcher's output: wait for its step 3 line (tail follows the file as it
+# grows and grep ends at the first match), 120 s at most
+timeout 120 tail -n +1 -F "$tmp/killed.launch" 2>/dev/null | grep -q -m 1 "step     3/"
 kill -9 "$(cat "$tmp/killed/rank-1.pid" 2>/dev/null)" 2>/dev/null ||
     result FAIL "rank 1 was not running at step 3"
 wait $pid
