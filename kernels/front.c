@@ -180,22 +180,22 @@ void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbia
     k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
 }
 
-void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *att, const float *qkv, int B,
+void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *qkv, int B,
                          int T, int C, int NH)
 {
     if (!OP_READY(k, attention_fwd)) return;
-    REQUIRE(k, attention_fwd, out && att && qkv);
+    REQUIRE(k, attention_fwd, out && lse && qkv);
     REQUIRE(k, attention_fwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    k->ops->attention_fwd(k->ctx, out, att, qkv, B, T, C, NH);
+    k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH);
 }
 
-void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, float *datt, const float *dout,
-                         const float *qkv, const float *att, int B, int T, int C, int NH)
+void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const float *qkv,
+                         const float *out, const float *lse, int B, int T, int C, int NH)
 {
     if (!OP_READY(k, attention_bwd)) return;
-    REQUIRE(k, attention_bwd, dqkv && datt && dout && qkv && att);
+    REQUIRE(k, attention_bwd, dqkv && dout && qkv && out && lse);
     REQUIRE(k, attention_bwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    k->ops->attention_bwd(k->ctx, dqkv, datt, dout, qkv, att, B, T, C, NH);
+    k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n)

@@ -128,14 +128,16 @@ typedef struct ddp_kernels_ops {
                        const float *dout, const float *inp, const float *weight, int N, int C,
                        int OC, ddp_wlayout_t layout);
 
-    /* Causal multi-head self-attention.
-     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C];
-     * att[B,NH,T,T] saves the softmax probabilities (row t valid for t2 <= t, zero above). */
-    void (*attention_fwd)(ddp_kctx_t *, float *out, float *att, const float *qkv, int B, int T,
+    /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.
+     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C]; scale 1/sqrt(hs).
+     * lse[B,NH,T] saves each row's log-sum-exp (natural log) of its scaled scores over the
+     * positions t2 <= t: with qkv and out, all that backward needs. */
+    void (*attention_fwd)(ddp_kctx_t *, float *out, float *lse, const float *qkv, int B, int T,
                           int C, int NH);
-    /* dqkv[B,T,3C] += ...; datt[B,NH,T,T] is scratch (overwritten). */
-    void (*attention_bwd)(ddp_kctx_t *, float *dqkv, float *datt, const float *dout,
-                          const float *qkv, const float *att, int B, int T, int C, int NH);
+    /* dqkv[B,T,3C] += the gradient through attention of dout[B,T,C], from forward's qkv, out
+     * and lse (the probabilities are recomputed from them). */
+    void (*attention_bwd)(ddp_kctx_t *, float *dqkv, const float *dout, const float *qkv,
+                          const float *out, const float *lse, int B, int T, int C, int NH);
 
     /* out[n] = gelu_tanh(inp[n]); dinp[n] += gelu_tanh'(inp[n]) * dout[n]. */
     void (*gelu_fwd)(ddp_kctx_t *, float *out, const float *inp, size_t n);
@@ -260,10 +262,10 @@ void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const floa
 void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
                       const float *dout, const float *inp, const float *weight, int N, int C,
                       int OC, ddp_wlayout_t layout);
-void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *att, const float *qkv, int B,
+void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *qkv, int B,
                          int T, int C, int NH);
-void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, float *datt, const float *dout,
-                         const float *qkv, const float *att, int B, int T, int C, int NH);
+void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const float *qkv,
+                         const float *out, const float *lse, int B, int T, int C, int NH);
 void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n);
 void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
                     size_t n);

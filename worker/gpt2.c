@@ -163,9 +163,9 @@ const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name)
 }
 
 /* Layer l's saved activations: slice l of each per-layer tensor, or under recompute the one
- * slice that every block's forward writes (see gpt2_acts.c). */
+ * slice that every block's forward writes (see gpt2_layout.c). */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd;
+    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd;
     float *fch, *fchg;
 } layer_acts_t;
 
@@ -176,10 +176,9 @@ static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
     size_t s = a->recompute == DDP_RECOMPUTE_BLOCK ? 0 : (size_t)l;
     size_t BT = (size_t)a->B * a->T, C = (size_t)m->cfg.n_embd;
     size_t sBTC = s * BT * C, sBT = s * BT;
-    size_t sATT = s * (size_t)a->B * m->cfg.n_head * a->T * a->T;
     return (layer_acts_t){
         .ln1 = a->ln1 + sBTC, .ln1_mean = a->ln1_mean + sBT, .ln1_rstd = a->ln1_rstd + sBT,
-        .qkv = a->qkv + 3 * sBTC, .atty = a->atty + sBTC, .att = a->att + sATT,
+        .qkv = a->qkv + 3 * sBTC, .atty = a->atty + sBTC, .lse = a->lse + sBT * m->cfg.n_head,
         .res2 = a->res2 + sBTC, .ln2 = a->ln2 + sBTC, .ln2_mean = a->ln2_mean + sBT,
         .ln2_rstd = a->ln2_rstd + sBT, .fch = a->fch + 4 * sBTC, .fchg = a->fch_gelu + 4 * sBTC};
 }
@@ -197,7 +196,7 @@ static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int 
     layer_acts_t s = layer_acts(m, l);
     DDP_K(k, layernorm_fwd, s.ln1, s.ln1_mean, s.ln1_rstd, x, w->ln1w, w->ln1b, BT, C);
     DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, 3 * C, DDP_W_IN_OUT);
-    DDP_K(k, attention_fwd, s.atty, s.att, s.qkv, B, T, C, NH);
+    DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, NH);
     DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, DDP_W_IN_OUT);
     DDP_K(k, residual_fwd, s.res2, x, dc, (size_t)BT * C);
     DDP_K(k, layernorm_fwd, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, w->ln2w, w->ln2b, BT, C);
@@ -320,7 +319,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres, atty, w->attprojw,
               (int)BT, C, C, DDP_W_IN_OUT);
         DDP_CHECK(ddp_k_memset0(k, a->dqkv, BT * 3 * C * sizeof(float)));
-        DDP_K(k, attention_bwd, a->dqkv, a->datt, a->dc, qkv, s.att, B, T, C, NH);
+        DDP_K(k, attention_bwd, a->dqkv, a->dc, qkv, atty, s.lse, B, T, C, NH);
         DDP_CHECK(ddp_k_memset0(k, a->dc2, BT * C * sizeof(float)));
         DDP_K(k, matmul_bwd, a->dc2, g->qkvw, g->qkvb, a->dqkv, ln1, w->qkvw, (int)BT, C, 3 * C,
               DDP_W_IN_OUT);

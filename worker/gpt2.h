@@ -64,7 +64,7 @@ typedef struct ddp_gpt2_acts {
     float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T] x2 */
     float *qkv;                       /* [L,B,T,3C] */
     float *atty;                      /* [L,B,T,C] */
-    float *att;                       /* [L,B,NH,T,T] */
+    float *lse;                       /* [L,B,NH,T] attention's row log-sum-exps */
     float *res2;                      /* [L,B,T,C] */
     float *ln2, *ln2_mean, *ln2_rstd; /* [L,B,T,C], [L,B,T] x2 */
     float *fch, *fch_gelu;            /* [L,B,T,4C] x2 */
@@ -77,7 +77,6 @@ typedef struct ddp_gpt2_acts {
     float *dc;     /* [B,T,C] */
     float *dc2;    /* [B,T,C] */
     float *dqkv;   /* [B,T,3C] */
-    float *datt;   /* [B,NH,T,T] */
     float *dfc;    /* [B,T,4C] */
     float *dfc2;   /* [B,T,4C] */
     int32_t *inputs, *targets; /* [B,T] on the device */

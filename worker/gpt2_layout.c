@@ -68,8 +68,6 @@ static void add_tensor(void *vctx, const char *name, int ndim, int d0, int d1, i
     c->offset += numel;
 }
 
-
-
 int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params)
 {
     layout_ctx_t c = {.out = out};
@@ -88,7 +86,7 @@ size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg)
 size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base)
 {
     size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
-    size_t BT = (size_t)a->B * a->T, att = (size_t)a->B * NH * a->T * a->T;
+    size_t BT = (size_t)a->B * a->T;
     size_t LS = a->recompute == DDP_RECOMPUTE_BLOCK ? 1 : L; /* slices of a per-layer tensor */
     size_t off = 0;
 #define CARVE(field, n)                                                                      \
@@ -102,7 +100,7 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, floa
     CARVE(ln1_rstd, LS * BT);
     CARVE(qkv, LS * BT * 3 * C);
     CARVE(atty, LS * BT * C);
-    CARVE(att, LS * att);
+    CARVE(lse, LS * BT * NH);
     CARVE(res2, LS * BT * C);
     CARVE(ln2, LS * BT * C);
     CARVE(ln2_mean, LS * BT);
@@ -119,7 +117,6 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, floa
     CARVE(dc, BT * C);
     CARVE(dc2, BT * C);
     CARVE(dqkv, BT * 3 * C);
-    CARVE(datt, att);
     CARVE(dfc, BT * 4 * C);
     CARVE(dfc2, BT * 4 * C);
     /* int32 token buffers share the float arena (same size, 4 bytes) */

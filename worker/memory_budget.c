@@ -32,6 +32,8 @@
 #define KSPLIT_MIN 8192
 #define KCHUNK 4096
 #define KSPLIT_BYTES ((int64_t)32 << 20)
+/* kernels/cpu/attention.c: a row block of scores (ATT_ROWS rows) per thread, two in backward */
+#define ATT_ROWS 128
 /* collectives/ring_setup.c: the ring's slots on a link (DDP__RING_NSLOTS x the default 512 KiB
  * chunk). On one host they are the shared-memory transport's segments, and what passes through
  * them is the initial weights' broadcast and small votes: at most the parameters touch them
@@ -88,6 +90,13 @@ int64_t ddp_mem_host_limit(const char **from)
     return ram;
 }
 
+int ddp_mem_threads(int local)
+{
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (local < 1) local = 1;
+    return cores / local > 0 ? cores / local : 1;
+}
+
 /* Bytes of the things that grow with the micro-batch, at B x T under recompute r. */
 static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, int B,
                            ddp_recompute_t r, int64_t *acts, int64_t *emb, int64_t *work)
@@ -101,11 +110,17 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     *emb = n_micro * (BT + BT * C) * 4;
     int64_t w = 0;
     if (!b->on_gpu) {
-        if (V >= KSPLIT_MIN) {
-            int64_t part = (V + KCHUNK - 1) / KCHUNK * BT * C * 4;
-            if (part <= KSPLIT_BYTES) w += part;
-        }
+        /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
+         * partials and attention's score blocks */
+        int64_t part = 0, att = 2 * b->threads * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T * 4;
+        if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * BT * C * 4;
+        if (part > KSPLIT_BYTES) part = 0;
+        w += part > att ? part : att;
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
+    } else if (!b->flash) {
+        /* kernels/cuda/attention.cu's general path (fp32, or a head size the flash kernels do
+         * not take): one op's scores and their gradient, [B,NH,T,T] each, in the scratch */
+        w += 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
     }
     /* kernels/cpu/lowp.c, kernels/cuda/lowp.cu: a product's two converted inputs, the largest
      * being the LM head's dout [BT, V] and the MLP projection's input [BT, 4C] (on an H200 the
@@ -222,6 +237,10 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     int bf16 = s->precision == DDP_PREC_BF16 || (s->precision == DDP_PREC_AUTO && native);
     int lowp = bf16 || s->precision == DDP_PREC_FP16;
     b->lowp_bytes = !lowp ? 0 : on_gpu || (native && bf16) ? 2 : 4;
+    /* kernels/cuda/flash_attention.cu: 16-bit runs at head sizes 32, 64, 128 */
+    int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
+    b->flash = on_gpu && lowp && (hs == 32 || hs == 64 || hs == 128);
+    b->threads = s->threads > 0 ? s->threads : ddp_mem_threads(local);
     b->extra += b->params / 4 * b->lowp_bytes;
     if (where == DDP_MEM_CPU_BF16 && bf16) b->runtime += RUNTIME_DNNL;
     b->checkpoint = s->ckpt_dir[0] ? checkpoint_bytes(b) : 0;

@@ -36,6 +36,8 @@ typedef struct ddp_mem_budget {
     int lowp_bytes;  /* bytes of a matrix product's converted input element: 0 in fp32, 2 for
                       * bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates */
     int sharded;     /* the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
+    int flash;       /* a GPU's attention runs the flash kernels (no [B,NH,T,T] scratch) */
+    int threads;     /* the CPU kernels' threads (train.threads, else cores / local ranks) */
     ddp_recompute_t recompute;
     /* what it counts */
     int64_t n_params;          /* floats of one arena */
@@ -89,6 +91,10 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
 /* This host's memory available to one process tree: the cgroup's memory.max when set, else
  * the RAM; *from says which ("cgroup", "RAM"). */
 int64_t ddp_mem_host_limit(const char **from);
+
+/* The CPU kernels' threads per rank when train.threads is 0: this host's cores divided among
+ * its `local` ranks, at least 1. Any thread. */
+int ddp_mem_threads(int local);
 
 /* "1.50 GiB", "37.2 MiB", "512 B" into buf. Returns buf. */
 const char *ddp_mem_fmt(int64_t bytes, char *buf, size_t len);

@@ -13,6 +13,7 @@
 #include "common/log.h"
 #include "common/trace.h" /* train.trace */
 #include "proto/hf_config.h"    /* init_from config.json */
+#include "worker/memory_budget.h" /* train.threads default */
 #include "worker/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
 #include "worker/replicas.h"
 #include "worker/train_checkpoint.h"
@@ -56,14 +57,6 @@ static int open_metrics(ddp_trainer_t *t)
         return -errno;
     }
     return 0;
-}
-
-/* Threads per rank when the spec says 0: the cores divided among this host's ranks. */
-static int default_threads(const ddp_train_env_t *env)
-{
-    int n = env->local_world ? env->local_world : 1;
-    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 && cores / n > 0 ? cores / n : 1;
 }
 
 /* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->gen
@@ -470,7 +463,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    int threads = s->threads > 0 ? s->threads : default_threads(&t->opts.env);
+    int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
     t->device = t->opts.env.local_rank;
     rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->device, threads);

@@ -1,21 +1,29 @@
-/* Causal multi-head self-attention, forward and backward.
+/* Causal multi-head self-attention, forward and backward, flash-attention style: the op keeps
+ * no [T,T] tensor. Forward saves the output and each row's log-sum-exp; backward recomputes
+ * the probabilities from them, block by block.
  *
- * qkv[B,T,3C]: per position q, k, v, each NH heads of hs = C/NH; out[B,T,C];
- * att[B,NH,T,T]: softmax probabilities, row t holds t2 <= t and zeros above.
+ * qkv[B,T,3C]: per position q, k, v, each NH heads of hs = C/NH; out[B,T,C]; lse[B,NH,T].
  * One task per (b, head): it reads and writes only that head's slices, so tasks never share an
  * output element, and its products are single-threaded sgemms of fixed shapes, so every sum
  * runs in a fixed order (thread-independent results).
  * Causal blocks: a task walks the rows in blocks of ATT_ROWS; block [r0, r1) multiplies only
  * the columns < r1 (the ones its rows can see), which skips most of the masked upper triangle:
- * at T = 1024 the products do 56% of the full square's work. Each block's contributions to dK
- * and dV are added in block order, a fixed order.
- * Scores are scaled by 1/sqrt(hs). The softmax pieces come from kernels/math/softmax.h.
+ * at T = 1024 the products do 56% of the full square's work. A block's scores live in a
+ * per-thread scratch of ATT_ROWS x T floats (two in backward: P and dS), so the op's memory is
+ * 2 x threads x ATT_ROWS x T floats, not B x NH x T x T. The CPU does not tile the columns
+ * further (the GPU's kernel does): the whole causal width of a block is one sgemm, which is
+ * what keeps the products fast, and a row's softmax then needs no running rescale.
+ * Each block's contributions to dK and dV are added in block order, a fixed order.
+ * Scores are scaled by 1/sqrt(hs). The softmax pieces come from kernels/math/softmax.h; exp is
+ * ddp_expf_approx (about 2 ulp), whose loops vectorise where glibc's expf is a call per element
+ * (half of a 1024-token context's attention forward went to it otherwise).
  */
 #include "kernels/cpu/cpu.h"
 
 #include <cblas.h>
 #include <math.h>
 
+#include "common/err.h"
 #include "kernels/math/softmax.h"
 
 #define ATT_ROWS 128 /* rows of a causal block */
@@ -53,28 +61,29 @@ static float lane_max(const float *restrict x, int n)
     return m;
 }
 
-/* row[0..n) <- softmax(row[0..n)), row[n..T) <- 0. exp is ddp_expf_approx (about 2 ulp),
- * whose loop vectorises, where glibc's expf is a call per element: a 1024-token context spends
- * about half of its attention forward outside the products otherwise. */
-static void softmax_row(float *restrict row, int n, int T)
-{
-    float mx = lane_max(row, n);
-    for (int i = 0; i < n; i++) row[i] = ddp_softmax_exp_approx(row[i], mx);
-    float inv = 1.0f / lane_dot(row, NULL, n);
-    for (int i = 0; i < n; i++) row[i] *= inv;
-    for (int i = n; i < T; i++) row[i] = 0.0f;
-}
-
 typedef struct {
-    float *out, *att, *dqkv, *datt;
-    const float *qkv, *dout, *catt;
+    float *out, *lse, *dqkv;
+    const float *qkv, *dout, *cout, *clse;
     int B, T, C, NH;
+    float *scratch; /* `per_thread` floats for each pool thread */
+    size_t per_thread;
 } att_args_t;
 
-/* The products of one head are small sgemms (single-threaded inside a task) over causal row
- * blocks: block [r0, r1) computes the scores of columns < r1; of those, the ones above the
- * diagonal are masked to exactly zero after the scores and stay zero through backward, so they
- * add nothing. Columns >= r1 of the block's rows are written as zeros. */
+/* The calling thread's share of a->scratch. */
+static float *thread_scratch(const att_args_t *a)
+{
+    return a->scratch + (size_t)ddp__pool_self() * a->per_thread;
+}
+
+/* Block [r0, r1)'s scores scale Q K^T over the columns < r1 into s[rb, r1]. */
+static void block_scores(float *s, const float *q, const float *k, int r0, int r1, int hs,
+                         int C3)
+{
+    float scale = 1.0f / sqrtf((float)hs);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
+                q + (size_t)r0 * C3, C3, k, C3, 0.0f, s, r1);
+}
+
 static void att_fwd_task(void *varg, long task)
 {
     const att_args_t *a = varg;
@@ -82,26 +91,45 @@ static void att_fwd_task(void *varg, long task)
     int b = (int)(task / NH), h = (int)(task % NH);
     int C3 = 3 * C;
     const float *q = a->qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
-    float *att = a->att + ((size_t)b * NH + h) * T * T;
+    float *lse = a->lse + ((size_t)b * NH + h) * T;
     float *out = a->out + (size_t)b * T * C + (size_t)h * hs;
-    float scale = 1.0f / sqrtf((float)hs);
+    float *p = thread_scratch(a); /* [rb, r1] scores, then probabilities */
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
-        float *blk = att + (size_t)r0 * T;
-        /* scores = scale * Q K^T, columns < r1 */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, scale,
-                    q + (size_t)r0 * C3, C3, k, C3, 0.0f, blk, T);
-        for (int t = r0; t < r1; t++) softmax_row(att + (size_t)t * T, t + 1, T);
+        block_scores(p, q, k, r0, r1, hs, C3);
+        for (int t = r0; t < r1; t++) {
+            float *restrict row = p + (size_t)(t - r0) * r1;
+            int n = t + 1;
+            float mx = lane_max(row, n);
+            for (int i = 0; i < n; i++) row[i] = ddp_softmax_exp_approx(row[i], mx);
+            float sum = lane_dot(row, NULL, n), inv = 1.0f / sum;
+            for (int i = 0; i < n; i++) row[i] *= inv;
+            for (int i = n; i < r1; i++) row[i] = 0.0f;
+            lse[t] = mx + logf(sum);
+        }
         /* out = P V over columns < r1 */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, blk, T, v, C3,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, p, r1, v, C3,
                     0.0f, out + (size_t)r0 * C, C);
     }
 }
 
-void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+/* Gives a `blocks` score blocks of ATT_ROWS x T floats on each pool thread, in ctx's scratch;
+ * 0, or DDP_ENOMEM (also kept in ctx->err). */
+static int att_scratch(ddp_kctx_t *ctx, att_args_t *a, int blocks)
+{
+    size_t rows = a->T < ATT_ROWS ? (size_t)a->T : ATT_ROWS;
+    a->per_thread = (size_t)blocks * rows * (size_t)a->T;
+    a->scratch = ddp__cpu_scratch(ctx, (size_t)ctx->threads * a->per_thread * sizeof(float));
+    if (a->scratch) return 0;
+    if (!ctx->err) ctx->err = DDP_ENOMEM;
+    return DDP_ENOMEM;
+}
+
+void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
                             int T, int C, int NH)
 {
-    att_args_t a = {.out = out, .att = att, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    if (att_scratch(ctx, &a, 1)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_fwd_task, &a);
 }
 
@@ -113,39 +141,47 @@ static void att_bwd_task(void *varg, long task)
     int C3 = 3 * C;
     const float *q = a->qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
     float *dq = a->dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dk = dq + C, *dv = dq + 2 * C;
-    const float *p = a->catt + ((size_t)b * NH + h) * T * T;
-    float *ds = a->datt + ((size_t)b * NH + h) * T * T;
+    const float *lse = a->clse + ((size_t)b * NH + h) * T;
     const float *dout = a->dout + (size_t)b * T * C + (size_t)h * hs;
+    const float *out = a->cout + (size_t)b * T * C + (size_t)h * hs;
+    float *p = thread_scratch(a), *ds = p + a->per_thread / 2; /* [rb, r1] each */
     float scale = 1.0f / sqrtf((float)hs);
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
-        const float *pb = p + (size_t)r0 * T, *dob = dout + (size_t)r0 * C;
-        float *dsb = ds + (size_t)r0 * T;
+        const float *dob = dout + (size_t)r0 * C;
+        /* P = exp(scores - lse) again, zero above the diagonal */
+        block_scores(p, q, k, r0, r1, hs, C3);
+        for (int t = r0; t < r1; t++) {
+            float *restrict row = p + (size_t)(t - r0) * r1;
+            for (int i = 0; i <= t; i++) row[i] = ddp_softmax_exp_approx(row[i], lse[t]);
+            for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
+        }
         /* out = P V:  dP = dO V^T,  dV += P^T dO (columns < r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, 1.0f, dob, C, v, C3,
-                    0.0f, dsb, T);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, 1.0f, pb, T, dob, C,
+                    0.0f, ds, r1);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, 1.0f, p, r1, dob, C,
                     1.0f, dv, C3);
-        /* softmax backward, row by row, in place: dS = P (dP - sum(P dP)); zero where P is */
+        /* softmax backward, in place: dS = P (dP - D), D = dO . O = sum(P dP) for the row */
         for (int t = r0; t < r1; t++) {
-            const float *restrict prow = p + (size_t)t * T;
-            float *restrict row = ds + (size_t)t * T;
-            float pdp = lane_dot(prow, row, t + 1);
-            for (int t2 = 0; t2 <= t; t2++) row[t2] = ddp_softmax_bwd(prow[t2], row[t2], pdp);
-            for (int t2 = t + 1; t2 < T; t2++) row[t2] = 0.0f;
+            const float *restrict prow = p + (size_t)(t - r0) * r1;
+            float *restrict row = ds + (size_t)(t - r0) * r1;
+            float d = lane_dot(dout + (size_t)t * C, out + (size_t)t * C, hs);
+            for (int i = 0; i <= t; i++) row[i] = ddp_softmax_bwd(prow[i], row[i], d);
+            for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
         }
         /* scores = scale Q K^T:  dQ += scale dS K,  dK += scale dS^T Q (columns < r1) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, dsb, T, k, C3,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, ds, r1, k, C3,
                     1.0f, dq + (size_t)r0 * C3, C3);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, scale, dsb, T,
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, scale, ds, r1,
                     q + (size_t)r0 * C3, C3, 1.0f, dk, C3);
     }
 }
 
-void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
-                            const float *qkv, const float *att, int B, int T, int C, int NH)
+void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                            const float *out, const float *lse, int B, int T, int C, int NH)
 {
-    att_args_t a = {.dqkv = dqkv, .datt = datt, .dout = dout, .qkv = qkv, .catt = att, .B = B,
+    att_args_t a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .cout = out, .clse = lse, .B = B,
                     .T = T, .C = C, .NH = NH};
+    if (att_scratch(ctx, &a, 2)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_bwd_task, &a);
 }

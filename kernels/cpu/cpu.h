@@ -130,10 +130,10 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *db
                          const float *dout, const float *inp, const float *weight, int N, int C,
                          int OC, ddp_wlayout_t layout);
 /* attention.c */
-void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
                             int T, int C, int NH);
-void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
-                            const float *qkv, const float *att, int B, int T, int C, int NH);
+void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                            const float *out, const float *lse, int B, int T, int C, int NH);
 /* pointwise.c */
 void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
 void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,

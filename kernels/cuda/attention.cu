@@ -1,19 +1,29 @@
 /* Causal multi-head self-attention, forward and backward, straight on the qkv layout.
  *
+ * Two paths behind one op:
+ * - flash_attention.cu's tensor-core kernels when ddp__cuda_flash_supported (bf16/fp16 runs,
+ *   hs = 32, 64 or 128): no [T,T] tensor at all;
+ * - this file's general path for every other case (fp32 runs, other head sizes): batched
+ *   cuBLAS products over one op's [B,NH,T,T] scores in the context's scratch (one layer's at a
+ *   time, never kept across ops), fp32 throughout.
+ * Both save only out and lse[B,NH,T] (the row's natural-log log-sum-exp of its scaled scores);
+ * backward recomputes the probabilities P = exp(scores - lse).
+ *
  * qkv[B,T,3C]: q, k, v of head h at offsets h*hs, C + h*hs, 2C + h*hs of each position
  * (hs = C/NH), so each head's Q, K, V is a [T, hs] matrix with row stride 3C and every product
  * is a batched cuBLAS gemm over the B*NH heads (pointer arrays built on the device, no
  * permuted copies). scale = 1/sqrt(hs).
  *
- * forward   att[b,h] = softmax_causal(scale Q K^T)   gemm into att, then one warp per row
- *                                                    (max, sum of exps, p; zero above t)
- *           out[b,t,h*hs:] = att[b,h] @ V            gemm, written with row stride C
- * backward  dV   += att^T @ dout
- *           datt  = dout @ V^T                       (datt is scratch)
- *           dpre  = scale * att (datt - rowsum(att datt))   one warp per row, in place in datt
- *           dQ   += dpre @ K,   dK += dpre^T @ Q
- * Scratch: 9 * B*NH pointers. Limits: B*NH*T < 2^31 rows; T*T per head must fit in memory
- * (att is [B,NH,T,T] by the interface).
+ * forward   S  = scale Q K^T                  gemm into scratch
+ *           P  = softmax_causal(S), lse       one warp per row (zero above t)
+ *           out[b,t,h*hs:] = P @ V            gemm, written with row stride C
+ * backward  P  = exp(scale Q K^T - lse)       gemm, then one warp per row
+ *           dV += P^T @ dout
+ *           dP = dout @ V^T
+ *           dS = scale * P (dP - D), D = dout . out     one warp per row, in place in dP
+ *           dQ += dS @ K,   dK += dS^T @ Q
+ * Scratch: B*NH*T*T floats forward, twice that backward, plus 9 * B*NH pointers.
+ * Limits: B*NH*T < 2^31 rows.
  */
 #include "kernels/cuda/kcuda.cuh"
 #include "kernels/math/softmax.h"
@@ -26,7 +36,7 @@ struct ptr_args {
     const float *qkv; /* Q, K, V come from here; dQ, dK, dV from dqkv when non-NULL */
     float *dqkv;
     float *bt[2];     /* [B,T,C] tensors (out / dout), NULL when absent */
-    float *bhtt[2];   /* [B,NH,T,T] tensors (att, datt), NULL when absent */
+    float *bhtt[2];   /* [B,NH,T,T] tensors (P, dP in scratch), NULL when absent */
 };
 
 static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, int C, int NH)
@@ -49,22 +59,27 @@ static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, i
     }
 }
 
-/* Builds the pointer arrays in scratch; *ptrs receives them (array a at ptrs + a*B*NH). */
-static int fill_ptrs(ddp_kctx_t *ctx, float ***ptrs, int narrays, const ptr_args *a, int B, int T,
-                     int C, int NH)
+/* Carves ctx's scratch into `nsq` [B,NH,T,T] float tensors and `narrays` pointer arrays
+ * (array a at (*ptrs) + a*B*NH), fills a->bhtt with the tensors, and builds the arrays. */
+static int attention_scratch(ddp_kctx_t *ctx, float ***ptrs, int narrays, int nsq, ptr_args *a,
+                             int B, int T, int C, int NH)
 {
-    size_t BH = (size_t)B * NH;
-    void *p;
-    DDP_CHECK(ddp__cuda_scratch(ctx, (size_t)narrays * BH * sizeof(float *), &p));
+    size_t BH = (size_t)B * NH, sq = BH * T * T * sizeof(float);
+    char *p;
+    DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + (size_t)narrays * BH * sizeof(float *),
+                                (void **)&p));
+    for (int i = 0; i < nsq; i++) a->bhtt[i] = (float *)(p + i * sq);
+    float **arrays = (float **)(p + nsq * sq);
     fill_ptrs_kernel<<<ddp__grid(BH, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-        (float **)p, *a, B, T, C, NH);
+        arrays, *a, B, T, C, NH);
     DDP_CHECK(ddp__cuda_launched(ctx, "attention(pointers)"));
-    *ptrs = (float **)p;
+    *ptrs = arrays;
     return 0;
 }
 
-/* Row r of [B*NH*T, T] holds scale*q.k; becomes the causal softmax (zeros above t). */
-static __global__ void softmax_fwd_kernel(float *att, int rows, int T)
+/* Row r of [B*NH*T, T] holds scale*q.k; becomes the causal softmax (zeros above t), and
+ * lse[r] its log-sum-exp. */
+static __global__ void softmax_fwd_kernel(float *att, float *lse, int rows, int T)
 {
     int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
@@ -76,25 +91,42 @@ static __global__ void softmax_fwd_kernel(float *att, int rows, int T)
     mx = ddp__warp_max(mx);
     float s = 0.0f;
     for (int t2 = lane; t2 <= t; t2 += 32) s += ddp_softmax_exp(x[t2], mx);
-    float inv = 1.0f / ddp__warp_sum(s);
+    s = ddp__warp_sum(s);
+    float inv = 1.0f / s;
     for (int t2 = lane; t2 < T; t2 += 32) x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], mx) * inv : 0.0f;
+    if (lane == 0) lse[r] = mx + logf(s);
 }
 
-/* datt (row r) becomes scale * dpre; zeros above t. */
-static __global__ void softmax_bwd_kernel(float *datt, const float *att, int rows, int T,
-                                          float scale)
+/* Row r of [B*NH*T, T] holds scale*q.k; becomes P = exp(x - lse[r]) (zeros above t). */
+static __global__ void softmax_again_kernel(float *att, const float *lse, int rows, int T)
 {
     int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
     int t = r % T;
-    float *dp = datt + (size_t)r * T;
-    const float *p = att + (size_t)r * T;
-    float dot = 0.0f;
-    for (int t2 = lane; t2 <= t; t2 += 32) dot += p[t2] * dp[t2];
-    dot = ddp__warp_sum(dot);
+    float *x = att + (size_t)r * T;
+    float l = lse[r];
+    for (int t2 = lane; t2 < T; t2 += 32) x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], l) : 0.0f;
+}
+
+/* dP (row r = (b, h, t)) becomes dS = scale * P (dP - D), D = dout[b,t,h] . out[b,t,h]; zeros
+ * above t. */
+static __global__ void softmax_bwd_kernel(float *dp, const float *p, const float *dout,
+                                          const float *out, int rows, int T, int C, int NH,
+                                          float scale)
+{
+    int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    int t = r % T, bh = r / T, b = bh / NH, h = bh % NH, hs = C / NH;
+    size_t o = ((size_t)b * T + t) * C + (size_t)h * hs;
+    float d = 0.0f;
+    for (int i = lane; i < hs; i += 32) d += dout[o + i] * out[o + i];
+    d = ddp__warp_sum(d);
+    float *dpr = dp + (size_t)r * T;
+    const float *pr = p + (size_t)r * T;
     for (int t2 = lane; t2 < T; t2 += 32)
-        dp[t2] = t2 <= t ? scale * ddp_softmax_bwd(p[t2], dp[t2], dot) : 0.0f;
+        dpr[t2] = t2 <= t ? scale * ddp_softmax_bwd(pr[t2], dpr[t2], d) : 0.0f;
 }
 
 static int gemm_batched(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
@@ -107,58 +139,75 @@ static int gemm_batched(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t
                              what);
 }
 
-void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+static unsigned row_blocks(int rows) { return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+
+void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
                              int T, int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    if (ddp__cuda_flash_supported(ctx, C, NH)) {
+        ddp__cuda_flash_fwd(ctx, out, lse, qkv, B, T, C, NH);
+        return;
+    }
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
-    ptr_args a = {qkv, NULL, {out, NULL}, {att, NULL}};
+    ptr_args a = {qkv, NULL, {out, NULL}, {NULL, NULL}};
     float **p;
-    if (fill_ptrs(ctx, &p, 5, &a, B, T, C, NH)) return;
-    float **Q = p, **K = p + BH, **V = p + 2 * BH, **O = p + 3 * BH, **A = p + 4 * BH;
-    /* att^T (col-major) = K Q^T, i.e. att[t][t2] = scale q_t . k_t2 */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, C3, Q, C3, 0.0f, A, T, BH,
+    if (attention_scratch(ctx, &p, 5, 1, &a, B, T, C, NH)) return;
+    float **Q = p, **K = p + BH, **V = p + 2 * BH, **O = p + 3 * BH, **S = p + 4 * BH;
+    /* S^T (col-major) = K Q^T, i.e. S[t][t2] = scale q_t . k_t2 */
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, C3, Q, C3, 0.0f, S, T, BH,
                      "attention_fwd(qk)"))
         return;
     int rows = BH * T;
-    softmax_fwd_kernel<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
-                         32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(att, rows, T);
+    softmax_fwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0], lse,
+                                                                                 rows, T);
     if (ddp__cuda_launched(ctx, "attention_fwd(softmax)")) return;
-    /* out^T = V^T att^T */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, V, C3, A, T, 0.0f, O, C, BH,
-                 "attention_fwd(av)");
+    /* out^T = V^T P^T */
+    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, V, C3, S, T, 0.0f, O, C, BH,
+                 "attention_fwd(pv)");
 }
 
-void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
-                             const float *qkv, const float *att, int B, int T, int C, int NH)
+void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                             const float *out, const float *lse, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    if (ddp__cuda_flash_supported(ctx, C, NH)) {
+        ddp__cuda_flash_bwd(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
-    ptr_args a = {qkv, dqkv, {(float *)dout, NULL}, {(float *)att, datt}};
+    ptr_args a = {qkv, dqkv, {(float *)dout, NULL}, {NULL, NULL}};
     float **p;
-    if (fill_ptrs(ctx, &p, 9, &a, B, T, C, NH)) return;
+    if (attention_scratch(ctx, &p, 9, 2, &a, B, T, C, NH)) return;
     float **Q = p, **K = p + BH, **V = p + 2 * BH;
     float **dQ = p + 3 * BH, **dK = p + 4 * BH, **dV = p + 5 * BH;
-    float **dO = p + 6 * BH, **A = p + 7 * BH, **dA = p + 8 * BH;
-    /* dV^T += dout^T att */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, A, T, 1.0f, dV, C3, BH,
+    float **dO = p + 6 * BH, **P = p + 7 * BH, **dP = p + 8 * BH;
+    int rows = BH * T;
+    /* P again: S^T = K Q^T, then exp(S - lse) */
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, C3, Q, C3, 0.0f, P, T, BH,
+                     "attention_bwd(qk)"))
+        return;
+    softmax_again_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0],
+                                                                                   lse, rows, T);
+    if (ddp__cuda_launched(ctx, "attention_bwd(p)")) return;
+    /* dV^T += dout^T P */
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 1.0f, dV, C3, BH,
                      "attention_bwd(dv)"))
         return;
-    /* datt^T = V dout^T */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, V, C3, dO, C, 0.0f, dA, T, BH,
-                     "attention_bwd(datt)"))
+    /* dP^T = V dout^T */
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, V, C3, dO, C, 0.0f, dP, T, BH,
+                     "attention_bwd(dp)"))
         return;
-    int rows = BH * T;
-    softmax_bwd_kernel<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
-                         32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(datt, att, rows, T, scale);
+    softmax_bwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
+        a.bhtt[1], a.bhtt[0], dout, out, rows, T, C, NH, scale);
     if (ddp__cuda_launched(ctx, "attention_bwd(softmax)")) return;
-    /* dQ^T += K^T dpre^T */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, C3, dA, T, 1.0f, dQ, C3, BH,
+    /* dQ^T += K^T dS^T */
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, C3, dP, T, 1.0f, dQ, C3, BH,
                      "attention_bwd(dq)"))
         return;
-    /* dK^T += Q^T dpre */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dA, T, 1.0f, dK, C3, BH,
+    /* dK^T += Q^T dS */
+    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dP, T, 1.0f, dK, C3, BH,
                  "attention_bwd(dk)");
 }

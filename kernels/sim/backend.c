@@ -76,7 +76,9 @@ static void run(void *arg)
             ((float *)p[0])[0] += 1.0f;
         break;
     case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
-    case ATT_BWD: CPU.attention_bwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]); break;
+    case ATT_BWD:
+        CPU.attention_bwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]);
+        break;
     case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
     case GELU_BWD: CPU.gelu_bwd(c, p[0], p[1], p[2], a->z[0]); break;
     case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
@@ -376,28 +378,28 @@ static void sim_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *
            F(weight, (size_t)C * OC, R));
 }
 
-static void sim_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const float *qkv, int B,
+static void sim_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
                               int T, int C, int NH)
 {
     args_t *a = new_args(ctx, ATT_FWD);
     if (!a) return;
     size_t BT = (size_t)B * T;
-    set_p(a, 3, out, att, qkv);
+    set_p(a, 3, out, lse, qkv);
     a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
-    LAUNCH(ctx, a, "attention_fwd", F(out, BT * C, W), F(att, BT * NH * T, W),
+    LAUNCH(ctx, a, "attention_fwd", F(out, BT * C, W), F(lse, BT * NH, W),
            F(qkv, BT * 3 * C, R));
 }
 
-static void sim_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
-                              const float *qkv, const float *att, int B, int T, int C, int NH)
+static void sim_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                              const float *out, const float *lse, int B, int T, int C, int NH)
 {
     args_t *a = new_args(ctx, ATT_BWD);
     if (!a) return;
     size_t BT = (size_t)B * T;
-    set_p(a, 5, dqkv, datt, dout, qkv, att);
+    set_p(a, 5, dqkv, dout, qkv, out, lse);
     a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
-    LAUNCH(ctx, a, "attention_bwd", F(dqkv, BT * 3 * C, RW), F(datt, BT * NH * T, W),
-           F(dout, BT * C, R), F(qkv, BT * 3 * C, R), F(att, BT * NH * T, R));
+    LAUNCH(ctx, a, "attention_bwd", F(dqkv, BT * 3 * C, RW), F(dout, BT * C, R),
+           F(qkv, BT * 3 * C, R), F(out, BT * C, R), F(lse, BT * NH, R));
 }
 
 static void sim_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)

@@ -67,7 +67,7 @@ int main(int argc, char **argv)
     float *x = buf(&k, (size_t)N * 4 * C, 6), *dx = buf(&k, (size_t)N * 4 * C, 7);
     float *y = buf(&k, (size_t)N * 4 * C, 8), *dy = buf(&k, (size_t)N * 4 * C, 9);
     float *logits = buf(&k, (size_t)N * V, 10), *losses = buf(&k, N, 11);
-    float *att = buf(&k, (size_t)B * NH * T * T, 12), *datt = buf(&k, (size_t)B * NH * T * T, 13);
+    float *lse = buf(&k, (size_t)B * NH * T, 12);
     float *mean = buf(&k, N, 14), *rstd = buf(&k, N, 15), *lnw = buf(&k, C, 16);
     int32_t tok[N];
     for (int i = 0; i < N; i++) tok[i] = (i * 7919) % V;
@@ -99,14 +99,14 @@ int main(int argc, char **argv)
         DDP_K(&k, encoder_fwd, y, tok, wte, lnw, B, 1, C);
         for (int l = 0; l < L; l++) {
             for (int q = 0; q < 2; q++) DDP_K(&k, layernorm_fwd, y, mean, rstd, x, lnw, lnw, N, C);
-            DDP_K(&k, attention_fwd, y, att, x, B, T, C, NH);
+            DDP_K(&k, attention_fwd, y, lse, x, B, T, C, NH);
             DDP_K(&k, gelu_fwd, y, x, (size_t)N * 4 * C);
             for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, y, (size_t)N * C);
         }
         DDP_K(&k, xent_fwd_bwd, losses, logits, logits, tok, N, V, 1.0f / N);
         for (int l = 0; l < L; l++) {
             DDP_K(&k, gelu_bwd, dx, x, dy, (size_t)N * 4 * C);
-            DDP_K(&k, attention_bwd, dx, datt, dy, x, att, B, T, C, NH);
+            DDP_K(&k, attention_bwd, dx, dy, x, y, lse, B, T, C, NH);
             for (int q = 0; q < 2; q++)
                 DDP_K(&k, layernorm_bwd, dx, dy, dy + C, dy, x, lnw, mean, rstd, N, C);
         }

@@ -139,7 +139,7 @@ void ref_matmul(double *out, const double *inp, const double *w, const double *b
         }
 }
 
-void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C, int NH)
+void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH)
 {
     int hs = C / NH;
     double scale = 1.0 / sqrt((double)hs);
@@ -156,11 +156,8 @@ void ref_attention(double *out, double *att, const double *qkv, int B, int T, in
                 }
                 double sum = 0.0;
                 for (int t2 = 0; t2 <= t; t2++) sum += (p[t2] = exp(p[t2] - mx));
-                for (int t2 = 0; t2 < T; t2++) {
-                    double pv = t2 <= t ? p[t2] / sum : 0.0;
-                    if (att) att[(((size_t)b * NH + h) * T + t) * T + t2] = pv;
-                    p[t2] = pv;
-                }
+                for (int t2 = 0; t2 <= t; t2++) p[t2] /= sum;
+                if (lse) lse[((size_t)b * NH + h) * T + t] = mx + log(sum);
                 double *o = out + ((size_t)b * T + t) * C + (size_t)h * hs;
                 for (int i = 0; i < hs; i++) {
                     double s = 0.0;

@@ -46,7 +46,8 @@ void ref_layernorm(double *out, double *mean, double *rstd, const double *inp, c
                    const double *b, int N, int C);
 void ref_matmul(double *out, const double *inp, const double *w, const double *bias, int N,
                 int C, int OC, ddp_wlayout_t layout);
-void ref_attention(double *out, double *att, const double *qkv, int B, int T, int C, int NH);
+/* Causal attention; lse (may be NULL) gets each row's log-sum-exp [B,NH,T]. */
+void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH);
 double ref_gelu(double x);
 void ref_xent(double *losses, const double *logits, const int32_t *targets, int N, int V);
 double kdot(const double *a, const double *b, size_t n);

@@ -20,6 +20,7 @@
 #include "common/crc32c.h"
 #include "common/err.h"
 #include "kernels/kernels.h"
+#include "att_square.h"
 #include "kref.h"
 #include "ktests.h"
 
@@ -240,30 +241,27 @@ static double att_loss(void *arg)
 static void check_attention(int B, int T, int C, int NH, size_t max_checks)
 {
     krng_t r = {4u + (uint64_t)T};
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
-    float *qkv = falloc(nq), *out = falloc(no), *att = falloc(na);
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    float *qkv = falloc(nq), *out = falloc(no), *lse = falloc(nl);
     kfill(&r, qkv, nq, -1.5, 1.5);
-    memset(att, 0xff, na * sizeof(float)); /* NaNs: every element must be written */
-    DDP_K(&K, attention_fwd, out, att, qkv, B, T, C, NH);
+    memset(lse, 0xff, nl * sizeof(float)); /* NaNs: every element must be written */
+    DDP_K(&K, attention_fwd, out, lse, qkv, B, T, C, NH);
     att_loss_t a = {.qkv = dof(qkv, nq), .out = dalloc(no), .B = B, .T = T, .C = C, .NH = NH};
-    double *ratt = dalloc(na);
-    ref_attention(a.out, ratt, a.qkv, B, T, C, NH);
+    double *rlse = dalloc(nl);
+    ref_attention(a.out, rlse, a.qkv, B, T, C, NH);
     assert_int_equal(kclose("attention out", out, a.out, no, RTOL, AFRAC), 0);
-    assert_int_equal(kclose("attention att", att, ratt, na, RTOL, AFRAC), 0);
-    for (size_t i = 0; i < na; i++)
-        if ((int)(i % T) > (int)((i / T) % T)) assert_true(att[i] == 0.0f);
+    assert_int_equal(kclose("attention lse", lse, rlse, nl, RTOL, AFRAC), 0);
 
-    float *dout = falloc(no), *dqkv = falloc(nq), *datt = falloc(na);
+    float *dout = falloc(no), *dqkv = falloc(nq);
     kfill(&r, dout, no, -1, 1);
     kfill(&r, dqkv, nq, -1, 1);
-    memset(datt, 0xff, na * sizeof(float)); /* scratch: its old contents must not matter */
     float *dqkv0 = fdup(dqkv, nq);
-    DDP_K(&K, attention_bwd, dqkv, datt, dout, qkv, att, B, T, C, NH);
+    DDP_K(&K, attention_bwd, dqkv, dout, qkv, out, lse, B, T, C, NH);
     a.wt = dof(dout, no);
     assert_int_equal(kfd_check("attention dqkv", att_loss, &a, a.qkv, nq, dqkv, dqkv0,
                                max_checks, &r, RTOL, AFRAC), 0);
-    free(qkv), free(out), free(att), free(dout), free(dqkv), free(datt), free(dqkv0);
-    free(a.qkv), free(a.out), free(a.wt), free(ratt);
+    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(dqkv0);
+    free(a.qkv), free(a.out), free(a.wt), free(rlse);
 }
 
 static void test_attention(void **state)
@@ -272,6 +270,44 @@ static void test_attention(void **state)
     check_attention(1, 33, 40, 5, 400);  /* hs = 8 */
     check_attention(2, 9, 36, 2, 400);   /* hs = 18: a remainder after 8 lanes */
     check_attention(1, 300, 16, 2, 200); /* three causal row blocks, the last one partial */
+}
+
+/* Flash attention against the T x T attention it replaced (att_square.c), in fp32, on T below,
+ * at and above the row block and on a long context, with up to 48 heads of a batch. */
+static void check_flash_square(int B, int T, int C, int NH)
+{
+    krng_t r = {40u + (uint64_t)T};
+    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    float *qkv = falloc(nq), *out = falloc(no), *lse = falloc((size_t)B * NH * T);
+    float *sq_out = falloc(no), *att = falloc(na), *dout = falloc(no);
+    float *dqkv = falloc(nq), *sq_dqkv = falloc(nq);
+    kfill(&r, qkv, nq, -2, 2);
+    kfill(&r, dout, no, -1, 1);
+    kfill(&r, dqkv, nq, -1, 1);
+    memcpy(sq_dqkv, dqkv, nq * sizeof(float));
+    DDP_K(&K, attention_fwd, out, lse, qkv, B, T, C, NH);
+    DDP_K(&K, attention_bwd, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    assert_int_equal(ddp_k_sync(&K), 0);
+    square_attention_fwd(sq_out, att, qkv, B, T, C, NH);
+    float *datt = falloc(na);
+    square_attention_bwd(sq_dqkv, datt, dout, qkv, att, B, T, C, NH);
+    free(datt);
+    double *ro = dof(sq_out, no), *rd = dof(sq_dqkv, nq);
+    char what[64];
+    snprintf(what, sizeof what, "flash vs T x T out, T=%d B*NH=%d", T, B * NH);
+    assert_int_equal(kclose(what, out, ro, no, 1e-4, 1e-5), 0);
+    snprintf(what, sizeof what, "flash vs T x T dqkv, T=%d B*NH=%d", T, B * NH);
+    assert_int_equal(kclose(what, dqkv, rd, nq, 1e-4, 1e-5), 0);
+    free(qkv), free(out), free(lse), free(sq_out), free(att), free(dout), free(dqkv);
+    free(sq_dqkv), free(ro), free(rd);
+}
+
+static void test_attention_flash_vs_square(void **state)
+{
+    static const int T[] = {1, 63, 64, 65, 1000};
+    for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
+        check_flash_square(4, T[i], 96, 12); /* B*NH = 48, hs = 8 */
+    check_flash_square(1, 129, 256, 4);      /* hs = 64 */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -479,7 +515,7 @@ static void test_accumulate(void **state)
 {
     krng_t r = {10};
     int B = 2, T = 9, C = 24, NH = 3, OC = 40, V = 13, N = B * T;
-    size_t nx = (size_t)N * C, nq = (size_t)N * 3 * C, na = (size_t)B * NH * T * T;
+    size_t nx = (size_t)N * C, nq = (size_t)N * 3 * C;
     float *x = falloc(nq), *w = falloc((size_t)C * OC), *dout = falloc((size_t)N * OC);
     kfill(&r, x, nq, -1, 1);
     kfill(&r, w, (size_t)C * OC, -1, 1);
@@ -490,9 +526,9 @@ static void test_accumulate(void **state)
     int32_t inp[18];
     for (int i = 0; i < N; i++) inp[i] = (int32_t)krng_below(&r, (uint32_t)V);
     float *mean = falloc((size_t)N), *rstd = falloc((size_t)N), *tmp = falloc(nq);
-    float *att = falloc(na), *datt = falloc(na);
+    float *lse = falloc((size_t)B * NH * T);
     DDP_K(&K, layernorm_fwd, tmp, mean, rstd, x, w, w, N, C);
-    DDP_K(&K, attention_fwd, tmp, att, x, B, T, C, NH);
+    DDP_K(&K, attention_fwd, tmp, lse, x, B, T, C, NH);
     for (int k = 0; k < 2; k++) {
         for (int rep = 0; rep <= k; rep++) {
             DDP_K(&K, matmul_bwd, g[k][0], g[k][1], g[k][2], dout, x, w, N, C, OC, DDP_W_IN_OUT);
@@ -514,7 +550,7 @@ static void test_accumulate(void **state)
         for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
         for (int rep = 0; rep <= k; rep++) {
             DDP_K(&K, encoder_bwd, g[k][0], g[k][1], dout, inp, B, T, C);
-            DDP_K(&K, attention_bwd, g[k][2], datt, dout, x, att, B, T, C, NH);
+            DDP_K(&K, attention_bwd, g[k][2], dout, x, tmp, lse, B, T, C, NH);
             DDP_K(&K, gelu_bwd, g[k][2] + nq, x, dout, (size_t)N * C);
         }
     }
@@ -524,7 +560,7 @@ static void test_accumulate(void **state)
     check_twice("gelu dinp twice", g[0][2] + nq, g[1][2] + nq, (size_t)N * C);
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++) free(g[k][j]);
-    free(x), free(w), free(dout), free(mean), free(rstd), free(tmp), free(att), free(datt);
+    free(x), free(w), free(dout), free(mean), free(rstd), free(tmp), free(lse);
 }
 
 static int group_setup(void **state)
@@ -544,6 +580,7 @@ int main(void)
         cmocka_unit_test(test_open),         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_encoder),      cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_attention_flash_vs_square),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_xent),         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_vector),       cmocka_unit_test(test_accumulate),

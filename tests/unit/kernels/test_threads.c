@@ -94,13 +94,13 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     keep(o, "encoder dwpe", dwpe, (size_t)20 * C);
 
     /* attention: B=2, T=20, C=48, NH=4 */
-    size_t nq = 2 * 20 * 3 * 48, na = 2 * 4 * 20 * 20;
-    float *qkv = rnd(&r, nq, -1, 1), *att = kcalloc(na, 4), *datt = kcalloc(na, 4);
+    size_t nq = 2 * 20 * 3 * 48, nlse = 2 * 4 * 20;
+    float *qkv = rnd(&r, nq, -1, 1), *lse = kcalloc(nlse, 4);
     float *dqkv = kcalloc(nq, 4);
-    DDP_K(k, attention_fwd, y, att, qkv, 2, 20, 48, 4);
+    DDP_K(k, attention_fwd, y, lse, qkv, 2, 20, 48, 4);
     keep(o, "attention out", y, 2 * 20 * 48);
-    keep(o, "attention att", att, na);
-    DDP_K(k, attention_bwd, dqkv, datt, dy, qkv, att, 2, 20, 48, 4);
+    keep(o, "attention lse", lse, nlse);
+    DDP_K(k, attention_bwd, dqkv, dy, qkv, y, lse, 2, 20, 48, 4);
     keep(o, "attention dqkv", dqkv, nq);
 
     /* xent: N=9, V=5000 */
@@ -137,7 +137,7 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     keep(o, "sumsq_blocks", ss, 8);
 
     free(x), free(w), free(b), free(y), free(mean), free(rstd), free(dy), free(dx), free(dw);
-    free(db), free(wte), free(wpe), free(dwte), free(dwpe), free(qkv), free(att), free(datt);
+    free(db), free(wte), free(wpe), free(dwte), free(dwpe), free(qkv), free(lse);
     free(dqkv), free(logits), free(dl), free(losses), free(a), free(g), free(e), free(m), free(v);
     free(p);
 }

@@ -1,0 +1,60 @@
+/* The T x T attention that ddpd ran before flash attention, kept as a test-only reference:
+ * forward saves the whole [B,NH,T,T] probability tensor, backward reads it and a [B,NH,T,T]
+ * scratch. fp32, single-threaded sgemms per head, the softmax in expf; the flash op must agree
+ * with it to fp32 rounding on any shape.
+ */
+#include "att_square.h"
+
+#include <cblas.h>
+#include <math.h>
+
+void square_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            const float *q = qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+            float *p = att + ((size_t)b * NH + h) * T * T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
+                        0.0f, p, T);
+            for (int t = 0; t < T; t++) {
+                float *row = p + (size_t)t * T, mx = -INFINITY, sum = 0.0f;
+                for (int i = 0; i <= t; i++) mx = fmaxf(mx, row[i]);
+                for (int i = 0; i <= t; i++) sum += (row[i] = expf(row[i] - mx));
+                for (int i = 0; i < T; i++) row[i] = i <= t ? row[i] / sum : 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, v, C3,
+                        0.0f, out + (size_t)b * T * C + (size_t)h * hs, C);
+        }
+}
+
+void square_attention_bwd(float *dqkv, float *datt, const float *dout, const float *qkv,
+                          const float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++) {
+            size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+            const float *q = qkv + qo, *k = q + C, *v = q + 2 * C;
+            float *dq = dqkv + qo, *dk = dq + C, *dv = dq + 2 * C;
+            const float *p = att + ((size_t)b * NH + h) * T * T;
+            float *ds = datt + ((size_t)b * NH + h) * T * T;
+            const float *dob = dout + (size_t)b * T * C + (size_t)h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob, C, v, C3,
+                        0.0f, ds, T);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dob, C,
+                        1.0f, dv, C3);
+            for (int t = 0; t < T; t++) {
+                const float *prow = p + (size_t)t * T;
+                float *row = ds + (size_t)t * T, dot = 0.0f;
+                for (int i = 0; i <= t; i++) dot += prow[i] * row[i];
+                for (int i = 0; i < T; i++) row[i] = i <= t ? prow[i] * (row[i] - dot) : 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, ds, T, k, C3,
+                        1.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3,
+                        1.0f, dk, C3);
+        }
+}
