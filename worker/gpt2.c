@@ -207,8 +207,10 @@ static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int 
     DDP_K(k, residual_fwd, out, s.res2, dc, (size_t)BT * C);
 }
 
-int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                     float *loss)
+/* The blocks and ln_f on inputs[B,T] (checked against V, and targets too when given), which
+ * are copied to the device with the targets. */
+static int forward_blocks(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B,
+                          int T)
 {
     ddp_kernels_t *k = m->k;
     ddp_gpt2_acts_t *a = &m->acts;
@@ -219,6 +221,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     for (size_t i = 0; i < BT; i++)
         if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V)))
             return DDP_EINVAL;
+    a->last_train = 0;
 
     DDP_CHECK(ddp_k_memcpy_h2d(k, a->inputs, inputs, BT * sizeof(int32_t)));
     if (targets) DDP_CHECK(ddp_k_memcpy_h2d(k, a->targets, targets, BT * sizeof(int32_t)));
@@ -233,16 +236,34 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
         x = res3;
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward h.%d", l);
     }
-    int64_t tr = ddp_trace_begin();
     DDP_K(k, layernorm_fwd, a->lnf, a->lnf_mean, a->lnf_rstd, x, m->wv.lnfw, m->wv.lnfb, (int)BT,
           C);
-    DDP_K(k, matmul_fwd, a->logits, a->lnf, m->wv.wte, NULL, (int)BT, C, V, DDP_W_OUT_IN);
     a->last_B = B;
     a->last_T = T;
-    a->last_had_targets = targets != NULL;
-    if (!targets) return ddp_k_sync(k);
+    return 0;
+}
 
-    DDP_K(k, xent_fwd_bwd, a->losses, NULL, a->logits, a->targets, (int)BT, V, 0.0f);
+/* The LM head and the loss over the BT rows of ln_f's output, a chunk of acts.lm_rows rows at a
+ * time, in row order; with `train` each chunk's backward too: dlogits (over the logits) into
+ * dlnf and the gradient arena's wte. Then the mean loss to *loss (one sync). */
+static int lm_head_loss(ddp_gpt2_t *m, int train, float *loss)
+{
+    ddp_kernels_t *k = m->k;
+    ddp_gpt2_acts_t *a = &m->acts;
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    size_t BT = (size_t)a->last_B * a->last_T;
+    float dloss = m->loss_scale / (float)BT;
+    if (train) DDP_CHECK(ddp_k_memset0(k, a->dlnf, BT * C * sizeof(float)));
+    for (size_t r0 = 0; r0 < BT; r0 += (size_t)a->lm_rows) {
+        int rows = (int)(BT - r0 < (size_t)a->lm_rows ? BT - r0 : (size_t)a->lm_rows);
+        const float *lnf = a->lnf + r0 * C;
+        DDP_K(k, matmul_fwd, a->logits, lnf, m->wv.wte, NULL, rows, C, V, DDP_W_OUT_IN);
+        DDP_K(k, xent_fwd_bwd, a->losses + r0, train ? a->logits : NULL, a->logits,
+              a->targets + r0, rows, V, dloss);
+        if (train)
+            DDP_K(k, matmul_bwd, a->dlnf + r0 * C, m->gv.wte, NULL, a->logits, lnf, m->wv.wte,
+                  rows, C, V, DDP_W_OUT_IN);
+    }
     float *host_losses = ddp_malloc(BT * sizeof(float));
     if (!host_losses) return DDP_ENOMEM;
     int rc = ddp_k_memcpy_d2h(k, host_losses, a->losses, BT * sizeof(float));
@@ -251,30 +272,54 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     for (size_t i = 0; i < BT; i++) sum += host_losses[i];
     free(host_losses);
     if (loss) *loss = (float)(sum / (double)BT);
-    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward ln_f, lm_head, loss");
     return rc;
+}
+
+int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *loss)
+{
+    if (!targets) return DDP_EINVAL;
+    DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
+    int64_t tr = ddp_trace_begin();
+    /* the LM head's share of wte is the first gradient written: the arena starts at zero */
+    DDP_CHECK(ddp_k_memset0(m->k, m->g, m->n_params * sizeof(float)));
+    DDP_CHECK(lm_head_loss(m, 1, loss));
+    m->acts.last_train = 1;
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward and backward of ln_f's lm_head and loss");
+    return 0;
+}
+
+int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      float *loss)
+{
+    DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
+    ddp_gpt2_acts_t *a = &m->acts;
+    if (targets) return lm_head_loss(m, 0, loss);
+    /* each sequence's last position, gathered into dc (free after the blocks) */
+    int C = m->cfg.n_embd;
+    size_t row = (size_t)C * sizeof(float);
+    for (int b = 0; b < B; b++)
+        DDP_CHECK(ddp_k_memcpy_d2d(m->k, a->dc + (size_t)b * C,
+                                   a->lnf + ((size_t)b * T + T - 1) * C, row));
+    DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.wte, NULL, B, C, m->cfg.vocab_size,
+          DDP_W_OUT_IN);
+    return ddp_k_sync(m->k);
 }
 
 int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
 {
     ddp_kernels_t *k = m->k;
     ddp_gpt2_acts_t *a = &m->acts;
-    if (!a->last_had_targets) return DDP_EINVAL;
+    if (!a->last_train) return DDP_EINVAL;
     int B = a->last_B, T = a->last_T;
-    int C = m->cfg.n_embd, NH = m->cfg.n_head, V = m->cfg.vocab_size, L = m->cfg.n_layer;
+    int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
     size_t BT = (size_t)B * T;
     size_t sBTC = (size_t)a->B * a->T * C;
     const ddp_gpt2_views_t *gv = &m->gv;
 
     int64_t tr = ddp_trace_begin();
-    DDP_CHECK(ddp_k_memset0(k, m->g, m->n_params * sizeof(float)));
-    /* d(mean loss)/dlogits, written over the logits */
-    DDP_K(k, xent_fwd_bwd, a->losses, a->logits, a->logits, a->targets, (int)BT, V,
-          m->loss_scale / (float)BT);
-    DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
-    DDP_K(k, matmul_bwd, a->dc, gv->wte, NULL, a->logits, a->lnf, m->wv.wte, (int)BT, C, V,
-          DDP_W_OUT_IN);
-    /* wte's share from the LM head is complete: the largest tensor starts reducing first */
+    /* wte's share from the LM head is complete (forward did it): the largest tensor starts
+     * reducing first */
     size_t done = m->params[0].numel;
     if (ready) {
         DDP_CHECK(ddp_k_sync(k));
@@ -282,14 +327,14 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     }
     DDP_CHECK(ddp_k_memset0(k, a->dres, BT * C * sizeof(float)));
     const float *xlast = a->res3 + (L - 1) * sBTC;
-    DDP_K(k, layernorm_bwd, a->dres, gv->lnfw, gv->lnfb, a->dc, xlast, m->wv.lnfw, a->lnf_mean,
-          a->lnf_rstd, (int)BT, C);
+    DDP_K(k, layernorm_bwd, a->dres, gv->lnfw, gv->lnfb, a->dlnf, xlast, m->wv.lnfw,
+          a->lnf_mean, a->lnf_rstd, (int)BT, C);
     done = m->params[2].offset + m->params[2].numel;
     if (ready) {
         DDP_CHECK(ddp_k_sync(k));
         ready(arg, done);
     }
-    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward loss, lm_head, ln_f");
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward ln_f");
 
     for (int l = L - 1; l >= 0; l--) {
         if (m->interrupted && m->interrupted(m->interrupted_arg)) return DDP_EABORTED;

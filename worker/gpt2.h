@@ -70,8 +70,10 @@ typedef struct ddp_gpt2_acts {
     float *fch, *fch_gelu;            /* [L,B,T,4C] x2 */
     float *res3;                      /* [L,B,T,C] */
     float *lnf, *lnf_mean, *lnf_rstd; /* [B,T,C], [B,T] x2 */
-    float *logits;                    /* [B,T,V]; backward overwrites with dlogits */
+    float *logits;                    /* [lm_rows,V]: one chunk of rows of the LM head */
     float *losses;                    /* [B,T] */
+    float *dlnf;                      /* [B,T,C] gradient of ln_f's output (the LM head's) */
+    int lm_rows;                      /* rows of the LM head per chunk (ddp_gpt2_lm_rows) */
     /* backward scratch, reused by every layer */
     float *dres;   /* [B,T,C] gradient of the residual stream */
     float *dc;     /* [B,T,C] */
@@ -81,7 +83,7 @@ typedef struct ddp_gpt2_acts {
     float *dfc2;   /* [B,T,4C] */
     int32_t *inputs, *targets; /* [B,T] on the device */
     int last_B, last_T;        /* shape of the last forward */
-    int last_had_targets;      /* backward needs a forward with targets */
+    int last_train;            /* the last pass was ddp_gpt2_forward: backward may follow */
 } ddp_gpt2_acts_t;
 
 typedef struct ddp_gpt2 {
@@ -147,15 +149,30 @@ int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng);
 /* The descriptor named `name` (HF name, with or without a "transformer." prefix), or NULL. */
 const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name);
 
-/* Forward on inputs[B,T] (host int32; B <= acts.B, T <= acts.T). With targets (host, may be
- * NULL) computes per-position losses and returns their mean in *loss. Logits are left in
- * acts.logits for sampling. Returns 0 or a backend error. */
+/* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] is the only one
+ * that exists (about 64 MiB in fp32), never [B*T, V]. At least 64 and at least B (evaluate's
+ * last positions), at most B*T. */
+int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T);
+
+/* A training micro-step's forward on inputs[B,T] and targets[B,T] (host int32; B <= acts.B,
+ * T <= acts.T): the blocks, then the LM head and the loss chunk by chunk, each chunk's
+ * backward at once (dlogits written over the chunk's logits): the gradient arena is zeroed and
+ * gets the LM head's share of wte, and acts.dlnf the gradient of ln_f's output, for
+ * ddp_gpt2_backward. The gradient is of loss_scale x the mean loss, which goes to *loss.
+ * Returns 0, DDP_EINVAL (bad tokens, shape or no targets), DDP_EABORTED (interrupted) or a
+ * backend error. */
 int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *loss);
 
-/* Backward of the last forward (which must have had targets): zeroes the gradient arena, then
- * writes d(loss_scale x mean loss)/dw into it, except the token embedding's share of wte, calling
- * ready(arg, done) as each prefix of the arena becomes final (ready may be NULL). The
+/* Forward only, for validation and sampling: with targets, the mean loss in *loss (the LM head
+ * chunk by chunk, no gradient); without, acts.logits rows 0..B-1 get the logits of each
+ * sequence's last position [B, V]. Leaves the gradient arena as it is. Returns as forward. */
+int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                      float *loss);
+
+/* Backward of the last ddp_gpt2_forward (DDP_EINVAL after an evaluate): completes
+ * d(loss_scale x mean loss)/dw in the gradient arena, except the token embedding's share of
+ * wte, calling ready(arg, done) as each prefix of the arena becomes final (ready may be NULL). The
  * embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
  * ddp_gpt2_embed_backward. Returns 0 or a backend error. */
 int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg);

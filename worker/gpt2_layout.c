@@ -111,8 +111,10 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, floa
     CARVE(lnf, BT * C);
     CARVE(lnf_mean, BT);
     CARVE(lnf_rstd, BT);
-    CARVE(logits, BT * V);
+    a->lm_rows = ddp_gpt2_lm_rows(cfg, a->B, a->T);
+    CARVE(logits, (size_t)a->lm_rows * V);
     CARVE(losses, BT);
+    CARVE(dlnf, BT * C);
     CARVE(dres, BT * C);
     CARVE(dc, BT * C);
     CARVE(dc2, BT * C);
@@ -126,6 +128,18 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, floa
     off += (BT + 15) & ~(size_t)15;
 #undef CARVE
     return off;
+}
+
+/* The LM head's chunk of logits: about this many bytes */
+#define LM_CHUNK_BYTES ((size_t)64 << 20)
+
+int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T)
+{
+    size_t rows = LM_CHUNK_BYTES / ((size_t)cfg->vocab_size * sizeof(float)) / 64 * 64;
+    if (rows < 64) rows = 64;
+    if (rows < (size_t)B) rows = (size_t)B;
+    size_t BT = (size_t)B * T;
+    return (int)(rows < BT ? rows : BT);
 }
 
 size_t ddp_gpt2_acts_floats(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute)

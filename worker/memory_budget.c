@@ -108,12 +108,12 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     *acts = (int64_t)ddp_gpt2_acts_floats(cfg, B, b->T, r) * 4;
     /* train.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
     *emb = n_micro * (BT + BT * C) * 4;
-    int64_t w = 0;
+    int64_t w = 0, lm_rows = ddp_gpt2_lm_rows(cfg, B, b->T); /* the LM head's chunk */
     if (!b->on_gpu) {
         /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
          * partials and attention's score blocks */
         int64_t part = 0, att = 2 * b->threads * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T * 4;
-        if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * BT * C * 4;
+        if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * lm_rows * C * 4;
         if (part > KSPLIT_BYTES) part = 0;
         w += part > att ? part : att;
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
@@ -123,10 +123,11 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         w += 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
     }
     /* kernels/cpu/lowp.c, kernels/cuda/lowp.cu: a product's two converted inputs, the largest
-     * being the LM head's dout [BT, V] and the MLP projection's input [BT, 4C] (on an H200 the
-     * GPU's were the ~890 MiB that bf16 runs of GPT-2 124M at 8 x 1024 used beyond fp32's) */
-    int64_t widest = V > 4 * C ? V : 4 * C;
-    w += (BT * widest + BT * 4 * C) * b->lowp_bytes;
+     * being the LM head's dout [lm_rows, V] or the MLP projection's input [BT, 4C] (on an
+     * H200 the GPU's were the ~890 MiB that bf16 runs of GPT-2 124M at 8 x 1024 used beyond
+     * fp32's, when the LM head's dout was [BT, V]) */
+    int64_t widest = lm_rows * V > BT * 4 * C ? lm_rows * V : BT * 4 * C;
+    w += (widest + BT * 4 * C) * b->lowp_bytes;
     w += 3 * BT * 4;      /* train.c, gpt2.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;

@@ -38,10 +38,8 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         const int32_t *window = ctx + (i - len);
-        rc = ddp_gpt2_forward(m, window, NULL, 1, len, NULL);
-        if (rc == 0)
-            rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits + (size_t)(len - 1) * V,
-                                  (size_t)V * sizeof *row);
+        rc = ddp_gpt2_evaluate(m, window, NULL, 1, len, NULL); /* last position's logits */
+        if (rc == 0) rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits, (size_t)V * sizeof *row);
         if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ctx[i] = draw(&t->rng, row, V);

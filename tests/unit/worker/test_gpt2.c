@@ -185,6 +185,63 @@ static void test_interrupted_pass_stops(void **state)
     free(tg);
 }
 
+/* The LM head in chunks (GPT-2's vocabulary: 320 rows per chunk, so 400 rows take two): the
+ * loss, wte's gradient from the head and ln_f's output gradient equal those of the whole
+ * [B*T, V] product, computed here with the same ops; evaluate gives the same loss and leaves
+ * the gradients alone; its last-position logits are the whole product's rows; backward after
+ * an evaluate is refused. */
+static void test_lm_head_chunks(void **state)
+{
+    ddp_model_cfg_t cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 50257,
+                           .block_size = 200};
+    int B = 2, T = 200, C = cfg.n_embd, V = cfg.vocab_size, N = B * T;
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
+    ddp_gpt2_t m;
+    assert_int_equal(ddp_gpt2_init(&m, &cfg, &k, B, T, NULL, NULL), 0);
+    assert_int_equal(m.acts.lm_rows, 320);
+    ddp_rng_t rng;
+    ddp_rng_seed(&rng, 3);
+    assert_int_equal(ddp_gpt2_init_weights(&m, &rng), 0);
+    int32_t *in = malloc((size_t)N * 4), *tg = malloc((size_t)N * 4);
+    for (int i = 0; i < N; i++) {
+        in[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
+        tg[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
+    }
+    float loss, eval_loss;
+    assert_int_equal(ddp_gpt2_forward(&m, in, tg, B, T, &loss), 0);
+
+    /* the whole product, from the same ln_f output */
+    size_t nl = (size_t)N * V;
+    float *logits = malloc(nl * 4), *losses = malloc((size_t)N * 4);
+    float *dwte = calloc((size_t)V * C, 4), *dlnf = calloc((size_t)N * C, 4);
+    DDP_K(&k, matmul_fwd, logits, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
+    DDP_K(&k, xent_fwd_bwd, losses, logits, logits, tg, N, V, 1.0f / (float)N);
+    DDP_K(&k, matmul_bwd, dlnf, dwte, NULL, logits, m.acts.lnf, m.wv.wte, N, C, V, DDP_W_OUT_IN);
+    double sum = 0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    assert_float_equal(loss, sum / N, 1e-6 * fabs(sum / N));
+    assert_true(rel_norm_err(m.gv.wte, dwte, (size_t)V * C) < 1e-6);
+    assert_true(rel_norm_err(m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
+
+    float *g = malloc(m.n_params * 4);
+    memcpy(g, m.g, m.n_params * 4);
+    assert_int_equal(ddp_gpt2_evaluate(&m, in, tg, B, T, &eval_loss), 0);
+    assert_true(eval_loss == loss);
+    assert_memory_equal(g, m.g, m.n_params * 4);
+    assert_int_equal(ddp_gpt2_backward(&m, NULL, NULL), DDP_EINVAL);
+    assert_int_equal(ddp_gpt2_evaluate(&m, in, NULL, B, T, NULL), 0);
+    /* the whole product again (xent wrote dlogits over it) */
+    DDP_K(&k, matmul_fwd, logits, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
+    for (int b = 0; b < B; b++)
+        assert_true(rel_norm_err(m.acts.logits + (size_t)b * V,
+                                 logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
+    assert_int_equal(ddp_gpt2_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
+    free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
+    ddp_gpt2_close(&m);
+    ddp_kernels_close(&k);
+}
+
 static void test_layout_is_backward_order(void **state)
 {
     fixture_t *fx = *state;
@@ -220,7 +277,13 @@ static void test_forward_matches_pytorch(void **state)
     size_t nl;
     const float *ref_logits = tensor(fx, "logits", &nl);
     assert_int_equal(nl, n * fx->cfg.vocab_size);
-    double err = rel_norm_err(fx->m.acts.logits, ref_logits, nl);
+    /* the LM head keeps one chunk of logits: the whole [B*T, V] from ln_f's output here */
+    float *logits = malloc(nl * sizeof(float));
+    DDP_K(fx->m.k, matmul_fwd, logits, fx->m.acts.lnf, fx->m.wv.wte, NULL, (int)n, fx->cfg.n_embd,
+          fx->cfg.vocab_size, DDP_W_OUT_IN);
+    assert_int_equal(ddp_k_sync(fx->m.k), 0);
+    double err = rel_norm_err(logits, ref_logits, nl);
+    free(logits);
     fprintf(stderr, "logits rel norm err %.2e\n", err);
     assert_true(err < 1e-5);
     free(in);
@@ -568,6 +631,7 @@ int main(void)
         cmocka_unit_test(test_layout_is_backward_order),
         cmocka_unit_test(test_interrupted_pass_stops),
         cmocka_unit_test(test_forward_matches_pytorch),
+        cmocka_unit_test(test_lm_head_chunks),
         cmocka_unit_test(test_backward_matches_pytorch),
         cmocka_unit_test(test_adamw_steps_match_pytorch),
         cmocka_unit_test(test_adamw_crc),
