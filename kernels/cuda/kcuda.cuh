@@ -230,6 +230,17 @@ void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *att, const floa
                              int T, int C, int NH);
 void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, float *datt, const float *dout,
                              const float *qkv, const float *att, int B, int T, int C, int NH);
+/* flash_attention.cu */
+/* 1 when the tensor-core flash kernels take this shape and precision: ctx->prec is BF16 or FP16
+ * and hs = C/NH is 32, 64 or 128. */
+int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH);
+/* out[B,T,C] = causal softmax(scale Q K^T) V per head; lse[B,NH,T] = natural-log log-sum-exp of
+ * row t's scaled scores (over t2 <= t). Queued on ctx->stream; errors recorded in ctx. */
+void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
+                         int C, int NH);
+/* dqkv[B,T,3C] += the gradient of out w.r.t. qkv given dout[B,T,C], forward's out and lse. */
+void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                         const float *out, const float *lse, int B, int T, int C, int NH);
 /* pointwise.cu */
 void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
 void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
