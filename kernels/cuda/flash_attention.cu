@@ -1,0 +1,734 @@
+/* Causal flash attention (FlashAttention-2 style) on bf16/fp16 tensor cores, forward and a
+ * deterministic backward. Nothing of the [T, T] score matrix ever reaches global memory.
+ *
+ * Shapes (fp32 in global memory; hs = C/NH in {32, 64, 128}; scale = 1/sqrt(hs)):
+ *   qkv[B,T,3C]   q, k, v of head h at offsets h*hs, C + h*hs, 2C + h*hs of a position
+ *   out[B,T,C]    softmax_causal(scale Q K^T) V per head (head h at h*hs); dout alike
+ *   lse[B,NH,T]   natural-log log-sum-exp of row t's scaled scores over t2 <= t
+ *   dqkv[B,T,3C]  backward ADDS dq, dk, dv (the ops' accumulate contract)
+ * Precision: tiles are rounded to bf16 (ctx->prec BF16) or fp16 (FP16), round to nearest even,
+ * while they are staged into shared memory; products accumulate in fp32 (mma.sync m16n8k16);
+ * softmax statistics, P's row sums, lse and D are fp32. P (forward) and dS (backward) are
+ * rounded to the 16-bit type as the A operand of the second product.
+ *
+ * Tiles: 128 threads = 4 warps a block; BR = 64 query rows a block (16 a warp), BC = 64 keys a
+ * tile. Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
+ *   forward  grid (B*NH, ceil(T/64)), heavy diagonal blocks first. Q lives in registers, K and V
+ *            tiles j <= i stream through shared memory; S stays in registers and becomes the A
+ *            operand of P V. 10/18/34 KB of shared memory for hs = 32/64/128.
+ *   backward (1) D = rowsum(dout * out) [B,NH,T] into ctx scratch, a warp per row.
+ *            (2) dK/dV kernel, grid (B*NKV, ceil(T/64)): a block owns 64 keys, loops over the
+ *                queries q >= its first key in Q tiles of QB rows (64; 32 at hs = 128, for
+ *                registers), in order; recomputes P^T = exp(scale K Q^T - lse) per warp
+ *                (16 keys x QB queries) and accumulates dV += P^T dO, dK += dS^T Q.
+ *                21/37/52 KB of shared memory.
+ *            (3) dQ kernel, grid (B*NH, ceil(T/64)): a block owns 64 query rows, loops over the
+ *                K/V tiles j <= i in order and accumulates dQ += dS K. 20/36/68 KB.
+ *            No atomics; every output element is added by one thread after a fixed-order sum,
+ *            so the backward is bitwise reproducible. Shared memory above 48 KB is opted into
+ *            per launch (cudaFuncSetAttribute).
+ * Grouped-query attention: Q and K/V are addressed separately (base, row stride, head), with
+ * kv_head = q_head / group; the launchers pass group = 1 (plain multi-head attention).
+ * Limits: ceil(T/64) <= 65535 (grid y), B*NH < 2^31; qkv, out, dout, dqkv 16-byte aligned;
+ * compute capability >= 8.0. fp16 overflows above 65504 (|q|, |k|, |v|, |dout|). Registers:
+ * up to about 245 a thread (dK/dV at hs = 128), none spilled; 128 threads a block.
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <string.h>
+
+#include "kernels/cuda/kcuda.cuh"
+
+#define FA_BR 64      /* query rows of a block */
+#define FA_BC 64      /* keys of a K/V tile */
+#define FA_THREADS 128 /* 4 warps, 16 query rows (or keys) each */
+#define FA_PAD 8      /* 16-bit elements of padding at the end of a shared-memory row */
+
+/* The diagonal logic (tile i of queries meets tile i of keys) needs square tiles. */
+static_assert(FA_BR == FA_BC, "query and key tiles must match");
+
+static constexpr float FA_LOG2E = 1.4426950408889634f;
+static constexpr float FA_LN2 = 0.6931471805599453f;
+
+/* What a kernel reads and writes. Q, K, V (and dQ, dK, dV) are addressed by base pointer, row
+ * stride and head: row t of query head h of batch b is q + (b*T + t)*ld_q + h*hs; K/V head kvh =
+ * h / group at k, v + (b*T + t)*ld_kv + kvh*hs. */
+struct fa_params {
+    const float *q, *k, *v;   /* forward and backward inputs */
+    float *dq, *dk, *dv;      /* backward outputs (+=), addressed like q, k, v */
+    float *out;               /* forward output [B,T,ld_o] */
+    const float *o, *dout;    /* backward inputs [B,T,ld_o] */
+    float *lse;               /* [B,NH,T]: written by the forward, read by the backward */
+    const float *dsum;        /* [B,NH,T]: D = rowsum(dout * out), backward */
+    size_t ld_q, ld_kv, ld_o; /* row strides, in floats */
+    int T, NH, group;         /* NH query heads; `group` of them share a K/V head */
+    float scale;              /* 1/sqrt(hs) */
+    float sl2;                /* scale * log2(e): scores go to exp2 */
+};
+
+/* ---- 16-bit types: packing and the tensor-core product ----
+ *
+ * mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}: D[16x8] = A[16x16] B[16x8] + C, one warp.
+ * With g = lane >> 2 (groupID) and t = lane & 3 (thread in group), each lane holds:
+ *   A (row-major 16x16), four 32-bit registers of two elements (low half = lower column):
+ *     a[0] = A[g][2t, 2t+1]     a[1] = A[g+8][2t, 2t+1]
+ *     a[2] = A[g][2t+8, 2t+9]   a[3] = A[g+8][2t+8, 2t+9]
+ *   B (16x8, "col": pairs run along k), two registers:
+ *     b[0] = B[2t, 2t+1][g]     b[1] = B[2t+8, 2t+9][g]
+ *   C, D (16x8 fp32): c[0], c[1] = C[g][2t, 2t+1];  c[2], c[3] = C[g+8][2t, 2t+1].
+ * The register trick: the accumulators of two adjacent n-tiles 2kk, 2kk+1 of a 16x64 product
+ * are, packed pairwise, the A operand of k-step kk of the next product:
+ *   a[0] = pack(c_2kk[0], c_2kk[1])     a[1] = pack(c_2kk[2], c_2kk[3])
+ *   a[2] = pack(c_2kk+1[0], c_2kk+1[1]) a[3] = pack(c_2kk+1[2], c_2kk+1[3])
+ * (rows g / g+8, k = 16kk + 2t (+8): exactly the columns those accumulators hold). */
+template <typename T16> struct fa_type;
+
+template <> struct fa_type<__nv_bfloat16> {
+    /* lo in bits 0..15, hi in 16..31; round to nearest even (as __float2bfloat16_rn) */
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+template <> struct fa_type<__half> {
+    /* lo in bits 0..15, hi in 16..31; round to nearest even, overflow gives Inf */
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __half2 v = __floats2half2_rn(lo, hi);
+        uint32_t u;
+        memcpy(&u, &v, sizeof u);
+        return u;
+    }
+    static __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1)
+    {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+};
+
+/* ---- Fragments from shared memory: ldmatrix ----
+ *
+ * ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 loads four 8x8 16-bit matrices; lanes
+ * 8m..8m+7 give the addresses of rows 0..7 of matrix m (16 bytes each, 16-byte aligned), and
+ * register r[m] of lane l receives, of matrix m:
+ *   without .trans: M[l >> 2][2(l & 3)], M[l >> 2][2(l & 3) + 1]   (row g, columns 2t, 2t+1)
+ *   with .trans:    M[2(l & 3)][l >> 2], M[2(l & 3) + 1][l >> 2]   (rows 2t, 2t+1, column g)
+ * (first element in the low half). Tiles are row-major with row stride LD elements; LD*2 bytes is
+ * a multiple of 16 and 4 (mod 32) words, so the 8 rows of a matrix fall in 8 distinct 4-bank
+ * groups: no bank conflicts. The "memory" clobber orders them after the staging stores. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+
+/* A operand: the 16x16 block of tile s at rows r0.., columns c0... Matrix m = rows r0 + 8(m&1),
+ * columns c0 + 8(m>>1), so a[0] = (g, 2t), a[1] = (g+8, 2t), a[2] = (g, 2t+8), a[3] = (g+8,
+ * 2t+8): the A layout above. */
+template <int LD, typename T16>
+static __device__ __forceinline__ void ld_a(uint32_t a[4], const T16 *s, int r0, int c0, int lane)
+{
+    ldsm_x4(a, s + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + c0 + (lane >> 4) * 8);
+}
+
+/* B operands of two n-tiles n0, n0+8 and k-step k0.. when the tile stores B transposed,
+ * s[n][k] (K stored [key][d] for S = Q K^T: B[k = d][n = key] = K[key][d]). Matrix m = rows
+ * n0 + 8(m>>1), columns k0 + 8(m&1); lane gets s[n0 + g][k0 + 2t, +1] = B[2t, 2t+1][g]:
+ * b[0], b[1] = n-tile n0 (k 2t.., k 2t+8..), b[2], b[3] = n-tile n0 + 8. */
+template <int LD, typename T16>
+static __device__ __forceinline__ void ld_b(uint32_t b[4], const T16 *s, int n0, int k0, int lane)
+{
+    ldsm_x4(b, s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/* B operands of two n-tiles n0, n0+8 and k-step k0.. when the tile stores B itself, s[k][n]
+ * (V stored [key][d] for O = P V: B[k = key][n = d] = V[key][d]). With .trans, matrix m = rows
+ * k0 + 8(m&1), columns n0 + 8(m>>1); lane gets s[k0 + 2t, +1][n0 + g] = B[2t, 2t+1][g]:
+ * b[0], b[1] = n-tile n0 (k 2t.., k 2t+8..), b[2], b[3] = n-tile n0 + 8. */
+template <int LD, typename T16>
+static __device__ __forceinline__ void ld_bt(uint32_t b[4], const T16 *s, int k0, int n0, int lane)
+{
+    ldsm_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+}
+
+/* acc[16 x 8*NT] += a[16 x 16] times the k-step of a 16 x 8*NT product whose B is stored as
+ * s[n][k] (ld_b), n-tiles from 0. */
+template <typename T16, int LD, int NT>
+static __device__ __forceinline__ void mma_row_b(float acc[][4], const uint32_t a[4],
+                                                 const T16 *s, int k0, int lane)
+{
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+        uint32_t bb[4];
+        ld_b<LD>(bb, s, np * 16, k0, lane);
+        fa_type<T16>::mma(acc[2 * np], a, bb[0], bb[1]);
+        fa_type<T16>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
+}
+
+/* acc[16 x 8*NT] += a[16 x 16] times k-step k0 of a product whose B is stored as s[k][n]
+ * (ld_bt). */
+template <typename T16, int LD, int NT>
+static __device__ __forceinline__ void mma_row_bt(float acc[][4], const uint32_t a[4],
+                                                  const T16 *s, int k0, int lane)
+{
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+        uint32_t bb[4];
+        ld_bt<LD>(bb, s, k0, np * 16, lane);
+        fa_type<T16>::mma(acc[2 * np], a, bb[0], bb[1]);
+        fa_type<T16>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
+    }
+}
+
+/* The A operand of k-step kk from the fp32 accumulators of n-tiles 2kk and 2kk+1 (the register
+ * trick above). */
+template <typename T16>
+static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float (*c)[4], int kk)
+{
+    a[0] = fa_type<T16>::pack(c[2 * kk][0], c[2 * kk][1]);
+    a[1] = fa_type<T16>::pack(c[2 * kk][2], c[2 * kk][3]);
+    a[2] = fa_type<T16>::pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+    a[3] = fa_type<T16>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/* Stages rows r0 .. r0+ROWS-1 (columns 0 .. HS-1) of an fp32 matrix with row stride ld into the
+ * 16-bit tile dst[ROWS][HS + FA_PAD]; rows >= T become zeros. Called by the whole block. A warp
+ * reads 512 contiguous bytes a step (float4 a lane) and writes 8 bytes a lane. */
+template <typename T16, int HS, int ROWS = 64>
+static __device__ __forceinline__ void stage(T16 *dst, const float *src, size_t ld, int r0, int T)
+{
+    constexpr int LD = HS + FA_PAD, CH = HS / 4; /* float4 chunks a row */
+    static_assert(ROWS * CH % FA_THREADS == 0, "whole steps");
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += FA_THREADS) {
+        int r = idx / CH, c = (idx % CH) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r0 + r < T)
+            v = __ldg(reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + c));
+        uint2 u;
+        u.x = fa_type<T16>::pack(v.x, v.y);
+        u.y = fa_type<T16>::pack(v.z, v.w);
+        *reinterpret_cast<uint2 *>(dst + r * LD + c) = u;
+    }
+}
+
+/* ---- Forward ----
+ * Block (bh = b*NH + h, query tile i), heaviest (largest i) first. Warp w owns query rows
+ * q0 + 16w + g (accumulator elements 0, 1) and q0 + 16w + g + 8 (elements 2, 3). Per K/V tile:
+ * S = Q K^T (16 x 64 a warp), scaled by scale*log2(e), masked above the diagonal on tile i; the
+ * running max m and sum l per row (log2 domain), o rescaled by exp2(m_old - m_new). Each lane
+ * sums only its own 16 columns of l; the 4 lanes of a row add theirs at the end. */
+template <typename T16, int HS>
+static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
+{
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int LD = HS + FA_PAD;
+    T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [BC][LD]; first holds the Q tile */
+    T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
+    const int kvh = h / p.group;
+    const int i = (int)(gridDim.y - 1 - blockIdx.y), q0 = i * FA_BR;
+    const float *qg = p.q + (size_t)b * T * p.ld_q + (size_t)h * HS;
+    const float *kg = p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const float *vg = p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
+
+    stage<T16, HS>(sK, qg, p.ld_q, q0, T);
+    __syncthreads();
+    uint32_t qf[HS / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < HS / 16; ks++) ld_a<LD>(qf[ks], sK, warp * 16, ks * 16, lane);
+    __syncthreads(); /* every warp has its Q before K overwrites the tile */
+
+    float o[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    for (int j = 0; j <= i; j++) {
+        const int k0 = j * FA_BC;
+        stage<T16, HS>(sK, kg, p.ld_kv, k0, T);
+        stage<T16, HS>(sV, vg, p.ld_kv, k0, T);
+        __syncthreads();
+
+        float s[FA_BC / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++)
+            mma_row_b<T16, LD, FA_BC / 8>(s, qf[ks], sK, ks * 16, lane);
+
+        /* Scale into the log2 domain; on the diagonal tile (k0 == q0) mask key > row, which
+         * also masks every key >= T of a row < T. Keys of tiles j < i are all < q0 < T. */
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < FA_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[n][e] * p.sl2;
+                if (j == i && k0 + n * 8 + 2 * t + (e & 1) > row0 + (e >> 1) * 8) x = -INFINITY;
+                s[n][e] = x;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            /* the 4 lanes of a row (same g) are lanes 4g .. 4g+3 */
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+            float mnew = fmaxf(mx[r], tmax[r]);
+            /* A row with no key yet (mnew = -inf) keeps p = 0, alpha = 0, l = o = 0: no NaN.
+             * Causal rows always see key 0 on tile 0, so this is only a guard. */
+            float muse = mnew == -INFINITY ? 0.0f : mnew;
+            float alpha = exp2f(mx[r] - muse); /* mx = -inf on the first tile: 0 */
+            mx[r] = mnew;
+            float ls = 0.0f;
+#pragma unroll
+            for (int n = 0; n < FA_BC / 8; n++) {
+                float p0 = exp2f(s[n][2 * r] - muse), p1 = exp2f(s[n][2 * r + 1] - muse);
+                s[n][2 * r] = p0;
+                s[n][2 * r + 1] = p1;
+                ls += p0 + p1;
+            }
+            l[r] = l[r] * alpha + ls;
+#pragma unroll
+            for (int n = 0; n < HS / 8; n++) {
+                o[n][2 * r] *= alpha;
+                o[n][2 * r + 1] *= alpha;
+            }
+        }
+
+        /* o += P V: P's accumulators are the A operand (k = key) */
+#pragma unroll
+        for (int kk = 0; kk < FA_BC / 16; kk++) {
+            uint32_t pa[4];
+            acc_to_a<T16>(pa, s, kk);
+            mma_row_bt<T16, LD, HS / 8>(o, pa, sV, kk * 16, lane);
+        }
+        __syncthreads(); /* all warps are done with sK, sV before the next tile */
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lsum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
+        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+        const int row = row0 + r * 8;
+        if (row >= T) continue; /* padding rows are never stored */
+        const float inv = 1.0f / lsum; /* lsum >= 1: the row max contributes exp2(0) */
+        float *op = p.out + ((size_t)b * T + row) * p.ld_o + (size_t)h * HS + 2 * t;
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++)
+            *reinterpret_cast<float2 *>(op + n * 8) =
+                make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+        if (t == 0) p.lse[((size_t)b * p.NH + h) * T + row] = mx[r] * FA_LN2 + logf(lsum);
+    }
+}
+
+/* ---- Backward ---- */
+
+/* D[r] = sum_c dout[row][c] * out[row][c] over a head's hs columns, r = (b*NH + h)*T + t; a warp
+ * a row (lane-strided sum, then the fixed xor butterfly). */
+static __global__ void fa_rowdot_kernel(float *d, const float *dout, const float *o, size_t ld_o,
+                                        int T, int NH, int hs, long rows)
+{
+    long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    long bh = r / T;
+    int t = (int)(r % T), h = (int)(bh % NH);
+    size_t off = ((size_t)(bh / NH) * T + t) * ld_o + (size_t)h * hs;
+    float s = 0.0f;
+    for (int c = lane; c < hs; c += 32) s += dout[off + c] * o[off + c];
+    s = ddp__warp_sum(s);
+    if (lane == 0) d[r] = s;
+}
+
+/* Query rows of the dK/dV kernel's inner Q tile: 32 at hs = 128, where dK and dV already take
+ * 128 accumulator registers a lane (64 rows there spill), else 64. */
+static constexpr __host__ __device__ int fa_dkv_qb(int hs) { return hs == 128 ? 32 : 64; }
+
+/* dK, dV of K/V head kvh, keys k0 .. k0+63 (tile j = blockIdx.y; small j has the most work and
+ * starts first). Warp w owns keys k0 + 16w + g (accumulator elements 0, 1) and + 8 (elements
+ * 2, 3); its products run with keys as rows, so P^T and dS^T are already A operands:
+ *   S^T  = K_w Q^T          (16 keys x QB queries; B = Q stored [q][d]: ld_b)
+ *   P^T  = exp2(S^T scale log2e - lse[q] log2e), 0 where key > q or q >= T
+ *   dV  += P^T dO           (B = dO stored [q][d] = [k][n]: ld_bt)
+ *   dP^T = V_w dO^T         (ld_b on dO)
+ *   dS^T = P^T (dP^T - D[q])
+ *   dK  += dS^T Q           (ld_bt on Q), times scale once at the end
+ * The query heads of the group, then their Q tiles q0 = k0, k0+QB, ... are visited in that
+ * fixed order (tiles with q0 < k0 see no key of the block). */
+template <typename T16, int HS>
+static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params p)
+{
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int LD = HS + FA_PAD, QB = fa_dkv_qb(HS);
+    T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [BC][LD], the block's keys */
+    T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
+    T16 *sQ = sV + FA_BC * LD;                   /* [QB][LD], the current Q tile */
+    T16 *sdO = sQ + QB * LD;                     /* [QB][LD] */
+    float *sL = reinterpret_cast<float *>(sdO + QB * LD); /* [QB]: lse * log2(e) */
+    float *sD = sL + QB;                                   /* [QB]: D */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int T = p.T, nkv = p.NH / p.group;
+    const int kvh = (int)(blockIdx.x % nkv), b = (int)(blockIdx.x / nkv);
+    const int k0 = (int)blockIdx.y * FA_BC;
+    const int key0 = k0 + warp * 16 + g; /* and key0 + 8 */
+
+    stage<T16, HS>(sK, p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS, p.ld_kv, k0, T);
+    stage<T16, HS>(sV, p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS, p.ld_kv, k0, T);
+
+    float dk[HS / 8][4], dv[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
+
+    for (int qh = kvh * p.group; qh < (kvh + 1) * p.group; qh++) {
+        const float *qg = p.q + (size_t)b * T * p.ld_q + (size_t)qh * HS;
+        const float *dog = p.dout + (size_t)b * T * p.ld_o + (size_t)qh * HS;
+        const size_t rbase = ((size_t)b * p.NH + qh) * T; /* lse, D row 0 */
+        for (int q0 = k0; q0 < T; q0 += QB) {
+            stage<T16, HS, QB>(sQ, qg, p.ld_q, q0, T);
+            stage<T16, HS, QB>(sdO, dog, p.ld_o, q0, T);
+            if (threadIdx.x < QB) {
+                int q = q0 + threadIdx.x;
+                sL[threadIdx.x] = q < T ? p.lse[rbase + q] * FA_LOG2E : 0.0f;
+                sD[threadIdx.x] = q < T ? p.dsum[rbase + q] : 0.0f;
+            }
+            __syncthreads(); /* also covers sK, sV on the first pass */
+
+            float st[QB / 8][4];
+#pragma unroll
+            for (int n = 0; n < QB / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < HS / 16; ks++) {
+                uint32_t a[4];
+                ld_a<LD>(a, sK, warp * 16, ks * 16, lane);
+                mma_row_b<T16, LD, QB / 8>(st, a, sQ, ks * 16, lane);
+            }
+            /* masking: tiles that reach into the diagonal block (q0 < k0 + 64) and the tile
+             * holding rows >= T */
+            const bool edge = q0 < k0 + FA_BC || q0 + QB > T;
+#pragma unroll
+            for (int n = 0; n < QB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi;
+                    float x = exp2f(fmaf(st[n][e], p.sl2, -sL[qi]));
+                    if (edge && (key0 + (e >> 1) * 8 > q || q >= T)) x = 0.0f;
+                    st[n][e] = x;
+                }
+#pragma unroll
+            for (int kk = 0; kk < QB / 16; kk++) {
+                uint32_t pa[4];
+                acc_to_a<T16>(pa, st, kk);
+                mma_row_bt<T16, LD, HS / 8>(dv, pa, sdO, kk * 16, lane);
+            }
+
+            float dpt[QB / 8][4];
+#pragma unroll
+            for (int n = 0; n < QB / 8; n++)
+                dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < HS / 16; ks++) {
+                uint32_t a[4];
+                ld_a<LD>(a, sV, warp * 16, ks * 16, lane);
+                mma_row_b<T16, LD, QB / 8>(dpt, a, sdO, ks * 16, lane);
+            }
+            /* dS^T = P^T (dP^T - D[q]); masked entries have P = 0, dP and D finite: 0 */
+#pragma unroll
+            for (int n = 0; n < QB / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dpt[n][e] = st[n][e] * (dpt[n][e] - sD[n * 8 + 2 * t + (e & 1)]);
+#pragma unroll
+            for (int kk = 0; kk < QB / 16; kk++) {
+                uint32_t da[4];
+                acc_to_a<T16>(da, dpt, kk);
+                mma_row_bt<T16, LD, HS / 8>(dk, da, sQ, kk * 16, lane);
+            }
+            __syncthreads(); /* sQ, sdO, sL, sD are read by all warps before the next stage */
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + r * 8;
+        if (key >= T) continue;
+        const size_t off = ((size_t)b * T + key) * p.ld_kv + (size_t)kvh * HS + 2 * t;
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            float2 *pk = reinterpret_cast<float2 *>(p.dk + off + n * 8);
+            float2 *pv = reinterpret_cast<float2 *>(p.dv + off + n * 8);
+            float2 vk = *pk, vv = *pv;
+            vk.x += p.scale * dk[n][2 * r];
+            vk.y += p.scale * dk[n][2 * r + 1];
+            vv.x += dv[n][2 * r];
+            vv.y += dv[n][2 * r + 1];
+            *pk = vk;
+            *pv = vv;
+        }
+    }
+}
+
+/* dQ of query head h, rows q0 .. q0+63 (tile i, heaviest first). Warp w owns rows q0 + 16w + g
+ * and + 8. Per K/V tile j = 0 .. i, in order:
+ *   S  = Q_w K^T (ld_b on K),  P = exp2(S scale log2e - lse log2e), 0 where key > row (tile i)
+ *   dP = dO_w V^T (ld_b on V), dS = P (dP - D)
+ *   dQ += dS K   (ld_bt on K), times scale once at the end.
+ * Rows >= T (zero Q, dO; lse = D = 0) give finite values and are never stored. */
+template <typename T16, int HS>
+static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params p)
+{
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    constexpr int LD = HS + FA_PAD;
+    T16 *sQ = reinterpret_cast<T16 *>(fa_smem); /* [BR][LD] */
+    T16 *sdO = sQ + FA_BR * LD;                  /* [BR][LD] */
+    T16 *sK = sdO + FA_BR * LD;                  /* [BC][LD], the current K/V tile */
+    T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
+    const int kvh = h / p.group;
+    const int i = (int)(gridDim.y - 1 - blockIdx.y), q0 = i * FA_BR;
+    const float *kg = p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const float *vg = p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
+    const size_t rbase = ((size_t)b * p.NH + h) * T;
+
+    stage<T16, HS>(sQ, p.q + (size_t)b * T * p.ld_q + (size_t)h * HS, p.ld_q, q0, T);
+    stage<T16, HS>(sdO, p.dout + (size_t)b * T * p.ld_o + (size_t)h * HS, p.ld_o, q0, T);
+    float lse2[2], dd[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        lse2[r] = row < T ? p.lse[rbase + row] * FA_LOG2E : 0.0f;
+        dd[r] = row < T ? p.dsum[rbase + row] : 0.0f;
+    }
+
+    float dq[HS / 8][4];
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+
+    for (int j = 0; j <= i; j++) {
+        const int k0 = j * FA_BC;
+        stage<T16, HS>(sK, kg, p.ld_kv, k0, T);
+        stage<T16, HS>(sV, vg, p.ld_kv, k0, T);
+        __syncthreads(); /* also covers sQ, sdO on the first pass */
+
+        float s[FA_BC / 8][4], dp[FA_BC / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t a[4];
+            ld_a<LD>(a, sQ, warp * 16, ks * 16, lane);
+            mma_row_b<T16, LD, FA_BC / 8>(s, a, sK, ks * 16, lane);
+            ld_a<LD>(a, sdO, warp * 16, ks * 16, lane);
+            mma_row_b<T16, LD, FA_BC / 8>(dp, a, sV, ks * 16, lane);
+        }
+#pragma unroll
+        for (int n = 0; n < FA_BC / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                float x = exp2f(fmaf(s[n][e], p.sl2, -lse2[r]));
+                if (j == i && k0 + n * 8 + 2 * t + (e & 1) > row0 + r * 8) x = 0.0f;
+                dp[n][e] = x * (dp[n][e] - dd[r]);
+            }
+#pragma unroll
+        for (int kk = 0; kk < FA_BC / 16; kk++) {
+            uint32_t da[4];
+            acc_to_a<T16>(da, dp, kk);
+            mma_row_bt<T16, LD, HS / 8>(dq, da, sK, kk * 16, lane);
+        }
+        __syncthreads(); /* sK, sV are read by all warps before the next tile */
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int row = row0 + r * 8;
+        if (row >= T) continue;
+        float *dst = p.dq + ((size_t)b * T + row) * p.ld_q + (size_t)h * HS + 2 * t;
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) {
+            float2 *pq = reinterpret_cast<float2 *>(dst + n * 8);
+            float2 v = *pq;
+            v.x += p.scale * dq[n][2 * r];
+            v.y += p.scale * dq[n][2 * r + 1];
+            *pq = v;
+        }
+    }
+}
+
+/* ---- Host side ---- */
+
+typedef void (*fa_kernel_t)(fa_params);
+
+enum { FA_FWD, FA_BWD_DKV, FA_BWD_DQ, FA_NKINDS };
+
+/* [kind][0 bf16, 1 fp16][hs 32, 64, 128]: the only instantiations */
+static const fa_kernel_t fa_kernels[FA_NKINDS][2][3] = {
+    {{fa_fwd_kernel<__nv_bfloat16, 32>, fa_fwd_kernel<__nv_bfloat16, 64>,
+      fa_fwd_kernel<__nv_bfloat16, 128>},
+     {fa_fwd_kernel<__half, 32>, fa_fwd_kernel<__half, 64>, fa_fwd_kernel<__half, 128>}},
+    {{fa_bwd_dkv_kernel<__nv_bfloat16, 32>, fa_bwd_dkv_kernel<__nv_bfloat16, 64>,
+      fa_bwd_dkv_kernel<__nv_bfloat16, 128>},
+     {fa_bwd_dkv_kernel<__half, 32>, fa_bwd_dkv_kernel<__half, 64>,
+      fa_bwd_dkv_kernel<__half, 128>}},
+    {{fa_bwd_dq_kernel<__nv_bfloat16, 32>, fa_bwd_dq_kernel<__nv_bfloat16, 64>,
+      fa_bwd_dq_kernel<__nv_bfloat16, 128>},
+     {fa_bwd_dq_kernel<__half, 32>, fa_bwd_dq_kernel<__half, 64>, fa_bwd_dq_kernel<__half, 128>}},
+};
+
+/* Dynamic shared memory of a kernel kind at head size hs (bytes). */
+static size_t fa_smem_bytes(int kind, int hs)
+{
+    size_t row = (size_t)(hs + FA_PAD) * 2, tile = 64 * row; /* a [64][hs + pad] 16-bit tile */
+    if (kind == FA_FWD) return 2 * tile;
+    if (kind == FA_BWD_DQ) return 4 * tile;
+    size_t qb = (size_t)fa_dkv_qb(hs);
+    return 2 * tile + 2 * qb * row + 2 * qb * sizeof(float);
+}
+
+int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH)
+{
+    if (!ctx || C <= 0 || NH <= 0 || C % NH) return 0;
+    if (ctx->prec != DDP_KPREC_BF16 && ctx->prec != DDP_KPREC_FP16) return 0;
+    int hs = C / NH;
+    if (hs != 32 && hs != 64 && hs != 128) return 0;
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx->device) !=
+        cudaSuccess) {
+        cudaGetLastError(); /* not an op error: the shape is just not taken */
+        return 0;
+    }
+    return major >= 8; /* mma.sync m16n8k16 bf16/fp16 */
+}
+
+/* Records rc on ctx (first error kept) with a message; always returns rc. */
+static int fa_fail(ddp_kctx_t *ctx, int rc, const char *what, const char *why)
+{
+    DDP_ERROR("cuda: %s: %s", what, why);
+    if (ctx->err == 0) ctx->err = rc;
+    return rc;
+}
+
+/* Validates the call and fills the parts of p common to forward and backward. */
+static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const float *qkv, const void *aligned[3], int B,
+                    int T, int C, int NH, const char *what)
+{
+    if (!ddp__cuda_flash_supported(ctx, C, NH))
+        return fa_fail(ctx, DDP_ENOTSUP, what, "shape or precision not taken (bf16/fp16, "
+                                                "hs 32/64/128, sm_80+)");
+    if ((T + FA_BR - 1) / FA_BR > 65535 || (long long)B * NH > 0x7fffffffLL)
+        return fa_fail(ctx, DDP_EINVAL, what, "T or B*NH beyond the grid limits");
+    for (int n = 0; n < 3; n++)
+        if (aligned[n] && ((uintptr_t)aligned[n] & 15))
+            return fa_fail(ctx, DDP_EINVAL, what, "tensor not 16-byte aligned");
+    int hs = C / NH;
+    memset(p, 0, sizeof *p);
+    p->q = qkv;
+    p->k = qkv + C;
+    p->v = qkv + 2 * (size_t)C;
+    p->ld_q = p->ld_kv = 3 * (size_t)C;
+    p->ld_o = (size_t)C;
+    p->T = T;
+    p->NH = NH;
+    p->group = 1;
+    p->scale = 1.0f / sqrtf((float)hs);
+    p->sl2 = p->scale * FA_LOG2E;
+    return 0;
+}
+
+/* Queues kernel `kind` for ctx->prec and hs on grid (gx, gy). */
+static int fa_launch(ddp_kctx_t *ctx, int kind, int hs, unsigned gx, unsigned gy,
+                     const fa_params *p, const char *what)
+{
+    int ti = ctx->prec == DDP_KPREC_BF16 ? 0 : 1;
+    int hi = hs == 32 ? 0 : hs == 64 ? 1 : 2;
+    fa_kernel_t k = fa_kernels[kind][ti][hi];
+    size_t smem = fa_smem_bytes(kind, hs);
+    if (smem > 48 * 1024)
+        DDP_CHECK(ddp__cuda_check(
+            ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+            what));
+    k<<<dim3(gx, gy), FA_THREADS, smem, ctx->stream>>>(*p);
+    return ddp__cuda_launched(ctx, what);
+}
+
+void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
+                         int C, int NH)
+{
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    fa_params p;
+    const void *aligned[3] = {qkv, out, NULL};
+    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, "flash_fwd")) return;
+    p.out = out;
+    p.lse = lse;
+    fa_launch(ctx, FA_FWD, C / NH, (unsigned)(B * NH), (unsigned)((T + FA_BR - 1) / FA_BR), &p,
+              "flash_fwd");
+}
+
+void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                         const float *out, const float *lse, int B, int T, int C, int NH)
+{
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    fa_params p;
+    const void *aligned[3] = {qkv, dout, dqkv};
+    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, "flash_bwd")) return;
+    if ((uintptr_t)out & 15) {
+        fa_fail(ctx, DDP_EINVAL, "flash_bwd", "tensor not 16-byte aligned");
+        return;
+    }
+    int hs = C / NH;
+    long rows = (long)B * NH * T;
+    float *dsum;
+    if (ddp__cuda_scratch(ctx, (size_t)rows * sizeof(float), (void **)&dsum)) return;
+    fa_rowdot_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(dsum, dout, out,
+                                                                           (size_t)C, T, NH, hs,
+                                                                           rows);
+    if (ddp__cuda_launched(ctx, "flash_bwd(D)")) return;
+    p.dq = dqkv;
+    p.dk = dqkv + C;
+    p.dv = dqkv + 2 * (size_t)C;
+    p.o = out;
+    p.dout = dout;
+    p.lse = (float *)lse; /* read only in the backward kernels */
+    p.dsum = dsum;
+    unsigned tiles = (unsigned)((T + FA_BR - 1) / FA_BR);
+    if (fa_launch(ctx, FA_BWD_DKV, hs, (unsigned)(B * (NH / p.group)), tiles, &p,
+                  "flash_bwd(dk, dv)"))
+        return;
+    fa_launch(ctx, FA_BWD_DQ, hs, (unsigned)(B * NH), tiles, &p, "flash_bwd(dq)");
+}
