@@ -213,8 +213,8 @@ int ddp_kernels_gpu_count(void);
  * - Arguments are checked against the contract above (required pointers, positive sizes): an
  *   op with bad arguments is not run, it is logged, and its DDP_EINVAL is kept in k (the first
  *   one only) for ddp_k_sync(), as a GPU keeps an asynchronous error. Counts of 0 pass through.
- * - Thread: as the backend's members (the training thread; the checkpoint helper copies with
- *   memcpy_d2h and sync on the same context). */
+ * - Thread: one thread uses a context at a time, as the backend's members (the training
+ *   thread; the checkpoint helper thread opens a context of its own for its copies). */
 const char *ddp_k_name(const ddp_kernels_t *k);         /* "cpu", "cuda", "sim"; "none" */
 const char *ddp_k_coll_backend(const ddp_kernels_t *k); /* ddp.backend "auto" resolves to it */
 int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capability; 0 */

@@ -158,7 +158,8 @@ static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_sharded_gat
  * each change of the world. */
 static void checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
 {
-    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .model = &t->model, .opt = &t->opt,
+    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
+                           .model = &t->model, .opt = &t->opt,
                            .stop_at_step = t->opts.stop_at_step,
                            .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
                            .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,

@@ -4,6 +4,11 @@
  * - While `helper_running`, the helper thread owns the saver and reads the arenas; the training
  *   thread touches neither the saver nor the parameters/moments until ddp_tckpt_before_update
  *   has joined it (every path that could reach the saver joins first).
+ * - A kernel context belongs to one thread (kernels.h): the saver's device copies go through
+ *   `copy_k`, the trainer's context when the training thread saves and a context of the
+ *   helper's own (its own stream, so the copy does not queue behind the next step's compute)
+ *   while the helper saves; the training thread waits for its queued work before the helper
+ *   starts, so the helper's stream reads the update's results.
  * - `pending` (striped writers only) is set and cleared at the same step on every rank: set when
  *   a save starts, cleared when the all-reduced votes say every writer reported, or in a
  *   blocking settle that every rank enters at the same point.
@@ -47,6 +52,7 @@ struct ddp_tckpt {
     long helper_step;
     double helper_ms;
     ddp_errinfo_t helper_ei;
+    ddp_kernels_t *copy_k; /* the context of the saver's device copies (see the invariants) */
     int live;        /* a live save (CPU) may still read the arenas: freeze before updating */
     long last_saved; /* step of the last save started; -1 */
     int pending, reported, report_rc;
@@ -62,10 +68,11 @@ struct ddp_tckpt {
 static double ms_since(int64_t t0) { return (double)(ddp_now_ns() - t0) / 1e6; }
 
 /* Copy hooks for device arenas; on the CPU backend the arenas are host memory (NULL: memcpy,
- * which also keeps the helper thread away from the backend context). */
+ * which also keeps the helper thread away from the backend context). The saver's ctx is the
+ * ddp_tckpt_t (its copy_k), a load's the trainer's context. */
 static int copy_d2h(void *dst, const void *src, size_t n, void *ctx)
 {
-    ddp_kernels_t *k = ctx;
+    ddp_kernels_t *k = ((struct ddp_tckpt *)ctx)->copy_k;
     int rc = ddp_k_memcpy_d2h(k, dst, src, n);
     return rc ? rc : ddp_k_sync(k);
 }
@@ -335,7 +342,7 @@ static int open_saver(ddp_tckpt_t *c, ddp_errinfo_t *ei)
     ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir, .shard_mb = sp->shard_mb,
                          .keep_last = sp->keep_last, .writers = c->writers, .rank = c->run.rank,
                          .copy = ddp_k_host_memory(c->run.k) ? NULL : copy_d2h,
-                         .copy_ctx = c->run.k};
+                         .copy_ctx = c};
     DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
     return ddp_ckpt_saver_reserve(
         c->saver, c->run.model->n_params * sizeof(float) * (c->optim_t ? 3 : 1), ei);
@@ -376,6 +383,7 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
         return rc;
     }
     c->run = *run;
+    c->copy_k = run->k;
     c->model_t = model;
     c->optim_t = optim;
     c->n_model = n;
@@ -389,12 +397,25 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
     return open_saver(c, ei);
 }
 
+/* The helper thread: one save, its device copies on a kernel context of its own (opened and
+ * closed here, once per save: a stream and a library handle, small beside a snapshot). */
 static void *helper_main(void *arg)
 {
     struct ddp_tckpt *c = arg;
     int64_t t0 = ddp_now_ns();
     ddp_errinfo_clear(&c->helper_ei);
-    c->helper_rc = ddp_ckpt_save(c->saver, &c->state, &c->helper_ei);
+    ddp_kernels_t own;
+    int rc = ddp_kernels_open(&own, ddp_k_name(c->run.k), c->run.device, 1);
+    if (rc) {
+        c->helper_rc = ddp_errinfo_set(&c->helper_ei, rc,
+                                       "checkpoint: the helper's %s context on device %d: %s",
+                                       ddp_k_name(c->run.k), c->run.device, ddp_strerror(rc));
+    } else {
+        c->copy_k = &own;
+        c->helper_rc = ddp_ckpt_save(c->saver, &c->state, &c->helper_ei);
+        c->copy_k = c->run.k;
+        ddp_kernels_close(&own);
+    }
     c->helper_ms = ms_since(t0);
     return NULL;
 }
@@ -426,6 +447,7 @@ int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t 
 {
     if (!c || !c->model_t) return 0;
     c->run = *run;
+    c->copy_k = run->k;
     double waited;
     join_helper(c, &waited);
     if (c->saver) {
@@ -655,8 +677,9 @@ static int start_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int overlap,
                 c->reported = 1;
                 c->report_rc = rc;
             }
-        } else if (overlap && pthread_create(&c->helper, NULL, helper_main, c) == 0) {
-            c->helper_running = 1;
+        } else if (overlap && (rc = ddp_k_sync(c->run.k)) == 0 &&
+                   pthread_create(&c->helper, NULL, helper_main, c) == 0) {
+            c->helper_running = 1; /* the sync: the update is complete for the helper's stream */
         } else {
             int64_t t1 = ddp_now_ns();
             rc = ddp_ckpt_save(c->saver, &c->state, ei);
@@ -730,7 +753,7 @@ int ddp_tckpt_emergency_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int mom
     int host = ddp_k_host_memory(c->run.k);
     ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir, .shard_mb = sp->shard_mb,
                          .keep_last = sp->keep_last, .writers = 1, .rank = 0,
-                         .copy = host ? NULL : copy_d2h, .copy_ctx = c->run.k};
+                         .copy = host ? NULL : copy_d2h, .copy_ctx = c};
     DDP_CHECK_GOTO(ddp_ckpt_saver_new(&o, &sv, ei), rc, out);
     free(c->trainer);
     c->trainer = trainer_json(c, pos);

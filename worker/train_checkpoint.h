@@ -57,6 +57,7 @@ typedef struct ddp_tckpt ddp_tckpt_t; /* a run's checkpoints; NULL without check
 typedef struct ddp_tckpt_run {
     const ddp_spec_t *spec; /* the run's spec (with the adopted global batch) */
     ddp_kernels_t *k;       /* the arenas' backend: copies, and host_memory */
+    int device;             /* k's device: the checkpoint helper opens a context of its own there */
     ddp_gpt2_t *model;      /* the parameter arena and its tensor table */
     ddp_adamw_t *opt;       /* the moments and AdamW's update count */
     long stop_at_step;      /* --stop-at-step (0: none): a save is planned there */

@@ -20,7 +20,9 @@
  * shape (layout DDP_W_OUT_IN, OC >= 50257), a bug the self-test must catch.
  * Opened only by name ("sim"); "auto" never picks it. Threads: one caller thread per context.
  */
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +39,8 @@ struct ddp_kctx {
     int err;                     /* first error since the last sync (caller's thread) */
     int break_lm_head;           /* DDP_SIM_BREAK=lm_head_dinp */
     ddp_simdev_event_t order;    /* record_event's event */
+    pthread_t owner;             /* the thread that queues work here (see owned_by_caller) */
+    atomic_int has_owner;
 };
 
 #define CPU ddp_kernels_cpu
@@ -104,8 +108,28 @@ static void run(void *arg)
 #define W DDP_SIMDEV_W
 #define RW DDP_SIMDEV_RW
 
+/* The CUDA backend's contract (kcuda.cuh): one thread uses a context. The first thread that
+ * queues work or syncs here owns the context; a call from any other thread is the misuse that
+ * on a GPU races on the context's error and puts its copies in the compute stream's order
+ * (once the checkpoint helper's copies): logged, and DDP_EHAZARD for the owner's next sync. */
+static int owned_by_caller(ddp_kctx_t *ctx, const char *what)
+{
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&ctx->has_owner, &expected, 1)) {
+        ctx->owner = pthread_self();
+        atomic_store(&ctx->has_owner, 2);
+        return 1;
+    }
+    while (atomic_load(&ctx->has_owner) != 2) {
+    }
+    if (pthread_equal(ctx->owner, pthread_self())) return 1;
+    DDP_ERROR("sim: %s from a second thread: a kernel context belongs to one thread", what);
+    return 0;
+}
+
 static args_t *new_args(ddp_kctx_t *ctx, int op)
 {
+    if (!owned_by_caller(ctx, "an op")) return NULL;
     args_t *a = calloc(1, sizeof *a);
     if (!a) {
         if (!ctx->err) ctx->err = DDP_ENOMEM;
@@ -227,6 +251,7 @@ static void sim_decommit(ddp_kctx_t *ctx, void *p, size_t bytes)
 
 static int sim_sync(ddp_kctx_t *ctx)
 {
+    if (!owned_by_caller(ctx, "sync")) return DDP_EHAZARD;
     ddp_simdev_stream_sync(ctx->stream);
     int rc = ctx->err, cpu = CPU.sync(ctx->cpu);
     ctx->err = 0;
@@ -237,6 +262,7 @@ static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int d
                 int src_host, int wait, const char *what)
 {
     if (bytes == 0) return 0;
+    if (!owned_by_caller(ctx, what)) return DDP_EHAZARD;
     args_t *a = new_args(ctx, COPY);
     if (!a) return DDP_ENOMEM;
     set_p(a, 2, dst, (void *)src);
@@ -267,6 +293,7 @@ static int sim_d2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 static int sim_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
 {
     if (bytes == 0) return 0;
+    if (!owned_by_caller(ctx, "memset0")) return DDP_EHAZARD;
     args_t *a = new_args(ctx, ZERO);
     if (!a) return DDP_ENOMEM;
     a->p[0] = dst;
