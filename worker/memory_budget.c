@@ -117,10 +117,14 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         if (part > KSPLIT_BYTES) part = 0;
         w += part > att ? part : att;
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
-    } else if (!b->flash) {
-        /* kernels/cuda/attention.cu's general path (fp32, or a head size the flash kernels do
-         * not take): one op's scores and their gradient, [B,NH,T,T] each, in the scratch */
-        w += 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
+    } else {
+        /* the CUDA kernels' one scratch buffer (grown, never shrunk): the larger of the
+         * attention general path's (fp32, or a head size the flash kernels do not take) scores
+         * and their gradient, [B,NH,T,T] each, and the embedding backward's sorted tokens and
+         * piece sums [BT, C] (kernels/cuda/attention.cu, encoder.cu) */
+        int64_t att = b->flash ? 0 : 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
+        int64_t enc = BT * C * 4 + 3 * BT * 4;
+        w += att > enc ? att : enc;
     }
     /* kernels/cpu/lowp.c, kernels/cuda/lowp.cu: a product's two converted inputs, the largest
      * being the LM head's dout [lm_rows, V] or the MLP projection's input [BT, 4C] (on an

@@ -5,9 +5,13 @@
  *           dwte[V,C] += sum over positions with that token  deterministic, no atomics:
  *             1. the B*T (token, position) pairs are sorted by token with CUB's stable radix
  *                sort, so each token's positions form one run in position order;
- *             2. one block per run head (blocks of other positions exit at once) sums the run's
- *                dout rows in order, 128 threads striding over C, and adds the sum to dwte.
- *           Scratch: 3 * B*T int32 + CUB's temporary storage.
+ *             2. the sorted list is cut into pieces at every run head and every multiple of
+ *                DWTE_PIECE: one block per piece head sums the piece's dout rows in order
+ *                (128 threads striding over C) into partial[head];
+ *             3. one block per run head adds its run's pieces' partials in order to dwte.
+ *           A run as long as the batch (a batch of padding tokens) is summed by B*T/DWTE_PIECE
+ *           blocks, not one block walking all of it; the order is fixed by the shapes.
+ *           Scratch: 3 * B*T int32 + B*T*C floats + CUB's temporary storage.
  * Limits: B*T < 2^31 (one block per position in step 2); token ids in [0, V).
  */
 #include <cub/device/device_radix_sort.cuh>
@@ -53,15 +57,41 @@ static __global__ void iota_kernel(int32_t *x, int n)
         x[i] = i;
 }
 
-static __global__ void encoder_dwte_kernel(float *dwte, const float *dout, const int32_t *tok,
-                                           const int32_t *pos, int BT, int C)
+/* rows of the sorted list one block sums at most (step 2) */
+#define DWTE_PIECE 64
+
+static __device__ __forceinline__ int piece_head(const int32_t *tok, int i)
+{
+    return i == 0 || tok[i - 1] != tok[i] || i % DWTE_PIECE == 0;
+}
+
+/* Step 2: block i, when i heads a piece, sums its rows into partial[i, :]. */
+static __global__ void dwte_pieces_kernel(float *partial, const float *dout, const int32_t *tok,
+                                          const int32_t *pos, int BT, int C)
+{
+    int i = blockIdx.x;
+    if (!piece_head(tok, i)) return;
+    int t = tok[i], end = i + 1;
+    while (end < BT && tok[end] == t && end % DWTE_PIECE != 0) end++;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float s = 0.0f;
+        for (int j = i; j < end; j++) s += dout[(size_t)pos[j] * C + c];
+        partial[(size_t)i * C + c] = s;
+    }
+}
+
+/* Step 3: block i, when i heads a run, adds the run's pieces in order to dwte[tok[i], :]. */
+static __global__ void dwte_runs_kernel(float *dwte, const float *partial, const int32_t *tok,
+                                        int BT, int C)
 {
     int i = blockIdx.x;
     int t = tok[i];
     if (i > 0 && tok[i - 1] == t) return; /* not the head of its run */
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
         float s = 0.0f;
-        for (int j = i; j < BT && tok[j] == t; j++) s += dout[(size_t)pos[j] * C + c];
+        /* the pieces: the run head, then each multiple of DWTE_PIECE inside the run */
+        for (int j = i; j < BT && tok[j] == t; j = (j / DWTE_PIECE + 1) * DWTE_PIECE)
+            s += partial[(size_t)j * C + c];
         dwte[(size_t)t * C + c] += s;
     }
 }
@@ -87,13 +117,15 @@ void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const floa
                         "encoder_bwd(sort size)"))
         return;
     size_t ints = ((size_t)BT * sizeof(int32_t) + 255) / 256 * 256; /* keep 256-byte alignment */
+    size_t floats = (size_t)BT * C * sizeof(float);
     void *scratch;
-    if (ddp__cuda_scratch(ctx, 3 * ints + sort_bytes, &scratch)) return;
+    if (ddp__cuda_scratch(ctx, 3 * ints + floats + sort_bytes, &scratch)) return;
     char *base = (char *)scratch;
     int32_t *tok = (int32_t *)base;
     int32_t *pos_in = (int32_t *)(base + ints);
     int32_t *pos = (int32_t *)(base + 2 * ints);
-    void *temp = base + 3 * ints;
+    float *partial = (float *)(base + 3 * ints);
+    void *temp = base + 3 * ints + floats;
 
     iota_kernel<<<ddp__grid((size_t)BT, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
         pos_in, BT);
@@ -103,6 +135,8 @@ void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const floa
                                                         BT, 0, 32, ctx->stream),
                         "encoder_bwd(sort)"))
         return;
-    encoder_dwte_kernel<<<(unsigned)BT, 128, 0, ctx->stream>>>(dwte, dout, tok, pos, BT, C);
-    ddp__cuda_launched(ctx, "encoder_bwd(dwte)");
+    dwte_pieces_kernel<<<(unsigned)BT, 128, 0, ctx->stream>>>(partial, dout, tok, pos, BT, C);
+    if (ddp__cuda_launched(ctx, "encoder_bwd(dwte pieces)")) return;
+    dwte_runs_kernel<<<(unsigned)BT, 128, 0, ctx->stream>>>(dwte, partial, tok, BT, C);
+    ddp__cuda_launched(ctx, "encoder_bwd(dwte runs)");
 }

@@ -34,6 +34,16 @@ static __global__ void to_fp16_kernel(__half *out, const float *x, size_t n)
         out[i] = __float2half_rn(x[i]); /* round to nearest even; overflow gives Inf */
 }
 
+/* Frees p (NULL: nothing) once the work queued on the stream, which may still read it, is done:
+ * an explicit wait, not cudaFree's implicit one. Returns 0 or the error (recorded in ctx). */
+static int free_after_stream(ddp_kctx_t *ctx, void *p, const char *what)
+{
+    if (!p) return 0;
+    int rc = ddp__cuda_check(ctx, cudaStreamSynchronize(ctx->stream), "cudaStreamSynchronize");
+    int rc2 = ddp__cuda_check(ctx, cudaFree(p), what);
+    return rc ? rc : rc2;
+}
+
 static void convert(ddp_kctx_t *ctx, void *out, const float *x, size_t n)
 {
     if (ctx->prec == DDP_KPREC_BF16)
@@ -54,8 +64,7 @@ const void *ddp__cuda_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size
 {
     if (n > ctx->lowp_in_n[slot]) {
         void *p = NULL;
-        /* cudaFree of the old slot waits for the queued work that still reads it */
-        if (ctx->lowp_in[slot]) cudaFree(ctx->lowp_in[slot]);
+        if (free_after_stream(ctx, ctx->lowp_in[slot], "cudaFree(matmul inputs)")) return NULL;
         ctx->lowp_in[slot] = NULL;
         ctx->lowp_in_n[slot] = 0;
         if (ddp__cuda_check(ctx, cudaMalloc(&p, n * 2), "cudaMalloc(matmul inputs)")) return NULL;
@@ -99,12 +108,13 @@ const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 
 void ddp__cuda_lowp_free(ddp_kctx_t *ctx)
 {
-    for (int i = 0; i < ctx->n_wcopies; i++) cudaFree(ctx->wcopies[i].copy);
+    for (int i = 0; i < ctx->n_wcopies; i++)
+        free_after_stream(ctx, ctx->wcopies[i].copy, "cudaFree(weight copy)");
     free(ctx->wcopies);
     ctx->wcopies = NULL;
     ctx->n_wcopies = ctx->cap_wcopies = 0;
     for (int s = 0; s < 2; s++) {
-        if (ctx->lowp_in[s]) cudaFree(ctx->lowp_in[s]);
+        free_after_stream(ctx, ctx->lowp_in[s], "cudaFree(matmul inputs)");
         ctx->lowp_in[s] = NULL;
         ctx->lowp_in_n[s] = 0;
     }
@@ -120,7 +130,7 @@ void ddp__cuda_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
     }
     if (prec != ctx->prec) {
         if (ddp__cuda_enter(ctx)) return;
-        ddp__cuda_lowp_free(ctx); /* copies of another type; cudaFree waits for their readers */
+        ddp__cuda_lowp_free(ctx); /* copies of another type, freed after their readers */
     }
     ctx->prec = prec;
     for (int i = 0; i < ctx->n_wcopies; i++) ctx->wcopies[i].valid = 0;
@@ -141,6 +151,10 @@ int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
     }
     if (prec == DDP_KPREC_BF16 && major < 8) {
         *why = "bf16 tensor cores need compute capability 8.0 or newer";
+        return 0;
+    }
+    if (prec == DDP_KPREC_FP16 && major < 7) {
+        *why = "fp16 tensor cores need compute capability 7.0 or newer";
         return 0;
     }
     *why = "the GPU multiplies bf16/fp16 on tensor cores (cublasGemmEx, fp32 accumulation)";
