@@ -321,19 +321,13 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     /* wte's share from the LM head is complete (forward did it): the largest tensor starts
      * reducing first */
     size_t done = m->params[0].numel;
-    if (ready) {
-        DDP_CHECK(ddp_k_sync(k));
-        ready(arg, done);
-    }
+    if (ready) ready(arg, done);
     DDP_CHECK(ddp_k_memset0(k, a->dres, BT * C * sizeof(float)));
     const float *xlast = a->res3 + (L - 1) * sBTC;
     DDP_K(k, layernorm_bwd, a->dres, gv->lnfw, gv->lnfb, a->dlnf, xlast, m->wv.lnfw,
           a->lnf_mean, a->lnf_rstd, (int)BT, C);
     done = m->params[2].offset + m->params[2].numel;
-    if (ready) {
-        DDP_CHECK(ddp_k_sync(k));
-        ready(arg, done);
-    }
+    if (ready) ready(arg, done);
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward ln_f");
 
     for (int l = L - 1; l >= 0; l--) {
@@ -374,10 +368,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         const ddp_param_desc_t *last =
             &m->params[TENSORS_BEFORE_BLOCKS + (L - l) * TENSORS_PER_BLOCK - 1];
         done = last->offset + last->numel;
-        if (ready) {
-            DDP_CHECK(ddp_k_sync(k));
-            ready(arg, done);
-        }
+        if (ready) ready(arg, done);
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward h.%d", l);
     }
     /* wpe only: the embedding's share of wte is added by ddp_gpt2_embed_backward */

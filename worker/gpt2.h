@@ -172,8 +172,10 @@ int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targe
 
 /* Backward of the last ddp_gpt2_forward (DDP_EINVAL after an evaluate): completes
  * d(loss_scale x mean loss)/dw in the gradient arena, except the token embedding's share of
- * wte, calling ready(arg, done) as each prefix of the arena becomes final (ready may be NULL). The
- * embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
+ * wte, calling ready(arg, done) as each prefix of the arena is final in the queued work (ready
+ * may be NULL): on a GPU the ops that write it may still be running, so a consumer orders its
+ * own work after them (ddp_k_record_event; the reducer does) rather than the host waiting per
+ * block. One sync at the end. The embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
  * ddp_gpt2_embed_backward. Returns 0 or a backend error. */
 int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg);
 

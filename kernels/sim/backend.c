@@ -22,7 +22,6 @@
  */
 #include <pthread.h>
 #include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +38,10 @@ struct ddp_kctx {
     int err;                     /* first error since the last sync (caller's thread) */
     int break_lm_head;           /* DDP_SIM_BREAK=lm_head_dinp */
     ddp_simdev_event_t order;    /* record_event's event */
-    pthread_t owner;             /* the thread that queues work here (see owned_by_caller) */
-    atomic_int has_owner;
+    pthread_mutex_t owner_lock;  /* guards owner, has_owner, idle (see owned_by_caller) */
+    pthread_t owner;
+    int has_owner;
+    int idle; /* nothing queued since the owner's last wait for the stream */
 };
 
 #define CPU ddp_kernels_cpu
@@ -108,28 +109,41 @@ static void run(void *arg)
 #define W DDP_SIMDEV_W
 #define RW DDP_SIMDEV_RW
 
-/* The CUDA backend's contract (kcuda.cuh): one thread uses a context. The first thread that
- * queues work or syncs here owns the context; a call from any other thread is the misuse that
- * on a GPU races on the context's error and puts its copies in the compute stream's order
- * (once the checkpoint helper's copies): logged, and DDP_EHAZARD for the owner's next sync. */
-static int owned_by_caller(ddp_kctx_t *ctx, const char *what)
+/* The CUDA backend's contract (kcuda.cuh): one thread uses a context at a time. The thread
+ * that queues work or syncs here owns the context; another thread may take it over only when
+ * the context is idle (its owner waited for everything it queued: a hand-over, such as a
+ * thread joined after its last sync). A call from another thread while the owner's work is
+ * queued is the misuse that on a GPU races on the context's error and puts the caller's work in
+ * the owner's stream order (once the checkpoint helper's copies): logged, refused. `queued`: the
+ * call queues work (the context is then busy until the owner waits). */
+static int owned_by_caller(ddp_kctx_t *ctx, const char *what, int queued)
 {
-    int expected = 0;
-    if (atomic_compare_exchange_strong(&ctx->has_owner, &expected, 1)) {
-        ctx->owner = pthread_self();
-        atomic_store(&ctx->has_owner, 2);
-        return 1;
+    pthread_mutex_lock(&ctx->owner_lock);
+    pthread_t self = pthread_self();
+    int ok = !ctx->has_owner || pthread_equal(ctx->owner, self) || ctx->idle;
+    if (ok) {
+        ctx->owner = self;
+        ctx->has_owner = 1;
+        if (queued) ctx->idle = 0;
     }
-    while (atomic_load(&ctx->has_owner) != 2) {
-    }
-    if (pthread_equal(ctx->owner, pthread_self())) return 1;
-    DDP_ERROR("sim: %s from a second thread: a kernel context belongs to one thread", what);
-    return 0;
+    pthread_mutex_unlock(&ctx->owner_lock);
+    if (!ok)
+        DDP_ERROR("sim: %s from a second thread while the context's owner has work queued: a "
+                  "kernel context belongs to one thread at a time", what);
+    return ok;
+}
+
+/* The owner waited for everything queued so far: the context may change hands. */
+static void now_idle(ddp_kctx_t *ctx)
+{
+    pthread_mutex_lock(&ctx->owner_lock);
+    ctx->idle = 1;
+    pthread_mutex_unlock(&ctx->owner_lock);
 }
 
 static args_t *new_args(ddp_kctx_t *ctx, int op)
 {
-    if (!owned_by_caller(ctx, "an op")) return NULL;
+    if (!owned_by_caller(ctx, "an op", 1)) return NULL;
     args_t *a = calloc(1, sizeof *a);
     if (!a) {
         if (!ctx->err) ctx->err = DDP_ENOMEM;
@@ -173,6 +187,7 @@ static void sim_close(ddp_kctx_t *ctx)
     if (!ctx) return;
     ddp_simdev_stream_free(ctx->stream);
     if (ctx->cpu) CPU.close(ctx->cpu);
+    pthread_mutex_destroy(&ctx->owner_lock);
     free(ctx);
 }
 
@@ -184,6 +199,7 @@ static int sim_init(ddp_kctx_t **out, int device, int threads)
     if (!ctx) return DDP_ENOMEM;
     ctx->device = device;
     ctx->order.stream = -1;
+    pthread_mutex_init(&ctx->owner_lock, NULL);
     const char *brk = getenv("DDP_SIM_BREAK");
     ctx->break_lm_head = brk && strcmp(brk, "lm_head_dinp") == 0;
     char name[32];
@@ -251,8 +267,9 @@ static void sim_decommit(ddp_kctx_t *ctx, void *p, size_t bytes)
 
 static int sim_sync(ddp_kctx_t *ctx)
 {
-    if (!owned_by_caller(ctx, "sync")) return DDP_EHAZARD;
+    if (!owned_by_caller(ctx, "sync", 0)) return DDP_EHAZARD;
     ddp_simdev_stream_sync(ctx->stream);
+    now_idle(ctx);
     int rc = ctx->err, cpu = CPU.sync(ctx->cpu);
     ctx->err = 0;
     return rc ? rc : cpu;
@@ -262,14 +279,17 @@ static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int d
                 int src_host, int wait, const char *what)
 {
     if (bytes == 0) return 0;
-    if (!owned_by_caller(ctx, what)) return DDP_EHAZARD;
+    if (!owned_by_caller(ctx, what, 1)) return DDP_EHAZARD;
     args_t *a = new_args(ctx, COPY);
     if (!a) return DDP_ENOMEM;
     set_p(a, 2, dst, (void *)src);
     a->z[0] = bytes;
     LAUNCH(ctx, a, what, RANGE(dst, bytes, 1, W | (dst_host ? DDP_SIMDEV_HOSTSIDE : 0)),
            RANGE(src, bytes, 1, R | (src_host ? DDP_SIMDEV_HOSTSIDE : 0)));
-    if (wait) ddp_simdev_stream_sync(ctx->stream);
+    if (wait) {
+        ddp_simdev_stream_sync(ctx->stream);
+        now_idle(ctx);
+    }
     int rc = ctx->err;
     if (wait) ctx->err = 0; /* reported here rather than at the next sync */
     return rc;
@@ -293,7 +313,7 @@ static int sim_d2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 static int sim_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
 {
     if (bytes == 0) return 0;
-    if (!owned_by_caller(ctx, "memset0")) return DDP_EHAZARD;
+    if (!owned_by_caller(ctx, "memset0", 1)) return DDP_EHAZARD;
     args_t *a = new_args(ctx, ZERO);
     if (!a) return DDP_ENOMEM;
     a->p[0] = dst;
