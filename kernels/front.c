@@ -8,11 +8,16 @@
  * ddp_k_sync(), the way a GPU reports an asynchronous error at the next synchronisation.
  * A count of 0 is passed through to the backend unchanged (every backend treats it as nothing
  * to do), so callers see no difference on any valid call.
+ *
+ * Profiling lives here and only here: each op's backend call is wrapped in TIMED, which inside
+ * a profile window (kernels.h) brackets it with timing marks and charges the op with the bytes
+ * and FLOPs of its shapes; kprof.c keeps the window.
  */
 #include "kernels/kernels.h"
 
 #include "common/err.h"
 #include "common/log.h"
+#include "kernels/kernels_int.h"
 
 static int opened(const ddp_kernels_t *k) { return k && k->ops && k->ctx; }
 
@@ -35,6 +40,22 @@ static void bad_args(ddp_kernels_t *k, const char *op, const char *what)
             return;                                                                          \
         }                                                                                    \
     } while (0)
+
+/* Runs `call`, the backend call of wrapper `op`. Inside a profile window of the calling thread
+ * the call is bracketed with marks and op is charged with `flops` and `bytes` (evaluated only
+ * then); outside one this costs ddp__kprof_begin's load and branch. */
+#define TIMED(k, op, flops, bytes, call)                                                     \
+    do {                                                                                     \
+        ddp__kspan_t span_;                                                                  \
+        if (!ddp__kprof_begin((k), &span_)) {                                                \
+            call;                                                                            \
+            break;                                                                           \
+        }                                                                                    \
+        call;                                                                                \
+        ddp__kprof_end((k), DDP_KOP_##op, &span_, (double)(flops), (double)(bytes));         \
+    } while (0)
+
+#define F32 4.0 /* bytes per element: the profile's counts assume fp32 */
 
 const char *ddp_k_name(const ddp_kernels_t *k) { return k && k->ops ? k->ops->name : "none"; }
 
@@ -86,31 +107,40 @@ size_t ddp_k_commit_granule(ddp_kernels_t *k)
 int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
 {
     if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
-    return k->ops->memcpy_h2d(k->ctx, dst, src, bytes);
+    int rc;
+    TIMED(k, memcpy_h2d, 0, bytes, rc = k->ops->memcpy_h2d(k->ctx, dst, src, bytes));
+    return rc;
 }
 
 int ddp_k_memcpy_d2h(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
 {
     if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
-    return k->ops->memcpy_d2h(k->ctx, dst, src, bytes);
+    int rc;
+    TIMED(k, memcpy_d2h, 0, bytes, rc = k->ops->memcpy_d2h(k->ctx, dst, src, bytes));
+    return rc;
 }
 
 int ddp_k_memcpy_d2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)
 {
     if (!opened(k) || (bytes && (!dst || !src))) return DDP_EINVAL;
-    return k->ops->memcpy_d2d(k->ctx, dst, src, bytes);
+    int rc;
+    TIMED(k, memcpy_d2d, 0, 2.0 * bytes, rc = k->ops->memcpy_d2d(k->ctx, dst, src, bytes));
+    return rc;
 }
 
 int ddp_k_memset0(ddp_kernels_t *k, void *dst, size_t bytes)
 {
     if (!opened(k) || (bytes && !dst)) return DDP_EINVAL;
-    return k->ops->memset0(k->ctx, dst, bytes);
+    int rc;
+    TIMED(k, memset0, 0, bytes, rc = k->ops->memset0(k->ctx, dst, bytes));
+    return rc;
 }
 
 int ddp_k_sync(ddp_kernels_t *k)
 {
     if (!opened(k)) return DDP_EINVAL;
-    int rc = k->ops->sync(k->ctx);
+    int rc;
+    TIMED(k, sync, 0, 0, rc = k->ops->sync(k->ctx));
     int kept = __atomic_load_n(&k->err, __ATOMIC_RELAXED);
     return kept ? kept : rc;
 }
@@ -128,7 +158,8 @@ void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const f
     if (!OP_READY(k, encoder_fwd)) return;
     REQUIRE(k, encoder_fwd, out && inp && wte && wpe);
     REQUIRE(k, encoder_fwd, B > 0 && T > 0 && C > 0);
-    k->ops->encoder_fwd(k->ctx, out, inp, wte, wpe, B, T, C);
+    TIMED(k, encoder_fwd, 0, F32 * (2.0 * B * T * C + (double)T * C + (double)B * T),
+          k->ops->encoder_fwd(k->ctx, out, inp, wte, wpe, B, T, C));
 }
 
 void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *dout,
@@ -137,7 +168,10 @@ void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *
     if (!OP_READY(k, encoder_bwd)) return;
     REQUIRE(k, encoder_bwd, dout && inp);
     REQUIRE(k, encoder_bwd, B > 0 && T > 0 && C > 0);
-    k->ops->encoder_bwd(k->ctx, dwte, dwpe, dout, inp, B, T, C);
+    TIMED(k, encoder_bwd, 0,
+          F32 * ((double)B * T * (C + 1) + (dwte ? 2.0 * B * T * C : 0) +
+                 (dwpe ? 2.0 * T * C : 0)),
+          k->ops->encoder_bwd(k->ctx, dwte, dwpe, dout, inp, B, T, C));
 }
 
 void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
@@ -146,7 +180,8 @@ void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
     if (!OP_READY(k, layernorm_fwd)) return;
     REQUIRE(k, layernorm_fwd, out && mean && rstd && inp && weight && bias);
     REQUIRE(k, layernorm_fwd, N > 0 && C > 0);
-    k->ops->layernorm_fwd(k->ctx, out, mean, rstd, inp, weight, bias, N, C);
+    TIMED(k, layernorm_fwd, 0, F32 * (2.0 * N * C + 2.0 * C + 2.0 * N),
+          k->ops->layernorm_fwd(k->ctx, out, mean, rstd, inp, weight, bias, N, C));
 }
 
 void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
@@ -156,7 +191,8 @@ void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *d
     if (!OP_READY(k, layernorm_bwd)) return;
     REQUIRE(k, layernorm_bwd, dinp && dweight && dbias && dout && inp && weight && mean && rstd);
     REQUIRE(k, layernorm_bwd, N > 0 && C > 0);
-    k->ops->layernorm_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+    TIMED(k, layernorm_bwd, 0, F32 * (4.0 * N * C + 5.0 * C + 2.0 * N),
+          k->ops->layernorm_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
 }
 
 void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const float *weight,
@@ -166,7 +202,9 @@ void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const floa
     REQUIRE(k, matmul_fwd, out && inp && weight);
     REQUIRE(k, matmul_fwd, N > 0 && C > 0 && OC > 0);
     REQUIRE(k, matmul_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
-    k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, layout);
+    TIMED(k, matmul_fwd, 2.0 * N * C * OC,
+          F32 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)),
+          k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, layout));
 }
 
 void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
@@ -177,7 +215,11 @@ void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbia
     REQUIRE(k, matmul_bwd, dweight && dout && inp && weight);
     REQUIRE(k, matmul_bwd, N > 0 && C > 0 && OC > 0);
     REQUIRE(k, matmul_bwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
-    k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout);
+    /* without dinp the weight is not read and only dweight's product runs */
+    TIMED(k, matmul_bwd, (dinp ? 4.0 : 2.0) * N * C * OC,
+          F32 * ((double)N * OC + (double)N * C + 2.0 * C * OC +
+                 (dinp ? 2.0 * N * C + (double)C * OC : 0) + (dbias ? 2.0 * OC : 0)),
+          k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout));
 }
 
 void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *qkv, int B,
@@ -186,7 +228,8 @@ void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *
     if (!OP_READY(k, attention_fwd)) return;
     REQUIRE(k, attention_fwd, out && lse && qkv);
     REQUIRE(k, attention_fwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH);
+    TIMED(k, attention_fwd, ddp__attn_flops(B, T, C, NH, 0), ddp__attn_bytes(B, T, C, NH, 0),
+          k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH));
 }
 
 void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const float *qkv,
@@ -195,14 +238,16 @@ void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const
     if (!OP_READY(k, attention_bwd)) return;
     REQUIRE(k, attention_bwd, dqkv && dout && qkv && out && lse);
     REQUIRE(k, attention_bwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    TIMED(k, attention_bwd, ddp__attn_flops(B, T, C, NH, 1), ddp__attn_bytes(B, T, C, NH, 1),
+          k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH));
 }
 
 void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n)
 {
     if (!OP_READY(k, gelu_fwd)) return;
     REQUIRE(k, gelu_fwd, n == 0 || (out && inp));
-    k->ops->gelu_fwd(k->ctx, out, inp, n);
+    TIMED(k, gelu_fwd, 0, F32 * 2 * n,
+          k->ops->gelu_fwd(k->ctx, out, inp, n));
 }
 
 void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
@@ -210,14 +255,16 @@ void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float
 {
     if (!OP_READY(k, gelu_bwd)) return;
     REQUIRE(k, gelu_bwd, n == 0 || (dinp && inp && dout));
-    k->ops->gelu_bwd(k->ctx, dinp, inp, dout, n);
+    TIMED(k, gelu_bwd, 0, F32 * 4 * n,
+          k->ops->gelu_bwd(k->ctx, dinp, inp, dout, n));
 }
 
 void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const float *b, size_t n)
 {
     if (!OP_READY(k, residual_fwd)) return;
     REQUIRE(k, residual_fwd, n == 0 || (out && a && b));
-    k->ops->residual_fwd(k->ctx, out, a, b, n);
+    TIMED(k, residual_fwd, 0, F32 * 3 * n,
+          k->ops->residual_fwd(k->ctx, out, a, b, n));
 }
 
 void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
@@ -226,7 +273,8 @@ void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const f
     if (!OP_READY(k, xent_fwd_bwd)) return;
     REQUIRE(k, xent_fwd_bwd, losses && logits && targets);
     REQUIRE(k, xent_fwd_bwd, N > 0 && V > 0);
-    k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, dloss);
+    TIMED(k, xent_fwd_bwd, 0, F32 * ((dlogits ? 2.0 : 1.0) * N * V + 2.0 * N),
+          k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, dloss));
 }
 
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
@@ -236,7 +284,9 @@ void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, fl
     if (!OP_READY(k, adamw)) return;
     REQUIRE(k, adamw, n == 0 || (param && grad && m && v));
     REQUIRE(k, adamw, t >= 1);
-    k->ops->adamw(k->ctx, param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t, crc);
+    TIMED(k, adamw, 0, F32 * 7 * n,
+          k->ops->adamw(k->ctx, param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t,
+                        crc));
 }
 
 void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, size_t block)
@@ -244,28 +294,32 @@ void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, 
     if (!OP_READY(k, sumsq_blocks)) return;
     REQUIRE(k, sumsq_blocks, block > 0);
     REQUIRE(k, sumsq_blocks, n == 0 || (out && x));
-    k->ops->sumsq_blocks(k->ctx, out, x, n, block);
+    TIMED(k, sumsq_blocks, 0, F32 * (n + (n + block - 1) / block),
+          k->ops->sumsq_blocks(k->ctx, out, x, n, block));
 }
 
 void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n)
 {
     if (!OP_READY(k, add)) return;
     REQUIRE(k, add, n == 0 || (y && x));
-    k->ops->add(k->ctx, y, x, n);
+    TIMED(k, add, 0, F32 * 3 * n,
+          k->ops->add(k->ctx, y, x, n));
 }
 
 void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n)
 {
     if (!OP_READY(k, scale)) return;
     REQUIRE(k, scale, n == 0 || x);
-    k->ops->scale(k->ctx, x, s, n);
+    TIMED(k, scale, 0, F32 * 2 * n,
+          k->ops->scale(k->ctx, x, s, n));
 }
 
 void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n)
 {
     if (!OP_READY(k, nonfinite)) return;
     REQUIRE(k, nonfinite, out && (n == 0 || x));
-    k->ops->nonfinite(k->ctx, out, x, n);
+    TIMED(k, nonfinite, 0, F32 * n,
+          k->ops->nonfinite(k->ctx, out, x, n));
 }
 
 void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec)
@@ -273,7 +327,8 @@ void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec)
     if (!OP_READY(k, set_precision)) return;
     REQUIRE(k, set_precision, prec == DDP_KPREC_FP32 || prec == DDP_KPREC_BF16 ||
                                   prec == DDP_KPREC_FP16);
-    k->ops->set_precision(k->ctx, prec);
+    TIMED(k, set_precision, 0, 0,
+          k->ops->set_precision(k->ctx, prec));
 }
 
 int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why)

@@ -17,6 +17,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "kernels/kernels_int.h"
 
 #define CUDA_MODULE_NAME "ddp_kernels_cuda.so"
 
@@ -162,6 +163,7 @@ void ddp_kernels_close(ddp_kernels_t *k)
     if (!k) return;
     if (k->ops && k->ctx) k->ops->close(k->ctx);
     if (k->module) dlclose(k->module);
+    ddp__kprof_free(k->prof);
     memset(k, 0, sizeof(*k));
 }
 

@@ -88,6 +88,22 @@ typedef struct ddp_kernels_ops {
      * recorded again by the next call: a consumer takes its dependency at once (as
      * cudaStreamWaitEvent does). Returns 0 or the error of recording it. */
     int (*record_event)(ddp_kctx_t *ctx, void **event);
+    /* Profiling marks (train.profile; ddp_k_profile_start below). Optional as a set: a table
+     * without them is profiled with the host's clock around each call (all three backends here
+     * have them). A mark is a timestamp ordered on the compute stream, taken when the stream
+     * reaches it: a cudaEvent_t with timing on CUDA, a host-clock read queued on the sim's
+     * stream, the monotonic clock at the call on the CPU (whose ops are synchronous).
+     * timer_mark records a new mark after everything queued so far, without waiting, and sets
+     * *mark to it; the mark belongs to ctx and stays valid until timer_reset or close. Returns 0,
+     * DDP_ENOMEM or the backend's error (logged). */
+    int (*timer_mark)(ddp_kctx_t *ctx, void **mark);
+    /* Milliseconds from mark a to mark b, b recorded after a, once both are reached (the caller
+     * has synchronised since recording b): >= 0, or negative when the backend cannot tell
+     * (logged). Reads nothing from the device beyond the marks. */
+    double (*timer_elapsed_ms)(ddp_kctx_t *ctx, void *a, void *b);
+    /* Forgets every mark (they become invalid) and keeps their storage for the next ones. The
+     * caller has synchronised since the last mark. */
+    void (*timer_reset)(ddp_kctx_t *ctx);
 
     /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */
     void (*encoder_fwd)(ddp_kctx_t *, float *out, const int32_t *inp, const float *wte,
@@ -186,6 +202,9 @@ typedef struct ddp_kernels {
     ddp_kctx_t *ctx;
     void *module; /* dlopen handle, or NULL for the built-in CPU backend */
     int err;      /* first argument error a wrapper found (atomic access); ddp_k_sync returns it */
+    /* the profiler (kernels/kprof.c): NULL until the first ddp_k_profile_start, then kept until
+     * ddp_kernels_close (atomic access: the checkpoint helper's wrappers read it) */
+    struct ddp__kprof *prof;
 } ddp_kernels_t;
 
 /* The built-in CPU backend. */
@@ -291,6 +310,75 @@ int ddp_kernels_cpu_bf16(const char **why);
 /* DDP_K(k, gelu_fwd, out, inp, n) is ddp_k_gelu_fwd(k, out, inp, n): the spelling of the
  * forward and backward passes and the kernel tests. */
 #define DDP_K(k, op, ...) ddp_k_##op((k), __VA_ARGS__)
+
+/* ---- Per-op profiling (train.profile; kernels/kprof.c) ----
+ *
+ * While a profile window is open, every front-door wrapper listed in DDP_KOPS that runs its
+ * backend call on the thread that opened the window brackets that call with two timing marks
+ * (the table's timer_mark; other threads' calls pass untimed) and charges the op with one
+ * call, the host time spent in the call, and the bytes and FLOPs its shapes imply (below).
+ * Marks are read only when the window closes: one synchronisation, never one per op. With no
+ * window open a wrapper costs one load and one branch. Results are unchanged: the profiler
+ * only reads clocks.
+ *
+ * Bytes count every tensor the op reads plus every one it writes, as fp32 (an accumulated
+ * gradient, +=, counts twice: read and write); a copy counts its bytes once (memcpy_d2d twice:
+ * read and write). FLOPs are counted for the products only: matmul 2 N C OC forward, 4 N C OC
+ * backward (2 N C OC without dinp); causal attention 2 B NH T^2 hs forward (the half square,
+ * two products; hs = C / NH) and 2.5 times that backward. 0 = not counted. */
+#define DDP_KOPS(X)                                                                          \
+    X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd)              \
+    X(encoder_bwd) X(layernorm_fwd) X(layernorm_bwd) X(set_precision) X(matmul_fwd)          \
+    X(matmul_bwd) X(attention_fwd) X(attention_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)  \
+    X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite)
+
+typedef enum {
+#define DDP_KOP_ENUM(op) DDP_KOP_##op,
+    DDP_KOPS(DDP_KOP_ENUM)
+#undef DDP_KOP_ENUM
+    DDP_KOP_COUNT
+} ddp_kop_t;
+
+/* The op's name as in the ops table ("matmul_fwd"); "?" out of range. */
+const char *ddp_kop_name(ddp_kop_t op);
+
+/* One op's totals over a window. */
+typedef struct ddp_kprof_stat {
+    long calls;
+    double ms;      /* on the compute stream: the sum over calls of (end mark - start mark) */
+    double host_ms; /* wall time the calling thread spent in the calls: a GPU's launch cost, or
+                     * the wait of sync and of the calls that block (copies to or from the
+                     * host, sumsq_blocks, nonfinite) */
+    double bytes;   /* bytes moved (see above); 0 = not known */
+    double flops;   /* floating-point operations; 0 = not counted */
+} ddp_kprof_stat_t;
+
+typedef struct ddp_kprof_report {
+    ddp_kprof_stat_t op[DDP_KOP_COUNT];
+    double wall_ms;   /* host clock while the window recorded, from the synchronisation at
+                       * ddp_k_profile_start to the one at ddp_k_profile_stop, pauses left out */
+    int stream_marks; /* 1: ms from the backend's marks; 0: from the host clock (no marks) */
+    int err;          /* 0, or the first error of a mark or of the window's memory: some calls
+                       * then lack their stream time (counted all the same) */
+} ddp_kprof_report_t;
+
+/* Opens a profile window on k for the calling thread: waits for the work queued so far (so the
+ * window starts with an idle stream), then records every call until ddp_k_profile_stop.
+ * Returns 0, DDP_EINVAL (k not opened, or a window already open on k or on this thread: a
+ * thread has one at a time), DDP_ENOMEM, or the error the wait returned (as ddp_k_sync would,
+ * which it replaces). Thread: the training thread; pause, resume and stop on the same one. */
+int ddp_k_profile_start(ddp_kernels_t *k);
+/* Stops recording (between profiled steps) without waiting; the host time until
+ * ddp_k_profile_resume is left out of wall_ms. On a GPU, kernels queued before the pause may
+ * still run during it: their marks are counted as they are. No-op without an open window. */
+void ddp_k_profile_pause(ddp_kernels_t *k);
+void ddp_k_profile_resume(ddp_kernels_t *k);
+/* Closes the window: waits for the queued work once, reads every mark and fills *out (zeroed
+ * first; may be NULL). Returns 0, DDP_EINVAL (no window open), or the error of the wait (as
+ * ddp_k_sync would); a mark's error only makes the report incomplete (out->err, logged). A
+ * window of more than 65536 calls reads its marks every 65536 calls, with one synchronisation
+ * each time (an error there is kept for ddp_k_sync). */
+int ddp_k_profile_stop(ddp_kernels_t *k, ddp_kprof_report_t *out);
 
 /* Runs every op of every backend usable here against the CPU backend on random inputs and
  * prints one line per op and backend (max abs and relative error, pass/fail) to stdout.

@@ -193,6 +193,8 @@ static const field_t FIELDS[] = {
     F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
     F_INT("train.log_every", log_every, 1, NO_MAX),
     F_STR("train.trace", trace), /* timeline trace */
+    /* per-op profile: N steps after 2 warm-up steps (worker/profile.h); 0 = off */
+    F_INT("train.profile", profile, 0, NO_MAX),
     F_ENUM("train.recompute", recompute, RECOMPUTES),
     {"train.memory_limit", FT_BYTES, M(memory_limit), 0, 0, false, false, NULL},
     F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),

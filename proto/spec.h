@@ -12,7 +12,8 @@
  *   data: {train: "data/train_*.bin", val: "data/val_*.bin"}
  *   train: {steps, micro_batch, seq_len, global_batch_tokens, lr, min_lr, warmup, schedule,
  *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
- *           val_batches, sample_tokens, log_every, trace, recompute, memory_limit}
+ *           val_batches, sample_tokens, log_every, trace, profile, recompute,
+ *           memory_limit}
  *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
  *         shard_optimizer, check_every, restart, max_restarts, rejoin_timeout_s,
  *         heartbeat_timeout_s, state_transfer}
@@ -62,6 +63,13 @@
  *   train.log_every            int       1              a step line every N steps
  *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
  *                                                       JSON in RUN_DIR/trace/rank-R.json
+ *   train.profile              int       0              per-op profile of N steps after 2
+ *                                                       warm-up steps (fewer when the run is
+ *                                                       shorter): each rank's table of op,
+ *                                                       calls, ms, share of the step, bytes,
+ *                                                       FLOPs, GB/s, TFLOP/s in its log and in
+ *                                                       RUN_DIR/profile-rank<R>.txt and .json;
+ *                                                       0 = off; >= 0
  *   train.recompute            enum      none           none | block: keep only each block's
  *                                                       input, redo its forward in backward
  *   train.memory_limit         bytes     0              memory a rank may use ("8GiB", "512MB",
@@ -161,6 +169,7 @@ typedef struct ddp_spec {
     int sample_tokens; /* tokens sampled at the end; 0 = none */
     long log_every;    /* step lines every N steps */
     char trace[32];    /* steps to trace, "N" or "N-M" (common/trace.h); "" = none */
+    long profile;      /* steps profiled per op after 2 warm-up ones (worker/profile.h); 0 = off */
     ddp_recompute_t recompute; /* activation recomputation in backward */
     int64_t memory_limit;      /* bytes a rank may use; 0 = the device's (GPU, cgroup or RAM) */
 

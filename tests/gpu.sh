@@ -5,7 +5,8 @@
 #   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed)
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
 #   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
-#      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks
+#      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks;
+#      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16, printed
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
 #      and 2 on a 2-GPU machine
 #      (then also 2-rank NCCL training against 1 GPU with the same global batch, and ZeRO-1
@@ -179,6 +180,22 @@ for r in gpt2-124M-gpu:gpt2-124M-mem gpt2-124M-bf16:gpt2-124M-bf16-mem \
 done
 if [ $bad -eq 0 ]; then res PASS "memory budget vs GPU peak" "budget/peak:$ratios $(secs $t)"
 else res FAIL "memory budget vs GPU peak" "budget/peak (0.90-1.15 wanted):$ratios"
+fi
+
+# 5d. where a step's time goes: the per-op profile of 3 gpt2-124M bf16 steps at 8 x 1024 (after
+# 2 warm-up steps), its table printed here and kept in $out/profile-run/profile-rank0.{txt,json}
+t=$SECONDS
+job profile gpt2-124M 8 1024
+timeout 300 "$W" "$out/profile.yaml" --backend cuda --set train.steps=5 --set train.warmup=1 \
+    --set train.profile=3 --set train.precision=\"bf16\" --run-dir "$out/profile-run" \
+    >"$out/profile.log" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && [ -s "$out/profile-run/profile-rank0.txt" ]; then
+    cat "$out/profile-run/profile-rank0.txt"
+    res PASS "per-op profile 124M bf16 8x1024" "$(head -n 1 "$out/profile-run/profile-rank0.txt" | grep -o '[0-9.]* ms per step'); top op: $(sed -n 3p "$out/profile-run/profile-rank0.txt" | awk '{print $1, $3 " ms", $4}'); $(secs $t)"
+else
+    tail -n 20 "$out/profile.log"
+    res FAIL "per-op profile 124M bf16 8x1024" "exit $rc: $out/profile.log"
 fi
 
 # 6. NCCL through the project's backend

@@ -8,6 +8,7 @@
  * failure leaves every survivor at the same step, except when it strikes after that all-reduce
  * (then the coordinator picks the rank with the newest step as the source and the others take
  * its state). Each generation change is logged and written to metrics.jsonl by rank 0.
+ * train.profile's window (worker/profile.h) is opened, paused and closed around the steps here.
  */
 #include <stdio.h>
 #include <string.h>
@@ -48,10 +49,19 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
+    DDP_CHECK(ddp_profile_before_step(&t->profile, &t->k, t->step + 1));
     int64_t t0 = ddp_now_ns();
     float loss = 0;
-    DDP_CHECK(ddp_trainer_step(t, &loss, ei));
-    ddp_trainer_log_step(t, loss, (double)(ddp_now_ns() - t0) / 1e6);
+    int rc = ddp_trainer_step(t, &loss, ei);
+    if (rc) {
+        ddp_k_profile_pause(&t->k); /* a regroup's work stays out of the window */
+        return rc;
+    }
+    double ms = (double)(ddp_now_ns() - t0) / 1e6;
+    /* the window pauses before the step's line (and closes after the last profiled step) */
+    DDP_CHECK(ddp_profile_after_step(&t->profile, &t->k, t->step, ms, t->comm_stats.comm_ms,
+                                     t->comm_stats.exposed_ms, t->opts.run_dir, t->opts.rank));
+    ddp_trainer_log_step(t, loss, ms);
     if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
         DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
@@ -114,6 +124,14 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
     t->run_t0 = ddp_now_ns();
     int stalled = 0; /* generations ended in a row without a completed step */
+    ddp_profile_plan(&t->profile, s->profile, t->step, stop_at < s->steps ? stop_at : s->steps);
+    if (s->profile > 0 && t->opts.rank == 0 && !t->opts.quiet) {
+        if (t->profile.to >= t->profile.from)
+            DDP_INFO("profile: steps %ld-%ld per op, after %ld warm-up step(s)",
+                     t->profile.from, t->profile.to, t->profile.warmup);
+        else
+            DDP_INFO("profile: no step left to profile");
+    }
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
         ddp_trace_step(t->step + 1); /* train.trace */

@@ -21,6 +21,7 @@
 #include "worker/gpt2.h"
 #include "worker/loss_scale.h"
 #include "worker/optim.h"
+#include "worker/profile.h"
 #include "worker/reducer.h"
 #include "worker/state_transfer.h"
 #include "worker/straggler.h"
@@ -122,6 +123,7 @@ typedef struct ddp_trainer {
     int last_step_world;  /* its world */
     ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
+    ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
 } ddp_trainer_t;
 
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at

@@ -18,6 +18,7 @@
 #include <cblas.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 
@@ -194,11 +195,31 @@ static int cpu_record_event(ddp_kctx_t *ctx, void **event)
     return 0;
 }
 
+/* Profiling marks: ops are synchronous, so a mark is the monotonic clock at the call, carried
+ * in the pointer itself (nanoseconds since boot, never 0): nothing to store, reset or free. */
+_Static_assert(sizeof(void *) >= sizeof(int64_t), "a mark holds a clock value");
+
+static int cpu_timer_mark(ddp_kctx_t *ctx, void **mark)
+{
+    *mark = (void *)(uintptr_t)ddp_now_ns();
+    return 0;
+}
+
+static double cpu_timer_elapsed_ms(ddp_kctx_t *ctx, void *a, void *b)
+{
+    return (double)((int64_t)(uintptr_t)b - (int64_t)(uintptr_t)a) / 1e6;
+}
+
+static void cpu_timer_reset(ddp_kctx_t *ctx) {}
+
 const ddp_kernels_ops_t ddp_kernels_cpu = {
     .name = "cpu",
     .coll_backend = "ring",
     .host_memory = 1,
     .record_event = cpu_record_event,
+    .timer_mark = cpu_timer_mark,
+    .timer_elapsed_ms = cpu_timer_elapsed_ms,
+    .timer_reset = cpu_timer_reset,
     .probe = cpu_probe,
     .device_count = cpu_device_count,
     .init = cpu_init,

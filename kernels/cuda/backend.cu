@@ -13,6 +13,8 @@
  *   memcpy_d2d and memset0 are queued on the stream.
  * - Errors: every CUDA/cuBLAS failure is logged with its original message and mapped to
  *   DDP_ECUDA; ops keep the first one for ddp_k_sync().
+ * - Profiling marks (timer_*): cudaEvents with timing, recorded on the compute stream, created
+ *   on first need and reused after each timer_reset; close destroys them.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -108,6 +110,8 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
     if (ctx->order) cudaEventDestroy(ctx->order);
+    for (int i = 0; i < ctx->n_marks; i++) cudaEventDestroy(ctx->marks[i]);
+    free(ctx->marks);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
     free(ctx);
 }
@@ -262,6 +266,43 @@ static int cuda_record_event(ddp_kctx_t *ctx, void **event)
     return 0;
 }
 
+/* A timing event recorded on the compute stream (kernels.h): the next unused one of the pool,
+ * made when the pool is used up. */
+static int cuda_timer_mark(ddp_kctx_t *ctx, void **mark)
+{
+    *mark = NULL;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    if (ctx->used_marks == ctx->n_marks) {
+        int cap = ctx->n_marks ? 2 * ctx->n_marks : 256;
+        cudaEvent_t *m = (cudaEvent_t *)realloc(ctx->marks, (size_t)cap * sizeof *m);
+        if (!m) return DDP_ENOMEM;
+        ctx->marks = m;
+        for (; ctx->n_marks < cap; ctx->n_marks++)
+            DDP_CHECK(ddp__cuda_check(ctx, cudaEventCreate(&m[ctx->n_marks]), "cudaEventCreate"));
+    }
+    cudaEvent_t ev = ctx->marks[ctx->used_marks];
+    DDP_CHECK(ddp__cuda_check(ctx, cudaEventRecord(ev, ctx->stream), "cudaEventRecord"));
+    ctx->used_marks++;
+    *mark = (void *)ev;
+    return 0;
+}
+
+static double cuda_timer_elapsed_ms(ddp_kctx_t *ctx, void *a, void *b)
+{
+    (void)ctx; /* the events hold their stream */
+    float ms = 0;
+    cudaError_t e = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b);
+    if (e != cudaSuccess) { /* the profile's loss only: not kept as the context's error */
+        DDP_WARN("cuda: cudaEventElapsedTime: %s (%s)", cudaGetErrorString(e),
+                 cudaGetErrorName(e));
+        cudaGetLastError();
+        return -1.0;
+    }
+    return (double)ms;
+}
+
+static void cuda_timer_reset(ddp_kctx_t *ctx) { ctx->used_marks = 0; }
+
 static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
     .coll_backend = "nccl",
@@ -282,6 +323,9 @@ static const ddp_kernels_ops_t cuda_ops = {
     .memset0 = cuda_memset0,
     .sync = cuda_sync,
     .record_event = cuda_record_event,
+    .timer_mark = cuda_timer_mark,
+    .timer_elapsed_ms = cuda_timer_elapsed_ms,
+    .timer_reset = cuda_timer_reset,
     .encoder_fwd = ddp__cuda_encoder_fwd,
     .encoder_bwd = ddp__cuda_encoder_bwd,
     .layernorm_fwd = ddp__cuda_layernorm_fwd,

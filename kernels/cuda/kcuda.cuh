@@ -49,6 +49,8 @@ struct ddp_kctx {
     struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies of weights (lowp.cu) */
     int n_wcopies, cap_wcopies;
     struct ddp__cuda_sparse *sparse; /* driver entry points and reservations (sparse.cu) */
+    cudaEvent_t *marks; /* profiling marks (timing events): [n_marks], the first used_marks */
+    int n_marks, used_marks; /* recorded since the last timer_reset; reused after it */
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and

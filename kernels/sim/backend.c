@@ -10,6 +10,8 @@
  * simulated event that the "sim" collectives backend's stream waits for. A sparse arena is a
  * simulated reservation of 64 KiB granules (ddp_simdev_reserve): commit is synchronous,
  * decommit waits for the stream, and an op touching a granule not committed is a hazard.
+ * A profiling mark (timer_mark) is a read of the host's monotonic clock queued on the compute
+ * stream, as a GPU's event records when the stream reaches it.
  *
  * Each op declares the ranges it reads and writes, so the simulator reports an op that touches
  * memory another stream (a collective) still uses without an event between them, and a buffer
@@ -26,6 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/simdev.h"
@@ -42,7 +45,13 @@ struct ddp_kctx {
     pthread_t owner;
     int has_owner;
     int idle; /* nothing queued since the owner's last wait for the stream */
+    /* profiling marks: clock slots in chunks that never move (the stream thread writes a slot
+     * it was given; the chunk table grows on the caller's thread only) */
+    int64_t **mark_chunks;
+    size_t n_mark_chunks, marks_used;
 };
+
+#define MARKS_PER_CHUNK 1024
 
 #define CPU ddp_kernels_cpu
 
@@ -188,6 +197,8 @@ static void sim_close(ddp_kctx_t *ctx)
     ddp_simdev_stream_free(ctx->stream);
     if (ctx->cpu) CPU.close(ctx->cpu);
     pthread_mutex_destroy(&ctx->owner_lock);
+    for (size_t i = 0; i < ctx->n_mark_chunks; i++) free(ctx->mark_chunks[i]);
+    free(ctx->mark_chunks);
     free(ctx);
 }
 
@@ -328,6 +339,44 @@ static int sim_record_event(ddp_kctx_t *ctx, void **event)
     *event = &ctx->order;
     return 0;
 }
+
+/* ---- profiling marks ---- */
+
+typedef struct {
+    int64_t *slot;
+} stamp_t;
+
+static void stamp(void *arg) { *((stamp_t *)arg)->slot = ddp_now_ns(); }
+
+static int sim_timer_mark(ddp_kctx_t *ctx, void **mark)
+{
+    *mark = NULL;
+    size_t i = ctx->marks_used;
+    if (i == ctx->n_mark_chunks * MARKS_PER_CHUNK) {
+        int64_t **t = realloc(ctx->mark_chunks, (ctx->n_mark_chunks + 1) * sizeof *t);
+        if (!t) return DDP_ENOMEM;
+        ctx->mark_chunks = t;
+        t[ctx->n_mark_chunks] = calloc(MARKS_PER_CHUNK, sizeof **t);
+        if (!t[ctx->n_mark_chunks]) return DDP_ENOMEM;
+        ctx->n_mark_chunks++;
+    }
+    int64_t *slot = &ctx->mark_chunks[i / MARKS_PER_CHUNK][i % MARKS_PER_CHUNK];
+    stamp_t *a = malloc(sizeof *a);
+    if (!a) return DDP_ENOMEM;
+    a->slot = slot;
+    int rc = ddp_simdev_launch(ctx->stream, "timer_mark", stamp, a, NULL, 0); /* takes a */
+    if (rc) return rc;
+    ctx->marks_used++;
+    *mark = slot;
+    return 0;
+}
+
+static double sim_timer_elapsed_ms(ddp_kctx_t *ctx, void *a, void *b)
+{
+    return (double)(*(int64_t *)b - *(int64_t *)a) / 1e6;
+}
+
+static void sim_timer_reset(ddp_kctx_t *ctx) { ctx->marks_used = 0; }
 
 /* ---- ops ---- */
 
@@ -569,6 +618,9 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     .memset0 = sim_memset0,
     .sync = sim_sync,
     .record_event = sim_record_event,
+    .timer_mark = sim_timer_mark,
+    .timer_elapsed_ms = sim_timer_elapsed_ms,
+    .timer_reset = sim_timer_reset,
     .encoder_fwd = sim_encoder_fwd,
     .encoder_bwd = sim_encoder_bwd,
     .layernorm_fwd = sim_layernorm_fwd,

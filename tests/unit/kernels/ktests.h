@@ -16,5 +16,9 @@ void test_sparse_sim_hazards(void **state);
 #ifdef DDP_TEST_CUDA_MODULE
 void test_sparse_cuda(void **state);
 #endif
+/* test_profile.c: the per-op profiler's counts, times and formulas on cpu and sim. */
+void test_profile_cpu(void **state);
+void test_profile_sim(void **state);
+void test_profile_edges(void **state);
 
 #endif

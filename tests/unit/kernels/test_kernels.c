@@ -587,6 +587,8 @@ int main(void)
         cmocka_unit_test(test_threads),      cmocka_unit_test(test_front_door),
         cmocka_unit_test(test_sparse_cpu),   cmocka_unit_test(test_sparse_sim),
         cmocka_unit_test(test_sparse_sim_hazards),
+        cmocka_unit_test(test_profile_cpu),  cmocka_unit_test(test_profile_sim),
+        cmocka_unit_test(test_profile_edges),
 #ifdef DDP_TEST_CUDA_MODULE
         cmocka_unit_test(test_sparse_cuda),
 #endif

@@ -7,6 +7,8 @@
  *   complete ops table named "cuda", and its probe agrees with ddp_kernels_open("cuda").
  * - The self-test against CUDA: 0 on a host with a GPU, 2 (and a clear line) without one;
  *   never 1.
+ * - With a GPU, a profile window (kernels.h) counts its calls with cudaEvent marks, times
+ *   >= 0 that add up to no more than the window.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -94,6 +96,22 @@ static void test_module_table(void **state)
         assert_true(ss == -1.0f); /* no blocks: nothing written */
         assert_int_equal(bad, 0);
         assert_int_equal(k.ops->sync(k.ctx), 0);
+        /* a profile window timed by the stream's events */
+        float *x = NULL;
+        assert_int_equal(ddp_k_alloc(&k, (void **)&x, 1 << 20), 0);
+        assert_int_equal(ddp_k_profile_start(&k), 0);
+        for (int i = 0; i < 3; i++) DDP_K(&k, gelu_fwd, x, x, (size_t)1 << 18);
+        assert_int_equal(ddp_k_sync(&k), 0);
+        ddp_kprof_report_t r;
+        assert_int_equal(ddp_k_profile_stop(&k, &r), 0);
+        assert_int_equal(r.stream_marks, 1);
+        assert_int_equal(r.op[DDP_KOP_gelu_fwd].calls, 3);
+        assert_int_equal(r.op[DDP_KOP_sync].calls, 1);
+        double sum = r.op[DDP_KOP_gelu_fwd].ms + r.op[DDP_KOP_sync].ms;
+        if (!(r.op[DDP_KOP_gelu_fwd].ms > 0 && r.op[DDP_KOP_sync].ms >= 0 && sum <= r.wall_ms))
+            fail_msg("profile: gelu_fwd %g ms, sync %g ms, window %g ms",
+                     r.op[DDP_KOP_gelu_fwd].ms, r.op[DDP_KOP_sync].ms, r.wall_ms);
+        ddp_k_free(&k, x);
         ddp_kernels_close(&k);
     } else if (rc != DDP_ENODEV) {
         fail_msg("no device but open(cuda): got %s, want DDP_ENODEV", ddp_err_name(rc));

@@ -128,6 +128,7 @@ static void test_defaults(void **state)
     assert_int_equal(s.val_batches, 8);
     assert_int_equal(s.sample_tokens, 200);
     assert_int_equal(s.log_every, 1);
+    assert_int_equal(s.profile, 0);
     assert_true(s.bucket_mb == 25);
     assert_true(s.first_bucket_mb == 1);
     assert_int_equal(s.workers, 1);
@@ -185,6 +186,7 @@ static void test_yaml_json_equal(void **state)
     assert_true(y.beta2 == 0.99);
     assert_int_equal(y.precision, DDP_PREC_FP32);
     assert_int_equal(y.seed, 42);
+    assert_int_equal(y.profile, 3);
     assert_true(y.first_bucket_mb == 0.5);
     assert_int_equal(y.min_workers, 2);
     assert_int_equal(y.max_workers, 6);
@@ -353,6 +355,8 @@ static void test_reject_inline(void **state)
         {D "train: {micro_batch: 99999999999}", "train.micro_batch", 2, 22,
          "must be an integer <= 1048576"},
         {D "train: {seed: -1}", "train.seed", 2, 15, "must be an integer >= 0, got -1"},
+        {D "train: {profile: -1}", "train.profile", 2, 18, "must be an integer >= 0, got -1"},
+        {D "train: {profile: 2.5}", "train.profile", 2, 18, "got 2.5"},
         {D "model: {vocab_size: 70000, n_layer: 1, n_head: 1, n_embd: 8, block_size: 8}",
          "model.vocab_size", 2, 21, "must be an integer <= 65536, got 70000"},
         {D "checkpoint: {shard_mb: 0}", "checkpoint.shard_mb", 2, 24, "> 0"},
