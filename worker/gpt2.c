@@ -285,7 +285,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     DDP_CHECK(ddp_k_memset0(m->k, m->g, m->n_params * sizeof(float)));
     DDP_CHECK(lm_head_loss(m, 1, loss));
     m->acts.last_train = 1;
-    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward and backward of ln_f's lm_head and loss");
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward ln_f, lm_head, loss (and their backward)");
     return 0;
 }
 

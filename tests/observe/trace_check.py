@@ -54,7 +54,7 @@ for r in range(ranks):
         inside = [e for e in mine if e is not st and lo <= e["ts"] and e["ts"] + e["dur"] <= hi + 1]
         names = [e["name"] for e in inside]
         want = (["forward h.%d" % b for b in blocks] + ["backward h.%d" % b for b in blocks] +
-                ["forward ln_f, lm_head, loss", "backward loss, lm_head, ln_f"])
+                ["forward ln_f, lm_head, loss (and their backward)", "backward ln_f"])
         for w in want:
             if names.count(w) != 1:
                 errs.append("rank %d step %d: %d x %r" % (r, s, names.count(w), w))
