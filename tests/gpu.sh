@@ -2,11 +2,14 @@
 # Everything a lent GPU machine should check, in one command, in under 10 minutes:
 #   1. build with -Dcuda=enabled for this GPU's architecture (nvidia-smi compute_cap)
 #   2. ddp-worker --selftest (every CUDA op against the CPU op) with TF32 off
-#   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed)
+#   3. compute-sanitizer memcheck on the self-test (when compute-sanitizer is installed), and
+#      racecheck (shared-memory races: the flash attention kernels) on 2 bf16 gpt2-mini steps
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
 #   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
 #      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks;
-#      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16, printed
+#      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16, printed;
+#      20 bf16 steps of gpt2-124M twice (weights bitwise equal) and against the CPU's bf16 losses
+#      (within 0.1%)
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
 #      and 2 on a 2-GPU machine
 #      (then also 2-rank NCCL training against 1 GPU with the same global batch, and ZeRO-1
@@ -114,6 +117,20 @@ train: {steps: 20, micro_batch: $3, seq_len: $4, lr: 3e-4, warmup: 5, seed: 1,
         sample_tokens: 0, val_every: 0, precision: fp32}
 YAML
 }
+# 3b. racecheck: shared-memory races in the kernels a bf16 step runs (flash attention, hs 64)
+if [ -n "$cs" ]; then
+    t=$SECONDS
+    job racecheck gpt2-mini 1 256
+    timeout "${GPU_SH_MEMCHECK_S:-240}" "$cs" --tool racecheck --error-exitcode 9 "$W" \
+        "$out/racecheck.yaml" --backend cuda --set train.steps=2 --set train.precision=\"bf16\" \
+        >"$out/racecheck.log" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ]; then res PASS "racecheck 2 bf16 steps" "no hazards, $(secs $t)"
+    elif [ $rc -eq 124 ]; then res SKIP "racecheck 2 bf16 steps" "over ${GPU_SH_MEMCHECK_S:-240} s, stopped"
+    else grep -m 5 'ERROR SUMMARY\|hazard' "$out/racecheck.log"; res FAIL "racecheck 2 bf16 steps" "exit $rc"
+    fi
+fi
+
 # 4. and 5.: fp32 GPU vs CPU, then bf16 on the GPU
 compare_model() { # name preset B T tolerance
     local name=$1 tol=$5
@@ -196,6 +213,30 @@ if [ $rc -eq 0 ] && [ -s "$out/profile-run/profile-rank0.txt" ]; then
 else
     tail -n 20 "$out/profile.log"
     res FAIL "per-op profile 124M bf16 8x1024" "exit $rc: $out/profile.log"
+fi
+
+# 5e. bf16 on the GPU is deterministic (two runs, the same weights bitwise: no atomics in flash
+# attention's backward) and close to the CPU's bf16 (within 0.1% per step over 20 steps)
+t=$SECONDS
+job bf16det gpt2-124M 2 256
+for r in 1 2; do
+    timeout 300 "$W" "$out/bf16det.yaml" --backend cuda --set train.precision=\"bf16\" \
+        --dump-weights "$out/bf16det-$r.st" >"$out/bf16det-$r.log" 2>&1
+done
+timeout 300 "$W" "$out/bf16det.yaml" --backend cpu --set train.precision=\"bf16\" \
+    >"$out/bf16det-cpu.log" 2>&1
+worst=$(paste <(losses "$out/bf16det-cpu.log") <(losses "$out/bf16det-1.log") |
+    awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
+         END {if (n < 20) print "missing"; else printf "%.2e", w}')
+if [ -s "$out/bf16det-1.st" ] && cmp -s "$out/bf16det-1.st" "$out/bf16det-2.st"; then
+    res PASS "bf16 GPU runs bitwise equal" "gpt2-124M 2 x 256, 20 steps, $(secs $t)"
+else
+    res FAIL "bf16 GPU runs bitwise equal" "$out/bf16det-*.log"
+fi
+if [ "$worst" != missing ] && awk -v w="$worst" 'BEGIN {exit !(w <= 1e-3)}'; then
+    res PASS "bf16 GPU vs CPU bf16 losses" "worst relative difference $worst over 20 steps"
+else
+    res FAIL "bf16 GPU vs CPU bf16 losses" "worst $worst (limit 1e-3): $out/bf16det-cpu.log"
 fi
 
 # 6. NCCL through the project's backend
