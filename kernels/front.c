@@ -289,13 +289,20 @@ void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, fl
                         crc));
 }
 
-void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, size_t block)
+void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, const ddp_krange_t *ranges,
+                        int nranges, size_t block)
 {
     if (!OP_READY(k, sumsq_blocks)) return;
-    REQUIRE(k, sumsq_blocks, block > 0);
+    REQUIRE(k, sumsq_blocks, block > 0 && nranges >= 0 && (nranges == 0 || ranges));
+    size_t n = 0, outs = 0;
+    for (int r = 0; r < nranges; r++) {
+        REQUIRE(k, sumsq_blocks, ranges[r].lo <= ranges[r].hi);
+        n += ranges[r].hi - ranges[r].lo;
+        outs += (ranges[r].hi - ranges[r].lo + block - 1) / block;
+    }
     REQUIRE(k, sumsq_blocks, n == 0 || (out && x));
-    TIMED(k, sumsq_blocks, 0, F32 * (n + (n + block - 1) / block),
-          k->ops->sumsq_blocks(k->ctx, out, x, n, block));
+    TIMED(k, sumsq_blocks, 0, F32 * (n + outs),
+          k->ops->sumsq_blocks(k->ctx, out, x, ranges, nranges, block));
 }
 
 void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n)

@@ -42,6 +42,11 @@ typedef enum {
     DDP_KPREC_FP16 = 2, /* inputs rounded to fp16 (|x| >= 65520 becomes Inf), fp32 accumulation */
 } ddp_kprec_t;
 
+/* A range [lo, hi) of elements of an arena, whose results go to index `out` on (sumsq_blocks). */
+typedef struct ddp_krange {
+    size_t lo, hi, out;
+} ddp_krange_t;
+
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
     DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
@@ -182,12 +187,15 @@ typedef struct ddp_kernels_ops {
                   int t, uint32_t *crc);
 
     /* Vector helpers over the arenas. */
-    /* Sums of squares of consecutive blocks (for the global gradient norm): out[j] = sum of
-     * x[i]^2 over [j * block, min((j + 1) * block, n)), accumulated in double and rounded to
-     * float once; out (host) has ceil(n / block) entries. A block's result depends only on its
-     * own elements (not on n, the thread count or where the block lies), so a norm summed from
-     * blocks is the same however the buffer is split, e.g. over the ranks of a sharded step. */
-    void (*sumsq_blocks)(ddp_kctx_t *, float *out, const float *x, size_t n, size_t block);
+    /* Sums of squares of consecutive blocks of several ranges of x (for the global gradient
+     * norm: one pass and one wait for all the buckets): for range r and its j-th block,
+     * out[r.out + j] = sum of x[i]^2 over [r.lo + j block, min(r.lo + (j + 1) block, r.hi)),
+     * accumulated in double and rounded to float once; out is host memory. A block's result
+     * depends only on its own elements (not on the ranges, the thread count or where the block
+     * lies), so a norm summed from blocks is the same however the buffer is split, e.g. over the
+     * ranks of a sharded step. Waits for the stream (a host result). */
+    void (*sumsq_blocks)(ddp_kctx_t *, float *out, const float *x, const ddp_krange_t *ranges,
+                         int nranges, size_t block);
     /* y[i] += x[i] */
     void (*add)(ddp_kctx_t *, float *y, const float *x, size_t n);
     /* x[i] *= s */
@@ -294,7 +302,8 @@ void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const f
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
                  size_t n, float lr, float beta1, float beta2, float eps, float wd,
                  float grad_scale, int t, uint32_t *crc);
-void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, size_t n, size_t block);
+void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, const ddp_krange_t *ranges,
+                        int nranges, size_t block);
 void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n);
 void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n);
 void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n);

@@ -554,10 +554,14 @@ static void case_sumsq(st_t *s, size_t n)
 {
     result_t *r = &s->res[OP_SUMSQ];
     pt_t x = pt_rand(s, n, -3, 3);
-    const size_t block = 16384, nb = (n + block - 1) / block;
+    const size_t block = 16384, nb = (n + block - 1) / block + 1;
     float *out[2] = {calloc(nb, sizeof(float)), calloc(nb, sizeof(float))};
     if (!ready(s, r) || !out[0] || !out[1]) goto out;
-    BOTH DDP_K(KS, sumsq_blocks, out[side], P(x), n, block);
+    /* two ranges with a gap between them, the second's blocks first in out */
+    size_t mid = n / 2, gap = n > 10 ? 3 : 0;
+    size_t b1 = (n - mid - gap + block - 1) / block;
+    ddp_krange_t ranges[2] = {{0, mid, b1}, {mid + gap, n, 0}};
+    BOTH DDP_K(KS, sumsq_blocks, out[side], P(x), ranges, 2, block);
     if (!sync_both(s, r)) goto out;
     /* Both sum each block in double and round once: only the order differs. */
     for (size_t j = 0; j < nb; j++) compare_one(r, out[1][j], out[0][j], fabs(out[0][j]), 1e-6);

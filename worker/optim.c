@@ -54,10 +54,14 @@ int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n
                    float *sums)
 {
     ddp_kernels_t *k = model->k;
-    for (int i = 0; i < n_parts; i++)
-        if (parts[i].hi > parts[i].lo)
-            ddp_k_sumsq_blocks(k, sums + parts[i].block, model->g + parts[i].lo,
-                               parts[i].hi - parts[i].lo, DDP_NORM_BLOCK);
+    ddp_krange_t *ranges = ddp_malloc((size_t)(n_parts > 0 ? n_parts : 1) * sizeof *ranges);
+    if (!ranges) return DDP_ENOMEM;
+    for (int i = 0; i < n_parts; i++) { /* an empty part: no blocks */
+        size_t hi = parts[i].hi > parts[i].lo ? parts[i].hi : parts[i].lo;
+        ranges[i] = (ddp_krange_t){parts[i].lo, hi, parts[i].block};
+    }
+    ddp_k_sumsq_blocks(k, sums, model->g, ranges, n_parts, DDP_NORM_BLOCK); /* one launch */
+    free(ranges);
     return ddp_k_sync(k);
 }
 

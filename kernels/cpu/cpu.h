@@ -147,7 +147,8 @@ void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const
 void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
                     float grad_scale, int t, uint32_t *crc);
-void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block);
+void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
+                           const ddp_krange_t *ranges, int nranges, size_t block);
 void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
 void ddp__cpu_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
 void ddp__cpu_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);

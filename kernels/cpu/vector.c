@@ -136,13 +136,18 @@ static void sumsq_task(void *varg, long task)
     }
 }
 
-void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block)
+void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
+                           const ddp_krange_t *ranges, int nranges, size_t block)
 {
-    if (n == 0 || block == 0) return;
-    sumsq_args_t a = {.out = out, .x = x, .n = n, .block = block,
-                      .per_task = block >= DDP__CPU_CHUNK ? 1 : DDP__CPU_CHUNK / block};
-    size_t nb = (n + block - 1) / block;
-    ddp__pool_run(ctx->pool, (long)((nb + a.per_task - 1) / a.per_task), sumsq_task, &a);
+    for (int r = 0; r < nranges && block > 0; r++) {
+        size_t n = ranges[r].hi - ranges[r].lo;
+        if (n == 0) continue;
+        sumsq_args_t a = {.out = out + ranges[r].out, .x = x + ranges[r].lo, .n = n,
+                          .block = block,
+                          .per_task = block >= DDP__CPU_CHUNK ? 1 : DDP__CPU_CHUNK / block};
+        size_t nb = (n + block - 1) / block;
+        ddp__pool_run(ctx->pool, (long)((nb + a.per_task - 1) / a.per_task), sumsq_task, &a);
+    }
 }
 
 /* ---- add, scale ---- */

@@ -258,7 +258,8 @@ void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
 void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
                             const int32_t *targets, int N, int V, float dloss);
 /* reduce.cu */
-void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block);
+void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
+                            const ddp_krange_t *ranges, int nranges, size_t block);
 void ddp__cuda_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
 
 #endif

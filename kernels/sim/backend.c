@@ -101,7 +101,10 @@ static void run(void *arg)
         CPU.adamw(c, p[0], p[1], p[2], p[3], a->z[0], a->f[0], a->f[1], a->f[2], a->f[3],
                   a->f[4], a->f[5], i[0], NULL);
         break;
-    case SUMSQ: CPU.sumsq_blocks(c, p[0], p[1], a->z[0], a->z[1]); break;
+    case SUMSQ:
+        CPU.sumsq_blocks(c, p[0], p[1], p[2], i[0], a->z[0]);
+        free(p[2]); /* the ranges' copy */
+        break;
     case ADD: CPU.add(c, p[0], p[1], a->z[0]); break;
     case SCALE: CPU.scale(c, p[0], a->f[0], a->z[0]); break;
     case NONFINITE: CPU.nonfinite(c, p[0], p[1], a->z[0]); break;
@@ -558,14 +561,30 @@ static void sim_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m
     LAUNCH(ctx, a, "adamw", F(param, n, RW), F(grad, n, R), F(m, n, RW), F(v, n, RW));
 }
 
-static void sim_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x, size_t n, size_t block)
+static void sim_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
+                             const ddp_krange_t *ranges, int nranges, size_t block)
 {
-    args_t *a = new_args(ctx, SUMSQ);
-    if (!a) return;
-    set_p(a, 2, out, x);
-    a->z[0] = n, a->z[1] = block;
-    LAUNCH(ctx, a, "sumsq_blocks", F(out, (n + block - 1) / block, W | DDP_SIMDEV_HOSTSIDE),
-           F(x, n, R));
+    if (nranges <= 0) return;
+    ddp_krange_t *copy = malloc((size_t)nranges * sizeof *copy);
+    ddp_simdev_access_t *acc = malloc(2 * (size_t)nranges * sizeof *acc);
+    args_t *a = copy && acc ? new_args(ctx, SUMSQ) : NULL;
+    if (!a) {
+        if (!ctx->err) ctx->err = DDP_ENOMEM;
+        free(copy), free(acc);
+        return;
+    }
+    memcpy(copy, ranges, (size_t)nranges * sizeof *copy);
+    for (int r = 0; r < nranges; r++) {
+        size_t n = ranges[r].hi - ranges[r].lo;
+        acc[2 * r] = F(out ? out + ranges[r].out : NULL, (n + block - 1) / block,
+                       W | DDP_SIMDEV_HOSTSIDE);
+        acc[2 * r + 1] = F(x ? x + ranges[r].lo : NULL, n, R);
+    }
+    set_p(a, 3, out, x, copy);
+    a->i[0] = nranges;
+    a->z[0] = block;
+    launch(ctx, a, "sumsq_blocks", acc, 2 * nranges);
+    free(acc);
     ddp_simdev_stream_sync(ctx->stream); /* a host result, as in the CUDA backend */
 }
 

@@ -458,21 +458,28 @@ static void test_vector(void **state)
     /* sums of squares of blocks: against a double reference, and the same for a block
      * whatever its place in the buffer */
     const size_t block = 1000, nb = (n + block - 1) / block;
-    float *ss = falloc(nb), *ss_shifted = falloc(nb);
-    DDP_K(&K, sumsq_blocks, ss, x, n, block);
+    float *ss = falloc(nb), *ss_shifted = falloc(nb), *ss_two = falloc(nb + 1);
+    ddp_krange_t all = {0, n, 0}, shifted = {7 * block, n, 0}, none = {0, 0, 0};
+    DDP_K(&K, sumsq_blocks, ss, x, &all, 1, block);
     for (size_t j = 0; j < nb; j++) {
         double want = 0.0;
         for (size_t i = j * block; i < n && i < (j + 1) * block; i++) want += (double)x[i] * x[i];
         if (!(fabs(ss[j] - want) <= 1e-7 * want))
             fail_msg("sumsq_blocks[%zu]: got %.9g, want %.17g", j, ss[j], want);
     }
-    DDP_K(&K, sumsq_blocks, ss_shifted, x + 7 * block, n - 7 * block, block);
+    DDP_K(&K, sumsq_blocks, ss_shifted, x, &shifted, 1, block);
     assert_memory_equal(ss_shifted, ss + 7, (nb - 7) * sizeof(float));
+    /* two ranges in one call, the second's results first: each block as in its own call */
+    ddp_krange_t two[2] = {{7 * block, n, 0}, {0, 3 * block + 17, nb - 7}};
+    DDP_K(&K, sumsq_blocks, ss_two, x, two, 2, block);
+    assert_memory_equal(ss_two, ss + 7, (nb - 7) * sizeof(float));
+    assert_memory_equal(ss_two + nb - 7, ss, 3 * sizeof(float));
     ss[0] = -1.0f;
-    DDP_K(&K, sumsq_blocks, ss, x, 0, block);
+    DDP_K(&K, sumsq_blocks, ss, x, &none, 1, block);
     assert_true(ss[0] == -1.0f);
     free(ss);
     free(ss_shifted);
+    free(ss_two);
 
     DDP_K(&K, add, y, x, n);
     for (size_t i = 0; i < n; i++)

@@ -133,7 +133,8 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     DDP_K(k, scale, e, 0.3f, ne);
     keep(o, "add+scale", e, ne);
     float ss[8]; /* ne / 8 rounded up: 8 blocks, the last shorter */
-    DDP_K(k, sumsq_blocks, ss, a, ne, (ne + 7) / 8);
+    ddp_krange_t all = {0, ne, 0};
+    DDP_K(k, sumsq_blocks, ss, a, &all, 1, (ne + 7) / 8);
     keep(o, "sumsq_blocks", ss, 8);
 
     free(x), free(w), free(b), free(y), free(mean), free(rstd), free(dy), free(dx), free(dw);

@@ -90,7 +90,8 @@ static void test_module_table(void **state)
         /* Zero-sized work is a no-op and a fresh context has no error. */
         float ss = -1.0f;
         int bad = -1;
-        DDP_K(&k, sumsq_blocks, &ss, NULL, 0, 16384);
+        ddp_krange_t none = {0, 0, 0};
+        DDP_K(&k, sumsq_blocks, &ss, NULL, &none, 1, 16384);
         DDP_K(&k, nonfinite, &bad, NULL, 0);
         DDP_K(&k, gelu_fwd, NULL, NULL, 0);
         assert_true(ss == -1.0f); /* no blocks: nothing written */
