@@ -278,15 +278,20 @@ void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const f
 }
 
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
-                 size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                 float grad_scale, int t, uint32_t *crc)
+                 const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                 float beta2, float eps, float grad_scale, int t, uint32_t *crc)
 {
     if (!OP_READY(k, adamw)) return;
+    REQUIRE(k, adamw, t >= 1 && nranges >= 0 && (nranges == 0 || ranges));
+    size_t n = 0;
+    for (int r = 0; r < nranges; r++) {
+        REQUIRE(k, adamw, ranges[r].lo <= ranges[r].hi);
+        n += ranges[r].hi - ranges[r].lo;
+    }
     REQUIRE(k, adamw, n == 0 || (param && grad && m && v));
-    REQUIRE(k, adamw, t >= 1);
     TIMED(k, adamw, 0, F32 * 7 * n,
-          k->ops->adamw(k->ctx, param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale, t,
-                        crc));
+          k->ops->adamw(k->ctx, param, grad, m, v, ranges, nranges, lr, beta1, beta2, eps,
+                        grad_scale, t, crc));
 }
 
 void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, const ddp_krange_t *ranges,

@@ -47,6 +47,12 @@ typedef struct ddp_krange {
     size_t lo, hi, out;
 } ddp_krange_t;
 
+/* A range [lo, hi) of elements that AdamW updates with weight decay wd (adamw). */
+typedef struct ddp_kadamw_range {
+    size_t lo, hi;
+    float wd;
+} ddp_kadamw_range_t;
+
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
     DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
@@ -174,17 +180,21 @@ typedef struct ddp_kernels_ops {
     void (*xent_fwd_bwd)(ddp_kctx_t *, float *losses, float *dlogits, const float *logits,
                          const int32_t *targets, int N, int V, float dloss);
 
-    /* AdamW on one tensor, PyTorch's formulation with decoupled weight decay:
-     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + wd p),
+    /* AdamW over ranges of the arenas in one call (one launch on a GPU), PyTorch's formulation
+     * with decoupled weight decay, for each element of each range r ([r.lo, r.hi) of param,
+     * grad, m, v; ranges do not overlap):
+     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + r.wd p),
      * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first
-     * (averaging and clipping fused in).
-     * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) 3 x ceil(n / DDP_ADAMW_CRC_CHUNK)
-     * entries: crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes
-     * of param, m and v written for elements [c x CHUNK, min((c + 1) x CHUNK, n)), taken while
-     * they are still in cache, so a checkpoint of this update need not read them again. */
-    void (*adamw)(ddp_kctx_t *, float *param, const float *grad, float *m, float *v, size_t n,
-                  float lr, float beta1, float beta2, float eps, float wd, float grad_scale,
-                  int t, uint32_t *crc);
+     * (averaging and clipping fused in). An element's result is the same whatever range holds
+     * it.
+     * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) for each range in order,
+     * 3 x ceil((r.hi - r.lo) / DDP_ADAMW_CRC_CHUNK) entries: for chunk c of the range,
+     * crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes of param,
+     * m and v written for elements [r.lo + c x CHUNK, min(r.lo + (c + 1) x CHUNK, r.hi)), taken
+     * while they are still in cache, so a checkpoint of this update need not read them again. */
+    void (*adamw)(ddp_kctx_t *, float *param, const float *grad, float *m, float *v,
+                  const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                  float beta2, float eps, float grad_scale, int t, uint32_t *crc);
 
     /* Vector helpers over the arenas. */
     /* Sums of squares of consecutive blocks of several ranges of x (for the global gradient
@@ -300,8 +310,8 @@ void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const floa
 void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
                         const int32_t *targets, int N, int V, float dloss);
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
-                 size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                 float grad_scale, int t, uint32_t *crc);
+                 const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                 float beta2, float eps, float grad_scale, int t, uint32_t *crc);
 void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, const ddp_krange_t *ranges,
                         int nranges, size_t block);
 void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n);

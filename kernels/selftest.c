@@ -518,8 +518,10 @@ static void case_adamw(st_t *s, size_t n, int t)
     pt_t p = pt_rand(s, n, -1, 1), g = pt_rand(s, n, -1, 1);
     pt_t m = pt_rand(s, n, -0.1f, 0.1f), v = pt_rand(s, n, 0.0f, 0.01f);
     if (!ready(s, r)) goto out;
+    /* two ranges, with and without weight decay, in one call */
+    ddp_kadamw_range_t ranges[2] = {{0, n / 2, 0.1f}, {n / 2, n, 0.0f}};
     for (int step = t; step < t + 3; step++) {
-        BOTH DDP_K(KS, adamw, P(p), P(g), P(m), P(v), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f,
+        BOTH DDP_K(KS, adamw, P(p), P(g), P(m), P(v), ranges, 2, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.5f,
                    step, NULL);
         if (!sync_both(s, r)) goto out;
     }

@@ -117,6 +117,35 @@ void ddp_adamw_crc_merge(ddp_adamw_crc_t *into, const ddp_adamw_crc_t *other, si
     into->owned += other->owned;
 }
 
+/* Each tensor's piece inside each part, with that tensor's weight decay, in part order:
+ * pieces[0..*n), tensor[q] the tensor of piece q, part_end[j] the pieces up to part j's last;
+ * *chunks the CRC chunks of them all. Returns 0 or DDP_ENOMEM (the arrays are the caller's to
+ * free). */
+static int update_pieces(const ddp_gpt2_t *model, const ddp_spec_t *spec,
+                         const ddp_arena_part_t *parts, int n_parts, ddp_kadamw_range_t **pieces,
+                         int **tensor, int **part_end, int *n, size_t *chunks)
+{
+    size_t most = (size_t)(n_parts > 0 ? n_parts : 1) * (size_t)model->n_tensors;
+    *pieces = ddp_malloc(most * sizeof **pieces);
+    *tensor = ddp_malloc(most * sizeof **tensor);
+    *part_end = ddp_malloc((size_t)(n_parts > 0 ? n_parts : 1) * sizeof **part_end);
+    if (!*pieces || !*tensor || !*part_end) return DDP_ENOMEM;
+    *n = 0;
+    *chunks = 0;
+    for (int j = 0; j < n_parts; j++) {
+        for (int i = 0; i < model->n_tensors; i++) {
+            size_t lo, hi;
+            if (!ddp_part_of_tensor(model, &parts[j], i, &lo, &hi)) continue;
+            float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
+            (*pieces)[*n] = (ddp_kadamw_range_t){lo, hi, wd};
+            (*tensor)[(*n)++] = i;
+            *chunks += (hi - lo + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
+        }
+        (*part_end)[j] = *n;
+    }
+    return 0;
+}
+
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
                    float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
                    int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc)
@@ -126,38 +155,41 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, 
     double clip_coef = 1.0;
     if (spec->clip > 0 && norm > spec->clip) clip_coef = spec->clip / (norm + 1e-6);
     float scale = (float)((double)grad_scale * clip_coef);
-    uint32_t *chunk = NULL; /* the kernel's CRCs of one piece: 3 per chunk of the largest tensor */
-    if (crc) {
-        size_t most = 0;
-        for (int i = 0; i < model->n_tensors; i++) {
-            crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0, 0};
-            if (model->params[i].numel > most) most = model->params[i].numel;
-        }
-        chunk = ddp_malloc(3 * ((most + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK + 1) *
-                           sizeof *chunk);
-        if (!chunk) return DDP_ENOMEM;
+    ddp_kadamw_range_t *pieces = NULL;
+    int *tensor = NULL, *part_end = NULL, n = 0;
+    size_t chunks = 0;
+    uint32_t *chunk = NULL; /* the kernel's CRCs: 3 per chunk of every piece, in piece order */
+    int rc = update_pieces(model, spec, parts, n_parts, &pieces, &tensor, &part_end, &n, &chunks);
+    if (rc == 0 && crc) {
+        for (int i = 0; i < model->n_tensors; i++) crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0, 0};
+        if (!(chunk = ddp_malloc((3 * chunks + 1) * sizeof *chunk))) rc = DDP_ENOMEM;
     }
-    opt->t++;
-    int rc = 0;
-    for (int j = 0; rc == 0 && j < n_parts; j++) {
-        /* each tensor's piece inside the part, with that tensor's weight decay */
-        for (int i = 0; i < model->n_tensors; i++) {
-            size_t lo, hi;
-            if (!ddp_part_of_tensor(model, &parts[j], i, &lo, &hi)) continue;
-            float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
-            ddp_k_adamw(k, model->w + lo, model->g + lo, opt->m + lo, opt->v + lo, hi - lo,
-                        (float)lr, (float)spec->beta1, (float)spec->beta2, (float)spec->eps, wd,
-                        scale, (int)opt->t, chunk);
-            if (chunk) fold_piece_crc(model, i, lo, hi, chunk, crc);
+    if (rc == 0) opt->t++;
+    /* one call (one launch on a GPU) for every piece; with `done`, one per part, each part
+     * handed on as soon as it is final */
+    uint32_t *at = chunk; /* this call's CRCs (NULL: none wanted) */
+    for (int j = 0, q = 0; rc == 0 && j < (done ? n_parts : 1); j++) {
+        int end = done ? part_end[j] : n;
+        ddp_k_adamw(k, model->w, model->g, opt->m, opt->v, pieces + q, end - q, (float)lr,
+                    (float)spec->beta1, (float)spec->beta2, (float)spec->eps, scale,
+                    (int)opt->t, (uint32_t *)at);
+        for (; q < end; q++) {
+            if (!chunk) continue;
+            fold_piece_crc(model, tensor[q], pieces[q].lo, pieces[q].hi, at, crc);
+            at += 3 * ((pieces[q].hi - pieces[q].lo + DDP_ADAMW_CRC_CHUNK - 1) /
+                       DDP_ADAMW_CRC_CHUNK);
         }
         if (done) {
             rc = ddp_k_sync(k);
             if (rc == 0) rc = done(arg, j);
         }
     }
-    for (int i = 0; crc && i < model->n_tensors; i++) /* zeros after this rank's last piece */
+    for (int i = 0; rc == 0 && crc && i < model->n_tensors; i++) /* zeros after our last piece */
         if (crc[i].owned != DDP_ADAMW_CRC_BROKEN) fold_zeros(&crc[i], model->params[i].numel);
     free(chunk);
+    free(pieces);
+    free(tensor);
+    free(part_end);
     if (!rc) rc = ddp_k_sync(k);
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "optimizer (AdamW%s)", n_parts && done ? ", sharded" : "");
     return rc;

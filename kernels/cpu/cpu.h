@@ -145,8 +145,8 @@ void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const
                            const int32_t *targets, int N, int V, float dloss);
 /* vector.c */
 void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                    size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                    float grad_scale, int t, uint32_t *crc);
+                    const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                    float beta2, float eps, float grad_scale, int t, uint32_t *crc);
 void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
                            const ddp_krange_t *ranges, int nranges, size_t block);
 void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);

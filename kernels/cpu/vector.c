@@ -87,18 +87,22 @@ static void adamw_task(void *varg, long task)
 }
 
 void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                    size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                    float grad_scale, int t, uint32_t *crc)
+                    const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                    float beta2, float eps, float grad_scale, int t, uint32_t *crc)
 {
-    adamw_args_t a = {
-        .crc = crc,
-        .param = param, .m = m, .v = v, .grad = grad, .n = n, .lr = lr, .beta1 = beta1,
-        .beta2 = beta2, .eps = eps, .wd = wd, .grad_scale = grad_scale,
-        /* The bias corrections in double, as PyTorch computes them (Python floats). */
-        .bc1 = (float)(1.0 - pow((double)beta1, (double)t)),
-        .bc2 = (float)(1.0 - pow((double)beta2, (double)t)),
-    };
-    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), adamw_task, &a);
+    /* The bias corrections in double, as PyTorch computes them (Python floats). */
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    for (int r = 0; r < nranges; r++) { /* tasks cut from each range's start: its CRC chunks */
+        size_t lo = ranges[r].lo, n = ranges[r].hi - lo;
+        adamw_args_t a = {
+            .crc = crc, .param = param + lo, .m = m + lo, .v = v + lo, .grad = grad + lo,
+            .n = n, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .wd = ranges[r].wd,
+            .grad_scale = grad_scale, .bc1 = bc1, .bc2 = bc2,
+        };
+        ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), adamw_task, &a);
+        if (crc) crc += 3 * ddp__ntasks(n, DDP__CPU_CHUNK);
+    }
 }
 
 /* ---- sums of squares of blocks ---- */

@@ -250,8 +250,8 @@ void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const fl
 void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
                             size_t n);
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     float grad_scale, int t, uint32_t *crc);
+                     const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                     float beta2, float eps, float grad_scale, int t, uint32_t *crc);
 void ddp__cuda_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
 void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
 /* xent.cu */

@@ -78,14 +78,24 @@ void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n)
     LAUNCH(scale_kernel, n, "scale", x, s, n);
 }
 
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v, size_t n,
-                                    float lr, float beta1, float beta2, float eps, float wd,
-                                    float grad_scale, float bc1, float bc2)
+/* AdamW in one launch over every range: the ranges are cut on the host into tiles of at most
+ * ADAMW_TILE elements, one thread block each (a small tensor is one tile; the largest, many). */
+#define ADAMW_TILE 65536
+
+struct adamw_tile {
+    size_t lo, hi;
+    float wd;
+};
+
+static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
+                                    const adamw_tile *tiles, float lr, float beta1, float beta2,
+                                    float eps, float grad_scale, float bc1, float bc2)
 {
-    GRID_STRIDE(i, n)
-    {
+    adamw_tile tl = tiles[blockIdx.x];
+    for (size_t i = tl.lo + threadIdx.x; i < tl.hi; i += blockDim.x) {
         float p = param[i], mm = m[i], vv = v[i];
-        ddp_adamw_elem(&p, &mm, &vv, grad[i] * grad_scale, lr, beta1, beta2, eps, wd, bc1, bc2);
+        ddp_adamw_elem(&p, &mm, &vv, grad[i] * grad_scale, lr, beta1, beta2, eps, tl.wd, bc1,
+                       bc2);
         param[i] = p;
         m[i] = mm;
         v[i] = vv;
@@ -93,17 +103,42 @@ static __global__ void adamw_kernel(float *param, const float *grad, float *m, f
 }
 
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                     size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                     float grad_scale, int t, uint32_t *crc)
+                     const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                     float beta2, float eps, float grad_scale, int t, uint32_t *crc)
 {
     if (crc) { /* host-side checksums of device memory are not offered (kernels.h) */
         DDP_ERROR("cuda: adamw: CRC32C of the outputs is a CPU-backend feature");
         if (!ctx->err) ctx->err = DDP_ENOTSUP;
         return;
     }
+    size_t ntiles = 0;
+    for (int r = 0; r < nranges; r++)
+        ntiles += (ranges[r].hi - ranges[r].lo + ADAMW_TILE - 1) / ADAMW_TILE;
+    if (ntiles == 0 || ddp__cuda_enter(ctx)) return;
+    adamw_tile *tiles = (adamw_tile *)malloc(ntiles * sizeof *tiles);
+    if (!tiles) {
+        if (!ctx->err) ctx->err = DDP_ENOMEM;
+        return;
+    }
+    size_t k = 0;
+    for (int r = 0; r < nranges; r++)
+        for (size_t lo = ranges[r].lo; lo < ranges[r].hi; lo += ADAMW_TILE)
+            tiles[k++] = {lo, lo + ADAMW_TILE < ranges[r].hi ? lo + ADAMW_TILE : ranges[r].hi,
+                          ranges[r].wd};
     /* In double, as PyTorch (and the CPU backend) compute them. */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
-    LAUNCH(adamw_kernel, n, "adamw", param, grad, m, v, n, lr, beta1, beta2, eps, wd, grad_scale,
-           bc1, bc2);
+    void *dev;
+    /* the table goes through the scratch; cudaMemcpyAsync from pageable memory has read it
+     * when it returns, so it is freed at once */
+    if (ddp__cuda_scratch(ctx, ntiles * sizeof *tiles, &dev) == 0 &&
+        ddp__cuda_check(ctx, cudaMemcpyAsync(dev, tiles, ntiles * sizeof *tiles,
+                                             cudaMemcpyHostToDevice, ctx->stream),
+                        "adamw(tiles)") == 0) {
+        adamw_kernel<<<(unsigned)ntiles, DDP_CUDA_BLOCK, 0, ctx->stream>>>(
+            param, grad, m, v, (const adamw_tile *)dev, lr, beta1, beta2, eps, grad_scale, bc1,
+            bc2);
+        ddp__cuda_launched(ctx, "adamw");
+    }
+    free(tiles);
 }

@@ -98,8 +98,9 @@ static void run(void *arg)
     case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
     case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
     case ADAMW:
-        CPU.adamw(c, p[0], p[1], p[2], p[3], a->z[0], a->f[0], a->f[1], a->f[2], a->f[3],
-                  a->f[4], a->f[5], i[0], NULL);
+        CPU.adamw(c, p[0], p[1], p[2], p[3], p[4], i[1], a->f[0], a->f[1], a->f[2], a->f[3],
+                  a->f[4], i[0], NULL);
+        free(p[4]); /* the ranges' copy */
         break;
     case SUMSQ:
         CPU.sumsq_blocks(c, p[0], p[1], p[2], i[0], a->z[0]);
@@ -544,21 +545,37 @@ static void sim_xent(ddp_kctx_t *ctx, float *losses, float *dlogits, const float
 }
 
 static void sim_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                      size_t n, float lr, float beta1, float beta2, float eps, float wd,
-                      float grad_scale, int t, uint32_t *crc)
+                      const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
+                      float beta2, float eps, float grad_scale, int t, uint32_t *crc)
 {
     if (crc) { /* as the CUDA backend: checksums are the CPU backend's */
         if (!ctx->err) ctx->err = DDP_ENOTSUP;
         return;
     }
-    args_t *a = new_args(ctx, ADAMW);
-    if (!a) return;
-    set_p(a, 4, param, (void *)grad, m, v);
-    a->z[0] = n;
-    float f[] = {lr, beta1, beta2, eps, wd, grad_scale};
+    if (nranges <= 0) return;
+    ddp_kadamw_range_t *copy = malloc((size_t)nranges * sizeof *copy);
+    ddp_simdev_access_t *acc = malloc(4 * (size_t)nranges * sizeof *acc);
+    args_t *a = copy && acc ? new_args(ctx, ADAMW) : NULL;
+    if (!a) {
+        if (!ctx->err) ctx->err = DDP_ENOMEM;
+        free(copy), free(acc);
+        return;
+    }
+    memcpy(copy, ranges, (size_t)nranges * sizeof *copy);
+    for (int r = 0; r < nranges; r++) {
+        size_t lo = ranges[r].lo, n = ranges[r].hi - lo;
+        acc[4 * r] = F(param ? param + lo : NULL, n, RW);
+        acc[4 * r + 1] = F(grad ? grad + lo : NULL, n, R);
+        acc[4 * r + 2] = F(m ? m + lo : NULL, n, RW);
+        acc[4 * r + 3] = F(v ? v + lo : NULL, n, RW);
+    }
+    set_p(a, 5, param, (void *)grad, m, v, copy);
+    float f[] = {lr, beta1, beta2, eps, grad_scale};
     memcpy(a->f, f, sizeof f);
     a->i[0] = t;
-    LAUNCH(ctx, a, "adamw", F(param, n, RW), F(grad, n, R), F(m, n, RW), F(v, n, RW));
+    a->i[1] = nranges;
+    launch(ctx, a, "adamw", acc, 4 * nranges);
+    free(acc);
 }
 
 static void sim_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,

@@ -113,7 +113,8 @@ int main(int argc, char **argv)
         double t2 = ddp_now_s();
         ddp_krange_t all = {0, np, 0};
         DDP_K(&k, sumsq_blocks, sums, g, &all, 1, 16384);
-        DDP_K(&k, adamw, p, g, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f, r + 1, NULL);
+        ddp_kadamw_range_t whole = {0, np, 0.1f};
+        DDP_K(&k, adamw, p, g, m, v, &whole, 1, 1e-4f, 0.9f, 0.95f, 1e-8f, 1.0f, r + 1, NULL);
         double t3 = ddp_now_s();
         tm[r] = t1 - t0, to[r] = t2 - t1, ta[r] = t3 - t2;
     }

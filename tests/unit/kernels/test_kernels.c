@@ -414,17 +414,22 @@ static void test_adamw(void **state)
     kfill(&r, p, n, -1, 1);
     double *rp = dof(p, n), *rm = dalloc(n), *rv = dalloc(n);
     float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gs = 0.5f;
-    size_t chunks = (n + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
+    /* two ranges in one call, the first with weight decay: CRC chunks count from each start */
+    const size_t n1 = 40000;
+    ddp_kadamw_range_t ranges[2] = {{0, n1, wd}, {n1, n, 0.0f}};
+    size_t chunks0 = (n1 + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
+    size_t chunks = chunks0 + (n - n1 + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
     uint32_t *crc = calloc(3 * chunks, sizeof *crc);
     for (int t = 1; t <= 5; t++) {
         kfill(&r, g, n, -2, 2);
         if (t == 3) g[7] = 0.0f;
         /* the checksums on odd steps: they must not change what is computed (checked below
          * against the reference on every step) and must be those of the bytes written */
-        DDP_K(&K, adamw, p, g, m, v, n, lr, b1, b2, eps, wd, gs, t, t % 2 ? crc : NULL);
+        DDP_K(&K, adamw, p, g, m, v, ranges, 2, lr, b1, b2, eps, gs, t, t % 2 ? crc : NULL);
         for (size_t c = 0; t % 2 && c < chunks; c++) {
-            size_t lo = c * DDP_ADAMW_CRC_CHUNK, len = n - lo < DDP_ADAMW_CRC_CHUNK
-                                                          ? n - lo : DDP_ADAMW_CRC_CHUNK;
+            size_t base = c < chunks0 ? 0 : n1, end = c < chunks0 ? n1 : n;
+            size_t lo = base + (c < chunks0 ? c : c - chunks0) * DDP_ADAMW_CRC_CHUNK;
+            size_t len = end - lo < DDP_ADAMW_CRC_CHUNK ? end - lo : DDP_ADAMW_CRC_CHUNK;
             const float *out[3] = {p, m, v};
             for (int k = 0; k < 3; k++)
                 assert_int_equal(crc[3 * c + k], ddp__crc32c_sw(0, out[k] + lo, len * 4));
@@ -434,7 +439,7 @@ static void test_adamw(void **state)
         double step = (double)lr / bc1;
         for (size_t i = 0; i < n; i++) {
             double gi = (double)g[i] * gs;
-            rp[i] *= 1.0 - (double)lr * wd;
+            rp[i] *= 1.0 - (double)lr * (i < n1 ? wd : 0.0f);
             rm[i] += (gi - rm[i]) * (1.0 - b1);
             rv[i] = rv[i] * b2 + (1.0 - b2) * gi * gi;
             double denom = sqrt(rv[i]) / sqrt(bc2) + eps;
