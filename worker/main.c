@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -82,9 +83,85 @@ static const char *first_env(const char *const *names)
     return NULL;
 }
 
+/* An integer variable in [lo, hi]: 0 and *out set (unset: dflt), or -1 with a message. */
+static int env_long(const char *name, long lo, long hi, long dflt, long *out)
+{
+    const char *s = getenv(name);
+    *out = dflt;
+    if (!s || !*s) return 0;
+    char *end;
+    long x = strtol(s, &end, 10);
+    if (*end || x < lo || x > hi) {
+        fprintf(stderr, "ddp-worker: %s='%s' is not an integer in [%ld, %ld]\n", name, s, lo,
+                hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* The world from the launcher's variables. ddpd's own (deploy/launch-local.sh, ddpd, Slurm):
+ * DDP_WORLD_SIZE, DDP_RANK, DDP_RDZV, DDP_JOB_TOKEN, DDP_GENERATION. Without DDP_WORLD_SIZE,
+ * the PyTorch convention that `torchrun --no-python`, Kubeflow's PyTorchJob and similar set:
+ * WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT. Rank 0 listens on
+ * MASTER_PORT, or on MASTER_PORT + 1 when torchrun's agent already serves its own store there
+ * (TORCHELASTIC_USE_AGENT_STORE=True). The job token, which every rank's hello must carry, is
+ * DDP_JOB_TOKEN, else torchrun's TORCHELASTIC_RUN_ID, else "torch:MASTER_ADDR:MASTER_PORT":
+ * without DDP_JOB_TOKEN, a process that can reach the port and knows the launch's run id (or
+ * address) can join as a rank, as it can join torch.distributed's own store. Returns 0 or -1
+ * (a message printed). */
+static int read_world(ddp_train_env_t *env)
+{
+    long size = 0, rank = 0, gen = 0, port = 0, lw = 0, lr = 0;
+    if (getenv("DDP_WORLD_SIZE")) {
+        if (env_long("DDP_WORLD_SIZE", 1, 1 << 20, 1, &size) ||
+            env_long("DDP_RANK", 0, size - 1, 0, &rank) ||
+            env_long("DDP_GENERATION", 0, 1L << 62, 0, &gen))
+            return -1;
+        env->launcher = "ddpd";
+        env->rdzv = getenv("DDP_RDZV");
+        env->job_token = getenv("DDP_JOB_TOKEN");
+        if (size > 1 && !getenv("DDP_RANK")) {
+            fprintf(stderr, "ddp-worker: DDP_WORLD_SIZE=%ld but DDP_RANK is not set\n", size);
+            return -1;
+        }
+    } else if (getenv("WORLD_SIZE") && getenv("RANK")) {
+        const char *addr = getenv("MASTER_ADDR"), *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+        if (env_long("WORLD_SIZE", 1, 1 << 20, 1, &size) ||
+            env_long("RANK", 0, size - 1, 0, &rank) ||
+            env_long("MASTER_PORT", 1, 65534, 0, &port) ||
+            env_long("LOCAL_RANK", 0, 1 << 20, -1, &lr) ||
+            env_long("LOCAL_WORLD_SIZE", 1, 1 << 20, 0, &lw))
+            return -1;
+        env->launcher = "torchrun";
+        if (size > 1 && (!addr || !*addr || port == 0)) {
+            fprintf(stderr, "ddp-worker: WORLD_SIZE=%ld (the torchrun convention) needs "
+                            "MASTER_ADDR and MASTER_PORT\n", size);
+            return -1;
+        }
+        if (agent && !strcasecmp(agent, "true")) port++;
+        snprintf(env->rdzv_buf, sizeof env->rdzv_buf, "%s:%ld", addr ? addr : "", port);
+        env->rdzv = env->rdzv_buf;
+        const char *run_id = getenv("TORCHELASTIC_RUN_ID");
+        if ((env->job_token = getenv("DDP_JOB_TOKEN")) == NULL) {
+            if (run_id && *run_id)
+                snprintf(env->token_buf, sizeof env->token_buf, "torchrun:%.200s", run_id);
+            else
+                snprintf(env->token_buf, sizeof env->token_buf, "torch:%s", env->rdzv_buf);
+            env->job_token = env->token_buf;
+        }
+        if (lr >= 0) env->local_rank = (int)lr;
+        if (lw > 0) env->local_world = (int)lw;
+    }
+    env->world_size = (int)size;
+    env->rank = (int)rank;
+    env->generation = gen;
+    return 0;
+}
+
 /* Everything the trainer takes from the environment, read once here beside the spec (the
- * trainer itself reads none). */
-static void read_env(ddp_train_env_t *env)
+ * trainer itself reads none). Returns 0 or -1 (a message printed). */
+static int read_env(ddp_train_env_t *env)
 {
     static const char *const local_rank[] = {"DDP_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
                                              "SLURM_LOCALID", NULL};
@@ -95,8 +172,11 @@ static void read_env(ddp_train_env_t *env)
     if ((v = first_env(local_rank))) env->local_rank = atoi(v);
     if ((v = first_env(local_world))) env->local_world = atoi(v);
     env->elastic = (v = getenv("DDP_ELASTIC")) && strcmp(v, "1") == 0;
-    env->rdzv = getenv("DDP_RDZV");
-    env->job_token = getenv("DDP_JOB_TOKEN");
+    if (!env->elastic && read_world(env)) return -1;
+    if (env->elastic) {
+        env->rdzv = getenv("DDP_RDZV");
+        env->job_token = getenv("DDP_JOB_TOKEN");
+    }
     if ((v = getenv("DDP_RANK"))) env->rank_hint = atoi(v);
     if ((v = getenv("DDP_RDZV_TIMEOUT_S"))) env->rdzv_timeout_s = atof(v);
     if ((v = getenv("DDP_TEST_NAN_STEP"))) env->nan_step = atol(v);
@@ -116,6 +196,7 @@ static void read_env(ddp_train_env_t *env)
         env->flip = 1;
         env->flip_rank = atoi(v);
     }
+    return 0;
 }
 
 /* Applies "a.b=value" overrides to spec by a round trip through its JSON form, so an override
@@ -179,7 +260,7 @@ static int worker_main(int argc, char **argv)
     };
     prefer_fast_blas(argv);
     ddp_train_opts_t opts = {.backend = "auto", .run_dir = getenv("DDP_RUN_DIR")};
-    read_env(&opts.env);
+    if (read_env(&opts.env)) return 2;
     char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, c, print_spec = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {

@@ -8,8 +8,9 @@
  * the collectives' memory (collectives/shm_direct.c) and the checkpoint saver
  * (train_checkpoint.c, checkpoint/checkpoint.c), plus a measured constant for the process itself
  * (code, libraries, thread stacks, BLAS buffers). What it predicts is the peak resident set
- * (ru_maxrss): shared memory counts on a rank once that rank has touched its pages. Pure
- * functions of their arguments: any thread; links without the kernels' ops.
+ * (VmHWM; ru_maxrss too where the process was not forked from a larger one): shared memory
+ * counts on a rank once that rank has touched its pages. Pure functions of their arguments:
+ * any thread; links without the kernels' ops.
  */
 #ifndef DDP_WORKER_MEMORY_BUDGET_H
 #define DDP_WORKER_MEMORY_BUDGET_H

@@ -57,13 +57,33 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return ddp_errinfo_set(ei, DDP_ESPEC, "memory budget: %s", advice);
 }
 
+/* This process's peak resident set in KiB: VmHWM of /proc/self/status, the high-water mark of
+ * its own memory since exec, else ru_maxrss, which Linux carries across exec (under torchrun
+ * it starts at the Python launcher's few hundred MiB); -1 when neither can be read. *what
+ * names the one used. */
+static long peak_rss_kib(const char **what)
+{
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    long kib = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %ld kB", &kib) == 1) break;
+    if (f) fclose(f);
+    *what = "VmHWM";
+    if (kib >= 0) return kib;
+    struct rusage ru;
+    *what = "ru_maxrss";
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss : -1;
+}
+
 void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
 {
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) != 0 || t->opts.quiet) return;
+    const char *what;
+    long kib = peak_rss_kib(&what);
+    if (kib < 0 || t->opts.quiet) return;
     char peak[32], plan[32];
-    DDP_INFO("peak RSS %s (ru_maxrss %ld KiB); the memory budget said %s (%lld KiB)",
-             ddp_mem_fmt((int64_t)ru.ru_maxrss * 1024, peak, sizeof peak), ru.ru_maxrss,
+    DDP_INFO("peak RSS %s (%s %ld KiB); the memory budget said %s (%lld KiB)",
+             ddp_mem_fmt((int64_t)kib * 1024, peak, sizeof peak), what, kib,
              ddp_mem_fmt(t->mem_budget, plan, sizeof plan), (long long)(t->mem_budget / 1024));
 }
 

@@ -66,7 +66,20 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
 {
     const ddp_train_env_t *env = &t->opts.env;
     if (ddp_coll_under_mpi()) return ddp_coll_bootstrap_mpi(bs, ei);
-    if (!env->elastic) return ddp_coll_bootstrap_env(bs, ei);
+    if (!env->elastic && env->world_size <= 1) return ddp_coll_bootstrap_single(bs, ei);
+    if (!env->elastic) {
+        if (!env->rdzv || !*env->rdzv)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "a world of %d ranks (%s) without a "
+                                   "rendezvous address: DDP_RDZV (host:port) is not set",
+                                   env->world_size, env->launcher);
+        if (!env->job_token || !*env->job_token)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "DDP_JOB_TOKEN is not set");
+        ddp_coll_rdzv_cfg_t cfg = {.rank = env->rank, .size = env->world_size,
+                                   .addr = env->rdzv, .token = env->job_token,
+                                   .generation = (uint64_t)env->generation,
+                                   .timeout_s = env->rdzv_timeout_s};
+        return ddp_coll_bootstrap_tcp(&cfg, bs, ei);
+    }
     DDP_CHECK(ddp_elastic_connect(env->rdzv, env->job_token, env->rank_hint, env->rdzv_timeout_s,
                                   &t->elastic, ei));
     return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);

@@ -36,9 +36,15 @@ typedef struct ddp_train_env {
     int local_rank;  /* DDP_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID: the GPU */
     int local_world; /* DDP_LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE; 0: unknown (1) */
     int elastic;     /* DDP_ELASTIC=1: the first generation comes from the coordinator at rdzv */
-    const char *rdzv, *job_token; /* DDP_RDZV, DDP_JOB_TOKEN (elastic) */
+    /* The world a launcher gave (main.c's read_env says which variables): world_size 0 or 1 is
+     * a world of one; else `rank` of world_size meet at rdzv, authenticated by job_token. */
+    int world_size, rank;
+    long generation;              /* DDP_GENERATION: a relaunched world's number */
+    const char *rdzv, *job_token; /* host:port of rank 0's rendezvous; its token */
+    const char *launcher;         /* "ddpd" or "torchrun" (the convention), for the log */
     int rank_hint;   /* DDP_RANK (elastic: orders the first generation only) */
     double rdzv_timeout_s; /* DDP_RDZV_TIMEOUT_S; 0: the default */
+    char rdzv_buf[300], token_buf[320]; /* storage when rdzv and job_token are composed */
     /* test hooks (DDP_TEST_*) */
     long nan_step;   /* DDP_TEST_NAN_STEP=N: step N's gradient gets a NaN; 0: off */
     int slow_rank;   /* DDP_TEST_SLOW_RANK=R:US: rank R sleeps US microseconds per micro-step */

@@ -42,7 +42,7 @@ for row in ${ROWS:-none:false none:true block:false block:true}; do
     { tail -20 "$work/d-$rc-$sh.log" "$run"/rank-*.log >&2; exit 1; }
   d=$(ddpd_stats "$run" "$warmup")
   logs=("$work/d-$rc-$sh.log" "$run"/rank-*.log)
-  d_rss=$(grep -h 'peak RSS' "${logs[@]}" | sed 's/.*ru_maxrss \([0-9]*\) KiB.*/\1/' |
+  d_rss=$(grep -h 'peak RSS' "${logs[@]}" | sed 's/.*(\(VmHWM\|ru_maxrss\) \([0-9]*\) KiB.*/\2/' |
           sort -n | tail -1)
   d_mom=$(grep -h 'moments resident after step' "${logs[@]}" |
           sed 's/.*(\([0-9]*\) KiB).*/\1/' | sort -n | tail -1)

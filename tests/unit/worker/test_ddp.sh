@@ -39,7 +39,7 @@ runN() { # ranks out.safetensors accum-tokens [options]
     { cat "$tmp/launch.log" "$tmp"/run$ranks/rank-*.log; return 1; }
 }
 
-echo "1..12"
+echo "1..14"
 # 1 rank x 2 micro-steps == 2 ranks x 1, bitwise (global batch 2 x 2 x 32 = 128 tokens)
 run1 "$tmp/a1.st" 128 && runN 2 "$tmp/a2.st" 128 &&
   check "2 ranks x B equal 1 rank x 2 accumulation steps bitwise" python3 "$compare" "$tmp/a1.st" "$tmp/a2.st" --bitwise ||
@@ -81,6 +81,31 @@ if DDP_TEST_NAN_STEP=3 RUN_DIR="$tmp/runnan" "$launch" 2 "$tmp/job.yaml" --set t
   check "a NaN gradient skips the update, naming the tensor" grep -q "step 3: gradient norm nan, first non-finite tensor h.1.mlp.c_proj.weight: update skipped" "$tmp/nan.log"
 else
   not_ok "a NaN gradient skips the update"; sed 's/^/# /' "$tmp/nan.log" | tail -5
+fi
+# the PyTorch launcher convention (torchrun --no-python, Kubeflow's PyTorchJob): RANK,
+# WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and no DDP_* variable give
+# the 2-rank run of launch-local.sh, bitwise
+torch_env() { # port ranks [options]: ranks ddp-workers with the torchrun variables; waits
+  local port=$1 ranks=$2 r rc=0 pids=()
+  shift 2
+  for ((r = 0; r < ranks; r++)); do
+    env RANK=$r WORLD_SIZE=$ranks LOCAL_RANK=$r LOCAL_WORLD_SIZE=$ranks MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port "$worker" "$tmp/job.yaml" --quiet --set train.global_batch_tokens=128 \
+      "$@" >"$tmp/torch-$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${pids[@]}"; do wait "$r" || rc=1; done
+  return $rc
+}
+tport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+torch_env "$tport" 2 --dump-weights "$tmp/t2.st" &&
+  check "2 ranks from torchrun's variables give launch-local's weights bitwise" cmp "$tmp/a2.st" "$tmp/t2.st" ||
+  { not_ok "2 ranks from torchrun's variables"; sed 's/^/# /' "$tmp"/torch-*.log | tail -10; }
+# ... and a bad one is refused, naming it
+if WORLD_SIZE=2 RANK=5 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 "$worker" "$tmp/job.yaml" >"$tmp/tbad.log" 2>&1; then
+  not_ok "RANK outside WORLD_SIZE is refused"
+else
+  check "RANK outside WORLD_SIZE is refused, naming it" grep -q "RANK='5' is not an integer in \[0, 1\]" "$tmp/tbad.log"
 fi
 # mpirun (deploy/mpirun.sh): 2 ranks from MPI give the same weights as the environment
 # rendezvous, over our ring and over MPI_Iallreduce (a sum of two is the same either way)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The out-of-memory toolbox with real processes (TAP): train.recompute block gives the weights
 # of none bit for bit (1 and 2 ranks) at a lower peak RSS; the memory budget each rank prints
-# before step 1 is within 10% of the peak RSS measured (ru_maxrss) for three 1-rank shapes, and
+# before step 1 is within 10% of the peak RSS measured (VmHWM) for three 1-rank shapes, and
 # for each rank of 2-rank runs with validation and with checkpoints (where the rank that writes
 # the shards needs more than the one that does not); a job over train.memory_limit fails before
 # step 1 with advice; `ddpctl plan` prints the same budget, and the non-writers' total.
@@ -48,7 +48,7 @@ check "2 ranks: recompute block gives none's weights bitwise" cmp "$tmp/w2-none.
 # as a job runs, without meson's MALLOC_PERTURB_ (it fills every block malloc hands out, so
 # pages that a run never touches count: the whole 4 MiB O_DIRECT bounce buffer of a save)
 peak_kib() { # LOG TIMEFILE
-  if [ -s "$2" ]; then tail -n 1 "$2"; else sed -n 's/.*(ru_maxrss \([0-9]*\) KiB).*/\1/p' "$1"; fi
+  if [ -s "$2" ]; then tail -n 1 "$2"; else sed -n 's/.*(\(VmHWM\|ru_maxrss\) \([0-9]*\) KiB).*/\2/p' "$1"; fi
 }
 budget_kib() { sed -n 's/.*the memory budget said .* (\([0-9]*\) KiB).*/\1/p' "$1"; }
 shape() { # NAME preset B T recompute global_batch_tokens [extra --set ...]
@@ -107,8 +107,8 @@ check "ddpctl plan of a spec that cannot fit exits 1 with the advice" bash -c "[
 check "ddpctl plan --gpu 80GiB plans for GPUs of that size" grep -q "total .* of 80.00 GiB (the GPU's memory): fits" "$tmp/plan-gpu.txt"
 # 13-16: 2 ranks (gpt2-tiny, 4 steps): validation every 2 steps, then checkpoints every 2 steps
 # (rank 0 writes the shards, rank 1 none): each rank's own budget within 10% of its own peak RSS
-# (its ru_maxrss line, printed as it ends)
-rank_peak() { sed -n 's/.*(ru_maxrss \([0-9]*\) KiB).*/\1/p' "$1"; }
+# (its peak line, VmHWM, printed as it ends)
+rank_peak() { sed -n 's/.*(\(VmHWM\|ru_maxrss\) \([0-9]*\) KiB).*/\2/p' "$1"; }
 within10() { # LOG: the rank's peak line against its budget
   local peak pred
   peak=$(rank_peak "$1") pred=$(budget_kib "$1")
