@@ -180,6 +180,13 @@ static int submit_request(int argc, char **argv, json_t **params)
     return *params ? 0 : CTL_USAGE;
 }
 
+/* A submission's warning (job.submit's "warning"), on stderr. */
+static void print_warning(json_t *res)
+{
+    const char *w = json_string_value(json_object_get(res, "warning"));
+    if (w) fprintf(stderr, "ddpctl: warning: %s\n", w);
+}
+
 static int cmd_submit(int argc, char **argv)
 {
     json_t *p;
@@ -193,6 +200,7 @@ static int cmd_submit(int argc, char **argv)
     json_t *res;
     rc = call(&c, "job.submit", p, &res);
     if (!rc) {
+        print_warning(res);
         if (as_json)
             print_json(res);
         else
@@ -297,6 +305,7 @@ static int cmd_run(int argc, char **argv)
     json_t *res;
     rc = call(&c, "job.submit", p, &res);
     if (!rc) {
+        print_warning(res);
         long long id = json_integer_value(json_object_get(res, "id"));
         if (!as_json)
             fprintf(stderr, "job %lld submitted: %lld ranks, run dir %s\n", id,

@@ -34,6 +34,7 @@ struct ddpd_job {
     ddpd_t *d;
     int64_t id;
     char name[128];
+    char warning[256]; /* ddp_spec_warning's sentence for its spec ("": none) */
     uint32_t uid, gid;
     ddpd_state_t state;
     char reason[512];

@@ -77,6 +77,8 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     j->spec_json = ddp_spec_to_json(spec);
     snprintf(j->name, sizeof j->name, "%s", spec->name[0] ? spec->name : "job");
     take_spec(j, spec);
+    if (ddp_spec_warning(spec, j->warning, sizeof j->warning))
+        DDP_WARN("job %lld (%s): %s", (long long)j->id, j->name, j->warning);
     free(spec);
     j->uid = sub->uid;
     j->gid = sub->gid;

@@ -174,9 +174,11 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     int rc = ddpd_job_submit(s->d, &sub, &j, &ei);
     free(owned);
     if (rc == 0) {
-        reply(s, id,
-              json_pack("{sI ss ss si ss}", "id", (json_int_t)j->id, "name", j->name, "state",
-                        ddpd_state_name(j->state), "world", j->world, "run_dir", j->run_dir));
+        json_t *res = json_pack("{sI ss ss si ss}", "id", (json_int_t)j->id, "name", j->name,
+                                "state", ddpd_state_name(j->state), "world", j->world,
+                                "run_dir", j->run_dir);
+        if (j->warning[0]) json_object_set_new(res, "warning", json_string(j->warning));
+        reply(s, id, res);
         return;
     }
     json_t *data = json_pack("{ss ss si si}", "path", ei.path, "origin", origin, "line", ei.line,

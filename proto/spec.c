@@ -879,3 +879,16 @@ const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *b
                  ei->msg);
     return buf;
 }
+
+int ddp_spec_warning(const ddp_spec_t *s, char *buf, size_t len)
+{
+    if (len) buf[0] = '\0';
+    if (s->min_workers < s->workers && !strcmp(s->restart, "never")) {
+        snprintf(buf, len,
+                 "ddp.min_workers (%d) is below ddp.workers (%d) but ddp.restart is never: a "
+                 "rank's death fails the job; set ddp.restart: on-failure to go on with at "
+                 "least %d", s->min_workers, s->workers, s->min_workers);
+        return 1;
+    }
+    return 0;
+}

@@ -214,6 +214,12 @@ int ddp_spec_parse_bytes(const char *text, int64_t *out);
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */
 int ddp_spec_preset(const char *name, ddp_model_cfg_t *out);
 
+/* A spec that is valid but whose settings do less than they seem to: writes one sentence to
+ * buf (always NUL-terminated) and returns 1, else returns 0 (buf ""). Today: ddp.min_workers
+ * below ddp.workers with ddp.restart: never, where a rank's death ends the job (min_workers
+ * counts only for restart: on-failure). Any thread. */
+int ddp_spec_warning(const ddp_spec_t *s, char *buf, size_t len);
+
 /* Formats a spec error for a person, compiler-style: "job.yaml:4:7: train.lr: must be ...".
  * `origin` is the file (or "<inline>"); parts that are unknown are left out. Returns buf. */
 const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *buf, size_t len);

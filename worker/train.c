@@ -591,6 +591,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
                  t->opts.rank, world, ddp_k_name(&t->k), threads,
                  t->comm ? ddp_coll_transport_name(t->comm) : "-");
+    char warning[256];
+    if (t->opts.rank == 0 && ddp_spec_warning(s, warning, sizeof warning))
+        DDP_WARN("%s", warning);
     return 0;
 fail:
     if (ei && !ei->msg[0]) ddp_errinfo_set(ei, rc, "trainer: %s", ddp_strerror(rc));

@@ -46,6 +46,20 @@ ctl a call job.submit "{\"spec\":$inline}" >/dev/null 2>"$T/api2.json"
 check "job.submit without origin: '<inline>:4:COL: train.no_such_key: ...'" \
     bash -c "jq -r .message '$T/api2.json' | grep -Eq '^<inline>:4:[0-9]+: train\\.no_such_key: unknown key'"
 
+# ---- a spec whose min_workers means nothing without restart: on-failure: a warning ----
+cat > "$T/specs/minw.yaml" <<'SPEC'
+name: minw
+model: {preset: gpt2-tiny}
+data: {train: "nowhere/train_*.bin"}
+train: {steps: 2}
+ddp: {workers: 2, min_workers: 1}
+SPEC
+ctl a submit "$T/specs/minw.yaml" >/dev/null 2>"$T/minw.err"
+diag "$T/minw.err"
+check "min_workers < workers with restart: never: ddpctl warns, naming both fields" \
+    grep -q "^ddpctl: warning: ddp.min_workers (1) is below ddp.workers (2) but ddp.restart is never" "$T/minw.err"
+check "... and the daemon's log says it too" grep -q "minw): ddp.min_workers (1) is below" "$T/a.log"
+
 # ---- the final progress line ----
 head -c 60000 "$SRC/daemon/job.c" > "$T/corpus.txt"
 "$BUILD/worker/ddp-prep" --out "$T/data" --val-fraction 0.2 "$T/corpus.txt" >"$T/prep.log" 2>&1

@@ -448,6 +448,28 @@ static void test_alloc_failures(void **state)
     }
 }
 
+/* min_workers below workers warns only where it does nothing (restart: never). */
+static void test_warning(void **state)
+{
+    ddp_spec_t s;
+    ddp_errinfo_t ei;
+    char w[256];
+    const char *base = "model: {preset: gpt2-tiny}\ndata: {train: x}\n";
+    char text[512];
+    snprintf(text, sizeof text, "%sddp: {workers: 4, min_workers: 2}\n", base);
+    assert_int_equal(parse(&s, text, &ei), 0);
+    assert_int_equal(ddp_spec_warning(&s, w, sizeof w), 1);
+    assert_non_null(strstr(w, "ddp.min_workers (2) is below ddp.workers (4)"));
+    snprintf(text, sizeof text, "%sddp: {workers: 4, min_workers: 2, restart: on-failure}\n",
+             base);
+    assert_int_equal(parse(&s, text, &ei), 0);
+    assert_int_equal(ddp_spec_warning(&s, w, sizeof w), 0);
+    assert_string_equal(w, "");
+    snprintf(text, sizeof text, "%sddp: {workers: 4}\n", base);
+    assert_int_equal(parse(&s, text, &ei), 0);
+    assert_int_equal(ddp_spec_warning(&s, w, sizeof w), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -455,7 +477,7 @@ int main(void)
         cmocka_unit_test(test_yaml_json_equal), cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_examples),       cmocka_unit_test(test_reject_fixtures),
         cmocka_unit_test(test_reject_inline),  cmocka_unit_test(test_load_errors),
-        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_alloc_failures), cmocka_unit_test(test_warning),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }
