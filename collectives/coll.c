@@ -57,17 +57,10 @@ void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, cons
 int ddp__coll_fail(ddp_coll_t *c, int rc, const char *fmt, ...)
 {
     if (rc >= 0) rc = DDP_EABORTED;
-    pthread_mutex_lock(&c->mu);
-    int first = atomic_load(&c->err) == 0;
-    if (first) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
-        va_end(ap);
-        atomic_store(&c->err, rc);
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    va_list ap;
+    va_start(ap, fmt);
+    int first = ddp__coll_keep_first(c, rc, fmt, ap);
+    va_end(ap);
     if (first) {
         DDP_ERROR("collectives (%s, generation %llu, rank %d of %d): %s: %s", c->ops->name,
                   (unsigned long long)c->generation, c->rank, c->size, ddp_err_name(rc),

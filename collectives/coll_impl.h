@@ -9,8 +9,10 @@
 #define DDP_COLLECTIVES_COLL_IMPL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "collectives/coll.h"
 
@@ -75,6 +77,23 @@ struct ddp_coll {
     ddp__mem_t *mems;       /* caller thread: ddp_coll_mem_alloc's allocations */
     uint64_t next_mem_id;   /* caller thread */
 };
+
+/* The first-error rule of every backend, written once as a header body because the NCCL module
+ * is dlopen()ed and links nothing of the executable's: keeps rc and the message of fmt/ap as
+ * c's error when it has none yet, wakes every waiter; returns 1 for the first error, else 0.
+ * Any thread. */
+static inline int ddp__coll_keep_first(ddp_coll_t *c, int rc, const char *fmt, va_list ap)
+{
+    pthread_mutex_lock(&c->mu);
+    int first = atomic_load(&c->err) == 0;
+    if (first) {
+        vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
+        atomic_store(&c->err, rc);
+    }
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return first;
+}
 
 /* Records c's first error (later calls are ignored), wakes every waiter, and calls ops->abort once.
  * Returns the error in force (which may be an earlier one). Any thread. */

@@ -136,24 +136,17 @@ static void stop_comm(nccl_impl_t *m)
 }
 
 /* ddp__coll_fail's twin: this module is dlopen()ed and links nothing from the executable (any
- * program may load it, exported symbols or not), so it records the first error itself, and
- * also aborts the NCCL communicator, which ddp__coll_fail knows nothing of. Never called with
+ * program may load it, exported symbols or not), so it keeps the first error through the
+ * header's ddp__coll_keep_first, and also aborts the NCCL communicator. Never called with
  * m->lock held. */
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static int fail(ddp_coll_t *c, int rc, const char *fmt, ...)
 {
-    pthread_mutex_lock(&c->mu);
-    int first = atomic_load(&c->err) == 0;
-    if (first) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
-        va_end(ap);
-        atomic_store(&c->err, rc);
-    }
-    pthread_cond_broadcast(&c->cv);
-    pthread_mutex_unlock(&c->mu);
+    va_list ap;
+    va_start(ap, fmt);
+    int first = ddp__coll_keep_first(c, rc, fmt, ap);
+    va_end(ap);
     if (first) {
         DDP_ERROR("collectives (" DDP_COLL_NCCL_NAME ", rank %d of %d): %s", c->rank, c->size,
                   c->errmsg);

@@ -18,19 +18,6 @@ static void on_int(int sig)
     got_int++;
 }
 
-const char *ddpctl_fmt_dur(double s, char *buf, size_t n)
-{
-    if (!isfinite(s) || s < 0) s = 0;
-    long t = (long)(s + 0.5);
-    if (t >= 3600)
-        snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-    else if (t >= 60)
-        snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else
-        snprintf(buf, n, "%lds", t);
-    return buf;
-}
-
 void ddpctl_print_error(json_t *err)
 {
     const char *msg = json_string_value(json_object_get(err, "message"));
@@ -135,7 +122,7 @@ static void render(json_t *job, int tty, int as_json, follow_t *f)
         json_t *e = json_object_get(job, "eta_s");
         snprintf(line, sizeof line, "job %lld [%s] step %lld/%lld  loss %s  %s tok/s  ETA %s", id,
                  state, step, steps, l, tps,
-                 json_is_number(e) ? ddpctl_fmt_dur(json_number_value(e), eta, sizeof eta) : "-");
+                 json_is_number(e) ? ddp_fmt_duration(json_number_value(e), eta, sizeof eta) : "-");
     } else {
         snprintf(line, sizeof line, "job %lld [%s] %s", id, state,
                  json_string_value(json_object_get(job, "reason")));
@@ -213,7 +200,7 @@ int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int a
             printf("job %lld %s: %s (final loss %s, %s)\n", id, state,
                    json_string_value(json_object_get(final, "reason")),
                    num(json_object_get(final, "final_loss"), "%.4f", fl, sizeof fl),
-                   ddpctl_fmt_dur(secs, dur, sizeof dur));
+                   ddp_fmt_duration(secs, dur, sizeof dur));
             printf("run dir: %s\n", json_string_value(json_object_get(final, "run_dir")));
         }
         fflush(stdout);

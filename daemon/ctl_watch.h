@@ -19,7 +19,4 @@ int ddpctl_follow(ddpd_client_t *c, const char *socket_path, long long id, int a
 /* Prints a JSON-RPC error object to stderr as "ddpctl: message (code N)" plus its data. */
 void ddpctl_print_error(json_t *err);
 
-/* "1m20s", "3h02m", "45s" into buf. */
-const char *ddpctl_fmt_dur(double s, char *buf, size_t n);
-
 #endif

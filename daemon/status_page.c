@@ -33,16 +33,6 @@ int ddpd_status_page_wanted(const char *req, size_t len)
     return 0;
 }
 
-/* "1h02m", "3m20s", "45s" (as ddpctl prints durations) */
-static const char *fmt_dur(double s, char *buf, size_t n)
-{
-    long t = isfinite(s) && s > 0 ? (long)(s + 0.5) : 0;
-    if (t >= 3600) snprintf(buf, n, "%ldh%02ldm", t / 3600, (t % 3600) / 60);
-    else if (t >= 60) snprintf(buf, n, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(buf, n, "%lds", t);
-    return buf;
-}
-
 static void put_escaped(FILE *f, const char *s)
 {
     for (; s && *s; s++) {
@@ -167,7 +157,7 @@ static void put_row(FILE *f, ddpd_t *d, json_t *row)
     if (json_is_number(tps)) fprintf(f, "%.0f", json_number_value(tps));
     fputs("</td><td>", f);
     char buf[32];
-    if (json_is_number(eta)) fputs(fmt_dur(json_number_value(eta), buf, sizeof buf), f);
+    if (json_is_number(eta)) fputs(ddp_fmt_duration(json_number_value(eta), buf, sizeof buf), f);
     fputs("</td><td class=\"reason\">", f);
     put_escaped(f, str(src, "reason"));
     fputs("</td></tr>\n", f);
@@ -199,7 +189,7 @@ char *ddpd_status_page_html(ddpd_t *d)
     char up_s[32];
     fprintf(f, "</h1>\n<p id=\"daemon\">up %s &middot; %d of %d slots in use &middot; %d of %d "
                "peers up &middot; refreshes every %d s</p>\n",
-            fmt_dur((double)(ddp_wall_ms() - d->start_ms) / 1000.0, up_s, sizeof up_s),
+            ddp_fmt_duration((double)(ddp_wall_ms() - d->start_ms) / 1000.0, up_s, sizeof up_s),
             d->slots_used, d->cfg.slots, up, ddpd_peers_count(d), REFRESH_S);
     fputs("<table id=\"jobs\"><tr><th>job</th><th>name</th><th>state</th><th>ranks</th>"
           "<th>progress</th><th>loss</th><th>tokens/s</th><th>ETA</th><th>reason</th></tr>\n", f);

@@ -641,7 +641,7 @@ static void on_grads_ready(void *arg, size_t done)
     if (rc && !t->ready_rc) t->ready_rc = rc;
 }
 
-/* Averages small per-step values over the ranks (in place). */
+/* Reduces small per-step values over the ranks with op (in place; callers sum). */
 static int allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
                            ddp_errinfo_t *ei)
 {
