@@ -1,5 +1,5 @@
 /* The control API: a Unix socket (mode 0660) speaking JSON-RPC 2.0, one object per line.
- * Method list, parameters and error codes: see api.c's header comment and README.
+ * Method list, parameters and error codes: see api.c's header comment and docs/running.md.
  * Loop thread only.
  */
 #ifndef DDPD_API_H

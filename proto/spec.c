@@ -1,4 +1,4 @@
-/* The job spec: defaults, presets, validation of YAML and JSON documents, and JSON output.
+/* The job spec: defaults, presets, the field table, and validation of YAML and JSON documents.
  *
  * One table (FIELDS) lists every leaf field with its path, type, place in ddp_spec_t and
  * allowed range. The document (YAML or JSON, read into the tree of spec_tree.h) is walked
@@ -6,20 +6,20 @@
  * path, the line and column of the offending key or value, and a message that says what is
  * allowed ("must be an integer >= 1, got -2"). Then defaults that depend on other fields are
  * applied (min_lr = lr/10, seq_len = block_size, min/max_workers = workers) and the rules that
- * tie fields together are checked. ddp_spec_to_json writes the same table back, so a spec
- * round-trips through JSON to an identical struct.
+ * tie fields together are checked. ddp_spec_to_json (spec_out.c) writes the same table back,
+ * so a spec round-trips through JSON to an identical struct.
  *
  * JSON positions: jansson does not record where a value is. When a JSON spec is rejected for a
  * field, the text is read once more with libyaml (JSON is YAML flow syntax) only to find the
  * line and column of that field; if that fails they are 0.
  *
- * The reference table of fields and defaults is in proto/spec.h.
+ * The table also documents every field (its meaning, and its default where that depends on
+ * other fields): spec_out.c writes the reference, docs/spec.md, from it (proto/spec_int.h).
  */
 #include "proto/spec.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -32,20 +32,16 @@
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/trace.h"
+#include "proto/spec_int.h"
 #include "proto/spec_tree.h"
 
 #define SPEC_MAX_BYTES (4 << 20)
 
 /* ---- presets ------------------------------------------------------------------------------- */
 
-typedef struct preset {
-    const char *name;
-    ddp_model_cfg_t cfg;
-} preset_t;
-
 /* n_layer, n_head, n_embd, vocab_size, block_size. Parameters (tied LM head):
  * V*C + T*C + L*(12*C*C + 13*C) + 2*C. */
-static const preset_t PRESETS[] = {
+const ddp__spec_preset_t ddp__spec_presets[] = {
     {"gpt2-tiny", {2, 4, 128, 256, 128}},   /* 0.44M parameters, byte-level */
     {"gpt2-mini", {6, 6, 384, 256, 256}},   /* 10.8M parameters, byte-level */
     {"gpt2-124M", {12, 12, 768, 50257, 1024}},
@@ -53,7 +49,9 @@ static const preset_t PRESETS[] = {
     {"gpt2-774M", {36, 20, 1280, 50257, 1024}},
     {"gpt2-1558M", {48, 25, 1600, 50257, 1024}},
 };
-#define N_PRESETS (sizeof PRESETS / sizeof PRESETS[0])
+#define N_PRESETS (sizeof ddp__spec_presets / sizeof ddp__spec_presets[0])
+const size_t ddp__spec_n_presets = N_PRESETS;
+static const ddp__spec_preset_t *const PRESETS = ddp__spec_presets;
 
 int ddp_spec_preset(const char *name, ddp_model_cfg_t *out)
 {
@@ -116,36 +114,23 @@ void ddp_spec_defaults(ddp_spec_t *s)
 
 /* ---- the field table ----------------------------------------------------------------------- */
 
-typedef enum {
-    FT_INT,    /* int or long (by size), range [lo, hi] */
-    FT_NUM,    /* double, range with optional open ends */
-    FT_BOOL,   /* int 0/1 */
-    FT_STR,    /* char[size], any text up to size-1 bytes */
-    FT_ENUM,   /* int index into choices */
-    FT_CHOICE, /* char[size], one of choices */
-    FT_SEED,   /* uint64_t, 0..INT64_MAX */
-    FT_PAIR,   /* two consecutive doubles given as a sequence [a, b], each in [lo, hi) */
-    FT_PRESET, /* char[size], a preset name */
-    FT_BYTES,  /* int64_t bytes >= 0: an integer, or a string with a unit ("8GiB", "512MB") */
-} ftype_t;
-
-typedef struct field {
-    const char *path;
-    ftype_t type;
-    size_t off, size;
-    double lo, hi; /* hi >= NO_MAX means no upper bound */
-    bool lo_open, hi_open;
-    const char *const *choices;
-} field_t;
-
-#define NO_MAX 1e15
+typedef ddp__sfield_t field_t;
+#define NO_MAX DDP__SPEC_NO_MAX
 #define M(member) offsetof(ddp_spec_t, member), sizeof(((ddp_spec_t *)0)->member)
-#define F_INT(p, m, lo, hi) {p, FT_INT, M(m), lo, hi, false, false, NULL}
-#define F_NUM(p, m, lo, hi, lo_open, hi_open) {p, FT_NUM, M(m), lo, hi, lo_open, hi_open, NULL}
-#define F_BOOL(p, m) {p, FT_BOOL, M(m), 0, 0, false, false, NULL}
-#define F_STR(p, m) {p, FT_STR, M(m), 0, 0, false, false, NULL}
-#define F_ENUM(p, m, ch) {p, FT_ENUM, M(m), 0, 0, false, false, ch}
-#define F_CHOICE(p, m, ch) {p, FT_CHOICE, M(m), 0, 0, false, false, ch}
+/* A row: path, member, range or choices, and the doc string (the reference's "meaning"). The
+ * _D forms add the default in words, for a default that depends on other fields. */
+#define F_INT_D(p, m, lo, hi, d, doc) {p, DDP__FT_INT, M(m), lo, hi, false, false, NULL, d, doc}
+#define F_INT(p, m, lo, hi, doc) F_INT_D(p, m, lo, hi, NULL, doc)
+#define F_NUM_D(p, m, lo, hi, lo_open, hi_open, d, doc)                                      \
+    {p, DDP__FT_NUM, M(m), lo, hi, lo_open, hi_open, NULL, d, doc}
+#define F_NUM(p, m, lo, hi, lo_open, hi_open, doc)                                           \
+    F_NUM_D(p, m, lo, hi, lo_open, hi_open, NULL, doc)
+#define F_BOOL(p, m, doc) {p, DDP__FT_BOOL, M(m), 0, 0, false, false, NULL, NULL, doc}
+#define F_STR_D(p, m, d, doc) {p, DDP__FT_STR, M(m), 0, 0, false, false, NULL, d, doc}
+#define F_STR(p, m, doc) F_STR_D(p, m, NULL, doc)
+#define F_ENUM(p, m, ch, doc) {p, DDP__FT_ENUM, M(m), 0, 0, false, false, ch, NULL, doc}
+#define F_CHOICE(p, m, ch, doc) {p, DDP__FT_CHOICE, M(m), 0, 0, false, false, ch, NULL, doc}
+#define F_OTHER(p, type, m, doc) {p, type, M(m), 0, 0, false, false, NULL, NULL, doc}
 
 static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
 /* in ddp_precision_t's order */
@@ -158,66 +143,129 @@ static const char *const STATE_TRANSFERS[] = {"auto", "overlap", "pause", NULL};
 static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
                                        NULL};
 
-static const field_t FIELDS[] = {
-    F_STR("name", name),
-    {"model.preset", FT_PRESET, M(preset), 0, 0, false, false, NULL},
-    F_STR("model.init_from", init_from),
-    F_INT("model.n_layer", model.n_layer, 1, 1000),
-    F_INT("model.n_head", model.n_head, 1, 1024),
-    F_INT("model.n_embd", model.n_embd, 1, 65536),
-    F_INT("model.vocab_size", model.vocab_size, 1, 65536),
-    F_INT("model.block_size", model.block_size, 1, 1 << 20),
-    F_STR("data.train", train_glob),
-    F_STR("data.val", val_glob),
-    F_INT("train.steps", steps, 1, NO_MAX),
-    F_INT("train.micro_batch", micro_batch, 1, 1 << 20),
-    F_INT("train.seq_len", seq_len, 1, 1 << 20),
-    F_INT("train.global_batch_tokens", global_batch_tokens, 0, NO_MAX),
-    F_NUM("train.lr", lr, 0, 10, true, false),
-    F_NUM("train.min_lr", min_lr, 0, 10, false, false),
-    F_INT("train.warmup", warmup, 0, NO_MAX),
-    F_ENUM("train.schedule", schedule, SCHEDULES),
-    F_NUM("train.weight_decay", weight_decay, 0, NO_MAX, false, false),
-    {"train.betas", FT_PAIR, offsetof(ddp_spec_t, beta1), 2 * sizeof(double), 0, 1, false, true,
-     NULL},
-    F_NUM("train.beta1", beta1, 0, 1, false, true),
-    F_NUM("train.beta2", beta2, 0, 1, false, true),
-    F_NUM("train.eps", eps, 0, 1, true, false),
-    F_NUM("train.clip", clip, 0, NO_MAX, false, false),
-    F_ENUM("train.precision", precision, PRECISIONS),
-    F_INT("train.loss_scale_interval", loss_scale_interval, 1, NO_MAX),
-    {"train.seed", FT_SEED, M(seed), 0, 0, false, false, NULL},
-    F_INT("train.threads", threads, 0, 4096),
-    F_INT("train.val_every", val_every, 0, NO_MAX),
-    F_INT("train.val_batches", val_batches, 1, 1 << 20),
-    F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20),
-    F_INT("train.log_every", log_every, 1, NO_MAX),
-    F_STR("train.trace", trace), /* timeline trace */
-    /* per-op profile: N steps after 2 warm-up steps (worker/profile.h); 0 = off */
-    F_INT("train.profile", profile, 0, NO_MAX),
-    F_ENUM("train.recompute", recompute, RECOMPUTES),
-    {"train.memory_limit", FT_BYTES, M(memory_limit), 0, 0, false, false, NULL},
-    F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false),
-    F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false),
-    F_INT("ddp.workers", workers, 1, 65536),
-    F_INT("ddp.min_workers", min_workers, 1, 65536),
-    F_INT("ddp.max_workers", max_workers, 1, 65536),
-    F_CHOICE("ddp.backend", backend, BACKENDS),
-    F_BOOL("ddp.overlap", overlap),
-    F_BOOL("ddp.shard_optimizer", shard_optimizer),
-    F_INT("ddp.check_every", check_every, 0, NO_MAX),
-    F_CHOICE("ddp.restart", restart, RESTARTS),
-    F_INT("ddp.max_restarts", max_restarts, 0, 1000000),
-    F_NUM("ddp.rejoin_timeout_s", rejoin_timeout_s, 0, 1e6, true, false),
-    F_NUM("ddp.heartbeat_timeout_s", heartbeat_timeout_s, 0, 3600, true, false),
-    F_ENUM("ddp.state_transfer", state_transfer, STATE_TRANSFERS),
-    F_STR("checkpoint.dir", ckpt_dir),
-    F_INT("checkpoint.every", ckpt_every, 0, NO_MAX),
-    F_INT("checkpoint.keep_last", keep_last, 0, 1000000),
-    F_INT("checkpoint.writers", writers, 1, 65536),
-    F_NUM("checkpoint.shard_mb", shard_mb, 0, 1e9, true, false),
+const ddp__sfield_t ddp__spec_fields[] = {
+    F_STR("name", name, "the job's name: letters, digits, `-`, `_` and `.`"),
+    F_OTHER("model.preset", DDP__FT_PRESET, preset,
+            "a model size by name (see Presets), or instead all five dimensions below"),
+    F_STR("model.init_from", init_from,
+          "a directory of GPT-2 safetensors (a Hugging Face download works) to start from; its "
+          "`config.json` gives the model when no preset or dimensions do, and given ones are "
+          "checked against it; `\"\"` = random initial weights"),
+    F_INT_D("model.n_layer", model.n_layer, 1, 1000, "the preset's", "transformer blocks"),
+    F_INT_D("model.n_head", model.n_head, 1, 1024, "the preset's", "attention heads"),
+    F_INT_D("model.n_embd", model.n_embd, 1, 65536, "the preset's",
+            "channels, divisible by `n_head`"),
+    F_INT_D("model.vocab_size", model.vocab_size, 1, 65536, "the preset's",
+            "tokens the model can emit"),
+    F_INT_D("model.block_size", model.block_size, 1, 1 << 20, "the preset's",
+            "the longest sequence (rows of the position embedding)"),
+    F_STR_D("data.train", train_glob, "required",
+            "glob of the training token shards (llm.c's format, as `ddp-prep` writes them)"),
+    F_STR("data.val", val_glob, "glob of the validation shards; `\"\"` = no validation"),
+    F_INT("train.steps", steps, 1, NO_MAX, "optimizer steps"),
+    F_INT("train.micro_batch", micro_batch, 1, 1 << 20,
+          "sequences per rank per micro-step (B)"),
+    F_INT_D("train.seq_len", seq_len, 1, 1 << 20, "`model.block_size`",
+            "tokens per sequence (T), at most `model.block_size`"),
+    F_INT("train.global_batch_tokens", global_batch_tokens, 0, NO_MAX,
+          "tokens per optimizer step over all ranks, a multiple of B x T; 0 = B x T x world. "
+          "Gradient accumulation makes up the rest, so the global batch is the same at any "
+          "world size that divides it (the worker checks that the world does)"),
+    F_NUM("train.lr", lr, 0, 10, true, false, "peak learning rate"),
+    F_NUM_D("train.min_lr", min_lr, 0, 10, false, false, "`train.lr` / 10",
+            "final learning rate of the cosine schedule, at most `train.lr`"),
+    F_INT("train.warmup", warmup, 0, NO_MAX,
+          "steps of linear warmup from 0 to `lr`, fewer than `train.steps`"),
+    F_ENUM("train.schedule", schedule, SCHEDULES,
+           "the learning rate after warmup: `cosine` decays to `min_lr` at the last step, "
+           "`constant` stays at `lr`"),
+    F_NUM("train.weight_decay", weight_decay, 0, NO_MAX, false, false,
+          "AdamW's decoupled weight decay, on matrices (2-D tensors) only"),
+    {"train.betas", DDP__FT_PAIR, offsetof(ddp_spec_t, beta1), 2 * sizeof(double), 0, 1, false,
+     true, NULL, NULL, "AdamW's betas as `[beta1, beta2]`, or give `beta1` and `beta2`"},
+    F_NUM("train.beta1", beta1, 0, 1, false, true, "AdamW's first-moment decay"),
+    F_NUM("train.beta2", beta2, 0, 1, false, true, "AdamW's second-moment decay"),
+    F_NUM("train.eps", eps, 0, 1, true, false, "AdamW's epsilon"),
+    F_NUM("train.clip", clip, 0, NO_MAX, false, false,
+          "the global gradient norm is clipped to this; 0 = off"),
+    F_ENUM("train.precision", precision, PRECISIONS,
+           "the inputs of every matrix product: `bf16` and `fp16` round them and accumulate in "
+           "fp32 (autocast's rules; fp16 adds dynamic loss scaling); `auto` = bf16 where the "
+           "backend multiplies it natively (a GPU of compute capability 8.0 or newer, a CPU "
+           "with AVX512_BF16 or AMX), else fp32; the choice and its reason are logged"),
+    F_INT("train.loss_scale_interval", loss_scale_interval, 1, NO_MAX,
+          "fp16: clean steps before the loss scale doubles"),
+    F_OTHER("train.seed", DDP__FT_SEED, seed,
+            "seed of the initialisation, the data order and sampling"),
+    F_INT("train.threads", threads, 0, 4096,
+          "compute threads per rank; 0 = the host's cores / its local ranks"),
+    F_INT("train.val_every", val_every, 0, NO_MAX, "steps between validations; 0 = never"),
+    F_INT("train.val_batches", val_batches, 1, 1 << 20, "micro-batches per validation"),
+    F_INT("train.sample_tokens", sample_tokens, 0, 1 << 20,
+          "tokens sampled from the model at the end; 0 = none"),
+    F_INT("train.log_every", log_every, 1, NO_MAX, "a step line every N steps"),
+    F_STR("train.trace", trace,
+          "steps to trace, `\"N\"` or `\"N-M\"`: a Chrome/Perfetto timeline of each rank in "
+          "`RUN_DIR/trace/rank-R.json` (`ddpctl trace` merges them); `\"\"` = none"),
+    F_INT("train.profile", profile, 0, NO_MAX,
+          "a per-op profile of N steps after 2 warm-up steps (fewer when the run is shorter): "
+          "each rank's table of op, calls, ms, share of the step, bytes, FLOPs, GB/s and "
+          "TFLOP/s in its log and in `RUN_DIR/profile-rank<R>.txt` and `.json` (timed by CUDA "
+          "events on a GPU, by the clock on the CPU); 0 = off"),
+    F_ENUM("train.recompute", recompute, RECOMPUTES,
+           "`block`: keep only each transformer block's input through the forward and run the "
+           "block's forward again inside backward (activation checkpointing); the gradients "
+           "are bitwise those of `none`"),
+    F_OTHER("train.memory_limit", DDP__FT_BYTES, memory_limit,
+            "memory one rank may use, checked before step 1; 0 = the GPU's memory, or on the "
+            "CPU the cgroup's `memory.max` or the RAM, divided among the host's ranks"),
+    F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false, "gradient bucket size, MiB"),
+    F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false,
+          "the first (small) bucket's size, MiB, at most `bucket_mb`"),
+    F_INT("ddp.workers", workers, 1, 65536, "ranks"),
+    F_INT_D("ddp.min_workers", min_workers, 1, 65536, "`ddp.workers`",
+            "the fewest ranks an elastic job goes on with, at most `workers`"),
+    F_INT_D("ddp.max_workers", max_workers, 1, 65536, "`ddp.workers`",
+            "the most ranks an elastic job admits, at least `workers`"),
+    F_CHOICE("ddp.backend", backend, BACKENDS,
+             "collectives: `auto` = `nccl` on a GPU, `ring` on the CPU (shared memory within a "
+             "host, TCP between hosts); `mpi` under mpirun"),
+    F_BOOL("ddp.overlap", overlap,
+           "all-reduce each bucket during backward (`false`: after it, for comparison)"),
+    F_BOOL("ddp.shard_optimizer", shard_optimizer,
+           "ZeRO-1: the gradients are reduce-scattered, each rank updates its slices of the "
+           "parameters and moments (between hosts it keeps only those moments in memory) and an "
+           "all-gather copies the new parameters to every rank; bitwise the same weights. Over "
+           "the ring (TCP or shared memory) and NCCL; not over MPI or in an elastic job"),
+    F_INT("ddp.check_every", check_every, 0, NO_MAX,
+          "steps between replica checksum comparisons; 0 = never"),
+    F_CHOICE("ddp.restart", restart, RESTARTS,
+             "`on-failure`: elastic: a dead or hung rank is evicted, spawned again and rejoins "
+             "from a live rank ([elastic.md](elastic.md))"),
+    F_INT("ddp.max_restarts", max_restarts, 0, 1000000, "times each rank is spawned again"),
+    F_NUM("ddp.rejoin_timeout_s", rejoin_timeout_s, 0, 1e6, true, false,
+          "seconds a job below `min_workers` waits for replacements, and a rank redials a "
+          "coordinator that went away"),
+    F_NUM("ddp.heartbeat_timeout_s", heartbeat_timeout_s, 0, 3600, true, false,
+          "seconds of silence before a rank (or the coordinator) is given up"),
+    F_ENUM("ddp.state_transfer", state_transfer, STATE_TRANSFERS,
+           "how a rejoining rank gets the state: `overlap` (streamed during the others' next "
+           "step, which they compute without it), `pause` (they wait for it), `auto` (the "
+           "cheaper, estimated from the source's last step)"),
+    F_STR("checkpoint.dir", ckpt_dir, "where checkpoints go; `\"\"` = none"),
+    F_INT("checkpoint.every", ckpt_every, 0, NO_MAX,
+          "steps between saves (needs `dir`); 0 = only at the end"),
+    F_INT("checkpoint.keep_last", keep_last, 0, 1000000,
+          "checkpoints kept; 0 = all. The newest one dropped stays as a hidden `.recycle/` "
+          "until the next save writes over its files (removed when the run ends)"),
+    F_INT("checkpoint.writers", writers, 1, 65536,
+          "ranks that write shards (striped), at most `ddp.max_workers`"),
+    F_NUM("checkpoint.shard_mb", shard_mb, 0, 1e9, true, false,
+          "safetensors shard size, decimal MB"),
 };
-#define N_FIELDS (sizeof FIELDS / sizeof FIELDS[0])
+#define N_FIELDS (sizeof ddp__spec_fields / sizeof ddp__spec_fields[0])
+const size_t ddp__spec_n_fields = N_FIELDS;
+static const field_t *const FIELDS = ddp__spec_fields;
 
 static int field_index(const char *path)
 {
@@ -289,7 +337,7 @@ static const char *repr(const ddp__snode_t *n, char *buf, size_t len)
  * NAN when it is not a number. */
 static void describe(const field_t *f, double v, char *buf, size_t len)
 {
-    const char *what = f->type == FT_INT ? "an integer" : "a number";
+    const char *what = f->type == DDP__FT_INT ? "an integer" : "a number";
     char lo[32], hi[32];
     snprintf(lo, sizeof lo, "%.15g", f->lo);
     snprintf(hi, sizeof hi, "%.15g", f->hi);
@@ -298,7 +346,7 @@ static void describe(const field_t *f, double v, char *buf, size_t len)
         snprintf(buf, len, "%s %s %s", what, f->hi_open ? "<" : "<=", hi);
     else if (big)
         snprintf(buf, len, "%s %s %s", what, f->lo_open ? ">" : ">=", lo);
-    else if (f->type == FT_INT)
+    else if (f->type == DDP__FT_INT)
         snprintf(buf, len, "%s in %s..%s", what, lo, hi);
     else
         snprintf(buf, len, "%s %s %s and %s %s", what, f->lo_open ? ">" : ">=", lo,
@@ -454,7 +502,7 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
     ps->column[i] = n->column;
 
     switch (f->type) {
-    case FT_INT: {
+    case DDP__FT_INT: {
         long long v;
         bool ok = to_integer(n, &v);
         describe(f, ok ? (double)v : NAN, want, sizeof want);
@@ -463,14 +511,14 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         store_int(dst, f->size, v);
         return 0;
     }
-    case FT_SEED: {
+    case DDP__FT_SEED: {
         long long v;
         if (!to_integer(n, &v) || v < 0)
             return idx_error(ps, i, "must be an integer >= 0, got %s", repr(n, rb, sizeof rb));
         *(uint64_t *)dst = (uint64_t)v;
         return 0;
     }
-    case FT_NUM: {
+    case DDP__FT_NUM: {
         double v;
         bool ok = to_number(n, &v);
         describe(f, ok ? v : NAN, want, sizeof want);
@@ -479,7 +527,7 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         *(double *)dst = v;
         return 0;
     }
-    case FT_PAIR: {
+    case DDP__FT_PAIR: {
         double v[2];
         if (n->kind != DDP__SN_SEQ || n->n != 2)
             return idx_error(ps, i, "must be a sequence of two numbers >= 0 and < 1 "
@@ -494,14 +542,14 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         memcpy(dst, v, sizeof v);
         return 0;
     }
-    case FT_BOOL: {
+    case DDP__FT_BOOL: {
         int v;
         if (!to_bool(n, &v))
             return idx_error(ps, i, "must be true or false, got %s", repr(n, rb, sizeof rb));
         *(int *)dst = v;
         return 0;
     }
-    case FT_STR: {
+    case DDP__FT_STR: {
         const char *s;
         if (!to_text(n, &s))
             return idx_error(ps, i, "must be a string, got %s", repr(n, rb, sizeof rb));
@@ -511,14 +559,14 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         snprintf(dst, f->size, "%s", s);
         return 0;
     }
-    case FT_ENUM:
-    case FT_CHOICE: {
+    case DDP__FT_ENUM:
+    case DDP__FT_CHOICE: {
         const char *s = NULL;
         list_choices(f->choices, want, sizeof want);
         if (to_text(n, &s))
             for (int k = 0; f->choices[k]; k++)
                 if (!strcmp(s, f->choices[k])) {
-                    if (f->type == FT_ENUM)
+                    if (f->type == DDP__FT_ENUM)
                         *(int *)dst = k;
                     else
                         snprintf(dst, f->size, "%s", s);
@@ -526,13 +574,13 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
                 }
         return idx_error(ps, i, "must be one of %s; got %s", want, repr(n, rb, sizeof rb));
     }
-    case FT_BYTES:
+    case DDP__FT_BYTES:
         if (!to_bytes(n, (int64_t *)dst))
             return idx_error(ps, i, "must be a size in bytes >= 0, as a number or with a unit "
                                     "(\"8GiB\", \"512MB\"; 0 = the device's memory), got %s",
                              repr(n, rb, sizeof rb));
         return 0;
-    case FT_PRESET: {
+    case DDP__FT_PRESET: {
         const char *s = NULL;
         if (to_text(n, &s) && ddp_spec_preset(s, &ps->spec->model) == 0) {
             snprintf(dst, f->size, "%s", s);
@@ -618,6 +666,8 @@ static int walk(pstate_t *ps, const ddp__snode_t *root)
 }
 
 /* ---- defaults that depend on other fields, and cross-field rules --------------------------- */
+
+/* The reference lists these rules in words (spec_out.c, RULES): change both together. */
 
 #define SET(path) ps->set[field_index(path)]
 
@@ -805,65 +855,6 @@ int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei)
     if (rc && ei && !ei->path[0]) ddp_errinfo_path(ei, "%s", path);
     free(buf);
     return rc;
-}
-
-/* ---- JSON output --------------------------------------------------------------------------- */
-
-static json_t *field_json(const ddp_spec_t *s, const field_t *f)
-{
-    const char *p = (const char *)s + f->off;
-    switch (f->type) {
-    case FT_INT:
-        return json_integer(f->size == sizeof(int) ? *(const int *)p : *(const long *)p);
-    case FT_SEED: return json_integer((json_int_t) * (const uint64_t *)p);
-    case FT_BYTES: return json_integer((json_int_t) * (const int64_t *)p);
-    case FT_NUM: return json_real(*(const double *)p);
-    case FT_BOOL: return json_boolean(*(const int *)p);
-    case FT_ENUM: {
-        int v = *(const int *)p, n = 0;
-        while (f->choices[n]) n++;
-        return json_string(v >= 0 && v < n ? f->choices[v] : "?");
-    }
-    case FT_STR:
-    case FT_CHOICE:
-    case FT_PRESET: return json_string(p);
-    case FT_PAIR: break;
-    }
-    return NULL;
-}
-
-char *ddp_spec_to_json(const ddp_spec_t *s)
-{
-    json_t *root = json_object();
-    char *out = NULL;
-    if (!root) return NULL;
-    for (size_t i = 0; i < N_FIELDS; i++) {
-        const field_t *f = &FIELDS[i];
-        if (f->type == FT_PAIR) continue; /* written as beta1/beta2 */
-        bool model = !strncmp(f->path, "model.", 6);
-        if (model && !strcmp(f->path, "model.init_from") && !s->init_from[0]) continue;
-        if (model && !strcmp(f->path, "model.preset") && !s->preset[0]) continue;
-        if (model && s->preset[0] && f->type == FT_INT) continue; /* dims come from preset */
-        if (model && !s->model.n_layer && f->type == FT_INT) continue; /* from init_from */
-        if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
-        const char *dot = strchr(f->path, '.');
-        json_t *obj = root;
-        if (dot) {
-            char sec[32];
-            snprintf(sec, sizeof sec, "%.*s", (int)(dot - f->path), f->path);
-            obj = json_object_get(root, sec);
-            if (!obj) {
-                obj = json_object();
-                if (json_object_set_new(root, sec, obj)) goto out;
-            }
-        }
-        json_t *v = field_json(s, f);
-        if (!v || json_object_set_new(obj, dot ? dot + 1 : f->path, v)) goto out;
-    }
-    out = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-out:
-    json_decref(root);
-    return out;
 }
 
 const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *buf, size_t len)

@@ -1,115 +1,22 @@
 /* The job spec: what a job trains, on what data, how, and where it checkpoints.
  *
- * Parsed from YAML (libcyaml) or JSON (jansson; a document whose first non-space byte is '{')
+ * Parsed from YAML (libyaml) or JSON (jansson; a document whose first non-space byte is '{')
  * and validated before anything starts. Every rejected spec fills a ddp_errinfo_t with the
  * field path ("train.lr"), the line and column where the parser knows them, and a message that
  * says what is allowed. Unknown keys are errors. Defaults are applied by the parser, so a
- * parsed spec is complete.
+ * parsed spec is complete. World-size divisibility of global_batch_tokens is checked by the
+ * worker, which knows the world.
  *
- * Layout of a spec file (all sections but `data` optional):
- *   name: shakespeare-char
- *   model: {preset: gpt2-tiny}     # or n_layer/n_head/n_embd/vocab_size/block_size, or init_from
- *   data: {train: "data/train_*.bin", val: "data/val_*.bin"}
- *   train: {steps, micro_batch, seq_len, global_batch_tokens, lr, min_lr, warmup, schedule,
- *           weight_decay, beta1, beta2, eps, clip, precision, seed, threads, val_every,
- *           val_batches, sample_tokens, log_every, trace, profile, recompute,
- *           memory_limit}
- *   ddp: {bucket_mb, first_bucket_mb, workers, min_workers, max_workers, backend, overlap,
- *         shard_optimizer, check_every, restart, max_restarts, rejoin_timeout_s,
- *         heartbeat_timeout_s, state_transfer}
- *   checkpoint: {dir, every, keep_last, writers, shard_mb}
- *
- * Reference (defaults are applied by the parser; ranges are enforced):
- *
- *   field                      type      default        meaning
- *   name                       string    "job"          job name: letters, digits, - _ .
- *   model.preset               string    gpt2-tiny      gpt2-tiny (0.45M params, bytes, T=128),
- *                                                       gpt2-mini (10.8M, byte vocab, T=256),
- *                                                       gpt2-124M, gpt2-355M, gpt2-774M,
- *                                                       gpt2-1558M (vocab 50257, T=1024)
- *   model.n_layer .. block_size int      (preset)       instead of a preset: all five required;
- *                                                       n_embd % n_head == 0, vocab <= 65536
- *   model.init_from            string    ""             dir of HF GPT-2 safetensors to start from
- *                                                       (its config.json gives the model when
- *                                                       no preset or dimensions do; given ones
- *                                                       are checked against it)
- *   data.train                 string    (required)     glob of training token shards
- *   data.val                   string    ""             glob of validation shards; "" = none
- *   train.steps                int       1000           optimizer steps, >= 1
- *   train.micro_batch          int       8              sequences per rank per micro-step (B)
- *   train.seq_len              int       block_size     tokens per sequence (T), <= block_size
- *   train.global_batch_tokens  int       0              tokens per optimizer step over all ranks,
- *                                                       a multiple of B*T; 0 = B*T*world (no
- *                                                       accumulation); else accumulation steps =
- *                                                       this / (B*T*world)
- *   train.lr                   float     6e-4           peak learning rate, > 0
- *   train.min_lr               float     lr/10          final lr of the cosine schedule, <= lr
- *   train.warmup               int       0              linear warmup steps, < steps
- *   train.schedule             enum      cosine         cosine | constant (both after warmup)
- *   train.weight_decay         float     0.1            AdamW decoupled decay (matrices only)
- *   train.betas                [f, f]    [0.9, 0.95]    AdamW betas (or beta1 / beta2), in [0, 1)
- *   train.eps                  float     1e-8           AdamW epsilon, in (0, 1]
- *   train.clip                 float     1.0            global grad-norm clip; 0 = off
- *   train.precision            enum      auto           auto | fp32 | bf16 | fp16: matmul inputs;
- *                                                       auto = bf16 where the backend multiplies
- *                                                       it natively (GPU), else fp32
- *   train.loss_scale_interval  int       2000           fp16: clean steps before the loss
- *                                                       scale doubles
- *   train.seed                 int       1337           seed of init, data order and sampling
- *   train.threads              int       0              compute threads per rank; 0 = cores/ranks
- *   train.val_every            int       100            steps between validations; 0 = never
- *   train.val_batches          int       8              micro-batches per validation
- *   train.sample_tokens        int       200            tokens sampled at the end; 0 = none
- *   train.log_every            int       1              a step line every N steps
- *   train.trace                string    ""             steps to trace ("10-12"): Chrome trace
- *                                                       JSON in RUN_DIR/trace/rank-R.json
- *   train.profile              int       0              per-op profile of N steps after 2
- *                                                       warm-up steps (fewer when the run is
- *                                                       shorter): each rank's table of op,
- *                                                       calls, ms, share of the step, bytes,
- *                                                       FLOPs, GB/s, TFLOP/s in its log and in
- *                                                       RUN_DIR/profile-rank<R>.txt and .json;
- *                                                       0 = off; >= 0
- *   train.recompute            enum      none           none | block: keep only each block's
- *                                                       input, redo its forward in backward
- *   train.memory_limit         bytes     0              memory a rank may use ("8GiB", "512MB",
- *                                                       or bytes); 0 = the GPU's, else the
- *                                                       cgroup's or RAM's; checked before step 1
- *   ddp.workers                int       1              ranks
- *   ddp.min_workers            int       workers        fewest ranks the job goes on with
- *   ddp.max_workers            int       workers        most ranks the job may grow to
- *   ddp.backend                enum      auto           auto (nccl on GPU, ring on CPU) | ring |
- *                                                       nccl | mpi
- *   ddp.bucket_mb              float     25             gradient bucket size, MiB
- *   ddp.first_bucket_mb        float     1              first (small) bucket, MiB, <= bucket_mb
- *   ddp.overlap                bool      true           all-reduce during backward
- *   ddp.shard_optimizer        bool      true           ZeRO-1 over the ring (TCP or shm)
- *   ddp.check_every            int       100            steps between replica checksums; 0 = never
- *   ddp.restart                enum      never          on-failure: a dead rank is restarted and
- *                                                       rejoins the running job (elastic)
- *   ddp.max_restarts           int       3              restarts per rank
- *   ddp.rejoin_timeout_s       float     60             wait below min_workers, then fail
- *   ddp.heartbeat_timeout_s    float     5              silence before a rank is evicted
- *   ddp.state_transfer         enum      auto           how a rejoining rank gets the state:
- *                                                       overlap (during the others' next step,
- *                                                       which they compute without it) | pause
- *                                                       (they wait for it) | auto (the cheaper,
- *                                                       estimated by the source)
- *   checkpoint.dir             string    ""             checkpoint directory; "" = none
- *   checkpoint.every           int       0              steps between saves; 0 = only at the end
- *   checkpoint.keep_last       int       3              checkpoints kept; 0 = all
- *   checkpoint.writers         int       1              ranks writing shards, <= max_workers
- *   checkpoint.shard_mb        float     5000           safetensors shard size, decimal MB
- *
- * Scalars are strict: "12abc" or 1.5 is not an integer (1e6 is); YAML booleans are
- * true/false/yes/no/on/off; a quoted "100" is a string, not a number, in YAML as in JSON.
- * World-size divisibility of global_batch_tokens is checked by the worker, which knows the world.
+ * Every field, its type, default, allowed values and meaning: docs/spec.md, which
+ * ddp_spec_reference below generates from the field table in spec.c (`ddp-worker
+ * --spec-reference`; a unit test keeps the two equal). Add a field there, not here.
  */
 #ifndef DDP_PROTO_SPEC_H
 #define DDP_PROTO_SPEC_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "common/err.h"
 
@@ -226,5 +133,12 @@ const char *ddp_spec_errstr(const ddp_errinfo_t *ei, const char *origin, char *b
 
 /* Serialises spec as a JSON object (for trainer.json and the daemon); caller frees. */
 char *ddp_spec_to_json(const ddp_spec_t *spec);
+
+/* Writes the reference of every spec field as Markdown (docs/spec.md) to out: per section a
+ * table of field, type, default, allowed values and meaning, then the presets, the rules
+ * between fields and how values are read; generated from the field table, and the same bytes on
+ * every machine. Returns 0, DDP_EINVAL when a field of the table lacks its doc string (nothing is
+ * written), or DDP_EIO when writing to out failed. Any thread. */
+int ddp_spec_reference(FILE *out);
 
 #endif

@@ -2,6 +2,7 @@
  *
  *   ddp-worker [options] JOB.yaml
  *   ddp-worker --selftest
+ *   ddp-worker --spec-reference
  *
  * Exit codes: 0 done, 1 training error, 2 bad usage or spec, 143 stopped by SIGTERM/SIGINT
  * after finishing the current step (and saving a checkpoint when checkpoint.dir is set).
@@ -54,6 +55,7 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: ddp-worker [options] JOB.yaml\n"
             "       ddp-worker --selftest\n"
+            "       ddp-worker --spec-reference\n"
             "\n"
             "Trains the GPT-2 described by JOB.yaml (YAML or JSON).\n"
             "\n"
@@ -70,6 +72,8 @@ static void usage(FILE *out)
             "  --quiet             no per-step lines\n"
             "  --print-spec        print the validated spec (defaults filled in) as JSON, exit\n"
             "  --selftest          compare every kernel backend present with the CPU one\n"
+            "  --spec-reference    print the reference of every spec field (docs/spec.md) as\n"
+            "                      Markdown, exit\n"
             "  --help, --version\n");
 }
 
@@ -242,7 +246,7 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
 static int worker_main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
-           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC };
+           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC, OPT_SPEC_REF };
     static const struct option long_opts[] = {
         {"set", required_argument, NULL, OPT_SET},
         {"run-dir", required_argument, NULL, OPT_RUN_DIR},
@@ -254,6 +258,7 @@ static int worker_main(int argc, char **argv)
         {"stop-at-step", required_argument, NULL, OPT_STOP_AT},
         {"selftest", no_argument, NULL, OPT_SELFTEST},
         {"print-spec", no_argument, NULL, OPT_PRINT_SPEC},
+        {"spec-reference", no_argument, NULL, OPT_SPEC_REF},
         {"version", no_argument, NULL, OPT_VER},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -285,6 +290,12 @@ static int worker_main(int argc, char **argv)
         case OPT_STOP_AT: opts.stop_at_step = atol(optarg); break;
         case OPT_PRINT_SPEC: print_spec = 1; break;
         case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
+        case OPT_SPEC_REF: {
+            int rc = ddp_spec_reference(stdout);
+            if (rc) fprintf(stderr, "ddp-worker: --spec-reference: %s\n", ddp_strerror(rc));
+            free(sets);
+            return rc ? 1 : 0;
+        }
         case OPT_VER: printf("ddp-worker 0.1.0\n"); free(sets); return 0;
         case 'h': usage(stdout); free(sets); return 0;
         default: usage(stderr); free(sets); return 2;

@@ -197,7 +197,7 @@ mpi_kill() {
     rm -rf "$m/run"
     # rank 1 stops as step 10 begins and is killed there: the others wait in that step's
     # all-reduce (a kill inside a sharded update, where the ranks' slices are part one step,
-    # part the next, leaves nothing whole to save: see the README's elastic section)
+    # part the next, leaves nothing whole to save: see docs/elastic.md)
     DDP_TEST_HANG=10:1 mpi --set checkpoint.dir="$m/ck" --set checkpoint.every=1000 \
         --dump-weights "$m/w.st" >"$m/run.log" 2>&1 &
     launcher=$!

@@ -1,6 +1,7 @@
 /* Unit tests of the job spec: presets, defaults, YAML/JSON equivalence, the JSON round trip,
  * every kind of rejection (with its field path, line, column and message), and the example jobs
- * in deploy/examples. Fixture files are found through DDP_SOURCE_ROOT. */
+ * in deploy/examples, and the reference (ddp_spec_reference) naming every field. Fixture files
+ * are found through DDP_SOURCE_ROOT. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 
 #include "common/alloc.h"
 #include "proto/spec.h"
@@ -470,6 +472,54 @@ static void test_warning(void **state)
     assert_int_equal(ddp_spec_warning(&s, w, sizeof w), 0);
 }
 
+/* The reference has a row for every field a spec serialises (and the model's dimensions, which a
+ * preset's JSON leaves out), and reports a stream it cannot write. */
+static void test_reference(void **state)
+{
+    (void)state;
+    char *ref = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&ref, &len);
+    assert_non_null(f);
+    assert_int_equal(ddp_spec_reference(f), 0);
+    fclose(f);
+    ddp_spec_t s;
+    ddp_spec_defaults(&s);
+    char *text = ddp_spec_to_json(&s);
+    json_t *root = json_loads(text, 0, NULL);
+    assert_non_null(root);
+    int rows = 0;
+    const char *sec, *key;
+    json_t *obj, *v;
+    char row[160];
+    json_object_foreach(root, sec, obj) {
+        if (!json_is_object(obj)) {
+            snprintf(row, sizeof row, "| `%s` |", sec);
+            if (!strstr(ref, row)) fail_msg("no row %s in the reference", row);
+            rows++;
+            continue;
+        }
+        json_object_foreach(obj, key, v) {
+            snprintf(row, sizeof row, "| `%s.%s` |", sec, key);
+            if (!strstr(ref, row)) fail_msg("no row %s in the reference", row);
+            rows++;
+        }
+    }
+    static const char *const dims[] = {"n_layer", "n_head", "n_embd", "vocab_size", "block_size"};
+    for (int d = 0; d < 5; d++) {
+        snprintf(row, sizeof row, "| `model.%s` |", dims[d]);
+        if (!strstr(ref, row)) fail_msg("no row %s in the reference", row);
+    }
+    assert_true(rows > 40);
+    json_decref(root);
+    free(text);
+    free(ref);
+    FILE *ro = fopen("/dev/null", "r");
+    assert_non_null(ro);
+    assert_int_equal(ddp_spec_reference(ro), DDP_EIO);
+    fclose(ro);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -478,6 +528,7 @@ int main(void)
         cmocka_unit_test(test_examples),       cmocka_unit_test(test_reject_fixtures),
         cmocka_unit_test(test_reject_inline),  cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_alloc_failures), cmocka_unit_test(test_warning),
+        cmocka_unit_test(test_reference),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }
