@@ -1,14 +1,15 @@
-/* Config defaults, the YAML file (libcyaml schema onto a scratch struct that is then laid over
- * the defaults), and derived values. Unknown keys are rejected so a typo is not silently lost. */
+/* Config defaults, the YAML file (libyaml's document API, walked against the known keys and laid
+ * over the defaults), and derived values. Unknown keys are rejected so a typo is not silently
+ * lost. */
 #include "config.h"
 
-#include <cyaml/cyaml.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <yaml.h>
 
 #include "common/alloc.h"
 #include "daemon/client.h"
@@ -56,119 +57,166 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
     }
 }
 
-/* The file's shape: every string is an inline array so the scratch struct needs no frees
- * beyond the one cyaml allocation. */
-typedef struct file_cfg {
-    char node_name[64];
-    char socket[PATH_MAX];
-    char socket_group[64];
-    char listen[256];
-    char advertise[256];
-    char state_dir[PATH_MAX];
-    char run_dir[PATH_MAX];
-    char metrics[256];
-    char worker_bin[PATH_MAX];
-    char secret_file[PATH_MAX];
-    int slots;
-    double grace_s;
-    ddpd_peer_cfg_t peers[DDPD_MAX_PEERS];
-    unsigned n_peers;
-} file_cfg_t;
+/* The file is read with libyaml's document API (the job specs' parser too) and walked here:
+ * a top-level mapping of known keys, each a scalar except `peers`, a sequence of {name, addr}
+ * mappings. Anything else, and any unknown key, is an error naming the line and column. */
 
-static const cyaml_schema_field_t peer_fields[] = {
-    CYAML_FIELD_STRING("name", CYAML_FLAG_OPTIONAL, ddpd_peer_cfg_t, name, 0),
-    CYAML_FIELD_STRING("addr", CYAML_FLAG_DEFAULT, ddpd_peer_cfg_t, addr, 1),
-    CYAML_FIELD_END};
-static const cyaml_schema_value_t peer_schema = {
-    CYAML_VALUE_MAPPING(CYAML_FLAG_DEFAULT, ddpd_peer_cfg_t, peer_fields)};
+/* Keeps the first error: "LINE:COL: what" with the file as the path. */
+static int cfg_error(ddp_errinfo_t *ei, const char *path, const yaml_node_t *n, const char *fmt,
+                     ...) __attribute__((format(printf, 4, 5)));
 
-#define OPT CYAML_FLAG_OPTIONAL
-static const cyaml_schema_field_t top_fields[] = {
-    CYAML_FIELD_STRING("node_name", OPT, file_cfg_t, node_name, 0),
-    CYAML_FIELD_STRING("socket", OPT, file_cfg_t, socket, 0),
-    CYAML_FIELD_STRING("socket_group", OPT, file_cfg_t, socket_group, 0),
-    CYAML_FIELD_STRING("listen", OPT, file_cfg_t, listen, 0),
-    CYAML_FIELD_STRING("advertise", OPT, file_cfg_t, advertise, 0),
-    CYAML_FIELD_STRING("state_dir", OPT, file_cfg_t, state_dir, 0),
-    CYAML_FIELD_STRING("run_dir", OPT, file_cfg_t, run_dir, 0),
-    CYAML_FIELD_STRING("metrics", OPT, file_cfg_t, metrics, 0),
-    CYAML_FIELD_STRING("worker_bin", OPT, file_cfg_t, worker_bin, 0),
-    CYAML_FIELD_STRING("secret_file", OPT, file_cfg_t, secret_file, 0),
-    CYAML_FIELD_INT("slots", OPT, file_cfg_t, slots),
-    CYAML_FIELD_FLOAT("grace_s", OPT, file_cfg_t, grace_s),
-    CYAML_FIELD_SEQUENCE_COUNT("peers", OPT, file_cfg_t, peers, n_peers, &peer_schema, 0,
-                               DDPD_MAX_PEERS),
-    CYAML_FIELD_END};
-static const cyaml_schema_value_t top_schema = {
-    CYAML_VALUE_MAPPING(CYAML_FLAG_POINTER, file_cfg_t, top_fields)};
-
-typedef struct log_ctx {
-    char msg[512];
-} log_ctx_t;
-
-/* cyaml reports errors through its log function; keep the first error line for the person. */
-static void cyaml_log_cb(cyaml_log_t level, void *ctx, const char *fmt, va_list args)
+static int cfg_error(ddp_errinfo_t *ei, const char *path, const yaml_node_t *n, const char *fmt,
+                     ...)
 {
-    log_ctx_t *lc = ctx;
-    if (level < CYAML_LOG_ERROR || lc->msg[0]) return;
-    vsnprintf(lc->msg, sizeof lc->msg, fmt, args);
-    size_t n = strlen(lc->msg);
-    while (n && (lc->msg[n - 1] == '\n' || lc->msg[n - 1] == ' ')) lc->msg[--n] = 0;
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ddp_errinfo_set(ei, DDP_EFORMAT, "%zu:%zu: %s", n ? n->start_mark.line + 1 : 0,
+                    n ? n->start_mark.column + 1 : 0, msg);
+    ddp_errinfo_path(ei, "%s", path);
+    return DDP_EFORMAT;
 }
 
-#define OVERLAY(field, src)                                                                   \
-    do {                                                                                      \
-        if ((src)[0]) copy_str(cfg->field, sizeof cfg->field, (src));                         \
-    } while (0)
+/* The scalar n into dst[len], or an error naming `key`. */
+static int cfg_string(const yaml_node_t *n, const char *key, char *dst, size_t len,
+                      const char *path, ddp_errinfo_t *ei)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return cfg_error(ei, path, n, "%s: expected a string", key);
+    if (n->data.scalar.length >= len)
+        return cfg_error(ei, path, n, "%s: longer than %zu characters", key, len - 1);
+    memcpy(dst, n->data.scalar.value, n->data.scalar.length);
+    dst[n->data.scalar.length] = '\0';
+    return 0;
+}
+
+/* The scalar n as a number >= 0 (an integer when `integer`), or an error naming `key`. */
+static int cfg_number(const yaml_node_t *n, const char *key, int integer, double *out,
+                      const char *path, ddp_errinfo_t *ei)
+{
+    char text[64], *end;
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.length >= sizeof text)
+        return cfg_error(ei, path, n, "%s: expected a number", key);
+    memcpy(text, n->data.scalar.value, n->data.scalar.length);
+    text[n->data.scalar.length] = '\0';
+    *out = integer ? (double)strtol(text, &end, 10) : strtod(text, &end);
+    if (!text[0] || *end || *out < 0 || (integer && *out > 1 << 20))
+        return cfg_error(ei, path, n, "%s: expected %s >= 0, got '%s'", key,
+                         integer ? "an integer" : "a number", text);
+    return 0;
+}
+
+/* peers: a sequence of {name, addr} mappings (addr required). */
+static int cfg_peers(yaml_document_t *doc, const yaml_node_t *seq, ddpd_config_t *cfg,
+                     const char *path, ddp_errinfo_t *ei)
+{
+    if (seq->type != YAML_SEQUENCE_NODE)
+        return cfg_error(ei, path, seq, "peers: expected a sequence of {name, addr}");
+    int n = 0;
+    for (yaml_node_item_t *it = seq->data.sequence.items.start;
+         it < seq->data.sequence.items.top; it++, n++) {
+        const yaml_node_t *m = yaml_document_get_node(doc, *it);
+        if (n >= DDPD_MAX_PEERS)
+            return cfg_error(ei, path, m, "peers: more than %d", DDPD_MAX_PEERS);
+        if (m->type != YAML_MAPPING_NODE)
+            return cfg_error(ei, path, m, "peers[%d]: expected {name, addr}", n);
+        ddpd_peer_cfg_t *p = &cfg->peers[n];
+        memset(p, 0, sizeof *p);
+        for (yaml_node_pair_t *kv = m->data.mapping.pairs.start; kv < m->data.mapping.pairs.top;
+             kv++) {
+            const yaml_node_t *k = yaml_document_get_node(doc, kv->key);
+            const yaml_node_t *v = yaml_document_get_node(doc, kv->value);
+            const char *key = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
+            int rc = !strcmp(key, "name")   ? cfg_string(v, "peers.name", p->name,
+                                                         sizeof p->name, path, ei)
+                     : !strcmp(key, "addr") ? cfg_string(v, "peers.addr", p->addr,
+                                                         sizeof p->addr, path, ei)
+                     : cfg_error(ei, path, k, "peers[%d].%s: unknown key", n, key);
+            if (rc) return rc;
+        }
+        if (!p->addr[0]) return cfg_error(ei, path, m, "peers[%d]: addr is required", n);
+    }
+    cfg->n_peers = n;
+    return 0;
+}
+
+/* One top-level key's value into cfg. */
+static int cfg_key(yaml_document_t *doc, const yaml_node_t *k, const yaml_node_t *v,
+                   ddpd_config_t *cfg, const char *path, ddp_errinfo_t *ei)
+{
+#define STR(name, field)                                                                      \
+    if (!strcmp(key, name)) return cfg_string(v, name, cfg->field, sizeof cfg->field, path, ei)
+    const char *key = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
+    STR("node_name", node_name);
+    STR("socket", socket_path);
+    STR("socket_group", socket_group);
+    STR("listen", listen);
+    STR("advertise", advertise);
+    STR("state_dir", state_dir);
+    STR("run_dir", run_dir);
+    STR("metrics", metrics);
+    STR("worker_bin", worker_bin);
+    STR("secret_file", secret_file);
+#undef STR
+    double x;
+    if (!strcmp(key, "slots")) {
+        DDP_CHECK(cfg_number(v, key, 1, &x, path, ei));
+        if (x > 0) cfg->slots = (int)x; /* 0: one per GPU or core (ddpd_config_finish) */
+        return 0;
+    }
+    if (!strcmp(key, "grace_s")) {
+        DDP_CHECK(cfg_number(v, key, 0, &x, path, ei));
+        if (x > 0) cfg->grace_s = x;
+        return 0;
+    }
+    if (!strcmp(key, "peers")) return cfg_peers(doc, v, cfg, path, ei);
+    return cfg_error(ei, path, k, "%s: unknown key", key);
+}
 
 int ddpd_config_load(ddpd_config_t *cfg, const char *path, ddp_errinfo_t *ei)
 {
-    if (access(path, R_OK) != 0) {
+    FILE *f = fopen(path, "re");
+    if (!f) {
         int rc = -errno;
         ddp_errinfo_set(ei, rc, "cannot read config: %s", strerror(errno));
         ddp_errinfo_path(ei, "%s", path);
         return rc;
     }
-    log_ctx_t lc = {{0}};
-    const cyaml_config_t ccfg = {
-        .log_fn = cyaml_log_cb,
-        .log_ctx = &lc,
-        .mem_fn = cyaml_mem,
-        .log_level = CYAML_LOG_WARNING,
-        .flags = CYAML_CFG_DEFAULT,
-    };
-    file_cfg_t *f = NULL;
-    cyaml_err_t err = cyaml_load_file(path, &ccfg, &top_schema, (cyaml_data_t **)&f, NULL);
-    if (err != CYAML_OK) {
-        ddp_errinfo_set(ei, DDP_EFORMAT, "%s%s%s", cyaml_strerror(err), lc.msg[0] ? ": " : "",
-                        lc.msg);
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser)) {
+        fclose(f);
+        return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    }
+    yaml_parser_set_input_file(&parser, f);
+    int rc = 0;
+    if (!yaml_parser_load(&parser, &doc)) {
+        ddp_errinfo_set(ei, DDP_EFORMAT, "%zu:%zu: %s", parser.problem_mark.line + 1,
+                        parser.problem_mark.column + 1,
+                        parser.problem ? parser.problem : "not YAML");
         ddp_errinfo_path(ei, "%s", path);
+        yaml_parser_delete(&parser);
+        fclose(f);
         return DDP_EFORMAT;
     }
-    OVERLAY(node_name, f->node_name);
-    OVERLAY(socket_path, f->socket);
-    OVERLAY(socket_group, f->socket_group);
-    OVERLAY(listen, f->listen);
-    OVERLAY(advertise, f->advertise);
-    OVERLAY(state_dir, f->state_dir);
-    OVERLAY(run_dir, f->run_dir);
-    OVERLAY(metrics, f->metrics);
-    OVERLAY(worker_bin, f->worker_bin);
-    OVERLAY(secret_file, f->secret_file);
-    if (f->slots) cfg->slots = f->slots;
-    if (f->grace_s > 0) cfg->grace_s = f->grace_s;
-    if (f->n_peers) {
-        cfg->n_peers = (int)f->n_peers;
-        memcpy(cfg->peers, f->peers, sizeof cfg->peers[0] * f->n_peers);
+    /* the file's values laid over the defaults only when all of them are good */
+    ddpd_config_t next = *cfg;
+    const yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && root->type == YAML_MAPPING_NODE) {
+        for (yaml_node_pair_t *kv = root->data.mapping.pairs.start;
+             rc == 0 && kv < root->data.mapping.pairs.top; kv++)
+            rc = cfg_key(&doc, yaml_document_get_node(&doc, kv->key),
+                         yaml_document_get_node(&doc, kv->value), &next, path, ei);
+    } else if (root && !(root->type == YAML_SCALAR_NODE && !root->data.scalar.length)) {
+        rc = cfg_error(ei, path, root, "expected a mapping of settings");
     }
-    int bad = f->slots < 0 || f->grace_s < 0;
-    cyaml_free(&ccfg, &top_schema, f, 0);
-    if (bad) {
-        ddp_errinfo_set(ei, DDP_EFORMAT, "slots and grace_s must not be negative");
-        ddp_errinfo_path(ei, "%s", path);
-        return DDP_EFORMAT;
-    }
-    return 0;
+    if (rc == 0) *cfg = next;
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return rc;
 }
 
 int ddpd_split_hostport(const char *s, char *host, size_t hostlen, int *port)

@@ -1,4 +1,4 @@
-/* ddpd's configuration: defaults, the YAML config file (libcyaml), and command-line overrides.
+/* ddpd's configuration: defaults, the YAML config file (libyaml), and command-line overrides.
  *
  * Every field has a usable default, so a daemon started with no file runs a single node on the
  * local CPU slots. Strings are fixed-size arrays so a config is a plain value that can be copied.

@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential meson ninja-build pkg-config
-  libuv1-dev libjansson-dev libcyaml-dev libyaml-dev libopenblas-dev libsqlite3-dev
+  libuv1-dev libjansson-dev libyaml-dev libopenblas-dev libsqlite3-dev
   libdnnl-dev  # native bf16 products on CPUs with AVX512_BF16/AMX (dlopen()ed when used)
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
   libopenmpi-dev openmpi-bin

@@ -48,7 +48,7 @@ declare -A srcs=(
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
 )
-libs=(-ljansson -lcyaml -lyaml -luring -lsodium -lm -lpthread)
+libs=(-ljansson -lyaml -luring -lsodium -lm -lpthread)
 
 mkdir -p "$out/obj"
 build_obj() { # source -> object path (rebuilt when the source is newer)

@@ -65,6 +65,13 @@ static void test_config_errors(void **state)
     write_file(path, "slots: 2\nsloots: 3\n");
     assert_int_equal(ddpd_config_load(&cfg, path, &ei), DDP_EFORMAT);
     assert_non_null(strstr(ei.path, "bad.yaml"));
+    assert_non_null(strstr(ei.msg, "2:1: sloots: unknown key"));
+    assert_int_equal(cfg.slots, 0); /* nothing of a bad file is taken */
+    write_file(path, "peers:\n  - {name: b}\n");
+    assert_int_equal(ddpd_config_load(&cfg, path, &ei), DDP_EFORMAT);
+    assert_non_null(strstr(ei.msg, "peers[0]: addr is required"));
+    write_file(path, "slots: 2\n  bad: [\n");
+    assert_int_equal(ddpd_config_load(&cfg, path, &ei), DDP_EFORMAT);
     write_file(path, "slots: [1]\n");
     assert_int_equal(ddpd_config_load(&cfg, path, &ei), DDP_EFORMAT);
     write_file(path, "slots: -2\n");
