@@ -13,7 +13,7 @@
 
 #include "common/alloc.h"
 #include "daemon/client.h"
-#include "kernels/kernels.h"
+#include "daemon/gpus.h"
 
 static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
 
@@ -256,7 +256,7 @@ int ddpd_config_finish(ddpd_config_t *cfg, ddp_errinfo_t *ei)
     }
     if (cfg->slots <= 0) {
         /* one slot per GPU where the CUDA module finds some, else one per core */
-        long n = ddp_kernels_gpu_count();
+        long n = ddpd_gpu_count();
         if (n <= 0) n = sysconf(_SC_NPROCESSORS_ONLN);
         cfg->slots = n > 0 ? (int)n : 1;
     }

@@ -166,13 +166,3 @@ void ddp_kernels_close(ddp_kernels_t *k)
     ddp__kprof_free(k->prof);
     memset(k, 0, sizeof(*k));
 }
-
-int ddp_kernels_gpu_count(void)
-{
-    void *module = NULL;
-    const ddp_kernels_ops_t *ops = NULL;
-    if (load_cuda(&module, &ops) != 0) return 0;
-    int n = ops->probe() > 0 ? ops->device_count() : 0;
-    dlclose(module);
-    return n;
-}

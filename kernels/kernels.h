@@ -240,10 +240,6 @@ int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads
 /* Closes the context and unloads the module. NULL-safe. */
 void ddp_kernels_close(ddp_kernels_t *k);
 
-/* GPUs usable here, asked of the CUDA module without opening a context: 0 when the module or
- * a driver is absent. Used by ddpd to count its slots. */
-int ddp_kernels_gpu_count(void);
-
 /* The front door: one wrapper per member of the ops table, in the table's order.
  * - NULL-safe: k may be NULL or not opened (closed, or its open failed): a fallible wrapper
  *   returns DDP_EINVAL, an op does nothing, ddp_k_free does nothing.
