@@ -17,7 +17,7 @@
 
 typedef struct ddpd_job ddpd_job_t;
 typedef struct ddpd_api ddpd_api_t;
-typedef struct ddpd_metrics ddpd_metrics_t;
+typedef struct ddpd_http ddpd_http_t;
 typedef struct ddpd_links ddpd_links_t;
 typedef struct ddpd_remote ddpd_remote_t;
 
@@ -34,7 +34,7 @@ typedef struct ddpd {
     ddpd_config_t cfg;
     ddpd_store_t *store;
     ddpd_api_t *api;
-    ddpd_metrics_t *metrics;
+    ddpd_http_t *http;
     ddpd_links_t *links;   /* link.h */
     ddpd_remote_t *remote; /* remote.h */
 

@@ -19,7 +19,7 @@
 #include "daemon/api.h"
 #include "daemon/ddpd.h"
 #include "daemon/job.h"
-#include "daemon/metrics.h"
+#include "daemon/http.h"
 #include "daemon/link.h"
 #include "daemon/remote.h"
 #include "daemon/recover.h"
@@ -84,7 +84,7 @@ static void close_all(ddpd_t *d)
 {
     ddpd_job_close_idle(d);
     ddpd_api_close(d);
-    ddpd_metrics_close(d);
+    ddpd_http_close(d);
     ddpd_remote_close(d);
     ddpd_sched_close(d);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
@@ -273,7 +273,7 @@ int main(int argc, char **argv)
     uv_timer_init(d->loop, &d->stop_timer);
     d->sig_term.data = d->sig_int.data = d->stop_timer.data = d;
     int exit_code = 0;
-    if ((rc = ddpd_api_start(d, &ei)) != 0 || (rc = ddpd_metrics_start(d, &ei)) != 0 ||
+    if ((rc = ddpd_api_start(d, &ei)) != 0 || (rc = ddpd_http_start(d, &ei)) != 0 ||
         (rc = ddpd_remote_start(d, &remote_reports, &ei)) != 0) {
         fprintf(stderr, "ddpd: %s\n", ddp_errinfo_str(&ei, eb, sizeof eb));
         exit_code = 1;

@@ -23,16 +23,6 @@
 
 enum { TAIL_BYTES = 1 << 20, MAX_POINTS = 800, JOBS_SHOWN = 25, REFRESH_S = 5 };
 
-int ddpd_status_page_wanted(const char *req, size_t len)
-{
-    static const char *const pages[] = {"GET / ", "GET /?", "GET /index.html"};
-    for (size_t i = 0; i < sizeof pages / sizeof *pages; i++) {
-        size_t n = strlen(pages[i]);
-        if (len >= n && !memcmp(req, pages[i], n)) return 1;
-    }
-    return 0;
-}
-
 static void put_escaped(FILE *f, const char *s)
 {
     for (; s && *s; s++) {

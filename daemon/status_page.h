@@ -10,10 +10,6 @@
 
 #include "daemon/ddpd.h"
 
-/* Whether the HTTP request in req[0..len) asks for the page: GET / or GET /index.html (any
- * query string). Pure. */
-int ddpd_status_page_wanted(const char *req, size_t len);
-
 /* The page (new NUL-terminated string, caller frees; NULL when out of memory). Reads the store
  * and, per active job, at most the last 1 MiB of its metrics.jsonl (blocking file reads, bounded
  * so a page costs the same at step 10 and at step 100000). */

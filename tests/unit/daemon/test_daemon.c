@@ -18,6 +18,7 @@
 
 #include "daemon/auth.h"
 #include "daemon/config.h"
+#include "daemon/http.h"
 #include "daemon/rpc.h"
 #include "daemon/store.h"
 
@@ -280,10 +281,36 @@ static void test_store_upgrade(void **state)
     ddpd_store_close(s);
 }
 
+/* The HTTP port routes by path: /metrics, the status page at / (a query string ignored), 404
+ * for anything else, 405 for anything but GET, and a truncated request line is no route. */
+static void test_http_route(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *req;
+        ddpd_http_route_t want;
+    } cases[] = {
+        {"GET /metrics HTTP/1.1\r\n\r\n", DDPD_HTTP_METRICS},
+        {"GET / HTTP/1.0\r\n\r\n", DDPD_HTTP_STATUS_PAGE},
+        {"GET /?refresh=5 HTTP/1.0\r\n\r\n", DDPD_HTTP_STATUS_PAGE},
+        {"GET /index.html HTTP/1.0\r\n\r\n", DDPD_HTTP_STATUS_PAGE},
+        {"GET /metricsx HTTP/1.0\r\n\r\n", DDPD_HTTP_NOT_FOUND},
+        {"GET /favicon.ico HTTP/1.1\r\n\r\n", DDPD_HTTP_NOT_FOUND},
+        {"POST /metrics HTTP/1.1\r\n\r\n", DDPD_HTTP_BAD_METHOD},
+        {"GET", DDPD_HTTP_BAD_METHOD},
+        {"GET ", DDPD_HTTP_NOT_FOUND},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (ddpd_http_route(cases[i].req, strlen(cases[i].req)) != cases[i].want)
+            fail_msg("route of '%s': got %d, want %d", cases[i].req,
+                     (int)ddpd_http_route(cases[i].req, strlen(cases[i].req)), (int)cases[i].want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_file), cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_http_route),
         cmocka_unit_test(test_hostport),    cmocka_unit_test(test_auth),
         cmocka_unit_test(test_rpc),         cmocka_unit_test(test_store),
         cmocka_unit_test(test_store_upgrade),
