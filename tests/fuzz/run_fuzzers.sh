@@ -40,8 +40,9 @@ common=(common/err.c common/log.c common/alloc.c common/file.c common/crc32c.c c
         common/host.c)
 proto=(proto/spec.c proto/spec_out.c proto/spec_tree.c proto/shard.c proto/hf_config.c)
 ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
-      worker/checkpoint/checkpoint.c worker/checkpoint/checkpoint_load.c
-      worker/checkpoint/checkpoint_fs.c worker/checkpoint/dio.c worker/checkpoint/uring.c)
+      worker/checkpoint/checkpoint.c worker/checkpoint/checkpoint_commit.c
+      worker/checkpoint/checkpoint_load.c worker/checkpoint/checkpoint_fs.c
+      worker/checkpoint/dio.c worker/checkpoint/uring.c)
 uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 declare -A srcs=(
     [spec]="${proto[*]}" [shard]="${proto[*]}"

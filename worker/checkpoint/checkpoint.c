@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "checkpoint_internal.h"
+#include "saver_internal.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/crc32c.h"
@@ -48,75 +49,6 @@
 #include "uring.h"
 #include "manifest.h"
 #include "manifest_internal.h"
-
-/* Bytes per write; also what a freeze may wait for (16 ms at 4 GB/s, and only when the writer is
- * late). Each write costs the writer a submission, a wake-up and the block layer's setup, so
- * fewer, larger ones take less CPU from training: GPT-2 124M + AdamW (1.5 GB) over retired
- * files, writer CPU per save 17-39 ms at 8 MiB, 10-15 at 32, 8-9 at 64, 6-9 at 256
- * (bench_checkpoint --live-only --known-crcs, two rounds). */
-#define WRITE_CHUNK (64u << 20)
-#define DATA_ALIGN 4096        /* shard data starts here in the file, for O_DIRECT */
-#define DIR_MAX (PATH_MAX - 128) /* a checkpoint dir path; leaves room for a file name */
-#define RECYCLE ".recycle"       /* the retired checkpoint, whose files the next save reuses */
-
-/* Where a tensor's bytes are: `off` in the stream (= in the snapshot), `src` the caller's
- * memory (live saves), `run_end` the stream offset where the caller's memory stops being
- * contiguous from this tensor on. */
-typedef struct tsrc {
-    const unsigned char *src;
-    uint64_t off, run_end;
-    uint32_t crc; /* the caller's (crc_known), else extended by the writer as it writes */
-    bool crc_known;
-} tsrc_t;
-
-typedef struct shard {
-    int optim; /* 0: model-*, 1: optim-* */
-    size_t first, count;
-    uint64_t bytes;
-    char file[FILE_NAME_MAX];
-} shard_t;
-
-struct ddp_ckpt_saver {
-    ddp_ckpt_opts_t o;
-    char *dir;
-    uint64_t shard_bytes;
-    long delay_ms;
-
-    /* snapshot and plan: written by the training thread, read by the writer thread */
-    unsigned char *snap;
-    size_t snap_cap;
-    ddp_st_tensor_t *t; /* model tensors, then optimizer tensors; data in snap */
-    size_t n_t, n_model;
-    char *names;
-    shard_t *shards;
-    size_t n_shards, n_model_shards;
-    char *config, *trainer;
-    int64_t step;
-    int have_snapshot;
-    tsrc_t *src; /* per tensor of t */
-    int direct;  /* write shards with O_DIRECT where possible (DDP_CKPT_DIRECT=0: never) */
-    int recycle; /* keep_last retires into RECYCLE (DDP_CKPT_RECYCLE=0: deletes at once) */
-    ddp__uring_t *ring; /* direct writes from registered sources (DDP_CKPT_URING=0: none);
-                         * used by the writer thread, dropped there if registration fails */
-
-    /* live-source state (see the invariants) */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int live, inflight;
-    uint64_t consumed;
-
-    /* writer thread */
-    pthread_t th;
-    int running;
-    atomic_int done;
-    int result;
-    ddp_errinfo_t result_ei;
-    ddp_manifest_t mine; /* files this rank wrote for `written_step` */
-    int64_t written_step;
-    int committed;
-
-    ddp_ckpt_stats_t stats;
-};
 
 static const char *const st_meta[] = {"format", "pt"};
 
@@ -532,7 +464,7 @@ int ddp_ckpt_freeze(ddp_ckpt_saver_t *s, uint64_t *copied_out, ddp_errinfo_t *ei
 
 /* ---------------------------------------------------------------- writing */
 
-static void tmp_path(const ddp_ckpt_saver_t *s, char *buf, size_t len)
+void ddp__ckpt_tmp_path(const ddp_ckpt_saver_t *s, char *buf, size_t len)
 {
     snprintf(buf, len, "%s/" DDP__CKPT_TMP_FMT, s->dir, (long long)s->step);
 }
@@ -709,7 +641,7 @@ static int write_text(ddp_ckpt_saver_t *s, const char *tmp, const char *name, co
 static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
 {
     char tmp[DIR_MAX];
-    tmp_path(s, tmp, sizeof tmp);
+    ddp__ckpt_tmp_path(s, tmp, sizeof tmp);
     ddp_manifest_close(&s->mine);
     ddp_manifest_init(&s->mine, s->step);
     if (s->o.writers == 1) {
@@ -740,143 +672,6 @@ static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_manifest_write(&s->mine, tmp, part, 1, ei));
     }
     return 0;
-}
-
-/* Every file rank 0 expects in the finished directory. */
-static int expected_files(const ddp_ckpt_saver_t *s, const ddp_manifest_t *m, ddp_errinfo_t *ei,
-                          const char *tmp)
-{
-    const char *extra[] = {"config.json", "trainer.json", "model.safetensors.index.json",
-                           "optim.safetensors.index.json"};
-    int need[4] = {1, 1, s->n_model_shards > 1, s->n_shards - s->n_model_shards > 1};
-    for (size_t i = 0; i < s->n_shards + 4; i++) {
-        const char *f = i < s->n_shards ? s->shards[i].file : extra[i - s->n_shards];
-        if (i >= s->n_shards && !need[i - s->n_shards]) continue;
-        const ddp_manifest_entry_t *e = ddp_manifest_find(m, f);
-        char path[PATH_MAX];
-        struct stat st;
-        snprintf(path, sizeof path, "%s/%s", tmp, f);
-        if (!e)
-            return ddp_errinfo_set(ei, DDP_EFORMAT,
-                                   "checkpoint step %lld: %s was not reported by its writer "
-                                   "(rank %zu)",
-                                   (long long)s->step, f,
-                                   i < s->n_shards ? i % (size_t)s->o.writers : 0);
-        if (stat(path, &st) < 0 || (uint64_t)st.st_size != e->size)
-            return ddp_errinfo_set(ei, DDP_EFORMAT, "checkpoint: %s is missing or not %llu bytes",
-                                   path, (unsigned long long)e->size);
-    }
-    return 0;
-}
-
-
-/* Retires dir/name into RECYCLE (replacing the one there) for the next save to overwrite. */
-static int recycle_dir(ddp_ckpt_saver_t *s, const char *name)
-{
-    char from[PATH_MAX], to[PATH_MAX];
-    snprintf(from, sizeof from, "%s/%s", s->dir, name);
-    snprintf(to, sizeof to, "%s/" RECYCLE, s->dir);
-    int rc = ddp__ckpt_rmdir(s->dir, RECYCLE);
-    if (rc == 0 && rename(from, to) < 0) rc = -errno;
-    return rc;
-}
-
-static void prune(ddp_ckpt_saver_t *s)
-{
-    ddp__ckpt_remove_stale_tmp(s->dir, s->step);
-    if (s->o.keep_last <= 0) return;
-    int64_t *steps;
-    size_t n;
-    if (ddp__ckpt_list_steps(s->dir, &steps, &n) < 0) return;
-    size_t keep = (size_t)s->o.keep_last;
-    for (size_t i = 0; n > keep && i < n - keep; i++) {
-        if (steps[i] == s->step) continue;
-        char name[FILE_NAME_MAX];
-        snprintf(name, sizeof name, DDP__CKPT_STEP_FMT, (long long)steps[i]);
-        bool recycle = s->recycle && i + 1 == n - keep; /* the newest of those retired */
-        if (recycle && recycle_dir(s, name) < 0) recycle = false;
-        int rc = recycle ? 0 : ddp__ckpt_rmdir(s->dir, name);
-        if (rc < 0)
-            DDP_WARN("checkpoint: cannot remove %s/%s: %s", s->dir, name, ddp_strerror(rc));
-        else
-            DDP_INFO("checkpoint: %s %s/%s (keep_last %d)",
-                     recycle ? "retired, for the next save to write over:" : "removed", s->dir,
-                     name, s->o.keep_last);
-    }
-    free(steps);
-}
-
-static int commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
-{
-    char tmp[DIR_MAX], final[PATH_MAX], old[PATH_MAX], name[FILE_NAME_MAX];
-    tmp_path(s, tmp, sizeof tmp);
-    snprintf(name, sizeof name, DDP__CKPT_STEP_FMT, (long long)s->step);
-    snprintf(final, sizeof final, "%s/%s", s->dir, name);
-    ddp_manifest_t m;
-    ddp_manifest_init(&m, s->step);
-    int rc = 0;
-    for (size_t i = 0; i < s->mine.n; i++)
-        DDP_CHECK_GOTO(ddp_manifest_add(&m, s->mine.e[i].name, s->mine.e[i].size,
-                                        s->mine.e[i].crc32c),
-                       rc, nomem);
-    for (int r = 1; r < s->o.writers; r++) {
-        char part[PATH_MAX];
-        ddp_manifest_t pm;
-        snprintf(part, sizeof part, "%s/" DDP__CKPT_PART_FMT, tmp, r);
-        rc = ddp_manifest_read(part, &pm, ei);
-        if (rc == -ENOENT)
-            rc = ddp_errinfo_set(ei, DDP_EFORMAT,
-                                 "checkpoint step %lld: %s missing: rank %d did not report its "
-                                 "shards",
-                                 (long long)s->step, part, r);
-        if (rc == 0 && pm.step != s->step) {
-            rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s: for step %lld, not %lld", part,
-                                 (long long)pm.step, (long long)s->step);
-        }
-        for (size_t i = 0; rc == 0 && i < pm.n; i++)
-            rc = ddp_manifest_add(&m, pm.e[i].name, pm.e[i].size, pm.e[i].crc32c);
-        ddp_manifest_close(&pm);
-        if (rc == DDP_ENOMEM) goto nomem;
-        if (rc < 0) goto out;
-    }
-    DDP_CHECK_GOTO(expected_files(s, &m, ei, tmp), rc, out);
-    for (int r = 1; r < s->o.writers; r++) {
-        char part[PATH_MAX];
-        snprintf(part, sizeof part, "%s/" DDP__CKPT_PART_FMT, tmp, r);
-        (void)unlink(part);
-    }
-    DDP_CHECK_GOTO(ddp_manifest_write(&m, tmp, DDP_MANIFEST_NAME, 1, ei), rc, out);
-    /* A step directory of the same number (a save repeated after resuming from an older one)
-     * is moved aside first: rename(2) does not replace a non-empty directory. */
-    snprintf(old, sizeof old, "%s/.step-%08lld.old", s->dir, (long long)s->step);
-    struct stat st;
-    int replaced = 0;
-    if (lstat(final, &st) == 0) {
-        (void)ddp__ckpt_rmdir(s->dir, strrchr(old, '/') + 1);
-        if (rename(final, old) < 0) {
-            rc = -errno;
-            ddp_errinfo_set(ei, rc, "%s: cannot move aside: %s", final, strerror(errno));
-            goto out;
-        }
-        replaced = 1;
-    }
-    if (rename(tmp, final) < 0) {
-        rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
-        goto out;
-    }
-    DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
-    DDP_CHECK_GOTO(ddp__ckpt_swap_latest(s->dir, name, ei), rc, out);
-    DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
-    if (replaced) (void)ddp__ckpt_rmdir(s->dir, strrchr(old, '/') + 1);
-    s->committed = 1;
-    prune(s);
-    goto out;
-nomem:
-    rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
-out:
-    ddp_manifest_close(&m);
-    return rc;
 }
 
 /* Registers the memory this save's shards are read from with the ring: the caller's contiguous
@@ -931,7 +726,7 @@ static void *writer_main(void *arg)
     ddp_errinfo_clear(&s->result_ei);
     int rc = write_mine(s, &bytes, &s->result_ei);
     if (rc == 0) s->written_step = s->step;
-    if (rc == 0 && s->o.writers == 1) rc = commit(s, &s->result_ei);
+    if (rc == 0 && s->o.writers == 1) rc = ddp__ckpt_commit(s, &s->result_ei);
     double dt = (double)(ddp_now_ns() - t0) * 1e-9;
     ddp_trace_end(DDP_TRACE_CKPT, trace_t0, "checkpoint step %lld: write%s",
                   (long long)s->step, rc == 0 && s->o.writers == 1 ? " + commit" : "");
@@ -976,21 +771,4 @@ int ddp_ckpt_save(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, ddp_errinfo_t
     if (s->o.rank >= s->o.writers) return 0;
     DDP_CHECK(ddp_ckpt_snapshot(s, st, ei));
     return ddp_ckpt_write_async(s, ei);
-}
-
-int ddp_ckpt_commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
-{
-    if (s->o.rank != 0)
-        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: only rank 0 commits");
-    int rc = ddp_ckpt_wait(s, ei);
-    if (rc < 0) return rc;
-    if (s->committed) return 0; /* writers == 1: the thread committed */
-    if (s->written_step < 0 || s->written_step != s->step)
-        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: nothing written to commit");
-    int64_t t0 = ddp_now_ns();
-    rc = commit(s, ei);
-    if (rc == 0)
-        DDP_INFO("checkpoint step %lld committed by rank 0 in %.1f ms (%d writers)",
-                 (long long)s->step, (double)(ddp_now_ns() - t0) * 1e-6, s->o.writers);
-    return rc;
 }
