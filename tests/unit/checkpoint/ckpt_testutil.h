@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
@@ -21,6 +22,24 @@ typedef struct tstate {
     size_t n_names;
     uint64_t bytes;
 } tstate_t;
+
+/* Writes n bytes of p to path; aborts the test program when it cannot. */
+static inline void tu_write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, 1, n, f) != n) {
+        fprintf(stderr, "cannot write %s\n", path);
+        abort();
+    }
+    fclose(f);
+}
+
+/* path's size in bytes, or -1. */
+static inline long long tu_file_size(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 ? (long long)st.st_size : -1;
+}
 
 static inline uint32_t tu_rng(uint64_t *s)
 {
