@@ -1,0 +1,418 @@
+/* kernels/cuda/flash_attention.cu on the CPU emulator (shim.h) against a double-precision
+ * reference (TAP). Built from the kernel file in the tree by transform.py at build time.
+ *
+ * Every case runs forward (out, lse) and backward (dqkv +=, from a non-zero dqkv) for bf16 and
+ * fp16, head sizes 32, 64, 128, T = 1 (one row), 63 (a partial tile), 64 (a full one), 65 (one
+ * row into a second tile), 130 (three tiles, the last ragged; hs = 128's dK/dV kernel walks
+ * 32-row Q tiles, so its edges fall elsewhere), B*NH = 2 (two heads of a sequence or two
+ * sequences, alternately), plus cases with large scores, where the running max moves between
+ * tiles and the partial sums are rescaled. Each case runs twice, threads scheduled in opposite
+ * orders: the results must be bitwise equal (the backward's fixed-order sums; and a race on
+ * shared memory would make them differ), the logged errors none, the guard words around every
+ * buffer intact (ASan builds rely on exact allocations instead).
+ *
+ *   test_flash_emu            all cases
+ *   test_flash_emu PREC HS T B NH [AMP]   one case (PREC bf16 or fp16), for debugging
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <random>
+#include <vector>
+
+#include "shim.h"
+
+namespace {
+
+/* Tolerances. An error is max|got - ref| over a tensor divided by the largest magnitude its
+ * rounding errors scale with (attention_ref: the same sums over absolute values).
+ *
+ * The reference is the exact attention, in double, of the inputs rounded to the kernel's 16-bit
+ * type (q, k, v, dout: the kernel stages its tiles that way, so that rounding is the contract,
+ * not an error). What remains is the kernel's own rounding, unit roundoff u = 2^-8 = 3.9e-3
+ * (bf16) or 2^-11 = 4.9e-4 (fp16):
+ *   out, dv   P is rounded to 16 bits as the A operand of P V (P^T dO): each term of the sum
+ *             gets a relative error <= u, so the error is <= u sum P |v|; the roundings being
+ *             independent, about u/3 is seen.
+ *   dq, dk    dS = P (dP - D) is rounded to 16 bits (relative u), and D = rowsum(dout * out)
+ *             comes from the fp32 dout and out while dP uses the rounded dout (an error of
+ *             order u |D|, which does not cancel where dP - D does): <= about 2u of
+ *             sum P (|dP| + |D|) |k|; up to about u is seen (T = 1, where dP - D is only that).
+ *   lse       fp32 only (scores, max, sum, exp2, log), relative to 1 + |lse|: a few fp32 ulps.
+ * Worst observed over all cases below, both schedules (the # worst lines print them per head
+ * size):
+ *   bf16  out 1.38e-3, lse 8.8e-8, dq 2.6e-3, dk 4.2e-3, dv 1.4e-3
+ *   fp16  out 1.56e-4, lse 9.7e-8, dq 1.4e-4, dk 1.4e-4, dv 1.6e-4
+ * The limits keep about 3x over those. The emulator's mma.sync sums exact products in double; a
+ * GPU's tensor cores add their own fp32 accumulation error, well below these limits (the GPU
+ * itself is held to kernels/selftest.c's tolerances). */
+struct tolerance {
+    double out, lse, dq, dk, dv;
+};
+constexpr tolerance TOL_BF16 = {4e-3, 3e-7, 8e-3, 1.2e-2, 4e-3};
+constexpr tolerance TOL_FP16 = {5e-4, 3e-7, 4.5e-4, 4.5e-4, 5e-4};
+
+/* 64 bytes of NaN words before and after each buffer (keeps the 16-byte alignment); none under
+ * ASan, whose exact allocations catch reads as well as writes. */
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t GUARD = 0;
+#else
+constexpr size_t GUARD = 16;
+#endif
+constexpr uint32_t GUARD_WORD = 0x7fc0dea1u;
+
+/* A float buffer of n elements, 16-byte aligned, with guard words around it. */
+struct buffer {
+    float *base = nullptr;
+    size_t n = 0;
+    explicit buffer(size_t count) : n(count)
+    {
+        void *p = nullptr;
+        if (posix_memalign(&p, 64, (n + 2 * GUARD) * sizeof(float))) abort();
+        base = static_cast<float *>(p);
+        for (size_t i = 0; i < GUARD; i++) {
+            memcpy(base + i, &GUARD_WORD, 4);
+            memcpy(base + GUARD + n + i, &GUARD_WORD, 4);
+        }
+    }
+    buffer(const buffer &) = delete;
+    buffer &operator=(const buffer &) = delete;
+    ~buffer() { free(base); }
+    float *data() { return base + GUARD; }
+    void fill(const std::vector<float> &v) { memcpy(data(), v.data(), n * sizeof(float)); }
+    std::vector<float> copy() { return std::vector<float>(data(), data() + n); }
+    bool guards_intact() const
+    {
+        for (size_t i = 0; i < GUARD; i++)
+            if (memcmp(base + i, &GUARD_WORD, 4) || memcmp(base + GUARD + n + i, &GUARD_WORD, 4))
+                return false;
+        return true;
+    }
+};
+
+int n_tests, n_failed;
+
+/* One TAP result; the detail lines become TAP comments. */
+__attribute__((format(printf, 2, 3))) void tap(bool ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %d - ", ok ? "ok" : "not ok", ++n_tests);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n");
+    fflush(stdout);
+    n_failed += !ok;
+}
+
+const char *prec_name(ddp_kprec_t p) { return p == DDP_KPREC_BF16 ? "bf16" : "fp16"; }
+
+float round16(float x, ddp_kprec_t prec)
+{
+    return prec == DDP_KPREC_BF16 ? emu_bf16_to_f32(emu_f32_to_bf16(x))
+                                  : emu_f16_to_f32(emu_f32_to_f16(x));
+}
+
+struct shape {
+    ddp_kprec_t prec;
+    int hs, T, B, NH;
+    float amp; /* standard deviation of q, k, v */
+};
+
+/* Inputs of a case, from a seed that depends only on the shape. */
+struct inputs {
+    std::vector<float> qkv, dout, dqkv0;
+    explicit inputs(const shape &s)
+    {
+        size_t C = (size_t)s.NH * s.hs, n = (size_t)s.B * s.T;
+        std::mt19937 rng(1000u * s.hs + 10u * s.T + s.B + (s.prec == DDP_KPREC_FP16 ? 7u : 0u));
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        qkv.resize(n * 3 * C);
+        dout.resize(n * C);
+        dqkv0.resize(n * 3 * C);
+        for (float &x : qkv) x = s.amp * nd(rng);
+        for (float &x : dout) x = nd(rng);
+        for (float &x : dqkv0) x = nd(rng);
+    }
+};
+
+/* What the kernels produced. */
+struct outputs {
+    std::vector<float> out, lse, dqkv;
+    int err = 0;
+    long logged = 0;
+    bool guards = true;
+};
+
+outputs run_kernels(const shape &s, const inputs &in, emu_order order)
+{
+    size_t C = (size_t)s.NH * s.hs, n = (size_t)s.B * s.T;
+    buffer qkv(n * 3 * C), dout(n * C), out(n * C), lse((size_t)s.B * s.NH * s.T), dqkv(n * 3 * C);
+    qkv.fill(in.qkv);
+    dout.fill(in.dout);
+    dqkv.fill(in.dqkv0);
+    std::fill(out.data(), out.data() + out.n, NAN); /* an element never written stays NaN */
+    std::fill(lse.data(), lse.data() + lse.n, NAN);
+    ddp_kctx_t ctx = {};
+    ctx.prec = s.prec;
+    emu_set_order(order);
+    long logged = emu_errors_logged();
+    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), qkv.data(), s.B, s.T, (int)C, s.NH);
+    ddp__cuda_flash_bwd(&ctx, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B,
+                        s.T, (int)C, s.NH);
+    free(ctx.scratch);
+    outputs r;
+    r.out = out.copy();
+    r.lse = lse.copy();
+    r.dqkv = dqkv.copy();
+    r.err = ctx.err;
+    r.logged = emu_errors_logged() - logged;
+    r.guards = qkv.guards_intact() && dout.guards_intact() && out.guards_intact() &&
+               lse.guards_intact() && dqkv.guards_intact();
+    return r;
+}
+
+/* The exact attention of the rounded inputs: out, lse and the gradient (dq, dk, dv in qkv's
+ * layout, to be added to dqkv0); and for each the magnitude its rounding errors scale with: the
+ * same sums over absolute values (out: sum P |v|; dv: sum P |dout|; dq, dk: sums of
+ * P (|dP| + |D|) times |k|, |q|; lse: 1 + |lse|). A gradient that cancels to about zero (dq and
+ * dk at T = 1, where softmax is constant) still has errors of the size of its terms. */
+struct reference {
+    std::vector<double> out, lse, grad, out_mag, grad_mag;
+};
+
+reference attention_ref(const shape &s, const inputs &in)
+{
+    const int T = s.T, hs = s.hs, NH = s.NH;
+    const size_t C = (size_t)NH * hs;
+    const double scale = 1.0 / std::sqrt((double)hs);
+    reference r;
+    r.out.assign((size_t)s.B * T * C, 0.0);
+    r.out_mag = r.out;
+    r.lse.assign((size_t)s.B * NH * T, 0.0);
+    r.grad.assign((size_t)s.B * T * 3 * C, 0.0);
+    r.grad_mag = r.grad;
+    std::vector<double> q(T * hs), k(T * hs), v(T * hs), dout(T * hs), P((size_t)T * T),
+        dS((size_t)T * T), dS_mag((size_t)T * T);
+    for (int b = 0; b < s.B; b++)
+        for (int h = 0; h < NH; h++) {
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hs; d++) {
+                    size_t row = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+                    q[t * hs + d] = round16(in.qkv[row], s.prec);
+                    k[t * hs + d] = round16(in.qkv[row + C], s.prec);
+                    v[t * hs + d] = round16(in.qkv[row + 2 * C], s.prec);
+                    size_t orow = ((size_t)b * T + t) * C + (size_t)h * hs + d;
+                    dout[t * hs + d] = round16(in.dout[orow], s.prec);
+                }
+            for (int t = 0; t < T; t++) {
+                double *p = &P[(size_t)t * T];
+                double mx = -INFINITY, sum = 0.0, D = 0.0;
+                for (int u = 0; u <= t; u++) {
+                    double x = 0.0;
+                    for (int d = 0; d < hs; d++) x += q[t * hs + d] * k[u * hs + d];
+                    p[u] = x * scale;
+                    mx = std::max(mx, p[u]);
+                }
+                for (int u = 0; u <= t; u++) sum += std::exp(p[u] - mx);
+                for (int u = 0; u <= t; u++) p[u] = std::exp(p[u] - mx) / sum;
+                r.lse[((size_t)b * NH + h) * T + t] = mx + std::log(sum);
+                for (int d = 0; d < hs; d++) {
+                    double o = 0.0, mag = 0.0;
+                    for (int u = 0; u <= t; u++) {
+                        o += p[u] * v[u * hs + d];
+                        mag += p[u] * std::fabs(v[u * hs + d]);
+                    }
+                    r.out[((size_t)b * T + t) * C + h * hs + d] = o;
+                    r.out_mag[((size_t)b * T + t) * C + h * hs + d] = mag;
+                    D += o * dout[t * hs + d];
+                }
+                for (int u = 0; u <= t; u++) {
+                    double dp = 0.0;
+                    for (int d = 0; d < hs; d++) dp += dout[t * hs + d] * v[u * hs + d];
+                    dS[(size_t)t * T + u] = p[u] * (dp - D);
+                    dS_mag[(size_t)t * T + u] = p[u] * (std::fabs(dp) + std::fabs(D));
+                }
+            }
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hs; d++) {
+                    double g[3] = {0, 0, 0}, mag[3] = {0, 0, 0};
+                    for (int u = 0; u <= t; u++) {
+                        g[0] += dS[(size_t)t * T + u] * k[u * hs + d];
+                        mag[0] += dS_mag[(size_t)t * T + u] * std::fabs(k[u * hs + d]);
+                    }
+                    for (int u = t; u < T; u++) {
+                        g[1] += dS[(size_t)u * T + t] * q[u * hs + d];
+                        mag[1] += dS_mag[(size_t)u * T + t] * std::fabs(q[u * hs + d]);
+                        g[2] += P[(size_t)u * T + t] * dout[u * hs + d];
+                        mag[2] += P[(size_t)u * T + t] * std::fabs(dout[u * hs + d]);
+                    }
+                    size_t row = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
+                    for (int part = 0; part < 3; part++) {
+                        double f = part < 2 ? scale : 1.0;
+                        r.grad[row + part * C] = f * g[part];
+                        r.grad_mag[row + part * C] = f * mag[part];
+                    }
+                }
+        }
+    return r;
+}
+
+/* Errors of a case, each max|got - ref| / max(magnitude) over a tensor; NaN or Inf anywhere
+ * (an unwritten or poisoned element) gives Inf. */
+struct errors {
+    double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+};
+
+/* Over the elements of part `part` (0 q, 1 k, 2 v) of every row of a [rows, 3C] tensor
+ * (parts = 3), or over all elements (parts = 1). */
+double rel_err(const std::vector<double> &ref, const std::vector<double> &mag,
+               const std::vector<double> &got, size_t C, int parts, int part)
+{
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < ref.size(); i++) {
+        if (parts == 3 && (int)(i / C % 3) != part) continue;
+        if (!std::isfinite(got[i])) return INFINITY;
+        num = std::max(num, std::fabs(got[i] - ref[i]));
+        den = std::max(den, mag[i]);
+    }
+    return den > 0.0 ? num / den : num;
+}
+
+errors compare(const shape &s, const inputs &in, const reference &ref, const outputs &got)
+{
+    size_t C = (size_t)s.NH * s.hs;
+    std::vector<double> out(got.out.begin(), got.out.end()), grad(got.dqkv.size()),
+        lse(got.lse.begin(), got.lse.end()), lse_mag(ref.lse.size());
+    for (size_t i = 0; i < grad.size(); i++) grad[i] = (double)got.dqkv[i] - in.dqkv0[i];
+    for (size_t i = 0; i < lse_mag.size(); i++) lse_mag[i] = 1.0 + std::fabs(ref.lse[i]);
+    errors e;
+    e.out = rel_err(ref.out, ref.out_mag, out, C, 1, 0);
+    e.lse = rel_err(ref.lse, lse_mag, lse, C, 1, 0);
+    e.dq = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 0);
+    e.dk = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 1);
+    e.dv = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 2);
+    return e;
+}
+
+bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+    return a.size() == b.size() && !memcmp(a.data(), b.data(), a.size() * sizeof(float));
+}
+
+/* Worst errors per precision and head size, reported at the end. */
+errors worst[2][3];
+
+void run_case(const shape &s)
+{
+    inputs in(s);
+    reference ref = attention_ref(s, in);
+    outputs a = run_kernels(s, in, EMU_ORDER_FORWARD), b = run_kernels(s, in, EMU_ORDER_REVERSE);
+    errors e = compare(s, in, ref, a), eb = compare(s, in, ref, b);
+    e.out = std::max(e.out, eb.out); /* the worse of the two schedules */
+    e.lse = std::max(e.lse, eb.lse);
+    e.dq = std::max(e.dq, eb.dq);
+    e.dk = std::max(e.dk, eb.dk);
+    e.dv = std::max(e.dv, eb.dv);
+    const tolerance &tol = s.prec == DDP_KPREC_BF16 ? TOL_BF16 : TOL_FP16;
+    bool det = same_bits(a.out, b.out) && same_bits(a.lse, b.lse) && same_bits(a.dqkv, b.dqkv);
+    bool clean = a.err == 0 && b.err == 0 && a.logged == 0 && b.logged == 0;
+    bool ok = e.out <= tol.out && e.lse <= tol.lse && e.dq <= tol.dq && e.dk <= tol.dk &&
+              e.dv <= tol.dv && det && clean && a.guards && b.guards;
+    tap(ok, "%s hs=%d T=%d B=%d NH=%d amp=%g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s%s",
+        prec_name(s.prec), s.hs, s.T, s.B, s.NH, (double)s.amp, e.out, e.lse, e.dq, e.dk, e.dv,
+        det ? "" : ", NOT bitwise equal across schedules", clean ? "" : ", an error was reported",
+        a.guards && b.guards ? "" : ", a write outside a buffer");
+    if (!ok)
+        printf("# limits: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; ctx->err %d/%d\n", tol.out,
+               tol.lse, tol.dq, tol.dk, tol.dv, a.err, b.err);
+    errors &w = worst[s.prec == DDP_KPREC_BF16 ? 0 : 1][s.hs == 32 ? 0 : s.hs == 64 ? 1 : 2];
+    w.out = std::max(w.out, e.out);
+    w.lse = std::max(w.lse, e.lse);
+    w.dq = std::max(w.dq, e.dq);
+    w.dk = std::max(w.dk, e.dk);
+    w.dv = std::max(w.dv, e.dv);
+}
+
+/* ddp__cuda_flash_supported takes bf16/fp16 at hs 32/64/128 on compute capability >= 8 only. */
+void test_supported()
+{
+    ddp_kctx_t ctx = {};
+    bool ok = true;
+    for (ddp_kprec_t p : {DDP_KPREC_BF16, DDP_KPREC_FP16}) {
+        ctx.prec = p;
+        ok &= ddp__cuda_flash_supported(&ctx, 64, 2) && ddp__cuda_flash_supported(&ctx, 256, 4) &&
+              ddp__cuda_flash_supported(&ctx, 768, 6) && !ddp__cuda_flash_supported(&ctx, 96, 2) &&
+              !ddp__cuda_flash_supported(&ctx, 64, 3);
+        emu_set_cc_major(7);
+        ok &= !ddp__cuda_flash_supported(&ctx, 128, 2);
+        emu_set_cc_major(8);
+    }
+    ctx.prec = DDP_KPREC_FP32;
+    ok &= !ddp__cuda_flash_supported(&ctx, 128, 2);
+    tap(ok, "flash_supported: bf16/fp16, hs 32/64/128, compute capability >= 8");
+}
+
+/* A misaligned tensor is refused (DDP_EINVAL recorded, nothing launched or written). */
+void test_misaligned()
+{
+    const int B = 1, T = 4, NH = 1, C = 32;
+    std::vector<float> qkv(B * T * 3 * C + 1, 0.5f), out(B * T * C, NAN), lse(B * NH * T, NAN);
+    ddp_kctx_t ctx = {};
+    ctx.prec = DDP_KPREC_BF16;
+    long before = emu_collectives(), logged = emu_errors_logged();
+    float *q = qkv.data() + ((uintptr_t)qkv.data() % 16 ? 0 : 1); /* 4 bytes off 16 */
+    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), q, B, T, C, NH);
+    bool ok = ctx.err == DDP_EINVAL && emu_collectives() == before &&
+              emu_errors_logged() == logged + 1 && std::isnan(out[0]) && std::isnan(lse[0]);
+    tap(ok, "a misaligned qkv: DDP_EINVAL recorded, nothing launched (ctx->err %d)", ctx.err);
+}
+
+std::vector<shape> all_cases()
+{
+    std::vector<shape> cases;
+    for (ddp_kprec_t p : {DDP_KPREC_BF16, DDP_KPREC_FP16})
+        for (int hs : {32, 64, 128}) {
+            int n = 0;
+            for (int T : {1, 63, 64, 65, 130}) {
+                bool heads = n++ % 2 == 0; /* two heads of one sequence, or two sequences */
+                cases.push_back({p, hs, T, heads ? 1 : 2, heads ? 2 : 1, 1.0f});
+            }
+        }
+    /* scores of standard deviation 9: the row max moves between tiles, exp2 rescales */
+    for (ddp_kprec_t p : {DDP_KPREC_BF16, DDP_KPREC_FP16})
+        cases.push_back({p, 64, 130, 1, 2, 3.0f});
+    return cases;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    std::vector<shape> cases;
+    if (argc == 6 || argc == 7) {
+        shape s = {strcmp(argv[1], "fp16") ? DDP_KPREC_BF16 : DDP_KPREC_FP16, atoi(argv[2]),
+                   atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                   argc == 7 ? (float)atof(argv[6]) : 1.0f};
+        cases.push_back(s);
+        printf("1..%zu\n", cases.size());
+    } else if (argc == 1) {
+        cases = all_cases();
+        printf("1..%zu\n", cases.size() + 2);
+        test_supported();
+        test_misaligned();
+    } else {
+        fprintf(stderr, "usage: %s [bf16|fp16 HS T B NH [AMP]]\n", argv[0]);
+        return 2;
+    }
+    for (const shape &s : cases) run_case(s);
+    for (int p = 0; p < 2; p++)
+        for (int h = 0; h < 3; h++) {
+            const errors &w = worst[p][h];
+            printf("# worst %s hs=%d: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n",
+                   p ? "fp16" : "bf16", 32 << h, w.out, w.lse, w.dq, w.dk, w.dv);
+        }
+    printf("# %ld warp collectives and block barriers emulated\n", emu_collectives());
+    emu_shutdown();
+    return n_failed ? 1 : 0;
+}
