@@ -149,16 +149,15 @@ static void finish(ddpd_job_t *j)
     if (j->n_local && j->procs[0].rank == 0 && !j->procs[0].alive)
         code = j->procs[0].term_signal ? 128 + j->procs[0].term_signal
                                        : (int)j->procs[0].exit_status;
-    json_t *last = j->tail.last_step;
-    long step = last ? (long)json_integer_value(json_object_get(last, "step")) : 0;
-    json_t *fl = j->tail.done ? json_object_get(j->tail.done, "final_loss") : NULL;
-    if (!fl && j->tail.last_step) fl = json_object_get(j->tail.last_step, "loss");
-    json_t *tot = j->tail.last_step ? json_object_get(j->tail.last_step, "steps") : NULL;
-    if (json_is_integer(tot)) j->steps = (long)json_integer_value(tot);
-    int rc = ddpd_store_job_result(d->store, j->id, code, step, j->steps,
-                                   json_is_number(fl) ? json_number_value(fl) : NAN);
+    const ddp_metrics_rec_t *last = j->tail.has_last ? &j->tail.last_step : NULL;
+    long step = last ? (long)last->step : 0;
+    double fl = NAN; /* the done event's final loss, else the last step's */
+    if (j->tail.has_done && (j->tail.done.has & DDP_MF(FINAL_LOSS))) fl = j->tail.done.final_loss;
+    else if (last && (last->has & DDP_MF(LOSS))) fl = last->loss;
+    if (last && (last->has & DDP_MF(STEPS))) j->steps = (long)last->steps;
+    int rc = ddpd_store_job_result(d->store, j->id, code, step, j->steps, fl);
     ddpd__job_check_stored(j, rc, "result");
-    if (j->coord && !j->tail.done && !j->fail_why[0] && !j->cancel_requested) {
+    if (j->coord && !j->tail.has_done && !j->fail_why[0] && !j->cancel_requested) {
         snprintf(j->fail_why, sizeof j->fail_why,
                  "every rank ended before the job completed (generation %lu)", j->generation);
         j->fail_rank = j->world;

@@ -12,27 +12,20 @@
 
 static void tail_line(ddpd_tail_t *t, const char *line, size_t len)
 {
-    json_t *o = json_loadb(line, len, 0, NULL);
-    if (!json_is_object(o)) {
-        json_decref(o);
-        return;
-    }
-    const char *ev = json_string_value(json_object_get(o, "event"));
-    if (ev && !strcmp(ev, "done")) {
-        json_decref(t->done);
-        t->done = o;
-    } else if (!ev && t->last_step && json_object_get(o, "val_loss") &&
-               !json_object_get(o, "loss")) {
+    ddp_metrics_rec_t r;
+    if (ddp_metrics_parse(line, len, &r, NULL) != 0) return; /* not a line (yet) */
+    if (r.kind == DDP_METRICS_DONE) {
+        t->done = r;
+        t->has_done = 1;
+    } else if (r.kind == DDP_METRICS_VAL && t->has_last) {
         /* a validation line adds to its step's record (the loss and speed stay shown) */
-        json_object_set(t->last_step, "val_loss", json_object_get(o, "val_loss"));
-        json_decref(o);
-    } else if (!ev && json_is_integer(json_object_get(o, "step"))) {
-        if (!t->last_step && !t->first_step_ms) t->first_step_ms = ddp_wall_ms();
-        json_decref(t->last_step);
-        t->last_step = o;
-    } else { /* other events (a new generation) are not a step's record */
-        json_decref(o);
-    }
+        t->last_step.val_loss = r.val_loss;
+        t->last_step.has |= DDP_MF(VAL_LOSS);
+    } else if (r.kind == DDP_METRICS_STEP || r.kind == DDP_METRICS_VAL) {
+        if (!t->has_last && !t->first_step_ms) t->first_step_ms = ddp_wall_ms();
+        t->last_step = r;
+        t->has_last = 1;
+    } /* other events (a new generation) are not a step's record */
 }
 
 int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir)
@@ -80,7 +73,5 @@ void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir)
 
 void ddpd_tail_close(ddpd_tail_t *t)
 {
-    json_decref(t->last_step);
-    json_decref(t->done);
-    t->last_step = t->done = NULL;
+    t->has_last = t->has_done = 0;
 }

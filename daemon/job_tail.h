@@ -1,20 +1,25 @@
 /* The tail of rank 0's metrics.jsonl, which is what the daemon knows of a running job's
- * progress: the last step's record and the "done" event. Reads the file from `off` on; never
+ * progress: the last step's record and the "done" event, read through the metrics codec
+ * (proto/metrics.h); lines it cannot read are skipped. Reads the file from `off` on; never
  * writes. Loop thread only.
  */
 #ifndef DDPD_JOB_TAIL_H
 #define DDPD_JOB_TAIL_H
 
-#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "proto/metrics.h"
 
 typedef struct ddpd_tail {
     int64_t off;          /* bytes of metrics.jsonl read so far */
     char partial[8192];   /* the line being read */
     size_t partial_len;
-    json_t *last_step;    /* the last {"step":...} record (a validation line adds val_loss) */
-    json_t *done;         /* the {"event":"done"} record */
+    int has_last, has_done;
+    /* the last step line (a validation line adds val_loss to it; before any step line, a
+     * validation line is the record) */
+    ddp_metrics_rec_t last_step;
+    ddp_metrics_rec_t done;  /* the "done" event */
     int64_t first_step_ms; /* wall clock when the first step's record was read */
 } ddpd_tail_t;
 
@@ -26,7 +31,7 @@ int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir);
  * needs) and reads to the end. */
 void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir);
 
-/* Drops the records. */
+/* Forgets the records. */
 void ddpd_tail_close(ddpd_tail_t *t);
 
 #endif

@@ -2,6 +2,7 @@
  * /metrics). */
 #include "metrics.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,20 +83,17 @@ char *ddpd_metrics_text(ddpd_t *d)
     sb_add(&b, "# TYPE ddpd_job_step gauge\n# TYPE ddpd_job_loss gauge\n"
                "# TYPE ddpd_job_tokens_per_second gauge\n# TYPE ddpd_job_straggler_rank gauge\n");
     for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (!j->tail.last_step || ddpd_state_terminal(j->state)) continue;
-        json_t *m = j->tail.last_step;
-        sb_add(&b, "ddpd_job_step{job=\"%lld\"} %lld\n", (long long)j->id,
-               (long long)json_integer_value(json_object_get(m, "step")));
-        json_t *v;
-        if (json_is_number(v = json_object_get(m, "loss")))
-            sb_add(&b, "ddpd_job_loss{job=\"%lld\"} %.6g\n", (long long)j->id,
-                   json_number_value(v));
-        if (json_is_number(v = json_object_get(m, "tokens_per_s")))
+        if (!j->tail.has_last || ddpd_state_terminal(j->state)) continue;
+        const ddp_metrics_rec_t *m = &j->tail.last_step;
+        sb_add(&b, "ddpd_job_step{job=\"%lld\"} %lld\n", (long long)j->id, (long long)m->step);
+        if ((m->has & DDP_MF(LOSS)) && isfinite(m->loss)) /* null: no number */
+            sb_add(&b, "ddpd_job_loss{job=\"%lld\"} %.6g\n", (long long)j->id, m->loss);
+        if ((m->has & DDP_MF(TOKENS_PER_S)) && isfinite(m->tokens_per_s))
             sb_add(&b, "ddpd_job_tokens_per_second{job=\"%lld\"} %.6g\n", (long long)j->id,
-                   json_number_value(v));
-        if (json_is_integer(v = json_object_get(m, "straggler"))) /* -1: none */
+                   m->tokens_per_s);
+        if (m->has & DDP_MF(STRAGGLER)) /* -1: none */
             sb_add(&b, "ddpd_job_straggler_rank{job=\"%lld\"} %lld\n", (long long)j->id,
-                   (long long)json_integer_value(v));
+                   (long long)m->straggler);
     }
     return b.p;
 }

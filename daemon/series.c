@@ -1,8 +1,7 @@
-/* metrics.jsonl into arrays (see series.h). */
+/* metrics.jsonl into arrays (see series.h), each line through the metrics codec. */
 #include "daemon/series.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +9,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "proto/metrics.h"
 
 /* Makes room for `need` elements in each of the arrays at ptrs[0..n) (all of capacity *cap and
  * element size `elem`); *cap is updated only when every realloc succeeded. */
@@ -26,36 +26,38 @@ static int reserve(void **ptrs[], int n, size_t elem, size_t *cap, size_t need)
     return 0;
 }
 
+/* r holds the field and it is a number (null is not) */
+static int has_number(const ddp_metrics_rec_t *r, uint64_t bit, double v)
+{
+    return (r->has & bit) && !isnan(v);
+}
+
 static int add_line(ddpd_series_t *s, const char *line, size_t len)
 {
-    json_t *o = json_loadb(line, len, 0, NULL);
-    json_t *st = json_object_get(o, "step"), *v;
+    ddp_metrics_rec_t r;
     int rc = 0;
-    if (!json_is_integer(st)) goto out;
-    long step = (long)json_integer_value(st);
-    if (json_is_number(v = json_object_get(o, "loss"))) {
+    if (ddp_metrics_parse(line, len, &r, NULL) != 0 || !(r.has & DDP_MF(STEP))) return 0;
+    long step = (long)r.step;
+    if (has_number(&r, DDP_MF(LOSS), r.loss)) {
         /* long and double are both 8 bytes here, so one element size serves all four */
         _Static_assert(sizeof(long) == sizeof(double), "series arrays share an element size");
         void **arrays[] = {(void **)&s->step, (void **)&s->loss, (void **)&s->tps,
                            (void **)&s->gen};
-        if ((rc = reserve(arrays, 4, sizeof(double), &s->cap, s->n + 1))) goto out;
-        json_t *t = json_object_get(o, "tokens_per_s"), *g = json_object_get(o, "generation");
+        if ((rc = reserve(arrays, 4, sizeof(double), &s->cap, s->n + 1))) return rc;
         s->step[s->n] = step;
-        s->loss[s->n] = json_number_value(v);
-        s->tps[s->n] = json_is_number(t) ? json_number_value(t) : NAN;
-        s->gen[s->n] = json_is_integer(g) ? (long)json_integer_value(g) : -1;
+        s->loss[s->n] = r.loss;
+        s->tps[s->n] = has_number(&r, DDP_MF(TOKENS_PER_S), r.tokens_per_s) ? r.tokens_per_s : NAN;
+        s->gen[s->n] = (r.has & DDP_MF(GENERATION)) ? (long)r.generation : -1;
         s->n++;
     }
-    if (json_is_number(v = json_object_get(o, "val_loss"))) {
+    if (has_number(&r, DDP_MF(VAL_LOSS), r.val_loss)) {
         void **arrays[] = {(void **)&s->val_step, (void **)&s->val_loss};
-        if ((rc = reserve(arrays, 2, sizeof(double), &s->cap_val, s->n_val + 1))) goto out;
+        if ((rc = reserve(arrays, 2, sizeof(double), &s->cap_val, s->n_val + 1))) return rc;
         s->val_step[s->n_val] = step;
-        s->val_loss[s->n_val] = json_number_value(v);
+        s->val_loss[s->n_val] = r.val_loss;
         s->n_val++;
     }
-out:
-    json_decref(o);
-    return rc;
+    return 0;
 }
 
 int ddpd_series_read(const char *path, off_t tail, ddpd_series_t *s)

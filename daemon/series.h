@@ -2,8 +2,9 @@
  * validation loss per validation. Used by `ddpctl plot` (the whole file) and the status page
  * (the file's tail, so a page costs the same however long the run).
  *
- * Lines that are not JSON objects with an integer "step" are skipped (a line being written, the
- * "done" line); a step line without "tokens_per_s" or "generation" gets NAN / -1 there.
+ * Lines the metrics codec (proto/metrics.h) cannot read, and lines without a "step" or a
+ * number to draw, are skipped (a line being written, a generation event, an older writer's
+ * "nan"); a step line without "tokens_per_s" or "generation" gets NAN / -1 there.
  */
 #ifndef DDPD_SERIES_H
 #define DDPD_SERIES_H

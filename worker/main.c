@@ -355,8 +355,11 @@ static int worker_main(int argc, char **argv)
         rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
     }
     if (rc == 0 && t.metrics) {
-        fprintf(t.metrics, "{\"event\":\"done\",\"step\":%ld,\"final_loss\":%.6f}\n", t.step,
-                t.last_loss);
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_DONE);
+        r.step = t.step;
+        r.final_loss = t.last_loss;
+        ddp_metrics_sink_write(t.metrics, &r);
     }
     if (rc) {
         if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));

@@ -1,15 +1,16 @@
 /* metrics.jsonl teed to TensorBoard (see metrics_sink.h).
  *
- * The stream is a glibc cookie stream (fopencookie): the trainer keeps writing its lines with
- * fprintf + fflush, and each flush hands the bytes here, where they go to the file first and
- * then, line by line, through jansson to ddp_tb_scalars. Lines are small and one per step, so
- * parsing them again costs nothing next to a step.
+ * The record is the source of both outputs: the codec writes its line, and ddp_metrics_values
+ * gives the same fields in the same order with the values the line states (a real rounded to
+ * its printed digits), so a scalar in TensorBoard equals the number in metrics.jsonl as a
+ * float32, as tests/observe/tb_check.py checks.
  */
 #include "worker/metrics_sink.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,8 +20,6 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "worker/tb_events.h"
-
-enum { MAX_LINE = 64 * 1024, MAX_VALUES = 64 };
 
 /* metrics.jsonl key -> TensorBoard tag; keys not listed keep their name, "step"-like keys and
  * strings are not scalars */
@@ -44,20 +43,15 @@ static const struct {
     {"world", "ddp/world"},
     {"generation", "ddp/generation"},
 };
-static const char *const NOT_SCALARS[] = {"step", "steps"};
 
-typedef struct sink {
+struct ddp_metrics_sink {
     int fd;
-    ddp_tb_t *tb; /* NULL once it failed */
-    char *line;
-    size_t len;
-    int overlong; /* the line being gathered passed MAX_LINE: dropped */
-} sink_t;
+    ddp_tb_t *tb;    /* NULL once it failed */
+    int write_failed; /* the file's write failure was logged */
+};
 
 static const char *tag_of(const char *key)
 {
-    for (size_t i = 0; i < sizeof NOT_SCALARS / sizeof *NOT_SCALARS; i++)
-        if (!strcmp(key, NOT_SCALARS[i])) return NULL;
     for (size_t i = 0; i < sizeof TAGS / sizeof *TAGS; i++)
         if (!strcmp(key, TAGS[i].key)) return TAGS[i].tag;
     return key;
@@ -70,90 +64,96 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* One metrics line -> one event at its step. */
-static void tee_line(sink_t *s, const char *line, size_t len)
+/* One record -> one event at its step. */
+static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
 {
-    json_t *o = json_loadb(line, len, 0, NULL);
-    json_t *st = json_object_get(o, "step");
-    if (!json_is_object(o) || !json_is_integer(st)) {
-        json_decref(o);
-        return;
+    if (!s->tb || !(r->has & DDP_MF(STEP))) return;
+    ddp_metrics_value_t v[DDP_MF_COUNT];
+    ddp_tb_scalar_t sc[DDP_MF_COUNT];
+    int n = 0, nv = ddp_metrics_values(r, v);
+    for (int i = 0; i < nv; i++) {
+        if (v[i].field == DDP_MF_STEP || v[i].field == DDP_MF_STEPS) continue;
+        if (v[i].type == DDP_METRICS_STR || isnan(v[i].num)) continue; /* null: no number */
+        sc[n++] = (ddp_tb_scalar_t){tag_of(v[i].key), (float)v[i].num};
     }
-    ddp_tb_scalar_t v[MAX_VALUES];
-    int n = 0;
-    const char *key;
-    json_t *val;
-    json_object_foreach(o, key, val) {
-        const char *tag = tag_of(key);
-        if (!tag || n == MAX_VALUES) continue;
-        if (json_is_number(val))
-            v[n++] = (ddp_tb_scalar_t){tag, (float)json_number_value(val)};
-        else if (json_is_boolean(val))
-            v[n++] = (ddp_tb_scalar_t){tag, json_is_true(val) ? 1.0f : 0.0f};
-    }
-    int rc = n ? ddp_tb_scalars(s->tb, (int64_t)json_integer_value(st), now_s(), v, n) : 0;
+    int rc = n ? ddp_tb_scalars(s->tb, r->step, now_s(), sc, n) : 0;
     if (rc) {
         DDP_WARN("tensorboard: writing %s failed (%s); no more events this run",
                  ddp_tb_path(s->tb), ddp_strerror(rc));
         ddp_tb_close(s->tb);
         s->tb = NULL;
     }
-    json_decref(o);
 }
 
-static ssize_t sink_write(void *cookie, const char *buf, size_t size)
+int ddp_metrics_sink_write(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
 {
-    sink_t *s = cookie;
-    for (size_t off = 0; off < size;) {
-        ssize_t w = write(s->fd, buf + off, size - off);
+    if (!s) return 0;
+    char line[DDP_METRICS_LINE_MAX + 1];
+    size_t len = 0;
+    int rc = ddp_metrics_format(r, line, sizeof line - 1, &len);
+    if (rc) {
+        DDP_WARN("metrics.jsonl: a %s record cannot be written: %s",
+                 ddp_metrics_kind_name(r->kind), ddp_strerror(rc));
+        return rc;
+    }
+    line[len++] = '\n';
+    for (size_t off = 0; off < len;) {
+        ssize_t w = write(s->fd, line + off, len - off);
         if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return off ? (ssize_t)off : -1;
+        if (w < 0) {
+            rc = -errno;
+            if (!s->write_failed)
+                DDP_WARN("metrics.jsonl: write failed (%s); training goes on", strerror(errno));
+            s->write_failed = 1;
+            return rc;
+        }
         off += (size_t)w;
     }
-    for (size_t i = 0; s->tb && i < size; i++) {
-        if (buf[i] == '\n') {
-            if (!s->overlong) tee_line(s, s->line, s->len);
-            s->len = 0;
-            s->overlong = 0;
-        } else if (s->len < MAX_LINE) {
-            s->line[s->len++] = buf[i];
-        } else {
-            s->overlong = 1;
-        }
-    }
-    return (ssize_t)size;
+    tee_record(s, r);
+    return 0;
 }
 
-static int sink_close(void *cookie)
+int ddp_metrics_sink_open(const char *run_dir, const char *path, ddp_metrics_sink_t **out)
 {
-    sink_t *s = cookie;
-    int rc = close(s->fd);
-    ddp_tb_close(s->tb);
-    free(s->line);
-    free(s);
-    return rc;
-}
-
-FILE *ddp_metrics_open(const char *run_dir, const char *path)
-{
-    sink_t *s = ddp_calloc(1, sizeof *s);
-    if (!s) return NULL;
+    *out = NULL;
+    ddp_metrics_sink_t *s = ddp_calloc(1, sizeof *s);
+    if (!s) return DDP_ENOMEM;
     s->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (s->fd < 0) {
-        int e = errno;
+        int rc = -errno;
         free(s);
-        errno = e;
-        return NULL;
+        return rc;
     }
-    int rc = (s->line = ddp_malloc(MAX_LINE)) ? ddp_tb_open(run_dir, &s->tb) : DDP_ENOMEM;
+    int rc = ddp_tb_open(run_dir, &s->tb);
     if (rc) DDP_WARN("tensorboard: cannot create an event file in %s/tb: %s", run_dir,
                      ddp_strerror(rc));
-    cookie_io_functions_t io = {.write = sink_write, .close = sink_close};
-    FILE *f = fopencookie(s, "a", io);
-    if (!f) {
-        int e = errno;
-        sink_close(s);
-        errno = e;
+    *out = s;
+    return 0;
+}
+
+long ddp_metrics_sink_last_step(const char *path)
+{
+    long last = -1;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        ddp_metrics_rec_t r;
+        if (ddp_metrics_parse(line, (size_t)n, &r, NULL) == 0 && r.kind == DDP_METRICS_STEP &&
+            r.step > last)
+            last = (long)r.step;
     }
-    return f;
+    free(line);
+    fclose(f);
+    return last;
+}
+
+void ddp_metrics_sink_close(ddp_metrics_sink_t *s)
+{
+    if (!s) return;
+    close(s->fd);
+    ddp_tb_close(s->tb);
+    free(s);
 }

@@ -70,8 +70,11 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
         if (t->opts.rank == 0 && !t->opts.quiet)
             DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
         if (t->metrics) {
-            fprintf(t->metrics, "{\"step\":%ld,\"val_loss\":%.6f}\n", t->step, vl);
-            fflush(t->metrics);
+            ddp_metrics_rec_t r;
+            ddp_metrics_init(&r, DDP_METRICS_VAL);
+            r.step = t->step;
+            r.val_loss = vl;
+            ddp_metrics_sink_write(t->metrics, &r);
         }
     }
     ddp_tckpt_pos_t pos;
@@ -100,20 +103,21 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
                  t->step, t->gen.source, t->step + 1,
                  t->xfer.receiving ? "receives it" : "computes the step");
     if (t->metrics) {
-        char why[300];
-        size_t j = 0;
-        for (const char *p = t->gen.why; *p && j < sizeof why - 2; p++) /* JSON-safe */
-            if (*p != '"' && *p != '\\' && (unsigned char)*p >= 0x20) why[j++] = *p;
-        why[j] = 0;
-        fprintf(t->metrics,
-                "{\"event\":\"generation\",\"generation\":%llu,\"world\":%d,\"step\":%ld,"
-                "\"cause\":\"%s\",\"reconfig_ms\":%.1f,\"form_ms\":%.1f,\"comm_ms\":%.1f,"
-                "\"attach_ms\":%.1f,\"state_ms\":%.1f,\"receivers\":%d,\"source\":%d,"
-                "\"shrunk\":%s}\n",
-                (unsigned long long)t->gen.gen, t->opts.world, t->step, why, ms, st.form_ms,
-                st.comm_ms, st.attach_ms, st.state_ms, st.receivers, t->gen.source,
-                st.shrunk ? "true" : "false");
-        fflush(t->metrics);
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_GENERATION);
+        r.generation = (int64_t)t->gen.gen;
+        r.world = t->opts.world;
+        r.step = t->step;
+        snprintf(r.cause, sizeof r.cause, "%s", t->gen.why); /* the codec escapes it */
+        r.reconfig_ms = ms;
+        r.form_ms = st.form_ms;
+        r.comm_ms = st.comm_ms;
+        r.attach_ms = st.attach_ms;
+        r.state_ms = st.state_ms;
+        r.receivers = st.receivers;
+        r.source = t->gen.source;
+        r.shrunk = st.shrunk;
+        ddp_metrics_sink_write(t->metrics, &r);
     }
     return 0;
 }

@@ -1,5 +1,4 @@
 /* A step's line: the log (rank 0, every log_every steps) and metrics.jsonl (see train.h). */
-#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -34,19 +33,28 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
                      t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
     }
     if (t->metrics && t->step > t->logged_step) {
-        char norm[32] = "null"; /* a skipped step's norm is not finite: not a JSON number */
-        if (isfinite(t->last_norm)) snprintf(norm, sizeof norm, "%.6g", t->last_norm);
-        fprintf(t->metrics,
-                "{\"step\":%ld,\"steps\":%ld,\"loss\":%.6f,\"lr\":%.6g,\"grad_norm\":%s,"
-                "\"tokens_per_s\":%.1f,\"step_ms\":%.2f,\"compute_ms\":%.2f,\"comm_ms\":%.2f,"
-                "\"exposed_comm_ms\":%.2f,\"hidden\":%.4f,\"optim_ms\":%.2f,\"tokens\":%llu,"
-                "\"world\":%d,\"generation\":%llu,\"straggler\":%d,\"loss_scale\":%g,"
-                "\"wall_ms\":%.1f}\n",
-                t->step, s->steps, loss, lr, norm, tps, ms, t->compute_ms, c->comm_ms,
-                c->exposed_ms, c->hidden, t->optim_ms, (unsigned long long)t->tokens, t->opts.world,
-                (unsigned long long)t->gen.gen, t->stragglers.named, t->lscale.scale,
-                (double)(ddp_now_ns() - t->run_t0) / 1e6);
-        fflush(t->metrics);
+        /* a skipped step's norm (or a diverged loss) is not finite: the codec writes null */
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_STEP);
+        r.step = t->step;
+        r.steps = s->steps;
+        r.loss = loss;
+        r.lr = lr;
+        r.grad_norm = t->last_norm;
+        r.tokens_per_s = tps;
+        r.step_ms = ms;
+        r.compute_ms = t->compute_ms;
+        r.comm_ms = c->comm_ms;
+        r.exposed_comm_ms = c->exposed_ms;
+        r.hidden = c->hidden;
+        r.optim_ms = t->optim_ms;
+        r.tokens = (int64_t)t->tokens;
+        r.world = t->opts.world;
+        r.generation = (int64_t)t->gen.gen;
+        r.straggler = t->stragglers.named;
+        r.loss_scale = t->lscale.scale;
+        r.wall_ms = (double)(ddp_now_ns() - t->run_t0) / 1e6;
+        ddp_metrics_sink_write(t->metrics, &r); /* a failed write is logged; training goes on */
         t->logged_step = t->step;
     }
 }

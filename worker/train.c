@@ -22,25 +22,11 @@
  * then each rank's compute ms. */
 #define VOTE_RANKS 5
 
-/* The highest step of metrics.jsonl's step lines (-1: none): a new rank 0 of a later generation
- * goes on after it, so that every step has one line even when a step is redone. */
-static long last_logged_step(const char *path)
-{
-    long last = -1, step;
-    char line[4096];
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "{\"step\":%ld,\"steps\"", &step) == 1 && step > last) last = step;
-    fclose(f);
-    return last;
-}
-
 /* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
 static int open_metrics(ddp_trainer_t *t)
 {
     if (t->opts.rank != 0 && t->metrics) {
-        fclose(t->metrics);
+        ddp_metrics_sink_close(t->metrics);
         t->metrics = NULL;
     }
     if (!t->opts.run_dir || t->opts.rank != 0 || t->metrics) return 0;
@@ -50,13 +36,12 @@ static int open_metrics(ddp_trainer_t *t)
     }
     char path[1100];
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    if (t->elastic) t->logged_step = last_logged_step(path);
-    t->metrics = ddp_metrics_open(t->opts.run_dir, path); /* + RUN_DIR/tb/ */
-    if (!t->metrics) {
-        DDP_ERROR("cannot open %s: %s", path, strerror(errno));
-        return -errno;
-    }
-    return 0;
+    /* a new rank 0 of a later generation goes on after the last step line, so that every step
+     * has one line even when a step is redone */
+    if (t->elastic) t->logged_step = ddp_metrics_sink_last_step(path);
+    int rc = ddp_metrics_sink_open(t->opts.run_dir, path, &t->metrics); /* + RUN_DIR/tb/ */
+    if (rc) DDP_ERROR("cannot open %s: %s", path, ddp_strerror(rc));
+    return rc;
 }
 
 /* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->gen
@@ -629,7 +614,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     free(t->norm_sums);
     free(t->vote);
     ddp_straggler_close(&t->stragglers);
-    if (t->metrics) fclose(t->metrics);
+    ddp_metrics_sink_close(t->metrics);
     ddp_trace_close(); /* train.trace */
     memset(t, 0, sizeof *t);
 }
@@ -753,13 +738,17 @@ static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     if (t->metrics) {
         double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
-        fprintf(t->metrics,
-                "{\"event\":\"state_transfer\",\"generation\":%llu,\"step\":%ld,"
-                "\"mode\":\"%s\",\"receivers\":%d,\"source\":%d,\"mb\":%.2f,\"ms\":%.1f,"
-                "\"mb_per_s\":%.1f}\n",
-                (unsigned long long)t->gen.gen, state_step, x->overlap ? "overlap" : "pause",
-                x->n_receivers, x->first_root, mb, ms, mb * 1e3 / (ms > 0 ? ms : 1));
-        fflush(t->metrics);
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
+        r.generation = (int64_t)t->gen.gen;
+        r.step = state_step;
+        snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
+        r.receivers = x->n_receivers;
+        r.source = x->first_root;
+        r.mb = mb;
+        r.ms = ms;
+        r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
+        ddp_metrics_sink_write(t->metrics, &r);
     }
     int overlapped = x->overlap;
     ddp_xfer_clear(x);

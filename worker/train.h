@@ -20,6 +20,7 @@
 #include "worker/data.h"
 #include "worker/gpt2.h"
 #include "worker/loss_scale.h"
+#include "worker/metrics_sink.h"
 #include "worker/optim.h"
 #include "worker/profile.h"
 #include "worker/reducer.h"
@@ -119,7 +120,7 @@ typedef struct ddp_trainer {
     int32_t *emb_tokens;  /* and as token ids */
     long step;        /* optimizer steps completed */
     uint64_t tokens;  /* tokens trained on, all ranks */
-    FILE *metrics;    /* rank 0's metrics.jsonl, or NULL */
+    ddp_metrics_sink_t *metrics; /* rank 0's metrics.jsonl (+ TensorBoard), or NULL */
     float last_loss, last_val_loss;
     int skipped_steps;        /* updates skipped for a non-finite gradient */
     int skipped_in_a_row;

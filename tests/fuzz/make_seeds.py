@@ -121,6 +121,28 @@ reqs = [
 put("rpc", "requests.jsonl", "\n".join(json.dumps(r) for r in reqs) + "\n")
 put("rpc", "bad.jsonl", '{"jsonrpc":"1.0","id":[1],"method":2}\n\n  \r\n{"a":\n\xc3\x28 text\n')
 
+# metrics: every kind of metrics.jsonl line (as the codec writes them), older and stranger ones
+metrics = [
+    '{"step":1200,"steps":2000,"loss":3.281742,"lr":0.00059873,"grad_norm":1.02346,'
+    '"tokens_per_s":45678.9,"step_ms":123.46,"compute_ms":100.12,"comm_ms":30.50,'
+    '"exposed_comm_ms":5.25,"hidden":0.8279,"optim_ms":2.50,"tokens":78643200,"world":4,'
+    '"generation":2,"straggler":-1,"loss_scale":1,"wall_ms":148148.1}',
+    '{"step":1,"steps":10,"loss":null,"lr":6e-05,"grad_norm":null,"loss_scale":65536}',
+    '{"step":300,"val_loss":2.718282}',
+    '{"event":"generation","generation":3,"world":3,"step":41,"cause":"rank 2 \\"x\\" \\n '
+    '\u00fc \u2713","reconfig_ms":1234.6,"form_ms":1000.0,"comm_ms":200.1,"attach_ms":30.0,'
+    '"state_ms":4.5,"receivers":1,"source":0,"shrunk":true}',
+    '{"event":"state_transfer","generation":4,"step":99,"mode":"overlap","receivers":2,'
+    '"source":1,"mb":1493.28,"ms":812.2,"mb_per_s":1838.4}',
+    '{"event":"done","step":2000,"final_loss":1.234568}',
+    '{"event":"done","final_loss":0.714286}',
+    '{"event":"generation","step":5,"cause":"rank 1 died","sync_mb":1.25,"sync_ms":3.0}',
+    '{"loss": 2.5, "step": 4, "generation": 1, "x": [1, {}]}',
+    '{"event":"checkpoint","step":200,"ms":12.5}',
+]
+put("metrics", "kinds.jsonl", "\n".join(metrics) + "\n")
+put("metrics", "bad.jsonl", '{"step":1,"loss":nan}\n{"step":"7"}\n{"event":7}\n[1]\n{"step":1\n')
+
 # peer
 n = "ab" * 32
 put("peer", "hello.json", json.dumps({"hello": "ddpd", "node": "a", "nonce": n}))

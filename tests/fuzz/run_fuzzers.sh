@@ -18,7 +18,7 @@ set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$src/build-fuzz}" && cd "${1:-$src/build-fuzz}" && pwd)
 secs=${FUZZ_SECONDS:-30}
-all=(spec shard safetensors manifest ckpt rpc peer)
+all=(spec shard safetensors manifest ckpt rpc peer metrics)
 read -r -a only <<<"${FUZZ_ONLY:-${all[*]}}"
 
 cc=${FUZZ_CC:-clang}
@@ -45,7 +45,7 @@ ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
       worker/checkpoint/dio.c worker/checkpoint/uring.c)
 uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 declare -A srcs=(
-    [spec]="${proto[*]}" [shard]="${proto[*]}"
+    [spec]="${proto[*]}" [shard]="${proto[*]}" [metrics]="proto/metrics.c"
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
 )
