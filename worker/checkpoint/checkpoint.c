@@ -38,7 +38,7 @@
 #include <unistd.h>
 
 #include "checkpoint_internal.h"
-#include "saver_internal.h"
+#include "checkpoint_impl.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/crc32c.h"

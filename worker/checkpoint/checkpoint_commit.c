@@ -15,7 +15,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "manifest_internal.h"
-#include "saver_internal.h"
+#include "checkpoint_impl.h"
 
 /* Every file rank 0 expects in the finished directory. */
 static int expected_files(const ddp_ckpt_saver_t *s, const ddp_manifest_t *m, ddp_errinfo_t *ei,

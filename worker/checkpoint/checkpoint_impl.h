@@ -2,8 +2,8 @@
  * (the commit that makes a save visible, and pruning); not public. The invariants of the
  * fields are checkpoint.c's opening comment's.
  */
-#ifndef DDP_WORKER_CHECKPOINT_SAVER_INTERNAL_H
-#define DDP_WORKER_CHECKPOINT_SAVER_INTERNAL_H
+#ifndef DDP_WORKER_CHECKPOINT_CHECKPOINT_IMPL_H
+#define DDP_WORKER_CHECKPOINT_CHECKPOINT_IMPL_H
 
 #include <limits.h>
 #include <pthread.h>
