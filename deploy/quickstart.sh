@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a trained model: installs the dependencies,
 # builds ddpd, turns a text corpus into byte-level token shards, and runs
-# deploy/examples/quickstart.yaml (gpt2-mini, 2 data-parallel ranks on the local CPU) with
-# `ddpctl run`, which starts an embedded daemon when none is running and follows the job.
+# deploy/examples/quickstart.yaml (a 0.83M-parameter byte-level GPT-2, 2 data-parallel ranks on
+# the local CPU) with `ddpctl run`, which starts an embedded daemon when none is running and
+# follows the job.
 # Prints live progress and, at the end, a text sample from the trained model.
 #
 #   deploy/quickstart.sh [TEXT_FILE...]
