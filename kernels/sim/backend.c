@@ -544,6 +544,24 @@ static void sim_xent(ddp_kctx_t *ctx, float *losses, float *dlogits, const float
            RANGE(targets, N, 4, R));
 }
 
+/* An op over a table of ranges: *copy gets a copy of the table (the op's, freed by run()) and
+ * *acc room for nacc accesses (the caller's to fill and free after launch). NULL, with
+ * DDP_ENOMEM kept, when either cannot be had. */
+static args_t *new_ranged(ddp_kctx_t *ctx, int op, const void *table, size_t bytes, int nacc,
+                          void **copy, ddp_simdev_access_t **acc)
+{
+    *copy = malloc(bytes);
+    *acc = malloc((size_t)nacc * sizeof **acc);
+    args_t *a = *copy && *acc ? new_args(ctx, op) : NULL;
+    if (!a) {
+        if (!ctx->err) ctx->err = DDP_ENOMEM;
+        free(*copy), free(*acc);
+        return NULL;
+    }
+    memcpy(*copy, table, bytes);
+    return a;
+}
+
 static void sim_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                       const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
                       float beta2, float eps, float grad_scale, int t, uint32_t *crc)
@@ -553,15 +571,11 @@ static void sim_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m
         return;
     }
     if (nranges <= 0) return;
-    ddp_kadamw_range_t *copy = malloc((size_t)nranges * sizeof *copy);
-    ddp_simdev_access_t *acc = malloc(4 * (size_t)nranges * sizeof *acc);
-    args_t *a = copy && acc ? new_args(ctx, ADAMW) : NULL;
-    if (!a) {
-        if (!ctx->err) ctx->err = DDP_ENOMEM;
-        free(copy), free(acc);
-        return;
-    }
-    memcpy(copy, ranges, (size_t)nranges * sizeof *copy);
+    ddp_simdev_access_t *acc;
+    ddp_kadamw_range_t *copy;
+    args_t *a = new_ranged(ctx, ADAMW, ranges, (size_t)nranges * sizeof *ranges, 4 * nranges,
+                           (void **)&copy, &acc);
+    if (!a) return;
     for (int r = 0; r < nranges; r++) {
         size_t lo = ranges[r].lo, n = ranges[r].hi - lo;
         acc[4 * r] = F(param ? param + lo : NULL, n, RW);
@@ -582,15 +596,11 @@ static void sim_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
                              const ddp_krange_t *ranges, int nranges, size_t block)
 {
     if (nranges <= 0) return;
-    ddp_krange_t *copy = malloc((size_t)nranges * sizeof *copy);
-    ddp_simdev_access_t *acc = malloc(2 * (size_t)nranges * sizeof *acc);
-    args_t *a = copy && acc ? new_args(ctx, SUMSQ) : NULL;
-    if (!a) {
-        if (!ctx->err) ctx->err = DDP_ENOMEM;
-        free(copy), free(acc);
-        return;
-    }
-    memcpy(copy, ranges, (size_t)nranges * sizeof *copy);
+    ddp_simdev_access_t *acc;
+    ddp_krange_t *copy;
+    args_t *a = new_ranged(ctx, SUMSQ, ranges, (size_t)nranges * sizeof *ranges, 2 * nranges,
+                           (void **)&copy, &acc);
+    if (!a) return;
     for (int r = 0; r < nranges; r++) {
         size_t n = ranges[r].hi - ranges[r].lo;
         acc[2 * r] = F(out ? out + ranges[r].out : NULL, (n + block - 1) / block,
