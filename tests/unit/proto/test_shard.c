@@ -1,6 +1,7 @@
 /* Unit tests of token shards: write/open round trip, every rejected file (truncated, wrong
  * magic, wrong version, header-only with a nonzero count, oversized), 32-bit shards (round
- * trip, truncated, mislabelled), atomic write leaving no temporary, and globbing (sorted, empty). Files live in a fresh temporary directory. */
+ * trip, truncated, mislabelled), atomic write leaving no temporary, and globbing (sorted,
+ * empty). Files live in a fresh temporary directory. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
