@@ -14,6 +14,7 @@
 #include <pcre2.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 
@@ -555,6 +556,11 @@ static int compile_pattern(ddp_tok_t *t, const char *pattern, int literal, ddp_e
 int ddp_tok_load(const char *path, ddp_tok_t **out, ddp_errinfo_t *ei)
 {
     *out = NULL;
+    if (access(path, R_OK) < 0) {
+        int rc = ddp_errinfo_set(ei, -errno, "cannot read the tokenizer: %s", strerror(errno));
+        ddp_errinfo_path(ei, "%s", path);
+        return rc;
+    }
     json_error_t jerr;
     json_t *root = json_load_file(path, 0, &jerr);
     if (!root) {
