@@ -17,145 +17,13 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "worker/bytemap.h"
 
 /* GPT-2's pre-tokenizer pattern (ByteLevel with use_regex true). */
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-#define NONE UINT32_MAX
-
-/* ---- a bytes -> uint32 map (open addressing, keys in one arena) ---- */
-
-typedef struct strmap {
-    uint32_t *slot_key; /* index into keys[] + 1; 0 = empty */
-    uint32_t *slot_val;
-    size_t n_slots, count;
-    struct {
-        size_t off, len;
-    } *keys;
-    size_t n_keys, cap_keys;
-    char *arena;
-    size_t arena_len, arena_cap;
-} strmap_t;
-
-static uint64_t hash_bytes(const void *p, size_t n)
-{
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-    return h ^ (h >> 29);
-}
-
-static void strmap_free(strmap_t *m)
-{
-    free(m->slot_key);
-    free(m->slot_val);
-    free(m->keys);
-    free(m->arena);
-    memset(m, 0, sizeof *m);
-}
-
-static int strmap_init(strmap_t *m, size_t expect)
-{
-    memset(m, 0, sizeof *m);
-    size_t n = 64;
-    while (n < expect * 2) n *= 2;
-    m->n_slots = n;
-    m->slot_key = ddp_calloc(n, sizeof *m->slot_key);
-    m->slot_val = ddp_calloc(n, sizeof *m->slot_val);
-    if (!m->slot_key || !m->slot_val) return DDP_ENOMEM;
-    return 0;
-}
-
-static const char *strmap_key(const strmap_t *m, uint32_t k, size_t *len)
-{
-    *len = m->keys[k - 1].len;
-    return m->arena + m->keys[k - 1].off;
-}
-
-/* The slot holding key, or the empty slot where it would go. */
-static size_t strmap_slot(const strmap_t *m, const void *key, size_t len)
-{
-    size_t mask = m->n_slots - 1, i = (size_t)hash_bytes(key, len) & mask;
-    for (;; i = (i + 1) & mask) {
-        uint32_t k = m->slot_key[i];
-        if (!k) return i;
-        size_t kl;
-        const char *kp = strmap_key(m, k, &kl);
-        if (kl == len && memcmp(kp, key, len) == 0) return i;
-    }
-}
-
-static uint32_t strmap_get(const strmap_t *m, const void *key, size_t len)
-{
-    size_t i = strmap_slot(m, key, len);
-    return m->slot_key[i] ? m->slot_val[i] : NONE;
-}
-
-static int strmap_grow(strmap_t *m)
-{
-    strmap_t old = *m;
-    size_t n = m->n_slots * 2;
-    m->slot_key = ddp_calloc(n, sizeof *m->slot_key);
-    m->slot_val = ddp_calloc(n, sizeof *m->slot_val);
-    if (!m->slot_key || !m->slot_val) {
-        free(m->slot_key);
-        free(m->slot_val);
-        m->slot_key = old.slot_key;
-        m->slot_val = old.slot_val;
-        return DDP_ENOMEM;
-    }
-    m->n_slots = n;
-    for (size_t i = 0; i < old.n_slots; i++) {
-        if (!old.slot_key[i]) continue;
-        size_t kl;
-        const char *kp = strmap_key(m, old.slot_key[i], &kl);
-        size_t j = strmap_slot(m, kp, kl);
-        m->slot_key[j] = old.slot_key[i];
-        m->slot_val[j] = old.slot_val[i];
-    }
-    free(old.slot_key);
-    free(old.slot_val);
-    return 0;
-}
-
-/* Inserts or overwrites key -> val. */
-static int strmap_put(strmap_t *m, const void *key, size_t len, uint32_t val)
-{
-    size_t i = strmap_slot(m, key, len);
-    if (m->slot_key[i]) {
-        m->slot_val[i] = val;
-        return 0;
-    }
-    if ((m->count + 1) * 2 > m->n_slots) {
-        DDP_CHECK(strmap_grow(m));
-        i = strmap_slot(m, key, len);
-    }
-    if (m->n_keys == m->cap_keys) {
-        size_t c = m->cap_keys ? m->cap_keys * 2 : 256;
-        void *k = ddp_realloc(m->keys, c * sizeof *m->keys);
-        if (!k) return DDP_ENOMEM;
-        m->keys = k;
-        m->cap_keys = c;
-    }
-    if (m->arena_len + len > m->arena_cap) {
-        size_t c = m->arena_cap ? m->arena_cap : 4096;
-        while (c < m->arena_len + len) c *= 2;
-        char *a = ddp_realloc(m->arena, c);
-        if (!a) return DDP_ENOMEM;
-        m->arena = a;
-        m->arena_cap = c;
-    }
-    memcpy(m->arena + m->arena_len, key, len);
-    m->keys[m->n_keys].off = m->arena_len;
-    m->keys[m->n_keys].len = len;
-    m->arena_len += len;
-    m->n_keys++;
-    m->slot_key[i] = (uint32_t)m->n_keys;
-    m->slot_val[i] = val;
-    m->count++;
-    return 0;
-}
+#define NONE DDP__BYTEMAP_NONE
 
 /* ---- the tokenizer ---- */
 
@@ -172,7 +40,7 @@ typedef struct merge_slot {
 } merge_slot_t;
 
 struct ddp_tok {
-    strmap_t vocab;        /* raw bytes -> id */
+    ddp__bytemap_t vocab;        /* raw bytes -> id */
     char **id_bytes;       /* [vocab_size]: an id's bytes (NULL: unused id) */
     uint32_t *id_len;      /* [vocab_size] */
     uint32_t vocab_size;
@@ -241,7 +109,7 @@ int ddp_tok_added_has_newline(const ddp_tok_t *t)
 static merge_slot_t *merge_find(const ddp_tok_t *t, uint32_t left, uint32_t right)
 {
     uint64_t key = (uint64_t)left << 32 | right;
-    size_t mask = t->merge_slots - 1, i = (size_t)hash_bytes(&key, sizeof key) & mask;
+    size_t mask = t->merge_slots - 1, i = (size_t)ddp__hash_bytes(&key, sizeof key) & mask;
     for (;; i = (i + 1) & mask) {
         if (t->merges[i].pair == key) return &t->merges[i];
         if (t->merges[i].pair == UINT64_MAX) return NULL;
@@ -251,7 +119,7 @@ static merge_slot_t *merge_find(const ddp_tok_t *t, uint32_t left, uint32_t righ
 void ddp_tok_free(ddp_tok_t *t)
 {
     if (!t) return;
-    strmap_free(&t->vocab);
+    ddp__bytemap_free(&t->vocab);
     if (t->id_bytes)
         for (uint32_t i = 0; i < t->vocab_size; i++) free(t->id_bytes[i]);
     free(t->id_bytes);
@@ -378,7 +246,7 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
     for (int i = 0; i < 324; i++) byte_of_cp[i] = NONE;
     for (int b = 0; b < 256; b++) byte_of_cp[cp_of[b]] = (uint32_t)b;
 
-    DDP_CHECK(strmap_init(&t->vocab, json_object_size(vocab)));
+    DDP_CHECK(ddp__bytemap_init(&t->vocab, json_object_size(vocab)));
     const char *key;
     json_t *val;
     char *buf = NULL;
@@ -406,14 +274,14 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
             memcpy(buf, key, len);
             n = (long)len;
         }
-        if ((rc = strmap_put(&t->vocab, buf, (size_t)n, (uint32_t)id))) break;
+        if ((rc = ddp__bytemap_put(&t->vocab, buf, (size_t)n, (uint32_t)id))) break;
         if ((uint32_t)id + 1 > t->vocab_size) t->vocab_size = (uint32_t)id + 1;
     }
     free(buf);
     DDP_CHECK(rc);
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
-        t->byte_id[b] = strmap_get(&t->vocab, &c, 1);
+        t->byte_id[b] = ddp__bytemap_get(&t->vocab, &c, 1);
     }
     json_t *unk = json_object_get(model, "unk_token");
     t->unk = NONE;
@@ -421,8 +289,8 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
         const char *u = json_string_value(unk);
         char tmp[512];
         long n = strlen(u) < sizeof tmp ? from_byte_level(byte_of_cp, u, strlen(u), tmp) : -1;
-        uint32_t id = n >= 0 ? strmap_get(&t->vocab, tmp, (size_t)n) : NONE;
-        if (id == NONE) id = strmap_get(&t->vocab, u, strlen(u));
+        uint32_t id = n >= 0 ? ddp__bytemap_get(&t->vocab, tmp, (size_t)n) : NONE;
+        if (id == NONE) id = ddp__bytemap_get(&t->vocab, u, strlen(u));
         if (id == NONE) return REFUSE(ei, "model.unk_token: \"%s\" is not in model.vocab", u);
         t->unk = id;
     }
@@ -462,17 +330,17 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
         long nb = from_byte_level(byte_of_cp, sb, lb, b);
         if (na < 0 || nb < 0)
             return REFUSE(ei, "model.merges[%zu]: a symbol outside the byte-level alphabet", r);
-        uint32_t ia = strmap_get(&t->vocab, a, (size_t)na);
-        uint32_t ib = strmap_get(&t->vocab, b, (size_t)nb);
+        uint32_t ia = ddp__bytemap_get(&t->vocab, a, (size_t)na);
+        uint32_t ib = ddp__bytemap_get(&t->vocab, b, (size_t)nb);
         memcpy(ab, a, (size_t)na);
         memcpy(ab + na, b, (size_t)nb);
-        uint32_t iab = strmap_get(&t->vocab, ab, (size_t)(na + nb));
+        uint32_t iab = ddp__bytemap_get(&t->vocab, ab, (size_t)(na + nb));
         if (ia == NONE || ib == NONE || iab == NONE)
             return REFUSE(ei, "model.merges[%zu]: %s is not in model.vocab", r,
                           ia == NONE ? "the first symbol" : ib == NONE ? "the second symbol"
                                                                        : "the merged symbol");
         uint64_t key64 = (uint64_t)ia << 32 | ib;
-        size_t mask = t->merge_slots - 1, i = (size_t)hash_bytes(&key64, 8) & mask;
+        size_t mask = t->merge_slots - 1, i = (size_t)ddp__hash_bytes(&key64, 8) & mask;
         while (t->merges[i].pair != UINT64_MAX && t->merges[i].pair != key64) i = (i + 1) & mask;
         if (t->merges[i].pair == key64) continue; /* a duplicate keeps its first rank */
         t->merges[i] = (merge_slot_t){.pair = key64, .rank = (uint32_t)r, .merged = iab};
@@ -517,11 +385,11 @@ static int build_id_table(ddp_tok_t *t)
     t->id_bytes = ddp_calloc(t->vocab_size, sizeof *t->id_bytes);
     t->id_len = ddp_calloc(t->vocab_size, sizeof *t->id_len);
     if (!t->id_bytes || !t->id_len) return DDP_ENOMEM;
-    const strmap_t *m = &t->vocab;
+    const ddp__bytemap_t *m = &t->vocab;
     for (size_t i = 0; i < m->n_slots; i++) {
         if (!m->slot_key[i]) continue;
         size_t kl;
-        const char *kp = strmap_key(m, m->slot_key[i], &kl);
+        const char *kp = ddp__bytemap_key(m, m->slot_key[i], &kl);
         uint32_t id = m->slot_val[i];
         free(t->id_bytes[id]);
         if (!(t->id_bytes[id] = ddp_malloc(kl + 1))) return DDP_ENOMEM;
@@ -610,7 +478,7 @@ typedef struct heap_ent {
 struct ddp_tok_enc {
     const ddp_tok_t *t;
     pcre2_match_data *md;
-    strmap_t cache; /* word -> offset into cache_ids; the ids run until a NONE */
+    ddp__bytemap_t cache; /* word -> offset into cache_ids; the ids run until a NONE */
     uint32_t *cache_ids;
     size_t cache_len, cache_cap;
     /* scratch for one word */
@@ -626,7 +494,7 @@ int ddp_tok_enc_new(const ddp_tok_t *t, ddp_tok_enc_t **out)
     if (!e) return DDP_ENOMEM;
     e->t = t;
     e->md = pcre2_match_data_create_from_pattern(t->re, NULL);
-    if (!e->md || strmap_init(&e->cache, CACHE_MAX_WORDS)) {
+    if (!e->md || ddp__bytemap_init(&e->cache, CACHE_MAX_WORDS)) {
         ddp_tok_enc_free(e);
         return DDP_ENOMEM;
     }
@@ -638,7 +506,7 @@ void ddp_tok_enc_free(ddp_tok_enc_t *e)
 {
     if (!e) return;
     pcre2_match_data_free(e->md);
-    strmap_free(&e->cache);
+    ddp__bytemap_free(&e->cache);
     free(e->cache_ids);
     free(e->id);
     free(e->prev);
@@ -706,12 +574,12 @@ static int bpe_word(ddp_tok_enc_t *e, const unsigned char *w, size_t n, ddp_tok_
 {
     const ddp_tok_t *t = e->t;
     if (t->ignore_merges) {
-        uint32_t whole = strmap_get(&t->vocab, w, n);
+        uint32_t whole = ddp__bytemap_get(&t->vocab, w, n);
         if (whole != NONE) return ids_push(out, whole);
     }
     int cacheable = n <= CACHE_MAX_WORD;
     if (cacheable) {
-        uint32_t at = strmap_get(&e->cache, w, n);
+        uint32_t at = ddp__bytemap_get(&e->cache, w, n);
         if (at != NONE) {
             for (const uint32_t *p = e->cache_ids + at; *p != NONE; p++)
                 DDP_CHECK(ids_push(out, *p));
@@ -766,9 +634,9 @@ static int bpe_word(ddp_tok_enc_t *e, const unsigned char *w, size_t n, ddp_tok_
     if (!cacheable) return 0;
     size_t k = out->len - first;
     if (e->cache.count >= CACHE_MAX_WORDS) {
-        strmap_free(&e->cache);
+        ddp__bytemap_free(&e->cache);
         e->cache_len = 0;
-        DDP_CHECK(strmap_init(&e->cache, CACHE_MAX_WORDS));
+        DDP_CHECK(ddp__bytemap_init(&e->cache, CACHE_MAX_WORDS));
     }
     if (e->cache_len + k + 1 > e->cache_cap) {
         size_t c = e->cache_cap ? e->cache_cap * 2 : 1 << 16;
@@ -778,7 +646,7 @@ static int bpe_word(ddp_tok_enc_t *e, const unsigned char *w, size_t n, ddp_tok_
         e->cache_ids = p;
         e->cache_cap = c;
     }
-    DDP_CHECK(strmap_put(&e->cache, w, n, (uint32_t)e->cache_len));
+    DDP_CHECK(ddp__bytemap_put(&e->cache, w, n, (uint32_t)e->cache_len));
     memcpy(e->cache_ids + e->cache_len, out->ids + first, k * sizeof *out->ids);
     e->cache_len += k;
     e->cache_ids[e->cache_len++] = NONE;
