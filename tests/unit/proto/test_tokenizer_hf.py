@@ -96,7 +96,7 @@ tok_json = os.path.join(tmp, "tokenizer.json")
 tok.save(tok_json)
 text = open(corpus_path, encoding="utf-8").read()
 
-print("1..16")
+print("1..17")
 
 # 1-3: the whole corpus, one and two threads, and with a validation split
 t0 = time.time()
@@ -238,28 +238,34 @@ ok(r[0], "a Unigram (SentencePiece) model is named", r[1])
 r = refused(lambda d: d["model"].update(byte_fallback=True), "model.byte_fallback")
 ok(r[0], "byte_fallback (SentencePiece-style BPE) is named", r[1])
 
-# 13: Llama 3's pre-tokenizer shape (Sequence of Split + ByteLevel without its regex) and
-# ignore_merges, against tokenizers with the same JSON
-llama_re = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-            r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-d = json.loads(json.dumps(j))
-d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
-    {"type": "Split", "pattern": {"Regex": llama_re}, "behavior": "Isolated", "invert": False},
-    {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
-d["model"]["ignore_merges"] = True
-llama_json = os.path.join(tmp, "llama.json")
-json.dump(d, open(llama_json, "w"))
-ltok = Tokenizer.from_file(llama_json)
+# 13-14: Llama 3's and Qwen2's pre-tokenizer shape (Sequence of Split + ByteLevel without its
+# regex), Llama 3's with ignore_merges, against tokenizers with the same JSON
+shapes = {
+    "Llama 3": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", True),
+    "Qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False),
+}
 sample = big_text + "".join(hostile.values())
 f = os.path.join(tmp, "l.txt")
 open(f, "w", encoding="utf-8", newline="").write(sample)
-p, out = run_prep(llama_json, [f], "--threads", "2")
-got, _ = read_shards(out, "train")
-w = ltok.encode(sample).ids
-ok(p.returncode == 0 and got == w, "Llama 3's pre-tokenizer shape and ignore_merges: equal ids",
-   p.stderr + first_diff(got, w))
+for name, (regex, ignore_merges) in shapes.items():
+    d = json.loads(json.dumps(j))
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]}
+    d["model"]["ignore_merges"] = ignore_merges
+    shape_json = os.path.join(tmp, "shape.json")
+    json.dump(d, open(shape_json, "w"))
+    p, out = run_prep(shape_json, [f], "--threads", "2")
+    got, _ = read_shards(out, "train")
+    w = Tokenizer.from_file(shape_json).encode(sample).ids
+    ok(p.returncode == 0 and got == w, "%s's pre-tokenizer shape%s: equal ids on the chunked "
+       "corpus and the hostile text" % (name, " and ignore_merges" if ignore_merges else ""),
+       p.stderr + first_diff(got, w))
 
-# 14-16: a vocabulary past 65,536: ids shifted up by 68,000, 32-bit shards, equal ids, training
+# 15-17: a vocabulary past 65,536: ids shifted up by 68,000, 32-bit shards, equal ids, training
 d = json.loads(json.dumps(j))
 shift = lambda i: i if i < 257 else i + 68000
 d["model"]["vocab"] = {k: shift(v) for k, v in d["model"]["vocab"].items()}
