@@ -586,6 +586,9 @@ static int bpe_word(ddp_tok_enc_t *e, const unsigned char *w, size_t n, ddp_tok_
             return 0;
         }
     }
+    if (n >= UINT32_MAX / 2) return DDP_EINVAL; /* positions are uint32 */
+    /* The heap holds at most 2n - 2 entries: n - 1 pairs at first, and each merge pops one
+     * and pushes at most two. */
     if (n > e->scratch_cap) {
         size_t c = n * 2;
         uint32_t *a = ddp_realloc(e->id, c * sizeof *a);
@@ -594,10 +597,15 @@ static int bpe_word(ddp_tok_enc_t *e, const unsigned char *w, size_t n, ddp_tok_
         if (b) e->prev = b;
         uint32_t *d = ddp_realloc(e->next, c * sizeof *d);
         if (d) e->next = d;
-        heap_ent_t *h = ddp_realloc(e->heap, c * sizeof *h);
-        if (h) e->heap = h;
-        if (!a || !b || !d || !h) return DDP_ENOMEM;
+        if (!a || !b || !d) return DDP_ENOMEM;
         e->scratch_cap = c;
+    }
+    if (2 * n > e->heap_cap) {
+        size_t c = n * 4;
+        heap_ent_t *h = ddp_realloc(e->heap, c * sizeof *h);
+        if (!h) return DDP_ENOMEM;
+        e->heap = h;
+        e->heap_cap = c;
     }
     /* one symbol per byte; a byte missing from the vocabulary becomes unk or is dropped */
     uint32_t count = 0, last = NONE;

@@ -53,8 +53,8 @@ uint32_t ddp_tok_vocab_size(const ddp_tok_t *t);
 /* 1 when some added token holds a line break (so a cut at a line start could split it). */
 int ddp_tok_added_has_newline(const ddp_tok_t *t);
 
-/* The id of a token given by its text (an added token's content, or a vocabulary entry in the
- * byte-level alphabet). Returns 0 or DDP_ENOTFOUND. */
+/* The id of a token given by its text: an added token's content, or the bytes a vocabulary
+ * entry stands for ("<|endoftext|>", " the"). Returns 0 or DDP_ENOTFOUND. */
 int ddp_tok_find(const ddp_tok_t *t, const char *content, uint32_t *id);
 
 /* A per-thread encoder of t (t must outlive it). Returns 0 or DDP_ENOMEM. */
@@ -62,8 +62,8 @@ int ddp_tok_enc_new(const ddp_tok_t *t, ddp_tok_enc_t **out);
 void ddp_tok_enc_free(ddp_tok_enc_t *e); /* NULL-safe */
 
 /* Appends the ids of text[0, len) to out. The text must be valid UTF-8 (check it with
- * ddp_tok_utf8_check first). Returns 0, DDP_ENOMEM, or DDP_EIO (PCRE2 failed to match, e.g.
- * its match limit). */
+ * ddp_tok_utf8_check first). Returns 0, DDP_ENOMEM, DDP_EINVAL (one piece of 2 GiB or more),
+ * or DDP_EIO (PCRE2 failed to match, e.g. its match limit). */
 int ddp_tok_encode(ddp_tok_enc_t *e, const char *text, size_t len, ddp_tok_ids_t *out);
 
 /* The offset of the first byte of p[0, len) that does not start a valid UTF-8 sequence

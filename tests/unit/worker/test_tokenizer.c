@@ -130,6 +130,22 @@ static void test_merges_by_rank(void **state)
     free(w);
     free(want);
 
+    /* one encoder, words growing from 1 to 300 bytes (its scratch and heap grow between) */
+    ddp_tok_enc_t *e;
+    assert_int_equal(ddp_tok_enc_new(t, &e), 0);
+    char a300[300];
+    memset(a300, 'a', sizeof a300);
+    for (size_t k = 1; k <= sizeof a300; k++) {
+        ddp_tok_ids_t ids = {0};
+        assert_int_equal(ddp_tok_encode(e, a300, k, &ids), 0);
+        size_t m = k / 4 + (k % 4 >= 2) + (k % 2);
+        if (ids.len != m) fail_msg("a x %zu: %zu ids, want %zu", k, ids.len, m);
+        for (size_t i = 0; i < k / 4; i++) assert_int_equal(ids.ids[i], 259);
+        if (k % 2) assert_int_equal(ids.ids[m - 1], 'a');
+        free(ids.ids);
+    }
+    ddp_tok_enc_free(e);
+
     uint32_t id;
     assert_int_equal(ddp_tok_find(t, "bc", &id), 0);
     assert_int_equal(id, 256);
