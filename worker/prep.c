@@ -7,7 +7,8 @@
  * round-trips exactly; the files are concatenated in the order given and the last F of the
  * tokens (default 0.1) become the validation split. With --tokenizer each file is UTF-8 text
  * encoded on its own by a byte-level BPE (worker/tokenizer.h) on all cores (prep_bpe.h), with
- * the tokens --bos and --eos name around it; the validation split begins at the first line
+ * the tokens --bos and --eos name around it (the text "config": the bos_token / eos_token of
+ * the tokenizer_config.json beside the tokenizer); the validation split begins at the first line
  * start at or after the last F of the input bytes. Shards hold 16-bit tokens for a vocabulary
  * of up to 65,536 and 32-bit tokens (llm.c's Llama 3 label) above. The rest is the training
  * split; each split is cut into shards of at most N tokens
@@ -22,6 +23,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,8 @@ static const char USAGE[] =
     "\n"
     "  --tokenizer FILE   encode with this tokenizer.json (GPT-2, Llama 3, Qwen2 BPE); the\n"
     "                     input must be UTF-8; shards are 32-bit past 65,536 ids\n"
-    "  --bos T, --eos T   add token T (its text, e.g. '<|endoftext|>') before / after each file\n"
+    "  --bos T, --eos T   add token T (its text, e.g. '<|endoftext|>') before / after each file;\n"
+    "                     'config': the one tokenizer_config.json beside FILE names\n"
     "  --threads N        encoding threads (default: every online core)\n"
     "  --val-fraction F   last fraction of the tokens kept for validation, 0 <= F < 1\n"
     "                     (default 0.1; 0 writes no validation shards)\n"
@@ -179,11 +182,49 @@ static int parse_double(const char *s, double *out)
     return 0;
 }
 
-/* Resolves --bos/--eos to an id (UINT32_MAX when absent). Returns 0 or -1 (printed). */
-static int token_id(const ddp_tok_t *t, const char *flag, const char *text, uint32_t *id)
+/* The text of `key` ("bos_token" / "eos_token") in the tokenizer_config.json beside the
+ * tokenizer (a string, or an object with "content"), into buf. Returns 0 or -1 (printed). */
+static int config_token(const char *tok_path, const char *key, char *buf, size_t len)
+{
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s", tok_path);
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", slash ? dir : ".");
+    json_error_t jerr;
+    json_t *root = json_load_file(path, 0, &jerr);
+    if (!root) {
+        fprintf(stderr, "ddp-prep: %s: %s\n", path, jerr.text);
+        return -1;
+    }
+    json_t *v = json_object_get(root, key);
+    if (json_is_object(v)) v = json_object_get(v, "content");
+    int rc = 0;
+    if (json_is_string(v) && json_string_length(v) < len) {
+        snprintf(buf, len, "%s", json_string_value(v));
+    } else {
+        fprintf(stderr, "ddp-prep: %s: no %s (a string, or an object with \"content\")\n",
+                path, key);
+        rc = -1;
+    }
+    json_decref(root);
+    return rc;
+}
+
+/* Resolves --bos/--eos to an id (UINT32_MAX when absent); the text "config" takes the token
+ * that tokenizer_config.json beside the tokenizer names. Returns 0 or -1 (printed). */
+static int token_id(const ddp_tok_t *t, const char *tok_path, const char *flag,
+                    const char *text, uint32_t *id)
 {
     *id = UINT32_MAX;
     if (!text) return 0;
+    char from_config[1024];
+    if (strcmp(text, "config") == 0) {
+        if (config_token(tok_path, strcmp(flag, "--bos") ? "eos_token" : "bos_token",
+                         from_config, sizeof from_config))
+            return -1;
+        text = from_config;
+    }
     if (ddp_tok_find(t, text, id) == 0) return 0;
     fprintf(stderr, "ddp-prep: %s '%s' is neither an added token nor a vocabulary entry of the "
                     "tokenizer\n", flag, text);
@@ -214,7 +255,9 @@ static int run_bpe(const char *tok_path, const char *bos, const char *eos, int t
     ddp__prep_bpe_t *p = NULL;
     split_writer_t train = {.dir = out, .prefix = "train", .cap = shard_tokens};
     split_writer_t val = {.dir = out, .prefix = "val", .cap = shard_tokens};
-    if (token_id(t, "--bos", bos, &bos_id) || token_id(t, "--eos", eos, &eos_id)) goto out;
+    if (token_id(t, tok_path, "--bos", bos, &bos_id) ||
+        token_id(t, tok_path, "--eos", eos, &eos_id))
+        goto out;
     if (ddp_tok_added_has_newline(t)) {
         fprintf(stderr, "ddp-prep: %s: an added token holds a line break, which the input's "
                         "cuts at line starts could split: not implemented\n", tok_path);

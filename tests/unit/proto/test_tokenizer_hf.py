@@ -96,7 +96,7 @@ tok_json = os.path.join(tmp, "tokenizer.json")
 tok.save(tok_json)
 text = open(corpus_path, encoding="utf-8").read()
 
-print("1..17")
+print("1..18")
 
 # 1-3: the whole corpus, one and two threads, and with a validation split
 t0 = time.time()
@@ -136,11 +136,20 @@ got, _ = read_shards(out, "train")
 ok(p.returncode == 0 and got == [0] + want + [0], "--bos and --eos add <|endoftext|> (id 0)",
    p.stderr)
 
-# 6: decode round trip: tokenizers decodes ddp-prep's ids to the corpus
+# 6: --eos config: the eos_token of tokenizer_config.json beside the tokenizer
+json.dump({"eos_token": {"content": "<|endoftext|>"}, "bos_token": None},
+          open(os.path.join(tmp, "tokenizer_config.json"), "w"))
+pc, outc = run_prep(tok_json, [corpus_path], "--eos", "config")
+pb, _ = run_prep(tok_json, [corpus_path], "--bos", "config")
+ok(pc.returncode == 0 and read_shards(outc, "train")[0] == want + [0] and pb.returncode == 1 and
+   "no bos_token" in pb.stderr, "--eos config takes tokenizer_config.json's eos_token; a null "
+   "bos_token is named", pc.stderr + pb.stderr)
+
+# 7: decode round trip: tokenizers decodes ddp-prep's ids to the corpus
 ok(tok.decode(got[1:-1], skip_special_tokens=False) == text,
    "tokenizers decodes ddp-prep's ids back to the corpus")
 
-# ---- hostile text ----
+# ---- 8: hostile text ----
 rng = random.Random(1)
 cats = {}
 for cp in range(0x110000):
@@ -183,7 +192,7 @@ for name, s in hostile.items():
 ok(not mismatch, "hostile text (%s): equal ids and a decode round trip" % ", ".join(hostile),
    "\n".join(mismatch))
 
-# 8: invalid UTF-8 refused, naming the file and the offset Python's decoder reports
+# 9: invalid UTF-8 refused, naming the file and the offset Python's decoder reports
 bad = {
     "0xff": b"good text\nmore \xff here",
     "truncated sequence": b"abc \xe2\x82",
@@ -209,7 +218,7 @@ for name, b in bad.items():
 ok(not wrong, "invalid UTF-8 (%s) is refused with the file and byte offset" % ", ".join(bad),
    "\n".join(wrong))
 
-# 9: invalid UTF-8 deep in a big file: the offset counts from the file's start
+# 10: invalid UTF-8 deep in a big file: the offset counts from the file's start
 f = os.path.join(tmp, "deep.txt")
 deep = text.encode() * 2 + b"\nX\xfe\n" + text.encode()
 open(f, "wb").write(deep)
@@ -217,7 +226,7 @@ p, _ = run_prep(tok_json, [f], "--threads", "2")
 ok(p.returncode == 1 and ("byte offset %d:" % (2 * len(text.encode()) + 2)) in p.stderr,
    "invalid UTF-8 after 2 MB is named at its offset in the file", p.stderr)
 
-# 10-12: refused tokenizer.json shapes name the field
+# 11-13: refused tokenizer.json shapes name the field
 j = json.load(open(tok_json))
 
 
@@ -238,7 +247,7 @@ ok(r[0], "a Unigram (SentencePiece) model is named", r[1])
 r = refused(lambda d: d["model"].update(byte_fallback=True), "model.byte_fallback")
 ok(r[0], "byte_fallback (SentencePiece-style BPE) is named", r[1])
 
-# 13-14: Llama 3's and Qwen2's pre-tokenizer shape (Sequence of Split + ByteLevel without its
+# 14-15: Llama 3's and Qwen2's pre-tokenizer shape (Sequence of Split + ByteLevel without its
 # regex), Llama 3's with ignore_merges, against tokenizers with the same JSON
 shapes = {
     "Llama 3": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -265,7 +274,7 @@ for name, (regex, ignore_merges) in shapes.items():
        "corpus and the hostile text" % (name, " and ignore_merges" if ignore_merges else ""),
        p.stderr + first_diff(got, w))
 
-# 15-17: a vocabulary past 65,536: ids shifted up by 68,000, 32-bit shards, equal ids, training
+# 16-18: a vocabulary past 65,536: ids shifted up by 68,000, 32-bit shards, equal ids, training
 d = json.loads(json.dumps(j))
 shift = lambda i: i if i < 257 else i + 68000
 d["model"]["vocab"] = {k: shift(v) for k, v in d["model"]["vocab"].items()}
