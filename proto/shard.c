@@ -2,10 +2,11 @@
  * glob (sorted).
  *
  * Invariants: an open shard maps the whole file read-only and `tokens` (16-bit) or `tokens32`
- * (32-bit) points just past the 1 KiB header, with exactly n_tokens tokens up to the end of the file. A shard is written under
- * `path`.tmp, fsynced, renamed over `path`, and the directory is fsynced, so a reader sees the
- * old file or the complete new one, never half of one. Shards are little-endian on disk; like
- * llm.c we read them in place, so this code assumes a little-endian host (checked at build).
+ * (32-bit) points just past the 1 KiB header, with exactly n_tokens tokens up to the end of the
+ * file. A shard is written under `path`.tmp, fsynced, renamed over `path`, and the directory is
+ * fsynced, so a reader sees the old file or the complete new one, never half of one. Shards are
+ * little-endian on disk; like llm.c we read them in place, so this code assumes a little-endian
+ * host (checked at build).
  */
 #include "proto/shard.h"
 

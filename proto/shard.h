@@ -41,7 +41,8 @@ static inline uint32_t ddp_shard_token(const ddp_shard_t *s, size_t i)
     return s->tokens32 ? s->tokens32[i] : s->tokens[i];
 }
 
-/* Maps and validates a shard of either width. Returns 0, -errno, or DDP_EFORMAT with ei naming the file. */
+/* Maps and validates a shard of either width. Returns 0, -errno, or DDP_EFORMAT with ei naming
+ * the file and the byte offset. */
 int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei);
 /* Unmaps. NULL-safe; safe on a zeroed struct. */
 void ddp_shard_close(ddp_shard_t *s);

@@ -18,7 +18,7 @@ typedef struct ddp__bytemap {
     size_t n_slots, count;
     struct {
         size_t off, len;
-    } *keys;
+    } * keys;
     size_t n_keys, cap_keys;
     char *arena;
     size_t arena_len, arena_cap;

@@ -22,8 +22,8 @@
 #define CHUNKS_PER_THREAD 2
 
 typedef struct chunk {
-    size_t start, end;  /* in buf */
-    size_t bad;         /* offset of invalid UTF-8 in the chunk, or SIZE_MAX */
+    size_t start, end; /* in buf */
+    size_t bad;        /* offset of invalid UTF-8 in the chunk, or SIZE_MAX */
     int rc;
     ddp_tok_ids_t ids;
 } chunk_t;
@@ -32,8 +32,8 @@ struct ddp__prep_bpe {
     const ddp_tok_t *t;
     int threads;
     uint32_t bos, eos;
-    ddp_tok_enc_t **enc;  /* [threads] */
-    chunk_t *chunks;      /* [threads * CHUNKS_PER_THREAD] */
+    ddp_tok_enc_t **enc; /* [threads] */
+    chunk_t *chunks;     /* [threads * CHUNKS_PER_THREAD] */
     size_t max_chunks;
     /* one batch */
     const unsigned char *buf;
@@ -205,8 +205,9 @@ int ddp__prep_bpe_file(ddp__prep_bpe_t *p, const char *path, size_t val_from,
             chunk_t *c = &p->chunks[i];
             if (c->bad != SIZE_MAX) {
                 size_t at = base + c->start + c->bad;
-                fprintf(stderr, "ddp-prep: %s: byte offset %zu: invalid UTF-8 (byte 0x%02x); "
-                                "a tokenizer reads UTF-8 text only\n",
+                fprintf(stderr,
+                        "ddp-prep: %s: byte offset %zu: invalid UTF-8 (byte 0x%02x); "
+                        "a tokenizer reads UTF-8 text only\n",
                         path, at, buf[c->start + c->bad]);
                 rc = DDP_EFORMAT;
                 break;

@@ -40,9 +40,9 @@ typedef struct merge_slot {
 } merge_slot_t;
 
 struct ddp_tok {
-    ddp__bytemap_t vocab;        /* raw bytes -> id */
-    char **id_bytes;       /* [vocab_size]: an id's bytes (NULL: unused id) */
-    uint32_t *id_len;      /* [vocab_size] */
+    ddp__bytemap_t vocab; /* raw bytes -> id */
+    char **id_bytes;      /* [vocab_size]: an id's bytes (NULL: unused id) */
+    uint32_t *id_len;     /* [vocab_size] */
     uint32_t vocab_size;
     uint32_t byte_id[256]; /* the id of each single byte, NONE when missing */
     merge_slot_t *merges;  /* open addressing */
@@ -72,9 +72,12 @@ static uint32_t utf8_next(const unsigned char **p, const unsigned char *end)
     uint32_t c = s[0];
     int n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
     if (s + n > end) n = (int)(end - s);
-    if (n == 2) c &= 0x1f;
-    else if (n == 3) c &= 0x0f;
-    else if (n == 4) c &= 0x07;
+    if (n == 2)
+        c &= 0x1f;
+    else if (n == 3)
+        c &= 0x0f;
+    else if (n == 4)
+        c &= 0x07;
     for (int i = 1; i < n; i++) c = (c << 6) | (s[i] & 0x3f);
     *p = s + n;
     return c;
@@ -82,8 +85,7 @@ static uint32_t utf8_next(const unsigned char **p, const unsigned char *end)
 
 /* A byte-level string -> raw bytes in out (at most len bytes). Returns the length, or -1 when
  * some character is outside the alphabet. */
-static long from_byte_level(const uint32_t byte_of_cp[324], const char *s, size_t len,
-                            char *out)
+static long from_byte_level(const uint32_t byte_of_cp[324], const char *s, size_t len, char *out)
 {
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     long n = 0;
@@ -184,8 +186,10 @@ static int read_pre_tokenizer(json_t *pt, const char **pattern, int *literal, dd
         return 0;
     }
     if (strcmp(type, "Sequence") != 0)
-        return REFUSE(ei, "pre_tokenizer.type: %s is not implemented (ByteLevel, or Sequence of "
-                          "Split and ByteLevel)", type);
+        return REFUSE(ei,
+                      "pre_tokenizer.type: %s is not implemented (ByteLevel, or Sequence of "
+                      "Split and ByteLevel)",
+                      type);
     json_t *list = json_object_get(pt, "pretokenizers");
     if (!json_is_array(list) || json_array_size(list) != 2)
         return REFUSE(ei, "pre_tokenizer.pretokenizers: only [Split, ByteLevel] is implemented");
@@ -196,19 +200,24 @@ static int read_pre_tokenizer(json_t *pt, const char **pattern, int *literal, dd
         return REFUSE(ei, "pre_tokenizer.pretokenizers[0].type: %s is not implemented (Split)",
                       t0 ? t0 : "missing");
     if (!t1 || strcmp(t1, "ByteLevel") != 0)
-        return REFUSE(ei, "pre_tokenizer.pretokenizers[1].type: %s is not implemented "
-                          "(ByteLevel)", t1 ? t1 : "missing");
+        return REFUSE(ei,
+                      "pre_tokenizer.pretokenizers[1].type: %s is not implemented "
+                      "(ByteLevel)",
+                      t1 ? t1 : "missing");
     DDP_CHECK(check_byte_level(bl, "pre_tokenizer.pretokenizers[1]", 0, ei));
     const char *beh = json_string_value(json_object_get(split, "behavior"));
     if (!beh || strcmp(beh, "Isolated") != 0)
-        return REFUSE(ei, "pre_tokenizer.pretokenizers[0].behavior: %s is not implemented "
-                          "(Isolated)", beh ? beh : "missing");
+        return REFUSE(ei,
+                      "pre_tokenizer.pretokenizers[0].behavior: %s is not implemented "
+                      "(Isolated)",
+                      beh ? beh : "missing");
     if (!is_false(json_object_get(split, "invert")))
         return REFUSE(ei, "pre_tokenizer.pretokenizers[0].invert: true is not implemented");
     json_t *pat = json_object_get(split, "pattern");
     const char *re = json_string_value(json_object_get(pat, "Regex"));
     const char *str = json_string_value(json_object_get(pat, "String"));
-    if (re) *pattern = re;
+    if (re)
+        *pattern = re;
     else if (str) {
         *pattern = str;
         *literal = 1;
@@ -252,7 +261,8 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
     char *buf = NULL;
     size_t buf_cap = 0;
     int rc = 0;
-    json_object_foreach(vocab, key, val) {
+    json_object_foreach(vocab, key, val)
+    {
         json_int_t id = json_integer_value(val);
         if (!json_is_integer(val) || id < 0 || id >= INT32_MAX) {
             rc = REFUSE(ei, "model.vocab[\"%s\"]: not an id in 0..2^31-2", key);
@@ -337,8 +347,9 @@ static int read_model(ddp_tok_t *t, json_t *model, ddp_errinfo_t *ei)
         uint32_t iab = ddp__bytemap_get(&t->vocab, ab, (size_t)(na + nb));
         if (ia == NONE || ib == NONE || iab == NONE)
             return REFUSE(ei, "model.merges[%zu]: %s is not in model.vocab", r,
-                          ia == NONE ? "the first symbol" : ib == NONE ? "the second symbol"
-                                                                       : "the merged symbol");
+                          ia == NONE   ? "the first symbol"
+                          : ib == NONE ? "the second symbol"
+                                       : "the merged symbol");
         uint64_t key64 = (uint64_t)ia << 32 | ib;
         size_t mask = t->merge_slots - 1, i = (size_t)ddp__hash_bytes(&key64, 8) & mask;
         while (t->merges[i].pair != UINT64_MAX && t->merges[i].pair != key64) i = (i + 1) & mask;
@@ -449,8 +460,8 @@ int ddp_tok_load(const char *path, ddp_tok_t **out, ddp_errinfo_t *ei)
     }
     const char *pattern = NULL;
     int literal = 0;
-    if (!rc) rc = read_pre_tokenizer(json_object_get(root, "pre_tokenizer"), &pattern, &literal,
-                                     ei);
+    if (!rc)
+        rc = read_pre_tokenizer(json_object_get(root, "pre_tokenizer"), &pattern, &literal, ei);
     if (!rc) rc = read_model(t, json_object_get(root, "model"), ei);
     if (!rc) rc = read_added(t, json_object_get(root, "added_tokens"), ei);
     if (!rc) rc = build_id_table(t);
@@ -688,8 +699,7 @@ static int encode_pieces(ddp_tok_enc_t *e, const char *text, size_t len, ddp_tok
 
 /* Cuts out the added tokens of one class (normalized == cls) leftmost-longest; the stretches
  * between go to the next class, then to the pieces. */
-static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls,
-                        ddp_tok_ids_t *out)
+static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls, ddp_tok_ids_t *out)
 {
     const ddp_tok_t *t = e->t;
     if (cls > 1) return encode_pieces(e, text, len, out);
@@ -698,8 +708,7 @@ static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls,
         const added_t *best = NULL;
         for (size_t k = 0; k < t->n_added; k++) {
             const added_t *a = &t->added[k];
-            if (a->normalized != cls || a->len > len - i || (best && a->len <= best->len))
-                continue;
+            if (a->normalized != cls || a->len > len - i || (best && a->len <= best->len)) continue;
             if (a->content[0] == text[i] && memcmp(a->content, text + i, a->len) == 0) best = a;
         }
         if (!best) {
@@ -732,15 +741,20 @@ size_t ddp_tok_utf8_check(const unsigned char *p, size_t len)
         }
         size_t n;
         unsigned lo = 0x80, hi = 0xbf;
-        if (c >= 0xc2 && c <= 0xdf) n = 2;
+        if (c >= 0xc2 && c <= 0xdf)
+            n = 2;
         else if (c >= 0xe0 && c <= 0xef) {
             n = 3;
-            if (c == 0xe0) lo = 0xa0;      /* no overlongs */
-            else if (c == 0xed) hi = 0x9f; /* no surrogates */
+            if (c == 0xe0)
+                lo = 0xa0; /* no overlongs */
+            else if (c == 0xed)
+                hi = 0x9f; /* no surrogates */
         } else if (c >= 0xf0 && c <= 0xf4) {
             n = 4;
-            if (c == 0xf0) lo = 0x90;
-            else if (c == 0xf4) hi = 0x8f; /* <= U+10FFFF */
+            if (c == 0xf0)
+                lo = 0x90;
+            else if (c == 0xf4)
+                hi = 0x8f; /* <= U+10FFFF */
         } else
             return i;
         if (i + n > len) return i;
@@ -752,8 +766,7 @@ size_t ddp_tok_utf8_check(const unsigned char *p, size_t len)
     return len;
 }
 
-int ddp_tok_decode(const ddp_tok_t *t, const uint32_t *ids, size_t n, char **out,
-                   size_t *out_len)
+int ddp_tok_decode(const ddp_tok_t *t, const uint32_t *ids, size_t n, char **out, size_t *out_len)
 {
     *out = NULL;
     size_t total = 0;

@@ -74,7 +74,6 @@ size_t ddp_tok_utf8_check(const unsigned char *p, size_t len);
 /* The bytes of ids[0, n) into a new buffer (*out, NUL-terminated, caller frees; *out_len
  * excludes the NUL). Returns 0, DDP_EINVAL (an id outside the vocabulary; *out_len is then its
  * index), or DDP_ENOMEM. */
-int ddp_tok_decode(const ddp_tok_t *t, const uint32_t *ids, size_t n, char **out,
-                   size_t *out_len);
+int ddp_tok_decode(const ddp_tok_t *t, const uint32_t *ids, size_t n, char **out, size_t *out_len);
 
 #endif

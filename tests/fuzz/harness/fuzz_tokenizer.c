@@ -28,17 +28,22 @@ static ddp_tok_t *fixed(void)
     fputs("{\"added_tokens\": [{\"id\": 300, \"content\": \"<|eot|>\", \"normalized\": false}],"
           " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
           "\"add_prefix_space\": false, \"use_regex\": true}, \"model\": {\"type\": \"BPE\", "
-          "\"vocab\": {", f);
+          "\"vocab\": {",
+          f);
     int next = 256;
     for (int b = 0; b < 256; b++) {
         int printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
         int cp = printable ? b : next++;
-        if (cp == '"' || cp == '\\') fprintf(f, "\"\\%c\": %d, ", cp, b);
-        else if (cp < 0x80) fprintf(f, "\"%c\": %d, ", cp, b);
-        else fprintf(f, "\"%c%c\": %d, ", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f), b);
+        if (cp == '"' || cp == '\\')
+            fprintf(f, "\"\\%c\": %d, ", cp, b);
+        else if (cp < 0x80)
+            fprintf(f, "\"%c\": %d, ", cp, b);
+        else
+            fprintf(f, "\"%c%c\": %d, ", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f), b);
     }
     fputs("\"th\": 256, \"the\": 257, \"\xc4\xa0t\": 258, \"ee\": 259}, \"merges\": "
-          "[\"t h\", \"th e\", \"\xc4\xa0 t\", [\"e\", \"e\"]]}}", f);
+          "[\"t h\", \"th e\", \"\xc4\xa0 t\", [\"e\", \"e\"]]}}",
+          f);
     if (fclose(f)) abort();
     ddp_errinfo_t ei;
     if (ddp_tok_load(path, &t, &ei)) {

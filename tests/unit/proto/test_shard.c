@@ -120,11 +120,14 @@ static void test_bad_files(void **state)
     expect_format_error(p("magic.bin"), "magic is 20240802", 0);
 
     write_raw(p("version.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 7, 4, 8);
-    expect_format_error(p("version.bin"), "unsupported token shard version 7 for magic 20240520", 4);
+    expect_format_error(p("version.bin"), "unsupported token shard version 7 for magic 20240520",
+                        4);
 
     write_raw(p("headeronly.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 1000, 0);
-    expect_format_error(p("headeronly.bin"), "header says 1000 2-byte tokens, so 3024 bytes expected, "
-                                             "but the file has 1024 bytes", 1024);
+    expect_format_error(p("headeronly.bin"),
+                        "header says 1000 2-byte tokens, so 3024 bytes expected, "
+                        "but the file has 1024 bytes",
+                        1024);
 
     write_raw(p("trunc.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 10, 15);
     expect_format_error(p("trunc.bin"), "truncated token shard", 1039);

@@ -46,22 +46,25 @@ static void byte_symbol(int b, char *out)
         }
         if (!printable) next++;
     }
-    if (cp == '"' || cp == '\\') snprintf(out, 8, "\\%c", cp);
-    else if (cp < 0x80) snprintf(out, 8, "%c", cp);
-    else snprintf(out, 8, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
+    if (cp == '"' || cp == '\\')
+        snprintf(out, 8, "\\%c", cp);
+    else if (cp < 0x80)
+        snprintf(out, 8, "%c", cp);
+    else
+        snprintf(out, 8, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
 }
 
 /* Writes a tokenizer.json: ids 0..255 the bytes (but `skip_byte`, if >= 0), then `extra_vocab`
  * ("\"ab\": 256, ..."), merges, added tokens, and the pre_tokenizer / normalizer / model
  * extras as JSON fragments. */
-static void write_tok(int skip_byte, const char *extra_vocab, const char *merges,
-                      const char *added, const char *pre, const char *normalizer,
-                      const char *model_extra)
+static void write_tok(int skip_byte, const char *extra_vocab, const char *merges, const char *added,
+                      const char *pre, const char *normalizer, const char *model_extra)
 {
     FILE *f = fopen(path, "w");
     assert_non_null(f);
-    fprintf(f, "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": %s,\n"
-               " \"pre_tokenizer\": %s,\n \"model\": {\"type\": \"BPE\", %s \"vocab\": {",
+    fprintf(f,
+            "{\"version\": \"1.0\", \"added_tokens\": [%s], \"normalizer\": %s,\n"
+            " \"pre_tokenizer\": %s,\n \"model\": {\"type\": \"BPE\", %s \"vocab\": {",
             added, normalizer, pre, model_extra);
     const char *sep = "";
     for (int b = 0; b < 256; b++) {
@@ -98,8 +101,7 @@ static void expect_ids(const ddp_tok_t *t, const char *text, size_t len, const u
         if (ids.len != n) fail_msg("'%s': %zu ids, want %zu", text, ids.len, n);
         for (size_t i = 0; i < n; i++)
             if (ids.ids[i] != want[i])
-                fail_msg("'%s' pass %d: id %zu is %u, want %u", text, pass, i, ids.ids[i],
-                         want[i]);
+                fail_msg("'%s' pass %d: id %zu is %u, want %u", text, pass, i, ids.ids[i], want[i]);
         free(ids.ids);
     }
     ddp_tok_enc_free(e);
@@ -184,7 +186,10 @@ static void test_added_tokens(void **state)
     size_t len;
     assert_int_equal(ddp_tok_decode(t, ids, 5, &out, &len), 0);
     assert_int_equal(len, 10);
-    assert_memory_equal(out, "ab<s>x\0\xff" "b<", 10);
+    assert_memory_equal(out,
+                        "ab<s>x\0\xff"
+                        "b<",
+                        10);
     free(out);
     uint32_t bad[] = {1, 2, 299};
     assert_int_equal(ddp_tok_decode(t, bad, 3, &out, &len), DDP_EINVAL);
@@ -211,13 +216,13 @@ static void test_utf8_check(void **state)
         {"plain ascii", 11, 11},
         {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14, 14},
         {"ab\xff", 3, 2},
-        {"\xc0\xaf", 2, 0},             /* overlong '/' */
-        {"x\xe0\x80\xaf", 4, 1},        /* overlong, 3 bytes */
-        {"xy\xed\xa0\x80", 5, 2},       /* a surrogate */
-        {"\xf4\x90\x80\x80", 4, 0},     /* past U+10FFFF */
-        {"abc\xe2\x82", 5, 3},          /* cut by the end */
-        {"a\x80", 2, 1},                /* a stray continuation byte */
-        {"\xe2\x82\x41", 3, 0},         /* a bad continuation */
+        {"\xc0\xaf", 2, 0},         /* overlong '/' */
+        {"x\xe0\x80\xaf", 4, 1},    /* overlong, 3 bytes */
+        {"xy\xed\xa0\x80", 5, 2},   /* a surrogate */
+        {"\xf4\x90\x80\x80", 4, 0}, /* past U+10FFFF */
+        {"abc\xe2\x82", 5, 3},      /* cut by the end */
+        {"a\x80", 2, 1},            /* a stray continuation byte */
+        {"\xe2\x82\x41", 3, 0},     /* a bad continuation */
         {"nul\0ok", 6, 6},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -255,8 +260,8 @@ static void test_refused_shapes(void **state)
     write_tok(-1, "", "", "", "null", "null", "");
     expect_refused("pre_tokenizer: null is not implemented");
     write_tok(-1, "", "", "",
-              "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"use_regex\": true}",
-              "null", "");
+              "{\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"use_regex\": true}", "null",
+              "");
     expect_refused("pre_tokenizer.add_prefix_space: true is not implemented");
     write_tok(-1, "", "", "",
               "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
@@ -282,7 +287,8 @@ static void test_refused_shapes(void **state)
     /* a Unigram model */
     FILE *f = fopen(path, "w");
     fputs("{\"normalizer\": null, \"pre_tokenizer\": " GPT2_PRE ", \"model\": {\"type\": "
-          "\"Unigram\", \"vocab\": [[\"a\", -1.0]]}}", f);
+          "\"Unigram\", \"vocab\": [[\"a\", -1.0]]}}",
+          f);
     fclose(f);
     expect_refused("model.type: Unigram: only BPE is implemented");
 
@@ -303,10 +309,8 @@ static void test_refused_shapes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_merges_by_rank),
-        cmocka_unit_test(test_added_tokens),
-        cmocka_unit_test(test_missing_byte_dropped),
-        cmocka_unit_test(test_utf8_check),
+        cmocka_unit_test(test_merges_by_rank),       cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_missing_byte_dropped), cmocka_unit_test(test_utf8_check),
         cmocka_unit_test(test_refused_shapes),
     };
     return cmocka_run_group_tests_name("tokenizer", tests, setup, teardown);
