@@ -8,7 +8,7 @@ packages=(
   libuv1-dev libjansson-dev libyaml-dev libopenblas-dev libsqlite3-dev
   libdnnl-dev  # native bf16 products on CPUs with AVX512_BF16/AMX (dlopen()ed when used)
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
-  libpcre2-dev  # ddp-prep --tokenizer: the pre-tokenizer's regular expression
+  libpcre2-dev libutf8proc-dev  # ddp-prep --tokenizer: the pre-tokenizer's regex; NFC
   libopenmpi-dev openmpi-bin
   iproute2 python3 python3-pip python3-numpy
   gnuplot-nox chromium fonts-dejavu-core  # ddpctl plot; the status page's browser test

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
+#include <utf8proc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -50,6 +51,8 @@ struct ddp_tok {
     added_t *added;
     size_t n_added;
     int ignore_merges;
+    int nfc;                    /* normalizer NFC */
+    size_t n_raw, n_normalized; /* added tokens matched before / after normalizing */
     uint32_t unk; /* NONE: bytes missing from the vocabulary are dropped, as tokenizers does */
     pcre2_code *re;
 };
@@ -385,6 +388,10 @@ static int read_added(ddp_tok_t *t, json_t *list, ddp_errinfo_t *ei)
         d->id = (uint32_t)json_integer_value(id);
         json_t *norm = json_object_get(a, "normalized");
         d->normalized = norm ? json_is_true(norm) : 1;
+        if (d->normalized)
+            t->n_normalized++;
+        else
+            t->n_raw++;
         if (d->id + 1 > t->vocab_size) t->vocab_size = d->id + 1;
     }
     return 0;
@@ -432,6 +439,26 @@ static int compile_pattern(ddp_tok_t *t, const char *pattern, int literal, ddp_e
     return 0;
 }
 
+/* null, {"type": "NFC"}, or a Sequence of at most one NFC (Qwen2's is NFC). */
+static int read_normalizer(ddp_tok_t *t, json_t *norm, ddp_errinfo_t *ei)
+{
+    if (!norm || json_is_null(norm)) return 0;
+    const char *type = json_string_value(json_object_get(norm, "type"));
+    json_t *list = json_object_get(norm, "normalizers");
+    if (type && strcmp(type, "Sequence") == 0 && json_is_array(list) &&
+        json_array_size(list) <= 1) {
+        if (json_array_size(list) == 0) return 0;
+        norm = json_array_get(list, 0);
+        type = json_string_value(json_object_get(norm, "type"));
+    }
+    if (type && strcmp(type, "NFC") == 0) {
+        t->nfc = 1;
+        return 0;
+    }
+    return REFUSE(ei, "normalizer.type: %s is not implemented (null or NFC)",
+                  type ? type : "(missing)");
+}
+
 int ddp_tok_load(const char *path, ddp_tok_t **out, ddp_errinfo_t *ei)
 {
     *out = NULL;
@@ -453,11 +480,7 @@ int ddp_tok_load(const char *path, ddp_tok_t **out, ddp_errinfo_t *ei)
     }
     ddp_tok_t *t = ddp_calloc(1, sizeof *t);
     int rc = t ? 0 : DDP_ENOMEM;
-    json_t *norm = json_object_get(root, "normalizer");
-    if (!rc && norm && !json_is_null(norm)) {
-        const char *type = json_string_value(json_object_get(norm, "type"));
-        rc = REFUSE(ei, "normalizer.type: %s is not implemented", type ? type : "(missing)");
-    }
+    if (!rc) rc = read_normalizer(t, json_object_get(root, "normalizer"), ei);
     const char *pattern = NULL;
     int literal = 0;
     if (!rc)
@@ -697,12 +720,34 @@ static int encode_pieces(ddp_tok_enc_t *e, const char *text, size_t len, ddp_tok
     return 0;
 }
 
-/* Cuts out the added tokens of one class (normalized == cls) leftmost-longest; the stretches
- * between go to the next class, then to the pieces. */
+static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls,
+                        ddp_tok_ids_t *out);
+
+/* Normalizes text (NFC, when the tokenizer has it), then cuts out the added tokens matched
+ * after normalizing, then the pieces. */
+static int encode_normalized(ddp_tok_enc_t *e, const char *text, size_t len, ddp_tok_ids_t *out)
+{
+    const ddp_tok_t *t = e->t;
+    if (!t->nfc)
+        return t->n_normalized ? encode_added(e, text, len, 1, out)
+                               : encode_pieces(e, text, len, out);
+    utf8proc_uint8_t *dst = NULL;
+    utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len, &dst,
+                                      UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+    if (n < 0) return n == UTF8PROC_ERROR_NOMEM ? DDP_ENOMEM : DDP_EINVAL;
+    const char *s = (const char *)dst;
+    int rc = t->n_normalized ? encode_added(e, s, (size_t)n, 1, out)
+                             : encode_pieces(e, s, (size_t)n, out);
+    free(dst);
+    return rc;
+}
+
+/* Cuts out the added tokens of one class (normalized == cls) leftmost-longest: class 0 on the
+ * text as it is, its stretches between normalized and then cut by class 1, whose stretches go
+ * to the pieces (the order `tokenizers` follows). */
 static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls, ddp_tok_ids_t *out)
 {
     const ddp_tok_t *t = e->t;
-    if (cls > 1) return encode_pieces(e, text, len, out);
     size_t gap = 0;
     for (size_t i = 0; i < len;) {
         const added_t *best = NULL;
@@ -715,19 +760,23 @@ static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls,
             i++;
             continue;
         }
-        if (i > gap) DDP_CHECK(encode_added(e, text + gap, i - gap, cls + 1, out));
+        if (i > gap)
+            DDP_CHECK(cls ? encode_pieces(e, text + gap, i - gap, out)
+                          : encode_normalized(e, text + gap, i - gap, out));
         DDP_CHECK(ids_push(out, best->id));
         i += best->len;
         gap = i;
     }
-    if (gap < len) DDP_CHECK(encode_added(e, text + gap, len - gap, cls + 1, out));
+    if (gap < len)
+        DDP_CHECK(cls ? encode_pieces(e, text + gap, len - gap, out)
+                      : encode_normalized(e, text + gap, len - gap, out));
     return 0;
 }
 
 int ddp_tok_encode(ddp_tok_enc_t *e, const char *text, size_t len, ddp_tok_ids_t *out)
 {
-    if (!e->t->n_added) return encode_pieces(e, text, len, out);
-    return encode_added(e, text, len, 0, out);
+    if (e->t->n_raw) return encode_added(e, text, len, 0, out);
+    return encode_normalized(e, text, len, out);
 }
 
 size_t ddp_tok_utf8_check(const unsigned char *p, size_t len)

@@ -12,7 +12,8 @@
  *                  or ["a", "b"], ...], "dropout": null, "continuing_subword_prefix" and
  *                  "end_of_word_suffix": null or "", "byte_fallback": false, "ignore_merges":
  *                  any, "unk_token": null or a vocab entry, "fuse_unk": false}
- *   normalizer:    null
+ *   normalizer:    null, or NFC ({"type": "NFC"}, or a Sequence holding just that; Qwen2's),
+ *                  through utf8proc; added tokens with "normalized": true match the NFC text
  *   pre_tokenizer: {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true} (GPT-2's
  *                  regex), or {"type": "Sequence", "pretokenizers": [{"type": "Split",
  *                  "pattern": {"Regex": R} or {"String": S}, "behavior": "Isolated", "invert":

@@ -239,7 +239,7 @@ def refused(mutate, needle):
     return p.returncode == 1 and needle in p.stderr, p.stderr
 
 
-r = refused(lambda d: d.update(normalizer={"type": "NFC"}), "normalizer.type: NFC is not "
+r = refused(lambda d: d.update(normalizer={"type": "NFKC"}), "normalizer.type: NFKC is not "
             "implemented")
 ok(r[0], "a normalizer it does not implement is named", r[1])
 r = refused(lambda d: d["model"].update(type="Unigram"), "model.type: Unigram: only BPE")
@@ -248,14 +248,17 @@ r = refused(lambda d: d["model"].update(byte_fallback=True), "model.byte_fallbac
 ok(r[0], "byte_fallback (SentencePiece-style BPE) is named", r[1])
 
 # 14-15: Llama 3's and Qwen2's pre-tokenizer shape (Sequence of Split + ByteLevel without its
-# regex), Llama 3's with ignore_merges, against tokenizers with the same JSON
+# regex), Llama 3's with ignore_merges, Qwen2's with its NFC normalizer, against tokenizers with
+# the same JSON; text in decomposed forms for NFC to compose
 shapes = {
     "Llama 3": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", True),
     "Qwen2": (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", False),
 }
-sample = big_text + "".join(hostile.values())
+nfc_text = ("e\u0301 A\u030a \u212b \u1100\u1161\u11a8 \u0958 \u2126 o\u0308\u0304 "
+            "\u1e9b\u0323 q\u0307\u0323 \u0041\u0300\n") * 50
+sample = big_text + "".join(hostile.values()) + nfc_text
 f = os.path.join(tmp, "l.txt")
 open(f, "w", encoding="utf-8", newline="").write(sample)
 for name, (regex, ignore_merges) in shapes.items():
@@ -265,13 +268,16 @@ for name, (regex, ignore_merges) in shapes.items():
         {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
          "use_regex": False}]}
     d["model"]["ignore_merges"] = ignore_merges
+    if name == "Qwen2":
+        d["normalizer"] = {"type": "NFC"}
     shape_json = os.path.join(tmp, "shape.json")
     json.dump(d, open(shape_json, "w"))
     p, out = run_prep(shape_json, [f], "--threads", "2")
     got, _ = read_shards(out, "train")
     w = Tokenizer.from_file(shape_json).encode(sample).ids
     ok(p.returncode == 0 and got == w, "%s's pre-tokenizer shape%s: equal ids on the chunked "
-       "corpus and the hostile text" % (name, " and ignore_merges" if ignore_merges else ""),
+       "corpus and the hostile text" % (name, " and ignore_merges" if ignore_merges else
+                                        " and NFC"),
        p.stderr + first_diff(got, w))
 
 # 16-18: a vocabulary past 65,536: ids shifted up by 68,000, 32-bit shards, equal ids, training

@@ -1,7 +1,8 @@
 /* Unit tests of the byte-level BPE (worker/tokenizer.h) on small hand-written tokenizer.json
  * files: merges applied by rank and leftmost first, long words, ignore_merges, added tokens
  * (leftmost-longest, before the regex), bytes missing from the vocabulary dropped, decode
- * round trip and a bad id, the UTF-8 check's offsets, and every refused shape naming its field.
+ * round trip and a bad id, the NFC normalizer, the UTF-8 check's offsets, and every refused
+ * shape naming its field.
  * (tests/unit/proto/test_tokenizer_hf.py compares with Hugging Face's `tokenizers` itself.)
  */
 #include <setjmp.h>
@@ -207,6 +208,19 @@ static void test_missing_byte_dropped(void **state)
     ddp_tok_free(t);
 }
 
+static void test_nfc(void **state)
+{
+    /* NFC composes e + U+0301 into U+00E9, and the Angstrom sign into U+00C5; the added token
+     * with "normalized": true is matched on the composed text */
+    write_tok(-1, "", "",
+              "{\"id\": 300, \"content\": \"\u00e9!\", \"special\": false, \"normalized\": true}",
+              GPT2_PRE, "{\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}]}", "");
+    ddp_tok_t *t = load_ok();
+    expect_ids(t, "e\xcc\x81 \xe2\x84\xab", 7, (uint32_t[]){0xc3, 0xa9, ' ', 0xc3, 0x85}, 5);
+    expect_ids(t, "xe\xcc\x81!", 5, (uint32_t[]){'x', 300}, 2);
+    ddp_tok_free(t);
+}
+
 static void test_utf8_check(void **state)
 {
     static const struct {
@@ -247,8 +261,8 @@ static void expect_refused(const char *needle)
 
 static void test_refused_shapes(void **state)
 {
-    write_tok(-1, "", "", "", GPT2_PRE, "{\"type\": \"NFC\"}", "");
-    expect_refused("normalizer.type: NFC is not implemented");
+    write_tok(-1, "", "", "", GPT2_PRE, "{\"type\": \"NFKC\"}", "");
+    expect_refused("normalizer.type: NFKC is not implemented");
     write_tok(-1, "", "", "", GPT2_PRE, "null", "\"byte_fallback\": true,");
     expect_refused("model.byte_fallback: true is not implemented");
     write_tok(-1, "", "", "", GPT2_PRE, "null", "\"continuing_subword_prefix\": \"##\",");
@@ -309,8 +323,11 @@ static void test_refused_shapes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_merges_by_rank),       cmocka_unit_test(test_added_tokens),
-        cmocka_unit_test(test_missing_byte_dropped), cmocka_unit_test(test_utf8_check),
+        cmocka_unit_test(test_merges_by_rank),
+        cmocka_unit_test(test_added_tokens),
+        cmocka_unit_test(test_missing_byte_dropped),
+        cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_utf8_check),
         cmocka_unit_test(test_refused_shapes),
     };
     return cmocka_run_group_tests_name("tokenizer", tests, setup, teardown);
