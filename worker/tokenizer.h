@@ -43,7 +43,7 @@ typedef struct ddp_tok_ids {
 } ddp_tok_ids_t;
 
 /* Loads a tokenizer.json. Returns 0, -errno (cannot read), DDP_EFORMAT (bad JSON or a refused
- * shape: ei->msg names the field, e.g. "normalizer.type: NFC is not implemented"), DDP_ENOMEM.
+ * shape: ei->msg names the field, e.g. "normalizer.type: NFKC is not implemented"), DDP_ENOMEM.
  * The caller frees *out with ddp_tok_free. */
 int ddp_tok_load(const char *path, ddp_tok_t **out, ddp_errinfo_t *ei);
 void ddp_tok_free(ddp_tok_t *t); /* NULL-safe */

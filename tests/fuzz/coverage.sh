@@ -41,7 +41,7 @@ for h in spec shard safetensors manifest ckpt rpc peer tokenizer; do
         -I"$src/tests/fuzz/harness" $uv_cflags -fsanitize=fuzzer \
         -fprofile-instr-generate -fcoverage-mapping -Wno-unused-command-line-argument \
         "$src/tests/fuzz/harness/fuzz_$h.c" "${files[@]}" \
-        -ljansson -lyaml -luring -lsodium -lpcre2-8 -lm -lpthread -o "$cov/fuzz_$h" \
+        -ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread -o "$cov/fuzz_$h" \
         2>"$cov/$h.build.log" || { echo "$h: build failed"; continue; }
     rm -f "$cov/$h".*.profraw
     mkdir -p "$cov/tmp"

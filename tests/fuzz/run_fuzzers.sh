@@ -50,7 +50,7 @@ declare -A srcs=(
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
     [tokenizer]="worker/tokenizer.c worker/bytemap.c"
 )
-libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lm -lpthread)
+libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread)
 
 mkdir -p "$out/obj"
 build_obj() { # source -> object path (rebuilt when the source is newer)
