@@ -37,11 +37,6 @@ int ddp__bytemap_init(ddp__bytemap_t *m, size_t expect)
     return 0;
 }
 
-const char *ddp__bytemap_key(const ddp__bytemap_t *m, uint32_t k, size_t *len)
-{
-    *len = m->keys[k - 1].len;
-    return m->arena + m->keys[k - 1].off;
-}
 
 /* The slot holding key, or the empty slot where it would go. */
 static size_t bytemap_slot(const ddp__bytemap_t *m, const void *key, size_t len)
@@ -50,9 +45,8 @@ static size_t bytemap_slot(const ddp__bytemap_t *m, const void *key, size_t len)
     for (;; i = (i + 1) & mask) {
         uint32_t k = m->slot_key[i];
         if (!k) return i;
-        size_t kl;
-        const char *kp = ddp__bytemap_key(m, k, &kl);
-        if (kl == len && memcmp(kp, key, len) == 0) return i;
+        if (m->keys[k - 1].len == len && memcmp(m->arena + m->keys[k - 1].off, key, len) == 0)
+            return i;
     }
 }
 

@@ -31,7 +31,11 @@ int ddp__bytemap_init(ddp__bytemap_t *m, size_t expect);
 /* Releases everything; the map is zeroed. */
 void ddp__bytemap_free(ddp__bytemap_t *m);
 /* Key number k's bytes (k: a slot_key value, from 1) and length. */
-const char *ddp__bytemap_key(const ddp__bytemap_t *m, uint32_t k, size_t *len);
+static inline const char *ddp__bytemap_key(const ddp__bytemap_t *m, uint32_t k, size_t *len)
+{
+    *len = m->keys[k - 1].len;
+    return m->arena + m->keys[k - 1].off;
+}
 /* The value of key[0, len), or DDP__BYTEMAP_NONE. */
 uint32_t ddp__bytemap_get(const ddp__bytemap_t *m, const void *key, size_t len);
 /* Inserts or overwrites key -> val. Returns 0 or DDP_ENOMEM. */

@@ -53,6 +53,7 @@ struct ddp_tok {
     int ignore_merges;
     int nfc;                    /* normalizer NFC */
     size_t n_raw, n_normalized; /* added tokens matched before / after normalizing */
+    uint8_t added_first[2][256]; /* [normalized][byte]: some added token starts with it */
     uint32_t unk; /* NONE: bytes missing from the vocabulary are dropped, as tokenizers does */
     pcre2_code *re;
 };
@@ -392,6 +393,7 @@ static int read_added(ddp_tok_t *t, json_t *list, ddp_errinfo_t *ei)
             t->n_normalized++;
         else
             t->n_raw++;
+        t->added_first[d->normalized][(unsigned char)content[0]] = 1;
         if (d->id + 1 > t->vocab_size) t->vocab_size = d->id + 1;
     }
     return 0;
@@ -749,7 +751,12 @@ static int encode_added(ddp_tok_enc_t *e, const char *text, size_t len, int cls,
 {
     const ddp_tok_t *t = e->t;
     size_t gap = 0;
+    const uint8_t *first = t->added_first[cls];
     for (size_t i = 0; i < len;) {
+        if (!first[(unsigned char)text[i]]) {
+            i++;
+            continue;
+        }
         const added_t *best = NULL;
         for (size_t k = 0; k < t->n_added; k++) {
             const added_t *a = &t->added[k];
