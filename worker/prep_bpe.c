@@ -18,8 +18,8 @@
 
 #include "common/alloc.h"
 
-#define CHUNK (1u << 20)
-#define CHUNKS_PER_THREAD 2
+#define CHUNK (1u << 18)
+#define CHUNKS_PER_THREAD 4
 
 typedef struct chunk {
     size_t start, end; /* in buf */

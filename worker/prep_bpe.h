@@ -1,6 +1,6 @@
 /* ddp-prep's BPE path: a file streamed through a tokenizer on all cores, ids handed on in order.
  *
- * A file is read in pieces and cut into chunks of about 1 MiB, each ending at a line start (a
+ * A file is read in pieces and cut into chunks of about 256 KiB, each ending at a line start (a
  * '\n' followed by a printable ASCII character other than space). With GPT-2's, Llama 3's and
  * Qwen2's pre-tokenizer patterns no piece spans such a cut (a piece holding a line break ends
  * with it, or is all whitespace, and the next character is neither), so the ids of the chunks

@@ -120,7 +120,7 @@ ok(read_shards(out1, "train")[0] == want and p2.returncode == 0 and tr + va == w
    "one thread gives the same ids; train + val (10%%: %d ids) are the whole corpus' ids"
    % len(va), p2.stderr)
 
-# 4: a corpus cut into several chunks (about 1 MiB each) at line starts
+# 4: a corpus cut into many chunks (about 256 KiB each) at line starts
 big = os.path.join(tmp, "big.txt")
 big_text = (text + text.upper()) * 2
 open(big, "w", encoding="utf-8").write(big_text)
