@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs every Debian package (and the two PyPI packages) that building and testing ddpd
+# Installs every Debian package (and the PyPI packages) that building and testing ddpd
 # needs. Idempotent: does nothing when everything is already there. Run as root or with sudo.
 set -euo pipefail
 
@@ -8,6 +8,7 @@ packages=(
   libuv1-dev libjansson-dev libyaml-dev libopenblas-dev libsqlite3-dev
   libdnnl-dev  # native bf16 products on CPUs with AVX512_BF16/AMX (dlopen()ed when used)
   libsystemd-dev libsodium-dev libcmocka-dev liburing-dev
+  libpcre2-dev libutf8proc-dev  # ddp-prep --tokenizer: the pre-tokenizer's regex; NFC
   libopenmpi-dev openmpi-bin
   iproute2 python3 python3-pip python3-numpy
   gnuplot-nox chromium fonts-dejavu-core  # ddpctl plot; the status page's browser test
@@ -33,6 +34,12 @@ if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
   python3 -m pip install -q safetensors numpy 2>/dev/null ||
     python3 -m pip install -q --break-system-packages safetensors numpy ||
     echo "install-deps: safetensors not installed; the Python format check will be skipped"
+fi
+# ddp-prep --tokenizer is compared with Hugging Face's `tokenizers` (optional: the test skips).
+if ! python3 -c 'import tokenizers' 2>/dev/null; then
+  python3 -m pip install -q tokenizers 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages tokenizers ||
+    echo "install-deps: tokenizers not installed; the tokenizer comparison will be skipped"
 fi
 # The TensorBoard test reads event files with TensorBoard's own reader (it installs it too).
 if ! python3 -c 'import tensorboard' 2>/dev/null; then

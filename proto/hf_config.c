@@ -18,7 +18,7 @@ static const struct {
     {"n_layer", "model.n_layer", offsetof(ddp_model_cfg_t, n_layer), 1000},
     {"n_head", "model.n_head", offsetof(ddp_model_cfg_t, n_head), 1024},
     {"n_embd", "model.n_embd", offsetof(ddp_model_cfg_t, n_embd), 65536},
-    {"vocab_size", "model.vocab_size", offsetof(ddp_model_cfg_t, vocab_size), 65536},
+    {"vocab_size", "model.vocab_size", offsetof(ddp_model_cfg_t, vocab_size), 1 << 20},
     {"n_positions", "model.block_size", offsetof(ddp_model_cfg_t, block_size), 1 << 20},
 };
 #define N_KEYS (sizeof KEYS / sizeof KEYS[0])

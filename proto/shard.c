@@ -1,10 +1,12 @@
-/* Token shards in llm.c's format: open (mmap + validate), write (atomic), glob (sorted).
+/* Token shards in llm.c's format, 16 or 32-bit tokens: open (mmap + validate), write (atomic),
+ * glob (sorted).
  *
- * Invariants: an open shard maps the whole file read-only and `tokens` points just past the
- * 1 KiB header, with exactly n_tokens tokens up to the end of the file. A shard is written under
- * `path`.tmp, fsynced, renamed over `path`, and the directory is fsynced, so a reader sees the
- * old file or the complete new one, never half of one. Shards are little-endian on disk; like
- * llm.c we read them in place, so this code assumes a little-endian host (checked at build).
+ * Invariants: an open shard maps the whole file read-only and `tokens` (16-bit) or `tokens32`
+ * (32-bit) points just past the 1 KiB header, with exactly n_tokens tokens up to the end of the
+ * file. A shard is written under `path`.tmp, fsynced, renamed over `path`, and the directory is
+ * fsynced, so a reader sees the old file or the complete new one, never half of one. Shards are
+ * little-endian on disk; like llm.c we read them in place, so this code assumes a little-endian
+ * host (checked at build).
  */
 #include "proto/shard.h"
 
@@ -72,25 +74,35 @@ int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei)
                            strerror(map_errno));
 
     const int32_t *h = map;
-    int rc = 0;
-    if (h[0] != DDP_SHARD_MAGIC) {
+    int rc = 0, width = 0;
+    if (h[0] == DDP_SHARD_MAGIC) width = 2;
+    else if (h[0] == DDP_SHARD32_MAGIC) width = 4;
+    int want_version = width == 4 ? DDP_SHARD32_VERSION : DDP_SHARD_VERSION;
+    if (!width) {
         rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 0,
-                         "not a token shard: magic is %d (0x%08x), expected %d (llm.c format)",
-                         h[0], (unsigned)h[0], DDP_SHARD_MAGIC);
-    } else if (h[1] != DDP_SHARD_VERSION) {
+                         "not a token shard: magic is %d (0x%08x), expected %d (uint16 tokens) "
+                         "or %d (uint32 tokens; llm.c format)",
+                         h[0], (unsigned)h[0], DDP_SHARD_MAGIC, DDP_SHARD32_MAGIC);
+    } else if (h[1] != want_version) {
         rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 4,
-                         "unsupported token shard version %d (supported: %d)", h[1],
-                         DDP_SHARD_VERSION);
+                         "unsupported token shard version %d for magic %d (supported: %d)",
+                         h[1], h[0], want_version);
     } else if (h[2] < 0) {
         rc = SHARD_ERROR(ei, DDP_EFORMAT, path, 8, "negative token count %d in the header",
                          h[2]);
     } else {
-        size_t want = DDP_SHARD_HEADER_BYTES + (size_t)h[2] * sizeof(uint16_t);
+        size_t want = DDP_SHARD_HEADER_BYTES + (size_t)h[2] * (size_t)width;
+        /* The one mislabelling the size can tell: tokens of the other width. */
+        size_t other = DDP_SHARD_HEADER_BYTES + (size_t)h[2] * (size_t)(6 - width);
         if (want != size)
             rc = SHARD_ERROR(ei, DDP_EFORMAT, path, (long long)(size < want ? size : want),
-                             "%s token shard: header says %d tokens, so %zu bytes expected, "
-                             "but the file has %zu bytes",
-                             size < want ? "truncated" : "oversized", h[2], want, size);
+                             "%s token shard: header says %d %d-byte tokens, so %zu bytes "
+                             "expected, but the file has %zu bytes%s",
+                             size < want ? "truncated" : "oversized", h[2], width, want, size,
+                             h[2] > 0 && size == other
+                                 ? (width == 2 ? " (32-bit tokens labelled 16-bit?)"
+                                               : " (16-bit tokens labelled 32-bit?)")
+                                 : "");
     }
     if (rc) {
         munmap(map, size);
@@ -99,7 +111,10 @@ int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei)
     s->map = map;
     s->map_len = size;
     s->n_tokens = (size_t)h[2];
-    s->tokens = (const uint16_t *)((const char *)map + DDP_SHARD_HEADER_BYTES);
+    s->token_bytes = width;
+    const void *body = (const char *)map + DDP_SHARD_HEADER_BYTES;
+    if (width == 2) s->tokens = body;
+    else s->tokens32 = body;
     snprintf(s->path, sizeof s->path, "%s", path);
     return 0;
 }
@@ -139,7 +154,9 @@ static int fsync_parent(const char *path)
     return rc;
 }
 
-int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
+/* Writes header + body to path.tmp, fsyncs, renames over path, fsyncs the directory. */
+static int write_shard(const char *path, int32_t magic, int32_t version, const void *tokens,
+                       size_t n_tokens, size_t width)
 {
     if (n_tokens > INT32_MAX) return DDP_EINVAL;
     size_t plen = strlen(path);
@@ -149,15 +166,15 @@ int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
     memcpy(tmp + plen, ".tmp", 5);
 
     int32_t header[DDP_SHARD_HEADER_INTS] = {0};
-    header[0] = DDP_SHARD_MAGIC;
-    header[1] = DDP_SHARD_VERSION;
+    header[0] = magic;
+    header[1] = version;
     header[2] = (int32_t)n_tokens;
 
     int fd = ddp_file_create(tmp, NULL);
     int rc = fd < 0 ? fd : 0;
     if (rc == 0) {
         rc = write_all(fd, header, sizeof header);
-        if (rc == 0 && n_tokens) rc = write_all(fd, tokens, n_tokens * sizeof *tokens);
+        if (rc == 0 && n_tokens) rc = write_all(fd, tokens, n_tokens * width);
         rc = ddp_file_sync_close(fd, tmp, rc, NULL);
         if (rc == 0 && rename(tmp, path) < 0) rc = -errno;
         if (rc == 0) rc = fsync_parent(path);
@@ -165,6 +182,16 @@ int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
     }
     free(tmp);
     return rc;
+}
+
+int ddp_shard_write(const char *path, const uint16_t *tokens, size_t n_tokens)
+{
+    return write_shard(path, DDP_SHARD_MAGIC, DDP_SHARD_VERSION, tokens, n_tokens, 2);
+}
+
+int ddp_shard_write32(const char *path, const uint32_t *tokens, size_t n_tokens)
+{
+    return write_shard(path, DDP_SHARD32_MAGIC, DDP_SHARD32_VERSION, tokens, n_tokens, 4);
 }
 
 int ddp_shard_glob(const char *pattern, char ***paths, size_t *count, ddp_errinfo_t *ei)

@@ -155,7 +155,7 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_INT_D("model.n_head", model.n_head, 1, 1024, "the preset's", "attention heads"),
     F_INT_D("model.n_embd", model.n_embd, 1, 65536, "the preset's",
             "channels, divisible by `n_head`"),
-    F_INT_D("model.vocab_size", model.vocab_size, 1, 65536, "the preset's",
+    F_INT_D("model.vocab_size", model.vocab_size, 1, 1 << 20, "the preset's",
             "tokens the model can emit"),
     F_INT_D("model.block_size", model.block_size, 1, 1 << 20, "the preset's",
             "the longest sequence (rows of the position embedding)"),

@@ -108,17 +108,20 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
         size_t w = shuffle ? ddp_dataset_sample(d, g) : (size_t)(g % d->n_windows);
         size_t s = shard_of(d, w);
         size_t start = (w - d->first_window[s]) * (size_t)T;
-        const uint16_t *tok = d->shards[s].tokens + start;
+        const ddp_shard_t *sh = &d->shards[s];
         for (int t = 0; t <= T; t++) {
-            if (tok[t] >= d->vocab_size) {
+            uint32_t tok = ddp_shard_token(sh, start + (size_t)t);
+            if (tok >= (uint32_t)d->vocab_size) {
                 ddp_errinfo_set(ei, DDP_EFORMAT, "token %u at index %zu is >= vocab_size %d",
-                                tok[t], start + t, d->vocab_size);
-                ddp_errinfo_path(ei, "%s", d->shards[s].path);
-                if (ei) ei->offset = (long long)(DDP_SHARD_HEADER_BYTES + 2 * (start + t));
+                                tok, start + t, d->vocab_size);
+                ddp_errinfo_path(ei, "%s", sh->path);
+                if (ei)
+                    ei->offset = (long long)(DDP_SHARD_HEADER_BYTES +
+                                             (size_t)sh->token_bytes * (start + t));
                 return DDP_EFORMAT;
             }
-            if (t < T) inputs[(size_t)i * T + t] = tok[t];
-            if (t > 0) targets[(size_t)i * T + t - 1] = tok[t];
+            if (t < T) inputs[(size_t)i * T + t] = (int32_t)tok;
+            if (t > 0) targets[(size_t)i * T + t - 1] = (int32_t)tok;
         }
     }
     return 0;

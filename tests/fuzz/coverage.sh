@@ -19,19 +19,21 @@ ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
       worker/checkpoint/checkpoint_load.c worker/checkpoint/checkpoint_fs.c
       worker/checkpoint/dio.c worker/checkpoint/uring.c)
 declare -A srcs=(
-    [spec]="${proto[*]}" [shard]="${proto[*]}"
+    [spec]="${proto[*]}" [shard]="${proto[*]}" [metrics]="proto/metrics.c"
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [tokenizer]="worker/tokenizer.c worker/bytemap.c"
 )
 declare -A targets=(
     [spec]="proto/spec.c proto/spec_out.c proto/spec_tree.c" [shard]="proto/shard.c"
     [safetensors]="worker/checkpoint/safetensors.c" [manifest]="worker/checkpoint/manifest.c"
     [ckpt]="worker/checkpoint/checkpoint_load.c worker/checkpoint/manifest.c worker/checkpoint/safetensors.c"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [tokenizer]="worker/tokenizer.c worker/bytemap.c" [metrics]="proto/metrics.c"
 )
 uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 printf '%-12s %-36s %8s %8s\n' harness file lines branches
-for h in spec shard safetensors manifest ckpt rpc peer; do
+for h in spec shard safetensors manifest ckpt rpc peer metrics tokenizer; do
     files=()
     for s in "${common[@]}" ${srcs[$h]}; do files+=("$src/$s"); done
     # shellcheck disable=SC2086
@@ -39,7 +41,7 @@ for h in spec shard safetensors manifest ckpt rpc peer; do
         -I"$src/tests/fuzz/harness" $uv_cflags -fsanitize=fuzzer \
         -fprofile-instr-generate -fcoverage-mapping -Wno-unused-command-line-argument \
         "$src/tests/fuzz/harness/fuzz_$h.c" "${files[@]}" \
-        -ljansson -lyaml -luring -lsodium -lm -lpthread -o "$cov/fuzz_$h" \
+        -ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread -o "$cov/fuzz_$h" \
         2>"$cov/$h.build.log" || { echo "$h: build failed"; continue; }
     rm -f "$cov/$h".*.profraw
     mkdir -p "$cov/tmp"

@@ -66,13 +66,15 @@ for d in ("deploy/examples", "tests/fixtures/specs"):
             put("spec", n, open(os.path.join(root, d, n), "rb").read())
 
 # shard
-def shard(tokens, magic=20240520, version=1, count=None):
+def shard(tokens, magic=20240520, version=1, count=None, fmt="H"):
     h = [0] * 256
     h[0], h[1], h[2] = magic, version, len(tokens) if count is None else count
-    return struct.pack("<256i", *h) + struct.pack("<%dH" % len(tokens), *tokens)
+    return struct.pack("<256i", *h) + struct.pack("<%d%s" % (len(tokens), fmt), *tokens)
 put("shard", "valid.bin", shard(list(range(40))))
 put("shard", "empty.bin", shard([]))
 put("shard", "count-too-big.bin", shard([1, 2, 3], count=9))
+put("shard", "valid32.bin", shard([70000 + i for i in range(40)], 20240801, 7, fmt="I"))
+put("shard", "mislabelled32.bin", shard(list(range(40)), 20240801, 7, count=20))
 
 # safetensors
 wte = ("wte.weight", [8, 4], [i / 8 for i in range(32)])

@@ -18,7 +18,7 @@ set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$src/build-fuzz}" && cd "${1:-$src/build-fuzz}" && pwd)
 secs=${FUZZ_SECONDS:-30}
-all=(spec shard safetensors manifest ckpt rpc peer metrics)
+all=(spec shard safetensors manifest ckpt rpc peer metrics tokenizer)
 read -r -a only <<<"${FUZZ_ONLY:-${all[*]}}"
 
 cc=${FUZZ_CC:-clang}
@@ -48,8 +48,9 @@ declare -A srcs=(
     [spec]="${proto[*]}" [shard]="${proto[*]}" [metrics]="proto/metrics.c"
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [tokenizer]="worker/tokenizer.c worker/bytemap.c"
 )
-libs=(-ljansson -lyaml -luring -lsodium -lm -lpthread)
+libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread)
 
 mkdir -p "$out/obj"
 build_obj() { # source -> object path (rebuilt when the source is newer)

@@ -1,6 +1,6 @@
 /* Tests of the ddp-prep tool: runs the built binary (its path is argv[1]) on small texts and
  * checks the shards it writes (split point, shard sizes, byte-for-byte tokens), stale-shard
- * removal, and its errors and exit codes. */
+ * removal, its errors and exit codes, and --tokenizer's 32-bit shards. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -147,6 +147,67 @@ static void test_errors(void **state)
     assert_non_null(strstr(out, "cannot create file/sub"));
 }
 
+/* A tokenizer.json without merges whose ids reach 70,000: the 256 bytes (GPT-2's alphabet) as
+ * ids 0..255 and two added tokens, "<big>" = 69999 and "<|eot|>" = 256. */
+static void write_wide_tokenizer(void)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/wide.json", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("{\"added_tokens\": [{\"id\": 69999, \"content\": \"<big>\", \"normalized\": false},"
+          " {\"id\": 256, \"content\": \"<|eot|>\", \"normalized\": false}],"
+          " \"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
+          "\"add_prefix_space\": false, \"use_regex\": true}, \"model\": {\"type\": \"BPE\", "
+          "\"vocab\": {",
+          f);
+    int next = 256;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+        int cp = printable ? b : next++;
+        const char *sep = b ? ", " : "";
+        if (cp == '"' || cp == '\\') fprintf(f, "%s\"\\%c\": %d", sep, cp, b);
+        else if (cp < 0x80) fprintf(f, "%s\"%c\": %d", sep, cp, b);
+        else fprintf(f, "%s\"%c%c\": %d", sep, 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f), b);
+    }
+    fputs("}, \"merges\": []}}", f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* --tokenizer with a vocabulary past 65,536: 32-bit shards (llm.c's Llama 3 label) holding the
+ * ids, --bos/--eos around each file, and input that is not UTF-8 named by file and offset.
+ * (tests/unit/proto/test_tokenizer_hf.py compares the ids with Hugging Face's tokenizers.) */
+static void test_tokenizer_32bit(void **state)
+{
+    write_wide_tokenizer();
+    const char *text = "ab<big>\nc";
+    write_file("w.txt", (const unsigned char *)text, strlen(text));
+    assert_int_equal(run("--tokenizer wide.json --eos '<|eot|>' --val-fraction 0 --out w w.txt"),
+                     0);
+    assert_non_null(strstr(out, "vocab 70000, 32-bit shards"));
+    char path[512];
+    snprintf(path, sizeof path, "%s/w/train_000000.bin", dir);
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    if (ddp_shard_open(&s, path, &ei)) fail_msg("%s: %s", path, ei.msg);
+    assert_int_equal(s.token_bytes, 4);
+    const uint32_t want[] = {'a', 'b', 69999, '\n', 'c', 256};
+    assert_int_equal(s.n_tokens, 6);
+    for (size_t i = 0; i < 6; i++) assert_int_equal(ddp_shard_token(&s, i), want[i]);
+    assert_int_equal(((const int32_t *)s.map)[0], 20240801);
+    assert_int_equal(((const int32_t *)s.map)[1], 7);
+    ddp_shard_close(&s);
+
+    write_file("bad.txt", (const unsigned char *)"fine\nline \xc3(", 13);
+    assert_int_equal(run("--tokenizer wide.json --val-fraction 0 --out w bad.txt"), 1);
+    if (!strstr(out, "bad.txt: byte offset 10: invalid UTF-8 (byte 0xc3)"))
+        fail_msg("output lacks the file and offset: %s", out);
+    assert_int_equal(run("--tokenizer wide.json --bos '<nope>' --out w w.txt"), 1);
+    assert_non_null(strstr(out, "--bos '<nope>' is neither an added token"));
+    assert_int_equal(run("--eos x w.txt"), 2);
+    assert_non_null(strstr(out, "--bos and --eos need --tokenizer"));
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -157,6 +218,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_and_shards),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tokenizer_32bit),
     };
     return cmocka_run_group_tests_name("prep", tests, setup, teardown);
 }

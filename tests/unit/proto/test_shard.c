@@ -1,6 +1,7 @@
 /* Unit tests of token shards: write/open round trip, every rejected file (truncated, wrong
- * magic, wrong version, header-only with a nonzero count, oversized), atomic write leaving no
- * temporary, and globbing (sorted, empty). Files live in a fresh temporary directory. */
+ * magic, wrong version, header-only with a nonzero count, oversized), 32-bit shards (round
+ * trip, truncated, mislabelled), atomic write leaving no temporary, and globbing (sorted,
+ * empty). Files live in a fresh temporary directory. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,15 +116,18 @@ static void test_bad_files(void **state)
     write_raw(p("empty.bin"), 0, 0, 0, 0, 0);
     expect_format_error(p("empty.bin"), "0 bytes", 0);
 
-    write_raw(p("magic.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 1, 4, 8);
-    expect_format_error(p("magic.bin"), "magic is 20240801", 0);
+    write_raw(p("magic.bin"), DDP_SHARD_HEADER_BYTES, 20240802, 1, 4, 8);
+    expect_format_error(p("magic.bin"), "magic is 20240802", 0);
 
     write_raw(p("version.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 7, 4, 8);
-    expect_format_error(p("version.bin"), "unsupported token shard version 7", 4);
+    expect_format_error(p("version.bin"), "unsupported token shard version 7 for magic 20240520",
+                        4);
 
     write_raw(p("headeronly.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 1000, 0);
-    expect_format_error(p("headeronly.bin"), "header says 1000 tokens, so 3024 bytes expected, "
-                                             "but the file has 1024 bytes", 1024);
+    expect_format_error(p("headeronly.bin"),
+                        "header says 1000 2-byte tokens, so 3024 bytes expected, "
+                        "but the file has 1024 bytes",
+                        1024);
 
     write_raw(p("trunc.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 10, 15);
     expect_format_error(p("trunc.bin"), "truncated token shard", 1039);
@@ -135,6 +139,57 @@ static void test_bad_files(void **state)
     expect_format_error(p("neg.bin"), "negative token count -5", 8);
 
     expect_format_error(dir, "not a regular file", -1);
+}
+
+/* 32-bit shards (llm.c's Llama 3 label): round trip with ids past 65,535, and the errors of a
+ * truncated or mislabelled file, each naming the file and the offset. */
+static void test_32bit(void **state)
+{
+    enum { N = 70001 };
+    uint32_t *tok = malloc(N * sizeof *tok);
+    assert_non_null(tok);
+    for (size_t i = 0; i < N; i++) tok[i] = (uint32_t)(i * 2654435761u) % 200000u;
+    tok[0] = 65536;
+    tok[1] = UINT32_MAX;
+    assert_int_equal(ddp_shard_write32(p("w.bin"), tok, N), 0);
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_shard_open(&s, p("w.bin"), &ei), 0);
+    assert_int_equal(s.token_bytes, 4);
+    assert_null(s.tokens);
+    assert_int_equal(s.n_tokens, N);
+    assert_int_equal(s.map_len, DDP_SHARD_HEADER_BYTES + 4 * N);
+    const int32_t *h = s.map;
+    assert_int_equal(h[0], 20240801);
+    assert_int_equal(h[1], 7);
+    assert_int_equal(h[2], N);
+    for (size_t i = 0; i < N; i++)
+        if (ddp_shard_token(&s, i) != tok[i])
+            fail_msg("token %zu is %u, want %u", i, ddp_shard_token(&s, i), tok[i]);
+    ddp_shard_close(&s);
+
+    /* a 16-bit shard reads through the same accessor */
+    uint16_t t16[3] = {7, 65535, 0};
+    assert_int_equal(ddp_shard_write(p("n.bin"), t16, 3), 0);
+    assert_int_equal(ddp_shard_open(&s, p("n.bin"), &ei), 0);
+    assert_int_equal(s.token_bytes, 2);
+    assert_int_equal(ddp_shard_token(&s, 1), 65535);
+    ddp_shard_close(&s);
+    free(tok);
+
+    write_raw(p("t32.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 7, 10, 38);
+    expect_format_error(p("t32.bin"), "truncated token shard: header says 10 4-byte tokens, "
+                                      "so 1064 bytes expected, but the file has 1062 bytes",
+                        1062);
+    /* 16-bit tokens under the 32-bit label, and the reverse: the size gives it away */
+    write_raw(p("m32.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 7, 10, 20);
+    expect_format_error(p("m32.bin"), "(16-bit tokens labelled 32-bit?)", 1044);
+    write_raw(p("m16.bin"), DDP_SHARD_HEADER_BYTES, DDP_SHARD_MAGIC, 1, 10, 40);
+    expect_format_error(p("m16.bin"), "(32-bit tokens labelled 16-bit?)", 1044);
+    /* the Llama 3 magic with GPT-2's version */
+    write_raw(p("v32.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 1, 1, 4);
+    expect_format_error(p("v32.bin"), "unsupported token shard version 1 for magic 20240801 "
+                                      "(supported: 7)", 4);
 }
 
 static void test_glob(void **state)
@@ -173,6 +228,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_32bit),
         cmocka_unit_test(test_glob),
     };
     return cmocka_run_group_tests_name("shard", tests, setup, teardown);

@@ -1,12 +1,14 @@
 /* Data order and schedule: the seeded permutation is a bijection; the samples of the first K
  * global batches are the same multiset for 1, 2 and 4 ranks; a token out of range names the
- * file and offset; the learning-rate schedule's warmup and cosine ends. */
+ * file and offset; 32-bit shards (ids past 65,535) read like 16-bit ones; the learning-rate
+ * schedule's warmup and cosine ends. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -142,6 +144,47 @@ static void test_token_out_of_range_named(void **state)
     ddp_dataset_close(&d);
 }
 
+/* 32-bit shards feed the loader like 16-bit ones (mixed in one glob): ids past 65,535 arrive
+ * intact, and an id >= vocab_size is named with its 4-byte offset. */
+static void test_32bit_shards(void **state)
+{
+    (void)state;
+    char sub[128], path[160], glob[160];
+    snprintf(sub, sizeof sub, "%s/w32", dir);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    enum { N = 3 * T + 1 };
+    uint32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = 70000u + (uint32_t)i;
+    snprintf(path, sizeof path, "%s/train_000000.bin", sub);
+    assert_int_equal(ddp_shard_write32(path, tok, N), 0);
+    uint16_t small[T + 1] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    snprintf(path, sizeof path, "%s/train_000001.bin", sub);
+    assert_int_equal(ddp_shard_write(path, small, T + 1), 0);
+    snprintf(glob, sizeof glob, "%s/train_*.bin", sub);
+    ddp_dataset_t d;
+    ddp_errinfo_t ei;
+    if (ddp_dataset_open(&d, glob, T, 128256, 1, &ei)) fail_msg("open: %s", ei.msg);
+    assert_int_equal(d.n_windows, 4);
+    int32_t in[T * 4], tg[T * 4];
+    assert_int_equal(ddp_dataset_fill(&d, 0, 4, 0, in, tg, &ei), 0);
+    for (int w = 0; w < 3; w++)
+        for (int t = 0; t < T; t++) {
+            assert_int_equal(in[w * T + t], 70000 + w * T + t);
+            assert_int_equal(tg[w * T + t], 70000 + w * T + t + 1);
+        }
+    assert_int_equal(in[3 * T], 1);
+    assert_int_equal(tg[4 * T - 1], 9);
+    ddp_dataset_close(&d);
+
+    if (ddp_dataset_open(&d, glob, T, 70005, 1, &ei)) fail_msg("open: %s", ei.msg);
+    ddp_errinfo_clear(&ei);
+    assert_int_equal(ddp_dataset_fill(&d, 0, 1, 0, in, tg, &ei), DDP_EFORMAT);
+    assert_non_null(strstr(ei.path, "w32/train_000000.bin"));
+    assert_non_null(strstr(ei.msg, "token 70005 at index 5"));
+    assert_int_equal(ei.offset, 1024 + 4 * 5);
+    ddp_dataset_close(&d);
+}
+
 static void test_lr_schedule(void **state)
 {
     (void)state;
@@ -167,6 +210,7 @@ int main(void)
         cmocka_unit_test(test_permutation_is_bijection),
         cmocka_unit_test(test_order_independent_of_world_size),
         cmocka_unit_test(test_token_out_of_range_named),
+        cmocka_unit_test(test_32bit_shards),
         cmocka_unit_test(test_lr_schedule),
     };
     return cmocka_run_group_tests_name("data", tests, setup, teardown);
