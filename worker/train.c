@@ -189,56 +189,6 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return ddp_coll_wait(req, 0, ei);
 }
 
-/* The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
- * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
- * g = micro * W + rank of t->emb (W and rank of the deal: set_deal), its global micro-batch
- * index (other slots stay zero), the
- * n_micro slots are summed over the ranks (a gather: each slot has one non-zero contributor),
- * and every rank adds all of them to the reduced wte gradient in slot order. Slot order is the
- * global micro-batch order, so this part of the sum is the same at any world size. A slot holds
- * B*T tokens (as floats: exact below 2^24) and then B*T*C gradient values. */
-static size_t emb_slot_floats(const ddp_trainer_t *t)
-{
-    size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
-    return BT + BT * (size_t)t->model.cfg.n_embd;
-}
-
-static int keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *inputs)
-{
-    ddp_kernels_t *k = &t->k;
-    size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
-    float *slot = t->emb + (size_t)(micro * t->deal_world + t->deal_rank) * emb_slot_floats(t);
-    for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
-    DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
-    return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
-                            BT * t->model.cfg.n_embd * sizeof(float));
-}
-
-static int add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
-{
-    ddp_kernels_t *k = &t->k;
-    int B = t->spec.micro_batch, T = t->spec.seq_len;
-    size_t BT = (size_t)B * T, n_slots = (size_t)t->n_micro;
-    if (t->comm) {
-        ddp_coll_req_t *req;
-        /* the slots' copies are queued on the compute stream (issue 24, finding 1) */
-        DDP_CHECK(ddp_reducer_after_compute(t->comm, k));
-        DDP_CHECK(ddp_coll_allreduce(t->comm, t->emb, n_slots * emb_slot_floats(t), DDP_DT_F32,
-                                     DDP_OP_SUM, &req));
-        DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    }
-    for (size_t g = 0; g < n_slots; g++) {
-        const float *slot = t->emb + g * emb_slot_floats(t);
-        DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f, slot, BT * sizeof(float)));
-        DDP_CHECK(ddp_k_sync(k));
-        for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
-        DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
-                                   BT * sizeof(int32_t)));
-        ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
-    }
-    return ddp_k_sync(k);
-}
-
 /* Global micro-batches per step from train.global_batch_tokens (or one per rank). A static
  * world must divide them evenly (so every rank does the same work); an elastic one deals them
  * unevenly when it must, so that the global batch survives any change of the world. */
@@ -296,7 +246,7 @@ static int attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     } else if (!uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
         DDP_CHECK(ddp_gpt2_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
-    t->emb_bytes = (size_t)t->n_micro * emb_slot_floats(t) * sizeof(float);
+    t->emb_bytes = (size_t)t->n_micro * ddp__trainer_emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(alloc_reduced(t, t->emb_bytes, &t->emb, ei));
     DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
                                s->first_bucket_mb, s->bucket_mb, s->overlap, t->zero.on));
@@ -785,7 +735,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
             /* earlier micro-steps: fresh gradient, summed into acc in micro-step order */
             rc = ddp_gpt2_backward(m, NULL, NULL);
             if (rc) return pass_failed(t, rc, ei);
-            DDP_CHECK(keep_embedding_grad(t, micro, inputs));
+            DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
             if (micro == 0) DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, bytes));
             else ddp_k_add(k, t->acc, m->g, m->n_params);
             continue;
@@ -795,13 +745,13 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
         t->ready_rc = 0;
         rc = ddp_gpt2_backward(m, on_grads_ready, t);
         if (rc) return pass_failed(t, rc, ei);
-        DDP_CHECK(keep_embedding_grad(t, micro, inputs));
+        DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
     }
     int64_t t1 = ddp_now_ns();
     int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
     if (!rc) rc = t->ready_rc;
     if (!rc && t->xfer.active) rc = ddp_xfer_wait(&t->xfer, ei);
-    if (!rc) rc = add_embedding_grads(t, ei);
+    if (!rc) rc = ddp__trainer_add_embedding_grads(t, ei);
     if (rc) return rc;
     t->compute_ms = (double)(t1 - t0) / 1e6;
 

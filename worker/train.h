@@ -188,6 +188,14 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
 /* Frees everything. NULL-safe. */
 void ddp_trainer_close(ddp_trainer_t *t);
 
+/* train_embedding.c, internal to the step (train.c): the embedding-gradient slots.
+ * Floats in one slot: B*T tokens, then B*T*C gradient values. */
+size_t ddp__trainer_emb_slot_floats(const ddp_trainer_t *t);
+/* Micro-step `micro`'s tokens and embedding-output gradient (acts.dres) into its slot. */
+int ddp__trainer_keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *inputs);
+/* Sums the slots over the ranks and adds each slot's share to wte's gradient, in slot order. */
+int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei);
+
 /* memory_check.c: plans this rank's memory for the spec and the world (worker/memory_budget.h),
  * logs the plan (unless quiet) and fails with DDP_ESPEC and advice in ei when it cannot fit
  * train.memory_limit. Called by init before the model is allocated. */
