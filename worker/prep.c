@@ -172,6 +172,20 @@ static void remove_stale(const char *dir, const char *prefix, int keep)
     closedir(d);
 }
 
+/* Writes both splits' last shards, removes shards of an earlier run beyond them, and prints
+ * the summary line ("train: N tokens in K shards; val: ... (what)"). Returns 0 or -1. */
+static int finish_shards(split_writer_t *train, split_writer_t *val, const char *out,
+                         const char *what)
+{
+    if (flush_shard(train) || flush_shard(val)) return -1;
+    remove_stale(out, "train", train->index);
+    remove_stale(out, "val", val->index);
+    printf("train: %zu tokens in %d shard%s; val: %zu tokens in %d shard%s (%s)\n", train->total,
+           train->index, train->index == 1 ? "" : "s", val->total, val->index,
+           val->index == 1 ? "" : "s", what);
+    return 0;
+}
+
 static int parse_double(const char *s, double *out)
 {
     char *end;
@@ -298,13 +312,9 @@ static int run_bpe(const char *tok_path, const char *bos, const char *eos, int t
                         "split at; use --val-fraction 0 or more lines\n", n_train);
         goto out;
     }
-    if (flush_shard(&train) || flush_shard(&val)) goto out;
-    remove_stale(out, "train", train.index);
-    remove_stale(out, "val", val.index);
-    printf("train: %zu tokens in %d shard%s; val: %zu tokens in %d shard%s "
-           "(%s, vocab %u, %d-bit shards)\n",
-           train.total, train.index, train.index == 1 ? "" : "s", val.total, val.index,
-           val.index == 1 ? "" : "s", tok_path, vocab, train.width * 8);
+    char what[600];
+    snprintf(what, sizeof what, "%s, vocab %u, %d-bit shards", tok_path, vocab, train.width * 8);
+    if (finish_shards(&train, &val, out, what)) goto out;
     printf("tokenized %zu bytes in %.3f s: %.2f MB/s on %d thread%s\n", seen, secs,
            secs > 0 ? (double)seen / secs / 1e6 : 0.0, threads, threads == 1 ? "" : "s");
     status = 0;
@@ -474,13 +484,7 @@ int main(int argc, char **argv)
                 seen, total);
         goto out;
     }
-    if (flush_shard(&train) || flush_shard(&val)) goto out;
-    remove_stale(out, "train", train.index);
-    remove_stale(out, "val", val.index);
-    printf("train: %zu tokens in %d shard%s; val: %zu tokens in %d shard%s "
-           "(byte-level, vocab 256)\n",
-           train.total, train.index, train.index == 1 ? "" : "s", val.total, val.index,
-           val.index == 1 ? "" : "s");
+    if (finish_shards(&train, &val, out, "byte-level, vocab 256")) goto out;
     status = 0;
 out:
     free(train.buf);
