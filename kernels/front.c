@@ -55,7 +55,8 @@ static void bad_args(ddp_kernels_t *k, const char *op, const char *what)
         ddp__kprof_end((k), DDP_KOP_##op, &span_, (double)(flops), (double)(bytes));         \
     } while (0)
 
-#define F32 4.0 /* bytes per element: the profile's counts assume fp32 */
+#define F32 4.0 /* bytes per fp32 element */
+#define ACT ((double)ddp_act_bytes(k->prec)) /* bytes per activation element of k, now */
 
 const char *ddp_k_name(const ddp_kernels_t *k) { return k && k->ops ? k->ops->name : "none"; }
 
@@ -174,42 +175,44 @@ void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *
           k->ops->encoder_bwd(k->ctx, dwte, dwpe, dout, inp, B, T, C));
 }
 
-void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
+void ddp_k_layernorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *mean, float *rstd,
                          const float *inp, const float *weight, const float *bias, int N, int C)
 {
     if (!OP_READY(k, layernorm_fwd)) return;
     REQUIRE(k, layernorm_fwd, out && mean && rstd && inp && weight && bias);
     REQUIRE(k, layernorm_fwd, N > 0 && C > 0);
-    TIMED(k, layernorm_fwd, 0, F32 * (2.0 * N * C + 2.0 * C + 2.0 * N),
+    TIMED(k, layernorm_fwd, 0, F32 * ((double)N * C + 2.0 * C + 2.0 * N) + ACT * N * C,
           k->ops->layernorm_fwd(k->ctx, out, mean, rstd, inp, weight, bias, N, C));
 }
 
 void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                         const float *dout, const float *inp, const float *weight,
+                         const ddp_act_t *dout, const float *inp, const float *weight,
                          const float *mean, const float *rstd, int N, int C)
 {
     if (!OP_READY(k, layernorm_bwd)) return;
     REQUIRE(k, layernorm_bwd, dinp && dweight && dbias && dout && inp && weight && mean && rstd);
     REQUIRE(k, layernorm_bwd, N > 0 && C > 0);
-    TIMED(k, layernorm_bwd, 0, F32 * (4.0 * N * C + 5.0 * C + 2.0 * N),
+    TIMED(k, layernorm_bwd, 0, F32 * (3.0 * N * C + 5.0 * C + 2.0 * N) + ACT * N * C,
           k->ops->layernorm_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
 }
 
-void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const float *weight,
-                      const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+void ddp_k_matmul_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp,
+                      const float *weight, const float *bias, int N, int C, int OC,
+                      ddp_wlayout_t layout)
 {
     if (!OP_READY(k, matmul_fwd)) return;
     REQUIRE(k, matmul_fwd, out && inp && weight);
     REQUIRE(k, matmul_fwd, N > 0 && C > 0 && OC > 0);
     REQUIRE(k, matmul_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
+    /* the weight as the product reads it: its copy in the run's precision */
     TIMED(k, matmul_fwd, 2.0 * N * C * OC,
-          F32 * ((double)N * C + (double)C * OC + (double)N * OC + (bias ? OC : 0)),
+          ACT * ((double)N * C + (double)C * OC + (double)N * OC) + F32 * (bias ? OC : 0),
           k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, layout));
 }
 
-void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                      const float *dout, const float *inp, const float *weight, int N, int C,
-                      int OC, ddp_wlayout_t layout)
+void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *dbias,
+                      const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                      int C, int OC, ddp_wlayout_t layout)
 {
     if (!OP_READY(k, matmul_bwd)) return;
     REQUIRE(k, matmul_bwd, dweight && dout && inp && weight);
@@ -217,63 +220,76 @@ void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbia
     REQUIRE(k, matmul_bwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
     /* without dinp the weight is not read and only dweight's product runs */
     TIMED(k, matmul_bwd, (dinp ? 4.0 : 2.0) * N * C * OC,
-          F32 * ((double)N * OC + (double)N * C + 2.0 * C * OC +
-                 (dinp ? 2.0 * N * C + (double)C * OC : 0) + (dbias ? 2.0 * OC : 0)),
+          ACT * ((double)N * OC + (double)N * C + (dinp ? (double)N * C + (double)C * OC : 0)) +
+              F32 * (2.0 * C * OC + (dbias ? 2.0 * OC : 0)),
           k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout));
 }
 
-void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *qkv, int B,
-                         int T, int C, int NH)
+void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                         int B, int T, int C, int NH)
 {
     if (!OP_READY(k, attention_fwd)) return;
     REQUIRE(k, attention_fwd, out && lse && qkv);
     REQUIRE(k, attention_fwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    TIMED(k, attention_fwd, ddp__attn_flops(B, T, C, NH, 0), ddp__attn_bytes(B, T, C, NH, 0),
+    TIMED(k, attention_fwd, ddp__attn_flops(B, T, C, NH, 0),
+          ddp__attn_bytes(B, T, C, NH, 0, ACT),
           k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH));
 }
 
-void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const float *qkv,
-                         const float *out, const float *lse, int B, int T, int C, int NH)
+void ddp_k_attention_bwd(ddp_kernels_t *k, ddp_act_t *dqkv, const ddp_act_t *dout,
+                         const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
+                         int T, int C, int NH)
 {
     if (!OP_READY(k, attention_bwd)) return;
     REQUIRE(k, attention_bwd, dqkv && dout && qkv && out && lse);
     REQUIRE(k, attention_bwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
-    TIMED(k, attention_bwd, ddp__attn_flops(B, T, C, NH, 1), ddp__attn_bytes(B, T, C, NH, 1),
+    TIMED(k, attention_bwd, ddp__attn_flops(B, T, C, NH, 1),
+          ddp__attn_bytes(B, T, C, NH, 1, ACT),
           k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH));
 }
 
-void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n)
+void ddp_k_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, size_t n)
 {
     if (!OP_READY(k, gelu_fwd)) return;
     REQUIRE(k, gelu_fwd, n == 0 || (out && inp));
-    TIMED(k, gelu_fwd, 0, F32 * 2 * n,
+    TIMED(k, gelu_fwd, 0, ACT * 2 * n,
           k->ops->gelu_fwd(k->ctx, out, inp, n));
 }
 
-void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
-                    size_t n)
+void ddp_k_gelu_bwd(ddp_kernels_t *k, ddp_act_t *dinp, const ddp_act_t *inp,
+                    const ddp_act_t *dout, size_t n)
 {
     if (!OP_READY(k, gelu_bwd)) return;
     REQUIRE(k, gelu_bwd, n == 0 || (dinp && inp && dout));
-    TIMED(k, gelu_bwd, 0, F32 * 4 * n,
+    TIMED(k, gelu_bwd, 0, ACT * 3 * n,
           k->ops->gelu_bwd(k->ctx, dinp, inp, dout, n));
 }
 
-void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const float *b, size_t n)
+void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const ddp_act_t *b,
+                        size_t n)
 {
     if (!OP_READY(k, residual_fwd)) return;
     REQUIRE(k, residual_fwd, n == 0 || (out && a && b));
-    TIMED(k, residual_fwd, 0, F32 * 3 * n,
+    TIMED(k, residual_fwd, 0, (F32 * 2 + ACT) * n,
           k->ops->residual_fwd(k->ctx, out, a, b, n));
 }
 
-void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
-                        const int32_t *targets, int N, int V, float dloss)
+void ddp_k_to_act(ddp_kernels_t *k, ddp_act_t *out, const float *inp, size_t n)
+{
+    if (!OP_READY(k, to_act)) return;
+    REQUIRE(k, to_act, n == 0 || (out && inp));
+    TIMED(k, to_act, 0, (F32 + ACT) * n,
+          k->ops->to_act(k->ctx, out, inp, n));
+}
+
+void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, ddp_act_t *dlogits,
+                        const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                        float dloss)
 {
     if (!OP_READY(k, xent_fwd_bwd)) return;
     REQUIRE(k, xent_fwd_bwd, losses && logits && targets);
     REQUIRE(k, xent_fwd_bwd, N > 0 && V > 0);
-    TIMED(k, xent_fwd_bwd, 0, F32 * ((dlogits ? 2.0 : 1.0) * N * V + 2.0 * N),
+    TIMED(k, xent_fwd_bwd, 0, ACT * (dlogits ? 2.0 : 1.0) * N * V + F32 * 2.0 * N,
           k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, dloss));
 }
 
@@ -341,6 +357,12 @@ void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec)
                                   prec == DDP_KPREC_FP16);
     TIMED(k, set_precision, 0, 0,
           k->ops->set_precision(k->ctx, prec));
+    k->prec = prec;
+}
+
+ddp_kprec_t ddp_k_precision(const ddp_kernels_t *k)
+{
+    return opened(k) ? k->prec : DDP_KPREC_FP32;
 }
 
 int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why)

@@ -27,7 +27,8 @@
     X(commit_granule) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync)           \
     X(encoder_fwd) X(encoder_bwd) X(layernorm_fwd) X(layernorm_bwd) X(matmul_fwd)           \
     X(matmul_bwd) X(attention_fwd) X(attention_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd) \
-    X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite) X(device_count)   \
+    X(to_act) X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite)         \
+    X(device_count)                                                                          \
     X(set_precision) X(prec_native) X(coll_backend) X(record_event)
 
 /* Returns the name of the first NULL member, or NULL when the table is complete. */

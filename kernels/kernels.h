@@ -10,12 +10,22 @@
  * table's capability fields say what differs).
  *
  * Conventions for every op
- * - All pointers are device pointers of the backend (host memory for CPU), fp32 unless typed.
+ * - All pointers are device pointers of the backend (host memory for CPU).
+ * - Tensors carry a dtype, by role: `float *` is always fp32; `ddp_act_t *` is an ACTIVATION
+ *   tensor, whose elements are of the context's activation type (set_precision): fp32 in fp32
+ *   runs, bf16 or fp16 in bf16/fp16 runs (autocast's numerics). 16-bit are the outputs of
+ *   LayerNorm, the products, attention, GELU, the logits, and the gradients of all of these.
+ *   fp32 always: the residual stream and its gradient (a long sum of small updates, which
+ *   16 bits would round away), LayerNorm's statistics and attention's log-sum-exps (reused
+ *   by backward, where an error would be amplified), the weights, their gradients and the
+ *   optimizer's moments, the losses. Ops compute in fp32 and round once, on store.
  * - Shapes are row-major; B = batch, T = sequence, C = channels, NH = heads, V = vocab,
  *   N = rows (B*T). Comments give each tensor's shape.
- * - Forward ops overwrite their outputs. Backward ops ACCUMULATE (+=) into every gradient output
- *   (dinp, dweight, dbias ...), so a tensor used twice (the tied wte) sums both uses; the caller
- *   zeroes the gradient arena before each micro-step's backward.
+ * - Forward ops overwrite their outputs. Backward ops OVERWRITE activation gradients (dinp of a
+ *   product, GELU and attention: beta 0, no zeroing needed) and ACCUMULATE (+=) into fp32
+ *   gradients: the residual stream's (LayerNorm's dinp) and the parameters' (dweight, dbias,
+ *   the embeddings'), so a tensor used twice (the tied wte) sums both uses; the caller zeroes
+ *   the gradient arena before each micro-step's backward.
  * - Ops are asynchronous on a GPU (queued on the context's compute stream) and synchronous on the
  *   CPU; ddp_k_sync() waits and returns the first error. Ops themselves return nothing.
  * - Linear layers store their weight as Hugging Face's Conv1D does, [in, out]; the tied LM head
@@ -34,13 +44,32 @@ typedef struct ddp_kctx ddp_kctx_t; /* a backend's context: device, streams, han
 /* Elements per CRC32C of the adamw op's optional checksums. */
 #define DDP_ADAMW_CRC_CHUNK ((size_t)32768)
 
-/* The input precision of matrix products (ddp_kernels_ops_t.set_precision). The values are
- * proto/spec.h's ddp_precision_t's. */
+/* A run's precision (ddp_kernels_ops_t.set_precision): the type of activation tensors and of
+ * the matrix products' inputs. The values are proto/spec.h's ddp_precision_t's. */
 typedef enum {
-    DDP_KPREC_FP32 = 0, /* fp32 inputs */
-    DDP_KPREC_BF16 = 1, /* inputs rounded to bf16, fp32 accumulation and output */
-    DDP_KPREC_FP16 = 2, /* inputs rounded to fp16 (|x| >= 65520 becomes Inf), fp32 accumulation */
+    DDP_KPREC_FP32 = 0, /* fp32 activations and products */
+    DDP_KPREC_BF16 = 1, /* bf16 activations (bits: an fp32's top half, rounded to nearest even);
+                         * products of bf16 with fp32 accumulation */
+    DDP_KPREC_FP16 = 2, /* IEEE fp16 activations (|x| >= 65520 becomes Inf: an overflow shows);
+                         * products of fp16 with fp32 accumulation */
 } ddp_kprec_t;
+
+/* An activation tensor (see the conventions above): `n` elements of ddp_act_bytes(prec) each.
+ * Incomplete on purpose, so that an fp32 tensor is not passed where an activation is expected
+ * (or the reverse) without a cast; index it with ddp_act_at. */
+typedef struct ddp_act ddp_act_t;
+
+/* Bytes per activation element under prec: 4 (fp32) or 2. */
+static inline size_t ddp_act_bytes(ddp_kprec_t prec) { return prec == DDP_KPREC_FP32 ? 4 : 2; }
+
+/* Element i of activation tensor base under prec. */
+static inline ddp_act_t *ddp_act_at(const ddp_act_t *base, size_t i, ddp_kprec_t prec)
+{
+    return (ddp_act_t *)((char *)base + i * ddp_act_bytes(prec));
+}
+
+/* n activation elements of type prec in host memory, widened to fp32 (exactly) into dst. */
+void ddp_act_to_f32(float *dst, const void *src, size_t n, ddp_kprec_t prec);
 
 /* A range [lo, hi) of elements of an arena, whose results go to index `out` on (sumsq_blocks). */
 typedef struct ddp_krange {
@@ -124,21 +153,26 @@ typedef struct ddp_kernels_ops {
     void (*encoder_bwd)(ddp_kctx_t *, float *dwte, float *dwpe, const float *dout,
                         const int32_t *inp, int B, int T, int C);
 
-    /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]. eps = 1e-5. */
-    void (*layernorm_fwd)(ddp_kctx_t *, float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int N, int C);
+    /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]. eps = 1e-5.
+     * inp is the residual stream (fp32); out feeds a product. */
+    void (*layernorm_fwd)(ddp_kctx_t *, ddp_act_t *out, float *mean, float *rstd,
+                          const float *inp, const float *weight, const float *bias, int N, int C);
+    /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);
+     * dweight, dbias += theirs. */
     void (*layernorm_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight,
+                          const ddp_act_t *dout, const float *inp, const float *weight,
                           const float *mean, const float *rstd, int N, int C);
 
-    /* Mixed precision (autocast's rules): from this call on, matmul_fwd and matmul_bwd round
-     * their matrix inputs (inp, weight, dout) to `prec` and accumulate in fp32; bias, dbias and
-     * every other op stay fp32 (LayerNorm, softmax, GELU, the loss, AdamW on fp32 weights). A
-     * backend may keep a converted copy of each weight it has multiplied by: the copy is dropped
-     * by the next set_precision call, so the caller calls it again after every write to the
-     * weights (the optimizer step, a load) -- one conversion per weight per step, not per
-     * product. Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results
-     * are bitwise those of a context that never had it called. */
+    /* Mixed precision (autocast's rules): from this call on, activation tensors are of type
+     * `prec` (the conventions above) and the products multiply `prec` inputs (the activations
+     * and the weights rounded to prec) with fp32 accumulation; every op computes in fp32 and
+     * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight it
+     * has multiplied by: the copy is dropped by the next set_precision call, so the caller
+     * calls it again after every write to the weights (the optimizer step, a load) -- one
+     * conversion per weight per step, not per product. Activations written under one precision
+     * are not readable under another: a caller sets it before allocating them and keeps it.
+     * Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results are
+     * bitwise those of a context that never had it called. */
     void (*set_precision)(ddp_kctx_t *, ddp_kprec_t prec);
     /* 1 when this backend multiplies `prec` in hardware, faster than fp32 (bf16 on a GPU's
      * tensor cores, or on a CPU with AVX512_BF16/AMX), else 0 (a backend that emulates it by
@@ -146,39 +180,48 @@ typedef struct ddp_kernels_ops {
      * train.precision "auto". */
     int (*prec_native)(ddp_kctx_t *, ddp_kprec_t prec, const char **why);
 
-    /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL). */
-    void (*matmul_fwd)(ddp_kctx_t *, float *out, const float *inp, const float *weight,
+    /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before
+     * the one rounding. */
+    void (*matmul_fwd)(ddp_kctx_t *, ddp_act_t *out, const ddp_act_t *inp, const float *weight,
                        const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
-    /* dinp[N,C] += dout @ W^T; dweight += (layout's orientation of) inp^T @ dout;
+    /* dinp[N,C] = dout @ W^T (overwritten); dweight += (layout's orientation of) inp^T @ dout;
      * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). */
-    void (*matmul_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
-                       const float *dout, const float *inp, const float *weight, int N, int C,
-                       int OC, ddp_wlayout_t layout);
+    void (*matmul_bwd)(ddp_kctx_t *, ddp_act_t *dinp, float *dweight, float *dbias,
+                       const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                       int C, int OC, ddp_wlayout_t layout);
 
     /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.
      * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C]; scale 1/sqrt(hs).
      * lse[B,NH,T] saves each row's log-sum-exp (natural log) of its scaled scores over the
      * positions t2 <= t: with qkv and out, all that backward needs. */
-    void (*attention_fwd)(ddp_kctx_t *, float *out, float *lse, const float *qkv, int B, int T,
-                          int C, int NH);
-    /* dqkv[B,T,3C] += the gradient through attention of dout[B,T,C], from forward's qkv, out
-     * and lse (the probabilities are recomputed from them). */
-    void (*attention_bwd)(ddp_kctx_t *, float *dqkv, const float *dout, const float *qkv,
-                          const float *out, const float *lse, int B, int T, int C, int NH);
+    void (*attention_fwd)(ddp_kctx_t *, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                          int B, int T, int C, int NH);
+    /* dqkv[B,T,3C] = the gradient through attention of dout[B,T,C] (overwritten), from
+     * forward's qkv, out and lse (the probabilities are recomputed from them). */
+    void (*attention_bwd)(ddp_kctx_t *, ddp_act_t *dqkv, const ddp_act_t *dout,
+                          const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
+                          int T, int C, int NH);
 
-    /* out[n] = gelu_tanh(inp[n]); dinp[n] += gelu_tanh'(inp[n]) * dout[n]. */
-    void (*gelu_fwd)(ddp_kctx_t *, float *out, const float *inp, size_t n);
-    void (*gelu_bwd)(ddp_kctx_t *, float *dinp, const float *inp, const float *dout, size_t n);
+    /* out[n] = gelu_tanh(inp[n]); dinp[n] = gelu_tanh'(inp[n]) * dout[n] (overwritten; dinp
+     * may alias dout). */
+    void (*gelu_fwd)(ddp_kctx_t *, ddp_act_t *out, const ddp_act_t *inp, size_t n);
+    void (*gelu_bwd)(ddp_kctx_t *, ddp_act_t *dinp, const ddp_act_t *inp, const ddp_act_t *dout,
+                     size_t n);
 
-    /* out[n] = a[n] + b[n] (out may alias a or b). */
-    void (*residual_fwd)(ddp_kctx_t *, float *out, const float *a, const float *b, size_t n);
+    /* out[n] = a[n] + b[n]: a branch's output b added to the residual stream a (out may alias
+     * a). */
+    void (*residual_fwd)(ddp_kctx_t *, float *out, const float *a, const ddp_act_t *b, size_t n);
+    /* out[n] = inp[n] rounded to the activation type: the residual stream's gradient entering a
+     * product's backward (as autocast casts it). */
+    void (*to_act)(ddp_kctx_t *, ddp_act_t *out, const float *inp, size_t n);
 
     /* Fused softmax + cross-entropy over logits[N,V].
      * losses[N] = -log softmax(logits)[target]; and when dlogits != NULL,
      * dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss (dlogits may alias logits:
      * the op then overwrites the logits). targets[N] < V. */
-    void (*xent_fwd_bwd)(ddp_kctx_t *, float *losses, float *dlogits, const float *logits,
-                         const int32_t *targets, int N, int V, float dloss);
+    void (*xent_fwd_bwd)(ddp_kctx_t *, float *losses, ddp_act_t *dlogits,
+                         const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                         float dloss);
 
     /* AdamW over ranges of the arenas in one call (one launch on a GPU), PyTorch's formulation
      * with decoupled weight decay, for each element of each range r ([r.lo, r.hi) of param,
@@ -220,6 +263,7 @@ typedef struct ddp_kernels {
     ddp_kctx_t *ctx;
     void *module; /* dlopen handle, or NULL for the built-in CPU backend */
     int err;      /* first argument error a wrapper found (atomic access); ddp_k_sync returns it */
+    ddp_kprec_t prec; /* the last ddp_k_set_precision's (the activation type); FP32 at open */
     /* the profiler (kernels/kprof.c): NULL until the first ddp_k_profile_start, then kept until
      * ddp_kernels_close (atomic access: the checkpoint helper's wrappers read it) */
     struct ddp__kprof *prof;
@@ -285,26 +329,31 @@ void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const f
                        const float *wpe, int B, int T, int C);
 void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *dout,
                        const int32_t *inp, int B, int T, int C);
-void ddp_k_layernorm_fwd(ddp_kernels_t *k, float *out, float *mean, float *rstd,
+void ddp_k_layernorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *mean, float *rstd,
                          const float *inp, const float *weight, const float *bias, int N, int C);
 void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                         const float *dout, const float *inp, const float *weight,
+                         const ddp_act_t *dout, const float *inp, const float *weight,
                          const float *mean, const float *rstd, int N, int C);
-void ddp_k_matmul_fwd(ddp_kernels_t *k, float *out, const float *inp, const float *weight,
-                      const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
-void ddp_k_matmul_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                      const float *dout, const float *inp, const float *weight, int N, int C,
-                      int OC, ddp_wlayout_t layout);
-void ddp_k_attention_fwd(ddp_kernels_t *k, float *out, float *lse, const float *qkv, int B,
+void ddp_k_matmul_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp,
+                      const float *weight, const float *bias, int N, int C, int OC,
+                      ddp_wlayout_t layout);
+void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *dbias,
+                      const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                      int C, int OC, ddp_wlayout_t layout);
+void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                         int B, int T, int C, int NH);
+void ddp_k_attention_bwd(ddp_kernels_t *k, ddp_act_t *dqkv, const ddp_act_t *dout,
+                         const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
                          int T, int C, int NH);
-void ddp_k_attention_bwd(ddp_kernels_t *k, float *dqkv, const float *dout, const float *qkv,
-                         const float *out, const float *lse, int B, int T, int C, int NH);
-void ddp_k_gelu_fwd(ddp_kernels_t *k, float *out, const float *inp, size_t n);
-void ddp_k_gelu_bwd(ddp_kernels_t *k, float *dinp, const float *inp, const float *dout,
-                    size_t n);
-void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const float *b, size_t n);
-void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, float *dlogits, const float *logits,
-                        const int32_t *targets, int N, int V, float dloss);
+void ddp_k_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, size_t n);
+void ddp_k_gelu_bwd(ddp_kernels_t *k, ddp_act_t *dinp, const ddp_act_t *inp,
+                    const ddp_act_t *dout, size_t n);
+void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const ddp_act_t *b,
+                        size_t n);
+void ddp_k_to_act(ddp_kernels_t *k, ddp_act_t *out, const float *inp, size_t n);
+void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, ddp_act_t *dlogits,
+                        const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                        float dloss);
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
                  const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
                  float beta2, float eps, float grad_scale, int t, uint32_t *crc);
@@ -314,6 +363,9 @@ void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n);
 void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n);
 void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n);
 void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec); /* not opened: nothing */
+/* The precision last set on k (its activation type); DDP_KPREC_FP32 when none was or k is not
+ * opened. */
+ddp_kprec_t ddp_k_precision(const ddp_kernels_t *k);
 /* 1 when k multiplies prec natively; else 0 with *why (a static string). */
 int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why);
 
@@ -336,8 +388,8 @@ int ddp_kernels_cpu_bf16(const char **why);
  * window open a wrapper costs one load and one branch. Results are unchanged: the profiler
  * only reads clocks.
  *
- * Bytes count every tensor the op reads plus every one it writes, as fp32 (an accumulated
- * gradient, +=, counts twice: read and write); a copy counts its bytes once (memcpy_d2d twice:
+ * Bytes count every tensor the op reads plus every one it writes, activations at the context's
+ * precision and the rest as fp32 (an accumulated gradient, +=, counts twice: read and write); a copy counts its bytes once (memcpy_d2d twice:
  * read and write). FLOPs are counted for the products only: matmul 2 N C OC forward, 4 N C OC
  * backward (2 N C OC without dinp); causal attention 2 B NH T^2 hs forward (the half square,
  * two products; hs = C / NH) and 2.5 times that backward. 0 = not counted. */
@@ -345,7 +397,7 @@ int ddp_kernels_cpu_bf16(const char **why);
     X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd)              \
     X(encoder_bwd) X(layernorm_fwd) X(layernorm_bwd) X(set_precision) X(matmul_fwd)          \
     X(matmul_bwd) X(attention_fwd) X(attention_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)  \
-    X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite)
+    X(to_act) X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite)
 
 typedef enum {
 #define DDP_KOP_ENUM(op) DDP_KOP_##op,

@@ -72,18 +72,18 @@ void ddp__kprof_free(struct ddp__kprof *p);
 
 /* Causal attention's work in terms of B, T, C, NH only (kernels.h): FLOPs 2 B NH T^2 hs forward
  * and 2.5 times that backward; bytes of qkv and out forward, and of dout, qkv, out and dqkv
- * (accumulated: read and written) backward, fp32. */
+ * backward, `act` bytes per element (the log-sum-exps, B NH T, are left out). */
 static inline double ddp__attn_flops(int B, int T, int C, int NH, int bwd)
 {
     double f = 2.0 * B * NH * (double)T * T * (C / NH);
     return bwd ? 2.5 * f : f;
 }
 
-static inline double ddp__attn_bytes(int B, int T, int C, int NH, int bwd)
+static inline double ddp__attn_bytes(int B, int T, int C, int NH, int bwd, double act)
 {
     (void)NH;
     double btc = (double)B * T * C;
-    return 4.0 * (bwd ? btc + 3 * btc + btc + 2 * 3 * btc : 3 * btc + btc);
+    return act * (bwd ? btc + 3 * btc + btc + 3 * btc : 3 * btc + btc);
 }
 
 #endif

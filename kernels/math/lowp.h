@@ -61,4 +61,32 @@ DDP_HD float ddp_round_fp16(float x)
     return ddp_bits_f32(a | sign);
 }
 
+/* The fp32 value of bf16 bits b (exact). */
+DDP_HD float ddp_bf16_f32(uint16_t b) { return ddp_bits_f32((uint32_t)b << 16); }
+
+/* x's IEEE fp16 bits, rounded as ddp_round_fp16 (to nearest even; 65520 and up: Inf). */
+DDP_HD uint16_t ddp_fp16_bits(float x)
+{
+    uint32_t u = ddp_f32_bits(ddp_round_fp16(x));
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u); /* NaN (quiet) */
+    if (a == 0x7f800000u) return (uint16_t)(sign | 0x7c00u); /* Inf */
+    if (a < 0x38800000u) /* subnormal (or zero): a multiple of 2^-24, exact */
+        return (uint16_t)(sign | (uint16_t)(ddp_bits_f32(a) * 16777216.0f));
+    return (uint16_t)(sign | ((a - 0x38000000u) >> 13)); /* rebias 127 -> 15 */
+}
+
+/* The fp32 value of IEEE fp16 bits h (exact). */
+DDP_HD float ddp_fp16_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, f = h & 0x3ffu;
+    if (e == 0) { /* zero or subnormal: f x 2^-24 */
+        float v = (float)f * (1.0f / 16777216.0f);
+        return ddp_bits_f32(ddp_f32_bits(v) | sign);
+    }
+    if (e == 31) return ddp_bits_f32(sign | 0x7f800000u | (f << 13) | (f ? 0x00400000u : 0));
+    return ddp_bits_f32(sign | ((e + 112u) << 23) | (f << 13));
+}
+
 #endif
