@@ -9,12 +9,19 @@
  * (cuBLAS vs OpenBLAS, warp vs lane reductions), in fp32: the self-test turns TF32 off. The
  * tied LM head's matmul (DDP_W_OUT_IN, OC = 50257) is checked with its input gradient.
  * DDP_SELFTEST_BACKENDS=sim checks the simulated GPU, which runs it in CI. Backward ops start
- * from non-zero gradients, so their += is checked too; the aliasing the interface allows is
- * exercised. The sparse arena (reserve/commit/decommit) is checked on both against what its
+ * from non-zero gradients, so their += (and the overwriting of activation gradients) is
+ * checked too; the aliasing the interface allows is exercised.
+ * Every op with activation tensors runs in each precision (kernels.h: fp32, and bf16 and fp16
+ * activations): both sides get the same 16-bit inputs, compute in fp32 and round once, so a
+ * 16-bit output may differ by one unit in its last place where the fp32 results straddle a
+ * rounding boundary: 16-bit outputs are compared at 2^-8 (bf16) and 2^-11 (fp16) plus the
+ * op's fp32 tolerance, fp32 outputs at the op's fp32 tolerance.
+ * The sparse arena (reserve/commit/decommit) is checked on both against what its
  * contract says each byte holds.
  *
- * Output: one line per op and backend: op, backend, max abs error, max relative error
- * (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h.
+ * Output: one line per op, precision and backend: op, precision, backend, max abs error, max
+ * relative error (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h
+ * (and the shared rounding of kernels/math/lowp.h for its 16-bit inputs).
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +31,7 @@
 
 #include "common/err.h"
 #include "kernels/kernels.h"
+#include "kernels/math/lowp.h"
 
 /* The ops, in the order their lines are printed. */
 #define ST_OPS(X)                                                                            \
@@ -35,15 +43,12 @@
     X(LAYERNORM_BWD, "layernorm_bwd")                                                        \
     X(MATMUL_FWD, "matmul_fwd")                                                              \
     X(MATMUL_BWD, "matmul_bwd")                                                              \
-    X(MATMUL_BF16, "matmul_bf16")                                                            \
-    X(MATMUL_FP16, "matmul_fp16")                                                            \
     X(ATTENTION_FWD, "attention_fwd")                                                        \
     X(ATTENTION_BWD, "attention_bwd")                                                        \
-    X(ATTENTION_BF16, "attention_bf16")                                                      \
-    X(ATTENTION_FP16, "attention_fp16")                                                      \
     X(GELU_FWD, "gelu_fwd")                                                                  \
     X(GELU_BWD, "gelu_bwd")                                                                  \
     X(RESIDUAL_FWD, "residual_fwd")                                                          \
+    X(TO_ACT, "to_act")                                                                      \
     X(XENT_FWD_BWD, "xent_fwd_bwd")                                                          \
     X(ADAMW, "adamw")                                                                        \
     X(SUMSQ, "sumsq_blocks")                                                                 \
@@ -66,9 +71,12 @@ static const char *const op_names[OP_COUNT] = {
 
 typedef struct {
     double max_abs, max_rel;
-    int fail;
+    int ran, fail;
     char note[160]; /* the first failure's detail */
 } result_t;
+
+#define NPREC 3 /* ddp_kprec_t's values */
+static const char *const prec_names[NPREC] = {"fp32", "bf16", "fp16"};
 
 #define ST_MAX_BUFS 32
 
@@ -79,13 +87,16 @@ typedef struct {
     void *bufs[ST_MAX_BUFS][2];
     int nbufs;
     int err; /* first allocation/copy error of the current case */
-    result_t res[OP_COUNT];
+    ddp_kprec_t prec; /* the current case's precision: its activations' type */
+    result_t res[OP_COUNT][NPREC];
 } st_t;
 
-/* The same tensor on both backends: c on the CPU, g on the backend under test. */
+/* The same tensor on both backends: c on the CPU, g on the backend under test; n elements of
+ * type `type` (FP32 for an fp32 tensor, the case's precision for an activation). */
 typedef struct {
-    float *c, *g;
+    void *c, *g;
     size_t n;
+    ddp_kprec_t type;
 } pt_t;
 
 typedef struct {
@@ -95,6 +106,8 @@ typedef struct {
 
 /* Picks side `side`'s pointer of a pair inside the two-backend loops below. */
 #define P(t) (side ? (t).g : (t).c)
+/* The current case's result row of op `id`. */
+#define RES(id) (&s->res[OP_##id][s->prec])
 #define BOTH for (int side = 0; side < 2; side++)
 #define KS (s->k[side])
 
@@ -151,29 +164,56 @@ static void end_case(st_t *s)
     s->err = 0;
 }
 
-static pt_t pt_from(st_t *s, const float *host, size_t n)
+/* n floats of host as elements of `type` (rounded to nearest even), into a new buffer. */
+static void *to_type(st_t *s, const float *host, size_t n, ddp_kprec_t type)
 {
-    pt_t t = {NULL, NULL, n};
-    void *g;
-    t.c = alloc_both(s, n * sizeof(float), host, &g);
-    t.g = g;
-    return t;
-}
-
-static pt_t pt_rand(st_t *s, size_t n, float lo, float hi)
-{
-    float *h = malloc((n ? n : 1) * sizeof(float));
+    void *h = malloc((n ? n : 1) * ddp_act_bytes(type));
     if (!h) {
         if (!s->err) s->err = DDP_ENOMEM;
-        return (pt_t){NULL, NULL, n};
+        return NULL;
     }
-    for (size_t i = 0; i < n; i++) h[i] = uniform(s, lo, hi);
-    pt_t t = pt_from(s, h, n);
+    uint16_t *b = h;
+    for (size_t i = 0; i < n; i++) {
+        if (type == DDP_KPREC_FP32) ((float *)h)[i] = host[i];
+        else b[i] = type == DDP_KPREC_BF16 ? ddp_bf16_bits(host[i]) : ddp_fp16_bits(host[i]);
+    }
+    return h;
+}
+
+static pt_t pt_from(st_t *s, const float *host, size_t n, ddp_kprec_t type)
+{
+    pt_t t = {NULL, NULL, n, type};
+    void *h = host ? to_type(s, host, n, type) : NULL;
+    if (host && !h) return t;
+    t.c = alloc_both(s, n * ddp_act_bytes(type), h, &t.g);
     free(h);
     return t;
 }
 
-static pt_t pt_zero(st_t *s, size_t n) { return pt_from(s, NULL, n); }
+static pt_t pt_rand_as(st_t *s, size_t n, float lo, float hi, ddp_kprec_t type)
+{
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    if (!h) {
+        if (!s->err) s->err = DDP_ENOMEM;
+        return (pt_t){NULL, NULL, n, type};
+    }
+    for (size_t i = 0; i < n; i++) h[i] = uniform(s, lo, hi);
+    pt_t t = pt_from(s, h, n, type);
+    free(h);
+    return t;
+}
+
+/* An fp32 tensor, and an activation tensor of the case's precision. */
+static pt_t pt_rand(st_t *s, size_t n, float lo, float hi)
+{
+    return pt_rand_as(s, n, lo, hi, DDP_KPREC_FP32);
+}
+static pt_t act_rand(st_t *s, size_t n, float lo, float hi)
+{
+    return pt_rand_as(s, n, lo, hi, s->prec);
+}
+static pt_t pt_zero(st_t *s, size_t n) { return pt_from(s, NULL, n, DDP_KPREC_FP32); }
+static pt_t act_zero(st_t *s, size_t n) { return pt_from(s, NULL, n, s->prec); }
 
 /* Token ids in [0, V); `narrow` draws from the first 5 only, so runs of equal tokens occur. */
 static pti_t pt_tokens(st_t *s, size_t n, int V, int narrow)
@@ -193,15 +233,15 @@ static pti_t pt_tokens(st_t *s, size_t n, int V, int narrow)
     return t;
 }
 
-/* A host copy of one side of t (caller frees), or NULL with s->err set. */
+/* A host copy of one side of t widened to fp32 (caller frees), or NULL with s->err set. */
 static float *fetch(st_t *s, pt_t t, int side)
 {
+    size_t bytes = t.n * ddp_act_bytes(t.type);
     float *h = malloc((t.n ? t.n : 1) * sizeof(float));
-    if (!h) {
-        if (!s->err) s->err = DDP_ENOMEM;
-        return NULL;
-    }
-    int rc = KS->ops->memcpy_d2h(KS->ctx, h, P(t), t.n * sizeof(float));
+    void *raw = malloc(bytes ? bytes : 1);
+    int rc = h && raw ? KS->ops->memcpy_d2h(KS->ctx, raw, P(t), bytes) : DDP_ENOMEM;
+    if (rc == 0) ddp_act_to_f32(h, raw, t.n, t.type);
+    free(raw);
     if (rc) {
         if (!s->err) s->err = rc;
         free(h);
@@ -213,11 +253,11 @@ static float *fetch(st_t *s, pt_t t, int side)
 /* The CPU side of t as a new pair (the same values on both backends). */
 static pt_t pt_copy_cpu(st_t *s, pt_t t)
 {
-    if (s->err) return (pt_t){NULL, NULL, t.n};
+    if (s->err) return (pt_t){NULL, NULL, t.n, t.type};
     int side = 0;
     float *h = fetch(s, t, side);
-    if (!h) return (pt_t){NULL, NULL, t.n};
-    pt_t r = pt_from(s, h, t.n);
+    if (!h) return (pt_t){NULL, NULL, t.n, t.type};
+    pt_t r = pt_from(s, h, t.n, t.type); /* exact: h holds values of t's type */
     free(h);
     return r;
 }
@@ -264,8 +304,13 @@ static void compare_one(result_t *r, double dev, double cpu, double scale, doubl
     if (d > tol * (fabs(cpu) + scale)) r->fail = 1;
 }
 
+/* Compares t on both sides at the op's fp32 tolerance `tol`, plus one unit in the last place
+ * for a 16-bit tensor (see the top). */
 static void check(st_t *s, result_t *r, pt_t t, double tol, const char *what)
 {
+    static const double ulp[NPREC] = {0, 1.0 / 256, 1.0 / 2048};
+    tol += ulp[t.type];
+    r->ran = 1;
     float *h[2] = {NULL, NULL};
     BOTH h[side] = fetch(s, t, side);
     if (!h[0] || !h[1]) {
@@ -298,7 +343,7 @@ static const shape_t shapes[] = {
 
 static void case_memory(st_t *s)
 {
-    result_t *r = &s->res[OP_MEMORY];
+    result_t *r = RES(MEMORY);
     size_t n = 1031;
     pt_t z = pt_zero(s, n);
     pt_t a = pt_rand(s, n, -1, 1);
@@ -308,7 +353,7 @@ static void case_memory(st_t *s)
     BOTH
     {
         int rc = KS->ops->memcpy_d2d(KS->ctx, P(b), P(a), n * sizeof(float));
-        if (rc == 0) rc = KS->ops->memset0(KS->ctx, P(a) + 100, 200 * sizeof(float));
+        if (rc == 0) rc = KS->ops->memset0(KS->ctx, (float *)P(a) + 100, 200 * sizeof(float));
         if (rc) note(r, "%s: %s", KS->ops->name, ddp_strerror(rc));
     }
     if (!sync_both(s, r)) goto out;
@@ -325,7 +370,7 @@ out:
  * tail must read zero, 0 and 2 their pattern; a commit past the end is DDP_EINVAL. */
 static void case_sparse(st_t *s)
 {
-    result_t *r = &s->res[OP_SPARSE];
+    result_t *r = RES(SPARSE);
     size_t gran[2];
     BOTH gran[side] = ddp_k_commit_granule(KS);
     size_t G = gran[0] > gran[1] ? gran[0] : gran[1], bytes = 3 * G + 1000;
@@ -374,7 +419,7 @@ static void case_encoder(st_t *s, const shape_t *sh, int narrow)
 {
     int B = sh->B, T = sh->T, C = sh->C, V = sh->V;
     size_t BT = (size_t)B * T;
-    result_t *rf = &s->res[OP_ENCODER_FWD], *rb = &s->res[OP_ENCODER_BWD];
+    result_t *rf = RES(ENCODER_FWD), *rb = RES(ENCODER_BWD);
     pti_t inp = pt_tokens(s, BT, V, narrow);
     pt_t wte = pt_rand(s, (size_t)V * C, -1, 1), wpe = pt_rand(s, (size_t)T * C, -1, 1);
     pt_t out = pt_zero(s, BT * C), dout = pt_rand(s, BT * C, -1, 1);
@@ -391,14 +436,15 @@ out:
     end_case(s);
 }
 
+/* In the case's precision s->prec (set on both sides by run_backend). */
 static void case_layernorm(st_t *s, const shape_t *sh)
 {
     int N = sh->B * sh->T, C = sh->C;
     size_t NC = (size_t)N * C;
-    result_t *rf = &s->res[OP_LAYERNORM_FWD], *rb = &s->res[OP_LAYERNORM_BWD];
+    result_t *rf = RES(LAYERNORM_FWD), *rb = RES(LAYERNORM_BWD);
     pt_t inp = pt_rand(s, NC, -2, 3), w = pt_rand(s, C, 0.5f, 1.5f), b = pt_rand(s, C, -1, 1);
-    pt_t out = pt_zero(s, NC), mean = pt_zero(s, N), rstd = pt_zero(s, N);
-    pt_t dout = pt_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1);
+    pt_t out = act_zero(s, NC), mean = pt_zero(s, N), rstd = pt_zero(s, N);
+    pt_t dout = act_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1);
     pt_t dw = pt_rand(s, C, -1, 1), db = pt_rand(s, C, -1, 1);
     if (!ready(s, rf)) goto out;
     BOTH DDP_K(KS, layernorm_fwd, P(out), P(mean), P(rstd), P(inp), P(w), P(b), N, C);
@@ -422,21 +468,18 @@ out:
 
 /* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), and its input
  * gradient (dinp) is what backward carries into the final LayerNorm, so it is checked too.
- * prec bf16/fp16: both sides round the inputs alike (the CPU emulates), so the products are the
- * same exact values and only the fp32 summation order differs: the fp32 tolerances hold. */
-static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias,
-                        ddp_kprec_t prec)
+ * In bf16/fp16 both sides multiply the same 16-bit values (the weights rounded alike) with fp32
+ * accumulation: only the summation order differs before the one rounding. */
+static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
 {
     int N = sh->B * sh->T, C = sh->C, OC = layout == DDP_W_OUT_IN ? sh->V : sh->OC;
-    result_t *rf = &s->res[OP_MATMUL_FWD], *rb = &s->res[OP_MATMUL_BWD];
-    if (prec != DDP_KPREC_FP32)
-        rf = rb = &s->res[prec == DDP_KPREC_BF16 ? OP_MATMUL_BF16 : OP_MATMUL_FP16];
-    pt_t inp = pt_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
-    pt_t bias = pt_rand(s, OC, -1, 1), out = pt_zero(s, (size_t)N * OC);
-    pt_t dout = pt_rand(s, (size_t)N * OC, -1, 1), dinp = pt_rand(s, (size_t)N * C, -1, 1);
+    result_t *rf = RES(MATMUL_FWD), *rb = RES(MATMUL_BWD);
+    pt_t inp = act_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
+    pt_t bias = pt_rand(s, OC, -1, 1), out = act_zero(s, (size_t)N * OC);
+    pt_t dout = act_rand(s, (size_t)N * OC, -1, 1), dinp = act_rand(s, (size_t)N * C, -1, 1);
     pt_t dw = pt_rand(s, (size_t)C * OC, -1, 1), db = pt_rand(s, OC, -1, 1);
     if (!ready(s, rf)) goto out;
-    BOTH DDP_K(KS, set_precision, prec);
+    BOTH DDP_K(KS, set_precision, s->prec); /* new weights: their converted copies again */
     BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC,
                layout);
     if (sync_both(s, rf)) check(s, rf, out, 1e-5, "out");
@@ -448,64 +491,76 @@ static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int wi
         check(s, rb, dw, 1e-5, "dweight");
         if (with_bias) check(s, rb, db, 1e-5, "dbias");
     }
-    BOTH DDP_K(KS, set_precision, DDP_KPREC_FP32);
 out:
     end_case(s);
 }
 
-/* prec fp32: every backend's general path, against the CPU at fp32 tolerances. bf16/fp16: a
- * GPU takes its tensor-core flash kernels (head sizes 32, 64, 128) on q, k, v, P, dout and dS
- * rounded to 16 bits with fp32 accumulation, while the CPU stays fp32. A numpy model of exactly
- * that rounding on these shapes and T = 1024 errs by at most 3.4e-3 (bf16) and 7.5e-4 (fp16) of
- * this check's measure: the tolerances leave about 3x, and a wrong fragment or mask errs by
- * O(1). */
-static void case_attention(st_t *s, const shape_t *sh, ddp_kprec_t prec)
+/* fp32: every backend's general path, against the CPU at fp32 tolerances. bf16/fp16: a GPU
+ * takes its tensor-core flash kernels (head sizes 32, 64, 128), which round P and dS to 16 bits
+ * as well, while the CPU keeps them fp32. A numpy model of exactly that rounding on these shapes
+ * and T = 1024 errs by at most 3.4e-3 (bf16) and 7.5e-4 (fp16) of this check's measure, to
+ * which the outputs' own rounding adds one unit in the last place: the tolerances leave about
+ * 2x, and a wrong fragment or mask errs by O(1). */
+static void case_attention(st_t *s, const shape_t *sh)
 {
     int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH;
     size_t BTC = (size_t)B * T * C, lse_n = (size_t)B * NH * T;
-    static const int ids[] = {OP_ATTENTION_FWD, OP_ATTENTION_BF16, OP_ATTENTION_FP16};
     static const double tol_fwd[] = {1e-5, 1e-2, 3e-3}, tol_bwd[] = {5e-5, 1.2e-2, 3e-3};
-    result_t *rf = &s->res[ids[prec]], *rb = prec ? rf : &s->res[OP_ATTENTION_BWD];
-    pt_t qkv = pt_rand(s, 3 * BTC, -2, 2), out = pt_zero(s, BTC), lse = pt_zero(s, lse_n);
-    pt_t dout = pt_rand(s, BTC, -1, 1), dqkv = pt_rand(s, 3 * BTC, -1, 1);
+    result_t *rf = RES(ATTENTION_FWD), *rb = RES(ATTENTION_BWD);
+    pt_t qkv = act_rand(s, 3 * BTC, -2, 2), out = act_zero(s, BTC), lse = pt_zero(s, lse_n);
+    pt_t dout = act_rand(s, BTC, -1, 1), dqkv = act_rand(s, 3 * BTC, -1, 1);
     if (!ready(s, rf)) goto out;
-    BOTH DDP_K(KS, set_precision, prec);
     BOTH DDP_K(KS, attention_fwd, P(out), P(lse), P(qkv), B, T, C, NH);
     if (!sync_both(s, rf)) goto out;
-    check(s, rf, out, tol_fwd[prec], "out");
-    check(s, rf, lse, tol_fwd[prec], "lse");
+    check(s, rf, out, tol_fwd[s->prec], "out");
+    check(s, rf, lse, tol_fwd[s->prec], "lse");
     /* both sides' backward reads the CPU's forward, so only backward's own error is measured */
     pt_t out2 = pt_copy_cpu(s, out), lse2 = pt_copy_cpu(s, lse);
     if (!ready(s, rb)) goto out;
     BOTH DDP_K(KS, attention_bwd, P(dqkv), P(dout), P(qkv), P(out2), P(lse2), B, T, C, NH);
-    if (sync_both(s, rb)) check(s, rb, dqkv, tol_bwd[prec], "dqkv");
+    if (sync_both(s, rb)) check(s, rb, dqkv, tol_bwd[s->prec], "dqkv");
 out:
-    BOTH DDP_K(KS, set_precision, DDP_KPREC_FP32);
     end_case(s);
 }
 
+/* The activations' element-wise ops, in the case's precision. */
 static void case_pointwise(st_t *s, size_t n)
 {
     result_t *r;
-    pt_t a = pt_rand(s, n, -4, 4), b = pt_rand(s, n, -1, 1), out = pt_zero(s, n);
-    pt_t d = pt_rand(s, n, -1, 1), y = pt_rand(s, n, -1, 1);
-    if (!ready(s, &s->res[OP_GELU_FWD])) goto out;
+    pt_t a = act_rand(s, n, -4, 4), b = act_rand(s, n, -1, 1), out = act_zero(s, n);
+    pt_t d = act_rand(s, n, -1, 1), x = pt_rand(s, n, -1, 1), sum = pt_zero(s, n);
+    if (!ready(s, RES(GELU_FWD))) goto out;
 
-    r = &s->res[OP_GELU_FWD];
+    r = RES(GELU_FWD);
     BOTH DDP_K(KS, gelu_fwd, P(out), P(a), n);
     if (sync_both(s, r)) check(s, r, out, 2e-6, "out");
-    r = &s->res[OP_GELU_BWD];
+    r = RES(GELU_BWD);
     BOTH DDP_K(KS, gelu_bwd, P(d), P(a), P(b), n);
     if (sync_both(s, r)) check(s, r, d, 2e-6, "dinp");
-    r = &s->res[OP_RESIDUAL_FWD];
-    BOTH DDP_K(KS, residual_fwd, P(out), P(a), P(b), n);
-    if (sync_both(s, r)) check(s, r, out, 1e-6, "out");
-    BOTH DDP_K(KS, residual_fwd, P(a), P(a), P(b), n); /* out aliases a */
-    if (sync_both(s, r)) check(s, r, a, 1e-6, "out (aliasing a)");
-    r = &s->res[OP_ADD];
+    BOTH DDP_K(KS, gelu_bwd, P(b), P(a), P(b), n); /* dinp aliases dout */
+    if (sync_both(s, r)) check(s, r, b, 2e-6, "dinp (aliasing dout)");
+    r = RES(RESIDUAL_FWD);
+    BOTH DDP_K(KS, residual_fwd, P(sum), P(x), P(d), n);
+    if (sync_both(s, r)) check(s, r, sum, 1e-6, "out");
+    BOTH DDP_K(KS, residual_fwd, P(x), P(x), P(d), n); /* out aliases a */
+    if (sync_both(s, r)) check(s, r, x, 1e-6, "out (aliasing a)");
+    r = RES(TO_ACT);
+    BOTH DDP_K(KS, to_act, P(out), P(x), n);
+    if (sync_both(s, r)) check(s, r, out, 0.0, "out");
+out:
+    end_case(s);
+}
+
+/* The fp32 vector helpers. */
+static void case_vector(st_t *s, size_t n)
+{
+    result_t *r;
+    pt_t b = pt_rand(s, n, -1, 1), y = pt_rand(s, n, -1, 1);
+    if (!ready(s, RES(ADD))) goto out;
+    r = RES(ADD);
     BOTH DDP_K(KS, add, P(y), P(b), n);
     if (sync_both(s, r)) check(s, r, y, 1e-6, "y");
-    r = &s->res[OP_SCALE];
+    r = RES(SCALE);
     BOTH DDP_K(KS, scale, P(y), 0.37f, n);
     if (sync_both(s, r)) check(s, r, y, 1e-6, "x");
 out:
@@ -514,7 +569,7 @@ out:
 
 static void case_adamw(st_t *s, size_t n, int t)
 {
-    result_t *r = &s->res[OP_ADAMW];
+    result_t *r = RES(ADAMW);
     pt_t p = pt_rand(s, n, -1, 1), g = pt_rand(s, n, -1, 1);
     pt_t m = pt_rand(s, n, -0.1f, 0.1f), v = pt_rand(s, n, 0.0f, 0.01f);
     if (!ready(s, r)) goto out;
@@ -536,8 +591,8 @@ static void case_xent(st_t *s, const shape_t *sh, int mode)
 {
     int N = sh->B * sh->T, V = sh->V;
     size_t NV = (size_t)N * V;
-    result_t *r = &s->res[OP_XENT_FWD_BWD];
-    pt_t logits = pt_rand(s, NV, -4, 4), losses = pt_zero(s, N), dl = pt_zero(s, NV);
+    result_t *r = RES(XENT_FWD_BWD);
+    pt_t logits = act_rand(s, NV, -4, 4), losses = pt_zero(s, N), dl = act_zero(s, NV);
     pti_t tgt = pt_tokens(s, N, V, 0);
     if (!ready(s, r)) goto out;
     float dloss = 1.0f / (float)N;
@@ -554,7 +609,7 @@ out:
 
 static void case_sumsq(st_t *s, size_t n)
 {
-    result_t *r = &s->res[OP_SUMSQ];
+    result_t *r = RES(SUMSQ);
     pt_t x = pt_rand(s, n, -3, 3);
     const size_t block = 16384, nb = (n + block - 1) / block + 1;
     float *out[2] = {calloc(nb, sizeof(float)), calloc(nb, sizeof(float))};
@@ -576,7 +631,7 @@ out:
 
 static void case_nonfinite(st_t *s, size_t n)
 {
-    result_t *r = &s->res[OP_NONFINITE];
+    result_t *r = RES(NONFINITE);
     float *h = malloc(n * sizeof(float));
     if (!h) {
         note(r, "setup failed: %s%s", ddp_strerror(DDP_ENOMEM), "");
@@ -591,7 +646,7 @@ static void case_nonfinite(st_t *s, size_t n)
             h[at] = 0.5f;
             h[n - 1] = INFINITY;
         }
-        pt_t x = pt_from(s, h, n);
+        pt_t x = pt_from(s, h, n, DDP_KPREC_FP32);
         int out[2] = {-1, -1};
         if (ready(s, r)) {
             BOTH DDP_K(KS, nonfinite, &out[side], P(x), n);
@@ -618,48 +673,57 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
     s->k[1] = dev;
     s->rng = 0x9E3779B97F4A7C15ULL;
 
+    s->prec = DDP_KPREC_FP32;
     case_memory(s);
     case_sparse(s);
     size_t nshapes = sizeof(shapes) / sizeof(shapes[0]);
-    for (size_t i = 0; i < nshapes; i++) {
-        const shape_t *sh = &shapes[i];
-        case_encoder(s, sh, 0);
-        case_encoder(s, sh, 1);
-        case_layernorm(s, sh);
-        case_matmul(s, sh, DDP_W_IN_OUT, 1, DDP_KPREC_FP32);
-        case_matmul(s, sh, DDP_W_OUT_IN, 0, DDP_KPREC_FP32);
-        for (int p = DDP_KPREC_BF16; p <= DDP_KPREC_FP16; p++) {
-            case_matmul(s, sh, DDP_W_IN_OUT, 1, (ddp_kprec_t)p);
-            case_matmul(s, sh, DDP_W_OUT_IN, 0, (ddp_kprec_t)p);
-        }
-        case_attention(s, sh, DDP_KPREC_FP32);
-        for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
-    }
-    /* the flash kernels' head sizes, with T on and off their tiles (B, T, C, NH) */
-    static const int att_shapes[][4] = {{1, 1, 64, 1},   {2, 65, 128, 2}, {1, 200, 96, 3},
-                                        {2, 63, 256, 2}, {1, 300, 768, 12}};
-    for (size_t i = 0; i < sizeof(att_shapes) / sizeof(att_shapes[0]); i++) {
-        const int *a = att_shapes[i];
-        shape_t sh = {.B = a[0], .T = a[1], .C = a[2], .NH = a[3]};
-        for (int p = DDP_KPREC_FP32; p <= DDP_KPREC_FP16; p++)
-            case_attention(s, &sh, (ddp_kprec_t)p);
-    }
     const size_t sizes[] = {1, 31, 1000, 100003, (1u << 20) + 7};
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        case_pointwise(s, sizes[i]);
+    size_t nsizes = sizeof(sizes) / sizeof(sizes[0]);
+    for (size_t i = 0; i < nshapes; i++) {
+        case_encoder(s, &shapes[i], 0);
+        case_encoder(s, &shapes[i], 1);
+    }
+    for (size_t i = 0; i < nsizes; i++) {
+        case_vector(s, sizes[i]);
         case_adamw(s, sizes[i], i % 2 ? 1 : 1000);
         case_sumsq(s, sizes[i]);
         case_nonfinite(s, sizes[i]);
     }
+    /* the flash kernels' head sizes, with T on and off their tiles (B, T, C, NH) */
+    static const int att_shapes[][4] = {{1, 1, 64, 1},   {2, 65, 128, 2}, {1, 200, 96, 3},
+                                        {2, 63, 256, 2}, {1, 300, 768, 12}};
+    /* every op with activations, in each precision */
+    for (int p = DDP_KPREC_FP32; p <= DDP_KPREC_FP16; p++) {
+        s->prec = (ddp_kprec_t)p;
+        BOTH DDP_K(KS, set_precision, s->prec);
+        for (size_t i = 0; i < nshapes; i++) {
+            const shape_t *sh = &shapes[i];
+            case_layernorm(s, sh);
+            case_matmul(s, sh, DDP_W_IN_OUT, 1);
+            case_matmul(s, sh, DDP_W_OUT_IN, 0);
+            case_attention(s, sh);
+            for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
+        }
+        for (size_t i = 0; i < sizeof(att_shapes) / sizeof(att_shapes[0]); i++) {
+            const int *a = att_shapes[i];
+            shape_t sh = {.B = a[0], .T = a[1], .C = a[2], .NH = a[3]};
+            case_attention(s, &sh);
+        }
+        for (size_t i = 0; i < nsizes; i++) case_pointwise(s, sizes[i]);
+    }
+    s->prec = DDP_KPREC_FP32;
+    BOTH DDP_K(KS, set_precision, DDP_KPREC_FP32);
 
     int failed = 0;
-    for (int i = 0; i < OP_COUNT; i++) {
-        const result_t *r = &s->res[i];
-        printf("%-14s %-7s %12.3e %12.3e  %s%s%s\n", op_names[i], dev->ops->name, r->max_abs,
-               r->max_rel, r->fail ? "FAIL" : "PASS", r->fail && r->note[0] ? "  " : "",
-               r->fail ? r->note : "");
-        failed += r->fail;
-    }
+    for (int i = 0; i < OP_COUNT; i++)
+        for (int p = 0; p < NPREC; p++) {
+            const result_t *r = &s->res[i][p];
+            if (p > 0 && !r->ran && !r->fail) continue; /* no activations: fp32 only */
+            printf("%-14s %-5s %-7s %12.3e %12.3e  %s%s%s\n", op_names[i], prec_names[p],
+                   dev->ops->name, r->max_abs, r->max_rel, r->fail ? "FAIL" : "PASS",
+                   r->fail && r->note[0] ? "  " : "", r->fail ? r->note : "");
+            failed += r->fail;
+        }
     free(s);
     return failed;
 }
@@ -712,10 +776,10 @@ int ddp_kernels_selftest(void)
             if (n > 0 && (size_t)n < sizeof(why) - used) used += (size_t)n;
             continue;
         }
-        printf("%-14s %-7s %12s %12s  %s\n", "op", "backend", "max_abs_err", "max_rel_err",
-               "result");
+        printf("%-14s %-5s %-7s %12s %12s  %s\n", "op", "prec", "backend", "max_abs_err",
+               "max_rel_err", "result");
         int f = run_backend(&cpu, &dev);
-        printf("selftest: %s: %d of %d ops passed\n", backends[i], OP_COUNT - f, OP_COUNT);
+        printf("selftest: %s: %d failed\n", backends[i], f);
         failed += f;
         tested++;
         ddp_kernels_close(&dev);

@@ -92,9 +92,9 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     m->acts.B = B;
     m->acts.T = T;
     m->acts.recompute = recompute;
-    size_t n_acts = ddp__gpt2_carve_acts(&m->acts, cfg, NULL);
-    DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->acts.base, n_acts * sizeof(float)), rc,
-                   fail);
+    m->acts.prec = ddp_k_precision(k);
+    size_t acts_bytes = ddp__gpt2_carve_acts(&m->acts, cfg, NULL);
+    DDP_CHECK_GOTO(ddp_k_alloc(k, &m->acts.base, acts_bytes), rc, fail);
     ddp__gpt2_carve_acts(&m->acts, cfg, m->acts.base);
     return 0;
 fail:
@@ -165,22 +165,25 @@ const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name)
 /* Layer l's saved activations: slice l of each per-layer tensor, or under recompute the one
  * slice that every block's forward writes (see gpt2_layout.c). */
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *lse, *res2, *ln2, *ln2_mean, *ln2_rstd;
-    float *fch, *fchg;
+    ddp_act_t *ln1, *qkv, *atty, *ln2, *fch, *fchg;
+    float *ln1_mean, *ln1_rstd, *lse, *res2, *ln2_mean, *ln2_rstd;
 } layer_acts_t;
 
 static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
 {
     const ddp_gpt2_acts_t *a = &m->acts;
+    ddp_kprec_t p = a->prec;
     /* strides use the allocated B x T, so a smaller batch leaves slack, never overlap */
     size_t s = a->recompute == DDP_RECOMPUTE_BLOCK ? 0 : (size_t)l;
     size_t BT = (size_t)a->B * a->T, C = (size_t)m->cfg.n_embd;
     size_t sBTC = s * BT * C, sBT = s * BT;
     return (layer_acts_t){
-        .ln1 = a->ln1 + sBTC, .ln1_mean = a->ln1_mean + sBT, .ln1_rstd = a->ln1_rstd + sBT,
-        .qkv = a->qkv + 3 * sBTC, .atty = a->atty + sBTC, .lse = a->lse + sBT * m->cfg.n_head,
-        .res2 = a->res2 + sBTC, .ln2 = a->ln2 + sBTC, .ln2_mean = a->ln2_mean + sBT,
-        .ln2_rstd = a->ln2_rstd + sBT, .fch = a->fch + 4 * sBTC, .fchg = a->fch_gelu + 4 * sBTC};
+        .ln1 = ddp_act_at(a->ln1, sBTC, p), .qkv = ddp_act_at(a->qkv, 3 * sBTC, p),
+        .atty = ddp_act_at(a->atty, sBTC, p), .ln2 = ddp_act_at(a->ln2, sBTC, p),
+        .fch = ddp_act_at(a->fch, 4 * sBTC, p), .fchg = ddp_act_at(a->fch_gelu, 4 * sBTC, p),
+        .ln1_mean = a->ln1_mean + sBT, .ln1_rstd = a->ln1_rstd + sBT,
+        .lse = a->lse + sBT * m->cfg.n_head, .res2 = a->res2 + sBTC,
+        .ln2_mean = a->ln2_mean + sBT, .ln2_rstd = a->ln2_rstd + sBT};
 }
 
 /* Block l's forward on its input x[B,T,C] into its saved activations (a->dc is scratch); with
@@ -190,7 +193,7 @@ static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
 static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int B, int T)
 {
     ddp_kernels_t *k = m->k;
-    float *dc = m->acts.dc;
+    ddp_act_t *dc = m->acts.dc;
     int C = m->cfg.n_embd, NH = m->cfg.n_head, BT = B * T;
     const ddp_gpt2_block_t *w = &m->wv.h[l];
     layer_acts_t s = layer_acts(m, l);
@@ -215,6 +218,11 @@ static int forward_blocks(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *t
     ddp_kernels_t *k = m->k;
     ddp_gpt2_acts_t *a = &m->acts;
     if (B < 1 || T < 1 || B > a->B || T > a->T) return DDP_EINVAL;
+    if (ddp_k_precision(k) != a->prec) {
+        DDP_ERROR("gpt2: the activations are %s-bit but the kernels' precision changed since",
+                  a->prec == DDP_KPREC_FP32 ? "32" : "16");
+        return DDP_EINVAL;
+    }
     int C = m->cfg.n_embd, V = m->cfg.vocab_size, L = m->cfg.n_layer;
     size_t BT = (size_t)B * T;
     size_t sBTC = (size_t)a->B * a->T * C; /* res3's layer stride: the allocated B x T */
@@ -253,16 +261,15 @@ static int lm_head_loss(ddp_gpt2_t *m, int train, float *loss)
     int C = m->cfg.n_embd, V = m->cfg.vocab_size;
     size_t BT = (size_t)a->last_B * a->last_T;
     float dloss = m->loss_scale / (float)BT;
-    if (train) DDP_CHECK(ddp_k_memset0(k, a->dlnf, BT * C * sizeof(float)));
     for (size_t r0 = 0; r0 < BT; r0 += (size_t)a->lm_rows) {
         int rows = (int)(BT - r0 < (size_t)a->lm_rows ? BT - r0 : (size_t)a->lm_rows);
-        const float *lnf = a->lnf + r0 * C;
+        const ddp_act_t *lnf = ddp_act_at(a->lnf, r0 * C, a->prec);
         DDP_K(k, matmul_fwd, a->logits, lnf, m->wv.wte, NULL, rows, C, V, DDP_W_OUT_IN);
         DDP_K(k, xent_fwd_bwd, a->losses + r0, train ? a->logits : NULL, a->logits,
               a->targets + r0, rows, V, dloss);
         if (train)
-            DDP_K(k, matmul_bwd, a->dlnf + r0 * C, m->gv.wte, NULL, a->logits, lnf, m->wv.wte,
-                  rows, C, V, DDP_W_OUT_IN);
+            DDP_K(k, matmul_bwd, ddp_act_at(a->dlnf, r0 * C, a->prec), m->gv.wte, NULL,
+                  a->logits, lnf, m->wv.wte, rows, C, V, DDP_W_OUT_IN);
     }
     float *host_losses = ddp_malloc(BT * sizeof(float));
     if (!host_losses) return DDP_ENOMEM;
@@ -297,10 +304,11 @@ int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targe
     if (targets) return lm_head_loss(m, 0, loss);
     /* each sequence's last position, gathered into dc (free after the blocks) */
     int C = m->cfg.n_embd;
-    size_t row = (size_t)C * sizeof(float);
+    size_t row = (size_t)C * ddp_act_bytes(a->prec);
     for (int b = 0; b < B; b++)
-        DDP_CHECK(ddp_k_memcpy_d2d(m->k, a->dc + (size_t)b * C,
-                                   a->lnf + ((size_t)b * T + T - 1) * C, row));
+        DDP_CHECK(ddp_k_memcpy_d2d(m->k, ddp_act_at(a->dc, (size_t)b * C, a->prec),
+                                   ddp_act_at(a->lnf, ((size_t)b * T + T - 1) * C, a->prec),
+                                   row));
     DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.wte, NULL, B, C, m->cfg.vocab_size,
           DDP_W_OUT_IN);
     return ddp_k_sync(m->k);
@@ -338,32 +346,28 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         /* recompute: the block's activations again, from its input (a->dc is free here) */
         if (a->recompute == DDP_RECOMPUTE_BLOCK) block_forward(m, l, x, NULL, B, T);
         layer_acts_t s = layer_acts(m, l);
-        float *ln1 = s.ln1, *qkv = s.qkv, *atty = s.atty, *res2 = s.res2, *ln2 = s.ln2;
-        float *fch = s.fch, *fchg = s.fchg;
+        size_t BTC = BT * C;
 
-        /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))) */
-        DDP_CHECK(ddp_k_memset0(k, a->dfc, BT * 4 * C * sizeof(float)));
-        DDP_K(k, matmul_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres, fchg, w->fcprojw, (int)BT,
-              4 * C, C, DDP_W_IN_OUT);
-        DDP_CHECK(ddp_k_memset0(k, a->dfc2, BT * 4 * C * sizeof(float)));
-        DDP_K(k, gelu_bwd, a->dfc2, fch, a->dfc, BT * 4 * C);
-        DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
-        DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc2, ln2, w->fcw, (int)BT, C, 4 * C,
+        /* MLP: res3 = res2 + fcproj(gelu(fc(ln2(res2)))); the branch's gradient enters it in
+         * the activations' type, as autocast casts it */
+        DDP_K(k, to_act, a->dres_act, a->dres, BTC);
+        DDP_K(k, matmul_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres_act, s.fchg, w->fcprojw,
+              (int)BT, 4 * C, C, DDP_W_IN_OUT);
+        DDP_K(k, gelu_bwd, a->dfc, s.fch, a->dfc, 4 * BTC);
+        DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, 4 * C,
               DDP_W_IN_OUT);
-        DDP_K(k, layernorm_bwd, a->dres, g->ln2w, g->ln2b, a->dc, res2, w->ln2w,
-              s.ln2_mean, s.ln2_rstd, (int)BT, C);
+        DDP_K(k, layernorm_bwd, a->dres, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w, s.ln2_mean,
+              s.ln2_rstd, (int)BT, C);
 
         /* attention: res2 = x + attproj(attn(qkv(ln1(x)))) */
-        DDP_CHECK(ddp_k_memset0(k, a->dc, BT * C * sizeof(float)));
-        DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres, atty, w->attprojw,
+        DDP_K(k, to_act, a->dres_act, a->dres, BTC);
+        DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres_act, s.atty, w->attprojw,
               (int)BT, C, C, DDP_W_IN_OUT);
-        DDP_CHECK(ddp_k_memset0(k, a->dqkv, BT * 3 * C * sizeof(float)));
-        DDP_K(k, attention_bwd, a->dqkv, a->dc, qkv, atty, s.lse, B, T, C, NH);
-        DDP_CHECK(ddp_k_memset0(k, a->dc2, BT * C * sizeof(float)));
-        DDP_K(k, matmul_bwd, a->dc2, g->qkvw, g->qkvb, a->dqkv, ln1, w->qkvw, (int)BT, C, 3 * C,
+        DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, NH);
+        DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C, 3 * C,
               DDP_W_IN_OUT);
-        DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc2, x, w->ln1w,
-              s.ln1_mean, s.ln1_rstd, (int)BT, C);
+        DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc, x, w->ln1w, s.ln1_mean,
+              s.ln1_rstd, (int)BT, C);
 
         const ddp_param_desc_t *last =
             &m->params[TENSORS_BEFORE_BLOCKS + (L - l) * TENSORS_PER_BLOCK - 1];

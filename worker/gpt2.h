@@ -55,32 +55,38 @@ typedef struct ddp_gpt2_views {
 } ddp_gpt2_views_t;
 
 /* Activations for micro-batches of B sequences of up to T tokens. [L,...] tensors hold one
- * slice per layer, or a single slice under DDP_RECOMPUTE_BLOCK (res3 always has L). */
+ * slice per layer, or a single slice under DDP_RECOMPUTE_BLOCK (res3 always has L).
+ * ddp_act_t tensors are of the run's precision (kernels.h: 16-bit in bf16/fp16 runs); the
+ * residual stream (encoded, res2, res3) and its gradient (dres), the norms' statistics, the
+ * log-sum-exps and the losses stay fp32 (autocast's numerics; why, in kernels.h). */
 typedef struct ddp_gpt2_acts {
     int B, T;
     ddp_recompute_t recompute;
-    float *base; /* one allocation */
-    float *encoded; /* [B,T,C] */
-    float *ln1, *ln1_mean, *ln1_rstd; /* [L,B,T,C], [L,B,T] x2 */
-    float *qkv;                       /* [L,B,T,3C] */
-    float *atty;                      /* [L,B,T,C] */
-    float *lse;                       /* [L,B,NH,T] attention's row log-sum-exps */
-    float *res2;                      /* [L,B,T,C] */
-    float *ln2, *ln2_mean, *ln2_rstd; /* [L,B,T,C], [L,B,T] x2 */
-    float *fch, *fch_gelu;            /* [L,B,T,4C] x2 */
-    float *res3;                      /* [L,B,T,C] */
-    float *lnf, *lnf_mean, *lnf_rstd; /* [B,T,C], [B,T] x2 */
-    float *logits;                    /* [lm_rows,V]: one chunk of rows of the LM head */
-    float *losses;                    /* [B,T] */
-    float *dlnf;                      /* [B,T,C] gradient of ln_f's output (the LM head's) */
-    int lm_rows;                      /* rows of the LM head per chunk (ddp_gpt2_lm_rows) */
-    /* backward scratch, reused by every layer */
-    float *dres;   /* [B,T,C] gradient of the residual stream */
-    float *dc;     /* [B,T,C] */
-    float *dc2;    /* [B,T,C] */
-    float *dqkv;   /* [B,T,3C] */
-    float *dfc;    /* [B,T,4C] */
-    float *dfc2;   /* [B,T,4C] */
+    ddp_kprec_t prec;  /* the activations' type: the kernels' precision at init */
+    void *base;        /* one allocation */
+    float *encoded;    /* [B,T,C] */
+    ddp_act_t *ln1;    /* [L,B,T,C] */
+    float *ln1_mean, *ln1_rstd; /* [L,B,T] x2 */
+    ddp_act_t *qkv;    /* [L,B,T,3C] */
+    ddp_act_t *atty;   /* [L,B,T,C] */
+    float *lse;        /* [L,B,NH,T] attention's row log-sum-exps */
+    float *res2;       /* [L,B,T,C] */
+    ddp_act_t *ln2;    /* [L,B,T,C] */
+    float *ln2_mean, *ln2_rstd;  /* [L,B,T] x2 */
+    ddp_act_t *fch, *fch_gelu;   /* [L,B,T,4C] x2 */
+    float *res3;       /* [L,B,T,C] */
+    ddp_act_t *lnf;    /* [B,T,C] */
+    float *lnf_mean, *lnf_rstd;  /* [B,T] x2 */
+    ddp_act_t *logits; /* [lm_rows,V]: one chunk of rows of the LM head */
+    float *losses;     /* [B,T] */
+    ddp_act_t *dlnf;   /* [B,T,C] gradient of ln_f's output (the LM head's) */
+    int lm_rows;       /* rows of the LM head per chunk (ddp_gpt2_lm_rows) */
+    /* backward scratch, reused by every layer; also dc in forward (the projections' outputs) */
+    float *dres;        /* [B,T,C] gradient of the residual stream */
+    ddp_act_t *dres_act; /* [B,T,C] dres in the activations' type (a projection's dout) */
+    ddp_act_t *dc;      /* [B,T,C] */
+    ddp_act_t *dqkv;    /* [B,T,3C] */
+    ddp_act_t *dfc;     /* [B,T,4C] */
     int32_t *inputs, *targets; /* [B,T] on the device */
     int last_B, last_T;        /* shape of the last forward */
     int last_train;            /* the last pass was ddp_gpt2_forward: backward may follow */
@@ -110,7 +116,8 @@ typedef struct ddp_gpt2 {
 typedef void (*ddp_gpt2_ready_fn)(void *arg, size_t done);
 
 /* Builds the layout and allocates the parameter and gradient arenas (zeroed) and activations
- * for B x T on backend k (borrowed; must outlive the model). weights, grads: zeroed arenas of
+ * for B x T on backend k (borrowed; must outlive the model), in k's precision now
+ * (ddp_k_precision: set it first; forward refuses to run under another). weights, grads: zeroed arenas of
  * ddp_gpt2_count_params(cfg) floats that the caller owns (the trainer passes collective memory,
  * which the collectives read and write in place), or NULL to allocate that one with k.
  * Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
@@ -131,15 +138,16 @@ int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads);
 
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg);
-/* Floats (4-byte units) in the activation arena for B x T under `recompute` (no allocation;
+/* Bytes of the activation arena for B x T under `recompute` and precision prec (no allocation;
  * gpt2_layout.c, which links without the kernels' ops). */
-size_t ddp_gpt2_acts_floats(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute);
+size_t ddp_gpt2_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
+                           ddp_kprec_t prec);
 /* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params
  * to the floats of an arena, returns the number of tensors. Internal (gpt2.c, gpt2_layout.c). */
 int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
-/* Carves a's arena at base from a->B, a->T, a->recompute (base NULL: only counts); returns its
- * size in floats. Internal to gpt2.c and gpt2_layout.c. */
-size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base);
+/* Carves a's arena at base from a->B, a->T, a->recompute, a->prec (base NULL: only counts);
+ * returns its size in bytes. Internal to gpt2.c and gpt2_layout.c. */
+size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
 
 /* GPT-2 initialisation from rng: weights N(0, 0.02), residual projections (attn.c_proj,
  * mlp.c_proj) N(0, 0.02/sqrt(2 L)), biases 0, LayerNorm weights 1. Draws on the host in arena
@@ -149,10 +157,10 @@ int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng);
 /* The descriptor named `name` (HF name, with or without a "transformer." prefix), or NULL. */
 const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name);
 
-/* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] is the only one
- * that exists (about 64 MiB in fp32), never [B*T, V]. At least 64 and at least B (evaluate's
- * last positions), at most B*T. */
-int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T);
+/* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec
+ * is the only one that exists (about 64 MiB), never [B*T, V]. At least 64 and at least B
+ * (evaluate's last positions), at most B*T. */
+int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec);
 
 /* A training micro-step's forward on inputs[B,T] and targets[B,T] (host int32; B <= acts.B,
  * T <= acts.T): the blocks, then the LM head and the loss chunk by chunk, each chunk's
@@ -166,7 +174,7 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
 
 /* Forward only, for validation and sampling: with targets, the mean loss in *loss (the LM head
  * chunk by chunk, no gradient); without, acts.logits rows 0..B-1 get the logits of each
- * sequence's last position [B, V]. Leaves the gradient arena as it is. Returns as forward. */
+ * sequence's last position [B, V] (activations: ddp_act_to_f32 widens a host copy). Leaves the gradient arena as it is. Returns as forward. */
 int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float *loss);
 

@@ -4,7 +4,9 @@
  * Kept apart from gpt2.c (which runs the model) so that the memory budget (memory_budget.c),
  * which ddpctl links without the kernels' ops, counts exactly what the model allocates.
  * Invariants: the parameter layout is written down once (layout_tensors); every activation
- * tensor starts 64 bytes after a 64-byte-aligned base; per-layer tensors hold
+ * tensor starts a multiple of 256 bytes after a 256-byte-aligned base (the 16-byte loads of
+ * element-wise kernels, cuBLAS's preferred alignment); activation tensors are of the run's
+ * precision (kernels.h, ddp_act_t), the rest fp32 or int32; per-layer tensors hold
  * n_layer slices, or one under DDP_RECOMPUTE_BLOCK (backward recomputes a block's forward into
  * that one slice), except res3, the blocks' outputs, which recomputation starts from.
  */
@@ -83,49 +85,49 @@ size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg)
     return n;
 }
 
-size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, float *base)
+size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void *base)
 {
     size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
     size_t BT = (size_t)a->B * a->T;
     size_t LS = a->recompute == DDP_RECOMPUTE_BLOCK ? 1 : L; /* slices of a per-layer tensor */
-    size_t off = 0;
-#define CARVE(field, n)                                                                      \
+    size_t act = ddp_act_bytes(a->prec), off = 0;
+#define CARVE(field, n, esize)                                                               \
     do {                                                                                     \
-        a->field = base ? base + off : NULL;                                                 \
-        off += ((n) + 15) & ~(size_t)15; /* 64-byte aligned tensors */                       \
+        a->field = base ? (void *)((char *)base + off) : NULL;                               \
+        off += ((n) * (esize) + 255) & ~(size_t)255; /* 256-byte aligned tensors */          \
     } while (0)
-    CARVE(encoded, BT * C);
-    CARVE(ln1, LS * BT * C);
-    CARVE(ln1_mean, LS * BT);
-    CARVE(ln1_rstd, LS * BT);
-    CARVE(qkv, LS * BT * 3 * C);
-    CARVE(atty, LS * BT * C);
-    CARVE(lse, LS * BT * NH);
-    CARVE(res2, LS * BT * C);
-    CARVE(ln2, LS * BT * C);
-    CARVE(ln2_mean, LS * BT);
-    CARVE(ln2_rstd, LS * BT);
-    CARVE(fch, LS * BT * 4 * C);
-    CARVE(fch_gelu, LS * BT * 4 * C);
-    CARVE(res3, L * BT * C);
-    CARVE(lnf, BT * C);
-    CARVE(lnf_mean, BT);
-    CARVE(lnf_rstd, BT);
-    a->lm_rows = ddp_gpt2_lm_rows(cfg, a->B, a->T);
-    CARVE(logits, (size_t)a->lm_rows * V);
-    CARVE(losses, BT);
-    CARVE(dlnf, BT * C);
-    CARVE(dres, BT * C);
-    CARVE(dc, BT * C);
-    CARVE(dc2, BT * C);
-    CARVE(dqkv, BT * 3 * C);
-    CARVE(dfc, BT * 4 * C);
-    CARVE(dfc2, BT * 4 * C);
-    /* int32 token buffers share the float arena (same size, 4 bytes) */
-    a->inputs = base ? (int32_t *)(base + off) : NULL;
-    off += (BT + 15) & ~(size_t)15;
-    a->targets = base ? (int32_t *)(base + off) : NULL;
-    off += (BT + 15) & ~(size_t)15;
+#define F32(field, n) CARVE(field, n, sizeof(float))
+#define ACT(field, n) CARVE(field, n, act)
+    F32(encoded, BT * C);
+    ACT(ln1, LS * BT * C);
+    F32(ln1_mean, LS * BT);
+    F32(ln1_rstd, LS * BT);
+    ACT(qkv, LS * BT * 3 * C);
+    ACT(atty, LS * BT * C);
+    F32(lse, LS * BT * NH);
+    F32(res2, LS * BT * C);
+    ACT(ln2, LS * BT * C);
+    F32(ln2_mean, LS * BT);
+    F32(ln2_rstd, LS * BT);
+    ACT(fch, LS * BT * 4 * C);
+    ACT(fch_gelu, LS * BT * 4 * C);
+    F32(res3, L * BT * C);
+    ACT(lnf, BT * C);
+    F32(lnf_mean, BT);
+    F32(lnf_rstd, BT);
+    a->lm_rows = ddp_gpt2_lm_rows(cfg, a->B, a->T, a->prec);
+    ACT(logits, (size_t)a->lm_rows * V);
+    F32(losses, BT);
+    ACT(dlnf, BT * C);
+    F32(dres, BT * C);
+    ACT(dres_act, BT * C);
+    ACT(dc, BT * C);
+    ACT(dqkv, BT * 3 * C);
+    ACT(dfc, BT * 4 * C);
+    CARVE(inputs, BT, sizeof(int32_t));
+    CARVE(targets, BT, sizeof(int32_t));
+#undef ACT
+#undef F32
 #undef CARVE
     return off;
 }
@@ -133,17 +135,18 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, floa
 /* The LM head's chunk of logits: about this many bytes */
 #define LM_CHUNK_BYTES ((size_t)64 << 20)
 
-int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T)
+int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec)
 {
-    size_t rows = LM_CHUNK_BYTES / ((size_t)cfg->vocab_size * sizeof(float)) / 64 * 64;
+    size_t rows = LM_CHUNK_BYTES / ((size_t)cfg->vocab_size * ddp_act_bytes(prec)) / 64 * 64;
     if (rows < 64) rows = 64;
     if (rows < (size_t)B) rows = (size_t)B;
     size_t BT = (size_t)B * T;
     return (int)(rows < BT ? rows : BT);
 }
 
-size_t ddp_gpt2_acts_floats(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute)
+size_t ddp_gpt2_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
+                           ddp_kprec_t prec)
 {
-    ddp_gpt2_acts_t a = {.B = B, .T = T, .recompute = recompute};
+    ddp_gpt2_acts_t a = {.B = B, .T = T, .recompute = recompute, .prec = prec};
     return ddp__gpt2_carve_acts(&a, cfg, NULL);
 }

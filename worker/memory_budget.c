@@ -97,6 +97,12 @@ int ddp_mem_threads(int local)
     return cores / local > 0 ? cores / local : 1;
 }
 
+/* The activations' precision as far as their size goes (2 or 4 bytes an element). */
+static ddp_kprec_t act_prec(const ddp_mem_budget_t *b)
+{
+    return b->act_bytes == 2 ? DDP_KPREC_BF16 : DDP_KPREC_FP32;
+}
+
 /* Bytes of the things that grow with the micro-batch, at B x T under recompute r. */
 static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, int B,
                            ddp_recompute_t r, int64_t *acts, int64_t *emb, int64_t *work)
@@ -105,10 +111,10 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     /* the global batch in tokens stays: B changes the micro-batches per step */
     int64_t tokens = (int64_t)b->n_micro * b->B * b->T;
     int64_t n_micro = tokens / BT > 0 ? tokens / BT : 1;
-    *acts = (int64_t)ddp_gpt2_acts_floats(cfg, B, b->T, r) * 4;
+    *acts = (int64_t)ddp_gpt2_acts_bytes(cfg, B, b->T, r, act_prec(b));
     /* train.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
     *emb = n_micro * (BT + BT * C) * 4;
-    int64_t w = 0, lm_rows = ddp_gpt2_lm_rows(cfg, B, b->T); /* the LM head's chunk */
+    int64_t w = 0, lm_rows = ddp_gpt2_lm_rows(cfg, B, b->T, act_prec(b)); /* LM head's chunk */
     if (!b->on_gpu) {
         /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
          * partials and attention's score blocks */
@@ -242,6 +248,7 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     int bf16 = s->precision == DDP_PREC_BF16 || (s->precision == DDP_PREC_AUTO && native);
     int lowp = bf16 || s->precision == DDP_PREC_FP16;
     b->lowp_bytes = !lowp ? 0 : on_gpu || (native && bf16) ? 2 : 4;
+    b->act_bytes = lowp ? 2 : 4;
     /* kernels/cuda/flash_attention.cu: 16-bit runs at head sizes 32, 64, 128 */
     int hs = cfg->n_head > 0 ? cfg->n_embd / cfg->n_head : 0;
     b->flash = on_gpu && lowp && (hs == 32 || hs == 64 || hs == 128);
@@ -256,8 +263,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
      * each: (W - 1) / W of every such arena of the others is mapped here */
     if (b->shared)
         b->peers = (b->grads + b->emb + (b->sharded ? b->params : 0)) * (world - 1) / world;
-    b->acts_none = (int64_t)ddp_gpt2_acts_floats(cfg, b->B, b->T, DDP_RECOMPUTE_NONE) * 4;
-    b->acts_block = (int64_t)ddp_gpt2_acts_floats(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK) * 4;
+    b->acts_none = (int64_t)ddp_gpt2_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE, act_prec(b));
+    b->acts_block =
+        (int64_t)ddp_gpt2_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK, act_prec(b));
     b->workspace = work + ring_bytes(b) + b->extra;
     b->total = total_at(b, cfg, b->B, s->recompute);
 

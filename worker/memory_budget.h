@@ -34,6 +34,7 @@ typedef struct ddp_mem_budget {
     int n_micro;     /* micro-batches per step over all ranks */
     int B, T;        /* micro-batch */
     int on_gpu;      /* device memory (CUDA) rather than host memory */
+    int act_bytes;   /* bytes of an activation element: 4 in fp32, 2 in bf16/fp16 runs */
     int lowp_bytes;  /* bytes of a matrix product's converted input element: 0 in fp32, 2 for
                       * bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates */
     int sharded;     /* the moments are split over the ranks (ddp.shard_optimizer, world > 1) */

@@ -33,15 +33,19 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     int T = t->spec.seq_len, V = m->cfg.vocab_size;
     int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
     float *row = ddp_malloc((size_t)V * sizeof *row);
-    int rc = (ctx && row) ? 0 : DDP_ENOMEM;
-    ctx[0] = start_token(&m->cfg);
+    ddp_kprec_t prec = m->acts.prec;
+    void *act_row = ddp_malloc((size_t)V * ddp_act_bytes(prec)); /* the logits as computed */
+    int rc = (ctx && row && act_row) ? 0 : DDP_ENOMEM;
+    if (rc == 0) ctx[0] = start_token(&m->cfg);
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         const int32_t *window = ctx + (i - len);
         rc = ddp_gpt2_evaluate(m, window, NULL, 1, len, NULL); /* last position's logits */
-        if (rc == 0) rc = ddp_k_memcpy_d2h(m->k, row, m->acts.logits, (size_t)V * sizeof *row);
+        if (rc == 0)
+            rc = ddp_k_memcpy_d2h(m->k, act_row, m->acts.logits, (size_t)V * ddp_act_bytes(prec));
         if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
+        ddp_act_to_f32(row, act_row, (size_t)V, prec);
         ctx[i] = draw(&t->rng, row, V);
         if (V == 256) fputc(ctx[i], out);
         else fprintf(out, "%d ", ctx[i]);
@@ -50,6 +54,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     fflush(out);
     free(ctx);
     free(row);
+    free(act_row);
     return rc;
 }
 

@@ -33,6 +33,7 @@
 #include "common/log.h"
 #include "common/simdev.h"
 #include "kernels/kernels.h"
+#include "kernels/math/lowp.h"
 
 struct ddp_kctx {
     int device;
@@ -40,6 +41,7 @@ struct ddp_kctx {
     ddp_kctx_t *cpu;             /* the CPU backend's context (its own struct): stream only */
     int err;                     /* first error since the last sync (caller's thread) */
     int break_lm_head;           /* DDP_SIM_BREAK=lm_head_dinp */
+    ddp_kprec_t prec;            /* the last set_precision's, as queued: activations' type */
     ddp_simdev_event_t order;    /* record_event's event */
     pthread_mutex_t owner_lock;  /* guards owner, has_owner, idle (see owned_by_caller) */
     pthread_t owner;
@@ -57,7 +59,7 @@ struct ddp_kctx {
 
 enum {
     ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, GELU_FWD, GELU_BWD,
-    RESIDUAL, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
+    RESIDUAL, TO_ACT, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
@@ -69,6 +71,16 @@ typedef struct {
     size_t z[2];
     float f[7];
 } args_t;
+
+/* The test hook's bug: activation element 0 of type prec += 1. */
+static void add_one(void *x, ddp_kprec_t prec)
+{
+    float v;
+    ddp_act_to_f32(&v, x, 1, prec);
+    v += 1.0f;
+    if (prec == DDP_KPREC_FP32) memcpy(x, &v, sizeof v);
+    else *(uint16_t *)x = prec == DDP_KPREC_BF16 ? ddp_bf16_bits(v) : ddp_fp16_bits(v);
+}
 
 static void run(void *arg)
 {
@@ -87,7 +99,7 @@ static void run(void *arg)
     case MM_BWD:
         CPU.matmul_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2], i[3]);
         if (a->ctx->break_lm_head && p[0] && i[3] == DDP_W_OUT_IN && i[2] >= 50257)
-            ((float *)p[0])[0] += 1.0f;
+            add_one(p[0], (ddp_kprec_t)i[4]);
         break;
     case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
     case ATT_BWD:
@@ -96,6 +108,7 @@ static void run(void *arg)
     case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
     case GELU_BWD: CPU.gelu_bwd(c, p[0], p[1], p[2], a->z[0]); break;
     case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
+    case TO_ACT: CPU.to_act(c, p[0], p[1], a->z[0]); break;
     case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
     case ADAMW:
         CPU.adamw(c, p[0], p[1], p[2], p[3], p[4], i[1], a->f[0], a->f[1], a->f[2], a->f[3],
@@ -118,6 +131,7 @@ static void run(void *arg)
 /* A range for an op's access list; NULL pointers give an empty range. */
 #define RANGE(ptr, n, sz, m) ((ddp_simdev_access_t){(ptr), (ptr) ? (size_t)(n) * (sz) : 0, (m)})
 #define F(ptr, n, m) RANGE(ptr, n, sizeof(float), m)
+#define A(ptr, n, m) RANGE(ptr, n, ddp_act_bytes(ctx->prec), m) /* an activation tensor */
 #define R DDP_SIMDEV_R
 #define W DDP_SIMDEV_W
 #define RW DDP_SIMDEV_RW
@@ -410,7 +424,7 @@ static void sim_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const flo
            F(dout, BT * C, R), RANGE(inp, BT, 4, R));
 }
 
-static void sim_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+static void sim_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
                               const float *inp, const float *weight, const float *bias, int N,
                               int C)
 {
@@ -419,12 +433,12 @@ static void sim_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *r
     size_t NC = (size_t)N * C;
     set_p(a, 6, out, mean, rstd, inp, weight, bias);
     a->i[0] = N, a->i[1] = C;
-    LAUNCH(ctx, a, "layernorm_fwd", F(out, NC, W), F(mean, N, W), F(rstd, N, W), F(inp, NC, R),
+    LAUNCH(ctx, a, "layernorm_fwd", A(out, NC, W), F(mean, N, W), F(rstd, N, W), F(inp, NC, R),
            F(weight, C, R), F(bias, C, R));
 }
 
 static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                              const float *dout, const float *inp, const float *weight,
+                              const ddp_act_t *dout, const float *inp, const float *weight,
                               const float *mean, const float *rstd, int N, int C)
 {
     args_t *a = new_args(ctx, LN_BWD);
@@ -433,7 +447,7 @@ static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, floa
     set_p(a, 8, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     a->i[0] = N, a->i[1] = C;
     LAUNCH(ctx, a, "layernorm_bwd", F(dinp, NC, RW), F(dweight, C, RW), F(dbias, C, RW),
-           F(dout, NC, R), F(inp, NC, R), F(weight, C, R), F(mean, N, R), F(rstd, N, R));
+           A(dout, NC, R), F(inp, NC, R), F(weight, C, R), F(mean, N, R), F(rstd, N, R));
 }
 
 /* Queued like the ops around it, so products already queued keep the precision they had. */
@@ -443,6 +457,7 @@ static void sim_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
     if (!a) return;
     a->i[0] = (int)prec;
     launch(ctx, a, "set_precision", NULL, 0);
+    ctx->prec = prec; /* the ops queued from here on have activations of this type */
 }
 
 /* The simulated GPU computes with the CPU's emulation: nothing is faster in bf16, and "auto"
@@ -454,85 +469,96 @@ static int sim_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
     return prec == DDP_KPREC_FP32;
 }
 
-static void sim_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
-                           const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+static void sim_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                           const float *weight, const float *bias, int N, int C, int OC,
+                           ddp_wlayout_t layout)
 {
     args_t *a = new_args(ctx, MM_FWD);
     if (!a) return;
     set_p(a, 4, out, inp, weight, bias);
     a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
-    LAUNCH(ctx, a, "matmul_fwd", F(out, (size_t)N * OC, W), F(inp, (size_t)N * C, R),
+    LAUNCH(ctx, a, "matmul_fwd", A(out, (size_t)N * OC, W), A(inp, (size_t)N * C, R),
            F(weight, (size_t)C * OC, R), F(bias, OC, R));
 }
 
-static void sim_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                           const float *dout, const float *inp, const float *weight, int N, int C,
-                           int OC, ddp_wlayout_t layout)
+static void sim_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                           const ddp_act_t *dout, const ddp_act_t *inp, const float *weight,
+                           int N, int C, int OC, ddp_wlayout_t layout)
 {
     args_t *a = new_args(ctx, MM_BWD);
     if (!a) return;
     set_p(a, 6, dinp, dweight, dbias, dout, inp, weight);
-    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
-    LAUNCH(ctx, a, "matmul_bwd", F(dinp, (size_t)N * C, RW), F(dweight, (size_t)C * OC, RW),
-           F(dbias, OC, RW), F(dout, (size_t)N * OC, R), F(inp, (size_t)N * C, R),
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout, a->i[4] = (int)ctx->prec;
+    LAUNCH(ctx, a, "matmul_bwd", A(dinp, (size_t)N * C, W), F(dweight, (size_t)C * OC, RW),
+           F(dbias, OC, RW), A(dout, (size_t)N * OC, R), A(inp, (size_t)N * C, R),
            F(weight, (size_t)C * OC, R));
 }
 
-static void sim_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
-                              int T, int C, int NH)
+static void sim_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse,
+                              const ddp_act_t *qkv, int B, int T, int C, int NH)
 {
     args_t *a = new_args(ctx, ATT_FWD);
     if (!a) return;
     size_t BT = (size_t)B * T;
     set_p(a, 3, out, lse, qkv);
     a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
-    LAUNCH(ctx, a, "attention_fwd", F(out, BT * C, W), F(lse, BT * NH, W),
-           F(qkv, BT * 3 * C, R));
+    LAUNCH(ctx, a, "attention_fwd", A(out, BT * C, W), F(lse, BT * NH, W),
+           A(qkv, BT * 3 * C, R));
 }
 
-static void sim_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                              const float *out, const float *lse, int B, int T, int C, int NH)
+static void sim_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
+                              const ddp_act_t *qkv, const ddp_act_t *out, const float *lse,
+                              int B, int T, int C, int NH)
 {
     args_t *a = new_args(ctx, ATT_BWD);
     if (!a) return;
     size_t BT = (size_t)B * T;
     set_p(a, 5, dqkv, dout, qkv, out, lse);
     a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
-    LAUNCH(ctx, a, "attention_bwd", F(dqkv, BT * 3 * C, RW), F(dout, BT * C, R),
-           F(qkv, BT * 3 * C, R), F(out, BT * C, R), F(lse, BT * NH, R));
+    LAUNCH(ctx, a, "attention_bwd", A(dqkv, BT * 3 * C, W), A(dout, BT * C, R),
+           A(qkv, BT * 3 * C, R), A(out, BT * C, R), F(lse, BT * NH, R));
 }
 
-static void sim_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
+static void sim_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n)
 {
     args_t *a = new_args(ctx, GELU_FWD);
     if (!a) return;
     set_p(a, 2, out, inp);
     a->z[0] = n;
-    LAUNCH(ctx, a, "gelu_fwd", F(out, n, W), F(inp, n, R));
+    LAUNCH(ctx, a, "gelu_fwd", A(out, n, W), A(inp, n, R));
 }
 
-static void sim_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
-                         size_t n)
+static void sim_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                         const ddp_act_t *dout, size_t n)
 {
     args_t *a = new_args(ctx, GELU_BWD);
     if (!a) return;
     set_p(a, 3, dinp, inp, dout);
     a->z[0] = n;
-    LAUNCH(ctx, a, "gelu_bwd", F(dinp, n, RW), F(inp, n, R), F(dout, n, R));
+    LAUNCH(ctx, a, "gelu_bwd", A(dinp, n, W), A(inp, n, R), A(dout, n, R));
 }
 
-static void sim_residual_fwd(ddp_kctx_t *ctx, float *out, const float *x, const float *y,
+static void sim_residual_fwd(ddp_kctx_t *ctx, float *out, const float *x, const ddp_act_t *y,
                              size_t n)
 {
     args_t *a = new_args(ctx, RESIDUAL);
     if (!a) return;
     set_p(a, 3, out, x, y);
     a->z[0] = n;
-    LAUNCH(ctx, a, "residual_fwd", F(out, n, W), F(x, n, R), F(y, n, R));
+    LAUNCH(ctx, a, "residual_fwd", F(out, n, W), F(x, n, R), A(y, n, R));
 }
 
-static void sim_xent(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
-                     const int32_t *targets, int N, int V, float dloss)
+static void sim_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n)
+{
+    args_t *a = new_args(ctx, TO_ACT);
+    if (!a) return;
+    set_p(a, 2, out, inp);
+    a->z[0] = n;
+    LAUNCH(ctx, a, "to_act", A(out, n, W), F(inp, n, R));
+}
+
+static void sim_xent(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+                     const ddp_act_t *logits, const int32_t *targets, int N, int V, float dloss)
 {
     args_t *a = new_args(ctx, XENT);
     if (!a) return;
@@ -540,7 +566,7 @@ static void sim_xent(ddp_kctx_t *ctx, float *losses, float *dlogits, const float
     set_p(a, 4, losses, dlogits, logits, targets);
     a->i[0] = N, a->i[1] = V;
     a->f[0] = dloss;
-    LAUNCH(ctx, a, "xent_fwd_bwd", F(losses, N, W), F(dlogits, NV, W), F(logits, NV, R),
+    LAUNCH(ctx, a, "xent_fwd_bwd", F(losses, N, W), A(dlogits, NV, W), A(logits, NV, R),
            RANGE(targets, N, 4, R));
 }
 
@@ -680,6 +706,7 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     .gelu_fwd = sim_gelu_fwd,
     .gelu_bwd = sim_gelu_bwd,
     .residual_fwd = sim_residual_fwd,
+    .to_act = sim_to_act,
     .xent_fwd_bwd = sim_xent,
     .adamw = sim_adamw,
     .sumsq_blocks = sim_sumsq_blocks,

@@ -72,6 +72,20 @@ static double cfg_num(fixture_t *fx, const char *key)
 static int ddp_kernels_sync_err(fixture_t *fx) { return fx->k.ops->sync(fx->k.ctx); }
 
 /* Loads init.* into the model's parameter arena. */
+static void load_weights(fixture_t *fx, const char *prefix);
+
+/* The fixture's model again, with activations of precision prec (the kernels' precision at
+ * init fixes their type) and the initial weights. */
+static void set_model_precision(fixture_t *fx, ddp_kprec_t prec)
+{
+    DDP_K(&fx->k, set_precision, prec);
+    ddp_gpt2_close(&fx->m);
+    assert_int_equal(ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL), 0);
+    assert_int_equal(fx->m.acts.prec, prec);
+    load_weights(fx, "init.");
+}
+
+/* Loads init.* into the model's parameter arena. */
 static void load_weights(fixture_t *fx, const char *prefix)
 {
     float *host = calloc(fx->m.n_params, sizeof(float));
@@ -215,14 +229,16 @@ static void test_lm_head_chunks(void **state)
     size_t nl = (size_t)N * V;
     float *logits = malloc(nl * 4), *losses = malloc((size_t)N * 4);
     float *dwte = calloc((size_t)V * C, 4), *dlnf = calloc((size_t)N * C, 4);
-    DDP_K(&k, matmul_fwd, logits, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
-    DDP_K(&k, xent_fwd_bwd, losses, logits, logits, tg, N, V, 1.0f / (float)N);
-    DDP_K(&k, matmul_bwd, dlnf, dwte, NULL, logits, m.acts.lnf, m.wv.wte, N, C, V, DDP_W_OUT_IN);
+    ddp_act_t *lg = (ddp_act_t *)logits; /* an fp32 run: activations are floats */
+    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
+    DDP_K(&k, xent_fwd_bwd, losses, lg, lg, tg, N, V, 1.0f / (float)N);
+    DDP_K(&k, matmul_bwd, (ddp_act_t *)dlnf, dwte, NULL, lg, m.acts.lnf, m.wv.wte, N, C, V,
+          DDP_W_OUT_IN);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += losses[i];
     assert_float_equal(loss, sum / N, 1e-6 * fabs(sum / N));
     assert_true(rel_norm_err(m.gv.wte, dwte, (size_t)V * C) < 1e-6);
-    assert_true(rel_norm_err(m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
+    assert_true(rel_norm_err((const float *)m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
 
     float *g = malloc(m.n_params * 4);
     memcpy(g, m.g, m.n_params * 4);
@@ -232,9 +248,9 @@ static void test_lm_head_chunks(void **state)
     assert_int_equal(ddp_gpt2_backward(&m, NULL, NULL), DDP_EINVAL);
     assert_int_equal(ddp_gpt2_evaluate(&m, in, NULL, B, T, NULL), 0);
     /* the whole product again (xent wrote dlogits over it) */
-    DDP_K(&k, matmul_fwd, logits, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
+    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
-        assert_true(rel_norm_err(m.acts.logits + (size_t)b * V,
+        assert_true(rel_norm_err((const float *)m.acts.logits + (size_t)b * V,
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
     assert_int_equal(ddp_gpt2_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
@@ -279,7 +295,7 @@ static void test_forward_matches_pytorch(void **state)
     assert_int_equal(nl, n * fx->cfg.vocab_size);
     /* the LM head keeps one chunk of logits: the whole [B*T, V] from ln_f's output here */
     float *logits = malloc(nl * sizeof(float));
-    DDP_K(fx->m.k, matmul_fwd, logits, fx->m.acts.lnf, fx->m.wv.wte, NULL, (int)n, fx->cfg.n_embd,
+    DDP_K(fx->m.k, matmul_fwd, (ddp_act_t *)logits, fx->m.acts.lnf, fx->m.wv.wte, NULL, (int)n, fx->cfg.n_embd,
           fx->cfg.vocab_size, DDP_W_OUT_IN);
     assert_int_equal(ddp_k_sync(fx->m.k), 0);
     double err = rel_norm_err(logits, ref_logits, nl);
@@ -410,11 +426,11 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
 {
     ddp_adamw_t opt;
     ddp_spec_t spec;
+    set_model_precision(fx, prec);
     adamw_setup(fx, &opt, &spec);
     fixture_hyperparameters(fx, &spec);
     ddp_lscale_t ls;
     ddp_lscale_init(&ls, prec, 2000);
-    DDP_K(&fx->k, set_precision, prec);
     size_t n = (size_t)fx->B * fx->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     const ddp_arena_part_t whole = {0, fx->m.n_params, 0};
@@ -440,9 +456,9 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
         DDP_K(&fx->k, set_precision, prec); /* the weights changed */
     }
     assert_int_equal(ddp_kernels_sync_err(fx), 0);
-    DDP_K(&fx->k, set_precision, DDP_KPREC_FP32);
     fx->m.loss_scale = 1.0f;
     ddp_adamw_close(&opt, &fx->m);
+    set_model_precision(fx, DDP_KPREC_FP32);
     free(sums);
     free(in);
     free(tg);

@@ -26,15 +26,16 @@ static const ddp_model_cfg_t CFG = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vo
 
 /* One forward + backward of a fresh model (seeded weights) on backend `name` under `r`, on a
  * batch B x T of an arena allocated for AB x AT; the gradient arena, loss and dres to host. */
-static void run_model(const char *name, ddp_recompute_t r, int AB, int AT, int B, int T,
-                      float *grads, float *loss, float *dres, size_t *acts_floats)
+static void run_model(const char *name, ddp_kprec_t prec, ddp_recompute_t r, int AB, int AT,
+                      int B, int T, float *grads, float *loss, float *dres, size_t *acts_bytes)
 {
     ddp_kernels_t k;
     if (ddp_kernels_open(&k, name, 0, 2)) fail_msg("backend %s does not open", name);
+    DDP_K(&k, set_precision, prec);
     ddp_gpt2_t m;
     assert_int_equal(ddp_gpt2_init_with(&m, &CFG, &k, AB, AT, NULL, NULL, r), 0);
     ddp_gpt2_acts_t copy = m.acts; /* counting sets the pointers to NULL */
-    *acts_floats = ddp__gpt2_carve_acts(&copy, &CFG, NULL);
+    *acts_bytes = ddp__gpt2_carve_acts(&copy, &CFG, NULL);
     ddp_rng_t rng;
     ddp_rng_seed(&rng, 7);
     assert_int_equal(ddp_gpt2_init_weights(&m, &rng), 0);
@@ -54,14 +55,14 @@ static void run_model(const char *name, ddp_recompute_t r, int AB, int AT, int B
     ddp_kernels_close(&k);
 }
 
-static void check_bitwise(const char *backend, int AB, int AT, int B, int T)
+static void check_bitwise(const char *backend, ddp_kprec_t prec, int AB, int AT, int B, int T)
 {
     size_t n = ddp_gpt2_count_params(&CFG), nd = (size_t)B * T * CFG.n_embd;
     float *g0 = calloc(n, 4), *g1 = calloc(n, 4), *d0 = calloc(nd, 4), *d1 = calloc(nd, 4);
     float l0 = 0, l1 = 1;
     size_t a0, a1;
-    run_model(backend, DDP_RECOMPUTE_NONE, AB, AT, B, T, g0, &l0, d0, &a0);
-    run_model(backend, DDP_RECOMPUTE_BLOCK, AB, AT, B, T, g1, &l1, d1, &a1);
+    run_model(backend, prec, DDP_RECOMPUTE_NONE, AB, AT, B, T, g0, &l0, d0, &a0);
+    run_model(backend, prec, DDP_RECOMPUTE_BLOCK, AB, AT, B, T, g1, &l1, d1, &a1);
     if (memcmp(&l0, &l1, sizeof l0)) fail_msg("%s: loss none %.9g, block %.9g", backend, l0, l1);
     for (size_t i = 0; i < n; i++)
         if (memcmp(&g0[i], &g1[i], 4))
@@ -69,9 +70,9 @@ static void check_bitwise(const char *backend, int AB, int AT, int B, int T)
     for (size_t i = 0; i < nd; i++)
         if (memcmp(&d0[i], &d1[i], 4))
             fail_msg("%s: dres %zu: none %.9g, block %.9g", backend, i, d0[i], d1[i]);
-    if (!(a1 < a0)) fail_msg("%s: activations block %zu floats, none %zu", backend, a1, a0);
-    assert_int_equal(a0, ddp_gpt2_acts_floats(&CFG, AB, AT, DDP_RECOMPUTE_NONE));
-    assert_int_equal(a1, ddp_gpt2_acts_floats(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK));
+    if (!(a1 < a0)) fail_msg("%s: activations block %zu bytes, none %zu", backend, a1, a0);
+    assert_int_equal(a0, ddp_gpt2_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_NONE, prec));
+    assert_int_equal(a1, ddp_gpt2_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK, prec));
     free(g0);
     free(g1);
     free(d0);
@@ -81,14 +82,17 @@ static void check_bitwise(const char *backend, int AB, int AT, int B, int T)
 static void test_recompute_bitwise_cpu(void **state)
 {
     (void)state;
-    check_bitwise("cpu", 2, 32, 2, 32);
-    check_bitwise("cpu", 4, 32, 3, 17); /* smaller than allocated: the strides keep slack */
+    check_bitwise("cpu", DDP_KPREC_FP32, 2, 32, 2, 32);
+    check_bitwise("cpu", DDP_KPREC_FP32, 4, 32, 3, 17); /* smaller than allocated: slack */
+    check_bitwise("cpu", DDP_KPREC_BF16, 4, 32, 3, 17); /* 16-bit activations */
+    check_bitwise("cpu", DDP_KPREC_FP16, 2, 32, 2, 32);
 }
 
 static void test_recompute_bitwise_sim(void **state)
 {
     (void)state;
-    check_bitwise("sim", 2, 32, 2, 32);
+    check_bitwise("sim", DDP_KPREC_FP32, 2, 32, 2, 32);
+    check_bitwise("sim", DDP_KPREC_BF16, 2, 32, 2, 32);
 }
 
 static ddp_spec_t spec_for(const char *yaml)
@@ -120,7 +124,8 @@ static void test_budget_figures(void **state)
     assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
     assert_int_equal(b.params, (int64_t)ddp_gpt2_count_params(&s.model) * 4);
     assert_int_equal(b.moments, 2 * b.params);
-    assert_int_equal(b.acts, (int64_t)ddp_gpt2_acts_floats(&s.model, 4, 256, 0) * 4);
+    assert_int_equal(b.acts,
+                     (int64_t)ddp_gpt2_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_FP32));
     assert_int_equal(b.acts, b.acts_none);
     assert_true(b.acts_block < b.acts_none / 2);
     assert_int_equal(b.limit, (int64_t)1 << 30);
@@ -129,6 +134,17 @@ static void test_budget_figures(void **state)
     ddp_mem_budget_format(&b, text, sizeof text);
     assert_non_null(strstr(text, "activations"));
     assert_non_null(strstr(text, "largest micro_batch that fits"));
+
+    /* a bf16 run's activations are 16-bit, the residual stream's fp32: between half and
+     * three quarters of fp32's */
+    ddp_spec_t s16 = spec_for("model: {preset: gpt2-mini}\ndata: {train: x}\n"
+                              "train: {micro_batch: 4, seq_len: 256, precision: bf16}\n");
+    ddp_mem_budget_t b16;
+    assert_int_equal(ddp_mem_budget_plan(&s16, 1, 1, 0, 0, 0, 0, &b16), 0);
+    assert_int_equal(b16.acts,
+                     (int64_t)ddp_gpt2_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_BF16));
+    assert_true(b16.acts > b.acts / 2 && b16.acts < b.acts * 3 / 4);
+    check_parts(&b16);
 
     /* sharded over 2 local ranks: moments halved; half of the other rank's gradients,
      * parameters and embedding slots are mapped here (shm_direct.c) */
