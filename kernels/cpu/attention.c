@@ -125,10 +125,10 @@ static int att_scratch(ddp_kctx_t *ctx, att_args_t *a, int blocks)
     return DDP_ENOMEM;
 }
 
-void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
-                            int T, int C, int NH)
+void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                            int B, int T, int C, int NH)
 {
-    att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    att_args_t a = {.out = (float *)out, .lse = lse, .qkv = (const float *)qkv, .B = B, .T = T, .C = C, .NH = NH};
     if (att_scratch(ctx, &a, 1)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_fwd_task, &a);
 }
@@ -146,6 +146,10 @@ static void att_bwd_task(void *varg, long task)
     const float *out = a->cout + (size_t)b * T * C + (size_t)h * hs;
     float *p = thread_scratch(a), *ds = p + a->per_thread / 2; /* [rb, r1] each */
     float scale = 1.0f / sqrtf((float)hs);
+    /* dqkv is overwritten: dK and dV sum over the row blocks from zero; dQ's rows are written
+     * once each (beta 0 below) */
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hs; i++) dk[(size_t)t * C3 + i] = dv[(size_t)t * C3 + i] = 0.0f;
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
         const float *dob = dout + (size_t)r0 * C;
@@ -171,16 +175,18 @@ static void att_bwd_task(void *varg, long task)
         }
         /* scores = scale Q K^T:  dQ += scale dS K,  dK += scale dS^T Q (columns < r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, ds, r1, k, C3,
-                    1.0f, dq + (size_t)r0 * C3, C3);
+                    0.0f, dq + (size_t)r0 * C3, C3);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, scale, ds, r1,
                     q + (size_t)r0 * C3, C3, 1.0f, dk, C3);
     }
 }
 
-void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B, int T, int C, int NH)
+void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
+                            const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
+                            int T, int C, int NH)
 {
-    att_args_t a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .cout = out, .clse = lse, .B = B,
+    att_args_t a = {.dqkv = (float *)dqkv, .dout = (const float *)dout, .qkv = (const float *)qkv,
+                    .cout = (const float *)out, .clse = lse, .B = B,
                     .T = T, .C = C, .NH = NH};
     if (att_scratch(ctx, &a, 2)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_bwd_task, &a);

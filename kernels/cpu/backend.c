@@ -248,6 +248,7 @@ const ddp_kernels_ops_t ddp_kernels_cpu = {
     .gelu_fwd = ddp__cpu_gelu_fwd,
     .gelu_bwd = ddp__cpu_gelu_bwd,
     .residual_fwd = ddp__cpu_residual_fwd,
+    .to_act = ddp__cpu_to_act,
     .xent_fwd_bwd = ddp__cpu_xent_fwd_bwd,
     .adamw = ddp__cpu_adamw,
     .sumsq_blocks = ddp__cpu_sumsq_blocks,

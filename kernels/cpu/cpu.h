@@ -117,32 +117,36 @@ void ddp__cpu_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const
 void ddp__cpu_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
                           const int32_t *inp, int B, int T, int C);
 /* layernorm.c */
-void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
                             const float *inp, const float *weight, const float *bias, int N,
                             int C);
 void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight,
+                            const ddp_act_t *dout, const float *inp, const float *weight,
                             const float *mean, const float *rstd, int N, int C);
 /* matmul.c */
-void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
-                         const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
-void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                         const float *dout, const float *inp, const float *weight, int N, int C,
-                         int OC, ddp_wlayout_t layout);
+void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                         const float *weight, const float *bias, int N, int C, int OC,
+                         ddp_wlayout_t layout);
+void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                         const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                         int C, int OC, ddp_wlayout_t layout);
 /* attention.c */
-void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
+void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                            int B, int T, int C, int NH);
+void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
+                            const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
                             int T, int C, int NH);
-void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                            const float *out, const float *lse, int B, int T, int C, int NH);
 /* pointwise.c */
-void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
-void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
-                       size_t n);
-void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
+void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n);
+void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                       const ddp_act_t *dout, size_t n);
+void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
                            size_t n);
+void ddp__cpu_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n);
 /* xent.c */
-void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
-                           const int32_t *targets, int N, int V, float dloss);
+void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+                           const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                           float dloss);
 /* vector.c */
 void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                     const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,

@@ -57,11 +57,11 @@ static void ln_fwd_task(void *varg, long task)
     }
 }
 
-void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
                             const float *inp, const float *weight, const float *bias, int N,
                             int C)
 {
-    ln_args_t a = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
+    ln_args_t a = {.out = (float *)out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
                    .bias = bias, .N = N, .C = C};
     ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, LN_ROWS), ln_fwd_task, &a);
 }
@@ -126,10 +126,10 @@ static void ln_bwd_task(void *varg, long task)
 }
 
 void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                            const float *dout, const float *inp, const float *weight,
+                            const ddp_act_t *dout, const float *inp, const float *weight,
                             const float *mean, const float *rstd, int N, int C)
 {
-    ln_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+    ln_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = (const float *)dout, .inp = inp,
                    .weight = weight, .cmean = mean, .crstd = rstd, .N = N, .C = C};
     a.row_tasks = ddp__ntasks((size_t)N, LN_ROWS);
     long col_tasks = ddp__ntasks((size_t)C, LN_COLS);

@@ -162,10 +162,11 @@ static int convert(ddp_kctx_t *ctx, int slot, const void **x, size_t n)
     return *x ? 0 : -1;
 }
 
-void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
-                         const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                         const float *weight, const float *bias, int N, int C, int OC,
+                         ddp_wlayout_t layout)
 {
-    mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
+    mm_args_t a = {.out = (float *)out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
                    .OC = OC, .layout = layout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (ctx->prec != DDP_KPREC_FP32) {
         a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
@@ -199,7 +200,7 @@ static void dinp_reduce_task(void *varg, long task)
     for (size_t i = lo; i < hi; i++) {
         float s = a->part[i];
         for (int k = 1; k < a->ksplit; k++) s += a->part[(size_t)k * NC + i];
-        d[i] += s;
+        d[i] = s;
     }
 }
 
@@ -216,9 +217,9 @@ static void dinp_task(const mm_args_t *a, long task)
     size_t dout = (size_t)r0 * OC;
     float *dinp = a->dinp + (size_t)r0 * C + c0;
     if (a->layout == DDP_W_IN_OUT) /* W[C][OC]: rows c0.. of W, transposed */
-        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 1, dinp, C);
+        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 0, dinp, C);
     else /* W[OC][C]: columns c0.. of W */
-        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 1, dinp, C);
+        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 0, dinp, C);
 }
 
 /* IN_OUT: dW[C][OC] += inp^T @ dout.  OUT_IN: dW[OC][C] += dout^T @ inp. */
@@ -264,13 +265,13 @@ static void bwd_task(void *varg, long task)
     dbias_task(a, task - a->n_di);
 }
 
-void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                         const float *dout, const float *inp, const float *weight, int N, int C,
-                         int OC, ddp_wlayout_t layout)
+void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                         const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                         int C, int OC, ddp_wlayout_t layout)
 {
-    mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+    mm_args_t a = {.dinp = (float *)dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
                    .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
-                   .dout32 = dout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
+                   .dout32 = (const float *)dout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (ctx->prec != DDP_KPREC_FP32) {
         if (dinp && !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC))) return;
         if (dweight && convert(ctx, 1, &a.inp, (size_t)N * C)) return;

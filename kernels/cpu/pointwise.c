@@ -5,6 +5,8 @@
  */
 #include "kernels/cpu/cpu.h"
 
+#include <string.h>
+
 #include "kernels/math/gelu.h"
 
 typedef struct {
@@ -29,9 +31,9 @@ static void gelu_fwd_task(void *varg, long task)
     for (size_t i = lo; i < hi; i++) out[i] = ddp_gelu(inp[i]);
 }
 
-void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
+void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n)
 {
-    pw_args_t p = {.out = out, .a = inp, .n = n};
+    pw_args_t p = {.out = (float *)out, .a = (const float *)inp, .n = n};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), gelu_fwd_task, &p);
 }
 
@@ -40,16 +42,17 @@ static void gelu_bwd_task(void *varg, long task)
     const pw_args_t *p = varg;
     size_t lo, hi;
     chunk_range(p->n, task, &lo, &hi);
-    float *restrict dinp = p->out;
+    float *dinp = p->out; /* may alias dout */
     const float *restrict inp = p->a;
-    const float *restrict dout = p->b;
-    for (size_t i = lo; i < hi; i++) dinp[i] += ddp_gelu_grad(inp[i]) * dout[i];
+    const float *dout = p->b;
+    for (size_t i = lo; i < hi; i++) dinp[i] = ddp_gelu_grad(inp[i]) * dout[i];
 }
 
-void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
-                       size_t n)
+void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                       const ddp_act_t *dout, size_t n)
 {
-    pw_args_t p = {.out = dinp, .a = inp, .b = dout, .n = n};
+    pw_args_t p = {.out = (float *)dinp, .a = (const float *)inp, .b = (const float *)dout,
+                   .n = n};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), gelu_bwd_task, &p);
 }
 
@@ -62,9 +65,14 @@ static void residual_task(void *varg, long task)
     for (size_t i = lo; i < hi; i++) p->out[i] = p->a[i] + p->b[i];
 }
 
-void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
+void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
                            size_t n)
 {
-    pw_args_t p = {.out = out, .a = a, .b = b, .n = n};
+    pw_args_t p = {.out = out, .a = a, .b = (const float *)b, .n = n};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), residual_task, &p);
+}
+
+void ddp__cpu_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n)
+{
+    if (n) memmove(out, inp, n * sizeof(float)); /* fp32 only, for now */
 }

@@ -93,10 +93,11 @@ static void xent_task(void *varg, long task)
     }
 }
 
-void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
-                           const int32_t *targets, int N, int V, float dloss)
+void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+                           const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                           float dloss)
 {
-    xent_args_t a = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
+    xent_args_t a = {.losses = losses, .dlogits = (float *)dlogits, .logits = (const float *)logits, .targets = targets,
                      .N = N, .V = V, .dloss = dloss};
     ddp__pool_run(ctx->pool, N, xent_task, &a);
 }

@@ -31,6 +31,10 @@
 
 #include "kernels/kernels.h"
 
+/* A buffer passed as an activation tensor (of the context's precision; the buffers are sized for
+ * fp32, which covers 16-bit activations too). */
+#define A(x) ((ddp_act_t *)(x))
+
 enum { N = 256, C = 768, L = 12, V = 50257 };
 
 static double cpu_s(void)
@@ -171,8 +175,8 @@ int main(int argc, char **argv)
             if (ddpd) {
                 ddp_wlayout_t lay = sh->out_in ? DDP_W_OUT_IN : DDP_W_IN_OUT;
                 if (dbf) DDP_K(&k, set_precision, DDP_KPREC_BF16); /* the weight converted anew */
-                DDP_K(&k, matmul_fwd, out, inp, w, NULL, N, K, OC, lay);
-                DDP_K(&k, matmul_bwd, dinp, dw, NULL, dout, inp, w, N, K, OC, lay);
+                DDP_K(&k, matmul_fwd, A(out), A(inp), w, NULL, N, K, OC, lay);
+                DDP_K(&k, matmul_bwd, A(dinp), dw, NULL, A(dout), A(inp), w, N, K, OC, lay);
             } else {
                 dexec(&f);
                 dexec(&di);

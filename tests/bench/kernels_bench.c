@@ -19,6 +19,10 @@
 #include "common/clock.h"
 #include "kernels/kernels.h"
 
+/* A buffer passed as an activation tensor (of the context's precision; the buffers are sized for
+ * fp32, which covers 16-bit activations too). */
+#define A(x) ((ddp_act_t *)(x))
+
 enum { B = 4, T = 64, C = 768, L = 12, NH = 12, V = 50257, N = B * T };
 
 static float *buf(ddp_kernels_t *k, size_t n, unsigned seed)
@@ -86,29 +90,30 @@ int main(int argc, char **argv)
         double t0 = ddp_now_s();
         for (int l = 0; l < L; l++)
             for (int j = 0; j < 4; j++)
-                DDP_K(&k, matmul_fwd, y, x, w[l][j], bias[l][j], N, ic[j], oc[j], DDP_W_IN_OUT);
-        DDP_K(&k, matmul_fwd, logits, x, wte, NULL, N, C, V, DDP_W_OUT_IN);
-        DDP_K(&k, matmul_bwd, dx, dwte, NULL, logits, x, wte, N, C, V, DDP_W_OUT_IN);
+                DDP_K(&k, matmul_fwd, A(y), A(x), w[l][j], bias[l][j], N, ic[j], oc[j],
+                      DDP_W_IN_OUT);
+        DDP_K(&k, matmul_fwd, A(logits), A(x), wte, NULL, N, C, V, DDP_W_OUT_IN);
+        DDP_K(&k, matmul_bwd, A(dx), dwte, NULL, A(logits), A(x), wte, N, C, V, DDP_W_OUT_IN);
         for (int l = L - 1; l >= 0; l--)
             for (int j = 3; j >= 0; j--)
-                DDP_K(&k, matmul_bwd, dx, dw[l][j], dbias[l][j], dy, x, w[l][j], N, ic[j], oc[j],
-                      DDP_W_IN_OUT);
+                DDP_K(&k, matmul_bwd, A(dx), dw[l][j], dbias[l][j], A(dy), A(x), w[l][j], N, ic[j],
+                      oc[j], DDP_W_IN_OUT);
         double t1 = ddp_now_s();
         tc[r] = cpu_s() - c0;
         /* The other ops of a step, at their real sizes. */
         DDP_K(&k, encoder_fwd, y, tok, wte, lnw, B, 1, C);
         for (int l = 0; l < L; l++) {
-            for (int q = 0; q < 2; q++) DDP_K(&k, layernorm_fwd, y, mean, rstd, x, lnw, lnw, N, C);
-            DDP_K(&k, attention_fwd, y, lse, x, B, T, C, NH);
-            DDP_K(&k, gelu_fwd, y, x, (size_t)N * 4 * C);
-            for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, y, (size_t)N * C);
+            for (int q = 0; q < 2; q++) DDP_K(&k, layernorm_fwd, A(y), mean, rstd, x, lnw, lnw, N, C);
+            DDP_K(&k, attention_fwd, A(y), lse, A(x), B, T, C, NH);
+            DDP_K(&k, gelu_fwd, A(y), A(x), (size_t)N * 4 * C);
+            for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, A(y), (size_t)N * C);
         }
-        DDP_K(&k, xent_fwd_bwd, losses, logits, logits, tok, N, V, 1.0f / N);
+        DDP_K(&k, xent_fwd_bwd, losses, A(logits), A(logits), tok, N, V, 1.0f / N);
         for (int l = 0; l < L; l++) {
-            DDP_K(&k, gelu_bwd, dx, x, dy, (size_t)N * 4 * C);
-            DDP_K(&k, attention_bwd, dx, dy, x, y, lse, B, T, C, NH);
+            DDP_K(&k, gelu_bwd, A(dx), A(x), A(dy), (size_t)N * 4 * C);
+            DDP_K(&k, attention_bwd, A(dx), A(dy), A(x), A(y), lse, B, T, C, NH);
             for (int q = 0; q < 2; q++)
-                DDP_K(&k, layernorm_bwd, dx, dy, dy + C, dy, x, lnw, mean, rstd, N, C);
+                DDP_K(&k, layernorm_bwd, dx, dy, dy + C, A(dy), x, lnw, mean, rstd, N, C);
         }
         double t2 = ddp_now_s();
         ddp_krange_t all = {0, np, 0};

@@ -12,6 +12,9 @@
 
 #include "kernels/kernels.h"
 
+/* An fp32 array passed as an activation tensor (fp32 contexts: the type is the same). */
+#define KA(x) ((ddp_act_t *)(x))
+
 typedef struct {
     uint64_t s;
 } krng_t;

@@ -2,7 +2,9 @@
  *
  * Every op's forward is compared with a double-precision reference (kref.c); every backward with
  * central finite differences of loss = sum(out * w) computed in double on that reference, with
- * the gradient outputs pre-filled with random values so that the += contract is checked too.
+ * the gradient outputs pre-filled with random values so that the contract is checked too:
+ * fp32 gradients (dweight, dbias, LayerNorm's dinp, the embeddings') accumulate (+=), activation
+ * gradients (matmul's and GELU's dinp, attention's dqkv) are overwritten.
  * Shapes are odd and cross the backend's block sizes. Outputs are bitwise identical for 1, 2 and
  * 3 threads. The loader is tested with a fake module (fake/) found through $DDP_KERNELS_PATH.
  */
@@ -118,7 +120,7 @@ static void check_layernorm(int N, int C, size_t max_checks)
     kfill(&r, inp, n, -2, 3);
     kfill(&r, w, (size_t)C, 0.5, 1.5);
     kfill(&r, b, (size_t)C, -0.5, 0.5);
-    DDP_K(&K, layernorm_fwd, out, mean, rstd, inp, w, b, N, C);
+    DDP_K(&K, layernorm_fwd, KA(out), mean, rstd, inp, w, b, N, C);
     ln_loss_t l = {.inp = dof(inp, n), .w = dof(w, (size_t)C), .b = dof(b, (size_t)C),
                    .out = dalloc(n), .N = N, .C = C};
     double *rm = dalloc((size_t)N), *rr = dalloc((size_t)N);
@@ -133,7 +135,7 @@ static void check_layernorm(int N, int C, size_t max_checks)
     kfill(&r, dw, (size_t)C, -1, 1);
     kfill(&r, db, (size_t)C, -1, 1);
     float *dinp0 = fdup(dinp, n), *dw0 = fdup(dw, (size_t)C), *db0 = fdup(db, (size_t)C);
-    DDP_K(&K, layernorm_bwd, dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    DDP_K(&K, layernorm_bwd, dinp, dw, db, KA(dout), inp, w, mean, rstd, N, C);
     l.wt = dof(dout, n);
     assert_int_equal(kfd_check("layernorm dinp", ln_loss, &l, l.inp, n, dinp, dinp0, max_checks,
                                &r, RTOL, AFRAC), 0);
@@ -178,7 +180,7 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
     kfill(&r, w, nw, -1, 1);
     kfill(&r, bias, (size_t)OC, -1, 1);
     float *fb = with_bias ? bias : NULL;
-    DDP_K(&K, matmul_fwd, out, inp, w, fb, N, C, OC, layout);
+    DDP_K(&K, matmul_fwd, KA(out), KA(inp), w, fb, N, C, OC, layout);
     mm_loss_t m = {.inp = dof(inp, ni), .w = dof(w, nw), .bias = dof(bias, (size_t)OC),
                    .out = dalloc(no), .N = N, .C = C, .OC = OC, .layout = layout};
     double *mb = m.bias;
@@ -191,11 +193,12 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
     kfill(&r, dinp, ni, -1, 1);
     kfill(&r, dw, nw, -1, 1);
     kfill(&r, db, (size_t)OC, -1, 1);
-    float *dinp0 = fdup(dinp, ni), *dw0 = fdup(dw, nw), *db0 = fdup(db, (size_t)OC);
-    DDP_K(&K, matmul_bwd, dinp, dw, db, dout, inp, w, N, C, OC, layout);
+    float *dw0 = fdup(dw, nw), *db0 = fdup(db, (size_t)OC);
+    DDP_K(&K, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
     m.wt = dof(dout, no);
     m.bias = mb;
-    assert_int_equal(kfd_check("matmul dinp", mm_loss, &m, m.inp, ni, dinp, dinp0, max_checks,
+    /* dinp overwritten: the garbage it held does not show */
+    assert_int_equal(kfd_check("matmul dinp", mm_loss, &m, m.inp, ni, dinp, NULL, max_checks,
                                &r, RTOL, AFRAC), 0);
     assert_int_equal(kfd_check("matmul dweight", mm_loss, &m, m.w, nw, dw, dw0, max_checks, &r,
                                RTOL, AFRAC), 0);
@@ -204,10 +207,10 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
 
     /* dinp and dbias may be NULL: dweight comes out the same, bit for bit. */
     float *dw2 = fdup(dw0, nw);
-    DDP_K(&K, matmul_bwd, NULL, dw2, NULL, dout, inp, w, N, C, OC, layout);
+    DDP_K(&K, matmul_bwd, NULL, dw2, NULL, KA(dout), KA(inp), w, N, C, OC, layout);
     assert_memory_equal(dw2, dw, nw * sizeof(float));
     free(inp), free(w), free(bias), free(out), free(dout), free(dinp), free(dw), free(db);
-    free(dinp0), free(dw0), free(db0), free(dw2);
+    free(dw0), free(db0), free(dw2);
     free(m.inp), free(m.w), free(mb), free(m.out), free(m.wt);
 }
 
@@ -245,7 +248,7 @@ static void check_attention(int B, int T, int C, int NH, size_t max_checks)
     float *qkv = falloc(nq), *out = falloc(no), *lse = falloc(nl);
     kfill(&r, qkv, nq, -1.5, 1.5);
     memset(lse, 0xff, nl * sizeof(float)); /* NaNs: every element must be written */
-    DDP_K(&K, attention_fwd, out, lse, qkv, B, T, C, NH);
+    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH);
     att_loss_t a = {.qkv = dof(qkv, nq), .out = dalloc(no), .B = B, .T = T, .C = C, .NH = NH};
     double *rlse = dalloc(nl);
     ref_attention(a.out, rlse, a.qkv, B, T, C, NH);
@@ -255,12 +258,12 @@ static void check_attention(int B, int T, int C, int NH, size_t max_checks)
     float *dout = falloc(no), *dqkv = falloc(nq);
     kfill(&r, dout, no, -1, 1);
     kfill(&r, dqkv, nq, -1, 1);
-    float *dqkv0 = fdup(dqkv, nq);
-    DDP_K(&K, attention_bwd, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH);
     a.wt = dof(dout, no);
-    assert_int_equal(kfd_check("attention dqkv", att_loss, &a, a.qkv, nq, dqkv, dqkv0,
+    /* dqkv overwritten: the garbage it held does not show */
+    assert_int_equal(kfd_check("attention dqkv", att_loss, &a, a.qkv, nq, dqkv, NULL,
                                max_checks, &r, RTOL, AFRAC), 0);
-    free(qkv), free(out), free(lse), free(dout), free(dqkv), free(dqkv0);
+    free(qkv), free(out), free(lse), free(dout), free(dqkv);
     free(a.qkv), free(a.out), free(a.wt), free(rlse);
 }
 
@@ -283,10 +286,9 @@ static void check_flash_square(int B, int T, int C, int NH)
     float *dqkv = falloc(nq), *sq_dqkv = falloc(nq);
     kfill(&r, qkv, nq, -2, 2);
     kfill(&r, dout, no, -1, 1);
-    kfill(&r, dqkv, nq, -1, 1);
-    memcpy(sq_dqkv, dqkv, nq * sizeof(float));
-    DDP_K(&K, attention_fwd, out, lse, qkv, B, T, C, NH);
-    DDP_K(&K, attention_bwd, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    kfill(&r, dqkv, nq, -1, 1); /* overwritten; the T x T reference sums from zero */
+    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH);
+    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH);
     assert_int_equal(ddp_k_sync(&K), 0);
     square_attention_fwd(sq_out, att, qkv, B, T, C, NH);
     float *datt = falloc(na);
@@ -321,20 +323,21 @@ static void test_gelu(void **state)
     kfill(&r, x, n, -6, 6);
     x[0] = 0.0f, x[1] = -20.0f, x[2] = 20.0f;
     kfill(&r, dout, n, -1, 1);
-    kfill(&r, dinp, n, -1, 1);
-    float *dinp0 = fdup(dinp, n);
-    DDP_K(&K, gelu_fwd, y, x, n);
-    DDP_K(&K, gelu_bwd, dinp, x, dout, n);
+    kfill(&r, dinp, n, -1, 1); /* overwritten */
+    DDP_K(&K, gelu_fwd, KA(y), KA(x), n);
+    DDP_K(&K, gelu_bwd, KA(dinp), KA(x), KA(dout), n);
     double *ry = dalloc(n), *rg = dalloc(n);
     for (size_t i = 0; i < n; i++) {
         double xi = x[i], h = 1e-6 * fmax(1.0, fabs(xi));
         ry[i] = ref_gelu(xi);
         rg[i] = (double)dout[i] * (ref_gelu(xi + h) - ref_gelu(xi - h)) / (2 * h);
-        dinp[i] = (float)((double)dinp[i] - dinp0[i]);
     }
     assert_int_equal(kclose("gelu out", y, ry, n, 1e-5, 1e-6), 0);
     assert_int_equal(kclose("gelu dinp (finite differences)", dinp, rg, n, 1e-4, 1e-5), 0);
-    free(x), free(y), free(dout), free(dinp), free(dinp0), free(ry), free(rg);
+    /* in place (dinp aliasing dout): the same bits */
+    DDP_K(&K, gelu_bwd, KA(dout), KA(x), KA(dout), n);
+    assert_memory_equal(dout, dinp, n * sizeof(float));
+    free(x), free(y), free(dout), free(dinp), free(ry), free(rg);
 }
 
 static void test_residual(void **state)
@@ -346,9 +349,9 @@ static void test_residual(void **state)
     kfill(&r, b, n, -1, 1);
     double *ref = dalloc(n);
     for (size_t i = 0; i < n; i++) ref[i] = (double)a[i] + (double)b[i];
-    DDP_K(&K, residual_fwd, out, a, b, n);
+    DDP_K(&K, residual_fwd, out, a, KA(b), n);
     assert_int_equal(kclose("residual out", out, ref, n, 1e-7, 0), 0);
-    DDP_K(&K, residual_fwd, a, a, b, n); /* out aliasing a */
+    DDP_K(&K, residual_fwd, a, a, KA(b), n); /* out aliasing a */
     assert_memory_equal(a, out, n * sizeof(float));
     free(a), free(b), free(out), free(ref);
 }
@@ -386,7 +389,7 @@ static void test_xent(void **state)
     logits[3] = 60.0f; /* a large logit: the max subtraction must keep it finite */
     float dloss = 1.0f / 3.0f;
     memset(dl, 0xff, n * sizeof(float)); /* overwritten, not accumulated */
-    DDP_K(&K, xent_fwd_bwd, losses, dl, logits, targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses, KA(dl), KA(logits), targets, N, V, dloss);
     xent_loss_t x = {.logits = dof(logits, n), .losses = dalloc((size_t)N), .targets = targets,
                      .N = N, .V = V, .dloss = dloss};
     double *rl = dalloc((size_t)N);
@@ -395,9 +398,9 @@ static void test_xent(void **state)
     assert_int_equal(kfd_check("xent dlogits", xent_loss, &x, x.logits, n, dl, NULL, 1500, &r,
                                RTOL, AFRAC), 0);
     /* Without dlogits: the same losses. In place (dlogits == logits): the same gradient. */
-    DDP_K(&K, xent_fwd_bwd, losses2, NULL, logits, targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses2, NULL, KA(logits), targets, N, V, dloss);
     assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
-    DDP_K(&K, xent_fwd_bwd, losses2, logits, logits, targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses2, KA(logits), KA(logits), targets, N, V, dloss);
     assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
     assert_memory_equal(logits, dl, n * sizeof(float));
     free(logits), free(dl), free(losses), free(losses2), free(x.logits), free(x.losses), free(rl);
@@ -513,7 +516,8 @@ static void test_vector(void **state)
 }
 
 /* ------------------------------------------------------------------------------------------ */
-/* backward ops accumulate: a second call adds the same gradient again */
+/* fp32 gradients accumulate: a second call adds the same gradient again; activation gradients
+ * are overwritten: a second call gives the same bits */
 
 static void check_twice(const char *what, const float *g1, const float *g2, size_t n)
 {
@@ -521,6 +525,14 @@ static void check_twice(const char *what, const float *g1, const float *g2, size
     for (size_t i = 0; i < n; i++) ref[i] = 2.0 * g1[i];
     assert_int_equal(kclose(what, g2, ref, n, 1e-5, 1e-6), 0);
     free(ref);
+}
+
+static void check_once(const char *what, const float *g1, const float *g2, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&g1[i], &g2[i], sizeof(float)) != 0)
+            fail_msg("%s[%zu]: %.9g after two calls, %.9g after one", what, i, (double)g2[i],
+                     (double)g1[i]);
 }
 
 static void test_accumulate(void **state)
@@ -539,20 +551,21 @@ static void test_accumulate(void **state)
     for (int i = 0; i < N; i++) inp[i] = (int32_t)krng_below(&r, (uint32_t)V);
     float *mean = falloc((size_t)N), *rstd = falloc((size_t)N), *tmp = falloc(nq);
     float *lse = falloc((size_t)B * NH * T);
-    DDP_K(&K, layernorm_fwd, tmp, mean, rstd, x, w, w, N, C);
-    DDP_K(&K, attention_fwd, tmp, lse, x, B, T, C, NH);
+    DDP_K(&K, layernorm_fwd, KA(tmp), mean, rstd, x, w, w, N, C);
+    DDP_K(&K, attention_fwd, KA(tmp), lse, KA(x), B, T, C, NH);
     for (int k = 0; k < 2; k++) {
         for (int rep = 0; rep <= k; rep++) {
-            DDP_K(&K, matmul_bwd, g[k][0], g[k][1], g[k][2], dout, x, w, N, C, OC, DDP_W_IN_OUT);
+            DDP_K(&K, matmul_bwd, KA(g[k][0]), g[k][1], g[k][2], KA(dout), KA(x), w, N, C, OC,
+                  DDP_W_IN_OUT);
         }
     }
-    check_twice("matmul dinp twice", g[0][0], g[1][0], nx);
+    check_once("matmul dinp twice", g[0][0], g[1][0], nx);
     check_twice("matmul dweight twice", g[0][1], g[1][1], (size_t)C * OC);
     check_twice("matmul dbias twice", g[0][2], g[1][2], (size_t)OC);
     for (int k = 0; k < 2; k++) {
         for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
         for (int rep = 0; rep <= k; rep++) {
-            DDP_K(&K, layernorm_bwd, g[k][0], g[k][1], g[k][2], dout, x, w, mean, rstd, N, C);
+            DDP_K(&K, layernorm_bwd, g[k][0], g[k][1], g[k][2], KA(dout), x, w, mean, rstd, N, C);
         }
     }
     check_twice("layernorm dinp twice", g[0][0], g[1][0], nx);
@@ -562,14 +575,14 @@ static void test_accumulate(void **state)
         for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
         for (int rep = 0; rep <= k; rep++) {
             DDP_K(&K, encoder_bwd, g[k][0], g[k][1], dout, inp, B, T, C);
-            DDP_K(&K, attention_bwd, g[k][2], dout, x, tmp, lse, B, T, C, NH);
-            DDP_K(&K, gelu_bwd, g[k][2] + nq, x, dout, (size_t)N * C);
+            DDP_K(&K, attention_bwd, KA(g[k][2]), KA(dout), KA(x), KA(tmp), lse, B, T, C, NH);
+            DDP_K(&K, gelu_bwd, KA(g[k][2] + nq), KA(x), KA(dout), (size_t)N * C);
         }
     }
     check_twice("encoder dwte twice", g[0][0], g[1][0], (size_t)V * C);
     check_twice("encoder dwpe twice", g[0][1], g[1][1], (size_t)T * C);
-    check_twice("attention dqkv twice", g[0][2], g[1][2], nq);
-    check_twice("gelu dinp twice", g[0][2] + nq, g[1][2] + nq, (size_t)N * C);
+    check_once("attention dqkv twice", g[0][2], g[1][2], nq);
+    check_once("gelu dinp twice", g[0][2] + nq, g[1][2] + nq, (size_t)N * C);
     for (int k = 0; k < 2; k++)
         for (int j = 0; j < 3; j++) free(g[k][j]);
     free(x), free(w), free(dout), free(mean), free(rstd), free(tmp), free(lse);

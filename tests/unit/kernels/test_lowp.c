@@ -20,6 +20,8 @@
 #include "kernels/kernels.h"
 #include "kernels/math/lowp.h"
 
+#define KA(x) ((ddp_act_t *)(x))
+
 static void test_round_bf16(void **state)
 {
     (void)state;
@@ -137,14 +139,14 @@ static void check_matmul(ddp_kernels_t *k, ddp_kernels_t *twin, ddp_kprec_t p, i
     float *scratch = calloc(nw, 4); /* dweight is required; this call wants dbias only */
 
     DDP_K(k, set_precision, p);
-    DDP_K(k, matmul_fwd, out, inp, w, b, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, di, dw, db, dout, inp, w, N, C, OC, layout);
+    DDP_K(k, matmul_fwd, KA(out), KA(inp), w, b, N, C, OC, layout);
+    DDP_K(k, matmul_bwd, KA(di), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
     assert_int_equal(ddp_k_sync(k), 0);
     DDP_K(k, set_precision, DDP_KPREC_FP32);
-    DDP_K(k, matmul_fwd, ref, rin, rw, b, N, C, OC, layout);
+    DDP_K(k, matmul_fwd, KA(ref), KA(rin), rw, b, N, C, OC, layout);
     /* dbias comes from the fp32 dout: give the reference dbias its own call */
-    DDP_K(k, matmul_bwd, rdi, rdw, NULL, rdout, rin, rw, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, NULL, scratch, rdb, dout, rin, rw, N, C, OC, layout);
+    DDP_K(k, matmul_bwd, KA(rdi), rdw, NULL, KA(rdout), KA(rin), rw, N, C, OC, layout);
+    DDP_K(k, matmul_bwd, NULL, scratch, rdb, KA(dout), KA(rin), rw, N, C, OC, layout);
     assert_int_equal(ddp_k_sync(k), 0);
     assert_same(db, rdb, (size_t)OC, "dbias");
     if (native) {
@@ -158,8 +160,8 @@ static void check_matmul(ddp_kernels_t *k, ddp_kernels_t *twin, ddp_kprec_t p, i
         memset(ref, 0, nout * 4), memset(rdi, 0, nin * 4), memset(rdw, 0, nw * 4);
         memset(rdb, 0, (size_t)OC * 4);
         DDP_K(twin, set_precision, p);
-        DDP_K(twin, matmul_fwd, ref, inp, w, b, N, C, OC, layout);
-        DDP_K(twin, matmul_bwd, rdi, rdw, rdb, dout, inp, w, N, C, OC, layout);
+        DDP_K(twin, matmul_fwd, KA(ref), KA(inp), w, b, N, C, OC, layout);
+        DDP_K(twin, matmul_bwd, KA(rdi), rdw, rdb, KA(dout), KA(inp), w, N, C, OC, layout);
         assert_int_equal(ddp_k_sync(twin), 0);
         assert_same(ref, out, nout, "out (threads)");
         assert_same(rdi, di, nin, "dinp (threads)");
@@ -215,14 +217,14 @@ static void test_many_shapes(void **state)
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
     for (int n = 1; n <= NMAX; n++) {
         int OC = 8 + n % 10 * 8; /* ten widths: over a thousand tile shapes in all */
-        DDP_K(&k, matmul_fwd, out, inp, w, b, n, C, OC, DDP_W_IN_OUT);
+        DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, b, n, C, OC, DDP_W_IN_OUT);
         assert_int_equal(ddp_k_sync(&k), 0);
         if (n == 1) memcpy(first, out, (size_t)OC * 4);
         for (int o = 0; o < OC; o++) /* the last row, the one this n added */
             assert_dot(out[(size_t)(n - 1) * OC + o], rin + (size_t)(n - 1) * C, 1, rw + o,
                        (size_t)OC, C, 0, "out", (size_t)o);
     }
-    DDP_K(&k, matmul_fwd, out, inp, w, b, 1, C, 16, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, b, 1, C, 16, DDP_W_IN_OUT);
     assert_int_equal(ddp_k_sync(&k), 0);
     assert_same(out, first, 16, "out (n = 1 again)");
     free(inp), free(w), free(b), free(out), free(first), free(rin), free(rw);
@@ -265,18 +267,18 @@ static void test_weight_copy_refresh(void **state)
     assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
     float inp[2] = {1.0f, 1.0f}, w[2] = {1.0f, 2.0f}, out[1];
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
-    DDP_K(&k, matmul_fwd, out, inp, w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
     assert_true(out[0] == 3.0f);
     w[1] = 5.0f;
-    DDP_K(&k, matmul_fwd, out, inp, w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
     assert_true(out[0] == 3.0f); /* the cached copy */
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
-    DDP_K(&k, matmul_fwd, out, inp, w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
     assert_true(out[0] == 6.0f);
     /* fp16 overflow shows as Inf in the product */
     DDP_K(&k, set_precision, DDP_KPREC_FP16);
     inp[0] = 70000.0f;
-    DDP_K(&k, matmul_fwd, out, inp, w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
     assert_true(isinf(out[0]));
     DDP_K(&k, set_precision, (ddp_kprec_t)7); /* not a precision: an error at sync */
     assert_int_equal(ddp_k_sync(&k), DDP_EINVAL);

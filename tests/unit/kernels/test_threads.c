@@ -51,8 +51,8 @@ static void run_matmul(ddp_kernels_t *k, outs_t *o, krng_t *r, int N, int C, int
     float *out = kcalloc((size_t)N * OC, sizeof(float));
     float *dinp = kcalloc((size_t)N * C, sizeof(float)), *dw = kcalloc((size_t)C * OC, 4);
     float *db = kcalloc((size_t)OC, sizeof(float));
-    DDP_K(k, matmul_fwd, out, inp, w, bias, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, dinp, dw, db, dout, inp, w, N, C, OC, layout);
+    DDP_K(k, matmul_fwd, KA(out), KA(inp), w, bias, N, C, OC, layout);
+    DDP_K(k, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
     keep(o, "matmul out", out, (size_t)N * OC);
     keep(o, "matmul dinp", dinp, (size_t)N * C);
     keep(o, "matmul dweight", dw, (size_t)C * OC);
@@ -75,8 +75,8 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     float *y = kcalloc(n, 4), *mean = kcalloc((size_t)N, 4), *rstd = kcalloc((size_t)N, 4);
     float *dy = rnd(&r, n, -1, 1), *dx = kcalloc(n, 4), *dw = kcalloc((size_t)C, 4);
     float *db = kcalloc((size_t)C, 4);
-    DDP_K(k, layernorm_fwd, y, mean, rstd, x, w, b, N, C);
-    DDP_K(k, layernorm_bwd, dx, dw, db, dy, x, w, mean, rstd, N, C);
+    DDP_K(k, layernorm_fwd, KA(y), mean, rstd, x, w, b, N, C);
+    DDP_K(k, layernorm_bwd, dx, dw, db, KA(dy), x, w, mean, rstd, N, C);
     keep(o, "layernorm out", y, n);
     keep(o, "layernorm dinp", dx, n);
     keep(o, "layernorm dweight", dw, (size_t)C);
@@ -97,10 +97,10 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     size_t nq = 2 * 20 * 3 * 48, nlse = 2 * 4 * 20;
     float *qkv = rnd(&r, nq, -1, 1), *lse = kcalloc(nlse, 4);
     float *dqkv = kcalloc(nq, 4);
-    DDP_K(k, attention_fwd, y, lse, qkv, 2, 20, 48, 4);
+    DDP_K(k, attention_fwd, KA(y), lse, KA(qkv), 2, 20, 48, 4);
     keep(o, "attention out", y, 2 * 20 * 48);
     keep(o, "attention lse", lse, nlse);
-    DDP_K(k, attention_bwd, dqkv, dy, qkv, y, lse, 2, 20, 48, 4);
+    DDP_K(k, attention_bwd, KA(dqkv), KA(dy), KA(qkv), KA(y), lse, 2, 20, 48, 4);
     keep(o, "attention dqkv", dqkv, nq);
 
     /* xent: N=9, V=5000 */
@@ -108,7 +108,7 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     float *logits = rnd(&r, nl, -5, 5), *dl = kcalloc(nl, 4), *losses = kcalloc(9, 4);
     int32_t tg[9];
     for (int i = 0; i < 9; i++) tg[i] = (int32_t)krng_below(&r, 5000);
-    DDP_K(k, xent_fwd_bwd, losses, dl, logits, tg, 9, 5000, 0.25f);
+    DDP_K(k, xent_fwd_bwd, losses, KA(dl), KA(logits), tg, 9, 5000, 0.25f);
     keep(o, "xent losses", losses, 9);
     keep(o, "xent dlogits", dl, nl);
 
@@ -116,11 +116,11 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     size_t ne = 200003;
     float *a = rnd(&r, ne, -3, 3), *g = rnd(&r, ne, -1, 1), *e = kcalloc(ne, 4);
     float *m = kcalloc(ne, 4), *v = kcalloc(ne, 4), *p = rnd(&r, ne, -1, 1);
-    DDP_K(k, gelu_fwd, e, a, ne);
+    DDP_K(k, gelu_fwd, KA(e), KA(a), ne);
     keep(o, "gelu out", e, ne);
-    DDP_K(k, gelu_bwd, e, a, g, ne);
+    DDP_K(k, gelu_bwd, KA(e), KA(a), KA(g), ne);
     keep(o, "gelu dinp", e, ne);
-    DDP_K(k, residual_fwd, e, e, a, ne);
+    DDP_K(k, residual_fwd, e, e, KA(a), ne);
     keep(o, "residual out", e, ne);
     uint32_t crc[3 * 7]; /* ceil(ne / DDP_ADAMW_CRC_CHUNK) chunks */
     ddp_kadamw_range_t whole = {0, ne, 0.1f};
