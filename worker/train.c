@@ -18,9 +18,19 @@
 #include "worker/replicas.h"
 #include "worker/train_checkpoint.h"
 
-/* The step's small all-reduce (t->vote): the loss sum, stop, two checkpoint tallies, regroup,
- * then each rank's compute ms. */
-#define VOTE_RANKS 5
+/* The step's vote: what each rank tells the others in the one small all-reduce that commits a
+ * step, summed over the ranks. step_vote packs it into t->vote's floats (in the order below,
+ * then one slot per rank for its compute time) and unpacks the sums: the one place that knows
+ * the positions. */
+typedef struct {
+    double loss_sum;     /* the micro-steps' losses */
+    int stop;            /* ranks that were asked to stop: every rank stops after this step */
+    float ckpt[2];       /* checkpoint writers' shards durable / failed (ddp_tckpt_vote) */
+    int regroup;         /* ranks whose coordinator wants a new generation: all leave */
+    const float *rank_ms; /* [world]: each rank's forward and backward (stragglers) */
+} step_vote_t;
+
+enum { VOTE_LOSS, VOTE_STOP, VOTE_CKPT, VOTE_REGROUP = VOTE_CKPT + 2, VOTE_RANKS };
 
 /* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
 static int open_metrics(ddp_trainer_t *t)
@@ -705,6 +715,28 @@ static int finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return overlapped ? set_deal(t, t->opts.rank, t->opts.world) : 0;
 }
 
+/* All-reduces v (this rank's part in, the sums out; v->rank_ms then points at every rank's
+ * compute time, this rank's being t->compute_ms). */
+static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
+{
+    float *f = t->vote;
+    memset(f, 0, (VOTE_RANKS + (size_t)t->opts.world) * sizeof *f);
+    f[VOTE_LOSS] = (float)v->loss_sum;
+    f[VOTE_STOP] = (float)v->stop;
+    f[VOTE_CKPT] = v->ckpt[0];
+    f[VOTE_CKPT + 1] = v->ckpt[1];
+    f[VOTE_REGROUP] = (float)v->regroup;
+    f[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms;
+    DDP_CHECK(allreduce_small(t, f, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
+    v->loss_sum = f[VOTE_LOSS];
+    v->stop = (int)f[VOTE_STOP];
+    v->ckpt[0] = f[VOTE_CKPT];
+    v->ckpt[1] = f[VOTE_CKPT + 1];
+    v->regroup = (int)f[VOTE_REGROUP];
+    v->rank_ms = f + VOTE_RANKS;
+    return 0;
+}
+
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
 {
     ddp_gpt2_t *m = &t->model;
@@ -756,21 +788,17 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->compute_ms = (double)(t1 - t0) / 1e6;
 
     /* The step commits here: every rank's gradients arrived (the reducer and the embedding
-     * slots are complete), and one small all-reduce carries the losses, whether any rank was
-     * asked to stop (all stop together) or to regroup (all leave the generation after this
-     * step), and how many checkpoint writers have their shards durable / failed. Past it a rank
-     * applies the update without talking to the others (the elastic world never shards it), so
-     * a failure before it leaves every survivor at the previous step, to redo the step. */
-    float *vals = t->vote;
-    memset(vals, 0, (VOTE_RANKS + (size_t)t->opts.world) * sizeof *vals);
-    vals[0] = (float)loss_sum;
-    vals[1] = t->stop_requested ? 1.0f : 0.0f;
-    vals[4] = t->elastic && ddp_elastic_regroup_wanted(t->elastic) ? 1.0f : 0.0f;
-    vals[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms; /* stragglers are named */
-    ddp_tckpt_vote(t->ckpt, vals + 2);
-    DDP_CHECK(allreduce_small(t, vals, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
-    DDP_CHECK(ddp_tckpt_tally(t->ckpt, vals + 2, ei));
-    int straggler = ddp_straggler_update(&t->stragglers, vals + VOTE_RANKS);
+     * slots are complete), and the vote carries the losses, whether any rank was asked to stop
+     * (all stop together) or to regroup (all leave the generation after this step), and how
+     * many checkpoint writers have their shards durable / failed. Past it a rank applies the
+     * update without talking to the others (the elastic world never shards it), so a failure
+     * before it leaves every survivor at the previous step, to redo the step. */
+    step_vote_t v = {.loss_sum = loss_sum, .stop = t->stop_requested,
+                     .regroup = t->elastic && ddp_elastic_regroup_wanted(t->elastic)};
+    ddp_tckpt_vote(t->ckpt, v.ckpt);
+    DDP_CHECK(step_vote(t, &v, ei));
+    DDP_CHECK(ddp_tckpt_tally(t->ckpt, v.ckpt, ei));
+    int straggler = ddp_straggler_update(&t->stragglers, v.rank_ms);
     if (straggler >= 0 && t->opts.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
                  "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
@@ -819,9 +847,9 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     t->optim_ms = (double)(ddp_now_ns() - t2) / 1e6;
     t->step++;
     t->tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
-    *loss = vals[0] / (float)t->n_micro;
-    t->any_stop = vals[1] > 0;
-    t->regroup = vals[4] > 0;
+    *loss = (float)v.loss_sum / (float)t->n_micro;
+    t->any_stop = v.stop > 0;
+    t->regroup = v.regroup > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
     t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_xfer_overlap_pays */
