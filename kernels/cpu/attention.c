@@ -10,10 +10,15 @@
  * the columns < r1 (the ones its rows can see), which skips most of the masked upper triangle:
  * at T = 1024 the products do 56% of the full square's work. A block's scores live in a
  * per-thread scratch of ATT_ROWS x T floats (two in backward: P and dS), so the op's memory is
- * 2 x threads x ATT_ROWS x T floats, not B x NH x T x T. The CPU does not tile the columns
+ * 2 x threads x ATT_ROWS x T floats, not B x NH x T x T (plus, in bf16/fp16 mode, 8 T hs floats
+ * per thread: below). The CPU does not tile the columns
  * further (the GPU's kernel does): the whole causal width of a block is one sgemm, which is
  * what keeps the products fast, and a row's softmax then needs no running rescale.
- * Each block's contributions to dK and dV are added in block order, a fixed order.
+ * Each block's contributions to dK and dV are added in block order, a fixed order; dqkv is
+ * overwritten (dK, dV summed from zero).
+ * Activations (qkv, out, dout, dqkv) are of the context's type: in bf16/fp16 mode a task widens
+ * its head's slices of qkv (and out, dout) into its thread's scratch, runs the same fp32 code on
+ * them and rounds out or dq, dk, dv once on store; lse stays fp32.
  * Scores are scaled by 1/sqrt(hs). The softmax pieces come from kernels/math/softmax.h; exp is
  * ddp_expf_approx (about 2 ulp), whose loops vectorise where glibc's expf is a call per element
  * (half of a 1024-token context's attention forward went to it otherwise).
@@ -62,41 +67,106 @@ static float lane_max(const float *restrict x, int n)
 }
 
 typedef struct {
-    float *out, *lse, *dqkv;
-    const float *qkv, *dout, *cout, *clse;
+    ddp_act_t *out, *dqkv;
+    float *lse;
+    const ddp_act_t *qkv, *dout, *cout;
+    const float *clse;
     int B, T, C, NH;
-    float *scratch; /* `per_thread` floats for each pool thread */
-    size_t per_thread;
+    int blocks;        /* score blocks of ATT_ROWS x T per thread: 1 forward, 2 backward */
+    ddp_kprec_t prec;
+    ddp__tscratch_t s; /* per thread: the score blocks, then (16-bit) the widened slices */
 } att_args_t;
 
-/* The calling thread's share of a->scratch. */
-static float *thread_scratch(const att_args_t *a)
+/* One (b, head) task's slices as fp32, each row-major with its own leading dimension: the
+ * tensors themselves in fp32 mode, else copies in the thread's scratch after the score blocks
+ * (q, k, v interleaved per row as in qkv, 3 hs wide; out and dout hs wide; the gradients laid
+ * out as q, k, v). */
+typedef struct {
+    const float *q, *k, *v, *out, *dout;
+    float *o, *dq, *dk, *dv; /* outputs: out forward, dq/dk/dv backward */
+    int ld, ldo;             /* of q, k, v, dq, dk, dv; of out, dout, o */
+    size_t qkv0, out0;       /* the head's first element in qkv and in out */
+} slices_t;
+
+/* rows x cols elements of activation src from element off, leading dimension lds, widened into
+ * dst (leading dimension ldd). */
+static void widen(float *dst, int ldd, const ddp_act_t *src, size_t off, int lds, int rows,
+                  int cols, ddp_kprec_t prec)
 {
-    return a->scratch + (size_t)ddp__pool_self() * a->per_thread;
+    for (int r = 0; r < rows; r++)
+        ddp_act_to_f32(dst + (size_t)r * ldd, ddp_act_at(src, off + (size_t)r * lds, prec),
+                       (size_t)cols, prec);
+}
+
+/* The reverse: rows x cols fp32 of src rounded into activation dst. */
+static void store(ddp_act_t *dst, size_t off, int ldd, const float *src, int lds, int rows,
+                  int cols, ddp_kprec_t prec)
+{
+    for (int r = 0; r < rows; r++)
+        ddp__cpu_act_store(dst, off + (size_t)r * ldd, src + (size_t)r * lds, (size_t)cols, prec);
+}
+
+/* Task (b, h)'s slices: the inputs widened in 16-bit mode (bwd: dout and out too). *p = the
+ * thread's score blocks. */
+static void slices(const att_args_t *a, long task, int bwd, slices_t *sl, float **p)
+{
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, C3 = 3 * C;
+    int b = (int)(task / NH), h = (int)(task % NH);
+    sl->qkv0 = (size_t)b * T * C3 + (size_t)h * hs;
+    sl->out0 = (size_t)b * T * C + (size_t)h * hs;
+    *p = ddp__tscratch_mine(&a->s);
+    if (a->prec == DDP_KPREC_FP32) {
+        const float *qkv = (const float *)a->qkv + sl->qkv0;
+        sl->q = qkv, sl->k = qkv + C, sl->v = qkv + 2 * C;
+        sl->ld = C3, sl->ldo = C;
+        if (bwd) {
+            sl->out = (const float *)a->cout + sl->out0;
+            sl->dout = (const float *)a->dout + sl->out0;
+            sl->dq = (float *)a->dqkv + sl->qkv0, sl->dk = sl->dq + C, sl->dv = sl->dq + 2 * C;
+        } else {
+            sl->o = (float *)a->out + sl->out0;
+        }
+        return;
+    }
+    size_t rows = T < ATT_ROWS ? (size_t)T : ATT_ROWS;
+    float *w = *p + (size_t)a->blocks * rows * T; /* [T][3 hs] qkv, then [T][hs] out, dout */
+    sl->ld = 3 * hs, sl->ldo = hs;
+    widen(w, 3 * hs, a->qkv, sl->qkv0, C3, T, hs, a->prec);
+    widen(w + hs, 3 * hs, a->qkv, sl->qkv0 + C, C3, T, hs, a->prec);
+    widen(w + 2 * hs, 3 * hs, a->qkv, sl->qkv0 + 2 * C, C3, T, hs, a->prec);
+    sl->q = w, sl->k = w + hs, sl->v = w + 2 * hs;
+    float *wo = w + (size_t)3 * hs * T;
+    if (!bwd) {
+        sl->o = wo;
+        return;
+    }
+    widen(wo, hs, a->cout, sl->out0, C, T, hs, a->prec);
+    widen(wo + (size_t)hs * T, hs, a->dout, sl->out0, C, T, hs, a->prec);
+    sl->out = wo, sl->dout = wo + (size_t)hs * T;
+    sl->dq = wo + (size_t)2 * hs * T, sl->dk = sl->dq + hs, sl->dv = sl->dq + 2 * hs;
 }
 
 /* Block [r0, r1)'s scores scale Q K^T over the columns < r1 into s[rb, r1]. */
 static void block_scores(float *s, const float *q, const float *k, int r0, int r1, int hs,
-                         int C3)
+                         int ld)
 {
     float scale = 1.0f / sqrtf((float)hs);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs, scale,
-                q + (size_t)r0 * C3, C3, k, C3, 0.0f, s, r1);
+                q + (size_t)r0 * ld, ld, k, ld, 0.0f, s, r1);
 }
 
 static void att_fwd_task(void *varg, long task)
 {
     const att_args_t *a = varg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+    int T = a->T, NH = a->NH, hs = a->C / NH;
     int b = (int)(task / NH), h = (int)(task % NH);
-    int C3 = 3 * C;
-    const float *q = a->qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
+    slices_t sl;
+    float *p; /* [rb, r1] scores, then probabilities */
+    slices(a, task, 0, &sl, &p);
     float *lse = a->lse + ((size_t)b * NH + h) * T;
-    float *out = a->out + (size_t)b * T * C + (size_t)h * hs;
-    float *p = thread_scratch(a); /* [rb, r1] scores, then probabilities */
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
-        block_scores(p, q, k, r0, r1, hs, C3);
+        block_scores(p, sl.q, sl.k, r0, r1, hs, sl.ld);
         for (int t = r0; t < r1; t++) {
             float *restrict row = p + (size_t)(t - r0) * r1;
             int n = t + 1;
@@ -108,27 +178,27 @@ static void att_fwd_task(void *varg, long task)
             lse[t] = mx + logf(sum);
         }
         /* out = P V over columns < r1 */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, p, r1, v, C3,
-                    0.0f, out + (size_t)r0 * C, C);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, p, r1, sl.v,
+                    sl.ld, 0.0f, sl.o + (size_t)r0 * sl.ldo, sl.ldo);
     }
+    if (a->prec != DDP_KPREC_FP32) store(a->out, sl.out0, a->C, sl.o, hs, T, hs, a->prec);
 }
 
-/* Gives a `blocks` score blocks of ATT_ROWS x T floats on each pool thread, in ctx's scratch;
- * 0, or DDP_ENOMEM (also kept in ctx->err). */
+/* Per-thread scratch for `blocks` score blocks of ATT_ROWS x T floats and, in 16-bit mode, the
+ * widened slices (8 T hs floats at most, backward's); 0, or DDP_ENOMEM (kept in ctx->err). */
 static int att_scratch(ddp_kctx_t *ctx, att_args_t *a, int blocks)
 {
-    size_t rows = a->T < ATT_ROWS ? (size_t)a->T : ATT_ROWS;
-    a->per_thread = (size_t)blocks * rows * (size_t)a->T;
-    a->scratch = ddp__cpu_scratch(ctx, (size_t)ctx->threads * a->per_thread * sizeof(float));
-    if (a->scratch) return 0;
-    if (!ctx->err) ctx->err = DDP_ENOMEM;
-    return DDP_ENOMEM;
+    size_t rows = a->T < ATT_ROWS ? (size_t)a->T : ATT_ROWS, hs = (size_t)(a->C / a->NH);
+    size_t wide = ctx->prec == DDP_KPREC_FP32 ? 0 : (blocks == 1 ? 4 : 8) * hs * (size_t)a->T;
+    a->blocks = blocks;
+    a->prec = ctx->prec;
+    return ddp__cpu_tscratch(ctx, &a->s, (size_t)blocks * rows * (size_t)a->T + wide);
 }
 
 void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
                             int B, int T, int C, int NH)
 {
-    att_args_t a = {.out = (float *)out, .lse = lse, .qkv = (const float *)qkv, .B = B, .T = T, .C = C, .NH = NH};
+    att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
     if (att_scratch(ctx, &a, 1)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_fwd_task, &a);
 }
@@ -136,57 +206,61 @@ void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const d
 static void att_bwd_task(void *varg, long task)
 {
     const att_args_t *a = varg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+    int T = a->T, NH = a->NH, hs = a->C / NH;
     int b = (int)(task / NH), h = (int)(task % NH);
-    int C3 = 3 * C;
-    const float *q = a->qkv + (size_t)b * T * C3 + (size_t)h * hs, *k = q + C, *v = q + 2 * C;
-    float *dq = a->dqkv + (size_t)b * T * C3 + (size_t)h * hs, *dk = dq + C, *dv = dq + 2 * C;
+    slices_t sl;
+    float *p; /* [rb, r1] each: P, then dS */
+    slices(a, task, 1, &sl, &p);
+    float *ds = p + (size_t)(T < ATT_ROWS ? T : ATT_ROWS) * T;
+    const float *q = sl.q, *k = sl.k, *v = sl.v, *dout = sl.dout, *out = sl.out;
+    float *dq = sl.dq, *dk = sl.dk, *dv = sl.dv;
+    int ld = sl.ld, ldo = sl.ldo;
     const float *lse = a->clse + ((size_t)b * NH + h) * T;
-    const float *dout = a->dout + (size_t)b * T * C + (size_t)h * hs;
-    const float *out = a->cout + (size_t)b * T * C + (size_t)h * hs;
-    float *p = thread_scratch(a), *ds = p + a->per_thread / 2; /* [rb, r1] each */
     float scale = 1.0f / sqrtf((float)hs);
     /* dqkv is overwritten: dK and dV sum over the row blocks from zero; dQ's rows are written
      * once each (beta 0 below) */
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < hs; i++) dk[(size_t)t * C3 + i] = dv[(size_t)t * C3 + i] = 0.0f;
+        for (int i = 0; i < hs; i++) dk[(size_t)t * ld + i] = dv[(size_t)t * ld + i] = 0.0f;
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
-        const float *dob = dout + (size_t)r0 * C;
+        const float *dob = dout + (size_t)r0 * ldo;
         /* P = exp(scores - lse) again, zero above the diagonal */
-        block_scores(p, q, k, r0, r1, hs, C3);
+        block_scores(p, q, k, r0, r1, hs, ld);
         for (int t = r0; t < r1; t++) {
             float *restrict row = p + (size_t)(t - r0) * r1;
             for (int i = 0; i <= t; i++) row[i] = ddp_softmax_exp_approx(row[i], lse[t]);
             for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
         }
         /* out = P V:  dP = dO V^T,  dV += P^T dO (columns < r1) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, 1.0f, dob, C, v, C3,
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, 1.0f, dob, ldo, v, ld,
                     0.0f, ds, r1);
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, 1.0f, p, r1, dob, C,
-                    1.0f, dv, C3);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, 1.0f, p, r1, dob, ldo,
+                    1.0f, dv, ld);
         /* softmax backward, in place: dS = P (dP - D), D = dO . O = sum(P dP) for the row */
         for (int t = r0; t < r1; t++) {
             const float *restrict prow = p + (size_t)(t - r0) * r1;
             float *restrict row = ds + (size_t)(t - r0) * r1;
-            float d = lane_dot(dout + (size_t)t * C, out + (size_t)t * C, hs);
+            float d = lane_dot(dout + (size_t)t * ldo, out + (size_t)t * ldo, hs);
             for (int i = 0; i <= t; i++) row[i] = ddp_softmax_bwd(prow[i], row[i], d);
             for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
         }
-        /* scores = scale Q K^T:  dQ += scale dS K,  dK += scale dS^T Q (columns < r1) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, ds, r1, k, C3,
-                    0.0f, dq + (size_t)r0 * C3, C3);
+        /* scores = scale Q K^T:  dQ = scale dS K,  dK += scale dS^T Q (columns < r1) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, ds, r1, k, ld,
+                    0.0f, dq + (size_t)r0 * ld, ld);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, scale, ds, r1,
-                    q + (size_t)r0 * C3, C3, 1.0f, dk, C3);
+                    q + (size_t)r0 * ld, ld, 1.0f, dk, ld);
     }
+    if (a->prec != DDP_KPREC_FP32) /* dq, dk, dv: [T][3 hs] as in qkv's rows */
+        for (int j = 0; j < 3; j++)
+            store(a->dqkv, sl.qkv0 + (size_t)j * a->C, 3 * a->C, dq + (size_t)j * hs, ld, T, hs,
+                  a->prec);
 }
 
 void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
                             const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
                             int T, int C, int NH)
 {
-    att_args_t a = {.dqkv = (float *)dqkv, .dout = (const float *)dout, .qkv = (const float *)qkv,
-                    .cout = (const float *)out, .clse = lse, .B = B,
+    att_args_t a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .cout = out, .clse = lse, .B = B,
                     .T = T, .C = C, .NH = NH};
     if (att_scratch(ctx, &a, 2)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_bwd_task, &a);

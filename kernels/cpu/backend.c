@@ -83,6 +83,15 @@ float *ddp__cpu_scratch(ddp_kctx_t *ctx, size_t bytes)
     return p;
 }
 
+int ddp__cpu_tscratch(ddp_kctx_t *ctx, ddp__tscratch_t *s, size_t per)
+{
+    s->per = (per + 15) / 16 * 16; /* each thread's slice on its own cache lines */
+    s->base = ddp__cpu_scratch(ctx, (size_t)ctx->threads * s->per * sizeof(float));
+    if (s->base) return 0;
+    if (!ctx->err) ctx->err = DDP_ENOMEM;
+    return DDP_ENOMEM;
+}
+
 static int cpu_alloc(ddp_kctx_t *ctx, void **out, size_t bytes)
 {
     size_t align = bytes >= CPU_PAGE_ALIGN_FROM ? 4096 : CPU_ALIGN;

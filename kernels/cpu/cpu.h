@@ -8,6 +8,11 @@
  *   and every output element is computed by exactly one task in a fixed order: results are
  *   bitwise identical whatever `threads` is.
  * - Ops are synchronous: when one returns its outputs are written.
+ * - Activation tensors (ddp_act_t) hold ctx->prec's type (kernels.h). Every op has one math
+ *   path, in fp32: in fp32 mode it reads and writes the tensors in place; in bf16/fp16 mode it
+ *   widens (exactly) the slice a task needs into that thread's scratch, runs the same code on
+ *   it and rounds each 16-bit output once as it stores it (ddp__cpu_act_in/out/store). A 16-bit
+ *   result is therefore bitwise the fp32 op's on the widened inputs, rounded.
  * Only the .c files of kernels/cpu include this header.
  */
 #ifndef DDP_KERNELS_CPU_CPU_H
@@ -71,9 +76,9 @@ struct ddp_kctx {
     int err; /* first error of an op since the last sync (ops return nothing) */
     float *scratch; /* op scratch (matmul's split-K partial sums), grown on demand */
     size_t scratch_bytes;
-    ddp_kprec_t prec;              /* matmul input precision (lowp.c) */
-    void *lowp_in[2];              /* this call's converted matmul inputs, grown as needed */
-    size_t lowp_in_bytes[2];       /* their capacities */
+    ddp_kprec_t prec;              /* the activation type (set_precision, lowp.c) */
+    float *wide_in[2];             /* emulated products: this call's widened inputs (lowp.c) */
+    size_t wide_in_bytes[2];       /* their capacities */
     struct ddp__wcopy *wcopies;    /* converted weights, one per weight pointer (lowp.c) */
     int n_wcopies, cap_wcopies;
     ddp__bf16_t *bf16;             /* native bf16 products (bf16_gemm.c); NULL: emulated */
@@ -92,19 +97,54 @@ static inline int ddp__cpu_native(const ddp_kctx_t *ctx)
  * NULL when it cannot be grown. Only the thread that calls the ops may call it. */
 float *ddp__cpu_scratch(ddp_kctx_t *ctx, size_t bytes);
 
+/* Per-thread scratch of one op: `per` floats for each pool thread (64-byte aligned slices). */
+typedef struct {
+    float *base;
+    size_t per;
+} ddp__tscratch_t;
+
+/* Sets *s to `per` floats for each of ctx's threads, in ctx's scratch (so valid until the next
+ * scratch request). 0, or DDP_ENOMEM (also kept in ctx->err). Only the ops' calling thread. */
+int ddp__cpu_tscratch(ddp_kctx_t *ctx, ddp__tscratch_t *s, size_t per);
+/* The calling pool thread's slice of s. */
+static inline float *ddp__tscratch_mine(const ddp__tscratch_t *s)
+{
+    return s->base + (size_t)ddp__pool_self() * s->per;
+}
+
 /* Number of tasks of `chunk` elements that cover n. */
 static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chunk - 1) / chunk); }
 
-/* ---- mixed precision (lowp.c) ---- */
+/* ---- activation tensors and mixed precision (lowp.c) ---- */
 
-/* x[0..n) converted for the products of ctx->prec (bf16 bits when ddp__cpu_native, else floats
- * rounded to the precision) into input slot `slot` (0 or 1) of ctx, valid until the next call
- * with that slot; NULL (ctx->err set) when it cannot be allocated. */
-const void *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
+/* Elements [i0, i0 + n) of activation tensor x as fp32: x's own memory in fp32 mode (no copy),
+ * else widened (exactly) into tmp[0..n). */
+static inline const float *ddp__cpu_act_in(const ddp_act_t *x, size_t i0, size_t n,
+                                           ddp_kprec_t prec, float *tmp)
+{
+    if (prec == DDP_KPREC_FP32) return (const float *)x + i0;
+    ddp_act_to_f32(tmp, ddp_act_at(x, i0, prec), n, prec);
+    return tmp;
+}
+
+/* Where an op computes elements [i0, ...) of activation tensor x in fp32 before
+ * ddp__cpu_act_store: x's own memory in fp32 mode, else tmp. */
+static inline float *ddp__cpu_act_out(ddp_act_t *x, size_t i0, ddp_kprec_t prec, float *tmp)
+{
+    return prec == DDP_KPREC_FP32 ? (float *)x + i0 : tmp;
+}
+
+/* Elements [i0, i0 + n) of activation tensor x = src[0..n), each rounded once to prec (nothing
+ * to do when src is already x's memory, fp32 mode's ddp__cpu_act_out). */
+void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec);
+/* Activation tensor x[0..n) widened to fp32 for the emulated products (ddp__cpu_native is 0)
+ * into slot `slot` (0 or 1) of ctx, valid until the next call with that slot; NULL (ctx->err
+ * set) when it cannot be allocated. */
+const float *ddp__cpu_widen_input(ddp_kctx_t *ctx, int slot, const ddp_act_t *x, size_t n);
 /* Weight w[0..n) converted likewise: a copy kept per pointer until the next set_precision.
  * NULL (ctx->err set) when it cannot be allocated. */
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
-/* Frees the rounded copies (close). */
+/* Frees the weight copies and the input slots (close). */
 void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
 void ddp__cpu_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
 int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);

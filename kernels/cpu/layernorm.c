@@ -6,6 +6,9 @@
  *   column tasks: dweight[C] += sum_n dout xhat, dbias[C] += sum_n dout, each column summed over
  *                 n in order by one task (no cross-thread reduction, thread-independent result).
  * Row sums use LN_LANES partial sums so that gcc vectorises them; the order is fixed.
+ * Activations: out (forward) and dout (backward) are of the activation type; in bf16/fp16 mode a
+ * row task computes or widens its row in its thread's scratch (C floats) and a column task
+ * widens its LN_COLS-wide piece of each row on the stack (cpu.h). The rest is fp32.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -16,12 +19,30 @@
 #define LN_LANES 8
 
 typedef struct {
-    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
-    const float *inp, *weight, *bias, *dout;
+    ddp_act_t *out;
+    float *mean, *rstd, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias;
+    const ddp_act_t *dout;
     const float *cmean, *crstd;
     int N, C;
     long row_tasks;
+    ddp_kprec_t prec;
+    ddp__tscratch_t s; /* 16-bit: a row per thread */
 } ln_args_t;
+
+/* The calling thread's row of scratch (NULL in fp32 mode, which needs none). */
+static float *row_tmp(const ln_args_t *a)
+{
+    return a->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&a->s);
+}
+
+/* Runs ntasks on the pool with a row of scratch per thread in 16-bit mode. */
+static void run(ddp_kctx_t *ctx, ln_args_t *a, long ntasks, ddp__task_fn fn)
+{
+    a->prec = ctx->prec;
+    if (a->prec != DDP_KPREC_FP32 && ddp__cpu_tscratch(ctx, &a->s, (size_t)a->C)) return;
+    ddp__pool_run(ctx->pool, ntasks, fn, a);
+}
 
 static float lane_sum(const float acc[LN_LANES])
 {
@@ -37,7 +58,7 @@ static void ln_fwd_task(void *varg, long task)
     int lo = (int)task * LN_ROWS, hi = lo + LN_ROWS < a->N ? lo + LN_ROWS : a->N;
     for (int r = lo; r < hi; r++) {
         const float *restrict x = a->inp + (size_t)r * C;
-        float *restrict y = a->out + (size_t)r * C;
+        float *restrict y = ddp__cpu_act_out(a->out, (size_t)r * C, a->prec, row_tmp(a));
         float acc[LN_LANES] = {0};
         int c = 0;
         for (; c + LN_LANES <= C; c += LN_LANES)
@@ -52,6 +73,7 @@ static void ln_fwd_task(void *varg, long task)
         const float *restrict w = a->weight;
         const float *restrict b = a->bias;
         for (c = 0; c < C; c++) y[c] = (x[c] - m) * rs * w[c] + b[c];
+        ddp__cpu_act_store(a->out, (size_t)r * C, y, (size_t)C, a->prec);
         a->mean[r] = m;
         a->rstd[r] = rs;
     }
@@ -61,9 +83,9 @@ void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float 
                             const float *inp, const float *weight, const float *bias, int N,
                             int C)
 {
-    ln_args_t a = {.out = (float *)out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
+    ln_args_t a = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
                    .bias = bias, .N = N, .C = C};
-    ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, LN_ROWS), ln_fwd_task, &a);
+    run(ctx, &a, ddp__ntasks((size_t)N, LN_ROWS), ln_fwd_task);
 }
 
 static void ln_bwd_rows(const ln_args_t *a, long task)
@@ -73,7 +95,8 @@ static void ln_bwd_rows(const ln_args_t *a, long task)
     const float *restrict w = a->weight;
     for (int r = lo; r < hi; r++) {
         const float *restrict x = a->inp + (size_t)r * C;
-        const float *restrict dy = a->dout + (size_t)r * C;
+        const float *restrict dy =
+            ddp__cpu_act_in(a->dout, (size_t)r * C, (size_t)C, a->prec, row_tmp(a));
         float *restrict dx = a->dinp + (size_t)r * C;
         float m = a->cmean[r], rs = a->crstd[r];
         float s1[LN_LANES] = {0}, s2[LN_LANES] = {0};
@@ -100,10 +123,11 @@ static void ln_bwd_cols(const ln_args_t *a, long task)
     int C = a->C;
     int c0 = (int)task * LN_COLS, c1 = c0 + LN_COLS < C ? c0 + LN_COLS : C;
     int nc = c1 - c0;
-    float accw[LN_COLS] = {0}, accb[LN_COLS] = {0};
+    float accw[LN_COLS] = {0}, accb[LN_COLS] = {0}, wide[LN_COLS];
     for (int r = 0; r < a->N; r++) {
         const float *restrict x = a->inp + (size_t)r * C + c0;
-        const float *restrict dy = a->dout + (size_t)r * C + c0;
+        const float *restrict dy =
+            ddp__cpu_act_in(a->dout, (size_t)r * C + c0, (size_t)nc, a->prec, wide);
         float m = a->cmean[r], rs = a->crstd[r];
         for (int j = 0; j < nc; j++) {
             accw[j] += dy[j] * ((x[j] - m) * rs);
@@ -129,9 +153,8 @@ void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float 
                             const ddp_act_t *dout, const float *inp, const float *weight,
                             const float *mean, const float *rstd, int N, int C)
 {
-    ln_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = (const float *)dout, .inp = inp,
+    ln_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
                    .weight = weight, .cmean = mean, .crstd = rstd, .N = N, .C = C};
     a.row_tasks = ddp__ntasks((size_t)N, LN_ROWS);
-    long col_tasks = ddp__ntasks((size_t)C, LN_COLS);
-    ddp__pool_run(ctx->pool, a.row_tasks + col_tasks, ln_bwd_task, &a);
+    run(ctx, &a, a.row_tasks + ddp__ntasks((size_t)C, LN_COLS), ln_bwd_task);
 }

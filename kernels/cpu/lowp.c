@@ -1,13 +1,14 @@
-/* Mixed precision on the CPU: the matrix products' inputs converted for matmul.c, which
- * multiplies them one of two ways.
- * - Native bf16 (CPUs with AVX512_BF16 or AMX, oneDNN; bf16_gemm.c): inputs converted to bf16
- *   bits (round to nearest even), products with fp32 accumulation in the CPU's bf16
- *   dot-product instructions: about twice fp32's speed. `auto` picks it.
- * - Emulated (every other CPU, fp16 everywhere, or DDP_CPU_BF16=emulate): inputs rounded to the
- *   precision but kept as fp32 (kernels/math/lowp.h), then the fp32 sgemm -- exactly the
- *   low-precision product with fp32 accumulation, since products of rounded values are exact in
- *   fp32. Correct, not faster than fp32: oneDNN 2.6 (Debian) has no bf16 matmul on AVX2-only
- *   CPUs, and no fp16 matmul without AVX512_FP16; its fp32 was no faster than OpenBLAS's tiles
+/* Mixed precision on the CPU: storing activation tensors (bf16/fp16 bits, rounded once), and
+ * the matrix products' operands for matmul.c, which multiplies them one of two ways.
+ * - Native bf16 (CPUs with AVX512_BF16 or AMX, oneDNN; bf16_gemm.c): the activations' bf16 bits
+ *   are the operands as they are, the weights converted to bf16 bits (round to nearest even);
+ *   products with fp32 accumulation in the CPU's bf16 dot-product instructions: about twice
+ *   fp32's speed. `auto` picks it.
+ * - Emulated (every other CPU, fp16 everywhere, or DDP_CPU_BF16=emulate): the activations
+ *   widened to fp32 (exact) into an input slot, the weights rounded to the precision but kept as
+ *   fp32 (kernels/math/lowp.h), then the fp32 sgemm -- exactly the low-precision product with
+ *   fp32 accumulation, since products of 16-bit values are exact in fp32. Correct, not faster
+ *   than fp32: oneDNN 2.6 (Debian) has no bf16 matmul on AVX2-only CPUs, and no fp16 matmul without AVX512_FP16; its fp32 was no faster than OpenBLAS's tiles
  *   (measured on a 2-vCPU AMD EPYC Zen 3, GPT-2 124M's products: 2.66 s of CPU time against
  *   2.48-2.57 s; tests/bench/gemm_shapes.c).
  * The two give the same products up to the order of the fp32 additions.
@@ -15,12 +16,14 @@
  * Converted weights are cached: one copy per weight pointer, filled on first use after
  * set_precision and reused by every product until the next set_precision (the trainer calls it
  * after each update), so each weight is converted once per step. The copies cost half (bf16) or
- * one (emulated) more fp32 copy of the matrix weights. Conversion is element-wise in fixed
- * chunks: thread-independent.
+ * one (emulated) more fp32 copy of the matrix weights; the emulated path's input slots one fp32
+ * copy of a product's inputs (the LM head's backward: dout [N, V] widened, 4 N V bytes, a
+ * transient twice the 16-bit logits). Conversion is element-wise in fixed chunks: thread-independent.
  */
 #include "kernels/cpu/cpu.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -36,11 +39,11 @@ struct ddp__wcopy {
 
 typedef struct {
     void *out;
-    const float *x;
+    const void *x;
     size_t n;
     ddp_kprec_t prec;
     int native;
-} round_args_t;
+} conv_args_t;
 
 static size_t elem_size(const ddp_kctx_t *ctx)
 {
@@ -53,11 +56,32 @@ static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t l
     for (size_t i = lo; i < hi; i++) o[i] = ddp_bf16_bits(x[i]);
 }
 
+void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec)
+{
+    if (prec == DDP_KPREC_FP32) {
+        float *d = (float *)x + i0;
+        if (d != src) memcpy(d, src, n * sizeof(float));
+        return;
+    }
+    uint16_t *restrict d = (uint16_t *)x + i0;
+    if (prec == DDP_KPREC_BF16)
+        to_bf16_bits(d, src, 0, n);
+    else
+        for (size_t i = 0; i < n; i++) d[i] = ddp_fp16_bits(src[i]);
+}
+
+static void chunk_of(size_t n, long task, size_t *lo, size_t *hi)
+{
+    *lo = (size_t)task * DDP__CPU_CHUNK;
+    *hi = *lo + DDP__CPU_CHUNK < n ? *lo + DDP__CPU_CHUNK : n;
+}
+
+/* A weight's chunk: bf16 bits for the native products, else rounded floats. */
 static void round_task(void *varg, long task)
 {
-    const round_args_t *a = varg;
-    size_t lo = (size_t)task * DDP__CPU_CHUNK;
-    size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
+    const conv_args_t *a = varg;
+    size_t lo, hi;
+    chunk_of(a->n, task, &lo, &hi);
     const float *restrict x = a->x;
     if (a->native) {
         to_bf16_bits(a->out, x, lo, hi);
@@ -72,9 +96,17 @@ static void round_task(void *varg, long task)
 
 static void round_into(ddp_kctx_t *ctx, void *out, const float *x, size_t n)
 {
-    round_args_t a = {.out = out, .x = x, .n = n, .prec = ctx->prec,
-                      .native = ddp__cpu_native(ctx)};
+    conv_args_t a = {.out = out, .x = x, .n = n, .prec = ctx->prec,
+                     .native = ddp__cpu_native(ctx)};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), round_task, &a);
+}
+
+static void widen_task(void *varg, long task)
+{
+    const conv_args_t *a = varg;
+    size_t lo, hi;
+    chunk_of(a->n, task, &lo, &hi);
+    ddp_act_to_f32((float *)a->out + lo, ddp_act_at(a->x, lo, a->prec), hi - lo, a->prec);
 }
 
 static void fail(ddp_kctx_t *ctx, int rc)
@@ -82,21 +114,22 @@ static void fail(ddp_kctx_t *ctx, int rc)
     if (!ctx->err) ctx->err = rc;
 }
 
-const void *ddp__cpu_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n)
+const float *ddp__cpu_widen_input(ddp_kctx_t *ctx, int slot, const ddp_act_t *x, size_t n)
 {
-    size_t bytes = (n * elem_size(ctx) + 63) / 64 * 64;
-    if (bytes > ctx->lowp_in_bytes[slot]) {
-        void *p = ddp_aligned_alloc(64, bytes);
+    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+    if (bytes > ctx->wide_in_bytes[slot]) {
+        float *p = ddp_aligned_alloc(64, bytes);
         if (!p) {
             fail(ctx, DDP_ENOMEM);
             return NULL;
         }
-        free(ctx->lowp_in[slot]);
-        ctx->lowp_in[slot] = p;
-        ctx->lowp_in_bytes[slot] = bytes;
+        free(ctx->wide_in[slot]);
+        ctx->wide_in[slot] = p;
+        ctx->wide_in_bytes[slot] = bytes;
     }
-    round_into(ctx, ctx->lowp_in[slot], x, n);
-    return ctx->lowp_in[slot];
+    conv_args_t a = {.out = ctx->wide_in[slot], .x = x, .n = n, .prec = ctx->prec};
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), widen_task, &a);
+    return ctx->wide_in[slot];
 }
 
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
@@ -137,9 +170,9 @@ void ddp__cpu_lowp_free(ddp_kctx_t *ctx)
     ctx->wcopies = NULL;
     ctx->n_wcopies = ctx->cap_wcopies = 0;
     for (int s = 0; s < 2; s++) {
-        free(ctx->lowp_in[s]);
-        ctx->lowp_in[s] = NULL;
-        ctx->lowp_in_bytes[s] = 0;
+        free(ctx->wide_in[s]);
+        ctx->wide_in[s] = NULL;
+        ctx->wide_in_bytes[s] = 0;
     }
 }
 

@@ -1,7 +1,7 @@
 /* Matmul forward and backward on OpenBLAS sgemm, parallelised by hand on the context's pool.
  *
  * Forward:  out[N,OC] = inp[N,C] @ W (+ bias), W as [C,OC] (DDP_W_IN_OUT) or [OC,C] (OUT_IN).
- * Backward: dinp[N,C] += dout @ W^T;  dweight += inp^T @ dout in W's layout;
+ * Backward: dinp[N,C] = dout @ W^T (overwritten);  dweight += inp^T @ dout in W's layout;
  *           dbias[OC] += colsum(dout).
  * OpenBLAS runs single-threaded (cpu_init sets it); each product is cut into tiles of its OUTPUT
  * and each tile is one sgemm task, so BLAS shares the one pool with the element ops and nothing
@@ -16,11 +16,16 @@
  * (a fixed order, so still thread-independent). Used only while the partials fit in
  * MM_KSPLIT_BYTES; otherwise output tiles as above (also when scratch cannot be allocated: the
  * result is then correct but rounded differently, the one case that depends on more than shape).
- * Mixed precision (ctx->prec bf16/fp16, lowp.c): inp, weight and dout are converted first and
- * the same tiles run on the copies -- natively on bf16 (bf16_gemm.c, oneDNN, one tile per task as
- * with sgemm) where the CPU has bf16 instructions, else by sgemm on rounded floats; bias and
- * dbias (from the fp32 dout) stay fp32. For fp32 OpenBLAS was kept over oneDNN by measurement
- * (lowp.c says why).
+ * Mixed precision (ctx->prec bf16/fp16, lowp.c): inp, dout, out and dinp are 16-bit activation
+ * tensors. The same tiles run natively on bf16 (bf16_gemm.c, oneDNN, one tile per task as with
+ * sgemm) where the CPU has bf16 instructions, the activations' bits being the operands as they
+ * are, else by sgemm on the activations widened into lowp.c's input slots; the weights are
+ * lowp.c's converted copies. An out or dinp tile is computed in fp32 into its thread's scratch
+ * (the bias added there), then rounded once on store -- the same sgemm calls as in fp32 mode,
+ * so an emulated tile is bitwise the fp32 op's on the same values, rounded. Split-K partials
+ * are summed in fp32 and rounded once. dweight and dbias accumulate in fp32 (dbias from the
+ * widened dout). Scratch: a tile (at most R x MM_WIDE floats, R the rows) per thread. For fp32
+ * OpenBLAS was kept over oneDNN by measurement (lowp.c says why).
  */
 #include "kernels/cpu/cpu.h"
 
@@ -97,18 +102,43 @@ static void tile_at(const tiling_t *tl, long i, int *r0, int *c0, int *h, int *w
 }
 
 typedef struct {
-    float *out, *dinp, *dweight, *dbias;
-    const void *inp, *weight, *dout; /* floats, or bf16 bits when bf16 != NULL */
+    ddp_act_t *out, *dinp;
+    float *dweight, *dbias;
+    const void *inp, *weight, *dout; /* the operands: floats, or bf16 bits when bf16 != NULL */
     const float *bias;
-    const float *dout32; /* dbias's dout: fp32 even when dout was converted */
-    ddp__bf16_t *bf16;   /* native bf16 tiles; NULL: sgemm */
+    const ddp_act_t *dout_act; /* dbias's dout, as the caller gave it */
+    ddp__bf16_t *bf16;         /* native bf16 tiles; NULL: sgemm */
+    ddp_kprec_t prec;
     int N, C, OC;
     ddp_wlayout_t layout;
     tiling_t fwd, di, dw;
     long n_di, n_dw, n_db; /* backward task counts per kind, in that order */
     int ksplit;            /* > 0: dinp by split K into `part`, ksplit chunks */
     float *part;           /* [ksplit][N][C] */
+    ddp__tscratch_t tile;  /* 16-bit: an out or dinp tile per thread, before its rounding */
 } mm_args_t;
+
+/* Where tile (r0, c0, h x w) of an [R, ld] activation output is computed in fp32: in place in
+ * fp32 mode, else the thread's tile scratch (leading dimension w); *ldc gets the leading
+ * dimension. */
+static float *tile_out(const mm_args_t *a, ddp_act_t *x, int r0, int c0, int w, int ld, int *ldc)
+{
+    if (a->prec == DDP_KPREC_FP32) {
+        *ldc = ld;
+        return (float *)x + (size_t)r0 * ld + c0;
+    }
+    *ldc = w;
+    return ddp__tscratch_mine(&a->tile);
+}
+
+/* Rounds a tile from tile_out's scratch into x (nothing to do in fp32 mode). */
+static void tile_store(const mm_args_t *a, ddp_act_t *x, int r0, int c0, int h, int w, int ld,
+                       const float *t)
+{
+    if (a->prec == DDP_KPREC_FP32) return;
+    for (int r = 0; r < h; r++)
+        ddp__cpu_act_store(x, (size_t)(r0 + r) * ld + c0, t + (size_t)r * w, (size_t)w, a->prec);
+}
 
 /* One tile: C[m,n] = (acc ? C : 0) + op(A) @ op(B), A and B at element offsets offa, offb (see
  * ddp__bf16_gemm for op and the layouts). */
@@ -131,19 +161,20 @@ static void fwd_task(void *varg, long task)
     const mm_args_t *a = varg;
     int r0, c0, h, w;
     tile_at(&a->fwd, task, &r0, &c0, &h, &w);
-    int C = a->C, OC = a->OC;
-    float *out = a->out + (size_t)r0 * OC + c0;
+    int C = a->C, OC = a->OC, ldo;
+    float *out = tile_out(a, a->out, r0, c0, w, OC, &ldo);
     if (a->bias)
         for (int r = 0; r < h; r++) {
-            float *restrict o = out + (size_t)r * OC;
+            float *restrict o = out + (size_t)r * ldo;
             const float *restrict b = a->bias + c0;
             for (int j = 0; j < w; j++) o[j] = b[j];
         }
     size_t inp = (size_t)r0 * C;
     if (a->layout == DDP_W_IN_OUT)
-        gemm(a, 0, 0, h, w, C, a->inp, inp, C, a->weight, c0, OC, !!a->bias, out, OC);
+        gemm(a, 0, 0, h, w, C, a->inp, inp, C, a->weight, c0, OC, !!a->bias, out, ldo);
     else
-        gemm(a, 0, 1, h, w, C, a->inp, inp, C, a->weight, (size_t)c0 * C, C, !!a->bias, out, OC);
+        gemm(a, 0, 1, h, w, C, a->inp, inp, C, a->weight, (size_t)c0 * C, C, !!a->bias, out, ldo);
+    tile_store(a, a->out, r0, c0, h, w, OC, out);
 }
 
 /* Runs the tasks; a native tile's failure goes to ctx->err. */
@@ -155,24 +186,35 @@ static void run_tasks(ddp_kctx_t *ctx, const mm_args_t *a, long ntasks, ddp__tas
     if (rc && !ctx->err) ctx->err = rc;
 }
 
-/* *x converted for ctx->prec into input slot `slot` (lowp.c); 0, or -1 with ctx->err set. */
-static int convert(ddp_kctx_t *ctx, int slot, const void **x, size_t n)
+/* Activation operand *x (n elements) as the products read it: as it is in fp32 mode and for the
+ * native bf16 tiles (its bits), else widened into input slot `slot` (lowp.c). 0, or -1 with
+ * ctx->err set. */
+static int operand(ddp_kctx_t *ctx, const mm_args_t *a, int slot, const void **x, size_t n)
 {
-    *x = ddp__cpu_lowp_input(ctx, slot, *x, n);
+    if (a->prec == DDP_KPREC_FP32 || a->bf16) return 0;
+    *x = ddp__cpu_widen_input(ctx, slot, *x, n);
     return *x ? 0 : -1;
+}
+
+/* The tile scratch for 16-bit outputs tiled by tl; 0, or -1 with ctx->err set. */
+static int tile_scratch(ddp_kctx_t *ctx, mm_args_t *a, const tiling_t *tl)
+{
+    if (a->prec == DDP_KPREC_FP32) return 0;
+    return ddp__cpu_tscratch(ctx, &a->tile, (size_t)tl->rb * tl->cb) ? -1 : 0;
 }
 
 void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
                          const float *weight, const float *bias, int N, int C, int OC,
                          ddp_wlayout_t layout)
 {
-    mm_args_t a = {.out = (float *)out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
-                   .OC = OC, .layout = layout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
-    if (ctx->prec != DDP_KPREC_FP32) {
-        a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC);
-        if (!a.weight || convert(ctx, 0, &a.inp, (size_t)N * C)) return;
-    }
+    mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
+                   .OC = OC, .layout = layout, .prec = ctx->prec,
+                   .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     plan(&a.fwd, N, OC);
+    if (a.prec != DDP_KPREC_FP32 &&
+        !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC)))
+        return;
+    if (operand(ctx, &a, 0, &a.inp, (size_t)N * C) || tile_scratch(ctx, &a, &a.fwd)) return;
     run_tasks(ctx, &a, ntiles(&a.fwd), fwd_task);
 }
 
@@ -188,23 +230,26 @@ static void dinp_chunk_task(const mm_args_t *a, long k)
         gemm(a, 0, 0, N, C, kw, a->dout, k0, OC, a->weight, (size_t)k0 * C, C, 0, part, C);
 }
 
-/* dinp rows += the split-K partials, added in chunk order. */
+/* dinp rows = the split-K partials, added in chunk order (in 16-bit mode into chunk 0's own
+ * elements, each read before it is written, then rounded on store). */
 static void dinp_reduce_task(void *varg, long task)
 {
     const mm_args_t *a = varg;
     size_t NC = (size_t)a->N * a->C;
     int r0 = (int)task * MM_REDUCE_ROWS;
     int r1 = r0 + MM_REDUCE_ROWS < a->N ? r0 + MM_REDUCE_ROWS : a->N;
-    size_t lo = (size_t)r0 * a->C, hi = (size_t)r1 * a->C;
-    float *restrict d = a->dinp;
-    for (size_t i = lo; i < hi; i++) {
-        float s = a->part[i];
-        for (int k = 1; k < a->ksplit; k++) s += a->part[(size_t)k * NC + i];
+    size_t lo = (size_t)r0 * a->C, n = (size_t)(r1 - r0) * a->C;
+    const float *p = a->part + lo;
+    float *d = ddp__cpu_act_out(a->dinp, lo, a->prec, a->part + lo);
+    for (size_t i = 0; i < n; i++) {
+        float s = p[i];
+        for (int k = 1; k < a->ksplit; k++) s += p[(size_t)k * NC + i];
         d[i] = s;
     }
+    ddp__cpu_act_store(a->dinp, lo, d, n, a->prec);
 }
 
-/* dinp[N,C] += dout[N,OC] @ W^T (W^T as [OC,C]). */
+/* dinp[N,C] = dout[N,OC] @ W^T (W^T as [OC,C]). */
 static void dinp_task(const mm_args_t *a, long task)
 {
     if (a->ksplit) {
@@ -213,13 +258,14 @@ static void dinp_task(const mm_args_t *a, long task)
     }
     int r0, c0, h, w;
     tile_at(&a->di, task, &r0, &c0, &h, &w);
-    int C = a->C, OC = a->OC;
+    int C = a->C, OC = a->OC, ldd;
     size_t dout = (size_t)r0 * OC;
-    float *dinp = a->dinp + (size_t)r0 * C + c0;
+    float *dinp = tile_out(a, a->dinp, r0, c0, w, C, &ldd);
     if (a->layout == DDP_W_IN_OUT) /* W[C][OC]: rows c0.. of W, transposed */
-        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 0, dinp, C);
+        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 0, dinp, ldd);
     else /* W[OC][C]: columns c0.. of W */
-        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 0, dinp, C);
+        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 0, dinp, ldd);
+    tile_store(a, a->dinp, r0, c0, h, w, C, dinp);
 }
 
 /* IN_OUT: dW[C][OC] += inp^T @ dout.  OUT_IN: dW[OC][C] += dout^T @ inp. */
@@ -241,9 +287,10 @@ static void dbias_task(const mm_args_t *a, long task)
 {
     int c0 = (int)task * MM_BIAS_COLS;
     int w = a->OC - c0 < MM_BIAS_COLS ? a->OC - c0 : MM_BIAS_COLS;
-    float acc[MM_BIAS_COLS] = {0};
+    float acc[MM_BIAS_COLS] = {0}, wide[MM_BIAS_COLS];
     for (int n = 0; n < a->N; n++) {
-        const float *restrict d = a->dout32 + (size_t)n * a->OC + c0;
+        const float *restrict d =
+            ddp__cpu_act_in(a->dout_act, (size_t)n * a->OC + c0, (size_t)w, a->prec, wide);
         for (int j = 0; j < w; j++) acc[j] += d[j];
     }
     for (int j = 0; j < w; j++) a->dbias[c0 + j] += acc[j];
@@ -269,14 +316,15 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float
                          const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
                          int C, int OC, ddp_wlayout_t layout)
 {
-    mm_args_t a = {.dinp = (float *)dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
+    mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
                    .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
-                   .dout32 = (const float *)dout, .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
-    if (ctx->prec != DDP_KPREC_FP32) {
-        if (dinp && !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC))) return;
-        if (dweight && convert(ctx, 1, &a.inp, (size_t)N * C)) return;
-        if (convert(ctx, 0, &a.dout, (size_t)N * OC)) return;
-    }
+                   .dout_act = dout, .prec = ctx->prec,
+                   .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
+    if (a.prec != DDP_KPREC_FP32 && dinp &&
+        !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC)))
+        return;
+    if (operand(ctx, &a, 1, &a.inp, (size_t)N * C) || operand(ctx, &a, 0, &a.dout, (size_t)N * OC))
+        return;
     plan(&a.di, N, C);
     if (layout == DDP_W_IN_OUT)
         plan(&a.dw, C, OC);
@@ -294,6 +342,7 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float
             a.n_di = ks;
         }
     }
+    if (dinp && !a.ksplit && tile_scratch(ctx, &a, &a.di)) return;
     run_tasks(ctx, &a, a.n_dw + a.n_di + a.n_db, bwd_task);
     if (a.ksplit)
         ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, MM_REDUCE_ROWS), dinp_reduce_task, &a);

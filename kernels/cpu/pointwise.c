@@ -1,7 +1,10 @@
-/* Point-wise activation ops: GELU (tanh form) forward and backward, and the residual add.
+/* Point-wise activation ops: GELU (tanh form) forward and backward, the residual add and the
+ * rounding of an fp32 tensor to the activation type (to_act).
  *
  * Shapes: flat arrays of n elements; tasks of DDP__CPU_CHUNK elements each. The per-element math
- * is kernels/math/gelu.h, shared with the CUDA backend.
+ * is kernels/math/gelu.h, shared with the CUDA backend. In bf16/fp16 mode a task widens its
+ * chunk of each activation input into its thread's scratch (two chunks per thread), runs the
+ * same loop and rounds its output on store (cpu.h); fp32 mode reads and writes in place.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -10,9 +13,11 @@
 #include "kernels/math/gelu.h"
 
 typedef struct {
-    float *out;
-    const float *a, *b;
+    void *out;
+    const void *a, *b;
     size_t n;
+    ddp_kprec_t prec;
+    ddp__tscratch_t s; /* 16-bit: 2 chunks per thread */
 } pw_args_t;
 
 static void chunk_range(size_t n, long task, size_t *lo, size_t *hi)
@@ -21,20 +26,38 @@ static void chunk_range(size_t n, long task, size_t *lo, size_t *hi)
     *hi = *lo + DDP__CPU_CHUNK < n ? *lo + DDP__CPU_CHUNK : n;
 }
 
+/* The calling thread's two scratch chunks (NULL in fp32 mode, which needs none). */
+static float *tmp(const pw_args_t *p)
+{
+    return p->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&p->s);
+}
+
+/* Runs fn's tasks over n elements, with per-thread scratch in 16-bit mode. */
+static void run(ddp_kctx_t *ctx, pw_args_t *p, ddp__task_fn fn)
+{
+    p->prec = ctx->prec;
+    if (p->prec != DDP_KPREC_FP32 && ddp__cpu_tscratch(ctx, &p->s, 2 * (size_t)DDP__CPU_CHUNK))
+        return;
+    ddp__pool_run(ctx->pool, ddp__ntasks(p->n, DDP__CPU_CHUNK), fn, p);
+}
+
 static void gelu_fwd_task(void *varg, long task)
 {
     const pw_args_t *p = varg;
     size_t lo, hi;
     chunk_range(p->n, task, &lo, &hi);
-    float *restrict out = p->out;
-    const float *restrict inp = p->a;
-    for (size_t i = lo; i < hi; i++) out[i] = ddp_gelu(inp[i]);
+    size_t m = hi - lo;
+    float *t = tmp(p);
+    const float *restrict inp = ddp__cpu_act_in(p->a, lo, m, p->prec, t);
+    float *restrict out = ddp__cpu_act_out(p->out, lo, p->prec, t ? t + DDP__CPU_CHUNK : NULL);
+    for (size_t i = 0; i < m; i++) out[i] = ddp_gelu(inp[i]);
+    ddp__cpu_act_store(p->out, lo, out, m, p->prec);
 }
 
 void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n)
 {
-    pw_args_t p = {.out = (float *)out, .a = (const float *)inp, .n = n};
-    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), gelu_fwd_task, &p);
+    pw_args_t p = {.out = out, .a = inp, .n = n};
+    run(ctx, &p, gelu_fwd_task);
 }
 
 static void gelu_bwd_task(void *varg, long task)
@@ -42,18 +65,21 @@ static void gelu_bwd_task(void *varg, long task)
     const pw_args_t *p = varg;
     size_t lo, hi;
     chunk_range(p->n, task, &lo, &hi);
-    float *dinp = p->out; /* may alias dout */
-    const float *restrict inp = p->a;
-    const float *dout = p->b;
-    for (size_t i = lo; i < hi; i++) dinp[i] = ddp_gelu_grad(inp[i]) * dout[i];
+    size_t m = hi - lo;
+    float *t = tmp(p);
+    const float *restrict inp = ddp__cpu_act_in(p->a, lo, m, p->prec, t);
+    /* dinp may alias dout (in place in 16-bit mode too: the chunk is read before it is stored) */
+    const float *dout = ddp__cpu_act_in(p->b, lo, m, p->prec, t ? t + DDP__CPU_CHUNK : NULL);
+    float *dinp = ddp__cpu_act_out(p->out, lo, p->prec, t ? t + DDP__CPU_CHUNK : NULL);
+    for (size_t i = 0; i < m; i++) dinp[i] = ddp_gelu_grad(inp[i]) * dout[i];
+    ddp__cpu_act_store(p->out, lo, dinp, m, p->prec);
 }
 
 void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
                        const ddp_act_t *dout, size_t n)
 {
-    pw_args_t p = {.out = (float *)dinp, .a = (const float *)inp, .b = (const float *)dout,
-                   .n = n};
-    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), gelu_bwd_task, &p);
+    pw_args_t p = {.out = dinp, .a = inp, .b = dout, .n = n};
+    run(ctx, &p, gelu_bwd_task);
 }
 
 static void residual_task(void *varg, long task)
@@ -61,18 +87,30 @@ static void residual_task(void *varg, long task)
     const pw_args_t *p = varg;
     size_t lo, hi;
     chunk_range(p->n, task, &lo, &hi);
-    /* out may alias a or b, so no restrict here: each element is read before it is written. */
-    for (size_t i = lo; i < hi; i++) p->out[i] = p->a[i] + p->b[i];
+    float *out = (float *)p->out + lo;
+    const float *a = (const float *)p->a + lo;
+    const float *b = ddp__cpu_act_in(p->b, lo, hi - lo, p->prec, tmp(p));
+    /* out may alias a, so no restrict here: each element is read before it is written. */
+    for (size_t i = 0; i < hi - lo; i++) out[i] = a[i] + b[i];
 }
 
 void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
                            size_t n)
 {
-    pw_args_t p = {.out = out, .a = a, .b = (const float *)b, .n = n};
-    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), residual_task, &p);
+    pw_args_t p = {.out = out, .a = a, .b = b, .n = n};
+    run(ctx, &p, residual_task);
+}
+
+static void to_act_task(void *varg, long task)
+{
+    const pw_args_t *p = varg;
+    size_t lo, hi;
+    chunk_range(p->n, task, &lo, &hi);
+    ddp__cpu_act_store(p->out, lo, (const float *)p->a + lo, hi - lo, p->prec);
 }
 
 void ddp__cpu_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n)
 {
-    if (n) memmove(out, inp, n * sizeof(float)); /* fp32 only, for now */
+    pw_args_t p = {.out = out, .a = inp, .n = n, .prec = ctx->prec};
+    ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), to_act_task, &p);
 }

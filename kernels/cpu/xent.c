@@ -4,6 +4,8 @@
  * (which may alias logits: each element is read before it is written, and the target logit is
  * saved first), and once more to turn the exponentials into (p - onehot) * dloss. Sums use
  * XENT_LANES partial sums in a fixed order; the per-element math is kernels/math/softmax.h.
+ * logits and dlogits are of the activation type: in bf16/fp16 mode a task widens its row into
+ * its thread's scratch (V floats), computes the gradient there in place, and rounds it on store.
  */
 #include "kernels/cpu/cpu.h"
 
@@ -14,11 +16,14 @@
 #define XENT_LANES 8
 
 typedef struct {
-    float *losses, *dlogits;
-    const float *logits;
+    float *losses;
+    ddp_act_t *dlogits;
+    const ddp_act_t *logits;
     const int32_t *targets;
     int N, V;
     float dloss;
+    ddp_kprec_t prec;
+    ddp__tscratch_t s; /* 16-bit: a row per thread */
 } xent_args_t;
 
 /* GCC vector extensions (portable across targets) of the baseline SSE width, two accumulators:
@@ -54,19 +59,22 @@ static void xent_task(void *varg, long task)
 {
     const xent_args_t *a = varg;
     int V = a->V;
-    const float *x = a->logits + (size_t)task * V;
+    size_t row = (size_t)task * V;
+    float *wide = a->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&a->s);
+    const float *x = ddp__cpu_act_in(a->logits, row, (size_t)V, a->prec, wide);
+    /* the row's gradient, computed in place over the widened row in 16-bit mode */
+    float *dl = a->dlogits ? ddp__cpu_act_out(a->dlogits, row, a->prec, wide) : NULL;
     int t = a->targets[task];
     float xt = x[t];
     float mx = row_max(x, V);
     float acc[XENT_LANES] = {0};
-    if (!a->dlogits) {
+    if (!dl) {
         int i = 0;
         for (; i + XENT_LANES <= V; i += XENT_LANES)
             for (int j = 0; j < XENT_LANES; j++) acc[j] += ddp_softmax_exp_approx(x[i + j], mx);
         for (int j = 0; i < V; i++, j++) acc[j] += ddp_softmax_exp_approx(x[i], mx);
     } else {
-        /* No restrict: d may be x. */
-        float *d = a->dlogits + (size_t)task * V;
+        float *d = dl; /* No restrict: d may be x. */
         int i = 0;
         for (; i + XENT_LANES <= V; i += XENT_LANES)
             for (int j = 0; j < XENT_LANES; j++) {
@@ -83,13 +91,14 @@ static void xent_task(void *varg, long task)
     float sum = 0.0f;
     for (int j = 0; j < XENT_LANES; j++) sum += acc[j];
     a->losses[task] = ddp_xent_loss(xt, mx, sum);
-    if (a->dlogits) {
-        float *restrict d = a->dlogits + (size_t)task * V;
+    if (dl) {
+        float *restrict d = dl;
         float inv = 1.0f / sum;
         float et = d[t];
         float dloss = a->dloss;
         for (int i = 0; i < V; i++) d[i] = ddp_xent_grad(d[i] * inv, 0, dloss);
         d[t] = ddp_xent_grad(et * inv, 1, dloss);
+        ddp__cpu_act_store(a->dlogits, row, d, (size_t)V, a->prec);
     }
 }
 
@@ -97,7 +106,8 @@ void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
                            const ddp_act_t *logits, const int32_t *targets, int N, int V,
                            float dloss)
 {
-    xent_args_t a = {.losses = losses, .dlogits = (float *)dlogits, .logits = (const float *)logits, .targets = targets,
-                     .N = N, .V = V, .dloss = dloss};
+    xent_args_t a = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
+                     .N = N, .V = V, .dloss = dloss, .prec = ctx->prec};
+    if (a.prec != DDP_KPREC_FP32 && ddp__cpu_tscratch(ctx, &a.s, (size_t)V)) return;
     ddp__pool_run(ctx->pool, N, xent_task, &a);
 }

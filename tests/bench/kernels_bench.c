@@ -103,7 +103,8 @@ int main(int argc, char **argv)
         /* The other ops of a step, at their real sizes. */
         DDP_K(&k, encoder_fwd, y, tok, wte, lnw, B, 1, C);
         for (int l = 0; l < L; l++) {
-            for (int q = 0; q < 2; q++) DDP_K(&k, layernorm_fwd, A(y), mean, rstd, x, lnw, lnw, N, C);
+            for (int q = 0; q < 2; q++)
+                DDP_K(&k, layernorm_fwd, A(y), mean, rstd, x, lnw, lnw, N, C);
             DDP_K(&k, attention_fwd, A(y), lse, A(x), B, T, C, NH);
             DDP_K(&k, gelu_fwd, A(y), A(x), (size_t)N * 4 * C);
             for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, A(y), (size_t)N * C);

@@ -4,6 +4,9 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+#include "kernels/math/lowp.h"
 
 static uint64_t next(krng_t *r)
 {
@@ -90,6 +93,26 @@ size_t kfd_check(const char *what, kloss_fn f, void *arg, double *x, size_t n, c
     free(fd);
     free(g);
     return bad;
+}
+
+float *kround(const float *x, size_t n, ddp_kprec_t prec)
+{
+    float *y = kcalloc(n, sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        y[i] = prec == DDP_KPREC_FP32   ? x[i]
+               : prec == DDP_KPREC_BF16 ? ddp_round_bf16(x[i])
+                                        : ddp_round_fp16(x[i]);
+    return y;
+}
+
+void *kact(const float *x, size_t n, ddp_kprec_t prec)
+{
+    void *y = kcalloc(n, ddp_act_bytes(prec));
+    uint16_t *h = y;
+    if (prec == DDP_KPREC_FP32) memcpy(y, x, n * sizeof(float));
+    for (size_t i = 0; prec != DDP_KPREC_FP32 && i < n; i++)
+        h[i] = prec == DDP_KPREC_BF16 ? ddp_bf16_bits(x[i]) : ddp_fp16_bits(x[i]);
+    return y;
 }
 
 double kdot(const double *a, const double *b, size_t n)

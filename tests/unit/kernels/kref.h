@@ -27,6 +27,10 @@ void kfill(krng_t *r, float *x, size_t n, double lo, double hi);
 void ktod(double *d, const float *f, size_t n);
 /* calloc that aborts on failure (tests only). */
 void *kcalloc(size_t n, size_t size);
+/* x[0..n) rounded to prec, as fp32: the widened values a 16-bit activation holds (a copy). */
+float *kround(const float *x, size_t n, ddp_kprec_t prec);
+/* x[0..n) stored as an activation tensor of prec (ddp_act_bytes(prec) each; a copy). */
+void *kact(const float *x, size_t n, ddp_kprec_t prec);
 
 /* Number of elements where |got - ref| > rtol |ref| + atol_frac max|ref|; prints the first few
  * with both values. */

@@ -1,11 +1,8 @@
-/* Mixed precision in the kernels: the bf16/fp16 rounding of kernels/math/lowp.h against known
- * values, and the CPU backend's matmul in bf16/fp16 both ways it runs:
- * - emulated (fp16; bf16 without AVX512_BF16 or with DDP_CPU_BF16=emulate): equal to its fp32
- *   matmul on inputs rounded beforehand, bitwise (the same sgemm tiles on the same values);
- * - native bf16 (oneDNN, where the CPU has bf16 instructions): each output within fp32
- *   accumulation's error bound of the exact product of the rounded inputs (computed in double),
- *   and bitwise the same for any thread count;
- * with the converted weights refreshed by set_precision. */
+/* Mixed precision in the kernels: the bf16/fp16 conversions of kernels/math/lowp.h (against
+ * known values, exhaustively over every 16-bit pattern, and against gcc's _Float16 and an
+ * independent bf16 reference on edge and random floats), and the CPU backend's bf16 products
+ * where a test needs more than test_act16.c's round-on-store contract: many shapes on the native
+ * path, the weight copies kept until set_precision, and the choice of the native path. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -55,6 +52,89 @@ static void test_round_fp16(void **state)
     assert_true(isnan(ddp_round_fp16(NAN)));
 }
 
+/* fp16 bits <-> fp32, all 65536 patterns: exact widening as gcc's _Float16 does it, and back to
+ * the same bits (NaNs stay NaNs of the same sign, quiet). */
+static void test_fp16_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        _Float16 g;
+        uint16_t hb = (uint16_t)h;
+        memcpy(&g, &hb, 2);
+        float want = (float)g, got = ddp_fp16_f32(hb);
+        int nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (nan ? !isnan(got) || signbit(got) != signbit(want)
+                : ddp_f32_bits(got) != ddp_f32_bits(want))
+            fail_msg("fp16 0x%04x: ddp_fp16_f32 %a, _Float16 %a", h, (double)got, (double)want);
+        uint16_t back = ddp_fp16_bits(got);
+        if (nan ? (back & 0xfe00) != (h & 0x8000) + 0x7e00 : back != h)
+            fail_msg("fp16 0x%04x: back to 0x%04x", h, back);
+    }
+}
+
+/* bf16 bits <-> fp32, all 65536 patterns: the top half of the fp32, and back. */
+static void test_bf16_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t b = 0; b < 65536; b++) {
+        float got = ddp_bf16_f32((uint16_t)b);
+        if (ddp_f32_bits(got) != b << 16) fail_msg("bf16 0x%04x: %a", b, (double)got);
+        int nan = (b & 0x7f80) == 0x7f80 && (b & 0x7f);
+        uint16_t back = ddp_bf16_bits(got);
+        if (nan ? (back & 0xffc0) != (b & 0x8000) + 0x7fc0 || !(back & 0x7f) : back != b)
+            fail_msg("bf16 0x%04x: back to 0x%04x", b, back);
+    }
+}
+
+/* An independent bf16 rounding: the nearer of the two bf16 neighbours of x (by truncation and one
+ * ulp up, compared in double), ties to the even one. Finite x only. */
+static uint16_t ref_bf16(float x)
+{
+    uint32_t u = ddp_f32_bits(x), lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    /* one step above the largest finite bf16 is Inf, standing for 2^128 here */
+    double hv = (hi & 0x7fffffffu) == 0x7f800000u ? copysign(0x1p128, x) : ddp_bits_f32(hi);
+    double dl = fabs((double)x - ddp_bits_f32(lo)), dh = fabs(hv - x);
+    uint32_t pick = dl < dh ? lo : dh < dl ? hi : ((lo >> 16) & 1 ? hi : lo);
+    return (uint16_t)(pick >> 16);
+}
+
+/* Conversions of edge and random floats against gcc's _Float16 (fp16) and ref_bf16 (bf16). */
+static void test_conversions_edges(void **state)
+{
+    (void)state;
+    float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e6f,
+                    0x1p-14f, 0x1p-24f, 0x1p-25f, 3 * 0x1p-26f, 0x1p-25f + 0x1p-40f, 1e-30f,
+                    0x1.ffep-15f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 1.0f + 0x1p-8f,
+                    3.4e38f, -3.4e38f, 0x1.fefffep127f, 0x1.ff0000p127f, 1e-45f, 1.17549435e-38f,
+                    INFINITY, -INFINITY, NAN, -NAN};
+    uint64_t seed = 99;
+    for (size_t i = 0; i < sizeof edge / sizeof *edge + 1000000; i++) {
+        float x;
+        if (i < sizeof edge / sizeof *edge) {
+            x = edge[i];
+        } else { /* random bit patterns: every exponent, subnormals, NaNs */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t u = (uint32_t)(seed >> 32);
+            x = ddp_bits_f32(u);
+        }
+        _Float16 g = (_Float16)x;
+        uint16_t want;
+        memcpy(&want, &g, 2);
+        uint16_t got = ddp_fp16_bits(x);
+        if (isnan(x) ? (got & 0x7e00) != 0x7e00 || (got ^ want) & 0x8000 : got != want)
+            fail_msg("fp16 of %a: 0x%04x, _Float16 0x%04x", (double)x, got, want);
+        if (isnan(x) || isinf(x)) {
+            uint16_t b = ddp_bf16_bits(x);
+            if (isinf(x) ? b != (ddp_f32_bits(x) >> 16) : (b & 0x7fc0) != 0x7fc0)
+                fail_msg("bf16 of %a: 0x%04x", (double)x, b);
+            continue;
+        }
+        if (ddp_bf16_bits(x) != ref_bf16(x))
+            fail_msg("bf16 of %a: 0x%04x, reference 0x%04x", (double)x, ddp_bf16_bits(x),
+                     ref_bf16(x));
+    }
+}
+
 static float frand(uint64_t *s)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
@@ -76,16 +156,10 @@ static float *rounded(const float *x, size_t n, ddp_kprec_t p)
     return v;
 }
 
-static void assert_same(const float *a, const float *b, size_t n, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("%s[%zu]: %.9g, expected %.9g", what, i, a[i], b[i]);
-}
-
-/* got = bias + sum_k x[k sx] y[k sy] (k < K) of rounded inputs, within fp32 accumulation's error
- * bound whatever the order of the additions: |got - exact| <= (K + 2) u sum|terms| + tiny
- * (u = 2^-24), the exact value in double. */
+/* got = bias + sum_k x[k sx] y[k sy] (k < K) of rounded inputs, stored as bf16: within fp32
+ * accumulation's error bound whatever the order of the additions plus the one rounding on
+ * store: |got - exact| <= (K + 2) u sum|terms| + 2^-8 |exact| + tiny (u = 2^-24), the exact
+ * value in double. */
 static void assert_dot(float got, const float *x, size_t sx, const float *y, size_t sy, int K,
                        double bias, const char *what, size_t i)
 {
@@ -94,109 +168,9 @@ static void assert_dot(float got, const float *x, size_t sx, const float *y, siz
         double t = (double)x[k * sx] * y[k * sy];
         exact += t, abssum += fabs(t);
     }
-    double tol = (K + 2) * 0x1p-24 * abssum + 1e-30;
+    double tol = (K + 2) * 0x1p-24 * abssum + 0x1p-8 * fabs(exact) + 1e-30;
     if (!(fabs((double)got - exact) <= tol))
         fail_msg("%s[%zu]: %.9g, exact %.9g, bound %.3g", what, i, got, exact, tol);
-}
-
-/* out, dinp and dweight of the rounded inputs, each within the bound of the exact product.
- * W(c, o) is rw[c OC + o] (IN_OUT) or rw[o C + c] (OUT_IN). */
-static void check_bounds(const float *out, const float *di, const float *dw, const float *rin,
-                         const float *rw, const float *rdout, const float *b, int N, int C,
-                         int OC, ddp_wlayout_t layout)
-{
-    int in_out = layout == DDP_W_IN_OUT;
-    size_t wc = in_out ? (size_t)OC : 1, wo = in_out ? 1 : (size_t)C; /* W's strides */
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++)
-            assert_dot(out[(size_t)n * OC + o], rin + (size_t)n * C, 1, rw + o * wo, wc, C, b[o],
-                       "out", (size_t)n * OC + o);
-    for (int n = 0; n < N; n++)
-        for (int c = 0; c < C; c++)
-            assert_dot(di[(size_t)n * C + c], rdout + (size_t)n * OC, 1, rw + c * wc, wo, OC, 0,
-                       "dinp", (size_t)n * C + c);
-    for (int c = 0; c < C; c++)
-        for (int o = 0; o < OC; o++) {
-            size_t i = c * wc + o * wo;
-            assert_dot(dw[i], rin + c, (size_t)C, rdout + o, (size_t)OC, N, 0, "dweight", i);
-        }
-}
-
-/* One forward and backward at precision p against fp32 on rounded inputs, both layouts:
- * bitwise when `native` is 0, within the bound when 1. With `twin` (a context of another thread
- * count, same path) the results must be bitwise the same there too. */
-static void check_matmul(ddp_kernels_t *k, ddp_kernels_t *twin, ddp_kprec_t p, int native,
-                         int N, int C, int OC, ddp_wlayout_t layout)
-{
-    uint64_t seed = 42 + (uint64_t)N * 7 + (uint64_t)OC;
-    size_t nin = (size_t)N * C, nw = (size_t)C * OC, nout = (size_t)N * OC;
-    float *inp = randv(nin, &seed), *w = randv(nw, &seed), *b = randv((size_t)OC, &seed);
-    float *dout = randv(nout, &seed);
-    float *rin = rounded(inp, nin, p), *rw = rounded(w, nw, p), *rdout = rounded(dout, nout, p);
-    float *out = calloc(nout, 4), *ref = calloc(nout, 4);
-    float *di = calloc(nin, 4), *dw = calloc(nw, 4), *db = calloc((size_t)OC, 4);
-    float *rdi = calloc(nin, 4), *rdw = calloc(nw, 4), *rdb = calloc((size_t)OC, 4);
-    float *scratch = calloc(nw, 4); /* dweight is required; this call wants dbias only */
-
-    DDP_K(k, set_precision, p);
-    DDP_K(k, matmul_fwd, KA(out), KA(inp), w, b, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, KA(di), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
-    assert_int_equal(ddp_k_sync(k), 0);
-    DDP_K(k, set_precision, DDP_KPREC_FP32);
-    DDP_K(k, matmul_fwd, KA(ref), KA(rin), rw, b, N, C, OC, layout);
-    /* dbias comes from the fp32 dout: give the reference dbias its own call */
-    DDP_K(k, matmul_bwd, KA(rdi), rdw, NULL, KA(rdout), KA(rin), rw, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, NULL, scratch, rdb, KA(dout), KA(rin), rw, N, C, OC, layout);
-    assert_int_equal(ddp_k_sync(k), 0);
-    assert_same(db, rdb, (size_t)OC, "dbias");
-    if (native) {
-        check_bounds(out, di, dw, rin, rw, rdout, b, N, C, OC, layout);
-    } else {
-        assert_same(out, ref, nout, "out");
-        assert_same(di, rdi, nin, "dinp");
-        assert_same(dw, rdw, nw, "dweight");
-    }
-    if (twin) { /* the same products on another thread count: bitwise */
-        memset(ref, 0, nout * 4), memset(rdi, 0, nin * 4), memset(rdw, 0, nw * 4);
-        memset(rdb, 0, (size_t)OC * 4);
-        DDP_K(twin, set_precision, p);
-        DDP_K(twin, matmul_fwd, KA(ref), KA(inp), w, b, N, C, OC, layout);
-        DDP_K(twin, matmul_bwd, KA(rdi), rdw, rdb, KA(dout), KA(inp), w, N, C, OC, layout);
-        assert_int_equal(ddp_k_sync(twin), 0);
-        assert_same(ref, out, nout, "out (threads)");
-        assert_same(rdi, di, nin, "dinp (threads)");
-        assert_same(rdw, dw, nw, "dweight (threads)");
-    }
-    free(inp), free(w), free(b), free(dout), free(rin), free(rw), free(rdout);
-    free(out), free(ref), free(di), free(dw), free(db), free(rdi), free(rdw), free(rdb);
-    free(scratch);
-}
-
-/* Every product shape class at precision p, with `emulate` forcing the emulated bf16. */
-static void check_shapes(ddp_kprec_t p, int emulate)
-{
-    if (emulate) setenv("DDP_CPU_BF16", "emulate", 1); /* read by set_precision, prec_native */
-    ddp_kernels_t k, twin;
-    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
-    assert_int_equal(ddp_kernels_open(&twin, "cpu", 0, 3), 0);
-    const char *why;
-    int native = ddp_k_prec_native(&k, p, &why);
-    assert_false(emulate && native);
-    check_matmul(&k, &twin, p, native, 37, 29, 53, DDP_W_IN_OUT);
-    check_matmul(&k, &twin, p, native, 64, 48, 200, DDP_W_OUT_IN);
-    check_matmul(&k, &twin, p, native, 300, 40, 700, DDP_W_IN_OUT); /* several tiles each way */
-    check_matmul(&k, &twin, p, native, 16, 32, 9000, DDP_W_OUT_IN); /* split-K dinp */
-    ddp_kernels_close(&twin);
-    ddp_kernels_close(&k);
-    unsetenv("DDP_CPU_BF16");
-}
-
-static void test_cpu_matmul_lowp(void **state)
-{
-    (void)state;
-    check_shapes(DDP_KPREC_BF16, 0); /* native where the CPU has bf16 instructions */
-    check_shapes(DDP_KPREC_BF16, 1); /* the fallback, forced */
-    check_shapes(DDP_KPREC_FP16, 0);
 }
 
 /* A new row count per product, as sampling's growing context gives: more shapes than the native
@@ -210,24 +184,26 @@ static void test_many_shapes(void **state)
     enum { NMAX = 1000, C = 16, OCMAX = 80 };
     uint64_t seed = 7;
     float *inp = randv((size_t)NMAX * C, &seed), *w = randv((size_t)C * OCMAX, &seed);
-    float *b = calloc(OCMAX, 4), *out = calloc((size_t)NMAX * OCMAX, 4);
-    float *first = calloc(OCMAX, 4);
+    float *b = calloc(OCMAX, 4);
+    uint16_t *out = calloc((size_t)NMAX * OCMAX, 2), *first = calloc(OCMAX, 2);
+    uint16_t *inp16 = calloc((size_t)NMAX * C, 2);
     float *rin = rounded(inp, (size_t)NMAX * C, DDP_KPREC_BF16);
     float *rw = rounded(w, (size_t)C * OCMAX, DDP_KPREC_BF16);
+    for (size_t i = 0; i < (size_t)NMAX * C; i++) inp16[i] = ddp_bf16_bits(inp[i]);
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
     for (int n = 1; n <= NMAX; n++) {
         int OC = 8 + n % 10 * 8; /* ten widths: over a thousand tile shapes in all */
-        DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, b, n, C, OC, DDP_W_IN_OUT);
+        DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, n, C, OC, DDP_W_IN_OUT);
         assert_int_equal(ddp_k_sync(&k), 0);
-        if (n == 1) memcpy(first, out, (size_t)OC * 4);
+        if (n == 1) memcpy(first, out, (size_t)OC * 2);
         for (int o = 0; o < OC; o++) /* the last row, the one this n added */
-            assert_dot(out[(size_t)(n - 1) * OC + o], rin + (size_t)(n - 1) * C, 1, rw + o,
-                       (size_t)OC, C, 0, "out", (size_t)o);
+            assert_dot(ddp_bf16_f32(out[(size_t)(n - 1) * OC + o]), rin + (size_t)(n - 1) * C, 1,
+                       rw + o, (size_t)OC, C, 0, "out", (size_t)o);
     }
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, b, 1, C, 16, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, 1, C, 16, DDP_W_IN_OUT);
     assert_int_equal(ddp_k_sync(&k), 0);
-    assert_same(out, first, 16, "out (n = 1 again)");
-    free(inp), free(w), free(b), free(out), free(first), free(rin), free(rw);
+    assert_memory_equal(out, first, 16 * 2);
+    free(inp), free(w), free(b), free(out), free(first), free(rin), free(rw), free(inp16);
     ddp_kernels_close(&k);
 }
 
@@ -265,21 +241,22 @@ static void test_weight_copy_refresh(void **state)
     (void)state;
     ddp_kernels_t k;
     assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
-    float inp[2] = {1.0f, 1.0f}, w[2] = {1.0f, 2.0f}, out[1];
+    uint16_t inp[2] = {ddp_bf16_bits(1.0f), ddp_bf16_bits(1.0f)}, out[1];
+    float w[2] = {1.0f, 2.0f};
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
     DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
-    assert_true(out[0] == 3.0f);
+    assert_true(ddp_bf16_f32(out[0]) == 3.0f);
     w[1] = 5.0f;
     DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
-    assert_true(out[0] == 3.0f); /* the cached copy */
+    assert_true(ddp_bf16_f32(out[0]) == 3.0f); /* the cached copy */
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
     DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
-    assert_true(out[0] == 6.0f);
-    /* fp16 overflow shows as Inf in the product */
+    assert_true(ddp_bf16_f32(out[0]) == 6.0f);
+    /* fp16 overflow shows as Inf: finite inputs whose product exceeds 65504 */
     DDP_K(&k, set_precision, DDP_KPREC_FP16);
-    inp[0] = 70000.0f;
+    inp[0] = inp[1] = ddp_fp16_bits(60000.0f);
     DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
-    assert_true(isinf(out[0]));
+    assert_int_equal(out[0], 0x7c00);
     DDP_K(&k, set_precision, (ddp_kprec_t)7); /* not a precision: an error at sync */
     assert_int_equal(ddp_k_sync(&k), DDP_EINVAL);
     ddp_kernels_close(&k);
@@ -290,7 +267,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_bf16),
         cmocka_unit_test(test_round_fp16),
-        cmocka_unit_test(test_cpu_matmul_lowp),
+        cmocka_unit_test(test_fp16_exhaustive),
+        cmocka_unit_test(test_bf16_exhaustive),
+        cmocka_unit_test(test_conversions_edges),
         cmocka_unit_test(test_native_choice),
         cmocka_unit_test(test_many_shapes),
         cmocka_unit_test(test_weight_copy_refresh),

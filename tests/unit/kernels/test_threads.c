@@ -1,6 +1,7 @@
 /* Thread-count independence: every op of the CPU backend, run on the same inputs with contexts
- * of 1, 2 and 3 threads, must give bitwise identical outputs. Shapes are chosen so that every op
- * is cut into several tasks, with remainders. */
+ * of 1, 2 and 3 threads, must give bitwise identical outputs, in fp32 and with 16-bit
+ * activations (bf16 emulated and native where the CPU has it, fp16). Shapes are chosen so that
+ * every op is cut into several tasks, with remainders. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,14 +145,77 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     free(p);
 }
 
-void test_threads(void **state)
+/* 16-bit outputs of n elements, kept as floats (the buffers hold n floats, zeroed). */
+static void keep16(outs_t *o, const char *name, const void *x, size_t n)
+{
+    keep(o, name, x, (n + 1) / 2);
+}
+
+/* The ops with activation tensors, on 16-bit activations of k's precision p. */
+static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
+{
+    krng_t r = {43};
+    int N = 130, C = 90, OC = 1100;
+    float *x = rnd(&r, (size_t)N * OC, -1, 1), *w = rnd(&r, (size_t)C * 9001, -1, 1);
+    float *b = rnd(&r, (size_t)OC, -1, 1);
+    void *a = kact(x, (size_t)N * OC, p), *a2 = kact(x + 7, (size_t)N * C, p);
+    float *out = kcalloc((size_t)N * OC, 4), *dinp = kcalloc((size_t)N * OC, 4);
+    float *dw = kcalloc((size_t)C * 9001, 4), *db = kcalloc((size_t)OC, 4);
+    DDP_K(k, matmul_fwd, KA(out), a2, w, b, N, C, OC, DDP_W_IN_OUT);
+    keep16(o, "matmul out", out, (size_t)N * OC);
+    DDP_K(k, matmul_bwd, KA(dinp), dw, db, a, a2, w, N, C, OC, DDP_W_IN_OUT);
+    keep16(o, "matmul dinp", dinp, (size_t)N * C);
+    keep(o, "matmul dweight", dw, (size_t)C * OC);
+    keep(o, "matmul dbias", db, (size_t)OC);
+    DDP_K(k, matmul_bwd, KA(dinp), dw, NULL, a, a2, w, 7, C, 9001, DDP_W_OUT_IN); /* split K */
+    keep16(o, "matmul dinp (split K)", dinp, (size_t)7 * C);
+    keep(o, "matmul dweight (split K)", dw, (size_t)C * 9001);
+    float *mean = kcalloc((size_t)N, 4), *rstd = kcalloc((size_t)N, 4);
+    DDP_K(k, layernorm_fwd, KA(out), mean, rstd, x, w, b, N, C);
+    keep16(o, "layernorm out", out, (size_t)N * C);
+    DDP_K(k, layernorm_bwd, dinp, dw, db, a, x, w, mean, rstd, N, C);
+    keep(o, "layernorm dinp", dinp, (size_t)N * C);
+    keep(o, "layernorm dweight, dbias", dw, (size_t)C);
+    /* attention: B=2, T=130, C=48, NH=4 (a = qkv [2,130,144], and dout [2,130,48]) */
+    float *lse = kcalloc(2 * 4 * 130, 4);
+    DDP_K(k, attention_fwd, KA(out), lse, a, 2, 130, 48, 4);
+    keep16(o, "attention out", out, 2 * 130 * 48);
+    keep(o, "attention lse", lse, 2 * 4 * 130);
+    DDP_K(k, attention_bwd, KA(dinp), a, a, KA(out), lse, 2, 130, 48, 4);
+    keep16(o, "attention dqkv", dinp, 2 * 130 * 144);
+    size_t ne = (size_t)N * OC;
+    DDP_K(k, gelu_fwd, KA(out), a, ne);
+    keep16(o, "gelu out", out, ne);
+    DDP_K(k, gelu_bwd, KA(out), a, KA(out), ne);
+    keep16(o, "gelu dinp", out, ne);
+    DDP_K(k, residual_fwd, dinp, x, a, ne);
+    keep(o, "residual out", dinp, ne);
+    DDP_K(k, to_act, KA(out), x, ne);
+    keep16(o, "to_act", out, ne);
+    int32_t tg[26];
+    for (int i = 0; i < 26; i++) tg[i] = (int32_t)krng_below(&r, 5000);
+    DDP_K(k, xent_fwd_bwd, lse, KA(out), a, tg, 26, 5000, 0.25f);
+    keep(o, "xent losses", lse, 26);
+    keep16(o, "xent dlogits", out, (size_t)26 * 5000);
+    free(x), free(w), free(b), free(a), free(a2), free(out), free(dinp), free(dw), free(db);
+    free(mean), free(rstd), free(lse);
+}
+
+/* Each mode's outputs with 1, 2 and 3 threads: bitwise the same. */
+static void check_threads(ddp_kprec_t p, int emulate)
 {
     outs_t ref = {0};
     for (int threads = 1; threads <= 3; threads++) {
         ddp_kernels_t k;
+        if (emulate) setenv("DDP_CPU_BF16", "emulate", 1); /* read by set_precision */
         assert_int_equal(ddp_kernels_open(&k, "cpu", 0, threads), 0);
+        DDP_K(&k, set_precision, p);
+        unsetenv("DDP_CPU_BF16");
         outs_t o = {0};
-        run_all(&k, &o);
+        if (p == DDP_KPREC_FP32)
+            run_all(&k, &o);
+        else
+            run_act16(&k, &o, p);
         assert_int_equal(k.ops->sync(k.ctx), 0);
         ddp_kernels_close(&k);
         if (threads == 1) {
@@ -162,10 +226,23 @@ void test_threads(void **state)
         for (int i = 0; i < o.n; i++) {
             for (size_t j = 0; j < o.len[i]; j++)
                 if (memcmp(&o.buf[i][j], &ref.buf[i][j], sizeof(float)) != 0)
-                    fail_msg("%s[%zu] with %d threads: %.9g, with 1 thread: %.9g", o.name[i],
-                             j, threads, (double)o.buf[i][j], (double)ref.buf[i][j]);
+                    fail_msg("%s[%zu] (precision %d) with %d threads: %.9g, with 1 thread: %.9g",
+                             o.name[i], j, (int)p, threads, (double)o.buf[i][j],
+                             (double)ref.buf[i][j]);
             free(o.buf[i]);
         }
     }
     for (int i = 0; i < ref.n; i++) free(ref.buf[i]);
+}
+
+void test_threads(void **state)
+{
+    const char *why;
+    check_threads(DDP_KPREC_FP32, 0);
+    check_threads(DDP_KPREC_BF16, 1);
+    check_threads(DDP_KPREC_FP16, 0);
+    if (ddp_kernels_cpu_bf16(&why))
+        check_threads(DDP_KPREC_BF16, 0);
+    else
+        printf("# native bf16 not checked: %s\n", why);
 }
