@@ -24,8 +24,8 @@ check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what";
 
 awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
 "$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
-# fp32: the simulated GPU is compared with the CPU backend bitwise, and the two multiply bf16
-# differently (the CPU natively on AVX512_BF16, where auto picks bf16)
+# fp32 (bf16 below): auto would pick bf16 on the CPU with AVX512_BF16 and fp32 on the sim, whose
+# precision_native says no: the runs name their precision
 cat >"$tmp/job.yaml" <<YAML
 name: sim-test
 model: {preset: gpt2-tiny}
@@ -48,12 +48,18 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs (a 1-ra
   ! grep -h "hazard\|violation\|error" "${logs[@]}"
 }
 
-echo "1..20"
+echo "1..22"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
   not_ok "2-rank runs on cpu and sim"
 check "the sim run reports no hazard, misuse or error" clean sim
+# bf16 (16-bit activations, products of bf16): the simulated GPU runs the CPU backend's ops on
+# the same types, so its weights are still the CPU's bitwise, with accumulation and no hazard
+run2 cpu16 cpu --set train.precision=\"bf16\" && run2 sim16 sim --set train.precision=\"bf16\" &&
+  check "bf16: 2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu16.st" "$tmp/sim16.st" --bitwise ||
+  not_ok "2-rank bf16 runs on cpu and sim"
+check "the bf16 sim run reports no hazard, misuse or error" clean sim16
 # every op delayed on its stream thread: the same weights (ordering, not luck)
 DDP_SIM_DELAY_US=300 run2 simslow sim && check "ops delayed by 300 us: the same weights" cmp "$tmp/sim.st" "$tmp/simslow.st" ||
   not_ok "2-rank run with delayed ops"
