@@ -1,11 +1,11 @@
 /* Causal multi-head self-attention, forward and backward, straight on the qkv layout.
  *
- * Two paths behind one op:
- * - flash_attention.cu's tensor-core kernels when ddp__cuda_flash_supported (bf16/fp16 runs,
- *   hs = 32, 64 or 128): no [T,T] tensor at all;
- * - this file's general path for every other case (fp32 runs, other head sizes): batched
- *   cuBLAS products over one op's [B,NH,T,T] scores in the context's scratch (one layer's at a
- *   time, never kept across ops), fp32 throughout.
+ * Two paths behind one op, by the run's activation type (ctx->prec):
+ * - bf16/fp16 runs: flash_attention.cu's tensor-core kernels on the 16-bit tensors as they are
+ *   (ddp__cuda_flash_supported: hs = 32, 64 or 128, compute capability >= 8.0): no [T,T]
+ *   tensor at all. Other head sizes or older GPUs are refused (DDP_ENOTSUP recorded).
+ * - fp32 runs: this file's path, batched cuBLAS products over one op's [B,NH,T,T] scores in
+ *   the context's scratch (one layer's at a time, never kept across ops), fp32 throughout.
  * Both save only out and lse[B,NH,T] (the row's natural-log log-sum-exp of its scaled scores);
  * backward recomputes the probabilities P = exp(scores - lse).
  *
@@ -18,10 +18,10 @@
  *           P  = softmax_causal(S), lse       one warp per row (zero above t)
  *           out[b,t,h*hs:] = P @ V            gemm, written with row stride C
  * backward  P  = exp(scale Q K^T - lse)       gemm, then one warp per row
- *           dV += P^T @ dout
+ *           dV = P^T @ dout
  *           dP = dout @ V^T
  *           dS = scale * P (dP - D), D = dout . out     one warp per row, in place in dP
- *           dQ += dS @ K,   dK += dS^T @ Q
+ *           dQ = dS @ K,   dK = dS^T @ Q      (dqkv overwritten: beta 0)
  * Scratch: B*NH*T*T floats forward, twice that backward, plus 9 * B*NH pointers.
  * Limits: B*NH*T < 2^31 rows.
  */
@@ -141,14 +141,19 @@ static int gemm_batched(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t
 
 static unsigned row_blocks(int rows) { return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
-void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
-                             int T, int C, int NH)
+/* 1 when the op goes to the flash kernels (a 16-bit run); they refuse what they cannot take. */
+static int flash_path(const ddp_kctx_t *ctx) { return ctx->prec != DDP_KPREC_FP32; }
+
+void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out_act, float *lse,
+                             const ddp_act_t *qkv_act, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
-    if (ddp__cuda_flash_supported(ctx, C, NH)) {
-        ddp__cuda_flash_fwd(ctx, out, lse, qkv, B, T, C, NH);
+    if (flash_path(ctx)) {
+        ddp__cuda_flash_fwd(ctx, out_act, lse, qkv_act, B, T, C, NH);
         return;
     }
+    float *out = (float *)out_act;
+    const float *qkv = (const float *)qkv_act;
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, NULL, {out, NULL}, {NULL, NULL}};
@@ -168,14 +173,18 @@ void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const floa
                  "attention_fwd(pv)");
 }
 
-void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, int B, int T, int C, int NH)
+void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv_act, const ddp_act_t *dout_act,
+                             const ddp_act_t *qkv_act, const ddp_act_t *out_act, const float *lse,
+                             int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
-    if (ddp__cuda_flash_supported(ctx, C, NH)) {
-        ddp__cuda_flash_bwd(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
+    if (flash_path(ctx)) {
+        ddp__cuda_flash_bwd(ctx, dqkv_act, dout_act, qkv_act, out_act, lse, B, T, C, NH);
         return;
     }
+    float *dqkv = (float *)dqkv_act;
+    const float *dout = (const float *)dout_act, *qkv = (const float *)qkv_act;
+    const float *out = (const float *)out_act;
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, dqkv, {(float *)dout, NULL}, {NULL, NULL}};
@@ -192,8 +201,8 @@ void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, co
     softmax_again_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0],
                                                                                    lse, rows, T);
     if (ddp__cuda_launched(ctx, "attention_bwd(p)")) return;
-    /* dV^T += dout^T P */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 1.0f, dV, C3, BH,
+    /* dV^T = dout^T P */
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 0.0f, dV, C3, BH,
                      "attention_bwd(dv)"))
         return;
     /* dP^T = V dout^T */
@@ -203,11 +212,11 @@ void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, co
     softmax_bwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
         a.bhtt[1], a.bhtt[0], dout, out, rows, T, C, NH, scale);
     if (ddp__cuda_launched(ctx, "attention_bwd(softmax)")) return;
-    /* dQ^T += K^T dS^T */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, C3, dP, T, 1.0f, dQ, C3, BH,
+    /* dQ^T = K^T dS^T */
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, C3, dP, T, 0.0f, dQ, C3, BH,
                      "attention_bwd(dq)"))
         return;
-    /* dK^T += Q^T dS */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dP, T, 1.0f, dK, C3, BH,
+    /* dK^T = Q^T dS */
+    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dP, T, 0.0f, dK, C3, BH,
                  "attention_bwd(dk)");
 }

@@ -5,8 +5,9 @@
  *
  * - probe: 0 when the runtime reports no device (cudaGetDeviceCount fails, e.g. with
  *   cudaErrorInsufficientDriver when no driver is installed, or finds none), 10 otherwise.
- * - A context: the device made current, a non-blocking stream, a cuBLAS handle on it. Matmuls
- *   are plain fp32; DDP_CUDA_TF32=1 in the environment lets cuBLAS use TF32 tensor cores.
+ * - A context: the device made current, a non-blocking stream, a cuBLAS handle on it and a
+ *   cuBLASLt handle. fp32 matmuls are plain fp32 (DDP_CUDA_TF32=1 in the environment lets
+ *   cuBLAS use TF32 tensor cores); bf16/fp16 runs multiply on tensor cores (matmul.cu).
  * - alloc: cudaMalloc, zero-filled when it returns; free waits for the queued ops first.
  *   Sparse arenas (reserve/commit/decommit) are sparse.cu's; free releases them too.
  *   memcpy_h2d/d2h return when the copy is complete (the host buffer may be reused at once);
@@ -104,6 +105,8 @@ static void cuda_close(ddp_kctx_t *ctx)
     cudaSetDevice(ctx->device);
     if (ctx->stream) cudaStreamSynchronize(ctx->stream);
     if (ctx->blas) cublasDestroy(ctx->blas);
+    if (ctx->lt) cublasLtDestroy(ctx->lt);
+    if (ctx->lt_ws) cudaFree(ctx->lt_ws);
     ddp__cuda_lowp_free(ctx);
     ddp__cuda_sparse_close(ctx);
     if (ctx->scratch) cudaFree(ctx->scratch);
@@ -148,6 +151,7 @@ static int cuda_init(ddp_kctx_t **out, int device, int threads)
     DDP_CHECK_GOTO(ddp__cublas_check(ctx, cublasSetStream(ctx->blas, ctx->stream),
                                      "cublasSetStream"),
                    rc, fail);
+    DDP_CHECK_GOTO(ddp__cublas_check(ctx, cublasLtCreate(&ctx->lt), "cublasLtCreate"), rc, fail);
     {
         const char *tf32 = getenv("DDP_CUDA_TF32");
         cublasMath_t mode = (tf32 && strcmp(tf32, "1") == 0) ? CUBLAS_TF32_TENSOR_OP_MATH
@@ -339,6 +343,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .gelu_fwd = ddp__cuda_gelu_fwd,
     .gelu_bwd = ddp__cuda_gelu_bwd,
     .residual_fwd = ddp__cuda_residual_fwd,
+    .to_act = ddp__cuda_to_act,
     .xent_fwd_bwd = ddp__cuda_xent_fwd_bwd,
     .adamw = ddp__cuda_adamw,
     .sumsq_blocks = ddp__cuda_sumsq_blocks,

@@ -1,15 +1,16 @@
 /* Causal flash attention (FlashAttention-2 style) on bf16/fp16 tensor cores, forward and a
  * deterministic backward. Nothing of the [T, T] score matrix ever reaches global memory.
  *
- * Shapes (fp32 in global memory; hs = C/NH in {32, 64, 128}; scale = 1/sqrt(hs)):
+ * Shapes (hs = C/NH in {32, 64, 128}; scale = 1/sqrt(hs)); the activations are of the run's
+ * 16-bit type T16 (bf16 for ctx->prec BF16, fp16 for FP16), lse fp32:
  *   qkv[B,T,3C]   q, k, v of head h at offsets h*hs, C + h*hs, 2C + h*hs of a position
  *   out[B,T,C]    softmax_causal(scale Q K^T) V per head (head h at h*hs); dout alike
  *   lse[B,NH,T]   natural-log log-sum-exp of row t's scaled scores over t2 <= t
- *   dqkv[B,T,3C]  backward ADDS dq, dk, dv (the ops' accumulate contract)
- * Precision: tiles are rounded to bf16 (ctx->prec BF16) or fp16 (FP16), round to nearest even,
- * while they are staged into shared memory; products accumulate in fp32 (mma.sync m16n8k16);
- * softmax statistics, P's row sums, lse and D are fp32. P (forward) and dS (backward) are
- * rounded to the 16-bit type as the A operand of the second product.
+ *   dqkv[B,T,3C]  backward OVERWRITES it with dq, dk, dv (the activation gradients' contract)
+ * Precision: tiles are copied into shared memory as they are (16-bit); products accumulate in
+ * fp32 (mma.sync m16n8k16); softmax statistics, P's row sums, lse and D are fp32. P (forward)
+ * and dS (backward) are rounded to T16 as the A operand of the second product; out, dq, dk, dv
+ * are rounded to T16 once, on store (round to nearest even; fp16 overflow gives Inf).
  *
  * Tiles: 128 threads = 4 warps a block; BR = 64 query rows a block (16 a warp), BC = 64 keys a
  * tile. Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
@@ -30,8 +31,8 @@
  * Grouped-query attention: Q and K/V are addressed separately (base, row stride, head), with
  * kv_head = q_head / group; the launchers pass group = 1 (plain multi-head attention).
  * Limits: ceil(T/64) <= 65535 (grid y), B*NH < 2^31; qkv, out, dout, dqkv 16-byte aligned;
- * compute capability >= 8.0. fp16 overflows above 65504 (|q|, |k|, |v|, |dout|). Registers:
- * up to about 245 a thread (dK/dV at hs = 128), none spilled; 128 threads a block.
+ * compute capability >= 8.0. Registers: up to about 245 a thread (dK/dV at hs = 128), none
+ * spilled; 128 threads a block.
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -52,15 +53,16 @@ static constexpr float FA_LN2 = 0.6931471805599453f;
 
 /* What a kernel reads and writes. Q, K, V (and dQ, dK, dV) are addressed by base pointer, row
  * stride and head: row t of query head h of batch b is q + (b*T + t)*ld_q + h*hs; K/V head kvh =
- * h / group at k, v + (b*T + t)*ld_kv + kvh*hs. */
+ * h / group at k, v + (b*T + t)*ld_kv + kvh*hs. The activations are T16 arrays (the kernel's
+ * template type; void here so that one struct serves both types). */
 struct fa_params {
-    const float *q, *k, *v;   /* forward and backward inputs */
-    float *dq, *dk, *dv;      /* backward outputs (+=), addressed like q, k, v */
-    float *out;               /* forward output [B,T,ld_o] */
-    const float *o, *dout;    /* backward inputs [B,T,ld_o] */
+    const void *q, *k, *v;    /* forward and backward inputs */
+    void *dq, *dk, *dv;       /* backward outputs (overwritten), addressed like q, k, v */
+    void *out;                /* forward output [B,T,ld_o] */
+    const void *dout;         /* backward input [B,T,ld_o] */
     float *lse;               /* [B,NH,T]: written by the forward, read by the backward */
     const float *dsum;        /* [B,NH,T]: D = rowsum(dout * out), backward */
-    size_t ld_q, ld_kv, ld_o; /* row strides, in floats */
+    size_t ld_q, ld_kv, ld_o; /* row strides, in elements */
     int T, NH, group;         /* NH query heads; `group` of them share a K/V head */
     float scale;              /* 1/sqrt(hs) */
     float sl2;                /* scale * log2(e): scores go to exp2 */
@@ -84,6 +86,10 @@ struct fa_params {
 template <typename T16> struct fa_type;
 
 template <> struct fa_type<__nv_bfloat16> {
+    static __device__ __forceinline__ float to_float(__nv_bfloat16 x)
+    {
+        return __bfloat162float(x);
+    }
     /* lo in bits 0..15, hi in 16..31; round to nearest even (as __float2bfloat16_rn) */
     static __device__ __forceinline__ uint32_t pack(float lo, float hi)
     {
@@ -103,6 +109,7 @@ template <> struct fa_type<__nv_bfloat16> {
 };
 
 template <> struct fa_type<__half> {
+    static __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
     /* lo in bits 0..15, hi in 16..31; round to nearest even, overflow gives Inf */
     static __device__ __forceinline__ uint32_t pack(float lo, float hi)
     {
@@ -219,25 +226,30 @@ static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float (*c)[
     a[3] = fa_type<T16>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-/* Stages rows r0 .. r0+ROWS-1 (columns 0 .. HS-1) of an fp32 matrix with row stride ld into the
- * 16-bit tile dst[ROWS][HS + FA_PAD]; rows >= T become zeros. Called by the whole block. A warp
- * reads 512 contiguous bytes a step (float4 a lane) and writes 8 bytes a lane. */
+/* Stages rows r0 .. r0+ROWS-1 (columns 0 .. HS-1) of a 16-bit matrix with row stride ld into
+ * the tile dst[ROWS][HS + FA_PAD], as they are; rows >= T become zeros. Called by the whole
+ * block. A lane moves 16 bytes (8 elements) a step; a warp reads 512 contiguous bytes at
+ * hs = 128 (two or four rows of 64 or 128 bytes at hs = 64, 32). */
 template <typename T16, int HS, int ROWS = 64>
-static __device__ __forceinline__ void stage(T16 *dst, const float *src, size_t ld, int r0, int T)
+static __device__ __forceinline__ void stage(T16 *dst, const T16 *src, size_t ld, int r0, int T)
 {
-    constexpr int LD = HS + FA_PAD, CH = HS / 4; /* float4 chunks a row */
+    constexpr int LD = HS + FA_PAD, CH = HS / 8; /* 16-byte chunks a row */
     static_assert(ROWS * CH % FA_THREADS == 0, "whole steps");
-#pragma unroll 4
+    /* 2 steps unrolled, not more: with 4 loads in flight the hs = 64 kernels spill */
+#pragma unroll 2
     for (int idx = threadIdx.x; idx < ROWS * CH; idx += FA_THREADS) {
-        int r = idx / CH, c = (idx % CH) * 4;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        int r = idx / CH, c = (idx % CH) * 8;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (r0 + r < T)
-            v = __ldg(reinterpret_cast<const float4 *>(src + (size_t)(r0 + r) * ld + c));
-        uint2 u;
-        u.x = fa_type<T16>::pack(v.x, v.y);
-        u.y = fa_type<T16>::pack(v.z, v.w);
-        *reinterpret_cast<uint2 *>(dst + r * LD + c) = u;
+            v = __ldg(reinterpret_cast<const uint4 *>(src + (size_t)(r0 + r) * ld + c));
+        *reinterpret_cast<uint4 *>(dst + r * LD + c) = v;
     }
+}
+
+/* Stores the fp32 pair (x, y) rounded to T16 at p (4-byte aligned: an even element). */
+template <typename T16> static __device__ __forceinline__ void store2(T16 *p, float x, float y)
+{
+    *reinterpret_cast<uint32_t *>(p) = fa_type<T16>::pack(x, y);
 }
 
 /* ---- Forward ----
@@ -257,9 +269,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
     const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
     const int kvh = h / p.group;
     const int i = (int)(gridDim.y - 1 - blockIdx.y), q0 = i * FA_BR;
-    const float *qg = p.q + (size_t)b * T * p.ld_q + (size_t)h * HS;
-    const float *kg = p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
-    const float *vg = p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const T16 *qg = static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)h * HS;
+    const T16 *kg = static_cast<const T16 *>(p.k) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const T16 *vg = static_cast<const T16 *>(p.v) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
     const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
 
     stage<T16, HS>(sK, qg, p.ld_q, q0, T);
@@ -343,22 +355,24 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
         const int row = row0 + r * 8;
         if (row >= T) continue; /* padding rows are never stored */
         const float inv = 1.0f / lsum; /* lsum >= 1: the row max contributes exp2(0) */
-        float *op = p.out + ((size_t)b * T + row) * p.ld_o + (size_t)h * HS + 2 * t;
+        T16 *op = static_cast<T16 *>(p.out) + ((size_t)b * T + row) * p.ld_o + (size_t)h * HS +
+                  2 * t;
 #pragma unroll
         for (int n = 0; n < HS / 8; n++)
-            *reinterpret_cast<float2 *>(op + n * 8) =
-                make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+            store2(op + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
         if (t == 0) p.lse[((size_t)b * p.NH + h) * T + row] = mx[r] * FA_LN2 + logf(lsum);
     }
 }
 
 /* ---- Backward ---- */
 
-/* D[r] = sum_c dout[row][c] * out[row][c] over a head's hs columns, r = (b*NH + h)*T + t; a warp
- * a row (lane-strided sum, then the fixed xor butterfly). */
-static __global__ void fa_rowdot_kernel(float *d, const float *dout, const float *o, size_t ld_o,
+/* D[r] = sum_c dout[row][c] * out[row][c] over a head's hs columns, r = (b*NH + h)*T + t, in
+ * fp32 from the 16-bit tensors; a warp a row (lane-strided sum, then the fixed xor butterfly). */
+template <typename T16>
+static __global__ void fa_rowdot_kernel(float *d, const void *dout_v, const void *o_v, size_t ld_o,
                                         int T, int NH, int hs, long rows)
 {
+    const T16 *dout = static_cast<const T16 *>(dout_v), *o = static_cast<const T16 *>(o_v);
     long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
@@ -366,7 +380,8 @@ static __global__ void fa_rowdot_kernel(float *d, const float *dout, const float
     int t = (int)(r % T), h = (int)(bh % NH);
     size_t off = ((size_t)(bh / NH) * T + t) * ld_o + (size_t)h * hs;
     float s = 0.0f;
-    for (int c = lane; c < hs; c += 32) s += dout[off + c] * o[off + c];
+    for (int c = lane; c < hs; c += 32)
+        s += fa_type<T16>::to_float(dout[off + c]) * fa_type<T16>::to_float(o[off + c]);
     s = ddp__warp_sum(s);
     if (lane == 0) d[r] = s;
 }
@@ -403,8 +418,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
     const int k0 = (int)blockIdx.y * FA_BC;
     const int key0 = k0 + warp * 16 + g; /* and key0 + 8 */
 
-    stage<T16, HS>(sK, p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS, p.ld_kv, k0, T);
-    stage<T16, HS>(sV, p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS, p.ld_kv, k0, T);
+    const size_t kvoff = (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    stage<T16, HS>(sK, static_cast<const T16 *>(p.k) + kvoff, p.ld_kv, k0, T);
+    stage<T16, HS>(sV, static_cast<const T16 *>(p.v) + kvoff, p.ld_kv, k0, T);
 
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -413,8 +429,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
 
     for (int qh = kvh * p.group; qh < (kvh + 1) * p.group; qh++) {
-        const float *qg = p.q + (size_t)b * T * p.ld_q + (size_t)qh * HS;
-        const float *dog = p.dout + (size_t)b * T * p.ld_o + (size_t)qh * HS;
+        const T16 *qg = static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)qh * HS;
+        const T16 *dog =
+            static_cast<const T16 *>(p.dout) + (size_t)b * T * p.ld_o + (size_t)qh * HS;
         const size_t rbase = ((size_t)b * p.NH + qh) * T; /* lse, D row 0 */
         for (int q0 = k0; q0 < T; q0 += QB) {
             stage<T16, HS, QB>(sQ, qg, p.ld_q, q0, T);
@@ -485,17 +502,11 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         const int key = key0 + r * 8;
         if (key >= T) continue;
         const size_t off = ((size_t)b * T + key) * p.ld_kv + (size_t)kvh * HS + 2 * t;
+        T16 *pk = static_cast<T16 *>(p.dk) + off, *pv = static_cast<T16 *>(p.dv) + off;
 #pragma unroll
         for (int n = 0; n < HS / 8; n++) {
-            float2 *pk = reinterpret_cast<float2 *>(p.dk + off + n * 8);
-            float2 *pv = reinterpret_cast<float2 *>(p.dv + off + n * 8);
-            float2 vk = *pk, vv = *pv;
-            vk.x += p.scale * dk[n][2 * r];
-            vk.y += p.scale * dk[n][2 * r + 1];
-            vv.x += dv[n][2 * r];
-            vv.y += dv[n][2 * r + 1];
-            *pk = vk;
-            *pv = vv;
+            store2(pk + n * 8, p.scale * dk[n][2 * r], p.scale * dk[n][2 * r + 1]);
+            store2(pv + n * 8, dv[n][2 * r], dv[n][2 * r + 1]);
         }
     }
 }
@@ -519,13 +530,16 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
     const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
     const int kvh = h / p.group;
     const int i = (int)(gridDim.y - 1 - blockIdx.y), q0 = i * FA_BR;
-    const float *kg = p.k + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
-    const float *vg = p.v + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const T16 *kg = static_cast<const T16 *>(p.k) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
+    const T16 *vg = static_cast<const T16 *>(p.v) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
     const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
     const size_t rbase = ((size_t)b * p.NH + h) * T;
 
-    stage<T16, HS>(sQ, p.q + (size_t)b * T * p.ld_q + (size_t)h * HS, p.ld_q, q0, T);
-    stage<T16, HS>(sdO, p.dout + (size_t)b * T * p.ld_o + (size_t)h * HS, p.ld_o, q0, T);
+    stage<T16, HS>(sQ, static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)h * HS,
+                   p.ld_q, q0, T);
+    stage<T16, HS>(sdO,
+                   static_cast<const T16 *>(p.dout) + (size_t)b * T * p.ld_o + (size_t)h * HS,
+                   p.ld_o, q0, T);
     float lse2[2], dd[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -579,15 +593,11 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
     for (int r = 0; r < 2; r++) {
         const int row = row0 + r * 8;
         if (row >= T) continue;
-        float *dst = p.dq + ((size_t)b * T + row) * p.ld_q + (size_t)h * HS + 2 * t;
+        T16 *dst = static_cast<T16 *>(p.dq) + ((size_t)b * T + row) * p.ld_q + (size_t)h * HS +
+                   2 * t;
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) {
-            float2 *pq = reinterpret_cast<float2 *>(dst + n * 8);
-            float2 v = *pq;
-            v.x += p.scale * dq[n][2 * r];
-            v.y += p.scale * dq[n][2 * r + 1];
-            *pq = v;
-        }
+        for (int n = 0; n < HS / 8; n++)
+            store2(dst + n * 8, p.scale * dq[n][2 * r], p.scale * dq[n][2 * r + 1]);
     }
 }
 
@@ -645,7 +655,7 @@ static int fa_fail(ddp_kctx_t *ctx, int rc, const char *what, const char *why)
 }
 
 /* Validates the call and fills the parts of p common to forward and backward. */
-static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const float *qkv, const void *aligned[3], int B,
+static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const void *qkv, const void *aligned[3], int B,
                     int T, int C, int NH, const char *what)
 {
     if (!ddp__cuda_flash_supported(ctx, C, NH))
@@ -658,9 +668,9 @@ static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const float *qkv, const void 
             return fa_fail(ctx, DDP_EINVAL, what, "tensor not 16-byte aligned");
     int hs = C / NH;
     memset(p, 0, sizeof *p);
-    p->q = qkv;
-    p->k = qkv + C;
-    p->v = qkv + 2 * (size_t)C;
+    p->q = qkv; /* 2-byte elements: k and v start C and 2C of them further */
+    p->k = (const char *)qkv + 2 * (size_t)C;
+    p->v = (const char *)qkv + 4 * (size_t)C;
     p->ld_q = p->ld_kv = 3 * (size_t)C;
     p->ld_o = (size_t)C;
     p->T = T;
@@ -687,7 +697,7 @@ static int fa_launch(ddp_kctx_t *ctx, int kind, int hs, unsigned gx, unsigned gy
     return ddp__cuda_launched(ctx, what);
 }
 
-void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
+void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
                          int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
@@ -700,8 +710,8 @@ void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *q
               "flash_fwd");
 }
 
-void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                         const float *out, const float *lse, int B, int T, int C, int NH)
+void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
+                         const void *out, const float *lse, int B, int T, int C, int NH)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
     fa_params p;
@@ -715,14 +725,14 @@ void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const 
     long rows = (long)B * NH * T;
     float *dsum;
     if (ddp__cuda_scratch(ctx, (size_t)rows * sizeof(float), (void **)&dsum)) return;
-    fa_rowdot_kernel<<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(dsum, dout, out,
-                                                                           (size_t)C, T, NH, hs,
-                                                                           rows);
+    void (*rowdot)(float *, const void *, const void *, size_t, int, int, int, long) =
+        ctx->prec == DDP_KPREC_BF16 ? fa_rowdot_kernel<__nv_bfloat16> : fa_rowdot_kernel<__half>;
+    rowdot<<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(dsum, dout, out, (size_t)C, T, NH,
+                                                                hs, rows);
     if (ddp__cuda_launched(ctx, "flash_bwd(D)")) return;
     p.dq = dqkv;
-    p.dk = dqkv + C;
-    p.dv = dqkv + 2 * (size_t)C;
-    p.o = out;
+    p.dk = (char *)dqkv + 2 * (size_t)C;
+    p.dv = (char *)dqkv + 4 * (size_t)C;
     p.dout = dout;
     p.lse = (float *)lse; /* read only in the backward kernels */
     p.dsum = dsum;

@@ -2,8 +2,11 @@
  * kernels/cuda/).
  *
  * - struct ddp_kctx: one context owns one device, one non-blocking compute stream, one cuBLAS
- *   handle bound to that stream, a grow-only scratch buffer for ops that need temporary device
- *   memory (sumsq_blocks' results among others), and a small fixed buffer for nonfinite's flag.
+ *   handle bound to that stream and one cuBLASLt handle (16-bit products, matmul.cu), a
+ *   grow-only scratch buffer for ops that need temporary device memory (sumsq_blocks' results
+ *   among others), and a small fixed buffer for nonfinite's flag.
+ * - Activation tensors (ddp_act_t, kernels.h) hold float, __nv_bfloat16 or __half by ctx->prec:
+ *   kernels are templates on that type (ddp__act below), launched through DDP_ACT_DISPATCH.
  * - Errors: ops return nothing, so the first CUDA/cuBLAS error since the last sync is kept in
  *   ctx->err (and its original message logged); ddp_k_sync() returns it.
  * - Determinism: no op uses floating-point atomics; every reduction has a fixed order that
@@ -13,7 +16,10 @@
 #ifndef DDP_KERNELS_CUDA_KCUDA_CUH
 #define DDP_KERNELS_CUDA_KCUDA_CUH
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -27,6 +33,7 @@ extern "C" {
 #include "common/log.h"
 #include "kernels/kernels.h"
 }
+#include "kernels/math/lowp.h"
 
 /* Threads per block of the plain elementwise kernels. */
 #define DDP_CUDA_BLOCK 256
@@ -37,15 +44,16 @@ struct ddp_kctx {
     int device;
     cudaStream_t stream; /* every op is queued here */
     cublasHandle_t blas; /* bound to `stream` */
+    cublasLtHandle_t lt; /* 16-bit products (matmul.cu); the stream is given per call */
+    void *lt_ws;         /* cuBLASLt's workspace, DDP_CUDA_LT_WS bytes, allocated on first use */
+    int lt_bias32;       /* -1 once cuBLASLt refused an fp32 bias on a 16-bit output (matmul.cu) */
     int err;             /* first error since the last sync (DDP_ECUDA), else 0 */
     void *scratch;       /* grow-only temporary device memory, `scratch_bytes` long */
     size_t scratch_bytes;
     int *flag;    /* device [1]: nonfinite flag */
     void *pinned; /* pinned host [16 bytes]: staging for the nonfinite flag */
     cudaEvent_t order; /* record_event's event: collectives wait for it on their stream */
-    ddp_kprec_t prec;  /* matmul input precision (lowp.cu) */
-    void *lowp_in[2];  /* device: the current product's inputs in bf16/fp16 */
-    size_t lowp_in_n[2];
+    ddp_kprec_t prec;  /* the activation type (set_precision, lowp.cu); ops launch in order */
     struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies of weights (lowp.cu) */
     int n_wcopies, cap_wcopies;
     struct ddp__cuda_sparse *sparse; /* driver entry points and reservations (sparse.cu) */
@@ -76,6 +84,77 @@ size_t ddp__cuda_commit_granule(ddp_kctx_t *ctx);
 int ddp__cuda_sparse_free(ddp_kctx_t *ctx, void *p);
 /* Releases the reservations still held (context close). */
 void ddp__cuda_sparse_close(ddp_kctx_t *ctx);
+
+/* cuBLASLt's workspace (the size NVIDIA suggests for Hopper; Ampere needs less). */
+#define DDP_CUDA_LT_WS ((size_t)32 << 20)
+
+/* ---- Activation types ----
+ * ddp__act<T>::ld widens an element to fp32 (exact); ::st rounds an fp32 to T once, to nearest
+ * even, bit for bit as kernels/math/lowp.h does on the CPU (fp16: |x| >= 65520 becomes Inf). */
+template <typename T> struct ddp__act;
+template <> struct ddp__act<float> {
+    static __device__ __forceinline__ float ld(float x) { return x; }
+    static __device__ __forceinline__ float st(float x) { return x; }
+};
+template <> struct ddp__act<__nv_bfloat16> {
+    static __device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+    static __device__ __forceinline__ __nv_bfloat16 st(float x)
+    {
+        return __ushort_as_bfloat16(ddp_bf16_bits(x));
+    }
+};
+template <> struct ddp__act<__half> {
+    static __device__ __forceinline__ float ld(__half x) { return __half2float(x); }
+    static __device__ __forceinline__ __half st(float x)
+    {
+        return __ushort_as_half(ddp_fp16_bits(x));
+    }
+};
+
+/* Runs the statements `...` with the typedef T naming ctx's activation type (prec). */
+#define DDP_ACT_DISPATCH(prec, T, ...)                                                        \
+    do {                                                                                      \
+        if ((prec) == DDP_KPREC_BF16) {                                                       \
+            typedef __nv_bfloat16 T;                                                          \
+            __VA_ARGS__;                                                                      \
+        } else if ((prec) == DDP_KPREC_FP16) {                                                \
+            typedef __half T;                                                                 \
+            __VA_ARGS__;                                                                      \
+        } else {                                                                              \
+            typedef float T;                                                                  \
+            __VA_ARGS__;                                                                      \
+        }                                                                                     \
+    } while (0)
+
+/* V consecutive elements of type E moved as one access (16 bytes for V * sizeof(E) = 16). */
+template <int V, typename E> struct alignas(V * sizeof(E)) ddp__pack {
+    E e[V];
+};
+
+/* x[0..V) = p[0..V) widened to fp32; p aligned to V elements. */
+template <int V, typename E>
+__device__ __forceinline__ void ddp__ldv(float (&x)[V], const E *p)
+{
+    ddp__pack<V, E> v = *reinterpret_cast<const ddp__pack<V, E> *>(p);
+#pragma unroll
+    for (int k = 0; k < V; k++) x[k] = ddp__act<E>::ld(v.e[k]);
+}
+
+/* p[0..V) = x[0..V) rounded to E; p aligned to V elements. */
+template <int V, typename E>
+__device__ __forceinline__ void ddp__stv(E *p, const float (&x)[V])
+{
+    ddp__pack<V, E> v;
+#pragma unroll
+    for (int k = 0; k < V; k++) v.e[k] = ddp__act<E>::st(x[k]);
+    *reinterpret_cast<ddp__pack<V, E> *>(p) = v;
+}
+
+/* 1 when p is aligned to `bytes` (a power of two). */
+static inline int ddp__aligned(const void *p, size_t bytes)
+{
+    return ((uintptr_t)p & (bytes - 1)) == 0;
+}
 
 /* Blocks for a grid-stride loop over n items, block threads each. */
 static inline unsigned ddp__grid(size_t n, unsigned block)
@@ -202,61 +281,65 @@ void ddp__cuda_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, cons
 void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
                            const int32_t *inp, int B, int T, int C);
 /* layernorm.cu */
-void ddp__cuda_layernorm_fwd(ddp_kctx_t *ctx, float *out, float *mean, float *rstd,
+void ddp__cuda_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
                              const float *inp, const float *weight, const float *bias, int N,
                              int C);
 void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                             const float *dout, const float *inp, const float *weight,
+                             const ddp_act_t *dout, const float *inp, const float *weight,
                              const float *mean, const float *rstd, int N, int C);
-/* lowp.cu: mixed precision */
-/* The cuBLAS type of ctx->prec's inputs (CUDA_R_16BF or CUDA_R_16F). */
+/* lowp.cu: the run's precision and the 16-bit weight copies */
+/* The CUDA type of ctx->prec's 16-bit activations (CUDA_R_16BF or CUDA_R_16F). */
 cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx);
-/* x[0..n) converted to ctx->prec in input slot `slot` (0, 1) of ctx, queued on the stream;
- * NULL (error recorded) on failure. Valid until the next call with that slot. */
-const void *ddp__cuda_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n);
-/* Weight w[0..n) converted to ctx->prec, converted once per set_precision and kept per pointer;
- * NULL (error recorded) on failure. */
+/* Weight w[0..n) rounded to ctx->prec (16-bit), converted once per set_precision and kept per
+ * pointer; NULL (error recorded) on failure. */
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
 void ddp__cuda_lowp_free(ddp_kctx_t *ctx);
 void ddp__cuda_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
 int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
 /* matmul.cu */
-void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
-                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
-void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight, int N, int C,
-                          int OC, ddp_wlayout_t layout);
+void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                          const float *weight, const float *bias, int N, int C, int OC,
+                          ddp_wlayout_t layout);
+void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                          const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                          int C, int OC, ddp_wlayout_t layout);
 /* attention.cu */
-void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
+void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                             int B, int T, int C, int NH);
+void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
+                             const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
                              int T, int C, int NH);
-void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, int B, int T, int C, int NH);
 /* flash_attention.cu */
 /* 1 when the tensor-core flash kernels take this shape and precision: ctx->prec is BF16 or FP16
  * and hs = C/NH is 32, 64 or 128. */
 int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH);
 /* out[B,T,C] = causal softmax(scale Q K^T) V per head; lse[B,NH,T] = natural-log log-sum-exp
- * of row t's scaled scores (over t2 <= t). Queued on ctx->stream; errors recorded in ctx. */
-void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
-                         int T, int C, int NH);
-/* dqkv[B,T,3C] += the gradient of out w.r.t. qkv given dout[B,T,C], forward's out and lse. */
-void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                         const float *out, const float *lse, int B, int T, int C, int NH);
+ * of row t's scaled scores (over t2 <= t). qkv, out: ctx->prec's 16-bit type. Queued on
+ * ctx->stream; errors recorded in ctx. */
+void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
+                         int C, int NH);
+/* dqkv[B,T,3C] = the gradient of out w.r.t. qkv given dout[B,T,C], forward's out and lse
+ * (overwritten; 16-bit like qkv). */
+void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
+                         const void *out, const float *lse, int B, int T, int C, int NH);
 /* pointwise.cu */
-void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n);
-void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
-                        size_t n);
-void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b,
+void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n);
+void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                        const ddp_act_t *dout, size_t n);
+void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
                             size_t n);
+/* Also lowp.cu's weight conversion (out: ctx->prec's type). */
+void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n);
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                      const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
                      float beta2, float eps, float grad_scale, int t, uint32_t *crc);
 void ddp__cuda_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
 void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
 /* xent.cu */
-void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
-                            const int32_t *targets, int N, int V, float dloss);
+void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+                            const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                            float dloss);
 /* reduce.cu */
 void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
                             const ddp_krange_t *ranges, int nranges, size_t block);

@@ -1,17 +1,12 @@
-/* Mixed precision on the GPU: matmul inputs converted to bf16 or fp16 (round to nearest even,
- * the CPU's rounding: kernels/math/lowp.h) and multiplied by cublasGemmEx on tensor cores with
- * fp32 accumulation and fp32 output (matmul.cu).
+/* Mixed precision on the GPU: the run's activation type (set_precision) and the weights'
+ * 16-bit copies that the products multiply (matmul.cu).
  *
- * Weights are converted once per set_precision (the trainer calls it after each update) into a
- * copy kept per weight pointer: 2 bytes per weight element more. Activations and gradients are
- * converted per product into two grow-only slots.
- * Limits: n < 2^31 * grid-stride (no practical limit).
+ * Activations are already of the run's type (kernels.h), so the products read them as they
+ * are; only the fp32 weights are rounded, to nearest even as the CPU does (kernels/math/lowp.h,
+ * through to_act), once per set_precision (the trainer calls it after each update) into a copy
+ * kept per weight pointer: 2 bytes per weight element more.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "kernels/cuda/kcuda.cuh"
-#include "kernels/math/lowp.h"
 
 struct ddp__cuda_wcopy {
     const float *src;
@@ -19,20 +14,6 @@ struct ddp__cuda_wcopy {
     void *copy; /* device, n 16-bit elements */
     int valid;  /* converted since the last set_precision */
 };
-
-static __global__ void to_bf16_kernel(uint16_t *out, const float *x, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = ddp_bf16_bits(x[i]);
-}
-
-static __global__ void to_fp16_kernel(__half *out, const float *x, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = __float2half_rn(x[i]); /* round to nearest even; overflow gives Inf */
-}
 
 /* Frees p (NULL: nothing) once the work queued on the stream, which may still read it, is done:
  * an explicit wait, not cudaFree's implicit one. Returns 0 or the error (recorded in ctx). */
@@ -44,35 +25,9 @@ static int free_after_stream(ddp_kctx_t *ctx, void *p, const char *what)
     return rc ? rc : rc2;
 }
 
-static void convert(ddp_kctx_t *ctx, void *out, const float *x, size_t n)
-{
-    if (ctx->prec == DDP_KPREC_BF16)
-        to_bf16_kernel<<<ddp__grid(n, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-            (uint16_t *)out, x, n);
-    else
-        to_fp16_kernel<<<ddp__grid(n, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-            (__half *)out, x, n);
-    ddp__cuda_launched(ctx, "matmul input conversion");
-}
-
 cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx)
 {
     return ctx->prec == DDP_KPREC_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-}
-
-const void *ddp__cuda_lowp_input(ddp_kctx_t *ctx, int slot, const float *x, size_t n)
-{
-    if (n > ctx->lowp_in_n[slot]) {
-        void *p = NULL;
-        if (free_after_stream(ctx, ctx->lowp_in[slot], "cudaFree(matmul inputs)")) return NULL;
-        ctx->lowp_in[slot] = NULL;
-        ctx->lowp_in_n[slot] = 0;
-        if (ddp__cuda_check(ctx, cudaMalloc(&p, n * 2), "cudaMalloc(matmul inputs)")) return NULL;
-        ctx->lowp_in[slot] = p;
-        ctx->lowp_in_n[slot] = n;
-    }
-    convert(ctx, ctx->lowp_in[slot], x, n);
-    return ctx->lowp_in[slot];
 }
 
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
@@ -100,7 +55,7 @@ const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
         c->valid = 0;
     }
     if (!c->valid) {
-        convert(ctx, c->copy, w, n);
+        ddp__cuda_to_act(ctx, (ddp_act_t *)c->copy, w, n);
         c->valid = 1;
     }
     return c->copy;
@@ -113,15 +68,10 @@ void ddp__cuda_lowp_free(ddp_kctx_t *ctx)
     free(ctx->wcopies);
     ctx->wcopies = NULL;
     ctx->n_wcopies = ctx->cap_wcopies = 0;
-    for (int s = 0; s < 2; s++) {
-        free_after_stream(ctx, ctx->lowp_in[s], "cudaFree(matmul inputs)");
-        ctx->lowp_in[s] = NULL;
-        ctx->lowp_in_n[s] = 0;
-    }
 }
 
-/* Host-side state only: later conversions are queued after earlier products, so stream order
- * keeps each product with the precision it was queued under. */
+/* Host-side state only: ops are launched in order on one stream, each with the type it was
+ * queued under, so stream order keeps every op with its precision. */
 void ddp__cuda_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
 {
     if (prec != DDP_KPREC_FP32 && prec != DDP_KPREC_BF16 && prec != DDP_KPREC_FP16) {
@@ -153,10 +103,11 @@ int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
         *why = "bf16 tensor cores need compute capability 8.0 or newer";
         return 0;
     }
-    if (prec == DDP_KPREC_FP16 && major < 7) {
-        *why = "fp16 tensor cores need compute capability 7.0 or newer";
+    if (prec == DDP_KPREC_FP16 && major < 8) {
+        *why = "16-bit attention (the flash kernels' mma.sync m16n8k16) needs compute capability "
+               "8.0 or newer";
         return 0;
     }
-    *why = "the GPU multiplies bf16/fp16 on tensor cores (cublasGemmEx, fp32 accumulation)";
+    *why = "the GPU multiplies bf16/fp16 on tensor cores (cuBLASLt, fp32 accumulation)";
     return 1;
 }

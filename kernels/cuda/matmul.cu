@@ -1,4 +1,5 @@
-/* Linear layers with cuBLAS (fp32 cublasSgemm; TF32 only when the context enabled it).
+/* Linear layers: fp32 runs with cuBLAS (cublasSgemm; TF32 only when the context enabled it),
+ * bf16/fp16 runs with cuBLASLt on the 16-bit activations as they are.
  *
  * Row-major tensors are handed to column-major cuBLAS as their transposes: a row-major [R, K]
  * matrix is a column-major [K, R] one with leading dimension K.
@@ -6,97 +7,275 @@
  * forward   out[N,OC] = inp[N,C] @ W (+ bias[OC])
  *             DDP_W_IN_OUT  W[C,OC]:  out^T = W^T-view @ inp^T   gemm(N, N, OC, N, C)
  *             DDP_W_OUT_IN  W[OC,C]:  out^T = W-view^T @ inp^T   gemm(T, N, OC, N, C)
- *           bias added by a grid-stride kernel over N*OC.
- * backward  dinp[N,C] += dout @ W^T         (beta = 1)
- *           dweight    += inp^T @ dout in W's layout (beta = 1)
- *           dbias[OC]  += colsum(dout)      deterministic two-stage column sum (kcuda.cuh)
- * Mixed precision (ctx->prec bf16/fp16, lowp.cu): the same products by cublasGemmEx on the
- * converted inputs (bf16 or fp16 A and B, fp32 C, CUBLAS_COMPUTE_32F: fp32 accumulation on
- * tensor cores); bias and dbias stay fp32 (dbias from the fp32 dout).
+ * backward  dinp[N,C] = dout @ W^T           (beta = 0: overwritten)
+ *           dweight   += inp^T @ dout in W's layout (beta = 1, fp32)
+ *           dbias[OC] += colsum(dout)        deterministic two-stage column sum (kcuda.cuh)
+ * fp32 runs: cublasSgemm; the bias by bias_round_kernel in place (out += bias).
+ * 16-bit runs (ctx->prec bf16/fp16): cublasLtMatmul with A, B of the 16-bit type (the weight's
+ * copy from lowp.cu, the activations directly), CUBLAS_COMPUTE_32F (fp32 accumulation on tensor
+ * cores), D = out / dinp of the 16-bit type (rounded once, from fp32) or dweight (fp32, C = D,
+ * beta 1). The forward's bias is added in fp32 before that one rounding:
+ *   - by CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = CUDA_R_32F when
+ *     cuBLASLt offers an algorithm for it (cublasLt.h documents the bias type as D's, with
+ *     exceptions for IMMA and fp8 only, so an fp32 bias on a 16-bit D is asked for, not assumed);
+ *   - else (remembered in ctx->lt_bias32) the product goes to fp32 scratch [N, OC] and
+ *     bias_round_kernel adds the bias and rounds.
+ * Shapes cuBLASLt has no algorithm for go to cublasGemmEx (same types, same single rounding).
+ * Split-K reductions are limited to CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (partial sums in
+ * fp32): the OUTPUT_TYPE and INPLACE schemes would sum partial products in the 16-bit output
+ * type, rounding more than once. Alignment preferences are the pointers' real alignment, so
+ * no algorithm assumes more than it gets. A product is deterministic: one algorithm per shape,
+ * types and alignment (the heuristic's first), no atomics.
  * Limits: N, C, OC < 2^31 (cuBLAS ints).
  */
+#include <string.h>
+
 #include "kernels/cuda/kcuda.cuh"
 
-static __global__ void bias_add_kernel(float *out, const float *bias, int OC, size_t total)
+/* out[i] = round(acc[i] + bias[i % OC]) over [N, OC]; acc may be out (fp32, in place). */
+template <typename T>
+static __global__ void bias_round_kernel(T *out, const float *acc, const float *bias, int OC,
+                                        size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x)
-        out[i] += bias[i % (size_t)OC];
+        out[i] = ddp__act<T>::st(acc[i] + bias[i % (size_t)OC]);
 }
 
-/* C = op(A) @ op(B) in cuBLAS's column-major terms, with fp32 or low-precision A and B. */
-static cublasStatus_t gemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const void *A, int lda, const void *B, int ldb,
-                           float beta, float *C, int ldc)
+static void bias_round(ddp_kctx_t *ctx, void *out, const float *acc, const float *bias, int N,
+                       int OC)
 {
-    const float one = 1.0f;
-    if (ctx->prec == DDP_KPREC_FP32)
-        return cublasSgemm(ctx->blas, ta, tb, m, n, k, &one, (const float *)A, lda,
-                           (const float *)B, ldb, &beta, C, ldc);
-    cudaDataType_t t = ddp__cuda_lowp_type(ctx);
-    return cublasGemmEx(ctx->blas, ta, tb, m, n, k, &one, A, t, lda, B, t, ldb, &beta, C,
-                        CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    size_t total = (size_t)N * OC;
+    DDP_ACT_DISPATCH(ctx->prec, T,
+                     bias_round_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
+                                            ctx->stream>>>((T *)out, acc, bias, OC, total));
+    ddp__cuda_launched(ctx, "matmul_fwd(bias)");
 }
 
-void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, float *out, const float *inp, const float *weight,
-                          const float *bias, int N, int C, int OC, ddp_wlayout_t layout)
+/* The largest power of two (<= 256) that divides p's address. */
+static uint32_t align_of(const void *p)
 {
-    if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
-    const void *A = weight, *B = inp;
-    if (ctx->prec != DDP_KPREC_FP32) {
-        A = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
-        B = ddp__cuda_lowp_input(ctx, 0, inp, (size_t)N * C);
-        if (!A || !B) return;
-    }
-    cublasStatus_t s;
-    if (layout == DDP_W_IN_OUT)
-        s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, OC, N, C, A, OC, B, C, 0.0f, out, OC);
-    else
-        s = gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, A, C, B, C, 0.0f, out, OC);
-    if (ddp__cublas_check(ctx, s, "matmul_fwd")) return;
-    if (bias) {
-        size_t total = (size_t)N * OC;
-        bias_add_kernel<<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-            out, bias, OC, total);
-        ddp__cuda_launched(ctx, "matmul_fwd(bias)");
-    }
+    uint32_t a = 256;
+    while (a > 1 && !ddp__aligned(p, a)) a >>= 1;
+    return a;
 }
 
-struct dout_value {
-    const float *dout;
-    int OC;
-    __device__ void operator()(int n, int c, float v[1]) const { v[0] = dout[(size_t)n * OC + c]; }
+/* One product in cuBLAS's column-major terms: D[m,n] = op(A) op(B) + beta D, A and B of the
+ * 16-bit type, D of type dt (16-bit or fp32), fp32 accumulation. bias (fp32 [m], or NULL) by
+ * the BIAS epilogue. Returns CUBLAS_STATUS_NOT_SUPPORTED, without recording it, when cuBLASLt
+ * offers no algorithm (the caller may fall back); any other failure is recorded in ctx. */
+struct lt_gemm {
+    cublasOperation_t ta, tb;
+    int m, n, k;
+    const void *A;
+    int lda;
+    const void *B;
+    int ldb;
+    float beta;
+    void *D;
+    cudaDataType_t dt;
+    int ldd;
+    const float *bias;
 };
 
-void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                          const float *dout, const float *inp, const float *weight, int N, int C,
-                          int OC, ddp_wlayout_t layout)
+static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what)
+{
+    cudaDataType_t t16 = ddp__cuda_lowp_type(ctx);
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasStatus_t s;
+    if (!ctx->lt_ws &&
+        ddp__cuda_check(ctx, cudaMalloc(&ctx->lt_ws, DDP_CUDA_LT_WS), "cudaMalloc(cublasLt)"))
+        return CUBLAS_STATUS_ALLOC_FAILED;
+    int32_t ta = g->ta, tb = g->tb;
+    uint64_t ws = DDP_CUDA_LT_WS;
+    uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    uint32_t al_a = align_of(g->A), al_b = align_of(g->B), al_d = align_of(g->D);
+    cublasLtMatmulHeuristicResult_t h;
+    memset(&h, 0, sizeof h);
+    int found = 0;
+    const float one = 1.0f;
+    /* each step runs only while the previous ones succeeded */
+#define LT_TRY(call) (s == CUBLAS_STATUS_SUCCESS && (s = (call)) == CUBLAS_STATUS_SUCCESS)
+    s = CUBLAS_STATUS_SUCCESS;
+    LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (g->bias) {
+        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        int32_t bt = CUDA_R_32F;
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                              sizeof g->bias));
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&la, t16, g->ta == CUBLAS_OP_N ? g->m : g->k,
+                                      g->ta == CUBLAS_OP_N ? g->k : g->m, g->lda));
+    LT_TRY(cublasLtMatrixLayoutCreate(&lb, t16, g->tb == CUBLAS_OP_N ? g->k : g->n,
+                                      g->tb == CUBLAS_OP_N ? g->n : g->k, g->ldb));
+    LT_TRY(cublasLtMatrixLayoutCreate(&ld, g->dt, g->m, g->n, g->ldd));
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &ws, sizeof ws));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                &scheme, sizeof scheme));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_a, sizeof al_a));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_b, sizeof al_b));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_d, sizeof al_d));
+    LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_d, sizeof al_d));
+    if (LT_TRY(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h, &found)) &&
+        found == 0)
+        s = CUBLAS_STATUS_NOT_SUPPORTED;
+    int asked = s == CUBLAS_STATUS_SUCCESS; /* an algorithm was found: a failure now is an error */
+    LT_TRY(cublasLtMatmul(ctx->lt, op, &one, g->A, la, g->B, lb, &g->beta, g->D, ld, g->D, ld,
+                          &h.algo, ctx->lt_ws, DDP_CUDA_LT_WS, ctx->stream));
+#undef LT_TRY
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED && !asked) return s;
+    ddp__cublas_check(ctx, s, what);
+    return s;
+}
+
+/* Runs g (no bias). Where cuBLASLt offers no algorithm (leading dimensions or pointers that
+ * no kernel of it takes, such as an odd vocabulary's logits), cublasGemmEx runs the same
+ * product (16-bit A and B, fp32 accumulation, D rounded once): slower, never refused. */
+static int lt_gemm_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what)
+{
+    cublasStatus_t s = lt_run(ctx, g, what);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+        DDP_DEBUG("cuda: %s: no cuBLASLt algorithm for m %d n %d k %d (ld %d %d %d): "
+                  "cublasGemmEx instead", what, g->m, g->n, g->k, g->lda, g->ldb, g->ldd);
+        cudaDataType_t t16 = ddp__cuda_lowp_type(ctx);
+        const float one = 1.0f;
+        return ddp__cublas_check(ctx,
+                                 cublasGemmEx(ctx->blas, g->ta, g->tb, g->m, g->n, g->k, &one,
+                                              g->A, t16, g->lda, g->B, t16, g->ldb, &g->beta,
+                                              g->D, g->dt, g->ldd, CUBLAS_COMPUTE_32F,
+                                              CUBLAS_GEMM_DEFAULT),
+                                 what);
+    }
+    return s == CUBLAS_STATUS_SUCCESS ? 0 : DDP_ECUDA;
+}
+
+/* fp32 C = op(A) @ op(B) + beta C (fp32 runs). */
+static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                 int k, const void *A, int lda, const void *B, int ldb, float beta, void *C,
+                 int ldc, const char *what)
+{
+    const float one = 1.0f;
+    return ddp__cublas_check(ctx,
+                             cublasSgemm(ctx->blas, ta, tb, m, n, k, &one, (const float *)A, lda,
+                                         (const float *)B, ldb, &beta, (float *)C, ldc),
+                             what);
+}
+
+/* Queues out = round(g + bias) for a 16-bit run: the epilogue when cuBLASLt takes an fp32 bias,
+ * else the product into fp32 scratch and bias_round. */
+static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, int N, int OC)
+{
+    if (ctx->lt_bias32 >= 0) {
+        cublasStatus_t s = lt_run(ctx, &g, "matmul_fwd");
+        if (s != CUBLAS_STATUS_NOT_SUPPORTED) return;
+        DDP_INFO("cuda: cuBLASLt has no fp32-bias epilogue for 16-bit outputs here; the bias "
+                 "is added by a kernel after an fp32 product");
+        ctx->lt_bias32 = -1;
+    }
+    void *out = g.D;
+    float *acc;
+    if (ddp__cuda_scratch(ctx, (size_t)N * OC * sizeof(float), (void **)&acc)) return;
+    g.D = acc;
+    g.dt = CUDA_R_32F;
+    const float *bias = g.bias;
+    g.bias = NULL;
+    if (lt_gemm_run(ctx, &g, "matmul_fwd")) return;
+    bias_round(ctx, out, acc, bias, N, OC);
+}
+
+void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                          const float *weight, const float *bias, int N, int C, int OC,
+                          ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
-    const void *W = weight, *D = dout, *X = inp;
-    if (ctx->prec != DDP_KPREC_FP32) {
-        D = ddp__cuda_lowp_input(ctx, 0, dout, (size_t)N * OC);
-        if (dweight) X = ddp__cuda_lowp_input(ctx, 1, inp, (size_t)N * C);
-        if (dinp) W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
-        if (!D || !X || !W) return;
+    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_N : CUBLAS_OP_T;
+    int lda = layout == DDP_W_IN_OUT ? OC : C;
+    if (ctx->prec == DDP_KPREC_FP32) {
+        if (sgemm(ctx, ta, CUBLAS_OP_N, OC, N, C, weight, lda, inp, C, 0.0f, out, OC,
+                  "matmul_fwd"))
+            return;
+        if (bias) bias_round(ctx, out, (const float *)out, bias, N, OC);
+        return;
     }
-    cublasStatus_t s;
+    const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+    if (!W) return;
+    lt_gemm g = {ta, CUBLAS_OP_N, OC, N, C, W, lda, inp, C, 0.0f, out, ddp__cuda_lowp_type(ctx),
+                 OC, bias};
+    if (bias)
+        lt_fwd_bias(ctx, g, N, OC);
+    else
+        lt_gemm_run(ctx, &g, "matmul_fwd");
+}
+
+template <typename T> struct dout_value {
+    const T *dout;
+    int OC;
+    __device__ void operator()(int n, int c, float v[1]) const
+    {
+        v[0] = ddp__act<T>::ld(dout[(size_t)n * OC + c]);
+    }
+};
+
+void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                          const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                          int C, int OC, ddp_wlayout_t layout)
+{
+    if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
+    int fp32 = ctx->prec == DDP_KPREC_FP32;
     if (dinp) {
-        if (layout == DDP_W_IN_OUT) /* dinp^T[C,N] = W[C,OC] @ dout^T; W's view is [OC,C] */
-            s = gemm(ctx, CUBLAS_OP_T, CUBLAS_OP_N, C, N, OC, W, OC, D, OC, 1.0f, dinp, C);
-        else /* W[OC,C] is viewed as W^T[C,OC] */
-            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, W, C, D, OC, 1.0f, dinp, C);
-        if (ddp__cublas_check(ctx, s, "matmul_bwd(dinp)")) return;
+        /* IN_OUT: dinp^T[C,N] = W[C,OC] @ dout^T, W's view is [OC,C]; OUT_IN: W[OC,C] is
+         * viewed as W^T[C,OC] */
+        cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_T : CUBLAS_OP_N;
+        int lda = layout == DDP_W_IN_OUT ? OC : C;
+        const char *what = "matmul_bwd(dinp)";
+        if (fp32) {
+            if (sgemm(ctx, ta, CUBLAS_OP_N, C, N, OC, weight, lda, dout, OC, 0.0f, dinp, C, what))
+                return;
+        } else {
+            const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+            if (!W) return;
+            lt_gemm g = {ta, CUBLAS_OP_N, C, N, OC, W, lda, dout, OC, 0.0f, dinp,
+                         ddp__cuda_lowp_type(ctx), C, NULL};
+            if (lt_gemm_run(ctx, &g, what)) return;
+        }
     }
     if (dweight) {
-        if (layout == DDP_W_IN_OUT) /* dW^T[OC,C] += dout^T @ inp */
-            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, OC, C, N, D, OC, X, C, 1.0f, dweight, OC);
-        else /* dW^T[C,OC] += inp^T @ dout */
-            s = gemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, X, C, D, OC, 1.0f, dweight, C);
-        if (ddp__cublas_check(ctx, s, "matmul_bwd(dweight)")) return;
+        /* IN_OUT: dW^T[OC,C] += dout^T @ inp; OUT_IN: dW^T[C,OC] += inp^T @ dout */
+        int in_out = layout == DDP_W_IN_OUT;
+        const void *A = in_out ? (const void *)dout : (const void *)inp;
+        const void *B = in_out ? (const void *)inp : (const void *)dout;
+        int m = in_out ? OC : C, n = in_out ? C : OC;
+        const char *what = "matmul_bwd(dweight)";
+        if (fp32) {
+            if (sgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, m, B, n, 1.0f, dweight, m, what))
+                return;
+        } else {
+            lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, m, B, n, 1.0f, dweight,
+                         CUDA_R_32F, m, NULL};
+            if (lt_gemm_run(ctx, &g, what)) return;
+        }
     }
-    if (dbias) {
-        dout_value f = {dout, OC};
-        ddp__colsum<1>(ctx, dbias, NULL, N, OC, f, "matmul_bwd(dbias)");
-    }
+    if (dbias)
+        DDP_ACT_DISPATCH(ctx->prec, T, {
+            dout_value<T> f = {(const T *)dout, OC};
+            ddp__colsum<1>(ctx, dbias, NULL, N, OC, f, "matmul_bwd(dbias)");
+        });
 }

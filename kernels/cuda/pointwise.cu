@@ -1,14 +1,19 @@
-/* Elementwise ops: GELU (kernels/math/gelu.h), residual add, y += x, x *= s, and AdamW
+/* Elementwise ops: GELU (kernels/math/gelu.h), residual add, to_act, y += x, x *= s, and AdamW
  * (kernels/math/adamw.h).
  *
- * gelu_fwd   out[n] = gelu(inp[n])
- * gelu_bwd   dinp[n] += gelu'(inp[n]) * dout[n]
- * residual   out[n] = a[n] + b[n]            (out may alias a or b)
- * add        y[n] += x[n]
- * scale      x[n] *= s
+ * gelu_fwd   out[n] = gelu(inp[n])                      act -> act
+ * gelu_bwd   dinp[n] = gelu'(inp[n]) * dout[n]          act (overwritten; may alias dout)
+ * residual   out[n] = a[n] + b[n]                       fp32 + act -> fp32 (out may alias a)
+ * to_act     out[n] = inp[n] rounded to the act type    fp32 -> act
+ * add        y[n] += x[n]                               fp32
+ * scale      x[n] *= s                                  fp32
  * adamw      param, m, v updated in place from grad * grad_scale; the bias corrections
  *            1 - beta^t are computed once on the host, in double.
- * All are grid-stride loops over a size_t n with 256-thread blocks and at most
+ * The activation ops are templates on the act type (ctx->prec), compute in fp32 and round once
+ * on store. When every pointer is aligned to 16 bytes' worth of activations (8 16-bit or 4 fp32
+ * elements), a thread moves that many at a time (16-byte accesses of activations; the fp32
+ * side of a 16-bit op moves 32 bytes), the last n % V elements one by one; otherwise element by
+ * element. All are grid-stride loops over a size_t n with 256-thread blocks and at most
  * DDP_CUDA_MAX_GRID blocks; n == 0 queues nothing.
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -27,35 +32,128 @@
         ddp__cuda_launched(ctx, what);                                                        \
     } while (0)
 
-static __global__ void gelu_fwd_kernel(float *out, const float *inp, size_t n)
+/* f.template run<V>(i) handles elements i .. i+V-1: groups of V over [0, n - n % V), then the
+ * tail one by one (V == 1: all of it). */
+template <int V, typename F> static __global__ void ew_kernel(size_t n, F f)
 {
-    GRID_STRIDE(i, n) out[i] = ddp_gelu(inp[i]);
+    size_t body = n - n % V;
+    for (size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x; g < body / V;
+         g += (size_t)gridDim.x * blockDim.x)
+        f.template run<V>(g * V);
+    if (V > 1) GRID_STRIDE(i, n - body) f.template run<1>(body + i);
 }
 
-void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, float *out, const float *inp, size_t n)
+/* Queues f over n elements, V at a time when `aligned` (all of f's pointers fit V-element
+ * accesses), else one at a time. */
+template <int V, typename F>
+static void ew_launch(ddp_kctx_t *ctx, size_t n, int aligned, F f, const char *what)
 {
-    LAUNCH(gelu_fwd_kernel, n, "gelu_fwd", out, inp, n);
+    if (n == 0 || ddp__cuda_enter(ctx)) return;
+    if (aligned)
+        ew_kernel<V><<<ddp__grid(n / V + 1, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
+            n, f);
+    else
+        ew_kernel<1><<<ddp__grid(n, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(n, f);
+    ddp__cuda_launched(ctx, what);
 }
 
-static __global__ void gelu_bwd_kernel(float *dinp, const float *inp, const float *dout, size_t n)
+/* Elements of T in 16 bytes: the vector width of T's ops. */
+template <typename T> static constexpr int vec_of() { return (int)(16 / sizeof(T)); }
+
+template <typename T> struct gelu_fwd_f {
+    T *out;
+    const T *inp;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        float x[V];
+        ddp__ldv<V>(x, inp + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) x[k] = ddp_gelu(x[k]);
+        ddp__stv<V>(out + i, x);
+    }
+};
+
+void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n)
 {
-    GRID_STRIDE(i, n) dinp[i] += ddp_gelu_grad(inp[i]) * dout[i];
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        gelu_fwd_f<T> f = {(T *)out, (const T *)inp};
+        ew_launch<V>(ctx, n, ddp__aligned(out, 16) && ddp__aligned(inp, 16), f, "gelu_fwd");
+    });
 }
 
-void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, float *dinp, const float *inp, const float *dout,
-                        size_t n)
+/* dinp may alias dout: each element is read before it is written, by the same thread. */
+template <typename T> struct gelu_bwd_f {
+    T *dinp;
+    const T *inp, *dout;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        float x[V], d[V];
+        ddp__ldv<V>(x, inp + i);
+        ddp__ldv<V>(d, dout + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) d[k] = ddp_gelu_grad(x[k]) * d[k];
+        ddp__stv<V>(dinp + i, d);
+    }
+};
+
+void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                        const ddp_act_t *dout, size_t n)
 {
-    LAUNCH(gelu_bwd_kernel, n, "gelu_bwd", dinp, inp, dout, n);
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        gelu_bwd_f<T> f = {(T *)dinp, (const T *)inp, (const T *)dout};
+        int al = ddp__aligned(dinp, 16) && ddp__aligned(inp, 16) && ddp__aligned(dout, 16);
+        ew_launch<V>(ctx, n, al, f, "gelu_bwd");
+    });
 }
 
-static __global__ void residual_kernel(float *out, const float *a, const float *b, size_t n)
+template <typename T> struct residual_f {
+    float *out;
+    const float *a;
+    const T *b;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        float x[V], y[V];
+        ddp__ldv<V>(x, a + i);
+        ddp__ldv<V>(y, b + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) x[k] += y[k];
+        ddp__stv<V>(out + i, x);
+    }
+};
+
+void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
+                            size_t n)
 {
-    GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        residual_f<T> f = {out, a, (const T *)b};
+        size_t fb = V * sizeof(float); /* bytes of V fp32 elements */
+        int al = ddp__aligned(out, fb) && ddp__aligned(a, fb) && ddp__aligned(b, 16);
+        ew_launch<V>(ctx, n, al, f, "residual_fwd");
+    });
 }
 
-void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const float *b, size_t n)
+template <typename T> struct to_act_f {
+    T *out;
+    const float *inp;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        float x[V];
+        ddp__ldv<V>(x, inp + i);
+        ddp__stv<V>(out + i, x);
+    }
+};
+
+void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n)
 {
-    LAUNCH(residual_kernel, n, "residual_fwd", out, a, b, n);
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        to_act_f<T> f = {(T *)out, inp};
+        int al = ddp__aligned(out, 16) && ddp__aligned(inp, V * sizeof(float));
+        ew_launch<V>(ctx, n, al, f, "to_act");
+    });
 }
 
 static __global__ void add_kernel(float *y, const float *x, size_t n)

@@ -5,6 +5,8 @@
  * One 512-thread block per row, three passes over the row (max, sum of exps, gradient), each
  * reduced in a fixed order. dlogits may alias logits: a thread overwrites only the elements it
  * has just read, and the target logit is read before the first barrier.
+ * logits and dlogits are of the activation type T (ctx->prec; the kernel is a template on it),
+ * widened to fp32 on load, dlogits rounded once on store; losses fp32.
  * Limits: N < 2^31 rows (one block each), targets in [0, V).
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -12,33 +14,38 @@
 
 #define XENT_BLOCK 512
 
-static __global__ void xent_kernel(float *losses, float *dlogits, const float *logits,
+template <typename T>
+static __global__ void xent_kernel(float *losses, T *dlogits, const T *logits,
                                    const int32_t *targets, int V, float dloss)
 {
     __shared__ float sh[32];
     int row = blockIdx.x;
-    const float *x = logits + (size_t)row * V;
+    const T *x = logits + (size_t)row * V;
     int target = targets[row];
-    float x_t = x[target]; /* before any thread may overwrite the row */
+    float x_t = ddp__act<T>::ld(x[target]); /* before any thread may overwrite the row */
     float mx = -INFINITY;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+    for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, ddp__act<T>::ld(x[j]));
     mx = ddp__block_max(mx, sh);
     float s = 0.0f;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) s += ddp_softmax_exp(x[j], mx);
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        s += ddp_softmax_exp(ddp__act<T>::ld(x[j]), mx);
     s = ddp__block_sum(s, sh);
     if (threadIdx.x == 0) losses[row] = ddp_xent_loss(x_t, mx, s);
     if (!dlogits) return;
     float inv = 1.0f / s;
-    float *d = dlogits + (size_t)row * V;
+    T *d = dlogits + (size_t)row * V;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
-        d[j] = ddp_xent_grad(ddp_softmax_exp(x[j], mx) * inv, j == target, dloss);
+        d[j] = ddp__act<T>::st(
+            ddp_xent_grad(ddp_softmax_exp(ddp__act<T>::ld(x[j]), mx) * inv, j == target, dloss));
 }
 
-void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, float *dlogits, const float *logits,
-                            const int32_t *targets, int N, int V, float dloss)
+void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+                            const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                            float dloss)
 {
     if (N <= 0 || V <= 0 || ddp__cuda_enter(ctx)) return;
-    xent_kernel<<<(unsigned)N, XENT_BLOCK, 0, ctx->stream>>>(losses, dlogits, logits, targets, V,
-                                                            dloss);
+    DDP_ACT_DISPATCH(ctx->prec, T,
+                     xent_kernel<T><<<(unsigned)N, XENT_BLOCK, 0, ctx->stream>>>(
+                         losses, (T *)dlogits, (const T *)logits, targets, V, dloss));
     ddp__cuda_launched(ctx, "xent_fwd_bwd");
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# No register spills in the attention kernels (TAP): compiles kernels/cuda/flash_attention.cu
-# and kernels/cuda/attention.cu with the module's nvcc flags and -Xptxas -v for sm_80 and sm_90,
-# and fails when any function reports spill stores or loads (a spill in a tiled kernel is a
-# silent slowdown: registers overflow to local memory), or when ptxas reports nothing to check.
+# No register spills in the CUDA kernels (TAP): compiles the kernel files of kernels/cuda (the
+# attention kernels and the activation-typed ones) with the module's nvcc flags and -Xptxas -v
+# for sm_80 and sm_90, and fails when any function reports spill stores or loads (a spill in a
+# tiled kernel is a silent slowdown: registers overflow to local memory), or when ptxas reports
+# nothing to check.
 # Skips when meson found no nvcc (the build's have_cuda_kernels is false): a TAP skip plan and
 # status 0, since meson's TAP protocol counts any other status, 77 included, as an error.
 #   check_spills.sh                            skip
@@ -11,7 +12,7 @@ set -uo pipefail
 [ $# -ge 2 ] || { echo "1..0 # SKIP nvcc not found (the CUDA module is not built)"; exit 0; }
 nvcc=$1 root=$2
 shift 2
-files=(flash_attention.cu attention.cu)
+files=(flash_attention.cu attention.cu layernorm.cu matmul.cu pointwise.cu xent.cu)
 archs=(80 90)
 tmp=$(mktemp -d /tmp/ddp-spills.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT

@@ -101,7 +101,8 @@ static void test_module_table(void **state)
         float *x = NULL;
         assert_int_equal(ddp_k_alloc(&k, (void **)&x, 1 << 20), 0);
         assert_int_equal(ddp_k_profile_start(&k), 0);
-        for (int i = 0; i < 3; i++) DDP_K(&k, gelu_fwd, x, x, (size_t)1 << 18);
+        for (int i = 0; i < 3; i++)
+            DDP_K(&k, gelu_fwd, (ddp_act_t *)x, (ddp_act_t *)x, (size_t)1 << 18);
         assert_int_equal(ddp_k_sync(&k), 0);
         ddp_kprof_report_t r;
         assert_int_equal(ddp_k_profile_stop(&k, &r), 0);

@@ -343,9 +343,9 @@ float __shfl_sync(unsigned mask, float v, int src, int width)
     return shuffle(mask, v, src & 31, width); /* srcLane % width */
 }
 
-float4 __ldg(const float4 *p)
+uint4 __ldg(const uint4 *p)
 {
-    if ((uintptr_t)p % 16) die("__ldg of a float4 at %p: not 16-byte aligned", (const void *)p);
+    if ((uintptr_t)p % 16) die("__ldg of a uint4 at %p: not 16-byte aligned", (const void *)p);
     return *p;
 }
 

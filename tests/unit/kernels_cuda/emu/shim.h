@@ -52,11 +52,11 @@ struct dim3 {
     constexpr dim3() = default;
     constexpr dim3(unsigned x_, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
-struct __align__(8) float2 { float x, y; };
-struct __align__(16) float4 { float x, y, z, w; };
-struct __align__(8) uint2 { uint32_t x, y; };
-static inline float2 make_float2(float x, float y) { return {x, y}; }
-static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+struct __align__(16) uint4 { uint32_t x, y, z, w; };
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w)
+{
+    return {x, y, z, w};
+}
 
 /* The running thread's index (set by the scheduler before it resumes a thread) and the launch's
  * block index and shapes. */
@@ -107,6 +107,8 @@ static inline __half2 __floats2half2_rn(float lo, float hi)
 {
     return {{emu_f32_to_f16(lo)}, {emu_f32_to_f16(hi)}};
 }
+static inline float __bfloat162float(__nv_bfloat16 h) { return emu_bf16_to_f32(h.bits); }
+static inline float __half2float(__half h) { return emu_f16_to_f32(h.bits); }
 
 /* ---- Device functions (shim.cpp); "the calling thread" is the running emulated thread ---- */
 
@@ -116,7 +118,7 @@ void __syncthreads();
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask, int width = 32);
 float __shfl_sync(unsigned mask, float v, int src, int width = 32);
 /* *p, which must be 16-byte aligned (the ld.global.nc.v4 the GPU would issue). */
-float4 __ldg(const float4 *p);
+uint4 __ldg(const uint4 *p);
 /* The shared-window address of p (its offset in the block's dynamic shared memory); aborts when
  * p is not in it. */
 size_t __cvta_generic_to_shared(const void *p);
@@ -171,10 +173,10 @@ int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out);
 
 /* The entry points of flash_attention.cu (declared as in kcuda.cuh). */
 int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH);
-void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B,
-                         int T, int C, int NH);
-void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                         const float *out, const float *lse, int B, int T, int C, int NH);
+void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
+                         int C, int NH);
+void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
+                         const void *out, const float *lse, int B, int T, int C, int NH);
 
 /* ---- Launches ---- */
 
