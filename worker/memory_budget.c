@@ -34,6 +34,10 @@
 #define KSPLIT_BYTES ((int64_t)32 << 20)
 /* kernels/cpu/attention.c: a row block of scores (ATT_ROWS rows) per thread, two in backward */
 #define ATT_ROWS 128
+/* kernels/cpu/matmul.c: a product's output tiles are at most MM_WIDE wide on their long side */
+#define MM_WIDE 512
+/* kernels/cuda/kcuda.cuh: cuBLASLt's workspace (DDP_CUDA_LT_WS) */
+#define LT_WORKSPACE ((int64_t)32 << 20)
 /* collectives/ring_setup.c: the ring's slots on a link (DDP__RING_NSLOTS x the default 512 KiB
  * chunk). On one host they are the shared-memory transport's segments, and what passes through
  * them is the initial weights' broadcast and small votes: at most the parameters touch them
@@ -121,7 +125,13 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         int64_t part = 0, att = 2 * b->threads * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T * 4;
         if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * lm_rows * C * 4;
         if (part > KSPLIT_BYTES) part = 0;
+        /* 16-bit: each thread's fp32 tile of a product's output before its rounding, at most
+         * MM_WIDE x the shorter side of the largest output (kernels/cpu/matmul.c) */
+        int64_t side = BT < 4 * C ? BT : 4 * C, tile = 0;
+        if (side < lm_rows) side = lm_rows;
+        if (b->act_bytes == 2) tile = b->threads * MM_WIDE * side * 4;
         w += part > att ? part : att;
+        if (tile > w) w = tile;
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
     } else {
         /* the CUDA kernels' one scratch buffer (grown, never shrunk): the larger of the
@@ -130,14 +140,18 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
          * piece sums [BT, C] (kernels/cuda/attention.cu, encoder.cu) */
         int64_t att = b->flash ? 0 : 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
         int64_t enc = BT * C * 4 + 3 * BT * 4;
-        w += att > enc ? att : enc;
+        /* 16-bit: a biased product's fp32 result [BT, 4C] at most, where cuBLASLt refuses an
+         * fp32 bias on a 16-bit output (kernels/cuda/matmul.cu); and cuBLASLt's workspace */
+        int64_t bias = b->act_bytes == 2 ? BT * 4 * C * 4 : 0;
+        int64_t most = att > enc ? att : enc;
+        w += most > bias ? most : bias;
+        if (b->act_bytes == 2) w += LT_WORKSPACE;
     }
-    /* kernels/cpu/lowp.c, kernels/cuda/lowp.cu: a product's two converted inputs, the largest
-     * being the LM head's dout [lm_rows, V] or the MLP projection's input [BT, 4C] (on an
-     * H200 the GPU's were the ~890 MiB that bf16 runs of GPT-2 124M at 8 x 1024 used beyond
-     * fp32's, when the LM head's dout was [BT, V]) */
+    /* kernels/cpu/lowp.c where the CPU emulates bf16/fp16: a product's two activation inputs
+     * widened to fp32, the largest being the LM head's dout [lm_rows, V] or the MLP
+     * projection's input [BT, 4C] (a GPU, and native bf16, read the 16-bit ones in place) */
     int64_t widest = lm_rows * V > BT * 4 * C ? lm_rows * V : BT * 4 * C;
-    w += (widest + BT * 4 * C) * b->lowp_bytes;
+    if (b->lowp_bytes == 4) w += (widest + BT * 4 * C) * 4;
     w += 3 * BT * 4;      /* train.c, gpt2.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;
@@ -242,9 +256,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     b->accum_buf = b->accum > 1 ? b->params : 0;
     b->runtime = on_gpu ? RUNTIME_GPU : RUNTIME_CPU;
     b->extra = extra > 0 ? extra : 0;
-    /* bf16/fp16 (kernels' set_precision): the matrix weights' converted copies, kept per step,
-     * and the inputs' (batch_bytes): 16-bit on a GPU and for native bf16 on a CPU, rounded fp32
-     * where the CPU emulates (fp16 on every CPU); auto is bf16 where it is native */
+    /* bf16/fp16 (kernels' set_precision): 16-bit activations, and the matrix weights' converted
+     * copies, kept per step: 16-bit on a GPU and for native bf16 on a CPU, rounded fp32 where
+     * the CPU emulates (fp16 on every CPU); auto is bf16 where it is native */
     int bf16 = s->precision == DDP_PREC_BF16 || (s->precision == DDP_PREC_AUTO && native);
     int lowp = bf16 || s->precision == DDP_PREC_FP16;
     b->lowp_bytes = !lowp ? 0 : on_gpu || (native && bf16) ? 2 : 4;
@@ -320,9 +334,9 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              (double)b->n_params / 1e6, g, mo, b->sharded ? ", / world: sharded" : "", ac, em,
              an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
              b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws,
-             b->lowp_bytes == 2   ? "  (with 16-bit copies of the weights and products' inputs)"
-             : b->lowp_bytes == 4 ? "  (with rounded fp32 copies of the weights and products' "
-                                    "inputs: emulated)"
+             b->lowp_bytes == 2   ? "  (with 16-bit copies of the weights)"
+             : b->lowp_bytes == 4 ? "  (with rounded fp32 copies of the weights and widened "
+                                    "products' inputs: emulated)"
                                   : "",
              pe,
              b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)"

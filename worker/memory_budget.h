@@ -35,8 +35,9 @@ typedef struct ddp_mem_budget {
     int B, T;        /* micro-batch */
     int on_gpu;      /* device memory (CUDA) rather than host memory */
     int act_bytes;   /* bytes of an activation element: 4 in fp32, 2 in bf16/fp16 runs */
-    int lowp_bytes;  /* bytes of a matrix product's converted input element: 0 in fp32, 2 for
-                      * bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates */
+    int lowp_bytes;  /* bytes of an element of a matrix weight's converted copy: 0 in fp32, 2
+                      * for bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates
+                      * (which also widens the products' 16-bit inputs to fp32) */
     int sharded;     /* the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
     int flash;       /* a GPU's attention runs the flash kernels (no [B,NH,T,T] scratch) */
     int threads;     /* the CPU kernels' threads (train.threads, else cores / local ranks) */
