@@ -132,7 +132,8 @@ void ddp_profile_write_text(FILE *f, const ddp_kprof_report_t *r, const ddp_prof
     ddp_kprof_stat_t rest = {.ms = r->wall_ms - tot.ms, .host_ms = r->wall_ms - tot.host_ms};
     const ddp_kprof_stat_t *sy = &r->op[DDP_KOP_sync];
     fprintf(f, "per-op profile, rank %d, %s kernels: steps %ld-%ld (%ld step%s after %ld "
-            "warm-up%s), %.3f ms per step (%.3f ms in all); op times from %s; activations' bytes at the run's precision\n",
+            "warm-up%s), %.3f ms per step (%.3f ms in all); op times from %s; activations' "
+            "bytes at the run's precision\n",
             in->rank, in->backend, in->from, in->to, steps, steps == 1 ? "" : "s", in->warmup,
             steps < in->asked ? "; the run has no more" : "", r->wall_ms / (double)steps,
             r->wall_ms, r->stream_marks ? "the compute stream's marks" : "the host clock");
