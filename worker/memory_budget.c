@@ -145,6 +145,8 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         int64_t bias = b->act_bytes == 2 ? BT * 4 * C * 4 : 0;
         int64_t most = att > enc ? att : enc;
         w += most > bias ? most : bias;
+        /* a 16-bit run's general attention path: fp32 copies of qkv, out, dout and dqkv */
+        if (!b->flash && b->act_bytes == 2) w += 8 * BT * C * 4;
         if (b->act_bytes == 2) w += LT_WORKSPACE;
     }
     /* kernels/cpu/lowp.c where the CPU emulates bf16/fp16: a product's two activation inputs

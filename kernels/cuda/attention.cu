@@ -1,11 +1,13 @@
 /* Causal multi-head self-attention, forward and backward, straight on the qkv layout.
  *
- * Two paths behind one op, by the run's activation type (ctx->prec):
- * - bf16/fp16 runs: flash_attention.cu's tensor-core kernels on the 16-bit tensors as they are
- *   (ddp__cuda_flash_supported: hs = 32, 64 or 128, compute capability >= 8.0): no [T,T]
- *   tensor at all. Other head sizes or older GPUs are refused (DDP_ENOTSUP recorded).
- * - fp32 runs: this file's path, batched cuBLAS products over one op's [B,NH,T,T] scores in
- *   the context's scratch (one layer's at a time, never kept across ops), fp32 throughout.
+ * Two paths behind one op:
+ * - bf16/fp16 runs at the head sizes flash_attention.cu takes (ddp__cuda_flash_supported:
+ *   hs = 32, 64 or 128, compute capability >= 8.0): its tensor-core kernels on the 16-bit
+ *   tensors as they are; no [T,T] tensor at all.
+ * - everything else, the general path: this file's batched cuBLAS products over one op's
+ *   [B,NH,T,T] scores in the context's scratch (one layer's at a time, never kept across ops),
+ *   fp32 throughout. In a 16-bit run it works on fp32 copies of its inputs, widened exactly
+ *   into stream-ordered allocations, and rounds its outputs once (slower, any head size).
  * Both save only out and lse[B,NH,T] (the row's natural-log log-sum-exp of its scaled scores);
  * backward recomputes the probabilities P = exp(scores - lse).
  *
@@ -141,19 +143,20 @@ static int gemm_batched(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t
 
 static unsigned row_blocks(int rows) { return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
 
-/* 1 when the op goes to the flash kernels (a 16-bit run); they refuse what they cannot take. */
-static int flash_path(const ddp_kctx_t *ctx) { return ctx->prec != DDP_KPREC_FP32; }
-
-void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out_act, float *lse,
-                             const ddp_act_t *qkv_act, int B, int T, int C, int NH)
+/* 1 when the op goes to the flash kernels: a 16-bit run at a shape they take, on tensors (the
+ * four of a, NULL ones ignored) whose rows they can read 16 bytes at a time. */
+static int flash_path(const ddp_kctx_t *ctx, int C, int NH, const void *const a[4])
 {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
-    if (flash_path(ctx)) {
-        ddp__cuda_flash_fwd(ctx, out_act, lse, qkv_act, B, T, C, NH);
-        return;
-    }
-    float *out = (float *)out_act;
-    const float *qkv = (const float *)qkv_act;
+    if (ctx->prec == DDP_KPREC_FP32 || C % 8 || !ddp__cuda_flash_supported(ctx, C, NH)) return 0;
+    for (int i = 0; i < 4; i++)
+        if (a[i] && !ddp__aligned(a[i], 16)) return 0;
+    return 1;
+}
+
+/* The general path on fp32 tensors. */
+static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
+                        int C, int NH)
+{
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, NULL, {out, NULL}, {NULL, NULL}};
@@ -173,18 +176,9 @@ void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out_act, float *lse,
                  "attention_fwd(pv)");
 }
 
-void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv_act, const ddp_act_t *dout_act,
-                             const ddp_act_t *qkv_act, const ddp_act_t *out_act, const float *lse,
-                             int B, int T, int C, int NH)
+static void general_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
+                        const float *out, const float *lse, int B, int T, int C, int NH)
 {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
-    if (flash_path(ctx)) {
-        ddp__cuda_flash_bwd(ctx, dqkv_act, dout_act, qkv_act, out_act, lse, B, T, C, NH);
-        return;
-    }
-    float *dqkv = (float *)dqkv_act;
-    const float *dout = (const float *)dout_act, *qkv = (const float *)qkv_act;
-    const float *out = (const float *)out_act;
     int BH = B * NH, hs = C / NH, C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, dqkv, {(float *)dout, NULL}, {NULL, NULL}};
@@ -219,4 +213,75 @@ void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv_act, const ddp_act
     /* dK^T = Q^T dS */
     gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dP, T, 0.0f, dK, C3, BH,
                  "attention_bwd(dk)");
+}
+
+/* fp32 copies of a 16-bit run's tensors for the general path: n[i] floats each, in one
+ * stream-ordered allocation (freed with wide_free, after the ops that use it, in stream order),
+ * tensor i widened from src[i] when that is not NULL. 0, or -1 with the error recorded. */
+static int wide_alloc(ddp_kctx_t *ctx, float **base, float **t, const size_t *n,
+                      const ddp_act_t *const *src, int count)
+{
+    size_t total = 0;
+    for (int i = 0; i < count; i++) total += (n[i] + 63) & ~(size_t)63; /* 256-byte aligned */
+    if (ddp__cuda_check(ctx, cudaMallocAsync((void **)base, total * sizeof(float), ctx->stream),
+                        "cudaMallocAsync(attention's fp32 copies)"))
+        return -1;
+    size_t off = 0;
+    for (int i = 0; i < count; i++) {
+        t[i] = *base + off;
+        off += (n[i] + 63) & ~(size_t)63;
+        if (src[i]) ddp__cuda_act_to_f32(ctx, t[i], src[i], n[i]);
+    }
+    return 0;
+}
+
+static void wide_free(ddp_kctx_t *ctx, float *base)
+{
+    ddp__cuda_check(ctx, cudaFreeAsync(base, ctx->stream), "cudaFreeAsync(attention's copies)");
+}
+
+void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
+                             int B, int T, int C, int NH)
+{
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    const void *const tensors[4] = {out, qkv, NULL, NULL};
+    if (flash_path(ctx, C, NH, tensors)) {
+        ddp__cuda_flash_fwd(ctx, out, lse, qkv, B, T, C, NH);
+        return;
+    }
+    if (ctx->prec == DDP_KPREC_FP32) {
+        general_fwd(ctx, (float *)out, lse, (const float *)qkv, B, T, C, NH);
+        return;
+    }
+    size_t BTC = (size_t)B * T * C, n[2] = {3 * BTC, BTC};
+    const ddp_act_t *src[2] = {qkv, NULL};
+    float *base, *w[2];
+    if (wide_alloc(ctx, &base, w, n, src, 2)) return;
+    general_fwd(ctx, w[1], lse, w[0], B, T, C, NH);
+    ddp__cuda_to_act(ctx, out, w[1], BTC);
+    wide_free(ctx, base);
+}
+
+void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
+                             const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
+                             int T, int C, int NH)
+{
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    const void *const tensors[4] = {dqkv, dout, qkv, out};
+    if (flash_path(ctx, C, NH, tensors)) {
+        ddp__cuda_flash_bwd(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
+        return;
+    }
+    if (ctx->prec == DDP_KPREC_FP32) {
+        general_bwd(ctx, (float *)dqkv, (const float *)dout, (const float *)qkv,
+                    (const float *)out, lse, B, T, C, NH);
+        return;
+    }
+    size_t BTC = (size_t)B * T * C, n[4] = {3 * BTC, BTC, BTC, 3 * BTC};
+    const ddp_act_t *src[4] = {qkv, out, dout, NULL};
+    float *base, *w[4];
+    if (wide_alloc(ctx, &base, w, n, src, 4)) return;
+    general_bwd(ctx, w[3], w[2], w[0], w[1], lse, B, T, C, NH);
+    ddp__cuda_to_act(ctx, dqkv, w[3], 3 * BTC);
+    wide_free(ctx, base);
 }

@@ -331,6 +331,8 @@ void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const d
                             size_t n);
 /* Also lowp.cu's weight conversion (out: ctx->prec's type). */
 void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n);
+/* out[n] = inp[n] (ctx->prec's type) widened to fp32, exactly. */
+void ddp__cuda_act_to_f32(ddp_kctx_t *ctx, float *out, const ddp_act_t *inp, size_t n);
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
                      const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
                      float beta2, float eps, float grad_scale, int t, uint32_t *crc);

@@ -5,6 +5,7 @@
  * gelu_bwd   dinp[n] = gelu'(inp[n]) * dout[n]          act (overwritten; may alias dout)
  * residual   out[n] = a[n] + b[n]                       fp32 + act -> fp32 (out may alias a)
  * to_act     out[n] = inp[n] rounded to the act type    fp32 -> act
+ * act_to_f32 out[n] = inp[n] widened (exactly)          act -> fp32 (attention's general path)
  * add        y[n] += x[n]                               fp32
  * scale      x[n] *= s                                  fp32
  * adamw      param, m, v updated in place from grad * grad_scale; the bias corrections
@@ -153,6 +154,27 @@ void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t 
         to_act_f<T> f = {(T *)out, inp};
         int al = ddp__aligned(out, 16) && ddp__aligned(inp, V * sizeof(float));
         ew_launch<V>(ctx, n, al, f, "to_act");
+    });
+}
+
+template <typename T> struct to_f32_f {
+    float *out;
+    const T *inp;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        float x[V];
+        ddp__ldv<V>(x, inp + i);
+        ddp__stv<V>(out + i, x);
+    }
+};
+
+void ddp__cuda_act_to_f32(ddp_kctx_t *ctx, float *out, const ddp_act_t *inp, size_t n)
+{
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        to_f32_f<T> f = {out, (const T *)inp};
+        int al = ddp__aligned(inp, 16) && ddp__aligned(out, V * sizeof(float));
+        ew_launch<V>(ctx, n, al, f, "act_to_f32");
     });
 }
 
