@@ -87,6 +87,112 @@ typedef enum {
     DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
 } ddp_wlayout_t;
 
+/* Every op of a backend, written once: X(name, (its parameters after the context)). From this
+ * list follow the ops table's members (void (*name)(ddp_kctx_t *ctx, ...)), the front door's
+ * wrappers ddp_k_<name>(ddp_kernels_t *k, ...), each backend's declarations (cpu.h: ddp__cpu_<name>,
+ * kcuda.cuh: ddp__cuda_<name>, the sim's sim_<name>) and the profiler's op list. The members
+ * that return a value (memory, copies, sync, marks, prec_native) are written out in the table. */
+#define DDP_KERNEL_OPS(X)                                                                       \
+    /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */                         \
+    X(encoder_fwd, (float *out, const int32_t *inp, const float *wte, const float *wpe,         \
+          int B, int T, int C))                                                                 \
+    /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. Either output may be NULL: that     \
+     * part is skipped (the trainer adds the embedding's share of dwte after the all-reduce). */\
+    X(encoder_bwd, (float *dwte, float *dwpe, const float *dout, const int32_t *inp, int B,     \
+          int T, int C))                                                                        \
+    /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]. eps = 1e-5.      \
+     * inp is the residual stream (fp32); out feeds a product. */                               \
+    X(layernorm_fwd, (ddp_act_t *out, float *mean, float *rstd, const float *inp,               \
+          const float *weight, const float *bias, int N, int C))                                \
+    /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);     \
+     * dweight, dbias += theirs. */                                                             \
+    X(layernorm_bwd, (float *dinp, float *dweight, float *dbias, const ddp_act_t *dout,         \
+          const float *inp, const float *weight, const float *mean, const float *rstd,          \
+          int N, int C))                                                                        \
+    /* Mixed precision (autocast's rules): from this call on, activation tensors are of type    \
+     * `prec` (the conventions above) and the products multiply `prec` inputs (the activations  \
+     * and the weights rounded to prec) with fp32 accumulation; every op computes in fp32 and   \
+     * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight it    \
+     * has multiplied by: the copy is dropped by the next set_precision call, so the caller     \
+     * calls it again after every write to the weights (the optimizer step, a load) -- one      \
+     * conversion per weight per step, not per product. Activations written under one precision \
+     * are not readable under another: a caller sets it before allocating them and keeps it.    \
+     * Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results are      \
+     * bitwise those of a context that never had it called. */                                  \
+    X(set_precision, (ddp_kprec_t prec))                                                        \
+    /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before    \
+     * the one rounding. */                                                                     \
+    X(matmul_fwd, (ddp_act_t *out, const ddp_act_t *inp, const float *weight,                   \
+          const float *bias, int N, int C, int OC, ddp_wlayout_t layout))                       \
+    /* dinp[N,C] = dout @ W^T (overwritten); dweight += (layout's orientation of) inp^T @ dout; \
+     * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). */                    \
+    X(matmul_bwd, (ddp_act_t *dinp, float *dweight, float *dbias, const ddp_act_t *dout,        \
+          const ddp_act_t *inp, const float *weight, int N, int C, int OC,                      \
+          ddp_wlayout_t layout))                                                                \
+    /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.\
+     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C]; scale 1/sqrt(hs).   \
+     * lse[B,NH,T] saves each row's log-sum-exp (natural log) of its scaled scores over the     \
+     * positions t2 <= t: with qkv and out, all that backward needs. */                         \
+    X(attention_fwd, (ddp_act_t *out, float *lse, const ddp_act_t *qkv, int B, int T,           \
+          int C, int NH))                                                                       \
+    /* dqkv[B,T,3C] = the gradient through attention of dout[B,T,C] (overwritten), from         \
+     * forward's qkv, out and lse (the probabilities are recomputed from them). */              \
+    X(attention_bwd, (ddp_act_t *dqkv, const ddp_act_t *dout, const ddp_act_t *qkv,             \
+          const ddp_act_t *out, const float *lse, int B, int T, int C, int NH))                 \
+    /* out[n] = gelu_tanh(inp[n]); dinp[n] = gelu_tanh'(inp[n]) * dout[n] (overwritten; dinp    \
+     * may alias dout). */                                                                      \
+    X(gelu_fwd, (ddp_act_t *out, const ddp_act_t *inp, size_t n))                               \
+    X(gelu_bwd, (ddp_act_t *dinp, const ddp_act_t *inp, const ddp_act_t *dout, size_t n))       \
+    /* out[n] = a[n] + b[n]: a branch's output b added to the residual stream a (out may alias  \
+     * a). */                                                                                   \
+    X(residual_fwd, (float *out, const float *a, const ddp_act_t *b, size_t n))                 \
+    /* out[n] = inp[n] rounded to the activation type: the residual stream's gradient entering a\
+     * product's backward (as autocast casts it). */                                            \
+    X(to_act, (ddp_act_t *out, const float *inp, size_t n))                                     \
+    /* Fused softmax + cross-entropy over logits[N,V].                                          \
+     * losses[N] = -log softmax(logits)[target]; and when dlogits != NULL,                      \
+     * dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss (dlogits may alias logits:     \
+     * the op then overwrites the logits). targets[N] < V. */                                   \
+    X(xent_fwd_bwd, (float *losses, ddp_act_t *dlogits, const ddp_act_t *logits,                \
+          const int32_t *targets, int N, int V, float dloss))                                   \
+    /* AdamW over ranges of the arenas in one call (one launch on a GPU), PyTorch's formulation \
+     * with decoupled weight decay, for each element of each range r ([r.lo, r.hi) of param,    \
+     * grad, m, v; ranges do not overlap):                                                      \
+     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + r.wd p),    \
+     * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first            \
+     * (averaging and clipping fused in). An element's result is the same whatever range holds  \
+     * it.                                                                                      \
+     * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) for each range in order,     \
+     * 3 x ceil((r.hi - r.lo) / DDP_ADAMW_CRC_CHUNK) entries: for chunk c of the range,         \
+     * crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes of param,\
+     * m and v written for elements [r.lo + c x CHUNK, min(r.lo + (c + 1) x CHUNK, r.hi)), taken\
+     * while they are still in cache, so a checkpoint of this update need not read them again. */\
+    X(adamw, (float *param, const float *grad, float *m, float *v,                              \
+          const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,                 \
+          float beta2, float eps, float grad_scale, int t, uint32_t *crc))                      \
+    /* Vector helpers over the arenas. */                                                       \
+    /* Sums of squares of consecutive blocks of several ranges of x (for the global gradient    \
+     * norm: one pass and one wait for all the buckets): for range r and its j-th block,        \
+     * out[r.out + j] = sum of x[i]^2 over [r.lo + j block, min(r.lo + (j + 1) block, r.hi)),   \
+     * accumulated in double and rounded to float once; out is host memory. A block's result    \
+     * depends only on its own elements (not on the ranges, the thread count or where the block \
+     * lies), so a norm summed from blocks is the same however the buffer is split, e.g. over the\
+     * ranks of a sharded step. Waits for the stream (a host result). */                        \
+    X(sumsq_blocks, (float *out, const float *x, const ddp_krange_t *ranges, int nranges,       \
+          size_t block))                                                                        \
+    /* y[i] += x[i] */                                                                          \
+    X(add, (float *y, const float *x, size_t n))                                                \
+    /* x[i] *= s */                                                                             \
+    X(scale, (float *x, float s, size_t n))                                                     \
+    /* 1 if any x[i] is NaN or Inf (host out), else 0. */                                       \
+    X(nonfinite, (int *out, const float *x, size_t n))
+
+/* DDP_KERNEL_OPS' parameter lists with a leading context, or a leading opened backend. */
+#define DDP_KOP_CTX_PARAMS(...) (ddp_kctx_t * ctx, __VA_ARGS__)
+#define DDP_KOP_K_PARAMS(...) (ddp_kernels_t * k, __VA_ARGS__)
+/* The ops table's member for one op. */
+#define DDP_KOP_MEMBER(name, params) void(*name) DDP_KOP_CTX_PARAMS params;
+
 typedef struct ddp_kernels_ops {
     const char *name; /* "cpu", "cuda", "sim" */
     /* The collectives backend that works on this backend's memory under ddp.backend "auto":
@@ -145,116 +251,12 @@ typedef struct ddp_kernels_ops {
      * caller has synchronised since the last mark. */
     void (*timer_reset)(ddp_kctx_t *ctx);
 
-    /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */
-    void (*encoder_fwd)(ddp_kctx_t *, float *out, const int32_t *inp, const float *wte,
-                        const float *wpe, int B, int T, int C);
-    /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. Either output may be NULL: that
-     * part is skipped (the trainer adds the embedding's share of dwte after the all-reduce). */
-    void (*encoder_bwd)(ddp_kctx_t *, float *dwte, float *dwpe, const float *dout,
-                        const int32_t *inp, int B, int T, int C);
-
-    /* out[N,C] = (inp - mean) * rstd * weight + bias; saves mean[N], rstd[N]. eps = 1e-5.
-     * inp is the residual stream (fp32); out feeds a product. */
-    void (*layernorm_fwd)(ddp_kctx_t *, ddp_act_t *out, float *mean, float *rstd,
-                          const float *inp, const float *weight, const float *bias, int N, int C);
-    /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);
-     * dweight, dbias += theirs. */
-    void (*layernorm_bwd)(ddp_kctx_t *, float *dinp, float *dweight, float *dbias,
-                          const ddp_act_t *dout, const float *inp, const float *weight,
-                          const float *mean, const float *rstd, int N, int C);
-
-    /* Mixed precision (autocast's rules): from this call on, activation tensors are of type
-     * `prec` (the conventions above) and the products multiply `prec` inputs (the activations
-     * and the weights rounded to prec) with fp32 accumulation; every op computes in fp32 and
-     * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight it
-     * has multiplied by: the copy is dropped by the next set_precision call, so the caller
-     * calls it again after every write to the weights (the optimizer step, a load) -- one
-     * conversion per weight per step, not per product. Activations written under one precision
-     * are not readable under another: a caller sets it before allocating them and keeps it.
-     * Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results are
-     * bitwise those of a context that never had it called. */
-    void (*set_precision)(ddp_kctx_t *, ddp_kprec_t prec);
+    DDP_KERNEL_OPS(DDP_KOP_MEMBER)
     /* 1 when this backend multiplies `prec` in hardware, faster than fp32 (bf16 on a GPU's
      * tensor cores, or on a CPU with AVX512_BF16/AMX), else 0 (a backend that emulates it by
      * rounding: correct, not faster). Writes a one-line reason (static string) to *why. For
      * train.precision "auto". */
     int (*prec_native)(ddp_kctx_t *, ddp_kprec_t prec, const char **why);
-
-    /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before
-     * the one rounding. */
-    void (*matmul_fwd)(ddp_kctx_t *, ddp_act_t *out, const ddp_act_t *inp, const float *weight,
-                       const float *bias, int N, int C, int OC, ddp_wlayout_t layout);
-    /* dinp[N,C] = dout @ W^T (overwritten); dweight += (layout's orientation of) inp^T @ dout;
-     * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). */
-    void (*matmul_bwd)(ddp_kctx_t *, ddp_act_t *dinp, float *dweight, float *dbias,
-                       const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                       int C, int OC, ddp_wlayout_t layout);
-
-    /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.
-     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C]; scale 1/sqrt(hs).
-     * lse[B,NH,T] saves each row's log-sum-exp (natural log) of its scaled scores over the
-     * positions t2 <= t: with qkv and out, all that backward needs. */
-    void (*attention_fwd)(ddp_kctx_t *, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                          int B, int T, int C, int NH);
-    /* dqkv[B,T,3C] = the gradient through attention of dout[B,T,C] (overwritten), from
-     * forward's qkv, out and lse (the probabilities are recomputed from them). */
-    void (*attention_bwd)(ddp_kctx_t *, ddp_act_t *dqkv, const ddp_act_t *dout,
-                          const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                          int T, int C, int NH);
-
-    /* out[n] = gelu_tanh(inp[n]); dinp[n] = gelu_tanh'(inp[n]) * dout[n] (overwritten; dinp
-     * may alias dout). */
-    void (*gelu_fwd)(ddp_kctx_t *, ddp_act_t *out, const ddp_act_t *inp, size_t n);
-    void (*gelu_bwd)(ddp_kctx_t *, ddp_act_t *dinp, const ddp_act_t *inp, const ddp_act_t *dout,
-                     size_t n);
-
-    /* out[n] = a[n] + b[n]: a branch's output b added to the residual stream a (out may alias
-     * a). */
-    void (*residual_fwd)(ddp_kctx_t *, float *out, const float *a, const ddp_act_t *b, size_t n);
-    /* out[n] = inp[n] rounded to the activation type: the residual stream's gradient entering a
-     * product's backward (as autocast casts it). */
-    void (*to_act)(ddp_kctx_t *, ddp_act_t *out, const float *inp, size_t n);
-
-    /* Fused softmax + cross-entropy over logits[N,V].
-     * losses[N] = -log softmax(logits)[target]; and when dlogits != NULL,
-     * dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss (dlogits may alias logits:
-     * the op then overwrites the logits). targets[N] < V. */
-    void (*xent_fwd_bwd)(ddp_kctx_t *, float *losses, ddp_act_t *dlogits,
-                         const ddp_act_t *logits, const int32_t *targets, int N, int V,
-                         float dloss);
-
-    /* AdamW over ranges of the arenas in one call (one launch on a GPU), PyTorch's formulation
-     * with decoupled weight decay, for each element of each range r ([r.lo, r.hi) of param,
-     * grad, m, v; ranges do not overlap):
-     * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + r.wd p),
-     * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first
-     * (averaging and clipping fused in). An element's result is the same whatever range holds
-     * it.
-     * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) for each range in order,
-     * 3 x ceil((r.hi - r.lo) / DDP_ADAMW_CRC_CHUNK) entries: for chunk c of the range,
-     * crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes of param,
-     * m and v written for elements [r.lo + c x CHUNK, min(r.lo + (c + 1) x CHUNK, r.hi)), taken
-     * while they are still in cache, so a checkpoint of this update need not read them again. */
-    void (*adamw)(ddp_kctx_t *, float *param, const float *grad, float *m, float *v,
-                  const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
-                  float beta2, float eps, float grad_scale, int t, uint32_t *crc);
-
-    /* Vector helpers over the arenas. */
-    /* Sums of squares of consecutive blocks of several ranges of x (for the global gradient
-     * norm: one pass and one wait for all the buckets): for range r and its j-th block,
-     * out[r.out + j] = sum of x[i]^2 over [r.lo + j block, min(r.lo + (j + 1) block, r.hi)),
-     * accumulated in double and rounded to float once; out is host memory. A block's result
-     * depends only on its own elements (not on the ranges, the thread count or where the block
-     * lies), so a norm summed from blocks is the same however the buffer is split, e.g. over the
-     * ranks of a sharded step. Waits for the stream (a host result). */
-    void (*sumsq_blocks)(ddp_kctx_t *, float *out, const float *x, const ddp_krange_t *ranges,
-                         int nranges, size_t block);
-    /* y[i] += x[i] */
-    void (*add)(ddp_kctx_t *, float *y, const float *x, size_t n);
-    /* x[i] *= s */
-    void (*scale)(ddp_kctx_t *, float *x, float s, size_t n);
-    /* 1 if any x[i] is NaN or Inf (host out), else 0. */
-    void (*nonfinite)(ddp_kctx_t *, int *out, const float *x, size_t n);
 } ddp_kernels_ops_t;
 
 /* An opened backend: ops plus context. Use it through the ddp_k_* wrappers below. */
@@ -325,44 +327,10 @@ int ddp_k_memset0(ddp_kernels_t *k, void *dst, size_t bytes);
 int ddp_k_sync(ddp_kernels_t *k);
 int ddp_k_record_event(ddp_kernels_t *k, void **event);
 
-void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const float *wte,
-                       const float *wpe, int B, int T, int C);
-void ddp_k_encoder_bwd(ddp_kernels_t *k, float *dwte, float *dwpe, const float *dout,
-                       const int32_t *inp, int B, int T, int C);
-void ddp_k_layernorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *mean, float *rstd,
-                         const float *inp, const float *weight, const float *bias, int N, int C);
-void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                         const ddp_act_t *dout, const float *inp, const float *weight,
-                         const float *mean, const float *rstd, int N, int C);
-void ddp_k_matmul_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp,
-                      const float *weight, const float *bias, int N, int C, int OC,
-                      ddp_wlayout_t layout);
-void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *dbias,
-                      const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                      int C, int OC, ddp_wlayout_t layout);
-void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                         int B, int T, int C, int NH);
-void ddp_k_attention_bwd(ddp_kernels_t *k, ddp_act_t *dqkv, const ddp_act_t *dout,
-                         const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                         int T, int C, int NH);
-void ddp_k_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, size_t n);
-void ddp_k_gelu_bwd(ddp_kernels_t *k, ddp_act_t *dinp, const ddp_act_t *inp,
-                    const ddp_act_t *dout, size_t n);
-void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const ddp_act_t *b,
-                        size_t n);
-void ddp_k_to_act(ddp_kernels_t *k, ddp_act_t *out, const float *inp, size_t n);
-void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, ddp_act_t *dlogits,
-                        const ddp_act_t *logits, const int32_t *targets, int N, int V,
-                        float dloss);
-void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,
-                 const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
-                 float beta2, float eps, float grad_scale, int t, uint32_t *crc);
-void ddp_k_sumsq_blocks(ddp_kernels_t *k, float *out, const float *x, const ddp_krange_t *ranges,
-                        int nranges, size_t block);
-void ddp_k_add(ddp_kernels_t *k, float *y, const float *x, size_t n);
-void ddp_k_scale(ddp_kernels_t *k, float *x, float s, size_t n);
-void ddp_k_nonfinite(ddp_kernels_t *k, int *out, const float *x, size_t n);
-void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec); /* not opened: nothing */
+/* ddp_k_<op>(k, ...) for every op of DDP_KERNEL_OPS (set_precision: nothing when k is not
+ * opened). */
+#define DDP_KOP_WRAPPER(name, params) void ddp_k_##name DDP_KOP_K_PARAMS params;
+DDP_KERNEL_OPS(DDP_KOP_WRAPPER)
 /* The precision last set on k (its activation type); DDP_KPREC_FP32 when none was or k is not
  * opened. */
 ddp_kprec_t ddp_k_precision(const ddp_kernels_t *k);
@@ -380,27 +348,26 @@ int ddp_kernels_cpu_bf16(const char **why);
 
 /* ---- Per-op profiling (train.profile; kernels/kprof.c) ----
  *
- * While a profile window is open, every front-door wrapper listed in DDP_KOPS that runs its
- * backend call on the thread that opened the window brackets that call with two timing marks
- * (the table's timer_mark; other threads' calls pass untimed) and charges the op with one
+ * While a profile window is open, every front-door wrapper listed in DDP_KOPS (the copies, sync
+ * and every op; X(name, params) like DDP_KERNEL_OPS) that runs its backend call on the thread
+ * that opened the window brackets that call with two timing marks (the table's timer_mark;
+ * other threads' calls pass untimed) and charges the op with one
  * call, the host time spent in the call, and the bytes and FLOPs its shapes imply (below).
  * Marks are read only when the window closes: one synchronisation, never one per op. With no
  * window open a wrapper costs one load and one branch. Results are unchanged: the profiler
  * only reads clocks.
  *
  * Bytes count every tensor the op reads plus every one it writes, activations at the context's
- * precision and the rest as fp32 (an accumulated gradient, +=, counts twice: read and write); a copy counts its bytes once (memcpy_d2d twice:
- * read and write). FLOPs are counted for the products only: matmul 2 N C OC forward, 4 N C OC
+ * precision and the rest as fp32 (an accumulated gradient, +=, counts twice: read and write); a
+ * copy counts its bytes once (memcpy_d2d twice: read and write). FLOPs are counted for the products only: matmul 2 N C OC forward, 4 N C OC
  * backward (2 N C OC without dinp); causal attention 2 B NH T^2 hs forward (the half square,
  * two products; hs = C / NH) and 2.5 times that backward. 0 = not counted. */
 #define DDP_KOPS(X)                                                                          \
-    X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync) X(encoder_fwd)              \
-    X(encoder_bwd) X(layernorm_fwd) X(layernorm_bwd) X(set_precision) X(matmul_fwd)          \
-    X(matmul_bwd) X(attention_fwd) X(attention_bwd) X(gelu_fwd) X(gelu_bwd) X(residual_fwd)  \
-    X(to_act) X(xent_fwd_bwd) X(adamw) X(sumsq_blocks) X(add) X(scale) X(nonfinite)
+    X(memcpy_h2d, ()) X(memcpy_d2h, ()) X(memcpy_d2d, ()) X(memset0, ()) X(sync, ())          \
+    DDP_KERNEL_OPS(X)
 
 typedef enum {
-#define DDP_KOP_ENUM(op) DDP_KOP_##op,
+#define DDP_KOP_ENUM(op, params) DDP_KOP_##op,
     DDP_KOPS(DDP_KOP_ENUM)
 #undef DDP_KOP_ENUM
     DDP_KOP_COUNT

@@ -19,7 +19,7 @@
 __thread struct ddp__kprof *ddp__kprof_mine;
 
 static const char *const OP_NAMES[] = {
-#define OP_NAME(op) #op,
+#define OP_NAME(op, params) #op,
     DDP_KOPS(OP_NAME)
 #undef OP_NAME
 };

@@ -146,55 +146,13 @@ const float *ddp__cpu_widen_input(ddp_kctx_t *ctx, int slot, const ddp_act_t *x,
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
 /* Frees the weight copies and the input slots (close). */
 void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
-void ddp__cpu_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
 int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
-/* ---- ops (one file per family) ---- */
-
-/* encoder.c */
-void ddp__cpu_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
-                          const float *wpe, int B, int T, int C);
-void ddp__cpu_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
-                          const int32_t *inp, int B, int T, int C);
-/* layernorm.c */
-void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
-                            const float *inp, const float *weight, const float *bias, int N,
-                            int C);
-void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                            const ddp_act_t *dout, const float *inp, const float *weight,
-                            const float *mean, const float *rstd, int N, int C);
-/* matmul.c */
-void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                         const float *weight, const float *bias, int N, int C, int OC,
-                         ddp_wlayout_t layout);
-void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
-                         const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                         int C, int OC, ddp_wlayout_t layout);
-/* attention.c */
-void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                            int B, int T, int C, int NH);
-void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
-                            const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                            int T, int C, int NH);
-/* pointwise.c */
-void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n);
-void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
-                       const ddp_act_t *dout, size_t n);
-void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
-                           size_t n);
-void ddp__cpu_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n);
-/* xent.c */
-void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
-                           const ddp_act_t *logits, const int32_t *targets, int N, int V,
-                           float dloss);
-/* vector.c */
-void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                    const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
-                    float beta2, float eps, float grad_scale, int t, uint32_t *crc);
-void ddp__cpu_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
-                           const ddp_krange_t *ranges, int nranges, size_t block);
-void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
-void ddp__cpu_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
-void ddp__cpu_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
+/* ---- ops: ddp__cpu_<op> for every op of kernels.h's DDP_KERNEL_OPS, one file per family
+ * (encoder.c, layernorm.c, matmul.c, attention.c, pointwise.c, xent.c, vector.c; set_precision
+ * in lowp.c) ---- */
+#define DDP__CPU_OP(name, params) void ddp__cpu_##name DDP_KOP_CTX_PARAMS params;
+DDP_KERNEL_OPS(DDP__CPU_OP)
+#undef DDP__CPU_OP
 
 #endif

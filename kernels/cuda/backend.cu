@@ -330,26 +330,10 @@ static const ddp_kernels_ops_t cuda_ops = {
     .timer_mark = cuda_timer_mark,
     .timer_elapsed_ms = cuda_timer_elapsed_ms,
     .timer_reset = cuda_timer_reset,
-    .encoder_fwd = ddp__cuda_encoder_fwd,
-    .encoder_bwd = ddp__cuda_encoder_bwd,
-    .layernorm_fwd = ddp__cuda_layernorm_fwd,
-    .layernorm_bwd = ddp__cuda_layernorm_bwd,
-    .set_precision = ddp__cuda_set_precision,
-    .prec_native = ddp__cuda_prec_native,
-    .matmul_fwd = ddp__cuda_matmul_fwd,
-    .matmul_bwd = ddp__cuda_matmul_bwd,
-    .attention_fwd = ddp__cuda_attention_fwd,
-    .attention_bwd = ddp__cuda_attention_bwd,
-    .gelu_fwd = ddp__cuda_gelu_fwd,
-    .gelu_bwd = ddp__cuda_gelu_bwd,
-    .residual_fwd = ddp__cuda_residual_fwd,
-    .to_act = ddp__cuda_to_act,
-    .xent_fwd_bwd = ddp__cuda_xent_fwd_bwd,
-    .adamw = ddp__cuda_adamw,
-    .sumsq_blocks = ddp__cuda_sumsq_blocks,
-    .add = ddp__cuda_add,
-    .scale = ddp__cuda_scale,
-    .nonfinite = ddp__cuda_nonfinite,
+#define CUDA_OP(name, params) .name = ddp__cuda_##name,
+    DDP_KERNEL_OPS(CUDA_OP)
+#undef CUDA_OP
+    .prec_native = ddp__cuda_prec_native, /* C++: the members' order */
 };
 
 /* The module's entry point (DDP_KERNELS_MODULE_SYMBOL): returns the CUDA ops table, which

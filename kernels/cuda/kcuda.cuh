@@ -273,20 +273,13 @@ static void ddp__colsum(ddp_kctx_t *ctx, float *out0, float *out1, int N, int C,
     ddp__cuda_launched(ctx, what);
 }
 
-/* ---- The ops (one family per file); signatures as in ddp_kernels_ops_t ---- */
+/* ---- The ops: ddp__cuda_<op> for every op of kernels.h's DDP_KERNEL_OPS, one family per file
+ * (encoder.cu, layernorm.cu, matmul.cu, attention.cu, pointwise.cu (with adamw, add, scale),
+ * xent.cu, reduce.cu (sumsq_blocks, nonfinite); set_precision in lowp.cu) ---- */
+#define DDP__CUDA_OP(name, params) void ddp__cuda_##name DDP_KOP_CTX_PARAMS params;
+DDP_KERNEL_OPS(DDP__CUDA_OP)
+#undef DDP__CUDA_OP
 
-/* encoder.cu */
-void ddp__cuda_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
-                           const float *wpe, int B, int T, int C);
-void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const float *dout,
-                           const int32_t *inp, int B, int T, int C);
-/* layernorm.cu */
-void ddp__cuda_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
-                             const float *inp, const float *weight, const float *bias, int N,
-                             int C);
-void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                             const ddp_act_t *dout, const float *inp, const float *weight,
-                             const float *mean, const float *rstd, int N, int C);
 /* lowp.cu: the run's precision and the 16-bit weight copies */
 /* The CUDA type of ctx->prec's 16-bit activations (CUDA_R_16BF or CUDA_R_16F). */
 cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx);
@@ -294,22 +287,8 @@ cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx);
  * pointer; NULL (error recorded) on failure. */
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
 void ddp__cuda_lowp_free(ddp_kctx_t *ctx);
-void ddp__cuda_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec);
 int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
-/* matmul.cu */
-void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                          const float *weight, const float *bias, int N, int C, int OC,
-                          ddp_wlayout_t layout);
-void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
-                          const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                          int C, int OC, ddp_wlayout_t layout);
-/* attention.cu */
-void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                             int B, int T, int C, int NH);
-void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
-                             const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                             int T, int C, int NH);
 /* flash_attention.cu */
 /* 1 when the tensor-core flash kernels take this shape and precision: ctx->prec is BF16 or FP16
  * and hs = C/NH is 32, 64 or 128. */
@@ -323,28 +302,9 @@ void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv
  * (overwritten; 16-bit like qkv). */
 void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
                          const void *out, const float *lse, int B, int T, int C, int NH);
-/* pointwise.cu */
-void ddp__cuda_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n);
-void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
-                        const ddp_act_t *dout, size_t n);
-void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,
-                            size_t n);
-/* Also lowp.cu's weight conversion (out: ctx->prec's type). */
-void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n);
-/* out[n] = inp[n] (ctx->prec's type) widened to fp32, exactly. */
+
+/* pointwise.cu: out[n] = inp[n] (ctx->prec's type) widened to fp32, exactly (attention's
+ * general path); to_act is also lowp.cu's weight conversion. */
 void ddp__cuda_act_to_f32(ddp_kctx_t *ctx, float *out, const ddp_act_t *inp, size_t n);
-void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
-                     const ddp_kadamw_range_t *ranges, int nranges, float lr, float beta1,
-                     float beta2, float eps, float grad_scale, int t, uint32_t *crc);
-void ddp__cuda_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n);
-void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n);
-/* xent.cu */
-void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
-                            const ddp_act_t *logits, const int32_t *targets, int N, int V,
-                            float dloss);
-/* reduce.cu */
-void ddp__cuda_sumsq_blocks(ddp_kctx_t *ctx, float *out, const float *x,
-                            const ddp_krange_t *ranges, int nranges, size_t block);
-void ddp__cuda_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n);
 
 #endif

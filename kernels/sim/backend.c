@@ -398,6 +398,11 @@ static void sim_timer_reset(ddp_kctx_t *ctx) { ctx->marks_used = 0; }
 
 /* ---- ops ---- */
 
+/* sim_<op> for every op of DDP_KERNEL_OPS (below; the table at the end lists them). */
+#define SIM_OP(name, params) static void sim_##name DDP_KOP_CTX_PARAMS params;
+DDP_KERNEL_OPS(SIM_OP)
+#undef SIM_OP
+
 static void sim_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const float *wte,
                             const float *wpe, int B, int T, int C)
 {
@@ -557,7 +562,7 @@ static void sim_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t
     LAUNCH(ctx, a, "to_act", A(out, n, W), F(inp, n, R));
 }
 
-static void sim_xent(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
+static void sim_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
                      const ddp_act_t *logits, const int32_t *targets, int N, int V, float dloss)
 {
     args_t *a = new_args(ctx, XENT);
@@ -693,24 +698,8 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     .timer_mark = sim_timer_mark,
     .timer_elapsed_ms = sim_timer_elapsed_ms,
     .timer_reset = sim_timer_reset,
-    .encoder_fwd = sim_encoder_fwd,
-    .encoder_bwd = sim_encoder_bwd,
-    .layernorm_fwd = sim_layernorm_fwd,
-    .layernorm_bwd = sim_layernorm_bwd,
-    .set_precision = sim_set_precision,
     .prec_native = sim_prec_native,
-    .matmul_fwd = sim_matmul_fwd,
-    .matmul_bwd = sim_matmul_bwd,
-    .attention_fwd = sim_attention_fwd,
-    .attention_bwd = sim_attention_bwd,
-    .gelu_fwd = sim_gelu_fwd,
-    .gelu_bwd = sim_gelu_bwd,
-    .residual_fwd = sim_residual_fwd,
-    .to_act = sim_to_act,
-    .xent_fwd_bwd = sim_xent,
-    .adamw = sim_adamw,
-    .sumsq_blocks = sim_sumsq_blocks,
-    .add = sim_add,
-    .scale = sim_scale,
-    .nonfinite = sim_nonfinite,
+#define SIM_OP(name, params) .name = sim_##name,
+    DDP_KERNEL_OPS(SIM_OP)
+#undef SIM_OP
 };
