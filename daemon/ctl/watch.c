@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
-#include "daemon/ctl_watch.h"
+#include "daemon/ctl/ctl.h"
 
 static volatile sig_atomic_t got_int;
 static void on_int(int sig)

@@ -1,4 +1,4 @@
-/* `ddpctl plot` (see ctl_plot.h).
+/* `ddpctl plot` (see ctl.h).
  *
  * gnuplot draws: it is a well-kept plotting program in Debian (gnuplot-nox has the svg and
  * pngcairo terminals and no X11), and a script plus two data files in a private temporary
@@ -6,7 +6,6 @@
  * gnuplot single-quoted string (a ' is doubled) and titles are not "enhanced" text, so a job
  * name or path cannot inject gnuplot commands or markup.
  */
-#include "daemon/ctl_plot.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -20,7 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "daemon/ctl_watch.h"
+#include "daemon/ctl/ctl.h"
 #include "daemon/series.h"
 
 extern char **environ;

@@ -1,12 +1,11 @@
-/* `ddpctl plan` (see ctl_plan.h): the worker's own budget code (worker/memory_budget.c), run
+/* `ddpctl plan` (see ctl.h): the worker's own budget code (worker/memory_budget.c), run
  * here on the spec file, so the two always print the same figures. */
-#include "daemon/ctl_plan.h"
 
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "daemon/ctl_watch.h" /* CTL_* */
+#include "daemon/ctl/ctl.h"
 #include "kernels/kernels.h"
 #include "proto/hf_config.h"
 #include "proto/spec.h"

@@ -4,7 +4,6 @@
  * and chrome://tracing load. Timestamps are rebased to the earliest event of any rank, so the
  * file starts at 0; otherData keeps each rank's notes (bucket count, traced steps).
  */
-#include "daemon/ctl_trace.h"
 
 #include <getopt.h>
 #include <glob.h>
@@ -14,8 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "daemon/ctl_watch.h"
-#include "daemon/ctl_plot.h"
+#include "daemon/ctl/ctl.h"
 
 int ddpctl_trace(int argc, char **argv, const char *socket_path)
 {

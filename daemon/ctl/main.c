@@ -23,11 +23,8 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "daemon/client.h"
-#include "daemon/ctl_watch.h"
+#include "daemon/ctl/ctl.h"
 #include "daemon/rpc.h"
-#include "daemon/ctl_plan.h"
-#include "daemon/ctl_plot.h"
-#include "daemon/ctl_trace.h"
 
 static int as_json;
 static char socket_path[PATH_MAX];
