@@ -342,6 +342,11 @@ int ddp_k_prec_native(ddp_kernels_t *k, ddp_kprec_t prec, const char **why);
  * else 0; *why: a one-line static reason. May load libdnnl. Any thread. */
 int ddp_kernels_cpu_bf16(const char **why);
 
+/* Floats of the largest output tile the CPU backend's products cut an R x Cc output into: in a
+ * 16-bit run each thread computes a tile in fp32 scratch before rounding it (the memory
+ * budget counts it). Pure arithmetic on the shape; any thread. */
+size_t ddp_kernels_cpu_tile_floats(int R, int Cc);
+
 /* DDP_K(k, gelu_fwd, out, inp, n) is ddp_k_gelu_fwd(k, out, inp, n): the spelling of the
  * forward and backward passes and the kernel tests. */
 #define DDP_K(k, op, ...) ddp_k_##op((k), __VA_ARGS__)

@@ -34,8 +34,6 @@
 #define KSPLIT_BYTES ((int64_t)32 << 20)
 /* kernels/cpu/attention.c: a row block of scores (ATT_ROWS rows) per thread, two in backward */
 #define ATT_ROWS 128
-/* kernels/cpu/matmul.c: a product's output tiles are at most MM_WIDE wide on their long side */
-#define MM_WIDE 512
 /* kernels/cuda/kcuda.cuh: cuBLASLt's workspace (DDP_CUDA_LT_WS) */
 #define LT_WORKSPACE ((int64_t)32 << 20)
 /* collectives/ring_setup.c: the ring's slots on a link (DDP__RING_NSLOTS x the default 512 KiB
@@ -125,11 +123,18 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         int64_t part = 0, att = 2 * b->threads * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T * 4;
         if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * lm_rows * C * 4;
         if (part > KSPLIT_BYTES) part = 0;
-        /* 16-bit: each thread's fp32 tile of a product's output before its rounding, at most
-         * MM_WIDE x the shorter side of the largest output (kernels/cpu/matmul.c) */
-        int64_t side = BT < 4 * C ? BT : 4 * C, tile = 0;
-        if (side < lm_rows) side = lm_rows;
-        if (b->act_bytes == 2) tile = b->threads * MM_WIDE * side * 4;
+        /* 16-bit: each thread's fp32 tile of a product's output before its rounding, the
+         * largest of the model's products' (forward, and backward's dinp) */
+        int64_t tile = 0;
+        if (b->act_bytes == 2) {
+            const int64_t outs[][2] = {{BT, 3 * C}, {BT, 4 * C}, {BT, C}, {lm_rows, V},
+                                       {lm_rows, C}, {B, V}};
+            for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+                int64_t f = (int64_t)ddp_kernels_cpu_tile_floats((int)outs[i][0],
+                                                                 (int)outs[i][1]);
+                if (f * 4 * b->threads > tile) tile = f * 4 * b->threads;
+            }
+        }
         w += part > att ? part : att;
         if (tile > w) w = tile;
         w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */

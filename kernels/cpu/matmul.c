@@ -92,6 +92,14 @@ static void plan(tiling_t *tl, int R, int Cc)
 
 static long ntiles(const tiling_t *tl) { return (long)tl->nr * tl->nc; }
 
+size_t ddp_kernels_cpu_tile_floats(int R, int Cc)
+{
+    if (R < 1 || Cc < 1) return 0;
+    tiling_t tl;
+    plan(&tl, R, Cc);
+    return (size_t)tl.rb * tl.cb;
+}
+
 /* Tile `i`'s origin and size. */
 static void tile_at(const tiling_t *tl, long i, int *r0, int *c0, int *h, int *w)
 {

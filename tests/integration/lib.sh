@@ -1,6 +1,6 @@
-# Shared helpers for the daemon's shell integration tests: TAP output, temporary daemons on
-# private sockets, and a cleanup trap that ends every process a test started (by pid, never by
-# name) so no test leaves anything behind.
+# Shared helpers for the daemon's shell integration tests: TAP output (tests/tap.sh), temporary
+# daemons on private sockets, and a cleanup trap that ends every process a test started (by
+# pid, never by name) so no test leaves anything behind.
 # Needs DDP_BUILD_ROOT (set by meson's test_env) or BUILD=<build dir>.
 BUILD=${BUILD:-${DDP_BUILD_ROOT:?DDP_BUILD_ROOT not set}}
 SRC=${DDP_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -10,8 +10,7 @@ FAKE_WORKER=$SRC/tests/integration/fake-worker.sh
 T=$(mktemp -d /tmp/ddpd-test.XXXXXX)
 chmod 755 "$T" # another uid reaches the socket in the permission test
 PIDS=""
-n_test=0
-n_fail=0
+. "$SRC/tests/tap.sh"
 
 # The worker: DDP_TEST_WORKER=fake|real (default real when it is built).
 worker_bin() {
@@ -22,13 +21,6 @@ worker_bin() {
     fi
 }
 
-ok() { n_test=$((n_test + 1)); echo "ok $n_test - $*"; }
-not_ok() { n_test=$((n_test + 1)); n_fail=$((n_fail + 1)); echo "not ok $n_test - $*"; }
-check() { # check "description" command...
-    local d=$1; shift
-    if "$@" >>"$T/check.log" 2>&1; then ok "$d"; else not_ok "$d"; echo "# failed: $*"; return 1; fi
-}
-diag() { sed 's/^/# /' "$@" 2>/dev/null; }
 
 cleanup() {
     for p in $PIDS; do kill -TERM "$p" 2>/dev/null; done
@@ -120,6 +112,6 @@ SPEC
 }
 
 finish() {
-    echo "1..$n_test"
-    [ $n_fail -eq 0 ]
+    tap_plan
+    [ $TAP_FAILED -eq 0 ]
 }

@@ -25,10 +25,8 @@ cleanup() {
 trap cleanup EXIT
 export DDP_WORKER=$worker DDP_LOG_LEVEL=info
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../tap.sh"
+. "$(dirname "$0")/../corpus.sh"
 
 # wait_for FILE REGEX TIMEOUT_S: until a line of FILE matches (polled; fails at the deadline)
 wait_for() {
@@ -42,8 +40,7 @@ wait_for() {
     return 1
 }
 
-awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+fox_corpus "$prep" "$tmp" 4000 --val-fraction 0.1
 steps=30
 # fp32: the runs compared below sum in world-size-dependent orders; in bf16 a last-bit
 # difference can flip an input's rounding and grow past 1e-5 (auto is bf16 on CPUs with
@@ -220,8 +217,8 @@ if command -v mpirun >/dev/null; then
     mpi_kill false
     mpi_kill true
 else
-    for i in 1 2 3 4 5 6 7 8; do n=$((n + 1)); echo "ok $n - mpirun # SKIP mpirun not installed"; done
+    for i in 1 2 3 4 5 6 7 8; do skip "mpirun" "mpirun not installed"; done
 fi
 
-echo "# $failed of $n failed"
-[ $failed -eq 0 ]
+echo "# $TAP_FAILED of $TAP_N failed"
+exit $((TAP_FAILED > 0))

@@ -45,10 +45,8 @@ cleanup() {
     [ -n "${KEEP_TMP:-}" ] || rm -rf "$T"
 }
 trap cleanup EXIT
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
-check() { local d=$1; shift; if "$@" >"$T/check.out" 2>&1; then ok "$d"; else not_ok "$d" "$(tail -5 "$T/check.out")"; fi; }
+. "$(dirname "$0")/../tap.sh"
+. "$(dirname "$0")/../corpus.sh"
 # wait_until TIMEOUT_S COMMAND...: polls every 100 ms until COMMAND succeeds or the deadline.
 wait_until() {
     local deadline=$((SECONDS + $1)); shift
@@ -116,11 +114,7 @@ ok "one-node Slurm cluster up (munged, slurmctld, slurmd; node idle)"
 
 # the job: gpt2-tiny, 10 steps, 2 ranks, on a word salad made here
 cd "$T" || exit 1
-python3 -c 'import random
-r = random.Random(7)
-w = "the quick brown fox jumps over lazy dog and cat runs far away into night".split()
-print("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(4000)))' >text.txt
-"$prep" --out data text.txt >/dev/null || { not_ok "ddp-prep"; exit 1; }
+word_salad "$prep" . 4000 12 7 || { not_ok "ddp-prep"; exit 1; }
 cat >job.yaml <<YAML
 name: slurm-test
 model: {preset: gpt2-tiny}
@@ -158,4 +152,4 @@ for mode in mpi env; do
         "$compare" "$T/$mode.st" local.st
 done
 check "no job left in the queue" test -z "$(squeue -h -o %i)"
-exit $failed
+exit $((TAP_FAILED > 0))

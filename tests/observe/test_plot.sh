@@ -10,13 +10,10 @@ trap 'rm -rf "$tmp"' EXIT
 command -v gnuplot >/dev/null || { echo "1..0 # SKIP gnuplot is not installed (deploy/install-deps.sh)"; exit 77; }
 python3 -c 'import PIL' 2>/dev/null || { echo "1..0 # SKIP python3-pil is not installed"; exit 77; }
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; printf "%s\n" "$@" | sed "s/^/# /"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what" "$(tail -5 "$tmp/check.log")"; fi; }
+. "$(dirname "$0")/../tap.sh"
+. "$(dirname "$0")/../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 3000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 77; }
+fox_corpus "$prep" "$tmp" 3000 --val-fraction 0.1 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 cat >"$tmp/job.yaml" <<YAML
 name: plot-test
 model: {preset: gpt2-tiny}
@@ -62,5 +59,5 @@ mkdir -p "$tmp/empty" && : >"$tmp/empty/metrics.jsonl"
 rc=$?
 [ $rc -eq 70 ] && grep -q "no step lines yet" "$tmp/o.log" && [ ! -e "$tmp/e.svg" ] &&
     ok "a run without steps yet: a clear error, no picture" || not_ok "empty metrics" "exit $rc: $(cat "$tmp/o.log")"
-echo "1..$n"
-exit $failed
+tap_plan
+exit $((TAP_FAILED > 0))

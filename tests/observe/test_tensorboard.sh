@@ -20,12 +20,10 @@ if ! python3 -c 'import tensorboard' 2>/dev/null; then
     { echo "1..0 # SKIP the tensorboard package cannot be installed"; tail -3 "$tmp/pip.log"; exit 77; }
 fi
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; printf "%s\n" "$@" | sed "s/^/# /"; }
+. "$(dirname "$0")/../tap.sh"
+. "$(dirname "$0")/../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 3000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 77; }
+fox_corpus "$prep" "$tmp" 3000 --val-fraction 0.1 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 cat >"$tmp/job.yaml" <<YAML
 name: tb-test
 model: {preset: gpt2-tiny}
@@ -47,11 +45,11 @@ else
   not_ok "rank 0 wrote one event file" "$(ls -la "$run" "$run/tb" 2>&1)"
 fi
 
-python3 "$here/tb_check.py" "$run" "$n" >"$tmp/check.out" 2>"$tmp/check.err"
+python3 "$here/tb_check.py" "$run" "$TAP_N" >"$tmp/check.out" 2>"$tmp/check.err"
 rc=$?
 cat "$tmp/check.out"
-n=$((n + $(grep -cE '^(not )?ok ' "$tmp/check.out")))
-[ $rc -eq 0 ] || { failed=1; grep -q '^not ok' "$tmp/check.out" || not_ok "tb_check.py ran" "$(tail -5 "$tmp/check.err")"; }
+TAP_N=$((TAP_N + $(grep -cE '^(not )?ok ' "$tmp/check.out")))
+[ $rc -eq 0 ] || { TAP_FAILED=$((TAP_FAILED + 1)); grep -q '^not ok' "$tmp/check.out" || not_ok "tb_check.py ran" "$(tail -5 "$tmp/check.err")"; }
 
 # the record CRCs are real: flip one byte of the last record's payload, and TensorBoard's
 # reader drops that record (the run's final_loss, written last) and keeps the ones before it
@@ -73,5 +71,5 @@ if [ "$steps" = "8 0" ]; then
 else
   not_ok "a flipped byte in the last record is rejected" "loss/train, final_loss read: '$steps' (want '8 0')"
 fi
-echo "1..$n"
-exit $failed
+tap_plan
+exit $((TAP_FAILED > 0))

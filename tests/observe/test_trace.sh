@@ -13,13 +13,10 @@ tmp=$(mktemp -d /tmp/ddp-test-trace.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export DDP_WORKER=$worker
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; printf "%s\n" "$@" | sed "s/^/# /"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what" "$(tail -8 "$tmp/check.log")"; fi; }
+. "$(dirname "$0")/../tap.sh"
+. "$(dirname "$0")/../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 3000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 77; }
+fox_corpus "$prep" "$tmp" 3000 --val-fraction 0.1 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 cat >"$tmp/job.yaml" <<YAML
 name: trace-test
 model: {preset: gpt2-tiny}
@@ -69,5 +66,5 @@ mkdir -p "$tmp/none"
 rc=$?
 [ $rc -eq 70 ] && grep -q "was the job run with train.trace" "$tmp/none.log" &&
     ok "ddpctl trace on a run without a trace says why" || not_ok "no trace: clear error" "exit $rc: $(cat "$tmp/none.log")"
-echo "1..$n"
-exit $failed
+tap_plan
+exit $((TAP_FAILED > 0))

@@ -12,14 +12,11 @@ tmp=$(mktemp -d /tmp/ddp-test-ddp.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export DDP_WORKER=$worker DDP_LOG_LEVEL=warn
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 
 # data: a deterministic text of ~200 KB
-awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+fox_corpus "$prep" "$tmp" 4000 --val-fraction 0.1
 cat >"$tmp/job.yaml" <<YAML
 name: ddp-test
 model: {preset: gpt2-tiny}
@@ -118,6 +115,6 @@ if command -v mpirun >/dev/null; then
       { not_ok "mpirun -np 2 run ($backend)"; sed 's/^/# /' "$tmp/mpi.log" | tail -20; }
   done
 else
-  for backend in ring mpi; do n=$((n + 1)); echo "ok $n - mpirun $backend # SKIP mpirun not installed"; done
+  for backend in ring mpi; do skip "mpirun $backend" "mpirun not installed"; done
 fi
-exit $((failed > 0))
+exit $((TAP_FAILED > 0))

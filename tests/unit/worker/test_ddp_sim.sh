@@ -17,13 +17,10 @@ tmp=$(mktemp -d /tmp/ddp-test-sim.XXXXXX)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 export DDP_WORKER=$worker DDP_LOG_LEVEL=warn
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+fox_corpus "$prep" "$tmp" 4000 --val-fraction 0.1
 # fp32 (bf16 below): auto would pick bf16 on the CPU with AVX512_BF16 and fp32 on the sim, whose
 # precision_native says no: the runs name their precision
 cat >"$tmp/job.yaml" <<YAML
@@ -169,6 +166,6 @@ if [ -f "${DDP_BUILD_ROOT:-$(dirname "$worker")/..}/collectives/ddp_coll_nccl.so
       grep -q "backend 'nccl' is not usable here" "$tmp/nccl.launch" "$tmp/nccl"/rank-*.log
   fi
 else
-  n=$((n + 1)); echo "ok $n - nccl module beside ddp-worker # SKIP built without NCCL"
+  skip "nccl module beside ddp-worker" "built without NCCL"
 fi
-exit $((failed > 0))
+exit $((TAP_FAILED > 0))

@@ -15,13 +15,10 @@ tmp=$(mktemp -d /tmp/ddp-test-oom.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export DDP_WORKER=$worker DDP_LOG_LEVEL=info
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 8000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+fox_corpus "$prep" "$tmp" 8000 --val-fraction 0.1
 cat >"$tmp/job.yaml" <<YAML
 name: oom-test
 model: {preset: gpt2-tiny}
@@ -153,4 +150,4 @@ sed -e "s#^data: .*#data: {train: \"$tmp/data/train_*.bin\"}\ncheckpoint: {dir: 
 "$ddpctl" plan "$tmp/ckpt-plan.yaml" --workers 2 >"$tmp/plan-ckpt.txt" 2>&1
 check "ddpctl plan of a 2-rank job with checkpoints prints rank 0's budget and rank 1's total" \
   bash -c "grep -q '^memory budget of rank 0' '$tmp/plan-ckpt.txt' && grep -q '^rank 1 writes no checkpoint shard: total' '$tmp/plan-ckpt.txt'"
-exit $((failed > 0))
+exit $((TAP_FAILED > 0))

@@ -10,13 +10,10 @@ tmp=$(mktemp -d /tmp/ddp-test-profile.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export DDP_LOG_LEVEL=info
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 
-awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >"$tmp/text.txt"
-"$prep" --out "$tmp/data" --val-fraction 0.1 "$tmp/text.txt" >/dev/null
+fox_corpus "$prep" "$tmp" 4000 --val-fraction 0.1
 # fp32: the simulated GPU's weights are then the CPU's bitwise; validation on, to show that the
 # boundary's forward passes stay out of the window
 cat >"$tmp/job.yaml" <<YAML
@@ -86,4 +83,4 @@ if run long cpu --set train.profile=10; then
 else
   not_ok "CPU run with train.profile 10"
 fi
-exit $((failed > 0))
+exit $((TAP_FAILED > 0))

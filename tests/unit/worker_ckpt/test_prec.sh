@@ -14,10 +14,8 @@ src=${DDP_SOURCE_ROOT:-$(cd "$(dirname "$0")/../../.." && pwd)}
 launch=$src/deploy/launch-local.sh
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-prec.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
-check() { local name=$1; shift; if "$@" >"$tmp/check.out" 2>&1; then ok "$name"; else not_ok "$name" "$(tail -5 "$tmp/check.out")"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 # the loss scale in metrics.jsonl at step S of run directory D
 scale_at() { python3 -c "
 import json, sys
@@ -27,13 +25,7 @@ for l in open('$1/metrics.jsonl'):
 export -f scale_at
 
 cd "$tmp" || exit 1
-python3 - >text.txt <<'PY'
-import random
-r = random.Random(11)
-w = "the quick brown fox jumps over lazy dog and cat runs far away into night".split()
-print("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(4000)))
-PY
-"$prep" --out data text.txt >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 0; }
+word_salad "$prep" . 4000 12 11 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 cat >job.yaml <<YAML
 name: prec
 model: {preset: gpt2-tiny}
@@ -109,4 +101,4 @@ check "resume: step 6's scale and clean count come back (doubling again at step 
     bash -c "grep -q 'resumed from' gb.log && [ \"\$(scale_at gr 7)\" = 131072 ] &&
              [ \"\$(scale_at gr 8)\" = 262144 ]"
 check "resume: 6 + resume + 6 == 12 straight, bitwise" "$compare" grow.st gres.st
-exit $failed
+exit $((TAP_FAILED > 0))

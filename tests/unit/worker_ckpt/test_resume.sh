@@ -16,10 +16,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/ddp-ckpt-resume.XXXXXX")
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"; }
 trap cleanup EXIT
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=1; echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
-check() { local name=$1; shift; if "$@" >"$tmp/check.out" 2>&1; then ok "$name"; else not_ok "$name" "$(tail -5 "$tmp/check.out")"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 # wait_until TIMEOUT_S COMMAND...: polls COMMAND every 20 ms until it succeeds (0) or the
 # deadline passes (1). Tests wait for events this way, never with a bare sleep.
 wait_until() {
@@ -31,13 +29,7 @@ wait_until() {
 [ "${DDP_TEST_SLOW_US:-0}" -gt 0 ] && export DDP_COLL_DELAY_US=$DDP_TEST_SLOW_US
 
 cd "$tmp" || exit 1
-python3 - >text.txt <<'PY' || awk 'BEGIN{srand(7); for(i=0;i<4000;i++){l=""; for(j=0;j<12;j++) l=l" w"int(rand()*40); print l}}' >text.txt
-import random
-r = random.Random(7)
-w = "the quick brown fox jumps over lazy dog and cat runs far away into night".split()
-print("\n".join(" ".join(r.choice(w) for _ in range(12)) for _ in range(4000)))
-PY
-"$prep" --out data text.txt >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 0; }
+word_salad "$prep" . 4000 12 7 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 cat >job.yaml <<YAML
 name: ckpt-resume
 model: {preset: gpt2-tiny}
@@ -140,6 +132,6 @@ if python3 -c 'import safetensors, numpy' 2>/dev/null; then
     check "format: HF GPT-2 names, shapes and config.json (safetensors + numpy)" \
         python3 "$src/tests/unit/worker_ckpt/check_hf_gpt2.py" "$tmp/full1/step-00000020" full1.st
 else
-    echo "ok $((n + 1)) # SKIP safetensors/numpy not installed"; n=$((n + 1))
+    skip "" "safetensors/numpy not installed"
 fi
-exit $failed
+exit $((TAP_FAILED > 0))

@@ -26,14 +26,11 @@ trap cleanup EXIT
 netns_pair "$NA" "$NB" "z$sfx" "$A" "$B" ||
     { echo "1..0 # SKIP cannot create network namespaces"; exit 77; }
 
-n=0 failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; }
-check() { local what=$1; shift; if "$@" >"$tmp/check.log" 2>&1; then ok "$what"; else not_ok "$what"; sed 's/^/# /' "$tmp/check.log"; fi; }
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
 
 cd "$tmp"
-awk 'BEGIN { for (i = 0; i < 4000; i++) printf "line %d: the quick brown fox %d jumps over %d lazy dogs.\n", i, i * 7 % 13, i % 11 }' >text.txt
-"$prep" --out data text.txt >/dev/null || { echo "1..0 # SKIP ddp-prep failed"; exit 0; }
+fox_corpus "$prep" . 4000 || { not_ok "ddp-prep made the training shards"; tap_plan; exit 1; }
 # buckets of 6 x 16384 floats: every rank's slice has the same number of 16384-float blocks
 cat >job.yaml <<YAML
 name: zero-netns
@@ -98,4 +95,4 @@ run r2s 2 --resume-step 6 --set checkpoint.dir=\"$tmp/ck-s3\" --set checkpoint.e
   check "a sharded 3-rank checkpoint resumes on 2 sharded ranks: the unsharded resume's weights" \
     bash -c "grep -q 'resumed from .*step-00000006' r2s/rank-0.log && cmp r2s.st r2u.st" ||
   not_ok "resume of the 3-rank checkpoint on 2 ranks"
-exit $((failed > 0))
+exit $((TAP_FAILED > 0))
