@@ -40,7 +40,8 @@
  * Buffers from ddp_coll_mem_alloc() are the fast path on one host: see there.
  *
  * Test hooks (documented here because the reducer's tests use them):
- *  - DDP_COLL_DELAY_US=N (or opts.chunk_delay_us): the ring sleeps N microseconds on its
+ *  - opts.chunk_delay_us = N (or DDP_COLL_DELAY_US=N in ddp-worker's environment, which reaches
+ *    the ring as a test hook, common/test_hook.h): the ring sleeps N microseconds on its
  *    communication thread before each chunk it sends: an artificially slow transport, on any
  *    transport (the sleep is on the comm thread, so compute threads are unaffected).
  *  - DDP_COLL_TRANSPORT=tcp (or opts.transport = "tcp"): use TCP even between local processes.
@@ -127,7 +128,7 @@ typedef struct ddp_coll_opts {
     const char *backend;   /* "auto" (default: ring on CPU), "ring", "mpi", "nccl" */
     const char *transport; /* ring: "auto" (shm within a host, tcp across), "tcp" */
     size_t chunk_bytes;    /* ring slot size; 0 = DDP_COLL_CHUNK_KB or 512 KiB */
-    int chunk_delay_us;    /* test hook, see above; 0 = DDP_COLL_DELAY_US or none */
+    int chunk_delay_us;    /* test hook, see above; 0 = the DDP_HOOK_RING_SEND hook's */
     double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
     int cuda_device;       /* nccl, sim: the rank's device ordinal (its buffers' device) */
     void *cuda_stream;     /* nccl: cudaStream_t to run on (NULL = the backend's own stream) */
@@ -269,7 +270,7 @@ int ddp_coll_mem_shared(const ddp_coll_t *c, const void *p);
 /* p's place in rank's copy of the same shared allocation, as this process maps it; NULL when p
  * is not in memory shared with every rank. The mapping is this process's own, so it stays
  * readable after that rank's process has ended: how the survivors of a sharded step read a dead
- * rank's slices (worker/train.c ddp_trainer_moments_from_peers). Caller's thread. */
+ * rank's slices (worker/train_sharded.c ddp_sharded_from_peers). Caller's thread. */
 const void *ddp_coll_mem_peer(const ddp_coll_t *c, const void *p, int rank);
 
 /* ---- In-process fake world (tests) ---------------------------------------------------------- */

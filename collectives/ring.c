@@ -41,6 +41,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/test_hook.h" /* DDP_COLL_DELAY_US */
 
 static int mod(long a, int n) { return (int)(((a % n) + n) % n); }
 
@@ -58,9 +59,13 @@ static seg_t seg_of(size_t count, size_t C, int n, size_t round, int s)
     return (seg_t){o, hi - o < C ? hi - o : C};
 }
 
+/* Before each chunk sent: the caller's delay (opts.chunk_delay_us), else the test hook's. */
 static void delay(ddp__ring_t *R)
 {
-    if (R->delay_us <= 0) return;
+    if (R->delay_us <= 0) {
+        ddp_test_hook(DDP_HOOK_RING_SEND, 0, -1); /* every rank alike */
+        return;
+    }
     struct timespec ts = {R->delay_us / 1000000, (long)(R->delay_us % 1000000) * 1000};
     nanosleep(&ts, NULL);
 }
@@ -475,8 +480,6 @@ int ddp__ring_start(ddp_coll_t *c, ddp__xport_t *send, ddp__xport_t *recv,
     R->slot_bytes = slot_bytes;
     R->culprit = -1;
     R->delay_us = opts && opts->chunk_delay_us > 0 ? opts->chunk_delay_us : 0;
-    const char *dl = getenv("DDP_COLL_DELAY_US");
-    if (!R->delay_us && dl && *dl) R->delay_us = atoi(dl);
     c->impl = R;
     int rc = ddp__engine_start(&R->eng, c, ring_run);
     if (rc < 0) {

@@ -2,7 +2,7 @@
  * in-memory links (one heap segment and two eventfds per directed link), for unit tests of the
  * ring and of its callers (the reducer). It reuses the shared-memory slot protocol over heap
  * memory, so the ring code under test is the production code; it has no death detection (threads
- * do not die alone). A per-chunk delay (opts.chunk_delay_us / DDP_COLL_DELAY_US) makes it an
+ * do not die alone). A per-chunk delay (opts.chunk_delay_us) makes it an
  * artificially slow transport.
  */
 #include <stdlib.h>

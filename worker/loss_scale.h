@@ -12,8 +12,8 @@
  *   The norm is the same on every rank (it comes from the all-reduced gradients, or the
  *   all-reduced sums when sharded), so every rank skips and rescales alike, and the scale stays
  *   identical everywhere without a message of its own.
- * Test hook (read once by ddp_lscale_init): DDP_TEST_OVERFLOW="S:R" makes rank R's loss
- * gradient infinite at step S (1-based), as an fp16 overflow on one rank would.
+ * Test hook DDP_HOOK_LOSS_SCALE (common/test_hook.h, DDP_TEST_OVERFLOW="S:R"): rank R's loss
+ * gradient is infinite at step S (1-based), as an fp16 overflow on one rank would make it.
  */
 #ifndef DDP_WORKER_LOSS_SCALE_H
 #define DDP_WORKER_LOSS_SCALE_H
@@ -29,8 +29,6 @@ typedef struct ddp_lscale {
     long clean;      /* clean steps since the last overflow or growth */
     long interval;   /* clean steps before the scale doubles */
     long overflows;  /* steps skipped for an overflow */
-    long test_step;  /* DDP_TEST_OVERFLOW: step (1-based) and rank; 0 = none */
-    int test_rank;
 } ddp_lscale_t;
 
 /* Resolves `asked` (AUTO: bf16 where backend k multiplies it natively, else fp32) into *out,
@@ -41,11 +39,11 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
 const char *ddp_prec_name(ddp_kprec_t prec);
 
 /* Starts the scaler for precision prec (enabled for fp16) with growth after `interval` clean
- * steps; reads the test hook. */
+ * steps. */
 void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval);
 
 /* The factor on the loss gradient of step `step` (1-based) on `rank`: the scale, or Inf where
- * the test hook says so. */
+ * the test hook DDP_HOOK_LOSS_SCALE says so. */
 float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank);
 
 /* After the step's gradient norm: `finite` = whether it is. Returns 1 when the update must be

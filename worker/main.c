@@ -19,6 +19,7 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 #include "worker/export.h"
@@ -163,8 +164,36 @@ static int read_world(ddp_train_env_t *env)
     return 0;
 }
 
+/* The test hooks' variables (common/test_hook.h), read once here for every module of this
+ * process that has a hook: the trainer, the checkpoint writer, the ring. */
+static void read_test_hooks(ddp_test_hooks_t *h)
+{
+    const char *v;
+    memset(h, 0, sizeof *h);
+    if ((v = getenv("DDP_TEST_NAN_STEP"))) h->nan_step = atol(v);
+    if ((v = getenv("DDP_TEST_SLOW_RANK")) && strchr(v, ':')) { /* "R:US" */
+        h->slow_rank = atoi(v);
+        h->slow_us = atol(strchr(v, ':') + 1);
+    }
+    if ((v = getenv("DDP_TEST_OVERFLOW")) && strchr(v, ':')) { /* "S:R" */
+        h->overflow_step = atol(v);
+        h->overflow_rank = atoi(strchr(v, ':') + 1);
+    }
+    if ((v = getenv("DDP_TEST_HANG")) && strchr(v, ':')) { /* "S:R" */
+        h->hang_step = atol(v);
+        h->hang_rank = atoi(strchr(v, ':') + 1);
+    }
+    if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
+        h->flip = 1;
+        h->flip_rank = atoi(v);
+    }
+    if ((v = getenv("DDP_TEST_CKPT_SHARD_DELAY_MS"))) h->ckpt_shard_delay_ms = atol(v);
+    if ((v = getenv("DDP_COLL_DELAY_US")) && *v) h->ring_send_delay_us = atoi(v);
+}
+
 /* Everything the trainer takes from the environment, read once here beside the spec (the
- * trainer itself reads none). Returns 0 or -1 (a message printed). */
+ * trainer itself reads none), and the test hooks, installed for the whole process. Returns 0 or
+ * -1 (a message printed). */
 static int read_env(ddp_train_env_t *env)
 {
     static const char *const local_rank[] = {"DDP_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -183,23 +212,9 @@ static int read_env(ddp_train_env_t *env)
     }
     if ((v = getenv("DDP_RANK"))) env->rank_hint = atoi(v);
     if ((v = getenv("DDP_RDZV_TIMEOUT_S"))) env->rdzv_timeout_s = atof(v);
-    if ((v = getenv("DDP_TEST_NAN_STEP"))) env->nan_step = atol(v);
-    if ((v = getenv("DDP_TEST_SLOW_RANK")) && strchr(v, ':')) { /* "R:US" */
-        env->slow_rank = atoi(v);
-        env->slow_us = atol(strchr(v, ':') + 1);
-    }
-    if ((v = getenv("DDP_TEST_OVERFLOW")) && strchr(v, ':')) { /* "S:R" */
-        env->overflow_step = atol(v);
-        env->overflow_rank = atoi(strchr(v, ':') + 1);
-    }
-    if ((v = getenv("DDP_TEST_HANG")) && strchr(v, ':')) { /* "S:R" */
-        env->hang_step = atol(v);
-        env->hang_rank = atoi(strchr(v, ':') + 1);
-    }
-    if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
-        env->flip = 1;
-        env->flip_rank = atoi(v);
-    }
+    ddp_test_hooks_t hooks;
+    read_test_hooks(&hooks);
+    ddp_test_hooks_set(&hooks);
     return 0;
 }
 

@@ -12,9 +12,9 @@
  * started and finished on the communication thread, from which the step's exposed
  * (not hidden) communication time is derived.
  *
- * Sharded step (`scatter`: ddp.shard_optimizer where the communicator can, see train.c
- * alloc_arenas; ZeRO-1): each bucket is reduce-scattered instead, so this rank holds the reduced gradient of its slice of every bucket
- * (ddp_coll_slice), its `parts`; the optimizer updates those, and ddp_reducer_gather copies
+ * Sharded step (`scatter`: ddp.shard_optimizer where the communicator can, see
+ * train_setup.c alloc_arenas; ZeRO-1): each bucket is reduce-scattered instead, so this rank
+ * holds the reduced gradient of its slice of every bucket (ddp_coll_slice), its `parts`; the optimizer updates those, and ddp_reducer_gather copies
  * their new values to every rank. Without it every part is a whole bucket. Either way the
  * parts carry the numbers of their gradient-norm blocks (optim.h), counted from each bucket's
  * beginning, so the norm's blocks are the same for any world size.

@@ -1,5 +1,5 @@
 /* Straggler detection: every rank's compute time of each step travels with the step's small
- * all-reduce (train.c), and a rank whose compute stays >= 20% above the median for
+ * all-reduce (train_step.c), and a rank whose compute stays >= 20% above the median for
  * DDP_STRAGGLER_STEPS steps in a row is named (log, metrics.jsonl, ddpctl status, Prometheus)
  * before it slows everyone for long. Pure bookkeeping; the caller's thread only.
  */

@@ -5,6 +5,10 @@
  * writes a fresh gradient arena; micro-steps 0..A-2 are summed into `acc` in order, and the last
  * micro-step's gradient is then added to it, so the arena holds g0 + g1 + ... in micro-step
  * order. The average is that sum times 1/(A W), applied inside the optimizer.
+ *
+ * Implemented by phase (worker/train_int.h): train_setup.c (init, close), train_generation.c
+ * (joining and leaving a world, the state transfer), train_step.c (one step), train_validate.c;
+ * and run.c (the loop), step_log.c, sample.c, memory_check.c.
  */
 #ifndef DDP_WORKER_TRAIN_H
 #define DDP_WORKER_TRAIN_H
@@ -30,9 +34,9 @@
 #include "worker/train_sharded.h"
 
 /* What the environment says about this rank, read once where the spec is loaded (worker/main.c's
- * read_env), never in the step. Zeros: one rank on this host, no elastic coordinator,
- * no test hooks. (The environment rendezvous, DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV, is read by its
- * bootstrap, collectives/bootstrap_env.c.) */
+ * read_env), never in the step. Zeros: one rank on this host, no elastic coordinator. (The test
+ * hooks are read there too, into common/test_hook.h's table. The environment rendezvous,
+ * DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV, is read by its bootstrap, collectives/bootstrap_env.c.) */
 typedef struct ddp_train_env {
     int local_rank;  /* DDP_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID: the GPU */
     int local_world; /* DDP_LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE; 0: unknown (1) */
@@ -46,16 +50,6 @@ typedef struct ddp_train_env {
     int rank_hint;   /* DDP_RANK (elastic: orders the first generation only) */
     double rdzv_timeout_s; /* DDP_RDZV_TIMEOUT_S; 0: the default */
     char rdzv_buf[300], token_buf[320]; /* storage when rdzv and job_token are composed */
-    /* test hooks (DDP_TEST_*) */
-    long nan_step;   /* DDP_TEST_NAN_STEP=N: step N's gradient gets a NaN; 0: off */
-    int slow_rank;   /* DDP_TEST_SLOW_RANK=R:US: rank R sleeps US microseconds per micro-step */
-    long slow_us;    /* 0: off */
-    int flip;        /* DDP_TEST_REPLICA_FLIP_RANK=R: rank R's replica checks see a flipped bit */
-    int flip_rank;
-    long overflow_step; /* DDP_TEST_OVERFLOW=S:R: fp16's loss scale overflows at step S ... */
-    int overflow_rank;  /* ... on rank R; 0: off */
-    long hang_step;     /* DDP_TEST_HANG=S:R: rank R stops for good as step S begins (it says */
-    int hang_rank;      /* so in its log), for a test to kill it there; 0: off */
 } ddp_train_env_t;
 
 typedef struct ddp_train_opts {
@@ -92,11 +86,12 @@ typedef struct ddp_trainer {
     int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
-    float *vote;              /* the step's small all-reduce (train.c VOTE_RANKS), then [world] */
+    float *vote;              /* the step's small all-reduce (train_step.c step_vote) */
     ddp_xfer_t xfer;          /* elastic: a state transfer planned (overlapped with a step) */
-    int deal_rank, deal_world; /* this rank's share of a step's micro-batches (train.c set_deal) */
+    int deal_rank, deal_world; /* this rank's share of a step's micro-batches
+                                * (train_generation.c set_deal) */
     ddp_straggler_t stragglers;
-    long slow_us;             /* test hook: this rank sleeps per micro-step (env.slow_rank) */
+    int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
     ddp_reducer_t reducer;
     ddp_reducer_stats_t comm_stats; /* of the last step */
     double compute_ms;        /* forward + backward of the last step */
@@ -108,7 +103,7 @@ typedef struct ddp_trainer {
     ddp_rng_t rng;
     int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
-    float *emb;       /* embedding-gradient slots, n_micro of them (device; see train.c) */
+    float *emb;       /* embedding-gradient slots, n_micro of them (device; train_embedding.c) */
     /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
      * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
     float *weights, *grads;
@@ -187,14 +182,6 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
 /* Frees everything. NULL-safe. */
 void ddp_trainer_close(ddp_trainer_t *t);
-
-/* train_embedding.c, internal to the step (train.c): the embedding-gradient slots.
- * Floats in one slot: B*T tokens, then B*T*C gradient values. */
-size_t ddp__trainer_emb_slot_floats(const ddp_trainer_t *t);
-/* Micro-step `micro`'s tokens and embedding-output gradient (acts.dres) into its slot. */
-int ddp__trainer_keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *inputs);
-/* Sums the slots over the ranks and adds each slot's share to wte's gradient, in slot order. */
-int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 /* memory_check.c: plans this rank's memory for the spec and the world (worker/memory_budget.h),
  * logs the plan (unless quiet) and fails with DDP_ESPEC and advice in ei when it cannot fit

@@ -465,7 +465,18 @@ int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t 
     return open_saver(c, ei);
 }
 
-int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
+/* The CRC array of the update that completes step `next` (ddp_tckpt_before_update), or NULL. */
+static ddp_adamw_crc_t *update_crcs(ddp_tckpt_t *c, long next)
+{
+    if (!c || !c->update_crc || !ddp_tckpt_planned(c, next)) return NULL;
+    /* a rank that writes nothing computes them only for the merge of a sharded update */
+    if (!c->saver && !(c->run.sharded && c->run.world > 1)) return NULL;
+    c->crc_step = -1; /* until ddp_tckpt_after_update */
+    return c->update_crc;
+}
+
+/* The parameters are about to change: the snapshot of a save still being taken is completed. */
+static int join_snapshot(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
 {
     if (c && c->live) {
         /* the writer has been reading the arenas beside this step's forward and backward;
@@ -493,6 +504,14 @@ int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
         DDP_INFO("checkpoint step %ld: snapshot copied in %.1f ms beside step %ld; the update "
                  "waited %.1f ms for it", c->helper_step, c->helper_ms, next, waited);
     return 0;
+}
+
+int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_tckpt_update_t *u, ddp_errinfo_t *ei)
+{
+    int rc = join_snapshot(c, next, ei);
+    u->save_follows = ddp_tckpt_planned(c, next);
+    u->crc = update_crcs(c, next);
+    return rc;
 }
 
 /* Waits for this rank's striped shards and records (and logs) how writing them went. */
@@ -568,15 +587,6 @@ static int settle_blocking(ddp_tckpt_t *c, long step, ddp_errinfo_t *ei)
     return rc;
 }
 
-ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_tckpt_t *c, long next)
-{
-    if (!c || !c->update_crc || !ddp_tckpt_planned(c, next)) return NULL;
-    /* a rank that writes nothing computes them only for the merge of a sharded update */
-    if (!c->saver && !(c->run.sharded && c->run.world > 1)) return NULL;
-    c->crc_step = -1; /* until ddp_tckpt_after_update */
-    return c->update_crc;
-}
-
 /* After a sharded update each rank has the CRCs of its own parts (zeros elsewhere): every rank's
  * values go into its own slots of one table, which is summed over the ranks (each slot has one
  * non-zero contributor and holds 16 bits, so the float sum is exact), and are merged. */
@@ -615,8 +625,10 @@ static int merge_rank_crcs(ddp_tckpt_t *c, ddp_errinfo_t *ei)
     return rc;
 }
 
-int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
+int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, const ddp_tckpt_update_t *u,
+                           ddp_errinfo_t *ei)
 {
+    if (!c || !u->crc) return 0;
     if (c->run.sharded && c->run.world > 1) DDP_CHECK(merge_rank_crcs(c, ei));
     c->crc_step = next;
     return 0;

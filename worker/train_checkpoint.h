@@ -133,22 +133,25 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
  * saver's error. NULL-safe. */
 int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t *ei);
 
-/* Inside the step that completes step `next`, just before the optimizer update: joins a running
- * snapshot helper (the parameters must not change under it), timing and logging any wait.
- * Returns the helper's error (the snapshot failed: the save is dropped and logged, training
- * goes on: returns 0). NULL-safe. */
-int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei);
+/* What a step's optimizer update does for the checkpoints (ddp_tckpt_before_update fills it). */
+typedef struct ddp_tckpt_update {
+    int save_follows;     /* a save of this step is planned (ddp_tckpt_planned) */
+    ddp_adamw_crc_t *crc; /* where ddp_adamw_step puts the CRC32C of what it writes, or NULL */
+} ddp_tckpt_update_t;
 
-/* For the optimizer update that completes step `next`: where ddp_adamw_step is to put the
- * CRC32C of what it writes, when a save of that step is planned, the arenas are host memory and
- * this rank writes shards or takes part in a sharded update (the save then need not read the
- * arenas for its checksums); NULL otherwise. Every rank of a sharded update gets the same
- * answer. NULL-safe. */
-ddp_adamw_crc_t *ddp_tckpt_update_crcs(ddp_tckpt_t *c, long next);
-/* After that update completed (all ranks, when ddp_tckpt_update_crcs gave an array): a sharded
- * update's CRCs are merged over the ranks (one small all-reduce), and the save of step `next`
- * may use them. Returns 0, DDP_ENOMEM or the all-reduce's error. */
-int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei);
+/* Inside the step that completes step `next`, just before the optimizer update: joins a running
+ * snapshot helper (the parameters must not change under it), timing and logging any wait, and
+ * fills *u: whether a save of `next` is planned, and the CRC array when that save is planned, the
+ * arenas are host memory and this rank writes shards or takes part in a sharded update (the
+ * save then need not read the arenas for its checksums); NULL otherwise (every rank of a sharded
+ * update gets the same answer). Returns the helper's error (the snapshot failed: the save is
+ * dropped and logged, training goes on: returns 0). NULL-safe (*u zeroed). */
+int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_tckpt_update_t *u, ddp_errinfo_t *ei);
+/* After that update completed (all ranks), when it was not skipped: with u->crc, a sharded
+ * update's CRCs are merged over the ranks (one small all-reduce) and the save of step `next` may
+ * use them. Returns 0, DDP_ENOMEM or the all-reduce's error; 0 without u->crc. */
+int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, const ddp_tckpt_update_t *u,
+                           ddp_errinfo_t *ei);
 
 /* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
  * per-step all-reduce; zeros when no striped save is pending. NULL-safe. */

@@ -1,9 +1,9 @@
-/* The token embedding's gradient slots (train.c calls them within its step).
+/* The token embedding's gradient slots (train_step.c calls them within its step).
  *
  * The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
  * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
- * g = micro * W + rank of t->emb (W and rank of the deal: train.c's set_deal), its global
- * micro-batch index (other slots stay zero); the n_micro slots are summed over the ranks (a
+ * g = micro * W + rank of t->emb (W and rank of the deal: train_generation.c's set_deal), its
+ * global micro-batch index (other slots stay zero); the n_micro slots are summed over the ranks (a
  * gather: each slot has one non-zero contributor), and every rank adds all of them to the
  * reduced wte gradient in slot order. Slot order is the global micro-batch order, so this part
  * of the sum is the same at any world size. A slot holds B*T tokens (as floats: exact below
@@ -12,7 +12,7 @@
 #include <stdlib.h>
 
 #include "worker/reducer.h"
-#include "worker/train.h"
+#include "worker/train_int.h"
 
 size_t ddp__trainer_emb_slot_floats(const ddp_trainer_t *t)
 {

@@ -9,6 +9,16 @@ static int on_device(const ddp_sharded_t *z) { return !ddp_k_host_memory(z->k); 
 
 static size_t bucket_begin(const ddp_reducer_t *r, int b) { return b ? r->bucket_end[b - 1] : 0; }
 
+void ddp_sharded_attach(ddp_sharded_t *z, ddp_coll_t *comm, ddp_reducer_t *reducer,
+                        float *weights, int rank, int world)
+{
+    z->comm = comm;
+    z->reducer = reducer;
+    z->weights = weights;
+    z->rank = rank;
+    z->world = world;
+}
+
 int ddp_sharded_reserve_device(ddp_sharded_t *z, size_t n, int commit_whole, ddp_errinfo_t *ei)
 {
     for (int i = 0; i < 2; i++) {
@@ -127,3 +137,21 @@ void ddp_sharded_drop_foreign(ddp_sharded_t *z)
         }
     }
 }
+
+ddp_sharded_part_fn ddp_sharded_update_begin(ddp_sharded_t *z, int save_follows)
+{
+    z->gather = z->on && save_follows;
+    z->was_whole = z->whole;
+    if (z->on) z->whole = 0;
+    z->mid_update = z->on;
+    return z->on ? ddp_sharded_on_part_updated : NULL;
+}
+
+void ddp_sharded_update_end(ddp_sharded_t *z)
+{
+    if (z->on && z->was_whole && !z->gather) ddp_sharded_drop_foreign(z);
+    z->whole = z->gather;
+    z->mid_update = 0;
+}
+
+int ddp_sharded_gathered(const ddp_sharded_t *z) { return z->on && z->whole; }

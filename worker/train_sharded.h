@@ -26,6 +26,7 @@ typedef struct ddp_sharded {
     int whole;       /* every rank's moment arenas are current everywhere */
     int mid_update;  /* an update has begun and not completed on every rank */
     int gather;      /* this step's update also gathers the moments (a save follows) */
+    int was_whole;   /* the moments were whole when the update in progress began */
     float *moments[2]; /* the moment arenas when the trainer provides them (else NULL) */
     /* borrowed from the trainer: k from the start, the rest set by each attach to a world */
     ddp_kernels_t *k;
@@ -35,6 +36,13 @@ typedef struct ddp_sharded {
     int rank, world;
 } ddp_sharded_t;
 
+/* ddp_adamw_step's callback after each part it updated (arg: the ddp_sharded_t). */
+typedef int (*ddp_sharded_part_fn)(void *arg, int part);
+
+/* At each attach to a world (the trainer's): the communicator, the reducer whose parts are this
+ * rank's slices, the parameter arena they are gathered into, and this rank's place. */
+void ddp_sharded_attach(ddp_sharded_t *z, ddp_coll_t *comm, ddp_reducer_t *reducer,
+                        float *weights, int rank, int world);
 /* Device memory (a GPU, or the simulated one), when the trainer shards over a communicator
  * whose reduce-scatter takes device memory (nccl): reserves both moment arenas of n floats and
  * sets z->on. commit_whole (with checkpoints: a resume loads them whole and every save gathers
@@ -57,6 +65,19 @@ int ddp_sharded_gather(ddp_sharded_t *z, ddp_errinfo_t *ei);
  * before the all-gather that completed it here). Returns 1 when the moments are whole (also when
  * they were), 0 when they cannot be (an update cut short, or ranks on other hosts). */
 int ddp_sharded_from_peers(ddp_sharded_t *z);
+/* Before a step's optimizer update; save_follows: a save of the step is planned, so a sharded
+ * update also gathers the moments. Marks the moments mid-update (a rank's state is then part
+ * this step, part the next, and an emergency save after a failure inside the update must refuse
+ * them) and returns ddp_adamw_step's callback for its arg z: ddp_sharded_on_part_updated, or
+ * NULL when the step is not sharded. */
+ddp_sharded_part_fn ddp_sharded_update_begin(ddp_sharded_t *z, int save_follows);
+/* After that update completed here (its all-gathers waited for): the moments are whole when it
+ * gathered them, else only this rank's slices are current, and the memory of the others is
+ * given back when they were whole before. */
+void ddp_sharded_update_end(ddp_sharded_t *z);
+/* Whether the step is sharded and this rank's moment arenas are whole now (before the first
+ * update, or after an update that gathered them for a save). */
+int ddp_sharded_gathered(const ddp_sharded_t *z);
 /* After an update that left the moments in slices, when they were whole before: gives back the
  * memory of the moment arenas outside this rank's parts. */
 void ddp_sharded_drop_foreign(ddp_sharded_t *z);

@@ -44,6 +44,7 @@
 #include "common/crc32c.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "common/test_hook.h" /* DDP_TEST_CKPT_SHARD_DELAY_MS */
 #include "common/trace.h"
 #include "dio.h"
 #include "uring.h"
@@ -96,9 +97,7 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
     if (s->shard_bytes == 0) s->shard_bytes = 1;
     s->stats.step = -1;
     s->written_step = -1;
-    const char *d = getenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
-    s->delay_ms = d ? atol(d) : 0;
-    d = getenv("DDP_CKPT_DIRECT");
+    const char *d = getenv("DDP_CKPT_DIRECT");
     s->direct = !(d && !strcmp(d, "0"));
     d = getenv("DDP_CKPT_RECYCLE");
     s->recycle = o->keep_last > 0 && !(d && !strcmp(d, "0"));
@@ -653,10 +652,7 @@ static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
     int wrote = 0;
     for (size_t i = 0; i < s->n_shards; i++) {
         if ((int)(i % (size_t)s->o.writers) != s->o.rank) continue;
-        if (wrote && s->delay_ms > 0) {
-            struct timespec ts = {s->delay_ms / 1000, (s->delay_ms % 1000) * 1000000L};
-            while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {}
-        }
+        if (wrote) ddp_test_hook(DDP_HOOK_CKPT_SHARD, (long)s->step, s->o.rank);
         DDP_CHECK(write_shard(s, &s->shards[i], tmp, bytes, ei));
         wrote = 1;
     }

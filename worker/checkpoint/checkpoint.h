@@ -71,8 +71,9 @@
  *                                          caller's destinations; returns config and trainer text
  *     ddp_ckpt_init_from(dir, ...)          model weights only, from any GPT-2 safetensors dir
  *
- * Test hook: DDP_TEST_CKPT_SHARD_DELAY_MS=<ms> makes the writer sleep after each shard it writes,
- * so a test can SIGKILL a process in the middle of a save.
+ * Test hook: DDP_HOOK_CKPT_SHARD (common/test_hook.h; DDP_TEST_CKPT_SHARD_DELAY_MS=<ms> in
+ * ddp-worker's environment) makes the writer sleep after each shard it writes, so a test can
+ * SIGKILL a process in the middle of a save.
  *
  * Threads: a saver is used by one thread (the training thread); its writer thread is internal.
  * The load functions may be called from any thread.

@@ -47,7 +47,6 @@ struct ddp_ckpt_saver {
     ddp_ckpt_opts_t o;
     char *dir;
     uint64_t shard_bytes;
-    long delay_ms;
 
     /* snapshot and plan: written by the training thread, read by the writer thread */
     unsigned char *snap;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/test_hook.h"
 #include "worker/checkpoint/checkpoint.h"
 
 typedef struct tstate {
@@ -236,16 +237,23 @@ static inline void tu_copy(tstate_t *ref, const tstate_t *ts)
 }
 
 #ifdef cmocka_unit_test /* for test binaries that include cmocka.h first */
-/* A saver (keep_last 0) that pauses delay_ms after each shard it writes. */
+/* A saver (keep_last 0) that pauses delay_ms after each shard it writes (the test hook, on
+ * until tu_slow_saver_free). */
 static inline ddp_ckpt_saver_t *tu_slow_saver(const char *dir, double shard_mb, const char *delay_ms)
 {
-    setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", delay_ms, 1);
+    ddp_test_hooks_set(&(ddp_test_hooks_t){.ckpt_shard_delay_ms = atol(delay_ms)});
     ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = shard_mb, .keep_last = 0};
     ddp_ckpt_saver_t *s;
     ddp_errinfo_t ei;
     assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
-    unsetenv("DDP_TEST_CKPT_SHARD_DELAY_MS");
     return s;
+}
+
+/* Frees a saver of tu_slow_saver and switches its pause off. */
+static inline void tu_slow_saver_free(ddp_ckpt_saver_t *s)
+{
+    ddp_ckpt_saver_free(s);
+    ddp_test_hooks_set(NULL);
 }
 
 static inline void tu_assert_same_state(const tstate_t *a, const tstate_t *b)

@@ -181,7 +181,7 @@ static void test_async_round_trip_and_wait(void **state)
     ddp_ckpt_saver_stats(s, &stats);
     assert_int_equal(stats.saves, 2);
     assert_int_equal(stats.failures, 0);
-    ddp_ckpt_saver_free(s);
+    tu_slow_saver_free(s);
     char path[4096];
     snprintf(path, sizeof path, "%s/step-00000010", dir);
     assert_int_equal(ddp_ckpt_verify(path, &ei), 0);
@@ -473,7 +473,7 @@ static void test_sigkill_mid_save(void **state)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        setenv("DDP_TEST_CKPT_SHARD_DELAY_MS", "10000", 1);
+        ddp_test_hooks_set(&(ddp_test_hooks_t){.ckpt_shard_delay_ms = 10000});
         save_sync(dir, &b, 2, 0.05, 0);
         _exit(0);
     }

@@ -69,7 +69,7 @@ static void test_known_crcs(void **state)
         ddp_ckpt_stats_t stats;
         ddp_ckpt_saver_stats(s, &stats);
         assert_int_equal(stats.crc_bytes, unknown);
-        ddp_ckpt_saver_free(s);
+        tu_slow_saver_free(s);
         char path[4096];
         snprintf(path, sizeof path, "%s/step-%08d", dir, 50 + wrong);
         if (!wrong) {
@@ -128,7 +128,7 @@ static void test_live_save_freeze(void **state)
         else assert_true(copied > 0 && copied < ts.bytes);
         tu_update(&ts); /* the update, while the writer goes on from the snapshot */
         assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
-        ddp_ckpt_saver_free(s);
+        tu_slow_saver_free(s);
         char path[4096];
         snprintf(path, sizeof path, "%s/step-%08d", dir, 30 + late);
         assert_int_equal(ddp_ckpt_verify(path, &ei), 0);
