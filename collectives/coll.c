@@ -3,7 +3,9 @@
  * Callers never reach a backend's ops directly: every ddp_coll_* wrapper checks its arguments and
  * the communicator's state first. The first error of a communicator is kept (code + message) and
  * every later operation fails with it, so all ranks report the same cause. The nccl backend lives
- * in a module (ddp_coll_nccl.so) found beside the executable or in $DDP_COLL_PATH and dlopen()ed.
+ * in a module (ddp_coll_nccl.so) found in $DDP_COLL_PATH or beside the executable and dlopen()ed;
+ * so does the tests' "sim" backend (ddp_coll_sim.so, tests/sim/, never installed), which keeps
+ * the simulated GPU out of the production libraries.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -142,44 +144,76 @@ double ddp_coll_bandwidth(const ddp_coll_t *c)
 
 /* ---- backend choice ------------------------------------------------------------------------ */
 
-static void *nccl_module;
+/* The backends that live in modules: ddp_coll_<name>.so, exporting ddp_coll_<name>_ops. A
+ * module, once loaded, stays for the life of the process (communicators keep its ops). */
+static struct {
+    const char *name;
+    void *handle;
+} modules[] = {{"nccl", NULL}, {"sim", NULL}};
+static pthread_mutex_t modules_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Looks for ddp_coll_nccl.so in $DDP_COLL_PATH, then beside the executable, then the loader's
- * path. Returns its ops or NULL. */
-static const ddp_coll_ops_t *load_nccl(void)
+/* Looks for ddp_coll_<name>.so in each directory of $DDP_COLL_PATH (colon-separated), then beside
+ * the executable, then through the dynamic linker's path; NULL when none loads. */
+static void *open_module(const char *name)
 {
-    if (nccl_module) return dlsym(nccl_module, "ddp_coll_nccl_ops");
-    char path[PATH_MAX];
-    const char *dir = getenv("DDP_COLL_PATH");
+    char file[64], path[PATH_MAX + 64];
+    snprintf(file, sizeof file, "ddp_coll_%s.so", name);
     void *h = NULL;
-    if (dir && *dir) {
-        snprintf(path, sizeof path, "%s/ddp_coll_nccl.so", dir);
-        h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    const char *dirs = getenv("DDP_COLL_PATH");
+    for (const char *p = dirs ? dirs : ""; *p && !h; p += *p == ':') {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && n < PATH_MAX) {
+            snprintf(path, sizeof path, "%.*s/%s", (int)n, p, file);
+            h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        }
+        p += n;
     }
     if (!h) {
-        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 32);
+        ssize_t n = readlink("/proc/self/exe", path, PATH_MAX - 1);
         if (n > 0) {
             path[n] = 0;
             char *slash = strrchr(path, '/');
             if (slash) {
-                strcpy(slash + 1, "ddp_coll_nccl.so");
+                strcpy(slash + 1, file);
                 h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
             }
         }
     }
-    if (!h) h = dlopen("ddp_coll_nccl.so", RTLD_NOW | RTLD_LOCAL);
-    if (!h) return NULL;
-    nccl_module = h;
-    return dlsym(h, "ddp_coll_nccl_ops");
+    if (!h) h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    return h;
+}
+
+/* The ops of module backend `name`, loaded on first use (any thread); NULL when not found. */
+static const ddp_coll_ops_t *load_module(const char *name)
+{
+    const ddp_coll_ops_t *ops = NULL;
+    pthread_mutex_lock(&modules_lock);
+    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++) {
+        if (strcmp(name, modules[i].name)) continue;
+        if (!modules[i].handle) modules[i].handle = open_module(name);
+        if (modules[i].handle) {
+            char sym[64];
+            snprintf(sym, sizeof sym, "ddp_coll_%s_ops", name);
+            ops = dlsym(modules[i].handle, sym);
+        }
+    }
+    pthread_mutex_unlock(&modules_lock);
+    return ops;
 }
 
 static const ddp_coll_ops_t *find_backend(const char *name)
 {
     if (!strcmp(name, "ring")) return &ddp_coll_ring_ops;
     if (!strcmp(name, "mpi")) return &ddp_coll_mpi_ops;
-    if (!strcmp(name, "nccl")) return load_nccl();
-    if (!strcmp(name, "sim")) return &ddp_coll_sim_ops;
-    return NULL;
+    return load_module(name);
+}
+
+/* 1 when `name` is a backend that lives in a module. */
+static int is_module(const char *name)
+{
+    for (size_t i = 0; i < sizeof modules / sizeof modules[0]; i++)
+        if (!strcmp(name, modules[i].name)) return 1;
+    return 0;
 }
 
 int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll_t **out,
@@ -194,12 +228,15 @@ int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll
         ops = &ddp_coll_ring_ops; /* CPU default; the worker asks for "nccl" on GPUs */
     } else {
         ops = find_backend(name);
+        if (!ops && !is_module(name))
+            return ddp_errinfo_set(ei, DDP_EINVAL,
+                                   "collectives backend '%s' is unknown (ring, mpi, nccl, sim)",
+                                   name);
         if (!ops)
-            return ddp_errinfo_set(ei, strcmp(name, "nccl") ? DDP_EINVAL : DDP_ENODEV,
-                                   "collectives backend '%s' %s", name,
-                                   strcmp(name, "nccl") ? "is unknown (ring, mpi, nccl, sim)"
-                                                        : "is not available: ddp_coll_nccl.so "
-                                                          "not found (DDP_COLL_PATH)");
+            return ddp_errinfo_set(ei, DDP_ENODEV,
+                                   "collectives backend '%s' is not available: ddp_coll_%s.so "
+                                   "not found (DDP_COLL_PATH)",
+                                   name, name);
     }
     if (ops->probe && ops->probe() <= 0)
         return ddp_errinfo_set(ei, ops == &ddp_coll_mpi_ops ? DDP_ENOTSUP : DDP_ENODEV,

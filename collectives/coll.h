@@ -8,8 +8,9 @@
  *
  * Backends: "ring" (CPU; shared memory between processes of one host, TCP between hosts),
  * "mpi" (CPU; MPI_Iallreduce, when built with MPI), "nccl" (GPU; a dlopen()ed module), "sim"
- * (tests: nccl.c itself over a simulated CUDA runtime and NCCL, on the "sim" kernel backend's
- * simulated device memory; see common/simdev.h and docs/gpu.md).
+ * (tests only: nccl.c itself over a simulated CUDA runtime and NCCL, on the "sim" kernel
+ * backend's simulated device memory; a dlopen()ed module built in tests/sim/, never installed;
+ * see tests/sim/simdev.h and docs/gpu.md).
  * nccl and sim need device memory of opts.cuda_device; host buffers are staged (nccl.c).
  *
  * Typical use by the reducer (CPU):
@@ -323,6 +324,5 @@ typedef struct ddp_coll_ops {
 
 extern const ddp_coll_ops_t ddp_coll_ring_ops;
 extern const ddp_coll_ops_t ddp_coll_mpi_ops; /* probe() returns 0 when built without MPI */
-extern const ddp_coll_ops_t ddp_coll_sim_ops; /* nccl.c over the simulated device (tests) */
 
 #endif

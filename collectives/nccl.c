@@ -2,8 +2,8 @@
  * binary runs with and without CUDA. Plain C against the CUDA runtime and NCCL headers.
  *
  * The same file is compiled a second time against a simulated CUDA runtime and NCCL
- * (collectives/sim/, over common/simdev.h) into the "sim" backend of the collectives library,
- * so that the tests run this code on the CPU: DDP_COLL_NCCL_OPS names the ops table then.
+ * (tests/sim/, over tests/sim/simdev.h) into the tests' "sim" module ddp_coll_sim.so, so that
+ * the tests run this code on the CPU: DDP_COLL_NCCL_OPS names the ops table then.
  *
  * Init: the device is opts.cuda_device (the caller's GPU, never a default 0); rank 0's
  * ncclUniqueId is allgathered through the bootstrap; ncclCommInitRankConfig with blocking = 0,

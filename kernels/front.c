@@ -66,6 +66,7 @@ const char *ddp_k_coll_backend(const ddp_kernels_t *k)
 }
 
 int ddp_k_host_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->host_memory; }
+int ddp_k_gpu_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->gpu_memory; }
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes)
 {

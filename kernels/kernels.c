@@ -1,11 +1,13 @@
-/* Opening a kernel backend: the built-in CPU backend, or the CUDA module loaded with dlopen().
+/* Opening a kernel backend: the built-in CPU backend, or a module loaded with dlopen().
  *
- * The CUDA backend is a shared module (ddp_kernels_cuda.so) so that one binary runs on hosts with
- * and without CUDA. It is looked up beside the executable (/proc/self/exe's directory), then in
- * each directory of $DDP_KERNELS_PATH (colon-separated; an entry may also name the file itself),
- * then through the dynamic linker's search path. A module is used only when its ops table has no
- * NULL member and its probe is positive. "auto" picks the usable backend with the highest probe
- * (the CPU's is 1).
+ * Every other backend is a shared module, ddp_kernels_<name>.so: the CUDA backend
+ * (ddp_kernels_cuda.so), so that one binary runs on hosts with and without CUDA, and the
+ * simulated GPU of the tests (ddp_kernels_sim.so, tests/sim/; never installed, so that no
+ * production binary carries it). A module is looked up beside the executable (/proc/self/exe's
+ * directory), then in each directory of $DDP_KERNELS_PATH (colon-separated; an entry may also
+ * name the file itself), then through the dynamic linker's search path. It is used only when its
+ * ops table has no NULL member and its probe is positive. "auto" picks the usable backend with
+ * the highest probe among the CPU (1) and CUDA; it never loads another module.
  */
 #include "kernels/kernels.h"
 
@@ -19,7 +21,8 @@
 #include "common/log.h"
 #include "kernels/kernels_int.h"
 
-#define CUDA_MODULE_NAME "ddp_kernels_cuda.so"
+/* The modules ddp_kernels_open() may load, by backend name (the file is ddp_kernels_<name>.so). */
+static const char *const module_names[] = {"cuda", "sim"};
 
 /* Every member of ddp_kernels_ops_t that must be set: the ones written out in the table, then
  * every op of DDP_KERNEL_OPS. */
@@ -78,13 +81,15 @@ static int exe_dir(char *buf, size_t len)
     return 0;
 }
 
-/* Finds and loads the CUDA module; DDP_ENODEV when none loads. */
-static int load_cuda(void **handle, const ddp_kernels_ops_t **ops)
+/* Finds and loads the module of backend `name`; DDP_ENODEV when none loads. */
+static int load_module(const char *name, void **handle, const ddp_kernels_ops_t **ops)
 {
-    char path[PATH_MAX + sizeof(CUDA_MODULE_NAME) + 2];
+    char file[64];
+    snprintf(file, sizeof(file), "ddp_kernels_%s.so", name);
+    char path[PATH_MAX + sizeof(file) + 2];
     char dir[PATH_MAX];
     if (exe_dir(dir, sizeof(dir)) == 0) {
-        snprintf(path, sizeof(path), "%s/%s", dir, CUDA_MODULE_NAME);
+        snprintf(path, sizeof(path), "%s/%s", dir, file);
         if (access(path, F_OK) == 0 && load_from(path, handle, ops) == 0) return 0;
     }
     const char *env = getenv("DDP_KERNELS_PATH");
@@ -96,18 +101,18 @@ static int load_cuda(void **handle, const ddp_kernels_ops_t **ops)
                 memcpy(dir, p, n);
                 dir[n] = '\0';
                 size_t dl = strlen(dir);
-                size_t sl = strlen(CUDA_MODULE_NAME);
-                if (dl >= sl && strcmp(dir + dl - sl, CUDA_MODULE_NAME) == 0)
+                size_t sl = strlen(file);
+                if (dl >= sl && strcmp(dir + dl - sl, file) == 0)
                     snprintf(path, sizeof(path), "%s", dir); /* the file itself */
                 else
-                    snprintf(path, sizeof(path), "%s/%s", dir, CUDA_MODULE_NAME);
+                    snprintf(path, sizeof(path), "%s/%s", dir, file);
                 if (access(path, F_OK) == 0 && load_from(path, handle, ops) == 0) return 0;
             }
             p += n;
             if (*p == ':') p++;
         }
     }
-    return load_from(CUDA_MODULE_NAME, handle, ops);
+    return load_from(file, handle, ops);
 }
 
 /* Initialises k with ops/module; on failure unloads the module. */
@@ -130,11 +135,12 @@ int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads
 {
     memset(k, 0, sizeof(*k));
     if (!name) name = "auto";
-    if (strcmp(name, "sim") == 0) return start(k, &ddp_kernels_sim, NULL, device, threads);
     int want_cpu = strcmp(name, "cpu") == 0;
-    int want_cuda = strcmp(name, "cuda") == 0;
     int want_auto = strcmp(name, "auto") == 0;
-    if (!want_cpu && !want_cuda && !want_auto) {
+    const char *mod = want_auto ? "cuda" : NULL; /* the module to load: auto considers CUDA */
+    for (size_t i = 0; i < sizeof(module_names) / sizeof(module_names[0]); i++)
+        if (strcmp(name, module_names[i]) == 0) mod = module_names[i];
+    if (!want_cpu && !mod) {
         DDP_ERROR("kernels: unknown backend '%s' (cpu, cuda, sim or auto)", name);
         return DDP_EINVAL;
     }
@@ -150,12 +156,12 @@ int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads
 
     void *module = NULL;
     const ddp_kernels_ops_t *ops = NULL;
-    int rc = load_cuda(&module, &ops);
+    int rc = load_module(mod, &module, &ops);
     int probe = rc == 0 ? ops->probe() : 0;
-    if (rc == 0 && probe > 0 && (want_cuda || probe > ddp_kernels_cpu.probe()))
+    if (rc == 0 && probe > 0 && (!want_auto || probe > ddp_kernels_cpu.probe()))
         return start(k, ops, module, device, threads);
     if (module) dlclose(module);
-    if (want_cuda) return DDP_ENODEV;
+    if (!want_auto) return DDP_ENODEV;
     return start(k, &ddp_kernels_cpu, NULL, device, threads);
 }
 

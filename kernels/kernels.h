@@ -1,13 +1,14 @@
 /* The kernel backend interface: memory, streams and every GPT-2 op, forward and backward.
  *
  * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu, and
- * the test-only simulated GPU kernels/sim/backend.c, opened only by its name "sim").
+ * the test-only simulated GPU tests/sim/kernels_sim.c, opened only by its name "sim").
  * The CPU backend is linked into every binary; the CUDA backend is a shared module
  * (ddp_kernels_cuda.so) that ddp_kernels_open() dlopen()s, so one binary runs with and without a
- * GPU. Callers go through ddp_kernels_open/close and the front door below: one wrapper per
- * member, ddp_k_<member>(k, ...), that accepts an unopened k, checks the arguments and keeps
- * the first error for ddp_k_sync(); no caller touches `ops` or asks which backend it has (the
- * table's capability fields say what differs).
+ * GPU; the sim is a module too (ddp_kernels_sim.so), built for the tests and never installed.
+ * Callers go through ddp_kernels_open/close and the front door below: one wrapper per member,
+ * ddp_k_<member>(k, ...), that accepts an unopened k, checks the arguments and keeps the first
+ * error for ddp_k_sync(); no caller touches `ops` or asks which backend it has (the table's
+ * capability fields say what differs).
  *
  * Conventions for every op
  * - All pointers are device pointers of the backend (host memory for CPU).
@@ -202,6 +203,10 @@ typedef struct ddp_kernels_ops {
      * directly (CPU): collective memory may back them, a checkpoint reads them in place. 0 for
      * device memory (CUDA, sim): only memcpy_* moves data in and out. */
     int host_memory;
+    /* Capability: 1 when this backend's tensors live in a GPU's own memory (CUDA), which this
+     * process's resident set and mincore() do not see and the memory budget plans apart; 0 when
+     * they are pages of this process (CPU, and the sim's simulated device memory). */
+    int gpu_memory;
     /* 0 = unusable here; higher wins. Cheap; no side effects beyond driver queries. */
     int (*probe)(void);
     /* Devices of this kind usable here (0 for the CPU backend). Cheap; no context needed. */
@@ -273,14 +278,14 @@ typedef struct ddp_kernels {
 
 /* The built-in CPU backend. */
 extern const ddp_kernels_ops_t ddp_kernels_cpu;
-/* The simulated GPU (tests; see kernels/sim/backend.c): never picked by "auto". */
-extern const ddp_kernels_ops_t ddp_kernels_sim;
 
 /* Opens backend `name` ("cpu", "cuda", "sim", or "auto" = highest probe of cpu and cuda) into k.
- * For "cuda" the module is looked up beside the executable, then in DDP_KERNELS_PATH, then
- * through the dynamic linker. "auto" does not load the module on a host without an NVIDIA
- * device node (/dev/nvidiactl, /dev/nvidia0, WSL's /dev/dxg) unless DDP_KERNELS_PATH is set:
- * its CUDA libraries would cost ~150 MB of resident memory for nothing.
+ * A backend other than the CPU is a module, ddp_kernels_<name>.so ("sim": the tests' simulated
+ * GPU, found in the build tree through the tests' LD_LIBRARY_PATH), looked up beside the
+ * executable, then in DDP_KERNELS_PATH, then through the dynamic linker. "auto" considers CUDA
+ * only, and does not load its module on a host without an NVIDIA device node (/dev/nvidiactl,
+ * /dev/nvidia0, WSL's /dev/dxg) unless DDP_KERNELS_PATH is set: its CUDA libraries would cost
+ * ~150 MB of resident memory for nothing.
  * Returns DDP_ENODEV when the named backend is unusable here. */
 int ddp_kernels_open(ddp_kernels_t *k, const char *name, int device, int threads);
 /* Closes the context and unloads the module. NULL-safe. */
@@ -297,6 +302,7 @@ void ddp_kernels_close(ddp_kernels_t *k);
 const char *ddp_k_name(const ddp_kernels_t *k);         /* "cpu", "cuda", "sim"; "none" */
 const char *ddp_k_coll_backend(const ddp_kernels_t *k); /* ddp.backend "auto" resolves to it */
 int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capability; 0 */
+int ddp_k_gpu_memory(const ddp_kernels_t *k);           /* the gpu_memory capability; 0 */
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes); /* *out zero-filled, or NULL */
 void ddp_k_free(ddp_kernels_t *k, void *p);                  /* NULL-safe (k and p) */

@@ -34,7 +34,7 @@ static int local_ranks(const ddp_trainer_t *t, int world)
 int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     ddp_mem_budget_t b;
-    int world = t->opts.world, on_gpu = t->k.module != NULL;
+    int world = t->opts.world, on_gpu = ddp_k_gpu_memory(&t->k);
     const char *why;
     int where = on_gpu                                            ? DDP_MEM_GPU
                 : ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
@@ -89,7 +89,7 @@ void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
 
 void ddp_trainer_log_moments(const ddp_trainer_t *t)
 {
-    if (t->k.module || t->opts.quiet) return; /* device memory: mincore() cannot see it */
+    if (ddp_k_gpu_memory(&t->k) || t->opts.quiet) return; /* mincore() cannot see a GPU's */
     size_t bytes = t->opt.n * sizeof(float);
     long long m = ddp_mem_resident(t->opt.m, bytes), v = ddp_mem_resident(t->opt.v, bytes);
     char res[32], all[32];

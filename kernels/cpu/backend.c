@@ -225,6 +225,7 @@ const ddp_kernels_ops_t ddp_kernels_cpu = {
     .name = "cpu",
     .coll_backend = "ring",
     .host_memory = 1,
+    .gpu_memory = 0,
     .record_event = cpu_record_event,
     .timer_mark = cpu_timer_mark,
     .timer_elapsed_ms = cpu_timer_elapsed_ms,

@@ -311,6 +311,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
     .coll_backend = "nccl",
     .host_memory = 0,
+    .gpu_memory = 1,
     .probe = cuda_probe,
     .device_count = cuda_device_count,
     .init = cuda_init,

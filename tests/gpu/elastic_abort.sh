@@ -17,6 +17,8 @@ backend=${BACKEND:-cuda}
 tmp=$(mktemp -d /tmp/ddp-elastic-gpu.XXXXXX)
 trap '[ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"' EXIT
 export DDP_WORKER=$bdir/worker/ddp-worker DDP_COLL_PATH=$bdir/collectives
+# the simulated GPU's modules (never installed) are found through the dynamic linker's path
+[ "$backend" != sim ] || export LD_LIBRARY_PATH=$bdir/tests/sim${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 word_salad_shards "$bdir" "$tmp" || { echo "FAIL: ddp-prep"; exit 1; }
 cat >"$tmp/job.yaml" <<YAML
 name: elastic-gpu

@@ -45,7 +45,8 @@ void test_open(void **state)
     expect_open("bogus", DDP_EINVAL, NULL);
 
     /* No module anywhere: "cuda" is DDP_ENODEV and "auto" is the CPU. Skipped only when the
-     * dynamic linker itself can find a real module (LD_LIBRARY_PATH), which tests never set. */
+     * dynamic linker itself can find a real module (LD_LIBRARY_PATH: the tests set it only to
+     * tests/sim, which holds the sim's modules and no CUDA one). */
     setenv("DDP_KERNELS_PATH", "/nonexistent-ddp-kernels", 1);
     void *real = dlopen("ddp_kernels_cuda.so", RTLD_NOW | RTLD_LOCAL);
     if (real) {

@@ -20,7 +20,7 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
-#include "common/simdev.h"
+#include "tests/sim/simdev.h"
 #include "kernels/kernels.h"
 #include "ktests.h"
 

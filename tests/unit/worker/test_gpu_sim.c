@@ -24,10 +24,10 @@
 #include <cmocka.h>
 
 #include "collectives/coll.h"
-#include "collectives/sim/sim.h"
+#include "tests/sim/sim.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "common/simdev.h"
+#include "tests/sim/simdev.h"
 #include "kernels/kernels.h"
 #include "worker/reducer.h"
 #include "worker/train_sharded.h"

@@ -13,12 +13,12 @@
  * when every rank finalizes; ncclCommDestroy of a communicator that was not finalized waits for
  * every rank, without a deadline, as a real one can hang on a dead peer.
  * Misuse that NCCL would punish with a crash or a hang is counted as a violation and logged
- * (collectives/sim/sim.h): a call on a communicator after ncclCommAbort/Destroy, and
+ * (sim.h here): a call on a communicator after ncclCommAbort/Destroy, and
  * ncclCommAbort while another thread is inside a call on the same communicator. Test hook:
  * DDP_SIM_NCCL_CALL_US=N makes every call stay N us inside (so such races show).
  */
-#ifndef DDP_COLLECTIVES_SIM_NCCL_H
-#define DDP_COLLECTIVES_SIM_NCCL_H
+#ifndef DDP_TESTS_SIM_NCCL_H
+#define DDP_TESTS_SIM_NCCL_H
 
 #include <stddef.h>
 

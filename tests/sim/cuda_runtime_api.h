@@ -1,4 +1,4 @@
-/* A simulated CUDA runtime: the subset that collectives/nccl.c uses, over common/simdev.h.
+/* A simulated CUDA runtime: the subset that collectives/nccl.c uses, over simdev.h here.
  *
  * collectives/nccl.c is compiled a second time with this folder first on the include path, so
  * `#include <cuda_runtime_api.h>` and `#include <nccl.h>` find these files; every name maps to a
@@ -8,12 +8,12 @@
  * (cudaSetDevice, per thread as in CUDA). Test hooks: DDP_SIM_FAIL=cudaEventRecord or
  * cudaEventQuery makes every such call fail (cudaErrorLaunchFailure).
  */
-#ifndef DDP_COLLECTIVES_SIM_CUDA_RUNTIME_API_H
-#define DDP_COLLECTIVES_SIM_CUDA_RUNTIME_API_H
+#ifndef DDP_TESTS_SIM_CUDA_RUNTIME_API_H
+#define DDP_TESTS_SIM_CUDA_RUNTIME_API_H
 
 #include <stddef.h>
 
-#include "common/simdev.h"
+#include "tests/sim/simdev.h"
 
 typedef enum {
     cudaSuccess = 0,

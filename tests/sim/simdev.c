@@ -13,7 +13,7 @@
  *   back (MADV_DONTNEED), so it reads zero when committed again whatever an op (reported as a
  *   hazard) wrote there meanwhile.
  */
-#include "common/simdev.h"
+#include "tests/sim/simdev.h"
 
 #include <errno.h>
 #include <pthread.h>

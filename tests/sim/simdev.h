@@ -1,8 +1,8 @@
 /* A simulated GPU for tests: device memory, streams, events, and a checker of their ordering.
  *
- * The "sim" kernel backend (kernels/sim/backend.c) and the simulated CUDA runtime and NCCL that
- * collectives/nccl.c is compiled against for the "sim" collectives backend (collectives/sim/)
- * are built on it, so the GPU's hazards fail on the CPU:
+ * The "sim" kernel backend (kernels_sim.c here) and the simulated CUDA runtime and NCCL that
+ * collectives/nccl.c is compiled against for the "sim" collectives backend (sim_runtime.c,
+ * nccl.h, cuda_runtime_api.h here) are built on it, so the GPU's hazards fail on the CPU:
  *
  * - Device memory comes from its own allocator and is tagged with its device id. Between ops it
  *   is mapped PROT_NONE: the host touching it (instead of going through a copy op) faults.
@@ -28,10 +28,13 @@
  *   host does not know complete still uses.
  *
  * Threads: every function may be called from any thread; one mutex guards the state.
- * Test-only: nothing in production opens the sim backends.
+ * Test-only, and out of the production libraries (tests/sim/meson.build): this file and
+ * sim_runtime.c form libddp_sim.so, the ONE simulated device of a process, which both "sim"
+ * modules (ddp_kernels_sim.so, ddp_coll_sim.so) and the tests that ask it about hazards link,
+ * so the checker sees the compute stream and the NCCL stream together.
  */
-#ifndef DDP_COMMON_SIMDEV_H
-#define DDP_COMMON_SIMDEV_H
+#ifndef DDP_TESTS_SIM_SIMDEV_H
+#define DDP_TESTS_SIM_SIMDEV_H
 
 #include <stddef.h>
 #include <stdint.h>

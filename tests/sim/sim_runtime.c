@@ -23,8 +23,8 @@
 #include <unistd.h>
 
 #include "collectives/coll.h"
-#include "collectives/sim/nccl.h"
-#include "collectives/sim/sim.h"
+#include "tests/sim/nccl.h"
+#include "tests/sim/sim.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"

@@ -1,4 +1,4 @@
-/* The "sim" kernel backend: a simulated GPU for tests (common/simdev.h), with the CPU's math.
+/* The "sim" kernel backend: a simulated GPU for tests (simdev.h), with the CPU's math.
  *
  * It has the CUDA backend's semantics, not the CPU's: memory is simulated device memory of the
  * context's device (PROT_NONE to the host between ops); every op is queued on the context's
@@ -20,6 +20,10 @@
  *
  * Test hook: DDP_SIM_BREAK=lm_head_dinp adds 1 to dinp[0] in matmul_bwd for the tied LM head's
  * shape (layout DDP_W_OUT_IN, OC >= 50257), a bug the self-test must catch.
+ * Built as the test-only module ddp_kernels_sim.so (tests/sim/meson.build, never installed),
+ * which ddp_kernels_open("sim") loads as it loads the CUDA module; its only entry point is
+ * ddp_kernels_module() (DDP_KERNELS_MODULE_SYMBOL). The CPU backend it runs on is linked into
+ * the module; the simulated device is libddp_sim.so's, shared with the "sim" collectives.
  * Opened only by name ("sim"); "auto" never picks it. Threads: one caller thread per context.
  */
 #include <pthread.h>
@@ -31,7 +35,7 @@
 #include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
-#include "common/simdev.h"
+#include "tests/sim/simdev.h"
 #include "kernels/kernels.h"
 #include "kernels/math/lowp.h"
 
@@ -206,7 +210,7 @@ static void set_p(args_t *a, int n, ...)
 
 /* ---- memory, copies, context ---- */
 
-static int sim_probe(void) { return 0; /* only by name */ }
+static int sim_probe(void) { return 1; /* usable anywhere; "auto" never loads this module */ }
 static int sim_device_count(void) { return 8; }
 
 static void sim_close(ddp_kctx_t *ctx)
@@ -675,10 +679,11 @@ static void sim_nonfinite(ddp_kctx_t *ctx, int *out, const float *x, size_t n)
     ddp_simdev_stream_sync(ctx->stream);
 }
 
-const ddp_kernels_ops_t ddp_kernels_sim = {
+static const ddp_kernels_ops_t sim_ops = {
     .name = "sim",
     .coll_backend = "sim",
     .host_memory = 0,
+    .gpu_memory = 0, /* simulated: pages of this process */
     .probe = sim_probe,
     .device_count = sim_device_count,
     .init = sim_init,
@@ -703,3 +708,10 @@ const ddp_kernels_ops_t ddp_kernels_sim = {
     DDP_KERNEL_OPS(SIM_OP)
 #undef SIM_OP
 };
+
+/* The module's entry point (DDP_KERNELS_MODULE_SYMBOL): returns the sim's ops table, which lives
+ * as long as the module is loaded. Any thread. */
+__attribute__((visibility("default"))) const ddp_kernels_ops_t *ddp_kernels_module(void)
+{
+    return &sim_ops;
+}

@@ -1,6 +1,6 @@
-/* What the simulated CUDA runtime and NCCL (collectives/sim/) tell tests. */
-#ifndef DDP_COLLECTIVES_SIM_SIM_H
-#define DDP_COLLECTIVES_SIM_SIM_H
+/* What the simulated CUDA runtime and NCCL (sim_runtime.c here) tell tests. */
+#ifndef DDP_TESTS_SIM_SIM_H
+#define DDP_TESTS_SIM_SIM_H
 
 #include <stddef.h>
 #include <stdint.h>
