@@ -44,7 +44,8 @@ typedef struct ddpd {
         void *arg;
     } job_watchers[DDPD_MAX_JOB_WATCHERS]; /* ddpd_job_on_change */
     int n_job_watchers;
-    int slots_used;        /* local slots held by running ranks (own jobs and peers' ranks) */
+    int slots__used;       /* local slots held by running ranks (own jobs and peers' ranks):
+                              slots.c alone writes it; read it with ddpd_slots_used */
     uv_timer_t sched_timer; /* deferred scheduling pass (a safe point) */
     uv_signal_t sig_term, sig_int;
     uv_timer_t stop_timer;

@@ -27,6 +27,7 @@
 #include "daemon/job_tail.h"
 #include "daemon/link.h"
 #include "daemon/remote.h"
+#include "daemon/slots.h"
 #include "proto/spec.h"
 
 static const char *const state_names[] = {"queued",    "starting", "running",
@@ -262,7 +263,7 @@ static void proc_exit(ddpd_proc_t *p)
 {
     ddpd_job_t *j = p->data;
     j->live_local--;
-    j->d->slots_used--;
+    ddpd_slots_give(j->d, 1, "a job's rank");
     j->slots_held--;
     ddpd__job_notify(j, DDPD_JOB_SLOTS);
     if (p->term_signal || p->exit_status != 0) {
@@ -304,7 +305,7 @@ static void respawn(ddpd_job_t *j, ddpd_proc_t *p)
     }
     j->live_local++;
     j->slots_held++;
-    j->d->slots_used++;
+    ddpd_slots_take(j->d, 1, "a job's rank spawned again");
     j->restarts++;
     j->d->n_worker_restarts++;
     DDP_WARN("job %lld: rank %d ended (code %d, signal %d): spawned again as pid %d, restart %d "
@@ -547,7 +548,7 @@ static int spawn_local(ddpd_job_t *j, int r, char *why, size_t whylen)
     if (rc != 0) return rc;
     j->live_local++;
     j->slots_held++;
-    j->d->slots_used++;
+    ddpd_slots_take(j->d, 1, "a job's rank");
     return 0;
 }
 

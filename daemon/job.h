@@ -59,7 +59,7 @@ struct ddpd_job {
     int cancel_requested;
     uint32_t cancel_uid;
     int signalled;    /* SIGTERM sent to the ranks */
-    int slots_held;   /* local slots accounted in d->slots_used */
+    int slots_held;   /* local slots this job holds (slots.h) */
 
     uv_timer_t kill_timer, tail_timer;
     uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */

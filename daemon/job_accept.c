@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/coord.h"
+#include "daemon/slots.h"
 #include "proto/spec.h"
 
 /* What the daemon keeps of a validated spec. */
@@ -256,7 +257,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
             alive++;
             j->live_local++;
             j->slots_held++;
-            d->slots_used++;
+            ddpd_slots_take(d, 1, "an adopted job's rank");
         }
     }
     ddpd__job_set_state(j, DDPD_RUNNING,

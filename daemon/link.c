@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/lines.h"
+#include "daemon/slots.h"
 
 #define PEER_MAX_LINE (1u << 20)
 
@@ -181,9 +182,8 @@ static ddpd_link_t *link_new(ddpd_t *d, int peer)
 
 static json_t *status_msg(ddpd_t *d)
 {
-    int free_slots = d->cfg.slots - d->slots_used;
     return json_pack("{ss ss si si}", "t", "status", "node", d->cfg.node_name, "slots",
-                     d->cfg.slots, "free", free_slots < 0 ? 0 : free_slots);
+                     d->cfg.slots, "free", ddpd_slots_free(d));
 }
 
 void ddpd_peers_announce(ddpd_t *d)
@@ -515,12 +515,11 @@ const char *ddpd_peers_name(ddpd_t *d, int i)
 
 json_t *ddpd_peers_nodes(ddpd_t *d)
 {
-    int f = d->cfg.slots - d->slots_used;
     json_t *arr = json_array();
     json_array_append_new(arr, json_pack("{ss ss sb sb si si}", "name", d->cfg.node_name, "addr",
                                          d->cfg.listen[0] ? d->cfg.listen : d->cfg.advertise,
                                          "self", 1, "up", 1, "slots", d->cfg.slots, "free",
-                                         f < 0 ? 0 : f));
+                                         ddpd_slots_free(d)));
     for (int i = 0; i < ddpd_peers_count(d); i++) {
         peer_t *p = &d->links->peers[i];
         json_array_append_new(arr, json_pack("{ss ss sb sb si si}", "name", p->name, "addr",

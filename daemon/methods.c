@@ -36,6 +36,7 @@
 #include "daemon/remote.h"
 #include "daemon/rpc.h"
 #include "daemon/sched.h"
+#include "daemon/slots.h"
 #include "proto/spec.h"
 
 /* ---- param helpers: each returns 0, or sends -32602 and returns -1 ---- */
@@ -469,7 +470,7 @@ static void m_status(ddpd_session_t *s, json_t *id, json_t *params)
         "node", d->cfg.node_name, "pid", (int)getpid(), "uptime_s",
         (double)(ddp_wall_ms() - d->start_ms) / 1000.0, "socket", d->cfg.socket_path, "listen",
         d->cfg.listen, "state_dir", d->cfg.state_dir, "run_dir", d->cfg.run_dir, "worker_bin",
-        d->cfg.worker_bin, "slots", d->cfg.slots, "slots_used", d->slots_used, "capacity",
+        d->cfg.worker_bin, "slots", d->cfg.slots, "slots_used", ddpd_slots_used(d), "capacity",
         ddpd_sched_capacity(d), "running", active, "queued", queued, "guest_ranks",
         ddpd_remote_guest_ranks(d), "jobs", counts, "peers", ddpd_peers_count(d), "peers_up", up);
     json_object_set_new(o, "sessions", json_integer(d->api ? d->api->n_sessions : 0));

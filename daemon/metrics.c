@@ -14,6 +14,7 @@
 #include "daemon/config.h"
 #include "daemon/job.h"
 #include "daemon/link.h"
+#include "daemon/slots.h"
 
 typedef struct {
     char *p;
@@ -50,7 +51,7 @@ char *ddpd_metrics_text(ddpd_t *d)
            (double)(ddp_wall_ms() - d->start_ms) / 1000.0);
     sb_add(&b, "# HELP ddpd_slots Local rank slots.\n# TYPE ddpd_slots gauge\nddpd_slots %d\n",
            d->cfg.slots);
-    sb_add(&b, "# TYPE ddpd_slots_used gauge\nddpd_slots_used %d\n", d->slots_used);
+    sb_add(&b, "# TYPE ddpd_slots_used gauge\nddpd_slots_used %d\n", ddpd_slots_used(d));
     sb_add(&b, "# TYPE ddpd_jobs_submitted_total counter\nddpd_jobs_submitted_total %llu\n",
            (unsigned long long)d->n_submitted);
     sb_add(&b, "# TYPE ddpd_jobs_finished_total counter\n");

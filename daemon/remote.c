@@ -20,6 +20,7 @@
 #include "common/host.h"
 #include "common/log.h"
 #include "daemon/link.h"
+#include "daemon/slots.h"
 #include "daemon/spawn.h"
 
 typedef struct guest guest_t;
@@ -152,7 +153,7 @@ static void guest_exit(ddpd_proc_t *p)
 {
     guest_t *g = p->data;
     g->live--;
-    g->d->slots_used--;
+    ddpd_slots_give(g->d, 1, "a guest rank");
     int code = (int)p->exit_status;
     DDP_INFO("guest rank %d of %s job %lld ended (code %d, signal %d)", p->rank, g->coord,
              (long long)g->job, code, p->term_signal);
@@ -178,7 +179,7 @@ static void guest_respawn(guest_t *g, ddpd_proc_t *p)
     if (p->open) g->handles++;
     if (rc == 0) {
         g->live++;
-        g->d->slots_used++;
+        ddpd_slots_take(g->d, 1, "a guest rank spawned again");
         g->d->n_worker_restarts++;
         DDP_WARN("guest rank %d of job %lld spawned again as pid %d (restart %d of %d)",
                  p->rank, (long long)g->job, p->pid, p->restarts, g->max_restarts);
@@ -281,10 +282,10 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
         fail_start(l, job, "malformed start request");
         return;
     }
-    if ((int)n > d->cfg.slots - d->slots_used || d->stopping) {
+    if ((int)n > ddpd_slots_free(d) || d->stopping) {
         char why[128];
         snprintf(why, sizeof why, "node %s has %d free slots, %zu asked", d->cfg.node_name,
-                 d->cfg.slots - d->slots_used, n);
+                 ddpd_slots_free(d), n);
         fail_start(l, job, why);
         return;
     }
@@ -331,7 +332,7 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
             break;
         }
         g->live++;
-        d->slots_used++;
+        ddpd_slots_take(d, 1, "a guest rank");
     }
     if (!ok) {
         fail_start(l, job, why);
@@ -459,7 +460,7 @@ static void adopt_guests(ddpd_t *d)
             if (rc == 0) {
                 alive++;
                 g->live++;
-                d->slots_used++;
+                ddpd_slots_take(d, 1, "an adopted guest rank");
             }
         }
         DDP_INFO("took back %d of %zu guest rank(s) of %s's job %lld; they wait for %s's link",

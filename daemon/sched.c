@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "daemon/job.h"
 #include "daemon/link.h"
+#include "daemon/slots.h"
 
 int ddpd_sched_capacity(ddpd_t *d)
 {
@@ -21,7 +22,7 @@ int ddpd_sched_capacity(ddpd_t *d)
  * always runs here (it hosts the rendezvous and writes metrics.jsonl). */
 static int place(ddpd_t *d, int world, int *rank_node)
 {
-    int local_free = d->cfg.slots - d->slots_used;
+    int local_free = ddpd_slots_free(d);
     if (local_free < 1) return 0;
     int r = 0;
     for (; r < world && local_free > 0; r++, local_free--) rank_node[r] = 0;
@@ -42,7 +43,7 @@ static void replace_lost(ddpd_t *d)
         if (!ranks) return;
         for (int r = 0; r < j->world; r++)
             if (j->rank_node[r] < 0) ranks[n++] = r;
-        int done = 0, local_free = d->cfg.slots - d->slots_used;
+        int done = 0, local_free = ddpd_slots_free(d);
         if (local_free > 0)
             done += ddpd_job_place(j, 0, ranks, local_free < n ? local_free : n);
         for (int i = 0; done < n && i < ddpd_peers_count(d); i++) {

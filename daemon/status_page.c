@@ -19,6 +19,7 @@
 #include "daemon/job_view.h"
 #include "daemon/link.h"
 #include "daemon/series.h"
+#include "daemon/slots.h"
 #include "daemon/store.h"
 
 enum { TAIL_BYTES = 1 << 20, MAX_POINTS = 800, JOBS_SHOWN = 25, REFRESH_S = 5 };
@@ -180,7 +181,7 @@ char *ddpd_status_page_html(ddpd_t *d)
     fprintf(f, "</h1>\n<p id=\"daemon\">up %s &middot; %d of %d slots in use &middot; %d of %d "
                "peers up &middot; refreshes every %d s</p>\n",
             ddp_fmt_duration((double)(ddp_wall_ms() - d->start_ms) / 1000.0, up_s, sizeof up_s),
-            d->slots_used, d->cfg.slots, up, ddpd_peers_count(d), REFRESH_S);
+            ddpd_slots_used(d), d->cfg.slots, up, ddpd_peers_count(d), REFRESH_S);
     fputs("<table id=\"jobs\"><tr><th>job</th><th>name</th><th>state</th><th>ranks</th>"
           "<th>progress</th><th>loss</th><th>tokens/s</th><th>ETA</th><th>reason</th></tr>\n", f);
     json_t *rows = NULL;
