@@ -38,7 +38,8 @@ typedef struct ddpd {
     ddpd_links_t *links;   /* link.h */
     ddpd_remote_t *remote; /* remote.h */
 
-    ddpd_job_t *jobs;      /* jobs this node coordinates that are not finished, in id order */
+    ddpd_job_t *jobs;      /* jobs this node coordinates that are not freed, in id order: the
+                              job module's; others iterate with ddpd_job_first/next */
     struct {
         ddpd_job_change_fn fn;
         void *arg;

@@ -1,8 +1,11 @@
-/* Job lifecycle on the coordinating node. Invariants:
+/* Job lifecycle on the coordinating node: start, local and remote ranks, elastic restarts,
+ * ending, cancel and a daemon restart's detach. One of the job module's three files (see
+ * job_int.h): job_accept.c creates the jobs this file runs, job_view.c answers what others read.
+ * Invariants:
  *  - j->handles counts open uv handles (two timers from creation, plus one per spawned local
  *    rank until its close callback); a job is freed only when it is terminal and handles == 0,
  *    from a close callback (a safe point: nothing up the stack holds the pointer).
- *  - slots are taken when local ranks are spawned and given back when each one ends.
+ *  - slots are taken (slots.h) when local ranks are spawned and given back when each one ends.
  *  - every state change goes through set_state (store + watchers + log).
  */
 #include "daemon/job_int.h"
@@ -66,7 +69,7 @@ void ddpd__job_check_stored(ddpd_job_t *j, int rc, const char *what)
               (long long)j->id, what, ddp_strerror(rc));
 }
 
-void ddpd_job_free(ddpd_job_t *j)
+void ddpd__job_free(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
     for (ddpd_job_t **pp = &d->jobs; *pp; pp = &(*pp)->next)
@@ -82,11 +85,16 @@ void ddpd_job_free(ddpd_job_t *j)
     free(j);
 }
 
+void ddpd_job_free_all(ddpd_t *d)
+{
+    while (d->jobs) ddpd__job_free(d->jobs);
+}
+
 /* Returns 1 when that was the last handle of a job being freed: j is gone. */
 static int handle_closed(ddpd_job_t *j)
 {
     if (--j->handles != 0 || !j->freeing) return 0;
-    ddpd_job_free(j);
+    ddpd__job_free(j);
     return 1;
 }
 
@@ -264,7 +272,6 @@ static void proc_exit(ddpd_proc_t *p)
     ddpd_job_t *j = p->data;
     j->live_local--;
     ddpd_slots_give(j->d, 1, "a job's rank");
-    j->slots_held--;
     ddpd__job_notify(j, DDPD_JOB_SLOTS);
     if (p->term_signal || p->exit_status != 0) {
         /* 143 after our own SIGTERM is the worker's clean cancel */
@@ -304,7 +311,6 @@ static void respawn(ddpd_job_t *j, ddpd_proc_t *p)
         return;
     }
     j->live_local++;
-    j->slots_held++;
     ddpd_slots_take(j->d, 1, "a job's rank spawned again");
     j->restarts++;
     j->d->n_worker_restarts++;
@@ -511,7 +517,7 @@ void ddpd__job_discard(ddpd_job_t *j)
 {
     j->freeing = 1;
     j->state = DDPD_FAILED;
-    ddpd__job_link(j->d, j); /* ddpd_job_free unlinks */
+    ddpd__job_link(j->d, j); /* ddpd__job_free unlinks */
     close_handles(j);
 }
 
@@ -547,7 +553,6 @@ static int spawn_local(ddpd_job_t *j, int r, char *why, size_t whylen)
     j->n_local++;
     if (rc != 0) return rc;
     j->live_local++;
-    j->slots_held++;
     ddpd_slots_take(j->d, 1, "a job's rank");
     return 0;
 }
@@ -733,6 +738,20 @@ int ddpd_job_stop_all(ddpd_t *d, const char *reason)
         busy++;
     }
     return busy;
+}
+
+int ddpd_job_busy(ddpd_t *d)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next)
+        if (j->live_local > 0 || (j->live_remote > 0 && !ddpd_state_terminal(j->state)))
+            return 1;
+    return 0;
+}
+
+void ddpd_job_kill_all(ddpd_t *d)
+{
+    for (ddpd_job_t *j = d->jobs; j; j = j->next)
+        for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGKILL);
 }
 
 void ddpd_job_close_idle(ddpd_t *d)

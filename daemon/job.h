@@ -11,14 +11,11 @@
 #define DDPD_JOB_H
 
 #include <jansson.h>
-#include <limits.h>
 #include <stdint.h>
-#include <uv.h>
 
 #include "common/err.h"
 #include "daemon/ddpd.h"
-#include "daemon/job_tail.h"
-#include "daemon/spawn.h"
+#include "proto/metrics.h"
 
 typedef enum {
     DDPD_QUEUED,
@@ -29,56 +26,48 @@ typedef enum {
     DDPD_CANCELLED,
 } ddpd_state_t;
 
-struct ddpd_job {
-    ddpd_job_t *next;
-    ddpd_t *d;
-    int64_t id;
-    char name[128];
-    char warning[256]; /* ddp_spec_warning's sentence for its spec ("": none) */
-    uint32_t uid, gid;
-    ddpd_state_t state;
-    char reason[512];
-    int world, threads;
-    long steps; /* from the spec */
-    char *spec_json;
-    char run_dir[PATH_MAX], cwd[PATH_MAX], spec_path[PATH_MAX + 16];
-    char token[65], rdzv[300];
-    int64_t submitted_ms, started_ms;
+/* ---- what the rest of the daemon reads of a job (job_view.c) ----
+ * The job itself is the job module's (job.c, job_accept.c, job_view.c; job_int.h); other
+ * files hold a ddpd_job_t * only between a lookup and the end of their callback: a job is
+ * freed at a safe point once it is terminal and its handles are closed. */
 
-    int *rank_node;   /* per rank: 0 = this node, i+1 = peer i, -1 = lost with its node (an
-                         elastic job's rank waiting for a place, see ddpd_job_place) */
-    unsigned char *remote_alive; /* per rank: runs on a peer and has not been reported ended */
-    ddpd_proc_t *procs; /* local ranks (room for `world`: replacements may come here) */
-    int n_local;
-    int n_unplaced;   /* ranks with rank_node -1 */
-    int live_local;   /* local ranks still running */
-    int live_remote;  /* remote ranks not yet reported ended */
-    int pending_acks; /* peers that have not yet confirmed their ranks started */
-    int fail_rank;    /* first rank that failed, -1 */
-    char fail_why[512];
-    int cancel_requested;
-    uint32_t cancel_uid;
-    int signalled;    /* SIGTERM sent to the ranks */
-    int slots_held;   /* local slots this job holds (slots.h) */
+/* The jobs not yet freed, in id order: for (j = ddpd_job_first(d); j; j = ddpd_job_next(j)).
+ * A job is freed only at a safe point (a close callback), so the body may start, cancel or end
+ * j and still step to the next one. */
+ddpd_job_t *ddpd_job_first(ddpd_t *d);
+ddpd_job_t *ddpd_job_next(const ddpd_job_t *j);
 
-    uv_timer_t kill_timer, tail_timer;
-    uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */
-    int handles;      /* open uv handles (timers + processes) */
-    int freeing;
-    int detached;     /* the daemon stops and leaves the job running (ddpd_job_detach_all) */
+int64_t ddpd_job_id(const ddpd_job_t *j);
+const char *ddpd_job_name(const ddpd_job_t *j);
+ddpd_state_t ddpd_job_state(const ddpd_job_t *j);
+int ddpd_job_world(const ddpd_job_t *j);    /* ranks */
+uint32_t ddpd_job_uid(const ddpd_job_t *j); /* the submitter: who may cancel it */
+const char *ddpd_job_run_dir(const ddpd_job_t *j);
+/* ddp_spec_warning's sentence for its spec, "" when none. */
+const char *ddpd_job_warning(const ddpd_job_t *j);
 
-    ddpd_tail_t tail; /* rank 0's metrics.jsonl */
+/* The peer (an index for link.h's ddpd_peers_*) that runs `rank`, or -1 when it runs here,
+ * waits for a place, the job is not started or rank is not one of its ranks. */
+int ddpd_job_rank_peer(const ddpd_job_t *j, int rank);
 
-    /* elastic jobs (ddp.restart: on-failure): a coordinator on this daemon's loop forms the
-     * generations; a local rank that dies is spawned again (up to max_restarts times each) and
-     * rejoins; the job fails only when the coordinator says so (below min_workers too long) */
-    struct ddpd_coord *coord;
-    int elastic, min_workers, max_restarts;
-    double hb_timeout_s, rejoin_timeout_s;
-    unsigned long generation;
-    int restarts;         /* local ranks spawned again */
-    int pending_restarts; /* local ranks that exited and are to be spawned again */
-};
+/* For the scheduler: whether j waits in the queue for a place (queued and not being
+ * discarded), and the ranks of a running elastic job that lost their node and wait for a place
+ * again (written to `ranks`, room for ddpd_job_world(j), when not NULL; returns how many; 0
+ * for any other job). */
+int ddpd_job_waiting(const ddpd_job_t *j);
+int ddpd_job_lost_ranks(const ddpd_job_t *j, int *ranks);
+
+/* An elastic job's generation (its coordinator's count of re-formed groups): returns 1 with
+ * *gen set while the job is active and has a coordinator here, else 0. */
+int ddpd_job_generation(const ddpd_job_t *j, unsigned long *gen);
+/* Rank 0's last step record from metrics.jsonl, NULL before the first one. */
+const ddp_metrics_rec_t *ddpd_job_last_step(const ddpd_job_t *j);
+
+/* Shutdown: whether any job still has ranks the daemon must wait for (local ones alive, or
+ * remote ones of a job not finished). */
+int ddpd_job_busy(ddpd_t *d);
+/* Shutdown on a second signal: SIGKILL to every local rank of every job, at once. */
+void ddpd_job_kill_all(ddpd_t *d);
 
 /* Subscribes fn to every change of every job (see ddpd_job_change_fn): the API's watchers, the
  * scheduler and the peers' slot announcements learn of jobs this way, so that jobs know none
@@ -157,7 +146,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen);
 /* Shutdown, after ranks are gone: closes the handles of jobs that have no processes (queued
  * ones stay queued in the store and are re-queued at the next start). */
 void ddpd_job_close_idle(ddpd_t *d);
-/* Unlinks j from d->jobs and frees it; its handles must be closed (after the loop ran out). */
-void ddpd_job_free(ddpd_job_t *j);
+/* Frees every job left; their handles must be closed (after the loop ran out). */
+void ddpd_job_free_all(ddpd_t *d);
 
 #endif

@@ -1,6 +1,7 @@
 /* Jobs come into being here: submitted (the spec validated, stored and queued), re-queued
  * after a daemon restart, or adopted running after one (their ranks trained on meanwhile).
- * Built on the state machine's internals (job_int.h); nothing there calls back here.
+ * One of the job module's three files (see job_int.h): admission, apart from the lifecycle in
+ * job.c, whose internals it builds on; nothing in job.c calls back here.
  * Loop thread only.
  */
 #include "daemon/job_int.h"
@@ -256,7 +257,6 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
         if (rc == 0) {
             alive++;
             j->live_local++;
-            j->slots_held++;
             ddpd_slots_take(d, 1, "an adopted job's rank");
         }
     }

@@ -1,10 +1,73 @@
-/* The job state machine's internals (job.c), for the file that creates jobs (job_accept.c).
+/* The job module's private header: the job's fields and the state machine's internals.
+ * The module is three files over one struct: job.c (the lifecycle: start, ranks, ending, a
+ * daemon restart's detach), job_accept.c (how jobs come into being: submitted, re-queued,
+ * adopted) and job_view.c (what the rest of the daemon reads: job.h's accessors and
+ * job_view.h's live view). No other file includes this one.
  * Loop thread only.
  */
 #ifndef DDPD_JOB_INT_H
 #define DDPD_JOB_INT_H
 
+#include <limits.h>
+#include <stdint.h>
+#include <uv.h>
+
 #include "daemon/job.h"
+#include "daemon/job_tail.h"
+#include "daemon/spawn.h"
+
+struct ddpd_job {
+    ddpd_job_t *next;
+    ddpd_t *d;
+    int64_t id;
+    char name[128];
+    char warning[256]; /* ddp_spec_warning's sentence for its spec ("": none) */
+    uint32_t uid, gid;
+    ddpd_state_t state;
+    char reason[512];
+    int world, threads;
+    long steps; /* from the spec */
+    char *spec_json;
+    char run_dir[PATH_MAX], cwd[PATH_MAX], spec_path[PATH_MAX + 16];
+    char token[65], rdzv[300];
+    int64_t submitted_ms, started_ms;
+
+    int *rank_node;   /* per rank: 0 = this node, i+1 = peer i, -1 = lost with its node (an
+                         elastic job's rank waiting for a place, see ddpd_job_place) */
+    unsigned char *remote_alive; /* per rank: runs on a peer and has not been reported ended */
+    ddpd_proc_t *procs; /* local ranks (room for `world`: replacements may come here) */
+    int n_local;
+    int n_unplaced;   /* ranks with rank_node -1 */
+    int live_local;   /* local ranks still running */
+    int live_remote;  /* remote ranks not yet reported ended */
+    int pending_acks; /* peers that have not yet confirmed their ranks started */
+    int fail_rank;    /* first rank that failed, -1 */
+    char fail_why[512];
+    int cancel_requested;
+    uint32_t cancel_uid;
+    int signalled;    /* SIGTERM sent to the ranks */
+
+    uv_timer_t kill_timer, tail_timer;
+    uv_fs_event_t run_watch; /* inotify on run_dir: metrics.jsonl lines show at once */
+    int handles;      /* open uv handles (timers + processes) */
+    int freeing;
+    int detached;     /* the daemon stops and leaves the job running (ddpd_job_detach_all) */
+
+    ddpd_tail_t tail; /* rank 0's metrics.jsonl */
+
+    /* elastic jobs (ddp.restart: on-failure): a coordinator on this daemon's loop forms the
+     * generations; a local rank that dies is spawned again (up to max_restarts times each) and
+     * rejoins; the job fails only when the coordinator says so (below min_workers too long) */
+    struct ddpd_coord *coord;
+    int elastic, min_workers, max_restarts;
+    double hb_timeout_s, rejoin_timeout_s;
+    unsigned long generation;
+    int restarts;         /* local ranks spawned again */
+    int pending_restarts; /* local ranks that exited and are to be spawned again */
+};
+
+/* Unlinks j from d->jobs and frees it; its handles must be closed. */
+void ddpd__job_free(ddpd_job_t *j);
 
 /* A new job with its timers initialised (freed through ddpd__job_discard or the state machine).
  * Returns 0 or DDP_ENOMEM. */

@@ -1,10 +1,54 @@
-/* The live view of an active job (job.get, job.watch, the status page): its state and, from
- * the tail of metrics.jsonl, its step, loss, speed and time left. */
+/* What the rest of the daemon reads of a job: job.h's accessors, and the live view of an
+ * active job (job.get, job.watch, the status page) with, from the tail of metrics.jsonl, its
+ * step, loss, speed and time left. Part of the job module (job_int.h): it reads the fields and
+ * writes none.
+ */
 #include "daemon/job_view.h"
 
 #include <math.h>
 
 #include "common/clock.h"
+#include "daemon/job_int.h"
+
+ddpd_job_t *ddpd_job_first(ddpd_t *d) { return d->jobs; }
+ddpd_job_t *ddpd_job_next(const ddpd_job_t *j) { return j->next; }
+int64_t ddpd_job_id(const ddpd_job_t *j) { return j->id; }
+const char *ddpd_job_name(const ddpd_job_t *j) { return j->name; }
+ddpd_state_t ddpd_job_state(const ddpd_job_t *j) { return j->state; }
+int ddpd_job_world(const ddpd_job_t *j) { return j->world; }
+uint32_t ddpd_job_uid(const ddpd_job_t *j) { return j->uid; }
+const char *ddpd_job_run_dir(const ddpd_job_t *j) { return j->run_dir; }
+const char *ddpd_job_warning(const ddpd_job_t *j) { return j->warning; }
+
+int ddpd_job_rank_peer(const ddpd_job_t *j, int rank)
+{
+    if (!j->rank_node || rank < 0 || rank >= j->world) return -1;
+    return j->rank_node[rank] > 0 ? j->rank_node[rank] - 1 : -1;
+}
+
+int ddpd_job_waiting(const ddpd_job_t *j) { return j->state == DDPD_QUEUED && !j->freeing; }
+
+int ddpd_job_lost_ranks(const ddpd_job_t *j, int *ranks)
+{
+    if (j->state != DDPD_RUNNING || j->freeing || j->n_unplaced <= 0) return 0;
+    if (!ranks) return j->n_unplaced;
+    int n = 0;
+    for (int r = 0; r < j->world; r++)
+        if (j->rank_node[r] < 0) ranks[n++] = r;
+    return n;
+}
+
+int ddpd_job_generation(const ddpd_job_t *j, unsigned long *gen)
+{
+    if (!j->coord || ddpd_state_terminal(j->state)) return 0;
+    *gen = j->generation;
+    return 1;
+}
+
+const ddp_metrics_rec_t *ddpd_job_last_step(const ddpd_job_t *j)
+{
+    return j->tail.has_last ? &j->tail.last_step : NULL;
+}
 
 json_t *ddpd_job_progress(const ddpd_job_t *j)
 {

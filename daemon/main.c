@@ -94,10 +94,7 @@ static void close_all(ddpd_t *d)
 
 static int busy(ddpd_t *d)
 {
-    for (ddpd_job_t *j = d->jobs; j; j = j->next)
-        if (j->live_local > 0 || (j->live_remote > 0 && !ddpd_state_terminal(j->state)))
-            return 1;
-    return ddpd_remote_guest_ranks(d) > 0;
+    return ddpd_job_busy(d) || ddpd_remote_guest_ranks(d) > 0;
 }
 
 static void on_stop_timer(uv_timer_t *t)
@@ -117,8 +114,7 @@ static void on_signal(uv_signal_t *s, int signum)
     ddpd_t *d = s->data;
     if (d->stopping) {
         DDP_WARN("second %s: stopping without waiting", strsignal(signum));
-        for (ddpd_job_t *j = d->jobs; j; j = j->next)
-            for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGKILL);
+        ddpd_job_kill_all(d);
         return;
     }
     d->stopping = 1;
@@ -294,7 +290,7 @@ int main(int argc, char **argv)
         }
     }
     uv_run(d->loop, UV_RUN_DEFAULT);
-    while (d->jobs) ddpd_job_free(d->jobs); /* every job's handles are closed: drop the rest */
+    ddpd_job_free_all(d); /* every job's handles are closed: drop the rest */
     ddpd_store_close(d->store);
     uv_loop_close(d->loop);
     DDP_INFO("stopped");

@@ -175,10 +175,11 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
     int rc = ddpd_job_submit(s->d, &sub, &j, &ei);
     free(owned);
     if (rc == 0) {
-        json_t *res = json_pack("{sI ss ss si ss}", "id", (json_int_t)j->id, "name", j->name,
-                                "state", ddpd_state_name(j->state), "world", j->world,
-                                "run_dir", j->run_dir);
-        if (j->warning[0]) json_object_set_new(res, "warning", json_string(j->warning));
+        json_t *res = json_pack("{sI ss ss si ss}", "id", (json_int_t)ddpd_job_id(j), "name",
+                                ddpd_job_name(j), "state", ddpd_state_name(ddpd_job_state(j)),
+                                "world", ddpd_job_world(j), "run_dir", ddpd_job_run_dir(j));
+        if (ddpd_job_warning(j)[0])
+            json_object_set_new(res, "warning", json_string(ddpd_job_warning(j)));
         reply(s, id, res);
         return;
     }
@@ -203,7 +204,7 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
 static void add_live(ddpd_t *d, json_t *row)
 {
     ddpd_job_t *j = ddpd_job_find(d, json_integer_value(json_object_get(row, "id")));
-    if (!j || ddpd_state_terminal(j->state)) return;
+    if (!j || ddpd_state_terminal(ddpd_job_state(j))) return;
     json_t *p = ddpd_job_progress(j);
     json_t *v;
     if ((v = json_object_get(p, "step"))) json_object_set(row, "step", v);
@@ -266,7 +267,8 @@ static void m_get(ddpd_session_t *s, json_t *id, json_t *params)
     json_t *row;
     if (get_job_row(s, id, jid, 1, &row)) return;
     ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (j && !ddpd_state_terminal(j->state)) json_object_set_new(row, "progress", ddpd_job_progress(j));
+    if (j && !ddpd_state_terminal(ddpd_job_state(j)))
+        json_object_set_new(row, "progress", ddpd_job_progress(j));
     reply(s, id, row);
 }
 
@@ -275,7 +277,7 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
     long long jid;
     if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
     ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (!j || ddpd_state_terminal(j->state)) {
+    if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
         json_t *row;
         if (get_job_row(s, id, jid, 0, &row)) return;
         ddpd__send_error(s, id, DDPD_RPC_FINISHED,
@@ -289,12 +291,13 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
     int rc = ddpd_job_cancel(j, s->uid);
     if (rc == DDP_EPERM) {
         ddpd__send_error(s, id, DDPD_RPC_DENIED,
-                         json_pack("{sI si}", "id", (json_int_t)jid, "owner", (int)j->uid),
+                         json_pack("{sI si}", "id", (json_int_t)jid, "owner", (int)ddpd_job_uid(j)),
                          "job %lld belongs to uid %u; only that user or root may cancel it",
-                         jid, j->uid);
+                         jid, ddpd_job_uid(j));
         return;
     }
-    reply(s, id, json_pack("{sI ss}", "id", (json_int_t)jid, "state", ddpd_state_name(j->state)));
+    reply(s, id,
+          json_pack("{sI ss}", "id", (json_int_t)jid, "state", ddpd_state_name(ddpd_job_state(j))));
 }
 
 /* ---- streams ---- */
@@ -336,8 +339,9 @@ static void m_logs(ddpd_session_t *s, json_t *id, json_t *params)
         return;
     }
     ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (j && j->rank_node && j->rank_node[rank] > 0) {
-        const char *node = ddpd_peers_name(s->d, j->rank_node[rank] - 1);
+    int peer = j ? ddpd_job_rank_peer(j, (int)rank) : -1;
+    if (peer >= 0) {
+        const char *node = ddpd_peers_name(s->d, peer);
         ddpd__send_error(s, id, DDPD_RPC_NO_LOG, json_pack("{ss}", "node", node),
                          "rank %lld runs on node %s; its log is in that node's run directory",
                          rank, node);
@@ -361,7 +365,7 @@ void ddpd__service_logs(ddpd_session_t *s)
         if (st->kind != DDPD_STREAM_LOGS || s->closing) continue;
         if (s->pipe.write_queue_size > (1u << 20)) continue;
         ddpd_job_t *j = ddpd_job_find(s->d, st->job);
-        int active = j && !ddpd_state_terminal(j->state);
+        int active = j && !ddpd_state_terminal(ddpd_job_state(j));
         int fd = open(st->path, O_RDONLY | O_CLOEXEC);
         int eof = 1;
         if (fd >= 0) {
@@ -403,10 +407,11 @@ void ddpd__watch_event(ddpd_session_t *s, ddpd_job_t *j)
 {
     for (ddpd_stream_t *st = s->streams, *next; st; st = next) {
         next = st->next;
-        if (st->kind != DDPD_STREAM_WATCH || st->job != j->id) continue;
-        ddpd__send(s, ddpd_rpc_notify("job.progress", json_pack("{sO so}", "id", st->req_id,
-                                                                "job", ddpd_job_progress(j))));
-        if (ddpd_state_terminal(j->state)) ddpd__stream_end(s, st, final_record(s->d, j->id));
+        if (st->kind != DDPD_STREAM_WATCH || st->job != ddpd_job_id(j)) continue;
+        ddpd__send(s, ddpd_rpc_notify("job.progress", json_pack("{sO so}", "id", st->req_id, "job",
+                                                                ddpd_job_progress(j))));
+        if (ddpd_state_terminal(ddpd_job_state(j)))
+            ddpd__stream_end(s, st, final_record(s->d, ddpd_job_id(j)));
     }
 }
 
@@ -415,7 +420,7 @@ static void m_watch(ddpd_session_t *s, json_t *id, json_t *params)
     long long jid;
     if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
     ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (!j || ddpd_state_terminal(j->state)) {
+    if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
         json_t *row;
         if (get_job_row(s, id, jid, 0, &row)) return;
         reply(s, id, row);
@@ -456,9 +461,9 @@ static void m_status(ddpd_session_t *s, json_t *id, json_t *params)
     json_t *counts = NULL;
     if (ddpd_store_job_counts(d->store, &counts) != 0) counts = json_object();
     int active = 0, queued = 0;
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (ddpd_state_terminal(j->state)) continue;
-        if (j->state == DDPD_QUEUED)
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        if (ddpd_state_terminal(ddpd_job_state(j))) continue;
+        if (ddpd_job_state(j) == DDPD_QUEUED)
             queued++;
         else
             active++;

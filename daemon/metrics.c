@@ -60,7 +60,7 @@ char *ddpd_metrics_text(ddpd_t *d)
         sb_add(&b, "ddpd_jobs_finished_total{state=\"%s\"} %llu\n", fin[i],
                (unsigned long long)d->n_finished[i]);
     int per[6] = {0};
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) per[j->state]++;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) per[ddpd_job_state(j)]++;
     sb_add(&b, "# TYPE ddpd_jobs gauge\n");
     for (int i = 0; i < 3; i++)
         sb_add(&b, "ddpd_jobs{state=\"%s\"} %d\n", ddpd_state_name((ddpd_state_t)i), per[i]);
@@ -77,23 +77,25 @@ char *ddpd_metrics_text(ddpd_t *d)
     sb_add(&b, "# TYPE ddpd_store_errors_total counter\nddpd_store_errors_total %llu\n",
            (unsigned long long)d->n_store_errors);
     sb_add(&b, "# TYPE ddpd_job_generation gauge\n");
-    for (ddpd_job_t *j = d->jobs; j; j = j->next)
-        if (j->coord && !ddpd_state_terminal(j->state))
-            sb_add(&b, "ddpd_job_generation{job=\"%lld\"} %lu\n", (long long)j->id,
-                   j->generation);
+    unsigned long gen;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j))
+        if (ddpd_job_generation(j, &gen))
+            sb_add(&b, "ddpd_job_generation{job=\"%lld\"} %lu\n", (long long)ddpd_job_id(j),
+                   gen);
     sb_add(&b, "# TYPE ddpd_job_step gauge\n# TYPE ddpd_job_loss gauge\n"
                "# TYPE ddpd_job_tokens_per_second gauge\n# TYPE ddpd_job_straggler_rank gauge\n");
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (!j->tail.has_last || ddpd_state_terminal(j->state)) continue;
-        const ddp_metrics_rec_t *m = &j->tail.last_step;
-        sb_add(&b, "ddpd_job_step{job=\"%lld\"} %lld\n", (long long)j->id, (long long)m->step);
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        const ddp_metrics_rec_t *m = ddpd_job_last_step(j);
+        if (!m || ddpd_state_terminal(ddpd_job_state(j))) continue;
+        long long id = (long long)ddpd_job_id(j);
+        sb_add(&b, "ddpd_job_step{job=\"%lld\"} %lld\n", id, (long long)m->step);
         if ((m->has & DDP_MF(LOSS)) && isfinite(m->loss)) /* null: no number */
-            sb_add(&b, "ddpd_job_loss{job=\"%lld\"} %.6g\n", (long long)j->id, m->loss);
+            sb_add(&b, "ddpd_job_loss{job=\"%lld\"} %.6g\n", id, m->loss);
         if ((m->has & DDP_MF(TOKENS_PER_S)) && isfinite(m->tokens_per_s))
-            sb_add(&b, "ddpd_job_tokens_per_second{job=\"%lld\"} %.6g\n", (long long)j->id,
+            sb_add(&b, "ddpd_job_tokens_per_second{job=\"%lld\"} %.6g\n", id,
                    m->tokens_per_s);
         if (m->has & DDP_MF(STRAGGLER)) /* -1: none */
-            sb_add(&b, "ddpd_job_straggler_rank{job=\"%lld\"} %lld\n", (long long)j->id,
+            sb_add(&b, "ddpd_job_straggler_rank{job=\"%lld\"} %lld\n", id,
                    (long long)m->straggler);
     }
     return b.p;

@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/job.h"
+#include "daemon/spawn.h"
 
 int ddpd_kill_by_token(const char *token, int sig)
 {

@@ -37,12 +37,11 @@ static int place(ddpd_t *d, int world, int *rank_node)
  * with free slots; running jobs come before queued ones. */
 static void replace_lost(ddpd_t *d)
 {
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (j->state != DDPD_RUNNING || j->freeing || j->n_unplaced <= 0) continue;
-        int *ranks = ddp_calloc((size_t)j->world, sizeof *ranks), n = 0;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        if (ddpd_job_lost_ranks(j, NULL) <= 0) continue;
+        int *ranks = ddp_calloc((size_t)ddpd_job_world(j), sizeof *ranks);
         if (!ranks) return;
-        for (int r = 0; r < j->world; r++)
-            if (j->rank_node[r] < 0) ranks[n++] = r;
+        int n = ddpd_job_lost_ranks(j, ranks);
         int done = 0, local_free = ddpd_slots_free(d);
         if (local_free > 0)
             done += ddpd_job_place(j, 0, ranks, local_free < n ? local_free : n);
@@ -59,11 +58,11 @@ static void pass(uv_timer_t *t)
     ddpd_t *d = t->data;
     if (d->stopping) return;
     replace_lost(d);
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (j->state != DDPD_QUEUED || j->freeing) continue;
-        int *rank_node = ddp_calloc((size_t)j->world, sizeof *rank_node);
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        if (!ddpd_job_waiting(j)) continue;
+        int *rank_node = ddp_calloc((size_t)ddpd_job_world(j), sizeof *rank_node);
         if (!rank_node) return;
-        if (!place(d, j->world, rank_node)) {
+        if (!place(d, ddpd_job_world(j), rank_node)) {
             free(rank_node);
             return; /* strict FIFO: the head waits for room, nothing jumps ahead */
         }

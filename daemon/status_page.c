@@ -162,7 +162,8 @@ char *ddpd_status_page_html(ddpd_t *d)
     FILE *f = open_memstream(&out, &len);
     if (!f) return NULL;
     int running = 0, up = 0;
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) running += j->state == DDPD_RUNNING;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j))
+        running += ddpd_job_state(j) == DDPD_RUNNING;
     for (int i = 0; i < ddpd_peers_count(d); i++) up += ddpd_peers_up(d, i);
     fprintf(f, "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                "<meta http-equiv=\"refresh\" content=\"%d\"><title>ddpd: %d running</title>\n"
@@ -192,15 +193,15 @@ char *ddpd_status_page_html(ddpd_t *d)
     fputs("</table>\n", f);
     if (!rows || !json_array_size(rows)) fputs("<p>No jobs yet.</p>\n", f);
     json_decref(rows);
-    for (ddpd_job_t *j = d->jobs; j; j = j->next) {
-        if (j->state != DDPD_RUNNING && j->state != DDPD_STARTING) continue;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        if (ddpd_job_state(j) != DDPD_RUNNING && ddpd_job_state(j) != DDPD_STARTING) continue;
         char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", j->run_dir);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", ddpd_job_run_dir(j));
         ddpd_series_t s;
         if (ddpd_series_read(path, TAIL_BYTES, &s) != 0) continue;
-        fprintf(f, "<section id=\"curve-%lld\"><h2>job %lld (", (long long)j->id,
-                (long long)j->id);
-        put_escaped(f, j->name);
+        fprintf(f, "<section id=\"curve-%lld\"><h2>job %lld (", (long long)ddpd_job_id(j),
+                (long long)ddpd_job_id(j));
+        put_escaped(f, ddpd_job_name(j));
         fputs("): loss</h2>\n", f);
         if (s.n) put_curve(f, &s);
         else fputs("<p>waiting for the first step</p>\n", f);
