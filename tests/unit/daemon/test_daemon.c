@@ -1,6 +1,6 @@
 /* Unit tests of the daemon's pure parts: config file parsing and overrides, host:port
- * splitting, the HMAC challenge-response, JSON-RPC line builders and UTF-8 repair, and the
- * SQLite store (insert, transitions, list/get, recovery after a crash). One cmocka group.
+ * splitting, the HMAC challenge-response, JSON-RPC line builders and UTF-8 repair, the slot
+ * count's bounds, and the SQLite store (insert, transitions, list/get, recovery after a crash). One cmocka group.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +20,7 @@
 #include "daemon/config.h"
 #include "daemon/http.h"
 #include "daemon/rpc.h"
+#include "daemon/slots.h"
 #include "daemon/store.h"
 
 static char tmpdir[256];
@@ -306,6 +307,28 @@ static void test_http_route(void **state)
                      (int)ddpd_http_route(cases[i].req, strlen(cases[i].req)), (int)cases[i].want);
 }
 
+/* The slot count: free is what a new rank may take (never negative, even when adopted ranks
+ * hold more than the configured slots), and a give past zero stops at zero. */
+static void test_slots(void **state)
+{
+    (void)state;
+    ddpd_t d = {.cfg.slots = 3};
+    assert_int_equal(ddpd_slots_used(&d), 0);
+    assert_int_equal(ddpd_slots_free(&d), 3);
+    ddpd_slots_take(&d, 2, "test");
+    assert_int_equal(ddpd_slots_used(&d), 2);
+    assert_int_equal(ddpd_slots_free(&d), 1);
+    ddpd_slots_take(&d, 2, "test: more than configured");
+    assert_int_equal(ddpd_slots_used(&d), 4);
+    assert_int_equal(ddpd_slots_free(&d), 0);
+    ddpd_slots_give(&d, 3, "test");
+    assert_int_equal(ddpd_slots_used(&d), 1);
+    assert_int_equal(ddpd_slots_free(&d), 2);
+    ddpd_slots_give(&d, 2, "test: one more than taken");
+    assert_int_equal(ddpd_slots_used(&d), 0);
+    assert_int_equal(ddpd_slots_free(&d), 3);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -313,7 +336,7 @@ int main(void)
         cmocka_unit_test(test_http_route),
         cmocka_unit_test(test_hostport),    cmocka_unit_test(test_auth),
         cmocka_unit_test(test_rpc),         cmocka_unit_test(test_store),
-        cmocka_unit_test(test_store_upgrade),
+        cmocka_unit_test(test_store_upgrade), cmocka_unit_test(test_slots),
     };
     return cmocka_run_group_tests_name("daemon", tests, setup, teardown);
 }
