@@ -170,3 +170,17 @@ void ddpd_default_socket_path(char *buf, size_t n)
     else
         snprintf(buf, n, "/tmp/ddpd-%u.sock", (unsigned)geteuid());
 }
+
+void ddpd_default_state_dir(char *buf, size_t n)
+{
+    const char *sd = getenv("DDPD_STATE_DIR"), *xs = getenv("XDG_STATE_HOME");
+    const char *home = getenv("HOME");
+    if (sd && *sd)
+        snprintf(buf, n, "%s", sd);
+    else if (geteuid() == 0)
+        snprintf(buf, n, "/var/lib/ddpd");
+    else if (xs && *xs)
+        snprintf(buf, n, "%s/ddpd", xs);
+    else
+        snprintf(buf, n, "%s/.local/state/ddpd", home ? home : "/tmp");
+}

@@ -18,6 +18,12 @@ typedef struct ddpd_client {
  * /run/ddpd/ddpd.sock for root, else $XDG_RUNTIME_DIR/ddpd.sock, else /tmp/ddpd-<uid>.sock. */
 void ddpd_default_socket_path(char *buf, size_t n);
 
+/* Where a daemon keeps its job store and run directories unless told otherwise (ddpd's default,
+ * so that of `ddpctl run`'s embedded daemon, and where ddpctl reads a job when no daemon
+ * answers): $DDPD_STATE_DIR, else /var/lib/ddpd for root, else $XDG_STATE_HOME/ddpd, else
+ * $HOME/.local/state/ddpd. */
+void ddpd_default_state_dir(char *buf, size_t n);
+
 /* How long ddpd_client_connect keeps retrying a refused or full socket (milliseconds). */
 #define DDPD_CLIENT_RETRY_MS 1000
 

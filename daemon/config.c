@@ -22,20 +22,8 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
     memset(cfg, 0, sizeof *cfg);
     if (gethostname(cfg->node_name, sizeof cfg->node_name - 1) != 0)
         copy_str(cfg->node_name, sizeof cfg->node_name, "localhost");
-    const char *home = getenv("HOME");
     ddpd_default_socket_path(cfg->socket_path, sizeof cfg->socket_path);
-    if (geteuid() == 0) {
-        copy_str(cfg->state_dir, sizeof cfg->state_dir, "/var/lib/ddpd");
-    } else {
-        const char *xs = getenv("XDG_STATE_HOME");
-        if (xs && *xs)
-            snprintf(cfg->state_dir, sizeof cfg->state_dir, "%s/ddpd", xs);
-        else
-            snprintf(cfg->state_dir, sizeof cfg->state_dir, "%s/.local/state/ddpd",
-                     home ? home : "/tmp");
-    }
-    const char *sd = getenv("DDPD_STATE_DIR"); /* an embedded daemon's history (ddpctl run) */
-    if (sd && *sd) copy_str(cfg->state_dir, sizeof cfg->state_dir, sd);
+    ddpd_default_state_dir(cfg->state_dir, sizeof cfg->state_dir); /* ddpctl reads it too */
     copy_str(cfg->metrics, sizeof cfg->metrics, "127.0.0.1:9464");
     cfg->grace_s = 10.0;
     const char *wb = getenv("DDP_WORKER_BIN");

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -85,6 +86,33 @@ int ddpd_store_open(ddpd_store_t **out, const char *dir)
         if (v > 2) DDP_ERROR("store: %s is schema version %d, newer than this ddpd's 2", path, v);
         else DDP_ERROR("store: schema: %s", msg ? msg : sqlite3_errmsg(s->db));
         sqlite3_free(msg);
+        ddpd_store_close(s);
+        return DDP_ESQL;
+    }
+    *out = s;
+    return 0;
+}
+
+int ddpd_store_open_readonly(ddpd_store_t **out, const char *dir)
+{
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/ddpd.db", dir);
+    /* SQLite would report a missing file as SQLITE_CANTOPEN, which reads as a fault */
+    if (access(path, F_OK) != 0) return -errno;
+    ddpd_store_t *s = ddp_calloc(1, sizeof *s);
+    if (!s) return DDP_ENOMEM;
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        int rc = sql_err(s, path);
+        ddpd_store_close(s);
+        return rc;
+    }
+    sqlite3_busy_timeout(s->db, 2000); /* a live daemon may be writing */
+    /* version 1 lacks only `runtime`, which no reader reads */
+    int v = user_version(s);
+    if (v < 1 || v > 2) {
+        if (v > 2) DDP_ERROR("store: %s is schema version %d, newer than this ddpd's 2", path, v);
+        else DDP_ERROR("store: %s is not a ddpd job store (%s)", path, sqlite3_errmsg(s->db));
         ddpd_store_close(s);
         return DDP_ESQL;
     }

@@ -3,7 +3,7 @@
  * The store is the record of history: `job.list`/`job.get` read from it, so what a person sees
  * after a restart is what was there before. Calls are synchronous; each is one small indexed
  * statement on a local file (WAL, synchronous=NORMAL), which is short enough for the loop thread.
- * Loop thread only.
+ * Loop thread only (a read-only handle: its one thread).
  */
 #ifndef DDPD_STORE_H
 #define DDPD_STORE_H
@@ -27,6 +27,11 @@ typedef struct ddpd_jobrec {
 
 /* Opens (creating) `dir`/ddpd.db. Returns 0 or DDP_ESQL / -errno; *out is NULL on error. */
 int ddpd_store_open(ddpd_store_t **out, const char *dir);
+/* Opens `dir`/ddpd.db read-only, for a reader beside (or after) the daemon that writes it:
+ * ddpctl when no daemon answers. Creates and changes nothing but SQLite's WAL index. Returns 0,
+ * -ENOENT when there is no store there, or DDP_ESQL (not a store this ddpd reads); *out is NULL
+ * on error. Any thread; the handle is for one thread. */
+int ddpd_store_open_readonly(ddpd_store_t **out, const char *dir);
 /* Closes. NULL-safe. */
 void ddpd_store_close(ddpd_store_t *s);
 

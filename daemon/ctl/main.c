@@ -1,10 +1,12 @@
 /* ddpctl: the command-line client of ddpd.
  *
- *   ddpctl [--socket PATH] [--json] COMMAND ...
+ *   ddpctl [--socket PATH] [--state-dir DIR] [--json] COMMAND ...
  *   run SPEC [--workers N] [--name NAME]   submit and follow; starts an embedded ddpd in the
  *                                           foreground when no daemon answers
  *   submit SPEC [--workers N] [--name NAME] ls [--state S] [--limit N]   status ID
  *   logs ID [-f] [--rank N]   cancel ID   watch ID   nodes   info   call METHOD [PARAMS]
+ * ls, status, logs (without -f), plot and trace read the daemon's store and run directories
+ * when no daemon answers (offline.c); the other commands need the daemon.
  * Exit codes: 0 success (run/watch: the job succeeded), 1 the job failed or the daemon
  * answered with an error, 2 the job was cancelled, 64 usage, 69 no daemon, 70 other errors.
  */
@@ -27,12 +29,13 @@
 #include "daemon/rpc.h"
 
 static int as_json;
-static char socket_path[PATH_MAX];
+static ddpctl_where_t where;
+static int state_dir_given; /* --state-dir: the embedded daemon of `run` gets it too */
 
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: ddpctl [--socket PATH] [--json] COMMAND [ARGS]\n"
+            "usage: ddpctl [--socket PATH] [--state-dir DIR] [--json] COMMAND [ARGS]\n"
             "  run SPEC [--workers N] [--name NAME]   submit and follow to the end (starts an\n"
             "                                         embedded daemon if none is running)\n"
             "  submit SPEC [--workers N] [--name NAME]\n"
@@ -48,6 +51,8 @@ static void usage(FILE *f)
             "  nodes\n"
             "  info                                   daemon status\n"
             "  call METHOD [PARAMS-JSON]              raw JSON-RPC call\n"
+            "ls, status, logs (without -f), plot and trace read the store in --state-dir\n"
+            "(default: ddpd's, so `ddpctl run`'s) when no daemon answers; the others need one\n"
             "exit: 0 ok / job succeeded, 1 job failed or error, 2 cancelled, 64 usage, 69 no "
             "daemon\n");
 }
@@ -59,12 +64,19 @@ static void print_json(json_t *v)
     free(s);
 }
 
-static int connect_or_die(ddpd_client_t *c)
+/* Connects for a command that changes a job or follows a live one (`what`: "cancel"), which
+ * only a daemon can do; the store would not do. Returns 0 or CTL_UNAVAILABLE, having said so. */
+static int connect_or_die(ddpd_client_t *c, const char *what)
 {
-    int rc = ddpd_client_connect(c, socket_path);
+    int rc = ddpd_client_connect(c, where.socket);
+    if (ddpctl_no_daemon(rc)) {
+        fprintf(stderr, "ddpctl: %s needs a running daemon, and none answers at %s: %s (start "
+                        "ddpd, or use --socket)\n", what, where.socket, strerror(-rc));
+        return CTL_UNAVAILABLE;
+    }
     if (rc) {
-        fprintf(stderr, "ddpctl: no daemon at %s: %s (start ddpd, or use --socket)\n",
-                socket_path, strerror(-rc));
+        fprintf(stderr, "ddpctl: cannot reach the daemon at %s: %s\n", where.socket,
+                strerror(-rc));
         return CTL_UNAVAILABLE;
     }
     return 0;
@@ -190,7 +202,7 @@ static int cmd_submit(int argc, char **argv)
     int rc = submit_request(argc, argv, &p);
     if (rc) return rc;
     ddpd_client_t c;
-    if ((rc = connect_or_die(&c))) {
+    if ((rc = connect_or_die(&c, "submit"))) {
         json_decref(p);
         return rc;
     }
@@ -208,7 +220,7 @@ static int cmd_submit(int argc, char **argv)
     return rc;
 }
 
-/* Starts ddpd (beside this binary) on socket_path in the foreground of this command, its log
+/* Starts ddpd (beside this binary) on where.socket in the foreground of this command, its log
  * in a file; returns its pid or -1. */
 static pid_t start_embedded(char *logpath, size_t ln)
 {
@@ -240,8 +252,11 @@ static pid_t start_embedded(char *logpath, size_t ln)
         char fdarg[16];
         snprintf(fdarg, sizeof fdarg, "%d", rfd);
         setpgid(0, 0); /* the terminal's ^C goes to ddpctl, which cancels the job cleanly */
-        execl(bin, bin, "--socket", socket_path, "--metrics", "off", "--ready-fd", fdarg,
-              (char *)NULL);
+        /* without --state-dir (the NULL ends the list there) ddpd's default state dir, which
+         * ddpctl reads when no daemon answers */
+        char *args[] = {bin, "--socket", where.socket, "--metrics", "off", "--ready-fd", fdarg,
+                        state_dir_given ? "--state-dir" : NULL, where.state_dir, NULL};
+        execv(bin, args);
         dprintf(2, "ddpctl: cannot run %s: %s\n", bin, strerror(errno));
         _exit(127);
     }
@@ -281,19 +296,19 @@ static int cmd_run(int argc, char **argv)
     ddpd_client_t c;
     pid_t embedded = -1;
     char logpath[PATH_MAX];
-    rc = ddpd_client_connect(&c, socket_path);
-    if (rc == -ENOENT || rc == -ECONNREFUSED) {
+    rc = ddpd_client_connect(&c, where.socket);
+    if (ddpctl_no_daemon(rc)) {
         embedded = start_embedded(logpath, sizeof logpath);
         if (embedded < 0) {
             json_decref(p);
             return CTL_UNAVAILABLE;
         }
         fprintf(stderr, "ddpctl: no daemon at %s; started one for this run (log: %s)\n",
-                socket_path, logpath);
-        rc = ddpd_client_connect(&c, socket_path);
+                where.socket, logpath);
+        rc = ddpd_client_connect(&c, where.socket);
     }
     if (rc) {
-        fprintf(stderr, "ddpctl: cannot reach the daemon at %s: %s\n", socket_path,
+        fprintf(stderr, "ddpctl: cannot reach the daemon at %s: %s\n", where.socket,
                 strerror(-rc));
         json_decref(p);
         if (embedded > 0) stop_embedded(embedded);
@@ -309,7 +324,7 @@ static int cmd_run(int argc, char **argv)
                     (long long)json_integer_value(json_object_get(res, "world")),
                     json_string_value(json_object_get(res, "run_dir")));
         json_decref(res);
-        rc = ddpctl_follow(&c, socket_path, id, as_json, 1);
+        rc = ddpctl_follow(&c, where.socket, id, as_json, 1);
     }
     ddpd_client_close(&c);
     if (embedded > 0) {
@@ -336,14 +351,21 @@ static int cmd_ls(int argc, char **argv)
         else return CTL_USAGE;
     }
     ddpd_client_t c;
-    if ((rc = connect_or_die(&c))) return rc;
-    json_t *p = json_object(), *res;
-    if (state) json_object_set_new(p, "state", json_string(state));
-    if (limit > 0) json_object_set_new(p, "limit", json_integer(limit));
-    rc = call(&c, "job.list", p, &res);
-    ddpd_client_close(&c);
-    if (rc) return rc;
-    json_t *jobs = json_object_get(res, "jobs");
+    json_t *jobs, *res = NULL;
+    if ((rc = ddpctl_connect_or_store(&c, &where)) == 1) {
+        if ((rc = ddpctl_store_jobs(&where, state, limit, &jobs))) return rc;
+    } else if (rc) {
+        return rc;
+    } else {
+        json_t *p = json_object();
+        if (state) json_object_set_new(p, "state", json_string(state));
+        if (limit > 0) json_object_set_new(p, "limit", json_integer(limit));
+        rc = call(&c, "job.list", p, &res);
+        ddpd_client_close(&c);
+        if (rc) return rc;
+        jobs = json_incref(json_object_get(res, "jobs"));
+        json_decref(res);
+    }
     if (as_json) {
         print_json(jobs);
     } else {
@@ -368,7 +390,7 @@ static int cmd_ls(int argc, char **argv)
                    json_string_value(json_object_get(j, "reason")));
         }
     }
-    json_decref(res);
+    json_decref(jobs);
     return 0;
 }
 
@@ -377,11 +399,14 @@ static int cmd_status(int argc, char **argv)
     long long id = parse_id(argc > 1 ? argv[1] : NULL);
     if (id < 0) return CTL_USAGE;
     ddpd_client_t c;
-    int rc;
-    if ((rc = connect_or_die(&c))) return rc;
     json_t *res;
-    rc = call(&c, "job.get", json_pack("{sI}", "id", (json_int_t)id), &res);
-    ddpd_client_close(&c);
+    int rc = ddpctl_connect_or_store(&c, &where);
+    if (rc == 1) {
+        rc = ddpctl_store_job(&where, id, &res);
+    } else if (!rc) {
+        rc = call(&c, "job.get", json_pack("{sI}", "id", (json_int_t)id), &res);
+        ddpd_client_close(&c);
+    }
     if (rc) return rc;
     if (as_json) {
         print_json(res);
@@ -448,7 +473,13 @@ static int cmd_logs(int argc, char **argv)
     long long id = parse_id(optind < argc ? argv[optind] : NULL);
     if (id < 0) return CTL_USAGE;
     ddpd_client_t c;
-    if ((rc = connect_or_die(&c))) return rc;
+    if (follow) {
+        if ((rc = connect_or_die(&c, "logs -f (following a live job)"))) return rc;
+    } else if ((rc = ddpctl_connect_or_store(&c, &where)) == 1) {
+        return ddpctl_store_logs(&where, id, rank);
+    } else if (rc) {
+        return rc;
+    }
     long rid;
     rc = ddpd_client_send(&c, "job.logs",
                           json_pack("{sI si sb}", "id", (json_int_t)id, "rank", rank, "follow",
@@ -482,11 +513,13 @@ static int cmd_logs(int argc, char **argv)
     return ret;
 }
 
-static int simple(const char *method, json_t *params, int print)
+/* One call of a command that needs the daemon (`what`: its name); prints the result when
+ * `print` or --json. Returns 0 or an exit code. */
+static int simple(const char *what, const char *method, json_t *params, int print)
 {
     ddpd_client_t c;
     int rc;
-    if ((rc = connect_or_die(&c))) {
+    if ((rc = connect_or_die(&c, what))) {
         json_decref(params);
         return rc;
     }
@@ -503,7 +536,7 @@ static int cmd_cancel(int argc, char **argv)
 {
     long long id = parse_id(argc > 1 ? argv[1] : NULL);
     if (id < 0) return CTL_USAGE;
-    int rc = simple("job.cancel", json_pack("{sI}", "id", (json_int_t)id), 0);
+    int rc = simple("cancel", "job.cancel", json_pack("{sI}", "id", (json_int_t)id), 0);
     if (!rc && !as_json) printf("job %lld: cancel requested\n", id);
     return rc;
 }
@@ -514,8 +547,9 @@ static int cmd_watch(int argc, char **argv)
     if (id < 0) return CTL_USAGE;
     ddpd_client_t c;
     int rc;
-    if ((rc = connect_or_die(&c))) return rc;
-    rc = ddpctl_follow(&c, socket_path, id, as_json, 0);
+    const char *what = "watch (following a live job; `ddpctl status` reads an ended one)";
+    if ((rc = connect_or_die(&c, what))) return rc;
+    rc = ddpctl_follow(&c, where.socket, id, as_json, 0);
     ddpd_client_close(&c);
     return rc;
 }
@@ -524,7 +558,7 @@ static int cmd_nodes(void)
 {
     ddpd_client_t c;
     int rc;
-    if ((rc = connect_or_die(&c))) return rc;
+    if ((rc = connect_or_die(&c, "nodes"))) return rc;
     json_t *res;
     rc = call(&c, "node.list", NULL, &res);
     ddpd_client_close(&c);
@@ -561,25 +595,30 @@ static int cmd_call(int argc, char **argv)
         }
     }
     as_json = 1;
-    return simple(argv[1], params, 1);
+    return simple("call", argv[1], params, 1);
 }
 
 int main(int argc, char **argv)
 {
     static const struct option o[] = {{"socket", required_argument, 0, 's'},
+                                      {"state-dir", required_argument, 0, 'S'},
                                       {"json", no_argument, 0, 'j'},
                                       {"help", no_argument, 0, 'h'},
                                       {0, 0, 0, 0}};
     const char *env = getenv("DDPD_SOCKET");
     if (env && *env)
-        snprintf(socket_path, sizeof socket_path, "%s", env);
+        snprintf(where.socket, sizeof where.socket, "%s", env);
     else
-        ddpd_default_socket_path(socket_path, sizeof socket_path);
+        ddpd_default_socket_path(where.socket, sizeof where.socket);
+    ddpd_default_state_dir(where.state_dir, sizeof where.state_dir);
     int c;
     /* options before the command only ("+"), so each command parses its own */
     while ((c = getopt_long(argc, argv, "+s:jh", o, NULL)) != -1) {
-        if (c == 's') snprintf(socket_path, sizeof socket_path, "%s", optarg);
-        else if (c == 'j') as_json = 1;
+        if (c == 's') snprintf(where.socket, sizeof where.socket, "%s", optarg);
+        else if (c == 'S') {
+            snprintf(where.state_dir, sizeof where.state_dir, "%s", optarg);
+            state_dir_given = 1;
+        } else if (c == 'j') as_json = 1;
         else if (c == 'h') {
             usage(stdout);
             return 0;
@@ -612,10 +651,10 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "cancel")) return cmd_cancel(sub_argc, sub_argv);
     if (!strcmp(cmd, "watch")) return cmd_watch(sub_argc, sub_argv);
     if (!strcmp(cmd, "nodes")) return cmd_nodes();
-    if (!strcmp(cmd, "info")) return simple("daemon.status", NULL, 1);
+    if (!strcmp(cmd, "info")) return simple("info", "daemon.status", NULL, 1);
     if (!strcmp(cmd, "call")) return cmd_call(sub_argc, sub_argv);
-    if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, socket_path);
-    if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, socket_path);
+    if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, &where);
+    if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, &where);
     if (!strcmp(cmd, "plan")) return ddpctl_plan(sub_argc, sub_argv);
     fprintf(stderr, "ddpctl: unknown command '%s'\n", cmd);
     usage(stderr);

@@ -41,7 +41,7 @@ static int ends_with(const char *s, const char *suffix)
     return n >= m && !strcasecmp(s + n - m, suffix);
 }
 
-int ddpctl_run_dir(const char *job, const char *socket_path, char *path, size_t len,
+int ddpctl_run_dir(const char *job, const ddpctl_where_t *w, char *path, size_t len,
                    int *is_file, char *title, size_t tlen)
 {
     struct stat st;
@@ -59,26 +59,9 @@ int ddpctl_run_dir(const char *job, const char *socket_path, char *path, size_t 
                         "metrics.jsonl\n", job);
         return CTL_USAGE;
     }
-    ddpd_client_t c;
-    int rc = ddpd_client_connect(&c, socket_path);
-    if (rc) {
-        fprintf(stderr, "ddpctl: no daemon at %s: %s (start ddpd, use --socket, or give the "
-                        "run directory instead of the job id)\n", socket_path, strerror(-rc));
-        return CTL_UNAVAILABLE;
-    }
-    json_t *res = NULL, *err = NULL;
-    rc = ddpd_client_call(&c, "job.get", json_pack("{sI}", "id", (json_int_t)id), &res, &err,
-                          60000);
-    ddpd_client_close(&c);
-    if (rc == 1) {
-        ddpctl_print_error(err);
-        json_decref(err);
-        return CTL_JOB_FAILED;
-    }
-    if (rc < 0) {
-        fprintf(stderr, "ddpctl: job.get: %s\n", strerror(-rc));
-        return CTL_ERROR;
-    }
+    json_t *res;
+    int rc = ddpctl_job_get(w, id, &res);
+    if (rc) return rc;
     const char *dir = json_string_value(json_object_get(res, "run_dir"));
     snprintf(path, len, "%s", dir ? dir : "");
     snprintf(title, tlen, "job %lld (%s)", id,
@@ -223,7 +206,7 @@ static void remove_tmp(const char *dir)
     rmdir(dir);
 }
 
-int ddpctl_plot(int argc, char **argv, const char *socket_path)
+int ddpctl_plot(int argc, char **argv, const ddpctl_where_t *w)
 {
     static const struct option o[] = {{"output", required_argument, 0, 'o'},
                                       {"log", no_argument, 0, 'l'},
@@ -253,7 +236,7 @@ int ddpctl_plot(int argc, char **argv, const char *socket_path)
     }
     char path[PATH_MAX], title[512];
     int is_file;
-    int rc = ddpctl_run_dir(job, socket_path, path, sizeof path - 16, &is_file, title,
+    int rc = ddpctl_run_dir(job, w, path, sizeof path - 16, &is_file, title,
                             sizeof title);
     if (rc) return rc;
     if (!is_file) strcat(path, "/metrics.jsonl");

@@ -15,7 +15,7 @@
 
 #include "daemon/ctl/ctl.h"
 
-int ddpctl_trace(int argc, char **argv, const char *socket_path)
+int ddpctl_trace(int argc, char **argv, const ddpctl_where_t *w)
 {
     static const struct option o[] = {{"output", required_argument, 0, 'o'}, {0, 0, 0, 0}};
     const char *out = NULL;
@@ -35,7 +35,7 @@ int ddpctl_trace(int argc, char **argv, const char *socket_path)
         snprintf(def, sizeof def, "job-%.40s-trace.json", job);
     if (!out) out = def;
     int is_file;
-    int rc = ddpctl_run_dir(job, socket_path, dir, sizeof dir - 32, &is_file, title,
+    int rc = ddpctl_run_dir(job, w, dir, sizeof dir - 32, &is_file, title,
                             sizeof title);
     if (rc) return rc;
     if (is_file) {
