@@ -1,4 +1,6 @@
-/* Line-atomic logging to stderr. */
+/* Line-atomic logging to stderr. Any thread may log: the level and the rank are read and set
+ * atomically (the first logs of a process may come from several threads at once, each reading
+ * DDP_LOG_LEVEL; they agree on the value). */
 #include "log.h"
 
 #include <stdarg.h>
@@ -22,14 +24,21 @@ static int level_from_env(void)
     return DDP_LOG_INFO;
 }
 
-void ddp_log_set_level(ddp_log_level_t level) { min_level = (int)level; }
+void ddp_log_set_level(ddp_log_level_t level)
+{
+    __atomic_store_n(&min_level, (int)level, __ATOMIC_RELAXED);
+}
 
-void ddp_log_set_rank(int rank) { log_rank = rank; }
+void ddp_log_set_rank(int rank) { __atomic_store_n(&log_rank, rank, __ATOMIC_RELAXED); }
 
 void ddp_log(ddp_log_level_t level, const char *fmt, ...)
 {
-    if (min_level < 0) min_level = level_from_env();
-    if ((int)level < min_level) return;
+    int min = __atomic_load_n(&min_level, __ATOMIC_RELAXED);
+    if (min < 0) {
+        min = level_from_env();
+        __atomic_store_n(&min_level, min, __ATOMIC_RELAXED);
+    }
+    if ((int)level < min) return;
     static const char *const names[] = {"debug", "info", "warn", "error"};
     char line[2048];
     struct timespec ts;
@@ -38,7 +47,8 @@ void ddp_log(ddp_log_level_t level, const char *fmt, ...)
     localtime_r(&ts.tv_sec, &tm);
     int n = (int)strftime(line, sizeof line, "%H:%M:%S", &tm);
     n += snprintf(line + n, sizeof line - n, ".%03ld %-5s ", ts.tv_nsec / 1000000, names[level]);
-    if (log_rank >= 0) n += snprintf(line + n, sizeof line - n, "[rank %d] ", log_rank);
+    int rank = __atomic_load_n(&log_rank, __ATOMIC_RELAXED);
+    if (rank >= 0) n += snprintf(line + n, sizeof line - n, "[rank %d] ", rank);
     va_list ap;
     va_start(ap, fmt);
     int m = vsnprintf(line + n, sizeof line - n, fmt, ap);

@@ -37,7 +37,7 @@ flags=(-g -O1 -std=gnu11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -I"$src" -I"$src/t
 libsan=("-fsanitize=fuzzer-no-link,address,undefined")
 # what each harness links beyond its own file
 common=(common/err.c common/log.c common/alloc.c common/file.c common/crc32c.c common/trace.c
-        common/host.c)
+        common/host.c common/test_hook.c)
 proto=(proto/spec.c proto/spec_out.c proto/spec_tree.c proto/shard.c proto/hf_config.c)
 ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
       worker/checkpoint/checkpoint.c worker/checkpoint/checkpoint_commit.c
