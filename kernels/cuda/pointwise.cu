@@ -136,9 +136,10 @@ void ddp__cuda_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const d
     });
 }
 
-template <typename T> struct to_act_f {
-    T *out;
-    const float *inp;
+/* out[i] = inp[i] converted between fp32 and the act type: rounded once, or widened exactly. */
+template <typename O, typename I> struct convert_f {
+    O *out;
+    const I *inp;
     template <int V> __device__ __forceinline__ void run(size_t i) const
     {
         float x[V];
@@ -151,28 +152,17 @@ void ddp__cuda_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t 
 {
     DDP_ACT_DISPATCH(ctx->prec, T, {
         constexpr int V = vec_of<T>();
-        to_act_f<T> f = {(T *)out, inp};
+        convert_f<T, float> f = {(T *)out, inp};
         int al = ddp__aligned(out, 16) && ddp__aligned(inp, V * sizeof(float));
         ew_launch<V>(ctx, n, al, f, "to_act");
     });
 }
 
-template <typename T> struct to_f32_f {
-    float *out;
-    const T *inp;
-    template <int V> __device__ __forceinline__ void run(size_t i) const
-    {
-        float x[V];
-        ddp__ldv<V>(x, inp + i);
-        ddp__stv<V>(out + i, x);
-    }
-};
-
 void ddp__cuda_act_to_f32(ddp_kctx_t *ctx, float *out, const ddp_act_t *inp, size_t n)
 {
     DDP_ACT_DISPATCH(ctx->prec, T, {
         constexpr int V = vec_of<T>();
-        to_f32_f<T> f = {out, (const T *)inp};
+        convert_f<float, T> f = {out, (const T *)inp};
         int al = ddp__aligned(inp, 16) && ddp__aligned(out, V * sizeof(float));
         ew_launch<V>(ctx, n, al, f, "act_to_f32");
     });
