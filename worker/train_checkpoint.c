@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -307,6 +308,9 @@ static int read_position(const ddp_tckpt_t *c, const ddp_tckpt_run_t *run, const
     /* fp16's scale goes on (a checkpoint of another precision has 1: the trainer keeps its) */
     res->loss_scale = json_number_value(json_object_get(o, "loss_scale"));
     res->loss_scale_clean = (long)get_int(o, "loss_scale_clean", 0);
+    /* the last step's loss: what a run that resumes with nothing left to train reports */
+    json_t *ll = json_object_get(o, "last_loss");
+    res->last_loss = json_is_number(ll) ? json_number_value(ll) : NAN;
     json_t *data = json_object_get(o, "data");
     long G = global_sequences(run);
     json_int_t saved_G = get_int(data, "global_batch_sequences", G);

@@ -94,6 +94,7 @@ typedef struct ddp_tckpt_resume {
     uint64_t rng[4];
     double loss_scale;     /* as saved (1 from a run without fp16) */
     long loss_scale_clean;
+    double last_loss;      /* the saved step's training loss; NaN when the checkpoint has none */
 } ddp_tckpt_resume_t;
 
 /* Statistics of the checkpoints of this run (for logs and the benchmark). */

@@ -201,6 +201,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         t->tokens = res.tokens;
         t->opt.t = res.adam_t;
         memcpy(t->rng.s, res.rng, sizeof t->rng.s);
+        t->last_loss = (float)res.last_loss;
         /* fp16: the scale goes on; a checkpoint of another precision has 1 */
         if (t->lscale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
             res.loss_scale != 1.0) {

@@ -41,7 +41,7 @@ checkpoint: {dir: $tmp/ck, every: 5, keep_last: 0}
 YAML
 W() { "$worker" job.yaml --quiet "$@"; }
 L() { DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" "$@"; }
-echo "1..16"
+echo "1..17"
 
 # 1 rank: 20 straight vs 10 + resume + 10
 W --no-resume --set checkpoint.dir=\"$tmp/full1\" --dump-weights full1.st >full1.log 2>&1
@@ -49,6 +49,14 @@ W --stop-at-step 10 >a.log 2>&1
 W --dump-weights res1.st >b.log 2>&1
 check "1 rank: 20 steps straight == 10 + resume + 10, bitwise" "$compare" full1.st res1.st
 check "1 rank: the resumed run says where it resumed" grep -q "resumed from $tmp/ck/step-00000010: step 10" b.log
+# run again: it resumes at step 20 with nothing left to train, and reports the saved step's
+# training loss as its final loss (not 0: no step ran in this process)
+W --run-dir "$tmp/rerun" >rerun.log 2>&1
+check "1 rank: resumed at the last step, the done record's final loss is step 20's" python3 -c "
+import json
+saved = json.load(open('$tmp/ck/step-00000020/trainer.json'))['last_loss']
+done = [json.loads(l) for l in open('$tmp/rerun/metrics.jsonl') if '\"done\"' in l][-1]
+assert saved > 0 and abs(done['final_loss'] - saved) <= 1e-6 * saved, (saved, done)"
 # the planned saves took every CRC32C from the update (and the resume above verified them)
 check "1 rank: a planned save reads no tensor for its checksums" \
     grep -q "checkpoint step 10: .*, 0.0 MB checksummed by the writer" a.log
