@@ -3,6 +3,7 @@
  *
  * Rendezvous protocol (host byte order; all ranks of a job run on one architecture):
  *   rank k -> rank 0   hello {magic "DDPRDZV1", u32 rank, u32 size, u64 generation, token[128]}
+ *                      (rdzv_hello.h: its layout and rank 0's check of it)
  *   rank 0 -> rank k   reply {magic "DDPRDZOK", i32 status}     (sent only to accepted ranks)
  * then allgathers as star exchanges through rank 0: every rank sends {u64 len, bytes}, rank 0
  * answers with all contributions in rank order. Rank 0 serves many half-open connections at once
@@ -17,22 +18,15 @@
 
 #include "collectives/coll_impl.h"
 #include "collectives/net.h"
+#include "collectives/rdzv_hello.h"
 #include "common/host.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
 
-#define HELLO_MAGIC "DDPRDZV1"
 #define REPLY_MAGIC "DDPRDZOK"
 #define HANDSHAKE_NS 2000000000LL
 #define MAX_PENDING 64
-
-typedef struct {
-    char magic[8];
-    uint32_t rank, size;
-    uint64_t generation;
-    char token[128];
-} hello_t;
 
 typedef struct {
     char magic[8];
@@ -102,33 +96,22 @@ typedef struct {
     int fd;
     int64_t deadline;
     size_t got;
-    hello_t h;
+    ddp__rdzv_hello_t h;
     char peer[80];
 } pending_t;
 
-/* Validates a complete hello; returns the rank or -1 with a log line. */
-static int check_hello(const tcp_bs_t *t, const pending_t *p, const int *fds)
+/* Judges the hello bytes p has received (rdzv_hello.c); returns the rank to accept, 0 to wait
+ * for more bytes, or -1 (refused) with a log line. */
+static int check_hello(const tcp_bs_t *t, const pending_t *p)
 {
     const ddp_coll_bootstrap_t *b = &t->pub;
-    const char *why = NULL;
-    if (memcmp(p->h.magic, HELLO_MAGIC, 8) != 0)
-        why = "not a ddpd rendezvous hello (garbage bytes)";
-    else if (!ddp__net_token_eq(p->h.token, b->token, sizeof p->h.token))
-        why = "wrong job token";
-    else if (p->h.generation != b->generation)
-        why = "wrong generation";
-    else if ((int)p->h.size != b->size)
-        why = "wrong world size";
-    else if (p->h.rank < 1 || (int)p->h.rank >= b->size)
-        why = "rank out of range";
-    else if (fds[p->h.rank] >= 0)
-        why = "rank already joined";
-    if (why) {
+    ddp__rdzv_expect_t e = {.token = b->token, .size = b->size, .generation = b->generation,
+                            .fds = t->fds};
+    ddp__rdzv_verdict_t v;
+    if (ddp__rdzv_hello_check(&p->h, p->got, &e, &v) < 0)
         DDP_WARN("rendezvous: refused connection from %s: %s (claimed rank %u, generation %llu)",
-                 p->peer, why, p->h.rank, (unsigned long long)p->h.generation);
-        return -1;
-    }
-    return (int)p->h.rank;
+                 p->peer, v.why, v.claimed_rank, (unsigned long long)v.claimed_generation);
+    return v.rank;
 }
 
 static int serve_root(tcp_bs_t *t, int lfd, int64_t deadline, ddp_errinfo_t *ei)
@@ -142,7 +125,7 @@ static int serve_root(tcp_bs_t *t, int lfd, int64_t deadline, ddp_errinfo_t *ei)
         for (int i = 0; i < np; i++) {
             if (now >= pend[i].deadline) {
                 DDP_WARN("rendezvous: refused connection from %s: incomplete hello (%zu of %zu "
-                         "bytes) within 2 s", pend[i].peer, pend[i].got, sizeof(hello_t));
+                         "bytes) within 2 s", pend[i].peer, pend[i].got, sizeof(ddp__rdzv_hello_t));
                 close(pend[i].fd);
                 pend[i--] = pend[--np];
             }
@@ -167,13 +150,12 @@ static int serve_root(tcp_bs_t *t, int lfd, int64_t deadline, ddp_errinfo_t *ei)
                 drop = 1;
             } else if (r > 0) {
                 p->got += (size_t)r;
-                if (p->got >= 8 && memcmp(p->h.magic, HELLO_MAGIC, 8) != 0) {
-                    check_hello(t, p, t->fds); /* logs the garbage */
+                int rk = check_hello(t, p); /* garbage is refused after its first 8 bytes */
+                if (rk < 0) {
                     drop = 1;
-                } else if (p->got == sizeof p->h) {
-                    int rk = check_hello(t, p, t->fds);
+                } else if (rk > 0) {
                     reply_t rep = {.magic = REPLY_MAGIC, .status = 0};
-                    if (rk > 0 && ddp__net_send_all(p->fd, &rep, sizeof rep, p->deadline) == 0) {
+                    if (ddp__net_send_all(p->fd, &rep, sizeof rep, p->deadline) == 0) {
                         t->fds[rk] = p->fd;
                         joined++;
                         if (!b->data_host[0])
@@ -203,7 +185,7 @@ static int serve_root(tcp_bs_t *t, int lfd, int64_t deadline, ddp_errinfo_t *ei)
     }
     for (int i = 0; i < np; i++) {
         DDP_WARN("rendezvous: refused connection from %s: incomplete hello (%zu of %zu bytes) when "
-                 "the rendezvous closed", pend[i].peer, pend[i].got, sizeof(hello_t));
+                 "the rendezvous closed", pend[i].peer, pend[i].got, sizeof(ddp__rdzv_hello_t));
         close(pend[i].fd);
     }
     if (joined < b->size) {
@@ -230,9 +212,8 @@ static int join_root(tcp_bs_t *t, const char *host, int port, int64_t deadline,
                                "rendezvous: cannot reach rank 0 at %s:%d (%s)", host, port,
                                ddp_strerror(fd));
     t->fds[0] = fd;
-    hello_t h = {.magic = HELLO_MAGIC, .rank = (uint32_t)b->rank, .size = (uint32_t)b->size,
-                 .generation = b->generation};
-    memcpy(h.token, b->token, sizeof h.token);
+    ddp__rdzv_hello_t h;
+    ddp__rdzv_hello_make(&h, b->rank, b->size, b->generation, b->token);
     reply_t rep;
     int rc = ddp__net_send_all(fd, &h, sizeof h, deadline);
     if (rc == 0) rc = ddp__net_recv_all(fd, &rep, sizeof rep, deadline);

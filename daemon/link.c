@@ -4,7 +4,8 @@
  * cfg.listen. A link starts with the mutual HMAC exchange of auth.h; a link that fails it is
  * logged and closed. After that both sides send JSON lines; the listener sends the dialer
  * {"t":"status","node":N,"slots":S,"free":F} at once and on every change, which is how a
- * coordinator learns its peers' slots; every other message goes to the handler.
+ * coordinator learns its peers' slots; every other message goes to the handler. Every line is
+ * parsed by peer_msg.c first: one that is not the message the link's state expects closes it.
  * Invariant: a link is freed only in its close callback; the module is freed once its links,
  * listener and timers are all closed. Loop thread only.
  */
@@ -20,6 +21,7 @@
 #include "common/log.h"
 #include "daemon/auth.h"
 #include "daemon/lines.h"
+#include "daemon/peer_msg.h"
 #include "daemon/slots.h"
 
 #define PEER_MAX_LINE (1u << 20)
@@ -196,18 +198,17 @@ void ddpd_peers_announce(ddpd_t *d)
 
 /* ---- messages after authentication ---- */
 
-static void on_message(ddpd_link_t *l, json_t *m)
+static void on_message(ddpd_link_t *l, const ddpd_pmsg_t *m)
 {
     ddpd_links_t *ls = l->d->links;
-    const char *t = json_string_value(json_object_get(m, "t"));
     peer_t *p = peer_of(ls, l);
-    if (t && !strcmp(t, "status") && p) {
+    if (m->kind == DDPD_PMSG_STATUS && p) {
         int was = p->slots;
-        p->slots = (int)json_integer_value(json_object_get(m, "slots"));
-        p->free = (int)json_integer_value(json_object_get(m, "free"));
+        p->slots = m->u.status.slots;
+        p->free = m->u.status.free;
         if ((was != p->slots || p->free > 0) && ls->h.nodes_changed) ls->h.nodes_changed(l->d);
-    } else if (t && ls->h.message) {
-        ls->h.message(l->d, l, m);
+    } else if (m->kind != DDPD_PMSG_UNKNOWN && ls->h.message) {
+        ls->h.message(l->d, l, m); /* a newer peer's kinds of message are not ours to read */
     }
 }
 
@@ -221,21 +222,56 @@ static void refuse(ddpd_link_t *l, const char *why)
     link_close(l);
 }
 
-static void on_auth(ddpd_link_t *l, json_t *m)
+/* The dialer's handshake failed: said once per peer until a link to it is up again. */
+static void dial_failed(ddpd_link_t *l, const char *why)
+{
+    peer_t *p = peer_of(l->d->links, l);
+    if (p && !p->warned) DDP_WARN("peer %s: %s", p->cfg.addr, why);
+    if (p) p->warned = 1;
+    link_close(l);
+}
+
+/* What a link in state s reads next. */
+static ddpd_pmsg_kind_t expected(lstate_t s)
+{
+    switch (s) {
+    case L_WAIT_HELLO: return DDPD_PMSG_HELLO;
+    case L_WAIT_MAC: return DDPD_PMSG_PROOF;
+    case L_HELLO_SENT: return DDPD_PMSG_CHALLENGE;
+    case L_WAIT_OK: return DDPD_PMSG_OK;
+    default: return DDPD_PMSG_ANY;
+    }
+}
+
+/* A line that is not the message expected (why: the parser's or the handshake's reason). */
+static void malformed(ddpd_link_t *l, const char *why)
+{
+    switch (l->state) {
+    case L_WAIT_HELLO:
+    case L_WAIT_MAC: refuse(l, why); return;
+    case L_HELLO_SENT:
+    case L_WAIT_OK: dial_failed(l, why); return;
+    default:
+        DDP_WARN("peer link %s (%s): %s: closed", l->name, l->remote, why);
+        link_close(l);
+    }
+}
+
+/* One handshake message m, of the kind expected(l->state) or REFUSED. */
+static void on_auth(ddpd_link_t *l, const ddpd_pmsg_t *m)
 {
     ddpd_links_t *ls = l->d->links;
     char hex[2 * DDPD_AUTH_MACBYTES + 1], nhex[2 * DDPD_AUTH_NONCEBYTES + 1];
     unsigned char mac[DDPD_AUTH_MACBYTES];
+    if (m->kind == DDPD_PMSG_REFUSED) {
+        malformed(l, l->state == L_WAIT_OK ? "it refused us (wrong secret?)"
+                                           : "it refused the handshake");
+        return;
+    }
     switch (l->state) {
-    case L_WAIT_HELLO: { /* listener: {"hello", "nonce"} */
-        const char *name = json_string_value(json_object_get(m, "hello"));
-        if (!name ||
-            ddpd_auth_from_hex(l->n_theirs, sizeof l->n_theirs,
-                               json_string_value(json_object_get(m, "nonce"))) != 0) {
-            refuse(l, "malformed hello");
-            return;
-        }
-        snprintf(l->name, sizeof l->name, "%s", name);
+    case L_WAIT_HELLO: /* listener: {"hello", "nonce"} */
+        snprintf(l->name, sizeof l->name, "%s", m->u.hello.node);
+        memcpy(l->n_theirs, m->u.hello.nonce, sizeof l->n_theirs);
         ddpd_auth_nonce(l->n_mine);
         ddpd_auth_mac(ls->key, "ddpd-server", l->n_theirs, l->n_mine, mac);
         ddpd_auth_to_hex(hex, mac, sizeof mac);
@@ -244,10 +280,9 @@ static void on_auth(ddpd_link_t *l, json_t *m)
                               hex));
         l->state = L_WAIT_MAC;
         return;
-    }
     case L_WAIT_MAC: /* listener: {"mac"} proves the dialer knows the secret */
         if (!ddpd_auth_verify_hex(ls->key, "ddpd-client", l->n_mine, l->n_theirs,
-                                  json_string_value(json_object_get(m, "mac")))) {
+                                  m->u.proof.mac)) {
             refuse(l, "wrong secret (HMAC mismatch)");
             return;
         }
@@ -257,32 +292,22 @@ static void on_auth(ddpd_link_t *l, json_t *m)
         if (ls->h.up) ls->h.up(l->d, l); /* before the slots: what already runs comes first */
         send_msg(l, status_msg(l->d));
         return;
-    case L_HELLO_SENT: { /* dialer: {"node","nonce","mac"} proves the listener knows it */
-        const char *name = json_string_value(json_object_get(m, "node"));
-        if (!name ||
-            ddpd_auth_from_hex(l->n_theirs, sizeof l->n_theirs,
-                               json_string_value(json_object_get(m, "nonce"))) != 0 ||
-            !ddpd_auth_verify_hex(ls->key, "ddpd-server", l->n_mine, l->n_theirs,
-                                  json_string_value(json_object_get(m, "mac")))) {
-            peer_t *p = peer_of(ls, l);
-            if (p && !p->warned)
-                DDP_WARN("peer %s: it failed authentication (wrong secret?)", p->cfg.addr);
-            if (p) p->warned = 1;
-            link_close(l);
+    case L_HELLO_SENT: /* dialer: {"node","nonce","mac"} proves the listener knows it */
+        memcpy(l->n_theirs, m->u.challenge.nonce, sizeof l->n_theirs);
+        if (!ddpd_auth_verify_hex(ls->key, "ddpd-server", l->n_mine, l->n_theirs,
+                                  m->u.challenge.mac)) {
+            dial_failed(l, "it failed authentication (wrong secret?)");
             return;
         }
-        snprintf(l->name, sizeof l->name, "%s", name);
+        snprintf(l->name, sizeof l->name, "%s", m->u.challenge.node);
         ddpd_auth_mac(ls->key, "ddpd-client", l->n_theirs, l->n_mine, mac);
         ddpd_auth_to_hex(hex, mac, sizeof mac);
         send_msg(l, json_pack("{ss}", "mac", hex));
         l->state = L_WAIT_OK;
         return;
-    }
     case L_WAIT_OK: {
         peer_t *p = peer_of(ls, l);
-        if (!json_is_true(json_object_get(m, "ok")) || !p) {
-            if (p && !p->warned) DDP_WARN("peer %s refused us (wrong secret?)", p->cfg.addr);
-            if (p) p->warned = 1;
+        if (!p) {
             link_close(l);
             return;
         }
@@ -298,20 +323,23 @@ static void on_auth(ddpd_link_t *l, json_t *m)
     }
 }
 
+/* One line from the other side, parsed as what the link's state expects: a handshake message
+ * before it is up, an authenticated one after; what does not parse closes the link. */
 static int on_line(void *arg, const char *line, size_t len)
 {
     ddpd_link_t *l = arg;
-    json_t *m = json_loadb(line, len, 0, NULL);
-    if (!json_is_object(m)) {
-        json_decref(m);
-        if (l->state != L_UP) refuse(l, "not a JSON object"); /* after auth: ignored */
+    ddpd_pmsg_kind_t expect = expected(l->state);
+    ddpd_pmsg_t m;
+    char why[256];
+    if (ddpd_pmsg_parse(line, len, expect, &m, why, sizeof why) != 0) {
+        malformed(l, why);
         return l->closing;
     }
-    if (l->state == L_UP)
-        on_message(l, m);
+    if (expect == DDPD_PMSG_ANY)
+        on_message(l, &m);
     else
-        on_auth(l, m);
-    json_decref(m);
+        on_auth(l, &m);
+    ddpd_pmsg_close(&m);
     return l->closing;
 }
 

@@ -1,7 +1,8 @@
 /* Links between daemons: authenticated TCP connections (auth.h) to the peers in the config and
  * from them, and the node list they give (each peer's slots, announced by the peer itself).
- * Messages are JSON objects, one per line; once a link is authenticated, every message but the
- * slot announcement goes to the handler given at start (remote.c speaks over it).
+ * Messages are JSON objects, one per line, parsed by peer_msg.h; once a link is authenticated,
+ * every message but the slot announcement goes to the handler given at start (remote.c speaks
+ * over it).
  * Loop thread only.
  */
 #ifndef DDPD_LINK_H
@@ -11,12 +12,13 @@
 
 #include "common/err.h"
 #include "daemon/ddpd.h"
+#include "daemon/peer_msg.h"
 
 typedef struct ddpd_link ddpd_link_t;
 
 typedef struct ddpd_link_handler {
-    /* a message (borrowed) on an authenticated link */
-    void (*message)(ddpd_t *d, ddpd_link_t *l, json_t *m);
+    /* a parsed message (borrowed; never a status or an UNKNOWN) on an authenticated link */
+    void (*message)(ddpd_t *d, ddpd_link_t *l, const ddpd_pmsg_t *m);
     /* a link from another daemon (one that coordinates jobs here) is authenticated; what the
      * handler sends now arrives before this node's slot announcement */
     void (*up)(ddpd_t *d, ddpd_link_t *l);

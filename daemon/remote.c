@@ -1,5 +1,6 @@
 /* Remote ranks of multi-node jobs (see remote.h): the guests this node runs for coordinators,
- * and the messages that start, signal, kill and report them over the daemons' links.
+ * and the messages that start, signal, kill and report them over the daemons' links (parsed by
+ * peer_msg.c before they reach this file).
  * Invariant: a guest is freed when its ranks' handles are all closed; the module is freed at
  * close once no guest is left (or when the last one goes). Loop thread only.
  */
@@ -38,7 +39,8 @@ struct guest {
     ddpd_proc_t *procs;
     char run_dir[PATH_MAX];
     char spec_path[PATH_MAX + 16];
-    json_t *start;    /* the start request (its strings are the launch's) */
+    json_t *start;    /* the start request, kept for guest.json: it owns st's strings */
+    ddpd_pmsg_start_t st; /* the start request, parsed (its ranks are not kept) */
     int max_restarts; /* elastic: a rank that dies is spawned again this many times */
     int signalled;    /* the coordinator sent a signal: no restarts any more */
     int64_t orphan_ns; /* when its coordinator's link went (0: linked, or never was) */
@@ -124,22 +126,32 @@ static void guest_maybe_free(guest_t *g)
 /* The launch description of a guest's ranks (strings borrowed from g->start). */
 static void guest_launch(const guest_t *g, ddpd_launch_t *la)
 {
-    const json_t *m = g->start;
-    *la = (ddpd_launch_t){
-        .worker_bin = g->d->cfg.worker_bin,
-        .spec_path = g->spec_path,
-        .run_dir = g->run_dir,
-        .cwd = json_string_value(json_object_get(m, "cwd")),
-        .rdzv = json_string_value(json_object_get(m, "rdzv")),
-        .token = json_string_value(json_object_get(m, "token")),
-        .job_id = g->job,
-        .world = (int)json_integer_value(json_object_get(m, "world")),
-        .local_world = g->n,
-        .threads = (int)json_integer_value(json_object_get(m, "threads")),
-        .as_user = 1,
-        .elastic = json_is_true(json_object_get(m, "elastic")),
-        .uid = (uid_t)json_integer_value(json_object_get(m, "uid")),
-        .gid = (gid_t)json_integer_value(json_object_get(m, "gid"))};
+    const ddpd_pmsg_start_t *s = &g->st;
+    *la = (ddpd_launch_t){.worker_bin = g->d->cfg.worker_bin,
+                          .spec_path = g->spec_path,
+                          .run_dir = g->run_dir,
+                          .cwd = s->cwd,
+                          .rdzv = s->rdzv,
+                          .token = s->token,
+                          .job_id = g->job,
+                          .world = s->world,
+                          .local_world = g->n,
+                          .threads = s->threads,
+                          .as_user = 1,
+                          .elastic = s->elastic,
+                          .uid = (uid_t)s->uid,
+                          .gid = (gid_t)s->gid};
+}
+
+/* Keeps the parsed start request m in g (a reference to its root; not its ranks). */
+static void guest_keep_start(guest_t *g, const ddpd_pmsg_t *m)
+{
+    g->start = json_incref(m->root);
+    g->st = m->u.start;
+    g->st.ranks = NULL;
+    g->st.n_ranks = 0;
+    /* elastic: a rank that dies is spawned again, max_restarts times */
+    g->max_restarts = g->st.elastic ? g->st.max_restarts : 0;
 }
 
 /* Reports that rank `rank` of g ended (code, sig) to its coordinator. */
@@ -269,19 +281,12 @@ static void fail_start(ddpd_link_t *l, int64_t job, const char *why)
     ddpd_link_send(l, json_pack("{ss sI ss}", "t", "failed", "job", (json_int_t)job, "why", why));
 }
 
-static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
+/* A start request (peer_msg.c checked its fields: n in [1, 4096], at most world). */
+static void on_start(ddpd_t *d, ddpd_link_t *l, const ddpd_pmsg_t *m)
 {
-    int64_t job = json_integer_value(json_object_get(m, "job"));
-    json_t *ranks = json_object_get(m, "ranks");
-    const char *spec = json_string_value(json_object_get(m, "spec"));
-    const char *rdzv = json_string_value(json_object_get(m, "rdzv"));
-    const char *token = json_string_value(json_object_get(m, "token"));
-    int world = (int)json_integer_value(json_object_get(m, "world"));
-    size_t n = json_array_size(ranks);
-    if (!spec || !rdzv || !token || n == 0 || n > 4096 || world < (int)n) {
-        fail_start(l, job, "malformed start request");
-        return;
-    }
+    const ddpd_pmsg_start_t *s = &m->u.start;
+    int64_t job = s->job;
+    size_t n = (size_t)s->n_ranks;
     if ((int)n > ddpd_slots_free(d) || d->stopping) {
         char why[128];
         snprintf(why, sizeof why, "node %s has %d free slots, %zu asked", d->cfg.node_name,
@@ -305,15 +310,10 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
     g->next = d->remote->guests;
     d->remote->guests = g;
     mkdir(g->run_dir, 0750);
-    uid_t uid = (uid_t)json_integer_value(json_object_get(m, "uid"));
-    gid_t gid = (gid_t)json_integer_value(json_object_get(m, "gid"));
-    if (geteuid() == 0 && uid != 0 && chown(g->run_dir, uid, gid) != 0)
+    if (geteuid() == 0 && s->uid != 0 && chown(g->run_dir, (uid_t)s->uid, (gid_t)s->gid) != 0)
         DDP_WARN("chown %s: %s", g->run_dir, strerror(errno));
-    int ok = ddpd_write_spec(g->run_dir, spec, g->spec_path, sizeof g->spec_path) == 0;
-    g->start = json_incref(m);
-    g->max_restarts = json_is_true(json_object_get(m, "elastic"))
-                          ? (int)json_integer_value(json_object_get(m, "max_restarts"))
-                          : 0;
+    int ok = ddpd_write_spec(g->run_dir, s->spec, g->spec_path, sizeof g->spec_path) == 0;
+    guest_keep_start(g, m);
     ddpd_launch_t la;
     guest_launch(g, &la);
     char why[512] = "";
@@ -323,9 +323,7 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
         p->data = g;
         p->on_exit = guest_exit;
         p->on_close = guest_closed;
-        int rc = ddpd_spawn_rank(d->loop, p, &la,
-                                 (int)json_integer_value(json_array_get(ranks, i)), (int)i, why,
-                                 sizeof why);
+        int rc = ddpd_spawn_rank(d->loop, p, &la, s->ranks[i], (int)i, why, sizeof why);
         if (p->open) g->handles++;
         if (rc != 0) {
             ok = 0;
@@ -351,21 +349,21 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, json_t *m)
 
 /* ---- messages ---- */
 
-static void on_message(ddpd_t *d, ddpd_link_t *l, json_t *m)
+/* A parsed message on an authenticated link: requests from a coordinator on the links it
+ * dialled to this node (peer < 0), reports from the peers this node coordinates on (peer >= 0);
+ * one that arrives the wrong way is ignored. */
+static void on_message(ddpd_t *d, ddpd_link_t *l, const ddpd_pmsg_t *m)
 {
     const ddpd_remote_reports_t *rep = &d->remote->reports;
-    const char *t = json_string_value(json_object_get(m, "t"));
-    if (!t) return;
-    int64_t job = json_integer_value(json_object_get(m, "job"));
     int peer = ddpd_link_peer(l); /* >= 0: a peer this node coordinates jobs on */
-    if (!strcmp(t, "start") && peer < 0) {
+    if (m->kind == DDPD_PMSG_START && peer < 0) {
         on_start(d, l, m);
-    } else if (!strcmp(t, "kill") && peer < 0) {
-        int pid = (int)json_integer_value(json_object_get(m, "pid"));
-        const char *hid = json_string_value(json_object_get(m, "host_id"));
+    } else if (m->kind == DDPD_PMSG_KILL && peer < 0) {
+        int64_t job = m->u.kill.job;
+        int pid = m->u.kill.pid;
         char mine[160];
         ddp_host_id(mine, sizeof mine);
-        for (guest_t *g = d->remote->guests; hid && !strcmp(hid, mine) && g; g = g->next)
+        for (guest_t *g = d->remote->guests; !strcmp(m->u.kill.host_id, mine) && g; g = g->next)
             if (g->link == l && g->job == job)
                 for (int i = 0; i < g->n; i++)
                     if (g->procs[i].alive && g->procs[i].pid == pid) {
@@ -373,26 +371,18 @@ static void on_message(ddpd_t *d, ddpd_link_t *l, json_t *m)
                                  "evicted it", g->procs[i].rank, (long long)job, pid);
                         ddpd_proc_signal(&g->procs[i], SIGKILL);
                     }
-    } else if (!strcmp(t, "signal") && peer < 0) {
-        guests_signal(d, l, job, (int)json_integer_value(json_object_get(m, "sig")));
-    } else if (!strcmp(t, "started") && peer >= 0) {
-        rep->started(d, job, (int)json_integer_value(json_object_get(m, "n")));
-    } else if (!strcmp(t, "failed") && peer >= 0) {
+    } else if (m->kind == DDPD_PMSG_SIGNAL && peer < 0) {
+        guests_signal(d, l, m->u.signal.job, m->u.signal.sig);
+    } else if (m->kind == DDPD_PMSG_STARTED && peer >= 0) {
+        rep->started(d, m->u.started.job, m->u.started.n);
+    } else if (m->kind == DDPD_PMSG_FAILED && peer >= 0) {
         char why[300];
-        snprintf(why, sizeof why, "node %s: %s", ddpd_peers_name(d, peer),
-                 json_string_value(json_object_get(m, "why")));
-        rep->failed(d, job, why);
-    } else if (!strcmp(t, "adopted") && peer >= 0) {
-        json_t *ranks = json_object_get(m, "ranks");
-        int rs[4096], n = 0;
-        size_t i;
-        json_t *v;
-        json_array_foreach(ranks, i, v) if (n < 4096) rs[n++] = (int)json_integer_value(v);
-        rep->adopted(d, job, peer, rs, n);
-    } else if (!strcmp(t, "exit") && peer >= 0) {
-        rep->exited(d, job, (int)json_integer_value(json_object_get(m, "rank")),
-                    (int)json_integer_value(json_object_get(m, "code")),
-                    (int)json_integer_value(json_object_get(m, "sig")));
+        snprintf(why, sizeof why, "node %s: %s", ddpd_peers_name(d, peer), m->u.failed.why);
+        rep->failed(d, m->u.failed.job, why);
+    } else if (m->kind == DDPD_PMSG_ADOPTED && peer >= 0) {
+        rep->adopted(d, m->u.adopted.job, peer, m->u.adopted.ranks, m->u.adopted.n_ranks);
+    } else if (m->kind == DDPD_PMSG_EXIT && peer >= 0) {
+        rep->exited(d, m->u.exit.job, m->u.exit.rank, m->u.exit.code, m->u.exit.sig);
     }
 }
 
@@ -417,27 +407,34 @@ static void adopt_guests(ddpd_t *d)
         snprintf(path, sizeof path, "%s/%s/guest.json", d->cfg.run_dir, e->d_name);
         if (!strstr(e->d_name, "-job-") || access(path, R_OK) != 0) continue;
         json_t *rec = json_load_file(path, 0, NULL);
-        json_t *start = json_object_get(rec, "start"), *procs = json_object_get(rec, "procs");
+        json_t *procs = json_object_get(rec, "procs");
         const char *coord = json_string_value(json_object_get(rec, "coord"));
-        const char *token = json_string_value(json_object_get(start, "token"));
         size_t n = json_array_size(procs);
-        guest_t *g = n && coord && token ? ddp_calloc(1, sizeof *g) : NULL;
+        /* the start request it keeps is checked as when it arrived */
+        ddpd_pmsg_t start;
+        char why[256];
+        if (ddpd_pmsg_from_json(json_incref(json_object_get(rec, "start")), DDPD_PMSG_ANY,
+                                &start, why, sizeof why) == 0 &&
+            start.kind != DDPD_PMSG_START)
+            snprintf(why, sizeof why, "not a start request");
+        if (start.kind != DDPD_PMSG_START && n && coord)
+            DDP_WARN("%s: cannot take its ranks back: %s", path, why);
+        guest_t *g = n && coord && start.kind == DDPD_PMSG_START ? ddp_calloc(1, sizeof *g) : NULL;
         if (g && !(g->procs = ddp_calloc(n, sizeof *g->procs))) {
             free(g);
             g = NULL;
         }
         if (!g) {
+            ddpd_pmsg_close(&start);
             json_decref(rec);
             continue;
         }
         g->d = d;
         g->job = json_integer_value(json_object_get(rec, "job"));
         g->n = (int)n;
-        g->start = json_incref(start);
+        guest_keep_start(g, &start);
+        ddpd_pmsg_close(&start);
         g->orphan_ns = ddp_now_ns();
-        g->max_restarts = json_is_true(json_object_get(start, "elastic"))
-                              ? (int)json_integer_value(json_object_get(start, "max_restarts"))
-                              : 0;
         snprintf(g->coord, sizeof g->coord, "%s", coord);
         snprintf(g->run_dir, sizeof g->run_dir, "%.3800s/%.250s", d->cfg.run_dir, e->d_name);
         snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
@@ -455,7 +452,7 @@ static void adopt_guests(ddpd_t *d)
             int rc = ddpd_adopt_rank(d->loop, pr, pid,
                                      (int)json_integer_value(json_object_get(p, "rank")),
                                      (int)json_integer_value(json_object_get(p, "local_rank")),
-                                     token, g->run_dir);
+                                     g->st.token, g->run_dir);
             if (pr->open) g->handles++;
             if (rc == 0) {
                 alive++;

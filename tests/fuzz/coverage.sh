@@ -21,19 +21,21 @@ ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
 declare -A srcs=(
     [spec]="${proto[*]}" [shard]="${proto[*]}" [metrics]="proto/metrics.c"
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
-    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c daemon/auth.c"
+    [hello]="collectives/rdzv_hello.c collectives/net.c"
     [tokenizer]="worker/tokenizer.c worker/bytemap.c"
 )
 declare -A targets=(
     [spec]="proto/spec.c proto/spec_out.c proto/spec_tree.c" [shard]="proto/shard.c"
     [safetensors]="worker/checkpoint/safetensors.c" [manifest]="worker/checkpoint/manifest.c"
     [ckpt]="worker/checkpoint/checkpoint_load.c worker/checkpoint/manifest.c worker/checkpoint/safetensors.c"
-    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c"
+    [hello]="collectives/rdzv_hello.c"
     [tokenizer]="worker/tokenizer.c worker/bytemap.c" [metrics]="proto/metrics.c"
 )
 uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 printf '%-12s %-36s %8s %8s\n' harness file lines branches
-for h in spec shard safetensors manifest ckpt rpc peer metrics tokenizer; do
+for h in spec shard safetensors manifest ckpt rpc peer peer_msg hello metrics tokenizer; do
     files=()
     for s in "${common[@]}" ${srcs[$h]}; do files+=("$src/$s"); done
     # shellcheck disable=SC2086

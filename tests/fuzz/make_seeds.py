@@ -150,4 +150,39 @@ n = "ab" * 32
 put("peer", "hello.json", json.dumps({"hello": "ddpd", "node": "a", "nonce": n}))
 put("peer", "reply.json", json.dumps({"node": "b", "nonce": n, "peer_nonce": "cd" * 32,
                                       "mac": "ef" * 32}))
+
+# peer_msg: one line of each message kind the peer protocol has (daemon/peer_msg.h)
+peer_msgs = {
+    "hello": {"hello": "node-a", "nonce": n},
+    "challenge": {"node": "node-b", "nonce": "cd" * 32, "mac": "ef" * 32},
+    "proof": {"mac": "ef" * 32},
+    "ok": {"ok": True, "node": "node-b"},
+    "refused": {"error": "authentication failed"},
+    "status": {"t": "status", "node": "node-b", "slots": 8, "free": 3},
+    "start": {"t": "start", "job": 12, "name": "tiny", "ranks": [2, 3], "world": 4,
+              "rdzv": "10.0.0.1:29500", "token": "0123456789abcdef", "spec": '{"name":"tiny"}',
+              "cwd": "/home/u", "uid": 1000, "gid": 1000, "threads": 2, "elastic": True,
+              "max_restarts": 3},
+    "kill": {"t": "kill", "job": 12, "pid": 4242, "host_id": "boot-1234/node-b"},
+    "signal": {"t": "signal", "job": 12, "sig": 15},
+    "started": {"t": "started", "job": 12, "n": 2},
+    "failed": {"t": "failed", "job": 12, "why": "node node-b has 0 free slots, 2 asked"},
+    "adopted": {"t": "adopted", "job": 12, "ranks": [2]},
+    "exit": {"t": "exit", "job": 12, "rank": 3, "code": 0, "sig": 0},
+}
+for k, m in peer_msgs.items():
+    put("peer_msg", k + ".json", json.dumps(m, separators=(",", ":")))
+put("peer_msg", "bad.json", '{"t":"start","job":-1,"ranks":"x"} trailing')
+
+
+# hello: rendezvous hellos (collectives/rdzv_hello.h) for a world of 4 at generation 7 with
+# the token "fuzz-token", as tests/fuzz/harness/fuzz_hello.c expects them
+def hello(rank, size=4, gen=7, token=b"fuzz-token", magic=b"DDPRDZV1"):
+    return magic + struct.pack("=IIQ", rank, size, gen) + token.ljust(128, b"\0")
+
+
+put("hello", "valid.bin", hello(1))
+put("hello", "wrong-token.bin", hello(3, token=b"other"))
+put("hello", "half.bin", hello(2)[:40])
+put("hello", "garbage.bin", b"GET / HTTP/1.1\r\n\r\n")
 print("seeds written to", corpus)

@@ -18,7 +18,7 @@ set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$src/build-fuzz}" && cd "${1:-$src/build-fuzz}" && pwd)
 secs=${FUZZ_SECONDS:-30}
-all=(spec shard safetensors manifest ckpt rpc peer metrics tokenizer)
+all=(spec shard safetensors manifest ckpt rpc peer peer_msg hello metrics tokenizer)
 read -r -a only <<<"${FUZZ_ONLY:-${all[*]}}"
 
 cc=${FUZZ_CC:-clang}
@@ -47,7 +47,8 @@ uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 declare -A srcs=(
     [spec]="${proto[*]}" [shard]="${proto[*]}" [metrics]="proto/metrics.c"
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
-    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c"
+    [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c daemon/auth.c"
+    [hello]="collectives/rdzv_hello.c collectives/net.c"
     [tokenizer]="worker/tokenizer.c worker/bytemap.c"
 )
 libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread)

@@ -1,9 +1,8 @@
 /* libFuzzer harness: what a peer daemon's link parses before it trusts anything, reached
  * without I/O: the challenge-response message (a JSON line carrying hex nonces and a hex
- * HMAC, checked with daemon/auth.c's hex decoder and constant-time verifier). The message
- * handlers themselves (daemon/link.c) and the rendezvous hello (collectives/bootstrap_env.c)
- * are static functions behind sockets; the fault tests send them garbage, a wrong token and
- * half a hello instead (tests/fault/test_coll_fault.c, test_malformed).
+ * HMAC, checked with daemon/auth.c's hex decoder and constant-time verifier). The parser of
+ * every peer message has its own harness (fuzz_peer_msg.c), and so has the rendezvous hello's
+ * check (fuzz_hello.c).
  */
 #include <jansson.h>
 #include <sodium.h>
