@@ -1,6 +1,6 @@
 /* Internals of the kernels module shared by its files (never included outside kernels/): the
- * per-op profiler's window, kept by kprof.c and used by the front door (front.c) and
- * ddp_kernels_close (kernels.c). The public side is kernels.h's ddp_k_profile_*.
+ * per-op profiler's window, kept by kprof.c and used by the front door (wrappers.c) and
+ * ddp_kernels_close (open.c). The public side is kernels.h's ddp_k_profile_*.
  *
  * Invariants
  * - k->prof is allocated by the first ddp_k_profile_start and freed by ddp_kernels_close, never

@@ -120,7 +120,7 @@ void test_memory(void **state)
     ddp_kernels_close(&k);
 }
 
-/* The front door (kernels/front.c): an unopened backend, arguments against the contract (the
+/* The front door (kernels/wrappers.c): an unopened backend, arguments against the contract (the
  * first error kept for ddp_k_sync), and the host_memory capability instead of a backend name. */
 void test_front_door(void **state)
 {
