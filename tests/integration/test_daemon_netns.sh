@@ -116,11 +116,14 @@ if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
     kill -KILL "$b_PID" $guests
     wait "$b_PID" 2>/dev/null
     check "a goes on without node b" wait_until 60 grep -q "job $id: node b went down with 2 rank(s)" "$T/a.log"
-    # (seen once to time out on a loaded machine, cause unknown: on failure, show what the
+    # (timed out at 60 s twice on loaded machines, cause unknown: on failure, show what the
     # coordinator and the survivors said)
-    check "the survivors form a generation of 2" wait_until 60 grep -q '"event":"generation".*"world":2' "$m" ||
-        { grep -h "job $id" "$T/a.log" | tail -20; tail -5 "$T/a/runs/job-$id"/rank-*.log; } |
-        sed 's/^/# /'
+    if wait_until 120 grep -q '"event":"generation".*"world":2' "$m"; then
+        ok "the survivors form a generation of 2"
+    else
+        not_ok "the survivors form a generation of 2" \
+            "$(grep -h "job $id" "$T/a.log" | tail -20; tail -5 "$T/a/runs/job-$id"/rank-*.log)"
+    fi
     start_ns "$NB" b --slots 2 --listen "$Bip:7450" --secret-file "$T/secret" --peer "a=$A:7450"
     check "a places the lost ranks on b again" wait_until 60 grep -q "job $id: 2 lost rank(s) placed again on b" "$T/a.log"
     check "the job grows back to 4 ranks" wait_until 120 grep -q '"event":"generation".*"world":4' "$m"
