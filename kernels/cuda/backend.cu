@@ -107,6 +107,7 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->blas) cublasDestroy(ctx->blas);
     if (ctx->lt) cublasLtDestroy(ctx->lt);
     if (ctx->lt_ws) cudaFree(ctx->lt_ws);
+    free(ctx->lt_plans);
     ddp__cuda_lowp_free(ctx);
     ddp__cuda_sparse_close(ctx);
     if (ctx->scratch) cudaFree(ctx->scratch);

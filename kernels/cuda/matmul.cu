@@ -25,7 +25,7 @@
  * fp32): the OUTPUT_TYPE and INPLACE schemes would sum partial products in the 16-bit output
  * type, rounding more than once. Alignment preferences are the pointers' real alignment, so
  * no algorithm assumes more than it gets. A product is deterministic: one algorithm per shape,
- * types and alignment (the heuristic's first), no atomics.
+ * types and alignment (the heuristic's first, asked once per context and kept), no atomics.
  * Limits: N, C, OC < 2^31 (cuBLAS ints).
  */
 #include <string.h>
@@ -78,6 +78,41 @@ struct lt_gemm {
     const float *bias;
 };
 
+/* What the heuristic's answer depends on (all else is fixed per context: the compute type,
+ * the workspace, the reduction schemes). 32-bit fields only: no padding, so memcmp compares. */
+struct lt_key {
+    int32_t ta, tb, m, n, k, lda, ldb, ldd, t16, dt, bias;
+    uint32_t al_a, al_b, al_d;
+};
+
+/* The heuristic's first algorithm per key, asked once: a query costs tens of microseconds on
+ * the host and a step runs about a hundred products of a dozen shapes. Full: the oldest entry
+ * makes room (the same key asks again and gets the same answer). */
+#define LT_PLANS 64
+struct ddp__lt_plans {
+    struct {
+        lt_key key;
+        cublasLtMatmulAlgo_t algo;
+        int found; /* 0: cuBLASLt offers no algorithm for this key */
+    } e[LT_PLANS];
+    int n, next;
+};
+
+/* The index of key's cached entry, or -1 with *slot where to keep a new one (-1 when the cache
+ * cannot be allocated: the query is then made every time). */
+static int lt_plan_find(ddp_kctx_t *ctx, const lt_key *key, int *slot)
+{
+    *slot = -1;
+    if (!ctx->lt_plans && !(ctx->lt_plans = (ddp__lt_plans *)calloc(1, sizeof(ddp__lt_plans))))
+        return -1;
+    ddp__lt_plans *p = ctx->lt_plans;
+    for (int i = 0; i < p->n; i++)
+        if (!memcmp(&p->e[i].key, key, sizeof *key)) return i;
+    *slot = p->n < LT_PLANS ? p->n++ : p->next;
+    if (p->n == LT_PLANS && *slot == p->next) p->next = (p->next + 1) % LT_PLANS;
+    return -1;
+}
+
 static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what)
 {
     cudaDataType_t t16 = ddp__cuda_lowp_type(ctx);
@@ -129,9 +164,20 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
                                                 &al_d, sizeof al_d));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof al_d));
-    if (LT_TRY(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h, &found)) &&
-        found == 0)
-        s = CUBLAS_STATUS_NOT_SUPPORTED;
+    lt_key key = {ta,     tb,    g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16,
+                  (int32_t)g->dt, g->bias != NULL, al_a, al_b, al_d};
+    int slot, hit = lt_plan_find(ctx, &key, &slot);
+    if (hit >= 0) {
+        found = ctx->lt_plans->e[hit].found;
+        h.algo = ctx->lt_plans->e[hit].algo;
+    } else if (LT_TRY(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h,
+                                                     &found)) &&
+               slot >= 0) {
+        ctx->lt_plans->e[slot].key = key;
+        ctx->lt_plans->e[slot].algo = h.algo;
+        ctx->lt_plans->e[slot].found = found;
+    }
+    if (s == CUBLAS_STATUS_SUCCESS && found == 0) s = CUBLAS_STATUS_NOT_SUPPORTED;
     int asked = s == CUBLAS_STATUS_SUCCESS; /* an algorithm was found: a failure now is an error */
     LT_TRY(cublasLtMatmul(ctx->lt, op, &one, g->A, la, g->B, lb, &g->beta, g->D, ld, g->D, ld,
                           &h.algo, ctx->lt_ws, DDP_CUDA_LT_WS, ctx->stream));
