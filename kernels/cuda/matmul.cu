@@ -164,7 +164,7 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
                                                 &al_d, sizeof al_d));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof al_d));
-    lt_key key = {ta,     tb,    g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16,
+    lt_key key = {ta, tb, g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16,
                   (int32_t)g->dt, g->bias != NULL, al_a, al_b, al_d};
     int slot, hit = lt_plan_find(ctx, &key, &slot);
     if (hit >= 0) {
