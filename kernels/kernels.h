@@ -71,6 +71,9 @@ static inline ddp_act_t *ddp_act_at(const ddp_act_t *base, size_t i, ddp_kprec_t
 
 /* n activation elements of type prec in host memory, widened to fp32 (exactly) into dst. */
 void ddp_act_to_f32(float *dst, const void *src, size_t n, ddp_kprec_t prec);
+/* n fp32 values src as activation elements of type prec into dst (host memory), each rounded
+ * once to nearest even (fp16: 65520 and up become Inf); dst may be src in fp32. */
+void ddp_act_from_f32(void *dst, const float *src, size_t n, ddp_kprec_t prec);
 
 /* A range [lo, hi) of elements of an arena, whose results go to index `out` on (sumsq_blocks). */
 typedef struct ddp_krange {

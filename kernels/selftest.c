@@ -20,8 +20,7 @@
  * contract says each byte holds.
  *
  * Output: one line per op, precision and backend: op, precision, backend, max abs error, max
- * relative error (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h
- * (and the shared rounding of kernels/math/lowp.h for its 16-bit inputs).
+ * relative error (|d| / max(|cpu|, 1e-3 scale)), PASS/FAIL. Plain C: it uses only kernels.h.
  */
 #include <math.h>
 #include <stdint.h>
@@ -31,7 +30,6 @@
 
 #include "common/err.h"
 #include "kernels/kernels.h"
-#include "kernels/math/lowp.h"
 
 /* The ops, in the order their lines are printed. */
 #define ST_OPS(X)                                                                            \
@@ -172,11 +170,7 @@ static void *to_type(st_t *s, const float *host, size_t n, ddp_kprec_t type)
         if (!s->err) s->err = DDP_ENOMEM;
         return NULL;
     }
-    uint16_t *b = h;
-    for (size_t i = 0; i < n; i++) {
-        if (type == DDP_KPREC_FP32) ((float *)h)[i] = host[i];
-        else b[i] = type == DDP_KPREC_BF16 ? ddp_bf16_bits(host[i]) : ddp_fp16_bits(host[i]);
-    }
+    ddp_act_from_f32(h, host, n, type);
     return h;
 }
 

@@ -58,16 +58,7 @@ static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t l
 
 void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec)
 {
-    if (prec == DDP_KPREC_FP32) {
-        float *d = (float *)x + i0;
-        if (d != src) memcpy(d, src, n * sizeof(float));
-        return;
-    }
-    uint16_t *restrict d = (uint16_t *)x + i0;
-    if (prec == DDP_KPREC_BF16)
-        to_bf16_bits(d, src, 0, n);
-    else
-        for (size_t i = 0; i < n; i++) d[i] = ddp_fp16_bits(src[i]);
+    ddp_act_from_f32(ddp_act_at(x, i0, prec), src, n, prec);
 }
 
 static void chunk_of(size_t n, long task, size_t *lo, size_t *hi)

@@ -37,7 +37,6 @@
 #include "common/log.h"
 #include "tests/sim/simdev.h"
 #include "kernels/kernels.h"
-#include "kernels/math/lowp.h"
 
 struct ddp_kctx {
     int device;
@@ -82,8 +81,7 @@ static void add_one(void *x, ddp_kprec_t prec)
     float v;
     ddp_act_to_f32(&v, x, 1, prec);
     v += 1.0f;
-    if (prec == DDP_KPREC_FP32) memcpy(x, &v, sizeof v);
-    else *(uint16_t *)x = prec == DDP_KPREC_BF16 ? ddp_bf16_bits(v) : ddp_fp16_bits(v);
+    ddp_act_from_f32(x, &v, 1, prec);
 }
 
 static void run(void *arg)
