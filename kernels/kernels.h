@@ -1,4 +1,4 @@
-/* The kernel backend interface: memory, streams and every GPT-2 op, forward and backward.
+/* The kernel backend interface: memory, streams and every op of the GPT-2 and Llama models, forward and backward.
  *
  * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu, and
  * the test-only simulated GPU tests/sim/kernels_sim.c, opened only by its name "sim").
@@ -15,9 +15,10 @@
  * - Tensors carry a dtype, by role: `float *` is always fp32; `ddp_act_t *` is an ACTIVATION
  *   tensor, whose elements are of the context's activation type (set_precision): fp32 in fp32
  *   runs, bf16 or fp16 in bf16/fp16 runs (autocast's numerics). 16-bit are the outputs of
- *   LayerNorm, the products, attention, GELU, the logits, and the gradients of all of these.
- *   fp32 always: the residual stream and its gradient (a long sum of small updates, which
- *   16 bits would round away), LayerNorm's statistics and attention's log-sum-exps (reused
+ *   the norms, the products, attention, RoPE, GELU, SwiGLU, the logits, and the gradients of
+ *   all of these. fp32 always: the residual stream and its gradient (a long sum of small
+ *   updates, which 16 bits would round away), the norms' statistics, RoPE's table and
+ *   attention's log-sum-exps (reused
  *   by backward, where an error would be amplified), the weights, their gradients and the
  *   optimizer's moments, the losses. Ops compute in fp32 and round once, on store.
  * - Shapes are row-major; B = batch, T = sequence, C = channels, NH = heads, V = vocab,
@@ -97,7 +98,7 @@ typedef enum {
  * kcuda.cuh: ddp__cuda_<name>, the sim's sim_<name>) and the profiler's op list. The members
  * that return a value (memory, copies, sync, marks, prec_native) are written out in the table. */
 #define DDP_KERNEL_OPS(X)                                                                       \
-    /* out[B,T,C] = wte[inp[b,t]] + wpe[t].  inp[B,T] token ids < V. */                         \
+    /* out[B,T,C] = wte[inp[b,t]] + wpe[t] (wpe NULL: no positions).  inp[B,T] token ids < V. */ \
     X(encoder_fwd, (float *out, const int32_t *inp, const float *wte, const float *wpe,         \
           int B, int T, int C))                                                                 \
     /* dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout. Either output may be NULL: that     \
@@ -134,15 +135,42 @@ typedef enum {
           const ddp_act_t *inp, const float *weight, int N, int C, int OC,                      \
           ddp_wlayout_t layout))                                                                \
     /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.\
-     * qkv[B,T,3C] holds q,k,v each [NH, hs=C/NH] per position; out[B,T,C]; scale 1/sqrt(hs).   \
+     * Grouped-query: NH query heads share NKV key/value heads (NH % NKV == 0; NKV == NH is     \
+     * plain multi-head attention), query head h reading K/V head h / (NH / NKV), as Hugging    \
+     * Face's repeat_kv. qkv[B,T,QKV] with QKV = C + 2 NKV hs, hs = C / NH, holds per position  \
+     * q [NH,hs], then k [NKV,hs], then v [NKV,hs]; out[B,T,C]; scale 1/sqrt(hs).               \
      * lse[B,NH,T] saves each row's log-sum-exp (natural log) of its scaled scores over the     \
      * positions t2 <= t: with qkv and out, all that backward needs. */                         \
     X(attention_fwd, (ddp_act_t *out, float *lse, const ddp_act_t *qkv, int B, int T,           \
-          int C, int NH))                                                                       \
-    /* dqkv[B,T,3C] = the gradient through attention of dout[B,T,C] (overwritten), from         \
-     * forward's qkv, out and lse (the probabilities are recomputed from them). */              \
+          int C, int NH, int NKV))                                                              \
+    /* dqkv[B,T,QKV] = the gradient through attention of dout[B,T,C] (overwritten), from        \
+     * forward's qkv, out and lse (the probabilities are recomputed from them). A K/V head's    \
+     * gradient sums its group's query heads in a fixed order (h ascending): deterministic. */   \
     X(attention_bwd, (ddp_act_t *dqkv, const ddp_act_t *dout, const ddp_act_t *qkv,             \
-          const ddp_act_t *out, const float *lse, int B, int T, int C, int NH))                 \
+          const ddp_act_t *out, const float *lse, int B, int T, int C, int NH, int NKV))        \
+    /* Rotary position embedding (Llama; Hugging Face's rotate_half pairing), in place on the   \
+     * NH query and NKV key heads of qkv[B,T,(NH + 2 NKV) hs] (v untouched): at position t, for \
+     * i < hs/2, with c = rope[t,i,0], s = rope[t,i,1] ([T, hs/2, 2] fp32, the model's table of \
+     * cos and sin), (x[i], x[i + hs/2]) becomes (x[i] c - x[i + hs/2] s, x[i + hs/2] c +      \
+     * x[i] s). hs even. */                                                                     \
+    X(rope_fwd, (ddp_act_t *qkv, const float *rope, int B, int T, int NH, int NKV, int hs))     \
+    /* The gradient through rope_fwd, in place on dqkv[B,T,(NH + 2 NKV) hs]: the inverse        \
+     * rotation (s negated) of the q and k heads' gradients; v's untouched. */                  \
+    X(rope_bwd, (ddp_act_t *dqkv, const float *rope, int B, int T, int NH, int NKV, int hs))    \
+    /* RMSNorm (Llama): out[N,C] = inp * rstd * weight, saving rstd[N] = 1 / sqrt(mean(inp^2) + \
+     * eps). inp is the residual stream (fp32); out feeds a product. */                         \
+    X(rmsnorm_fwd, (ddp_act_t *out, float *rstd, const float *inp, const float *weight, int N,  \
+          int C, float eps))                                                                    \
+    /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);     \
+     * dweight += its. */                                                                       \
+    X(rmsnorm_bwd, (float *dinp, float *dweight, const ddp_act_t *dout, const float *inp,       \
+          const float *weight, const float *rstd, int N, int C))                                \
+    /* SwiGLU (Llama's MLP): out[N,H] = silu(g) * u with g = inp[n, 0:H] (the gate product)     \
+     * and u = inp[n, H:2H] (the up product), inp[N,2H]; silu(g) = g / (1 + exp(-g)). */        \
+    X(swiglu_fwd, (ddp_act_t *out, const ddp_act_t *inp, int N, int H))                         \
+    /* dinp[N,2H] = the gradient through swiglu_fwd of dout[N,H] (overwritten; dinp may not     \
+     * alias inp). */                                                                           \
+    X(swiglu_bwd, (ddp_act_t *dinp, const ddp_act_t *inp, const ddp_act_t *dout, int N, int H)) \
     /* out[n] = gelu_tanh(inp[n]); dinp[n] = gelu_tanh'(inp[n]) * dout[n] (overwritten; dinp    \
      * may alias dout). */                                                                      \
     X(gelu_fwd, (ddp_act_t *out, const ddp_act_t *inp, size_t n))                               \
