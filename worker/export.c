@@ -6,7 +6,7 @@
 #include "common/alloc.h"
 #include "worker/checkpoint/safetensors.h"
 
-int ddp_gpt2_export(const ddp_gpt2_t *m, const char *path, ddp_errinfo_t *ei)
+int ddp_model_export(const ddp_model_t *m, const char *path, ddp_errinfo_t *ei)
 {
     float *host = ddp_malloc(m->n_params * sizeof(float));
     ddp_st_tensor_t *t = ddp_calloc((size_t)m->n_tensors, sizeof *t);

@@ -4,10 +4,10 @@
 #define DDP_WORKER_EXPORT_H
 
 #include "common/err.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 
 /* Copies the parameter arena to the host and writes it to `path` with HF names and shapes,
  * fsynced. Returns 0 or a negative error with ei naming the file. */
-int ddp_gpt2_export(const ddp_gpt2_t *m, const char *path, ddp_errinfo_t *ei);
+int ddp_model_export(const ddp_model_t *m, const char *path, ddp_errinfo_t *ei);
 
 #endif

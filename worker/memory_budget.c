@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "worker/gpt2.h"
+#include "worker/model.h"
 
 /* The process without its arenas, measured (peak RSS less the other lines, on x86-64 with
  * OpenBLAS 0.3: code and libraries, the kernels' and loader's threads, OpenBLAS's packing
@@ -113,10 +113,10 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     /* the global batch in tokens stays: B changes the micro-batches per step */
     int64_t tokens = (int64_t)b->n_micro * b->B * b->T;
     int64_t n_micro = tokens / BT > 0 ? tokens / BT : 1;
-    *acts = (int64_t)ddp_gpt2_acts_bytes(cfg, B, b->T, r, act_prec(b));
+    *acts = (int64_t)ddp_model_acts_bytes(cfg, B, b->T, r, act_prec(b));
     /* train.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
     *emb = n_micro * (BT + BT * C) * 4;
-    int64_t w = 0, lm_rows = ddp_gpt2_lm_rows(cfg, B, b->T, act_prec(b)); /* LM head's chunk */
+    int64_t w = 0, lm_rows = ddp_model_lm_rows(cfg, B, b->T, act_prec(b)); /* LM head's chunk */
     if (!b->on_gpu) {
         /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
          * partials and attention's score blocks */
@@ -159,7 +159,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
      * projection's input [BT, 4C] (a GPU, and native bf16, read the 16-bit ones in place) */
     int64_t widest = lm_rows * V > BT * 4 * C ? lm_rows * V : BT * 4 * C;
     if (b->lowp_bytes == 4) w += (widest + BT * 4 * C) * 4;
-    w += 3 * BT * 4;      /* train.c, gpt2.c: token and loss staging on the host */
+    w += 3 * BT * 4;      /* train.c, model.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;
 }
@@ -257,7 +257,7 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     int writers = s->writers < world ? s->writers : world;
     b->writer = s->ckpt_dir[0] && rank < (writers > 0 ? writers : 1);
 
-    b->n_params = (int64_t)ddp_gpt2_count_params(cfg);
+    b->n_params = (int64_t)ddp_model_count_params(cfg);
     b->params = b->grads = b->n_params * 4;
     b->moments = 2 * b->params / (b->sharded ? world : 1);
     b->accum_buf = b->accum > 1 ? b->params : 0;
@@ -284,9 +284,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
      * each: (W - 1) / W of every such arena of the others is mapped here */
     if (b->shared)
         b->peers = (b->grads + b->emb + (b->sharded ? b->params : 0)) * (world - 1) / world;
-    b->acts_none = (int64_t)ddp_gpt2_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE, act_prec(b));
+    b->acts_none = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE, act_prec(b));
     b->acts_block =
-        (int64_t)ddp_gpt2_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK, act_prec(b));
+        (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK, act_prec(b));
     b->workspace = work + ring_bytes(b) + b->extra;
     b->total = total_at(b, cfg, b->B, s->recompute);
 

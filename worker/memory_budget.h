@@ -3,7 +3,7 @@
  * Every rank prints it at start (ddp_trainer_init) and a job that cannot fit train.memory_limit
  * fails there, before step 1, naming what to change and by how much each change helps;
  * `ddpctl plan SPEC` prints the same estimate without running. The figures follow the
- * allocations of the trainer (train.c), the model (gpt2.c, gpt2_layout.c: the activation count is
+ * allocations of the trainer (train.c), the model (model.c, model_layout.c: the activation count is
  * the model's own), the optimizer (optim.c), the CPU kernels' scratch (kernels/cpu/matmul.c),
  * the collectives' memory (collectives/shm_direct.c) and the checkpoint saver
  * (train_checkpoint.c, checkpoint/checkpoint.c), plus a measured constant for the process itself

@@ -41,7 +41,7 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
                                                                   : DDP_MEM_CPU;
     /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
     int64_t extra = t->opts.dump_weights && t->opts.rank == 0
-                        ? (int64_t)ddp_gpt2_count_params(&t->spec.model) * 4
+                        ? (int64_t)ddp_model_count_params(&t->spec.model) * 4
                         : 0;
     if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->opts.rank, where,
                             gpu_bytes(t), extra, &b))

@@ -8,7 +8,7 @@
 #include "common/crc32c.h"
 #include "common/trace.h"
 
-int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v)
+int ddp_adamw_init(ddp_adamw_t *opt, const ddp_model_t *model, float *m, float *v)
 {
     ddp_kernels_t *k = model->k;
     size_t bytes = model->n_params * sizeof(float);
@@ -20,7 +20,7 @@ int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v
     return rc;
 }
 
-void ddp_adamw_close(ddp_adamw_t *opt, const ddp_gpt2_t *model)
+void ddp_adamw_close(ddp_adamw_t *opt, const ddp_model_t *model)
 {
     if (!opt || !model || !model->k) return;
     if (!opt->borrowed) {
@@ -41,7 +41,7 @@ double ddp_lr_at(const ddp_spec_t *spec, long step)
     return spec->min_lr + coeff * (spec->lr - spec->min_lr);
 }
 
-int ddp_part_of_tensor(const ddp_gpt2_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
+int ddp_part_of_tensor(const ddp_model_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
                        size_t *hi)
 {
     const ddp_param_desc_t *p = &model->params[i];
@@ -50,7 +50,7 @@ int ddp_part_of_tensor(const ddp_gpt2_t *model, const ddp_arena_part_t *part, in
     return *lo < *hi;
 }
 
-int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n_parts,
+int ddp_grad_sumsq(const ddp_model_t *model, const ddp_arena_part_t *parts, int n_parts,
                    float *sums)
 {
     ddp_kernels_t *k = model->k;
@@ -87,7 +87,7 @@ static void fold_zeros(ddp_adamw_crc_t *c, size_t to)
 
 /* Extends tensor i's CRCs by the piece [lo, hi) of the arena from the kernel's per-chunk CRCs
  * (zeros before it, where another rank's part lies). */
-static void fold_piece_crc(const ddp_gpt2_t *model, int i, size_t lo, size_t hi,
+static void fold_piece_crc(const ddp_model_t *model, int i, size_t lo, size_t hi,
                            const uint32_t *chunk, ddp_adamw_crc_t *out)
 {
     ddp_adamw_crc_t *c = &out[i];
@@ -121,7 +121,7 @@ void ddp_adamw_crc_merge(ddp_adamw_crc_t *into, const ddp_adamw_crc_t *other, si
  * pieces[0..*n), tensor[q] the tensor of piece q, part_end[j] the pieces up to part j's last;
  * *chunks the CRC chunks of them all. Returns 0 or DDP_ENOMEM (the arrays are the caller's to
  * free). */
-static int update_pieces(const ddp_gpt2_t *model, const ddp_spec_t *spec,
+static int update_pieces(const ddp_model_t *model, const ddp_spec_t *spec,
                          const ddp_arena_part_t *parts, int n_parts, ddp_kadamw_range_t **pieces,
                          int **tensor, int **part_end, int *n, size_t *chunks)
 {
@@ -146,7 +146,7 @@ static int update_pieces(const ddp_gpt2_t *model, const ddp_spec_t *spec,
     return 0;
 }
 
-int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
+int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec, double lr,
                    float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
                    int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc)
 {

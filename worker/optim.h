@@ -9,7 +9,7 @@
 #define DDP_WORKER_OPTIM_H
 
 #include "proto/spec.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 
 /* The gradient norm is summed from the sums of squares of blocks of DDP_NORM_BLOCK elements that
  * start at every bucket's beginning (see reducer.h): whichever rank computes a block, its sum is
@@ -50,21 +50,21 @@ typedef struct ddp_adamw {
 
 /* Sets up zeroed moments for model on its backend: m and v when given (zeroed, n_params floats
  * each, owned by the caller), else allocated here. */
-int ddp_adamw_init(ddp_adamw_t *opt, const ddp_gpt2_t *model, float *m, float *v);
+int ddp_adamw_init(ddp_adamw_t *opt, const ddp_model_t *model, float *m, float *v);
 /* Frees the moments this module allocated. NULL-safe. */
-void ddp_adamw_close(ddp_adamw_t *opt, const ddp_gpt2_t *model);
+void ddp_adamw_close(ddp_adamw_t *opt, const ddp_model_t *model);
 
 /* Learning rate at optimizer step `step` (0-based): linear warmup over spec->warmup steps to
  * spec->lr, then constant or cosine decay to spec->min_lr at spec->steps. */
 double ddp_lr_at(const ddp_spec_t *spec, long step);
 
 /* Whether tensor i of model has elements in part; if so they are [*lo, *hi) of the arena. */
-int ddp_part_of_tensor(const ddp_gpt2_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
+int ddp_part_of_tensor(const ddp_model_t *model, const ddp_arena_part_t *part, int i, size_t *lo,
                        size_t *hi);
 
 /* Sums of squares of the gradient over the parts: sums[p.block + j] for the j-th block of each
  * part (the other entries are left alone). */
-int ddp_grad_sumsq(const ddp_gpt2_t *model, const ddp_arena_part_t *parts, int n_parts,
+int ddp_grad_sumsq(const ddp_model_t *model, const ddp_arena_part_t *parts, int n_parts,
                    float *sums);
 /* The global L2 norm of the averaged gradient from every block's sum of squares:
  * sqrt(sum of sums[0..n) in order, in double) * grad_scale. */
@@ -76,7 +76,7 @@ double ddp_grad_norm(const float *sums, size_t n, float grad_scale);
  * is not NULL (n_tensors entries; the CPU backend only) it receives the CRC32C of what the
  * update wrote, computed by the kernel while the bytes are in cache, for a checkpoint of this
  * step. Returns 0, DDP_ENOMEM, or the backend's or done's error. */
-int ddp_adamw_step(ddp_adamw_t *opt, ddp_gpt2_t *model, const ddp_spec_t *spec, double lr,
+int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec, double lr,
                    float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
                    int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc);
 

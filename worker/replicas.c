@@ -26,7 +26,7 @@ static uint64_t hash_flipped(const float *x, size_t n)
                              (n - 1) * sizeof(float));
 }
 
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank,
                        ddp_errinfo_t *ei)
 {
     int rank = ddp_coll_rank(comm), world = ddp_coll_size(comm), n = model->n_tensors;

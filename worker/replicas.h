@@ -8,12 +8,12 @@
 #define DDP_WORKER_REPLICAS_H
 
 #include "collectives/coll.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 
 /* Collective. Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
  * first differing tensor when not, or a communication error. flip_rank: a test hook
  * (DDP_TEST_REPLICA_FLIP_RANK): that rank hashes its parameters with one bit flipped; -1 none. */
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_gpt2_t *model, int flip_rank,
+int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank,
                        ddp_errinfo_t *ei);
 
 /* CRC32C over the bytes of one tensor (host memory), widened: a drifted replica matches by

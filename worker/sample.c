@@ -29,7 +29,7 @@ static int32_t draw(ddp_rng_t *rng, const float *logits, int V)
 
 int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
 {
-    ddp_gpt2_t *m = &t->model;
+    ddp_model_t *m = &t->model;
     int T = t->spec.seq_len, V = m->cfg.vocab_size;
     int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
     float *row = ddp_malloc((size_t)V * sizeof *row);
@@ -40,7 +40,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         const int32_t *window = ctx + (i - len);
-        rc = ddp_gpt2_evaluate(m, window, NULL, 1, len, NULL); /* last position's logits */
+        rc = ddp_model_evaluate(m, window, NULL, 1, len, NULL); /* last position's logits */
         if (rc == 0)
             rc = ddp_k_memcpy_d2h(m->k, act_row, m->acts.logits, (size_t)V * ddp_act_bytes(prec));
         if (rc == 0) rc = ddp_k_sync(m->k);

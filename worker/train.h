@@ -22,7 +22,7 @@
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 #include "worker/data.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 #include "worker/loss_scale.h"
 #include "worker/metrics_sink.h"
 #include "worker/optim.h"
@@ -71,7 +71,7 @@ typedef struct ddp_trainer {
     ddp_kprec_t prec;         /* train.precision as resolved on this backend (loss_scale.h) */
     ddp_lscale_t lscale;      /* fp16's loss scale (saved in checkpoints) */
     int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
-    ddp_gpt2_t model;
+    ddp_model_t model;
     ddp_adamw_t opt;
     ddp_dataset_t train_set, val_set;
     int have_val;

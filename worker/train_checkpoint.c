@@ -90,12 +90,12 @@ static int copy_h2d(void *dst, const void *src, size_t n, void *ctx)
 static int build_lists(const ddp_tckpt_run_t *run, ddp_ckpt_tensor_t **model,
                        ddp_ckpt_tensor_t **optim, char **names)
 {
-    const ddp_gpt2_t *m = run->model;
+    const ddp_model_t *m = run->model;
     const ddp_adamw_t *opt = run->opt;
     size_t n = (size_t)m->n_tensors;
     *model = ddp_calloc(n, sizeof **model);
     *optim = opt->m ? ddp_calloc(2 * n, sizeof **optim) : NULL;
-    *names = opt->m ? ddp_malloc(2 * n * (DDP_GPT2_NAME_MAX + 16)) : NULL;
+    *names = opt->m ? ddp_malloc(2 * n * (DDP_MODEL_NAME_MAX + 16)) : NULL;
     if (!*model || (opt->m && (!*optim || !*names))) return DDP_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         const ddp_param_desc_t *p = &m->params[i];
@@ -106,8 +106,8 @@ static int build_lists(const ddp_tckpt_run_t *run, ddp_ckpt_tensor_t **model,
         (*model)[i] = d;
         if (!opt->m) continue;
         for (int mo = 0; mo < 2; mo++) {
-            char *nm = *names + (mo * n + i) * (DDP_GPT2_NAME_MAX + 16);
-            ddp_ckpt_optim_name(nm, DDP_GPT2_NAME_MAX + 16, mo ? "exp_avg_sq" : "exp_avg",
+            char *nm = *names + (mo * n + i) * (DDP_MODEL_NAME_MAX + 16);
+            ddp_ckpt_optim_name(nm, DDP_MODEL_NAME_MAX + 16, mo ? "exp_avg_sq" : "exp_avg",
                                 p->name);
             d.name = nm;
             d.data = (mo ? opt->v : opt->m) + p->offset;

@@ -47,7 +47,7 @@
 #include "common/err.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 #include "worker/optim.h"
 
 typedef struct ddp_tckpt ddp_tckpt_t; /* a run's checkpoints; NULL without checkpoint.dir */
@@ -58,7 +58,7 @@ typedef struct ddp_tckpt_run {
     const ddp_spec_t *spec; /* the run's spec (with the adopted global batch) */
     ddp_kernels_t *k;       /* the arenas' backend: copies, and host_memory */
     int device;             /* k's device: the checkpoint helper opens a context of its own there */
-    ddp_gpt2_t *model;      /* the parameter arena and its tensor table */
+    ddp_model_t *model;      /* the parameter arena and its tensor table */
     ddp_adamw_t *opt;       /* the moments and AdamW's update count */
     long stop_at_step;      /* --stop-at-step (0: none): a save is planned there */
     int local_world;        /* ranks on this host (whether a core is spare for a snapshot) */

@@ -1,6 +1,6 @@
 /* The token embedding's gradient slots (train_step.c calls them within its step).
  *
- * The token embedding's share of wte's gradient travels apart from the arena (gpt2.h says
+ * The token embedding's share of wte's gradient travels apart from the arena (model.h says
  * why): every micro-step of every rank leaves its tokens and embedding-output gradient in slot
  * g = micro * W + rank of t->emb (W and rank of the deal: train_generation.c's set_deal), its
  * global micro-batch index (other slots stay zero); the n_micro slots are summed over the ranks (a
@@ -51,7 +51,7 @@ int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
         for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
         DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
                                    BT * sizeof(int32_t)));
-        ddp_gpt2_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
+        ddp_model_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
     }
     return ddp_k_sync(k);
 }

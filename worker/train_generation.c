@@ -125,9 +125,9 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     size_t bytes = t->model.n_params * sizeof(float);
     if (ddp__trainer_uses_coll_mem(t) && !t->grads) {
         DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->grads, ei));
-        DDP_CHECK(ddp_gpt2_set_grads(&t->model, t->grads));
+        DDP_CHECK(ddp_model_set_grads(&t->model, t->grads));
     } else if (!ddp__trainer_uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
-        DDP_CHECK(ddp_gpt2_set_grads(&t->model, NULL)); /* a world of one: the model's own */
+        DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
     t->emb_bytes = (size_t)t->n_micro * ddp__trainer_emb_slot_floats(t) * sizeof(float);
     DDP_CHECK(ddp__trainer_alloc_reduced(t, t->emb_bytes, &t->emb, ei));

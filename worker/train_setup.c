@@ -50,7 +50,7 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
  * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    size_t n = ddp_gpt2_count_params(&t->spec.model), bytes = n * sizeof(float);
+    size_t n = ddp_model_count_params(&t->spec.model), bytes = n * sizeof(float);
     if (!ddp__trainer_uses_coll_mem(t)) { /* device memory: the model's arenas, our moments */
         if (!t->comm || !t->spec.shard_optimizer || t->elastic ||
             !ddp_coll_slices_anywhere(t->comm))
@@ -181,13 +181,13 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_trainer_check_memory(t, ei), rc, fail); /* before step 1 */
 
     DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
-    DDP_CHECK_GOTO(ddp_gpt2_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
+    DDP_CHECK_GOTO(ddp_model_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
                                       t->weights, t->grads, s->recompute),
                    rc, fail);
     ddp_rng_seed(&t->rng, s->seed);
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
-    if (!joins_live) DDP_CHECK_GOTO(ddp_gpt2_init_weights(&t->model, &t->rng), rc, fail);
+    if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->rng), rc, fail);
     t->model.interrupted = ddp__trainer_comm_failed_now; /* a failed step stops at once */
     t->model.interrupted_arg = t;
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]),
@@ -280,7 +280,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
         ddp_k_free(&t->k, t->acc);
         if (t->emb) ddp__trainer_free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
-        ddp_gpt2_close(&t->model);
+        ddp_model_close(&t->model);
         float *arenas[] = {t->weights, t->grads, t->zero.moments[0], t->zero.moments[1]};
         for (int i = 0; i < 4; i++)
             if (arenas[i]) ddp__trainer_free_reduced(t, arenas[i]);

@@ -85,19 +85,19 @@ static int begin_step(ddp_trainer_t *t)
  * and starts its all-reduce (on_grads_ready). *loss_sum gets the micro-steps' losses. */
 static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *ei)
 {
-    ddp_gpt2_t *m = &t->model;
+    ddp_model_t *m = &t->model;
     ddp_kernels_t *k = &t->k;
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
         DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
         float l = 0;
-        int rc = ddp_gpt2_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l);
+        int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l);
         if (rc) return pass_failed(t, rc, ei);
         *loss_sum += l;
         ddp_test_hook(DDP_HOOK_MICRO_STEP, t->step + 1, t->first_rank); /* a slow rank */
         if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (micro < t->accum - 1) {
-            rc = ddp_gpt2_backward(m, NULL, NULL);
+            rc = ddp_model_backward(m, NULL, NULL);
             if (rc) return pass_failed(t, rc, ei);
             DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
             if (micro == 0)
@@ -108,7 +108,7 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
         }
         ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
         t->ready_rc = 0;
-        rc = ddp_gpt2_backward(m, on_grads_ready, t);
+        rc = ddp_model_backward(m, on_grads_ready, t);
         if (rc) return pass_failed(t, rc, ei);
         DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
     }
@@ -186,7 +186,7 @@ static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errin
 
 static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
 {
-    const ddp_gpt2_t *m = &t->model;
+    const ddp_model_t *m = &t->model;
     const ddp_reducer_t *r = &t->reducer;
     float *bad = ddp_calloc((size_t)m->n_tensors, sizeof *bad);
     if (!bad) return DDP_ENOMEM;
@@ -244,7 +244,7 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
  * decides alike. A snapshot of the arenas for a save must be done before they change. */
 static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 {
-    ddp_gpt2_t *m = &t->model;
+    ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->n_micro;
     if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
     if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->opts.rank)) { /* poison one gradient */

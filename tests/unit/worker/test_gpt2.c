@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "common/crc32c.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 #include "worker/loss_scale.h"
 #include "worker/optim.h"
 
@@ -24,7 +24,7 @@ typedef struct {
     char *blob;
     size_t blob_len;
     ddp_kernels_t k;
-    ddp_gpt2_t m;
+    ddp_model_t m;
     ddp_model_cfg_t cfg;
     int B, T;
 } fixture_t;
@@ -79,8 +79,8 @@ static void load_weights(fixture_t *fx, const char *prefix);
 static void set_model_precision(fixture_t *fx, ddp_kprec_t prec)
 {
     DDP_K(&fx->k, set_precision, prec);
-    ddp_gpt2_close(&fx->m);
-    assert_int_equal(ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL), 0);
+    ddp_model_close(&fx->m);
+    assert_int_equal(ddp_model_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL), 0);
     assert_int_equal(fx->m.acts.prec, prec);
     load_weights(fx, "init.");
 }
@@ -120,7 +120,7 @@ static int setup(void **state)
     fx->B = cfg_int(fx, "B");
     fx->T = cfg_int(fx, "T");
     if (ddp_kernels_open(&fx->k, "cpu", 0, 2)) return -1;
-    if (ddp_gpt2_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL)) return -1;
+    if (ddp_model_init(&fx->m, &fx->cfg, &fx->k, fx->B, fx->T, NULL, NULL)) return -1;
     load_weights(fx, "init.");
     *state = fx;
     return 0;
@@ -129,7 +129,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture_t *fx = *state;
-    ddp_gpt2_close(&fx->m);
+    ddp_model_close(&fx->m);
     ddp_kernels_close(&fx->k);
     json_decref(fx->meta);
     free(fx->blob);
@@ -183,16 +183,16 @@ static void test_interrupted_pass_stops(void **state)
     interrupt_t never = {0, 1 << 30}, first = {0, 1}, second = {0, 2};
     fx->m.interrupted = interrupt_after;
     fx->m.interrupted_arg = &never;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
     assert_int_equal(never.asked, 2 * fx->cfg.n_layer);
     fx->m.interrupted_arg = &first;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), DDP_EABORTED);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), DDP_EABORTED);
     assert_int_equal(first.asked, 1);
     fx->m.interrupted_arg = &never;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
     fx->m.interrupted_arg = &second;
-    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), DDP_EABORTED);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), DDP_EABORTED);
     assert_int_equal(second.asked, 2);
     fx->m.interrupted = NULL;
     free(in);
@@ -211,19 +211,19 @@ static void test_lm_head_chunks(void **state)
     int B = 2, T = 200, C = cfg.n_embd, V = cfg.vocab_size, N = B * T;
     ddp_kernels_t k;
     assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
-    ddp_gpt2_t m;
-    assert_int_equal(ddp_gpt2_init(&m, &cfg, &k, B, T, NULL, NULL), 0);
+    ddp_model_t m;
+    assert_int_equal(ddp_model_init(&m, &cfg, &k, B, T, NULL, NULL), 0);
     assert_int_equal(m.acts.lm_rows, 320);
     ddp_rng_t rng;
     ddp_rng_seed(&rng, 3);
-    assert_int_equal(ddp_gpt2_init_weights(&m, &rng), 0);
+    assert_int_equal(ddp_model_init_weights(&m, &rng), 0);
     int32_t *in = malloc((size_t)N * 4), *tg = malloc((size_t)N * 4);
     for (int i = 0; i < N; i++) {
         in[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
         tg[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
     }
     float loss, eval_loss;
-    assert_int_equal(ddp_gpt2_forward(&m, in, tg, B, T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&m, in, tg, B, T, &loss), 0);
 
     /* the whole product, from the same ln_f output */
     size_t nl = (size_t)N * V;
@@ -242,26 +242,26 @@ static void test_lm_head_chunks(void **state)
 
     float *g = malloc(m.n_params * 4);
     memcpy(g, m.g, m.n_params * 4);
-    assert_int_equal(ddp_gpt2_evaluate(&m, in, tg, B, T, &eval_loss), 0);
+    assert_int_equal(ddp_model_evaluate(&m, in, tg, B, T, &eval_loss), 0);
     assert_true(eval_loss == loss);
     assert_memory_equal(g, m.g, m.n_params * 4);
-    assert_int_equal(ddp_gpt2_backward(&m, NULL, NULL), DDP_EINVAL);
-    assert_int_equal(ddp_gpt2_evaluate(&m, in, NULL, B, T, NULL), 0);
+    assert_int_equal(ddp_model_backward(&m, NULL, NULL), DDP_EINVAL);
+    assert_int_equal(ddp_model_evaluate(&m, in, NULL, B, T, NULL), 0);
     /* the whole product again (xent wrote dlogits over it) */
     DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
         assert_true(rel_norm_err((const float *)m.acts.logits + (size_t)b * V,
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
-    assert_int_equal(ddp_gpt2_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
+    assert_int_equal(ddp_model_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
-    ddp_gpt2_close(&m);
+    ddp_model_close(&m);
     ddp_kernels_close(&k);
 }
 
 static void test_layout_is_backward_order(void **state)
 {
     fixture_t *fx = *state;
-    const ddp_gpt2_t *m = &fx->m;
+    const ddp_model_t *m = &fx->m;
     assert_string_equal(m->params[0].name, "wte.weight");
     assert_string_equal(m->params[1].name, "ln_f.weight");
     assert_string_equal(m->params[3].name, "h.1.mlp.c_proj.weight");
@@ -273,9 +273,9 @@ static void test_layout_is_backward_order(void **state)
         off += m->params[i].numel;
     }
     assert_int_equal(off, m->n_params);
-    assert_int_equal(ddp_gpt2_count_params(&fx->cfg), m->n_params);
-    assert_non_null(ddp_gpt2_find(m, "transformer.h.0.attn.c_attn.weight"));
-    assert_int_equal(ddp_gpt2_find(m, "h.0.attn.c_attn.weight")->shape[1], 3 * fx->cfg.n_embd);
+    assert_int_equal(ddp_model_count_params(&fx->cfg), m->n_params);
+    assert_non_null(ddp_model_find(m, "transformer.h.0.attn.c_attn.weight"));
+    assert_int_equal(ddp_model_find(m, "h.0.attn.c_attn.weight")->shape[1], 3 * fx->cfg.n_embd);
 }
 
 static void test_forward_matches_pytorch(void **state)
@@ -285,7 +285,7 @@ static void test_forward_matches_pytorch(void **state)
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     batch(fx, 0, in, tg);
     float loss = 0;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
     float ref = *(const float *)tensor(fx, "loss", NULL);
     double rel = fabs((double)loss - ref) / fabs(ref);
     fprintf(stderr, "loss %.7f reference %.7f rel err %.2e\n", loss, ref, rel);
@@ -326,13 +326,13 @@ static void test_backward_matches_pytorch(void **state)
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     batch(fx, 0, in, tg);
     float loss;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
     ready_log_t r = {0};
-    assert_int_equal(ddp_gpt2_backward(&fx->m, on_ready, &r), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, on_ready, &r), 0);
     assert_false(r.shrank);
     assert_int_equal(r.last, fx->m.n_params);
     assert_int_equal(r.calls, fx->cfg.n_layer + 3); /* LM head, ln_f, each block, embedding */
-    ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
+    ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
     double worst = 0;
     for (int i = 0; i < fx->m.n_tensors; i++) {
         const ddp_param_desc_t *p = &fx->m.params[i];
@@ -389,9 +389,9 @@ static void test_adamw_steps_match_pytorch(void **state)
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
         float loss;
-        assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-        assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
-        ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
+        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+        ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
         assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL,
@@ -440,9 +440,9 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
         fx->m.loss_scale = ddp_lscale_factor(&ls, s + 1, 0);
-        assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &losses[s]), 0);
-        assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
-        ddp_gpt2_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
+        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &losses[s]), 0);
+        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+        ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         float grad_scale = 1.0f / ls.scale;
         double norm = ddp_grad_norm(sums, nb, grad_scale);
@@ -602,8 +602,8 @@ static void test_adamw_crc(void **state)
     ddp_adamw_crc_t *crc = calloc((size_t)nt, sizeof *crc);
     batch(fx, 0, in, tg);
     float loss;
-    assert_int_equal(ddp_gpt2_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-    assert_int_equal(ddp_gpt2_backward(&fx->m, NULL, NULL), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
     const ddp_arena_part_t whole = {0, np, 0};
     assert_int_equal(
         ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &whole, 1, NULL, NULL, crc), 0);

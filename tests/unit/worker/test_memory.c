@@ -18,7 +18,7 @@
 #include <cmocka.h>
 
 #include "common/rng.h"
-#include "worker/gpt2.h"
+#include "worker/model.h"
 #include "worker/memory_budget.h"
 
 static const ddp_model_cfg_t CFG = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 96,
@@ -32,32 +32,32 @@ static void run_model(const char *name, ddp_kprec_t prec, ddp_recompute_t r, int
     ddp_kernels_t k;
     if (ddp_kernels_open(&k, name, 0, 2)) fail_msg("backend %s does not open", name);
     DDP_K(&k, set_precision, prec);
-    ddp_gpt2_t m;
-    assert_int_equal(ddp_gpt2_init_with(&m, &CFG, &k, AB, AT, NULL, NULL, r), 0);
-    ddp_gpt2_acts_t copy = m.acts; /* counting sets the pointers to NULL */
-    *acts_bytes = ddp__gpt2_carve_acts(&copy, &CFG, NULL);
+    ddp_model_t m;
+    assert_int_equal(ddp_model_init_with(&m, &CFG, &k, AB, AT, NULL, NULL, r), 0);
+    ddp_model_acts_t copy = m.acts; /* counting sets the pointers to NULL */
+    *acts_bytes = ddp__model_carve_acts(&copy, &CFG, NULL);
     ddp_rng_t rng;
     ddp_rng_seed(&rng, 7);
-    assert_int_equal(ddp_gpt2_init_weights(&m, &rng), 0);
+    assert_int_equal(ddp_model_init_weights(&m, &rng), 0);
     int32_t in[4 * 32], tg[4 * 32];
     for (int i = 0; i < B * T; i++) {
         in[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)CFG.vocab_size);
         tg[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)CFG.vocab_size);
     }
-    assert_int_equal(ddp_gpt2_forward(&m, in, tg, B, T, loss), 0);
-    assert_int_equal(ddp_gpt2_backward(&m, NULL, NULL), 0);
+    assert_int_equal(ddp_model_forward(&m, in, tg, B, T, loss), 0);
+    assert_int_equal(ddp_model_backward(&m, NULL, NULL), 0);
     assert_int_equal(k.ops->memcpy_d2h(k.ctx, grads, m.g, m.n_params * sizeof(float)), 0);
     assert_int_equal(k.ops->memcpy_d2h(k.ctx, dres, m.acts.dres,
                                        (size_t)B * T * CFG.n_embd * sizeof(float)),
                      0);
     assert_int_equal(k.ops->sync(k.ctx), 0);
-    ddp_gpt2_close(&m);
+    ddp_model_close(&m);
     ddp_kernels_close(&k);
 }
 
 static void check_bitwise(const char *backend, ddp_kprec_t prec, int AB, int AT, int B, int T)
 {
-    size_t n = ddp_gpt2_count_params(&CFG), nd = (size_t)B * T * CFG.n_embd;
+    size_t n = ddp_model_count_params(&CFG), nd = (size_t)B * T * CFG.n_embd;
     float *g0 = calloc(n, 4), *g1 = calloc(n, 4), *d0 = calloc(nd, 4), *d1 = calloc(nd, 4);
     float l0 = 0, l1 = 1;
     size_t a0, a1;
@@ -71,8 +71,8 @@ static void check_bitwise(const char *backend, ddp_kprec_t prec, int AB, int AT,
         if (memcmp(&d0[i], &d1[i], 4))
             fail_msg("%s: dres %zu: none %.9g, block %.9g", backend, i, d0[i], d1[i]);
     if (!(a1 < a0)) fail_msg("%s: activations block %zu bytes, none %zu", backend, a1, a0);
-    assert_int_equal(a0, ddp_gpt2_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_NONE, prec));
-    assert_int_equal(a1, ddp_gpt2_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK, prec));
+    assert_int_equal(a0, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_NONE, prec));
+    assert_int_equal(a1, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK, prec));
     free(g0);
     free(g1);
     free(d0);
@@ -122,10 +122,10 @@ static void test_budget_figures(void **state)
                             "train: {micro_batch: 4, seq_len: 256, memory_limit: 1GiB}\n");
     ddp_mem_budget_t b;
     assert_int_equal(ddp_mem_budget_plan(&s, 1, 1, 0, 0, 0, 0, &b), 0);
-    assert_int_equal(b.params, (int64_t)ddp_gpt2_count_params(&s.model) * 4);
+    assert_int_equal(b.params, (int64_t)ddp_model_count_params(&s.model) * 4);
     assert_int_equal(b.moments, 2 * b.params);
     assert_int_equal(b.acts,
-                     (int64_t)ddp_gpt2_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_FP32));
+                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_FP32));
     assert_int_equal(b.acts, b.acts_none);
     assert_true(b.acts_block < b.acts_none / 2);
     assert_int_equal(b.limit, (int64_t)1 << 30);
@@ -142,7 +142,7 @@ static void test_budget_figures(void **state)
     ddp_mem_budget_t b16;
     assert_int_equal(ddp_mem_budget_plan(&s16, 1, 1, 0, 0, 0, 0, &b16), 0);
     assert_int_equal(b16.acts,
-                     (int64_t)ddp_gpt2_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_BF16));
+                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_BF16));
     assert_true(b16.acts > b.acts / 2 && b16.acts < b.acts * 3 / 4);
     check_parts(&b16);
 

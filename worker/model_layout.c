@@ -1,7 +1,7 @@
 /* GPT-2's layouts: the parameter arena's tensors in order, and how the activation arena is
  * carved into named tensors; both sizes without allocating.
  *
- * Kept apart from gpt2.c (which runs the model) so that the memory budget (memory_budget.c),
+ * Kept apart from model.c (which runs the model) so that the memory budget (memory_budget.c),
  * which ddpctl links without the kernels' ops, counts exactly what the model allocates.
  * Invariants: the parameter layout is written down once (layout_tensors); every activation
  * tensor starts a multiple of 256 bytes after a 256-byte-aligned base (the 16-byte loads of
@@ -10,7 +10,7 @@
  * n_layer slices, or one under DDP_RECOMPUTE_BLOCK (backward recomputes a block's forward into
  * that one slice), except res3, the blocks' outputs, which recomputation starts from.
  */
-#include "worker/gpt2.h"
+#include "worker/model.h"
 
 #include <stdio.h>
 
@@ -21,7 +21,7 @@ typedef void (*tensor_fn)(void *ctx, const char *name, int ndim, int d0, int d1,
 static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
 {
     int C = cfg->n_embd;
-    char n[DDP_GPT2_NAME_MAX];
+    char n[DDP_MODEL_NAME_MAX];
     add(ctx, "wte.weight", 2, cfg->vocab_size, C, 1);
     add(ctx, "ln_f.weight", 1, C, 0, 0);
     add(ctx, "ln_f.bias", 1, C, 0, 0);
@@ -70,7 +70,7 @@ static void add_tensor(void *vctx, const char *name, int ndim, int d0, int d1, i
     c->offset += numel;
 }
 
-int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params)
+int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params)
 {
     layout_ctx_t c = {.out = out};
     layout_tensors(cfg, add_tensor, &c);
@@ -78,14 +78,14 @@ int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *
     return c.n;
 }
 
-size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg)
+size_t ddp_model_count_params(const ddp_model_cfg_t *cfg)
 {
     size_t n;
-    ddp__gpt2_layout(cfg, NULL, &n);
+    ddp__model_layout(cfg, NULL, &n);
     return n;
 }
 
-size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void *base)
+size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base)
 {
     size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
     size_t BT = (size_t)a->B * a->T;
@@ -115,7 +115,7 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void
     ACT(lnf, BT * C);
     F32(lnf_mean, BT);
     F32(lnf_rstd, BT);
-    a->lm_rows = ddp_gpt2_lm_rows(cfg, a->B, a->T, a->prec);
+    a->lm_rows = ddp_model_lm_rows(cfg, a->B, a->T, a->prec);
     ACT(logits, (size_t)a->lm_rows * V);
     F32(losses, BT);
     ACT(dlnf, BT * C);
@@ -135,7 +135,7 @@ size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void
 /* The LM head's chunk of logits: about this many bytes */
 #define LM_CHUNK_BYTES ((size_t)64 << 20)
 
-int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec)
+int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec)
 {
     size_t rows = LM_CHUNK_BYTES / ((size_t)cfg->vocab_size * ddp_act_bytes(prec)) / 64 * 64;
     if (rows < 64) rows = 64;
@@ -144,9 +144,9 @@ int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec)
     return (int)(rows < BT ? rows : BT);
 }
 
-size_t ddp_gpt2_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
+size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
                            ddp_kprec_t prec)
 {
-    ddp_gpt2_acts_t a = {.B = B, .T = T, .recompute = recompute, .prec = prec};
-    return ddp__gpt2_carve_acts(&a, cfg, NULL);
+    ddp_model_acts_t a = {.B = B, .T = T, .recompute = recompute, .prec = prec};
+    return ddp__model_carve_acts(&a, cfg, NULL);
 }

@@ -11,7 +11,7 @@
  *   wpe.weight, wte.weight      (wte last: the tied LM head and the embedding both use it)
  *
  * so every gradient bucket is one contiguous slice and backward can report a growing finished
- * prefix (ddp_gpt2_backward's `ready` callback) that the reducer all-reduces in place.
+ * prefix (ddp_model_backward's `ready` callback) that the reducer all-reduces in place.
  * Tensor names and shapes are Hugging Face's GPT-2 (Conv1D weights [in, out]).
  */
 #ifndef DDP_WORKER_GPT2_H
@@ -24,11 +24,11 @@
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 
-#define DDP_GPT2_NAME_MAX 48
+#define DDP_MODEL_NAME_MAX 48
 
 /* One parameter tensor: a view into any arena with the model's layout. */
 typedef struct ddp_param_desc {
-    char name[DDP_GPT2_NAME_MAX]; /* "h.3.attn.c_attn.weight" */
+    char name[DDP_MODEL_NAME_MAX]; /* "h.3.attn.c_attn.weight" */
     int ndim;
     int shape[2];
     size_t offset; /* in floats from the arena's start */
@@ -37,29 +37,29 @@ typedef struct ddp_param_desc {
 } ddp_param_desc_t;
 
 /* Pointers to one block's tensors inside an arena. */
-typedef struct ddp_gpt2_block {
+typedef struct ddp_model_block {
     float *ln1w, *ln1b;         /* [C] */
     float *qkvw, *qkvb;         /* [C,3C], [3C] */
     float *attprojw, *attprojb; /* [C,C], [C] */
     float *ln2w, *ln2b;         /* [C] */
     float *fcw, *fcb;           /* [C,4C], [4C] */
     float *fcprojw, *fcprojb;   /* [4C,C], [C] */
-} ddp_gpt2_block_t;
+} ddp_model_block_t;
 
 /* Pointers to every tensor of one arena (parameters or gradients). */
-typedef struct ddp_gpt2_views {
+typedef struct ddp_model_views {
     float *wte;        /* [V,C] */
     float *wpe;        /* [block_size,C] */
     float *lnfw, *lnfb; /* [C] */
-    ddp_gpt2_block_t *h; /* [n_layer] */
-} ddp_gpt2_views_t;
+    ddp_model_block_t *h; /* [n_layer] */
+} ddp_model_views_t;
 
 /* Activations for micro-batches of B sequences of up to T tokens. [L,...] tensors hold one
  * slice per layer, or a single slice under DDP_RECOMPUTE_BLOCK (res3 always has L).
  * ddp_act_t tensors are of the run's precision (kernels.h: 16-bit in bf16/fp16 runs); the
  * residual stream (encoded, res2, res3) and its gradient (dres), the norms' statistics, the
  * log-sum-exps and the losses stay fp32 (autocast's numerics; why, in kernels.h). */
-typedef struct ddp_gpt2_acts {
+typedef struct ddp_model_acts {
     int B, T;
     ddp_recompute_t recompute;
     ddp_kprec_t prec;  /* the activations' type: the kernels' precision at init */
@@ -80,7 +80,7 @@ typedef struct ddp_gpt2_acts {
     ddp_act_t *logits; /* [lm_rows,V]: one chunk of rows of the LM head */
     float *losses;     /* [B,T] */
     ddp_act_t *dlnf;   /* [B,T,C] gradient of ln_f's output (the LM head's) */
-    int lm_rows;       /* rows of the LM head per chunk (ddp_gpt2_lm_rows) */
+    int lm_rows;       /* rows of the LM head per chunk (ddp_model_lm_rows) */
     /* backward scratch, reused by every layer; also dc in forward (the projections' outputs) */
     float *dres;        /* [B,T,C] gradient of the residual stream */
     ddp_act_t *dres_act; /* [B,T,C] dres in the activations' type (a projection's dout) */
@@ -89,10 +89,10 @@ typedef struct ddp_gpt2_acts {
     ddp_act_t *dfc;     /* [B,T,4C] */
     int32_t *inputs, *targets; /* [B,T] on the device */
     int last_B, last_T;        /* shape of the last forward */
-    int last_train;            /* the last pass was ddp_gpt2_forward: backward may follow */
-} ddp_gpt2_acts_t;
+    int last_train;            /* the last pass was ddp_model_forward: backward may follow */
+} ddp_model_acts_t;
 
-typedef struct ddp_gpt2 {
+typedef struct ddp_model {
     ddp_model_cfg_t cfg;
     ddp_kernels_t *k; /* borrowed */
     ddp_param_desc_t *params; /* [n_tensors], in arena order */
@@ -101,96 +101,96 @@ typedef struct ddp_gpt2 {
     float *w;                 /* parameter arena (device) */
     float *g;                 /* gradient arena (device) */
     int borrowed_w, borrowed_g; /* w / g were the caller's (init's arguments) */
-    ddp_gpt2_views_t wv, gv;  /* views into w and g */
-    ddp_gpt2_acts_t acts;
+    ddp_model_views_t wv, gv;  /* views into w and g */
+    ddp_model_acts_t acts;
     float loss_scale; /* backward's gradient is of loss_scale x mean loss (fp16); init: 1 */
     /* asked between blocks of forward and backward (may be NULL): nonzero stops the pass, which
      * returns DDP_EABORTED. The trainer stops a step whose communicator has failed at once,
      * instead of computing to its next collective to learn of it. */
     int (*interrupted)(void *arg);
     void *interrupted_arg;
-} ddp_gpt2_t;
+} ddp_model_t;
 
 /* Called by backward each time a prefix of the gradient arena is final: floats
  * [0, done) will not be written again in this backward. */
-typedef void (*ddp_gpt2_ready_fn)(void *arg, size_t done);
+typedef void (*ddp_model_ready_fn)(void *arg, size_t done);
 
 /* Builds the layout and allocates the parameter and gradient arenas (zeroed) and activations
  * for B x T on backend k (borrowed; must outlive the model), in k's precision now
  * (ddp_k_precision: set it first; forward refuses to run under another). weights, grads: zeroed arenas of
- * ddp_gpt2_count_params(cfg) floats that the caller owns (the trainer passes collective memory,
+ * ddp_model_count_params(cfg) floats that the caller owns (the trainer passes collective memory,
  * which the collectives read and write in place), or NULL to allocate that one with k.
  * Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
-int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
+int ddp_model_init(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads);
-/* ddp_gpt2_init with activation recomputation: DDP_RECOMPUTE_BLOCK keeps only each block's
+/* ddp_model_init with activation recomputation: DDP_RECOMPUTE_BLOCK keeps only each block's
  * input and output (res3) across the forward, and backward recomputes the block's forward
  * before its backward: one more forward of the blocks for a much smaller activation arena, with
  * gradients bitwise equal to DDP_RECOMPUTE_NONE's. */
-int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
+int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
                        int T, float *weights, float *grads, ddp_recompute_t recompute);
 /* Frees everything init allocated. NULL-safe. */
-void ddp_gpt2_close(ddp_gpt2_t *m);
+void ddp_model_close(ddp_model_t *m);
 /* Moves the gradients to a caller-owned arena of n_params floats (a new generation's collective
  * memory), or with grads NULL to one the model allocates; the previous arena, if the model
  * allocated it, is freed. Gradients are not kept. Returns 0 or an allocation error. */
-int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads);
+int ddp_model_set_grads(ddp_model_t *m, float *grads);
 
 /* Number of floats in an arena for cfg (no allocation). */
-size_t ddp_gpt2_count_params(const ddp_model_cfg_t *cfg);
+size_t ddp_model_count_params(const ddp_model_cfg_t *cfg);
 /* Bytes of the activation arena for B x T under `recompute` and precision prec (no allocation;
- * gpt2_layout.c, which links without the kernels' ops). */
-size_t ddp_gpt2_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
+ * model_layout.c, which links without the kernels' ops). */
+size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
                            ddp_kprec_t prec);
 /* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params
- * to the floats of an arena, returns the number of tensors. Internal (gpt2.c, gpt2_layout.c). */
-int ddp__gpt2_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
+ * to the floats of an arena, returns the number of tensors. Internal (model.c, model_layout.c). */
+int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
 /* Carves a's arena at base from a->B, a->T, a->recompute, a->prec (base NULL: only counts);
- * returns its size in bytes. Internal to gpt2.c and gpt2_layout.c. */
-size_t ddp__gpt2_carve_acts(ddp_gpt2_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
+ * returns its size in bytes. Internal to model.c and model_layout.c. */
+size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
 
 /* GPT-2 initialisation from rng: weights N(0, 0.02), residual projections (attn.c_proj,
  * mlp.c_proj) N(0, 0.02/sqrt(2 L)), biases 0, LayerNorm weights 1. Draws on the host in arena
  * order, so the result depends on the seed only. */
-int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng);
+int ddp_model_init_weights(ddp_model_t *m, ddp_rng_t *rng);
 
 /* The descriptor named `name` (HF name, with or without a "transformer." prefix), or NULL. */
-const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name);
+const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name);
 
 /* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec
  * is the only one that exists (about 64 MiB), never [B*T, V]. At least 64 and at least B
  * (evaluate's last positions), at most B*T. */
-int ddp_gpt2_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec);
+int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec);
 
 /* A training micro-step's forward on inputs[B,T] and targets[B,T] (host int32; B <= acts.B,
  * T <= acts.T): the blocks, then the LM head and the loss chunk by chunk, each chunk's
  * backward at once (dlogits written over the chunk's logits): the gradient arena is zeroed and
  * gets the LM head's share of wte, and acts.dlnf the gradient of ln_f's output, for
- * ddp_gpt2_backward. The gradient is of loss_scale x the mean loss, which goes to *loss.
+ * ddp_model_backward. The gradient is of loss_scale x the mean loss, which goes to *loss.
  * Returns 0, DDP_EINVAL (bad tokens, shape or no targets), DDP_EABORTED (interrupted) or a
  * backend error. */
-int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *loss);
 
 /* Forward only, for validation and sampling: with targets, the mean loss in *loss (the LM head
  * chunk by chunk, no gradient); without, acts.logits rows 0..B-1 get the logits of each
  * sequence's last position [B, V] (activations: ddp_act_to_f32 widens a host copy). Leaves the gradient arena as it is. Returns as forward. */
-int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float *loss);
 
-/* Backward of the last ddp_gpt2_forward (DDP_EINVAL after an evaluate): completes
+/* Backward of the last ddp_model_forward (DDP_EINVAL after an evaluate): completes
  * d(loss_scale x mean loss)/dw in the gradient arena, except the token embedding's share of
  * wte, calling ready(arg, done) as each prefix of the arena is final in the queued work (ready
  * may be NULL): on a GPU the ops that write it may still be running, so a consumer orders its
  * own work after them (ddp_k_record_event; the reducer does) rather than the host waiting per
  * block. One sync at the end. The embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
- * ddp_gpt2_embed_backward. Returns 0 or a backend error. */
-int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg);
+ * ddp_model_embed_backward. Returns 0 or a backend error. */
+int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg);
 
 /* Adds the token embedding's share of wte's gradient to the gradient arena: for each position,
  * row inputs[b,t] of wte's gradient += dres[b,t,:] (device pointers; after a backward,
  * acts.inputs and acts.dres). Asynchronous on a GPU like every op. */
-void ddp_gpt2_embed_backward(ddp_gpt2_t *m, const int32_t *inputs, const float *dres, int B,
+void ddp_model_embed_backward(ddp_model_t *m, const int32_t *inputs, const float *dres, int B,
                              int T);
 
 #endif

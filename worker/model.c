@@ -1,10 +1,10 @@
 /* GPT-2 layout, initialisation, forward and backward over the kernel backend.
  *
- * Invariants: m->params is in arena order (backward completion order, see gpt2.h); views are
- * computed from it, so the layout is written down exactly once (gpt2_layout.c).
+ * Invariants: m->params is in arena order (backward completion order, see model.h); views are
+ * computed from it, so the layout is written down exactly once (model_layout.c).
  * Backward reports the finished prefix of the arena after the LM head, ln_f and each block.
  */
-#include "gpt2.h"
+#include "model.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #define TENSORS_BEFORE_BLOCKS 3
 
 /* Fills views for an arena at `base` from the descriptors. */
-static void make_views(const ddp_gpt2_t *m, float *base, ddp_gpt2_views_t *v)
+static void make_views(const ddp_model_t *m, float *base, ddp_model_views_t *v)
 {
     const ddp_param_desc_t *p = m->params;
     int L = m->cfg.n_layer;
@@ -29,7 +29,7 @@ static void make_views(const ddp_gpt2_t *m, float *base, ddp_gpt2_views_t *v)
     v->lnfb = base + p[2].offset;
     for (int l = L - 1; l >= 0; l--) {
         const ddp_param_desc_t *q = &p[TENSORS_BEFORE_BLOCKS + (L - 1 - l) * TENSORS_PER_BLOCK];
-        ddp_gpt2_block_t *b = &v->h[l];
+        ddp_model_block_t *b = &v->h[l];
         float **dst[TENSORS_PER_BLOCK] = {&b->fcprojw, &b->fcprojb, &b->fcw,  &b->fcb,
                                           &b->ln2w,    &b->ln2b,    &b->attprojw, &b->attprojb,
                                           &b->qkvw,    &b->qkvb,    &b->ln1w, &b->ln1b};
@@ -43,7 +43,7 @@ static int validate_cfg(const ddp_model_cfg_t *cfg, int B, int T)
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd < 1 || cfg->vocab_size < 1 ||
         cfg->block_size < 1 || cfg->n_embd % cfg->n_head || B < 1 || T < 1 ||
         T > cfg->block_size) {
-        DDP_ERROR("gpt2: invalid configuration (L=%d NH=%d C=%d V=%d block=%d B=%d T=%d)",
+        DDP_ERROR("model: invalid configuration (L=%d NH=%d C=%d V=%d block=%d B=%d T=%d)",
                   cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size, B,
                   T);
         return DDP_EINVAL;
@@ -51,13 +51,13 @@ static int validate_cfg(const ddp_model_cfg_t *cfg, int B, int T)
     return 0;
 }
 
-int ddp_gpt2_init(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
+int ddp_model_init(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads)
 {
-    return ddp_gpt2_init_with(m, cfg, k, B, T, weights, grads, DDP_RECOMPUTE_NONE);
+    return ddp_model_init_with(m, cfg, k, B, T, weights, grads, DDP_RECOMPUTE_NONE);
 }
 
-int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
+int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
                        int T, float *weights, float *grads, ddp_recompute_t recompute)
 {
     memset(m, 0, sizeof *m);
@@ -66,7 +66,7 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     m->k = k;
     m->loss_scale = 1.0f;
     int rc = 0;
-    m->n_tensors = ddp__gpt2_layout(cfg, NULL, &m->n_params);
+    m->n_tensors = ddp__model_layout(cfg, NULL, &m->n_params);
     m->params = ddp_calloc((size_t)m->n_tensors, sizeof *m->params);
     m->wv.h = ddp_calloc((size_t)cfg->n_layer, sizeof *m->wv.h);
     m->gv.h = ddp_calloc((size_t)cfg->n_layer, sizeof *m->gv.h);
@@ -74,7 +74,7 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
         rc = DDP_ENOMEM;
         goto fail;
     }
-    ddp__gpt2_layout(cfg, m->params, &m->n_params);
+    ddp__model_layout(cfg, m->params, &m->n_params);
 
     m->w = weights;
     m->g = grads;
@@ -93,16 +93,16 @@ int ddp_gpt2_init_with(ddp_gpt2_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t 
     m->acts.T = T;
     m->acts.recompute = recompute;
     m->acts.prec = ddp_k_precision(k);
-    size_t acts_bytes = ddp__gpt2_carve_acts(&m->acts, cfg, NULL);
+    size_t acts_bytes = ddp__model_carve_acts(&m->acts, cfg, NULL);
     DDP_CHECK_GOTO(ddp_k_alloc(k, &m->acts.base, acts_bytes), rc, fail);
-    ddp__gpt2_carve_acts(&m->acts, cfg, m->acts.base);
+    ddp__model_carve_acts(&m->acts, cfg, m->acts.base);
     return 0;
 fail:
-    ddp_gpt2_close(m);
+    ddp_model_close(m);
     return rc;
 }
 
-void ddp_gpt2_close(ddp_gpt2_t *m)
+void ddp_model_close(ddp_model_t *m)
 {
     if (!m) return;
     if (m->k) {
@@ -116,7 +116,7 @@ void ddp_gpt2_close(ddp_gpt2_t *m)
     memset(m, 0, sizeof *m);
 }
 
-int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads)
+int ddp_model_set_grads(ddp_model_t *m, float *grads)
 {
     float *own = NULL;
     if (!grads) {
@@ -130,7 +130,7 @@ int ddp_gpt2_set_grads(ddp_gpt2_t *m, float *grads)
     return 0;
 }
 
-int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng)
+int ddp_model_init_weights(ddp_model_t *m, ddp_rng_t *rng)
 {
     float *host = ddp_malloc(m->n_params * sizeof(float));
     if (!host) return DDP_ENOMEM;
@@ -154,7 +154,7 @@ int ddp_gpt2_init_weights(ddp_gpt2_t *m, ddp_rng_t *rng)
     return rc;
 }
 
-const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name)
+const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name)
 {
     if (!strncmp(name, "transformer.", 12)) name += 12;
     for (int i = 0; i < m->n_tensors; i++)
@@ -163,15 +163,15 @@ const ddp_param_desc_t *ddp_gpt2_find(const ddp_gpt2_t *m, const char *name)
 }
 
 /* Layer l's saved activations: slice l of each per-layer tensor, or under recompute the one
- * slice that every block's forward writes (see gpt2_layout.c). */
+ * slice that every block's forward writes (see model_layout.c). */
 typedef struct {
     ddp_act_t *ln1, *qkv, *atty, *ln2, *fch, *fchg;
     float *ln1_mean, *ln1_rstd, *lse, *res2, *ln2_mean, *ln2_rstd;
 } layer_acts_t;
 
-static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
+static layer_acts_t layer_acts(const ddp_model_t *m, int l)
 {
-    const ddp_gpt2_acts_t *a = &m->acts;
+    const ddp_model_acts_t *a = &m->acts;
     ddp_kprec_t p = a->prec;
     /* strides use the allocated B x T, so a smaller batch leaves slack, never overlap */
     size_t s = a->recompute == DDP_RECOMPUTE_BLOCK ? 0 : (size_t)l;
@@ -190,12 +190,12 @@ static layer_acts_t layer_acts(const ddp_gpt2_t *m, int l)
  * out non-NULL also the MLP's projection and the residual: out[B,T,C] = the block's output.
  * Backward's recomputation passes out NULL: it needs neither. The same ops on the same inputs,
  * so a recomputed activation is bitwise the one the forward saw. */
-static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int B, int T)
+static void block_forward(ddp_model_t *m, int l, const float *x, float *out, int B, int T)
 {
     ddp_kernels_t *k = m->k;
     ddp_act_t *dc = m->acts.dc;
     int C = m->cfg.n_embd, NH = m->cfg.n_head, BT = B * T;
-    const ddp_gpt2_block_t *w = &m->wv.h[l];
+    const ddp_model_block_t *w = &m->wv.h[l];
     layer_acts_t s = layer_acts(m, l);
     DDP_K(k, layernorm_fwd, s.ln1, s.ln1_mean, s.ln1_rstd, x, w->ln1w, w->ln1b, BT, C);
     DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, 3 * C, DDP_W_IN_OUT);
@@ -212,14 +212,14 @@ static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int 
 
 /* The blocks and ln_f on inputs[B,T] (checked against V, and targets too when given), which
  * are copied to the device with the targets. */
-static int forward_blocks(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B,
+static int forward_blocks(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B,
                           int T)
 {
     ddp_kernels_t *k = m->k;
-    ddp_gpt2_acts_t *a = &m->acts;
+    ddp_model_acts_t *a = &m->acts;
     if (B < 1 || T < 1 || B > a->B || T > a->T) return DDP_EINVAL;
     if (ddp_k_precision(k) != a->prec) {
-        DDP_ERROR("gpt2: the activations are %s-bit but the kernels' precision changed since",
+        DDP_ERROR("model: the activations are %s-bit but the kernels' precision changed since",
                   a->prec == DDP_KPREC_FP32 ? "32" : "16");
         return DDP_EINVAL;
     }
@@ -254,10 +254,10 @@ static int forward_blocks(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *t
 /* The LM head and the loss over the BT rows of ln_f's output, a chunk of acts.lm_rows rows at a
  * time, in row order; with `train` each chunk's backward too: dlogits (over the logits) into
  * dlnf and the gradient arena's wte. Then the mean loss to *loss (one sync). */
-static int lm_head_loss(ddp_gpt2_t *m, int train, float *loss)
+static int lm_head_loss(ddp_model_t *m, int train, float *loss)
 {
     ddp_kernels_t *k = m->k;
-    ddp_gpt2_acts_t *a = &m->acts;
+    ddp_model_acts_t *a = &m->acts;
     int C = m->cfg.n_embd, V = m->cfg.vocab_size;
     size_t BT = (size_t)a->last_B * a->last_T;
     float dloss = m->loss_scale / (float)BT;
@@ -282,7 +282,7 @@ static int lm_head_loss(ddp_gpt2_t *m, int train, float *loss)
     return rc;
 }
 
-int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                      float *loss)
 {
     if (!targets) return DDP_EINVAL;
@@ -296,11 +296,11 @@ int ddp_gpt2_forward(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *target
     return 0;
 }
 
-int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float *loss)
 {
     DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
-    ddp_gpt2_acts_t *a = &m->acts;
+    ddp_model_acts_t *a = &m->acts;
     if (targets) return lm_head_loss(m, 0, loss);
     /* each sequence's last position, gathered into dc (free after the blocks) */
     int C = m->cfg.n_embd;
@@ -314,16 +314,16 @@ int ddp_gpt2_evaluate(ddp_gpt2_t *m, const int32_t *inputs, const int32_t *targe
     return ddp_k_sync(m->k);
 }
 
-int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
+int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg)
 {
     ddp_kernels_t *k = m->k;
-    ddp_gpt2_acts_t *a = &m->acts;
+    ddp_model_acts_t *a = &m->acts;
     if (!a->last_train) return DDP_EINVAL;
     int B = a->last_B, T = a->last_T;
     int C = m->cfg.n_embd, NH = m->cfg.n_head, L = m->cfg.n_layer;
     size_t BT = (size_t)B * T;
     size_t sBTC = (size_t)a->B * a->T * C;
-    const ddp_gpt2_views_t *gv = &m->gv;
+    const ddp_model_views_t *gv = &m->gv;
 
     int64_t tr = ddp_trace_begin();
     /* wte's share from the LM head is complete (forward did it): the largest tensor starts
@@ -341,7 +341,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
     for (int l = L - 1; l >= 0; l--) {
         if (m->interrupted && m->interrupted(m->interrupted_arg)) return DDP_EABORTED;
         tr = ddp_trace_begin();
-        const ddp_gpt2_block_t *w = &m->wv.h[l], *g = &gv->h[l];
+        const ddp_model_block_t *w = &m->wv.h[l], *g = &gv->h[l];
         const float *x = l ? a->res3 + (l - 1) * sBTC : a->encoded;
         /* recompute: the block's activations again, from its input (a->dc is free here) */
         if (a->recompute == DDP_RECOMPUTE_BLOCK) block_forward(m, l, x, NULL, B, T);
@@ -375,14 +375,14 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         if (ready) ready(arg, done);
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward h.%d", l);
     }
-    /* wpe only: the embedding's share of wte is added by ddp_gpt2_embed_backward */
+    /* wpe only: the embedding's share of wte is added by ddp_model_embed_backward */
     DDP_K(k, encoder_bwd, NULL, gv->wpe, a->dres, a->inputs, B, T, C);
     DDP_CHECK(ddp_k_sync(k));
     if (ready) ready(arg, m->n_params);
     return 0;
 }
 
-void ddp_gpt2_embed_backward(ddp_gpt2_t *m, const int32_t *inputs, const float *dres, int B,
+void ddp_model_embed_backward(ddp_model_t *m, const int32_t *inputs, const float *dres, int B,
                              int T)
 {
     DDP_K(m->k, encoder_bwd, m->gv.wte, NULL, dres, inputs, B, T, m->cfg.n_embd);
