@@ -1,28 +1,53 @@
-/* Hugging Face GPT-2 config.json: the architecture of a model.init_from directory.
+/* Hugging Face config.json, both ways: the architecture of a model.config file or a
+ * model.init_from directory, and the config.json every checkpoint carries.
  *
- * Keys read (transformers' GPT2Config): n_layer, n_head, n_embd, vocab_size, n_positions (or
- * the older n_ctx) as block_size; model_type, when present, must be "gpt2", and n_inner, when
- * not null, must be 4 * n_embd (the only MLP width this model has). Everything else in the
- * file (dropouts, token ids, versions) is ignored.
+ * GPT-2 (model_type "gpt2", or none): n_layer, n_head, n_embd, vocab_size, n_positions (or the
+ * older n_ctx) as block_size; n_inner, when not null, must be 4 * n_embd.
+ * The Llama family (model_type "llama", and "qwen2" with its q/k/v biases): hidden_size,
+ * intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
+ * num_attention_heads), rms_norm_eps, rope_theta and rope_scaling (none, "default" or Llama 3's
+ * "llama3"; transformers 5's rope_parameters likewise), tie_word_embeddings, vocab_size,
+ * max_position_embeddings as block_size. What such a config enables that ddpd does not
+ * implement is refused with the key's name (another rope_type, a sliding window that is on,
+ * Llama's attention_bias or mlp_bias, a head_dim other than hidden_size / heads, an activation
+ * other than silu, another model_type); keys present but off pass, and the rest of the file
+ * (dropouts, token ids, dtype, versions) is ignored.
  */
 #ifndef DDP_PROTO_HF_CONFIG_H
 #define DDP_PROTO_HF_CONFIG_H
 
+#include <stddef.h>
+
 #include "common/err.h"
 #include "proto/spec.h"
 
-/* Reads dir/config.json into *cfg. Returns 0; -ENOENT when there is no such file; DDP_ESPEC
- * when it is not a GPT-2 config (not JSON, a key missing or out of range, another model type);
- * ei names the file and the key. Any thread; blocking file I/O. */
-int ddp_hf_config_read(const char *dir, ddp_model_cfg_t *cfg, ddp_errinfo_t *ei);
+/* Reads the config.json at `path` (a file, or a directory holding config.json) into *cfg.
+ * Returns 0; -ENOENT when there is no such file; DDP_ESPEC when it is not a config ddpd can
+ * train (not JSON, a key missing, out of range or not implemented); ei names the file and the
+ * key. Any thread; blocking file I/O. */
+int ddp_hf_config_read(const char *path, ddp_model_cfg_t *cfg, ddp_errinfo_t *ei);
 
-/* Completes a parsed spec whose model.init_from is set: with no preset or dimensions, the model
- * is init_from's config.json's (and train.seq_len, when not given, its block_size); with them,
- * each is checked against config.json when the directory has one (DDP_ESPEC, ei's path the
- * field: "model.n_embd" or "model.preset"). Then the rules that need the model (seq_len <=
- * block_size, global_batch_tokens a multiple of micro_batch x seq_len) are checked. Without
- * init_from it does nothing. Returns 0 or a negative code with ei set. Call it where
- * init_from's files are (the worker), once, before the model is built. */
+/* Parses config.json's text (`name` for messages) as ddp_hf_config_read does. */
+int ddp_hf_config_parse(const char *text, const char *name, ddp_model_cfg_t *cfg,
+                        ddp_errinfo_t *ei);
+
+/* config.json for cfg, as transformers writes it for GPT2LMHeadModel, LlamaForCausalLM or
+ * Qwen2ForCausalLM (ddp_malloc'd text; NULL when out of memory): from_pretrained builds the same
+ * model from it, and ddp_hf_config_parse gives cfg back. */
+char *ddp_hf_config_json(const ddp_model_cfg_t *cfg);
+
+/* 0 when a and b are the same model; else 1, with `what` (n bytes) saying which config.json key
+ * differs and its two values ("num_key_value_heads is 3 and 2"). */
+int ddp_hf_config_diff(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char *what, size_t n);
+
+/* Completes a parsed spec whose model comes from files: with model.config, the model is that
+ * config.json's; with model.init_from and no preset, dimensions or model.config, init_from's
+ * config.json's (and train.seq_len, when not given, its block_size); otherwise each source is
+ * checked against init_from's config.json when the directory has one (DDP_ESPEC, ei's path the
+ * field that disagrees). Then the rules that need the model (seq_len <= block_size,
+ * global_batch_tokens a multiple of micro_batch x seq_len) are checked. Without init_from and
+ * model.config it does nothing. Returns 0 or a negative code with ei set. Call it where the
+ * files are (the worker), once, before the model is built. */
 int ddp_spec_resolve_model(ddp_spec_t *spec, ddp_errinfo_t *ei);
 
 #endif

@@ -39,16 +39,41 @@
 
 /* ---- presets ------------------------------------------------------------------------------- */
 
-/* n_layer, n_head, n_embd, vocab_size, block_size. Parameters (tied LM head):
- * V*C + T*C + L*(12*C*C + 13*C) + 2*C. */
+/* GPT-2: n_layer, n_head, n_embd, vocab_size, block_size. Parameters (tied LM head):
+ * V*C + T*C + L*(12*C*C + 13*C) + 2*C.
+ * The Llama family: the shapes of the published models' config.json (random initial weights;
+ * model.init_from loads the published ones). Parameters: V*C (twice untied) + C +
+ * L*(2*C*C + 2*C*KV + 3*C*I + 2*C), KV = n_kv_head * C / n_head (+ C + 2*KV biases: Qwen2). */
+#define GPT2(L, NH, C, V, BLOCK)                                                             \
+    {.n_layer = L, .n_head = NH, .n_embd = C, .vocab_size = V, .block_size = BLOCK}
+#define LLAMA(L, NH, KV, C, I, V, BLOCK, ...)                                                \
+    {.n_layer = L, .n_head = NH, .n_kv_head = KV, .n_embd = C, .intermediate_size = I,        \
+     .vocab_size = V, .block_size = BLOCK, .arch = DDP_ARCH_LLAMA, __VA_ARGS__}
 const ddp__spec_preset_t ddp__spec_presets[] = {
-    {"gpt2-tiny", {2, 4, 128, 256, 128}},   /* 0.44M parameters, byte-level */
-    {"gpt2-mini", {6, 6, 384, 256, 256}},   /* 10.8M parameters, byte-level */
-    {"gpt2-124M", {12, 12, 768, 50257, 1024}},
-    {"gpt2-355M", {24, 16, 1024, 50257, 1024}},
-    {"gpt2-774M", {36, 20, 1280, 50257, 1024}},
-    {"gpt2-1558M", {48, 25, 1600, 50257, 1024}},
+    {"gpt2-tiny", GPT2(2, 4, 128, 256, 128)},   /* 0.44M parameters, byte-level */
+    {"gpt2-mini", GPT2(6, 6, 384, 256, 256)},   /* 10.8M parameters, byte-level */
+    {"gpt2-124M", GPT2(12, 12, 768, 50257, 1024)},
+    {"gpt2-355M", GPT2(24, 16, 1024, 50257, 1024)},
+    {"gpt2-774M", GPT2(36, 20, 1280, 50257, 1024)},
+    {"gpt2-1558M", GPT2(48, 25, 1600, 50257, 1024)},
+    /* 0.5M parameters, byte-level: the tests' and demos' Llama */
+    {"llama-tiny", LLAMA(2, 4, 2, 128, 352, 256, 128, .norm_eps = 1e-5, .rope_theta = 10000)},
+    {"smollm2-135m", LLAMA(30, 9, 3, 576, 1536, 49152, 8192, .tie_embeddings = 1,
+                           .norm_eps = 1e-5, .rope_theta = 100000)},
+    {"smollm2-360m", LLAMA(32, 15, 5, 960, 2560, 49152, 8192, .tie_embeddings = 1,
+                           .norm_eps = 1e-5, .rope_theta = 100000)},
+    {"tinyllama-1.1b", LLAMA(22, 32, 4, 2048, 5632, 32000, 2048, .norm_eps = 1e-5,
+                             .rope_theta = 10000)},
+    {"llama-3.2-1b", LLAMA(16, 32, 8, 2048, 8192, 128256, 131072, .tie_embeddings = 1,
+                           .norm_eps = 1e-5, .rope_theta = 500000, .rope_factor = 32,
+                           .rope_low_freq_factor = 1, .rope_high_freq_factor = 4,
+                           .rope_original_max = 8192)},
+    {"qwen2.5-0.5b", LLAMA(24, 14, 2, 896, 4864, 151936, 32768, .tie_embeddings = 1,
+                           .attention_bias = 1, .qwen2 = 1, .norm_eps = 1e-6,
+                           .rope_theta = 1000000)},
 };
+#undef GPT2
+#undef LLAMA
 #define N_PRESETS (sizeof ddp__spec_presets / sizeof ddp__spec_presets[0])
 const size_t ddp__spec_n_presets = N_PRESETS;
 static const ddp__spec_preset_t *const PRESETS = ddp__spec_presets;
@@ -148,9 +173,14 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_OTHER("model.preset", DDP__FT_PRESET, preset,
             "a model size by name (see Presets), or instead all five dimensions below"),
     F_STR("model.init_from", init_from,
-          "a directory of GPT-2 safetensors (a Hugging Face download works) to start from; its "
-          "`config.json` gives the model when no preset or dimensions do, and given ones are "
+          "a directory of Hugging Face safetensors (GPT-2, Llama or Qwen2; `model.safetensors` "
+          "or a sharded `model.safetensors.index.json`) to start from; its `config.json` gives "
+          "the model when no preset, dimensions or `model.config` do, and given ones are "
           "checked against it; `\"\"` = random initial weights"),
+    F_STR("model.config", config,
+          "a Hugging Face `config.json` (or its directory) that gives the model: GPT-2, Llama "
+          "(`LlamaForCausalLM`) or Qwen2, random initial weights unless `model.init_from`; "
+          "what ddpd does not implement is refused by key; `\"\"` = none"),
     F_INT_D("model.n_layer", model.n_layer, 1, 1000, "the preset's", "transformer blocks"),
     F_INT_D("model.n_head", model.n_head, 1, 1024, "the preset's", "attention heads"),
     F_INT_D("model.n_embd", model.n_embd, 1, 65536, "the preset's",
@@ -689,7 +719,13 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
                              "must use only letters, digits, '-', '_' and '.', got \"%s\"",
                              s->name);
 
-    /* model: a preset or all five dimensions; init_from needs one of them */
+    /* model: a preset, all five dimensions or model.config; init_from needs one of them or a
+     * config.json of its own */
+    int by_config = SET("model.config") && s->config[0];
+    if (by_config && (SET("model.preset") || ndims))
+        return idx_error(ps, field_index("model.config"),
+                         "cannot be combined with model.preset or the dimensions: the model is "
+                         "the config's");
     if (SET("model.preset") && ndims)
         return idx_error(ps, field_index(DIMS[first_dim]),
                          "cannot be combined with model.preset: give a preset or all of "
@@ -711,7 +747,8 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     /* init_from alone: the architecture is its config.json's, read where the files are (the
      * worker: ddp_spec_resolve_model, proto/hf_config.h); until then the model is all zeros
      * and seq_len 0 means "block_size" */
-    int arch_later = SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims;
+    int arch_later = by_config ||
+                     (SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims);
     if (arch_later) {
         s->preset[0] = '\0';
         memset(&s->model, 0, sizeof s->model);

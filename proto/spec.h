@@ -20,10 +20,31 @@
 
 #include "common/err.h"
 
+/* The model's architecture family. */
+typedef enum {
+    DDP_ARCH_GPT2 = 0,  /* LayerNorm, learned positions, GELU MLP, biases, tied LM head */
+    DDP_ARCH_LLAMA = 1, /* RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no
+                         * biases (but Qwen2's q/k/v), tied or untied LM head */
+} ddp_arch_t;
+
+/* A model's shape: what Hugging Face's config.json says (proto/hf_config.h reads and writes
+ * it). The fields after block_size are the Llama family's and stay zero for GPT-2, so a GPT-2
+ * shape is {n_layer, n_head, n_embd, vocab_size, block_size}. */
 typedef struct ddp_model_cfg {
     int n_layer, n_head, n_embd;
     int vocab_size; /* tokens the model can emit */
-    int block_size; /* max sequence length (wpe rows) */
+    int block_size; /* max sequence length (GPT-2's wpe rows; Llama's max_position_embeddings) */
+    ddp_arch_t arch;
+    int n_kv_head;         /* key/value heads (grouped-query attention), divides n_head */
+    int intermediate_size; /* the SwiGLU MLP's hidden width */
+    int tie_embeddings;    /* 1: the LM head is the token embedding (lm_head.weight absent) */
+    int attention_bias;    /* 1: q/k/v projections have biases (Qwen2) */
+    double norm_eps;       /* RMSNorm's epsilon (rms_norm_eps) */
+    double rope_theta;     /* RoPE's base */
+    /* Llama 3's RoPE scaling (rope_scaling.rope_type "llama3"); rope_factor 0 = none */
+    double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int rope_original_max; /* original_max_position_embeddings */
+    int qwen2;             /* 1: written back as model_type "qwen2" (Qwen2ForCausalLM) */
 } ddp_model_cfg_t;
 
 typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
@@ -52,7 +73,8 @@ typedef struct ddp_spec {
     ddp_model_cfg_t model;  /* from the preset or the dimensions; all zero when only init_from
                              * is given, until ddp_spec_resolve_model (proto/hf_config.h) reads
                              * its config.json (and then seq_len 0 becomes block_size) */
-    char init_from[1024];   /* "" or a directory of GPT-2 safetensors */
+    char init_from[1024];   /* "" or a directory of Hugging Face safetensors (GPT-2 or Llama) */
+    char config[1024];      /* "" or a Hugging Face config.json (or its directory): the model */
 
     /* data: glob patterns of token shards */
     char train_glob[1024];

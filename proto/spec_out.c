@@ -56,7 +56,11 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
         if (model && !strcmp(f->path, "model.init_from") && !s->init_from[0]) continue;
         if (model && !strcmp(f->path, "model.preset") && !s->preset[0]) continue;
         if (model && s->preset[0] && f->type == DDP__FT_INT) continue; /* dims come from preset */
-        if (model && !s->model.n_layer && f->type == DDP__FT_INT) continue; /* from init_from */
+        if (model && !strcmp(f->path, "model.config") && !s->config[0]) continue;
+        /* dims only for a GPT-2 given by them: otherwise the files give the model again */
+        if (model && f->type == DDP__FT_INT &&
+            (!s->model.n_layer || s->config[0] || s->model.arch != DDP_ARCH_GPT2))
+            continue;
         if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
         const char *dot = strchr(f->path, '.');
         json_t *obj = root;

@@ -1,18 +1,22 @@
-/* GPT-2 on a parameter arena: layout, initialisation, forward and backward.
+/* The model on a parameter arena: GPT-2 and the Llama family (Llama, SmolLM2, TinyLlama, Qwen2):
+ * layout, initialisation, forward and backward.
  *
  * All parameters live in one allocation of the kernel backend; gradients live in a second with
  * the same layout (and AdamW's moments in two more, see optim.h). The layout is in BACKWARD
- * COMPLETION ORDER, so the gradients that backward finishes first come first:
+ * COMPLETION ORDER, so the gradients that backward finishes first come first. GPT-2:
  *
+ *   wte.weight                  (first: the tied LM head's gradient is finished first)
  *   ln_f.{weight,bias}
  *   h.{L-1..0}.{mlp.c_proj.weight, mlp.c_proj.bias, mlp.c_fc.weight, mlp.c_fc.bias,
  *               ln_2.weight, ln_2.bias, attn.c_proj.weight, attn.c_proj.bias,
  *               attn.c_attn.weight, attn.c_attn.bias, ln_1.weight, ln_1.bias}
- *   wpe.weight, wte.weight      (wte last: the tied LM head and the embedding both use it)
+ *   wpe.weight
  *
- * so every gradient bucket is one contiguous slice and backward can report a growing finished
- * prefix (ddp_model_backward's `ready` callback) that the reducer all-reduces in place.
- * Tensor names and shapes are Hugging Face's GPT-2 (Conv1D weights [in, out]).
+ * and the Llama family's in model_layout.c (lm_head or the tied embedding first, the blocks
+ * from the last, an untied embedding last), so every gradient bucket is one contiguous slice
+ * and backward can report a growing finished prefix (ddp_model_backward's `ready` callback)
+ * that the reducer all-reduces in place. Tensor names and shapes are Hugging Face's: GPT-2's
+ * Conv1D weights [in, out], Llama's nn.Linear weights [out, in].
  */
 #ifndef DDP_WORKER_GPT2_H
 #define DDP_WORKER_GPT2_H
@@ -24,11 +28,11 @@
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 
-#define DDP_MODEL_NAME_MAX 48
+#define DDP_MODEL_NAME_MAX 64
 
 /* One parameter tensor: a view into any arena with the model's layout. */
 typedef struct ddp_param_desc {
-    char name[DDP_MODEL_NAME_MAX]; /* "h.3.attn.c_attn.weight" */
+    char name[DDP_MODEL_NAME_MAX]; /* "h.3.attn.c_attn.weight", "model.norm.weight" */
     int ndim;
     int shape[2];
     size_t offset; /* in floats from the arena's start */
@@ -36,21 +40,32 @@ typedef struct ddp_param_desc {
     int decay; /* weight decay applies: 2-D tensors */
 } ddp_param_desc_t;
 
-/* Pointers to one block's tensors inside an arena. */
+/* A model's widths (ddp_model_dims): C channels in NH query heads of hs, NKV key/value heads;
+ * the attention's input projection is QKV = C + 2 NKV hs wide; the MLP's first product FH wide
+ * and its hidden activation H (GPT-2: 4C and 4C; Llama: gate and up 2I, and I). */
+typedef struct ddp_model_dims {
+    int C, NH, NKV, hs, QKV, FH, H;
+} ddp_model_dims_t;
+
+/* Pointers to one block's tensors inside an arena; NULL where the architecture has none (a
+ * Llama has no biases but Qwen2's qkvb, and RMSNorm no ln*b). Weights of one product are
+ * adjacent in the arena: qkvw is q's, k's and v's ([C,QKV] GPT-2, [QKV,C] Llama), fcw gate's
+ * and up's ([2I,C]). */
 typedef struct ddp_model_block {
     float *ln1w, *ln1b;         /* [C] */
-    float *qkvw, *qkvb;         /* [C,3C], [3C] */
+    float *qkvw, *qkvb;         /* [C,QKV] or [QKV,C]; [QKV] */
     float *attprojw, *attprojb; /* [C,C], [C] */
     float *ln2w, *ln2b;         /* [C] */
-    float *fcw, *fcb;           /* [C,4C], [4C] */
-    float *fcprojw, *fcprojb;   /* [4C,C], [C] */
+    float *fcw, *fcb;           /* [C,FH] or [FH,C]; [FH] */
+    float *fcprojw, *fcprojb;   /* [H,C] or [C,H]; [C] */
 } ddp_model_block_t;
 
 /* Pointers to every tensor of one arena (parameters or gradients). */
 typedef struct ddp_model_views {
-    float *wte;        /* [V,C] */
-    float *wpe;        /* [block_size,C] */
-    float *lnfw, *lnfb; /* [C] */
+    float *wte;         /* [V,C] the token embedding */
+    float *lm_head;     /* [V,C] the LM head: wte when tied */
+    float *wpe;         /* [block_size,C]; NULL: no learned positions (Llama) */
+    float *lnfw, *lnfb; /* [C]; lnfb NULL for RMSNorm */
     ddp_model_block_t *h; /* [n_layer] */
 } ddp_model_views_t;
 
@@ -66,14 +81,15 @@ typedef struct ddp_model_acts {
     void *base;        /* one allocation */
     float *encoded;    /* [B,T,C] */
     ddp_act_t *ln1;    /* [L,B,T,C] */
-    float *ln1_mean, *ln1_rstd; /* [L,B,T] x2 */
-    ddp_act_t *qkv;    /* [L,B,T,3C] */
+    float *ln1_mean, *ln1_rstd; /* [L,B,T] x2 (RMSNorm: no mean, NULL) */
+    ddp_act_t *qkv;    /* [L,B,T,QKV] (after RoPE in a Llama) */
     ddp_act_t *atty;   /* [L,B,T,C] */
     float *lse;        /* [L,B,NH,T] attention's row log-sum-exps */
     float *res2;       /* [L,B,T,C] */
     ddp_act_t *ln2;    /* [L,B,T,C] */
     float *ln2_mean, *ln2_rstd;  /* [L,B,T] x2 */
-    ddp_act_t *fch, *fch_gelu;   /* [L,B,T,4C] x2 */
+    ddp_act_t *fch;      /* [L,B,T,FH] the MLP's first product (Llama: gate | up) */
+    ddp_act_t *fch_gelu; /* [L,B,T,H] its activation (GELU, or SwiGLU) */
     float *res3;       /* [L,B,T,C] */
     ddp_act_t *lnf;    /* [B,T,C] */
     float *lnf_mean, *lnf_rstd;  /* [B,T] x2 */
@@ -85,8 +101,10 @@ typedef struct ddp_model_acts {
     float *dres;        /* [B,T,C] gradient of the residual stream */
     ddp_act_t *dres_act; /* [B,T,C] dres in the activations' type (a projection's dout) */
     ddp_act_t *dc;      /* [B,T,C] */
-    ddp_act_t *dqkv;    /* [B,T,3C] */
-    ddp_act_t *dfc;     /* [B,T,4C] */
+    ddp_act_t *dqkv;    /* [B,T,QKV] */
+    ddp_act_t *dfc;     /* [B,T,FH] */
+    ddp_act_t *dfch;    /* [B,T,H] SwiGLU's output gradient (NULL where H == FH) */
+    float *rope;        /* [T, hs/2, 2] RoPE's cos and sin by position (NULL for GPT-2) */
     int32_t *inputs, *targets; /* [B,T] on the device */
     int last_B, last_T;        /* shape of the last forward */
     int last_train;            /* the last pass was ddp_model_forward: backward may follow */
@@ -102,6 +120,11 @@ typedef struct ddp_model {
     float *g;                 /* gradient arena (device) */
     int borrowed_w, borrowed_g; /* w / g were the caller's (init's arguments) */
     ddp_model_views_t wv, gv;  /* views into w and g */
+    ddp_model_dims_t d;        /* ddp_model_dims(&cfg) */
+    ddp_wlayout_t wlayout;     /* the blocks' weights: [in, out] (GPT-2) or [out, in] (Llama) */
+    size_t *block_end; /* [n_layer] arena offset where block l's tensors end: its gradients are
+                        * final after its backward */
+    size_t lnf_end;    /* ... where the final norm's end */
     ddp_model_acts_t acts;
     float loss_scale; /* backward's gradient is of loss_scale x mean loss (fp16); init: 1 */
     /* asked between blocks of forward and backward (may be NULL): nonzero stops the pass, which
@@ -136,6 +159,8 @@ void ddp_model_close(ddp_model_t *m);
  * allocated it, is freed. Gradients are not kept. Returns 0 or an allocation error. */
 int ddp_model_set_grads(ddp_model_t *m, float *grads);
 
+/* cfg's widths (no allocation). */
+ddp_model_dims_t ddp_model_dims(const ddp_model_cfg_t *cfg);
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_model_count_params(const ddp_model_cfg_t *cfg);
 /* Bytes of the activation arena for B x T under `recompute` and precision prec (no allocation;
@@ -149,12 +174,13 @@ int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t 
  * returns its size in bytes. Internal to model.c and model_layout.c. */
 size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
 
-/* GPT-2 initialisation from rng: weights N(0, 0.02), residual projections (attn.c_proj,
- * mlp.c_proj) N(0, 0.02/sqrt(2 L)), biases 0, LayerNorm weights 1. Draws on the host in arena
- * order, so the result depends on the seed only. */
+/* Initialisation from rng: weights N(0, 0.02), residual projections (GPT-2's attn.c_proj and
+ * mlp.c_proj, Llama's o_proj and down_proj) N(0, 0.02/sqrt(2 L)), biases 0, norm weights 1.
+ * Draws on the host in arena order, so the result depends on the seed only. */
 int ddp_model_init_weights(ddp_model_t *m, ddp_rng_t *rng);
 
-/* The descriptor named `name` (HF name, with or without a "transformer." prefix), or NULL. */
+/* The descriptor named `name` (HF name; GPT-2's with or without a "transformer." prefix), or
+ * NULL. */
 const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name);
 
 /* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec

@@ -1,5 +1,5 @@
-/* GPT-2's layouts: the parameter arena's tensors in order, and how the activation arena is
- * carved into named tensors; both sizes without allocating.
+/* The models' layouts (GPT-2 and the Llama family): the parameter arena's tensors in order, and
+ * how the activation arena is carved into named tensors; both sizes without allocating.
  *
  * Kept apart from model.c (which runs the model) so that the memory budget (memory_budget.c),
  * which ddpctl links without the kernels' ops, counts exactly what the model allocates.
@@ -18,7 +18,13 @@
  * layout is defined. */
 typedef void (*tensor_fn)(void *ctx, const char *name, int ndim, int d0, int d1, int decay);
 
-static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
+#define T_(fmt, ndim, d0, d1)                                                                \
+    do {                                                                                     \
+        snprintf(n, sizeof n, fmt, l);                                                       \
+        add(ctx, n, ndim, d0, d1, ndim == 2);                                                \
+    } while (0)
+
+static void layout_gpt2(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
 {
     int C = cfg->n_embd;
     char n[DDP_MODEL_NAME_MAX];
@@ -26,24 +32,60 @@ static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
     add(ctx, "ln_f.weight", 1, C, 0, 0);
     add(ctx, "ln_f.bias", 1, C, 0, 0);
     for (int l = cfg->n_layer - 1; l >= 0; l--) {
-#define T_(suffix, ndim, d0, d1)                                                             \
-    snprintf(n, sizeof n, "h.%d." suffix, l);                                                \
-    add(ctx, n, ndim, d0, d1, ndim == 2)
-        T_("mlp.c_proj.weight", 2, 4 * C, C);
-        T_("mlp.c_proj.bias", 1, C, 0);
-        T_("mlp.c_fc.weight", 2, C, 4 * C);
-        T_("mlp.c_fc.bias", 1, 4 * C, 0);
-        T_("ln_2.weight", 1, C, 0);
-        T_("ln_2.bias", 1, C, 0);
-        T_("attn.c_proj.weight", 2, C, C);
-        T_("attn.c_proj.bias", 1, C, 0);
-        T_("attn.c_attn.weight", 2, C, 3 * C);
-        T_("attn.c_attn.bias", 1, 3 * C, 0);
-        T_("ln_1.weight", 1, C, 0);
-        T_("ln_1.bias", 1, C, 0);
-#undef T_
+        T_("h.%d.mlp.c_proj.weight", 2, 4 * C, C);
+        T_("h.%d.mlp.c_proj.bias", 1, C, 0);
+        T_("h.%d.mlp.c_fc.weight", 2, C, 4 * C);
+        T_("h.%d.mlp.c_fc.bias", 1, 4 * C, 0);
+        T_("h.%d.ln_2.weight", 1, C, 0);
+        T_("h.%d.ln_2.bias", 1, C, 0);
+        T_("h.%d.attn.c_proj.weight", 2, C, C);
+        T_("h.%d.attn.c_proj.bias", 1, C, 0);
+        T_("h.%d.attn.c_attn.weight", 2, C, 3 * C);
+        T_("h.%d.attn.c_attn.bias", 1, 3 * C, 0);
+        T_("h.%d.ln_1.weight", 1, C, 0);
+        T_("h.%d.ln_1.bias", 1, C, 0);
     }
     add(ctx, "wpe.weight", 2, cfg->block_size, C, 1);
+}
+
+/* Hugging Face's LlamaForCausalLM / Qwen2ForCausalLM names, nn.Linear weights [out, in]. The
+ * products that one matmul computes are adjacent: q, k, v (and their biases) make the [QKV, C]
+ * weight of one product, gate and up the [2I, C] of another. An untied lm_head comes first
+ * (the LM head's gradient is the first finished), the embedding last (its gradient is added
+ * after the all-reduce, train_embedding.c); tied, the embedding comes first as GPT-2's wte. */
+static void layout_llama(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
+{
+    int C = cfg->n_embd, I = cfg->intermediate_size, KV = cfg->n_kv_head * (C / cfg->n_head);
+    int V = cfg->vocab_size;
+    char n[DDP_MODEL_NAME_MAX];
+    add(ctx, cfg->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", 2, V, C, 1);
+    add(ctx, "model.norm.weight", 1, C, 0, 0);
+    for (int l = cfg->n_layer - 1; l >= 0; l--) {
+        T_("model.layers.%d.mlp.down_proj.weight", 2, C, I);
+        T_("model.layers.%d.mlp.gate_proj.weight", 2, I, C);
+        T_("model.layers.%d.mlp.up_proj.weight", 2, I, C);
+        T_("model.layers.%d.post_attention_layernorm.weight", 1, C, 0);
+        T_("model.layers.%d.self_attn.o_proj.weight", 2, C, C);
+        T_("model.layers.%d.self_attn.q_proj.weight", 2, C, C);
+        T_("model.layers.%d.self_attn.k_proj.weight", 2, KV, C);
+        T_("model.layers.%d.self_attn.v_proj.weight", 2, KV, C);
+        if (cfg->attention_bias) {
+            T_("model.layers.%d.self_attn.q_proj.bias", 1, C, 0);
+            T_("model.layers.%d.self_attn.k_proj.bias", 1, KV, 0);
+            T_("model.layers.%d.self_attn.v_proj.bias", 1, KV, 0);
+        }
+        T_("model.layers.%d.input_layernorm.weight", 1, C, 0);
+    }
+    if (!cfg->tie_embeddings) add(ctx, "model.embed_tokens.weight", 2, V, C, 1);
+}
+#undef T_
+
+static void layout_tensors(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
+{
+    if (cfg->arch == DDP_ARCH_LLAMA)
+        layout_llama(cfg, add, ctx);
+    else
+        layout_gpt2(cfg, add, ctx);
 }
 
 typedef struct {
@@ -85,35 +127,49 @@ size_t ddp_model_count_params(const ddp_model_cfg_t *cfg)
     return n;
 }
 
+ddp_model_dims_t ddp_model_dims(const ddp_model_cfg_t *cfg)
+{
+    int C = cfg->n_embd, NH = cfg->n_head, llama = cfg->arch == DDP_ARCH_LLAMA;
+    int NKV = llama ? cfg->n_kv_head : NH;
+    ddp_model_dims_t d = {.C = C, .NH = NH, .NKV = NKV, .hs = C / NH};
+    d.QKV = C + 2 * NKV * d.hs;
+    d.H = llama ? cfg->intermediate_size : 4 * C;
+    d.FH = llama ? 2 * d.H : d.H;
+    return d;
+}
+
 size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base)
 {
-    size_t L = cfg->n_layer, C = cfg->n_embd, NH = cfg->n_head, V = cfg->vocab_size;
+    ddp_model_dims_t d = ddp_model_dims(cfg);
+    size_t L = cfg->n_layer, C = d.C, NH = d.NH, V = cfg->vocab_size;
+    size_t QKV = d.QKV, H = d.H, FH = d.FH;
+    int llama = cfg->arch == DDP_ARCH_LLAMA; /* RMSNorm: no means; SwiGLU: H != FH */
     size_t BT = (size_t)a->B * a->T;
     size_t LS = a->recompute == DDP_RECOMPUTE_BLOCK ? 1 : L; /* slices of a per-layer tensor */
     size_t act = ddp_act_bytes(a->prec), off = 0;
 #define CARVE(field, n, esize)                                                               \
     do {                                                                                     \
-        a->field = base ? (void *)((char *)base + off) : NULL;                               \
+        a->field = base && (n) != 0 ? (void *)((char *)base + off) : NULL;                   \
         off += ((n) * (esize) + 255) & ~(size_t)255; /* 256-byte aligned tensors */          \
     } while (0)
 #define F32(field, n) CARVE(field, n, sizeof(float))
 #define ACT(field, n) CARVE(field, n, act)
     F32(encoded, BT * C);
     ACT(ln1, LS * BT * C);
-    F32(ln1_mean, LS * BT);
+    F32(ln1_mean, llama ? 0 : LS * BT);
     F32(ln1_rstd, LS * BT);
-    ACT(qkv, LS * BT * 3 * C);
+    ACT(qkv, LS * BT * QKV);
     ACT(atty, LS * BT * C);
     F32(lse, LS * BT * NH);
     F32(res2, LS * BT * C);
     ACT(ln2, LS * BT * C);
-    F32(ln2_mean, LS * BT);
+    F32(ln2_mean, llama ? 0 : LS * BT);
     F32(ln2_rstd, LS * BT);
-    ACT(fch, LS * BT * 4 * C);
-    ACT(fch_gelu, LS * BT * 4 * C);
+    ACT(fch, LS * BT * FH);
+    ACT(fch_gelu, LS * BT * H);
     F32(res3, L * BT * C);
     ACT(lnf, BT * C);
-    F32(lnf_mean, BT);
+    F32(lnf_mean, llama ? 0 : BT);
     F32(lnf_rstd, BT);
     a->lm_rows = ddp_model_lm_rows(cfg, a->B, a->T, a->prec);
     ACT(logits, (size_t)a->lm_rows * V);
@@ -122,8 +178,10 @@ size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, vo
     F32(dres, BT * C);
     ACT(dres_act, BT * C);
     ACT(dc, BT * C);
-    ACT(dqkv, BT * 3 * C);
-    ACT(dfc, BT * 4 * C);
+    ACT(dqkv, BT * QKV);
+    ACT(dfc, BT * FH);
+    ACT(dfch, FH == H ? 0 : BT * H);
+    F32(rope, llama ? (size_t)a->T * d.hs : 0); /* [T, hs/2, 2] */
     CARVE(inputs, BT, sizeof(int32_t));
     CARVE(targets, BT, sizeof(int32_t));
 #undef ACT

@@ -33,6 +33,7 @@
 #include "common/clock.h"
 #include "common/file.h"
 #include "common/log.h"
+#include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 
 struct ddp_tckpt {
@@ -115,28 +116,6 @@ static int build_lists(const ddp_tckpt_run_t *run, ddp_ckpt_tensor_t **model,
         }
     }
     return 0;
-}
-
-char *ddp_tckpt_config_json(const ddp_model_cfg_t *cfg)
-{
-    /* the start token of sampling: newline for byte-level models, <|endoftext|> for BPE */
-    int eot = cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
-    json_t *o = json_pack(
-        "{s:[s], s:s, s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i, s:i, s:i, s:n, s:i, s:i, "
-        "s:i, s:b, s:b, s:b, s:s, s:s}",
-        "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "activation_function",
-        "gelu_new", "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0, "bos_token_id",
-        eot, "eos_token_id", eot, "initializer_range", 0.02, "layer_norm_epsilon", 1e-5, "n_ctx",
-        cfg->block_size, "n_embd", cfg->n_embd, "n_head", cfg->n_head, "n_inner", "n_layer",
-        cfg->n_layer, "n_positions", cfg->block_size, "vocab_size", cfg->vocab_size,
-        "tie_word_embeddings", 1, "scale_attn_weights", 1, "use_cache", 1, "torch_dtype",
-        "float32", "transformers_version", "4.40.0");
-    if (!o) return NULL;
-    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(o);
-    char *out = text ? ddp_strdup(text) : NULL;
-    free(text);
-    return out;
 }
 
 static long global_sequences(const ddp_tckpt_run_t *run)
@@ -254,24 +233,14 @@ int ddp_tckpt_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume
 /* Checks the checkpoint's config.json against the model this run builds. */
 static int check_config(const ddp_tckpt_t *c, const ddp_model_cfg_t *m, ddp_errinfo_t *ei)
 {
-    int rc = 0;
-    json_t *cj = load_json_file(c->found.path, "config.json", ei, &rc);
-    if (!cj) return rc;
-    struct { const char *key; long want; } f[] = {
-        {"n_layer", m->n_layer},       {"n_head", m->n_head},
-        {"n_embd", m->n_embd},         {"vocab_size", m->vocab_size},
-        {"n_positions", m->block_size},
-    };
-    for (size_t i = 0; i < sizeof f / sizeof f[0] && rc == 0; i++) {
-        json_int_t v = get_int(cj, f[i].key, -1);
-        if (v != f[i].want)
-            rc = ddp_errinfo_set(ei, DDP_ESPEC,
-                                 "checkpoint %s/config.json: %s is %lld, this run's model has "
-                                 "%ld (resume with the same model, or --no-resume)",
-                                 c->found.path, f[i].key, (long long)v, f[i].want);
-    }
-    json_decref(cj);
-    return rc;
+    ddp_model_cfg_t saved;
+    char what[160];
+    DDP_CHECK(ddp_hf_config_read(c->found.path, &saved, ei));
+    if (ddp_hf_config_diff(&saved, m, what, sizeof what))
+        return ddp_errinfo_set(ei, DDP_ESPEC, "checkpoint %s/config.json is another model than "
+                               "this run's (%s: the checkpoint's first): resume with the same "
+                               "model, or --no-resume", c->found.path, what);
+    return 0;
 }
 
 /* Reads step, tokens, AdamW t and RNG from trainer.json text into *res. */
@@ -393,7 +362,7 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
     c->n_model = n;
     c->n_optim = optim ? 2 * n : 0;
     c->names = names;
-    c->config = ddp_tckpt_config_json(&sp->model);
+    c->config = ddp_hf_config_json(&sp->model);
     if (!c->config) return DDP_ENOMEM;
     c->crc_step = -1; /* every rank: a sharded update's CRCs are merged over all of them */
     if (ddp_k_host_memory(run->k) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc)))

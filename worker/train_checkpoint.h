@@ -196,7 +196,5 @@ void ddp_tckpt_get_stats(const ddp_tckpt_t *c, ddp_tckpt_stats_t *out);
 /* Joins any helper, waits for the writer, frees. NULL-safe. */
 void ddp_tckpt_free(ddp_tckpt_t *c);
 
-/* Hugging Face GPT-2 config.json text for cfg (ddp_malloc'd; NULL on no memory). */
-char *ddp_tckpt_config_json(const ddp_model_cfg_t *cfg);
 
 #endif

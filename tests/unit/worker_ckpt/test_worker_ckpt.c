@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "proto/hf_config.h"
 #include "worker/train_checkpoint.h"
 #include "worker/train.h"
 #include "wc_testutil.h"
@@ -127,7 +128,7 @@ static void test_config_json(void **state)
     (void)state;
     ddp_model_cfg_t cfg = {.n_layer = 12, .n_head = 12, .n_embd = 768, .vocab_size = 50257,
                            .block_size = 1024};
-    char *text = ddp_tckpt_config_json(&cfg);
+    char *text = ddp_hf_config_json(&cfg);
     assert_non_null(text);
     json_t *o = json_loads(text, 0, NULL);
     assert_non_null(o);
