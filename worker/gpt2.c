@@ -199,7 +199,7 @@ static void block_forward(ddp_gpt2_t *m, int l, const float *x, float *out, int 
     layer_acts_t s = layer_acts(m, l);
     DDP_K(k, layernorm_fwd, s.ln1, s.ln1_mean, s.ln1_rstd, x, w->ln1w, w->ln1b, BT, C);
     DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, 3 * C, DDP_W_IN_OUT);
-    DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, NH);
+    DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, NH, NH);
     DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, DDP_W_IN_OUT);
     DDP_K(k, residual_fwd, s.res2, x, dc, (size_t)BT * C);
     DDP_K(k, layernorm_fwd, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, w->ln2w, w->ln2b, BT, C);
@@ -363,7 +363,7 @@ int ddp_gpt2_backward(ddp_gpt2_t *m, ddp_gpt2_ready_fn ready, void *arg)
         DDP_K(k, to_act, a->dres_act, a->dres, BTC);
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres_act, s.atty, w->attprojw,
               (int)BT, C, C, DDP_W_IN_OUT);
-        DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, NH);
+        DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, NH, NH);
         DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C, 3 * C,
               DDP_W_IN_OUT);
         DDP_K(k, layernorm_bwd, a->dres, g->ln1w, g->ln1b, a->dc, x, w->ln1w, s.ln1_mean,
