@@ -70,8 +70,9 @@ void ddp__kprof_end(ddp_kernels_t *k, ddp_kop_t op, const ddp__kspan_t *s, doubl
 /* Frees k's profiler (ddp_kernels_close, after the backend's context). NULL-safe. */
 void ddp__kprof_free(struct ddp__kprof *p);
 
-/* Causal attention's work in terms of B, T, C, NH only (kernels.h): FLOPs 2 B NH T^2 hs forward
- * and 2.5 times that backward; bytes of qkv and out forward, and of dout, qkv, out and dqkv
+/* Causal attention's work in terms of B, T, C, NH, NKV only (kernels.h): FLOPs 2 B NH T^2 hs
+ * forward and 2.5 times that backward, the same whatever NKV (every query head still meets T
+ * keys); bytes of qkv [B,T,C + 2 NKV hs] and out forward, and of dout, qkv, out and dqkv
  * backward, `act` bytes per element (the log-sum-exps, B NH T, are left out). */
 static inline double ddp__attn_flops(int B, int T, int C, int NH, int bwd)
 {
@@ -79,11 +80,10 @@ static inline double ddp__attn_flops(int B, int T, int C, int NH, int bwd)
     return bwd ? 2.5 * f : f;
 }
 
-static inline double ddp__attn_bytes(int B, int T, int C, int NH, int bwd, double act)
+static inline double ddp__attn_bytes(int B, int T, int C, int NH, int NKV, int bwd, double act)
 {
-    (void)NH;
-    double btc = (double)B * T * C;
-    return act * (bwd ? btc + 3 * btc + btc + 3 * btc : 3 * btc + btc);
+    double btc = (double)B * T * C, qkv = (double)B * T * (C + 2.0 * NKV * (C / NH));
+    return act * (bwd ? btc + qkv + btc + qkv : qkv + btc);
 }
 
 #endif

@@ -504,14 +504,14 @@ static void case_attention(st_t *s, const shape_t *sh)
     pt_t qkv = act_rand(s, 3 * BTC, -2, 2), out = act_zero(s, BTC), lse = pt_zero(s, lse_n);
     pt_t dout = act_rand(s, BTC, -1, 1), dqkv = act_rand(s, 3 * BTC, -1, 1);
     if (!ready(s, rf)) goto out;
-    BOTH DDP_K(KS, attention_fwd, P(out), P(lse), P(qkv), B, T, C, NH);
+    BOTH DDP_K(KS, attention_fwd, P(out), P(lse), P(qkv), B, T, C, NH, NH);
     if (!sync_both(s, rf)) goto out;
     check(s, rf, out, tol_fwd[s->prec], "out");
     check(s, rf, lse, tol_fwd[s->prec], "lse");
     /* both sides' backward reads the CPU's forward, so only backward's own error is measured */
     pt_t out2 = pt_copy_cpu(s, out), lse2 = pt_copy_cpu(s, lse);
     if (!ready(s, rb)) goto out;
-    BOTH DDP_K(KS, attention_bwd, P(dqkv), P(dout), P(qkv), P(out2), P(lse2), B, T, C, NH);
+    BOTH DDP_K(KS, attention_bwd, P(dqkv), P(dout), P(qkv), P(out2), P(lse2), B, T, C, NH, NH);
     if (sync_both(s, rb)) check(s, rb, dqkv, tol_bwd[s->prec], "dqkv");
 out:
     end_case(s);

@@ -158,9 +158,10 @@ void ddp_k_encoder_fwd(ddp_kernels_t *k, float *out, const int32_t *inp, const f
                        const float *wpe, int B, int T, int C)
 {
     if (!OP_READY(k, encoder_fwd)) return;
-    REQUIRE(k, encoder_fwd, out && inp && wte && wpe);
+    REQUIRE(k, encoder_fwd, out && inp && wte); /* wpe NULL: no positions */
     REQUIRE(k, encoder_fwd, B > 0 && T > 0 && C > 0);
-    TIMED(k, encoder_fwd, 0, F32 * (2.0 * B * T * C + (double)T * C + (double)B * T),
+    TIMED(k, encoder_fwd, 0,
+          F32 * (2.0 * B * T * C + (wpe ? (double)T * C : 0) + (double)B * T),
           k->ops->encoder_fwd(k->ctx, out, inp, wte, wpe, B, T, C));
 }
 
@@ -227,26 +228,94 @@ void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *
 }
 
 void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                         int B, int T, int C, int NH)
+                         int B, int T, int C, int NH, int NKV)
 {
     if (!OP_READY(k, attention_fwd)) return;
     REQUIRE(k, attention_fwd, out && lse && qkv);
     REQUIRE(k, attention_fwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
+    REQUIRE(k, attention_fwd, NKV > 0 && NH % NKV == 0);
     TIMED(k, attention_fwd, ddp__attn_flops(B, T, C, NH, 0),
-          ddp__attn_bytes(B, T, C, NH, 0, ACT),
-          k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH));
+          ddp__attn_bytes(B, T, C, NH, NKV, 0, ACT),
+          k->ops->attention_fwd(k->ctx, out, lse, qkv, B, T, C, NH, NKV));
 }
 
 void ddp_k_attention_bwd(ddp_kernels_t *k, ddp_act_t *dqkv, const ddp_act_t *dout,
                          const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                         int T, int C, int NH)
+                         int T, int C, int NH, int NKV)
 {
     if (!OP_READY(k, attention_bwd)) return;
     REQUIRE(k, attention_bwd, dqkv && dout && qkv && out && lse);
     REQUIRE(k, attention_bwd, B > 0 && T > 0 && C > 0 && NH > 0 && C % NH == 0);
+    REQUIRE(k, attention_bwd, NKV > 0 && NH % NKV == 0);
     TIMED(k, attention_bwd, ddp__attn_flops(B, T, C, NH, 1),
-          ddp__attn_bytes(B, T, C, NH, 1, ACT),
-          k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH));
+          ddp__attn_bytes(B, T, C, NH, NKV, 1, ACT),
+          k->ops->attention_bwd(k->ctx, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV));
+}
+
+/* RoPE reads and writes the q and k heads, B T (NH + NKV) hs activations, and reads the table
+ * (T hs/2 pairs of fp32) */
+static double rope_bytes(const ddp_kernels_t *k, int B, int T, int NH, int NKV, int hs)
+{
+    return ACT * 2.0 * B * T * (double)(NH + NKV) * hs + F32 * (double)T * hs;
+}
+
+void ddp_k_rope_fwd(ddp_kernels_t *k, ddp_act_t *qkv, const float *rope, int B, int T, int NH,
+                    int NKV, int hs)
+{
+    if (!OP_READY(k, rope_fwd)) return;
+    REQUIRE(k, rope_fwd, qkv && rope);
+    REQUIRE(k, rope_fwd, B > 0 && T > 0 && NH > 0 && NKV > 0 && hs > 0 && hs % 2 == 0);
+    TIMED(k, rope_fwd, 0, rope_bytes(k, B, T, NH, NKV, hs),
+          k->ops->rope_fwd(k->ctx, qkv, rope, B, T, NH, NKV, hs));
+}
+
+void ddp_k_rope_bwd(ddp_kernels_t *k, ddp_act_t *dqkv, const float *rope, int B, int T, int NH,
+                    int NKV, int hs)
+{
+    if (!OP_READY(k, rope_bwd)) return;
+    REQUIRE(k, rope_bwd, dqkv && rope);
+    REQUIRE(k, rope_bwd, B > 0 && T > 0 && NH > 0 && NKV > 0 && hs > 0 && hs % 2 == 0);
+    TIMED(k, rope_bwd, 0, rope_bytes(k, B, T, NH, NKV, hs),
+          k->ops->rope_bwd(k->ctx, dqkv, rope, B, T, NH, NKV, hs));
+}
+
+void ddp_k_rmsnorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *rstd, const float *inp,
+                       const float *weight, int N, int C, float eps)
+{
+    if (!OP_READY(k, rmsnorm_fwd)) return;
+    REQUIRE(k, rmsnorm_fwd, out && rstd && inp && weight);
+    REQUIRE(k, rmsnorm_fwd, N > 0 && C > 0 && eps >= 0.0f);
+    TIMED(k, rmsnorm_fwd, 0, F32 * ((double)N * C + C + N) + ACT * N * C,
+          k->ops->rmsnorm_fwd(k->ctx, out, rstd, inp, weight, N, C, eps));
+}
+
+void ddp_k_rmsnorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, const ddp_act_t *dout,
+                       const float *inp, const float *weight, const float *rstd, int N, int C)
+{
+    if (!OP_READY(k, rmsnorm_bwd)) return;
+    REQUIRE(k, rmsnorm_bwd, dinp && dweight && dout && inp && weight && rstd);
+    REQUIRE(k, rmsnorm_bwd, N > 0 && C > 0);
+    /* dinp and dweight accumulate: read and written */
+    TIMED(k, rmsnorm_bwd, 0, F32 * (3.0 * N * C + 3.0 * C + N) + ACT * N * C,
+          k->ops->rmsnorm_bwd(k->ctx, dinp, dweight, dout, inp, weight, rstd, N, C));
+}
+
+void ddp_k_swiglu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, int N, int H)
+{
+    if (!OP_READY(k, swiglu_fwd)) return;
+    REQUIRE(k, swiglu_fwd, out && inp);
+    REQUIRE(k, swiglu_fwd, N > 0 && H > 0);
+    TIMED(k, swiglu_fwd, 0, ACT * 3.0 * N * H, k->ops->swiglu_fwd(k->ctx, out, inp, N, H));
+}
+
+void ddp_k_swiglu_bwd(ddp_kernels_t *k, ddp_act_t *dinp, const ddp_act_t *inp,
+                      const ddp_act_t *dout, int N, int H)
+{
+    if (!OP_READY(k, swiglu_bwd)) return;
+    REQUIRE(k, swiglu_bwd, dinp && inp && dout && dinp != inp);
+    REQUIRE(k, swiglu_bwd, N > 0 && H > 0);
+    TIMED(k, swiglu_bwd, 0, ACT * 5.0 * N * H,
+          k->ops->swiglu_bwd(k->ctx, dinp, inp, dout, N, H));
 }
 
 void ddp_k_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, size_t n)

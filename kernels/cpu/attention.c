@@ -1,11 +1,15 @@
-/* Causal multi-head self-attention, forward and backward, flash-attention style: the op keeps
- * no [T,T] tensor. Forward saves the output and each row's log-sum-exp; backward recomputes
- * the probabilities from them, block by block.
+/* Causal multi-head self-attention with grouped-query heads, forward and backward,
+ * flash-attention style: the op keeps no [T,T] tensor. Forward saves the output and each row's
+ * log-sum-exp; backward recomputes the probabilities from them, block by block.
  *
- * qkv[B,T,3C]: per position q, k, v, each NH heads of hs = C/NH; out[B,T,C]; lse[B,NH,T].
- * One task per (b, head): it reads and writes only that head's slices, so tasks never share an
- * output element, and its products are single-threaded sgemms of fixed shapes, so every sum
- * runs in a fixed order (thread-independent results).
+ * qkv[B,T,QKV], QKV = C + 2 NKV hs: per position NH query heads, then NKV key heads, then NKV
+ * value heads, each of hs = C/NH; query head h reads K/V head h / (NH/NKV) (Hugging Face's
+ * repeat_kv); out[B,T,C]; lse[B,NH,T].
+ * Forward: one task per (b, query head); it writes only that head's out and lse. Backward: one
+ * task per (b, K/V head); it visits the query heads of its group in ascending order, writing
+ * each one's dQ and adding its terms to the group's dK and dV, so every gradient element is
+ * one task's and summed in a fixed order. Its products are single-threaded sgemms of fixed
+ * shapes: results do not depend on the thread count.
  * Causal blocks: a task walks the rows in blocks of ATT_ROWS; block [r0, r1) multiplies only
  * the columns < r1 (the ones its rows can see), which skips most of the masked upper triangle:
  * at T = 1024 the products do 56% of the full square's work. A block's scores live in a
@@ -14,10 +18,10 @@
  * per thread: below). The CPU does not tile the columns
  * further (the GPU's kernel does): the whole causal width of a block is one sgemm, which is
  * what keeps the products fast, and a row's softmax then needs no running rescale.
- * Each block's contributions to dK and dV are added in block order, a fixed order; dqkv is
- * overwritten (dK, dV summed from zero).
+ * Each block's contributions to dK and dV are added in (query head, block) order, a fixed
+ * order; dqkv is overwritten (dK, dV summed from zero).
  * Activations (qkv, out, dout, dqkv) are of the context's type: in bf16/fp16 mode a task widens
- * its head's slices of qkv (and out, dout) into its thread's scratch, runs the same fp32 code on
+ * its heads' slices of qkv (and out, dout) into its thread's scratch, runs the same fp32 code on
  * them and rounds out or dq, dk, dv once on store; lse stays fp32.
  * Scores are scaled by 1/sqrt(hs). The softmax pieces come from kernels/math/softmax.h; exp is
  * ddp_expf_approx (about 2 ulp), whose loops vectorise where glibc's expf is a call per element
@@ -71,21 +75,22 @@ typedef struct {
     float *lse;
     const ddp_act_t *qkv, *dout, *cout;
     const float *clse;
-    int B, T, C, NH;
+    int B, T, C, NH, NKV;
     int blocks;        /* score blocks of ATT_ROWS x T per thread: 1 forward, 2 backward */
     ddp_kprec_t prec;
     ddp__tscratch_t s; /* per thread: the score blocks, then (16-bit) the widened slices */
 } att_args_t;
 
-/* One (b, head) task's slices as fp32, each row-major with its own leading dimension: the
- * tensors themselves in fp32 mode, else copies in the thread's scratch after the score blocks
- * (q, k, v interleaved per row as in qkv, 3 hs wide; out and dout hs wide; the gradients laid
- * out as q, k, v). */
+/* One task's slices as fp32, each row-major with its own leading dimension: the tensors
+ * themselves in fp32 mode, else copies in the thread's scratch after the score blocks (q, k, v
+ * interleaved per row, 3 hs wide; out and dout hs wide; the gradients laid out as q, k, v).
+ * A query head's parts (q, out, dout, o, dq) and its K/V head's (k, v, dk, dv) are set apart:
+ * backward visits the query heads of one K/V head in turn. */
 typedef struct {
     const float *q, *k, *v, *out, *dout;
     float *o, *dq, *dk, *dv; /* outputs: out forward, dq/dk/dv backward */
     int ld, ldo;             /* of q, k, v, dq, dk, dv; of out, dout, o */
-    size_t qkv0, out0;       /* the head's first element in qkv and in out */
+    size_t q0, kv0, out0;    /* the heads' first elements in qkv (q; k) and in out */
 } slices_t;
 
 /* rows x cols elements of activation src from element off, leading dimension lds, widened into
@@ -106,44 +111,63 @@ static void store(ddp_act_t *dst, size_t off, int ldd, const float *src, int lds
         ddp__cpu_act_store(dst, off + (size_t)r * ldd, src + (size_t)r * lds, (size_t)cols, prec);
 }
 
-/* Task (b, h)'s slices: the inputs widened in 16-bit mode (bwd: dout and out too). *p = the
- * thread's score blocks. */
-static void slices(const att_args_t *a, long task, int bwd, slices_t *sl, float **p)
+/* Elements per position of qkv: NH query heads and NKV key and value heads. */
+static int qkv_width(const att_args_t *a) { return a->C + 2 * a->NKV * (a->C / a->NH); }
+
+/* Batch b's K/V head kvh: k and v (bwd: dk, dv too), widened in 16-bit mode. *p = the thread's
+ * score blocks; the widened slices follow them. */
+static void slices_kv(const att_args_t *a, int b, int kvh, int bwd, slices_t *sl, float **p)
 {
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, C3 = 3 * C;
-    int b = (int)(task / NH), h = (int)(task % NH);
-    sl->qkv0 = (size_t)b * T * C3 + (size_t)h * hs;
-    sl->out0 = (size_t)b * T * C + (size_t)h * hs;
+    int T = a->T, hs = a->C / a->NH, QKV = qkv_width(a), kvs = a->NKV * hs;
+    sl->q0 = (size_t)b * T * QKV;
+    sl->kv0 = sl->q0 + (size_t)a->C + (size_t)kvh * hs;
+    sl->out0 = (size_t)b * T * a->C;
     *p = ddp__tscratch_mine(&a->s);
     if (a->prec == DDP_KPREC_FP32) {
-        const float *qkv = (const float *)a->qkv + sl->qkv0;
-        sl->q = qkv, sl->k = qkv + C, sl->v = qkv + 2 * C;
-        sl->ld = C3, sl->ldo = C;
+        sl->k = (const float *)a->qkv + sl->kv0, sl->v = sl->k + kvs;
+        sl->ld = QKV, sl->ldo = a->C;
+        if (bwd) sl->dk = (float *)a->dqkv + sl->kv0, sl->dv = sl->dk + kvs;
+        return;
+    }
+    size_t rows = T < ATT_ROWS ? (size_t)T : ATT_ROWS;
+    float *w = *p + (size_t)a->blocks * rows * T; /* [T][3 hs] q, k, v; then [T][hs] out, dout */
+    sl->ld = 3 * hs, sl->ldo = hs;
+    widen(w + hs, 3 * hs, a->qkv, sl->kv0, QKV, T, hs, a->prec);
+    widen(w + 2 * hs, 3 * hs, a->qkv, sl->kv0 + kvs, QKV, T, hs, a->prec);
+    sl->k = w + hs, sl->v = w + 2 * hs;
+    if (bwd) { /* [T][3 hs] dq, dk, dv after out and dout */
+        sl->dk = w + (size_t)5 * hs * T + hs, sl->dv = sl->dk + hs;
+    }
+}
+
+/* Query head h of the batch slices_kv set: q, and out (fwd) or out, dout, dq (bwd). */
+static void slices_q(const att_args_t *a, int h, int bwd, slices_t *sl, float *p)
+{
+    int T = a->T, hs = a->C / a->NH, QKV = qkv_width(a);
+    size_t q0 = sl->q0 + (size_t)h * hs, o0 = sl->out0 + (size_t)h * hs;
+    if (a->prec == DDP_KPREC_FP32) {
+        sl->q = (const float *)a->qkv + q0;
         if (bwd) {
-            sl->out = (const float *)a->cout + sl->out0;
-            sl->dout = (const float *)a->dout + sl->out0;
-            sl->dq = (float *)a->dqkv + sl->qkv0, sl->dk = sl->dq + C, sl->dv = sl->dq + 2 * C;
+            sl->out = (const float *)a->cout + o0;
+            sl->dout = (const float *)a->dout + o0;
+            sl->dq = (float *)a->dqkv + q0;
         } else {
-            sl->o = (float *)a->out + sl->out0;
+            sl->o = (float *)a->out + o0;
         }
         return;
     }
     size_t rows = T < ATT_ROWS ? (size_t)T : ATT_ROWS;
-    float *w = *p + (size_t)a->blocks * rows * T; /* [T][3 hs] qkv, then [T][hs] out, dout */
-    sl->ld = 3 * hs, sl->ldo = hs;
-    widen(w, 3 * hs, a->qkv, sl->qkv0, C3, T, hs, a->prec);
-    widen(w + hs, 3 * hs, a->qkv, sl->qkv0 + C, C3, T, hs, a->prec);
-    widen(w + 2 * hs, 3 * hs, a->qkv, sl->qkv0 + 2 * C, C3, T, hs, a->prec);
-    sl->q = w, sl->k = w + hs, sl->v = w + 2 * hs;
-    float *wo = w + (size_t)3 * hs * T;
+    float *w = p + (size_t)a->blocks * rows * T, *wo = w + (size_t)3 * hs * T;
+    widen(w, 3 * hs, a->qkv, q0, QKV, T, hs, a->prec);
+    sl->q = w;
     if (!bwd) {
         sl->o = wo;
         return;
     }
-    widen(wo, hs, a->cout, sl->out0, C, T, hs, a->prec);
-    widen(wo + (size_t)hs * T, hs, a->dout, sl->out0, C, T, hs, a->prec);
+    widen(wo, hs, a->cout, o0, a->C, T, hs, a->prec);
+    widen(wo + (size_t)hs * T, hs, a->dout, o0, a->C, T, hs, a->prec);
     sl->out = wo, sl->dout = wo + (size_t)hs * T;
-    sl->dq = wo + (size_t)2 * hs * T, sl->dk = sl->dq + hs, sl->dv = sl->dq + 2 * hs;
+    sl->dq = wo + (size_t)2 * hs * T;
 }
 
 /* Block [r0, r1)'s scores scale Q K^T over the columns < r1 into s[rb, r1]. */
@@ -162,7 +186,8 @@ static void att_fwd_task(void *varg, long task)
     int b = (int)(task / NH), h = (int)(task % NH);
     slices_t sl;
     float *p; /* [rb, r1] scores, then probabilities */
-    slices(a, task, 0, &sl, &p);
+    slices_kv(a, b, h / (NH / a->NKV), 0, &sl, &p);
+    slices_q(a, h, 0, &sl, p);
     float *lse = a->lse + ((size_t)b * NH + h) * T;
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
@@ -181,7 +206,8 @@ static void att_fwd_task(void *varg, long task)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, p, r1, sl.v,
                     sl.ld, 0.0f, sl.o + (size_t)r0 * sl.ldo, sl.ldo);
     }
-    if (a->prec != DDP_KPREC_FP32) store(a->out, sl.out0, a->C, sl.o, hs, T, hs, a->prec);
+    if (a->prec != DDP_KPREC_FP32)
+        store(a->out, sl.out0 + (size_t)h * hs, a->C, sl.o, hs, T, hs, a->prec);
 }
 
 /* Per-thread scratch for `blocks` score blocks of ATT_ROWS x T floats and, in 16-bit mode, the
@@ -196,31 +222,24 @@ static int att_scratch(ddp_kctx_t *ctx, att_args_t *a, int blocks)
 }
 
 void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                            int B, int T, int C, int NH)
+                            int B, int T, int C, int NH, int NKV)
 {
-    att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH};
+    att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH,
+                    .NKV = NKV};
     if (att_scratch(ctx, &a, 1)) return;
     ddp__pool_run(ctx->pool, (long)B * NH, att_fwd_task, &a);
 }
 
-static void att_bwd_task(void *varg, long task)
+/* Query head h's share of backward: dq (overwritten) and its terms of dk, dv (added). */
+static void att_bwd_head(const att_args_t *a, int b, int h, const slices_t *sl, float *p)
 {
-    const att_args_t *a = varg;
     int T = a->T, NH = a->NH, hs = a->C / NH;
-    int b = (int)(task / NH), h = (int)(task % NH);
-    slices_t sl;
-    float *p; /* [rb, r1] each: P, then dS */
-    slices(a, task, 1, &sl, &p);
     float *ds = p + (size_t)(T < ATT_ROWS ? T : ATT_ROWS) * T;
-    const float *q = sl.q, *k = sl.k, *v = sl.v, *dout = sl.dout, *out = sl.out;
-    float *dq = sl.dq, *dk = sl.dk, *dv = sl.dv;
-    int ld = sl.ld, ldo = sl.ldo;
+    const float *q = sl->q, *k = sl->k, *v = sl->v, *dout = sl->dout, *out = sl->out;
+    float *dq = sl->dq, *dk = sl->dk, *dv = sl->dv;
+    int ld = sl->ld, ldo = sl->ldo;
     const float *lse = a->clse + ((size_t)b * NH + h) * T;
     float scale = 1.0f / sqrtf((float)hs);
-    /* dqkv is overwritten: dK and dV sum over the row blocks from zero; dQ's rows are written
-     * once each (beta 0 below) */
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < hs; i++) dk[(size_t)t * ld + i] = dv[(size_t)t * ld + i] = 0.0f;
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
         const float *dob = dout + (size_t)r0 * ldo;
@@ -250,18 +269,38 @@ static void att_bwd_task(void *varg, long task)
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, scale, ds, r1,
                     q + (size_t)r0 * ld, ld, 1.0f, dk, ld);
     }
-    if (a->prec != DDP_KPREC_FP32) /* dq, dk, dv: [T][3 hs] as in qkv's rows */
-        for (int j = 0; j < 3; j++)
-            store(a->dqkv, sl.qkv0 + (size_t)j * a->C, 3 * a->C, dq + (size_t)j * hs, ld, T, hs,
-                  a->prec);
+}
+
+/* Task (b, K/V head kvh): the query heads of its group in ascending order, each adding its
+ * terms to dK and dV (from zero: dqkv is overwritten) and writing its dQ. */
+static void att_bwd_task(void *varg, long task)
+{
+    const att_args_t *a = varg;
+    int T = a->T, NKV = a->NKV, hs = a->C / a->NH, G = a->NH / NKV, QKV = qkv_width(a);
+    int b = (int)(task / NKV), kvh = (int)(task % NKV);
+    slices_t sl;
+    float *p; /* [rb, r1] each: P, then dS */
+    slices_kv(a, b, kvh, 1, &sl, &p);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < hs; i++) sl.dk[(size_t)t * sl.ld + i] = sl.dv[(size_t)t * sl.ld + i] = 0;
+    for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+        slices_q(a, h, 1, &sl, p);
+        att_bwd_head(a, b, h, &sl, p);
+        if (a->prec != DDP_KPREC_FP32)
+            store(a->dqkv, sl.q0 + (size_t)h * hs, QKV, sl.dq, sl.ld, T, hs, a->prec);
+    }
+    if (a->prec != DDP_KPREC_FP32) {
+        store(a->dqkv, sl.kv0, QKV, sl.dk, sl.ld, T, hs, a->prec);
+        store(a->dqkv, sl.kv0 + (size_t)NKV * hs, QKV, sl.dv, sl.ld, T, hs, a->prec);
+    }
 }
 
 void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
                             const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                            int T, int C, int NH)
+                            int T, int C, int NH, int NKV)
 {
     att_args_t a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .cout = out, .clse = lse, .B = B,
-                    .T = T, .C = C, .NH = NH};
+                    .T = T, .C = C, .NH = NH, .NKV = NKV};
     if (att_scratch(ctx, &a, 2)) return;
-    ddp__pool_run(ctx->pool, (long)B * NH, att_bwd_task, &a);
+    ddp__pool_run(ctx->pool, (long)B * NKV, att_bwd_task, &a);
 }

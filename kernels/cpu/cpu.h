@@ -149,8 +149,8 @@ void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
 int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
 /* ---- ops: ddp__cpu_<op> for every op of kernels.h's DDP_KERNEL_OPS, one file per family
- * (encoder.c, layernorm.c, matmul.c, attention.c, pointwise.c, xent.c, vector.c; set_precision
- * in lowp.c) ---- */
+ * (encoder.c, layernorm.c, rmsnorm.c, matmul.c, attention.c, rope.c, pointwise.c, swiglu.c,
+ * xent.c, vector.c; set_precision in lowp.c) ---- */
 #define DDP__CPU_OP(name, params) void ddp__cpu_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CPU_OP)
 #undef DDP__CPU_OP

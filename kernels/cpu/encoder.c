@@ -1,6 +1,7 @@
 /* Token + position embedding, forward and backward.
  *
- * Forward: out[B,T,C] = wte[inp[b,t]] + wpe[t]; tasks are blocks of rows (b,t).
+ * Forward: out[B,T,C] = wte[inp[b,t]] + wpe[t] (wpe NULL: wte's row alone); tasks are blocks
+ * of rows (b,t).
  * Backward: dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout; either may be NULL (skipped). Two positions may hold the same
  * token, so rows of dwte are not owned by one (b,t): tasks own blocks of columns instead and
  * walk every (b,t) in order, so each dwte/dwpe element is summed by one task in a fixed order.
@@ -26,6 +27,10 @@ static void enc_fwd_task(void *varg, long task)
         int t = (int)(r % a->T);
         float *restrict o = a->out + r * a->C;
         const float *restrict te = a->wte + (size_t)a->inp[r] * a->C;
+        if (!a->wpe) { /* no positions (Llama: RoPE in attention instead) */
+            for (int c = 0; c < a->C; c++) o[c] = te[c];
+            continue;
+        }
         const float *restrict pe = a->wpe + (size_t)t * a->C;
         for (int c = 0; c < a->C; c++) o[c] = te[c] + pe[c];
     }

@@ -105,14 +105,14 @@ int main(int argc, char **argv)
         for (int l = 0; l < L; l++) {
             for (int q = 0; q < 2; q++)
                 DDP_K(&k, layernorm_fwd, A(y), mean, rstd, x, lnw, lnw, N, C);
-            DDP_K(&k, attention_fwd, A(y), lse, A(x), B, T, C, NH);
+            DDP_K(&k, attention_fwd, A(y), lse, A(x), B, T, C, NH, NH);
             DDP_K(&k, gelu_fwd, A(y), A(x), (size_t)N * 4 * C);
             for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, A(y), (size_t)N * C);
         }
         DDP_K(&k, xent_fwd_bwd, losses, A(logits), A(logits), tok, N, V, 1.0f / N);
         for (int l = 0; l < L; l++) {
             DDP_K(&k, gelu_bwd, A(dx), A(x), A(dy), (size_t)N * 4 * C);
-            DDP_K(&k, attention_bwd, A(dx), A(dy), A(x), A(y), lse, B, T, C, NH);
+            DDP_K(&k, attention_bwd, A(dx), A(dy), A(x), A(y), lse, B, T, C, NH, NH);
             for (int q = 0; q < 2; q++)
                 DDP_K(&k, layernorm_bwd, dx, dy, dy + C, A(dy), x, lnw, mean, rstd, N, C);
         }

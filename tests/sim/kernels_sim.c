@@ -61,8 +61,9 @@ struct ddp_kctx {
 #define CPU ddp_kernels_cpu
 
 enum {
-    ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, GELU_FWD, GELU_BWD,
-    RESIDUAL, TO_ACT, XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
+    ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, ROPE_FWD, ROPE_BWD,
+    RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, TO_ACT, XENT, ADAMW,
+    SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
@@ -103,10 +104,16 @@ static void run(void *arg)
         if (a->ctx->break_lm_head && p[0] && i[3] == DDP_W_OUT_IN && i[2] >= 50257)
             add_one(p[0], (ddp_kprec_t)i[4]);
         break;
-    case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3]); break;
+    case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3], i[4]); break;
     case ATT_BWD:
-        CPU.attention_bwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]);
+        CPU.attention_bwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3], i[4]);
         break;
+    case ROPE_FWD: CPU.rope_fwd(c, p[0], p[1], i[0], i[1], i[2], i[3], i[4]); break;
+    case ROPE_BWD: CPU.rope_bwd(c, p[0], p[1], i[0], i[1], i[2], i[3], i[4]); break;
+    case RMS_FWD: CPU.rmsnorm_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
+    case RMS_BWD: CPU.rmsnorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
+    case SWIGLU_FWD: CPU.swiglu_fwd(c, p[0], p[1], i[0], i[1]); break;
+    case SWIGLU_BWD: CPU.swiglu_bwd(c, p[0], p[1], p[2], i[0], i[1]); break;
     case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
     case GELU_BWD: CPU.gelu_bwd(c, p[0], p[1], p[2], a->z[0]); break;
     case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
@@ -501,29 +508,106 @@ static void sim_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, flo
            F(weight, (size_t)C * OC, R));
 }
 
+/* qkv's elements: per position NH query heads and NKV key and value heads of C / NH each */
+static size_t qkv_elems(size_t BT, int C, int NH, int NKV)
+{
+    return BT * ((size_t)C + 2 * (size_t)NKV * (size_t)(C / NH));
+}
+
 static void sim_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse,
-                              const ddp_act_t *qkv, int B, int T, int C, int NH)
+                              const ddp_act_t *qkv, int B, int T, int C, int NH, int NKV)
 {
     args_t *a = new_args(ctx, ATT_FWD);
     if (!a) return;
     size_t BT = (size_t)B * T;
     set_p(a, 3, out, lse, qkv);
-    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
+    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH, a->i[4] = NKV;
     LAUNCH(ctx, a, "attention_fwd", A(out, BT * C, W), F(lse, BT * NH, W),
-           A(qkv, BT * 3 * C, R));
+           A(qkv, qkv_elems(BT, C, NH, NKV), R));
 }
 
 static void sim_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
                               const ddp_act_t *qkv, const ddp_act_t *out, const float *lse,
-                              int B, int T, int C, int NH)
+                              int B, int T, int C, int NH, int NKV)
 {
     args_t *a = new_args(ctx, ATT_BWD);
     if (!a) return;
-    size_t BT = (size_t)B * T;
+    size_t BT = (size_t)B * T, nq = qkv_elems(BT, C, NH, NKV);
     set_p(a, 5, dqkv, dout, qkv, out, lse);
-    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH;
-    LAUNCH(ctx, a, "attention_bwd", A(dqkv, BT * 3 * C, W), A(dout, BT * C, R),
-           A(qkv, BT * 3 * C, R), A(out, BT * C, R), F(lse, BT * NH, R));
+    a->i[0] = B, a->i[1] = T, a->i[2] = C, a->i[3] = NH, a->i[4] = NKV;
+    LAUNCH(ctx, a, "attention_bwd", A(dqkv, nq, W), A(dout, BT * C, R), A(qkv, nq, R),
+           A(out, BT * C, R), F(lse, BT * NH, R));
+}
+
+/* RoPE rotates the q and k heads in place: every position's row is read and written (v's part
+ * in between is untouched, but the row's range covers it: declared RW as a whole). */
+static void sim_rope(ddp_kctx_t *ctx, int op, ddp_act_t *x, const float *rope, int B, int T,
+                     int NH, int NKV, int hs)
+{
+    args_t *a = new_args(ctx, op);
+    if (!a) return;
+    set_p(a, 2, x, rope);
+    a->i[0] = B, a->i[1] = T, a->i[2] = NH, a->i[3] = NKV, a->i[4] = hs;
+    LAUNCH(ctx, a, op == ROPE_FWD ? "rope_fwd" : "rope_bwd",
+           A(x, (size_t)B * T * (size_t)(NH + 2 * NKV) * hs, RW), F(rope, (size_t)T * hs, R));
+}
+
+static void sim_rope_fwd(ddp_kctx_t *ctx, ddp_act_t *qkv, const float *rope, int B, int T,
+                         int NH, int NKV, int hs)
+{
+    sim_rope(ctx, ROPE_FWD, qkv, rope, B, T, NH, NKV, hs);
+}
+
+static void sim_rope_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const float *rope, int B, int T,
+                         int NH, int NKV, int hs)
+{
+    sim_rope(ctx, ROPE_BWD, dqkv, rope, B, T, NH, NKV, hs);
+}
+
+static void sim_rmsnorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *rstd, const float *inp,
+                            const float *weight, int N, int C, float eps)
+{
+    args_t *a = new_args(ctx, RMS_FWD);
+    if (!a) return;
+    size_t NC = (size_t)N * C;
+    set_p(a, 4, out, rstd, inp, weight);
+    a->i[0] = N, a->i[1] = C;
+    a->f[0] = eps;
+    LAUNCH(ctx, a, "rmsnorm_fwd", A(out, NC, W), F(rstd, N, W), F(inp, NC, R), F(weight, C, R));
+}
+
+static void sim_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const ddp_act_t *dout,
+                            const float *inp, const float *weight, const float *rstd, int N,
+                            int C)
+{
+    args_t *a = new_args(ctx, RMS_BWD);
+    if (!a) return;
+    size_t NC = (size_t)N * C;
+    set_p(a, 6, dinp, dweight, dout, inp, weight, rstd);
+    a->i[0] = N, a->i[1] = C;
+    LAUNCH(ctx, a, "rmsnorm_bwd", F(dinp, NC, RW), F(dweight, C, RW), A(dout, NC, R),
+           F(inp, NC, R), F(weight, C, R), F(rstd, N, R));
+}
+
+static void sim_swiglu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, int N, int H)
+{
+    args_t *a = new_args(ctx, SWIGLU_FWD);
+    if (!a) return;
+    size_t NH = (size_t)N * H;
+    set_p(a, 2, out, inp);
+    a->i[0] = N, a->i[1] = H;
+    LAUNCH(ctx, a, "swiglu_fwd", A(out, NH, W), A(inp, 2 * NH, R));
+}
+
+static void sim_swiglu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                           const ddp_act_t *dout, int N, int H)
+{
+    args_t *a = new_args(ctx, SWIGLU_BWD);
+    if (!a) return;
+    size_t NH = (size_t)N * H;
+    set_p(a, 3, dinp, inp, dout);
+    a->i[0] = N, a->i[1] = H;
+    LAUNCH(ctx, a, "swiglu_bwd", A(dinp, 2 * NH, W), A(inp, 2 * NH, R), A(dout, NH, R));
 }
 
 static void sim_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, size_t n)

@@ -7,6 +7,8 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 void square_attention_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
@@ -57,4 +59,55 @@ void square_attention_bwd(float *dqkv, float *datt, const float *dout, const flo
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, ds, T, q, C3,
                         1.0f, dk, C3);
         }
+}
+
+/* qkv[B,T,C + 2 NKV hs] with its K/V heads repeated: [B,T,3C] (caller frees). */
+static float *repeat_kv(const float *qkv, int B, int T, int C, int NH, int NKV)
+{
+    int hs = C / NH, G = NH / NKV;
+    size_t QKV = (size_t)C + 2 * (size_t)NKV * hs;
+    float *x = calloc((size_t)B * T * 3 * C, sizeof(float));
+    if (!x) abort();
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        const float *src = qkv + r * QKV;
+        float *dst = x + r * 3 * C;
+        memcpy(dst, src, (size_t)C * sizeof(float));
+        for (int h = 0; h < NH; h++) {
+            memcpy(dst + C + h * hs, src + C + (h / G) * hs, (size_t)hs * sizeof(float));
+            memcpy(dst + 2 * C + h * hs, src + C + (NKV + h / G) * hs, (size_t)hs * sizeof(float));
+        }
+    }
+    return x;
+}
+
+void square_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                    int NKV)
+{
+    float *x = repeat_kv(qkv, B, T, C, NH, NKV);
+    square_attention_fwd(out, att, x, B, T, C, NH);
+    free(x);
+}
+
+void square_gqa_bwd(float *dqkv, float *datt, const float *dout, const float *qkv,
+                    const float *att, int B, int T, int C, int NH, int NKV)
+{
+    int hs = C / NH, G = NH / NKV;
+    size_t QKV = (size_t)C + 2 * (size_t)NKV * hs;
+    float *x = repeat_kv(qkv, B, T, C, NH, NKV);
+    float *dx = calloc((size_t)B * T * 3 * C, sizeof(float));
+    if (!dx) abort();
+    square_attention_bwd(dx, datt, dout, x, att, B, T, C, NH);
+    for (size_t r = 0; r < (size_t)B * T; r++) {
+        const float *src = dx + r * 3 * C;
+        float *dst = dqkv + r * QKV;
+        memcpy(dst, src, (size_t)C * sizeof(float));
+        memset(dst + C, 0, 2 * (size_t)NKV * hs * sizeof(float));
+        for (int h = 0; h < NH; h++) /* ascending within each group */
+            for (int i = 0; i < hs; i++) {
+                dst[C + (h / G) * hs + i] += src[C + h * hs + i];
+                dst[C + (NKV + h / G) * hs + i] += src[2 * C + h * hs + i];
+            }
+    }
+    free(x);
+    free(dx);
 }

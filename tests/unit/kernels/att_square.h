@@ -8,4 +8,12 @@ void square_attention_fwd(float *out, float *att, const float *qkv, int B, int T
 void square_attention_bwd(float *dqkv, float *datt, const float *dout, const float *qkv,
                           const float *att, int B, int T, int C, int NH);
 
+/* Grouped-query attention on qkv[B,T,C + 2 NKV hs] through the functions above: K/V heads
+ * repeated into a [B,T,3C] copy (Hugging Face's repeat_kv), and backward's dK, dV of the copy
+ * summed back over each group: dqkv[B,T,C + 2 NKV hs] is overwritten. */
+void square_gqa_fwd(float *out, float *att, const float *qkv, int B, int T, int C, int NH,
+                    int NKV);
+void square_gqa_bwd(float *dqkv, float *datt, const float *dout, const float *qkv,
+                    const float *att, int B, int T, int C, int NH, int NKV);
+
 #endif

@@ -162,18 +162,21 @@ void ref_matmul(double *out, const double *inp, const double *w, const double *b
         }
 }
 
-void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH)
+void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH,
+                   int NKV)
 {
-    int hs = C / NH;
+    int hs = C / NH, G = NH / NKV;
+    size_t QKV = (size_t)C + 2 * (size_t)NKV * hs;
     double scale = 1.0 / sqrt((double)hs);
     double *p = kcalloc((size_t)T, sizeof(double));
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < NH; h++)
+        for (int h = 0; h < NH; h++) {
+            size_t ko = (size_t)C + (size_t)(h / G) * hs, vo = ko + (size_t)NKV * hs;
             for (int t = 0; t < T; t++) {
-                const double *q = qkv + ((size_t)b * T + t) * 3 * C + (size_t)h * hs;
+                const double *q = qkv + ((size_t)b * T + t) * QKV + (size_t)h * hs;
                 double mx = -INFINITY;
                 for (int t2 = 0; t2 <= t; t2++) {
-                    const double *k = qkv + ((size_t)b * T + t2) * 3 * C + C + (size_t)h * hs;
+                    const double *k = qkv + ((size_t)b * T + t2) * QKV + ko;
                     p[t2] = kdot(q, k, (size_t)hs) * scale;
                     mx = fmax(mx, p[t2]);
                 }
@@ -185,11 +188,51 @@ void ref_attention(double *out, double *lse, const double *qkv, int B, int T, in
                 for (int i = 0; i < hs; i++) {
                     double s = 0.0;
                     for (int t2 = 0; t2 <= t; t2++)
-                        s += p[t2] * qkv[((size_t)b * T + t2) * 3 * C + 2 * C + (size_t)h * hs + i];
+                        s += p[t2] * qkv[((size_t)b * T + t2) * QKV + vo + i];
                     o[i] = s;
                 }
             }
+        }
     free(p);
+}
+
+void ref_rmsnorm(double *out, double *rstd, const double *inp, const double *w, int N, int C,
+                 double eps)
+{
+    for (int n = 0; n < N; n++) {
+        const double *x = inp + (size_t)n * C;
+        double ss = 0.0;
+        for (int c = 0; c < C; c++) ss += x[c] * x[c];
+        double rs = 1.0 / sqrt(ss / C + eps);
+        for (int c = 0; c < C; c++) out[(size_t)n * C + c] = x[c] * rs * w[c];
+        if (rstd) rstd[n] = rs;
+    }
+}
+
+void ref_rope(double *qkv, const double *rope, int B, int T, int NH, int NKV, int hs)
+{
+    size_t row = (size_t)(NH + 2 * NKV) * hs;
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH + NKV; h++) { /* the q heads, then the k heads */
+                double *x = qkv + ((size_t)b * T + t) * row + (size_t)h * hs;
+                for (int i = 0; i < hs / 2; i++) {
+                    double c = rope[((size_t)t * (hs / 2) + i) * 2];
+                    double s = rope[((size_t)t * (hs / 2) + i) * 2 + 1];
+                    double x0 = x[i], x1 = x[i + hs / 2];
+                    x[i] = x0 * c - x1 * s;
+                    x[i + hs / 2] = x1 * c + x0 * s;
+                }
+            }
+}
+
+void ref_swiglu(double *out, const double *inp, int N, int H)
+{
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < H; j++) {
+            double g = inp[(size_t)n * 2 * H + j], u = inp[(size_t)n * 2 * H + H + j];
+            out[(size_t)n * H + j] = g / (1.0 + exp(-g)) * u;
+        }
 }
 
 double ref_gelu(double x)

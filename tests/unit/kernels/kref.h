@@ -53,8 +53,17 @@ void ref_layernorm(double *out, double *mean, double *rstd, const double *inp, c
                    const double *b, int N, int C);
 void ref_matmul(double *out, const double *inp, const double *w, const double *bias, int N,
                 int C, int OC, ddp_wlayout_t layout);
-/* Causal attention; lse (may be NULL) gets each row's log-sum-exp [B,NH,T]. */
-void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH);
+/* Causal attention with NKV K/V heads (NKV == NH: multi-head) on qkv[B,T,C + 2 NKV hs]; lse
+ * (may be NULL) gets each row's log-sum-exp [B,NH,T]. */
+void ref_attention(double *out, double *lse, const double *qkv, int B, int T, int C, int NH,
+                   int NKV);
+/* out[N,C] = inp / sqrt(mean(inp^2) + eps) * w; rstd[N] (may be NULL). */
+void ref_rmsnorm(double *out, double *rstd, const double *inp, const double *w, int N, int C,
+                 double eps);
+/* RoPE in place on the q and k heads of qkv[B,T,(NH + 2 NKV) hs]; rope[T, hs/2, 2]. */
+void ref_rope(double *qkv, const double *rope, int B, int T, int NH, int NKV, int hs);
+/* out[N,H] = silu(inp[:, :H]) * inp[:, H:] */
+void ref_swiglu(double *out, const double *inp, int N, int H);
 double ref_gelu(double x);
 void ref_xent(double *losses, const double *logits, const int32_t *targets, int N, int V);
 double kdot(const double *a, const double *b, size_t n);

@@ -264,27 +264,27 @@ static void check_layernorm(ddp_kprec_t p, int N, int C)
 
 /* ---- attention ---- */
 
-static void check_attention(ddp_kprec_t p, int B, int T, int C, int NH)
+static void check_attention(ddp_kprec_t p, int B, int T, int C, int NH, int NKV)
 {
     pair_t c;
     open_pair(&c, p, 1, 300 + (uint64_t)T);
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t nq = (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH)), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = rnd(&c, nq, -2, 2), *dout = rnd(&c, no, -1, 1);
     void *qkv16 = kact(qkv, nq, p), *dout16 = kact(dout, no, p);
     void *out16 = garbage(no), *dqkv16 = garbage(nq);
     float *rqkv = kround(qkv, nq, p), *rdout = kround(dout, no, p), *out32 = kcalloc(no, 4);
     float *dqkv32 = kcalloc(nq, 4), *lse16 = kcalloc(nl, 4), *lse32 = kcalloc(nl, 4);
     float *wout = kcalloc(no, 4);
-    DDP_K(&c.lp, attention_fwd, out16, lse16, qkv16, B, T, C, NH);
-    DDP_K(&c.ref, attention_fwd, (ddp_act_t *)out32, lse32, (ddp_act_t *)rqkv, B, T, C, NH);
+    DDP_K(&c.lp, attention_fwd, out16, lse16, qkv16, B, T, C, NH, NKV);
+    DDP_K(&c.ref, attention_fwd, (ddp_act_t *)out32, lse32, (ddp_act_t *)rqkv, B, T, C, NH, NKV);
     assert_int_equal(ddp_k_sync(&c.lp), 0);
     same_act("attention out", out16, out32, no, p);
     same_f32("attention lse", lse16, lse32, nl);
     /* backward reads forward's out as stored: the reference gets it widened */
     ddp_act_to_f32(wout, out16, no, p);
-    DDP_K(&c.lp, attention_bwd, dqkv16, dout16, qkv16, out16, lse16, B, T, C, NH);
+    DDP_K(&c.lp, attention_bwd, dqkv16, dout16, qkv16, out16, lse16, B, T, C, NH, NKV);
     DDP_K(&c.ref, attention_bwd, (ddp_act_t *)dqkv32, (ddp_act_t *)rdout, (ddp_act_t *)rqkv,
-          (ddp_act_t *)wout, lse32, B, T, C, NH);
+          (ddp_act_t *)wout, lse32, B, T, C, NH, NKV);
     assert_int_equal(ddp_k_sync(&c.lp) | ddp_k_sync(&c.ref), 0);
     same_act("attention dqkv", dqkv16, dqkv32, nq, p);
     free(qkv), free(dout), free(qkv16), free(dout16), free(out16), free(dqkv16), free(rqkv);
@@ -366,9 +366,12 @@ static void check_others(ddp_kprec_t p)
 {
     check_layernorm(p, 3, 7);
     check_layernorm(p, 37, 131); /* crosses the row and column blocks */
-    check_attention(p, 2, 7, 12, 3);
-    check_attention(p, 1, 300, 16, 2); /* three row blocks, the last partial */
-    check_attention(p, 2, 65, 128, 2); /* hs = 64 */
+    check_attention(p, 2, 7, 12, 3, 3);
+    check_attention(p, 1, 300, 16, 2, 2); /* three row blocks, the last partial */
+    check_attention(p, 2, 65, 128, 2, 2); /* hs = 64 */
+    check_attention(p, 2, 65, 96, 6, 3);  /* grouped-query: groups of 2 */
+    check_attention(p, 1, 63, 72, 9, 3);  /* groups of 3 (SmolLM2's 9 heads on 3) */
+    check_attention(p, 1, 130, 64, 4, 1); /* one K/V head for all, two row blocks */
     check_pointwise(p);
     check_xent(p, 5, 1003);
     check_xent(p, 2, 50257); /* GPT-2's vocabulary: a long row */

@@ -231,34 +231,41 @@ static void test_matmul(void **state)
 
 typedef struct {
     double *qkv, *wt, *out;
-    int B, T, C, NH;
+    int B, T, C, NH, NKV;
 } att_loss_t;
 
 static double att_loss(void *arg)
 {
     att_loss_t *a = arg;
-    ref_attention(a->out, NULL, a->qkv, a->B, a->T, a->C, a->NH);
+    ref_attention(a->out, NULL, a->qkv, a->B, a->T, a->C, a->NH, a->NKV);
     return kdot(a->out, a->wt, (size_t)a->B * a->T * a->C);
 }
 
-static void check_attention(int B, int T, int C, int NH, size_t max_checks)
+/* qkv's elements: NH query heads and NKV key and value heads a position */
+static size_t qkv_n(int B, int T, int C, int NH, int NKV)
 {
-    krng_t r = {4u + (uint64_t)T};
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    return (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH));
+}
+
+static void check_attention(int B, int T, int C, int NH, int NKV, size_t max_checks)
+{
+    krng_t r = {4u + (uint64_t)T + 100u * (uint64_t)NKV};
+    size_t nq = qkv_n(B, T, C, NH, NKV), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = falloc(nq), *out = falloc(no), *lse = falloc(nl);
     kfill(&r, qkv, nq, -1.5, 1.5);
     memset(lse, 0xff, nl * sizeof(float)); /* NaNs: every element must be written */
-    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH);
-    att_loss_t a = {.qkv = dof(qkv, nq), .out = dalloc(no), .B = B, .T = T, .C = C, .NH = NH};
+    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH, NKV);
+    att_loss_t a = {.qkv = dof(qkv, nq), .out = dalloc(no), .B = B, .T = T, .C = C, .NH = NH,
+                    .NKV = NKV};
     double *rlse = dalloc(nl);
-    ref_attention(a.out, rlse, a.qkv, B, T, C, NH);
+    ref_attention(a.out, rlse, a.qkv, B, T, C, NH, NKV);
     assert_int_equal(kclose("attention out", out, a.out, no, RTOL, AFRAC), 0);
     assert_int_equal(kclose("attention lse", lse, rlse, nl, RTOL, AFRAC), 0);
 
     float *dout = falloc(no), *dqkv = falloc(nq);
     kfill(&r, dout, no, -1, 1);
     kfill(&r, dqkv, nq, -1, 1);
-    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH);
+    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH, NKV);
     a.wt = dof(dout, no);
     /* dqkv overwritten: the garbage it held does not show */
     assert_int_equal(kfd_check("attention dqkv", att_loss, &a, a.qkv, nq, dqkv, NULL,
@@ -269,36 +276,43 @@ static void check_attention(int B, int T, int C, int NH, size_t max_checks)
 
 static void test_attention(void **state)
 {
-    check_attention(2, 7, 12, 3, 10000); /* hs = 4: below the vector width */
-    check_attention(1, 33, 40, 5, 400);  /* hs = 8 */
-    check_attention(2, 9, 36, 2, 400);   /* hs = 18: a remainder after 8 lanes */
-    check_attention(1, 300, 16, 2, 200); /* three causal row blocks, the last one partial */
+    check_attention(2, 7, 12, 3, 3, 10000); /* hs = 4: below the vector width */
+    check_attention(1, 33, 40, 5, 5, 400);  /* hs = 8 */
+    check_attention(2, 9, 36, 2, 2, 400);   /* hs = 18: a remainder after 8 lanes */
+    check_attention(1, 300, 16, 2, 2, 200); /* three causal row blocks, the last one partial */
+    /* grouped-query: groups of 2, 3 (SmolLM2's 9 heads on 3), 4 and all heads on one K/V */
+    check_attention(2, 7, 16, 4, 2, 10000);
+    check_attention(1, 65, 72, 9, 3, 600);
+    check_attention(2, 9, 32, 4, 1, 3000);
+    check_attention(1, 130, 64, 8, 2, 400);
 }
 
 /* Flash attention against the T x T attention it replaced (att_square.c), in fp32, on T below,
- * at and above the row block and on a long context, with up to 48 heads of a batch. */
-static void check_flash_square(int B, int T, int C, int NH)
+ * at and above the row block and on a long context, with up to 48 heads of a batch; grouped
+ * queries against that reference on K/V heads repeated (repeat_kv). */
+static void check_flash_square(int B, int T, int C, int NH, int NKV)
 {
-    krng_t r = {40u + (uint64_t)T};
-    size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
+    krng_t r = {40u + (uint64_t)T + 1000u * (uint64_t)NKV};
+    size_t nq = qkv_n(B, T, C, NH, NKV), no = (size_t)B * T * C, na = (size_t)B * NH * T * T;
     float *qkv = falloc(nq), *out = falloc(no), *lse = falloc((size_t)B * NH * T);
     float *sq_out = falloc(no), *att = falloc(na), *dout = falloc(no);
     float *dqkv = falloc(nq), *sq_dqkv = falloc(nq);
     kfill(&r, qkv, nq, -2, 2);
     kfill(&r, dout, no, -1, 1);
     kfill(&r, dqkv, nq, -1, 1); /* overwritten; the T x T reference sums from zero */
-    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH);
-    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH);
+    DDP_K(&K, attention_fwd, KA(out), lse, KA(qkv), B, T, C, NH, NKV);
+    DDP_K(&K, attention_bwd, KA(dqkv), KA(dout), KA(qkv), KA(out), lse, B, T, C, NH, NKV);
     assert_int_equal(ddp_k_sync(&K), 0);
-    square_attention_fwd(sq_out, att, qkv, B, T, C, NH);
+    square_gqa_fwd(sq_out, att, qkv, B, T, C, NH, NKV);
     float *datt = falloc(na);
-    square_attention_bwd(sq_dqkv, datt, dout, qkv, att, B, T, C, NH);
+    square_gqa_bwd(sq_dqkv, datt, dout, qkv, att, B, T, C, NH, NKV);
     free(datt);
     double *ro = dof(sq_out, no), *rd = dof(sq_dqkv, nq);
-    char what[64];
-    snprintf(what, sizeof what, "flash vs T x T out, T=%d B*NH=%d", T, B * NH);
+    char what[80];
+    snprintf(what, sizeof what, "flash vs T x T out, T=%d B*NH=%d NH/NKV=%d", T, B * NH, NH / NKV);
     assert_int_equal(kclose(what, out, ro, no, 1e-4, 1e-5), 0);
-    snprintf(what, sizeof what, "flash vs T x T dqkv, T=%d B*NH=%d", T, B * NH);
+    snprintf(what, sizeof what, "flash vs T x T dqkv, T=%d B*NH=%d NH/NKV=%d", T, B * NH,
+             NH / NKV);
     assert_int_equal(kclose(what, dqkv, rd, nq, 1e-4, 1e-5), 0);
     free(qkv), free(out), free(lse), free(sq_out), free(att), free(dout), free(dqkv);
     free(sq_dqkv), free(ro), free(rd);
@@ -308,8 +322,13 @@ static void test_attention_flash_vs_square(void **state)
 {
     static const int T[] = {1, 63, 64, 65, 1000};
     for (size_t i = 0; i < sizeof T / sizeof T[0]; i++)
-        check_flash_square(4, T[i], 96, 12); /* B*NH = 48, hs = 8 */
-    check_flash_square(1, 129, 256, 4);      /* hs = 64 */
+        check_flash_square(4, T[i], 96, 12, 12); /* B*NH = 48, hs = 8 */
+    check_flash_square(1, 129, 256, 4, 4);       /* hs = 64 */
+    /* groups of 1, 2, 3 and 4 query heads a K/V head, odd T */
+    static const int Tg[] = {1, 63, 65};
+    for (size_t i = 0; i < sizeof Tg / sizeof Tg[0]; i++)
+        for (int g = 1; g <= 4; g++) check_flash_square(2, Tg[i], 12 * 16, 12, 12 / g);
+    check_flash_square(1, 200, 9 * 64, 9, 3); /* SmolLM2-135M's heads, two row blocks */
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -552,7 +571,7 @@ static void test_accumulate(void **state)
     float *mean = falloc((size_t)N), *rstd = falloc((size_t)N), *tmp = falloc(nq);
     float *lse = falloc((size_t)B * NH * T);
     DDP_K(&K, layernorm_fwd, KA(tmp), mean, rstd, x, w, w, N, C);
-    DDP_K(&K, attention_fwd, KA(tmp), lse, KA(x), B, T, C, NH);
+    DDP_K(&K, attention_fwd, KA(tmp), lse, KA(x), B, T, C, NH, NH);
     for (int k = 0; k < 2; k++) {
         for (int rep = 0; rep <= k; rep++) {
             DDP_K(&K, matmul_bwd, KA(g[k][0]), g[k][1], g[k][2], KA(dout), KA(x), w, N, C, OC,
@@ -575,7 +594,8 @@ static void test_accumulate(void **state)
         for (int j = 0; j < 3; j++) memset(g[k][j], 0, ((size_t)V * OC * 4 + nq) * sizeof(float));
         for (int rep = 0; rep <= k; rep++) {
             DDP_K(&K, encoder_bwd, g[k][0], g[k][1], dout, inp, B, T, C);
-            DDP_K(&K, attention_bwd, KA(g[k][2]), KA(dout), KA(x), KA(tmp), lse, B, T, C, NH);
+            DDP_K(&K, attention_bwd, KA(g[k][2]), KA(dout), KA(x), KA(tmp), lse, B, T, C, NH,
+                  NH);
             DDP_K(&K, gelu_bwd, KA(g[k][2] + nq), KA(x), KA(dout), (size_t)N * C);
         }
     }

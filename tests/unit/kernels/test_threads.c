@@ -98,10 +98,10 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     size_t nq = 2 * 20 * 3 * 48, nlse = 2 * 4 * 20;
     float *qkv = rnd(&r, nq, -1, 1), *lse = kcalloc(nlse, 4);
     float *dqkv = kcalloc(nq, 4);
-    DDP_K(k, attention_fwd, KA(y), lse, KA(qkv), 2, 20, 48, 4);
+    DDP_K(k, attention_fwd, KA(y), lse, KA(qkv), 2, 20, 48, 4, 4);
     keep(o, "attention out", y, 2 * 20 * 48);
     keep(o, "attention lse", lse, nlse);
-    DDP_K(k, attention_bwd, KA(dqkv), KA(dy), KA(qkv), KA(y), lse, 2, 20, 48, 4);
+    DDP_K(k, attention_bwd, KA(dqkv), KA(dy), KA(qkv), KA(y), lse, 2, 20, 48, 4, 4);
     keep(o, "attention dqkv", dqkv, nq);
 
     /* xent: N=9, V=5000 */
@@ -178,10 +178,10 @@ static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
     keep(o, "layernorm dweight, dbias", dw, (size_t)C);
     /* attention: B=2, T=130, C=48, NH=4 (a = qkv [2,130,144], and dout [2,130,48]) */
     float *lse = kcalloc(2 * 4 * 130, 4);
-    DDP_K(k, attention_fwd, KA(out), lse, a, 2, 130, 48, 4);
+    DDP_K(k, attention_fwd, KA(out), lse, a, 2, 130, 48, 4, 4);
     keep16(o, "attention out", out, 2 * 130 * 48);
     keep(o, "attention lse", lse, 2 * 4 * 130);
-    DDP_K(k, attention_bwd, KA(dinp), a, a, KA(out), lse, 2, 130, 48, 4);
+    DDP_K(k, attention_bwd, KA(dinp), a, a, KA(out), lse, 2, 130, 48, 4, 4);
     keep16(o, "attention dqkv", dinp, 2 * 130 * 144);
     size_t ne = (size_t)N * OC;
     DDP_K(k, gelu_fwd, KA(out), a, ne);
