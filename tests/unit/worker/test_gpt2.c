@@ -114,9 +114,11 @@ static int setup(void **state)
     snprintf(path, sizeof path, "%s/tests/fixtures/gpt2_tiny.bin", root ? root : ".");
     fx->blob = read_file(path, &fx->blob_len);
     if (!fx->blob) return -1;
-    fx->cfg = (ddp_model_cfg_t){cfg_int(fx, "n_layer"), cfg_int(fx, "n_head"),
-                                cfg_int(fx, "n_embd"), cfg_int(fx, "vocab_size"),
-                                cfg_int(fx, "block_size")};
+    fx->cfg = (ddp_model_cfg_t){.n_layer = cfg_int(fx, "n_layer"),
+                                .n_head = cfg_int(fx, "n_head"),
+                                .n_embd = cfg_int(fx, "n_embd"),
+                                .vocab_size = cfg_int(fx, "vocab_size"),
+                                .block_size = cfg_int(fx, "block_size")};
     fx->B = cfg_int(fx, "B");
     fx->T = cfg_int(fx, "T");
     if (ddp_kernels_open(&fx->k, "cpu", 0, 2)) return -1;
