@@ -257,6 +257,40 @@ static void train(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps)
     free(tg);
 }
 
+/* Writes the model in Hugging Face's layout (model.safetensors, config.json) and its logits on
+ * batch 0 (raw float32 [B,T,V], logits_ddpd.f32) to $DDP_LLAMA_EXPORT/<name>/ when that is set:
+ * tests/fixtures/check_hf_load.py then checks with transformers that it loads and gives the
+ * same logits (a check run by hand and recorded; CI has no transformers). */
+static void export_trained(fixture_t *fx, const char *name)
+{
+    const char *out = getenv("DDP_LLAMA_EXPORT");
+    if (!out) return;
+    char dir[1024], path[1100];
+    snprintf(dir, sizeof dir, "%s/%s", out, name);
+    snprintf(path, sizeof path, "mkdir -p %s", dir);
+    assert_int_equal(system(path), 0);
+    ddp_errinfo_t ei = {0};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(ddp_model_export(&fx->m, path, &ei), 0);
+    char *cfg = ddp_hf_config_json(&fx->cfg);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *o = fopen(path, "w");
+    fputs(cfg, o);
+    fclose(o);
+    free(cfg);
+    size_t n = (size_t)fx->B * fx->T;
+    int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
+    batch(fx, 0, in, tg);
+    float loss;
+    assert_int_equal(ddp_model_evaluate(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    snprintf(path, sizeof path, "%s/logits_ddpd.f32", dir);
+    o = fopen(path, "wb");
+    fwrite(fx->m.acts.logits, 4, n * fx->cfg.vocab_size, o);
+    fclose(o);
+    free(in);
+    free(tg);
+}
+
 /* fp32: every step's loss within 1e-5 (relative) of the float64 model's. bf16: within
  * autocast's own largest distance from the float64 model over the 10 steps of the four models
  * (their max_abs_autocast_vs_fp64: 1.5e-4 to 6.5e-4 with transformers 5.24): ddpd's rounding
@@ -279,6 +313,7 @@ static void test_adamw_steps_match_transformers(void **state)
         open_fixture(&fx, FIXTURES[f], DDP_KPREC_FP32);
         memcpy(ref, tensor(&fx, "adamw_losses", NULL), sizeof ref);
         train(&fx, DDP_KPREC_FP32, fp32, 10);
+        export_trained(&fx, FIXTURES[f]);
         close_fixture(&fx);
         open_fixture(&fx, FIXTURES[f], DDP_KPREC_FP32);
         train(&fx, DDP_KPREC_FP32, again, 10);
