@@ -115,8 +115,9 @@ static const char RULES[] =
     "## Rules between fields\n"
     "\n"
     "- The model is a preset, or all five of `n_layer`, `n_head`, `n_embd`, `vocab_size` and\n"
-    "  `block_size`, not both; `n_embd` is divisible by `n_head`. `init_from` alone takes the\n"
-    "  model from its `config.json`.\n"
+    "  `block_size` (a GPT-2), or `config` (any family), one of them; `n_embd` is divisible by\n"
+    "  `n_head`. `init_from` alone takes the model from its `config.json`, and checks any other\n"
+    "  source against it.\n"
     "- `train.seq_len` <= `model.block_size`; `train.global_batch_tokens` is 0 or a multiple of\n"
     "  `micro_batch` x `seq_len` (and the worker checks that it divides by the world).\n"
     "- `train.betas` or `beta1`/`beta2`, not both; `train.min_lr` <= `train.lr`;\n"
@@ -236,18 +237,33 @@ static void default_text(const field_t *f, const ddp_spec_t *d, char *buf, size_
 static void write_presets(FILE *out)
 {
     fputs("## Presets\n\n"
-          "Parameters: V C + T C + L (12 C^2 + 13 C) + 2 C (L = `n_layer`, C = `n_embd`, V =\n"
-          "`vocab_size`, T = `block_size`; the LM head is tied to the token embedding).\n\n"
-          "| preset | n_layer | n_head | n_embd | vocab_size | block_size | parameters |\n"
-          "|---|---:|---:|---:|---:|---:|---:|\n",
+          "GPT-2 (LayerNorm, learned positions, GELU MLP of 4 C, biases, tied LM head) and the "
+          "Llama\nfamily (RMSNorm, RoPE, SwiGLU MLP of width I, grouped-query attention with "
+          "KV key/value heads,\nno biases but Qwen2's q/k/v), in the published models' shapes "
+          "(random initial weights;\n`model.init_from` loads published ones). Parameters: GPT-2 "
+          "V C + T C + L (12 C^2 + 13 C) + 2 C;\nLlama V C (twice untied) + C + L (2 C^2 + 2 C K "
+          "+ 3 C I + 2 C), K = KV C / n_head (+ C + 2 K\nwith q/k/v biases).\n\n"
+          "| preset | family | n_layer | n_head | KV | n_embd | MLP | vocab_size | block_size | "
+          "tied | parameters |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
           out);
     for (size_t i = 0; i < ddp__spec_n_presets; i++) {
         const ddp_model_cfg_t *c = &ddp__spec_presets[i].cfg;
-        double C = c->n_embd;
-        double n = (double)c->vocab_size * C + (double)c->block_size * C +
-                   c->n_layer * (12 * C * C + 13 * C) + 2 * C;
-        fprintf(out, "| `%s` | %d | %d | %d | %d | %d | ", ddp__spec_presets[i].name, c->n_layer,
-                c->n_head, c->n_embd, c->vocab_size, c->block_size);
+        double C = c->n_embd, V = c->vocab_size, n;
+        int llama = c->arch == DDP_ARCH_LLAMA;
+        if (llama) {
+            double K = (double)c->n_kv_head * C / c->n_head, I = c->intermediate_size;
+            n = V * C * (c->tie_embeddings ? 1 : 2) + C +
+                c->n_layer * (2 * C * C + 2 * C * K + 3 * C * I + 2 * C +
+                              (c->attention_bias ? C + 2 * K : 0));
+        } else {
+            n = V * C + (double)c->block_size * C + c->n_layer * (12 * C * C + 13 * C) + 2 * C;
+        }
+        fprintf(out, "| `%s` | %s | %d | %d | %d | %d | %d | %d | %d | %s | ",
+                ddp__spec_presets[i].name, llama ? (c->qwen2 ? "Qwen2" : "Llama") : "GPT-2",
+                c->n_layer, c->n_head, llama ? c->n_kv_head : c->n_head, c->n_embd,
+                llama ? c->intermediate_size : 4 * c->n_embd, c->vocab_size, c->block_size,
+                llama && !c->tie_embeddings ? "no" : "yes");
         fprintf(out, n < 1e6 ? "%.2fM |\n" : n < 1e8 ? "%.1fM |\n" : "%.0fM |\n", n / 1e6);
     }
 }
