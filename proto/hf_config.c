@@ -286,8 +286,12 @@ char *ddp_hf_config_json(const ddp_model_cfg_t *cfg)
 
 /* ---- comparing -------------------------------------------------------------------------- */
 
-int ddp_hf_config_diff(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char *what, size_t n)
+/* ddp_hf_config_diff, with *field the spec field that gives the differing key ("model.n_embd";
+ * "model.config" for the keys only a config gives). */
+static int diff_field(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char *what, size_t n,
+                      const char **field)
 {
+    *field = "model.config";
     if (a->arch != b->arch) {
         snprintf(what, n, "model_type is %s and %s", a->arch ? "llama" : "gpt2",
                  b->arch ? "llama" : "gpt2");
@@ -299,6 +303,7 @@ int ddp_hf_config_diff(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char 
         int x = *cfg_int((ddp_model_cfg_t *)a, &keys[i]), y = *cfg_int((ddp_model_cfg_t *)b, &keys[i]);
         if (x != y) {
             snprintf(what, n, "%s is %d and %d", keys[i].key, x, y);
+            *field = keys[i].field;
             return 1;
         }
     }
@@ -325,6 +330,12 @@ int ddp_hf_config_diff(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char 
     return 0;
 }
 
+int ddp_hf_config_diff(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char *what, size_t n)
+{
+    const char *field;
+    return diff_field(a, b, what, n, &field);
+}
+
 /* ---- the spec's model from files -------------------------------------------------------- */
 
 int ddp_spec_resolve_model(ddp_spec_t *s, ddp_errinfo_t *ei)
@@ -342,6 +353,7 @@ int ddp_spec_resolve_model(ddp_spec_t *s, ddp_errinfo_t *ei)
     if (s->init_from[0]) {
         ddp_model_cfg_t c;
         char what[160];
+        const char *field;
         rc = ddp_hf_config_read(s->init_from, &c, ei);
         if (rc == -ENOENT && known) {
             ddp_errinfo_clear(ei); /* the spec says the model; nothing to check it against */
@@ -356,14 +368,15 @@ int ddp_spec_resolve_model(ddp_spec_t *s, ddp_errinfo_t *ei)
             return rc;
         } else if (!known) {
             s->model = c;
-        } else if (ddp_hf_config_diff(&s->model, &c, what, sizeof what)) {
-            const char *by = s->config[0] ? "model.config" : s->preset[0] ? "model.preset" : NULL;
-            ddp_errinfo_set(ei, DDP_ESPEC, "%s/config.json (model.init_from) is another model "
-                            "than %s %s (%s, in that order): drop %s to take the model from "
-                            "init_from", s->init_from, by ? by : "the dimensions'",
-                            by == NULL ? "" : s->config[0] ? s->config : s->preset, what,
-                            by ? by : "the dimensions");
-            ddp_errinfo_path(ei, "%s", by ? by : "model.n_layer");
+        } else if (diff_field(&s->model, &c, what, sizeof what, &field)) {
+            /* the field that gave the model: model.config, model.preset or a dimension */
+            const char *by = s->config[0] ? "model.config" : s->preset[0] ? "model.preset" : field;
+            const char *what_by = s->config[0] ? s->config : s->preset[0] ? s->preset : "";
+            ddp_errinfo_set(ei, DDP_ESPEC, "%s%sdisagrees with %s/config.json (model.init_from): "
+                            "%s (this spec's first); drop %s to take the model from init_from",
+                            what_by, what_by[0] ? " " : "", s->init_from, what,
+                            s->config[0] || s->preset[0] ? by : "the dimensions");
+            ddp_errinfo_path(ei, "%s", by);
             return DDP_ESPEC;
         }
     }

@@ -61,23 +61,23 @@ expect_error() { # expect_error WHAT PATTERN [--set ...]: exit 2 and the message
         not_ok "$what (exit $rc)"; diag "$T/bad.log"; fi
 }
 expect_error "a dimension that disagrees names the field and config.json's value" \
-    "ddp-worker: model.n_embd: is 256, but $ck/config.json says n_embd 128" \
+    "ddp-worker: model.n_embd: disagrees with $ck/config.json (model.init_from): n_embd is 256 and 128" \
     --set model.n_layer=2 --set model.n_head=4 --set model.n_embd=256 --set model.vocab_size=256 \
     --set model.block_size=128
 expect_error "a preset that disagrees names model.preset" \
-    "ddp-worker: model.preset: gpt2-mini has n_layer 6, but $ck/config.json says n_layer 2" \
+    "ddp-worker: model.preset: gpt2-mini disagrees with $ck/config.json (model.init_from): n_layer is 6 and 2" \
     --set model.preset=gpt2-mini
 expect_error "seq_len beyond config.json's block_size names train.seq_len" \
-    "train.seq_len: must be <= the block_size of $ck/config.json (128), got 256" --set train.seq_len=256
+    "train.seq_len: must be <= the model's block_size (128, from its config.json), got 256" --set train.seq_len=256
 mkdir -p "$T/noconfig" && cp "$ck/model.safetensors" "$T/noconfig/"
 expect_error "no config.json and no dimensions: says what to add" \
-    "model.init_from: $T/noconfig/config.json does not exist: add model.preset or the dimensions" \
+    "model.init_from: $T/noconfig/config.json does not exist: add model.preset, model.config or the dimensions" \
     --set "model.init_from=\"$T/noconfig\""
 check "no config.json but a preset: loads as before" \
     "$W" "$T/init.yaml" --quiet --run-dir "$T/np" --set "model.init_from=\"$T/noconfig\"" --set model.preset=gpt2-tiny
 mkdir -p "$T/llama" && cp "$ck/model.safetensors" "$T/llama/" &&
-    jq '.model_type="llama"' "$ck/config.json" >"$T/llama/config.json"
-expect_error "a config.json of another model type is refused" 'model_type is "llama", not "gpt2"' \
+    jq '.model_type="mistral"' "$ck/config.json" >"$T/llama/config.json"
+expect_error "a config.json of another model type is refused" 'model_type "mistral" is not implemented' \
     --set "model.init_from=\"$T/llama\""
 
 # through a daemon: it accepts the spec without the model, and the worker resolves it
