@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Multi-rank training with real processes (TAP): equivalence of ranks and accumulation,
-# bitwise determinism, the world-size refusal message, a replica mismatch named, and mpirun.
+# bitwise determinism, the world-size refusal message, a replica mismatch named, and mpirun;
+# the Llama family (llama-tiny) through the same equivalences: ranks, the sharded optimizer
+# step and recomputation.
 #   test_ddp.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
@@ -36,7 +38,7 @@ runN() { # ranks out.safetensors accum-tokens [options]
     { cat "$tmp/launch.log" "$tmp"/run$ranks/rank-*.log; return 1; }
 }
 
-echo "1..14"
+echo "1..17"
 # 1 rank x 2 micro-steps == 2 ranks x 1, bitwise (global batch 2 x 2 x 32 = 128 tokens)
 run1 "$tmp/a1.st" 128 && runN 2 "$tmp/a2.st" 128 &&
   check "2 ranks x B equal 1 rank x 2 accumulation steps bitwise" python3 "$compare" "$tmp/a1.st" "$tmp/a2.st" --bitwise ||
@@ -61,6 +63,18 @@ DDP_LOG_LEVEL=info RUN_DIR="$tmp/runsh" "$launch" 2 "$tmp/job.yaml" --set train.
 runN 2 "$tmp/a2u.st" 128 --set ddp.shard_optimizer=false &&
   check "2 ranks: a sharded optimizer step gives the unsharded step's weights bitwise" cmp "$tmp/a2.st" "$tmp/a2u.st" ||
   not_ok "2-rank run without the sharded optimizer step"
+# the Llama family: 2 ranks == 1 rank x 2 micro-steps, the sharded step == the plain one, and
+# recomputation == none, each bitwise
+llama=(--set model.preset=llama-tiny)
+run1 "$tmp/l1.st" 128 "${llama[@]}" && runN 2 "$tmp/l2.st" 128 "${llama[@]}" &&
+  check "llama-tiny: 2 ranks x B equal 1 rank x 2 accumulation steps bitwise" python3 "$compare" "$tmp/l1.st" "$tmp/l2.st" --bitwise ||
+  not_ok "llama-tiny 2-rank equivalence runs"
+runN 2 "$tmp/l2u.st" 128 "${llama[@]}" --set ddp.shard_optimizer=false &&
+  check "llama-tiny: the sharded optimizer step gives the unsharded step's weights bitwise" cmp "$tmp/l2.st" "$tmp/l2u.st" ||
+  not_ok "llama-tiny 2-rank run without the sharded optimizer step"
+runN 2 "$tmp/l2r.st" 128 "${llama[@]}" --set train.recompute=block &&
+  check "llama-tiny: recomputing each block gives the same weights bitwise" cmp "$tmp/l2.st" "$tmp/l2r.st" ||
+  not_ok "llama-tiny 2-rank run with recomputation"
 # a world size that cannot split the global batch is refused with the sizes that would
 if RUN_DIR="$tmp/run3" "$launch" 3 "$tmp/job.yaml" --set train.global_batch_tokens=256 >"$tmp/w3.log" 2>&1; then
   not_ok "3 ranks cannot split 4 sequences: refused"
