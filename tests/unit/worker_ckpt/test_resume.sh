@@ -41,7 +41,7 @@ checkpoint: {dir: $tmp/ck, every: 5, keep_last: 0}
 YAML
 W() { "$worker" job.yaml --quiet "$@"; }
 L() { DDP_WORKER=$worker RUN_DIR=$tmp/run "$launch" "$@"; }
-echo "1..17"
+echo "1..20"
 
 # 1 rank: 20 straight vs 10 + resume + 10
 W --no-resume --set checkpoint.dir=\"$tmp/full1\" --dump-weights full1.st >full1.log 2>&1
@@ -60,6 +60,23 @@ assert saved > 0 and abs(done['final_loss'] - saved) <= 1e-6 * saved, (saved, do
 # the planned saves took every CRC32C from the update (and the resume above verified them)
 check "1 rank: a planned save reads no tensor for its checksums" \
     grep -q "checkpoint step 10: .*, 0.0 MB checksummed by the writer" a.log
+
+# the Llama family: 2 ranks, 20 straight vs 10 + resume + 10 (its checkpoint holds lm_head,
+# model.norm, model.layers.* and config.json in Hugging Face's layout)
+llama=(--set model.preset=llama-tiny)
+L 2 job.yaml --quiet "${llama[@]}" --no-resume --set checkpoint.dir=\"$tmp/fullL\" --dump-weights fullL.st >fullL.log 2>&1
+L 2 job.yaml --quiet "${llama[@]}" --no-resume --set checkpoint.dir=\"$tmp/ckL\" --stop-at-step 10 >l1.log 2>&1
+L 2 job.yaml --quiet "${llama[@]}" --set checkpoint.dir=\"$tmp/ckL\" --dump-weights resL.st >l2.log 2>&1
+check "llama-tiny, 2 ranks: 20 steps straight == 10 + resume + 10, bitwise" "$compare" fullL.st resL.st
+check "llama-tiny: the checkpoint's config.json is a LlamaForCausalLM's" \
+    grep -q '"LlamaForCausalLM"' "$tmp/ckL/step-00000010/config.json"
+# resuming it as another model names the differing key
+if W --set model.preset=gpt2-tiny --set checkpoint.dir=\"$tmp/ckL\" >lbad.log 2>&1; then
+  not_ok "a Llama checkpoint resumed as GPT-2 is refused"
+else
+  check "a Llama checkpoint resumed as GPT-2 is refused, naming model_type" \
+      grep -q "is another model than this run's (model_type is llama and gpt2" lbad.log
+fi
 
 # 2 ranks
 L 2 job.yaml --quiet --set checkpoint.dir=\"$tmp/full2\" --dump-weights full2.st >full2.log 2>&1
