@@ -83,7 +83,7 @@ PY
 }
 generations() { grep -c '"event":"generation"' "$1/metrics.jsonl"; }
 
-echo "1..31"
+echo "1..35"
 
 # reference: the same job, uninterrupted
 start ref
@@ -104,6 +104,21 @@ if wait_for "$tmp/kill/out.log" "step +$k/$steps" 120; then
     check "final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/kill/w.st" --rel 1e-5
 else
     for i in 1 2 3 4 5; do not_ok "kill run did not reach step $k"; done
+fi
+
+# 1b. the same for the Llama family (llama-tiny): a rank killed, its replacement rejoins
+start llref --set model.preset=llama-tiny
+finish && ok "llama-tiny: uninterrupted elastic run of 4 ranks" || { not_ok "llama-tiny uninterrupted run"; sed 's/^/# /' "$tmp/llref/out.log" | tail -20; }
+k=$((3 + RANDOM % 15))
+echo "# llama-tiny: SIGKILL rank 1 after step $k"
+start llkill --set model.preset=llama-tiny
+if wait_for "$tmp/llkill/out.log" "step +$k/$steps" 120; then
+    kill -KILL "$(pid_of llkill 1)"
+    finish && ok "llama-tiny: the job survives rank 1's SIGKILL after step $k" || { not_ok "llama-tiny job with a killed rank"; tail -30 "$tmp/llkill/out.log" | sed 's/^/# /'; }
+    check "llama-tiny: the rejoined rank received the state from a live rank" grep -q "joined generation .* state of step" "$tmp/llkill/rank-1.log"
+    check "llama-tiny: final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/llref/w.st" "$tmp/llkill/w.st" --rel 1e-5
+else
+    for i in 1 2 3; do not_ok "llama-tiny kill run did not reach step $k"; done
 fi
 
 # 2. rank 0 killed: the step lines and the checkpoints move to the new rank 0
