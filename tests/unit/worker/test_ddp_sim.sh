@@ -45,7 +45,7 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs (a 1-ra
   ! grep -h "hazard\|violation\|error" "${logs[@]}"
 }
 
-echo "1..22"
+echo "1..26"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
@@ -57,6 +57,15 @@ run2 cpu16 cpu --set train.precision=\"bf16\" && run2 sim16 sim --set train.prec
   check "bf16: 2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu16.st" "$tmp/sim16.st" --bitwise ||
   not_ok "2-rank bf16 runs on cpu and sim"
 check "the bf16 sim run reports no hazard, misuse or error" clean sim16
+# the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention) in fp32 and bf16: the sim
+# gives the CPU's weights bitwise, with accumulation and no hazard
+for p in fp32 bf16; do
+  run2 llcpu$p cpu --set model.preset=llama-tiny --set train.precision=\"$p\" &&
+    run2 llsim$p sim --set model.preset=llama-tiny --set train.precision=\"$p\" &&
+    check "llama-tiny $p: 2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/llcpu$p.st" "$tmp/llsim$p.st" --bitwise ||
+    not_ok "llama-tiny $p 2-rank runs on cpu and sim"
+  check "the llama-tiny $p sim run reports no hazard, misuse or error" clean llsim$p
+done
 # every op delayed on its stream thread: the same weights (ordering, not luck)
 DDP_SIM_DELAY_US=300 run2 simslow sim && check "ops delayed by 300 us: the same weights" cmp "$tmp/sim.st" "$tmp/simslow.st" ||
   not_ok "2-rank run with delayed ops"
