@@ -110,6 +110,8 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
                            ddp_recompute_t r, int64_t *acts, int64_t *emb, int64_t *work)
 {
     int64_t BT = (int64_t)B * b->T, C = cfg->n_embd, V = cfg->vocab_size;
+    ddp_model_dims_t d = ddp_model_dims(cfg); /* QKV, FH (the MLP's first product), H */
+    int64_t QKV = d.QKV, FH = d.FH, H = d.H;
     /* the global batch in tokens stays: B changes the micro-batches per step */
     int64_t tokens = (int64_t)b->n_micro * b->B * b->T;
     int64_t n_micro = tokens / BT > 0 ? tokens / BT : 1;
@@ -127,7 +129,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
          * largest of the model's products' (forward, and backward's dinp) */
         int64_t tile = 0;
         if (b->act_bytes == 2) {
-            const int64_t outs[][2] = {{BT, 3 * C}, {BT, 4 * C}, {BT, C}, {lm_rows, V},
+            const int64_t outs[][2] = {{BT, QKV}, {BT, FH}, {BT, H}, {BT, C}, {lm_rows, V},
                                        {lm_rows, C}, {B, V}};
             for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
                 int64_t f = (int64_t)ddp_kernels_cpu_tile_floats((int)outs[i][0],
@@ -145,20 +147,22 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
          * piece sums [BT, C] (kernels/cuda/attention.cu, encoder.cu) */
         int64_t att = b->flash ? 0 : 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
         int64_t enc = BT * C * 4 + 3 * BT * 4;
-        /* 16-bit: a biased product's fp32 result [BT, 4C] at most, where cuBLASLt refuses an
-         * fp32 bias on a 16-bit output (kernels/cuda/matmul.cu); and cuBLASLt's workspace */
-        int64_t bias = b->act_bytes == 2 ? BT * 4 * C * 4 : 0;
+        /* 16-bit: a biased product's fp32 result [BT, FH] at most (GPT-2's MLP; a Llama's
+         * only biases are Qwen2's q/k/v), where cuBLASLt refuses an fp32 bias on a 16-bit
+         * output (kernels/cuda/matmul.cu); and cuBLASLt's workspace */
+        int64_t biased = cfg->arch == DDP_ARCH_LLAMA ? (cfg->attention_bias ? QKV : 0) : FH;
+        int64_t bias = b->act_bytes == 2 ? BT * biased * 4 : 0;
         int64_t most = att > enc ? att : enc;
         w += most > bias ? most : bias;
         /* a 16-bit run's general attention path: fp32 copies of qkv, out, dout and dqkv */
-        if (!b->flash && b->act_bytes == 2) w += 8 * BT * C * 4;
+        if (!b->flash && b->act_bytes == 2) w += (2 * BT * QKV + 2 * BT * C) * 4;
         if (b->act_bytes == 2) w += LT_WORKSPACE;
     }
     /* kernels/cpu/lowp.c where the CPU emulates bf16/fp16: a product's two activation inputs
-     * widened to fp32, the largest being the LM head's dout [lm_rows, V] or the MLP
-     * projection's input [BT, 4C] (a GPU, and native bf16, read the 16-bit ones in place) */
-    int64_t widest = lm_rows * V > BT * 4 * C ? lm_rows * V : BT * 4 * C;
-    if (b->lowp_bytes == 4) w += (widest + BT * 4 * C) * 4;
+     * widened to fp32, the largest being the LM head's dout [lm_rows, V] or the MLP's
+     * [BT, FH] (a GPU, and native bf16, read the 16-bit ones in place) */
+    int64_t widest = lm_rows * V > BT * FH ? lm_rows * V : BT * FH;
+    if (b->lowp_bytes == 4) w += (widest + BT * FH) * 4;
     w += 3 * BT * 4;      /* train.c, model.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;
