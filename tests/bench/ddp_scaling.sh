@@ -7,8 +7,8 @@
 # train.precision PREC (default fp32) and PyTorch at AMP (fp32, or bf16 autocast):
 #   ddpd     1 rank            (ddp-worker, train.threads=1)
 #   ddpd     2 ranks           (deploy/launch-local.sh 2, environment rendezvous)
-#   PyTorch  1 process         (tests/bench/pytorch_gpt2.py --threads 1)
-#   PyTorch  DDP 2 processes   (tests/bench/pytorch_gpt2.py --ddp 2: torch.distributed gloo)
+#   PyTorch  1 process         (tests/bench/pytorch_train.py --threads 1)
+#   PyTorch  DDP 2 processes   (tests/bench/pytorch_train.py --ddp 2: torch.distributed gloo)
 # Global tokens/s (medians over STEPS measured steps after WARMUP untimed ones), the ddpd/PyTorch
 # DDP ratio, scaling efficiency (2-rank tokens/s / (2 x 1-rank tokens/s)) for both, and ddpd's
 # communication accounting from metrics.jsonl (median hidden fraction, comm and exposed ms).
@@ -55,14 +55,14 @@ d2_rss=$(maxrss_mb "$work/time2.txt")   # the largest of the ranks (RUSAGE_CHILD
 echo "  $d2  peak_rss_mb(largest rank)=$d2_rss"
 
 echo "== PyTorch, 1 process x 1 thread"
-pcmd=("$PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T --threads 1
+pcmd=("$PY" "$src/tests/bench/pytorch_train.py" --model $model -B $B -T $T --threads 1
       --warmup $warmup --steps $steps --amp $amp)
 echo "  ${pcmd[*]}"
 p1=$("${pcmd[@]}")
 echo "  $p1"
 
 echo "== PyTorch DDP (gloo), 2 processes x 1 thread"
-pcmd=("$PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T --threads 1 --ddp 2
+pcmd=("$PY" "$src/tests/bench/pytorch_train.py" --model $model -B $B -T $T --threads 1 --ddp 2
       --warmup $warmup --steps $steps --amp $amp)
 echo "  ${pcmd[*]}"
 p2=$("${pcmd[@]}")

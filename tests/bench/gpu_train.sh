@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ddpd against PyTorch on one GPU, in one invocation: the same GPT-2, shapes, optimizer and
-# precision (tests/bench/pytorch_gpt2.py is the reference model), PyTorch at its best (flash
+# precision (tests/bench/pytorch_train.py is the reference model), PyTorch at its best (flash
 # attention through SDPA, fused AdamW, bf16 autocast, eager and torch.compile). Both sides run
 # plain fp32 matrix products when fp32 (no TF32: ddpd's default, PyTorch's default for matmul).
 # Prints one table: median tokens/s after 3 warm-up steps, and peak GPU memory as nvidia-smi
@@ -38,7 +38,7 @@ ddpd() { # name precision recompute
     eval "tps_$1=$(median_tps "$out/$1.log") mem_$1=$(peak "$out/$1-mem.txt")"
 }
 torch_run() { # name amp compile recompute
-    with_mem "$out/$1-mem.txt" timeout 400 "$PY" "$src/tests/bench/pytorch_gpt2.py" \
+    with_mem "$out/$1-mem.txt" timeout 400 "$PY" "$src/tests/bench/pytorch_train.py" \
         --device cuda --sdpa 1 --model "$MODEL" -B "$B" -T "$T" --warmup 3 \
         --steps $((STEPS - 3)) --amp "$2" --compile "$3" --recompute "$4" >"$out/$1.json" \
         2>"$out/$1.err" || { tail -n 5 "$out/$1.err"; rows+=("$1 failed"); return; }

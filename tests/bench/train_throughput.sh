@@ -74,7 +74,7 @@ for cfg in "${cfgs[@]}"; do
     p2=()
     if [ $have2 = 1 ]; then
         for r in $runs2; do
-            pcmd=("$PY2" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T
+            pcmd=("$PY2" "$src/tests/bench/pytorch_train.py" --model $model -B $B -T $T
                   --threads $dthreads --warmup $warmup --steps $steps
                   --amp ${r%%:*} --compile ${r##*:})
             echo "  pytorch2: ${pcmd[*]}"
@@ -88,7 +88,7 @@ for cfg in "${cfgs[@]}"; do
     p1=()
     if [ "$HAVE_DEBIAN_TORCH" = 1 ]; then
         for th in 1 2; do
-            pcmd=("$PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B $B -T $T
+            pcmd=("$PY" "$src/tests/bench/pytorch_train.py" --model $model -B $B -T $T
                   --threads $th --warmup $warmup --steps $steps)
             echo "  pytorch1: ${pcmd[*]}"
             p=$("${pcmd[@]}"); echo "           $p"; p1+=("$p")

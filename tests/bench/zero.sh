@@ -4,7 +4,7 @@
 # recomputation off/on and the optimizer sharded (ZeRO-1) off/on.
 #   ddpd     deploy/launch-local.sh 2, the ring forced onto TCP (DDP_COLL_TRANSPORT=tcp, as
 #            between hosts); train.recompute none|block, ddp.shard_optimizer false|true
-#   PyTorch  tests/bench/pytorch_gpt2.py --ddp 2 (gloo); --recompute: torch.utils.checkpoint per
+#   PyTorch  tests/bench/pytorch_train.py --ddp 2 (gloo); --recompute: torch.utils.checkpoint per
 #            block; --zero: ZeroRedundancyOptimizer around AdamW
 # Per row: the larger rank's peak RSS (ru_maxrss; ddpd: each rank logs its own), what ddpd
 # measured of its moments after step 1 (mincore), global tokens/s (medians over STEPS measured
@@ -46,7 +46,7 @@ for row in ${ROWS:-none:false none:true block:false block:true}; do
           sort -n | tail -1)
   d_mom=$(grep -h 'moments resident after step' "${logs[@]}" |
           sed 's/.*(\([0-9]*\) KiB).*/\1/' | sort -n | tail -1)
-  p=$("$TORCH_PY" "$src/tests/bench/pytorch_gpt2.py" --model $model -B 1 -T 1024 --threads 1 \
+  p=$("$TORCH_PY" "$src/tests/bench/pytorch_train.py" --model $model -B 1 -T 1024 --threads 1 \
         --ddp 2 --warmup $warmup --steps $steps --recompute $([ $rc = block ] && echo 1 || echo 0) \
         --zero $([ $sh = true ] && echo 1 || echo 0))
   echo "# ddpd: $d" >&2

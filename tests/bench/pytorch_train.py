@@ -1,20 +1,22 @@
 #!/usr/bin/python3
 """The PyTorch reference for the training benchmarks: the same GPT-2 as ddp-worker (pre-LN
-blocks, causal multi-head attention, GELU tanh, tied LM head, GPT-2 initialisation) in fp32,
+blocks, causal multi-head attention, GELU tanh, tied LM head, GPT-2 initialisation), or for the
+Llama family's presets transformers' own LlamaForCausalLM / Qwen2ForCausalLM (SDPA attention,
+the loss on its logits as ddpd computes it), in fp32,
 AdamW (betas 0.9/0.95, eps 1e-8, weight decay 0.1 on 2-D parameters only), global-norm clipping
 at 1.0, on random tokens of the same shapes. Times W warmup steps, then K measured steps, and
 prints one JSON line: median step time, tokens/s (global), peak RSS.
 
   single process, N compute threads:
-    /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --threads 2
+    /usr/bin/python3 tests/bench/pytorch_train.py --model gpt2-124M -B 4 -T 64 --threads 2
   DDP over P local processes (torch.distributed gloo, 1 thread each unless --threads):
-    /usr/bin/python3 tests/bench/pytorch_gpt2.py --model gpt2-124M -B 4 -T 64 --ddp 2
+    /usr/bin/python3 tests/bench/pytorch_train.py --model gpt2-124M -B 4 -T 64 --ddp 2
   PyTorch 2.x (a virtual environment from PyPI), bf16 autocast and torch.compile:
-    /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py --amp bf16 --compile 1 --threads 2
+    /work/venv-torch/bin/python tests/bench/pytorch_train.py --amp bf16 --compile 1 --threads 2
   the out-of-memory tools: activation checkpointing per block, ZeroRedundancyOptimizer:
-    /work/venv-torch/bin/python tests/bench/pytorch_gpt2.py -B 1 -T 1024 --ddp 2 --recompute 1 --zero 1
+    /work/venv-torch/bin/python tests/bench/pytorch_train.py -B 1 -T 1024 --ddp 2 --recompute 1 --zero 1
   on a GPU at its best (flash attention through SDPA, fused AdamW, bf16 autocast, compiled):
-    python3 tests/bench/pytorch_gpt2.py --device cuda --sdpa 1 --amp bf16 --compile 1 -B 8 -T 1024
+    python3 tests/bench/pytorch_train.py --device cuda --sdpa 1 --amp bf16 --compile 1 -B 8 -T 1024
     (peak_gpu_mb: torch.cuda.max_memory_reserved, what the caching allocator held)
 
 Use Debian's python3-torch (/usr/bin/python3). OMP_WAIT_POLICY=PASSIVE is set before torch is
@@ -55,11 +57,45 @@ PRESETS = {  # n_layer, n_head, n_embd, vocab, block — proto/spec.c
     "gpt2-124M": (12, 12, 768, 50257, 1024),
     "gpt2-355M": (24, 16, 1024, 50257, 1024),
 }
+# The Llama family (proto/spec.c): transformers' config keys
+LLAMA_PRESETS = {
+    "llama-tiny": dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       hidden_size=128, intermediate_size=352, vocab_size=256,
+                       max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+                       tie_word_embeddings=False),
+    "smollm2-135m": dict(num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         hidden_size=576, intermediate_size=1536, vocab_size=49152,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         tie_word_embeddings=True),
+    "smollm2-360m": dict(num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+                         hidden_size=960, intermediate_size=2560, vocab_size=49152,
+                         max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0,
+                         tie_word_embeddings=True),
+}
+
+
+def build_llama(torch, nn, F, name):
+    """transformers' model of a Llama preset, wrapped to take (inputs, targets) like GPT2."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(attn_implementation="sdpa", **LLAMA_PRESETS[name])
+    inner = LlamaForCausalLM(cfg)
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = inner
+            self.mask = torch.zeros(1)  # the GPT-2 path's attribute, unused here
+
+        def forward(self, idx, targets):
+            logits = self.m(input_ids=idx, use_cache=False).logits
+            return F.cross_entropy(logits.float().view(-1, cfg.vocab_size), targets.reshape(-1))
+
+    return Wrapped()
 
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="gpt2-124M", choices=sorted(PRESETS))
+    ap.add_argument("--model", default="gpt2-124M", choices=sorted(PRESETS) + sorted(LLAMA_PRESETS))
     ap.add_argument("-B", "--batch", type=int, default=4, help="sequences per rank per step")
     ap.add_argument("-T", "--seq", type=int, default=64)
     ap.add_argument("--threads", type=int, default=None,
@@ -166,8 +202,12 @@ def train(args, rank, world):
     torch.set_num_threads(threads)
     torch.set_num_interop_threads(1)
     torch.manual_seed(args.seed)
-    cfg = PRESETS[args.model]
-    model = build_model(torch, nn, F, cfg, bool(args.recompute), bool(args.sdpa))
+    if args.model in LLAMA_PRESETS:
+        cfg = (0, 0, 0, LLAMA_PRESETS[args.model]["vocab_size"], 0)
+        model = build_llama(torch, nn, F, args.model)
+    else:
+        cfg = PRESETS[args.model]
+        model = build_model(torch, nn, F, cfg, bool(args.recompute), bool(args.sdpa))
     cuda = args.device == "cuda"
     if cuda:
         model = model.cuda()
