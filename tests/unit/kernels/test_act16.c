@@ -8,8 +8,8 @@
  * neither result depends on the thread count. Activation gradients that the ops overwrite
  * (matmul's, GELU's and SwiGLU's dinp, attention's dqkv) are filled with garbage (NaN bits)
  * first: none may show. The Llama ops (RMSNorm, RoPE, SwiGLU) run on a 1-thread 16-bit context
- * as well: the same bits. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are checked
- * against the emulated ones within a stated bound, and bitwise across thread counts.
+ * as well: the same bits. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are
+ * checked against the emulated ones within a stated bound, and bitwise across thread counts.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -269,7 +269,8 @@ static void check_attention(ddp_kprec_t p, int B, int T, int C, int NH, int NKV)
 {
     pair_t c;
     open_pair(&c, p, 1, 300 + (uint64_t)T);
-    size_t nq = (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH)), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t nq = (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH));
+    size_t no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = rnd(&c, nq, -2, 2), *dout = rnd(&c, no, -1, 1);
     void *qkv16 = kact(qkv, nq, p), *dout16 = kact(dout, no, p);
     void *out16 = garbage(no), *dqkv16 = garbage(nq);

@@ -359,7 +359,8 @@ void run_case(const shape &s)
               e.dv <= tol.dv && det && clean && a.guards && b.guards;
     tap(ok,
         "%s hs=%d T=%d B=%d NH=%d NKV=%d amp=%g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s%s",
-        prec_name(s.prec), s.hs, s.T, s.B, s.NH, s.NKV, (double)s.amp, e.out, e.lse, e.dq, e.dk, e.dv,
+        prec_name(s.prec), s.hs, s.T, s.B, s.NH, s.NKV, (double)s.amp, e.out, e.lse, e.dq, e.dk,
+        e.dv,
         det ? "" : ", NOT bitwise equal across schedules", clean ? "" : ", an error was reported",
         a.guards && b.guards ? "" : ", a write outside a buffer");
     if (!ok)
