@@ -43,6 +43,12 @@
     X(MATMUL_BWD, "matmul_bwd")                                                              \
     X(ATTENTION_FWD, "attention_fwd")                                                        \
     X(ATTENTION_BWD, "attention_bwd")                                                        \
+    X(ROPE_FWD, "rope_fwd")                                                                  \
+    X(ROPE_BWD, "rope_bwd")                                                                  \
+    X(RMSNORM_FWD, "rmsnorm_fwd")                                                            \
+    X(RMSNORM_BWD, "rmsnorm_bwd")                                                            \
+    X(SWIGLU_FWD, "swiglu_fwd")                                                              \
+    X(SWIGLU_BWD, "swiglu_bwd")                                                              \
     X(GELU_FWD, "gelu_fwd")                                                                  \
     X(GELU_BWD, "gelu_bwd")                                                                  \
     X(RESIDUAL_FWD, "residual_fwd")                                                          \
@@ -325,14 +331,15 @@ static void check(st_t *s, result_t *r, pt_t t, double tol, const char *what)
 
 typedef struct {
     int B, T, C, NH, V, OC;
+    int NKV; /* attention's K/V heads; 0: NH */
 } shape_t;
 
 static const shape_t shapes[] = {
-    {1, 1, 4, 1, 3, 5},         /* one position, one head */
-    {2, 7, 12, 3, 37, 20},      /* odd sizes */
-    {3, 33, 64, 4, 257, 129},   /* warps with tails, odd vocab and OC */
-    {2, 64, 96, 6, 1000, 384},  /* several warps per row */
-    {1, 3, 8, 2, 50257, 8},     /* GPT-2's vocabulary */
+    {1, 1, 4, 1, 3, 5, 1},         /* one position, one head */
+    {2, 7, 12, 3, 37, 20, 3},      /* odd sizes */
+    {3, 33, 64, 4, 257, 129, 2},   /* warps with tails, odd vocab and OC; 2 heads a K/V head */
+    {2, 64, 96, 6, 1000, 384, 2},  /* several warps per row; 3 heads a K/V head */
+    {1, 3, 8, 2, 50257, 8, 1},     /* GPT-2's vocabulary; 2 heads a K/V head */
 };
 
 static void case_memory(st_t *s)
@@ -409,6 +416,7 @@ out:
     free(got);
 }
 
+/* narrow: tokens from a few ids (runs of equal tokens), and a forward without positions. */
 static void case_encoder(st_t *s, const shape_t *sh, int narrow)
 {
     int B = sh->B, T = sh->T, C = sh->C, V = sh->V;
@@ -419,7 +427,7 @@ static void case_encoder(st_t *s, const shape_t *sh, int narrow)
     pt_t out = pt_zero(s, BT * C), dout = pt_rand(s, BT * C, -1, 1);
     pt_t dwte = pt_rand(s, (size_t)V * C, -1, 1), dwpe = pt_rand(s, (size_t)T * C, -1, 1);
     if (!ready(s, rf) || !ready(s, rb)) goto out;
-    BOTH DDP_K(KS, encoder_fwd, P(out), P(inp), P(wte), P(wpe), B, T, C);
+    BOTH DDP_K(KS, encoder_fwd, P(out), P(inp), P(wte), narrow ? NULL : P(wpe), B, T, C);
     if (sync_both(s, rf)) check(s, rf, out, 1e-6, "out");
     BOTH DDP_K(KS, encoder_bwd, P(dwte), P(dwpe), P(dout), P(inp), B, T, C);
     if (sync_both(s, rb)) {
@@ -497,22 +505,91 @@ out:
  * 2x, and a wrong fragment or mask errs by O(1). */
 static void case_attention(st_t *s, const shape_t *sh)
 {
-    int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH;
+    int B = sh->B, T = sh->T, C = sh->C, NH = sh->NH, NKV = sh->NKV ? sh->NKV : NH;
     size_t BTC = (size_t)B * T * C, lse_n = (size_t)B * NH * T;
+    size_t nq = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
     static const double tol_fwd[] = {1e-5, 1e-2, 3e-3}, tol_bwd[] = {5e-5, 1.2e-2, 3e-3};
     result_t *rf = RES(ATTENTION_FWD), *rb = RES(ATTENTION_BWD);
-    pt_t qkv = act_rand(s, 3 * BTC, -2, 2), out = act_zero(s, BTC), lse = pt_zero(s, lse_n);
-    pt_t dout = act_rand(s, BTC, -1, 1), dqkv = act_rand(s, 3 * BTC, -1, 1);
+    pt_t qkv = act_rand(s, nq, -2, 2), out = act_zero(s, BTC), lse = pt_zero(s, lse_n);
+    pt_t dout = act_rand(s, BTC, -1, 1), dqkv = act_rand(s, nq, -1, 1);
     if (!ready(s, rf)) goto out;
-    BOTH DDP_K(KS, attention_fwd, P(out), P(lse), P(qkv), B, T, C, NH, NH);
+    BOTH DDP_K(KS, attention_fwd, P(out), P(lse), P(qkv), B, T, C, NH, NKV);
     if (!sync_both(s, rf)) goto out;
     check(s, rf, out, tol_fwd[s->prec], "out");
     check(s, rf, lse, tol_fwd[s->prec], "lse");
     /* both sides' backward reads the CPU's forward, so only backward's own error is measured */
     pt_t out2 = pt_copy_cpu(s, out), lse2 = pt_copy_cpu(s, lse);
     if (!ready(s, rb)) goto out;
-    BOTH DDP_K(KS, attention_bwd, P(dqkv), P(dout), P(qkv), P(out2), P(lse2), B, T, C, NH, NH);
+    BOTH DDP_K(KS, attention_bwd, P(dqkv), P(dout), P(qkv), P(out2), P(lse2), B, T, C, NH, NKV);
     if (sync_both(s, rb)) check(s, rb, dqkv, tol_bwd[s->prec], "dqkv");
+out:
+    end_case(s);
+}
+
+/* RoPE on the q and k heads of qkv[B,T,(NH + 2 NKV) hs], forward then backward on a
+ * gradient, with a table of real angles (Llama's base 10000). */
+static void case_rope(st_t *s, int B, int T, int NH, int NKV, int hs)
+{
+    size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs, nt = (size_t)T * hs;
+    result_t *rf = RES(ROPE_FWD), *rb = RES(ROPE_BWD);
+    float *tab = malloc(nt * sizeof(float));
+    if (!tab) {
+        note(rf, "setup failed: %s%s", ddp_strerror(DDP_ENOMEM), "");
+        return;
+    }
+    for (size_t i = 0; i < nt / 2; i++) { /* position i / (hs/2), frequency i % (hs/2) */
+        double ang = (double)(i / (hs / 2)) * pow(10000.0, -2.0 * (double)(i % (hs / 2)) / hs);
+        tab[2 * i] = (float)cos(ang), tab[2 * i + 1] = (float)sin(ang);
+    }
+    pt_t qkv = act_rand(s, n, -2, 2), dqkv = act_rand(s, n, -1, 1);
+    pt_t rope = pt_from(s, tab, nt, DDP_KPREC_FP32);
+    free(tab);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, rope_fwd, P(qkv), P(rope), B, T, NH, NKV, hs);
+    if (sync_both(s, rf)) check(s, rf, qkv, 2e-6, "qkv");
+    BOTH DDP_K(KS, rope_bwd, P(dqkv), P(rope), B, T, NH, NKV, hs);
+    if (sync_both(s, rb)) check(s, rb, dqkv, 2e-6, "dqkv");
+out:
+    end_case(s);
+}
+
+/* In the case's precision; the backward from the CPU's saved rstd on both sides. */
+static void case_rmsnorm(st_t *s, const shape_t *sh)
+{
+    int N = sh->B * sh->T, C = sh->C;
+    size_t NC = (size_t)N * C;
+    result_t *rf = RES(RMSNORM_FWD), *rb = RES(RMSNORM_BWD);
+    pt_t inp = pt_rand(s, NC, -2, 3), w = pt_rand(s, C, 0.5f, 1.5f);
+    pt_t out = act_zero(s, NC), rstd = pt_zero(s, N);
+    pt_t dout = act_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1), dw = pt_rand(s, C, -1, 1);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, rmsnorm_fwd, P(out), P(rstd), P(inp), P(w), N, C, 1e-5f);
+    if (!sync_both(s, rf)) goto out;
+    check(s, rf, out, 1e-5, "out");
+    check(s, rf, rstd, 1e-5, "rstd");
+    pt_t r2 = pt_copy_cpu(s, rstd);
+    if (!ready(s, rb)) goto out;
+    BOTH DDP_K(KS, rmsnorm_bwd, P(dinp), P(dw), P(dout), P(inp), P(w), P(r2), N, C);
+    if (sync_both(s, rb)) {
+        check(s, rb, dinp, 1e-5, "dinp");
+        check(s, rb, dw, 1e-5, "dweight");
+    }
+out:
+    end_case(s);
+}
+
+/* SwiGLU over N rows of 2H, in the case's precision (dinp starts as garbage: overwritten). */
+static void case_swiglu(st_t *s, int N, int H)
+{
+    size_t nh = (size_t)N * H;
+    result_t *rf = RES(SWIGLU_FWD), *rb = RES(SWIGLU_BWD);
+    pt_t inp = act_rand(s, 2 * nh, -6, 6), out = act_zero(s, nh);
+    pt_t dout = act_rand(s, nh, -1, 1), dinp = act_rand(s, 2 * nh, -1, 1);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, swiglu_fwd, P(out), P(inp), N, H);
+    if (sync_both(s, rf)) check(s, rf, out, 2e-6, "out");
+    BOTH DDP_K(KS, swiglu_bwd, P(dinp), P(inp), P(dout), N, H);
+    if (sync_both(s, rb)) check(s, rb, dinp, 2e-6, "dinp");
 out:
     end_case(s);
 }
@@ -683,9 +760,15 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
         case_sumsq(s, sizes[i]);
         case_nonfinite(s, sizes[i]);
     }
-    /* the flash kernels' head sizes, with T on and off their tiles (B, T, C, NH) */
-    static const int att_shapes[][4] = {{1, 1, 64, 1},   {2, 65, 128, 2}, {1, 200, 96, 3},
-                                        {2, 63, 256, 2}, {1, 300, 768, 12}};
+    /* the flash kernels' head sizes, with T on and off their tiles, and grouped-query heads
+     * (groups of 1, 2, 3, 4; hs 12 goes to a GPU's general path) (B, T, C, NH, NKV) */
+    static const int att_shapes[][5] = {
+        {1, 1, 64, 1, 1},    {2, 65, 128, 2, 2},  {1, 200, 96, 3, 3}, {2, 63, 256, 2, 2},
+        {1, 300, 768, 12, 12}, {2, 65, 256, 4, 2}, {1, 130, 576, 9, 3}, {2, 63, 512, 4, 1},
+        {1, 100, 192, 6, 2}, {2, 33, 48, 4, 1}};
+    /* RoPE (B, T, NH, NKV, hs): odd shapes, SmolLM2's heads, a 16-bit vector's tails */
+    static const int rope_shapes[][5] = {{1, 1, 1, 1, 2},  {2, 7, 3, 3, 4},   {3, 33, 4, 2, 16},
+                                         {1, 65, 9, 3, 64}, {2, 17, 4, 1, 128}, {1, 5, 2, 2, 6}};
     /* every op with activations, in each precision */
     for (int p = DDP_KPREC_FP32; p <= DDP_KPREC_FP16; p++) {
         s->prec = (ddp_kprec_t)p;
@@ -696,12 +779,18 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
             case_matmul(s, sh, DDP_W_IN_OUT, 1);
             case_matmul(s, sh, DDP_W_OUT_IN, 0);
             case_attention(s, sh);
+            case_rmsnorm(s, sh);
+            case_swiglu(s, sh->B * sh->T, sh->OC);
             for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
         }
         for (size_t i = 0; i < sizeof(att_shapes) / sizeof(att_shapes[0]); i++) {
             const int *a = att_shapes[i];
-            shape_t sh = {.B = a[0], .T = a[1], .C = a[2], .NH = a[3]};
+            shape_t sh = {.B = a[0], .T = a[1], .C = a[2], .NH = a[3], .NKV = a[4]};
             case_attention(s, &sh);
+        }
+        for (size_t i = 0; i < sizeof(rope_shapes) / sizeof(rope_shapes[0]); i++) {
+            const int *a = rope_shapes[i];
+            case_rope(s, a[0], a[1], a[2], a[3], a[4]);
         }
         for (size_t i = 0; i < nsizes; i++) case_pointwise(s, sizes[i]);
     }

@@ -282,7 +282,8 @@ static void att_bwd_task(void *varg, long task)
     float *p; /* [rb, r1] each: P, then dS */
     slices_kv(a, b, kvh, 1, &sl, &p);
     for (int t = 0; t < T; t++)
-        for (int i = 0; i < hs; i++) sl.dk[(size_t)t * sl.ld + i] = sl.dv[(size_t)t * sl.ld + i] = 0;
+        for (int i = 0; i < hs; i++)
+            sl.dk[(size_t)t * sl.ld + i] = sl.dv[(size_t)t * sl.ld + i] = 0.0f;
     for (int h = kvh * G; h < (kvh + 1) * G; h++) {
         slices_q(a, h, 1, &sl, p);
         att_bwd_head(a, b, h, &sl, p);

@@ -29,7 +29,8 @@ static void rope_task(void *varg, long task)
     const rope_args_t *a = varg;
     int hs = a->hs, half = hs / 2, heads = a->NH + a->NKV;
     size_t row = (size_t)(a->NH + 2 * a->NKV) * hs, n = (size_t)heads * hs;
-    long BT = (long)a->B * a->T, lo = task * ROPE_ROWS, hi = lo + ROPE_ROWS < BT ? lo + ROPE_ROWS : BT;
+    long BT = (long)a->B * a->T, lo = task * ROPE_ROWS;
+    long hi = lo + ROPE_ROWS < BT ? lo + ROPE_ROWS : BT;
     float *tmp = a->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&a->s);
     for (long r = lo; r < hi; r++) {
         const float *restrict cs = a->rope + (size_t)(r % a->T) * hs;

@@ -1,4 +1,5 @@
-/* Causal multi-head self-attention, forward and backward, straight on the qkv layout.
+/* Causal multi-head self-attention with grouped-query heads, forward and backward, straight on
+ * the qkv layout.
  *
  * Two paths behind one op:
  * - bf16/fp16 runs at the head sizes flash_attention.cu takes (ddp__cuda_flash_supported:
@@ -11,10 +12,12 @@
  * Both save only out and lse[B,NH,T] (the row's natural-log log-sum-exp of its scaled scores);
  * backward recomputes the probabilities P = exp(scores - lse).
  *
- * qkv[B,T,3C]: q, k, v of head h at offsets h*hs, C + h*hs, 2C + h*hs of each position
- * (hs = C/NH), so each head's Q, K, V is a [T, hs] matrix with row stride 3C and every product
- * is a batched cuBLAS gemm over the B*NH heads (pointer arrays built on the device, no
- * permuted copies). scale = 1/sqrt(hs).
+ * qkv[B,T,QKV], QKV = C + 2 NKV hs (hs = C/NH): query head h at offset h*hs of each position,
+ * K/V head kvh at C + kvh*hs and C + NKV*hs + kvh*hs; query head h reads K/V head h / G, G =
+ * NH/NKV (Hugging Face's repeat_kv, without the copy). So each query head's Q and its K, V are
+ * [T, hs] matrices with row stride QKV and every product is a batched cuBLAS gemm over the B*NH
+ * query heads (pointer arrays built on the device, no permuted copies: heads of a group point
+ * at the same K, V). scale = 1/sqrt(hs).
  *
  * forward   S  = scale Q K^T                  gemm into scratch
  *           P  = softmax_causal(S), lse       one warp per row (zero above t)
@@ -24,7 +27,10 @@
  *           dP = dout @ V^T
  *           dS = scale * P (dP - D), D = dout . out     one warp per row, in place in dP
  *           dQ = dS @ K,   dK = dS^T @ Q      (dqkv overwritten: beta 0)
- * Scratch: B*NH*T*T floats forward, twice that backward, plus 9 * B*NH pointers.
+ *           With G > 1 each query head's dK and dV go to scratch [2][B,NH,T,hs] instead, and
+ *           one kernel sums each group's G heads in ascending order into dqkv (no atomics).
+ * Scratch: B*NH*T*T floats forward, twice that backward (plus 2*B*NH*T*hs when G > 1), plus
+ * 9 * B*NH pointers.
  * Limits: B*NH*T < 2^31 rows.
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -32,28 +38,38 @@
 
 #define ROWS_PER_BLOCK 8
 
-/* ptr[a * BH + j] for a = 0.. : Q, K, V, then `extra` arrays: base_e + j * stride_e, or, for
- * the [B,T,C]-shaped ones (stride_e == 0), base_e + b*T*C + h*hs. */
+/* ptr[a * BH + j] for a = 0.. and query head j = b*NH + h: Q, K, V, then dQ, dK, dV, then the
+ * [B,T,C]-shaped tensors (base + b*T*C + h*hs), then the [B,NH,T,T] ones (base + j*T*T). */
 struct ptr_args {
     const float *qkv; /* Q, K, V come from here; dQ, dK, dV from dqkv when non-NULL */
     float *dqkv;
+    float *dkv_sep;   /* G > 1: dK, dV of each query head, [2][B,NH,T,hs] in scratch */
     float *bt[2];     /* [B,T,C] tensors (out / dout), NULL when absent */
     float *bhtt[2];   /* [B,NH,T,T] tensors (P, dP in scratch), NULL when absent */
 };
 
-static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, int C, int NH)
+static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, int C, int NH,
+                                        int NKV)
 {
     int BH = B * NH;
-    int hs = C / NH;
+    int hs = C / NH, G = NH / NKV;
+    size_t QKV = (size_t)C + 2 * (size_t)NKV * hs;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < BH; j += gridDim.x * blockDim.x) {
         int b = j / NH, h = j % NH;
-        size_t qoff = (size_t)b * T * 3 * C + (size_t)h * hs;
+        /* offsets of query head h and of its K and V heads in a [B,T,QKV] tensor */
+        size_t off[3] = {(size_t)b * T * QKV + (size_t)h * hs,
+                         (size_t)b * T * QKV + C + (size_t)(h / G) * hs,
+                         (size_t)b * T * QKV + C + (size_t)(NKV + h / G) * hs};
         size_t ooff = (size_t)b * T * C + (size_t)h * hs;
         size_t aoff = (size_t)j * T * T;
         int k = 0;
-        for (int w = 0; w < 3; w++) ptr[(k++) * BH + j] = (float *)a.qkv + qoff + (size_t)w * C;
-        if (a.dqkv)
-            for (int w = 0; w < 3; w++) ptr[(k++) * BH + j] = a.dqkv + qoff + (size_t)w * C;
+        for (int w = 0; w < 3; w++) ptr[(k++) * BH + j] = (float *)a.qkv + off[w];
+        if (a.dqkv) {
+            ptr[(k++) * BH + j] = a.dqkv + off[0];
+            for (int w = 1; w < 3; w++)
+                ptr[(k++) * BH + j] = a.dkv_sep ? a.dkv_sep + ((size_t)(w - 1) * BH + j) * T * hs
+                                                : a.dqkv + off[w];
+        }
         for (int w = 0; w < 2; w++)
             if (a.bt[w]) ptr[(k++) * BH + j] = a.bt[w] + ooff;
         for (int w = 0; w < 2; w++)
@@ -61,19 +77,22 @@ static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, i
     }
 }
 
-/* Carves ctx's scratch into `nsq` [B,NH,T,T] float tensors and `narrays` pointer arrays
- * (array a at (*ptrs) + a*B*NH), fills a->bhtt with the tensors, and builds the arrays. */
+/* Carves ctx's scratch into `nsq` [B,NH,T,T] float tensors, (backward with G > 1) the
+ * [2][B,NH,T,hs] of each query head's dK and dV, and `narrays` pointer arrays (array a at
+ * (*ptrs) + a*B*NH); fills a->bhtt and a->dkv_sep, and builds the arrays. */
 static int attention_scratch(ddp_kctx_t *ctx, float ***ptrs, int narrays, int nsq, ptr_args *a,
-                             int B, int T, int C, int NH)
+                             int B, int T, int C, int NH, int NKV)
 {
     size_t BH = (size_t)B * NH, sq = BH * T * T * sizeof(float);
+    size_t sep = a->dqkv && NKV != NH ? 2 * BH * T * (size_t)(C / NH) * sizeof(float) : 0;
     char *p;
-    DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + (size_t)narrays * BH * sizeof(float *),
+    DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + sep + (size_t)narrays * BH * sizeof(float *),
                                 (void **)&p));
     for (int i = 0; i < nsq; i++) a->bhtt[i] = (float *)(p + i * sq);
-    float **arrays = (float **)(p + nsq * sq);
+    a->dkv_sep = sep ? (float *)(p + nsq * sq) : NULL;
+    float **arrays = (float **)(p + nsq * sq + sep);
     fill_ptrs_kernel<<<ddp__grid(BH, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-        arrays, *a, B, T, C, NH);
+        arrays, *a, B, T, C, NH, NKV);
     DDP_CHECK(ddp__cuda_launched(ctx, "attention(pointers)"));
     *ptrs = arrays;
     return 0;
@@ -153,66 +172,94 @@ static int flash_path(const ddp_kctx_t *ctx, int C, int NH, const void *const a[
     return 1;
 }
 
+/* dK, dV of K/V head kvh = the sums of its G query heads' (from sep [2][B,NH,T,hs]), in
+ * ascending order, written into dqkv[B,T,QKV] (overwritten). A thread an element. */
+static __global__ void group_sum_kernel(float *dqkv, const float *sep, int B, int T, int NH,
+                                        int NKV, int hs)
+{
+    int G = NH / NKV;
+    size_t BH = (size_t)B * NH, kvw = (size_t)NKV * hs, QKV = (size_t)NH * hs + 2 * kvw;
+    size_t total = (size_t)B * T * 2 * kvw;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
+         e += (size_t)gridDim.x * blockDim.x) {
+        size_t bt = e / (2 * kvw), col = e % (2 * kvw); /* col: k heads, then v heads */
+        int part = (int)(col / kvw), kvh = (int)(col % kvw / hs), i = (int)(col % hs);
+        int b = (int)(bt / T), t = (int)(bt % T);
+        float s = 0.0f;
+        for (int g = 0; g < G; g++) {
+            size_t j = (size_t)b * NH + (size_t)kvh * G + g;
+            s += sep[(((size_t)part * BH + j) * T + t) * hs + i];
+        }
+        dqkv[bt * QKV + (size_t)NH * hs + col] = s;
+    }
+}
+
 /* The general path on fp32 tensors. */
 static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
-                        int C, int NH)
+                        int C, int NH, int NKV)
 {
-    int BH = B * NH, hs = C / NH, C3 = 3 * C;
+    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs;
     float scale = 1.0f / sqrtf((float)hs);
-    ptr_args a = {qkv, NULL, {out, NULL}, {NULL, NULL}};
+    ptr_args a = {qkv, NULL, NULL, {out, NULL}, {NULL, NULL}};
     float **p;
-    if (attention_scratch(ctx, &p, 5, 1, &a, B, T, C, NH)) return;
+    if (attention_scratch(ctx, &p, 5, 1, &a, B, T, C, NH, NKV)) return;
     float **Q = p, **K = p + BH, **V = p + 2 * BH, **O = p + 3 * BH, **S = p + 4 * BH;
     /* S^T (col-major) = K Q^T, i.e. S[t][t2] = scale q_t . k_t2 */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, C3, Q, C3, 0.0f, S, T, BH,
-                     "attention_fwd(qk)"))
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, QKV, Q, QKV, 0.0f, S, T,
+                     BH, "attention_fwd(qk)"))
         return;
     int rows = BH * T;
     softmax_fwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0], lse,
                                                                                  rows, T);
     if (ddp__cuda_launched(ctx, "attention_fwd(softmax)")) return;
     /* out^T = V^T P^T */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, V, C3, S, T, 0.0f, O, C, BH,
+    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, V, QKV, S, T, 0.0f, O, C, BH,
                  "attention_fwd(pv)");
 }
 
 static void general_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
-                        const float *out, const float *lse, int B, int T, int C, int NH)
+                        const float *out, const float *lse, int B, int T, int C, int NH, int NKV)
 {
-    int BH = B * NH, hs = C / NH, C3 = 3 * C;
+    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs;
     float scale = 1.0f / sqrtf((float)hs);
-    ptr_args a = {qkv, dqkv, {(float *)dout, NULL}, {NULL, NULL}};
+    ptr_args a = {qkv, dqkv, NULL, {(float *)dout, NULL}, {NULL, NULL}};
     float **p;
-    if (attention_scratch(ctx, &p, 9, 2, &a, B, T, C, NH)) return;
+    if (attention_scratch(ctx, &p, 9, 2, &a, B, T, C, NH, NKV)) return;
     float **Q = p, **K = p + BH, **V = p + 2 * BH;
     float **dQ = p + 3 * BH, **dK = p + 4 * BH, **dV = p + 5 * BH;
     float **dO = p + 6 * BH, **P = p + 7 * BH, **dP = p + 8 * BH;
-    int rows = BH * T;
+    int rows = BH * T, ldkv = a.dkv_sep ? hs : QKV; /* dK, dV: per query head when G > 1 */
     /* P again: S^T = K Q^T, then exp(S - lse) */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, C3, Q, C3, 0.0f, P, T, BH,
-                     "attention_bwd(qk)"))
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, QKV, Q, QKV, 0.0f, P, T,
+                     BH, "attention_bwd(qk)"))
         return;
     softmax_again_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0],
                                                                                    lse, rows, T);
     if (ddp__cuda_launched(ctx, "attention_bwd(p)")) return;
     /* dV^T = dout^T P */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 0.0f, dV, C3, BH,
-                     "attention_bwd(dv)"))
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 0.0f, dV, ldkv,
+                     BH, "attention_bwd(dv)"))
         return;
     /* dP^T = V dout^T */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, V, C3, dO, C, 0.0f, dP, T, BH,
+    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, V, QKV, dO, C, 0.0f, dP, T, BH,
                      "attention_bwd(dp)"))
         return;
     softmax_bwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
         a.bhtt[1], a.bhtt[0], dout, out, rows, T, C, NH, scale);
     if (ddp__cuda_launched(ctx, "attention_bwd(softmax)")) return;
     /* dQ^T = K^T dS^T */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, C3, dP, T, 0.0f, dQ, C3, BH,
-                     "attention_bwd(dq)"))
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, QKV, dP, T, 0.0f, dQ, QKV,
+                     BH, "attention_bwd(dq)"))
         return;
     /* dK^T = Q^T dS */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, C3, dP, T, 0.0f, dK, C3, BH,
-                 "attention_bwd(dk)");
+    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, QKV, dP, T, 0.0f, dK, ldkv,
+                     BH, "attention_bwd(dk)") ||
+        !a.dkv_sep)
+        return;
+    size_t total = (size_t)B * T * 2 * NKV * hs;
+    group_sum_kernel<<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
+        dqkv, a.dkv_sep, B, T, NH, NKV, hs);
+    ddp__cuda_launched(ctx, "attention_bwd(group sums)");
 }
 
 /* fp32 copies of a 16-bit run's tensors for the general path: n[i] floats each, in one
@@ -241,47 +288,49 @@ static void wide_free(ddp_kctx_t *ctx, float *base)
 }
 
 void ddp__cuda_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
-                             int B, int T, int C, int NH)
+                             int B, int T, int C, int NH, int NKV)
 {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || NKV <= 0 || ddp__cuda_enter(ctx)) return;
     const void *const tensors[4] = {out, qkv, NULL, NULL};
     if (flash_path(ctx, C, NH, tensors)) {
-        ddp__cuda_flash_fwd(ctx, out, lse, qkv, B, T, C, NH);
+        ddp__cuda_flash_fwd(ctx, out, lse, qkv, B, T, C, NH, NKV);
         return;
     }
     if (ctx->prec == DDP_KPREC_FP32) {
-        general_fwd(ctx, (float *)out, lse, (const float *)qkv, B, T, C, NH);
+        general_fwd(ctx, (float *)out, lse, (const float *)qkv, B, T, C, NH, NKV);
         return;
     }
-    size_t BTC = (size_t)B * T * C, n[2] = {3 * BTC, BTC};
+    size_t BTC = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+    size_t n[2] = {nq, BTC};
     const ddp_act_t *src[2] = {qkv, NULL};
     float *base, *w[2];
     if (wide_alloc(ctx, &base, w, n, src, 2)) return;
-    general_fwd(ctx, w[1], lse, w[0], B, T, C, NH);
+    general_fwd(ctx, w[1], lse, w[0], B, T, C, NH, NKV);
     ddp__cuda_to_act(ctx, out, w[1], BTC);
     wide_free(ctx, base);
 }
 
 void ddp__cuda_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *dout,
                              const ddp_act_t *qkv, const ddp_act_t *out, const float *lse, int B,
-                             int T, int C, int NH)
+                             int T, int C, int NH, int NKV)
 {
-    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
+    if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || NKV <= 0 || ddp__cuda_enter(ctx)) return;
     const void *const tensors[4] = {dqkv, dout, qkv, out};
     if (flash_path(ctx, C, NH, tensors)) {
-        ddp__cuda_flash_bwd(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH);
+        ddp__cuda_flash_bwd(ctx, dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
         return;
     }
     if (ctx->prec == DDP_KPREC_FP32) {
         general_bwd(ctx, (float *)dqkv, (const float *)dout, (const float *)qkv,
-                    (const float *)out, lse, B, T, C, NH);
+                    (const float *)out, lse, B, T, C, NH, NKV);
         return;
     }
-    size_t BTC = (size_t)B * T * C, n[4] = {3 * BTC, BTC, BTC, 3 * BTC};
+    size_t BTC = (size_t)B * T * C, nq = (size_t)B * T * (C + 2 * (size_t)NKV * (C / NH));
+    size_t n[4] = {nq, BTC, BTC, nq};
     const ddp_act_t *src[4] = {qkv, out, dout, NULL};
     float *base, *w[4];
     if (wide_alloc(ctx, &base, w, n, src, 4)) return;
-    general_bwd(ctx, w[3], w[2], w[0], w[1], lse, B, T, C, NH);
-    ddp__cuda_to_act(ctx, dqkv, w[3], 3 * BTC);
+    general_bwd(ctx, w[3], w[2], w[0], w[1], lse, B, T, C, NH, NKV);
+    ddp__cuda_to_act(ctx, dqkv, w[3], nq);
     wide_free(ctx, base);
 }

@@ -1,6 +1,7 @@
 /* Token + position embedding, forward and backward.
  *
  * forward   out[B,T,C] = wte[inp[b,t], :] + wpe[t, :]        grid-stride over B*T*C
+ *           (wpe NULL: no positions, wte's row alone)
  * backward  dwpe[T,C] += sum_b dout[b,t,:]                   one thread per (t, c), b in order
  *           dwte[V,C] += sum over positions with that token  deterministic, no atomics:
  *             1. the B*T (token, position) pairs are sorted by token with CUB's stable radix
@@ -26,7 +27,8 @@ static __global__ void encoder_fwd_kernel(float *out, const int32_t *inp, const 
         size_t bt = i / (size_t)C;
         int c = (int)(i % (size_t)C);
         int t = (int)(bt % (size_t)T);
-        out[i] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+        float v = wte[(size_t)inp[bt] * C + c];
+        out[i] = wpe ? v + wpe[(size_t)t * C + c] : v;
     }
 }
 

@@ -1,12 +1,14 @@
 /* Causal flash attention (FlashAttention-2 style) on bf16/fp16 tensor cores, forward and a
  * deterministic backward. Nothing of the [T, T] score matrix ever reaches global memory.
  *
- * Shapes (hs = C/NH in {32, 64, 128}; scale = 1/sqrt(hs)); the activations are of the run's
- * 16-bit type T16 (bf16 for ctx->prec BF16, fp16 for FP16), lse fp32:
- *   qkv[B,T,3C]   q, k, v of head h at offsets h*hs, C + h*hs, 2C + h*hs of a position
- *   out[B,T,C]    softmax_causal(scale Q K^T) V per head (head h at h*hs); dout alike
+ * Shapes (hs = C/NH in {32, 64, 128}; scale = 1/sqrt(hs); NKV K/V heads, NH % NKV == 0, group
+ * = NH/NKV query heads a K/V head); the activations are of the run's 16-bit type T16 (bf16 for
+ * ctx->prec BF16, fp16 for FP16), lse fp32:
+ *   qkv[B,T,QKV]  QKV = C + 2 NKV hs: query head h at offset h*hs of a position, K/V head kvh at
+ *                 C + kvh*hs and C + NKV*hs + kvh*hs; query head h reads K/V head h / group
+ *   out[B,T,C]    softmax_causal(scale Q K^T) V per query head (head h at h*hs); dout alike
  *   lse[B,NH,T]   natural-log log-sum-exp of row t's scaled scores over t2 <= t
- *   dqkv[B,T,3C]  backward OVERWRITES it with dq, dk, dv (the activation gradients' contract)
+ *   dqkv[B,T,QKV] backward OVERWRITES it with dq, dk, dv (the activation gradients' contract)
  * Precision: tiles are copied into shared memory as they are (16-bit); products accumulate in
  * fp32 (mma.sync m16n8k16); softmax statistics, P's row sums, lse and D are fp32. P (forward)
  * and dS (backward) are rounded to T16 as the A operand of the second product; out, dq, dk, dv
@@ -29,7 +31,11 @@
  *            so the backward is bitwise reproducible. Shared memory above 48 KB is opted into
  *            per launch (cudaFuncSetAttribute).
  * Grouped-query attention: Q and K/V are addressed separately (base, row stride, head), with
- * kv_head = q_head / group; the launchers pass group = 1 (plain multi-head attention).
+ * kv_head = q_head / group. The forward and dQ kernels take one query head a block, whatever
+ * the group; the dK/dV kernel takes one K/V head a block and sums its group's query heads in
+ * ascending order inside the block (their Q tiles one after another into the same
+ * accumulators): no atomics, and the same order on every run. group = 1 is multi-head
+ * attention, exactly the kernels' work before grouping. Every head size keeps its kernels.
  * Limits: ceil(T/64) <= 65535 (grid y), B*NH < 2^31; qkv, out, dout, dqkv 16-byte aligned;
  * compute capability >= 8.0. Registers: up to about 245 a thread (dK/dV at hs = 128), none
  * spilled; 128 threads a block.
@@ -656,8 +662,10 @@ static int fa_fail(ddp_kctx_t *ctx, int rc, const char *what, const char *why)
 
 /* Validates the call and fills the parts of p common to forward and backward. */
 static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const void *qkv, const void *aligned[3], int B,
-                    int T, int C, int NH, const char *what)
+                    int T, int C, int NH, int NKV, const char *what)
 {
+    if (NKV <= 0 || NH % NKV)
+        return fa_fail(ctx, DDP_EINVAL, what, "NH is not a multiple of NKV");
     if (!ddp__cuda_flash_supported(ctx, C, NH))
         return fa_fail(ctx, DDP_ENOTSUP, what, "shape or precision not taken (bf16/fp16, "
                                                 "hs 32/64/128, sm_80+)");
@@ -668,14 +676,15 @@ static int fa_setup(ddp_kctx_t *ctx, fa_params *p, const void *qkv, const void *
             return fa_fail(ctx, DDP_EINVAL, what, "tensor not 16-byte aligned");
     int hs = C / NH;
     memset(p, 0, sizeof *p);
-    p->q = qkv; /* 2-byte elements: k and v start C and 2C of them further */
+    size_t kvw = (size_t)NKV * hs; /* the K (or V) heads of a position */
+    p->q = qkv; /* 2-byte elements: k and v start C and C + NKV hs of them further */
     p->k = (const char *)qkv + 2 * (size_t)C;
-    p->v = (const char *)qkv + 4 * (size_t)C;
-    p->ld_q = p->ld_kv = 3 * (size_t)C;
+    p->v = (const char *)qkv + 2 * ((size_t)C + kvw);
+    p->ld_q = p->ld_kv = (size_t)C + 2 * kvw;
     p->ld_o = (size_t)C;
     p->T = T;
     p->NH = NH;
-    p->group = 1;
+    p->group = NH / NKV;
     p->scale = 1.0f / sqrtf((float)hs);
     p->sl2 = p->scale * FA_LOG2E;
     return 0;
@@ -698,12 +707,12 @@ static int fa_launch(ddp_kctx_t *ctx, int kind, int hs, unsigned gx, unsigned gy
 }
 
 void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
-                         int C, int NH)
+                         int C, int NH, int NKV)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
     fa_params p;
     const void *aligned[3] = {qkv, out, NULL};
-    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, "flash_fwd")) return;
+    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, NKV, "flash_fwd")) return;
     p.out = out;
     p.lse = lse;
     fa_launch(ctx, FA_FWD, C / NH, (unsigned)(B * NH), (unsigned)((T + FA_BR - 1) / FA_BR), &p,
@@ -711,12 +720,13 @@ void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv
 }
 
 void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
-                         const void *out, const float *lse, int B, int T, int C, int NH)
+                         const void *out, const float *lse, int B, int T, int C, int NH,
+                         int NKV)
 {
     if (B <= 0 || T <= 0 || C <= 0 || NH <= 0 || ddp__cuda_enter(ctx)) return;
     fa_params p;
     const void *aligned[3] = {qkv, dout, dqkv};
-    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, "flash_bwd")) return;
+    if (fa_setup(ctx, &p, qkv, aligned, B, T, C, NH, NKV, "flash_bwd")) return;
     if ((uintptr_t)out & 15) {
         fa_fail(ctx, DDP_EINVAL, "flash_bwd", "tensor not 16-byte aligned");
         return;
@@ -730,9 +740,9 @@ void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const vo
     rowdot<<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(dsum, dout, out, (size_t)C, T, NH,
                                                                 hs, rows);
     if (ddp__cuda_launched(ctx, "flash_bwd(D)")) return;
-    p.dq = dqkv;
-    p.dk = (char *)dqkv + 2 * (size_t)C;
-    p.dv = (char *)dqkv + 4 * (size_t)C;
+    p.dq = dqkv; /* addressed as qkv */
+    p.dk = (char *)dqkv + ((const char *)p.k - (const char *)qkv);
+    p.dv = (char *)dqkv + ((const char *)p.v - (const char *)qkv);
     p.dout = dout;
     p.lse = (float *)lse; /* read only in the backward kernels */
     p.dsum = dsum;

@@ -276,8 +276,9 @@ static void ddp__colsum(ddp_kctx_t *ctx, float *out0, float *out1, int N, int C,
 }
 
 /* ---- The ops: ddp__cuda_<op> for every op of kernels.h's DDP_KERNEL_OPS, one family per file
- * (encoder.cu, layernorm.cu, matmul.cu, attention.cu, pointwise.cu (with adamw, add, scale),
- * xent.cu, reduce.cu (sumsq_blocks, nonfinite); set_precision in lowp.cu) ---- */
+ * (encoder.cu, layernorm.cu, rmsnorm.cu, matmul.cu, attention.cu, rope.cu, pointwise.cu (with
+ * swiglu, adamw, add, scale), xent.cu, reduce.cu (sumsq_blocks, nonfinite); set_precision in
+ * lowp.cu) ---- */
 #define DDP__CUDA_OP(name, params) void ddp__cuda_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CUDA_OP)
 #undef DDP__CUDA_OP
@@ -295,15 +296,17 @@ int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 /* 1 when the tensor-core flash kernels take this shape and precision: ctx->prec is BF16 or FP16
  * and hs = C/NH is 32, 64 or 128. */
 int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH);
-/* out[B,T,C] = causal softmax(scale Q K^T) V per head; lse[B,NH,T] = natural-log log-sum-exp
- * of row t's scaled scores (over t2 <= t). qkv, out: ctx->prec's 16-bit type. Queued on
- * ctx->stream; errors recorded in ctx. */
+/* out[B,T,C] = causal softmax(scale Q K^T) V per query head, with NKV K/V heads (kernels.h's
+ * attention_fwd: qkv[B,T,C + 2 NKV hs]); lse[B,NH,T] = natural-log log-sum-exp of row t's
+ * scaled scores (over t2 <= t). qkv, out: ctx->prec's 16-bit type. Queued on ctx->stream;
+ * errors recorded in ctx. */
 void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
-                         int C, int NH);
-/* dqkv[B,T,3C] = the gradient of out w.r.t. qkv given dout[B,T,C], forward's out and lse
- * (overwritten; 16-bit like qkv). */
+                         int C, int NH, int NKV);
+/* dqkv[B,T,C + 2 NKV hs] = the gradient of out w.r.t. qkv given dout[B,T,C], forward's out and
+ * lse (overwritten; 16-bit like qkv; a K/V head's gradient sums its group in a fixed order). */
 void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
-                         const void *out, const float *lse, int B, int T, int C, int NH);
+                         const void *out, const float *lse, int B, int T, int C, int NH,
+                         int NKV);
 
 /* pointwise.cu: out[n] = inp[n] (ctx->prec's type) widened to fp32, exactly (attention's
  * general path); to_act is also lowp.cu's weight conversion. */

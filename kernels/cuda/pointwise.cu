@@ -1,8 +1,10 @@
-/* Elementwise ops: GELU (kernels/math/gelu.h), residual add, to_act, y += x, x *= s, and AdamW
- * (kernels/math/adamw.h).
+/* Elementwise ops: GELU (kernels/math/gelu.h), SwiGLU (kernels/math/swiglu.h), residual add,
+ * to_act, y += x, x *= s, and AdamW (kernels/math/adamw.h).
  *
  * gelu_fwd   out[n] = gelu(inp[n])                      act -> act
  * gelu_bwd   dinp[n] = gelu'(inp[n]) * dout[n]          act (overwritten; may alias dout)
+ * swiglu_fwd out[r,j] = silu(inp[r,j]) inp[r,H+j]       act [N,2H] -> act [N,H]
+ * swiglu_bwd dinp[r,j], dinp[r,H+j] from dout[r,j]      act (overwritten), over the N H outputs
  * residual   out[n] = a[n] + b[n]                       fp32 + act -> fp32 (out may alias a)
  * to_act     out[n] = inp[n] rounded to the act type    fp32 -> act
  * act_to_f32 out[n] = inp[n] widened (exactly)          act -> fp32 (attention's general path)
@@ -14,12 +16,14 @@
  * on store. When every pointer is aligned to 16 bytes' worth of activations (8 16-bit or 4 fp32
  * elements), a thread moves that many at a time (16-byte accesses of activations; the fp32
  * side of a 16-bit op moves 32 bytes), the last n % V elements one by one; otherwise element by
- * element. All are grid-stride loops over a size_t n with 256-thread blocks and at most
+ * element (SwiGLU's groups also need H % V == 0, so that a group stays in one row). All are
+ * grid-stride loops over a size_t n with 256-thread blocks and at most
  * DDP_CUDA_MAX_GRID blocks; n == 0 queues nothing.
  */
 #include "kernels/cuda/kcuda.cuh"
 #include "kernels/math/adamw.h"
 #include "kernels/math/gelu.h"
+#include "kernels/math/swiglu.h"
 
 #define GRID_STRIDE(i, n)                                                                     \
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n);                   \
@@ -106,6 +110,66 @@ void ddp__cuda_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
         gelu_bwd_f<T> f = {(T *)dinp, (const T *)inp, (const T *)dout};
         int al = ddp__aligned(dinp, 16) && ddp__aligned(inp, 16) && ddp__aligned(dout, 16);
         ew_launch<V>(ctx, n, al, f, "gelu_bwd");
+    });
+}
+
+/* Output element i = (row r, column j) of swiglu: gate at r 2H + j, up H further. */
+template <typename T> struct swiglu_fwd_f {
+    T *out;
+    const T *inp;
+    size_t H;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        const T *g = inp + (i / H) * 2 * H + i % H;
+        float x[V], u[V];
+        ddp__ldv<V>(x, g);
+        ddp__ldv<V>(u, g + H);
+#pragma unroll
+        for (int k = 0; k < V; k++) x[k] = ddp_swiglu(x[k], u[k]);
+        ddp__stv<V>(out + i, x);
+    }
+};
+
+void ddp__cuda_swiglu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, int N, int H)
+{
+    if (N <= 0 || H <= 0) return;
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        swiglu_fwd_f<T> f = {(T *)out, (const T *)inp, (size_t)H};
+        int al = H % V == 0 && ddp__aligned(out, 16) && ddp__aligned(inp, 16);
+        ew_launch<V>(ctx, (size_t)N * H, al, f, "swiglu_fwd");
+    });
+}
+
+/* dinp may not alias inp (kernels.h): a thread reads its inp elements and writes dinp's. */
+template <typename T> struct swiglu_bwd_f {
+    T *dinp;
+    const T *inp, *dout;
+    size_t H;
+    template <int V> __device__ __forceinline__ void run(size_t i) const
+    {
+        size_t at = (i / H) * 2 * H + i % H;
+        float g[V], u[V], d[V];
+        ddp__ldv<V>(g, inp + at);
+        ddp__ldv<V>(u, inp + at + H);
+        ddp__ldv<V>(d, dout + i);
+#pragma unroll
+        for (int k = 0; k < V; k++) ddp_swiglu_grad(g[k], u[k], d[k], &g[k], &u[k]);
+        ddp__stv<V>(dinp + at, g);
+        ddp__stv<V>(dinp + at + H, u);
+    }
+};
+
+void ddp__cuda_swiglu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
+                          const ddp_act_t *dout, int N, int H)
+{
+    if (N <= 0 || H <= 0) return;
+    DDP_ACT_DISPATCH(ctx->prec, T, {
+        constexpr int V = vec_of<T>();
+        swiglu_bwd_f<T> f = {(T *)dinp, (const T *)inp, (const T *)dout, (size_t)H};
+        int al = H % V == 0 && ddp__aligned(dinp, 16) && ddp__aligned(inp, 16) &&
+                 ddp__aligned(dout, 16);
+        ew_launch<V>(ctx, (size_t)N * H, al, f, "swiglu_bwd");
     });
 }
 

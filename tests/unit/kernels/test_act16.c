@@ -6,9 +6,10 @@
  * (LayerNorm's statistics and gradients, lse, losses, dweight, dbias, the residual) bitwise the
  * fp32 op's. The 16-bit context has 2 threads and the fp32 one 3, so this also checks that
  * neither result depends on the thread count. Activation gradients that the ops overwrite
- * (matmul's and GELU's dinp, attention's dqkv) are filled with garbage (NaN bits) first: none
- * may show. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are checked
- * against the emulated ones within a stated bound, and bitwise across thread counts.
+ * (matmul's, GELU's and SwiGLU's dinp, attention's dqkv) are filled with garbage (NaN bits)
+ * first: none may show. The Llama ops (RMSNorm, RoPE, SwiGLU) run on a 1-thread 16-bit context
+ * as well: the same bits. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are
+ * checked against the emulated ones within a stated bound, and bitwise across thread counts.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -268,7 +269,8 @@ static void check_attention(ddp_kprec_t p, int B, int T, int C, int NH, int NKV)
 {
     pair_t c;
     open_pair(&c, p, 1, 300 + (uint64_t)T);
-    size_t nq = (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH)), no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+    size_t nq = (size_t)B * T * ((size_t)C + 2 * (size_t)NKV * (C / NH));
+    size_t no = (size_t)B * T * C, nl = (size_t)B * NH * T;
     float *qkv = rnd(&c, nq, -2, 2), *dout = rnd(&c, no, -1, 1);
     void *qkv16 = kact(qkv, nq, p), *dout16 = kact(dout, no, p);
     void *out16 = garbage(no), *dqkv16 = garbage(nq);
@@ -362,6 +364,125 @@ static void check_xent(ddp_kprec_t p, int N, int V)
     close_pair(&c);
 }
 
+/* ---- the Llama ops: RMSNorm, RoPE, SwiGLU ----
+ * Each runs on the 16-bit context (2 threads), on a second 16-bit context of 1 thread (the same
+ * bits) and as the fp32 op on the widened inputs (3 threads; its outputs rounded once). */
+
+static void open_lp1(ddp_kernels_t *k, ddp_kprec_t p)
+{
+    setenv("DDP_CPU_BF16", "emulate", 1);
+    assert_int_equal(ddp_kernels_open(k, "cpu", 0, 1), 0);
+    DDP_K(k, set_precision, p);
+    unsetenv("DDP_CPU_BF16");
+}
+
+static void check_rmsnorm(ddp_kprec_t p, int N, int C)
+{
+    pair_t c;
+    ddp_kernels_t one;
+    open_pair(&c, p, 1, 600 + (uint64_t)C);
+    open_lp1(&one, p);
+    size_t n = (size_t)N * C;
+    float *inp = rnd(&c, n, -2, 3), *w = rnd(&c, (size_t)C, 0.5, 1.5), *dout = rnd(&c, n, -1, 1);
+    float *g0 = rnd(&c, n + (size_t)C, -1, 1); /* dinp, dweight before: += */
+    void *out16[2] = {garbage(n), garbage(n)}, *dout16 = kact(dout, n, p);
+    float *out32 = kcalloc(n, 4), *rdout = kround(dout, n, p), *rs[3], *g[3];
+    ddp_kernels_t *k[3] = {&c.lp, &one, &c.ref};
+    for (int j = 0; j < 3; j++) {
+        rs[j] = kcalloc((size_t)N, 4), g[j] = kcalloc(n + (size_t)C, 4);
+        memcpy(g[j], g0, (n + (size_t)C) * 4);
+        void *o = j < 2 ? out16[j] : (void *)out32, *d = j < 2 ? dout16 : (void *)rdout;
+        DDP_K(k[j], rmsnorm_fwd, o, rs[j], inp, w, N, C, 1e-6f);
+        DDP_K(k[j], rmsnorm_bwd, g[j], g[j] + n, d, inp, w, rs[j], N, C);
+        assert_int_equal(ddp_k_sync(k[j]), 0);
+    }
+    same_act("rmsnorm out", out16[0], out32, n, p);
+    assert_memory_equal(out16[0], out16[1], n * 2);
+    for (int j = 0; j < 2; j++) {
+        same_f32("rmsnorm rstd", rs[j], rs[2], (size_t)N);
+        same_f32("rmsnorm dinp, dweight", g[j], g[2], n + (size_t)C);
+    }
+    for (int j = 0; j < 3; j++) free(rs[j]), free(g[j]);
+    free(inp), free(w), free(dout), free(g0), free(out16[0]), free(out16[1]), free(dout16);
+    free(out32), free(rdout);
+    ddp_kernels_close(&one);
+    close_pair(&c);
+}
+
+static void check_rope(ddp_kprec_t p, int B, int T, int NH, int NKV, int hs)
+{
+    pair_t c;
+    ddp_kernels_t one;
+    open_pair(&c, p, 1, 700 + (uint64_t)hs);
+    open_lp1(&one, p);
+    size_t n = (size_t)B * T * (size_t)(NH + 2 * NKV) * hs;
+    float *x = rnd(&c, n, -3, 3), *tab = rnd(&c, (size_t)T * hs, -1, 1); /* any table */
+    void *x16[2] = {kact(x, n, p), kact(x, n, p)};
+    float *x32 = kround(x, n, p);
+    ddp_kernels_t *k[3] = {&c.lp, &one, &c.ref};
+    for (int dir = 0; dir < 2; dir++) { /* forward, then backward on its result */
+        for (int j = 0; j < 3; j++) {
+            void *o = j < 2 ? x16[j] : (void *)x32;
+            if (dir == 0)
+                DDP_K(k[j], rope_fwd, o, tab, B, T, NH, NKV, hs);
+            else
+                DDP_K(k[j], rope_bwd, o, tab, B, T, NH, NKV, hs);
+            assert_int_equal(ddp_k_sync(k[j]), 0);
+        }
+        same_act(dir ? "rope_bwd" : "rope_fwd", x16[0], x32, n, p);
+        assert_memory_equal(x16[0], x16[1], n * 2);
+        ddp_act_to_f32(x32, x16[0], n, p); /* the next op's input: as stored */
+    }
+    free(x), free(tab), free(x16[0]), free(x16[1]), free(x32);
+    ddp_kernels_close(&one);
+    close_pair(&c);
+}
+
+static void check_swiglu(ddp_kprec_t p, int N, int H)
+{
+    pair_t c;
+    ddp_kernels_t one;
+    open_pair(&c, p, 1, 800 + (uint64_t)H);
+    open_lp1(&one, p);
+    size_t n = (size_t)N * H;
+    float *x = rnd(&c, 2 * n, -8, 8), *dout = rnd(&c, n, -1, 1);
+    x[0] = -100.0f, x[1] = 100.0f, x[2] = 0.0f;
+    void *x16 = kact(x, 2 * n, p), *dout16 = kact(dout, n, p);
+    void *y16[2] = {garbage(n), garbage(n)}, *d16[2] = {garbage(2 * n), garbage(2 * n)};
+    float *rx = kround(x, 2 * n, p), *rdout = kround(dout, n, p);
+    float *y32 = kcalloc(n, 4), *d32 = kcalloc(2 * n, 4);
+    ddp_kernels_t *k[3] = {&c.lp, &one, &c.ref};
+    for (int j = 0; j < 3; j++) {
+        void *y = j < 2 ? y16[j] : (void *)y32, *d = j < 2 ? d16[j] : (void *)d32;
+        void *in = j < 2 ? x16 : (void *)rx, *dy = j < 2 ? dout16 : (void *)rdout;
+        DDP_K(k[j], swiglu_fwd, y, in, N, H);
+        DDP_K(k[j], swiglu_bwd, d, in, dy, N, H);
+        assert_int_equal(ddp_k_sync(k[j]), 0);
+    }
+    same_act("swiglu out", y16[0], y32, n, p);
+    same_act("swiglu dinp", d16[0], d32, 2 * n, p);
+    assert_memory_equal(y16[0], y16[1], n * 2);
+    assert_memory_equal(d16[0], d16[1], 2 * n * 2);
+    free(x), free(dout), free(x16), free(dout16), free(y16[0]), free(y16[1]), free(d16[0]);
+    free(d16[1]), free(rx), free(rdout), free(y32), free(d32);
+    ddp_kernels_close(&one);
+    close_pair(&c);
+}
+
+static void check_llama(ddp_kprec_t p)
+{
+    check_rmsnorm(p, 3, 7);
+    check_rmsnorm(p, 37, 131); /* crosses the row and column blocks */
+    check_rope(p, 2, 9, 6, 2, 10);
+    check_rope(p, 3, 70, 9, 3, 64); /* several tasks of rows */
+    check_swiglu(p, 7, 37);
+    check_swiglu(p, 3, 40000); /* a row longer than a task's chunk */
+    check_swiglu(p, 40, 1536);
+}
+
+static void test_llama_bf16(void **state) { check_llama(DDP_KPREC_BF16); }
+static void test_llama_fp16(void **state) { check_llama(DDP_KPREC_FP16); }
+
 static void check_others(ddp_kprec_t p)
 {
     check_layernorm(p, 3, 7);
@@ -387,6 +508,8 @@ int main(void)
         cmocka_unit_test(test_matmul_fp16),
         cmocka_unit_test(test_ops_bf16),
         cmocka_unit_test(test_ops_fp16),
+        cmocka_unit_test(test_llama_bf16),
+        cmocka_unit_test(test_llama_fp16),
     };
     return cmocka_run_group_tests_name("kernels_act16", tests, NULL, NULL);
 }

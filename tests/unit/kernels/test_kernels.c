@@ -626,6 +626,8 @@ int main(void)
         cmocka_unit_test(test_encoder),      cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_matmul),       cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_flash_vs_square),
+        cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
+        cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_llama_front_door),
         cmocka_unit_test(test_gelu),         cmocka_unit_test(test_residual),
         cmocka_unit_test(test_xent),         cmocka_unit_test(test_adamw),
         cmocka_unit_test(test_vector),       cmocka_unit_test(test_accumulate),

@@ -104,6 +104,31 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     DDP_K(k, attention_bwd, KA(dqkv), KA(dy), KA(qkv), KA(y), lse, 2, 20, 48, 4, 4);
     keep(o, "attention dqkv", dqkv, nq);
 
+    /* the Llama ops (RMSNorm over N=100 rows of C=300; RoPE and grouped-query attention on
+     * qkv [2,20,(6 + 2*2) 8] in y's room; SwiGLU over 100 rows of 2*150) */
+    DDP_K(k, rmsnorm_fwd, KA(y), rstd, x, w, N, C, 1e-5f);
+    keep(o, "rmsnorm out", y, n);
+    memset(dw, 0, (size_t)C * 4);
+    DDP_K(k, rmsnorm_bwd, dx, dw, KA(dy), x, w, rstd, N, C);
+    keep(o, "rmsnorm dinp", dx, n);
+    keep(o, "rmsnorm dweight", dw, (size_t)C);
+    size_t ng = 2 * 20 * 80;
+    float *tab = rnd(&r, 20 * 8, -1, 1), *gq = rnd(&r, ng, -1, 1), *lg = kcalloc(2 * 6 * 20, 4);
+    DDP_K(k, rope_fwd, KA(gq), tab, 2, 20, 6, 2, 8);
+    keep(o, "rope_fwd", gq, ng);
+    DDP_K(k, attention_fwd, KA(y), lg, KA(gq), 2, 20, 48, 6, 2);
+    keep(o, "gqa attention out", y, 2 * 20 * 48);
+    keep(o, "gqa attention lse", lg, 2 * 6 * 20);
+    DDP_K(k, attention_bwd, KA(dx), KA(dy), KA(gq), KA(y), lg, 2, 20, 48, 6, 2);
+    keep(o, "gqa attention dqkv", dx, ng);
+    DDP_K(k, rope_bwd, KA(dx), tab, 2, 20, 6, 2, 8);
+    keep(o, "rope_bwd", dx, ng);
+    DDP_K(k, swiglu_fwd, KA(y), KA(x), 100, 150);
+    keep(o, "swiglu out", y, 100 * 150);
+    DDP_K(k, swiglu_bwd, KA(dx), KA(x), KA(dy), 100, 150);
+    keep(o, "swiglu dinp", dx, n);
+    free(tab), free(gq), free(lg);
+
     /* xent: N=9, V=5000 */
     size_t nl = 9 * 5000;
     float *logits = rnd(&r, nl, -5, 5), *dl = kcalloc(nl, 4), *losses = kcalloc(9, 4);
@@ -176,6 +201,30 @@ static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
     DDP_K(k, layernorm_bwd, dinp, dw, db, a, x, w, mean, rstd, N, C);
     keep(o, "layernorm dinp", dinp, (size_t)N * C);
     keep(o, "layernorm dweight, dbias", dw, (size_t)C);
+    DDP_K(k, rmsnorm_fwd, KA(out), rstd, x, w, N, C, 1e-5f);
+    keep16(o, "rmsnorm out", out, (size_t)N * C);
+    keep(o, "rmsnorm rstd", rstd, (size_t)N);
+    DDP_K(k, rmsnorm_bwd, dinp, dw, a, x, w, rstd, N, C);
+    keep(o, "rmsnorm dinp", dinp, (size_t)N * C);
+    keep(o, "rmsnorm dweight", dw, (size_t)C);
+    /* RoPE and grouped-query attention on a's first 2*130*(9 + 2*3)*8 elements as qkv: NH = 9,
+     * NKV = 3, hs = 8; SwiGLU over 130 rows of 2*500 */
+    float *tab = rnd(&r, 130 * 8, -1, 1), *lg = kcalloc(2 * 9 * 130, 4);
+    size_t ng = 2 * 130 * 120;
+    void *g = kact(x, ng, p);
+    DDP_K(k, rope_fwd, g, tab, 2, 130, 9, 3, 8);
+    keep16(o, "rope_fwd", g, ng);
+    DDP_K(k, attention_fwd, KA(out), lg, g, 2, 130, 72, 9, 3);
+    keep16(o, "gqa attention out", out, 2 * 130 * 72);
+    keep(o, "gqa attention lse", lg, 2 * 9 * 130);
+    DDP_K(k, attention_bwd, KA(dinp), a, g, KA(out), lg, 2, 130, 72, 9, 3);
+    DDP_K(k, rope_bwd, KA(dinp), tab, 2, 130, 9, 3, 8);
+    keep16(o, "gqa attention dqkv, rope_bwd", dinp, ng);
+    DDP_K(k, swiglu_fwd, KA(out), a, 130, 500);
+    keep16(o, "swiglu out", out, 130 * 500);
+    DDP_K(k, swiglu_bwd, KA(dinp), a, a, 130, 500);
+    keep16(o, "swiglu dinp", dinp, 130 * 1000);
+    free(tab), free(lg), free(g);
     /* attention: B=2, T=130, C=48, NH=4 (a = qkv [2,130,144], and dout [2,130,48]) */
     float *lse = kcalloc(2 * 4 * 130, 4);
     DDP_K(k, attention_fwd, KA(out), lse, a, 2, 130, 48, 4, 4);

@@ -7,13 +7,15 @@
  * tile), 130 (three tiles, the last ragged; hs = 128's dK/dV kernel walks
  * 32-row Q tiles, so its edges fall elsewhere), B*NH = 2 (two heads of a sequence or two
  * sequences, alternately), plus cases with large scores, where the running max moves between
- * tiles and the partial sums are rescaled. Each case runs twice, threads scheduled in opposite
+ * tiles and the partial sums are rescaled, and grouped-query cases (NH/NKV = 2, 3, 4 query heads
+ * a K/V head, at each head size), whose reference repeats the K/V heads and sums their
+ * gradients over each group. Each case runs twice, threads scheduled in opposite
  * orders: the results must be bitwise equal (the backward's fixed-order sums; and a race on
  * shared memory would make them differ), the logged errors none, the guard words around every
  * buffer intact (ASan builds rely on exact allocations instead).
  *
  *   test_flash_emu            all cases
- *   test_flash_emu PREC HS T B NH [AMP]   one case (PREC bf16 or fp16), for debugging
+ *   test_flash_emu PREC HS T B NH [AMP [NKV]]   one case (PREC bf16 or fp16), for debugging
  */
 #include <algorithm>
 #include <cmath>
@@ -41,10 +43,10 @@ namespace {
  *             not cancel where dP - D does), and the store rounds once more: <= about 2.5u of
  *             sum P (|dP| + |D|) |k|; up to about u/2 is seen.
  *   lse       fp32 only (scores, max, sum, exp2, log), relative to 1 + |lse|: a few fp32 ulps.
- * Worst observed over all cases below, both schedules (the # worst lines print them per head
- * size):
- *   bf16  out 3.5e-3, lse 8.8e-8, dq 1.5e-3, dk 1.5e-3, dv 2.5e-3
- *   fp16  out 3.8e-4, lse 9.7e-8, dq 2.6e-4, dk 1.4e-4, dv 2.4e-4
+ * Worst observed over all cases below (grouped-query ones included), both schedules (the
+ * # worst lines print them per head size):
+ *   bf16  out 3.5e-3, lse 8.8e-8, dq 1.7e-3, dk 1.5e-3, dv 2.5e-3
+ *   fp16  out 4.2e-4, lse 9.7e-8, dq 2.6e-4, dk 1.4e-4, dv 2.4e-4
  * The limits are the bounds above for out and dv (1.5u), and keep about 3x over the observed
  * errors for dq and dk. The emulator's mma.sync sums exact products in double; a
  * GPU's tensor cores add their own fp32 accumulation error, well below these limits (the GPU
@@ -139,7 +141,11 @@ struct shape {
     ddp_kprec_t prec;
     int hs, T, B, NH;
     float amp; /* standard deviation of q, k, v */
+    int NKV;   /* K/V heads: NH/NKV query heads share one */
 };
+
+/* Elements of a position's qkv row: NH query heads, NKV key and NKV value heads. */
+size_t qkv_width(const shape &s) { return (size_t)(s.NH + 2 * s.NKV) * s.hs; }
 
 /* Inputs of a case, from a seed that depends only on the shape, rounded to the case's 16-bit
  * type (the kernels' tensors are of that type). */
@@ -148,9 +154,10 @@ struct inputs {
     explicit inputs(const shape &s)
     {
         size_t C = (size_t)s.NH * s.hs, n = (size_t)s.B * s.T;
-        std::mt19937 rng(1000u * s.hs + 10u * s.T + s.B + (s.prec == DDP_KPREC_FP16 ? 7u : 0u));
+        std::mt19937 rng(1000u * s.hs + 10u * s.T + s.B + (s.prec == DDP_KPREC_FP16 ? 7u : 0u) +
+                         100000u * (s.NH / s.NKV - 1));
         std::normal_distribution<float> nd(0.0f, 1.0f);
-        qkv.resize(n * 3 * C);
+        qkv.resize(n * qkv_width(s));
         dout.resize(n * C);
         for (float &x : qkv) x = round16(s.amp * nd(rng), s.prec);
         for (float &x : dout) x = round16(nd(rng), s.prec);
@@ -168,7 +175,7 @@ struct outputs {
 outputs run_kernels(const shape &s, const inputs &in, emu_order order)
 {
     size_t C = (size_t)s.NH * s.hs, n = (size_t)s.B * s.T;
-    buffer<uint16_t> qkv(n * 3 * C), dout(n * C), out(n * C), dqkv(n * 3 * C);
+    buffer<uint16_t> qkv(n * qkv_width(s)), dout(n * C), out(n * C), dqkv(n * qkv_width(s));
     buffer<float> lse((size_t)s.B * s.NH * s.T);
     fill16(qkv, in.qkv, s.prec);
     fill16(dout, in.dout, s.prec);
@@ -181,9 +188,10 @@ outputs run_kernels(const shape &s, const inputs &in, emu_order order)
     ctx.prec = s.prec;
     emu_set_order(order);
     long logged = emu_errors_logged();
-    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), qkv.data(), s.B, s.T, (int)C, s.NH);
+    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), qkv.data(), s.B, s.T, (int)C, s.NH,
+                        s.NKV);
     ddp__cuda_flash_bwd(&ctx, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B,
-                        s.T, (int)C, s.NH);
+                        s.T, (int)C, s.NH, s.NKV);
     free(ctx.scratch);
     outputs r;
     r.out = widen16(out, s.prec);
@@ -197,7 +205,8 @@ outputs run_kernels(const shape &s, const inputs &in, emu_order order)
 }
 
 /* The exact attention of the rounded inputs: out, lse and the gradient (dq, dk, dv in qkv's
- * layout); and for each the magnitude its rounding errors scale with: the
+ * layout; query head h reads K/V head h / (NH/NKV), whose gradient sums the group's); and for
+ * each the magnitude its rounding errors scale with: the
  * same sums over absolute values (out: sum P |v|; dv: sum P |dout|; dq, dk: sums of
  * P (|dP| + |D|) times |k|, |q|; lse: 1 + |lse|). A gradient that cancels to about zero (dq and
  * dk at T = 1, where softmax is constant) still has errors of the size of its terms. */
@@ -207,25 +216,28 @@ struct reference {
 
 reference attention_ref(const shape &s, const inputs &in)
 {
-    const int T = s.T, hs = s.hs, NH = s.NH;
-    const size_t C = (size_t)NH * hs;
+    const int T = s.T, hs = s.hs, NH = s.NH, G = s.NH / s.NKV;
+    const size_t C = (size_t)NH * hs, W = qkv_width(s), KVW = (size_t)s.NKV * hs;
     const double scale = 1.0 / std::sqrt((double)hs);
     reference r;
     r.out.assign((size_t)s.B * T * C, 0.0);
     r.out_mag = r.out;
     r.lse.assign((size_t)s.B * NH * T, 0.0);
-    r.grad.assign((size_t)s.B * T * 3 * C, 0.0);
+    r.grad.assign((size_t)s.B * T * W, 0.0);
     r.grad_mag = r.grad;
     std::vector<double> q(T * hs), k(T * hs), v(T * hs), dout(T * hs), P((size_t)T * T),
         dS((size_t)T * T), dS_mag((size_t)T * T);
     for (int b = 0; b < s.B; b++)
         for (int h = 0; h < NH; h++) {
+            /* head h's q, and its K/V head's k and v, at these offsets of a position's row */
+            const size_t part_off[3] = {(size_t)h * hs, C + (size_t)(h / G) * hs,
+                                        C + KVW + (size_t)(h / G) * hs};
             for (int t = 0; t < T; t++)
                 for (int d = 0; d < hs; d++) {
-                    size_t row = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
-                    q[t * hs + d] = round16(in.qkv[row], s.prec);
-                    k[t * hs + d] = round16(in.qkv[row + C], s.prec);
-                    v[t * hs + d] = round16(in.qkv[row + 2 * C], s.prec);
+                    size_t row = ((size_t)b * T + t) * W + d;
+                    q[t * hs + d] = round16(in.qkv[row + part_off[0]], s.prec);
+                    k[t * hs + d] = round16(in.qkv[row + part_off[1]], s.prec);
+                    v[t * hs + d] = round16(in.qkv[row + part_off[2]], s.prec);
                     size_t orow = ((size_t)b * T + t) * C + (size_t)h * hs + d;
                     dout[t * hs + d] = round16(in.dout[orow], s.prec);
                 }
@@ -271,11 +283,11 @@ reference attention_ref(const shape &s, const inputs &in)
                         g[2] += P[(size_t)u * T + t] * dout[u * hs + d];
                         mag[2] += P[(size_t)u * T + t] * std::fabs(dout[u * hs + d]);
                     }
-                    size_t row = ((size_t)b * T + t) * 3 * C + (size_t)h * hs + d;
-                    for (int part = 0; part < 3; part++) {
+                    size_t row = ((size_t)b * T + t) * W + d;
+                    for (int part = 0; part < 3; part++) { /* k, v: summed over the group */
                         double f = part < 2 ? scale : 1.0;
-                        r.grad[row + part * C] = f * g[part];
-                        r.grad_mag[row + part * C] = f * mag[part];
+                        r.grad[row + part_off[part]] += f * g[part];
+                        r.grad_mag[row + part_off[part]] += f * mag[part];
                     }
                 }
         }
@@ -288,14 +300,16 @@ struct errors {
     double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
 };
 
-/* Over the elements of part `part` (0 q, 1 k, 2 v) of every row of a [rows, 3C] tensor
- * (parts = 3), or over all elements (parts = 1). */
+/* Over the elements of part `part` (0 q, 1 k, 2 v) of every row of a [rows, C + 2 KVW] tensor
+ * (parts = 3; the q heads are C wide, the k and v heads KVW each), or over all elements
+ * (parts = 1). */
 double rel_err(const std::vector<double> &ref, const std::vector<double> &mag,
-               const std::vector<double> &got, size_t C, int parts, int part)
+               const std::vector<double> &got, size_t C, size_t KVW, int parts, int part)
 {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < ref.size(); i++) {
-        if (parts == 3 && (int)(i / C % 3) != part) continue;
+        size_t j = i % (C + 2 * KVW);
+        if (parts == 3 && (j < C ? 0 : j < C + KVW ? 1 : 2) != part) continue;
         if (!std::isfinite(got[i])) return INFINITY;
         num = std::max(num, std::fabs(got[i] - ref[i]));
         den = std::max(den, mag[i]);
@@ -305,17 +319,17 @@ double rel_err(const std::vector<double> &ref, const std::vector<double> &mag,
 
 errors compare(const shape &s, const reference &ref, const outputs &got)
 {
-    size_t C = (size_t)s.NH * s.hs;
+    size_t C = (size_t)s.NH * s.hs, KVW = (size_t)s.NKV * s.hs;
     std::vector<double> out(got.out.begin(), got.out.end()), grad(got.dqkv.size()),
         lse(got.lse.begin(), got.lse.end()), lse_mag(ref.lse.size());
     for (size_t i = 0; i < grad.size(); i++) grad[i] = (double)got.dqkv[i];
     for (size_t i = 0; i < lse_mag.size(); i++) lse_mag[i] = 1.0 + std::fabs(ref.lse[i]);
     errors e;
-    e.out = rel_err(ref.out, ref.out_mag, out, C, 1, 0);
-    e.lse = rel_err(ref.lse, lse_mag, lse, C, 1, 0);
-    e.dq = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 0);
-    e.dk = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 1);
-    e.dv = rel_err(ref.grad, ref.grad_mag, grad, C, 3, 2);
+    e.out = rel_err(ref.out, ref.out_mag, out, C, 0, 1, 0);
+    e.lse = rel_err(ref.lse, lse_mag, lse, C, 0, 1, 0);
+    e.dq = rel_err(ref.grad, ref.grad_mag, grad, C, KVW, 3, 0);
+    e.dk = rel_err(ref.grad, ref.grad_mag, grad, C, KVW, 3, 1);
+    e.dv = rel_err(ref.grad, ref.grad_mag, grad, C, KVW, 3, 2);
     return e;
 }
 
@@ -343,8 +357,10 @@ void run_case(const shape &s)
     bool clean = a.err == 0 && b.err == 0 && a.logged == 0 && b.logged == 0;
     bool ok = e.out <= tol.out && e.lse <= tol.lse && e.dq <= tol.dq && e.dk <= tol.dk &&
               e.dv <= tol.dv && det && clean && a.guards && b.guards;
-    tap(ok, "%s hs=%d T=%d B=%d NH=%d amp=%g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s%s",
-        prec_name(s.prec), s.hs, s.T, s.B, s.NH, (double)s.amp, e.out, e.lse, e.dq, e.dk, e.dv,
+    tap(ok,
+        "%s hs=%d T=%d B=%d NH=%d NKV=%d amp=%g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s%s",
+        prec_name(s.prec), s.hs, s.T, s.B, s.NH, s.NKV, (double)s.amp, e.out, e.lse, e.dq, e.dk,
+        e.dv,
         det ? "" : ", NOT bitwise equal across schedules", clean ? "" : ", an error was reported",
         a.guards && b.guards ? "" : ", a write outside a buffer");
     if (!ok)
@@ -389,10 +405,27 @@ void test_misaligned()
     ctx.prec = DDP_KPREC_BF16;
     long before = emu_collectives(), logged = emu_errors_logged();
     uint16_t *q = qkv.data() + 1; /* 2 bytes off 16 */
-    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), q, B, T, C, NH);
+    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), q, B, T, C, NH, NH);
     bool ok = ctx.err == DDP_EINVAL && emu_collectives() == before &&
               emu_errors_logged() == logged + 1 && out.data()[0] == 0xffffu && std::isnan(lse[0]);
     tap(ok, "a misaligned qkv: DDP_EINVAL recorded, nothing launched (ctx->err %d)", ctx.err);
+}
+
+/* NH not a multiple of NKV is refused (DDP_EINVAL recorded, nothing launched or written). */
+void test_bad_group()
+{
+    const int B = 1, T = 4, NH = 3, NKV = 2, C = 3 * 32;
+    buffer<uint16_t> qkv(B * T * (NH + 2 * NKV) * 32), out(B * T * C);
+    std::vector<float> lse(B * NH * T, NAN);
+    std::fill(qkv.data(), qkv.data() + qkv.n, (uint16_t)0x3f00u);
+    std::fill(out.data(), out.data() + out.n, (uint16_t)0xffffu);
+    ddp_kctx_t ctx = {};
+    ctx.prec = DDP_KPREC_BF16;
+    long before = emu_collectives();
+    ddp__cuda_flash_fwd(&ctx, out.data(), lse.data(), qkv.data(), B, T, C, NH, NKV);
+    bool ok = ctx.err == DDP_EINVAL && emu_collectives() == before && out.data()[0] == 0xffffu &&
+              std::isnan(lse[0]);
+    tap(ok, "NH = 3 on NKV = 2: DDP_EINVAL recorded, nothing launched (ctx->err %d)", ctx.err);
 }
 
 std::vector<shape> all_cases()
@@ -403,12 +436,16 @@ std::vector<shape> all_cases()
             int n = 0;
             for (int T : {1, 63, 64, 65, 130}) {
                 bool heads = n++ % 2 == 0; /* two heads of one sequence, or two sequences */
-                cases.push_back({p, hs, T, heads ? 1 : 2, heads ? 2 : 1, 1.0f});
+                cases.push_back({p, hs, T, heads ? 1 : 2, heads ? 2 : 1, 1.0f, heads ? 2 : 1});
             }
+            /* grouped-query: 2, 3 and 4 query heads a K/V head, odd T */
+            cases.push_back({p, hs, 65, 1, 4, 1.0f, 2});
+            cases.push_back({p, hs, 130, 1, 6, 1.0f, 2});
+            cases.push_back({p, hs, 63, 2, 4, 1.0f, 1});
         }
     /* scores of standard deviation 9: the row max moves between tiles, exp2 rescales */
     for (ddp_kprec_t p : {DDP_KPREC_BF16, DDP_KPREC_FP16})
-        cases.push_back({p, 64, 130, 1, 2, 3.0f});
+        cases.push_back({p, 64, 130, 1, 2, 3.0f, 2});
     return cases;
 }
 
@@ -417,19 +454,25 @@ std::vector<shape> all_cases()
 int main(int argc, char **argv)
 {
     std::vector<shape> cases;
-    if (argc == 6 || argc == 7) {
+    if (argc >= 6 && argc <= 8) {
         shape s = {strcmp(argv[1], "fp16") ? DDP_KPREC_BF16 : DDP_KPREC_FP16, atoi(argv[2]),
                    atoi(argv[3]), atoi(argv[4]), atoi(argv[5]),
-                   argc == 7 ? (float)atof(argv[6]) : 1.0f};
+                   argc >= 7 ? (float)atof(argv[6]) : 1.0f, argc == 8 ? atoi(argv[7]) : 0};
+        if (s.NKV <= 0) s.NKV = s.NH;
+        if (s.NH % s.NKV) {
+            fprintf(stderr, "NH must be a multiple of NKV\n");
+            return 2;
+        }
         cases.push_back(s);
         printf("1..%zu\n", cases.size());
     } else if (argc == 1) {
         cases = all_cases();
-        printf("1..%zu\n", cases.size() + 2);
+        printf("1..%zu\n", cases.size() + 3);
         test_supported();
         test_misaligned();
+        test_bad_group();
     } else {
-        fprintf(stderr, "usage: %s [bf16|fp16 HS T B NH [AMP]]\n", argv[0]);
+        fprintf(stderr, "usage: %s [bf16|fp16 HS T B NH [AMP [NKV]]]\n", argv[0]);
         return 2;
     }
     for (const shape &s : cases) run_case(s);

@@ -174,9 +174,10 @@ int ddp__cuda_scratch(ddp_kctx_t *ctx, size_t bytes, void **out);
 /* The entry points of flash_attention.cu (declared as in kcuda.cuh). */
 int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH);
 void ddp__cuda_flash_fwd(ddp_kctx_t *ctx, void *out, float *lse, const void *qkv, int B, int T,
-                         int C, int NH);
+                         int C, int NH, int NKV);
 void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const void *qkv,
-                         const void *out, const float *lse, int B, int T, int C, int NH);
+                         const void *out, const float *lse, int B, int T, int C, int NH,
+                         int NKV);
 
 /* ---- Launches ---- */
 
