@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The largest GPT-2 that trains on this machine with 2 ranks (issue 19): `ddpctl plan` sizes
-# every preset at B=1 T=1024 per rank with the out-of-memory tools off and on (recompute block,
+# The largest model that trains on this machine with 2 ranks (issues 19 and 32): `ddpctl plan`
+# sizes every preset of MODELS (default the GPT-2 ones; MODELS="smollm2-135m smollm2-360m
+# qwen2.5-0.5b tinyllama-1.1b llama-3.2-1b" for the Llama family) at B=1 T=1024 per rank with the out-of-memory tools off and on (recompute block,
 # shard_optimizer), then the largest preset that fits with them is trained for real: 2 ranks x 1
 # thread over TCP (DDP_COLL_TRANSPORT=tcp), WARMUP + STEPS steps. Prints each rank's peak RSS
 # beside the plan's total, the moments each rank holds, and the machine's RAM.
@@ -22,7 +23,7 @@ echo
 echo "| preset | plan per rank, tools off | plan per rank, recompute block + sharded | fits 2 ranks |"
 echo "|---|---|---|---|"
 largest=
-for m in gpt2-124M gpt2-355M gpt2-774M gpt2-1558M; do
+for m in ${MODELS:-gpt2-124M gpt2-355M gpt2-774M gpt2-1558M}; do
   plan() { # recompute shard
     cat >"$work/plan.yaml" <<YAML
 name: plan
