@@ -156,6 +156,9 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         w += most > bias ? most : bias;
         /* a 16-bit run's general attention path: fp32 copies of qkv, out, dout and dqkv */
         if (!b->flash && b->act_bytes == 2) w += (2 * BT * QKV + 2 * BT * C) * 4;
+        /* ... and, where K/V heads are shared, each query head's dK and dV before the group's
+         * sum: 2 B NH T hs floats */
+        if (!b->flash && d.NKV < d.NH) w += 2 * BT * C * 4;
         if (b->act_bytes == 2) w += LT_WORKSPACE;
     }
     /* kernels/cpu/lowp.c where the CPU emulates bf16/fp16: a product's two activation inputs
