@@ -219,16 +219,22 @@ int ddp_hf_config_read(const char *path, ddp_model_cfg_t *cfg, ddp_errinfo_t *ei
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
-static json_t *gpt2_json(const ddp_model_cfg_t *cfg)
+ddp_hf_ids_t ddp_hf_default_ids(const ddp_model_cfg_t *cfg)
 {
     /* the start token of sampling: newline for byte-level models, <|endoftext|> for BPE */
-    int eot = cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
+    long eot = cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
+    if (cfg->arch == DDP_ARCH_LLAMA && cfg->vocab_size != 256) eot = -1;
+    return (ddp_hf_ids_t){eot, eot};
+}
+
+static json_t *gpt2_json(const ddp_model_cfg_t *cfg)
+{
     return json_pack(
-        "{s:[s], s:s, s:s, s:f, s:f, s:f, s:i, s:i, s:f, s:f, s:i, s:i, s:i, s:n, s:i, s:i, "
+        "{s:[s], s:s, s:s, s:f, s:f, s:f, s:f, s:f, s:i, s:i, s:i, s:n, s:i, s:i, "
         "s:i, s:b, s:b, s:b, s:s, s:s}",
         "architectures", "GPT2LMHeadModel", "model_type", "gpt2", "activation_function",
-        "gelu_new", "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0, "bos_token_id",
-        eot, "eos_token_id", eot, "initializer_range", 0.02, "layer_norm_epsilon", 1e-5, "n_ctx",
+        "gelu_new", "attn_pdrop", 0.0, "embd_pdrop", 0.0, "resid_pdrop", 0.0,
+        "initializer_range", 0.02, "layer_norm_epsilon", 1e-5, "n_ctx",
         cfg->block_size, "n_embd", cfg->n_embd, "n_head", cfg->n_head, "n_inner", "n_layer",
         cfg->n_layer, "n_positions", cfg->block_size, "vocab_size", cfg->vocab_size,
         "tie_word_embeddings", 1, "scale_attn_weights", 1, "use_cache", 1, "torch_dtype",
@@ -266,22 +272,50 @@ static json_t *llama_json(const ddp_model_cfg_t *c)
         json_decref(o);
         return NULL;
     }
-    if (c->vocab_size == 256) { /* byte-level: newline starts and ends, as for GPT-2 */
-        json_object_set_new(o, "bos_token_id", json_integer('\n'));
-        json_object_set_new(o, "eos_token_id", json_integer('\n'));
-    }
     return o;
 }
 
-char *ddp_hf_config_json(const ddp_model_cfg_t *cfg)
+/* Sets bos_token_id and eos_token_id of o to ids's, leaving out those that are -1. Returns o,
+ * or NULL (o released) when out of memory. */
+static json_t *set_ids(json_t *o, const ddp_hf_ids_t *ids)
 {
-    json_t *o = cfg->arch == DDP_ARCH_LLAMA ? llama_json(cfg) : gpt2_json(cfg);
+    if (!o) return NULL;
+    const char *keys[] = {"bos_token_id", "eos_token_id"};
+    long v[] = {ids->bos, ids->eos};
+    for (int i = 0; i < 2; i++)
+        if (v[i] >= 0 && json_object_set_new(o, keys[i], json_integer(v[i]))) {
+            json_decref(o);
+            return NULL;
+        }
+    return o;
+}
+
+/* o as indented text with sorted keys, ddp_malloc'd; releases o. NULL when out of memory. */
+static char *dump(json_t *o)
+{
     if (!o) return NULL;
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
     char *out = text ? ddp_strdup(text) : NULL;
     free(text);
     return out;
+}
+
+char *ddp_hf_config_json_ids(const ddp_model_cfg_t *cfg, const ddp_hf_ids_t *ids)
+{
+    ddp_hf_ids_t def = ddp_hf_default_ids(cfg);
+    json_t *o = cfg->arch == DDP_ARCH_LLAMA ? llama_json(cfg) : gpt2_json(cfg);
+    return dump(set_ids(o, ids ? ids : &def));
+}
+
+char *ddp_hf_config_json(const ddp_model_cfg_t *cfg) { return ddp_hf_config_json_ids(cfg, NULL); }
+
+char *ddp_hf_generation_config_json(const ddp_model_cfg_t *cfg, const ddp_hf_ids_t *ids)
+{
+    ddp_hf_ids_t def = ddp_hf_default_ids(cfg);
+    json_t *o = json_pack("{s:b, s:s}", "_from_model_config", 1, "transformers_version",
+                          "4.46.0");
+    return dump(set_ids(o, ids ? ids : &def));
 }
 
 /* ---- comparing -------------------------------------------------------------------------- */

@@ -31,10 +31,28 @@ int ddp_hf_config_read(const char *path, ddp_model_cfg_t *cfg, ddp_errinfo_t *ei
 int ddp_hf_config_parse(const char *text, const char *name, ddp_model_cfg_t *cfg,
                         ddp_errinfo_t *ei);
 
+/* The special tokens config.json and generation_config.json name: ids, -1 for none. */
+typedef struct ddp_hf_ids {
+    long bos, eos;
+} ddp_hf_ids_t;
+
+/* The ids a model names when no tokenizer says otherwise: GPT-2's end of text for both (newline
+ * at vocab 256, else vocab_size - 1, which is GPT-2's <|endoftext|> at 50257); a byte-level
+ * (vocab 256) Llama's newline for both; none for another Llama. */
+ddp_hf_ids_t ddp_hf_default_ids(const ddp_model_cfg_t *cfg);
+
 /* config.json for cfg, as transformers writes it for GPT2LMHeadModel, LlamaForCausalLM or
  * Qwen2ForCausalLM (ddp_malloc'd text; NULL when out of memory): from_pretrained builds the same
- * model from it, and ddp_hf_config_parse gives cfg back. */
+ * model from it, and ddp_hf_config_parse gives cfg back. bos_token_id and eos_token_id are
+ * ids's (NULL: ddp_hf_default_ids), each left out when -1. */
+char *ddp_hf_config_json_ids(const ddp_model_cfg_t *cfg, const ddp_hf_ids_t *ids);
+/* ddp_hf_config_json_ids(cfg, NULL). */
 char *ddp_hf_config_json(const ddp_model_cfg_t *cfg);
+
+/* generation_config.json as transformers writes it beside config.json: {"_from_model_config":
+ * true, "bos_token_id": .., "eos_token_id": .., "transformers_version": "4.46.0"}, each id left
+ * out when -1 (ids NULL: ddp_hf_default_ids(cfg)). ddp_malloc'd text; NULL when out of memory. */
+char *ddp_hf_generation_config_json(const ddp_model_cfg_t *cfg, const ddp_hf_ids_t *ids);
 
 /* 0 when a and b are the same model; else 1, with `what` (n bytes) saying which config.json key
  * differs and its two values ("num_key_value_heads is 3 and 2"). */

@@ -192,6 +192,12 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_STR_D("data.train", train_glob, "required",
             "glob of the training token shards (llm.c's format, as `ddp-prep` writes them)"),
     F_STR("data.val", val_glob, "glob of the validation shards; `\"\"` = no validation"),
+    F_STR("data.tokenizer", tokenizer,
+          "a Hugging Face `tokenizer.json` (byte-level BPE, as `ddp-prep --tokenizer` takes) "
+          "whose vocabulary fits `model.vocab_size`: copied into the run directory and every "
+          "checkpoint (with the `tokenizer_config.json` beside it), its BOS and EOS named in "
+          "their `config.json` and `generation_config.json`, and the sample decoded through "
+          "it; `\"\"` = none"),
     F_INT("train.steps", steps, 1, NO_MAX, "optimizer steps"),
     F_INT("train.micro_batch", micro_batch, 1, 1 << 20,
           "sequences per rank per micro-step (B)"),

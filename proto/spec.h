@@ -79,6 +79,7 @@ typedef struct ddp_spec {
     /* data: glob patterns of token shards */
     char train_glob[1024];
     char val_glob[1024]; /* "" = no validation */
+    char tokenizer[1024]; /* "" or a Hugging Face tokenizer.json (worker/run_tokenizer.h) */
 
     /* train */
     long steps;               /* optimizer steps; >= 1 */

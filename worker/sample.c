@@ -1,4 +1,5 @@
-/* Text samples from the trained model (train.sample_tokens; see train.h). */
+/* Text samples from the trained model (train.sample_tokens; see train.h), decoded through
+ * data.tokenizer when the run has one. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,10 +7,35 @@
 #include "common/alloc.h"
 #include "worker/train.h"
 
-/* Token a sample starts from: newline for byte-level models, <|endoftext|> for GPT-2's BPE. */
-static int32_t start_token(const ddp_model_cfg_t *cfg)
+/* Token a sample starts from: data.tokenizer's BOS when it names one; else newline for
+ * byte-level models, <|endoftext|> for GPT-2's BPE. */
+static int32_t start_token(const ddp_model_cfg_t *cfg, const ddp_run_tok_t *tok)
 {
+    if (tok && tok->ids.bos >= 0 && tok->ids.bos < cfg->vocab_size) return (int32_t)tok->ids.bos;
     return cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
+}
+
+/* Writes token id as the sample shows it: its bytes through the tokenizer ("[id]" past its
+ * vocabulary), else a byte (vocab 256), else the number. Byte-level BPE decodes each id to its
+ * own bytes, so a text decoded token by token is the text decoded whole. */
+static int put_token(const ddp_run_tok_t *tok, int V, int32_t id, FILE *out)
+{
+    if (!tok) {
+        if (V == 256) fputc(id, out);
+        else fprintf(out, "%d ", id);
+        return 0;
+    }
+    uint32_t u = (uint32_t)id;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = ddp_tok_decode(tok->tok, &u, 1, &text, &len);
+    if (rc == DDP_EINVAL) {
+        fprintf(out, "[%d]", id);
+        return 0;
+    }
+    if (rc == 0) fwrite(text, 1, len, out);
+    free(text);
+    return rc;
 }
 
 /* Draws a token from the softmax of logits[V] with the trainer's rng. */
@@ -36,7 +62,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     ddp_kprec_t prec = m->acts.prec;
     void *act_row = ddp_malloc((size_t)V * ddp_act_bytes(prec)); /* the logits as computed */
     int rc = (ctx && row && act_row) ? 0 : DDP_ENOMEM;
-    if (rc == 0) ctx[0] = start_token(&m->cfg);
+    if (rc == 0) ctx[0] = start_token(&m->cfg, t->tok);
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         const int32_t *window = ctx + (i - len);
@@ -47,8 +73,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         if (rc) break;
         ddp_act_to_f32(row, act_row, (size_t)V, prec);
         ctx[i] = draw(&t->rng, row, V);
-        if (V == 256) fputc(ctx[i], out);
-        else fprintf(out, "%d ", ctx[i]);
+        rc = put_token(t->tok, V, ctx[i], out);
     }
     fputc('\n', out);
     fflush(out);

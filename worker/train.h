@@ -28,6 +28,7 @@
 #include "worker/optim.h"
 #include "worker/profile.h"
 #include "worker/reducer.h"
+#include "worker/run_tokenizer.h"
 #include "worker/state_transfer.h"
 #include "worker/straggler.h"
 #include "worker/train_checkpoint.h"
@@ -126,6 +127,7 @@ typedef struct ddp_trainer {
     ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
     ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
+    ddp_run_tok_t *tok;    /* data.tokenizer, or NULL (worker/run_tokenizer.h) */
 } ddp_trainer_t;
 
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
@@ -177,8 +179,10 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 /* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
 int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
-/* Samples n tokens after a start token with the trainer's rng and writes them as text
- * (vocab 256: bytes) or token ids to out. */
+/* Samples n tokens after a start token with the trainer's rng and writes them to out: decoded
+ * through data.tokenizer when there is one (starting from its BOS, when it names one; an id past
+ * its vocabulary is written as "[id]"), else as bytes for vocab 256, else as token ids. The
+ * start token without a tokenizer's BOS: newline for vocab 256, else vocab_size - 1. */
 int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
 /* Frees everything. NULL-safe. */
 void ddp_trainer_close(ddp_trainer_t *t);

@@ -47,6 +47,10 @@ struct ddp_tckpt {
     size_t n_model, n_optim;
     char *names;   /* storage of the optimizer tensor names */
     char *config;  /* config.json text, built once */
+    char *genconf; /* generation_config.json text, likewise */
+    ddp_ckpt_text_t texts[3]; /* the further texts of every save: generation_config.json, and
+                               * data.tokenizer's tokenizer.json and tokenizer_config.json */
+    size_t n_texts;
     char *trainer; /* trainer.json of the save being snapshotted */
     ddp_ckpt_state_t state;
     pthread_t helper;
@@ -362,8 +366,15 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
     c->n_model = n;
     c->n_optim = optim ? 2 * n : 0;
     c->names = names;
-    c->config = ddp_hf_config_json(&sp->model);
-    if (!c->config) return DDP_ENOMEM;
+    c->config = ddp_hf_config_json_ids(&sp->model, run->ids);
+    c->genconf = ddp_hf_generation_config_json(&sp->model, run->ids);
+    if (!c->config || !c->genconf) return DDP_ENOMEM;
+    c->texts[c->n_texts++] = (ddp_ckpt_text_t){"generation_config.json", c->genconf};
+    if (run->tokenizer_json)
+        c->texts[c->n_texts++] = (ddp_ckpt_text_t){"tokenizer.json", run->tokenizer_json};
+    if (run->tokenizer_config_json)
+        c->texts[c->n_texts++] =
+            (ddp_ckpt_text_t){"tokenizer_config.json", run->tokenizer_config_json};
     c->crc_step = -1; /* every rank: a sharded update's CRCs are merged over all of them */
     if (ddp_k_host_memory(run->k) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc)))
         return DDP_ENOMEM;
@@ -642,7 +653,8 @@ static int start_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int overlap,
     if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
     c->state = (ddp_ckpt_state_t){.step = step, .model = c->model_t, .n_model = c->n_model,
                                   .optim = c->optim_t, .n_optim = c->n_optim,
-                                  .config_json = c->config, .trainer_json = c->trainer};
+                                  .config_json = c->config, .trainer_json = c->trainer,
+                                  .texts = c->texts, .n_texts = c->n_texts};
     c->last_saved = step;
     c->stats.saves++;
     if (c->writers > 1) {
@@ -748,7 +760,8 @@ int ddp_tckpt_emergency_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int mom
     }
     c->state = (ddp_ckpt_state_t){.step = step, .model = c->model_t, .n_model = c->n_model,
                                   .optim = c->optim_t, .n_optim = c->n_optim,
-                                  .config_json = c->config, .trainer_json = c->trainer};
+                                  .config_json = c->config, .trainer_json = c->trainer,
+                                  .texts = c->texts, .n_texts = c->n_texts};
     if (host) { /* the writer reads the arenas themselves: nothing changes them now */
         rc = ddp_ckpt_save_live(sv, &c->state, ei);
     } else {
@@ -852,6 +865,7 @@ void ddp_tckpt_free(ddp_tckpt_t *c)
     free(c->names);
     free(c->update_crc);
     free(c->config);
+    free(c->genconf);
     free(c->trainer);
     free(c);
 }

@@ -8,9 +8,10 @@
  * ddp_tckpt_resume_t, that the trainer applies to itself.
  *
  * Contents: the parameter arena under Hugging Face GPT-2 names and shapes, AdamW's moments as
- * "exp_avg.<name>" / "exp_avg_sq.<name>", a Hugging Face config.json (so `transformers` loads the
- * directory as it is) and trainer.json: step, tokens seen, schedule position, AdamW's update
- * count, the RNG's four words (hex strings: no precision lost), the data cursor (next global
+ * "exp_avg.<name>" / "exp_avg_sq.<name>", a Hugging Face config.json and generation_config.json
+ * (so `transformers` loads the directory as it is; with data.tokenizer also its tokenizer.json
+ * and tokenizer_config.json, so AutoTokenizer does too) and trainer.json: step, tokens seen,
+ * schedule position, AdamW's update count, the RNG's four words (hex strings: no precision lost), the data cursor (next global
  * sample index = step x sequences per global batch), world size, accumulation, and the spec.
  *
  * Saving without stalling: parameters and moments change only inside ddp_adamw_step (every path
@@ -46,6 +47,7 @@
 #include "collectives/coll.h"
 #include "common/err.h"
 #include "kernels/kernels.h"
+#include "proto/hf_config.h" /* ddp_hf_ids_t */
 #include "proto/spec.h"
 #include "worker/model.h"
 #include "worker/optim.h"
@@ -72,6 +74,10 @@ typedef struct ddp_tckpt_run {
      * leaves each rank with its own slices current). NULL when never needed. */
     int (*gather_moments)(void *arg, ddp_errinfo_t *ei);
     void *gather_arg;
+    /* data.tokenizer: every checkpoint carries these texts beside config.json (NULL: none), and
+     * its config.json and generation_config.json name ids's BOS and EOS (NULL: the model's) */
+    const char *tokenizer_json, *tokenizer_config_json;
+    const ddp_hf_ids_t *ids;
 } ddp_tckpt_run_t;
 
 /* The trainer's position, as trainer.json records it. */

@@ -4,9 +4,11 @@
  */
 #include "worker/train_int.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/alloc.h"
 #include "common/log.h"
@@ -73,6 +75,16 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* Rank 0 copies data.tokenizer into the run directory (creating it). */
+static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!t->tok || !t->opts.run_dir || t->opts.rank != 0) return 0;
+    if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST)
+        return ddp_errinfo_set(ei, -errno, "cannot create the run directory %s: %s",
+                               t->opts.run_dir, strerror(errno));
+    return ddp_run_tok_save(t->tok, t->opts.run_dir, ei);
+}
+
 static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_sharded_gather(arg, ei); }
 
 /* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
@@ -85,7 +97,10 @@ void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
                            .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
                            .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
                            .accum = t->accum, .sharded = t->zero.on,
-                           .gather_moments = gather_moments, .gather_arg = &t->zero};
+                           .gather_moments = gather_moments, .gather_arg = &t->zero,
+                           .tokenizer_json = t->tok ? t->tok->json : NULL,
+                           .tokenizer_config_json = t->tok ? t->tok->config_json : NULL,
+                           .ids = t->tok ? &t->tok->ids : NULL};
 }
 
 void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
@@ -144,6 +159,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
+    DDP_CHECK_GOTO(ddp_run_tok_open(s->tokenizer, s->model.vocab_size, &t->tok, ei), rc, fail);
     int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
     /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
     t->device = t->opts.env.local_rank;
@@ -165,6 +181,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
+    DDP_CHECK_GOTO(save_tokenizer(t, ei), rc, fail);
     t->first_rank = t->opts.rank; /* the slow rank's test hook names it */
     int world = t->opts.world;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
@@ -297,5 +314,6 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_straggler_close(&t->stragglers);
     ddp_metrics_sink_close(t->metrics);
     ddp_trace_close(); /* train.trace */
+    ddp_run_tok_free(t->tok);
     memset(t, 0, sizeof *t);
 }

@@ -125,6 +125,17 @@ int ddp_ckpt_saver_new(const ddp_ckpt_opts_t *o, ddp_ckpt_saver_t **out, ddp_err
     return 0;
 }
 
+static void free_texts(ddp_ckpt_saver_t *s)
+{
+    for (size_t i = 0; i < s->n_texts; i++) {
+        free(s->texts[i].name);
+        free(s->texts[i].text);
+    }
+    free(s->texts);
+    s->texts = NULL;
+    s->n_texts = 0;
+}
+
 static void join_writer(ddp_ckpt_saver_t *s)
 {
     if (!s->running) return;
@@ -152,6 +163,7 @@ void ddp_ckpt_saver_free(ddp_ckpt_saver_t *s)
     free(s->shards);
     free(s->config);
     free(s->trainer);
+    free_texts(s);
     ddp_manifest_close(&s->mine);
     ddp__uring_free(s->ring);
     pthread_mutex_destroy(&s->mu);
@@ -242,6 +254,47 @@ static int check_json(const char *what, const char *text, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* The state's further texts: each present, with a plain ".json" name that is not the saver's
+ * own and not given twice. */
+static int check_texts(const ddp_ckpt_state_t *st, ddp_errinfo_t *ei)
+{
+    if (st->n_texts && !st->texts)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: %zu texts without a list",
+                               st->n_texts);
+    for (size_t i = 0; i < st->n_texts; i++) {
+        const char *nm = st->texts[i].name;
+        size_t len = nm ? strlen(nm) : 0;
+        if (len < 6 || len > 200 || nm[0] == '.' || strchr(nm, '/') ||
+            strcmp(nm + len - 5, ".json") || !strcmp(nm, "config.json") ||
+            !strcmp(nm, "trainer.json") || !strcmp(nm, DDP_MANIFEST_NAME) ||
+            strstr(nm, ".safetensors.index.json"))
+            return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: text %zu: '%s' is not a name "
+                                   "for a further text file", i, nm ? nm : "(null)");
+        if (!st->texts[i].text)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: no text given for %s", nm);
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(st->texts[j].name, nm))
+                return ddp_errinfo_set(ei, DDP_EINVAL, "checkpoint: text '%s' given twice", nm);
+    }
+    return 0;
+}
+
+/* Copies the state's further texts (rank 0 only: the others do not write them). */
+static int copy_texts(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st)
+{
+    free_texts(s);
+    if (s->o.rank != 0 || !st->n_texts) return 0;
+    s->texts = ddp_calloc(st->n_texts, sizeof *s->texts);
+    if (!s->texts) return DDP_ENOMEM;
+    s->n_texts = st->n_texts;
+    for (size_t i = 0; i < st->n_texts; i++) {
+        s->texts[i].name = ddp_strdup(st->texts[i].name);
+        s->texts[i].text = ddp_strdup(st->texts[i].text);
+        if (!s->texts[i].name || !s->texts[i].text) return DDP_ENOMEM;
+    }
+    return 0;
+}
+
 /* Greedy plan: a new shard when the next tensor would pass shard_bytes; never split. */
 static int plan_kind(ddp_ckpt_saver_t *s, int optim, size_t first, size_t count, size_t *cap)
 {
@@ -298,6 +351,7 @@ static int prepare(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, int64_t *t_w
     DDP_CHECK(check_tensors(st, ei));
     DDP_CHECK(check_json("config.json", st->config_json, ei));
     DDP_CHECK(check_json("trainer.json", st->trainer_json, ei));
+    DDP_CHECK(check_texts(st, ei));
 
     s->have_snapshot = 0;
     s->committed = 0;
@@ -332,7 +386,7 @@ static int prepare(ddp_ckpt_saver_t *s, const ddp_ckpt_state_t *st, int64_t *t_w
     s->names = ddp_malloc(name_bytes);
     s->config = ddp_strdup(st->config_json);
     s->trainer = ddp_strdup(st->trainer_json);
-    if (!s->t || !s->src || !s->names || !s->config || !s->trainer)
+    if (!s->t || !s->src || !s->names || !s->config || !s->trainer || copy_texts(s, st) < 0)
         return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
     uint64_t off = 0;
     char *np = s->names;
@@ -661,6 +715,8 @@ static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
         DDP_CHECK(write_index(s, 1, tmp, bytes, ei));
         DDP_CHECK(write_text(s, tmp, "config.json", s->config, bytes, ei));
         DDP_CHECK(write_text(s, tmp, "trainer.json", s->trainer, bytes, ei));
+        for (size_t i = 0; i < s->n_texts; i++)
+            DDP_CHECK(write_text(s, tmp, s->texts[i].name, s->texts[i].text, bytes, ei));
     }
     if (s->o.writers > 1) {
         char part[FILE_NAME_MAX];

@@ -11,6 +11,9 @@
  *                                          ({"metadata": {"total_size": N}, "weight_map": {..}})
  *     optim.safetensors | optim-0000i-of-0000K.safetensors + optim.safetensors.index.json
  *     config.json   trainer.json           the caller's texts, stored verbatim
+ *     generation_config.json ...           optional further texts (ddp_ckpt_text_t: the trainer
+ *                                          adds generation_config.json and data.tokenizer's
+ *                                          tokenizer.json / tokenizer_config.json), verbatim
  *     MANIFEST.json                        every other file's size and CRC32C; written last
  *   dir/latest -> step-00001200            a hint; verification decides
  *   dir/.step-00001300.tmp/                a save in progress (or one that crashed)
@@ -50,8 +53,8 @@
  *
  * Striped writers (checkpoint.writers N > 1; needs `dir` on a file system all writers share):
  * shard i (counting model shards, then optimizer shards) is written by rank i mod N; rank 0 also
- * writes the index, config and trainer files. Each writer records what it wrote in a part file
- * (.part-RRRRR.json) in the tmp directory. Every rank < N calls, at the same step:
+ * writes the index, config, trainer and further text files. Each writer records what it wrote
+ * in a part file (.part-RRRRR.json) in the tmp directory. Every rank < N calls, at the same step:
  *     ddp_ckpt_save(saver, &state, &ei);   snapshot + asynchronous write of its own shards
  *     ... later (before the next save, or at once):
  *     ddp_ckpt_wait(saver, &ei);           its shards are durable (or the error)
@@ -128,6 +131,16 @@ typedef struct ddp_ckpt_opts {
     void *alloc_ctx;
 } ddp_ckpt_opts_t;
 
+/* A further text file of a save, written by rank 0 beside config.json, listed in the manifest
+ * and checked by the commit like config.json. `name` is a plain file name ending in ".json",
+ * not starting with '.', and none of the saver's own (config.json, trainer.json, MANIFEST.json,
+ * *.safetensors.index.json). The text is stored verbatim and not parsed (a tokenizer.json may
+ * be megabytes): the caller vouches for it. */
+typedef struct ddp_ckpt_text {
+    const char *name;
+    const char *text;
+} ddp_ckpt_text_t;
+
 /* What one save stores. Everything is read during ddp_ckpt_snapshot only. */
 typedef struct ddp_ckpt_state {
     int64_t step;                    /* >= 0; names the directory */
@@ -137,6 +150,8 @@ typedef struct ddp_ckpt_state {
     size_t n_optim;
     const char *config_json;         /* config.json text (must parse as JSON) */
     const char *trainer_json;        /* trainer.json text (must parse as JSON) */
+    const ddp_ckpt_text_t *texts;    /* further text files (rank 0 writes them); may be NULL / 0 */
+    size_t n_texts;
 } ddp_ckpt_state_t;
 
 typedef struct ddp_ckpt_stats {

@@ -17,16 +17,20 @@
 #include "manifest_internal.h"
 #include "checkpoint_impl.h"
 
-/* Every file rank 0 expects in the finished directory. */
+/* Every file rank 0 expects in the finished directory: the shards, config.json, trainer.json,
+ * the indexes of sharded kinds, and the further texts of the state. */
 static int expected_files(const ddp_ckpt_saver_t *s, const ddp_manifest_t *m, ddp_errinfo_t *ei,
                           const char *tmp)
 {
     const char *extra[] = {"config.json", "trainer.json", "model.safetensors.index.json",
                            "optim.safetensors.index.json"};
     int need[4] = {1, 1, s->n_model_shards > 1, s->n_shards - s->n_model_shards > 1};
-    for (size_t i = 0; i < s->n_shards + 4; i++) {
-        const char *f = i < s->n_shards ? s->shards[i].file : extra[i - s->n_shards];
-        if (i >= s->n_shards && !need[i - s->n_shards]) continue;
+    for (size_t i = 0; i < s->n_shards + 4 + s->n_texts; i++) {
+        size_t x = i - s->n_shards; /* past the shards: extra[], then the further texts */
+        const char *f = i < s->n_shards ? s->shards[i].file
+                        : x < 4         ? extra[x]
+                                        : s->texts[x - 4].name;
+        if (i >= s->n_shards && x < 4 && !need[x]) continue;
         const ddp_manifest_entry_t *e = ddp_manifest_find(m, f);
         char path[PATH_MAX];
         struct stat st;

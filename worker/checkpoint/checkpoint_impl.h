@@ -43,6 +43,11 @@ typedef struct shard {
     char file[FILE_NAME_MAX];
 } shard_t;
 
+/* A further text file of the save (ddp_ckpt_text_t), copied: both strings ddp_malloc'd. */
+typedef struct owned_text {
+    char *name, *text;
+} owned_text_t;
+
 struct ddp_ckpt_saver {
     ddp_ckpt_opts_t o;
     char *dir;
@@ -57,6 +62,8 @@ struct ddp_ckpt_saver {
     shard_t *shards;
     size_t n_shards, n_model_shards;
     char *config, *trainer;
+    owned_text_t *texts; /* rank 0's copies of the state's further texts (others: none) */
+    size_t n_texts;
     int64_t step;
     int have_snapshot;
     tsrc_t *src; /* per tensor of t */

@@ -1,5 +1,5 @@
 /* worker/checkpoint: sharding and the index, asynchronous save and bitwise load, keep_last, corruption fallback,
- * crash safety with SIGKILL mid-save, striped writers, init_from, load memory, fault injection.
+ * crash safety with SIGKILL mid-save, striped writers, further text files, init_from, load memory, fault injection.
  * The writer's I/O path (known CRCs, live save and freeze, O_DIRECT, dio): test_ckpt_writer.c;
  * the safetensors codec: test_safetensors.c.
  */
@@ -570,6 +570,109 @@ static void test_striped_writers(void **state)
     free(dir);
 }
 
+/* ---------------------------------------------------------------- further texts */
+
+/* Asserts that dir/step-<step>/name holds exactly `text`. */
+static void assert_text_file(const char *dir, int64_t step, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-%08lld/%s", dir, (long long)step, name);
+    unsigned char *buf;
+    size_t len;
+    assert_int_equal(tu_read_file(path, &buf, &len), 0);
+    if (len != strlen(text) || memcmp(buf, text, len))
+        fail_msg("%s: %zu bytes, not the %zu given", path, len, strlen(text));
+    free(buf);
+}
+
+/* A save's further texts (generation_config.json, a tokenizer.json of a few MB) are written
+ * verbatim, listed in the manifest and checked by verification: a checkpoint without one of
+ * them is skipped, naming the file. Names that are not plain ".json" files of their own are
+ * refused. Striped writers: rank 0 writes them and the commit expects them. */
+static void test_further_texts(void **state)
+{
+    char *dir = tu_tmpdir();
+    tstate_t ts;
+    tu_make(&ts, 300, 32, 32, 2, 1, 50);
+    size_t big = 3u << 20; /* a tokenizer.json of 3 MB, not JSON: not parsed */
+    char *tok = malloc(big + 1);
+    for (size_t i = 0; i < big; i++) tok[i] = (char)('a' + i % 26);
+    tok[big] = '\0';
+    ddp_ckpt_text_t texts[] = {{"generation_config.json", "{\"bos_token_id\": 1}"},
+                               {"tokenizer.json", tok}};
+    ddp_ckpt_opts_t o = {.dir = dir, .shard_mb = 0.03};
+    ddp_ckpt_saver_t *s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_ckpt_saver_new(&o, &s, &ei), 0);
+    ddp_ckpt_state_t st = tu_state(&ts, 1, TRAINER);
+    st.texts = texts;
+    st.n_texts = 2;
+    for (int64_t step = 1; step <= 2; step++) {
+        st.step = step;
+        assert_int_equal(ddp_ckpt_save(s, &st, &ei), 0);
+        assert_int_equal(ddp_ckpt_wait(s, &ei), 0);
+        assert_text_file(dir, step, "generation_config.json", texts[0].text);
+        assert_text_file(dir, step, "tokenizer.json", tok);
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/step-00000002/MANIFEST.json", dir);
+    ddp_manifest_t m;
+    assert_int_equal(ddp_manifest_read(path, &m, &ei), 0);
+    const ddp_manifest_entry_t *e = ddp_manifest_find(&m, "tokenizer.json");
+    assert_non_null(e);
+    assert_int_equal(e->size, big);
+    assert_int_equal(e->crc32c, ddp_crc32c_update(0, tok, big));
+    assert_non_null(ddp_manifest_find(&m, "generation_config.json"));
+    ddp_manifest_close(&m);
+    /* refused names and lists */
+    const char *bad[] = {"config.json", "trainer.json", "MANIFEST.json", ".x.json", "a/b.json",
+                         "tokenizer.txt", "model.safetensors.index.json", ".json", NULL};
+    for (int i = 0; i <= 8; i++) {
+        ddp_ckpt_text_t one[2] = {{bad[i], "{}"}, {"x.json", "{}"}};
+        if (i == 8) one[0].name = "x.json"; /* given twice */
+        st.texts = one;
+        st.n_texts = 2;
+        st.step = 3;
+        if (ddp_ckpt_save(s, &st, &ei) != DDP_EINVAL || !strstr(ei.msg, "checkpoint: text"))
+            fail_msg("text name '%s' accepted (%s)", bad[i] ? bad[i] : "x.json twice", ei.msg);
+    }
+    ddp_ckpt_text_t no_text = {"x.json", NULL};
+    st.texts = &no_text;
+    st.n_texts = 1;
+    assert_int_equal(ddp_ckpt_save(s, &st, &ei), DDP_EINVAL);
+    ddp_ckpt_saver_free(s);
+    /* a checkpoint that lost its tokenizer.json does not verify: the previous one is found */
+    snprintf(path, sizeof path, "%s/step-00000002/tokenizer.json", dir);
+    assert_int_equal(unlink(path), 0);
+    ddp_ckpt_found_t found;
+    assert_int_equal(ddp_ckpt_find(dir, -1, &found, &ei), 0);
+    assert_int_equal(found.step, 1);
+    assert_int_equal(found.n_skipped, 1);
+    if (!strstr(found.skipped[0].reason, "tokenizer.json"))
+        fail_msg("the reason does not name tokenizer.json: %s", found.skipped[0].reason);
+    /* striped writers: rank 0 writes the texts, rank 1 only its shards; the commit has them */
+    enum { W = 2 };
+    ddp_ckpt_saver_t *sw[W];
+    st = tu_state(&ts, 5, TRAINER);
+    st.texts = texts;
+    st.n_texts = 2;
+    for (int r = 0; r < W; r++) {
+        ddp_ckpt_opts_t ow = {.dir = dir, .shard_mb = 0.03, .writers = W, .rank = r};
+        assert_int_equal(ddp_ckpt_saver_new(&ow, &sw[r], &ei), 0);
+        assert_int_equal(ddp_ckpt_save(sw[r], &st, &ei), 0);
+    }
+    for (int r = 0; r < W; r++) assert_int_equal(ddp_ckpt_wait(sw[r], &ei), 0);
+    assert_int_equal(ddp_ckpt_commit(sw[0], &ei), 0);
+    for (int r = 0; r < W; r++) ddp_ckpt_saver_free(sw[r]);
+    assert_text_file(dir, 5, "tokenizer.json", tok);
+    assert_int_equal(ddp_ckpt_find(dir, -1, &found, &ei), 0);
+    assert_int_equal(found.step, 5);
+    free(tok);
+    tu_free(&ts);
+    tu_rmrf(dir);
+    free(dir);
+}
+
 /* ---------------------------------------------------------------- init_from */
 
 static void test_init_from(void **state)
@@ -778,6 +881,7 @@ int main(void)
         cmocka_unit_test(test_nothing_to_find),
         cmocka_unit_test(test_sigkill_mid_save),
         cmocka_unit_test(test_striped_writers),
+        cmocka_unit_test(test_further_texts),
         cmocka_unit_test(test_init_from),
         cmocka_unit_test(test_load_memory),
         cmocka_unit_test(test_fault_injection),

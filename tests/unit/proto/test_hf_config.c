@@ -2,7 +2,7 @@
  * the written config.json; configs as transformers 4 and 5 write them parse to the model they
  * describe; what ddpd does not implement is refused by its key; a spec's model.config gives the
  * model and cannot be combined with a preset; a checkpoint's config.json tells another model
- * apart by key. */
+ * apart by key; the token ids of config.json and generation_config.json. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -204,6 +204,66 @@ static void test_diff_names_the_key(void **state)
     assert_string_equal(what, "model_type is llama and gpt2");
 }
 
+/* The ids of o's key (-1 when absent). */
+static long id_of(const char *text, const char *key)
+{
+    const char *p = strstr(text, key);
+    return p ? strtol(p + strlen(key) + 3, NULL, 10) : -1; /* "key": N */
+}
+
+/* bos_token_id / eos_token_id: the model's defaults (GPT-2's end of text, a byte-level Llama's
+ * newline, none for another Llama) in config.json and generation_config.json alike, a
+ * tokenizer's ids instead when given, and -1 left out. */
+static void test_token_ids(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *preset;
+        long id;
+    } want[] = {{"gpt2-124M", 50256}, {"gpt2-tiny", 10}, {"llama-tiny", 10},
+                {"smollm2-135m", -1}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        ddp_model_cfg_t c;
+        assert_int_equal(ddp_spec_preset(want[i].preset, &c), 0);
+        ddp_hf_ids_t d = ddp_hf_default_ids(&c);
+        char *cfg = ddp_hf_config_json(&c), *gen = ddp_hf_generation_config_json(&c, NULL);
+        assert_non_null(cfg);
+        assert_non_null(gen);
+        if (d.bos != want[i].id || id_of(cfg, "\"bos_token_id") != want[i].id ||
+            id_of(cfg, "\"eos_token_id") != want[i].id ||
+            id_of(gen, "\"bos_token_id") != want[i].id ||
+            id_of(gen, "\"eos_token_id") != want[i].id)
+            fail_msg("%s: want %ld in both files, default %ld/%ld:\n%s\n%s", want[i].preset,
+                     want[i].id, d.bos, d.eos, cfg, gen);
+        free(cfg);
+        free(gen);
+    }
+    ddp_model_cfg_t c;
+    assert_int_equal(ddp_spec_preset("smollm2-135m", &c), 0);
+    ddp_hf_ids_t ids = {.bos = 1, .eos = 2};
+    char *cfg = ddp_hf_config_json_ids(&c, &ids), *gen = ddp_hf_generation_config_json(&c, &ids);
+    assert_int_equal(id_of(cfg, "\"bos_token_id"), 1);
+    assert_int_equal(id_of(cfg, "\"eos_token_id"), 2);
+    assert_string_equal(gen, "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 1,\n  "
+                             "\"eos_token_id\": 2,\n  \"transformers_version\": \"4.46.0\"\n}");
+    ddp_model_cfg_t back;
+    ddp_errinfo_t ei = {0};
+    assert_int_equal(parse_text(cfg, &back, &ei), 0); /* the ids change nothing of the model */
+    assert_memory_equal(&c, &back, sizeof c);
+    free(cfg);
+    free(gen);
+    ids = (ddp_hf_ids_t){.bos = -1, .eos = 7}; /* a tokenizer without BOS */
+    assert_int_equal(ddp_spec_preset("gpt2-124M", &c), 0);
+    cfg = ddp_hf_config_json_ids(&c, &ids);
+    gen = ddp_hf_generation_config_json(&c, &ids);
+    assert_null(strstr(cfg, "bos_token_id"));
+    assert_null(strstr(gen, "bos_token_id"));
+    assert_int_equal(id_of(cfg, "\"eos_token_id"), 7);
+    assert_int_equal(id_of(gen, "\"eos_token_id"), 7);
+    free(cfg);
+    free(gen);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -212,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_spec_model_config),
         cmocka_unit_test(test_diff_names_the_key),
+        cmocka_unit_test(test_token_ids),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

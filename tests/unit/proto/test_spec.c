@@ -108,6 +108,7 @@ static void test_defaults(void **state)
     assert_int_equal(s.model.n_layer, 2);
     assert_string_equal(s.train_glob, "data/train_*.bin");
     assert_string_equal(s.val_glob, "");
+    assert_string_equal(s.tokenizer, ""); /* data.tokenizer: none */
     assert_string_equal(s.init_from, "");
     assert_int_equal(s.steps, 1000);
     assert_int_equal(s.micro_batch, 8);
@@ -180,6 +181,7 @@ static void test_yaml_json_equal(void **state)
     assert_int_equal(y.model.n_layer, 4);
     assert_int_equal(y.model.block_size, 256);
     assert_string_equal(y.val_glob, "data/full/val_*.bin");
+    assert_string_equal(y.tokenizer, "data/full/tokenizer.json");
     assert_int_equal(y.global_batch_tokens, 4096);
     assert_true(y.lr == 3e-4);
     assert_true(y.min_lr == 3e-5);
@@ -345,6 +347,7 @@ static void test_reject_inline(void **state)
          "must be one of auto, overlap, pause; got lazy"},
         {D "model: {preset: gpt3}", "model.preset", 2, 17, "gpt2-tiny, gpt2-mini, gpt2-124M"},
         {D "name: [a]", "name", 2, 7, "must be a string"},
+        {"data: {train: x, tokenizer: [a]}", "data.tokenizer", 1, 29, "must be a string"},
         {D "data: {val: y}", NULL, 2, 1, "duplicate key 'data'"},
         {"{\"data\": {\"train\": \"x\"}, \"data\": {}}", NULL, 1, 31, "duplicate object key"},
         /* ranges */

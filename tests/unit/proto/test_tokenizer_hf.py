@@ -7,7 +7,11 @@ two threads, with and without a validation split, and a corpus large enough to b
 several chunks) and on hostile text (NUL, 1 MB lines, every Unicode category, odd whitespace,
 added tokens inside words); that invalid UTF-8 is refused with the file and the byte offset
 Python's decoder reports; that `tokenizers` decodes ddp-prep's ids back to the text; that a
-vocabulary past 65,536 gives 32-bit shards with the same ids, and that ddp-worker trains on them.
+vocabulary past 65,536 gives 32-bit shards with the same ids, and that ddp-worker trains on them;
+and data.tokenizer in a ddp-worker run (a small Llama of the tokenizer's vocabulary): the run
+directory and every checkpoint hold the tokenizer byte for byte (with tokenizer_config.json,
+generation_config.json and its BOS/EOS), the sample is decoded through it, a checkpoint resumes,
+one that lost its tokenizer.json is skipped, and a bad tokenizer is refused by field and file.
 
   test_tokenizer_hf.py DDP_PREP DDP_WORKER
 Skips (exit 77) when `tokenizers` is not importable or tinyshakespeare is not found
@@ -96,7 +100,7 @@ tok_json = os.path.join(tmp, "tokenizer.json")
 tok.save(tok_json)
 text = open(corpus_path, encoding="utf-8").read()
 
-print("1..18")
+print("1..26")
 
 # 1-3: the whole corpus, one and two threads, and with a validation split
 t0 = time.time()
@@ -306,6 +310,145 @@ p = subprocess.run([worker, job, "--quiet"], capture_output=True, text=True, tim
                    env=dict(os.environ, DDP_LOG_LEVEL="warn"))
 ok(p.returncode == 0, "ddp-worker trains 3 steps on the 32-bit shards (vocab 70000)",
    p.stdout[-2000:] + p.stderr[-2000:])
+
+# ---- 19-26: data.tokenizer in a ddp-worker run: a small Llama of the tokenizer's vocabulary
+# on the shards of test 3 (out1 + "v"); tokenizer_config.json (test 6) is beside tok_json ----
+vocab = tok.get_vocab_size()
+data = out1 + "v"
+run = tempfile.mkdtemp(dir=tmp)
+llama_cfg = os.path.join(run, "llama.json")
+json.dump({"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 128, "vocab_size": vocab,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
+           "hidden_act": "silu"}, open(llama_cfg, "w"))
+tok_job = os.path.join(run, "job.yaml")
+open(tok_job, "w").write(
+    "name: tok-run\n"
+    "model: {config: \"%s\"}\n"
+    "data: {train: \"%s/train_*.bin\", val: \"%s/val_*.bin\", tokenizer: \"%s\"}\n"
+    "train: {steps: 4, micro_batch: 2, seq_len: 64, lr: 1.0e-3, warmup: 1, val_every: 0,\n"
+    "        sample_tokens: 40, threads: 1}\n"
+    "checkpoint: {dir: \"%s/ck\", every: 2}\n" % (llama_cfg, data, data, tok_json, run))
+
+
+def run_worker(*args):
+    return subprocess.run([worker, tok_job, "--quiet"] + list(args), capture_output=True,
+                          timeout=240, env=dict(os.environ, DDP_LOG_LEVEL="info"))
+
+
+def sample_of(p):
+    """The bytes the run printed after its sample line (without the closing newline)."""
+    marker = b"--- sample (40 tokens) ---\n"
+    at = p.stdout.find(marker)
+    return p.stdout[at + len(marker):].rstrip(b"\n") if at >= 0 else None
+
+
+def text(p):
+    return (p.stdout[-1500:] + p.stderr[-2500:]).decode(errors="replace")
+
+
+src = open(tok_json, "rb").read()
+src_cfg = open(os.path.join(tmp, "tokenizer_config.json"), "rb").read()
+p = run_worker("--run-dir", os.path.join(run, "rd"))
+rd = os.path.join(run, "rd")
+ok(p.returncode == 0 and open(os.path.join(rd, "tokenizer.json"), "rb").read() == src and
+   open(os.path.join(rd, "tokenizer_config.json"), "rb").read() == src_cfg and
+   not [f for f in os.listdir(rd) if f.endswith(".tmp")],
+   "data.tokenizer: the run directory holds tokenizer.json and tokenizer_config.json, "
+   "byte-identical to the source (no temporary file left)", text(p))
+want_gen = {"_from_model_config": True, "eos_token_id": 0, "transformers_version": "4.46.0"}
+bad_ckpt = []
+for step in (2, 4):
+    d = os.path.join(run, "ck", "step-%08d" % step)
+    try:
+        man = json.load(open(os.path.join(d, "MANIFEST.json")))["files"]
+        got_gen = json.load(open(os.path.join(d, "generation_config.json")))
+        cfg = json.load(open(os.path.join(d, "config.json")))
+        if open(os.path.join(d, "tokenizer.json"), "rb").read() != src:
+            bad_ckpt.append("%s: tokenizer.json differs from the source" % d)
+        if open(os.path.join(d, "tokenizer_config.json"), "rb").read() != src_cfg:
+            bad_ckpt.append("%s: tokenizer_config.json differs from the source" % d)
+        if got_gen != want_gen:
+            bad_ckpt.append("%s: generation_config.json is %r" % (d, got_gen))
+        if cfg.get("eos_token_id") != 0 or "bos_token_id" in cfg:
+            bad_ckpt.append("%s: config.json's ids: bos %r, eos %r" % (
+                d, cfg.get("bos_token_id"), cfg.get("eos_token_id")))
+        for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            if man.get(f, {}).get("size") != os.path.getsize(os.path.join(d, f)):
+                bad_ckpt.append("%s: MANIFEST.json lists %s as %r" % (d, f, man.get(f)))
+    except (OSError, ValueError, KeyError) as e:
+        bad_ckpt.append("%s: %s" % (d, e))
+ok(p.returncode == 0 and not bad_ckpt, "every checkpoint holds tokenizer.json and "
+   "tokenizer_config.json byte-identical to the source, generation_config.json and config.json "
+   "with tokenizer_config.json's EOS (0) and no BOS, all in its manifest", "\n".join(bad_ckpt))
+
+# 21: the sample is the tokenizer's decoding of the ids the same run without a tokenizer prints
+got = sample_of(p)
+p0 = run_worker("--set", "data.tokenizer=\"\"", "--set", "checkpoint.dir=\"%s/ck0\"" % run)
+ids_text = sample_of(p0)
+try:
+    ids = [int(x) for x in ids_text.split()]
+except (AttributeError, ValueError):
+    ids = []
+ok(got is not None and len(ids) == 40 and got != ids_text and
+   got.decode("utf-8", errors="replace") == tok.decode(ids, skip_special_tokens=False) and
+   not os.path.exists(os.path.join(run, "ck0", "step-00000004", "tokenizer.json")),
+   "the sample is text decoded through the tokenizer (tokenizers' decoding of the ids the run "
+   "without data.tokenizer prints; that run's checkpoint has no tokenizer.json)",
+   "with: %r\nwithout: %r\n%s" % (got, ids_text, text(p0)))
+
+# 22: a checkpoint with a tokenizer resumes as before
+p = run_worker("--set", "train.steps=6")
+d6 = os.path.join(run, "ck", "step-00000006")
+ok(p.returncode == 0 and b"resumed from" in p.stderr and b"step-00000004" in p.stderr and
+   open(os.path.join(d6, "tokenizer.json"), "rb").read() == src,
+   "it resumes from step 4 and saves step 6 with its tokenizer.json", text(p))
+
+# 23: a checkpoint that lost its tokenizer.json is not complete: it is skipped, by name
+os.unlink(os.path.join(d6, "tokenizer.json"))
+p = run_worker("--set", "train.steps=6", "--set", "train.sample_tokens=0")
+ok(p.returncode == 0 and b"step-00000006" in p.stderr and b"tokenizer.json" in p.stderr and
+   b"resumed from" in p.stderr and b"step 4" in p.stderr,
+   "a checkpoint without its tokenizer.json fails verification by name; the run resumes from "
+   "the one before", text(p))
+
+# 24-25: refusals name data.tokenizer and the file, or both vocabulary sizes
+missing = os.path.join(tmp, "no-such-tokenizer.json")
+p = run_worker("--set", "data.tokenizer=\"%s\"" % missing)
+uni = os.path.join(tmp, "unigram.json")
+d = json.loads(json.dumps(j))
+d["model"]["type"] = "Unigram"
+json.dump(d, open(uni, "w"))
+pu = run_worker("--set", "data.tokenizer=\"%s\"" % uni)
+ok(p.returncode == 2 and ("data.tokenizer: %s: cannot read" % missing).encode() in p.stderr and
+   pu.returncode == 2 and ("data.tokenizer: %s: model.type: Unigram" % uni).encode() in pu.stderr,
+   "a missing or unloadable tokenizer is refused naming data.tokenizer and the file",
+   text(p) + text(pu))
+small_cfg = os.path.join(run, "small.json")
+c = json.load(open(llama_cfg))
+c["vocab_size"] = vocab - 1
+json.dump(c, open(small_cfg, "w"))
+p = run_worker("--set", "model.config=\"%s\"" % small_cfg)
+ok(p.returncode == 2 and ("data.tokenizer: %s has %d tokens, more than model.vocab_size %d" % (
+   tok_json, vocab, vocab - 1)).encode() in p.stderr,
+   "a tokenizer larger than the model's vocabulary is refused naming both sizes", text(p))
+
+# 26: without tokenizer_config.json beside it, <|endoftext|> is BOS and EOS
+alone = os.path.join(run, "alone")
+os.mkdir(alone)
+shutil.copy(tok_json, alone)
+p = run_worker("--set", "data.tokenizer=\"%s/tokenizer.json\"" % alone, "--set",
+               "checkpoint.dir=\"%s/ck1\"" % run, "--set", "train.steps=2")
+d = os.path.join(run, "ck1", "step-00000002")
+try:
+    gen = json.load(open(os.path.join(d, "generation_config.json")))
+except (OSError, ValueError) as e:
+    gen = str(e)
+ok(p.returncode == 0 and gen == dict(want_gen, bos_token_id=0) and
+   not os.path.exists(os.path.join(d, "tokenizer_config.json")) and sample_of(p),
+   "without tokenizer_config.json: <|endoftext|> (0) is BOS and EOS; no tokenizer_config.json "
+   "in the checkpoint", "%r\n%s" % (gen, text(p)))
 
 shutil.rmtree(tmp, ignore_errors=True)
 sys.exit(1 if failed else 0)
