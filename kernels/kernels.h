@@ -1,4 +1,5 @@
-/* The kernel backend interface: memory, streams and every op of the GPT-2 and Llama models, forward and backward.
+/* The kernel backend interface: memory, streams and every op of the GPT-2 and Llama models,
+ * forward and backward.
  *
  * One const ddp_kernels_ops_t per backend (kernels/cpu/backend.c, kernels/cuda/backend.cu, and
  * the test-only simulated GPU tests/sim/kernels_sim.c, opened only by its name "sim").

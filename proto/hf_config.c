@@ -334,7 +334,8 @@ static int diff_field(const ddp_model_cfg_t *a, const ddp_model_cfg_t *b, char *
     const int_key_t *keys = a->arch == DDP_ARCH_GPT2 ? GPT2_KEYS : LLAMA_KEYS;
     size_t nkeys = a->arch == DDP_ARCH_GPT2 ? N_OF(GPT2_KEYS) : N_OF(LLAMA_KEYS);
     for (size_t i = 0; i < nkeys; i++) {
-        int x = *cfg_int((ddp_model_cfg_t *)a, &keys[i]), y = *cfg_int((ddp_model_cfg_t *)b, &keys[i]);
+        int x = *cfg_int((ddp_model_cfg_t *)a, &keys[i]);
+        int y = *cfg_int((ddp_model_cfg_t *)b, &keys[i]);
         if (x != y) {
             snprintf(what, n, "%s is %d and %d", keys[i].key, x, y);
             *field = keys[i].field;

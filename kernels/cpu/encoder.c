@@ -2,9 +2,10 @@
  *
  * Forward: out[B,T,C] = wte[inp[b,t]] + wpe[t] (wpe NULL: wte's row alone); tasks are blocks
  * of rows (b,t).
- * Backward: dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout; either may be NULL (skipped). Two positions may hold the same
- * token, so rows of dwte are not owned by one (b,t): tasks own blocks of columns instead and
- * walk every (b,t) in order, so each dwte/dwpe element is summed by one task in a fixed order.
+ * Backward: dwte[V,C] += scatter(dout), dwpe[T,C] += sum_b dout; either may be NULL (skipped).
+ * Two positions may hold the same token, so rows of dwte are not owned by one (b,t): tasks own
+ * blocks of columns instead and walk every (b,t) in order, so each dwte/dwpe element is summed
+ * by one task in a fixed order.
  */
 #include "kernels/cpu/cpu.h"
 
