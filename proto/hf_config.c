@@ -5,10 +5,14 @@
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "common/alloc.h"
+#include "common/file.h"
+
+#define CONFIG_MAX_BYTES (1 << 20) /* a config.json is a few KiB */
 
 /* The keys of each architecture that carry an integer of ddp_model_cfg_t: config.json's name,
  * the spec field it checks, where it goes, its range (the spec's own), and whether it may be
@@ -194,26 +198,17 @@ int ddp_hf_config_parse(const char *text, const char *name, ddp_model_cfg_t *cfg
 
 int ddp_hf_config_read(const char *path, ddp_model_cfg_t *cfg, ddp_errinfo_t *ei)
 {
-    char file[4200];
+    char file[4200], *text = NULL;
     struct stat st;
     int is_dir = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
     snprintf(file, sizeof file, "%s%s", path, is_dir ? "/config.json" : "");
-    FILE *f = fopen(file, "re");
-    if (!f) {
-        int rc = -errno;
-        ddp_errinfo_set(ei, rc, "%s: %s", file, strerror(errno));
+    int rc = ddp_file_read(file, CONFIG_MAX_BYTES, &text, NULL);
+    if (rc) {
+        ddp_errinfo_set(ei, rc, "%s: %s", file, ddp_strerror(rc));
         return rc;
     }
-    json_error_t je;
-    json_t *o = json_loadf(f, JSON_REJECT_DUPLICATES, &je);
-    fclose(f);
-    int rc;
-    if (!json_is_object(o))
-        rc = ddp_errinfo_set(ei, DDP_ESPEC, "%s: not a JSON object (%s, line %d)", file,
-                             o ? "another JSON value" : je.text, je.line);
-    else
-        rc = parse_object(o, file, cfg, ei);
-    json_decref(o);
+    rc = ddp_hf_config_parse(text, file, cfg, ei);
+    free(text);
     return rc;
 }
 

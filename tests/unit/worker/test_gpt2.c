@@ -18,55 +18,24 @@
 #include "worker/model.h"
 #include "worker/loss_scale.h"
 #include "worker/optim.h"
+#include "ref_fixture.h"
 
 typedef struct {
-    json_t *meta;
-    char *blob;
-    size_t blob_len;
+    ref_fixture_t ref;
     ddp_kernels_t k;
     ddp_model_t m;
     ddp_model_cfg_t cfg;
     int B, T;
 } fixture_t;
 
-static char *read_file(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
-
-/* Pointer to a fixture tensor and its element count. */
 static const void *tensor(fixture_t *fx, const char *name, size_t *numel)
 {
-    json_t *t = json_object_get(json_object_get(fx->meta, "tensors"), name);
-    if (!t) fail_msg("fixture tensor %s missing", name);
-    size_t n = 1, i;
-    json_t *d;
-    json_array_foreach(json_object_get(t, "shape"), i, d) n *= (size_t)json_integer_value(d);
-    if (numel) *numel = n;
-    return fx->blob + json_integer_value(json_object_get(t, "offset"));
+    return ref_tensor(&fx->ref, name, numel);
 }
 
-static int cfg_int(fixture_t *fx, const char *key)
-{
-    return (int)json_number_value(json_object_get(json_object_get(fx->meta, "config"), key));
-}
+static int cfg_int(fixture_t *fx, const char *key) { return (int)ref_num(&fx->ref, key); }
 
-static double cfg_num(fixture_t *fx, const char *key)
-{
-    return json_number_value(json_object_get(json_object_get(fx->meta, "config"), key));
-}
+static double cfg_num(fixture_t *fx, const char *key) { return ref_num(&fx->ref, key); }
 
 /* The backend's first error since the last sync. */
 static int ddp_kernels_sync_err(fixture_t *fx) { return fx->k.ops->sync(fx->k.ctx); }
@@ -105,15 +74,8 @@ static void load_weights(fixture_t *fx, const char *prefix)
 static int setup(void **state)
 {
     fixture_t *fx = calloc(1, sizeof *fx);
-    const char *root = getenv("DDP_SOURCE_ROOT");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/tests/fixtures/gpt2_tiny.json", root ? root : ".");
-    json_error_t err;
-    fx->meta = json_load_file(path, 0, &err);
-    if (!fx->meta) return -1;
-    snprintf(path, sizeof path, "%s/tests/fixtures/gpt2_tiny.bin", root ? root : ".");
-    fx->blob = read_file(path, &fx->blob_len);
-    if (!fx->blob) return -1;
+    if (ref_open(&fx->ref, "tests/fixtures/gpt2_tiny.json", "tests/fixtures/gpt2_tiny.bin"))
+        return -1;
     fx->cfg = (ddp_model_cfg_t){.n_layer = cfg_int(fx, "n_layer"),
                                 .n_head = cfg_int(fx, "n_head"),
                                 .n_embd = cfg_int(fx, "n_embd"),
@@ -133,8 +95,7 @@ static int teardown(void **state)
     fixture_t *fx = *state;
     ddp_model_close(&fx->m);
     ddp_kernels_close(&fx->k);
-    json_decref(fx->meta);
-    free(fx->blob);
+    ref_close(&fx->ref);
     free(fx);
     return 0;
 }
@@ -151,16 +112,6 @@ static void batch(fixture_t *fx, int s, int32_t *in, int32_t *tg)
         }
 }
 
-static double rel_norm_err(const float *a, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
 
 /* Interrupts the pass at the (after)-th question (counting from 1). */
 typedef struct {
@@ -239,8 +190,8 @@ static void test_lm_head_chunks(void **state)
     double sum = 0;
     for (int i = 0; i < N; i++) sum += losses[i];
     assert_float_equal(loss, sum / N, 1e-6 * fabs(sum / N));
-    assert_true(rel_norm_err(m.gv.wte, dwte, (size_t)V * C) < 1e-6);
-    assert_true(rel_norm_err((const float *)m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
+    assert_true(ref_rel_norm_err(m.gv.wte, dwte, (size_t)V * C) < 1e-6);
+    assert_true(ref_rel_norm_err((const float *)m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
 
     float *g = malloc(m.n_params * 4);
     memcpy(g, m.g, m.n_params * 4);
@@ -252,7 +203,7 @@ static void test_lm_head_chunks(void **state)
     /* the whole product again (xent wrote dlogits over it) */
     DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
-        assert_true(rel_norm_err((const float *)m.acts.logits + (size_t)b * V,
+        assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * V,
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
     assert_int_equal(ddp_model_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
@@ -300,7 +251,7 @@ static void test_forward_matches_pytorch(void **state)
     DDP_K(fx->m.k, matmul_fwd, (ddp_act_t *)logits, fx->m.acts.lnf, fx->m.wv.wte, NULL, (int)n, fx->cfg.n_embd,
           fx->cfg.vocab_size, DDP_W_OUT_IN);
     assert_int_equal(ddp_k_sync(fx->m.k), 0);
-    double err = rel_norm_err(logits, ref_logits, nl);
+    double err = ref_rel_norm_err(logits, ref_logits, nl);
     free(logits);
     fprintf(stderr, "logits rel norm err %.2e\n", err);
     assert_true(err < 1e-5);
@@ -341,7 +292,7 @@ static void test_backward_matches_pytorch(void **state)
         char name[96];
         snprintf(name, sizeof name, "grad.%s", p->name);
         const float *ref = tensor(fx, name, NULL);
-        double err = rel_norm_err(fx->m.g + p->offset, ref, p->numel);
+        double err = ref_rel_norm_err(fx->m.g + p->offset, ref, p->numel);
         if (err > 1e-4) fprintf(stderr, "%s: rel norm err %.2e\n", p->name, err);
         assert_true(err < 1e-4);
         worst = err > worst ? err : worst;
@@ -408,7 +359,7 @@ static void test_adamw_steps_match_pytorch(void **state)
         const ddp_param_desc_t *p = &fx->m.params[i];
         char name[96];
         snprintf(name, sizeof name, "final.%s", p->name);
-        double err = rel_norm_err(fx->m.w + p->offset, tensor(fx, name, NULL), p->numel);
+        double err = ref_rel_norm_err(fx->m.w + p->offset, tensor(fx, name, NULL), p->numel);
         /* 1e-4, not 1e-5: the key part of c_attn.bias has an exactly-zero gradient in exact
          * arithmetic (softmax ignores a constant added to every key), so Adam amplifies
          * rounding noise there into lr-sized steps on both sides. */

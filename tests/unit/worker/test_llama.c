@@ -19,17 +19,16 @@
 
 #include <cmocka.h>
 
-#include "common/file.h"
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/export.h"
 #include "worker/model.h"
 #include "worker/optim.h"
+#include "ref_fixture.h"
 
 typedef struct {
     char dir[1024];
-    json_t *meta;
-    char *blob;
+    ref_fixture_t ref;
     ddp_kernels_t k;
     ddp_model_t m;
     ddp_model_cfg_t cfg;
@@ -38,21 +37,10 @@ typedef struct {
 
 static const void *tensor(fixture_t *fx, const char *name, size_t *numel)
 {
-    json_t *t = json_object_get(json_object_get(fx->meta, "tensors"), name);
-    if (!t) fail_msg("fixture tensor %s missing", name);
-    size_t n = 1, i;
-    json_t *d;
-    json_array_foreach(json_object_get(t, "shape"), i, d) n *= (size_t)json_integer_value(d);
-    if (numel) *numel = n;
-    return fx->blob + json_integer_value(json_object_get(t, "offset"));
+    return ref_tensor(&fx->ref, name, numel);
 }
 
-static double cfg_num(fixture_t *fx, const char *key)
-{
-    json_t *v = json_object_get(json_object_get(fx->meta, "config"), key);
-    if (!v) fail_msg("fixture config %s missing", key);
-    return json_number_value(v);
-}
+static double cfg_num(fixture_t *fx, const char *key) { return ref_num(&fx->ref, key); }
 
 static int host_copy(void *dst, const void *src, size_t n, void *ctx)
 {
@@ -84,13 +72,10 @@ static void open_fixture(fixture_t *fx, const char *name, ddp_kprec_t prec)
     memset(fx, 0, sizeof *fx);
     const char *root = getenv("DDP_SOURCE_ROOT");
     snprintf(fx->dir, sizeof fx->dir, "%s/tests/fixtures/llama/%s", root ? root : ".", name);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/ref.json", fx->dir);
-    json_error_t jerr;
-    fx->meta = json_load_file(path, 0, &jerr);
-    assert_non_null(fx->meta);
-    snprintf(path, sizeof path, "%s/ref.bin", fx->dir);
-    assert_int_equal(ddp_file_read(path, (size_t)64 << 20, &fx->blob, NULL), 0);
+    char json[128], bin[128];
+    snprintf(json, sizeof json, "tests/fixtures/llama/%s/ref.json", name);
+    snprintf(bin, sizeof bin, "tests/fixtures/llama/%s/ref.bin", name);
+    assert_int_equal(ref_open(&fx->ref, json, bin), 0);
     ddp_errinfo_t ei = {0};
     assert_int_equal(ddp_hf_config_read(fx->dir, &fx->cfg, &ei), 0);
     assert_int_equal(fx->cfg.arch, DDP_ARCH_LLAMA);
@@ -108,8 +93,7 @@ static void close_fixture(fixture_t *fx)
 {
     ddp_model_close(&fx->m);
     ddp_kernels_close(&fx->k);
-    json_decref(fx->meta);
-    free(fx->blob);
+    ref_close(&fx->ref);
 }
 
 static void batch(fixture_t *fx, int s, int32_t *in, int32_t *tg)
@@ -123,16 +107,6 @@ static void batch(fixture_t *fx, int s, int32_t *in, int32_t *tg)
         }
 }
 
-static double rel_norm_err(const float *a, const float *ref, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    return sqrt(num) / (sqrt(den) + 1e-30);
-}
 
 static const char *const FIXTURES[] = {"tied_g1", "untied_g2_llama3rope", "tied_g3", "qwen2_g4"};
 #define N_FIXTURES (sizeof FIXTURES / sizeof FIXTURES[0])
@@ -185,7 +159,7 @@ static void test_forward_backward_match_transformers(void **state)
         assert_int_equal(ddp_model_evaluate(&fx.m, in, tg, fx.B, fx.T, &loss), 0);
         const float *ref_logits = tensor(&fx, "logits", &nl);
         assert_int_equal(nl, n * fx.cfg.vocab_size);
-        double lerr = rel_norm_err((const float *)fx.m.acts.logits, ref_logits, nl);
+        double lerr = ref_rel_norm_err((const float *)fx.m.acts.logits, ref_logits, nl);
         float ref = *(const float *)tensor(&fx, "loss", NULL);
         fprintf(stderr, "  loss %.7f reference %.7f; logits rel norm err %.1e\n", loss, ref,
                 lerr);
@@ -204,7 +178,7 @@ static void test_forward_backward_match_transformers(void **state)
             const ddp_param_desc_t *p = &fx.m.params[i];
             char name[96];
             snprintf(name, sizeof name, "grad.%s", p->name);
-            double err = rel_norm_err(fx.m.g + p->offset, tensor(&fx, name, NULL), p->numel);
+            double err = ref_rel_norm_err(fx.m.g + p->offset, tensor(&fx, name, NULL), p->numel);
             if (err > 1e-4) fprintf(stderr, "  %s: rel norm err %.2e\n", p->name, err);
             assert_true(err < 1e-4);
             worst = fmax(worst, err);
