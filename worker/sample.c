@@ -57,6 +57,11 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
 {
     ddp_model_t *m = &t->model;
     int T = t->spec.seq_len, V = m->cfg.vocab_size;
+    /* with a tokenizer, only the ids it decodes are drawn: a model's vocabulary may be larger
+     * (SmolLM2's 49,152 over a tokenizer trained to 8,192), and the data never holds the rest */
+    int drawable = V;
+    if (t->tok && (int)ddp_tok_vocab_size(t->tok->tok) < V)
+        drawable = (int)ddp_tok_vocab_size(t->tok->tok);
     int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
     float *row = ddp_malloc((size_t)V * sizeof *row);
     ddp_kprec_t prec = m->acts.prec;
@@ -72,7 +77,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ddp_act_to_f32(row, act_row, (size_t)V, prec);
-        ctx[i] = draw(&t->rng, row, V);
+        ctx[i] = draw(&t->rng, row, drawable);
         rc = put_token(t->tok, V, ctx[i], out);
     }
     fputc('\n', out);
