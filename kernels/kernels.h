@@ -179,6 +179,14 @@ typedef enum {
     /* out[n] = a[n] + b[n]: a branch's output b added to the residual stream a (out may alias  \
      * a). */                                                                                   \
     X(residual_fwd, (float *out, const float *a, const ddp_act_t *b, size_t n))                 \
+    /* The residual add fused with the norm that follows it, one pass over the rows:           \
+     * res[N,C] = a + b (fp32, the residual stream; res may alias a, b a branch's output), then \
+     * out[N,C] = the norm of res: mean == NULL selects RMSNorm (out = res * rstd * weight;     \
+     * bias NULL), else LayerNorm (out = (res - mean) * rstd * weight + bias; saves mean[N]),   \
+     * rstd[N] saved either way, eps as given (LayerNorm's layernorm_fwd uses 1e-5). Bitwise    \
+     * residual_fwd then layernorm_fwd / rmsnorm_fwd on that res, on every backend. */         \
+    X(residual_norm_fwd, (float *res, ddp_act_t *out, float *mean, float *rstd, const float *a, \
+          const ddp_act_t *b, const float *weight, const float *bias, int N, int C, float eps)) \
     /* out[n] = inp[n] rounded to the activation type: the residual stream's gradient entering a\
      * product's backward (as autocast casts it). */                                            \
     X(to_act, (ddp_act_t *out, const float *inp, size_t n))                                     \

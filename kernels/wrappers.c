@@ -344,6 +344,21 @@ void ddp_k_residual_fwd(ddp_kernels_t *k, float *out, const float *a, const ddp_
           k->ops->residual_fwd(k->ctx, out, a, b, n));
 }
 
+void ddp_k_residual_norm_fwd(ddp_kernels_t *k, float *res, ddp_act_t *out, float *mean,
+                             float *rstd, const float *a, const ddp_act_t *b, const float *weight,
+                             const float *bias, int N, int C, float eps)
+{
+    if (!OP_READY(k, residual_norm_fwd)) return;
+    REQUIRE(k, residual_norm_fwd, res && out && rstd && a && b && weight);
+    REQUIRE(k, residual_norm_fwd, mean || !bias); /* RMSNorm (mean NULL) has no bias */
+    REQUIRE(k, residual_norm_fwd, N > 0 && C > 0 && eps >= 0.0f);
+    /* reads a, b, weight (and bias); writes res, out, rstd (and mean): one pass over the rows */
+    double stats = mean ? 2.0 : 1.0;
+    TIMED(k, residual_norm_fwd, 0,
+          F32 * (2.0 * N * C + stats * (C + N)) + 2.0 * ACT * N * C,
+          k->ops->residual_norm_fwd(k->ctx, res, out, mean, rstd, a, b, weight, bias, N, C, eps));
+}
+
 void ddp_k_to_act(ddp_kernels_t *k, ddp_act_t *out, const float *inp, size_t n)
 {
     if (!OP_READY(k, to_act)) return;

@@ -316,6 +316,20 @@ static void norm_forward(ddp_model_t *m, ddp_act_t *out, float *mean, float *rst
         DDP_K(m->k, layernorm_fwd, out, mean, rstd, x, w, bias, N, m->d.C);
 }
 
+/* res = x + y (the residual stream plus a branch's output) and out = the norm of res, in one
+ * pass: bitwise residual_fwd followed by norm_forward. GPT-2's LayerNorm has layernorm_fwd's
+ * eps (1e-5). */
+static void residual_norm_forward(ddp_model_t *m, float *res, ddp_act_t *out, float *mean,
+                                  float *rstd, const float *x, const ddp_act_t *y, const float *w,
+                                  const float *bias, int N)
+{
+    if (m->cfg.arch == DDP_ARCH_LLAMA)
+        DDP_K(m->k, residual_norm_fwd, res, out, NULL, rstd, x, y, w, NULL, N, m->d.C,
+              (float)m->cfg.norm_eps);
+    else
+        DDP_K(m->k, residual_norm_fwd, res, out, mean, rstd, x, y, w, bias, N, m->d.C, 1e-5f);
+}
+
 /* Its backward: dx += through the norm of dout; dw (and db) += theirs. */
 static void norm_backward(ddp_model_t *m, float *dx, float *dw, float *db, const ddp_act_t *dout,
                           const float *x, const float *w, const float *mean, const float *rstd,
@@ -345,8 +359,7 @@ static void block_forward(ddp_model_t *m, int l, const float *x, float *out, int
     if (llama) DDP_K(k, rope_fwd, s.qkv, m->acts.rope, B, T, d->NH, d->NKV, d->hs);
     DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, d->NH, d->NKV);
     DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, wl);
-    DDP_K(k, residual_fwd, s.res2, x, dc, (size_t)BT * C);
-    norm_forward(m, s.ln2, s.ln2_mean, s.ln2_rstd, s.res2, w->ln2w, w->ln2b, BT);
+    residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, x, dc, w->ln2w, w->ln2b, BT);
     DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, wl);
     if (llama)
         DDP_K(k, swiglu_fwd, s.fchg, s.fch, BT, d->H);

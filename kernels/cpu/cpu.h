@@ -137,6 +137,16 @@ static inline float *ddp__cpu_act_out(ddp_act_t *x, size_t i0, ddp_kprec_t prec,
 /* Elements [i0, i0 + n) of activation tensor x = src[0..n), each rounded once to prec (nothing
  * to do when src is already x's memory, fp32 mode's ddp__cpu_act_out). */
 void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec);
+/* The residual add of residual_fwd and residual_norm_fwd: out[i0, i0 + n) = a + b over those
+ * elements (fp32 a, out; b an activation tensor of type prec, widened into tmp[0..n) unless
+ * fp32). out may alias a: each element is read before it is written. */
+static inline void ddp__cpu_residual(float *out, const float *a, const ddp_act_t *b, size_t i0,
+                                     size_t n, ddp_kprec_t prec, float *tmp)
+{
+    const float *bw = ddp__cpu_act_in(b, i0, n, prec, tmp);
+    for (size_t i = 0; i < n; i++) out[i0 + i] = a[i0 + i] + bw[i];
+}
+
 /* Activation tensor x[0..n) widened to fp32 for the emulated products (ddp__cpu_native is 0)
  * into slot `slot` (0 or 1) of ctx, valid until the next call with that slot; NULL (ctx->err
  * set) when it cannot be allocated. */
@@ -154,5 +164,9 @@ int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 #define DDP__CPU_OP(name, params) void ddp__cpu_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CPU_OP)
 #undef DDP__CPU_OP
+/* residual_norm_fwd's RMSNorm (mean NULL; rmsnorm.c), which layernorm.c's entry calls. */
+void ddp__cpu_residual_rmsnorm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, float *rstd,
+                                   const float *a, const ddp_act_t *b, const float *weight, int N,
+                                   int C, float eps);
 
 #endif

@@ -1,6 +1,9 @@
-/* LayerNorm forward and backward over rows of C channels (eps = DDP_LAYERNORM_EPS).
+/* LayerNorm forward and backward over rows of C channels (eps = DDP_LAYERNORM_EPS), and the
+ * residual add fused with it (residual_norm_fwd, whose RMSNorm half is rmsnorm.c's).
  *
- * Forward: out[N,C], mean[N], rstd[N]; tasks are blocks of LN_ROWS rows.
+ * Forward: out[N,C], mean[N], rstd[N]; tasks are blocks of LN_ROWS rows. The fused op's task
+ * first writes its row of res = a + b (residual_fwd's sum) and then runs the same row code on
+ * it, so its results are bitwise residual_fwd's followed by layernorm_fwd's.
  * Backward, one call with two kinds of independent tasks:
  *   row tasks:    dinp[N,C] += rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = dout w;
  *   column tasks: dweight[C] += sum_n dout xhat, dbias[C] += sum_n dout, each column summed over
@@ -21,9 +24,11 @@
 typedef struct {
     ddp_act_t *out;
     float *mean, *rstd, *dinp, *dweight, *dbias;
+    float *res;         /* residual_norm_fwd: a + b, normalised (inp is a) */
     const float *inp, *weight, *bias;
-    const ddp_act_t *dout;
+    const ddp_act_t *dout, *b;
     const float *cmean, *crstd;
+    float eps;
     int N, C;
     long row_tasks;
     ddp_kprec_t prec;
@@ -51,32 +56,36 @@ static float lane_sum(const float acc[LN_LANES])
     return s;
 }
 
+/* Row r of the forward from x (its C inputs, fp32): out's row, mean[r] and rstd[r]. The one
+ * row code of layernorm_fwd and residual_norm_fwd, so the two are bitwise alike. */
+static void ln_fwd_row(const ln_args_t *a, int r, const float *restrict x)
+{
+    int C = a->C;
+    float *restrict y = ddp__cpu_act_out(a->out, (size_t)r * C, a->prec, row_tmp(a));
+    float acc[LN_LANES] = {0};
+    int c = 0;
+    for (; c + LN_LANES <= C; c += LN_LANES)
+        for (int j = 0; j < LN_LANES; j++) acc[j] += x[c + j];
+    for (int j = 0; c < C; c++, j++) acc[j] += x[c];
+    float m = lane_sum(acc) / (float)C;
+    float acc2[LN_LANES] = {0};
+    for (c = 0; c + LN_LANES <= C; c += LN_LANES)
+        for (int j = 0; j < LN_LANES; j++) acc2[j] += (x[c + j] - m) * (x[c + j] - m);
+    for (int j = 0; c < C; c++, j++) acc2[j] += (x[c] - m) * (x[c] - m);
+    float rs = ddp_layernorm_rstd_eps(lane_sum(acc2), C, a->eps);
+    const float *restrict w = a->weight;
+    const float *restrict b = a->bias;
+    for (c = 0; c < C; c++) y[c] = ddp_layernorm_y(x[c], m, rs, w[c], b[c]);
+    ddp__cpu_act_store(a->out, (size_t)r * C, y, (size_t)C, a->prec);
+    a->mean[r] = m;
+    a->rstd[r] = rs;
+}
+
 static void ln_fwd_task(void *varg, long task)
 {
     const ln_args_t *a = varg;
-    int C = a->C;
     int lo = (int)task * LN_ROWS, hi = lo + LN_ROWS < a->N ? lo + LN_ROWS : a->N;
-    for (int r = lo; r < hi; r++) {
-        const float *restrict x = a->inp + (size_t)r * C;
-        float *restrict y = ddp__cpu_act_out(a->out, (size_t)r * C, a->prec, row_tmp(a));
-        float acc[LN_LANES] = {0};
-        int c = 0;
-        for (; c + LN_LANES <= C; c += LN_LANES)
-            for (int j = 0; j < LN_LANES; j++) acc[j] += x[c + j];
-        for (int j = 0; c < C; c++, j++) acc[j] += x[c];
-        float m = lane_sum(acc) / (float)C;
-        float acc2[LN_LANES] = {0};
-        for (c = 0; c + LN_LANES <= C; c += LN_LANES)
-            for (int j = 0; j < LN_LANES; j++) acc2[j] += (x[c + j] - m) * (x[c + j] - m);
-        for (int j = 0; c < C; c++, j++) acc2[j] += (x[c] - m) * (x[c] - m);
-        float rs = ddp_layernorm_rstd(lane_sum(acc2), C);
-        const float *restrict w = a->weight;
-        const float *restrict b = a->bias;
-        for (c = 0; c < C; c++) y[c] = (x[c] - m) * rs * w[c] + b[c];
-        ddp__cpu_act_store(a->out, (size_t)r * C, y, (size_t)C, a->prec);
-        a->mean[r] = m;
-        a->rstd[r] = rs;
-    }
+    for (int r = lo; r < hi; r++) ln_fwd_row(a, r, a->inp + (size_t)r * a->C);
 }
 
 void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float *rstd,
@@ -84,8 +93,36 @@ void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float 
                             int C)
 {
     ln_args_t a = {.out = out, .mean = mean, .rstd = rstd, .inp = inp, .weight = weight,
-                   .bias = bias, .N = N, .C = C};
+                   .bias = bias, .eps = DDP_LAYERNORM_EPS, .N = N, .C = C};
     run(ctx, &a, ddp__ntasks((size_t)N, LN_ROWS), ln_fwd_task);
+}
+
+/* residual_norm_fwd's LayerNorm: each row is added (res = a + b, b widened into the thread's
+ * row of scratch in 16-bit mode) and normalised while it is in cache; the scratch row is free
+ * again once res is written, so ln_fwd_row computes out's row in it. */
+static void ln_res_task(void *varg, long task)
+{
+    const ln_args_t *a = varg;
+    int C = a->C;
+    int lo = (int)task * LN_ROWS, hi = lo + LN_ROWS < a->N ? lo + LN_ROWS : a->N;
+    for (int r = lo; r < hi; r++) {
+        size_t i0 = (size_t)r * C;
+        ddp__cpu_residual(a->res, a->inp, a->b, i0, (size_t)C, a->prec, row_tmp(a));
+        ln_fwd_row(a, r, a->res + i0);
+    }
+}
+
+void ddp__cpu_residual_norm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, float *mean,
+                                float *rstd, const float *a, const ddp_act_t *b,
+                                const float *weight, const float *bias, int N, int C, float eps)
+{
+    if (!mean) {
+        ddp__cpu_residual_rmsnorm_fwd(ctx, res, out, rstd, a, b, weight, N, C, eps);
+        return;
+    }
+    ln_args_t args = {.out = out, .mean = mean, .rstd = rstd, .res = res, .inp = a, .b = b,
+                      .weight = weight, .bias = bias, .eps = eps, .N = N, .C = C};
+    run(ctx, &args, ddp__ntasks((size_t)N, LN_ROWS), ln_res_task);
 }
 
 static void ln_bwd_rows(const ln_args_t *a, long task)

@@ -87,11 +87,7 @@ static void residual_task(void *varg, long task)
     const pw_args_t *p = varg;
     size_t lo, hi;
     chunk_range(p->n, task, &lo, &hi);
-    float *out = (float *)p->out + lo;
-    const float *a = (const float *)p->a + lo;
-    const float *b = ddp__cpu_act_in(p->b, lo, hi - lo, p->prec, tmp(p));
-    /* out may alias a, so no restrict here: each element is read before it is written. */
-    for (size_t i = 0; i < hi - lo; i++) out[i] = a[i] + b[i];
+    ddp__cpu_residual(p->out, p->a, p->b, lo, hi - lo, p->prec, tmp(p)); /* out may alias a */
 }
 
 void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const ddp_act_t *b,

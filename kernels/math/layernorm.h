@@ -9,10 +9,22 @@
 
 #define DDP_LAYERNORM_EPS 1e-5f
 
-/* rstd from the row's sums: sum x and sum (x - mean)^2 over C elements. */
+/* rstd from the row's sum of squared deviations sum (x - mean)^2 over C elements, with eps. */
+DDP_HD float ddp_layernorm_rstd_eps(float sum_sq_dev, int C, float eps)
+{
+    return 1.0f / sqrtf(sum_sq_dev / (float)C + eps);
+}
+
+/* The same with layernorm_fwd's eps (DDP_LAYERNORM_EPS). */
 DDP_HD float ddp_layernorm_rstd(float sum_sq_dev, int C)
 {
-    return 1.0f / sqrtf(sum_sq_dev / (float)C + DDP_LAYERNORM_EPS);
+    return ddp_layernorm_rstd_eps(sum_sq_dev, C, DDP_LAYERNORM_EPS);
+}
+
+/* y_i from x_i, the row's mean and rstd, and the channel's weight and bias. */
+DDP_HD float ddp_layernorm_y(float x, float mean, float rstd, float w, float b)
+{
+    return (x - mean) * rstd * w + b;
 }
 
 /* dx_i from dnorm_i, xhat_i and the row means of dnorm and dnorm*xhat. */

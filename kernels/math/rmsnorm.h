@@ -13,6 +13,9 @@ DDP_HD float ddp_rmsnorm_rstd(float sum_sq, int C, float eps)
     return 1.0f / sqrtf(sum_sq / (float)C + eps);
 }
 
+/* y_i from x_i, the row's rstd and the channel's weight. */
+DDP_HD float ddp_rmsnorm_y(float x, float rstd, float w) { return x * rstd * w; }
+
 /* dx_i from dnorm_i, xhat_i and the row mean of dnorm*xhat. */
 DDP_HD float ddp_rmsnorm_dx(float dnorm, float xhat, float mean_dnorm_xhat, float rstd)
 {

@@ -62,8 +62,8 @@ struct ddp_kctx {
 
 enum {
     ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, ROPE_FWD, ROPE_BWD,
-    RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, TO_ACT, XENT, ADAMW,
-    SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
+    RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, RES_NORM, TO_ACT,
+    XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
@@ -117,6 +117,10 @@ static void run(void *arg)
     case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
     case GELU_BWD: CPU.gelu_bwd(c, p[0], p[1], p[2], a->z[0]); break;
     case RESIDUAL: CPU.residual_fwd(c, p[0], p[1], p[2], a->z[0]); break;
+    case RES_NORM:
+        CPU.residual_norm_fwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1],
+                              a->f[0]);
+        break;
     case TO_ACT: CPU.to_act(c, p[0], p[1], a->z[0]); break;
     case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
     case ADAMW:
@@ -637,6 +641,22 @@ static void sim_residual_fwd(ddp_kctx_t *ctx, float *out, const float *x, const 
     set_p(a, 3, out, x, y);
     a->z[0] = n;
     LAUNCH(ctx, a, "residual_fwd", F(out, n, W), F(x, n, R), A(y, n, R));
+}
+
+static void sim_residual_norm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, float *mean,
+                                  float *rstd, const float *x, const ddp_act_t *y,
+                                  const float *weight, const float *bias, int N, int C, float eps)
+{
+    args_t *a = new_args(ctx, RES_NORM);
+    if (!a) return;
+    size_t NC = (size_t)N * C;
+    set_p(a, 8, res, out, mean, rstd, x, y, weight, bias);
+    a->i[0] = N, a->i[1] = C;
+    a->f[0] = eps;
+    /* res aliasing x (the residual stream updated in place) is read as well as written */
+    LAUNCH(ctx, a, "residual_norm_fwd", F(res, NC, res == x ? RW : W), A(out, NC, W),
+           F(mean, N, W), F(rstd, N, W), F(x, NC, R), A(y, NC, R), F(weight, C, R),
+           F(bias, C, R));
 }
 
 static void sim_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t n)

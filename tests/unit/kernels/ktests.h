@@ -21,6 +21,8 @@ void test_sparse_cuda(void **state);
 void test_rmsnorm(void **state);
 void test_rope(void **state);
 void test_swiglu(void **state);
+/* the residual add fused with each norm: bitwise residual_fwd + the norm, 1-3 threads (fp32) */
+void test_residual_norm(void **state);
 void test_llama_front_door(void **state);
 
 #endif
@@ -35,6 +37,8 @@ void test_profile_edges(void **state);
 void test_rmsnorm(void **state);
 void test_rope(void **state);
 void test_swiglu(void **state);
+/* the residual add fused with each norm: bitwise residual_fwd + the norm, 1-3 threads (fp32) */
+void test_residual_norm(void **state);
 void test_llama_front_door(void **state);
 
 #endif

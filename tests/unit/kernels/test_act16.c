@@ -8,7 +8,8 @@
  * neither result depends on the thread count. Activation gradients that the ops overwrite
  * (matmul's, GELU's and SwiGLU's dinp, attention's dqkv) are filled with garbage (NaN bits)
  * first: none may show. The Llama ops (RMSNorm, RoPE, SwiGLU) run on a 1-thread 16-bit context
- * as well: the same bits. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are
+ * as well: the same bits; so does the residual add fused with each norm, which is also bitwise
+ * residual_fwd followed by the norm on each context, with res aliasing a or not. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are
  * checked against the emulated ones within a stated bound, and bitwise across thread counts.
  */
 #include <math.h>
@@ -409,6 +410,78 @@ static void check_rmsnorm(ddp_kprec_t p, int N, int C)
     close_pair(&c);
 }
 
+/* ---- the residual add fused with the norm ---- */
+
+/* The fused op's results on one context. */
+typedef struct {
+    float *res, *mean, *rstd;
+    void *out; /* of the context's activation type */
+} rn_out_t;
+
+/* residual_norm_fwd on k (activations of `act` bytes; rms: RMSNorm, else LayerNorm) into *o,
+ * checked bitwise against k's residual_fwd followed by its norm, and against itself with res
+ * aliasing (a copy of) a. */
+static void rn_run(ddp_kernels_t *k, int rms, const float *a, const void *b, const float *w,
+                   const float *bias, int N, int C, size_t act, rn_out_t *o)
+{
+    size_t n = (size_t)N * C, ob = n * act;
+    float eps = rms ? 1e-6f : 1e-5f, *res2 = kcalloc(n, 4), *al = kcalloc(n, 4);
+    float *m2 = kcalloc((size_t)N, 4), *r2 = kcalloc((size_t)N, 4);
+    float *m3 = kcalloc((size_t)N, 4), *r3 = kcalloc((size_t)N, 4);
+    void *out2 = garbage(ob / 2), *out3 = garbage(ob / 2);
+    *o = (rn_out_t){kcalloc(n, 4), kcalloc((size_t)N, 4), kcalloc((size_t)N, 4), garbage(ob / 2)};
+    memcpy(al, a, n * 4);
+    DDP_K(k, residual_fwd, res2, a, b, n);
+    if (rms)
+        DDP_K(k, rmsnorm_fwd, out2, r2, res2, w, N, C, eps);
+    else
+        DDP_K(k, layernorm_fwd, out2, m2, r2, res2, w, bias, N, C);
+    DDP_K(k, residual_norm_fwd, o->res, o->out, rms ? NULL : o->mean, o->rstd, a, b, w,
+          rms ? NULL : bias, N, C, eps);
+    DDP_K(k, residual_norm_fwd, al, out3, rms ? NULL : m3, r3, al, b, w, rms ? NULL : bias, N, C,
+          eps);
+    assert_int_equal(ddp_k_sync(k), 0);
+    same_f32("fused res", o->res, res2, n);
+    same_f32("fused mean", o->mean, m2, (size_t)N);
+    same_f32("fused rstd", o->rstd, r2, (size_t)N);
+    assert_memory_equal(o->out, out2, ob);
+    same_f32("fused res (aliasing a)", al, res2, n);
+    same_f32("fused mean (aliasing a)", m3, m2, (size_t)N);
+    same_f32("fused rstd (aliasing a)", r3, r2, (size_t)N);
+    assert_memory_equal(out3, out2, ob);
+    free(res2), free(al), free(m2), free(r2), free(m3), free(r3), free(out2), free(out3);
+}
+
+/* The fused op on 16-bit contexts of 2 and 1 threads and the fp32 one (3 threads) on the
+ * widened b: each bitwise its own two calls (rn_run), and the three alike: res, mean and rstd
+ * bitwise, out the fp32 one's rounded once. */
+static void check_residual_norm(ddp_kprec_t p, int N, int C, int rms)
+{
+    pair_t c;
+    ddp_kernels_t one;
+    open_pair(&c, p, 1, 900 + (uint64_t)C);
+    open_lp1(&one, p);
+    size_t n = (size_t)N * C;
+    float *a = rnd(&c, n, -2, 3), *b = rnd(&c, n, -1, 1), *w = rnd(&c, (size_t)C, 0.5, 1.5);
+    float *bias = rnd(&c, (size_t)C, -0.5, 0.5), *rb = kround(b, n, p);
+    void *b16 = kact(b, n, p);
+    rn_out_t o[3];
+    rn_run(&c.lp, rms, a, b16, w, bias, N, C, 2, &o[0]);
+    rn_run(&one, rms, a, b16, w, bias, N, C, 2, &o[1]);
+    rn_run(&c.ref, rms, a, rb, w, bias, N, C, 4, &o[2]);
+    same_act("fused out", o[0].out, o[2].out, n, p);
+    assert_memory_equal(o[0].out, o[1].out, n * 2);
+    for (int j = 0; j < 2; j++) {
+        same_f32("fused res (16-bit b)", o[j].res, o[2].res, n);
+        same_f32("fused mean (16-bit b)", o[j].mean, o[2].mean, (size_t)N);
+        same_f32("fused rstd (16-bit b)", o[j].rstd, o[2].rstd, (size_t)N);
+    }
+    for (int j = 0; j < 3; j++) free(o[j].res), free(o[j].mean), free(o[j].rstd), free(o[j].out);
+    free(a), free(b), free(w), free(bias), free(rb), free(b16);
+    ddp_kernels_close(&one);
+    close_pair(&c);
+}
+
 static void check_rope(ddp_kprec_t p, int B, int T, int NH, int NKV, int hs)
 {
     pair_t c;
@@ -473,6 +546,8 @@ static void check_llama(ddp_kprec_t p)
 {
     check_rmsnorm(p, 3, 7);
     check_rmsnorm(p, 37, 131); /* crosses the row and column blocks */
+    check_residual_norm(p, 3, 7, 1);
+    check_residual_norm(p, 37, 131, 1);
     check_rope(p, 2, 9, 6, 2, 10);
     check_rope(p, 3, 70, 9, 3, 64); /* several tasks of rows */
     check_swiglu(p, 7, 37);
@@ -487,6 +562,8 @@ static void check_others(ddp_kprec_t p)
 {
     check_layernorm(p, 3, 7);
     check_layernorm(p, 37, 131); /* crosses the row and column blocks */
+    check_residual_norm(p, 3, 7, 0);
+    check_residual_norm(p, 37, 131, 0);
     check_attention(p, 2, 7, 12, 3, 3);
     check_attention(p, 1, 300, 16, 2, 2); /* three row blocks, the last partial */
     check_attention(p, 2, 65, 128, 2, 2); /* hs = 64 */

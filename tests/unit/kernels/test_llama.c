@@ -228,6 +228,53 @@ void test_swiglu(void **state)
     check_swiglu(100, 1536, 3000); /* SmolLM2-135M's MLP, several rows a task */
 }
 
+/* ---- the residual add fused with the norm ---- */
+
+/* fp32 on contexts of 1, 2 and 3 threads: residual_norm_fwd with each norm is bitwise
+ * residual_fwd followed by the norm, with res apart from a and aliasing (a copy of) a. */
+static void check_residual_norm(int N, int C)
+{
+    krng_t r = {60u + (uint64_t)C};
+    size_t n = (size_t)N * C, sz = (3 * n + 2 * (size_t)N) * 4;
+    float *a = rnd(&r, n, -2, 3), *b = rnd(&r, n, -1, 1), *w = rnd(&r, (size_t)C, 0.5, 1.5);
+    float *bias = rnd(&r, (size_t)C, -0.5, 0.5);
+    /* each: res[n], out[n], a copy of a[n] (aliased), mean[N], rstd[N] */
+    float *two = kcalloc(sz / 4, 4), *fused = kcalloc(sz / 4, 4), *alias = kcalloc(sz / 4, 4);
+    for (int rms = 0; rms < 2; rms++)
+        for (int threads = 1; threads <= 3; threads++) {
+            ddp_kernels_t K;
+            assert_int_equal(ddp_kernels_open(&K, "cpu", 0, threads), 0);
+            float eps = rms ? 1e-6f : 1e-5f, *t = two, *f = fused, *al = alias + 2 * n;
+            float *mt = t + 3 * n, *mf = f + 3 * n, *ma = alias + 3 * n;
+            DDP_K(&K, residual_fwd, t, a, KA(b), n);
+            if (rms)
+                DDP_K(&K, rmsnorm_fwd, KA(t + n), mt + N, t, w, N, C, eps);
+            else
+                DDP_K(&K, layernorm_fwd, KA(t + n), mt, mt + N, t, w, bias, N, C);
+            DDP_K(&K, residual_norm_fwd, f, KA(f + n), rms ? NULL : mf, mf + N, a, KA(b), w,
+                  rms ? NULL : bias, N, C, eps);
+            memcpy(al, a, n * 4);
+            DDP_K(&K, residual_norm_fwd, al, KA(alias + n), rms ? NULL : ma, ma + N, al, KA(b), w,
+                  rms ? NULL : bias, N, C, eps);
+            assert_int_equal(ddp_k_sync(&K), 0);
+            ddp_kernels_close(&K);
+            memcpy(alias, al, n * 4); /* compared as res; its room as the others' */
+            memset(al, 0, n * 4);
+            if (memcmp(fused, two, sz) || memcmp(alias, two, sz))
+                fail_msg("%s with %d threads: the fused op differs from its two calls (%s)",
+                         rms ? "rmsnorm" : "layernorm", threads,
+                         memcmp(fused, two, sz) ? "res apart" : "res aliasing a");
+        }
+    free(a), free(b), free(w), free(bias), free(two), free(fused), free(alias);
+}
+
+void test_residual_norm(void **state)
+{
+    check_residual_norm(3, 7);
+    check_residual_norm(37, 131); /* several row tasks, the last partial */
+    check_residual_norm(20, 576); /* SmolLM2-135M's width */
+}
+
 /* ---- front door ---- */
 
 /* The contract's argument checks: each bad call is not run and DDP_EINVAL is kept. */
@@ -239,7 +286,9 @@ void test_llama_front_door(void **state)
         int kind;
     } bad[] = {{"NH not a multiple of NKV (fwd)", 0}, {"NH not a multiple of NKV (bwd)", 1},
                {"NKV = 0", 2},    {"odd hs", 3},  {"rope NULL table", 4},
-               {"swiglu_bwd dinp aliasing inp", 5}, {"rmsnorm N = 0", 6}};
+               {"swiglu_bwd dinp aliasing inp", 5}, {"rmsnorm N = 0", 6},
+               {"residual_norm bias without mean", 7}, {"residual_norm NULL b", 8},
+               {"residual_norm C = 0", 9}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ddp_kernels_t K = open_cpu();
         buf[0] = keep;
@@ -252,6 +301,12 @@ void test_llama_front_door(void **state)
         case 4: DDP_K(&K, rope_bwd, KA(buf), NULL, 1, 1, 1, 1, 4); break;
         case 5: DDP_K(&K, swiglu_bwd, KA(buf), KA(buf), KA(buf + 32), 1, 4); break;
         case 6: DDP_K(&K, rmsnorm_fwd, KA(buf), buf, buf, buf, 0, 4, 1e-5f); break;
+        case 7: DDP_K(&K, residual_norm_fwd, buf, KA(buf + 8), NULL, buf + 16, buf, KA(buf + 20),
+                      buf + 24, buf + 28, 1, 4, 1e-5f); break;
+        case 8: DDP_K(&K, residual_norm_fwd, buf, KA(buf + 8), NULL, buf + 16, buf, NULL,
+                      buf + 24, NULL, 1, 4, 1e-5f); break;
+        case 9: DDP_K(&K, residual_norm_fwd, buf, KA(buf + 8), buf + 12, buf + 16, buf,
+                      KA(buf + 20), buf + 24, buf + 28, 1, 0, 1e-5f); break;
         }
         if (buf[0] != keep) fail_msg("%s: the op ran", bad[i].what);
         if (ddp_k_sync(&K) != DDP_EINVAL) fail_msg("%s: no DDP_EINVAL kept", bad[i].what);

@@ -82,6 +82,19 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     keep(o, "layernorm dinp", dx, n);
     keep(o, "layernorm dweight", dw, (size_t)C);
     keep(o, "layernorm dbias", db, (size_t)C);
+    /* the residual add fused with each norm; res aliasing a for the RMSNorm */
+    float *res = kcalloc(n, 4);
+    DDP_K(k, residual_norm_fwd, res, KA(y), mean, rstd, x, KA(dy), w, b, N, C, 1e-5f);
+    keep(o, "residual_norm (layernorm) res", res, n);
+    keep(o, "residual_norm (layernorm) out", y, n);
+    keep(o, "residual_norm (layernorm) mean", mean, (size_t)N);
+    keep(o, "residual_norm (layernorm) rstd", rstd, (size_t)N);
+    memcpy(res, dx, n * 4);
+    DDP_K(k, residual_norm_fwd, res, KA(y), NULL, rstd, res, KA(dy), w, NULL, N, C, 1e-6f);
+    keep(o, "residual_norm (rmsnorm, in place) res", res, n);
+    keep(o, "residual_norm (rmsnorm, in place) out", y, n);
+    keep(o, "residual_norm (rmsnorm, in place) rstd", rstd, (size_t)N);
+    free(res);
 
     /* encoder: B*T = 100 rows of C = 300 */
     int32_t inp[100];
@@ -207,6 +220,19 @@ static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
     DDP_K(k, rmsnorm_bwd, dinp, dw, a, x, w, rstd, N, C);
     keep(o, "rmsnorm dinp", dinp, (size_t)N * C);
     keep(o, "rmsnorm dweight", dw, (size_t)C);
+    /* the residual add fused with each norm (b = a's elements); res aliasing a for the RMSNorm */
+    float *res = kcalloc((size_t)N * C, 4);
+    DDP_K(k, residual_norm_fwd, res, KA(out), mean, rstd, x, a, w, b, N, C, 1e-5f);
+    keep(o, "residual_norm (layernorm) res", res, (size_t)N * C);
+    keep16(o, "residual_norm (layernorm) out", out, (size_t)N * C);
+    keep(o, "residual_norm (layernorm) mean", mean, (size_t)N);
+    keep(o, "residual_norm (layernorm) rstd", rstd, (size_t)N);
+    memcpy(res, x + 11, (size_t)N * C * 4);
+    DDP_K(k, residual_norm_fwd, res, KA(out), NULL, rstd, res, a, w, NULL, N, C, 1e-6f);
+    keep(o, "residual_norm (rmsnorm, in place) res", res, (size_t)N * C);
+    keep16(o, "residual_norm (rmsnorm, in place) out", out, (size_t)N * C);
+    keep(o, "residual_norm (rmsnorm, in place) rstd", rstd, (size_t)N);
+    free(res);
     /* RoPE and grouped-query attention on a's first 2*130*(9 + 2*3)*8 elements as qkv: NH = 9,
      * NKV = 3, hs = 8; SwiGLU over 130 rows of 2*500 */
     float *tab = rnd(&r, 130 * 8, -1, 1), *lg = kcalloc(2 * 9 * 130, 4);
