@@ -52,6 +52,7 @@
     X(GELU_FWD, "gelu_fwd")                                                                  \
     X(GELU_BWD, "gelu_bwd")                                                                  \
     X(RESIDUAL_FWD, "residual_fwd")                                                          \
+    X(RESIDUAL_NORM_FWD, "residual_norm_fwd")                                                \
     X(TO_ACT, "to_act")                                                                      \
     X(XENT_FWD_BWD, "xent_fwd_bwd")                                                          \
     X(ADAMW, "adamw")                                                                        \
@@ -578,6 +579,25 @@ out:
     end_case(s);
 }
 
+/* residual_norm_fwd with LayerNorm or (rms) RMSNorm, then again with res aliasing a. */
+static void case_residual_norm(st_t *s, const shape_t *sh, int rms)
+{
+    int N = sh->B * sh->T, C = sh->C;
+    result_t *r = RES(RESIDUAL_NORM_FWD);
+    pt_t res = pt_zero(s, (size_t)N * C), a = pt_rand(s, res.n, -2, 3);
+    pt_t b = act_rand(s, res.n, -1, 1), out = act_zero(s, res.n), mean = pt_zero(s, N);
+    pt_t w = pt_rand(s, C, 0.5f, 1.5f), bias = pt_rand(s, C, -1, 1), rstd = pt_zero(s, N);
+    for (int alias = 0; alias < 2 && ready(s, r); alias++) {
+        BOTH DDP_K(KS, residual_norm_fwd, P(alias ? a : res), P(out), rms ? NULL : P(mean),
+                   P(rstd), P(a), P(b), P(w), rms ? NULL : P(bias), N, C, 1e-5f);
+        if (!sync_both(s, r)) break;
+        check(s, r, alias ? a : res, 1e-6, alias ? "res (aliasing a)" : "res");
+        check(s, r, out, 1e-5, "out"), check(s, r, mean, 1e-5, "mean");
+        check(s, r, rstd, 1e-5, "rstd");
+    }
+    end_case(s);
+}
+
 /* SwiGLU over N rows of 2H, in the case's precision (dinp starts as garbage: overwritten). */
 static void case_swiglu(st_t *s, int N, int H)
 {
@@ -780,6 +800,7 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
             case_matmul(s, sh, DDP_W_OUT_IN, 0);
             case_attention(s, sh);
             case_rmsnorm(s, sh);
+            for (int rms = 0; rms < 2; rms++) case_residual_norm(s, sh, rms);
             case_swiglu(s, sh->B * sh->T, sh->OC);
             for (int mode = 0; mode < 3; mode++) case_xent(s, sh, mode);
         }
@@ -802,7 +823,7 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
         for (int p = 0; p < NPREC; p++) {
             const result_t *r = &s->res[i][p];
             if (p > 0 && !r->ran && !r->fail) continue; /* no activations: fp32 only */
-            printf("%-14s %-5s %-7s %12.3e %12.3e  %s%s%s\n", op_names[i], prec_names[p],
+            printf("%-17s %-5s %-7s %12.3e %12.3e  %s%s%s\n", op_names[i], prec_names[p],
                    dev->ops->name, r->max_abs, r->max_rel, r->fail ? "FAIL" : "PASS",
                    r->fail && r->note[0] ? "  " : "", r->fail ? r->note : "");
             failed += r->fail;
@@ -859,7 +880,7 @@ int ddp_kernels_selftest(void)
             if (n > 0 && (size_t)n < sizeof(why) - used) used += (size_t)n;
             continue;
         }
-        printf("%-14s %-5s %-7s %12s %12s  %s\n", "op", "prec", "backend", "max_abs_err",
+        printf("%-17s %-5s %-7s %12s %12s  %s\n", "op", "prec", "backend", "max_abs_err",
                "max_rel_err", "result");
         int f = run_backend(&cpu, &dev);
         printf("selftest: %s: %d failed\n", backends[i], f);

@@ -9,8 +9,9 @@
  * (matmul's, GELU's and SwiGLU's dinp, attention's dqkv) are filled with garbage (NaN bits)
  * first: none may show. The Llama ops (RMSNorm, RoPE, SwiGLU) run on a 1-thread 16-bit context
  * as well: the same bits; so does the residual add fused with each norm, which is also bitwise
- * residual_fwd followed by the norm on each context, with res aliasing a or not. Native bf16 products (oneDNN, where the CPU has bf16 instructions) are
- * checked against the emulated ones within a stated bound, and bitwise across thread counts.
+ * residual_fwd followed by the norm on each context, with res aliasing a or not. Native bf16
+ * products (oneDNN, where the CPU has bf16 instructions) are checked against the emulated ones
+ * within a stated bound, and bitwise across thread counts.
  */
 #include <math.h>
 #include <setjmp.h>
