@@ -33,13 +33,19 @@ const char *ddp_err_name(int rc)
     return "EUNKNOWN";
 }
 
-int ddp_errinfo_set(ddp_errinfo_t *ei, int rc, const char *fmt, ...)
+int ddp_errinfo_vset(ddp_errinfo_t *ei, int rc, const char *fmt, va_list ap)
 {
     if (!ei) return rc;
     ddp_errinfo_clear(ei);
+    vsnprintf(ei->msg, sizeof ei->msg, fmt, ap);
+    return rc;
+}
+
+int ddp_errinfo_set(ddp_errinfo_t *ei, int rc, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ei->msg, sizeof ei->msg, fmt, ap);
+    rc = ddp_errinfo_vset(ei, rc, fmt, ap);
     va_end(ap);
     return rc;
 }

@@ -67,6 +67,9 @@ typedef struct ddp_errinfo {
  * callers can write `return ddp_errinfo_set(ei, DDP_EFORMAT, "...")`. */
 int ddp_errinfo_set(ddp_errinfo_t *ei, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* ddp_errinfo_set with the arguments as a va_list (for a caller's own printf-style helper). */
+int ddp_errinfo_vset(ddp_errinfo_t *ei, int rc, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 /* Sets the path (printf-style). NULL-safe. */
 void ddp_errinfo_path(ddp_errinfo_t *ei, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -23,12 +23,9 @@ static int refuse(ddp_errinfo_t *ei, int rc, const char *fmt, ...)
 
 static int refuse(ddp_errinfo_t *ei, int rc, const char *fmt, ...)
 {
-    rc = rc == DDP_ENOMEM ? rc : DDP_ESPEC;
-    if (!ei) return rc;
-    ddp_errinfo_clear(ei);
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(ei->msg, sizeof ei->msg, fmt, ap);
+    rc = ddp_errinfo_vset(ei, rc == DDP_ENOMEM ? rc : DDP_ESPEC, fmt, ap);
     va_end(ap);
     ddp_errinfo_path(ei, "data.tokenizer");
     return rc;

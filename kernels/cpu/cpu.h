@@ -159,14 +159,10 @@ void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
 int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 
 /* ---- ops: ddp__cpu_<op> for every op of kernels.h's DDP_KERNEL_OPS, one file per family
- * (encoder.c, layernorm.c, rmsnorm.c, matmul.c, attention.c, rope.c, pointwise.c, swiglu.c,
- * xent.c, vector.c; set_precision in lowp.c) ---- */
+ * (encoder.c, norm.c, matmul.c, attention.c, rope.c, pointwise.c, swiglu.c, xent.c, vector.c;
+ * set_precision in lowp.c) ---- */
 #define DDP__CPU_OP(name, params) void ddp__cpu_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CPU_OP)
 #undef DDP__CPU_OP
-/* residual_norm_fwd's RMSNorm (mean NULL; rmsnorm.c), which layernorm.c's entry calls. */
-void ddp__cpu_residual_rmsnorm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, float *rstd,
-                                   const float *a, const ddp_act_t *b, const float *weight, int N,
-                                   int C, float eps);
 
 #endif
