@@ -88,6 +88,14 @@ typedef struct ddp_kadamw_range {
     float wd;
 } ddp_kadamw_range_t;
 
+/* The row stride of the LM head's logits (matmul_fwd/bwd's ldo, xent_fwd_bwd's ld): V rounded
+ * up to a multiple of 128 elements (GPT-2's 50,257 -> 50,304), so that every row of 16-bit
+ * logits starts 256 bytes aligned and the GPU's products read and write them with the tensor
+ * cores' aligned loads (a stride of 50,257 elements leaves rows 2-byte aligned). The weights,
+ * their gradients and checkpoints keep V rows; only the logits' rows are padded, and no op
+ * touches the padding. */
+static inline int ddp_logits_ld(int V) { return (V + 127) / 128 * 128; }
+
 typedef enum {
     DDP_W_IN_OUT = 0, /* weight[C][OC]: out = inp @ W    (HF Conv1D) */
     DDP_W_OUT_IN = 1, /* weight[OC][C]: out = inp @ W^T  (tied LM head: wte) */
@@ -127,13 +135,15 @@ typedef enum {
      * bitwise those of a context that never had it called. */                                  \
     X(set_precision, (ddp_kprec_t prec))                                                        \
     /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before    \
-     * the one rounding. */                                                                     \
+     * the one rounding. ldo >= OC: out's row stride in elements (OC, or the LM head's          \
+     * ddp_logits_ld(V)); the elements of a row past OC are neither read nor written. */        \
     X(matmul_fwd, (ddp_act_t *out, const ddp_act_t *inp, const float *weight,                   \
-          const float *bias, int N, int C, int OC, ddp_wlayout_t layout))                       \
+          const float *bias, int N, int C, int OC, int ldo, ddp_wlayout_t layout))              \
     /* dinp[N,C] = dout @ W^T (overwritten); dweight += (layout's orientation of) inp^T @ dout; \
-     * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). */                    \
+     * dbias[OC] += colsum(dout). dinp or dbias may be NULL (not needed). ldo >= OC: dout's row \
+     * stride, as matmul_fwd's out. */                                                          \
     X(matmul_bwd, (ddp_act_t *dinp, float *dweight, float *dbias, const ddp_act_t *dout,        \
-          const ddp_act_t *inp, const float *weight, int N, int C, int OC,                      \
+          const ddp_act_t *inp, const float *weight, int N, int C, int OC, int ldo,             \
           ddp_wlayout_t layout))                                                                \
     /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.\
      * Grouped-query: NH query heads share NKV key/value heads (NH % NKV == 0; NKV == NH is     \
@@ -190,12 +200,13 @@ typedef enum {
     /* out[n] = inp[n] rounded to the activation type: the residual stream's gradient entering a\
      * product's backward (as autocast casts it). */                                            \
     X(to_act, (ddp_act_t *out, const float *inp, size_t n))                                     \
-    /* Fused softmax + cross-entropy over logits[N,V].                                          \
+    /* Fused softmax + cross-entropy over logits[N,V], rows ld >= V elements apart (both       \
+     * tensors; the elements past V are neither read nor written).                              \
      * losses[N] = -log softmax(logits)[target]; and when dlogits != NULL,                      \
      * dlogits[N,V] = (softmax(logits) - onehot(target)) * dloss (dlogits may alias logits:     \
      * the op then overwrites the logits). targets[N] < V. */                                   \
     X(xent_fwd_bwd, (float *losses, ddp_act_t *dlogits, const ddp_act_t *logits,                \
-          const int32_t *targets, int N, int V, float dloss))                                   \
+          const int32_t *targets, int N, int V, int ld, float dloss))                           \
     /* AdamW over ranges of the arenas in one call (one launch on a GPU), PyTorch's formulation \
      * with decoupled weight decay, for each element of each range r ([r.lo, r.hi) of param,    \
      * grad, m, v; ranges do not overlap):                                                      \

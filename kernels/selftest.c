@@ -469,26 +469,29 @@ out:
     end_case(s);
 }
 
-/* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), and its input
- * gradient (dinp) is what backward carries into the final LayerNorm, so it is checked too.
+/* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), its logits' rows
+ * padded to ddp_logits_ld(V) as the model's (the padding, zero in out and random in dout, must
+ * be neither written nor read), and its input gradient (dinp) is what backward carries into the
+ * final LayerNorm, so it is checked too.
  * In bf16/fp16 both sides multiply the same 16-bit values (the weights rounded alike) with fp32
  * accumulation: only the summation order differs before the one rounding. */
 static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
 {
     int N = sh->B * sh->T, C = sh->C, OC = layout == DDP_W_OUT_IN ? sh->V : sh->OC;
+    int ld = layout == DDP_W_OUT_IN ? ddp_logits_ld(OC) : OC;
     result_t *rf = RES(MATMUL_FWD), *rb = RES(MATMUL_BWD);
     pt_t inp = act_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
-    pt_t bias = pt_rand(s, OC, -1, 1), out = act_zero(s, (size_t)N * OC);
-    pt_t dout = act_rand(s, (size_t)N * OC, -1, 1), dinp = act_rand(s, (size_t)N * C, -1, 1);
+    pt_t bias = pt_rand(s, OC, -1, 1), out = act_zero(s, (size_t)N * ld);
+    pt_t dout = act_rand(s, (size_t)N * ld, -1, 1), dinp = act_rand(s, (size_t)N * C, -1, 1);
     pt_t dw = pt_rand(s, (size_t)C * OC, -1, 1), db = pt_rand(s, OC, -1, 1);
     if (!ready(s, rf)) goto out;
     BOTH DDP_K(KS, set_precision, s->prec); /* new weights: their converted copies again */
-    BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC,
+    BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), P(w), with_bias ? P(bias) : NULL, N, C, OC, ld,
                layout);
     if (sync_both(s, rf)) check(s, rf, out, 1e-5, "out");
     /* Without bias dbias is left out; dinp is always computed (the LM head needs it). */
     BOTH DDP_K(KS, matmul_bwd, P(dinp), P(dw), with_bias ? P(db) : NULL, P(dout), P(inp), P(w), N,
-               C, OC, layout);
+               C, OC, ld, layout);
     if (sync_both(s, rb)) {
         check(s, rb, dinp, 1e-5, "dinp");
         check(s, rb, dw, 1e-5, "dweight");
@@ -680,8 +683,8 @@ out:
 
 static void case_xent(st_t *s, const shape_t *sh, int mode)
 {
-    int N = sh->B * sh->T, V = sh->V;
-    size_t NV = (size_t)N * V;
+    int N = sh->B * sh->T, V = sh->V, ld = ddp_logits_ld(V); /* rows padded as the model's */
+    size_t NV = (size_t)N * ld;
     result_t *r = RES(XENT_FWD_BWD);
     pt_t logits = act_rand(s, NV, -4, 4), losses = pt_zero(s, N), dl = act_zero(s, NV);
     pti_t tgt = pt_tokens(s, N, V, 0);
@@ -689,7 +692,7 @@ static void case_xent(st_t *s, const shape_t *sh, int mode)
     float dloss = 1.0f / (float)N;
     /* mode 0: separate dlogits; 1: losses only; 2: dlogits aliases logits. */
     BOTH DDP_K(KS, xent_fwd_bwd, P(losses), mode == 0 ? P(dl) : mode == 2 ? P(logits) : NULL,
-               P(logits), P(tgt), N, V, dloss);
+               P(logits), P(tgt), N, V, ld, dloss);
     if (!sync_both(s, r)) goto out;
     check(s, r, losses, 1e-5, "losses");
     if (mode == 0) check(s, r, dl, 1e-5, "dlogits");

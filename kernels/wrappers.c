@@ -199,32 +199,33 @@ void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *d
 }
 
 void ddp_k_matmul_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp,
-                      const float *weight, const float *bias, int N, int C, int OC,
+                      const float *weight, const float *bias, int N, int C, int OC, int ldo,
                       ddp_wlayout_t layout)
 {
     if (!OP_READY(k, matmul_fwd)) return;
     REQUIRE(k, matmul_fwd, out && inp && weight);
-    REQUIRE(k, matmul_fwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_fwd, N > 0 && C > 0 && OC > 0 && ldo >= OC);
     REQUIRE(k, matmul_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
     /* the weight as the product reads it: its copy in the run's precision */
     TIMED(k, matmul_fwd, 2.0 * N * C * OC,
           ACT * ((double)N * C + (double)C * OC + (double)N * OC) + F32 * (bias ? OC : 0),
-          k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, layout));
+          k->ops->matmul_fwd(k->ctx, out, inp, weight, bias, N, C, OC, ldo, layout));
 }
 
 void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *dbias,
                       const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                      int C, int OC, ddp_wlayout_t layout)
+                      int C, int OC, int ldo, ddp_wlayout_t layout)
 {
     if (!OP_READY(k, matmul_bwd)) return;
     REQUIRE(k, matmul_bwd, dweight && dout && inp && weight);
-    REQUIRE(k, matmul_bwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_bwd, N > 0 && C > 0 && OC > 0 && ldo >= OC);
     REQUIRE(k, matmul_bwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
     /* without dinp the weight is not read and only dweight's product runs */
     TIMED(k, matmul_bwd, (dinp ? 4.0 : 2.0) * N * C * OC,
           ACT * ((double)N * OC + (double)N * C + (dinp ? (double)N * C + (double)C * OC : 0)) +
               F32 * (2.0 * C * OC + (dbias ? 2.0 * OC : 0)),
-          k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, layout));
+          k->ops->matmul_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, N, C, OC, ldo,
+                             layout));
 }
 
 void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
@@ -368,14 +369,14 @@ void ddp_k_to_act(ddp_kernels_t *k, ddp_act_t *out, const float *inp, size_t n)
 }
 
 void ddp_k_xent_fwd_bwd(ddp_kernels_t *k, float *losses, ddp_act_t *dlogits,
-                        const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                        const ddp_act_t *logits, const int32_t *targets, int N, int V, int ld,
                         float dloss)
 {
     if (!OP_READY(k, xent_fwd_bwd)) return;
     REQUIRE(k, xent_fwd_bwd, losses && logits && targets);
-    REQUIRE(k, xent_fwd_bwd, N > 0 && V > 0);
+    REQUIRE(k, xent_fwd_bwd, N > 0 && V > 0 && ld >= V);
     TIMED(k, xent_fwd_bwd, 0, ACT * (dlogits ? 2.0 : 1.0) * N * V + F32 * 2.0 * N,
-          k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, dloss));
+          k->ops->xent_fwd_bwd(k->ctx, losses, dlogits, logits, targets, N, V, ld, dloss));
 }
 
 void ddp_k_adamw(ddp_kernels_t *k, float *param, const float *grad, float *m, float *v,

@@ -162,9 +162,11 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         if (b->act_bytes == 2) w += LT_WORKSPACE;
     }
     /* kernels/cpu/lowp.c where the CPU emulates bf16/fp16: a product's two activation inputs
-     * widened to fp32, the largest being the LM head's dout [lm_rows, V] or the MLP's
-     * [BT, FH] (a GPU, and native bf16, read the 16-bit ones in place) */
-    int64_t widest = lm_rows * V > BT * FH ? lm_rows * V : BT * FH;
+     * widened to fp32, the largest being the LM head's dout [lm_rows, V] (rows padded to
+     * ddp_logits_ld(V)) or the MLP's [BT, FH] (a GPU, and native bf16, read the 16-bit ones in
+     * place) */
+    int64_t lm = lm_rows * ddp_logits_ld((int)V);
+    int64_t widest = lm > BT * FH ? lm : BT * FH;
     if (b->lowp_bytes == 4) w += (widest + BT * FH) * 4;
     w += 3 * BT * 4;      /* train.c, model.c: token and loss staging on the host */
     *work = w;

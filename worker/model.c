@@ -355,18 +355,18 @@ static void block_forward(ddp_model_t *m, int l, const float *x, float *out, int
     const ddp_model_block_t *w = &m->wv.h[l];
     layer_acts_t s = layer_acts(m, l);
     norm_forward(m, s.ln1, s.ln1_mean, s.ln1_rstd, x, w->ln1w, w->ln1b, BT);
-    DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, d->QKV, wl);
+    DDP_K(k, matmul_fwd, s.qkv, s.ln1, w->qkvw, w->qkvb, BT, C, d->QKV, d->QKV, wl);
     if (llama) DDP_K(k, rope_fwd, s.qkv, m->acts.rope, B, T, d->NH, d->NKV, d->hs);
     DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, d->NH, d->NKV);
-    DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, wl);
+    DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, C, wl);
     residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, x, dc, w->ln2w, w->ln2b, BT);
-    DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, wl);
+    DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, d->FH, wl);
     if (llama)
         DDP_K(k, swiglu_fwd, s.fchg, s.fch, BT, d->H);
     else
         DDP_K(k, gelu_fwd, s.fchg, s.fch, (size_t)BT * d->H);
     if (!out) return;
-    DDP_K(k, matmul_fwd, dc, s.fchg, w->fcprojw, w->fcprojb, BT, d->H, C, wl);
+    DDP_K(k, matmul_fwd, dc, s.fchg, w->fcprojw, w->fcprojb, BT, d->H, C, C, wl);
     DDP_K(k, residual_fwd, out, s.res2, dc, (size_t)BT * C);
 }
 
@@ -417,18 +417,18 @@ static int lm_head_loss(ddp_model_t *m, int train, float *loss)
 {
     ddp_kernels_t *k = m->k;
     ddp_model_acts_t *a = &m->acts;
-    int C = m->cfg.n_embd, V = m->cfg.vocab_size;
+    int C = m->cfg.n_embd, V = m->cfg.vocab_size, ld = ddp_logits_ld(V);
     size_t BT = (size_t)a->last_B * a->last_T;
     float dloss = m->loss_scale / (float)BT;
     for (size_t r0 = 0; r0 < BT; r0 += (size_t)a->lm_rows) {
         int rows = (int)(BT - r0 < (size_t)a->lm_rows ? BT - r0 : (size_t)a->lm_rows);
         const ddp_act_t *lnf = ddp_act_at(a->lnf, r0 * C, a->prec);
-        DDP_K(k, matmul_fwd, a->logits, lnf, m->wv.lm_head, NULL, rows, C, V, DDP_W_OUT_IN);
+        DDP_K(k, matmul_fwd, a->logits, lnf, m->wv.lm_head, NULL, rows, C, V, ld, DDP_W_OUT_IN);
         DDP_K(k, xent_fwd_bwd, a->losses + r0, train ? a->logits : NULL, a->logits,
-              a->targets + r0, rows, V, dloss);
+              a->targets + r0, rows, V, ld, dloss);
         if (train)
             DDP_K(k, matmul_bwd, ddp_act_at(a->dlnf, r0 * C, a->prec), m->gv.lm_head, NULL,
-                  a->logits, lnf, m->wv.lm_head, rows, C, V, DDP_W_OUT_IN);
+                  a->logits, lnf, m->wv.lm_head, rows, C, V, ld, DDP_W_OUT_IN);
     }
     float *host_losses = ddp_malloc(BT * sizeof(float));
     if (!host_losses) return DDP_ENOMEM;
@@ -468,7 +468,8 @@ int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *tar
         DDP_CHECK(ddp_k_memcpy_d2d(m->k, ddp_act_at(a->dc, (size_t)b * C, a->prec),
                                    ddp_act_at(a->lnf, ((size_t)b * T + T - 1) * C, a->prec),
                                    row));
-    DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.lm_head, NULL, B, C, m->cfg.vocab_size,
+    int V = m->cfg.vocab_size;
+    DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.lm_head, NULL, B, C, V, ddp_logits_ld(V),
           DDP_W_OUT_IN);
     return ddp_k_sync(m->k);
 }
@@ -513,24 +514,24 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg)
         DDP_K(k, to_act, a->dres_act, a->dres, BTC);
         ddp_act_t *dh = llama ? a->dfch : a->dfc; /* the activation's output gradient */
         DDP_K(k, matmul_bwd, dh, g->fcprojw, g->fcprojb, a->dres_act, s.fchg, w->fcprojw,
-              (int)BT, d->H, C, wl);
+              (int)BT, d->H, C, C, wl);
         if (llama)
             DDP_K(k, swiglu_bwd, a->dfc, s.fch, dh, (int)BT, d->H);
         else
             DDP_K(k, gelu_bwd, a->dfc, s.fch, a->dfc, BT * d->H);
         DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, d->FH,
-              wl);
+              d->FH, wl);
         norm_backward(m, a->dres, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w, s.ln2_mean,
                       s.ln2_rstd, (int)BT);
 
         /* attention: res2 = x + attproj(attn(rope(qkv(norm1(x))))) */
         DDP_K(k, to_act, a->dres_act, a->dres, BTC);
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres_act, s.atty, w->attprojw,
-              (int)BT, C, C, wl);
+              (int)BT, C, C, C, wl);
         DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, d->NH, d->NKV);
         if (llama) DDP_K(k, rope_bwd, a->dqkv, a->rope, B, T, d->NH, d->NKV, d->hs);
         DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C,
-              d->QKV, wl);
+              d->QKV, d->QKV, wl);
         norm_backward(m, a->dres, g->ln1w, g->ln1b, a->dc, x, w->ln1w, s.ln1_mean, s.ln1_rstd,
                       (int)BT);
 

@@ -93,7 +93,7 @@ typedef struct ddp_model_acts {
     float *res3;       /* [L,B,T,C] */
     ddp_act_t *lnf;    /* [B,T,C] */
     float *lnf_mean, *lnf_rstd;  /* [B,T] x2 */
-    ddp_act_t *logits; /* [lm_rows,V]: one chunk of rows of the LM head */
+    ddp_act_t *logits; /* [lm_rows,V], rows ddp_logits_ld(V) apart: a chunk of the LM head */
     float *losses;     /* [B,T] */
     ddp_act_t *dlnf;   /* [B,T,C] gradient of ln_f's output (the LM head's) */
     int lm_rows;       /* rows of the LM head per chunk (ddp_model_lm_rows) */

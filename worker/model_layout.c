@@ -172,7 +172,7 @@ size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, vo
     F32(lnf_mean, llama ? 0 : BT);
     F32(lnf_rstd, BT);
     a->lm_rows = ddp_model_lm_rows(cfg, a->B, a->T, a->prec);
-    ACT(logits, (size_t)a->lm_rows * V);
+    ACT(logits, (size_t)a->lm_rows * ddp_logits_ld(V)); /* rows padded: kernels.h */
     F32(losses, BT);
     ACT(dlnf, BT * C);
     F32(dres, BT * C);

@@ -3,6 +3,7 @@
  * Forward:  out[N,OC] = inp[N,C] @ W (+ bias), W as [C,OC] (DDP_W_IN_OUT) or [OC,C] (OUT_IN).
  * Backward: dinp[N,C] = dout @ W^T (overwritten);  dweight += inp^T @ dout in W's layout;
  *           dbias[OC] += colsum(dout).
+ * out's and dout's rows are ldo >= OC elements apart (the LM head's padded logits).
  * OpenBLAS runs single-threaded (cpu_init sets it); each product is cut into tiles of its OUTPUT
  * and each tile is one sgemm task, so BLAS shares the one pool with the element ops and nothing
  * spins. Apart from the split-K case below, the reduction dimension K is not split: every output
@@ -117,7 +118,7 @@ typedef struct {
     const ddp_act_t *dout_act; /* dbias's dout, as the caller gave it */
     ddp__bf16_t *bf16;         /* native bf16 tiles; NULL: sgemm */
     ddp_kprec_t prec;
-    int N, C, OC;
+    int N, C, OC, ldo; /* ldo: out's and dout's row stride */
     ddp_wlayout_t layout;
     tiling_t fwd, di, dw;
     long n_di, n_dw, n_db; /* backward task counts per kind, in that order */
@@ -170,7 +171,7 @@ static void fwd_task(void *varg, long task)
     int r0, c0, h, w;
     tile_at(&a->fwd, task, &r0, &c0, &h, &w);
     int C = a->C, OC = a->OC, ldo;
-    float *out = tile_out(a, a->out, r0, c0, w, OC, &ldo);
+    float *out = tile_out(a, a->out, r0, c0, w, a->ldo, &ldo);
     if (a->bias)
         for (int r = 0; r < h; r++) {
             float *restrict o = out + (size_t)r * ldo;
@@ -182,7 +183,7 @@ static void fwd_task(void *varg, long task)
         gemm(a, 0, 0, h, w, C, a->inp, inp, C, a->weight, c0, OC, !!a->bias, out, ldo);
     else
         gemm(a, 0, 1, h, w, C, a->inp, inp, C, a->weight, (size_t)c0 * C, C, !!a->bias, out, ldo);
-    tile_store(a, a->out, r0, c0, h, w, OC, out);
+    tile_store(a, a->out, r0, c0, h, w, a->ldo, out);
 }
 
 /* Runs the tasks; a native tile's failure goes to ctx->err. */
@@ -212,11 +213,11 @@ static int tile_scratch(ddp_kctx_t *ctx, mm_args_t *a, const tiling_t *tl)
 }
 
 void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                         const float *weight, const float *bias, int N, int C, int OC,
+                         const float *weight, const float *bias, int N, int C, int OC, int ldo,
                          ddp_wlayout_t layout)
 {
     mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
-                   .OC = OC, .layout = layout, .prec = ctx->prec,
+                   .OC = OC, .ldo = ldo, .layout = layout, .prec = ctx->prec,
                    .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     plan(&a.fwd, N, OC);
     if (a.prec != DDP_KPREC_FP32 &&
@@ -233,9 +234,9 @@ static void dinp_chunk_task(const mm_args_t *a, long k)
     int k0 = (int)k * MM_KCHUNK, kw = OC - k0 < MM_KCHUNK ? OC - k0 : MM_KCHUNK;
     float *part = a->part + (size_t)k * N * C;
     if (a->layout == DDP_W_IN_OUT)
-        gemm(a, 0, 1, N, C, kw, a->dout, k0, OC, a->weight, k0, OC, 0, part, C);
+        gemm(a, 0, 1, N, C, kw, a->dout, k0, a->ldo, a->weight, k0, OC, 0, part, C);
     else
-        gemm(a, 0, 0, N, C, kw, a->dout, k0, OC, a->weight, (size_t)k0 * C, C, 0, part, C);
+        gemm(a, 0, 0, N, C, kw, a->dout, k0, a->ldo, a->weight, (size_t)k0 * C, C, 0, part, C);
 }
 
 /* dinp rows = the split-K partials, added in chunk order (in 16-bit mode into chunk 0's own
@@ -266,13 +267,13 @@ static void dinp_task(const mm_args_t *a, long task)
     }
     int r0, c0, h, w;
     tile_at(&a->di, task, &r0, &c0, &h, &w);
-    int C = a->C, OC = a->OC, ldd;
-    size_t dout = (size_t)r0 * OC;
+    int C = a->C, OC = a->OC, ldo = a->ldo, ldd;
+    size_t dout = (size_t)r0 * ldo;
     float *dinp = tile_out(a, a->dinp, r0, c0, w, C, &ldd);
     if (a->layout == DDP_W_IN_OUT) /* W[C][OC]: rows c0.. of W, transposed */
-        gemm(a, 0, 1, h, w, OC, a->dout, dout, OC, a->weight, (size_t)c0 * OC, OC, 0, dinp, ldd);
+        gemm(a, 0, 1, h, w, OC, a->dout, dout, ldo, a->weight, (size_t)c0 * OC, OC, 0, dinp, ldd);
     else /* W[OC][C]: columns c0.. of W */
-        gemm(a, 0, 0, h, w, OC, a->dout, dout, OC, a->weight, c0, C, 0, dinp, ldd);
+        gemm(a, 0, 0, h, w, OC, a->dout, dout, ldo, a->weight, c0, C, 0, dinp, ldd);
     tile_store(a, a->dinp, r0, c0, h, w, C, dinp);
 }
 
@@ -283,10 +284,10 @@ static void dweight_task(const mm_args_t *a, long task)
     tile_at(&a->dw, task, &r0, &c0, &h, &w);
     int N = a->N, C = a->C, OC = a->OC;
     if (a->layout == DDP_W_IN_OUT)
-        gemm(a, 1, 0, h, w, N, a->inp, r0, C, a->dout, c0, OC, 1,
+        gemm(a, 1, 0, h, w, N, a->inp, r0, C, a->dout, c0, a->ldo, 1,
              a->dweight + (size_t)r0 * OC + c0, OC);
     else
-        gemm(a, 1, 0, h, w, N, a->dout, r0, OC, a->inp, c0, C, 1,
+        gemm(a, 1, 0, h, w, N, a->dout, r0, a->ldo, a->inp, c0, C, 1,
              a->dweight + (size_t)r0 * C + c0, C);
 }
 
@@ -298,7 +299,7 @@ static void dbias_task(const mm_args_t *a, long task)
     float acc[MM_BIAS_COLS] = {0}, wide[MM_BIAS_COLS];
     for (int n = 0; n < a->N; n++) {
         const float *restrict d =
-            ddp__cpu_act_in(a->dout_act, (size_t)n * a->OC + c0, (size_t)w, a->prec, wide);
+            ddp__cpu_act_in(a->dout_act, (size_t)n * a->ldo + c0, (size_t)w, a->prec, wide);
         for (int j = 0; j < w; j++) acc[j] += d[j];
     }
     for (int j = 0; j < w; j++) a->dbias[c0 + j] += acc[j];
@@ -322,17 +323,18 @@ static void bwd_task(void *varg, long task)
 
 void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
                          const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                         int C, int OC, ddp_wlayout_t layout)
+                         int C, int OC, int ldo, ddp_wlayout_t layout)
 {
     mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
-                   .weight = weight, .N = N, .C = C, .OC = OC, .layout = layout,
+                   .weight = weight, .N = N, .C = C, .OC = OC, .ldo = ldo, .layout = layout,
                    .dout_act = dout, .prec = ctx->prec,
                    .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (a.prec != DDP_KPREC_FP32 && dinp &&
         !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC)))
         return;
-    if (operand(ctx, &a, 1, &a.inp, (size_t)N * C) || operand(ctx, &a, 0, &a.dout, (size_t)N * OC))
-        return;
+    /* dout's N rows, the last one without the stride's padding (never read) */
+    size_t dout_n = (size_t)(N - 1) * ldo + OC;
+    if (operand(ctx, &a, 1, &a.inp, (size_t)N * C) || operand(ctx, &a, 0, &a.dout, dout_n)) return;
     plan(&a.di, N, C);
     if (layout == DDP_W_IN_OUT)
         plan(&a.dw, C, OC);

@@ -1,4 +1,5 @@
-/* Fused softmax + cross-entropy over logits[N,V]: losses[N], and dlogits[N,V] when asked.
+/* Fused softmax + cross-entropy over logits[N,V] (rows ld elements apart): losses[N], and
+ * dlogits[N,V] (the same stride) when asked.
  *
  * One task per row. A row is read once for its maximum, once to write exp(x - max) into dlogits
  * (which may alias logits: each element is read before it is written, and the target logit is
@@ -20,7 +21,7 @@ typedef struct {
     ddp_act_t *dlogits;
     const ddp_act_t *logits;
     const int32_t *targets;
-    int N, V;
+    int N, V, ld;
     float dloss;
     ddp_kprec_t prec;
     ddp__tscratch_t s; /* 16-bit: a row per thread */
@@ -59,7 +60,7 @@ static void xent_task(void *varg, long task)
 {
     const xent_args_t *a = varg;
     int V = a->V;
-    size_t row = (size_t)task * V;
+    size_t row = (size_t)task * a->ld;
     float *wide = a->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&a->s);
     const float *x = ddp__cpu_act_in(a->logits, row, (size_t)V, a->prec, wide);
     /* the row's gradient, computed in place over the widened row in 16-bit mode */
@@ -103,11 +104,11 @@ static void xent_task(void *varg, long task)
 }
 
 void ddp__cpu_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
-                           const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                           const ddp_act_t *logits, const int32_t *targets, int N, int V, int ld,
                            float dloss)
 {
     xent_args_t a = {.losses = losses, .dlogits = dlogits, .logits = logits, .targets = targets,
-                     .N = N, .V = V, .dloss = dloss, .prec = ctx->prec};
+                     .N = N, .V = V, .ld = ld, .dloss = dloss, .prec = ctx->prec};
     if (a.prec != DDP_KPREC_FP32 && ddp__cpu_tscratch(ctx, &a.s, (size_t)V)) return;
     ddp__pool_run(ctx->pool, N, xent_task, &a);
 }

@@ -4,7 +4,8 @@
  * Row-major tensors are handed to column-major cuBLAS as their transposes: a row-major [R, K]
  * matrix is a column-major [K, R] one with leading dimension K.
  *
- * forward   out[N,OC] = inp[N,C] @ W (+ bias[OC])
+ * forward   out[N,OC] = inp[N,C] @ W (+ bias[OC]); out's (and backward's dout's) rows ldo >= OC
+ *           elements apart (the LM head's padded logits: aligned rows for the tensor cores)
  *             DDP_W_IN_OUT  W[C,OC]:  out^T = W^T-view @ inp^T   gemm(N, N, OC, N, C)
  *             DDP_W_OUT_IN  W[OC,C]:  out^T = W-view^T @ inp^T   gemm(T, N, OC, N, C)
  * backward  dinp[N,C] = dout @ W^T           (beta = 0: overwritten)
@@ -32,23 +33,27 @@
 
 #include "kernels/cuda/kcuda.cuh"
 
-/* out[i] = round(acc[i] + bias[i % OC]) over [N, OC]; acc may be out (fp32, in place). */
+/* out[n, c] = round(acc[n, c] + bias[c]) over [N, OC], out's rows ldo apart and acc's lda; acc
+ * may be out (fp32, in place, lda = ldo). */
 template <typename T>
-static __global__ void bias_round_kernel(T *out, const float *acc, const float *bias, int OC,
-                                        size_t total)
+static __global__ void bias_round_kernel(T *out, int ldo, const float *acc, int lda,
+                                        const float *bias, int OC, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x)
-        out[i] = ddp__act<T>::st(acc[i] + bias[i % (size_t)OC]);
+         i += (size_t)gridDim.x * blockDim.x) {
+        size_t n = i / (size_t)OC, c = i - n * (size_t)OC;
+        out[n * ldo + c] = ddp__act<T>::st(acc[n * lda + c] + bias[c]);
+    }
 }
 
-static void bias_round(ddp_kctx_t *ctx, void *out, const float *acc, const float *bias, int N,
-                       int OC)
+static void bias_round(ddp_kctx_t *ctx, void *out, int ldo, const float *acc, int lda,
+                       const float *bias, int N, int OC)
 {
     size_t total = (size_t)N * OC;
     DDP_ACT_DISPATCH(ctx->prec, T,
                      bias_round_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
-                                            ctx->stream>>>((T *)out, acc, bias, OC, total));
+                                            ctx->stream>>>((T *)out, ldo, acc, lda, bias, OC,
+                                                           total));
     ddp__cuda_launched(ctx, "matmul_fwd(bias)");
 }
 
@@ -237,34 +242,36 @@ static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, int N, int OC)
         ctx->lt_bias32 = -1;
     }
     void *out = g.D;
+    int ldo = g.ldd;
     float *acc;
     if (ddp__cuda_scratch(ctx, (size_t)N * OC * sizeof(float), (void **)&acc)) return;
     g.D = acc;
     g.dt = CUDA_R_32F;
+    g.ldd = OC;
     const float *bias = g.bias;
     g.bias = NULL;
     if (lt_gemm_run(ctx, &g, "matmul_fwd")) return;
-    bias_round(ctx, out, acc, bias, N, OC);
+    bias_round(ctx, out, ldo, acc, OC, bias, N, OC);
 }
 
 void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                          const float *weight, const float *bias, int N, int C, int OC,
+                          const float *weight, const float *bias, int N, int C, int OC, int ldo,
                           ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
     cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_N : CUBLAS_OP_T;
     int lda = layout == DDP_W_IN_OUT ? OC : C;
     if (ctx->prec == DDP_KPREC_FP32) {
-        if (sgemm(ctx, ta, CUBLAS_OP_N, OC, N, C, weight, lda, inp, C, 0.0f, out, OC,
+        if (sgemm(ctx, ta, CUBLAS_OP_N, OC, N, C, weight, lda, inp, C, 0.0f, out, ldo,
                   "matmul_fwd"))
             return;
-        if (bias) bias_round(ctx, out, (const float *)out, bias, N, OC);
+        if (bias) bias_round(ctx, out, ldo, (const float *)out, ldo, bias, N, OC);
         return;
     }
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
     if (!W) return;
     lt_gemm g = {ta, CUBLAS_OP_N, OC, N, C, W, lda, inp, C, 0.0f, out, ddp__cuda_lowp_type(ctx),
-                 OC, bias};
+                 ldo, bias};
     if (bias)
         lt_fwd_bias(ctx, g, N, OC);
     else
@@ -273,16 +280,16 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
 
 template <typename T> struct dout_value {
     const T *dout;
-    int OC;
+    int ldo;
     __device__ void operator()(int n, int c, float v[1]) const
     {
-        v[0] = ddp__act<T>::ld(dout[(size_t)n * OC + c]);
+        v[0] = ddp__act<T>::ld(dout[(size_t)n * ldo + c]);
     }
 };
 
 void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
                           const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                          int C, int OC, ddp_wlayout_t layout)
+                          int C, int OC, int ldo, ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
     int fp32 = ctx->prec == DDP_KPREC_FP32;
@@ -293,12 +300,12 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
         int lda = layout == DDP_W_IN_OUT ? OC : C;
         const char *what = "matmul_bwd(dinp)";
         if (fp32) {
-            if (sgemm(ctx, ta, CUBLAS_OP_N, C, N, OC, weight, lda, dout, OC, 0.0f, dinp, C, what))
+            if (sgemm(ctx, ta, CUBLAS_OP_N, C, N, OC, weight, lda, dout, ldo, 0.0f, dinp, C, what))
                 return;
         } else {
             const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
             if (!W) return;
-            lt_gemm g = {ta, CUBLAS_OP_N, C, N, OC, W, lda, dout, OC, 0.0f, dinp,
+            lt_gemm g = {ta, CUBLAS_OP_N, C, N, OC, W, lda, dout, ldo, 0.0f, dinp,
                          ddp__cuda_lowp_type(ctx), C, NULL};
             if (lt_gemm_run(ctx, &g, what)) return;
         }
@@ -309,19 +316,21 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
         const void *A = in_out ? (const void *)dout : (const void *)inp;
         const void *B = in_out ? (const void *)inp : (const void *)dout;
         int m = in_out ? OC : C, n = in_out ? C : OC;
+        int lda = in_out ? ldo : C, ldb = in_out ? C : ldo;
         const char *what = "matmul_bwd(dweight)";
         if (fp32) {
-            if (sgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, m, B, n, 1.0f, dweight, m, what))
+            if (sgemm(ctx, CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, lda, B, ldb, 1.0f, dweight, m,
+                      what))
                 return;
         } else {
-            lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, m, B, n, 1.0f, dweight,
+            lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, lda, B, ldb, 1.0f, dweight,
                          CUDA_R_32F, m, NULL};
             if (lt_gemm_run(ctx, &g, what)) return;
         }
     }
     if (dbias)
         DDP_ACT_DISPATCH(ctx->prec, T, {
-            dout_value<T> f = {(const T *)dout, OC};
+            dout_value<T> f = {(const T *)dout, ldo};
             ddp__colsum<1>(ctx, dbias, NULL, N, OC, f, "matmul_bwd(dbias)");
         });
 }

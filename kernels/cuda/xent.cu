@@ -1,4 +1,5 @@
-/* Fused softmax + cross-entropy over the rows of logits[N,V] (kernels/math/softmax.h).
+/* Fused softmax + cross-entropy over the rows of logits[N,V], ld elements apart
+ * (kernels/math/softmax.h).
  *
  * losses[n] = log(sum_j exp(x_j - max)) - (x_target - max)
  * dlogits[n,j] = (p_j - [j == target]) * dloss, when dlogits != NULL.
@@ -16,11 +17,11 @@
 
 template <typename T>
 static __global__ void xent_kernel(float *losses, T *dlogits, const T *logits,
-                                   const int32_t *targets, int V, float dloss)
+                                   const int32_t *targets, int V, int ld, float dloss)
 {
     __shared__ float sh[32];
     int row = blockIdx.x;
-    const T *x = logits + (size_t)row * V;
+    const T *x = logits + (size_t)row * ld;
     int target = targets[row];
     float x_t = ddp__act<T>::ld(x[target]); /* before any thread may overwrite the row */
     float mx = -INFINITY;
@@ -33,19 +34,19 @@ static __global__ void xent_kernel(float *losses, T *dlogits, const T *logits,
     if (threadIdx.x == 0) losses[row] = ddp_xent_loss(x_t, mx, s);
     if (!dlogits) return;
     float inv = 1.0f / s;
-    T *d = dlogits + (size_t)row * V;
+    T *d = dlogits + (size_t)row * ld;
     for (int j = threadIdx.x; j < V; j += blockDim.x)
         d[j] = ddp__act<T>::st(
             ddp_xent_grad(ddp_softmax_exp(ddp__act<T>::ld(x[j]), mx) * inv, j == target, dloss));
 }
 
 void ddp__cuda_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
-                            const ddp_act_t *logits, const int32_t *targets, int N, int V,
+                            const ddp_act_t *logits, const int32_t *targets, int N, int V, int ld,
                             float dloss)
 {
     if (N <= 0 || V <= 0 || ddp__cuda_enter(ctx)) return;
     DDP_ACT_DISPATCH(ctx->prec, T,
                      xent_kernel<T><<<(unsigned)N, XENT_BLOCK, 0, ctx->stream>>>(
-                         losses, (T *)dlogits, (const T *)logits, targets, V, dloss));
+                         losses, (T *)dlogits, (const T *)logits, targets, V, ld, dloss));
     ddp__cuda_launched(ctx, "xent_fwd_bwd");
 }

@@ -175,8 +175,8 @@ int main(int argc, char **argv)
             if (ddpd) {
                 ddp_wlayout_t lay = sh->out_in ? DDP_W_OUT_IN : DDP_W_IN_OUT;
                 if (dbf) DDP_K(&k, set_precision, DDP_KPREC_BF16); /* the weight converted anew */
-                DDP_K(&k, matmul_fwd, A(out), A(inp), w, NULL, N, K, OC, lay);
-                DDP_K(&k, matmul_bwd, A(dinp), dw, NULL, A(dout), A(inp), w, N, K, OC, lay);
+                DDP_K(&k, matmul_fwd, A(out), A(inp), w, NULL, N, K, OC, OC, lay);
+                DDP_K(&k, matmul_bwd, A(dinp), dw, NULL, A(dout), A(inp), w, N, K, OC, OC, lay);
             } else {
                 dexec(&f);
                 dexec(&di);

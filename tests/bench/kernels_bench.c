@@ -90,14 +90,14 @@ int main(int argc, char **argv)
         double t0 = ddp_now_s();
         for (int l = 0; l < L; l++)
             for (int j = 0; j < 4; j++)
-                DDP_K(&k, matmul_fwd, A(y), A(x), w[l][j], bias[l][j], N, ic[j], oc[j],
+                DDP_K(&k, matmul_fwd, A(y), A(x), w[l][j], bias[l][j], N, ic[j], oc[j], oc[j],
                       DDP_W_IN_OUT);
-        DDP_K(&k, matmul_fwd, A(logits), A(x), wte, NULL, N, C, V, DDP_W_OUT_IN);
-        DDP_K(&k, matmul_bwd, A(dx), dwte, NULL, A(logits), A(x), wte, N, C, V, DDP_W_OUT_IN);
+        DDP_K(&k, matmul_fwd, A(logits), A(x), wte, NULL, N, C, V, V, DDP_W_OUT_IN);
+        DDP_K(&k, matmul_bwd, A(dx), dwte, NULL, A(logits), A(x), wte, N, C, V, V, DDP_W_OUT_IN);
         for (int l = L - 1; l >= 0; l--)
             for (int j = 3; j >= 0; j--)
                 DDP_K(&k, matmul_bwd, A(dx), dw[l][j], dbias[l][j], A(dy), A(x), w[l][j], N, ic[j],
-                      oc[j], DDP_W_IN_OUT);
+                      oc[j], oc[j], DDP_W_IN_OUT);
         double t1 = ddp_now_s();
         tc[r] = cpu_s() - c0;
         /* The other ops of a step, at their real sizes. */
@@ -109,7 +109,7 @@ int main(int argc, char **argv)
             DDP_K(&k, gelu_fwd, A(y), A(x), (size_t)N * 4 * C);
             for (int q = 0; q < 2; q++) DDP_K(&k, residual_fwd, y, x, A(y), (size_t)N * C);
         }
-        DDP_K(&k, xent_fwd_bwd, losses, A(logits), A(logits), tok, N, V, 1.0f / N);
+        DDP_K(&k, xent_fwd_bwd, losses, A(logits), A(logits), tok, N, V, V, 1.0f / N);
         for (int l = 0; l < L; l++) {
             DDP_K(&k, gelu_bwd, A(dx), A(x), A(dy), (size_t)N * 4 * C);
             DDP_K(&k, attention_bwd, A(dx), A(dy), A(x), A(y), lse, B, T, C, NH, NH);

@@ -71,7 +71,7 @@ typedef struct {
     ddp_kctx_t *ctx;
     int op;
     void *p[8];
-    int i[5];
+    int i[6];
     size_t z[2];
     float f[7];
 } args_t;
@@ -98,9 +98,9 @@ static void run(void *arg)
     case LN_BWD:
         CPU.layernorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1]);
         break;
-    case MM_FWD: CPU.matmul_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[3]); break;
+    case MM_FWD: CPU.matmul_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[4], i[3]); break;
     case MM_BWD:
-        CPU.matmul_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2], i[3]);
+        CPU.matmul_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2], i[5], i[3]);
         if (a->ctx->break_lm_head && p[0] && i[3] == DDP_W_OUT_IN && i[2] >= 50257)
             add_one(p[0], (ddp_kprec_t)i[4]);
         break;
@@ -122,7 +122,7 @@ static void run(void *arg)
                               a->f[0]);
         break;
     case TO_ACT: CPU.to_act(c, p[0], p[1], a->z[0]); break;
-    case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
+    case XENT: CPU.xent_fwd_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2], a->f[0]); break;
     case ADAMW:
         CPU.adamw(c, p[0], p[1], p[2], p[3], p[4], i[1], a->f[0], a->f[1], a->f[2], a->f[3],
                   a->f[4], i[0], NULL);
@@ -487,28 +487,32 @@ static int sim_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why)
     return prec == DDP_KPREC_FP32;
 }
 
+/* The elements an [N, cols] tensor with rows ld apart spans (the last row's padding is not) */
+static size_t strided(int N, int cols, int ld) { return (size_t)(N - 1) * ld + cols; }
+
 static void sim_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                           const float *weight, const float *bias, int N, int C, int OC,
+                           const float *weight, const float *bias, int N, int C, int OC, int ldo,
                            ddp_wlayout_t layout)
 {
     args_t *a = new_args(ctx, MM_FWD);
     if (!a) return;
     set_p(a, 4, out, inp, weight, bias);
-    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
-    LAUNCH(ctx, a, "matmul_fwd", A(out, (size_t)N * OC, W), A(inp, (size_t)N * C, R),
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout, a->i[4] = ldo;
+    LAUNCH(ctx, a, "matmul_fwd", A(out, strided(N, OC, ldo), W), A(inp, (size_t)N * C, R),
            F(weight, (size_t)C * OC, R), F(bias, OC, R));
 }
 
 static void sim_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
                            const ddp_act_t *dout, const ddp_act_t *inp, const float *weight,
-                           int N, int C, int OC, ddp_wlayout_t layout)
+                           int N, int C, int OC, int ldo, ddp_wlayout_t layout)
 {
     args_t *a = new_args(ctx, MM_BWD);
     if (!a) return;
     set_p(a, 6, dinp, dweight, dbias, dout, inp, weight);
     a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout, a->i[4] = (int)ctx->prec;
+    a->i[5] = ldo;
     LAUNCH(ctx, a, "matmul_bwd", A(dinp, (size_t)N * C, W), F(dweight, (size_t)C * OC, RW),
-           F(dbias, OC, RW), A(dout, (size_t)N * OC, R), A(inp, (size_t)N * C, R),
+           F(dbias, OC, RW), A(dout, strided(N, OC, ldo), R), A(inp, (size_t)N * C, R),
            F(weight, (size_t)C * OC, R));
 }
 
@@ -669,13 +673,14 @@ static void sim_to_act(ddp_kctx_t *ctx, ddp_act_t *out, const float *inp, size_t
 }
 
 static void sim_xent_fwd_bwd(ddp_kctx_t *ctx, float *losses, ddp_act_t *dlogits,
-                     const ddp_act_t *logits, const int32_t *targets, int N, int V, float dloss)
+                     const ddp_act_t *logits, const int32_t *targets, int N, int V, int ld,
+                     float dloss)
 {
     args_t *a = new_args(ctx, XENT);
     if (!a) return;
-    size_t NV = (size_t)N * V;
+    size_t NV = strided(N, V, ld);
     set_p(a, 4, losses, dlogits, logits, targets);
-    a->i[0] = N, a->i[1] = V;
+    a->i[0] = N, a->i[1] = V, a->i[2] = ld;
     a->f[0] = dloss;
     LAUNCH(ctx, a, "xent_fwd_bwd", F(losses, N, W), A(dlogits, NV, W), A(logits, NV, R),
            RANGE(targets, N, 4, R));

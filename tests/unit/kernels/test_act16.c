@@ -121,8 +121,8 @@ static void mm_run(ddp_kernels_t *k, const mm_shape_t *s, const void *inp, const
     res->dinp = garbage(ni * act / 2);
     res->dw = kcalloc(nw, 4), res->db = kcalloc((size_t)s->OC, 4);
     memcpy(res->dw, dw0, nw * 4), memcpy(res->db, db0, (size_t)s->OC * 4);
-    DDP_K(k, matmul_fwd, res->out, inp, w, s->bias ? b : NULL, s->N, s->C, s->OC, s->layout);
-    DDP_K(k, matmul_bwd, res->dinp, res->dw, res->db, dout, inp, w, s->N, s->C, s->OC,
+    DDP_K(k, matmul_fwd, res->out, inp, w, s->bias ? b : NULL, s->N, s->C, s->OC, s->OC, s->layout);
+    DDP_K(k, matmul_bwd, res->dinp, res->dw, res->db, dout, inp, w, s->N, s->C, s->OC, s->OC,
           s->layout);
     assert_int_equal(ddp_k_sync(k), 0);
 }
@@ -352,13 +352,13 @@ static void check_xent(ddp_kprec_t p, int N, int V)
     float *rx = kround(x, n, p), *d32 = kcalloc(n, 4), *l16 = kcalloc((size_t)N, 4);
     float *l32 = kcalloc((size_t)N, 4), *l2 = kcalloc((size_t)N, 4);
     float dloss = 1.0f / 3.0f;
-    DDP_K(&c.lp, xent_fwd_bwd, l16, d16, x16, tg, N, V, dloss);
-    DDP_K(&c.ref, xent_fwd_bwd, l32, (ddp_act_t *)d32, (ddp_act_t *)rx, tg, N, V, dloss);
+    DDP_K(&c.lp, xent_fwd_bwd, l16, d16, x16, tg, N, V, V, dloss);
+    DDP_K(&c.ref, xent_fwd_bwd, l32, (ddp_act_t *)d32, (ddp_act_t *)rx, tg, N, V, V, dloss);
     assert_int_equal(ddp_k_sync(&c.lp) | ddp_k_sync(&c.ref), 0);
     same_f32("xent losses", l16, l32, (size_t)N);
     same_act("xent dlogits", d16, d32, n, p);
-    DDP_K(&c.lp, xent_fwd_bwd, l2, NULL, x16, tg, N, V, dloss); /* losses only */
-    DDP_K(&c.lp, xent_fwd_bwd, l2, x16, x16, tg, N, V, dloss);  /* in place */
+    DDP_K(&c.lp, xent_fwd_bwd, l2, NULL, x16, tg, N, V, V, dloss); /* losses only */
+    DDP_K(&c.lp, xent_fwd_bwd, l2, x16, x16, tg, N, V, V, dloss);  /* in place */
     assert_int_equal(ddp_k_sync(&c.lp), 0);
     same_f32("xent losses (in place)", l2, l16, (size_t)N);
     assert_memory_equal(x16, d16, n * 2);

@@ -180,7 +180,7 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
     kfill(&r, w, nw, -1, 1);
     kfill(&r, bias, (size_t)OC, -1, 1);
     float *fb = with_bias ? bias : NULL;
-    DDP_K(&K, matmul_fwd, KA(out), KA(inp), w, fb, N, C, OC, layout);
+    DDP_K(&K, matmul_fwd, KA(out), KA(inp), w, fb, N, C, OC, OC, layout);
     mm_loss_t m = {.inp = dof(inp, ni), .w = dof(w, nw), .bias = dof(bias, (size_t)OC),
                    .out = dalloc(no), .N = N, .C = C, .OC = OC, .layout = layout};
     double *mb = m.bias;
@@ -194,7 +194,7 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
     kfill(&r, dw, nw, -1, 1);
     kfill(&r, db, (size_t)OC, -1, 1);
     float *dw0 = fdup(dw, nw), *db0 = fdup(db, (size_t)OC);
-    DDP_K(&K, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
+    DDP_K(&K, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, OC, layout);
     m.wt = dof(dout, no);
     m.bias = mb;
     /* dinp overwritten: the garbage it held does not show */
@@ -207,7 +207,7 @@ static void check_matmul(int N, int C, int OC, ddp_wlayout_t layout, int with_bi
 
     /* dinp and dbias may be NULL: dweight comes out the same, bit for bit. */
     float *dw2 = fdup(dw0, nw);
-    DDP_K(&K, matmul_bwd, NULL, dw2, NULL, KA(dout), KA(inp), w, N, C, OC, layout);
+    DDP_K(&K, matmul_bwd, NULL, dw2, NULL, KA(dout), KA(inp), w, N, C, OC, OC, layout);
     assert_memory_equal(dw2, dw, nw * sizeof(float));
     free(inp), free(w), free(bias), free(out), free(dout), free(dinp), free(dw), free(db);
     free(dw0), free(db0), free(dw2);
@@ -224,6 +224,73 @@ static void test_matmul(void **state)
         check_matmul(5, 16, 4999, (ddp_wlayout_t)layout, 0, 12);   /* LM-head-like */
         check_matmul(5, 16, 9001, (ddp_wlayout_t)layout, 1, 12);   /* dinp by split K */
     }
+}
+
+/* The LM head's padded logits (kernels.h's ddp_logits_ld): matmul and xent on rows ld > V apart
+ * give the unpadded run's results bitwise and neither write nor read the padding, which holds
+ * NaN bits (a read would show in every result). Both layouts, with a bias (dbias reads dout's
+ * rows too), with and without dinp's split K, in each precision; bf16 emulated and native. */
+static void check_logits_stride(ddp_kprec_t p, int emulate, int N, int C, int V,
+                                ddp_wlayout_t layout)
+{
+    if (emulate) setenv("DDP_CPU_BF16", "emulate", 1); /* read by set_precision */
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 2), 0);
+    DDP_K(&k, set_precision, p);
+    unsetenv("DDP_CPU_BF16");
+    size_t e = ddp_act_bytes(p), ld = (size_t)ddp_logits_ld(V);
+    assert_true(ld > (size_t)V);
+    krng_t r = {11u + (uint64_t)V};
+    float *inpf = falloc((size_t)N * C), *w = falloc((size_t)V * C), *bias = falloc((size_t)V);
+    kfill(&r, inpf, (size_t)N * C, -1, 1);
+    kfill(&r, w, (size_t)V * C, -1, 1);
+    kfill(&r, bias, (size_t)V, -1, 1);
+    void *inp = kact(inpf, (size_t)N * C, p);
+    int32_t *tg = kcalloc((size_t)N, sizeof(int32_t));
+    for (int n = 0; n < N; n++) tg[n] = (int32_t)krng_below(&r, (uint32_t)V);
+    unsigned char *lg[2] = {kcalloc((size_t)N * V, e), kcalloc((size_t)N * ld, e)};
+    memset(lg[1], 0xff, (size_t)N * ld * e);
+    float *loss[2], *dw[2], *db[2];
+    unsigned char *dinp[2];
+    for (int i = 0; i < 2; i++) {
+        int ldi = i ? (int)ld : V;
+        loss[i] = falloc((size_t)N), dw[i] = falloc((size_t)V * C), db[i] = falloc((size_t)V);
+        dinp[i] = kcalloc((size_t)N * C, e);
+        DDP_K(&k, matmul_fwd, (ddp_act_t *)lg[i], inp, w, bias, N, C, V, ldi, layout);
+        DDP_K(&k, xent_fwd_bwd, loss[i], (ddp_act_t *)lg[i], (ddp_act_t *)lg[i], tg, N, V, ldi,
+              1.0f / (float)N);
+        DDP_K(&k, matmul_bwd, (ddp_act_t *)dinp[i], dw[i], db[i], (ddp_act_t *)lg[i], inp, w, N,
+              C, V, ldi, layout);
+    }
+    assert_int_equal(ddp_k_sync(&k), 0);
+    for (int n = 0; n < N; n++) {
+        assert_memory_equal(lg[0] + (size_t)n * V * e, lg[1] + (size_t)n * ld * e, V * e);
+        for (size_t j = (size_t)V * e; j < ld * e; j++)
+            if (lg[1][(size_t)n * ld * e + j] != 0xff)
+                fail_msg("row %d: padding byte %zu written (prec %d, V %d)", n, j, (int)p, V);
+    }
+    assert_memory_equal(loss[0], loss[1], (size_t)N * sizeof(float));
+    assert_memory_equal(dinp[0], dinp[1], (size_t)N * C * e);
+    assert_memory_equal(dw[0], dw[1], (size_t)V * C * sizeof(float));
+    assert_memory_equal(db[0], db[1], (size_t)V * sizeof(float));
+    for (int i = 0; i < 2; i++) free(lg[i]), free(loss[i]), free(dw[i]), free(db[i]), free(dinp[i]);
+    free(inpf), free(w), free(bias), free(inp), free(tg);
+    ddp_kernels_close(&k);
+}
+
+static void test_logits_stride(void **state)
+{
+    const char *why;
+    int native = ddp_kernels_cpu_bf16(&why);
+    for (int layout = 0; layout < 2; layout++)
+        for (int v = 0; v < 2; v++) {
+            int V = v ? 9001 : 300; /* 9001: dinp by split K */
+            ddp_wlayout_t l = (ddp_wlayout_t)layout;
+            check_logits_stride(DDP_KPREC_FP32, 0, 5, 16, V, l);
+            check_logits_stride(DDP_KPREC_BF16, 1, 5, 16, V, l);
+            if (native) check_logits_stride(DDP_KPREC_BF16, 0, 5, 16, V, l);
+            check_logits_stride(DDP_KPREC_FP16, 0, 5, 16, V, l);
+        }
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -408,7 +475,7 @@ static void test_xent(void **state)
     logits[3] = 60.0f; /* a large logit: the max subtraction must keep it finite */
     float dloss = 1.0f / 3.0f;
     memset(dl, 0xff, n * sizeof(float)); /* overwritten, not accumulated */
-    DDP_K(&K, xent_fwd_bwd, losses, KA(dl), KA(logits), targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses, KA(dl), KA(logits), targets, N, V, V, dloss);
     xent_loss_t x = {.logits = dof(logits, n), .losses = dalloc((size_t)N), .targets = targets,
                      .N = N, .V = V, .dloss = dloss};
     double *rl = dalloc((size_t)N);
@@ -417,9 +484,9 @@ static void test_xent(void **state)
     assert_int_equal(kfd_check("xent dlogits", xent_loss, &x, x.logits, n, dl, NULL, 1500, &r,
                                RTOL, AFRAC), 0);
     /* Without dlogits: the same losses. In place (dlogits == logits): the same gradient. */
-    DDP_K(&K, xent_fwd_bwd, losses2, NULL, KA(logits), targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses2, NULL, KA(logits), targets, N, V, V, dloss);
     assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
-    DDP_K(&K, xent_fwd_bwd, losses2, KA(logits), KA(logits), targets, N, V, dloss);
+    DDP_K(&K, xent_fwd_bwd, losses2, KA(logits), KA(logits), targets, N, V, V, dloss);
     assert_memory_equal(losses2, losses, (size_t)N * sizeof(float));
     assert_memory_equal(logits, dl, n * sizeof(float));
     free(logits), free(dl), free(losses), free(losses2), free(x.logits), free(x.losses), free(rl);
@@ -574,7 +641,7 @@ static void test_accumulate(void **state)
     DDP_K(&K, attention_fwd, KA(tmp), lse, KA(x), B, T, C, NH, NH);
     for (int k = 0; k < 2; k++) {
         for (int rep = 0; rep <= k; rep++) {
-            DDP_K(&K, matmul_bwd, KA(g[k][0]), g[k][1], g[k][2], KA(dout), KA(x), w, N, C, OC,
+            DDP_K(&K, matmul_bwd, KA(g[k][0]), g[k][1], g[k][2], KA(dout), KA(x), w, N, C, OC, OC,
                   DDP_W_IN_OUT);
         }
     }
@@ -624,7 +691,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_open),         cmocka_unit_test(test_memory),
         cmocka_unit_test(test_encoder),      cmocka_unit_test(test_layernorm),
-        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_attention),
+        cmocka_unit_test(test_matmul),       cmocka_unit_test(test_logits_stride),
+        cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_flash_vs_square),
         cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
         cmocka_unit_test(test_swiglu),       cmocka_unit_test(test_residual_norm),

@@ -193,14 +193,14 @@ static void test_many_shapes(void **state)
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
     for (int n = 1; n <= NMAX; n++) {
         int OC = 8 + n % 10 * 8; /* ten widths: over a thousand tile shapes in all */
-        DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, n, C, OC, DDP_W_IN_OUT);
+        DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, n, C, OC, OC, DDP_W_IN_OUT);
         assert_int_equal(ddp_k_sync(&k), 0);
         if (n == 1) memcpy(first, out, (size_t)OC * 2);
         for (int o = 0; o < OC; o++) /* the last row, the one this n added */
             assert_dot(ddp_bf16_f32(out[(size_t)(n - 1) * OC + o]), rin + (size_t)(n - 1) * C, 1,
                        rw + o, (size_t)OC, C, 0, "out", (size_t)o);
     }
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, 1, C, 16, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, 1, C, 16, 16, DDP_W_IN_OUT);
     assert_int_equal(ddp_k_sync(&k), 0);
     assert_memory_equal(out, first, 16 * 2);
     free(inp), free(w), free(b), free(out), free(first), free(rin), free(rw), free(inp16);
@@ -244,18 +244,18 @@ static void test_weight_copy_refresh(void **state)
     uint16_t inp[2] = {ddp_bf16_bits(1.0f), ddp_bf16_bits(1.0f)}, out[1];
     float w[2] = {1.0f, 2.0f};
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, 1, DDP_W_IN_OUT);
     assert_true(ddp_bf16_f32(out[0]) == 3.0f);
     w[1] = 5.0f;
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, 1, DDP_W_IN_OUT);
     assert_true(ddp_bf16_f32(out[0]) == 3.0f); /* the cached copy */
     DDP_K(&k, set_precision, DDP_KPREC_BF16);
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, 1, DDP_W_IN_OUT);
     assert_true(ddp_bf16_f32(out[0]) == 6.0f);
     /* fp16 overflow shows as Inf: finite inputs whose product exceeds 65504 */
     DDP_K(&k, set_precision, DDP_KPREC_FP16);
     inp[0] = inp[1] = ddp_fp16_bits(60000.0f);
-    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, DDP_W_IN_OUT);
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w, NULL, 1, 2, 1, 1, DDP_W_IN_OUT);
     assert_int_equal(out[0], 0x7c00);
     DDP_K(&k, set_precision, (ddp_kprec_t)7); /* not a precision: an error at sync */
     assert_int_equal(ddp_k_sync(&k), DDP_EINVAL);

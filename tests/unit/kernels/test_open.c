@@ -155,7 +155,7 @@ void test_front_door(void **state)
     ddp_k_add(&k, buf, buf, 0);                             /* a count of 0 is no error */
     assert_int_equal(ddp_k_sync(&k), 0);
     /* bad arguments: the op does not run, and ddp_k_sync reports the first error */
-    ddp_k_matmul_fwd(&k, KA(buf), KA(buf), NULL, NULL, 2, 2, 2, DDP_W_IN_OUT);
+    ddp_k_matmul_fwd(&k, KA(buf), KA(buf), NULL, NULL, 2, 2, 2, 2, DDP_W_IN_OUT);
     ddp_k_attention_fwd(&k, KA(buf), buf, KA(buf), 1, 1, 6, 4, 4); /* C not a multiple of NH */
     buf[0] = 3.0f;
     ddp_k_scale(&k, NULL, 2.0f, 4);

@@ -66,10 +66,11 @@ static void seq_run(ddp_kernels_t *k, seq_t *s, float *h_out, float *h_dw)
 {
     assert_int_equal(ddp_k_memcpy_h2d(k, s->inp, s->h_inp, sizeof s->h_inp), 0);
     for (int i = 0; i < 3; i++)
-        DDP_K(k, matmul_fwd, KA(s->out), KA(s->inp), s->w, s->bias, N, C, OC, DDP_W_IN_OUT);
-    DDP_K(k, matmul_bwd, KA(s->dinp), s->dw, s->db, KA(s->dout), KA(s->inp), s->w, N, C, OC,
+        DDP_K(k, matmul_fwd, KA(s->out), KA(s->inp), s->w, s->bias, N, C, OC, OC, DDP_W_IN_OUT);
+    DDP_K(k, matmul_bwd, KA(s->dinp), s->dw, s->db, KA(s->dout), KA(s->inp), s->w, N, C, OC, OC,
           DDP_W_IN_OUT);
-    DDP_K(k, matmul_bwd, NULL, s->dw, NULL, KA(s->dout), KA(s->inp), s->w, N, C, OC, DDP_W_IN_OUT);
+    DDP_K(k, matmul_bwd, NULL, s->dw, NULL, KA(s->dout), KA(s->inp), s->w, N, C, OC, OC,
+          DDP_W_IN_OUT);
     DDP_K(k, gelu_fwd, KA(s->out), KA(s->out), (size_t)N * OC);
     DDP_K(k, gelu_fwd, KA(s->out), KA(s->out), (size_t)N * OC);
     assert_int_equal(ddp_k_memset0(k, s->dinp, N * C * sizeof(float)), 0);
@@ -206,7 +207,7 @@ void test_profile_edges(void **state)
     assert_true(r.op[DDP_KOP_scale].bytes == 4.0 * 2 * 4 * (double)n);
 
     assert_int_equal(ddp_k_profile_start(&k), 0);
-    DDP_K(&k, matmul_fwd, KA(x), KA(x), x, NULL, 0, 1, 1, DDP_W_IN_OUT); /* N = 0: refused */
+    DDP_K(&k, matmul_fwd, KA(x), KA(x), x, NULL, 0, 1, 1, 1, DDP_W_IN_OUT); /* N = 0: refused */
     assert_int_equal(ddp_k_profile_stop(&k, &r), DDP_EINVAL);
     assert_int_equal(r.op[DDP_KOP_matmul_fwd].calls, 0);
     ddp_kernels_close(&k);

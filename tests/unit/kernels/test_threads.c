@@ -52,8 +52,8 @@ static void run_matmul(ddp_kernels_t *k, outs_t *o, krng_t *r, int N, int C, int
     float *out = kcalloc((size_t)N * OC, sizeof(float));
     float *dinp = kcalloc((size_t)N * C, sizeof(float)), *dw = kcalloc((size_t)C * OC, 4);
     float *db = kcalloc((size_t)OC, sizeof(float));
-    DDP_K(k, matmul_fwd, KA(out), KA(inp), w, bias, N, C, OC, layout);
-    DDP_K(k, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, layout);
+    DDP_K(k, matmul_fwd, KA(out), KA(inp), w, bias, N, C, OC, OC, layout);
+    DDP_K(k, matmul_bwd, KA(dinp), dw, db, KA(dout), KA(inp), w, N, C, OC, OC, layout);
     keep(o, "matmul out", out, (size_t)N * OC);
     keep(o, "matmul dinp", dinp, (size_t)N * C);
     keep(o, "matmul dweight", dw, (size_t)C * OC);
@@ -147,7 +147,7 @@ static void run_all(ddp_kernels_t *k, outs_t *o)
     float *logits = rnd(&r, nl, -5, 5), *dl = kcalloc(nl, 4), *losses = kcalloc(9, 4);
     int32_t tg[9];
     for (int i = 0; i < 9; i++) tg[i] = (int32_t)krng_below(&r, 5000);
-    DDP_K(k, xent_fwd_bwd, losses, KA(dl), KA(logits), tg, 9, 5000, 0.25f);
+    DDP_K(k, xent_fwd_bwd, losses, KA(dl), KA(logits), tg, 9, 5000, 5000, 0.25f);
     keep(o, "xent losses", losses, 9);
     keep(o, "xent dlogits", dl, nl);
 
@@ -199,13 +199,14 @@ static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
     void *a = kact(x, (size_t)N * OC, p), *a2 = kact(x + 7, (size_t)N * C, p);
     float *out = kcalloc((size_t)N * OC, 4), *dinp = kcalloc((size_t)N * OC, 4);
     float *dw = kcalloc((size_t)C * 9001, 4), *db = kcalloc((size_t)OC, 4);
-    DDP_K(k, matmul_fwd, KA(out), a2, w, b, N, C, OC, DDP_W_IN_OUT);
+    DDP_K(k, matmul_fwd, KA(out), a2, w, b, N, C, OC, OC, DDP_W_IN_OUT);
     keep16(o, "matmul out", out, (size_t)N * OC);
-    DDP_K(k, matmul_bwd, KA(dinp), dw, db, a, a2, w, N, C, OC, DDP_W_IN_OUT);
+    DDP_K(k, matmul_bwd, KA(dinp), dw, db, a, a2, w, N, C, OC, OC, DDP_W_IN_OUT);
     keep16(o, "matmul dinp", dinp, (size_t)N * C);
     keep(o, "matmul dweight", dw, (size_t)C * OC);
     keep(o, "matmul dbias", db, (size_t)OC);
-    DDP_K(k, matmul_bwd, KA(dinp), dw, NULL, a, a2, w, 7, C, 9001, DDP_W_OUT_IN); /* split K */
+    /* split K */
+    DDP_K(k, matmul_bwd, KA(dinp), dw, NULL, a, a2, w, 7, C, 9001, 9001, DDP_W_OUT_IN);
     keep16(o, "matmul dinp (split K)", dinp, (size_t)7 * C);
     keep(o, "matmul dweight (split K)", dw, (size_t)C * 9001);
     float *mean = kcalloc((size_t)N, 4), *rstd = kcalloc((size_t)N, 4);
@@ -269,7 +270,7 @@ static void run_act16(ddp_kernels_t *k, outs_t *o, ddp_kprec_t p)
     keep16(o, "to_act", out, ne);
     int32_t tg[26];
     for (int i = 0; i < 26; i++) tg[i] = (int32_t)krng_below(&r, 5000);
-    DDP_K(k, xent_fwd_bwd, lse, KA(out), a, tg, 26, 5000, 0.25f);
+    DDP_K(k, xent_fwd_bwd, lse, KA(out), a, tg, 26, 5000, 5000, 0.25f);
     keep(o, "xent losses", lse, 26);
     keep16(o, "xent dlogits", out, (size_t)26 * 5000);
     free(x), free(w), free(b), free(a), free(a2), free(out), free(dinp), free(dw), free(db);

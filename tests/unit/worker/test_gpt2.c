@@ -155,8 +155,8 @@ static void test_interrupted_pass_stops(void **state)
 /* The LM head in chunks (GPT-2's vocabulary: 320 rows per chunk, so 400 rows take two): the
  * loss, wte's gradient from the head and ln_f's output gradient equal those of the whole
  * [B*T, V] product, computed here with the same ops; evaluate gives the same loss and leaves
- * the gradients alone; its last-position logits are the whole product's rows; backward after
- * an evaluate is refused. */
+ * the gradients alone; its last-position logits (rows padded to ddp_logits_ld(V)) are the whole
+ * product's rows; backward after an evaluate is refused. */
 static void test_lm_head_chunks(void **state)
 {
     ddp_model_cfg_t cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 50257,
@@ -183,9 +183,9 @@ static void test_lm_head_chunks(void **state)
     float *logits = malloc(nl * 4), *losses = malloc((size_t)N * 4);
     float *dwte = calloc((size_t)V * C, 4), *dlnf = calloc((size_t)N * C, 4);
     ddp_act_t *lg = (ddp_act_t *)logits; /* an fp32 run: activations are floats */
-    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
-    DDP_K(&k, xent_fwd_bwd, losses, lg, lg, tg, N, V, 1.0f / (float)N);
-    DDP_K(&k, matmul_bwd, (ddp_act_t *)dlnf, dwte, NULL, lg, m.acts.lnf, m.wv.wte, N, C, V,
+    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, V, DDP_W_OUT_IN);
+    DDP_K(&k, xent_fwd_bwd, losses, lg, lg, tg, N, V, V, 1.0f / (float)N);
+    DDP_K(&k, matmul_bwd, (ddp_act_t *)dlnf, dwte, NULL, lg, m.acts.lnf, m.wv.wte, N, C, V, V,
           DDP_W_OUT_IN);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += losses[i];
@@ -201,9 +201,9 @@ static void test_lm_head_chunks(void **state)
     assert_int_equal(ddp_model_backward(&m, NULL, NULL), DDP_EINVAL);
     assert_int_equal(ddp_model_evaluate(&m, in, NULL, B, T, NULL), 0);
     /* the whole product again (xent wrote dlogits over it) */
-    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, DDP_W_OUT_IN);
+    DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
-        assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * V,
+        assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * ddp_logits_ld(V),
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
     assert_int_equal(ddp_model_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
@@ -249,7 +249,7 @@ static void test_forward_matches_pytorch(void **state)
     /* the LM head keeps one chunk of logits: the whole [B*T, V] from ln_f's output here */
     float *logits = malloc(nl * sizeof(float));
     DDP_K(fx->m.k, matmul_fwd, (ddp_act_t *)logits, fx->m.acts.lnf, fx->m.wv.wte, NULL, (int)n, fx->cfg.n_embd,
-          fx->cfg.vocab_size, DDP_W_OUT_IN);
+          fx->cfg.vocab_size, fx->cfg.vocab_size, DDP_W_OUT_IN);
     assert_int_equal(ddp_k_sync(fx->m.k), 0);
     double err = ref_rel_norm_err(logits, ref_logits, nl);
     free(logits);
