@@ -279,6 +279,11 @@ typedef struct ddp_kernels_ops {
     int (*commit)(ddp_kctx_t *ctx, void *p, size_t bytes);
     void (*decommit)(ddp_kctx_t *ctx, void *p, size_t bytes);
     size_t (*commit_granule)(ddp_kctx_t *ctx); /* a power of two; 0: reserve is DDP_ENOTSUP */
+    /* Copies, ordered on the compute stream like ops. memcpy_h2d reads src before it returns
+     * (the caller may reuse it at once) and QUEUES the device write, which another stream or
+     * context sees only once ordered after it (sync, or record_event): the GPU stages it
+     * through pinned memory so that the stream is not drained (a backend may also wait).
+     * memcpy_d2h returns with dst written (it waits for the stream). memcpy_d2d is queued. */
     int (*memcpy_h2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
     int (*memcpy_d2h)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);
     int (*memcpy_d2d)(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes);

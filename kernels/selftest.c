@@ -343,25 +343,41 @@ static const shape_t shapes[] = {
     {1, 3, 8, 2, 50257, 8, 1},     /* GPT-2's vocabulary; 2 heads a K/V head */
 };
 
+/* memcpy_h2d reads its source at the call (kernels.h): copies from one host buffer rewritten
+ * between them, small ones (staged on a GPU) and one over 4 MiB (a plain copy), must each land
+ * with the values it had at its call. */
+#define H2D_SMALL 4
+#define H2D_BIG ((size_t)5 << 18) /* floats: 5 MiB */
+
 static void case_memory(st_t *s)
 {
     result_t *r = RES(MEMORY);
-    size_t n = 1031;
+    size_t n = 1031, nc = H2D_SMALL * n + H2D_BIG;
     pt_t z = pt_zero(s, n);
     pt_t a = pt_rand(s, n, -1, 1);
     pt_t b = pt_zero(s, n);
-    if (!ready(s, r)) goto out;
+    pt_t c = pt_zero(s, nc);
+    float *h = malloc(H2D_BIG * sizeof(float));
+    if (!h || !ready(s, r)) goto out;
     check(s, r, z, 0.0, "alloc (zero-filled)");
     BOTH
     {
         int rc = KS->ops->memcpy_d2d(KS->ctx, P(b), P(a), n * sizeof(float));
         if (rc == 0) rc = KS->ops->memset0(KS->ctx, (float *)P(a) + 100, 200 * sizeof(float));
+        for (int j = 0; rc == 0 && j <= H2D_SMALL; j++) {
+            size_t m = j < H2D_SMALL ? n : H2D_BIG;
+            for (size_t i = 0; i < m; i++) h[i] = (float)j + (float)i * 1e-3f;
+            rc = KS->ops->memcpy_h2d(KS->ctx, (float *)P(c) + (size_t)j * n, h,
+                                     m * sizeof(float));
+        }
         if (rc) note(r, "%s: %s", KS->ops->name, ddp_strerror(rc));
     }
     if (!sync_both(s, r)) goto out;
     check(s, r, a, 0.0, "memset0");
     check(s, r, b, 0.0, "memcpy_d2d");
+    check(s, r, c, 0.0, "memcpy_h2d (its source read at the call)");
 out:
+    free(h);
     end_case(s);
 }
 

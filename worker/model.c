@@ -411,9 +411,10 @@ static int forward_blocks(ddp_model_t *m, const int32_t *inputs, const int32_t *
 }
 
 /* The LM head and the loss over the BT rows of ln_f's output, a chunk of acts.lm_rows rows at a
- * time, in row order; with `train` each chunk's backward too: dlogits (over the logits) into
- * dlnf and the gradient arena's wte. Then the mean loss to *loss (one sync). */
-static int lm_head_loss(ddp_model_t *m, int train, float *loss)
+ * time, in row order, the rows' losses into acts.losses; with `train` each chunk's backward
+ * too: dlogits (over the logits) into dlnf and the gradient arena's wte. Queued: nothing
+ * waits. */
+static void lm_head_loss(ddp_model_t *m, int train)
 {
     ddp_kernels_t *k = m->k;
     ddp_model_acts_t *a = &m->acts;
@@ -430,10 +431,18 @@ static int lm_head_loss(ddp_model_t *m, int train, float *loss)
             DDP_K(k, matmul_bwd, ddp_act_at(a->dlnf, r0 * C, a->prec), m->gv.lm_head, NULL,
                   a->logits, lnf, m->wv.lm_head, rows, C, V, ld, DDP_W_OUT_IN);
     }
+}
+
+/* The mean of acts.losses' rows of the last pass, in row order in double, to *loss (may be
+ * NULL): a copy to the host, which waits for the stream. */
+static int read_loss(ddp_model_t *m, float *loss)
+{
+    ddp_kernels_t *k = m->k;
+    ddp_model_acts_t *a = &m->acts;
+    size_t BT = (size_t)a->last_B * a->last_T;
     float *host_losses = ddp_malloc(BT * sizeof(float));
     if (!host_losses) return DDP_ENOMEM;
     int rc = ddp_k_memcpy_d2h(k, host_losses, a->losses, BT * sizeof(float));
-    if (rc == 0) rc = ddp_k_sync(k);
     double sum = 0;
     for (size_t i = 0; i < BT; i++) sum += host_losses[i];
     free(host_losses);
@@ -441,15 +450,14 @@ static int lm_head_loss(ddp_model_t *m, int train, float *loss)
     return rc;
 }
 
-int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                     float *loss)
+int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T)
 {
     if (!targets) return DDP_EINVAL;
     DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
     int64_t tr = ddp_trace_begin();
     /* the LM head's share of wte is the first gradient written: the arena starts at zero */
     DDP_CHECK(ddp_k_memset0(m->k, m->g, m->n_params * sizeof(float)));
-    DDP_CHECK(lm_head_loss(m, 1, loss));
+    lm_head_loss(m, 1);
     m->acts.last_train = 1;
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "forward ln_f, lm_head, loss (and their backward)");
     return 0;
@@ -460,7 +468,10 @@ int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *tar
 {
     DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
     ddp_model_acts_t *a = &m->acts;
-    if (targets) return lm_head_loss(m, 0, loss);
+    if (targets) {
+        lm_head_loss(m, 0);
+        return read_loss(m, loss);
+    }
     /* each sequence's last position, gathered into dc (free after the blocks) */
     int C = m->cfg.n_embd;
     size_t row = (size_t)C * ddp_act_bytes(a->prec);
@@ -474,7 +485,7 @@ int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *tar
     return ddp_k_sync(m->k);
 }
 
-int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg)
+int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, float *loss)
 {
     ddp_kernels_t *k = m->k;
     ddp_model_acts_t *a = &m->acts;
@@ -542,7 +553,7 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg)
     if (gv->wpe) DDP_K(k, encoder_bwd, NULL, gv->wpe, a->dres, a->inputs, B, T, C);
     DDP_CHECK(ddp_k_sync(k));
     if (ready) ready(arg, m->n_params);
-    return 0;
+    return read_loss(m, loss); /* the stream is idle: the copy does not stall it */
 }
 
 void ddp_model_embed_backward(ddp_model_t *m, const int32_t *inputs, const float *dres, int B,

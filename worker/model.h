@@ -192,11 +192,10 @@ int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec
  * T <= acts.T): the blocks, then the LM head and the loss chunk by chunk, each chunk's
  * backward at once (dlogits written over the chunk's logits): the gradient arena is zeroed and
  * gets the LM head's share of wte, and acts.dlnf the gradient of ln_f's output, for
- * ddp_model_backward. The gradient is of loss_scale x the mean loss, which goes to *loss.
- * Returns 0, DDP_EINVAL (bad tokens, shape or no targets), DDP_EABORTED (interrupted) or a
- * backend error. */
-int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                     float *loss);
+ * ddp_model_backward. The gradient is of loss_scale x the mean loss, which the backward reads
+ * (nothing here waits for the device: the inputs' copies are queued). Returns 0, DDP_EINVAL
+ * (bad tokens, shape or no targets), DDP_EABORTED (interrupted) or a backend error. */
+int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T);
 
 /* Forward only, for validation and sampling: with targets, the mean loss in *loss (the LM head
  * chunk by chunk, no gradient); without, acts.logits rows 0..B-1 get the logits of each
@@ -209,9 +208,10 @@ int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *tar
  * wte, calling ready(arg, done) as each prefix of the arena is final in the queued work (ready
  * may be NULL): on a GPU the ops that write it may still be running, so a consumer orders its
  * own work after them (ddp_k_record_event; the reducer does) rather than the host waiting per
- * block. One sync at the end. The embedding-output gradient is left in acts.dres and the tokens in acts.inputs for
- * ddp_model_embed_backward. Returns 0 or a backend error. */
-int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg);
+ * block. One sync at the end, after which the forward's mean loss (unscaled) goes to *loss
+ * (may be NULL). The embedding-output gradient is left in acts.dres and the tokens in
+ * acts.inputs for ddp_model_embed_backward. Returns 0 or a backend error. */
+int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, float *loss);
 
 /* Adds the token embedding's share of wte's gradient to the gradient arena: for each position,
  * row inputs[b,t] of wte's gradient += dres[b,t,:] (device pointers; after a backward,

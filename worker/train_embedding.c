@@ -44,14 +44,18 @@ int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
                                      DDP_OP_SUM, &req));
         DDP_CHECK(ddp_coll_wait(req, 0, ei));
     }
+    /* every slot's tokens to the host at once (one wait), then each slot's backward queued
+     * behind its tokens' copy (memcpy_h2d reads them at the call: the buffer is reused) */
+    size_t slot_floats = ddp__trainer_emb_slot_floats(t);
+    for (size_t g = 0; g < n_slots; g++)
+        DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f + g * BT, t->emb + g * slot_floats,
+                                   BT * sizeof(float)));
     for (size_t g = 0; g < n_slots; g++) {
-        const float *slot = t->emb + g * ddp__trainer_emb_slot_floats(t);
-        DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f, slot, BT * sizeof(float)));
-        DDP_CHECK(ddp_k_sync(k));
-        for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[i];
+        for (size_t i = 0; i < BT; i++) t->emb_tokens[i] = (int32_t)t->emb_tokens_f[g * BT + i];
         DDP_CHECK(ddp_k_memcpy_h2d(k, t->model.acts.inputs, t->emb_tokens,
                                    BT * sizeof(int32_t)));
-        ddp_model_embed_backward(&t->model, t->model.acts.inputs, slot + BT, B, T);
+        ddp_model_embed_backward(&t->model, t->model.acts.inputs, t->emb + g * slot_floats + BT,
+                                 B, T);
     }
     return ddp_k_sync(k);
 }

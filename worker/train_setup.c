@@ -115,6 +115,8 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (!t->comm) return 0;
     ddp_coll_req_t *req;
+    /* after the weights' initial copy, which memcpy_h2d may have left queued */
+    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k));
     DDP_CHECK(ddp_coll_broadcast(t->comm, t->model.w, t->model.n_params * sizeof(float), 0,
                                  &req));
     return ddp_coll_wait(req, 0, ei);
@@ -227,7 +229,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         }
     }
     if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    t->emb_tokens_f = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(float));
+    t->emb_tokens_f = ddp_malloc((size_t)t->n_micro * s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {
         rc = DDP_ENOMEM;

@@ -91,14 +91,14 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
         const int32_t *inputs, *targets;
         DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
         float l = 0;
-        int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len, &l);
+        int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len);
         if (rc) return pass_failed(t, rc, ei);
-        *loss_sum += l;
         ddp_test_hook(DDP_HOOK_MICRO_STEP, t->step + 1, t->first_rank); /* a slow rank */
         if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (micro < t->accum - 1) {
-            rc = ddp_model_backward(m, NULL, NULL);
+            rc = ddp_model_backward(m, NULL, NULL, &l);
             if (rc) return pass_failed(t, rc, ei);
+            *loss_sum += l;
             DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
             if (micro == 0)
                 DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, m->n_params * sizeof(float)));
@@ -108,8 +108,9 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
         }
         ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
         t->ready_rc = 0;
-        rc = ddp_model_backward(m, on_grads_ready, t);
+        rc = ddp_model_backward(m, on_grads_ready, t, &l);
         if (rc) return pass_failed(t, rc, ei);
+        *loss_sum += l;
         DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
     }
     return 0;

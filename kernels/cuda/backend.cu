@@ -114,6 +114,10 @@ static void cuda_close(ddp_kctx_t *ctx)
     if (ctx->flag) cudaFree(ctx->flag);
     if (ctx->pinned) cudaFreeHost(ctx->pinned);
     if (ctx->order) cudaEventDestroy(ctx->order);
+    for (int i = 0; i < DDP_CUDA_STAGES; i++) {
+        if (ctx->stage[i].buf) cudaFreeHost(ctx->stage[i].buf);
+        if (ctx->stage[i].done) cudaEventDestroy(ctx->stage[i].done);
+    }
     for (int i = 0; i < ctx->n_marks; i++) cudaEventDestroy(ctx->marks[i]);
     free(ctx->marks);
     if (ctx->stream) cudaStreamDestroy(ctx->stream);
@@ -228,8 +232,53 @@ static int cuda_copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes,
     return 0;
 }
 
+/* Queues dst = src through the next staging buffer: src is copied into pinned memory at once, and
+ * the device copy from there is ordered on the stream without draining it (a copy from pageable
+ * memory synchronises the stream first: CUDA's API notes on memcpy behaviour). The buffer is
+ * reused once its previous copy is done: STAGES copies later, long finished in a training step.
+ * DDP_ENOMEM when pinned memory cannot be had (the caller copies the plain way). */
+static int staged_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    int i = ctx->stage_next;
+    const char *what = "memcpy_h2d";
+    if (ctx->stage[i].done)
+        DDP_CHECK(ddp__cuda_check(ctx, cudaEventSynchronize(ctx->stage[i].done), what));
+    else
+        DDP_CHECK(ddp__cuda_check(ctx, cudaEventCreateWithFlags(&ctx->stage[i].done,
+                                                                cudaEventDisableTiming),
+                                  what));
+    if (ctx->stage[i].cap < bytes) {
+        size_t cap = (size_t)64 << 10;
+        while (cap < bytes) cap *= 2;
+        if (ctx->stage[i].buf) cudaFreeHost(ctx->stage[i].buf);
+        ctx->stage[i].buf = NULL;
+        ctx->stage[i].cap = 0;
+        if (cudaMallocHost(&ctx->stage[i].buf, cap) != cudaSuccess) {
+            cudaGetLastError(); /* not sticky: the plain copy goes on */
+            ctx->stage[i].buf = NULL;
+            return DDP_ENOMEM;
+        }
+        ctx->stage[i].cap = cap;
+    }
+    memcpy(ctx->stage[i].buf, src, bytes);
+    DDP_CHECK(ddp__cuda_check(ctx, cudaMemcpyAsync(dst, ctx->stage[i].buf, bytes,
+                                                   cudaMemcpyHostToDevice, ctx->stream),
+                              what));
+    DDP_CHECK(ddp__cuda_check(ctx, cudaEventRecord(ctx->stage[i].done, ctx->stream), what));
+    ctx->stage_next = (i + 1) % DDP_CUDA_STAGES;
+    return 0;
+}
+
+/* src is read before the call returns; the device write is queued (kernels.h): staged up to
+ * DDP_CUDA_STAGE_MAX, else a plain copy and a wait. */
 static int cuda_memcpy_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
+    if (bytes == 0) return 0;
+    DDP_CHECK(ddp__cuda_enter(ctx));
+    if (bytes <= DDP_CUDA_STAGE_MAX) {
+        int rc = staged_h2d(ctx, dst, src, bytes);
+        if (rc != DDP_ENOMEM) return rc;
+    }
     return cuda_copy(ctx, dst, src, bytes, cudaMemcpyHostToDevice, 1, "memcpy_h2d");
 }
 

@@ -39,6 +39,10 @@ extern "C" {
 #define DDP_CUDA_BLOCK 256
 /* Cap on the grid of grid-stride kernels (they loop beyond it). */
 #define DDP_CUDA_MAX_GRID 32768
+/* memcpy_h2d's staging: buffers used in turn, and the largest copy staged (larger ones, such as
+ * the weights at load, wait for the stream instead) */
+#define DDP_CUDA_STAGES 8
+#define DDP_CUDA_STAGE_MAX ((size_t)4 << 20)
 
 struct ddp_kctx {
     int device;
@@ -61,6 +65,14 @@ struct ddp_kctx {
     struct ddp__cuda_sparse *sparse; /* driver entry points and reservations (sparse.cu) */
     cudaEvent_t *marks; /* profiling marks (timing events): [n_marks], the first used_marks */
     int n_marks, used_marks; /* recorded since the last timer_reset; reused after it */
+    /* memcpy_h2d's pinned staging buffers (backend.cu), used in turn: a copy from pageable
+     * memory would drain the stream first, a copy from pinned memory does not */
+    struct {
+        void *buf;        /* pinned host [cap], or NULL */
+        size_t cap;
+        cudaEvent_t done; /* recorded after the buffer's last copy; NULL until then */
+    } stage[DDP_CUDA_STAGES];
+    int stage_next;
 };
 
 /* Records `e` as ctx's error when it is not cudaSuccess: logs "cuda: <what>: <message>" and

@@ -4,9 +4,11 @@
  * context's device (PROT_NONE to the host between ops); every op is queued on the context's
  * compute stream (a thread) and runs later, by the CPU backend's op on a CPU context of
  * `threads` threads that only the stream thread uses, so results are bitwise the CPU
- * backend's. What waits mirrors kernels/cuda/backend.cu exactly: alloc returns zeroed memory
- * that any stream may use at once; free, memcpy_h2d, memcpy_d2h, sumsq_blocks and nonfinite
- * wait for the stream; memcpy_d2d, memset0 and every other op do not. record_event records a
+ * backend's. What waits mirrors kernels/cuda/backend.cu: alloc returns zeroed memory that any
+ * stream may use at once; free, memcpy_d2h, sumsq_blocks and nonfinite wait for the stream;
+ * memcpy_d2d, memset0 and every other op do not; memcpy_h2d reads src at the call into a copy
+ * of its own and queues the device write, at any size (the GPU stages up to 4 MiB and waits
+ * above, which only adds ordering: the sim is the stricter). record_event records a
  * simulated event that the "sim" collectives backend's stream waits for. A sparse arena is a
  * simulated reservation of 64 KiB granules (ddp_simdev_reserve): commit is synchronous,
  * decommit waits for the stream, and an op touching a granule not committed is a hazard.
@@ -63,7 +65,7 @@ struct ddp_kctx {
 enum {
     ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, ROPE_FWD, ROPE_BWD,
     RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, RES_NORM, TO_ACT,
-    XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, ZERO, SET_PREC
+    XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, COPY_STAGED, ZERO, SET_PREC
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
@@ -136,6 +138,10 @@ static void run(void *arg)
     case SCALE: CPU.scale(c, p[0], a->f[0], a->z[0]); break;
     case NONFINITE: CPU.nonfinite(c, p[0], p[1], a->z[0]); break;
     case COPY: memmove(p[0], p[1], a->z[0]); break;
+    case COPY_STAGED:
+        memcpy(p[0], p[1], a->z[0]);
+        free(p[1]); /* memcpy_h2d's copy of its source */
+        break;
     case ZERO: memset(p[0], 0, a->z[0]); break;
     case SET_PREC: CPU.set_precision(c, (ddp_kprec_t)i[0]); break;
     }
@@ -337,9 +343,23 @@ static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int d
     return rc;
 }
 
+/* As the GPU's: src is read now (into a copy that the queued op frees), the write is queued. */
 static int sim_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    return copy(ctx, dst, src, bytes, 0, 1, 1, "memcpy_h2d");
+    if (bytes == 0) return 0;
+    if (!owned_by_caller(ctx, "memcpy_h2d", 1)) return DDP_EHAZARD;
+    void *staged = malloc(bytes);
+    args_t *a = staged ? new_args(ctx, COPY_STAGED) : NULL;
+    if (!a) {
+        free(staged);
+        return DDP_ENOMEM;
+    }
+    memcpy(staged, src, bytes);
+    set_p(a, 2, dst, staged);
+    a->z[0] = bytes;
+    LAUNCH(ctx, a, "memcpy_h2d", RANGE(dst, bytes, 1, W),
+           RANGE(staged, bytes, 1, R | DDP_SIMDEV_HOSTSIDE));
+    return 0;
 }
 
 static int sim_d2h(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)

@@ -15,16 +15,6 @@ void test_sparse_sim(void **state);
 void test_sparse_sim_hazards(void **state);
 #ifdef DDP_TEST_CUDA_MODULE
 void test_sparse_cuda(void **state);
-/* test_llama.c: the Llama family's ops (RMSNorm, RoPE, SwiGLU) against double references and
- * finite differences, and their front-door checks (grouped-query attention is in
- * test_kernels.c). */
-void test_rmsnorm(void **state);
-void test_rope(void **state);
-void test_swiglu(void **state);
-/* the residual add fused with each norm: bitwise residual_fwd + the norm, 1-3 threads (fp32) */
-void test_residual_norm(void **state);
-void test_llama_front_door(void **state);
-
 #endif
 /* test_profile.c: the per-op profiler's counts, times and formulas on cpu and sim. */
 void test_profile_cpu(void **state);

@@ -136,16 +136,16 @@ static void test_interrupted_pass_stops(void **state)
     interrupt_t never = {0, 1 << 30}, first = {0, 1}, second = {0, 2};
     fx->m.interrupted = interrupt_after;
     fx->m.interrupted_arg = &never;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), 0);
     assert_int_equal(never.asked, 2 * fx->cfg.n_layer);
     fx->m.interrupted_arg = &first;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), DDP_EABORTED);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), DDP_EABORTED);
     assert_int_equal(first.asked, 1);
     fx->m.interrupted_arg = &never;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
     fx->m.interrupted_arg = &second;
-    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), DDP_EABORTED);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), DDP_EABORTED);
     assert_int_equal(second.asked, 2);
     fx->m.interrupted = NULL;
     free(in);
@@ -175,8 +175,10 @@ static void test_lm_head_chunks(void **state)
         in[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
         tg[i] = (int32_t)(ddp_rng_next(&rng) % (uint64_t)V);
     }
-    float loss, eval_loss;
-    assert_int_equal(ddp_model_forward(&m, in, tg, B, T, &loss), 0);
+    float eval_loss;
+    assert_int_equal(ddp_model_forward(&m, in, tg, B, T), 0);
+    float *train_losses = malloc((size_t)N * 4); /* the rows' losses (host memory: the CPU) */
+    memcpy(train_losses, m.acts.losses, (size_t)N * 4);
 
     /* the whole product, from the same ln_f output */
     size_t nl = (size_t)N * V;
@@ -189,26 +191,65 @@ static void test_lm_head_chunks(void **state)
           DDP_W_OUT_IN);
     double sum = 0;
     for (int i = 0; i < N; i++) sum += losses[i];
-    assert_float_equal(loss, sum / N, 1e-6 * fabs(sum / N));
+    assert_memory_equal(train_losses, losses, (size_t)N * 4);
     assert_true(ref_rel_norm_err(m.gv.wte, dwte, (size_t)V * C) < 1e-6);
     assert_true(ref_rel_norm_err((const float *)m.acts.dlnf, dlnf, (size_t)N * C) < 1e-6);
 
     float *g = malloc(m.n_params * 4);
     memcpy(g, m.g, m.n_params * 4);
     assert_int_equal(ddp_model_evaluate(&m, in, tg, B, T, &eval_loss), 0);
-    assert_true(eval_loss == loss);
+    assert_float_equal(eval_loss, sum / N, 1e-6 * fabs(sum / N));
     assert_memory_equal(g, m.g, m.n_params * 4);
-    assert_int_equal(ddp_model_backward(&m, NULL, NULL), DDP_EINVAL);
+    assert_int_equal(ddp_model_backward(&m, NULL, NULL, NULL), DDP_EINVAL);
     assert_int_equal(ddp_model_evaluate(&m, in, NULL, B, T, NULL), 0);
     /* the whole product again (xent wrote dlogits over it) */
     DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
         assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * ddp_logits_ld(V),
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
-    assert_int_equal(ddp_model_forward(&m, in, NULL, B, T, &loss), DDP_EINVAL);
+    assert_int_equal(ddp_model_forward(&m, in, NULL, B, T), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
+    free(train_losses);
     ddp_model_close(&m);
     ddp_kernels_close(&k);
+}
+
+/* A training micro-step waits for the device once: forward queues everything (its inputs'
+ * copies included, which memcpy_h2d queues), and backward syncs at its end and then reads the
+ * rows' losses, the one copy to the host. Counted by the profiler on the simulated GPU, whose
+ * copies and waits are the CUDA backend's; the loss is the CPU's, bitwise. */
+static void test_micro_step_waits_once(void **state)
+{
+    ddp_model_cfg_t cfg = {.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 300,
+                           .block_size = 16};
+    int B = 2, T = 16, N = B * T;
+    int32_t in[32], tg[32];
+    for (int i = 0; i < N; i++) in[i] = (i * 7) % 300, tg[i] = (i * 13 + 1) % 300;
+    float loss[2];
+    const char *backends[2] = {"cpu", "sim"};
+    for (int b = 0; b < 2; b++) {
+        ddp_kernels_t k;
+        assert_int_equal(ddp_kernels_open(&k, backends[b], 0, 1), 0);
+        ddp_model_t m;
+        assert_int_equal(ddp_model_init(&m, &cfg, &k, B, T, NULL, NULL), 0);
+        ddp_rng_t rng;
+        ddp_rng_seed(&rng, 5);
+        assert_int_equal(ddp_model_init_weights(&m, &rng), 0);
+        assert_int_equal(ddp_k_profile_start(&k), 0);
+        assert_int_equal(ddp_model_forward(&m, in, tg, B, T), 0);
+        assert_int_equal(ddp_model_backward(&m, NULL, NULL, &loss[b]), 0);
+        ddp_kprof_report_t r;
+        assert_int_equal(ddp_k_profile_stop(&k, &r), 0);
+        fprintf(stderr, "%s: sync %ld, memcpy_h2d %ld, memcpy_d2h %ld\n", backends[b],
+                r.op[DDP_KOP_sync].calls, r.op[DDP_KOP_memcpy_h2d].calls,
+                r.op[DDP_KOP_memcpy_d2h].calls);
+        assert_int_equal(r.op[DDP_KOP_sync].calls, 1);
+        assert_int_equal(r.op[DDP_KOP_memcpy_d2h].calls, 1);
+        assert_int_equal(r.op[DDP_KOP_memcpy_h2d].calls, 2); /* inputs, targets */
+        ddp_model_close(&m);
+        ddp_kernels_close(&k);
+    }
+    assert_memory_equal(&loss[0], &loss[1], sizeof(float));
 }
 
 static void test_layout_is_backward_order(void **state)
@@ -238,7 +279,8 @@ static void test_forward_matches_pytorch(void **state)
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     batch(fx, 0, in, tg);
     float loss = 0;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), 0); /* it reads the loss */
     float ref = *(const float *)tensor(fx, "loss", NULL);
     double rel = fabs((double)loss - ref) / fabs(ref);
     fprintf(stderr, "loss %.7f reference %.7f rel err %.2e\n", loss, ref, rel);
@@ -279,9 +321,9 @@ static void test_backward_matches_pytorch(void **state)
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     batch(fx, 0, in, tg);
     float loss;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
     ready_log_t r = {0};
-    assert_int_equal(ddp_model_backward(&fx->m, on_ready, &r), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, on_ready, &r, &loss), 0);
     assert_false(r.shrank);
     assert_int_equal(r.last, fx->m.n_params);
     assert_int_equal(r.calls, fx->cfg.n_layer + 3); /* LM head, ln_f, each block, embedding */
@@ -342,8 +384,8 @@ static void test_adamw_steps_match_pytorch(void **state)
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
         float loss;
-        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
+        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), 0);
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
@@ -393,8 +435,8 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
         fx->m.loss_scale = ddp_lscale_factor(&ls, s + 1, 0);
-        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &losses[s]), 0);
-        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+        assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
+        assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &losses[s]), 0);
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         float grad_scale = 1.0f / ls.scale;
@@ -555,8 +597,8 @@ static void test_adamw_crc(void **state)
     ddp_adamw_crc_t *crc = calloc((size_t)nt, sizeof *crc);
     batch(fx, 0, in, tg);
     float loss;
-    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T, &loss), 0);
-    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL), 0);
+    assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
+    assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), 0);
     const ddp_arena_part_t whole = {0, np, 0};
     assert_int_equal(
         ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &whole, 1, NULL, NULL, crc), 0);
@@ -611,6 +653,7 @@ int main(void)
         cmocka_unit_test(test_interrupted_pass_stops),
         cmocka_unit_test(test_forward_matches_pytorch),
         cmocka_unit_test(test_lm_head_chunks),
+        cmocka_unit_test(test_micro_step_waits_once),
         cmocka_unit_test(test_backward_matches_pytorch),
         cmocka_unit_test(test_adamw_steps_match_pytorch),
         cmocka_unit_test(test_adamw_crc),

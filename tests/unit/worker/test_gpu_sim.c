@@ -160,13 +160,14 @@ static void dissolve(rank_t *rs, scenario_fn f0, scenario_fn f1)
     on_ranks(rs, NR, dissolve_main);
 }
 
-/* n floats of device memory holding base + i (through a copy). */
+/* n floats of device memory holding base + i (through a copy, waited for: another stream reads
+ * it next). */
 static float *dev_iota(rank_t *r, size_t n, float base)
 {
     float *h = malloc(n * sizeof *h), *d = NULL;
     for (size_t i = 0; i < n; i++) h[i] = base + (float)i;
     if (r->k.ops->alloc(r->k.ctx, (void **)&d, n * sizeof *d) ||
-        r->k.ops->memcpy_h2d(r->k.ctx, d, h, n * sizeof *d))
+        r->k.ops->memcpy_h2d(r->k.ctx, d, h, n * sizeof *d) || r->k.ops->sync(r->k.ctx))
         d = NULL;
     free(h);
     return d;
