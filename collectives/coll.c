@@ -54,6 +54,7 @@ void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, cons
     snprintf(c->token, sizeof c->token, "%s", token ? token : "");
     c->timeout_s = (opts && opts->timeout_s > 0) ? opts->timeout_s
                                                  : env_double("DDP_COLL_TIMEOUT_S", 30.0);
+    if (opts && opts->device && c->ops->host_memory) c->device = *opts->device;
 }
 
 int ddp__coll_fail(ddp_coll_t *c, int rc, const char *fmt, ...)
@@ -256,25 +257,94 @@ int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll
     return 0;
 }
 
+/* ---- device buffers on a host-memory backend (ddp_coll_device_t) -------------------------- */
+
+/* The bytes [*lo, *hi) of r's buffer that the operation reads (in) or writes (!in) on this
+ * rank: all of it, but a reduce-scatter writes and an all-gather reads only this rank's slice,
+ * and a broadcast reads only at its root and writes only where it is kept. */
+static void staged_range(const ddp_coll_t *c, const ddp_coll_req_t *r, int in, size_t *lo,
+                         size_t *hi)
+{
+    *lo = 0;
+    *hi = r->bytes;
+    if (r->kind == DDP__REQ_BCAST) {
+        if (in ? c->rank != r->root : !r->keep) *hi = 0;
+    } else if ((r->kind == DDP__REQ_REDUCE_SCATTER && !in) ||
+               (r->kind == DDP__REQ_ALLGATHER && in)) {
+        size_t slo, shi, es = ddp_dtype_size(r->dt);
+        ddp_coll_slice(r->count, c->size, c->rank, &slo, &shi);
+        *lo = slo * es;
+        *hi = shi * es;
+    }
+}
+
+/* At submit: when r's buffer is device memory, r->buf becomes a host copy of the part the
+ * operation reads (r->staged keeps the device buffer). 0, DDP_ENOMEM or the copy's error. */
+static int stage_in(ddp_coll_t *c, ddp_coll_req_t *r)
+{
+    if (!c->device.on_device || !r->buf || !r->bytes ||
+        !c->device.on_device(c->device.arg, r->buf, r->bytes))
+        return 0;
+    char *host = ddp_malloc(r->bytes);
+    if (!host) return DDP_ENOMEM;
+    size_t lo, hi;
+    staged_range(c, r, 1, &lo, &hi);
+    int rc = hi > lo ? c->device.d2h(c->device.arg, host + lo, (char *)r->buf + lo, hi - lo) : 0;
+    if (rc) {
+        free(host);
+        return rc;
+    }
+    r->staged = r->buf;
+    r->buf = host;
+    return 0;
+}
+
+/* When r is waited for, with result rc: after a success the part the operation wrote goes back
+ * to the device buffer; the host copy is freed either way. Returns rc or the copy's error. */
+static int stage_out(ddp_coll_req_t *r, int rc)
+{
+    if (!r->staged) return rc;
+    ddp_coll_t *c = r->comm;
+    size_t lo, hi;
+    staged_range(c, r, 0, &lo, &hi);
+    if (rc >= 0 && hi > lo) {
+        int copy = c->device.h2d(c->device.arg, (char *)r->staged + lo, (char *)r->buf + lo,
+                                 hi - lo);
+        if (copy) rc = copy;
+    }
+    free(r->buf);
+    r->buf = r->staged;
+    r->staged = NULL;
+    return rc;
+}
+
+/* Frees a request that was never queued, or is done with (its host copy too). */
+static void free_req(ddp_coll_req_t *r)
+{
+    if (r->staged) free(r->buf);
+    free(r);
+}
+
 /* ---- wrappers ------------------------------------------------------------------------------ */
 
 static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
 {
     r->comm = c;
     r->seq = ++c->next_seq;
-    int err = atomic_load(&c->err);
-    if (err) {
-        free(r);
-        return err;
+    int rc = atomic_load(&c->err);
+    if (!rc) rc = stage_in(c, r);
+    if (rc) {
+        free_req(r);
+        return rc;
     }
     r->unext = c->outstanding;
     if (c->outstanding) c->outstanding->uprev = r;
     c->outstanding = r;
-    int rc = c->ops->submit(c, r);
+    rc = c->ops->submit(c, r);
     if (rc < 0) {
         c->outstanding = r->unext;
         if (r->unext) r->unext->uprev = NULL;
-        free(r);
+        free_req(r);
         return rc;
     }
     *req = r;
@@ -370,6 +440,7 @@ int ddp_coll_wait_event(ddp_coll_t *c, void *event)
     if (!event) return 0;
     int err = atomic_load(&c->err);
     if (err) return err;
+    if (c->device.on_device) return 0; /* staging's copy at submit waits for the device */
     if (!c->ops->wait_event) return DDP_ENOTSUP;
     return c->ops->wait_event(c, event);
 }
@@ -390,7 +461,7 @@ static void release(ddp_coll_req_t *r)
     else
         c->outstanding = r->unext;
     if (r->unext) r->unext->uprev = r->uprev;
-    free(r);
+    free_req(r);
 }
 
 static int fill_ei(ddp_coll_t *c, int rc, ddp_errinfo_t *ei)
@@ -411,6 +482,7 @@ int ddp_coll_wait_timed(ddp_coll_req_t *req, int64_t deadline_ns, int64_t *start
     ddp_coll_t *c = req->comm;
     int rc = c->ops->wait(c, req, deadline_ns);
     if (rc > 0) rc = 0;
+    rc = stage_out(req, rc);
     if (start_ns) *start_ns = req->t_start;
     if (end_ns) *end_ns = req->t_end;
     release(req);

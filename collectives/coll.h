@@ -125,6 +125,21 @@ void ddp_coll_bootstrap_free(ddp_coll_bootstrap_t *bs);
 
 /* ---- Communicators -------------------------------------------------------------------------- */
 
+/* Device memory for the backends that read and write buffers with the CPU (ring, mpi: their
+ * ops table's host_memory), given by the caller whose buffers may be GPU memory. A buffer that
+ * on_device says is device memory is staged, as nccl stages host memory: the part of it the
+ * operation reads is copied to a host buffer at submit (d2h: it waits for the device work queued
+ * before, which therefore needs no ddp_coll_wait_event), the operation runs there, and the part
+ * it writes is copied back when the request is waited for (h2d, complete before ddp_coll_wait
+ * returns). Slower than NCCL (the copies do not overlap anything): it is for ranks that NCCL
+ * cannot run, such as two on one GPU. Calls come from the communicator's caller thread. */
+typedef struct ddp_coll_device {
+    void *arg;
+    int (*on_device)(void *arg, const void *p, size_t bytes);
+    int (*d2h)(void *arg, void *dst, const void *src, size_t bytes);
+    int (*h2d)(void *arg, void *dst, const void *src, size_t bytes);
+} ddp_coll_device_t;
+
 typedef struct ddp_coll_opts {
     const char *backend;   /* "auto" (default: ring on CPU), "ring", "mpi", "nccl" */
     const char *transport; /* ring: "auto" (shm within a host, tcp across), "tcp" */
@@ -140,6 +155,9 @@ typedef struct ddp_coll_opts {
      * The caller still frees parent, after ddp_coll_new. The other backends ignore both. */
     ddp_coll_t *parent;
     const int *parent_ranks;
+    /* ring, mpi: how to stage device memory (see ddp_coll_device_t; copied); NULL: every buffer
+     * is host memory. The device backends ignore it. */
+    const ddp_coll_device_t *device;
 } ddp_coll_opts_t;
 
 /* Forms a communicator of bs->size ranks with the chosen backend. Collective: every rank of the
@@ -206,11 +224,13 @@ int ddp_coll_transfer(ddp_coll_t *c, void *buf, size_t bytes, int root,
  * device stream (nccl, sim) make that stream wait for the event (cudaStreamWaitEvent) without
  * blocking the caller; a buffer written by queued device work must not be handed to a
  * collective without this. NULL (the CPU backend's synchronous ops) orders nothing and returns
- * 0. A non-NULL event on a backend without device streams (ring, mpi) is DDP_ENOTSUP. The event
- * is read at the call: its owner may record it again right after. Caller's thread. */
+ * 0. A non-NULL event on a backend without device streams (ring, mpi) is DDP_ENOTSUP, unless it
+ * stages device memory (opts.device), whose copies already wait for the device. The event is read
+ * at the call: its owner may record it again right after. Caller's thread. */
 int ddp_coll_wait_event(ddp_coll_t *c, void *event);
 /* *done = 1 if req has completed (successfully or not), without blocking. Returns 0, or the
- * request's error once done. */
+ * request's error once done. A staged device buffer (opts.device) gets its result only in
+ * ddp_coll_wait. */
 int ddp_coll_test(ddp_coll_req_t *req, int *done);
 /* Waits for req until deadline_ns (absolute monotonic ns; 0 = automatic), then releases it.
  * Returns 0 or the error; on error ei (may be NULL) gets the named message. An expired deadline
@@ -299,6 +319,9 @@ typedef struct ddp_coll_ops {
     /* 1: reduce-scatter and all-gather work on any memory; 0: only on collective memory shared
      * by every rank (the single pass over it) */
     int slices_anywhere;
+    /* 1: buffers are host memory that the CPU reads and writes (ring, mpi); device memory is
+     * staged through ddp_coll_opts_t.device */
+    int host_memory;
     /* Fills c->impl (and c->transport) from the bootstrap; collective. */
     int (*init)(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts,
                 ddp_errinfo_t *ei);

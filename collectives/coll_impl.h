@@ -40,6 +40,8 @@ struct ddp_coll_req {
     ddp_coll_req_t *qnext;  /* engine queue */
     ddp_coll_req_t *unext, *uprev; /* caller's outstanding list */
     void *impl;             /* backend's per-request state */
+    void *staged;           /* the caller's device buffer while buf is its host copy (coll.c),
+                             * else NULL */
 };
 
 /* One allocation of ddp_coll_mem_alloc. */
@@ -75,6 +77,8 @@ struct ddp_coll {
     void *module;           /* dlopen handle of the nccl module, closed after free */
     int shrinks, shrunk;    /* set by the backend's init: see ddp_coll_shrinks/ddp_coll_shrunk */
     ddp__mem_t *mems;       /* caller thread: ddp_coll_mem_alloc's allocations */
+    ddp_coll_device_t device; /* host-memory backends: how to stage device buffers (on_device
+                               * NULL: none are staged) */
     uint64_t next_mem_id;   /* caller thread */
 };
 

@@ -134,6 +134,7 @@ static void mpi_free(ddp_coll_t *c)
 const ddp_coll_ops_t ddp_coll_mpi_ops = {
     .name = "mpi",
     .probe = mpi_probe,
+    .host_memory = 1,
     .init = mpi_init,
     .submit = mpi_submit,
     .wait = mpi_wait,

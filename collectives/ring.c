@@ -493,6 +493,7 @@ const ddp_coll_ops_t ddp_coll_ring_ops = {
     .name = "ring",
     .probe = ring_probe,
     .slices_anywhere = 1,
+    .host_memory = 1,
     .init = ddp__ring_init,
     .submit = ring_submit,
     .wait = ring_wait,

@@ -279,6 +279,10 @@ typedef struct ddp_kernels_ops {
     int (*commit)(ddp_kctx_t *ctx, void *p, size_t bytes);
     void (*decommit)(ddp_kctx_t *ctx, void *p, size_t bytes);
     size_t (*commit_granule)(ddp_kctx_t *ctx); /* a power of two; 0: reserve is DDP_ENOTSUP */
+    /* 1 when [p, p + bytes) is device memory of this context's device (only memcpy_* reach
+     * it), else 0: host memory, or anything the device does not know (CPU: always 0). Cheap (a
+     * driver query); any thread. */
+    int (*on_device)(ddp_kctx_t *ctx, const void *p, size_t bytes);
     /* Copies, ordered on the compute stream like ops. memcpy_h2d reads src before it returns
      * (the caller may reuse it at once) and QUEUES the device write, which another stream or
      * context sees only once ordered after it (sync, or record_event): the GPU stages it
@@ -327,6 +331,7 @@ typedef struct ddp_kernels {
     void *module; /* dlopen handle, or NULL for the built-in CPU backend */
     int err;      /* first argument error a wrapper found (atomic access); ddp_k_sync returns it */
     ddp_kprec_t prec; /* the last ddp_k_set_precision's (the activation type); FP32 at open */
+    int device;       /* the device the context runs on (ddp_kernels_open's, wrapped) */
     /* the profiler (kernels/kprof.c): NULL until the first ddp_k_profile_start, then kept until
      * ddp_kernels_close (atomic access: the checkpoint helper's wrappers read it) */
     struct ddp__kprof *prof;
@@ -335,7 +340,9 @@ typedef struct ddp_kernels {
 /* The built-in CPU backend. */
 extern const ddp_kernels_ops_t ddp_kernels_cpu;
 
-/* Opens backend `name` ("cpu", "cuda", "sim", or "auto" = highest probe of cpu and cuda) into k.
+/* Opens backend `name` ("cpu", "cuda", "sim", or "auto" = highest probe of cpu and cuda) into k,
+ * on `device` modulo the backend's device count (k->device: with more local ranks than GPUs,
+ * ranks share them round-robin; the CPU ignores it).
  * A backend other than the CPU is a module, ddp_kernels_<name>.so ("sim": the tests' simulated
  * GPU, found in the build tree through the tests' LD_LIBRARY_PATH), looked up beside the
  * executable, then in DDP_KERNELS_PATH, then through the dynamic linker. "auto" considers CUDA
@@ -359,6 +366,7 @@ const char *ddp_k_name(const ddp_kernels_t *k);         /* "cpu", "cuda", "sim";
 const char *ddp_k_coll_backend(const ddp_kernels_t *k); /* ddp.backend "auto" resolves to it */
 int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capability; 0 */
 int ddp_k_gpu_memory(const ddp_kernels_t *k);           /* the gpu_memory capability; 0 */
+int ddp_k_devices(const ddp_kernels_t *k);              /* the backend's device count; 0 */
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes); /* *out zero-filled, or NULL */
 void ddp_k_free(ddp_kernels_t *k, void *p);                  /* NULL-safe (k and p) */
@@ -380,6 +388,9 @@ void ddp_k_decommit(ddp_kernels_t *k, void *p, size_t bytes);
 /* The granule of commit/decommit (a power of two; 0 when k is not opened or cannot reserve):
  * slices cut at its multiples are given back whole. */
 size_t ddp_k_commit_granule(ddp_kernels_t *k);
+/* The on_device member: 1 when [p, p + bytes) is device memory of k's device, else 0 (also when
+ * k is not opened or bytes is 0). Any thread. */
+int ddp_k_on_device(ddp_kernels_t *k, const void *p, size_t bytes);
 int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
 int ddp_k_memcpy_d2h(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);
 int ddp_k_memcpy_d2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes);

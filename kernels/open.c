@@ -28,7 +28,7 @@ static const char *const module_names[] = {"cuda", "sim"};
  * every op of DDP_KERNEL_OPS. */
 #define OPS_MEMBERS(X)                                                                       \
     X(name) X(probe) X(init) X(close) X(alloc) X(free) X(reserve) X(commit) X(decommit)     \
-    X(commit_granule) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync)           \
+    X(commit_granule) X(on_device) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync)           \
     X(device_count) X(prec_native) X(coll_backend) X(record_event)
 
 /* Returns the name of the first NULL member, or NULL when the table is complete. */
@@ -115,10 +115,13 @@ static int load_module(const char *name, void **handle, const ddp_kernels_ops_t 
     return load_from(file, handle, ops);
 }
 
-/* Initialises k with ops/module; on failure unloads the module. */
+/* Initialises k with ops/module on device (modulo the backend's devices, when it has any); on
+ * failure unloads the module. */
 static int start(ddp_kernels_t *k, const ddp_kernels_ops_t *ops, void *module, int device,
                  int threads)
 {
+    int devices = ops->device_count();
+    if (devices > 0 && device >= 0) device %= devices;
     ddp_kctx_t *ctx = NULL;
     int rc = ops->init(&ctx, device, threads);
     if (rc < 0) {
@@ -128,6 +131,7 @@ static int start(ddp_kernels_t *k, const ddp_kernels_ops_t *ops, void *module, i
     k->ops = ops;
     k->ctx = ctx;
     k->module = module;
+    k->device = device;
     return 0;
 }
 

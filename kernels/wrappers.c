@@ -67,6 +67,7 @@ const char *ddp_k_coll_backend(const ddp_kernels_t *k)
 
 int ddp_k_host_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->host_memory; }
 int ddp_k_gpu_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->gpu_memory; }
+int ddp_k_devices(const ddp_kernels_t *k) { return k && k->ops ? k->ops->device_count() : 0; }
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes)
 {
@@ -104,6 +105,11 @@ void ddp_k_decommit(ddp_kernels_t *k, void *p, size_t bytes)
 size_t ddp_k_commit_granule(ddp_kernels_t *k)
 {
     return opened(k) ? k->ops->commit_granule(k->ctx) : 0;
+}
+
+int ddp_k_on_device(ddp_kernels_t *k, const void *p, size_t bytes)
+{
+    return opened(k) && p && bytes ? k->ops->on_device(k->ctx, p, bytes) : 0;
 }
 
 int ddp_k_memcpy_h2d(ddp_kernels_t *k, void *dst, const void *src, size_t bytes)

@@ -213,7 +213,9 @@ const ddp__sfield_t ddp__spec_fields[] = {
             "the most ranks an elastic job admits, at least `workers`"),
     F_CHOICE("ddp.backend", backend, BACKENDS,
              "collectives: `auto` = `nccl` on a GPU, `ring` on the CPU (shared memory within a "
-             "host, TCP between hosts); `mpi` under mpirun"),
+             "host, TCP between hosts); `mpi` under mpirun. `ring` or `mpi` on a GPU stage its "
+             "buffers through host memory: slower, for more ranks than GPUs (NCCL refuses two "
+             "ranks on one GPU)"),
     F_BOOL("ddp.overlap", overlap,
            "all-reduce each bucket during backward (`false`: after it, for comparison)"),
     F_BOOL("ddp.shard_optimizer", shard_optimizer,

@@ -11,7 +11,8 @@
 #      20 bf16 steps of gpt2-124M twice (weights bitwise equal) and against the CPU's bf16 losses
 #      (within 0.1%)
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
-#      and 2 on a 2-GPU machine
+#      and 2 on a 2-GPU machine; on one GPU, 2 ranks over the ring (device buffers staged through
+#      the host) against 1 rank x 2 micro-steps, bitwise, ZeRO-1 too, and NCCL refused by name
 #      (then also 2-rank NCCL training against 1 GPU with the same global batch, and ZeRO-1
 #      against the unsharded step, bitwise)
 #   7. on 2 GPUs, the elastic NCCL abort-and-rebuild test (tests/gpu/elastic_abort.sh: a rank
@@ -297,6 +298,34 @@ if [ "$ngpu" -ge 2 ]; then
     fi
 else
     res SKIP "nccl collectives, 2 ranks" "one GPU here"
+    # 6b. two ranks on this one GPU over the ring, their device buffers staged through host
+    # memory (NCCL refuses two ranks on one GPU, and is refused by name first): the weights of
+    # 1 rank accumulating 2 micro-steps, bitwise, with and without ZeRO-1 (10 gpt2-mini steps)
+    t=$SECONDS
+    job ring2 gpt2-mini 8 256
+    gbt="--set train.global_batch_tokens=4096 --set train.steps=10"
+    two() { # name [options]: 2 ranks of ring2.yaml on this GPU
+        local name=$1; shift
+        DDP_WORKER=$W RUN_DIR=$out/run-$name timeout 300 "$src/deploy/launch-local.sh" 2 \
+            "$out/ring2.yaml" --backend cuda $gbt "$@" >"$out/$name.log" 2>&1
+    }
+    # shellcheck disable=SC2086
+    timeout 300 "$W" "$out/ring2.yaml" --backend cuda $gbt --dump-weights "$out/ring1.st" \
+        >"$out/ring1.log" 2>&1
+    two ring2 --set ddp.backend=\"ring\" --set ddp.shard_optimizer=false --dump-weights "$out/ring2.st"
+    two ring2z --set ddp.backend=\"ring\" --set ddp.shard_optimizer=true --dump-weights "$out/ring2z.st"
+    two ring2n --set ddp.backend=\"nccl\"
+    if [ -s "$out/ring1.st" ] && cmp -s "$out/ring1.st" "$out/ring2.st" &&
+       cmp -s "$out/ring1.st" "$out/ring2z.st" && grep -q "optimizer step sharded" "$out/ring2z.log"; then
+        res PASS "2 ranks on 1 GPU over the ring == 1 rank x 2 micro-steps, bitwise (ZeRO-1 too)" "$(median_tps "$out/ring2.log") tok/s, $(secs $t)"
+    else
+        res FAIL "2 ranks on 1 GPU over the ring == 1 rank x 2 micro-steps, bitwise (ZeRO-1 too)" "$out/ring1.log $out/ring2.log $out/ring2z.log"
+    fi
+    if grep -q "NCCL cannot run two ranks on one GPU" "$out/ring2n.log"; then
+        res PASS "2 ranks on 1 GPU with NCCL: refused by name" ""
+    else
+        res FAIL "2 ranks on 1 GPU with NCCL: refused by name" "$out/ring2n.log"
+    fi
 fi
 
 # 7. the elastic NCCL abort-and-rebuild test (checked on the simulated GPU with BACKEND=sim)

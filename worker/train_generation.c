@@ -42,6 +42,25 @@ static int open_metrics(ddp_trainer_t *t)
     return rc;
 }
 
+/* The collectives' view of the kernels' memory (ddp_coll_device_t), for a host-memory backend
+ * (ring, mpi) over GPU buffers: copies on the training thread's context, which is the
+ * communicator's caller thread too. The copy back is complete when it returns. */
+static int coll_on_device(void *k, const void *p, size_t bytes)
+{
+    return ddp_k_on_device(k, p, bytes);
+}
+
+static int coll_d2h(void *k, void *dst, const void *src, size_t bytes)
+{
+    return ddp_k_memcpy_d2h(k, dst, src, bytes);
+}
+
+static int coll_h2d(void *k, void *dst, const void *src, size_t bytes)
+{
+    int rc = ddp_k_memcpy_h2d(k, dst, src, bytes);
+    return rc ? rc : ddp_k_sync(k);
+}
+
 /* Forms the communicator of bs (none in a world of one); bs is freed. */
 int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *ei)
 {
@@ -55,11 +74,23 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
         /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3); the survivors of a
          * generation shrink its communicator rather than forming one afresh */
         const ddp_elastic_gen_t *g = &t->gen;
+        /* ring and mpi over GPU memory stage it through the host (two ranks on one GPU,
+         * which NCCL refuses) */
+        ddp_coll_device_t dev = {&t->k, coll_on_device, coll_d2h, coll_h2d};
         ddp_coll_opts_t copts = {
             .backend = backend, .cuda_device = t->device,
             .parent = g->kept_from && g->kept_from == t->parent_gen ? t->parent_comm : NULL,
-            .parent_ranks = g->kept_from ? g->kept : NULL};
-        rc = ddp_coll_new(bs, &copts, &t->comm, ei);
+            .parent_ranks = g->kept_from ? g->kept : NULL,
+            .device = ddp_k_host_memory(&t->k) ? NULL : &dev};
+        int gpus = ddp_k_gpu_memory(&t->k) ? ddp_k_devices(&t->k) : 0;
+        if (gpus > 0 && t->opts.env.local_world > gpus && !strcmp(backend, "nccl"))
+            rc = ddp_errinfo_set(ei, DDP_EINVAL,
+                                 "ddp.backend: %d local ranks share %d GPU%s, and NCCL cannot run "
+                                 "two ranks on one GPU; ddp.backend: ring runs them (their GPU "
+                                 "buffers staged through host memory)",
+                                 t->opts.env.local_world, gpus, gpus == 1 ? "" : "s");
+        else
+            rc = ddp_coll_new(bs, &copts, &t->comm, ei);
     }
     ddp_coll_free(t->parent_comm);
     t->parent_comm = NULL;

@@ -163,13 +163,15 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
     DDP_CHECK_GOTO(ddp_run_tok_open(s->tokenizer, s->model.vocab_size, &t->tok, ei), rc, fail);
     int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
-    /* one GPU per local rank (the launcher's local rank picks it; ignored on the CPU) */
-    t->device = t->opts.env.local_rank;
-    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->device, threads);
+    /* one GPU per local rank (the launcher's local rank picks it, round-robin when the ranks
+     * outnumber the GPUs; ignored on the CPU) */
+    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->opts.env.local_rank,
+                          threads);
     if (rc) {
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;
     }
+    t->device = t->k.device;
     t->zero.k = &t->k;
     ddp_coll_bootstrap_t *bs = NULL;
     DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);

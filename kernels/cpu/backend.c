@@ -176,6 +176,9 @@ static void cpu_free(ddp_kctx_t *ctx, void *p)
     free(p);
 }
 
+/* Host memory is all there is. */
+static int cpu_on_device(ddp_kctx_t *ctx, const void *p, size_t bytes) { return 0; }
+
 static int cpu_memcpy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
     if (bytes) memmove(dst, src, bytes);
@@ -240,6 +243,7 @@ const ddp_kernels_ops_t ddp_kernels_cpu = {
     .commit = cpu_commit,
     .decommit = cpu_decommit,
     .commit_granule = cpu_commit_granule,
+    .on_device = cpu_on_device,
     .memcpy_h2d = cpu_memcpy,
     .memcpy_d2h = cpu_memcpy,
     .memcpy_d2d = cpu_memcpy,

@@ -222,6 +222,20 @@ static void cuda_free(ddp_kctx_t *ctx, void *p)
     if (!ddp__cuda_sparse_free(ctx, p)) ddp__cuda_check(ctx, cudaFree(p), "cudaFree");
 }
 
+/* The driver's view of p (cudaPointerGetAttributes; the VMM arenas of sparse.cu are device
+ * memory once mapped); bytes is not checked further. */
+static int cuda_on_device(ddp_kctx_t *ctx, const void *p, size_t bytes)
+{
+    (void)bytes;
+    struct cudaPointerAttributes a;
+    memset(&a, 0, sizeof a);
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError(); /* plain host memory on old runtimes: not sticky */
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice && a.device == ctx->device;
+}
+
 static int cuda_copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes,
                      cudaMemcpyKind kind, int wait, const char *what)
 {
@@ -372,6 +386,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .commit = ddp__cuda_commit,
     .decommit = ddp__cuda_decommit,
     .commit_granule = ddp__cuda_commit_granule,
+    .on_device = cuda_on_device,
     .memcpy_h2d = cuda_memcpy_h2d,
     .memcpy_d2h = cuda_memcpy_d2h,
     .memcpy_d2d = cuda_memcpy_d2d,

@@ -284,6 +284,11 @@ static void sim_free(ddp_kctx_t *ctx, void *p)
 
 static size_t sim_commit_granule(ddp_kctx_t *ctx) { return SIM_GRANULE; }
 
+static int sim_on_device(ddp_kctx_t *ctx, const void *p, size_t bytes)
+{
+    return ddp_simdev_device_of(p, bytes) == ctx->device;
+}
+
 static int sim_reserve(ddp_kctx_t *ctx, void **out, size_t bytes)
 {
     *out = NULL;
@@ -821,6 +826,7 @@ static const ddp_kernels_ops_t sim_ops = {
     .commit = sim_commit,
     .decommit = sim_decommit,
     .commit_granule = sim_commit_granule,
+    .on_device = sim_on_device,
     .memcpy_h2d = sim_h2d,
     .memcpy_d2h = sim_d2h,
     .memcpy_d2d = sim_d2d,

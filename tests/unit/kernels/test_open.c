@@ -98,6 +98,7 @@ void test_memory(void **state)
         assert_int_equal(k.ops->alloc(k.ctx, (void **)&p, n), 0);
         assert_int_equal(k.ops->alloc(k.ctx, (void **)&q, n), 0);
         assert_int_equal((uintptr_t)p % 64, 0);
+        assert_int_equal(ddp_k_on_device(&k, p, n), 0); /* the CPU has host memory only */
         for (size_t i = 0; i < n; i++)
             if (p[i] != 0) fail_msg("alloc(%zu): byte %zu is %d, want 0", n, i, p[i]);
         unsigned char *h = malloc(n + 1);

@@ -171,6 +171,10 @@ void test_sparse_sim_hazards(void **state)
     assert_non_null(h);
     memset(h, 0xab, G);
     uint64_t hz = ddp_simdev_hazards();
+    /* the collectives' staging asks where a buffer lives */
+    assert_int_equal(ddp_k_on_device(&k, p, 4 * G), 1);
+    assert_int_equal(ddp_k_on_device(&k, h, G), 0);
+    assert_int_equal(ddp_k_on_device(&k, p, 5 * G), 0); /* leaves the reservation */
 
     /* Nothing committed: a copy and an op fault, as on a GPU. */
     assert_int_equal(ddp_k_memcpy_h2d(&k, p, h, 16), 0); /* queued: the sync reports it */

@@ -45,7 +45,7 @@ clean() { # name: no hazard, no NCCL misuse, no error in the ranks' logs (a 1-ra
   ! grep -h "hazard\|violation\|error" "${logs[@]}"
 }
 
-echo "1..26"
+echo "1..29"
 # 2 ranks x 2 accumulation steps, on the CPU and on the simulated GPU: bitwise equal
 run2 cpu cpu && run2 sim sim &&
   check "2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/sim.st" --bitwise ||
@@ -57,6 +57,17 @@ run2 cpu16 cpu --set train.precision=\"bf16\" && run2 sim16 sim --set train.prec
   check "bf16: 2 sim ranks with accumulation give the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu16.st" "$tmp/sim16.st" --bitwise ||
   not_ok "2-rank bf16 runs on cpu and sim"
 check "the bf16 sim run reports no hazard, misuse or error" clean sim16
+# the ring over device memory (two ranks on one GPU, which NCCL refuses): every collective's
+# device buffer is staged through host memory (copied out at submit, back at the wait); the
+# weights are the CPU's bitwise, with and without the sharded optimizer step (reduce-scatter
+# and all-gather of slices over staged buffers)
+run2 simring sim --set ddp.backend=\"ring\" &&
+  check "2 sim ranks over the ring, device buffers staged: the CPU backend's weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/simring.st" --bitwise ||
+  not_ok "2-rank run on sim over the ring"
+check "the ring-over-sim run reports no hazard, misuse or error" clean simring
+run2 zsimring sim --set ddp.backend=\"ring\" --set ddp.shard_optimizer=true &&
+  check "2 sim ranks over the ring, sharded optimizer step: the same weights bitwise" python3 "$compare" "$tmp/cpu.st" "$tmp/zsimring.st" --bitwise ||
+  not_ok "sharded 2-rank run on sim over the ring"
 # the Llama family (RMSNorm, RoPE, SwiGLU, grouped-query attention) in fp32 and bf16: the sim
 # gives the CPU's weights bitwise, with accumulation and no hazard
 for p in fp32 bf16; do
