@@ -1,31 +1,62 @@
 #!/usr/bin/env bash
-# The one command of a lent GPU window (about 8 minutes on an H100/H200), run on the GPU machine
-# from the repository root over a tree built here by tests/gpu/bundle.sh:
-#   1. tests/gpu.sh (self-test with the flash attention rows, memcheck and racecheck, fp32 and
-#      bf16 against the CPU, determinism, recompute, the memory budget, the per-op profile, NCCL)
-#   2. tests/bench/gpu_train.sh: GPT-2 124M at B=8 and B=16, T=1024, and GPT-2 355M at B=8,
-#      against PyTorch (torch.compile) on the same GPU, when this machine's python3 has torch;
-#      SmolLM2-135M at B=8 against transformers' LlamaForCausalLM when it has transformers too
+# The commands of a lent GPU window, run on the GPU machine from the repository root over a tree
+# built here by tests/gpu/bundle.sh. A window is 15 minutes of device time in all (the machine's
+# start included) and at most 10 minutes a command, so the work comes in parts, by priority,
+# and each command stops starting parts once its budget is spent (SESSION_BUDGET_S, default
+# 540 s: a part is started only when its usual length still fits):
+#   gpu       tests/gpu.sh: self-test with the flash attention rows, memcheck and racecheck,
+#             fp32 and bf16 against the CPU, determinism, recompute, the memory budget, the
+#             per-op profile, NCCL, 2 ranks on one GPU over the ring (about 5 minutes)
+#   bench124  tests/bench/gpu_train.sh, GPT-2 124M at B=8 T=1024 against PyTorch
+#             (torch.compile) on the same GPU: the issue's headline (about 2.5 minutes)
+#   smol      the same for SmolLM2-135M at B=8 against transformers' LlamaForCausalLM
+#   more      GPT-2 124M at B=16 and GPT-2 355M at B=8
+# The first command of a window: `session.sh build-gpu` (gpu, then bench124); a second one
+# with what is left: `session.sh build-gpu smol` (then `more`). The benchmarks need python3
+# with torch (and transformers for smol) on the GPU machine; without them they are skipped.
 # Everything goes to $OUT (default $PWD/gpu-out): gpu.txt and gpu_train-*.txt, to copy into
 # tests/bench/README.md.
 #
-#   LD_LIBRARY_PATH=<cuda, cublas, nccl lib dirs>:$PWD/.gpu-libs tests/gpu/session.sh [build-gpu]
+#   LD_LIBRARY_PATH=<cuda, cublas, nccl lib dirs>:$PWD/.gpu-libs tests/gpu/session.sh \
+#       [build-gpu] [gpu|bench124|smol|more ...]
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$src/build-gpu}
+[ $# -gt 0 ] && shift
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124)
+budget=${SESSION_BUDGET_S:-540}
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
-GPU_SH_PREBUILT=${GPU_SH_PREBUILT:-1} GPU_SH_MEMCHECK_S=${GPU_SH_MEMCHECK_S:-120} \
-    OUT="$out/gpu" "$src/tests/gpu.sh" "$bdir" 2>&1 | tee "$out/gpu.txt" | grep '^== '
-if python3 -c 'import torch' 2>/dev/null; then
-    cfgs=("gpt2-124M 8" "gpt2-124M 16" "gpt2-355M 8")
-    python3 -c 'import transformers' 2>/dev/null && cfgs+=("smollm2-135m 8")
-    for cfg in "${cfgs[@]}"; do
-        set -- $cfg
-        MODEL=$1 B=$2 T=1024 STEPS=${STEPS:-20} OUT="$out/bench-$1-$2" \
-            "$src/tests/bench/gpu_train.sh" "$bdir" >"$out/gpu_train-$1-B$2.txt" 2>&1
-        sed -n '/^ddpd\|^PyTorch\|speed/p' "$out/gpu_train-$1-B$2.txt"
-    done
-else
-    echo "session: python3 has no torch here: gpu_train.sh skipped"
-fi
+
+fits() { # part usual-seconds: 0 when the part may start within the budget
+    if [ $((SECONDS + $2)) -gt "$budget" ]; then
+        echo "session: $1 skipped: ${SECONDS} s spent, it takes about $2 s, budget $budget s"
+        return 1
+    fi
+}
+bench() { # model batch [python module it needs]
+    local model=$1 b=$2 need=${3:-torch}
+    if ! python3 -c "import $need" 2>/dev/null; then
+        echo "session: python3 has no $need here: $model B=$b skipped"
+        return
+    fi
+    fits "$model B=$b" 150 || return
+    MODEL=$model B=$b T=1024 STEPS=${STEPS:-20} OUT="$out/bench-$model-$b" \
+        "$src/tests/bench/gpu_train.sh" "$bdir" >"$out/gpu_train-$model-B$b.txt" 2>&1
+    sed -n '/^ddpd\|^PyTorch\|speed/p' "$out/gpu_train-$model-B$b.txt"
+}
+
+for part in "${parts[@]}"; do
+    case $part in
+    gpu)
+        fits gpu.sh 360 || continue
+        GPU_SH_PREBUILT=${GPU_SH_PREBUILT:-1} GPU_SH_MEMCHECK_S=${GPU_SH_MEMCHECK_S:-90} \
+            OUT="$out/gpu" "$src/tests/gpu.sh" "$bdir" 2>&1 | tee "$out/gpu.txt" | grep '^== ' ;;
+    bench124) bench gpt2-124M 8 ;;
+    smol) bench smollm2-135m 8 transformers ;;
+    more) bench gpt2-124M 16; bench gpt2-355M 8 ;;
+    *) echo "session: unknown part '$part' (gpu, bench124, smol, more)" >&2; exit 2 ;;
+    esac
+done
+echo "session: ${SECONDS} s"
