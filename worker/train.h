@@ -112,7 +112,8 @@ typedef struct ddp_trainer {
     int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
-    float *emb_tokens_f;  /* host staging: the n_micro slots' tokens as floats */
+    float *emb_tokens_f;  /* host staging: the n_micro slots' tokens as floats (a world of one
+                           * keeps its own there) */
     int32_t *emb_tokens;  /* and as token ids */
     long step;        /* optimizer steps completed */
     uint64_t tokens;  /* tokens trained on, all ranks */

@@ -24,9 +24,12 @@ int ddp__trainer_keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t 
 {
     ddp_kernels_t *k = &t->k;
     size_t BT = (size_t)t->spec.micro_batch * t->spec.seq_len;
-    float *slot = t->emb + (size_t)(micro * t->deal_world + t->deal_rank) * ddp__trainer_emb_slot_floats(t);
-    for (size_t i = 0; i < BT; i++) t->emb_tokens_f[i] = (float)inputs[i];
-    DDP_CHECK(ddp_k_memcpy_h2d(k, slot, t->emb_tokens_f, BT * sizeof(float)));
+    size_t g = (size_t)(micro * t->deal_world + t->deal_rank);
+    float *slot = t->emb + g * ddp__trainer_emb_slot_floats(t);
+    /* the host's copy of the slot's tokens: a world of one reads them from here */
+    float *tokens = t->emb_tokens_f + (t->comm ? 0 : g * BT);
+    for (size_t i = 0; i < BT; i++) tokens[i] = (float)inputs[i];
+    DDP_CHECK(ddp_k_memcpy_h2d(k, slot, tokens, BT * sizeof(float)));
     return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
                             BT * t->model.cfg.n_embd * sizeof(float));
 }
@@ -44,10 +47,11 @@ int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
                                      DDP_OP_SUM, &req));
         DDP_CHECK(ddp_coll_wait(req, 0, ei));
     }
-    /* every slot's tokens to the host at once (one wait), then each slot's backward queued
-     * behind its tokens' copy (memcpy_h2d reads them at the call: the buffer is reused) */
+    /* every slot's tokens to the host at once (one wait; a world of one has them already),
+     * then each slot's backward queued behind its tokens' copy (memcpy_h2d reads them at the
+     * call: the buffer is reused) */
     size_t slot_floats = ddp__trainer_emb_slot_floats(t);
-    for (size_t g = 0; g < n_slots; g++)
+    for (size_t g = 0; t->comm && g < n_slots; g++)
         DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f + g * BT, t->emb + g * slot_floats,
                                    BT * sizeof(float)));
     for (size_t g = 0; g < n_slots; g++) {
