@@ -300,7 +300,9 @@ static int stage_in(ddp_coll_t *c, ddp_coll_req_t *r)
 }
 
 /* When r is waited for, with result rc: after a success the part the operation wrote goes back
- * to the device buffer; the host copy is freed either way. Returns rc or the copy's error. */
+ * to the device buffer and the host copy is freed; after a failure (an abort: the communication
+ * thread may not be done with it yet) the copy waits for ddp_coll_free. Returns rc or the
+ * copy's error. */
 static int stage_out(ddp_coll_req_t *r, int rc)
 {
     if (!r->staged) return rc;
@@ -312,7 +314,13 @@ static int stage_out(ddp_coll_req_t *r, int rc)
                                  hi - lo);
         if (copy) rc = copy;
     }
-    free(r->buf);
+    void **more = rc >= 0 ? NULL : realloc(c->orphans, (c->n_orphans + 1) * sizeof *more);
+    if (more) {
+        c->orphans = more;
+        c->orphans[c->n_orphans++] = r->buf;
+    } else if (rc >= 0) {
+        free(r->buf);
+    } /* else out of memory after a failure: left to the process, never freed under a writer */
     r->buf = r->staged;
     r->staged = NULL;
     return rc;
@@ -613,6 +621,8 @@ void ddp_coll_free(ddp_coll_t *c)
     if (!c) return;
     if (c->ops->free) c->ops->free(c); /* stops the comm thread; completes queued requests */
     while (c->outstanding) release(c->outstanding);
+    for (size_t i = 0; i < c->n_orphans; i++) free(c->orphans[i]);
+    free(c->orphans);
     while (c->mems) {
         ddp__mem_t *m = c->mems;
         c->mems = m->next;

@@ -79,6 +79,10 @@ struct ddp_coll {
     ddp__mem_t *mems;       /* caller thread: ddp_coll_mem_alloc's allocations */
     ddp_coll_device_t device; /* host-memory backends: how to stage device buffers (on_device
                                * NULL: none are staged) */
+    void **orphans;           /* host copies of failed staged requests, which the stopped
+                               * communication thread may still have been writing: freed by
+                               * ddp_coll_free, after it stops */
+    size_t n_orphans;
     uint64_t next_mem_id;   /* caller thread */
 };
 
