@@ -45,6 +45,27 @@ static float *row_tmp(const norm_args_t *a)
     return a->prec == DDP_KPREC_FP32 ? NULL : ddp__tscratch_mine(&a->s);
 }
 
+/* The rows [*lo, return) of row task `task`. */
+static int task_rows(const norm_args_t *a, long task, int *lo)
+{
+    *lo = (int)task * NORM_ROWS;
+    return *lo + NORM_ROWS < a->N ? *lo + NORM_ROWS : a->N;
+}
+
+/* A backward task's view of row r: its input x, its output gradient dy (widened to fp32 in the
+ * thread's scratch in 16-bit mode) and the residual stream's gradient dx it adds to. */
+typedef struct {
+    const float *x, *dy;
+    float *dx;
+} bwd_row_t;
+
+static bwd_row_t bwd_row(const norm_args_t *a, int r)
+{
+    size_t i0 = (size_t)r * a->C;
+    return (bwd_row_t){a->inp + i0, ddp__cpu_act_in(a->dout, i0, (size_t)a->C, a->prec, row_tmp(a)),
+                       a->dinp + i0};
+}
+
 /* Runs ntasks on the pool with a row of scratch per thread in 16-bit mode. */
 static void run(ddp_kctx_t *ctx, norm_args_t *a, long ntasks, ddp__task_fn fn)
 {
@@ -88,7 +109,7 @@ static void ln_fwd_row(const norm_args_t *a, int r, const float *restrict x)
 static void ln_fwd_task(void *varg, long task)
 {
     const norm_args_t *a = varg;
-    int lo = (int)task * NORM_ROWS, hi = lo + NORM_ROWS < a->N ? lo + NORM_ROWS : a->N;
+    int lo, hi = task_rows(a, task, &lo);
     for (int r = lo; r < hi; r++) ln_fwd_row(a, r, a->inp + (size_t)r * a->C);
 }
 
@@ -122,7 +143,7 @@ static void rn_fwd_row(const norm_args_t *a, int r, const float *restrict x)
 static void rn_fwd_task(void *varg, long task)
 {
     const norm_args_t *a = varg;
-    int lo = (int)task * NORM_ROWS, hi = lo + NORM_ROWS < a->N ? lo + NORM_ROWS : a->N;
+    int lo, hi = task_rows(a, task, &lo);
     for (int r = lo; r < hi; r++) rn_fwd_row(a, r, a->inp + (size_t)r * a->C);
 }
 
@@ -137,13 +158,12 @@ void ddp__cpu_rmsnorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *rstd, const fl
 static void ln_bwd_rows(const norm_args_t *a, long task)
 {
     int C = a->C;
-    int lo = (int)task * NORM_ROWS, hi = lo + NORM_ROWS < a->N ? lo + NORM_ROWS : a->N;
+    int lo, hi = task_rows(a, task, &lo);
     const float *restrict w = a->weight;
     for (int r = lo; r < hi; r++) {
-        const float *restrict x = a->inp + (size_t)r * C;
-        const float *restrict dy =
-            ddp__cpu_act_in(a->dout, (size_t)r * C, (size_t)C, a->prec, row_tmp(a));
-        float *restrict dx = a->dinp + (size_t)r * C;
+        bwd_row_t row = bwd_row(a, r);
+        const float *restrict x = row.x, *restrict dy = row.dy;
+        float *restrict dx = row.dx;
         float m = a->cmean[r], rs = a->crstd[r];
         float s1[NORM_LANES] = {0}, s2[NORM_LANES] = {0};
         int c = 0;
@@ -189,13 +209,12 @@ static void ln_bwd_cols(const norm_args_t *a, long task)
 static void rn_bwd_rows(const norm_args_t *a, long task)
 {
     int C = a->C;
-    int lo = (int)task * NORM_ROWS, hi = lo + NORM_ROWS < a->N ? lo + NORM_ROWS : a->N;
+    int lo, hi = task_rows(a, task, &lo);
     const float *restrict w = a->weight;
     for (int r = lo; r < hi; r++) {
-        const float *restrict x = a->inp + (size_t)r * C;
-        const float *restrict dy =
-            ddp__cpu_act_in(a->dout, (size_t)r * C, (size_t)C, a->prec, row_tmp(a));
-        float *restrict dx = a->dinp + (size_t)r * C;
+        bwd_row_t row = bwd_row(a, r);
+        const float *restrict x = row.x, *restrict dy = row.dy;
+        float *restrict dx = row.dx;
         float rs = a->crstd[r];
         float s[NORM_LANES] = {0};
         int c = 0;
@@ -231,7 +250,7 @@ static void res_task(void *varg, long task)
 {
     const norm_args_t *a = varg;
     int C = a->C;
-    int lo = (int)task * NORM_ROWS, hi = lo + NORM_ROWS < a->N ? lo + NORM_ROWS : a->N;
+    int lo, hi = task_rows(a, task, &lo);
     for (int r = lo; r < hi; r++) {
         size_t i0 = (size_t)r * C;
         ddp__cpu_residual(a->res, a->inp, a->b, i0, (size_t)C, a->prec, row_tmp(a));

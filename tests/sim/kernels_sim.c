@@ -328,53 +328,49 @@ static int sim_sync(ddp_kctx_t *ctx)
     return rc ? rc : cpu;
 }
 
-static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int dst_host,
-                int src_host, int wait, const char *what)
+enum { H2D, D2H, D2D };
+
+/* Queues a copy of `kind` as the GPU does it: h2d reads src now (into a copy of its own that the
+ * queued op frees) and queues the write; d2h waits for it (its error reported here rather than
+ * at the next sync); d2d is queued (an error kept so far is returned, and kept). */
+static int copy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes, int kind,
+                const char *what)
 {
     if (bytes == 0) return 0;
     if (!owned_by_caller(ctx, what, 1)) return DDP_EHAZARD;
-    args_t *a = new_args(ctx, COPY);
-    if (!a) return DDP_ENOMEM;
-    set_p(a, 2, dst, (void *)src);
-    a->z[0] = bytes;
-    LAUNCH(ctx, a, what, RANGE(dst, bytes, 1, W | (dst_host ? DDP_SIMDEV_HOSTSIDE : 0)),
-           RANGE(src, bytes, 1, R | (src_host ? DDP_SIMDEV_HOSTSIDE : 0)));
-    if (wait) {
-        ddp_simdev_stream_sync(ctx->stream);
-        now_idle(ctx);
-    }
-    int rc = ctx->err;
-    if (wait) ctx->err = 0; /* reported here rather than at the next sync */
-    return rc;
-}
-
-/* As the GPU's: src is read now (into a copy that the queued op frees), the write is queued. */
-static int sim_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
-{
-    if (bytes == 0) return 0;
-    if (!owned_by_caller(ctx, "memcpy_h2d", 1)) return DDP_EHAZARD;
-    void *staged = malloc(bytes);
-    args_t *a = staged ? new_args(ctx, COPY_STAGED) : NULL;
+    void *staged = kind == H2D ? malloc(bytes) : NULL;
+    args_t *a = kind != H2D || staged ? new_args(ctx, kind == H2D ? COPY_STAGED : COPY) : NULL;
     if (!a) {
         free(staged);
         return DDP_ENOMEM;
     }
-    memcpy(staged, src, bytes);
-    set_p(a, 2, dst, staged);
+    if (staged) src = memcpy(staged, src, bytes);
+    set_p(a, 2, dst, (void *)src);
     a->z[0] = bytes;
-    LAUNCH(ctx, a, "memcpy_h2d", RANGE(dst, bytes, 1, W),
-           RANGE(staged, bytes, 1, R | DDP_SIMDEV_HOSTSIDE));
-    return 0;
+    LAUNCH(ctx, a, what, RANGE(dst, bytes, 1, W | (kind == D2H ? DDP_SIMDEV_HOSTSIDE : 0)),
+           RANGE(src, bytes, 1, R | (kind == H2D ? DDP_SIMDEV_HOSTSIDE : 0)));
+    if (kind == H2D) return 0; /* as the GPU's staged copy: errors come with the sync */
+    if (kind == D2D) return ctx->err;
+    ddp_simdev_stream_sync(ctx->stream);
+    now_idle(ctx);
+    int rc = ctx->err;
+    ctx->err = 0;
+    return rc;
+}
+
+static int sim_h2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
+{
+    return copy(ctx, dst, src, bytes, H2D, "memcpy_h2d");
 }
 
 static int sim_d2h(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    return copy(ctx, dst, src, bytes, 1, 0, 1, "memcpy_d2h");
+    return copy(ctx, dst, src, bytes, D2H, "memcpy_d2h");
 }
 
 static int sim_d2d(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    return copy(ctx, dst, src, bytes, 0, 0, 0, "memcpy_d2d");
+    return copy(ctx, dst, src, bytes, D2D, "memcpy_d2d");
 }
 
 static int sim_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
