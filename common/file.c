@@ -6,10 +6,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/log.h"
 
 int ddp_file_create(const char *path, ddp_errinfo_t *ei)
 {
@@ -79,4 +81,13 @@ int ddp_file_read(const char *path, size_t max, char **out, size_t *len)
     *out = buf;
     if (len) *len = got;
     return 0;
+}
+
+void ddp_file_raise_fd_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        DDP_DEBUG("cannot raise the descriptor limit: %s", strerror(errno));
 }

@@ -1,7 +1,7 @@
 /* Files: durable writes (create, then fsync and close with one error path; every writer of a
  * file that must survive a crash -- token shards, checkpoint shards, manifests -- uses these, so
  * "written" always means fsynced and closed without error) and reading a small file whole (the
- * one reader of specs, trainer.json, config.json and manifests). */
+ * one reader of specs, trainer.json, config.json and manifests), and the descriptor limit. */
 #ifndef DDP_COMMON_FILE_H
 #define DDP_COMMON_FILE_H
 
@@ -24,5 +24,11 @@ int ddp_file_sync_close(int fd, const char *path, int rc, ddp_errinfo_t *ei);
  * -errno (a directory: -EISDIR); -EINVAL for a max of SIZE_MAX / 2 or more. *out is NULL on
  * failure. Blocking; any thread. */
 int ddp_file_read(const char *path, size_t max, char **out, size_t *len);
+
+/* Raises this process's soft limit on open descriptors (RLIMIT_NOFILE) to its hard limit, for a
+ * process that holds one per client or per file (the daemon's sessions, a trainer's token
+ * shards: a dataset of thousands of shards passes the usual soft limit of 1,024). Failure
+ * changes nothing and is logged at debug level. */
+void ddp_file_raise_fd_limit(void);
 
 #endif

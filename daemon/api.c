@@ -20,13 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "daemon/job.h"
 #include "daemon/rpc.h"
@@ -152,16 +152,6 @@ static int max_backlog(void)
     return v > 0 ? v : 4096;
 }
 
-/* Raises RLIMIT_NOFILE's soft limit to the hard limit: every session holds one descriptor. */
-static void raise_nofile(void)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max) return;
-    rl.rlim_cur = rl.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
-        DDP_DEBUG("api: cannot raise the fd limit: %s", strerror(errno));
-}
-
 /* mkdir -p for the socket's directory. */
 static void make_parent(const char *path)
 {
@@ -218,7 +208,7 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
     mode_t old = umask(0117); /* the socket file is created 0660 */
     int rc = uv_pipe_bind(&api->listener, path);
     umask(old);
-    raise_nofile();
+    ddp_file_raise_fd_limit(); /* every session holds one descriptor */
     int backlog = max_backlog();
     if (rc == 0) rc = uv_listen((uv_stream_t *)&api->listener, backlog, on_connection);
     if (rc != 0)

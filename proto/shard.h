@@ -6,9 +6,9 @@
  *             20240801, version 7: Llama 3's, uint32 tokens (any vocabulary).
  *   body:   little-endian tokens of that width, exactly [2] of them (no trailing bytes).
  *
- * A reader maps the file read-only and validates the header against the file size; every error
+ * A reader opens the file read-only and validates the header against the file size; every error
  * names the file and what is wrong (bad magic with the value found, unsupported version,
- * truncated body with expected and actual sizes).
+ * truncated body with expected and actual sizes) and the byte offset.
  */
 #ifndef DDP_PROTO_SHARD_H
 #define DDP_PROTO_SHARD_H
@@ -26,25 +26,21 @@
 #define DDP_SHARD_HEADER_BYTES (DDP_SHARD_HEADER_INTS * 4)
 
 typedef struct ddp_shard {
-    const uint16_t *tokens;   /* mapped, read-only; NULL in a 32-bit shard */
-    const uint32_t *tokens32; /* mapped, read-only; NULL in a 16-bit shard */
-    int token_bytes;          /* 2 or 4 */
+    int fd;          /* open read-only while path[0] != 0 */
+    int token_bytes; /* 2 or 4 */
     size_t n_tokens;
-    void *map;
-    size_t map_len;
     char path[1024];
 } ddp_shard_t;
 
-/* Token i of an open shard (either width); i < n_tokens. */
-static inline uint32_t ddp_shard_token(const ddp_shard_t *s, size_t i)
-{
-    return s->tokens32 ? s->tokens32[i] : s->tokens[i];
-}
+/* Reads tokens [first, first + n) of an open shard (either width) into out, widened; first + n
+ * <= n_tokens; safe from several threads. Returns 0, or -errno / DDP_EFORMAT (the file shrank
+ * since it was opened) with ei naming the file and the byte offset. */
+int ddp_shard_read(const ddp_shard_t *s, size_t first, size_t n, uint32_t *out, ddp_errinfo_t *ei);
 
-/* Maps and validates a shard of either width. Returns 0, -errno, or DDP_EFORMAT with ei naming
+/* Opens and validates a shard of either width. Returns 0, -errno, or DDP_EFORMAT with ei naming
  * the file and the byte offset. */
 int ddp_shard_open(ddp_shard_t *s, const char *path, ddp_errinfo_t *ei);
-/* Unmaps. NULL-safe; safe on a zeroed struct. */
+/* Closes. NULL-safe; safe on a zeroed struct. */
 void ddp_shard_close(ddp_shard_t *s);
 
 /* Writes tokens as a 16-bit shard: to `path`.tmp, fsync, rename. Returns 0 or -errno. */

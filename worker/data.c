@@ -109,8 +109,13 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
         size_t s = shard_of(d, w);
         size_t start = (w - d->first_window[s]) * (size_t)T;
         const ddp_shard_t *sh = &d->shards[s];
+        /* the window's T + 1 tokens: the inputs are the first T, the targets the last T */
+        int32_t *in = inputs + (size_t)i * T, *tg = targets + (size_t)i * T;
+        DDP_CHECK(ddp_shard_read(sh, start, (size_t)T, (uint32_t *)in, ei));
+        memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
+        DDP_CHECK(ddp_shard_read(sh, start + (size_t)T, 1, (uint32_t *)&tg[T - 1], ei));
         for (int t = 0; t <= T; t++) {
-            uint32_t tok = ddp_shard_token(sh, start + (size_t)t);
+            uint32_t tok = (uint32_t)(t < T ? in[t] : tg[T - 1]);
             if (tok >= (uint32_t)d->vocab_size) {
                 ddp_errinfo_set(ei, DDP_EFORMAT, "token %u at index %zu is >= vocab_size %d",
                                 tok, start + t, d->vocab_size);
@@ -120,8 +125,6 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
                                              (size_t)sh->token_bytes * (start + t));
                 return DDP_EFORMAT;
             }
-            if (t < T) inputs[(size_t)i * T + t] = (int32_t)tok;
-            if (t > 0) targets[(size_t)i * T + t - 1] = (int32_t)tok;
         }
     }
     return 0;

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/file.h"
 #include "common/log.h"
 #include "common/test_hook.h"
 #include "kernels/kernels.h"
@@ -290,6 +291,7 @@ static int worker_main(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     prefer_fast_blas(argv);
+    ddp_file_raise_fd_limit(); /* a descriptor per token shard */
     ddp_train_opts_t opts = {.backend = "auto", .run_dir = getenv("DDP_RUN_DIR")};
     if (read_env(&opts.env)) return 2;
     char **sets = calloc((size_t)argc, sizeof *sets);

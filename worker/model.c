@@ -466,18 +466,23 @@ int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targ
 int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float *loss)
 {
+    if (!targets) return DDP_EINVAL;
     DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
+    lm_head_loss(m, 0);
+    return read_loss(m, loss);
+}
+
+int ddp_model_next_logits(ddp_model_t *m, const int32_t *inputs, int B, int T, int pos)
+{
+    if (pos < 0 || pos >= T) return DDP_EINVAL;
+    DDP_CHECK(forward_blocks(m, inputs, NULL, B, T));
     ddp_model_acts_t *a = &m->acts;
-    if (targets) {
-        lm_head_loss(m, 0);
-        return read_loss(m, loss);
-    }
-    /* each sequence's last position, gathered into dc (free after the blocks) */
+    /* position pos of each sequence, gathered into dc (free after the blocks) */
     int C = m->cfg.n_embd;
     size_t row = (size_t)C * ddp_act_bytes(a->prec);
     for (int b = 0; b < B; b++)
         DDP_CHECK(ddp_k_memcpy_d2d(m->k, ddp_act_at(a->dc, (size_t)b * C, a->prec),
-                                   ddp_act_at(a->lnf, ((size_t)b * T + T - 1) * C, a->prec),
+                                   ddp_act_at(a->lnf, ((size_t)b * T + pos) * C, a->prec),
                                    row));
     int V = m->cfg.vocab_size;
     DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.lm_head, NULL, B, C, V, ddp_logits_ld(V),

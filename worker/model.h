@@ -197,11 +197,19 @@ int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec
  * (bad tokens, shape or no targets), DDP_EABORTED (interrupted) or a backend error. */
 int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T);
 
-/* Forward only, for validation and sampling: with targets, the mean loss in *loss (the LM head
- * chunk by chunk, no gradient); without, acts.logits rows 0..B-1 get the logits of each
- * sequence's last position [B, V] (activations: ddp_act_to_f32 widens a host copy). Leaves the gradient arena as it is. Returns as forward. */
+/* Forward only, for validation: the mean loss over inputs[B,T] and targets[B,T] in *loss (the
+ * LM head chunk by chunk, no gradient). Leaves the gradient arena as it is. Returns as forward
+ * (DDP_EINVAL without targets). */
 int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                       float *loss);
+
+/* Forward only, for sampling: acts.logits rows 0..B-1 (ddp_logits_ld(V) apart) get the logits
+ * [B, V] at position pos < T of each sequence (activations: ddp_act_to_f32 widens a host copy).
+ * Attention is causal, so the positions after pos change nothing but the bits of the products'
+ * tiling: a sampler may pad a short context to a length it has run before, and each product
+ * keeps a shape it has seen (new shapes cost a primitive each on the CPU's bf16 path).
+ * Returns as forward. */
+int ddp_model_next_logits(ddp_model_t *m, const int32_t *inputs, int B, int T, int pos);
 
 /* Backward of the last ddp_model_forward (DDP_EINVAL after an evaluate): completes
  * d(loss_scale x mean loss)/dw in the gradient arena, except the token embedding's share of

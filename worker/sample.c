@@ -7,6 +7,8 @@
 #include "common/alloc.h"
 #include "worker/train.h"
 
+#define SAMPLE_ROWS 64 /* the context's padding granularity (see ddp_trainer_sample) */
+
 /* Token a sample starts from: data.tokenizer's BOS when it names one; else newline for
  * byte-level models, <|endoftext|> for GPT-2's BPE. */
 static int32_t start_token(const ddp_model_cfg_t *cfg, const ddp_run_tok_t *tok)
@@ -62,7 +64,10 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     int drawable = V;
     if (t->tok && (int)ddp_tok_vocab_size(t->tok->tok) < V)
         drawable = (int)ddp_tok_vocab_size(t->tok->tok);
-    int32_t *ctx = ddp_calloc((size_t)n + 1, sizeof *ctx);
+    /* the context is padded (with token 0, ctx's zeros) to a multiple of SAMPLE_ROWS, or T:
+     * T / SAMPLE_ROWS shapes per product in all, each seen again, instead of a new one per
+     * token; the padding's rows are computed and ignored (ddp_model_next_logits) */
+    int32_t *ctx = ddp_calloc((size_t)n + 1 + SAMPLE_ROWS, sizeof *ctx);
     float *row = ddp_malloc((size_t)V * sizeof *row);
     ddp_kprec_t prec = m->acts.prec;
     void *act_row = ddp_malloc((size_t)V * ddp_act_bytes(prec)); /* the logits as computed */
@@ -70,8 +75,8 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     if (rc == 0) ctx[0] = start_token(&m->cfg, t->tok);
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
-        const int32_t *window = ctx + (i - len);
-        rc = ddp_model_evaluate(m, window, NULL, 1, len, NULL); /* last position's logits */
+        int rows = (len + SAMPLE_ROWS - 1) / SAMPLE_ROWS * SAMPLE_ROWS;
+        rc = ddp_model_next_logits(m, ctx + (i - len), 1, rows < T ? rows : T, len - 1);
         if (rc == 0)
             rc = ddp_k_memcpy_d2h(m->k, act_row, m->acts.logits, (size_t)V * ddp_act_bytes(prec));
         if (rc == 0) rc = ddp_k_sync(m->k);

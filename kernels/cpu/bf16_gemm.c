@@ -14,8 +14,11 @@
  * result then depends on its shape only: bitwise the same for any thread count.
  *
  * Primitives: one per tile shape (m, n, k, transposes, leading dimensions, accumulate), created
- * on first use under a mutex and kept until free or a trim; a step uses a few dozen. A
- * primitive computes the same whatever the cache held before, so results never depend on it. Each pool thread has
+ * on first use under a mutex and kept until free or a trim; a step uses a few dozen. This cache
+ * is the only one: oneDNN's own primitive cache (1,024 by default) is turned off, or it would
+ * keep the JIT code of every primitive trimmed here alive (measured: 14 MiB more resident over
+ * 500 new shapes, as a sample's growing context makes). A primitive computes the same whatever
+ * the cache held before, so results never depend on it. Each pool thread has
  * its own stream and scratchpad (user-managed, so no two threads share one).
  *
  * Loading: libdnnl is dlopen()ed the first time a process asks for native bf16 (and kept), not
@@ -65,7 +68,8 @@
     X(dnnl_engine_create)                                                                      \
     X(dnnl_engine_destroy)                                                                     \
     X(dnnl_stream_create)                                                                      \
-    X(dnnl_stream_destroy)
+    X(dnnl_stream_destroy)                                                                     \
+    X(dnnl_set_primitive_cache_capacity)
 
 static struct {
 #define DECLARE(f) __typeof__(&f) f;
@@ -86,6 +90,8 @@ static void load_library(void)
     DNNL_FUNCS(RESOLVE)
 #undef RESOLVE
     ok &= (*(void **)&D.omp_set_num_threads = dlsym(h, "omp_set_num_threads")) != NULL;
+    /* trimming frees a primitive only if oneDNN keeps no copy (see the top) */
+    if (ok && D.dnnl_set_primitive_cache_capacity(0) != dnnl_success) ok = 0;
     D.loaded = ok;
 }
 
@@ -98,8 +104,9 @@ static int library_loaded(void)
 
 #define CACHE_SLOTS 1024 /* open addressing */
 /* ddp__bf16_trim empties the cache past this many primitives: a training step uses a few dozen
- * shapes, but sampling grows the context one token at a time, a new row count per product */
-#define TRIM_AT 256
+ * shapes (GPT-2 124M: 24), a sample a few more per 64 positions of context (sample.c pads it),
+ * but a caller may make a new row count per product */
+#define TRIM_AT 128
 
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldc, acc;

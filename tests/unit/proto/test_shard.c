@@ -1,7 +1,7 @@
 /* Unit tests of token shards: write/open round trip, every rejected file (truncated, wrong
  * magic, wrong version, header-only with a nonzero count, oversized), 32-bit shards (round
- * trip, truncated, mislabelled), atomic write leaving no temporary, and globbing (sorted,
- * empty). Files live in a fresh temporary directory. */
+ * trip, truncated, mislabelled), atomic write leaving no temporary, window reads (no resident
+ * pages left behind, a file cut short after opening), and globbing (sorted, empty). Files live in a fresh temporary directory. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -59,7 +59,7 @@ static void expect_format_error(const char *path, const char *msg, long long off
     assert_string_equal(ei.path, path);
     if (!strstr(ei.msg, msg)) fail_msg("message '%s' lacks '%s'", ei.msg, msg);
     assert_int_equal(ei.offset, offset);
-    assert_null(s.map);
+    assert_int_equal(s.path[0], 0); /* nothing held */
     ddp_shard_close(&s); /* safe after a failed open */
 }
 
@@ -78,16 +78,27 @@ static void test_round_trip(void **state)
     ddp_errinfo_t ei;
     assert_int_equal(ddp_shard_open(&s, p("a.bin"), &ei), 0);
     assert_int_equal(s.n_tokens, N);
-    assert_int_equal(s.map_len, DDP_SHARD_HEADER_BYTES + 2 * N);
-    assert_memory_equal(s.tokens, tok, N * sizeof *tok);
+    assert_int_equal(s.token_bytes, 2);
+    uint32_t *back = malloc(N * sizeof *back);
+    assert_non_null(back);
+    assert_int_equal(ddp_shard_read(&s, 0, N, back, &ei), 0);
+    for (size_t i = 0; i < N; i++)
+        if (back[i] != tok[i]) fail_msg("token %zu is %u, want %u", i, back[i], tok[i]);
+    assert_int_equal(ddp_shard_read(&s, N - 1, 1, back, &ei), 0);
+    assert_int_equal(back[0], tok[N - 1]);
+    free(back);
     assert_string_equal(s.path, p("a.bin"));
-    const int32_t *h = s.map;
+    int32_t h[DDP_SHARD_HEADER_INTS];
+    FILE *f = fopen(p("a.bin"), "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(h, 4, DDP_SHARD_HEADER_INTS, f), DDP_SHARD_HEADER_INTS);
+    fclose(f);
     assert_int_equal(h[0], DDP_SHARD_MAGIC);
     assert_int_equal(h[1], DDP_SHARD_VERSION);
     assert_int_equal(h[2], N);
     for (int i = 3; i < DDP_SHARD_HEADER_INTS; i++) assert_int_equal(h[i], 0);
     ddp_shard_close(&s);
-    assert_null(s.map);
+    assert_int_equal(s.path[0], 0);
     ddp_shard_close(&s); /* twice is fine */
     ddp_shard_close(NULL);
 
@@ -156,24 +167,33 @@ static void test_32bit(void **state)
     ddp_errinfo_t ei;
     assert_int_equal(ddp_shard_open(&s, p("w.bin"), &ei), 0);
     assert_int_equal(s.token_bytes, 4);
-    assert_null(s.tokens);
     assert_int_equal(s.n_tokens, N);
-    assert_int_equal(s.map_len, DDP_SHARD_HEADER_BYTES + 4 * N);
-    const int32_t *h = s.map;
+    int32_t h[3];
+    FILE *f = fopen(p("w.bin"), "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(h, 4, 3, f), 3);
+    fclose(f);
     assert_int_equal(h[0], 20240801);
     assert_int_equal(h[1], 7);
     assert_int_equal(h[2], N);
-    for (size_t i = 0; i < N; i++)
-        if (ddp_shard_token(&s, i) != tok[i])
-            fail_msg("token %zu is %u, want %u", i, ddp_shard_token(&s, i), tok[i]);
+    uint32_t *back = malloc(N * sizeof *back);
+    assert_non_null(back);
+    assert_int_equal(ddp_shard_read(&s, 0, N, back, &ei), 0);
+    assert_memory_equal(back, tok, N * sizeof *tok);
+    assert_int_equal(ddp_shard_read(&s, N - 2, 1, back, &ei), 0);
+    assert_int_equal(back[0], tok[N - 2]);
     ddp_shard_close(&s);
+    free(back);
 
-    /* a 16-bit shard reads through the same accessor */
+    /* a 16-bit shard reads through the same call, widened */
     uint16_t t16[3] = {7, 65535, 0};
     assert_int_equal(ddp_shard_write(p("n.bin"), t16, 3), 0);
     assert_int_equal(ddp_shard_open(&s, p("n.bin"), &ei), 0);
     assert_int_equal(s.token_bytes, 2);
-    assert_int_equal(ddp_shard_token(&s, 1), 65535);
+    uint32_t w[2];
+    assert_int_equal(ddp_shard_read(&s, 1, 2, w, &ei), 0);
+    assert_int_equal(w[0], 65535);
+    assert_int_equal(w[1], 0);
     ddp_shard_close(&s);
     free(tok);
 
@@ -190,6 +210,52 @@ static void test_32bit(void **state)
     write_raw(p("v32.bin"), DDP_SHARD_HEADER_BYTES, 20240801, 1, 1, 4);
     expect_format_error(p("v32.bin"), "unsupported token shard version 1 for magic 20240801 "
                                       "(supported: 7)", 4);
+}
+
+/* This process's resident pages of mapped files, in KiB (RssFile of /proc/self/status). */
+static long rss_file_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    assert_non_null(f);
+    char line[256];
+    long kib = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "RssFile: %ld", &kib) == 1) break;
+    fclose(f);
+    assert_true(kib >= 0);
+    return kib;
+}
+
+/* Reading a whole 32 MiB shard window by window, as a trainer samples it, leaves the resident
+ * set where it was (a mapping would keep every page it read resident); and a shard cut short
+ * after it was opened gives an error naming the file and the offset, not a crash. */
+static void test_read_window_by_window(void **state)
+{
+    enum { N = 16 << 20, WINDOW = 1025 };
+    uint16_t *tok = malloc((size_t)N * sizeof *tok);
+    assert_non_null(tok);
+    for (size_t i = 0; i < N; i++) tok[i] = (uint16_t)(i * 40503u);
+    assert_int_equal(ddp_shard_write(p("big.bin"), tok, N), 0);
+    free(tok);
+    ddp_shard_t s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_shard_open(&s, p("big.bin"), &ei), 0);
+    long before = rss_file_kib();
+    uint32_t win[WINDOW];
+    for (size_t first = 0; first + WINDOW <= N; first += WINDOW - 1) {
+        assert_int_equal(ddp_shard_read(&s, first, WINDOW, win, &ei), 0);
+        if (win[7] != (uint16_t)((first + 7) * 40503u)) fail_msg("token %zu wrong", first + 7);
+    }
+    long after = rss_file_kib();
+    if (after - before > 256)
+        fail_msg("reading 32 MiB of tokens left %ld KiB more of the file resident", after - before);
+
+    assert_int_equal(truncate(p("big.bin"), DDP_SHARD_HEADER_BYTES + 2 * 1000), 0);
+    assert_int_equal(ddp_shard_read(&s, 990, 20, win, &ei), DDP_EFORMAT);
+    assert_string_equal(ei.path, p("big.bin"));
+    assert_int_equal(ei.offset, DDP_SHARD_HEADER_BYTES + 2 * 1000);
+    assert_non_null(strstr(ei.msg, "shorter than when opened"));
+    ddp_shard_close(&s);
 }
 
 static void test_glob(void **state)
@@ -229,6 +295,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_32bit),
+        cmocka_unit_test(test_read_window_by_window),
         cmocka_unit_test(test_glob),
     };
     return cmocka_run_group_tests_name("shard", tests, setup, teardown);

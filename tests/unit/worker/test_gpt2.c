@@ -157,8 +157,9 @@ static void test_interrupted_pass_stops(void **state)
 /* The LM head in chunks (GPT-2's vocabulary: 320 rows per chunk, so 400 rows take two): the
  * loss, wte's gradient from the head and ln_f's output gradient equal those of the whole
  * [B*T, V] product, computed here with the same ops; evaluate gives the same loss and leaves
- * the gradients alone; its last-position logits (rows padded to ddp_logits_ld(V)) are the whole
- * product's rows; backward after an evaluate is refused. */
+ * the gradients alone (and refuses no targets); next_logits' rows (padded to ddp_logits_ld(V))
+ * are the whole product's at the last position, and at an earlier one with the tokens after it
+ * replaced; backward after an evaluate is refused. */
 static void test_lm_head_chunks(void **state)
 {
     ddp_model_cfg_t cfg = {.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 50257,
@@ -203,12 +204,24 @@ static void test_lm_head_chunks(void **state)
     assert_float_equal(eval_loss, sum / N, 1e-6 * fabs(sum / N));
     assert_memory_equal(g, m.g, m.n_params * 4);
     assert_int_equal(ddp_model_backward(&m, NULL, NULL, NULL), DDP_EINVAL);
-    assert_int_equal(ddp_model_evaluate(&m, in, NULL, B, T, NULL), 0);
+    assert_int_equal(ddp_model_evaluate(&m, in, NULL, B, T, NULL), DDP_EINVAL);
+    assert_int_equal(ddp_model_next_logits(&m, in, B, T, T - 1), 0);
     /* the whole product again (xent wrote dlogits over it) */
     DDP_K(&k, matmul_fwd, lg, m.acts.lnf, m.wv.wte, NULL, N, C, V, V, DDP_W_OUT_IN);
     for (int b = 0; b < B; b++)
         assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * ddp_logits_ld(V),
                                  logits + ((size_t)b * T + T - 1) * V, (size_t)V) < 1e-6);
+    /* an earlier position, the rest of each sequence replaced by padding: causal attention
+     * ignores it */
+    int pos = T / 3;
+    int32_t *padded = malloc((size_t)N * sizeof *padded);
+    for (int i = 0; i < N; i++) padded[i] = i % T > pos ? 0 : in[i];
+    assert_int_equal(ddp_model_next_logits(&m, padded, B, T, pos), 0);
+    free(padded);
+    for (int b = 0; b < B; b++)
+        assert_true(ref_rel_norm_err((const float *)m.acts.logits + (size_t)b * ddp_logits_ld(V),
+                                 logits + ((size_t)b * T + pos) * V, (size_t)V) < 1e-6);
+    assert_int_equal(ddp_model_next_logits(&m, in, B, T, T), DDP_EINVAL);
     assert_int_equal(ddp_model_forward(&m, in, NULL, B, T), DDP_EINVAL);
     free(in), free(tg), free(logits), free(losses), free(dwte), free(dlnf), free(g);
     free(train_losses);
