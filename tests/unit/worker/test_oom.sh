@@ -28,7 +28,7 @@ train: {steps: 6, micro_batch: 2, seq_len: 64, lr: 1.0e-3, val_every: 0, sample_
 ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625}
 YAML
 
-echo "1..18"
+echo "1..19"
 # 1-2: recompute block == none, bitwise, 1 rank (with accumulation) and 2 ranks
 for r in none block; do
   "$worker" "$tmp/job.yaml" --quiet --set train.recompute=$r --set train.global_batch_tokens=256 \
@@ -40,7 +40,8 @@ done
 check "1 rank x 2 micro-steps: recompute block gives none's weights bitwise" cmp "$tmp/w1-none.st" "$tmp/w1-block.st"
 check "2 ranks: recompute block gives none's weights bitwise" cmp "$tmp/w2-none.st" "$tmp/w2-block.st"
 
-# 3-5: the budget against the peak RSS, three shapes (one step each; no sample, no validation)
+# 3-6: the budget against the peak RSS, four shapes (one step each; no validation; the fourth
+# samples)
 # measured: /usr/bin/time's maximum resident set size (ru_maxrss), else the worker's own line;
 # as a job runs, without meson's MALLOC_PERTURB_ (it fills every block malloc hands out, so
 # pages that a run never touches count: the whole 4 MiB O_DIRECT bounce buffer of a save)
@@ -68,8 +69,12 @@ check_shape "budget within 10% of peak RSS: gpt2-tiny 8 x 128" tiny gpt2-tiny 8 
 check_shape "budget within 10% of peak RSS: gpt2-mini 4 x 256" mini gpt2-mini 4 256 none 1024
 check_shape "budget within 10% of peak RSS: gpt2-mini 4 x 256, recompute block, 2 micro-steps, checkpoints" \
   miniblock gpt2-mini 4 256 block 2048 --set checkpoint.dir="$tmp/ckpt"
+# a sample at the end: its context grows token by token (on a CPU with native bf16 each new
+# product shape was a oneDNN primitive that stayed resident: 24% over the budget)
+check_shape "budget within 10% of peak RSS: gpt2-tiny 4 x 64, a 300-token sample" \
+  sample gpt2-tiny 4 64 none 256 --set train.sample_tokens=300
 
-# 6: recompute lowers the peak (the same shape as 4, without the accumulation and checkpoint)
+# 7: recompute lowers the peak (the same shape as 4, without the accumulation and checkpoint)
 if shape miniblock1 gpt2-mini 4 256 block 1024; then
   check "recompute block lowers the peak RSS of gpt2-mini 4 x 256 (${peak_mini:-?} -> ${peak_miniblock1:-?} KiB)" \
     test "${peak_miniblock1:-0}" -lt "$(( ${peak_mini:-0} * 85 / 100 ))"
@@ -77,7 +82,7 @@ else
   not_ok "recompute block run"
 fi
 
-# 7-8: a job over its limit fails before step 1, naming what helps
+# 8-9: a job over its limit fails before step 1, naming what helps
 if "$worker" "$tmp/job.yaml" --set model.preset=gpt2-mini --set train.micro_batch=8 \
     --set train.seq_len=256 --set train.memory_limit=340MiB >"$tmp/over.log" 2>&1; then
   not_ok "a job over train.memory_limit is refused"
@@ -87,7 +92,7 @@ else
     bash -c "grep 'memory budget: needs' '$tmp/over.log' | grep 'train.micro_batch [0-9]* (the same global batch in [0-9]* micro-steps per rank) saves' | grep 'train.recompute: block saves' | grep -q 'ddp.shard_optimizer'"
 fi
 
-# 9-12: ddpctl plan prints the worker's budget without running; an oversized spec exits 1
+# 10-13: ddpctl plan prints the worker's budget without running; an oversized spec exits 1
 sed -n 's/^.*info    total /  total /p' "$tmp/mini.log" >"$tmp/worker-total.txt"
 "$ddpctl" plan "$tmp/job.yaml" >"$tmp/plan.txt" 2>&1
 check "ddpctl plan prints the budget's lines" grep -q "activations .* recompute none" "$tmp/plan.txt"
@@ -102,7 +107,7 @@ rc=$?
 check "ddpctl plan of a spec that cannot fit exits 1 with the advice" bash -c "[ $rc -eq 1 ] && grep -q 'does not fit: needs' '$tmp/plan-small.txt'"
 "$ddpctl" plan "$tmp/mini.yaml" --gpu 80GiB >"$tmp/plan-gpu.txt" 2>&1
 check "ddpctl plan --gpu 80GiB plans for GPUs of that size" grep -q "total .* of 80.00 GiB (the GPU's memory): fits" "$tmp/plan-gpu.txt"
-# 13-16: 2 ranks (gpt2-tiny, 4 steps): validation every 2 steps, then checkpoints every 2 steps
+# 14-17: 2 ranks (gpt2-tiny, 4 steps): validation every 2 steps, then checkpoints every 2 steps
 # (rank 0 writes the shards, rank 1 none): each rank's own budget within 10% of its own peak RSS
 # (its peak line, VmHWM, printed as it ends)
 rank_peak() { sed -n 's/.*(\(VmHWM\|ru_maxrss\) \([0-9]*\) KiB).*/\2/p' "$1"; }
@@ -141,7 +146,7 @@ else
   not_ok "2 ranks, checkpoints: rank 0 (the run failed, or saved no step 4)"; not_ok "2 ranks, checkpoints: rank 1"
 fi
 
-# 17-18: each rank prints its own budget, and `ddpctl plan` names the non-writers' total
+# 18-19: each rank prints its own budget, and `ddpctl plan` names the non-writers' total
 pred_w=$(budget_kib "$tmp/ckpt2/rank-0.log") pred_n=$(budget_kib "$tmp/ckpt2/rank-1.log")
 check "2 ranks, checkpoints: each rank prints its own budget, the writer's the larger (${pred_w:-?} > ${pred_n:-?} KiB)" \
   test "${pred_w:-0}" -gt "${pred_n:-0}"
