@@ -36,9 +36,12 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     ddp_mem_budget_t b;
     int world = t->opts.world, on_gpu = ddp_k_gpu_memory(&t->k);
     const char *why;
-    int where = on_gpu                                            ? DDP_MEM_GPU
-                : ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
-                                                                  : DDP_MEM_CPU;
+    /* native bf16 matters only to a run that may use it; probing loads oneDNN, which an fp32
+     * run would then carry */
+    int bf16 = t->spec.precision == DDP_PREC_BF16 || t->spec.precision == DDP_PREC_AUTO;
+    int where = on_gpu                                                     ? DDP_MEM_GPU
+                : bf16 && ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
+                                                                           : DDP_MEM_CPU;
     /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
     int64_t extra = t->opts.dump_weights && t->opts.rank == 0
                         ? (int64_t)ddp_model_count_params(&t->spec.model) * 4
