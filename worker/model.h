@@ -185,7 +185,7 @@ const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name);
 
 /* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec
  * is the only one that exists (about 64 MiB), never [B*T, V]. At least 64 and at least B
- * (evaluate's last positions), at most B*T. */
+ * (ddp_model_next_logits' rows), at most B*T. */
 int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec);
 
 /* A training micro-step's forward on inputs[B,T] and targets[B,T] (host int32; B <= acts.B,
