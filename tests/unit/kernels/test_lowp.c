@@ -220,8 +220,13 @@ static void test_many_shapes(void **state)
                        rw + o, (size_t)OC, C, 0, "out", (size_t)o);
     }
     long grew = resident_kib() - rss_half;
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    /* a sanitizer's allocator keeps freed blocks resident (ASan's quarantine): normal builds only */
+    (void)grew;
+#else
     if (grew > 6 << 10)
         fail_msg("the resident set grew %ld KiB over the last %d shapes", grew, NMAX / 2);
+#endif
     DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, 1, C, 16, 16, DDP_W_IN_OUT);
     assert_int_equal(ddp_k_sync(&k), 0);
     assert_memory_equal(out, first, 16 * 2);
