@@ -28,8 +28,8 @@ static const char *const module_names[] = {"cuda", "sim"};
  * every op of DDP_KERNEL_OPS. */
 #define OPS_MEMBERS(X)                                                                       \
     X(name) X(probe) X(init) X(close) X(alloc) X(free) X(reserve) X(commit) X(decommit)     \
-    X(commit_granule) X(on_device) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0) X(sync)           \
-    X(device_count) X(prec_native) X(coll_backend) X(record_event)
+    X(commit_granule) X(on_device) X(memcpy_h2d) X(memcpy_d2h) X(memcpy_d2d) X(memset0)      \
+    X(sync) X(device_count) X(prec_native) X(coll_backend) X(record_event)
 
 /* Returns the name of the first NULL member, or NULL when the table is complete. */
 static const char *missing_member(const ddp_kernels_ops_t *ops)

@@ -30,6 +30,7 @@
 #include "worker/checkpoint/dio.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/safetensors.h"
+#include "tests/unit/proc_status.h"
 
 static const char *TRAINER = "{\"step\": 7, \"tokens\": 1234, \"rng\": [1, 2, 3], "
                              "\"cursor\": {\"epoch\": 0, \"index\": 99}, \"world_size\": 2}";
@@ -749,17 +750,6 @@ static void test_init_from(void **state)
 
 /* ---------------------------------------------------------------- memory */
 
-static long status_kb(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, strlen(key))) v = atol(line + strlen(key) + 1);
-    if (f) fclose(f);
-    return v;
-}
-
 static void test_load_memory(void **state)
 {
     char *dir = tu_tmpdir();
@@ -776,14 +766,14 @@ static void test_load_memory(void **state)
     assert_true(fd >= 0);
     assert_int_equal(write(fd, "5", 1), 1); /* resets VmHWM to the current RSS */
     close(fd);
-    long base = status_kb("VmRSS:");
+    long base = proc_status_kib("VmRSS");
     ddp_ckpt_found_t found;
     ddp_errinfo_t ei;
     assert_int_equal(ddp_ckpt_find(dir, -1, &found, &ei), 0);
     ddp_ckpt_load_t req = {.model = out.model, .n_model = out.n_model, .optim = out.optim,
                            .n_optim = out.n_optim};
     assert_int_equal(ddp_ckpt_load(found.path, &req, &ei), 0);
-    long peak = status_kb("VmHWM:");
+    long peak = proc_status_kib("VmHWM");
     free(req.config_json);
     free(req.trainer_json);
     long growth_kb = peak - base;

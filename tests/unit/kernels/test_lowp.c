@@ -11,13 +11,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cmocka.h>
 
 #include "common/err.h"
 #include "kernels/kernels.h"
 #include "kernels/math/lowp.h"
+#include "tests/unit/proc_status.h"
 
 #define KA(x) ((ddp_act_t *)(x))
 
@@ -175,19 +175,6 @@ static void assert_dot(float got, const float *x, size_t sx, const float *y, siz
         fail_msg("%s[%zu]: %.9g, exact %.9g, bound %.3g", what, i, got, exact, tol);
 }
 
-/* This process's resident set in KiB (/proc/self/statm). */
-static long resident_kib(void)
-{
-    FILE *f = fopen("/proc/self/statm", "r");
-    long size = 0, resident = -1;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &size, &resident) != 2) resident = -1;
-        fclose(f);
-    }
-    assert_true(resident >= 0);
-    return resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
 /* A new row count per product, as sampling's growing context gives: more shapes than the native
  * path keeps primitives for (it empties its cache between products); every product completes
  * and stays within the bound, the first shape, made again, gives the same bits, and the memory
@@ -214,12 +201,14 @@ static void test_many_shapes(void **state)
         DDP_K(&k, matmul_fwd, KA(out), KA(inp16), w, b, n, C, OC, OC, DDP_W_IN_OUT);
         assert_int_equal(ddp_k_sync(&k), 0);
         if (n == 1) memcpy(first, out, (size_t)OC * 2);
-        if (n == NMAX / 2) rss_half = resident_kib();
+        if (n == NMAX / 2) rss_half = proc_status_kib("VmRSS");
         for (int o = 0; o < OC; o++) /* the last row, the one this n added */
             assert_dot(ddp_bf16_f32(out[(size_t)(n - 1) * OC + o]), rin + (size_t)(n - 1) * C, 1,
                        rw + o, (size_t)OC, C, 0, "out", (size_t)o);
     }
-    long grew = resident_kib() - rss_half;
+    long rss_end = proc_status_kib("VmRSS");
+    assert_true(rss_half >= 0 && rss_end >= 0);
+    long grew = rss_end - rss_half;
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
     /* a sanitizer's allocator keeps freed blocks resident (ASan's quarantine): normal builds only */
     (void)grew;

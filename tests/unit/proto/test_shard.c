@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "proto/shard.h"
+#include "tests/unit/proc_status.h"
 
 static char dir[256];
 
@@ -212,20 +213,6 @@ static void test_32bit(void **state)
                                       "(supported: 7)", 4);
 }
 
-/* This process's resident pages of mapped files, in KiB (RssFile of /proc/self/status). */
-static long rss_file_kib(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    assert_non_null(f);
-    char line[256];
-    long kib = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "RssFile: %ld", &kib) == 1) break;
-    fclose(f);
-    assert_true(kib >= 0);
-    return kib;
-}
-
 /* Reading a whole 32 MiB shard window by window, as a trainer samples it, leaves the resident
  * set where it was (a mapping would keep every page it read resident); and a shard cut short
  * after it was opened gives an error naming the file and the offset, not a crash. */
@@ -240,13 +227,14 @@ static void test_read_window_by_window(void **state)
     ddp_shard_t s;
     ddp_errinfo_t ei;
     assert_int_equal(ddp_shard_open(&s, p("big.bin"), &ei), 0);
-    long before = rss_file_kib();
+    long before = proc_status_kib("RssFile");
     uint32_t win[WINDOW];
     for (size_t first = 0; first + WINDOW <= N; first += WINDOW - 1) {
         assert_int_equal(ddp_shard_read(&s, first, WINDOW, win, &ei), 0);
         if (win[7] != (uint16_t)((first + 7) * 40503u)) fail_msg("token %zu wrong", first + 7);
     }
-    long after = rss_file_kib();
+    long after = proc_status_kib("RssFile");
+    assert_true(before >= 0 && after >= 0);
     if (after - before > 256)
         fail_msg("reading 32 MiB of tokens left %ld KiB more of the file resident", after - before);
 

@@ -16,21 +16,9 @@
 #include <cmocka.h>
 
 #include "worker/train.h"
+#include "tests/unit/proc_status.h"
 #include "wc_testutil.h"
 
-
-/* VmHWM and VmRSS of this process in kB. */
-static void mem_kb(long *hwm, long *rss)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    *hwm = *rss = -1;
-    while (f && fgets(line, sizeof line, f)) {
-        if (!strncmp(line, "VmHWM:", 6)) *hwm = atol(line + 6);
-        if (!strncmp(line, "VmRSS:", 6)) *rss = atol(line + 6);
-    }
-    if (f) fclose(f);
-}
 
 /* mode 0: train 1 step and checkpoint; 1: the same again; 2: resume and train step 2. Runs in
  * a child; returns the child's VmHWM (kB), or -1. */
@@ -52,7 +40,10 @@ static long run_child(int mode)
             ddp_trainer_init(&t, &spec, &o, &ei) == 0) {
             int resumed = t.step == 1;
             int rc = ddp_trainer_run(&t, NULL, &ei);
-            if (rc == 0 && (mode != 2 || resumed)) mem_kb(&out[0], &out[1]);
+            if (rc == 0 && (mode != 2 || resumed)) {
+                out[0] = proc_status_kib("VmHWM");
+                out[1] = proc_status_kib("VmRSS");
+            }
             ddp_trainer_close(&t);
         } else {
             fprintf(stderr, "# child %d: %s\n", mode, ei.msg);
