@@ -9,7 +9,7 @@
 #      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks;
 #      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16, printed;
 #      20 bf16 steps of gpt2-124M twice (weights bitwise equal) and against the CPU's bf16 losses
-#      (within 0.1%)
+#      (within 0.1%, or no further from the CPU's fp32 losses than twice the CPU's bf16 is)
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
 #      and 2 on a 2-GPU machine; on one GPU, 2 ranks over the ring (device buffers staged through
 #      the host) against 1 rank x 2 micro-steps, bitwise, ZeRO-1 too, and NCCL refused by name
@@ -89,7 +89,8 @@ rc=$?
 if [ $rc -eq 0 ]; then
     res PASS "selftest (TF32 off)" "every CUDA op matches the CPU op, $(secs $t)"
 else
-    tail -n 20 "$out/selftest.log"
+    # the first failures (a sticky CUDA error fails every later case with "setup failed")
+    grep -m 12 'FAIL\|error' "$out/selftest.log"
     res FAIL "selftest (TF32 off)" "exit $rc (2: no usable GPU backend); $out/selftest.log"
 fi
 
@@ -101,7 +102,8 @@ if [ -n "$cs" ]; then
     rc=$?
     if [ $rc -eq 0 ]; then res PASS "memcheck selftest" "no errors, $(secs $t)"
     elif [ $rc -eq 124 ]; then res SKIP "memcheck selftest" "over ${GPU_SH_MEMCHECK_S:-240} s, stopped"
-    else grep -m 5 'ERROR SUMMARY\|Invalid' "$out/memcheck.log"; res FAIL "memcheck selftest" "exit $rc"
+    else grep -m 1 -A 14 'Invalid\|Error\|error' "$out/memcheck.log"; grep -m 1 'ERROR SUMMARY' "$out/memcheck.log"
+        res FAIL "memcheck selftest" "exit $rc"
     fi
 else
     res SKIP "memcheck selftest" "compute-sanitizer not installed"
@@ -128,7 +130,8 @@ if [ -n "$cs" ]; then
     rc=$?
     if [ $rc -eq 0 ]; then res PASS "racecheck 2 bf16 steps" "no hazards, $(secs $t)"
     elif [ $rc -eq 124 ]; then res SKIP "racecheck 2 bf16 steps" "over ${GPU_SH_MEMCHECK_S:-240} s, stopped"
-    else grep -m 5 'ERROR SUMMARY\|hazard' "$out/racecheck.log"; res FAIL "racecheck 2 bf16 steps" "exit $rc"
+    else grep -m 5 'ERROR SUMMARY\|hazard' "$out/racecheck.log"; tail -n 12 "$out/racecheck.log"
+        res FAIL "racecheck 2 bf16 steps" "exit $rc"
     fi
 fi
 
@@ -217,7 +220,10 @@ else
 fi
 
 # 5e. bf16 on the GPU is deterministic (two runs, the same weights bitwise: no atomics in flash
-# attention's backward) and close to the CPU's bf16 (within 0.1% per step over 20 steps)
+# attention's backward) and as accurate as the CPU's bf16: within 0.1% of its losses per step
+# over 20 steps, or, where the two bf16 runs round in different places (flash attention rounds
+# P to bf16 on the GPU, the CPU's attention keeps it in fp32), no further from the CPU's fp32
+# losses than twice the CPU's bf16 is (and 0.1% always allowed)
 t=$SECONDS
 job bf16det gpt2-124M 2 256
 for r in 1 2; do
@@ -226,18 +232,29 @@ for r in 1 2; do
 done
 timeout 300 "$W" "$out/bf16det.yaml" --backend cpu --set train.precision=\"bf16\" \
     >"$out/bf16det-cpu.log" 2>&1
-worst=$(paste <(losses "$out/bf16det-cpu.log") <(losses "$out/bf16det-1.log") |
-    awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
-         END {if (n < 20) print "missing"; else printf "%.2e", w}')
+timeout 300 "$W" "$out/bf16det.yaml" --backend cpu >"$out/bf16det-cpu32.log" 2>&1
+worst_between() { # log log: the largest relative loss difference over 20 steps, or "missing"
+    paste <(losses "$1") <(losses "$2") |
+        awk 'NF == 2 {d = ($1 - $2) / $1; if (d < 0) d = -d; if (d > w) w = d; n++}
+             END {if (n < 20) print "missing"; else printf "%.2e", w}'
+}
+worst=$(worst_between "$out/bf16det-cpu.log" "$out/bf16det-1.log")
+gpu_fp32=$(worst_between "$out/bf16det-cpu32.log" "$out/bf16det-1.log")
+cpu_fp32=$(worst_between "$out/bf16det-cpu32.log" "$out/bf16det-cpu.log")
 if [ -s "$out/bf16det-1.st" ] && cmp -s "$out/bf16det-1.st" "$out/bf16det-2.st"; then
     res PASS "bf16 GPU runs bitwise equal" "gpt2-124M 2 x 256, 20 steps, $(secs $t)"
 else
     res FAIL "bf16 GPU runs bitwise equal" "$out/bf16det-*.log"
 fi
+rm -f "$out"/bf16det-*.st
+detail="worst relative difference $worst over 20 steps; from the CPU's fp32 losses: GPU bf16 $gpu_fp32, CPU bf16 $cpu_fp32"
 if [ "$worst" != missing ] && awk -v w="$worst" 'BEGIN {exit !(w <= 1e-3)}'; then
-    res PASS "bf16 GPU vs CPU bf16 losses" "worst relative difference $worst over 20 steps"
+    res PASS "bf16 GPU vs CPU bf16 losses" "$detail"
+elif [ "$gpu_fp32" != missing ] && [ "$cpu_fp32" != missing ] &&
+    awk -v g="$gpu_fp32" -v c="$cpu_fp32" 'BEGIN {exit !(g <= 2 * c || g <= 1e-3)}'; then
+    res PASS "bf16 GPU vs CPU bf16 losses" "as accurate as the CPU's bf16: $detail"
 else
-    res FAIL "bf16 GPU vs CPU bf16 losses" "worst $worst (limit 1e-3): $out/bf16det-cpu.log"
+    res FAIL "bf16 GPU vs CPU bf16 losses" "$detail: $out/bf16det-*.log"
 fi
 
 # 6. NCCL through the project's backend

@@ -83,8 +83,14 @@ static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, i
 static int attention_scratch(ddp_kctx_t *ctx, float ***ptrs, int narrays, int nsq, ptr_args *a,
                              int B, int T, int C, int NH, int NKV)
 {
-    size_t BH = (size_t)B * NH, sq = BH * T * T * sizeof(float);
-    size_t sep = a->dqkv && NKV != NH ? 2 * BH * T * (size_t)(C / NH) * sizeof(float) : 0;
+    /* each piece 256-byte aligned: the pointer arrays need 8 (an odd B*NH*T*T would leave them
+     * misaligned: an illegal address on the GPU), the tensors 16 for cuBLAS's fast kernels */
+#define SCRATCH_PIECE(bytes) (((bytes) + 255) & ~(size_t)255)
+    size_t BH = (size_t)B * NH, sq = SCRATCH_PIECE(BH * T * T * sizeof(float));
+    size_t sep = a->dqkv && NKV != NH
+                     ? SCRATCH_PIECE(2 * BH * T * (size_t)(C / NH) * sizeof(float))
+                     : 0;
+#undef SCRATCH_PIECE
     char *p;
     DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + sep + (size_t)narrays * BH * sizeof(float *),
                                 (void **)&p));

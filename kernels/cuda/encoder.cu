@@ -119,7 +119,7 @@ void ddp__cuda_encoder_bwd(ddp_kctx_t *ctx, float *dwte, float *dwpe, const floa
                         "encoder_bwd(sort size)"))
         return;
     size_t ints = ((size_t)BT * sizeof(int32_t) + 255) / 256 * 256; /* keep 256-byte alignment */
-    size_t floats = (size_t)BT * C * sizeof(float);
+    size_t floats = ((size_t)BT * C * sizeof(float) + 255) / 256 * 256;
     void *scratch;
     if (ddp__cuda_scratch(ctx, 3 * ints + floats + sort_bytes, &scratch)) return;
     char *base = (char *)scratch;

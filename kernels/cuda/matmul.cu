@@ -19,7 +19,8 @@
  *   - by CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = CUDA_R_32F when
  *     cuBLASLt offers an algorithm for it (cublasLt.h documents the bias type as D's, with
  *     exceptions for IMMA and fp8 only, so an fp32 bias on a 16-bit D is asked for, not assumed);
- *   - else (remembered in ctx->lt_bias32) the product goes to fp32 scratch [N, OC] and
+ *   - else (any failure of that try, remembered in ctx->lt_bias32: CUDA 13's cuBLASLt on an
+ *     H100 answered INVALID_VALUE) the product goes to fp32 scratch [N, OC] and
  *     bias_round_kernel adds the bias and rounds.
  * Shapes cuBLASLt has no algorithm for go to cublasGemmEx (same types, same single rounding).
  * Split-K reductions are limited to CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (partial sums in
@@ -118,7 +119,9 @@ static int lt_plan_find(ddp_kctx_t *ctx, const lt_key *key, int *slot)
     return -1;
 }
 
-static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what)
+/* probe: a failure is returned without being recorded (lt_fwd_bias's first try of the BIAS
+ * epilogue, which it answers by falling back). */
+static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what, int probe)
 {
     cudaDataType_t t16 = ddp__cuda_lowp_type(ctx);
     cublasLtMatmulDesc_t op = NULL;
@@ -136,8 +139,10 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     memset(&h, 0, sizeof h);
     int found = 0;
     const float one = 1.0f;
+    const char *stage = ""; /* the call that failed, for the log */
     /* each step runs only while the previous ones succeeded */
-#define LT_TRY(call) (s == CUBLAS_STATUS_SUCCESS && (s = (call)) == CUBLAS_STATUS_SUCCESS)
+#define LT_TRY(call)                                                                               \
+    (s == CUBLAS_STATUS_SUCCESS && (stage = #call, s = (call)) == CUBLAS_STATUS_SUCCESS)
     s = CUBLAS_STATUS_SUCCESS;
     LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
@@ -192,7 +197,13 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);
     if (op) cublasLtMatmulDescDestroy(op);
-    if (s == CUBLAS_STATUS_NOT_SUPPORTED && !asked) return s;
+    if (s == CUBLAS_STATUS_SUCCESS || (s == CUBLAS_STATUS_NOT_SUPPORTED && !asked)) return s;
+    if (probe) {
+        DDP_INFO("cuda: %s: %.40s: %s", what, stage, cublasGetStatusName(s));
+        return s;
+    }
+    DDP_ERROR("cuda: %s: %.40s failed (m %d n %d k %d, ld %d %d %d, bias %d)", what, stage, g->m,
+              g->n, g->k, g->lda, g->ldb, g->ldd, g->bias != NULL);
     ddp__cublas_check(ctx, s, what);
     return s;
 }
@@ -202,7 +213,7 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
  * product (16-bit A and B, fp32 accumulation, D rounded once): slower, never refused. */
 static int lt_gemm_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what)
 {
-    cublasStatus_t s = lt_run(ctx, g, what);
+    cublasStatus_t s = lt_run(ctx, g, what, 0);
     if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
         DDP_DEBUG("cuda: %s: no cuBLASLt algorithm for m %d n %d k %d (ld %d %d %d): "
                   "cublasGemmEx instead", what, g->m, g->n, g->k, g->lda, g->ldb, g->ldd);
@@ -235,9 +246,8 @@ static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, in
 static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, int N, int OC)
 {
     if (ctx->lt_bias32 >= 0) {
-        cublasStatus_t s = lt_run(ctx, &g, "matmul_fwd");
-        if (s != CUBLAS_STATUS_NOT_SUPPORTED) return;
-        DDP_INFO("cuda: cuBLASLt has no fp32-bias epilogue for 16-bit outputs here; the bias "
+        if (lt_run(ctx, &g, "matmul_fwd", 1) == CUBLAS_STATUS_SUCCESS) return;
+        DDP_INFO("cuda: cuBLASLt refused an fp32-bias epilogue on a 16-bit output; the bias "
                  "is added by a kernel after an fp32 product");
         ctx->lt_bias32 = -1;
     }

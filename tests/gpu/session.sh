@@ -11,11 +11,12 @@
 #             (torch.compile) on the same GPU: the issue's headline (about 2.5 minutes)
 #   smol      the same for SmolLM2-135M at B=8 against transformers' LlamaForCausalLM
 #   more      GPT-2 124M at B=16 and GPT-2 355M at B=8
-# The first command of a window: `session.sh build-gpu` (gpu, then bench124); a second one
-# with what is left: `session.sh build-gpu smol` (then `more`). The benchmarks need python3
+# The first command of a window: `session.sh build-gpu` (gpu, bench124, then smol while it
+# fits); a second one with what is left: `session.sh build-gpu more` (or whatever was skipped). The benchmarks need python3
 # with torch (and transformers for smol) on the GPU machine; without them they are skipped.
 # Everything goes to $OUT (default $PWD/gpu-out): gpu.txt and gpu_train-*.txt, to copy into
-# tests/bench/README.md.
+# tests/bench/README.md, and logs.tgz with every log (the folders themselves are removed: a
+# lent machine's reply carries a few files of limited size).
 #
 #   LD_LIBRARY_PATH=<cuda, cublas, nccl lib dirs>:$PWD/.gpu-libs tests/gpu/session.sh \
 #       [build-gpu] [gpu|bench124|smol|more ...]
@@ -24,7 +25,7 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$src/build-gpu}
 [ $# -gt 0 ] && shift
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124)
+[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124 smol)
 budget=${SESSION_BUDGET_S:-540}
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -59,4 +60,8 @@ for part in "${parts[@]}"; do
     *) echo "session: unknown part '$part' (gpu, bench124, smol, more)" >&2; exit 2 ;;
     esac
 done
+# the logs, in one archive that comes back (the folders hold data shards and checkpoints too)
+(cd "$out" && find . -type f \( -name '*.log' -o -name '*.txt' -o -name '*.yaml' -o -name '*.json' \) \
+    -size -4M ! -path './logs.tgz' -print0 | tar czf logs.tgz --null -T - &&
+    find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
 echo "session: ${SECONDS} s"
