@@ -115,10 +115,10 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     /* the global batch in tokens stays: B changes the micro-batches per step */
     int64_t tokens = (int64_t)b->n_micro * b->B * b->T;
     int64_t n_micro = tokens / BT > 0 ? tokens / BT : 1;
-    *acts = (int64_t)ddp_model_acts_bytes(cfg, B, b->T, r, act_prec(b));
+    *acts = (int64_t)ddp_model_acts_bytes(cfg, B, b->T, r, act_prec(b), b->on_gpu);
     /* train.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
     *emb = n_micro * (BT + BT * C) * 4;
-    int64_t w = 0, lm_rows = ddp_model_lm_rows(cfg, B, b->T, act_prec(b)); /* LM head's chunk */
+    int64_t w = 0, lm_rows = ddp_model_lm_rows(cfg, B, b->T, act_prec(b), b->on_gpu);
     if (!b->on_gpu) {
         /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
          * partials and attention's score blocks */
@@ -148,8 +148,8 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         int64_t att = b->flash ? 0 : 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
         int64_t enc = BT * C * 4 + 3 * BT * 4;
         /* 16-bit: a biased product's fp32 result [BT, FH] at most (GPT-2's MLP; a Llama's
-         * only biases are Qwen2's q/k/v), where cuBLASLt refuses an fp32 bias on a 16-bit
-         * output (kernels/cuda/matmul.cu); and cuBLASLt's workspace */
+         * only biases are Qwen2's q/k/v), where cuBLASLt refuses the bias epilogue
+         * (kernels/cuda/matmul.cu's fallback); and cuBLASLt's workspace */
         int64_t biased = cfg->arch == DDP_ARCH_LLAMA ? (cfg->attention_bias ? QKV : 0) : FH;
         int64_t bias = b->act_bytes == 2 ? BT * biased * 4 : 0;
         int64_t most = att > enc ? att : enc;
@@ -293,9 +293,10 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
      * each: (W - 1) / W of every such arena of the others is mapped here */
     if (b->shared)
         b->peers = (b->grads + b->emb + (b->sharded ? b->params : 0)) * (world - 1) / world;
-    b->acts_none = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE, act_prec(b));
-    b->acts_block =
-        (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK, act_prec(b));
+    b->acts_none = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE,
+                                                 act_prec(b), b->on_gpu);
+    b->acts_block = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK,
+                                                  act_prec(b), b->on_gpu);
     b->workspace = work + ring_bytes(b) + b->extra;
     b->total = total_at(b, cfg, b->B, s->recompute);
 

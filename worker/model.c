@@ -196,6 +196,7 @@ int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_
     m->acts.T = T;
     m->acts.recompute = recompute;
     m->acts.prec = ddp_k_precision(k);
+    m->acts.gpu = ddp_k_gpu_memory(k);
     size_t acts_bytes = ddp__model_carve_acts(&m->acts, cfg, NULL);
     DDP_CHECK_GOTO(ddp_k_alloc(k, &m->acts.base, acts_bytes), rc, fail);
     ddp__model_carve_acts(&m->acts, cfg, m->acts.base);

@@ -78,6 +78,7 @@ typedef struct ddp_model_acts {
     int B, T;
     ddp_recompute_t recompute;
     ddp_kprec_t prec;  /* the activations' type: the kernels' precision at init */
+    int gpu;           /* in a GPU's memory: the LM head's chunks are larger (ddp_model_lm_rows) */
     void *base;        /* one allocation */
     float *encoded;    /* [B,T,C] */
     ddp_act_t *ln1;    /* [L,B,T,C] */
@@ -163,14 +164,14 @@ int ddp_model_set_grads(ddp_model_t *m, float *grads);
 ddp_model_dims_t ddp_model_dims(const ddp_model_cfg_t *cfg);
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_model_count_params(const ddp_model_cfg_t *cfg);
-/* Bytes of the activation arena for B x T under `recompute` and precision prec (no allocation;
- * model_layout.c, which links without the kernels' ops). */
+/* Bytes of the activation arena for B x T under `recompute` and precision prec, in a GPU's
+ * memory or not (no allocation; model_layout.c, which links without the kernels' ops). */
 size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
-                           ddp_kprec_t prec);
+                           ddp_kprec_t prec, int gpu);
 /* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params
  * to the floats of an arena, returns the number of tensors. Internal (model.c, model_layout.c). */
 int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
-/* Carves a's arena at base from a->B, a->T, a->recompute, a->prec (base NULL: only counts);
+/* Carves a's arena at base from a->B, a->T, a->recompute, a->prec, a->gpu (base NULL: only counts);
  * returns its size in bytes. Internal to model.c and model_layout.c. */
 size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
 
@@ -184,9 +185,9 @@ int ddp_model_init_weights(ddp_model_t *m, ddp_rng_t *rng);
 const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name);
 
 /* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec
- * is the only one that exists (about 64 MiB), never [B*T, V]. At least 64 and at least B
- * (ddp_model_next_logits' rows), at most B*T. */
-int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec);
+ * is the only one that exists (about 64 MiB, 256 MiB on a GPU: model_layout.c says why), never
+ * [B*T, V]. At least 64 and at least B (ddp_model_next_logits' rows), at most B*T. */
+int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec, int gpu);
 
 /* A training micro-step's forward on inputs[B,T] and targets[B,T] (host int32; B <= acts.B,
  * T <= acts.T): the blocks, then the LM head and the loss chunk by chunk, each chunk's

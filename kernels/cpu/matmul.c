@@ -21,8 +21,10 @@
  * tensors. The same tiles run natively on bf16 (bf16_gemm.c, oneDNN, one tile per task as with
  * sgemm) where the CPU has bf16 instructions, the activations' bits being the operands as they
  * are, else by sgemm on the activations widened into lowp.c's input slots; the weights are
- * lowp.c's converted copies. An out or dinp tile is computed in fp32 into its thread's scratch
- * (the bias added there), then rounded once on store -- the same sgemm calls as in fp32 mode,
+ * lowp.c's converted copies, and so is the bias: rounded to the 16-bit type, as PyTorch's
+ * autocast rounds every input of a linear layer and as the GPU's cuBLASLt epilogue takes it. An
+ * out or dinp tile is computed in fp32 into its thread's scratch (the bias added there), then
+ * rounded once on store -- the same sgemm calls as in fp32 mode,
  * so an emulated tile is bitwise the fp32 op's on the same values, rounded. Split-K partials
  * are summed in fp32 and rounded once. dweight and dbias accumulate in fp32 (dbias from the
  * widened dout). Scratch: a tile (at most R x MM_WIDE floats, R the rows) per thread. For fp32
@@ -31,6 +33,9 @@
 #include "kernels/cpu/cpu.h"
 
 #include <cblas.h>
+#include <string.h>
+
+#include "kernels/math/lowp.h"
 
 #define MM_WIDE 512    /* preferred tile width */
 #define MM_MIN_COLS 128
@@ -172,12 +177,14 @@ static void fwd_task(void *varg, long task)
     tile_at(&a->fwd, task, &r0, &c0, &h, &w);
     int C = a->C, OC = a->OC, ldo;
     float *out = tile_out(a, a->out, r0, c0, w, a->ldo, &ldo);
-    if (a->bias)
-        for (int r = 0; r < h; r++) {
-            float *restrict o = out + (size_t)r * ldo;
-            const float *restrict b = a->bias + c0;
-            for (int j = 0; j < w; j++) o[j] = b[j];
-        }
+    if (a->bias) { /* rounded to the activations' type in 16-bit runs (the header says why) */
+        const float *restrict b = a->bias + c0;
+        for (int j = 0; j < w; j++)
+            out[j] = a->prec == DDP_KPREC_BF16   ? ddp_round_bf16(b[j])
+                     : a->prec == DDP_KPREC_FP16 ? ddp_round_fp16(b[j])
+                                                 : b[j];
+        for (int r = 1; r < h; r++) memcpy(out + (size_t)r * ldo, out, (size_t)w * sizeof(float));
+    }
     size_t inp = (size_t)r0 * C;
     if (a->layout == DDP_W_IN_OUT)
         gemm(a, 0, 0, h, w, C, a->inp, inp, C, a->weight, c0, OC, !!a->bias, out, ldo);

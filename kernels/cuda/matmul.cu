@@ -16,12 +16,15 @@
  * copy from lowp.cu, the activations directly), CUBLAS_COMPUTE_32F (fp32 accumulation on tensor
  * cores), D = out / dinp of the 16-bit type (rounded once, from fp32) or dweight (fp32, C = D,
  * beta 1). The forward's bias is added in fp32 before that one rounding:
- *   - by CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = CUDA_R_32F when
- *     cuBLASLt offers an algorithm for it (cublasLt.h documents the bias type as D's, with
- *     exceptions for IMMA and fp8 only, so an fp32 bias on a 16-bit D is asked for, not assumed);
- *   - else (any failure of that try, remembered in ctx->lt_bias32: CUDA 13's cuBLASLt on an
- *     H100 answered INVALID_VALUE) the product goes to fp32 scratch [N, OC] and
- *     bias_round_kernel adds the bias and rounds.
+ *   - by CUBLASLT_EPILOGUE_BIAS with the bias of D's type (the bias's 16-bit copy, made with
+ *     the weights' copies by lowp.cu), as cublasLt.h documents it and PyTorch and llm.c use it:
+ *     the product's fp32 sum plus the bias rounded to 16 bits, then rounded once (the CPU
+ *     rounds the bias alike, kernels/cpu/matmul.c). An fp32 bias
+ *     (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = CUDA_R_32F) would be exact, but CUDA 13's
+ *     cuBLASLt on an H100 refused it with INVALID_VALUE (2026-11-27);
+ *   - else (any failure of that epilogue's try, remembered in ctx->lt_bias16) the product goes
+ *     to fp32 scratch [N, OC] and bias_round_kernel adds the fp32 bias and rounds: 10 more
+ *     bytes an output element, half the forward's speed at GPT-2's shapes on that H100.
  * Shapes cuBLASLt has no algorithm for go to cublasGemmEx (same types, same single rounding).
  * Split-K reductions are limited to CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (partial sums in
  * fp32): the OUTPUT_TYPE and INPLACE schemes would sum partial products in the 16-bit output
@@ -34,8 +37,9 @@
 
 #include "kernels/cuda/kcuda.cuh"
 
-/* out[n, c] = round(acc[n, c] + bias[c]) over [N, OC], out's rows ldo apart and acc's lda; acc
- * may be out (fp32, in place, lda = ldo). */
+/* out[n, c] = round(acc[n, c] + round(bias[c])) over [N, OC], out's rows ldo apart and acc's
+ * lda; acc may be out (fp32, in place, lda = ldo). The bias rounded to T as the epilogue's
+ * 16-bit copy is (fp32: unchanged). */
 template <typename T>
 static __global__ void bias_round_kernel(T *out, int ldo, const float *acc, int lda,
                                         const float *bias, int OC, size_t total)
@@ -43,7 +47,8 @@ static __global__ void bias_round_kernel(T *out, int ldo, const float *acc, int 
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / (size_t)OC, c = i - n * (size_t)OC;
-        out[n * ldo + c] = ddp__act<T>::st(acc[n * lda + c] + bias[c]);
+        out[n * ldo + c] = ddp__act<T>::st(acc[n * lda + c] +
+                                           ddp__act<T>::ld(ddp__act<T>::st(bias[c])));
     }
 }
 
@@ -81,7 +86,7 @@ struct lt_gemm {
     void *D;
     cudaDataType_t dt;
     int ldd;
-    const float *bias;
+    const void *bias; /* fp32 (fallback's bias_round) or the 16-bit copy (the epilogue) */
 };
 
 /* What the heuristic's answer depends on (all else is fixed per context: the compute type,
@@ -147,14 +152,11 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (g->bias) {
+    if (g->bias) { /* of D's type, the default BIAS_DATA_TYPE */
         uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
-        int32_t bt = CUDA_R_32F;
         LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                               sizeof g->bias));
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                              sizeof bt));
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&la, t16, g->ta == CUBLAS_OP_N ? g->m : g->k,
                                       g->ta == CUBLAS_OP_N ? g->k : g->m, g->lda));
@@ -241,15 +243,16 @@ static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, in
                              what);
 }
 
-/* Queues out = round(g + bias) for a 16-bit run: the epilogue when cuBLASLt takes an fp32 bias,
- * else the product into fp32 scratch and bias_round. */
-static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, int N, int OC)
+/* Queues out = round(g + bias) for a 16-bit run (bias fp32 [OC]): the epilogue with the bias's
+ * 16-bit copy, else the product into fp32 scratch and bias_round. */
+static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, const float *bias, int N, int OC)
 {
-    if (ctx->lt_bias32 >= 0) {
+    if (ctx->lt_bias16 >= 0) {
+        if (!(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
         if (lt_run(ctx, &g, "matmul_fwd", 1) == CUBLAS_STATUS_SUCCESS) return;
-        DDP_INFO("cuda: cuBLASLt refused an fp32-bias epilogue on a 16-bit output; the bias "
-                 "is added by a kernel after an fp32 product");
-        ctx->lt_bias32 = -1;
+        DDP_INFO("cuda: cuBLASLt refused the bias epilogue; the bias is added by a kernel after "
+                 "an fp32 product");
+        ctx->lt_bias16 = -1;
     }
     void *out = g.D;
     int ldo = g.ldd;
@@ -258,7 +261,6 @@ static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, int N, int OC)
     g.D = acc;
     g.dt = CUDA_R_32F;
     g.ldd = OC;
-    const float *bias = g.bias;
     g.bias = NULL;
     if (lt_gemm_run(ctx, &g, "matmul_fwd")) return;
     bias_round(ctx, out, ldo, acc, OC, bias, N, OC);
@@ -281,9 +283,9 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
     if (!W) return;
     lt_gemm g = {ta, CUBLAS_OP_N, OC, N, C, W, lda, inp, C, 0.0f, out, ddp__cuda_lowp_type(ctx),
-                 ldo, bias};
+                 ldo, NULL};
     if (bias)
-        lt_fwd_bias(ctx, g, N, OC);
+        lt_fwd_bias(ctx, g, bias, N, OC);
     else
         lt_gemm_run(ctx, &g, "matmul_fwd");
 }

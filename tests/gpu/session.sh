@@ -9,10 +9,12 @@
 #             per-op profile, NCCL, 2 ranks on one GPU over the ring (about 5 minutes)
 #   bench124  tests/bench/gpu_train.sh, GPT-2 124M at B=8 T=1024 against PyTorch
 #             (torch.compile) on the same GPU: the issue's headline (about 2.5 minutes)
+#   ncu       tests/gpu/kernel_times.sh: every kernel of one GPT-2 124M bf16 step at 8 x 1024
+#             under Nsight Compute, grouped, largest first (about a minute)
 #   smol      the same for SmolLM2-135M at B=8 against transformers' LlamaForCausalLM
 #   more      GPT-2 124M at B=16 and GPT-2 355M at B=8
-# The first command of a window: `session.sh build-gpu` (gpu, bench124, then smol while it
-# fits); a second one with what is left: `session.sh build-gpu more` (or whatever was skipped). The benchmarks need python3
+# The first command of a window: `session.sh build-gpu` (gpu, bench124, then ncu and smol
+# while they fit); a second one with what is left: `session.sh build-gpu more` (or whatever was skipped). The benchmarks need python3
 # with torch (and transformers for smol) on the GPU machine; without them they are skipped.
 # Everything goes to $OUT (default $PWD/gpu-out): gpu.txt and gpu_train-*.txt, to copy into
 # tests/bench/README.md, and logs.tgz with every log (the folders themselves are removed: a
@@ -25,7 +27,7 @@ src=$(cd "$(dirname "$0")/../.." && pwd)
 bdir=${1:-$src/build-gpu}
 [ $# -gt 0 ] && shift
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124 smol)
+[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124 ncu smol)
 budget=${SESSION_BUDGET_S:-540}
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -55,9 +57,13 @@ for part in "${parts[@]}"; do
         GPU_SH_PREBUILT=${GPU_SH_PREBUILT:-1} GPU_SH_MEMCHECK_S=${GPU_SH_MEMCHECK_S:-90} \
             OUT="$out/gpu" "$src/tests/gpu.sh" "$bdir" 2>&1 | tee "$out/gpu.txt" | grep '^== ' ;;
     bench124) bench gpt2-124M 8 ;;
+    ncu)
+        fits "kernel times" 90 || continue
+        OUT="$out/ncu" "$src/tests/gpu/kernel_times.sh" "$bdir" >"$out/kernel_times.txt" 2>&1
+        head -n 25 "$out/kernel_times.txt" ;;
     smol) bench smollm2-135m 8 transformers ;;
     more) bench gpt2-124M 16; bench gpt2-355M 8 ;;
-    *) echo "session: unknown part '$part' (gpu, bench124, smol, more)" >&2; exit 2 ;;
+    *) echo "session: unknown part '$part' (gpu, bench124, ncu, smol, more)" >&2; exit 2 ;;
     esac
 done
 # the logs, in one archive that comes back (the folders hold data shards and checkpoints too)

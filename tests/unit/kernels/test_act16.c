@@ -2,7 +2,7 @@
  *
  * Under bf16 and fp16 with the emulated products (DDP_CPU_BF16=emulate; fp16 always is), each
  * op's 16-bit outputs must be BITWISE the same op run in fp32 on the widened inputs (the weights
- * of a product rounded to the precision), its outputs then rounded once; its fp32 outputs
+ * and bias of a product rounded to the precision), its outputs then rounded once; its fp32 outputs
  * (LayerNorm's statistics and gradients, lse, losses, dweight, dbias, the residual) bitwise the
  * fp32 op's. The 16-bit context has 2 threads and the fp32 one 3, so this also checks that
  * neither result depends on the thread count. Activation gradients that the ops overwrite
@@ -197,10 +197,11 @@ static void check_matmul(ddp_kprec_t p)
         float *dout = rnd(&c, no, -1, 1), *dw0 = rnd(&c, nw, -1, 1);
         float *db0 = rnd(&c, (size_t)s->OC, -1, 1);
         float *rin = kround(inp, ni, p), *rw = kround(w, nw, p), *rdout = kround(dout, no, p);
+        float *rb = kround(b, (size_t)s->OC, p); /* the bias is rounded like the weights */
         void *inp16 = kact(inp, ni, p), *dout16 = kact(dout, no, p);
         mm_res_t lo, ref;
         mm_run(&c.lp, s, inp16, w, b, dout16, dw0, db0, 2, &lo);
-        mm_run(&c.ref, s, rin, rw, b, rdout, dw0, db0, 4, &ref);
+        mm_run(&c.ref, s, rin, rw, rb, rdout, dw0, db0, 4, &ref);
         same_act("matmul out", lo.out, ref.out, no, p);
         same_act("matmul dinp", lo.dinp, ref.dinp, ni, p);
         same_f32("matmul dweight", lo.dw, ref.dw, nw);
@@ -214,14 +215,15 @@ static void check_matmul(ddp_kprec_t p)
                 mm_run(&k[j], s, inp16, w, b, dout16, dw0, db0, 2, &nat[j]);
                 ddp_kernels_close(&k[j]);
             }
-            check_native(s, rin, rw, b, rdout, &nat[0], &lo);
+            check_native(s, rin, rw, rb, rdout, &nat[0], &lo);
             assert_memory_equal(nat[0].out, nat[1].out, no * 2);
             assert_memory_equal(nat[0].dinp, nat[1].dinp, ni * 2);
             assert_memory_equal(nat[0].dw, nat[1].dw, nw * 4);
             mm_free(&nat[0]), mm_free(&nat[1]);
         }
         mm_free(&lo), mm_free(&ref);
-        free(inp), free(w), free(b), free(dout), free(dw0), free(db0), free(rin), free(rw);
+        free(inp), free(w), free(b), free(rb), free(dout), free(dw0), free(db0), free(rin);
+        free(rw);
         free(rdout), free(inp16), free(dout16);
         close_pair(&c);
     }

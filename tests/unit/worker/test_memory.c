@@ -71,8 +71,8 @@ static void check_bitwise(const char *backend, ddp_kprec_t prec, int AB, int AT,
         if (memcmp(&d0[i], &d1[i], 4))
             fail_msg("%s: dres %zu: none %.9g, block %.9g", backend, i, d0[i], d1[i]);
     if (!(a1 < a0)) fail_msg("%s: activations block %zu bytes, none %zu", backend, a1, a0);
-    assert_int_equal(a0, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_NONE, prec));
-    assert_int_equal(a1, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK, prec));
+    assert_int_equal(a0, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_NONE, prec, 0));
+    assert_int_equal(a1, ddp_model_acts_bytes(&CFG, AB, AT, DDP_RECOMPUTE_BLOCK, prec, 0));
     free(g0);
     free(g1);
     free(d0);
@@ -125,7 +125,7 @@ static void test_budget_figures(void **state)
     assert_int_equal(b.params, (int64_t)ddp_model_count_params(&s.model) * 4);
     assert_int_equal(b.moments, 2 * b.params);
     assert_int_equal(b.acts,
-                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_FP32));
+                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_FP32, 0));
     assert_int_equal(b.acts, b.acts_none);
     assert_true(b.acts_block < b.acts_none / 2);
     assert_int_equal(b.limit, (int64_t)1 << 30);
@@ -142,7 +142,7 @@ static void test_budget_figures(void **state)
     ddp_mem_budget_t b16;
     assert_int_equal(ddp_mem_budget_plan(&s16, 1, 1, 0, 0, 0, 0, &b16), 0);
     assert_int_equal(b16.acts,
-                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_BF16));
+                     (int64_t)ddp_model_acts_bytes(&s.model, 4, 256, 0, DDP_KPREC_BF16, 0));
     assert_true(b16.acts > b.acts / 2 && b16.acts < b.acts * 3 / 4);
     check_parts(&b16);
 
