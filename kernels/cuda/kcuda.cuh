@@ -288,9 +288,9 @@ static void ddp__colsum(ddp_kctx_t *ctx, float *out0, float *out1, int N, int C,
 }
 
 /* ---- The ops: ddp__cuda_<op> for every op of kernels.h's DDP_KERNEL_OPS, one family per file
- * (encoder.cu, layernorm.cu (with residual_norm_fwd), rmsnorm.cu, matmul.cu, attention.cu,
- * rope.cu, pointwise.cu (with swiglu, adamw, add, scale), xent.cu, reduce.cu (sumsq_blocks,
- * nonfinite); set_precision in lowp.cu) ---- */
+ * (encoder.cu, layernorm.cu (with residual_norm_fwd), rmsnorm.cu, norm_bwd.cu (both norms'
+ * backward), matmul.cu, attention.cu, rope.cu, pointwise.cu (with swiglu, adamw, add, scale),
+ * xent.cu, reduce.cu (sumsq_blocks, nonfinite); set_precision in lowp.cu) ---- */
 #define DDP__CUDA_OP(name, params) void ddp__cuda_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CUDA_OP)
 #undef DDP__CUDA_OP

@@ -5,10 +5,8 @@
  *           inp fp32 (the residual stream); out of the activation type (rounded once).
  *           One warp per row (8 rows per 256-thread block); the sum of squares reduced in a
  *           fixed order (each lane's elements in order, then the warp's xor butterfly).
- * backward  dinp[N,C] += rstd (dnorm - xhat mean(dnorm xhat)), dnorm = dout w: dout of the
- *           activation type, dinp fp32 (the residual stream's gradient); one warp per row.
- *           dweight[C] += sum_n dout xhat: the deterministic two-stage column sum of kcuda.cuh
- *           (scratch: <= 64 * C floats), as layernorm's dweight.
+ * backward  dinp[N,C] += rstd (dnorm - xhat mean(dnorm xhat)), dnorm = dout w; dweight[C] +=
+ *           sum_n dout xhat: norm_bwd.cu, in one pass (LayerNorm's backward too).
  * residual_norm_fwd's RMSNorm (mean NULL; the entry is layernorm.cu's):
  *           res[N,C] = a + b (fp32; res may alias a; b of the activation type), then out and
  *           rstd as forward's from res: forward's lanes, V and order, so the results are bitwise
@@ -134,51 +132,6 @@ static __global__ void residual_rmsnorm_kernel(float *res, T *out, float *rstd, 
     if (lane == 0) rstd[row] = r;
 }
 
-template <typename T, int V>
-static __global__ void rmsnorm_dinp_kernel(float *dinp, const T *dout, const float *inp,
-                                           const float *weight, const float *rstd, int N, int C)
-{
-    int row = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (row >= N) return;
-    const float *x = inp + (size_t)row * C;
-    const T *dy = dout + (size_t)row * C;
-    float r = rstd[row];
-    float sdx = 0.0f;
-    for (int c = lane * V; c < C; c += 32 * V) {
-        float xv[V], wv[V], dv[V];
-        ddp__ldv<V>(xv, x + c);
-        ddp__ldv<V>(wv, weight + c);
-        ddp__ldv<V>(dv, dy + c);
-#pragma unroll
-        for (int k = 0; k < V; k++) sdx += dv[k] * wv[k] * (xv[k] * r);
-    }
-    float mean_dx = ddp__warp_sum(sdx) / (float)C;
-    float *dx = dinp + (size_t)row * C;
-    for (int c = lane * V; c < C; c += 32 * V) {
-        float xv[V], wv[V], dv[V], g[V];
-        ddp__ldv<V>(xv, x + c);
-        ddp__ldv<V>(wv, weight + c);
-        ddp__ldv<V>(dv, dy + c);
-        ddp__ldv<V>(g, dx + c);
-#pragma unroll
-        for (int k = 0; k < V; k++) g[k] += ddp_rmsnorm_dx(dv[k] * wv[k], xv[k] * r, mean_dx, r);
-        ddp__stv<V>(dx + c, g);
-    }
-}
-
-/* v[0] = dout * xhat (for dweight). */
-template <typename T> struct rmsnorm_dw {
-    const T *dout;
-    const float *inp, *rstd;
-    int C;
-    __device__ void operator()(int n, int c, float v[1]) const
-    {
-        size_t i = (size_t)n * C + c;
-        v[0] = ddp__act<T>::ld(dout[i]) * (inp[i] * rstd[n]);
-    }
-};
-
 /* 4 when rows of C elements starting at each pointer allow 4-element accesses: C % 4 == 0 and
  * every pointer aligned to 4 elements of its type (`act` bytes for the activation). */
 static int vec4(int C, const float *const f[3], const void *a, size_t act)
@@ -232,30 +185,4 @@ void ddp__cuda_residual_rmsnorm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out,
     DDP_ACT_DISPATCH(ctx->prec, T,
                      residual_rmsnorm<T>(ctx, res, (T *)out, rstd, a, (const T *)b, weight, N, C,
                                          eps));
-}
-
-template <typename T>
-static void rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const T *dout,
-                        const float *inp, const float *weight, const float *rstd, int N, int C)
-{
-    unsigned grid = (unsigned)((N + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
-    const float *f[3] = {dinp, inp, weight};
-    if (vec4(C, f, dout, sizeof(T)))
-        rmsnorm_dinp_kernel<T, 4><<<grid, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
-            dinp, dout, inp, weight, rstd, N, C);
-    else
-        rmsnorm_dinp_kernel<T, 1><<<grid, 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
-            dinp, dout, inp, weight, rstd, N, C);
-    if (ddp__cuda_launched(ctx, "rmsnorm_bwd(dinp)")) return;
-    rmsnorm_dw<T> fn = {dout, inp, rstd, C};
-    ddp__colsum<1>(ctx, dweight, NULL, N, C, fn, "rmsnorm_bwd(dweight)");
-}
-
-void ddp__cuda_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const ddp_act_t *dout,
-                           const float *inp, const float *weight, const float *rstd, int N, int C)
-{
-    if (N <= 0 || C <= 0 || ddp__cuda_enter(ctx)) return;
-    DDP_ACT_DISPATCH(ctx->prec, T,
-                     rmsnorm_bwd<T>(ctx, dinp, dweight, (const T *)dout, inp, weight, rstd, N,
-                                    C));
 }
