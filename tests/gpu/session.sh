@@ -11,23 +11,40 @@
 #             (torch.compile) on the same GPU: the issue's headline (about 2.5 minutes)
 #   ncu       tests/gpu/kernel_times.sh: every kernel of one GPT-2 124M bf16 step at 8 x 1024
 #             under Nsight Compute, grouped, largest first (about a minute)
+#   gemm      tests/gpu/gemm_shapes (the step's products on cuBLASLt as ddpd sets them up: the
+#             heuristic's first algorithm against the best of 16) and gemm_shapes.py (the same
+#             products in PyTorch) (about 40 s)
 #   smol      the same for SmolLM2-135M at B=8 against transformers' LlamaForCausalLM
 #   more      GPT-2 124M at B=16 and GPT-2 355M at B=8
-# The first command of a window: `session.sh build-gpu` (gpu, bench124, then ncu and smol
-# while they fit); a second one with what is left: `session.sh build-gpu more` (or whatever was skipped). The benchmarks need python3
-# with torch (and transformers for smol) on the GPU machine; without them they are skipped.
+# The first command of a window: `session.sh build-gpu` (gpu, bench124, then ncu, gemm and
+# smol while they fit); a second one with what is left: `session.sh build-gpu more` (or
+# whatever was skipped). The benchmarks need python3 with torch (and transformers for smol) on
+# the GPU machine; without them they are skipped.
 # Everything goes to $OUT (default $PWD/gpu-out): gpu.txt and gpu_train-*.txt, to copy into
 # tests/bench/README.md, and logs.tgz with every log (the folders themselves are removed: a
 # lent machine's reply carries a few files of limited size).
 #
-#   LD_LIBRARY_PATH=<cuda, cublas, nccl lib dirs>:$PWD/.gpu-libs tests/gpu/session.sh \
-#       [build-gpu] [gpu|bench124|smol|more ...]
+# The CUDA runtime, cuBLAS and NCCL are looked up under /usr/local/cuda and python3's packages
+# (where NVIDIA's wheels put them) and put on LD_LIBRARY_PATH with .gpu-libs (bundle.sh's).
+#
+#   tests/gpu/session.sh [build-gpu] [gpu|bench124|ncu|gemm|smol|more ...]
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
+site=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null || true)
+for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    # shellcheck disable=SC2086 # $site: several folders
+    found=$(find /usr/local/cuda/ $site -name "$lib" 2>/dev/null | head -n 1)
+    dir=$(dirname "${found:-.}")
+    case ":${LD_LIBRARY_PATH:-}:" in
+    *":$dir:"*) ;;
+    *) [ -n "$found" ] && LD_LIBRARY_PATH=$dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} ;;
+    esac
+done
+export LD_LIBRARY_PATH=$src/.gpu-libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 bdir=${1:-$src/build-gpu}
 [ $# -gt 0 ] && shift
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124 ncu smol)
+[ ${#parts[@]} -eq 0 ] && parts=(gpu bench124 ncu gemm smol)
 budget=${SESSION_BUDGET_S:-540}
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -61,9 +78,14 @@ for part in "${parts[@]}"; do
         fits "kernel times" 90 || continue
         OUT="$out/ncu" "$src/tests/gpu/kernel_times.sh" "$bdir" >"$out/kernel_times.txt" 2>&1
         head -n 25 "$out/kernel_times.txt" ;;
+    gemm)
+        fits "the step's products" 60 || continue
+        { "$bdir/tests/gpu/gemm_shapes"; python3 "$src/tests/gpu/gemm_shapes.py"; } \
+            >"$out/gemm.txt" 2>&1
+        grep '^step' "$out/gemm.txt" ;;
     smol) bench smollm2-135m 8 transformers ;;
     more) bench gpt2-124M 16; bench gpt2-355M 8 ;;
-    *) echo "session: unknown part '$part' (gpu, bench124, ncu, smol, more)" >&2; exit 2 ;;
+    *) echo "session: unknown part '$part' (gpu, bench124, ncu, gemm, smol, more)" >&2; exit 2 ;;
     esac
 done
 # the logs, in one archive that comes back (the folders hold data shards and checkpoints too)
