@@ -29,8 +29,14 @@
  *           dQ = dS @ K,   dK = dS^T @ Q      (dqkv overwritten: beta 0)
  *           With G > 1 each query head's dK and dV go to scratch [2][B,NH,T,hs] instead, and
  *           one kernel sums each group's G heads in ascending order into dqkv (no atomics).
+ * Causal blocks: the products skip most of the masked upper triangle. Query rows go in blocks
+ * of TB (causal_block: a quarter of T in multiples of 64, at least 128; T <= 128 is one
+ * block): query block [r0, r1) meets keys [0, r1) only (the scores, P V, dP, dQ), and key block
+ * [c0, c1) queries [c0, T) only (dV, dK), so at T = 1024 the products do 62.5% of the square's
+ * work and the row kernels touch the same part (row t: columns below its block's end, zeros
+ * past t). Every product still overwrites its output (beta 0), each element once.
  * Scratch: B*NH*T*T floats forward, twice that backward (plus 2*B*NH*T*hs when G > 1), plus
- * 9 * B*NH pointers.
+ * pointer arrays: 11 * blocks * B*NH pointers at most.
  * Limits: B*NH*T < 2^31 rows.
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -38,8 +44,24 @@
 
 #define ROWS_PER_BLOCK 8
 
-/* ptr[a * BH + j] for a = 0.. and query head j = b*NH + h: Q, K, V, then dQ, dK, dV, then the
- * [B,T,C]-shaped tensors (base + b*T*C + h*hs), then the [B,NH,T,T] ones (base + j*T*T). */
+/* Query rows per causal block at T (the header): a quarter of T in multiples of 64, >= 128. */
+static int causal_block(int T)
+{
+    int tb = (T / 4 + 63) / 64 * 64;
+    return tb < 128 ? 128 : tb;
+}
+
+/* The end of row t's block: the columns it meets. */
+static __device__ __forceinline__ int block_end(int t, int tb, int T)
+{
+    return min(T, (t / tb + 1) * tb);
+}
+
+/* The product's operands, as pointer arrays of the B*NH query heads j = b*NH + h: Q, K, V, then
+ * dQ, dK, dV, then the [B,T,C]-shaped tensors (base + b*T*C + h*hs), then the [B,NH,T,T] ones
+ * (base + j*T*T), each once per causal block i with its rows from i*TB on (ptrs: the arrays
+ * counted in that order, a = 0..), then the [B,NH,T,T] ones again from row and column i*TB
+ * (the diagonal block: the key-block products' P and dS). */
 struct ptr_args {
     const float *qkv; /* Q, K, V come from here; dQ, dK, dV from dqkv when non-NULL */
     float *dqkv;
@@ -48,8 +70,9 @@ struct ptr_args {
     float *bhtt[2];   /* [B,NH,T,T] tensors (P, dP in scratch), NULL when absent */
 };
 
+/* ptr[(a * nb + i) * BH + j]: array a's pointer of head j for block i (above). */
 static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, int C, int NH,
-                                        int NKV)
+                                        int NKV, int tb, int nb)
 {
     int BH = B * NH;
     int hs = C / NH, G = NH / NKV;
@@ -60,58 +83,78 @@ static __global__ void fill_ptrs_kernel(float **ptr, ptr_args a, int B, int T, i
         size_t off[3] = {(size_t)b * T * QKV + (size_t)h * hs,
                          (size_t)b * T * QKV + C + (size_t)(h / G) * hs,
                          (size_t)b * T * QKV + C + (size_t)(NKV + h / G) * hs};
-        size_t ooff = (size_t)b * T * C + (size_t)h * hs;
-        size_t aoff = (size_t)j * T * T;
+        float *base[11];
+        size_t ld[11];
         int k = 0;
-        for (int w = 0; w < 3; w++) ptr[(k++) * BH + j] = (float *)a.qkv + off[w];
+        for (int w = 0; w < 3; w++) base[k] = (float *)a.qkv + off[w], ld[k++] = QKV;
         if (a.dqkv) {
-            ptr[(k++) * BH + j] = a.dqkv + off[0];
-            for (int w = 1; w < 3; w++)
-                ptr[(k++) * BH + j] = a.dkv_sep ? a.dkv_sep + ((size_t)(w - 1) * BH + j) * T * hs
-                                                : a.dqkv + off[w];
+            base[k] = a.dqkv + off[0], ld[k++] = QKV;
+            for (int w = 1; w < 3; w++) {
+                base[k] = a.dkv_sep ? a.dkv_sep + ((size_t)(w - 1) * BH + j) * T * hs
+                                    : a.dqkv + off[w];
+                ld[k++] = a.dkv_sep ? (size_t)hs : QKV;
+            }
         }
         for (int w = 0; w < 2; w++)
-            if (a.bt[w]) ptr[(k++) * BH + j] = a.bt[w] + ooff;
+            if (a.bt[w]) base[k] = a.bt[w] + (size_t)b * T * C + (size_t)h * hs, ld[k++] = C;
+        int sq = k;
         for (int w = 0; w < 2; w++)
-            if (a.bhtt[w]) ptr[(k++) * BH + j] = a.bhtt[w] + aoff;
+            if (a.bhtt[w]) base[k] = a.bhtt[w] + (size_t)j * T * T, ld[k++] = T;
+        int n = k;
+        for (int w = sq; w < n; w++) base[k] = base[w], ld[k++] = (size_t)T + 1; /* diagonal */
+        for (int w = 0; w < k; w++)
+            for (int i = 0; i < nb; i++)
+                ptr[((size_t)w * nb + i) * BH + j] = base[w] + (size_t)i * tb * ld[w];
     }
 }
 
+/* The pointer arrays of one op (fill_ptrs_kernel's): arr(x, a, i) is array a for block i. */
+struct ptr_arrays {
+    float **p;
+    int nb, BH;
+};
+static float **arr(const ptr_arrays *x, int a, int i)
+{
+    return x->p + ((size_t)a * x->nb + i) * x->BH;
+}
+
 /* Carves ctx's scratch into `nsq` [B,NH,T,T] float tensors, (backward with G > 1) the
- * [2][B,NH,T,hs] of each query head's dK and dV, and `narrays` pointer arrays (array a at
- * (*ptrs) + a*B*NH); fills a->bhtt and a->dkv_sep, and builds the arrays. */
-static int attention_scratch(ddp_kctx_t *ctx, float ***ptrs, int narrays, int nsq, ptr_args *a,
+ * [2][B,NH,T,hs] of each query head's dK and dV, and the pointer arrays of `narrays` operands
+ * (nsq of them the [B,NH,T,T] ones, which also get their diagonal arrays) for each causal
+ * block; fills a->bhtt and a->dkv_sep, and builds the arrays. Each piece 256-byte aligned: the
+ * pointer arrays need 8 (an odd B*NH*T*T would leave them misaligned: an illegal address on
+ * the GPU), the tensors 16 for cuBLAS's fast kernels. */
+static int attention_scratch(ddp_kctx_t *ctx, ptr_arrays *out, int narrays, int nsq, ptr_args *a,
                              int B, int T, int C, int NH, int NKV)
 {
-    /* each piece 256-byte aligned: the pointer arrays need 8 (an odd B*NH*T*T would leave them
-     * misaligned: an illegal address on the GPU), the tensors 16 for cuBLAS's fast kernels */
 #define SCRATCH_PIECE(bytes) (((bytes) + 255) & ~(size_t)255)
+    int tb = causal_block(T), nb = (T + tb - 1) / tb;
     size_t BH = (size_t)B * NH, sq = SCRATCH_PIECE(BH * T * T * sizeof(float));
     size_t sep = a->dqkv && NKV != NH
                      ? SCRATCH_PIECE(2 * BH * T * (size_t)(C / NH) * sizeof(float))
                      : 0;
 #undef SCRATCH_PIECE
+    size_t npointers = (size_t)(narrays + nsq) * nb * BH;
     char *p;
-    DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + sep + (size_t)narrays * BH * sizeof(float *),
-                                (void **)&p));
+    DDP_CHECK(ddp__cuda_scratch(ctx, nsq * sq + sep + npointers * sizeof(float *), (void **)&p));
     for (int i = 0; i < nsq; i++) a->bhtt[i] = (float *)(p + i * sq);
     a->dkv_sep = sep ? (float *)(p + nsq * sq) : NULL;
     float **arrays = (float **)(p + nsq * sq + sep);
     fill_ptrs_kernel<<<ddp__grid(BH, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-        arrays, *a, B, T, C, NH, NKV);
+        arrays, *a, B, T, C, NH, NKV, tb, nb);
     DDP_CHECK(ddp__cuda_launched(ctx, "attention(pointers)"));
-    *ptrs = arrays;
+    *out = (ptr_arrays){arrays, nb, (int)BH};
     return 0;
 }
 
-/* Row r of [B*NH*T, T] holds scale*q.k; becomes the causal softmax (zeros above t), and
- * lse[r] its log-sum-exp. */
-static __global__ void softmax_fwd_kernel(float *att, float *lse, int rows, int T)
+/* Row r of [B*NH*T, T] holds scale*q.k below its block's end; becomes the causal softmax
+ * (zeros above t, to the block's end), and lse[r] its log-sum-exp. */
+static __global__ void softmax_fwd_kernel(float *att, float *lse, int rows, int T, int tb)
 {
     int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
-    int t = r % T;
+    int t = r % T, end = block_end(t, tb, T);
     float *x = att + (size_t)r * T;
     float mx = -INFINITY;
     for (int t2 = lane; t2 <= t; t2 += 32) mx = fmaxf(mx, x[t2]);
@@ -120,39 +163,41 @@ static __global__ void softmax_fwd_kernel(float *att, float *lse, int rows, int 
     for (int t2 = lane; t2 <= t; t2 += 32) s += ddp_softmax_exp(x[t2], mx);
     s = ddp__warp_sum(s);
     float inv = 1.0f / s;
-    for (int t2 = lane; t2 < T; t2 += 32) x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], mx) * inv : 0.0f;
+    for (int t2 = lane; t2 < end; t2 += 32)
+        x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], mx) * inv : 0.0f;
     if (lane == 0) lse[r] = mx + logf(s);
 }
 
-/* Row r of [B*NH*T, T] holds scale*q.k; becomes P = exp(x - lse[r]) (zeros above t). */
-static __global__ void softmax_again_kernel(float *att, const float *lse, int rows, int T)
+/* Row r of [B*NH*T, T] holds scale*q.k below its block's end; becomes P = exp(x - lse[r])
+ * (zeros above t, to the block's end). */
+static __global__ void softmax_again_kernel(float *att, const float *lse, int rows, int T, int tb)
 {
     int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
-    int t = r % T;
+    int t = r % T, end = block_end(t, tb, T);
     float *x = att + (size_t)r * T;
     float l = lse[r];
-    for (int t2 = lane; t2 < T; t2 += 32) x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], l) : 0.0f;
+    for (int t2 = lane; t2 < end; t2 += 32) x[t2] = t2 <= t ? ddp_softmax_exp(x[t2], l) : 0.0f;
 }
 
 /* dP (row r = (b, h, t)) becomes dS = scale * P (dP - D), D = dout[b,t,h] . out[b,t,h]; zeros
- * above t. */
+ * above t, to the block's end. */
 static __global__ void softmax_bwd_kernel(float *dp, const float *p, const float *dout,
                                           const float *out, int rows, int T, int C, int NH,
-                                          float scale)
+                                          float scale, int tb)
 {
     int r = blockIdx.x * ROWS_PER_BLOCK + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= rows) return;
-    int t = r % T, bh = r / T, b = bh / NH, h = bh % NH, hs = C / NH;
+    int t = r % T, bh = r / T, b = bh / NH, h = bh % NH, hs = C / NH, end = block_end(t, tb, T);
     size_t o = ((size_t)b * T + t) * C + (size_t)h * hs;
     float d = 0.0f;
     for (int i = lane; i < hs; i += 32) d += dout[o + i] * out[o + i];
     d = ddp__warp_sum(d);
     float *dpr = dp + (size_t)r * T;
     const float *pr = p + (size_t)r * T;
-    for (int t2 = lane; t2 < T; t2 += 32)
+    for (int t2 = lane; t2 < end; t2 += 32)
         dpr[t2] = t2 <= t ? scale * ddp_softmax_bwd(pr[t2], dpr[t2], d) : 0.0f;
 }
 
@@ -166,7 +211,10 @@ static int gemm_batched(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t
                              what);
 }
 
-static unsigned row_blocks(int rows) { return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK); }
+static unsigned row_blocks(int rows)
+{
+    return (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK);
+}
 
 /* 1 when the op goes to the flash kernels: a 16-bit run at a shape they take, on tensors (the
  * four of a, NULL ones ignored) whose rows they can read 16 bytes at a time. */
@@ -200,68 +248,88 @@ static __global__ void group_sum_kernel(float *dqkv, const float *sep, int B, in
     }
 }
 
-/* The general path on fp32 tensors. */
+/* The general path on fp32 tensors, causal block by causal block (the header). */
 static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
                         int C, int NH, int NKV)
 {
-    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs;
+    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs, tb = causal_block(T);
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, NULL, NULL, {out, NULL}, {NULL, NULL}};
-    float **p;
-    if (attention_scratch(ctx, &p, 5, 1, &a, B, T, C, NH, NKV)) return;
-    float **Q = p, **K = p + BH, **V = p + 2 * BH, **O = p + 3 * BH, **S = p + 4 * BH;
-    /* S^T (col-major) = K Q^T, i.e. S[t][t2] = scale q_t . k_t2 */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, QKV, Q, QKV, 0.0f, S, T,
-                     BH, "attention_fwd(qk)"))
-        return;
+    ptr_arrays x;
+    if (attention_scratch(ctx, &x, 5, 1, &a, B, T, C, NH, NKV)) return;
+    enum { Q, K, V, O, S };
+    for (int i = 0; i < x.nb; i++) { /* S^T (col-major) = K Q^T: S[t][t2] = scale q_t . k_t2 */
+        int r1 = min(T, (i + 1) * tb), n = r1 - i * tb;
+        if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, hs, scale, arr(&x, K, 0), QKV,
+                         arr(&x, Q, i), QKV, 0.0f, arr(&x, S, i), T, BH, "attention_fwd(qk)"))
+            return;
+    }
     int rows = BH * T;
     softmax_fwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0], lse,
-                                                                                 rows, T);
+                                                                                 rows, T, tb);
     if (ddp__cuda_launched(ctx, "attention_fwd(softmax)")) return;
-    /* out^T = V^T P^T */
-    gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, V, QKV, S, T, 0.0f, O, C, BH,
-                 "attention_fwd(pv)");
+    for (int i = 0; i < x.nb; i++) { /* out^T = V^T P^T */
+        int r1 = min(T, (i + 1) * tb), n = r1 - i * tb;
+        if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, n, r1, 1.0f, arr(&x, V, 0), QKV,
+                         arr(&x, S, i), T, 0.0f, arr(&x, O, i), C, BH, "attention_fwd(pv)"))
+            return;
+    }
 }
 
 static void general_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const float *qkv,
                         const float *out, const float *lse, int B, int T, int C, int NH, int NKV)
 {
-    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs;
+    int BH = B * NH, hs = C / NH, QKV = C + 2 * NKV * hs, tb = causal_block(T);
     float scale = 1.0f / sqrtf((float)hs);
     ptr_args a = {qkv, dqkv, NULL, {(float *)dout, NULL}, {NULL, NULL}};
-    float **p;
-    if (attention_scratch(ctx, &p, 9, 2, &a, B, T, C, NH, NKV)) return;
-    float **Q = p, **K = p + BH, **V = p + 2 * BH;
-    float **dQ = p + 3 * BH, **dK = p + 4 * BH, **dV = p + 5 * BH;
-    float **dO = p + 6 * BH, **P = p + 7 * BH, **dP = p + 8 * BH;
+    ptr_arrays x;
+    if (attention_scratch(ctx, &x, 9, 2, &a, B, T, C, NH, NKV)) return;
+    enum { Q, K, V, DQ, DK, DV, DO, P, DP, P_DIAG, DP_DIAG };
     int rows = BH * T, ldkv = a.dkv_sep ? hs : QKV; /* dK, dV: per query head when G > 1 */
-    /* P again: S^T = K Q^T, then exp(S - lse) */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, scale, K, QKV, Q, QKV, 0.0f, P, T,
-                     BH, "attention_bwd(qk)"))
-        return;
-    softmax_again_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(a.bhtt[0],
-                                                                                   lse, rows, T);
+    /* query block i: rows [r0, r1), keys [0, r1); key block j: keys [c0, c1), queries [c0, T) */
+#define QUERY_BLOCK(i) int r1 = min(T, ((i) + 1) * tb), n = r1 - (i) * tb
+#define KEY_BLOCK(j) int c0 = (j) * tb, kw = min(T, c0 + tb) - c0
+    for (int i = 0; i < x.nb; i++) { /* P again: S^T = K Q^T, then exp(S - lse) */
+        QUERY_BLOCK(i);
+        if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, hs, scale, arr(&x, K, 0), QKV,
+                         arr(&x, Q, i), QKV, 0.0f, arr(&x, P, i), T, BH, "attention_bwd(qk)"))
+            return;
+    }
+    softmax_again_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
+        a.bhtt[0], lse, rows, T, tb);
     if (ddp__cuda_launched(ctx, "attention_bwd(p)")) return;
-    /* dV^T = dout^T P */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, dO, C, P, T, 0.0f, dV, ldkv,
-                     BH, "attention_bwd(dv)"))
-        return;
-    /* dP^T = V dout^T */
-    if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs, 1.0f, V, QKV, dO, C, 0.0f, dP, T, BH,
-                     "attention_bwd(dp)"))
-        return;
+    for (int j = 0; j < x.nb; j++) { /* dV^T = dout^T P */
+        KEY_BLOCK(j);
+        if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, kw, T - c0, 1.0f, arr(&x, DO, j), C,
+                         arr(&x, P_DIAG, j), T, 0.0f, arr(&x, DV, j), ldkv, BH,
+                         "attention_bwd(dv)"))
+            return;
+    }
+    for (int i = 0; i < x.nb; i++) { /* dP^T = V dout^T */
+        QUERY_BLOCK(i);
+        if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, hs, 1.0f, arr(&x, V, 0), QKV,
+                         arr(&x, DO, i), C, 0.0f, arr(&x, DP, i), T, BH, "attention_bwd(dp)"))
+            return;
+    }
     softmax_bwd_kernel<<<row_blocks(rows), 32 * ROWS_PER_BLOCK, 0, ctx->stream>>>(
-        a.bhtt[1], a.bhtt[0], dout, out, rows, T, C, NH, scale);
+        a.bhtt[1], a.bhtt[0], dout, out, rows, T, C, NH, scale, tb);
     if (ddp__cuda_launched(ctx, "attention_bwd(softmax)")) return;
-    /* dQ^T = K^T dS^T */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, 1.0f, K, QKV, dP, T, 0.0f, dQ, QKV,
-                     BH, "attention_bwd(dq)"))
-        return;
-    /* dK^T = Q^T dS */
-    if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T, 1.0f, Q, QKV, dP, T, 0.0f, dK, ldkv,
-                     BH, "attention_bwd(dk)") ||
-        !a.dkv_sep)
-        return;
+    for (int i = 0; i < x.nb; i++) { /* dQ^T = K^T dS^T */
+        QUERY_BLOCK(i);
+        if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, n, r1, 1.0f, arr(&x, K, 0), QKV,
+                         arr(&x, DP, i), T, 0.0f, arr(&x, DQ, i), QKV, BH, "attention_bwd(dq)"))
+            return;
+    }
+    for (int j = 0; j < x.nb; j++) { /* dK^T = Q^T dS */
+        KEY_BLOCK(j);
+        if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_T, hs, kw, T - c0, 1.0f, arr(&x, Q, j), QKV,
+                         arr(&x, DP_DIAG, j), T, 0.0f, arr(&x, DK, j), ldkv, BH,
+                         "attention_bwd(dk)"))
+            return;
+    }
+#undef QUERY_BLOCK
+#undef KEY_BLOCK
+    if (!a.dkv_sep) return;
     size_t total = (size_t)B * T * 2 * NKV * hs;
     group_sum_kernel<<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
         dqkv, a.dkv_sep, B, T, NH, NKV, hs);

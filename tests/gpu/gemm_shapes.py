@@ -54,7 +54,8 @@ def main():
         total += calls * ms
         flops += calls * fl
         print(f"{name:22} {calls:5d} {ms:9.4f} {fl / (ms * 1e9):8.1f}")
-    print(f"step (N {n}): {flops / 1e9:.1f} GFLOP in {total:.3f} ms ({flops / (total * 1e9):.0f} TFLOP/s)")
+    print(f"step (N {n}): {flops / 1e9:.1f} GFLOP in {total:.3f} ms "
+          f"({flops / (total * 1e9):.0f} TFLOP/s)")
 
 
 if __name__ == "__main__":

@@ -89,7 +89,8 @@ for part in "${parts[@]}"; do
     esac
 done
 # the logs, in one archive that comes back (the folders hold data shards and checkpoints too)
-(cd "$out" && find . -type f \( -name '*.log' -o -name '*.txt' -o -name '*.yaml' -o -name '*.json' \) \
-    -size -4M ! -path './logs.tgz' -print0 | tar czf logs.tgz --null -T - &&
+(cd "$out" && find . -type f -size -4M ! -path './logs.tgz' \
+    \( -name '*.log' -o -name '*.txt' -o -name '*.yaml' -o -name '*.json' \) -print0 |
+    tar czf logs.tgz --null -T - &&
     find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
 echo "session: ${SECONDS} s"
