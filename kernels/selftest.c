@@ -45,6 +45,7 @@ static const shape_t shapes[] = {
     {3, 33, 64, 4, 257, 129, 2},   /* warps with tails, odd vocab and OC; 2 heads a K/V head */
     {2, 64, 96, 6, 1000, 384, 2},  /* several warps per row; 3 heads a K/V head */
     {1, 3, 8, 2, 50257, 8, 1},     /* GPT-2's vocabulary; 2 heads a K/V head */
+    {2, 5, 6, 2, 11, 10, 1},       /* C not a multiple of 4: the kernels' one-element paths */
 };
 
 /* memcpy_h2d reads its source at the call (kernels.h): copies from one host buffer rewritten

@@ -288,16 +288,12 @@ static void ddp__colsum(ddp_kctx_t *ctx, float *out0, float *out1, int N, int C,
 }
 
 /* ---- The ops: ddp__cuda_<op> for every op of kernels.h's DDP_KERNEL_OPS, one family per file
- * (encoder.cu, layernorm.cu (with residual_norm_fwd), rmsnorm.cu, norm_bwd.cu (both norms'
- * backward), matmul.cu, attention.cu, rope.cu, pointwise.cu (with swiglu, adamw, add, scale),
- * xent.cu, reduce.cu (sumsq_blocks, nonfinite); set_precision in lowp.cu) ---- */
+ * (encoder.cu, norm.cu (LayerNorm and RMSNorm, with residual_norm_fwd), matmul.cu,
+ * attention.cu, rope.cu, pointwise.cu (with swiglu, adamw, add, scale), xent.cu, reduce.cu
+ * (sumsq_blocks, nonfinite); set_precision in lowp.cu) ---- */
 #define DDP__CUDA_OP(name, params) void ddp__cuda_##name DDP_KOP_CTX_PARAMS params;
 DDP_KERNEL_OPS(DDP__CUDA_OP)
 #undef DDP__CUDA_OP
-/* residual_norm_fwd's RMSNorm (mean NULL; rmsnorm.cu), which layernorm.cu's entry calls. */
-void ddp__cuda_residual_rmsnorm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, float *rstd,
-                                    const float *a, const ddp_act_t *b, const float *weight,
-                                    int N, int C, float eps);
 
 /* lowp.cu: the run's precision and the 16-bit weight copies */
 /* The CUDA type of ctx->prec's 16-bit activations (CUDA_R_16BF or CUDA_R_16F). */

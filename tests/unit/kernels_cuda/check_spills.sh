@@ -12,8 +12,7 @@ set -uo pipefail
 [ $# -ge 2 ] || { echo "1..0 # SKIP nvcc not found (the CUDA module is not built)"; exit 0; }
 nvcc=$1 root=$2
 shift 2
-files=(flash_attention.cu attention.cu layernorm.cu rmsnorm.cu norm_bwd.cu rope.cu matmul.cu
-       pointwise.cu xent.cu)
+files=(flash_attention.cu attention.cu norm.cu rope.cu matmul.cu pointwise.cu xent.cu)
 archs=(80 90)
 tmp=$(mktemp -d /tmp/ddp-spills.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
