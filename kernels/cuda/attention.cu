@@ -143,7 +143,7 @@ static int attention_scratch(ddp_kctx_t *ctx, ptr_arrays *out, int narrays, int 
     fill_ptrs_kernel<<<ddp__grid(BH, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
         arrays, *a, B, T, C, NH, NKV, tb, nb);
     DDP_CHECK(ddp__cuda_launched(ctx, "attention(pointers)"));
-    *out = (ptr_arrays){arrays, nb, (int)BH};
+    *out = ptr_arrays{arrays, nb, (int)BH};
     return 0;
 }
 

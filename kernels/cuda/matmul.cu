@@ -244,15 +244,24 @@ static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, in
 }
 
 /* Queues out = round(g + bias) for a 16-bit run (bias fp32 [OC]): the epilogue with the bias's
- * 16-bit copy, else the product into fp32 scratch and bias_round. */
+ * 16-bit copy, else the product into fp32 scratch and bias_round. The epilogue's first try is a
+ * probe: any failure turns it off for the context (ctx->lt_bias16 -1); once it has worked (1),
+ * a failure is an error, and a shape it has no algorithm for takes the fallback alone. */
 static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, const float *bias, int N, int OC)
 {
     if (ctx->lt_bias16 >= 0) {
         if (!(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        if (lt_run(ctx, &g, "matmul_fwd", 1) == CUBLAS_STATUS_SUCCESS) return;
-        DDP_INFO("cuda: cuBLASLt refused the bias epilogue; the bias is added by a kernel after "
-                 "an fp32 product");
-        ctx->lt_bias16 = -1;
+        cublasStatus_t s = lt_run(ctx, &g, "matmul_fwd", ctx->lt_bias16 == 0);
+        if (s == CUBLAS_STATUS_SUCCESS) {
+            ctx->lt_bias16 = 1;
+            return;
+        }
+        if (ctx->lt_bias16 == 1 && s != CUBLAS_STATUS_NOT_SUPPORTED) return; /* recorded */
+        if (ctx->lt_bias16 == 0) {
+            DDP_INFO("cuda: cuBLASLt refused the bias epilogue (%s); the bias is added by a "
+                     "kernel after an fp32 product", cublasGetStatusName(s));
+            ctx->lt_bias16 = -1;
+        }
     }
     void *out = g.D;
     int ldo = g.ldd;

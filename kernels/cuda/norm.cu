@@ -149,12 +149,12 @@ static __global__ void norm_fwd_kernel(float *res, T *out, float *mean, float *r
 #pragma unroll
     for (int k = 0; k < KR; k++) {
         int c = (lane + 32 * k) * V;
-        if (c < C) store_y<T, V, LN>(y + c, xr[k], weight + c, bias + c, m, r);
+        if (c < C) store_y<T, V, LN>(y + c, xr[k], weight + c, LN ? bias + c : NULL, m, r);
     }
     for (int c = (lane + 32 * KR) * V; c < C; c += 32 * V) {
         float xv[V];
         ddp__ldv<V>(xv, x + c);
-        store_y<T, V, LN>(y + c, xv, weight + c, bias + c, m, r);
+        store_y<T, V, LN>(y + c, xv, weight + c, LN ? bias + c : NULL, m, r);
     }
     if (lane == 0) {
         if (LN && mean) mean[row] = m;
