@@ -17,14 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "tests/gpu/cuda_check.h"
+
 #define LK(x)                                                                                  \
     do {                                                                                       \
         cublasStatus_t s_ = (x);                                                               \

@@ -17,14 +17,7 @@
 #include "collectives/coll.h"
 #include "common/clock.h"
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
+#include "tests/gpu/cuda_check.h"
 
 static uint16_t to_bf16(float f)
 {
