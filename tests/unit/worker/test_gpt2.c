@@ -170,6 +170,11 @@ static void test_lm_head_chunks(void **state)
     ddp_model_t m;
     assert_int_equal(ddp_model_init(&m, &cfg, &k, B, T, NULL, NULL), 0);
     assert_int_equal(m.acts.lm_rows, 320);
+    /* the chunk is about 64 MiB of logits (256 MiB on a GPU), in rows of 64, at most B*T */
+    assert_int_equal(ddp_model_lm_rows(&cfg, 8, 1024, DDP_KPREC_BF16, 0), 640);
+    assert_int_equal(ddp_model_lm_rows(&cfg, 8, 1024, DDP_KPREC_BF16, 1), 2624);
+    assert_int_equal(ddp_model_lm_rows(&cfg, 8, 1024, DDP_KPREC_FP32, 1), 1280);
+    assert_int_equal(ddp_model_lm_rows(&cfg, 1, 1000, DDP_KPREC_BF16, 1), 1000);
     ddp_rng_t rng;
     ddp_rng_seed(&rng, 3);
     assert_int_equal(ddp_model_init_weights(&m, &rng), 0);
