@@ -35,7 +35,10 @@ def main():
     ks = kernels(path)
     ends = [i for i, k in enumerate(ks) if "adamw" in k[0]]
     if len(ends) < 2:
-        sys.exit(f"kernel_times: {len(ks)} kernels, {len(ends)} AdamW launches: no whole step")
+        with open(path) as f:  # what ncu wrote instead, to adapt the reader to
+            head = [line.rstrip() for line in f][:4]
+        sys.exit(f"kernel_times: {len(ks)} kernels, {len(ends)} AdamW launches: no whole step; "
+                 "the file begins:\n" + "\n".join(head))
     step = ks[ends[0] + 1:ends[1] + 1]
     groups = defaultdict(lambda: [0, 0.0])
     for name, grid, block, ms in step:
