@@ -25,7 +25,8 @@ def kernels(path):
             continue
         value = float(row["Metric Value"].replace(",", ""))
         unit = row.get("Metric Unit", "nsecond").strip()
-        out.append((row["Kernel Name"], row.get("Grid Size", ""), row.get("Block Size", ""),
+        name = row.get("Kernel Name") or row.get("Function Name") or "?"
+        out.append((name, row.get("Grid Size", ""), row.get("Block Size", ""),
                     value * SCALE.get(unit, 1e-6)))
     return out
 
