@@ -190,12 +190,13 @@ out:
     end_case(s);
 }
 
-/* DDP_W_OUT_IN is the tied LM head: OC is the vocabulary (50257 for GPT-2's), its logits' rows
+/* DDP_W_OUT_IN is the tied LM head (with a bias: a Llama's biased layers, Qwen2's q, k, v, through
+ * the GPU's BGRADB epilogue): OC is the vocabulary (50257 for GPT-2's), its logits' rows
  * padded to ddp_logits_ld(V) as the model's (the padding, zero in out and random in dout, must
  * be neither written nor read), and its input gradient (dinp) is what backward carries into the
  * final LayerNorm, so it is checked too.
- * In bf16/fp16 both sides multiply the same 16-bit values (the weights rounded alike) with fp32
- * accumulation: only the summation order differs before the one rounding. */
+ * In bf16/fp16 both sides multiply the same 16-bit values (the weights and bias rounded alike)
+ * with fp32 accumulation: only the summation order differs before the one rounding. */
 static void case_matmul(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
 {
     int N = sh->B * sh->T, C = sh->C, OC = layout == DDP_W_OUT_IN ? sh->V : sh->OC;
@@ -522,6 +523,7 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
             case_layernorm(s, sh);
             case_matmul(s, sh, DDP_W_IN_OUT, 1);
             case_matmul(s, sh, DDP_W_OUT_IN, 0);
+            case_matmul(s, sh, DDP_W_OUT_IN, 1);
             case_attention(s, sh);
             case_rmsnorm(s, sh);
             for (int rms = 0; rms < 2; rms++) case_residual_norm(s, sh, rms);

@@ -51,6 +51,7 @@ struct ddp_kctx {
     cublasLtHandle_t lt; /* 16-bit products (matmul.cu); the stream is given per call */
     void *lt_ws;         /* cuBLASLt's workspace, DDP_CUDA_LT_WS bytes, allocated on first use */
     int lt_bias16;       /* the bias epilogue: 0 untried, 1 worked, -1 refused (matmul.cu) */
+    int lt_bgrad;        /* the bias-gradient epilogues, likewise */
     struct ddp__lt_plans *lt_plans; /* the heuristic's algorithm per product shape (matmul.cu);
                                      * plain memory, freed with free() at close */
     int err;             /* first error since the last sync (DDP_ECUDA), else 0 */

@@ -10,7 +10,10 @@
  *             DDP_W_OUT_IN  W[OC,C]:  out^T = W-view^T @ inp^T   gemm(T, N, OC, N, C)
  * backward  dinp[N,C] = dout @ W^T           (beta = 0: overwritten)
  *           dweight   += inp^T @ dout in W's layout (beta = 1, fp32)
- *           dbias[OC] += colsum(dout)        deterministic two-stage column sum (kcuda.cuh)
+ *           dbias[OC] += colsum(dout)        in 16-bit runs by dweight's product, through
+ *                                            cuBLASLt's BGRADA/BGRADB epilogue (into scratch,
+ *                                            then added), else the deterministic two-stage
+ *                                            column sum (kcuda.cuh)
  * fp32 runs: cublasSgemm; the bias by bias_round_kernel in place (out += bias).
  * 16-bit runs (ctx->prec bf16/fp16): cublasLtMatmul with A, B of the 16-bit type (the weight's
  * copy from lowp.cu, the activations directly), CUBLAS_COMPUTE_32F (fp32 accumulation on tensor
@@ -87,12 +90,16 @@ struct lt_gemm {
     cudaDataType_t dt;
     int ldd;
     const void *bias; /* fp32 (fallback's bias_round) or the 16-bit copy (the epilogue) */
+    float *bgrad;     /* the BGRADA (bgrad_b 0) or BGRADB (1) epilogue's output: the sums over
+                         k of A's rows (D's rows) or of B's columns (D's columns): a weight
+                         gradient's product gives dout's column sums, the bias gradient */
+    int bgrad_b;
 };
 
 /* What the heuristic's answer depends on (all else is fixed per context: the compute type,
  * the workspace, the reduction schemes). 32-bit fields only: no padding, so memcmp compares. */
 struct lt_key {
-    int32_t ta, tb, m, n, k, lda, ldb, ldd, t16, dt, bias;
+    int32_t ta, tb, m, n, k, lda, ldb, ldd, t16, dt, bias, bgrad;
     uint32_t al_a, al_b, al_d;
 };
 
@@ -152,11 +159,14 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (g->bias) { /* of D's type, the default BIAS_DATA_TYPE */
-        uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (g->bias || g->bgrad) { /* of D's type, the default BIAS_DATA_TYPE */
+        uint32_t epi = g->bias      ? CUBLASLT_EPILOGUE_BIAS
+                       : g->bgrad_b ? CUBLASLT_EPILOGUE_BGRADB
+                                    : CUBLASLT_EPILOGUE_BGRADA;
+        const void *vec = g->bias ? g->bias : (const void *)g->bgrad;
         LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                              sizeof g->bias));
+        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                              sizeof vec));
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&la, t16, g->ta == CUBLAS_OP_N ? g->m : g->k,
                                       g->ta == CUBLAS_OP_N ? g->k : g->m, g->lda));
@@ -177,7 +187,7 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof al_d));
     lt_key key = {ta, tb, g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16,
-                  (int32_t)g->dt, g->bias != NULL, al_a, al_b, al_d};
+                  (int32_t)g->dt, g->bias != NULL, g->bgrad ? 1 + g->bgrad_b : 0, al_a, al_b, al_d};
     int slot, hit = lt_plan_find(ctx, &key, &slot);
     if (hit >= 0) {
         found = ctx->lt_plans->e[hit].found;
@@ -292,11 +302,35 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
     if (!W) return;
     lt_gemm g = {ta, CUBLAS_OP_N, OC, N, C, W, lda, inp, C, 0.0f, out, ddp__cuda_lowp_type(ctx),
-                 ldo, NULL};
+                 ldo, NULL, NULL, 0};
     if (bias)
         lt_fwd_bias(ctx, g, bias, N, OC);
     else
         lt_gemm_run(ctx, &g, "matmul_fwd");
+}
+
+/* Runs the weight gradient's product g with the BGRADA (dout is A, bgrad_b 0) or BGRADB (dout
+ * is B) epilogue, whose sums of dout over the rows go to scratch and are then added into
+ * dbias[OC]: 1 when it ran (or failed, the error recorded), 0 when the caller must run g and
+ * the column sum instead. Probed as lt_fwd_bias probes (ctx->lt_bgrad). It saves reading dout
+ * again for the column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8 T=1024). */
+static int lt_dweight_bgrad(ddp_kctx_t *ctx, lt_gemm g, float *dbias, int OC, int bgrad_b)
+{
+    if (ddp__cuda_scratch(ctx, (size_t)OC * sizeof(float), (void **)&g.bgrad)) return 1;
+    g.bgrad_b = bgrad_b;
+    cublasStatus_t s = lt_run(ctx, &g, "matmul_bwd(dweight)", ctx->lt_bgrad == 0);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        ctx->lt_bgrad = 1;
+        ddp__cuda_add(ctx, dbias, g.bgrad, (size_t)OC);
+        return 1;
+    }
+    if (ctx->lt_bgrad == 1 && s != CUBLAS_STATUS_NOT_SUPPORTED) return 1; /* recorded */
+    if (ctx->lt_bgrad == 0) {
+        DDP_INFO("cuda: cuBLASLt refused the bias-gradient epilogue (%s); dbias is a column "
+                 "sum of its own", cublasGetStatusName(s));
+        ctx->lt_bgrad = -1;
+    }
+    return 0;
 }
 
 template <typename T> struct dout_value {
@@ -327,7 +361,7 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
             const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
             if (!W) return;
             lt_gemm g = {ta, CUBLAS_OP_N, C, N, OC, W, lda, dout, ldo, 0.0f, dinp,
-                         ddp__cuda_lowp_type(ctx), C, NULL};
+                         ddp__cuda_lowp_type(ctx), C, NULL, NULL, 0};
             if (lt_gemm_run(ctx, &g, what)) return;
         }
     }
@@ -345,7 +379,9 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
                 return;
         } else {
             lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, lda, B, ldb, 1.0f, dweight,
-                         CUDA_R_32F, m, NULL};
+                         CUDA_R_32F, m, NULL, NULL, 0};
+            if (dbias && ctx->lt_bgrad >= 0 && lt_dweight_bgrad(ctx, g, dbias, OC, !in_out))
+                return; /* dbias too (or an error, recorded) */
             if (lt_gemm_run(ctx, &g, what)) return;
         }
     }
