@@ -1,8 +1,8 @@
 /* The matrix products of one GPT-2 124M bf16 training step at B=8 T=1024 on cuBLASLt, set up
  * exactly as kernels/cuda/matmul.cu's lt_run sets them up (bf16 A and B, fp32 accumulation,
- * the outputs' types, the bias epilogue with a bf16 bias, reduction schemes limited to the
- * compute type, alignments from the pointers, 32 MiB of workspace), each timed with the
- * algorithm ddpd takes (the heuristic's first) and with every other one the heuristic offers
+ * the outputs' types, the bias epilogue with a bf16 bias and the biased layers' weight
+ * gradients with the BGRADA epilogue, reduction schemes limited to the compute type, alignments
+ * from the pointers, 32 MiB of workspace), each timed with the algorithm ddpd takes (the heuristic's first) and with every other one the heuristic offers
  * (up to 16): how much a better choice of algorithm could give, shape by shape and for the
  * step. Random operands (never zeros), CUDA events around each of 20 runs after 3 warm-ups,
  * medians. tests/gpu/gemm_shapes.py times the same products in PyTorch on the same GPU.
@@ -39,7 +39,8 @@ typedef struct {
     cublasOperation_t ta, tb;
     int m, n, k, lda, ldb, ldd;
     int fp32_out; /* D fp32 with beta 1 (a weight gradient), else bf16 with beta 0 */
-    int bias;
+    int bias;     /* the BIAS epilogue (a bf16 bias) */
+    int bgrad;    /* the BGRADA epilogue (the bias gradient, fp32) */
 } prod_t;
 
 static uint16_t bf16(float f)
@@ -111,24 +112,24 @@ int main(int argc, char **argv)
     const cublasOperation_t Nn = CUBLAS_OP_N, Tt = CUBLAS_OP_T;
     /* model.c's products in matmul.cu's column-major terms (its header gives the mapping) */
     prod_t p[] = {
-        {"qkv fwd", 12, Nn, Nn, QKV, N, C, QKV, C, QKV, 0, 1},
-        {"attn proj fwd", 12, Nn, Nn, C, N, C, C, C, C, 0, 1},
-        {"fc fwd", 12, Nn, Nn, FH, N, C, FH, C, FH, 0, 1},
-        {"fc proj fwd", 12, Nn, Nn, C, N, FH, C, FH, C, 0, 1},
-        {"lm head fwd", lm_chunks - 1, Tt, Nn, V, R, C, C, C, LDV, 0, 0},
-        {"lm head fwd (last)", 1, Tt, Nn, V, last, C, C, C, LDV, 0, 0},
-        {"qkv dinp", 12, Tt, Nn, C, N, QKV, QKV, QKV, C, 0, 0},
-        {"attn proj dinp", 12, Tt, Nn, C, N, C, C, C, C, 0, 0},
-        {"fc dinp", 12, Tt, Nn, C, N, FH, FH, FH, C, 0, 0},
-        {"fc proj dinp", 12, Tt, Nn, FH, N, C, C, C, FH, 0, 0},
-        {"lm head dinp", lm_chunks - 1, Nn, Nn, C, R, V, C, LDV, C, 0, 0},
-        {"lm head dinp (last)", 1, Nn, Nn, C, last, V, C, LDV, C, 0, 0},
-        {"qkv dweight", 12, Nn, Tt, QKV, C, N, QKV, C, QKV, 1, 0},
-        {"attn proj dweight", 12, Nn, Tt, C, C, N, C, C, C, 1, 0},
-        {"fc dweight", 12, Nn, Tt, FH, C, N, FH, C, FH, 1, 0},
-        {"fc proj dweight", 12, Nn, Tt, C, FH, N, C, FH, C, 1, 0},
-        {"lm head dweight", lm_chunks - 1, Nn, Tt, C, V, R, C, LDV, C, 1, 0},
-        {"lm head dweight (last)", 1, Nn, Tt, C, V, last, C, LDV, C, 1, 0},
+        {"qkv fwd", 12, Nn, Nn, QKV, N, C, QKV, C, QKV, 0, 1, 0},
+        {"attn proj fwd", 12, Nn, Nn, C, N, C, C, C, C, 0, 1, 0},
+        {"fc fwd", 12, Nn, Nn, FH, N, C, FH, C, FH, 0, 1, 0},
+        {"fc proj fwd", 12, Nn, Nn, C, N, FH, C, FH, C, 0, 1, 0},
+        {"lm head fwd", lm_chunks - 1, Tt, Nn, V, R, C, C, C, LDV, 0, 0, 0},
+        {"lm head fwd (last)", 1, Tt, Nn, V, last, C, C, C, LDV, 0, 0, 0},
+        {"qkv dinp", 12, Tt, Nn, C, N, QKV, QKV, QKV, C, 0, 0, 0},
+        {"attn proj dinp", 12, Tt, Nn, C, N, C, C, C, C, 0, 0, 0},
+        {"fc dinp", 12, Tt, Nn, C, N, FH, FH, FH, C, 0, 0, 0},
+        {"fc proj dinp", 12, Tt, Nn, FH, N, C, C, C, FH, 0, 0, 0},
+        {"lm head dinp", lm_chunks - 1, Nn, Nn, C, R, V, C, LDV, C, 0, 0, 0},
+        {"lm head dinp (last)", 1, Nn, Nn, C, last, V, C, LDV, C, 0, 0, 0},
+        {"qkv dweight", 12, Nn, Tt, QKV, C, N, QKV, C, QKV, 1, 0, 1},
+        {"attn proj dweight", 12, Nn, Tt, C, C, N, C, C, C, 1, 0, 1},
+        {"fc dweight", 12, Nn, Tt, FH, C, N, FH, C, FH, 1, 0, 1},
+        {"fc proj dweight", 12, Nn, Tt, C, FH, N, C, FH, C, 1, 0, 1},
+        {"lm head dweight", lm_chunks - 1, Nn, Tt, C, V, R, C, LDV, C, 1, 0, 0},
+        {"lm head dweight (last)", 1, Nn, Tt, C, V, last, C, LDV, C, 1, 0, 0},
     };
     int np = (int)(sizeof p / sizeof p[0]);
     cublasLtHandle_t lt;
@@ -148,7 +149,8 @@ int main(int argc, char **argv)
         size_t nb = (size_t)q->ldb * (q->tb == Nn ? q->n : q->k);
         size_t nd = (size_t)q->ldd * q->n;
         void *A = rnd(na, 0, &seed), *B = rnd(nb, 0, &seed), *D = rnd(nd, q->fp32_out, &seed);
-        void *bias = q->bias ? rnd((size_t)q->m, 0, &seed) : NULL;
+        void *bias = q->bias ? rnd((size_t)q->m, 0, &seed) : q->bgrad ? rnd((size_t)q->m, 1, &seed)
+                                                                     : NULL;
         cudaDataType_t dt = q->fp32_out ? CUDA_R_32F : CUDA_R_16BF;
         float beta = q->fp32_out ? 1.0f : 0.0f;
         cublasLtMatmulDesc_t op;
@@ -156,8 +158,8 @@ int main(int argc, char **argv)
         int32_t ta = q->ta, tb = q->tb;
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        if (bias) {
-            uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+        if (bias) { /* matmul.cu's: the bias, or dout's column sums (dout is A here) */
+            uint32_t epi = q->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADA;
             LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                               sizeof epi));
             LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
