@@ -90,7 +90,8 @@ for part in "${parts[@]}"; do
 done
 # the logs, in one archive that comes back (the folders hold data shards and checkpoints too)
 (cd "$out" && find . -type f -size -4M ! -path './logs.tgz' \
-    \( -name '*.log' -o -name '*.txt' -o -name '*.yaml' -o -name '*.json' \) -print0 |
+    \( -name '*.log' -o -name '*.txt' -o -name '*.yaml' -o -name '*.json' -o -name '*.csv' \) \
+    -print0 |
     tar czf logs.tgz --null -T - &&
     find . -mindepth 1 -maxdepth 1 -type d -exec rm -rf {} +)
 echo "session: ${SECONDS} s"
