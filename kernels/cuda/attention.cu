@@ -248,7 +248,12 @@ static __global__ void group_sum_kernel(float *dqkv, const float *sep, int B, in
     }
 }
 
-/* The general path on fp32 tensors, causal block by causal block (the header). */
+/* The general path on fp32 tensors, causal block by causal block (the header): query block i
+ * has rows [i tb, r1) (n of them) and meets keys [0, r1); key block j has keys [c0, c0 + kw) and
+ * meets queries [c0, T). */
+#define QUERY_BLOCK(i) int r1 = min(T, ((i) + 1) * tb), n = r1 - (i) * tb
+#define KEY_BLOCK(j) int c0 = (j) * tb, kw = min(T, c0 + tb) - c0
+
 static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qkv, int B, int T,
                         int C, int NH, int NKV)
 {
@@ -259,7 +264,7 @@ static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qk
     if (attention_scratch(ctx, &x, 5, 1, &a, B, T, C, NH, NKV)) return;
     enum { Q, K, V, O, S };
     for (int i = 0; i < x.nb; i++) { /* S^T (col-major) = K Q^T: S[t][t2] = scale q_t . k_t2 */
-        int r1 = min(T, (i + 1) * tb), n = r1 - i * tb;
+        QUERY_BLOCK(i);
         if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, hs, scale, arr(&x, K, 0), QKV,
                          arr(&x, Q, i), QKV, 0.0f, arr(&x, S, i), T, BH, "attention_fwd(qk)"))
             return;
@@ -269,7 +274,7 @@ static void general_fwd(ddp_kctx_t *ctx, float *out, float *lse, const float *qk
                                                                                  rows, T, tb);
     if (ddp__cuda_launched(ctx, "attention_fwd(softmax)")) return;
     for (int i = 0; i < x.nb; i++) { /* out^T = V^T P^T */
-        int r1 = min(T, (i + 1) * tb), n = r1 - i * tb;
+        QUERY_BLOCK(i);
         if (gemm_batched(ctx, CUBLAS_OP_N, CUBLAS_OP_N, hs, n, r1, 1.0f, arr(&x, V, 0), QKV,
                          arr(&x, S, i), T, 0.0f, arr(&x, O, i), C, BH, "attention_fwd(pv)"))
             return;
@@ -286,9 +291,6 @@ static void general_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const f
     if (attention_scratch(ctx, &x, 9, 2, &a, B, T, C, NH, NKV)) return;
     enum { Q, K, V, DQ, DK, DV, DO, P, DP, P_DIAG, DP_DIAG };
     int rows = BH * T, ldkv = a.dkv_sep ? hs : QKV; /* dK, dV: per query head when G > 1 */
-    /* query block i: rows [r0, r1), keys [0, r1); key block j: keys [c0, c1), queries [c0, T) */
-#define QUERY_BLOCK(i) int r1 = min(T, ((i) + 1) * tb), n = r1 - (i) * tb
-#define KEY_BLOCK(j) int c0 = (j) * tb, kw = min(T, c0 + tb) - c0
     for (int i = 0; i < x.nb; i++) { /* P again: S^T = K Q^T, then exp(S - lse) */
         QUERY_BLOCK(i);
         if (gemm_batched(ctx, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, hs, scale, arr(&x, K, 0), QKV,
@@ -327,14 +329,15 @@ static void general_bwd(ddp_kctx_t *ctx, float *dqkv, const float *dout, const f
                          "attention_bwd(dk)"))
             return;
     }
-#undef QUERY_BLOCK
-#undef KEY_BLOCK
     if (!a.dkv_sep) return;
     size_t total = (size_t)B * T * 2 * NKV * hs;
     group_sum_kernel<<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0, ctx->stream>>>(
         dqkv, a.dkv_sep, B, T, NH, NKV, hs);
     ddp__cuda_launched(ctx, "attention_bwd(group sums)");
 }
+
+#undef QUERY_BLOCK
+#undef KEY_BLOCK
 
 /* fp32 copies of a 16-bit run's tensors for the general path: n[i] floats each, in one
  * stream-ordered allocation (freed with wide_free, after the ops that use it, in stream order),

@@ -131,8 +131,8 @@ static int lt_plan_find(ddp_kctx_t *ctx, const lt_key *key, int *slot)
     return -1;
 }
 
-/* probe: a failure is returned without being recorded (lt_fwd_bias's first try of the BIAS
- * epilogue, which it answers by falling back). */
+/* probe: a failure is returned without being recorded (an epilogue's first try,
+ * lt_run_epilogue, whose caller answers it by falling back). */
 static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what, int probe)
 {
     cudaDataType_t t16 = ddp__cuda_lowp_type(ctx);
@@ -253,25 +253,36 @@ static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, in
                              what);
 }
 
-/* Queues out = round(g + bias) for a 16-bit run (bias fp32 [OC]): the epilogue with the bias's
- * 16-bit copy, else the product into fp32 scratch and bias_round. The epilogue's first try is a
- * probe: any failure turns it off for the context (ctx->lt_bias16 -1); once it has worked (1),
- * a failure is an error, and a shape it has no algorithm for takes the fallback alone. */
+/* Runs g, whose epilogue cuBLASLt may refuse, under the context's record of that epilogue
+ * (*state: 0 untried, 1 worked, -1 refused). The first try is a probe: any failure turns the
+ * epilogue off for the context (logged, with what the caller does instead); once it has worked,
+ * a failure is an error, and a shape it has no algorithm for takes the fallback alone.
+ * Returns 1 when g ran, 0 when the caller must take its fallback, -1 on an error (recorded). */
+static int lt_run_epilogue(ddp_kctx_t *ctx, const lt_gemm *g, int *state, const char *what,
+                           const char *fallback)
+{
+    if (*state < 0) return 0;
+    cublasStatus_t s = lt_run(ctx, g, what, *state == 0);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        *state = 1;
+        return 1;
+    }
+    if (*state == 1) return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : -1;
+    DDP_INFO("cuda: %s: cuBLASLt refused the epilogue (%s); %s", what, cublasGetStatusName(s),
+             fallback);
+    *state = -1;
+    return 0;
+}
+
+/* Queues out = round(g + bias) for a 16-bit run (bias fp32 [OC]): the BIAS epilogue with the
+ * bias's 16-bit copy, else the product into fp32 scratch and bias_round. */
 static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, const float *bias, int N, int OC)
 {
     if (ctx->lt_bias16 >= 0) {
         if (!(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        cublasStatus_t s = lt_run(ctx, &g, "matmul_fwd", ctx->lt_bias16 == 0);
-        if (s == CUBLAS_STATUS_SUCCESS) {
-            ctx->lt_bias16 = 1;
+        if (lt_run_epilogue(ctx, &g, &ctx->lt_bias16, "matmul_fwd",
+                            "the bias is added by a kernel after an fp32 product"))
             return;
-        }
-        if (ctx->lt_bias16 == 1 && s != CUBLAS_STATUS_NOT_SUPPORTED) return; /* recorded */
-        if (ctx->lt_bias16 == 0) {
-            DDP_INFO("cuda: cuBLASLt refused the bias epilogue (%s); the bias is added by a "
-                     "kernel after an fp32 product", cublasGetStatusName(s));
-            ctx->lt_bias16 = -1;
-        }
     }
     void *out = g.D;
     int ldo = g.ldd;
@@ -312,25 +323,16 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
 /* Runs the weight gradient's product g with the BGRADA (dout is A, bgrad_b 0) or BGRADB (dout
  * is B) epilogue, whose sums of dout over the rows go to scratch and are then added into
  * dbias[OC]: 1 when it ran (or failed, the error recorded), 0 when the caller must run g and
- * the column sum instead. Probed as lt_fwd_bias probes (ctx->lt_bgrad). It saves reading dout
- * again for the column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8 T=1024). */
+ * the column sum instead (lt_run_epilogue, ctx->lt_bgrad). It saves reading dout again for the
+ * column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8 T=1024). */
 static int lt_dweight_bgrad(ddp_kctx_t *ctx, lt_gemm g, float *dbias, int OC, int bgrad_b)
 {
     if (ddp__cuda_scratch(ctx, (size_t)OC * sizeof(float), (void **)&g.bgrad)) return 1;
     g.bgrad_b = bgrad_b;
-    cublasStatus_t s = lt_run(ctx, &g, "matmul_bwd(dweight)", ctx->lt_bgrad == 0);
-    if (s == CUBLAS_STATUS_SUCCESS) {
-        ctx->lt_bgrad = 1;
-        ddp__cuda_add(ctx, dbias, g.bgrad, (size_t)OC);
-        return 1;
-    }
-    if (ctx->lt_bgrad == 1 && s != CUBLAS_STATUS_NOT_SUPPORTED) return 1; /* recorded */
-    if (ctx->lt_bgrad == 0) {
-        DDP_INFO("cuda: cuBLASLt refused the bias-gradient epilogue (%s); dbias is a column "
-                 "sum of its own", cublasGetStatusName(s));
-        ctx->lt_bgrad = -1;
-    }
-    return 0;
+    int ran = lt_run_epilogue(ctx, &g, &ctx->lt_bgrad, "matmul_bwd(dweight)",
+                              "dbias is a column sum of its own");
+    if (ran > 0) ddp__cuda_add(ctx, dbias, g.bgrad, (size_t)OC);
+    return ran != 0;
 }
 
 template <typename T> struct dout_value {
