@@ -16,17 +16,20 @@
  *
  * Tiles: 128 threads = 4 warps a block; BR = 64 query rows a block (16 a warp), BC = 64 keys a
  * tile. Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
+ * The tiles a block streams come by cp.async into two buffers: the next tile's copies run
+ * while the block computes on the present one (see "Staging").
  *   forward  grid (B*NH, ceil(T/64)), heavy diagonal blocks first. Q lives in registers, K and V
  *            tiles j <= i stream through shared memory; S stays in registers and becomes the A
- *            operand of P V. 10/18/34 KB of shared memory for hs = 32/64/128.
+ *            operand of P V. 20/36/68 KB of shared memory for hs = 32/64/128.
  *   backward (1) D = rowsum(dout * out) [B,NH,T] into ctx scratch, a warp per row.
  *            (2) dK/dV kernel, grid (B*NKV, ceil(T/64)): a block owns 64 keys, loops over the
  *                queries q >= its first key in Q tiles of QB rows (64; 32 at hs = 128, for
  *                registers), in order; recomputes P^T = exp(scale K Q^T - lse) per warp
  *                (16 keys x QB queries) and accumulates dV += P^T dO, dK += dS^T Q.
- *                21/37/52 KB of shared memory.
+ *                31/55/69 KB of shared memory.
  *            (3) dQ kernel, grid (B*NH, ceil(T/64)): a block owns 64 query rows, loops over the
- *                K/V tiles j <= i in order and accumulates dQ += dS K. 20/36/68 KB.
+ *                K/V tiles j <= i in order and accumulates dQ += dS K. 30/54/68 KB (hs = 128:
+ *                one K/V buffer, fa_dq_buffers).
  *            No atomics; every output element is added by one thread after a fixed-order sum,
  *            so the backward is bitwise reproducible. Shared memory above 48 KB is opted into
  *            per launch (cudaFuncSetAttribute).
@@ -232,23 +235,58 @@ static __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float (*c)[
     a[3] = fa_type<T16>::pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-/* Stages rows r0 .. r0+ROWS-1 (columns 0 .. HS-1) of a 16-bit matrix with row stride ld into
- * the tile dst[ROWS][HS + FA_PAD], as they are; rows >= T become zeros. Called by the whole
- * block. A lane moves 16 bytes (8 elements) a step; a warp reads 512 contiguous bytes at
- * hs = 128 (two or four rows of 64 or 128 bytes at hs = 64, 32). */
+/* ---- Staging: cp.async, double-buffered ----
+ *
+ * Tiles go from global to shared memory by cp.async (sm_80+: no registers on the way, the
+ * copy runs while the block computes). cp.async.cg moves 16 bytes through L2 only; with
+ * src_bytes 0 it reads nothing and writes 16 zero bytes (rows >= T). A tile's copies are
+ * committed as a group; cp.async.wait_group N waits until at most N of this thread's groups
+ * are in flight, and the __syncthreads after it makes every thread's copies visible. Each
+ * kernel keeps two buffers of the tiles it streams: tile j + 1's copies are issued right after
+ * the barrier that starts tile j's work, which is also the barrier every warp passes after
+ * its last read of tile j - 1, the buffer they overwrite. One barrier a tile. */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+/* 4 bytes (an fp32 row statistic); src_bytes 0 writes 0.0f */
+static __device__ __forceinline__ void cp_async4(void *dst, const void *src, int src_bytes)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Issues the copies of rows r0 .. r0+ROWS-1 (columns 0 .. HS-1) of a 16-bit matrix with row
+ * stride ld into the tile dst[ROWS][HS + FA_PAD], as they are; rows >= T become zeros. Called
+ * by the whole block; the caller commits. A lane moves 16 bytes (8 elements) a copy; a warp
+ * reads 512 contiguous bytes at hs = 128 (two or four rows of 64 or 128 bytes at hs = 64, 32). */
 template <typename T16, int HS, int ROWS = 64>
 static __device__ __forceinline__ void stage(T16 *dst, const T16 *src, size_t ld, int r0, int T)
 {
     constexpr int LD = HS + FA_PAD, CH = HS / 8; /* 16-byte chunks a row */
     static_assert(ROWS * CH % FA_THREADS == 0, "whole steps");
-    /* 2 steps unrolled, not more: with 4 loads in flight the hs = 64 kernels spill */
-#pragma unroll 2
+    /* one copy at a time: unrolled, the address arithmetic costs the forward 30 registers */
+#pragma unroll 1
     for (int idx = threadIdx.x; idx < ROWS * CH; idx += FA_THREADS) {
-        int r = idx / CH, c = (idx % CH) * 8;
-        uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (r0 + r < T)
-            v = __ldg(reinterpret_cast<const uint4 *>(src + (size_t)(r0 + r) * ld + c));
-        *reinterpret_cast<uint4 *>(dst + r * LD + c) = v;
+        const int r = idx / CH, c = (idx % CH) * 8;
+        const bool in = r0 + r < T;
+        cp_async16(dst + r * LD + c, in ? src + (size_t)(r0 + r) * ld + c : src, in ? 16 : 0);
     }
 }
 
@@ -268,9 +306,9 @@ template <typename T16, int HS>
 static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
 {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    constexpr int LD = HS + FA_PAD;
-    T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [BC][LD]; first holds the Q tile */
-    T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
+    constexpr int LD = HS + FA_PAD, TILE = FA_BC * LD;
+    T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [2][BC][LD]; buffer 1 first holds Q */
+    T16 *sV = sK + 2 * TILE;                     /* [2][BC][LD] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
     const int kvh = h / p.group;
@@ -280,12 +318,16 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
     const T16 *vg = static_cast<const T16 *>(p.v) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
     const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
 
-    stage<T16, HS>(sK, qg, p.ld_q, q0, T);
+    stage<T16, HS>(sK + TILE, qg, p.ld_q, q0, T);
+    cp_async_commit();
+    stage<T16, HS>(sK, kg, p.ld_kv, 0, T);
+    stage<T16, HS>(sV, vg, p.ld_kv, 0, T);
+    cp_async_commit();
+    cp_async_wait<1>(); /* Q has landed; K/V tile 0 may still be on its way */
     __syncthreads();
     uint32_t qf[HS / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < HS / 16; ks++) ld_a<LD>(qf[ks], sK, warp * 16, ks * 16, lane);
-    __syncthreads(); /* every warp has its Q before K overwrites the tile */
+    for (int ks = 0; ks < HS / 16; ks++) ld_a<LD>(qf[ks], sK + TILE, warp * 16, ks * 16, lane);
 
     float o[HS / 8][4];
 #pragma unroll
@@ -294,16 +336,22 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
 
     for (int j = 0; j <= i; j++) {
         const int k0 = j * FA_BC;
-        stage<T16, HS>(sK, kg, p.ld_kv, k0, T);
-        stage<T16, HS>(sV, vg, p.ld_kv, k0, T);
-        __syncthreads();
+        cp_async_wait<0>();
+        __syncthreads(); /* tile j is in; every warp is done with tile j - 1 (and with Q) */
+        if (j < i) {
+            const int nb = ((j + 1) & 1) * TILE;
+            stage<T16, HS>(sK + nb, kg, p.ld_kv, k0 + FA_BC, T);
+            stage<T16, HS>(sV + nb, vg, p.ld_kv, k0 + FA_BC, T);
+            cp_async_commit();
+        }
+        const T16 *cK = sK + (j & 1) * TILE, *cV = sV + (j & 1) * TILE;
 
         float s[FA_BC / 8][4];
 #pragma unroll
         for (int n = 0; n < FA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-            mma_row_b<T16, LD, FA_BC / 8>(s, qf[ks], sK, ks * 16, lane);
+            mma_row_b<T16, LD, FA_BC / 8>(s, qf[ks], cK, ks * 16, lane);
 
         /* Scale into the log2 domain; on the diagonal tile (k0 == q0) mask key > row, which
          * also masks every key >= T of a row < T. Keys of tiles j < i are all < q0 < T. */
@@ -349,9 +397,8 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
         for (int kk = 0; kk < FA_BC / 16; kk++) {
             uint32_t pa[4];
             acc_to_a<T16>(pa, s, kk);
-            mma_row_bt<T16, LD, HS / 8>(o, pa, sV, kk * 16, lane);
+            mma_row_bt<T16, LD, HS / 8>(o, pa, cV, kk * 16, lane);
         }
-        __syncthreads(); /* all warps are done with sK, sV before the next tile */
     }
 
 #pragma unroll
@@ -414,19 +461,39 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
     constexpr int LD = HS + FA_PAD, QB = fa_dkv_qb(HS);
     T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [BC][LD], the block's keys */
     T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
-    T16 *sQ = sV + FA_BC * LD;                   /* [QB][LD], the current Q tile */
-    T16 *sdO = sQ + QB * LD;                     /* [QB][LD] */
-    float *sL = reinterpret_cast<float *>(sdO + QB * LD); /* [QB]: lse * log2(e) */
-    float *sD = sL + QB;                                   /* [QB]: D */
+    T16 *sQ = sV + FA_BC * LD;                   /* [2][QB][LD], Q tiles */
+    T16 *sdO = sQ + 2 * QB * LD;                 /* [2][QB][LD] */
+    float *sL = reinterpret_cast<float *>(sdO + 2 * QB * LD); /* [2][QB]: lse */
+    float *sD = sL + 2 * QB;                                   /* [2][QB]: D */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int T = p.T, nkv = p.NH / p.group;
     const int kvh = (int)(blockIdx.x % nkv), b = (int)(blockIdx.x / nkv);
     const int k0 = (int)blockIdx.y * FA_BC;
     const int key0 = k0 + warp * 16 + g; /* and key0 + 8 */
+    const int qh_end = (kvh + 1) * p.group;
+
+    /* Issues the copies of query head qh's Q tile at q0 (Q, dO, lse, D) into buffer buf. */
+    auto issue = [&](int buf, int qh, int q0) {
+        stage<T16, HS, QB>(sQ + buf * QB * LD,
+                           static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)qh * HS,
+                           p.ld_q, q0, T);
+        stage<T16, HS, QB>(sdO + buf * QB * LD,
+                           static_cast<const T16 *>(p.dout) + (size_t)b * T * p.ld_o +
+                               (size_t)qh * HS,
+                           p.ld_o, q0, T);
+        if (threadIdx.x < QB) {
+            const int q = q0 + threadIdx.x, in = q < T;
+            const size_t r = ((size_t)b * p.NH + qh) * T + (in ? q : 0);
+            cp_async4(sL + buf * QB + threadIdx.x, p.lse + r, in ? 4 : 0);
+            cp_async4(sD + buf * QB + threadIdx.x, p.dsum + r, in ? 4 : 0);
+        }
+        cp_async_commit();
+    };
 
     const size_t kvoff = (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
     stage<T16, HS>(sK, static_cast<const T16 *>(p.k) + kvoff, p.ld_kv, k0, T);
     stage<T16, HS>(sV, static_cast<const T16 *>(p.v) + kvoff, p.ld_kv, k0, T);
+    issue(0, kvh * p.group, k0); /* K and V are in the first group */
 
     float dk[HS / 8][4], dv[HS / 8][4];
 #pragma unroll
@@ -434,73 +501,72 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[n][e] = dv[n][e] = 0.0f;
 
-    for (int qh = kvh * p.group; qh < (kvh + 1) * p.group; qh++) {
-        const T16 *qg = static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)qh * HS;
-        const T16 *dog =
-            static_cast<const T16 *>(p.dout) + (size_t)b * T * p.ld_o + (size_t)qh * HS;
-        const size_t rbase = ((size_t)b * p.NH + qh) * T; /* lse, D row 0 */
-        for (int q0 = k0; q0 < T; q0 += QB) {
-            stage<T16, HS, QB>(sQ, qg, p.ld_q, q0, T);
-            stage<T16, HS, QB>(sdO, dog, p.ld_o, q0, T);
-            if (threadIdx.x < QB) {
-                int q = q0 + threadIdx.x;
-                sL[threadIdx.x] = q < T ? p.lse[rbase + q] * FA_LOG2E : 0.0f;
-                sD[threadIdx.x] = q < T ? p.dsum[rbase + q] : 0.0f;
-            }
-            __syncthreads(); /* also covers sK, sV on the first pass */
-
-            float st[QB / 8][4];
-#pragma unroll
-            for (int n = 0; n < QB / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HS / 16; ks++) {
-                uint32_t a[4];
-                ld_a<LD>(a, sK, warp * 16, ks * 16, lane);
-                mma_row_b<T16, LD, QB / 8>(st, a, sQ, ks * 16, lane);
-            }
-            /* masking: tiles that reach into the diagonal block (q0 < k0 + 64) and the tile
-             * holding rows >= T */
-            const bool edge = q0 < k0 + FA_BC || q0 + QB > T;
-#pragma unroll
-            for (int n = 0; n < QB / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi;
-                    float x = exp2f(fmaf(st[n][e], p.sl2, -sL[qi]));
-                    if (edge && (key0 + (e >> 1) * 8 > q || q >= T)) x = 0.0f;
-                    st[n][e] = x;
-                }
-#pragma unroll
-            for (int kk = 0; kk < QB / 16; kk++) {
-                uint32_t pa[4];
-                acc_to_a<T16>(pa, st, kk);
-                mma_row_bt<T16, LD, HS / 8>(dv, pa, sdO, kk * 16, lane);
-            }
-
-            float dpt[QB / 8][4];
-#pragma unroll
-            for (int n = 0; n < QB / 8; n++)
-                dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < HS / 16; ks++) {
-                uint32_t a[4];
-                ld_a<LD>(a, sV, warp * 16, ks * 16, lane);
-                mma_row_b<T16, LD, QB / 8>(dpt, a, sdO, ks * 16, lane);
-            }
-            /* dS^T = P^T (dP^T - D[q]); masked entries have P = 0, dP and D finite: 0 */
-#pragma unroll
-            for (int n = 0; n < QB / 8; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    dpt[n][e] = st[n][e] * (dpt[n][e] - sD[n * 8 + 2 * t + (e & 1)]);
-#pragma unroll
-            for (int kk = 0; kk < QB / 16; kk++) {
-                uint32_t da[4];
-                acc_to_a<T16>(da, dpt, kk);
-                mma_row_bt<T16, LD, HS / 8>(dk, da, sQ, kk * 16, lane);
-            }
-            __syncthreads(); /* sQ, sdO, sL, sD are read by all warps before the next stage */
+    /* the group's query heads in order, each one's Q tiles q0 = k0, k0 + QB, ... in order */
+    for (int it = 0, qh = kvh * p.group, q0 = k0;; it++) {
+        int nqh = qh, nq0 = q0 + QB; /* the next tile */
+        if (nq0 >= T) {
+            nqh++;
+            nq0 = k0;
         }
+        const bool more = nqh < qh_end;
+        cp_async_wait<0>();
+        __syncthreads(); /* tile it is in; every warp is done with tile it - 1's buffer */
+        if (more) issue((it + 1) & 1, nqh, nq0);
+        const T16 *cQ = sQ + (it & 1) * QB * LD, *cdO = sdO + (it & 1) * QB * LD;
+        const float *cL = sL + (it & 1) * QB, *cD = sD + (it & 1) * QB;
+
+        float st[QB / 8][4];
+#pragma unroll
+        for (int n = 0; n < QB / 8; n++) st[n][0] = st[n][1] = st[n][2] = st[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t a[4];
+            ld_a<LD>(a, sK, warp * 16, ks * 16, lane);
+            mma_row_b<T16, LD, QB / 8>(st, a, cQ, ks * 16, lane);
+        }
+        /* masking: tiles that reach into the diagonal block (q0 < k0 + 64) and the tile
+         * holding rows >= T */
+        const bool edge = q0 < k0 + FA_BC || q0 + QB > T;
+#pragma unroll
+        for (int n = 0; n < QB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qi = n * 8 + 2 * t + (e & 1), q = q0 + qi;
+                float x = exp2f(fmaf(st[n][e], p.sl2, -(cL[qi] * FA_LOG2E)));
+                if (edge && (key0 + (e >> 1) * 8 > q || q >= T)) x = 0.0f;
+                st[n][e] = x;
+            }
+#pragma unroll
+        for (int kk = 0; kk < QB / 16; kk++) {
+            uint32_t pa[4];
+            acc_to_a<T16>(pa, st, kk);
+            mma_row_bt<T16, LD, HS / 8>(dv, pa, cdO, kk * 16, lane);
+        }
+
+        float dpt[QB / 8][4];
+#pragma unroll
+        for (int n = 0; n < QB / 8; n++) dpt[n][0] = dpt[n][1] = dpt[n][2] = dpt[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++) {
+            uint32_t a[4];
+            ld_a<LD>(a, sV, warp * 16, ks * 16, lane);
+            mma_row_b<T16, LD, QB / 8>(dpt, a, cdO, ks * 16, lane);
+        }
+        /* dS^T = P^T (dP^T - D[q]); masked entries have P = 0, dP and D finite: 0 */
+#pragma unroll
+        for (int n = 0; n < QB / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                dpt[n][e] = st[n][e] * (dpt[n][e] - cD[n * 8 + 2 * t + (e & 1)]);
+#pragma unroll
+        for (int kk = 0; kk < QB / 16; kk++) {
+            uint32_t da[4];
+            acc_to_a<T16>(da, dpt, kk);
+            mma_row_bt<T16, LD, HS / 8>(dk, da, cQ, kk * 16, lane);
+        }
+        if (!more) break;
+        qh = nqh;
+        q0 = nq0;
     }
 
 #pragma unroll
@@ -517,6 +583,14 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
     }
 }
 
+/* K/V buffers of the dQ kernel: two, unless its six tiles would pass 99 KB of shared memory,
+ * the opt-in limit of compute capability 8.6 and 8.9 (hs = 128: one buffer, 68 KB, its copies
+ * issued after the barrier that ends a tile's reads). */
+static constexpr __host__ __device__ int fa_dq_buffers(int hs)
+{
+    return 6 * FA_BC * (hs + FA_PAD) * 2 <= 99 * 1024 ? 2 : 1;
+}
+
 /* dQ of query head h, rows q0 .. q0+63 (tile i, heaviest first). Warp w owns rows q0 + 16w + g
  * and + 8. Per K/V tile j = 0 .. i, in order:
  *   S  = Q_w K^T (ld_b on K),  P = exp2(S scale log2e - lse log2e), 0 where key > row (tile i)
@@ -527,11 +601,11 @@ template <typename T16, int HS>
 static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params p)
 {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    constexpr int LD = HS + FA_PAD;
+    constexpr int LD = HS + FA_PAD, TILE = FA_BC * LD, NB = fa_dq_buffers(HS);
     T16 *sQ = reinterpret_cast<T16 *>(fa_smem); /* [BR][LD] */
     T16 *sdO = sQ + FA_BR * LD;                  /* [BR][LD] */
-    T16 *sK = sdO + FA_BR * LD;                  /* [BC][LD], the current K/V tile */
-    T16 *sV = sK + FA_BC * LD;                   /* [BC][LD] */
+    T16 *sK = sdO + FA_BR * LD;                  /* [NB][BC][LD], K/V tiles */
+    T16 *sV = sK + NB * TILE;                    /* [NB][BC][LD] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int T = p.T, h = (int)(blockIdx.x % p.NH), b = (int)(blockIdx.x / p.NH);
     const int kvh = h / p.group;
@@ -546,6 +620,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
     stage<T16, HS>(sdO,
                    static_cast<const T16 *>(p.dout) + (size_t)b * T * p.ld_o + (size_t)h * HS,
                    p.ld_o, q0, T);
+    stage<T16, HS>(sK, kg, p.ld_kv, 0, T);
+    stage<T16, HS>(sV, vg, p.ld_kv, 0, T);
+    cp_async_commit();
     float lse2[2], dd[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -560,9 +637,17 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
 
     for (int j = 0; j <= i; j++) {
         const int k0 = j * FA_BC;
-        stage<T16, HS>(sK, kg, p.ld_kv, k0, T);
-        stage<T16, HS>(sV, vg, p.ld_kv, k0, T);
-        __syncthreads(); /* also covers sQ, sdO on the first pass */
+        /* the copies of tile j + 1 into buffer (j + 1) % NB */
+        auto issue_next = [&] {
+            const int nb = (j + 1) % NB * TILE;
+            stage<T16, HS>(sK + nb, kg, p.ld_kv, k0 + FA_BC, T);
+            stage<T16, HS>(sV + nb, vg, p.ld_kv, k0 + FA_BC, T);
+            cp_async_commit();
+        };
+        cp_async_wait<0>();
+        __syncthreads(); /* tile j is in (and Q, dO); every warp is done with tile j - 1 */
+        if (NB == 2 && j < i) issue_next();
+        const T16 *cK = sK + j % NB * TILE, *cV = sV + j % NB * TILE;
 
         float s[FA_BC / 8][4], dp[FA_BC / 8][4];
 #pragma unroll
@@ -573,9 +658,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
         for (int ks = 0; ks < HS / 16; ks++) {
             uint32_t a[4];
             ld_a<LD>(a, sQ, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, FA_BC / 8>(s, a, sK, ks * 16, lane);
+            mma_row_b<T16, LD, FA_BC / 8>(s, a, cK, ks * 16, lane);
             ld_a<LD>(a, sdO, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, FA_BC / 8>(dp, a, sV, ks * 16, lane);
+            mma_row_b<T16, LD, FA_BC / 8>(dp, a, cV, ks * 16, lane);
         }
 #pragma unroll
         for (int n = 0; n < FA_BC / 8; n++)
@@ -590,9 +675,12 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
         for (int kk = 0; kk < FA_BC / 16; kk++) {
             uint32_t da[4];
             acc_to_a<T16>(da, dp, kk);
-            mma_row_bt<T16, LD, HS / 8>(dq, da, sK, kk * 16, lane);
+            mma_row_bt<T16, LD, HS / 8>(dq, da, cK, kk * 16, lane);
         }
-        __syncthreads(); /* sK, sV are read by all warps before the next tile */
+        if (NB == 1 && j < i) {
+            __syncthreads(); /* every warp is done with the one buffer */
+            issue_next();
+        }
     }
 
 #pragma unroll
@@ -631,10 +719,10 @@ static const fa_kernel_t fa_kernels[FA_NKINDS][2][3] = {
 static size_t fa_smem_bytes(int kind, int hs)
 {
     size_t row = (size_t)(hs + FA_PAD) * 2, tile = 64 * row; /* a [64][hs + pad] 16-bit tile */
-    if (kind == FA_FWD) return 2 * tile;
-    if (kind == FA_BWD_DQ) return 4 * tile;
-    size_t qb = (size_t)fa_dkv_qb(hs);
-    return 2 * tile + 2 * qb * row + 2 * qb * sizeof(float);
+    if (kind == FA_FWD) return 4 * tile;    /* K, V: two buffers each */
+    if (kind == FA_BWD_DQ) return (2 + 2 * (size_t)fa_dq_buffers(hs)) * tile; /* Q, dO; K, V */
+    size_t qb = (size_t)fa_dkv_qb(hs);      /* K, V; Q, dO, lse, D: two buffers each */
+    return 2 * tile + 2 * (2 * qb * row + 2 * qb * sizeof(float));
 }
 
 int ddp__cuda_flash_supported(const ddp_kctx_t *ctx, int C, int NH)

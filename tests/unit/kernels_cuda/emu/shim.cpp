@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdarg>
+#include <deque>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -44,6 +45,14 @@ constexpr unsigned MAX_THREADS = 1024;
 
 struct barrier;
 
+/* A cp.async copy in flight: cp_size bytes to shared offset dst, the first src_bytes from src,
+ * zeros after. */
+struct cp_copy {
+    uint32_t dst;
+    const void *src;
+    int cp_size, src_bytes;
+};
+
 struct fiber {
     ucontext_t uc;
     void *stack = nullptr; /* STACK_BYTES, a guard page below */
@@ -52,6 +61,8 @@ struct fiber {
     const barrier *waiting = nullptr; /* at this barrier, until its generation differs */
     unsigned waiting_gen = 0;
     void *fake_stack = nullptr; /* ASan's fake stack of this fiber while it is switched out */
+    std::vector<cp_copy> open;             /* cp.async copies not yet committed */
+    std::deque<std::vector<cp_copy>> groups; /* committed groups in flight, oldest first */
 };
 
 struct barrier {
@@ -87,6 +98,9 @@ void fiber_main()
     __sanitizer_finish_switch_fiber(nullptr, &sched_stack_bottom, &sched_stack_size);
 #endif
     (*body)();
+    if (!cur->open.empty() || !cur->groups.empty())
+        die("thread %u of block (%u, %u) returned with cp.async copies in flight", cur->idx.x,
+            blockIdx.x, blockIdx.y);
     cur->done = true;
 #ifdef EMU_ASAN
     __sanitizer_start_switch_fiber(nullptr, sched_stack_bottom, sched_stack_size);
@@ -156,6 +170,8 @@ void run_block(unsigned nthreads, emu_order order)
         f.idx = dim3(t, 0, 0);
         f.done = false;
         f.waiting = nullptr;
+        f.open.clear();
+        f.groups.clear();
         if (getcontext(&f.uc)) die("getcontext: %s", strerror(errno));
         f.uc.uc_stack.ss_sp = f.stack;
         f.uc.uc_stack.ss_size = STACK_BYTES;
@@ -222,6 +238,7 @@ barrier block_bar;
 unsigned char *smem;
 size_t smem_bytes;
 emu_order sched_order = EMU_ORDER_FORWARD;
+emu_landing cp_landing = EMU_LAND_AT_WAIT;
 int cc_major = 8;
 long n_errors, n_collectives;
 cudaError_t last_error = cudaSuccess;
@@ -360,6 +377,47 @@ size_t __cvta_generic_to_shared(const void *p)
 
 unsigned char *emu_dynamic_smem() { return smem; }
 
+namespace {
+void land(const cp_copy &c)
+{
+    memcpy(smem + c.dst, c.src, (size_t)c.src_bytes);
+    memset(smem + c.dst + c.src_bytes, 0, (size_t)(c.cp_size - c.src_bytes));
+}
+} // namespace
+
+void emu_cp_async(uint32_t dst, const void *src, int cp_size, int src_bytes)
+{
+    if (!cur) die("cp.async outside a kernel");
+    if (dst % (uint32_t)cp_size || dst + (size_t)cp_size > smem_bytes)
+        die("cp.async of %d bytes to shared offset %u: misaligned, or beyond the block's %zu "
+            "bytes", cp_size, dst, smem_bytes);
+    if ((uintptr_t)src % (uintptr_t)cp_size)
+        die("cp.async of %d bytes from %p: not %d-byte aligned", cp_size, src, cp_size);
+    if (src_bytes < 0 || src_bytes > cp_size)
+        die("cp.async of %d bytes with src-size %d", cp_size, src_bytes);
+    cp_copy c = {dst, src, cp_size, src_bytes};
+    if (cp_landing == EMU_LAND_AT_ISSUE)
+        land(c);
+    else
+        cur->open.push_back(c);
+}
+
+void emu_cp_async_commit()
+{
+    if (!cur) die("cp.async.commit_group outside a kernel");
+    cur->groups.push_back(std::move(cur->open));
+    cur->open.clear();
+}
+
+void emu_cp_async_wait(int n)
+{
+    if (!cur) die("cp.async.wait_group outside a kernel");
+    while (cur->groups.size() > (size_t)n) {
+        for (const cp_copy &c : cur->groups.front()) land(c);
+        cur->groups.pop_front();
+    }
+}
+
 void emu_ldmatrix_x4(uint32_t d[4], uint32_t addr, bool trans)
 {
     warp &w = warp_enter(trans ? OP_LDSM_T : OP_LDSM, 0xffffffffu);
@@ -497,6 +555,7 @@ void emu_run_grid(const void *kernel, dim3 grid, dim3 block, size_t smem_size,
 }
 
 void emu_set_order(emu_order order) { sched_order = order; }
+void emu_set_landing(emu_landing when) { cp_landing = when; }
 void emu_set_cc_major(int major) { cc_major = major; }
 long emu_errors_logged() { return n_errors; }
 long emu_collectives() { return n_collectives; }

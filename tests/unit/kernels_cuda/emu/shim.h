@@ -15,6 +15,12 @@
  *   - ldmatrix and mma.sync follow the PTX ISA's fragment tables, written out in shim.cpp
  *     independently of the kernel's own index math. mma.sync's products are exact and summed in
  *     double, then rounded to fp32 once: the tensor cores' own rounding is not modelled.
+ *   - cp.async copies are checked (alignment, bounds, the zero-fill size) and land either when
+ *     issued or at the cp.async.wait_group that covers them (emu_set_landing): landing at
+ *     issue shows a copy into a buffer that another warp still reads (a missing barrier
+ *     before the prefetch); landing at the wait shows a read of a tile that has not been waited
+ *     for (the 0xff poison below, or the buffer's previous tile). A thread that exits with
+ *     copies in flight aborts.
  *   - Dynamic shared memory is a heap block of exactly the launch's size, filled with 0xff bytes
  *     (NaN as bf16, fp16 and fp32), so a read of an unstaged element poisons the result and an
  *     access beyond the size is an ASan error; ldmatrix checks alignment and bounds itself.
@@ -128,6 +134,14 @@ unsigned char *emu_dynamic_smem();
 /* ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 d, [addr]: a warp collective. */
 void emu_ldmatrix_x4(uint32_t d[4], uint32_t addr, bool trans);
 
+/* cp.async.{ca,cg}.shared.global [dst], [src], cp_size, src_bytes: the first src_bytes of
+ * cp_size bytes from src (global), zeros after, to shared offset dst; commit_group closes the
+ * calling thread's open group; wait_group n returns when at most n of its groups are in
+ * flight. */
+void emu_cp_async(uint32_t dst, const void *src, int cp_size, int src_bytes);
+void emu_cp_async_commit();
+void emu_cp_async_wait(int n);
+
 enum emu_elem { EMU_BF16, EMU_F16 };
 /* mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 d, a, b, c: a warp
  * collective; d may not alias c's storage (transform.py copies operands in and out). */
@@ -201,6 +215,8 @@ void emu_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaSt
 /* ---- Controls and counters for the harness ---- */
 enum emu_order { EMU_ORDER_FORWARD, EMU_ORDER_REVERSE };
 void emu_set_order(emu_order order);    /* which thread of a block runs first after a barrier */
+enum emu_landing { EMU_LAND_AT_ISSUE, EMU_LAND_AT_WAIT };
+void emu_set_landing(emu_landing when); /* when a cp.async copy reaches shared memory */
 void emu_set_cc_major(int major);       /* cudaDeviceGetAttribute's answer */
 long emu_errors_logged();               /* DDP_ERROR calls so far */
 long emu_collectives();                 /* warp collectives and block barriers so far */

@@ -26,9 +26,9 @@ import re
 import sys
 
 # Inline-PTX statements and kernel launches in flash_attention.cu as reviewed (2 mma.sync, one
-# per 16-bit type; 2 ldmatrix, plain and .trans; launches: the flash kernels through one
-# fa_launch, and fa_rowdot_kernel).
-EXPECTED_ASM = 4
+# per 16-bit type; 2 ldmatrix, plain and .trans; 4 cp.async: 16 and 4 bytes, commit_group,
+# wait_group; launches: the flash kernels through one fa_launch, and fa_rowdot_kernel).
+EXPECTED_ASM = 8
 EXPECTED_LAUNCHES = 2
 
 # PTX instruction -> (emulator function, operand group sizes, extra argument)
@@ -37,6 +37,10 @@ INSTRUCTIONS = {
     "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32": ("mma", (4, 4, 2, 4), "EMU_F16"),
     "ldmatrix.sync.aligned.m8n8.x4.shared.b16": ("ldsm", (4, 1), "false"),
     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16": ("ldsm", (4, 1), "true"),
+    "cp.async.cg.shared.global": ("cp_async", (1, 1, 1, 1), "16"),
+    "cp.async.ca.shared.global": ("cp_async", (1, 1, 1, 1), "4"),
+    "cp.async.commit_group": ("cp_commit", (), ""),
+    "cp.async.wait_group": ("cp_wait", (1,), ""),
 }
 
 # include line -> replacement (None: the line goes; the shim stands in for it)
@@ -132,13 +136,13 @@ def asm_call(body, where):
     if len(insns) != 1:
         raise Mismatch("%s: an asm statement must hold one instruction, not %d"
                        % (where, len(insns)))
-    m = re.fullmatch(r"([\w.]+)\s+(.*)", insns[0], re.S)
+    m = re.fullmatch(r"([\w.]+)(?:\s+(.*))?", insns[0], re.S)
     if not m or m.group(1) not in INSTRUCTIONS:
         raise Mismatch("%s: PTX instruction '%s' is not emulated (known: %s)"
                        % (where, insns[0].split()[0], ", ".join(INSTRUCTIONS)))
     kind, sizes, extra = INSTRUCTIONS[m.group(1)]
     groups = []
-    for g in split_top(m.group(2), ","):
+    for g in split_top(m.group(2), ",") if m.group(2) else []:
         inner = re.fullmatch(r"[{\[](.*)[}\]]", g, re.S)
         groups.append(split_top(inner.group(1), ",") if inner else [g])
     if tuple(len(g) for g in groups) != sizes:
@@ -165,6 +169,17 @@ def asm_call(body, where):
                 "emu_mma_m16n8k16(emu_d, emu_a, emu_b, emu_c, %s); %s }"
                 % (", ".join(a), ", ".join(b), ", ".join(c), extra,
                    " ".join("%s = emu_d[%d];" % (x, i) for i, x in enumerate(d))))
+    if kind == "cp_async":
+        if groups[2] != [extra]:
+            raise Mismatch("%s: %s copies %s bytes, the emulator was written for %s"
+                           % (where, m.group(1), groups[2][0], extra))
+        return ("emu_cp_async((uint32_t)%s, %s, %s, %s);"
+                % (operand(groups[0][0], ("r",)), operand(groups[1][0], ("l",)), extra,
+                   operand(groups[3][0], ("r",))))
+    if kind == "cp_commit":
+        return "emu_cp_async_commit();"
+    if kind == "cp_wait":
+        return "emu_cp_async_wait(%s);" % operand(groups[0][0], ("n",))
     d = [operand(r, ("=r",)) for r in groups[0]]
     addr = operand(groups[1][0], ("r",))
     return ("{ uint32_t emu_d[4]; emu_ldmatrix_x4(emu_d, %s, %s); %s }"
