@@ -126,8 +126,8 @@ typedef enum {
     /* Mixed precision (autocast's rules): from this call on, activation tensors are of type    \
      * `prec` (the conventions above) and the products multiply `prec` inputs (the activations  \
      * and the weights rounded to prec) with fp32 accumulation; every op computes in fp32 and   \
-     * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight it    \
-     * has multiplied by: the copy is dropped by the next set_precision call, so the caller     \
+     * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight and   \
+     * bias it has used: the copy is dropped by the next set_precision call, so the caller      \
      * calls it again after every write to the weights (the optimizer step, a load) -- one      \
      * conversion per weight per step, not per product. Activations written under one precision \
      * are not readable under another: a caller sets it before allocating them and keeps it.    \
@@ -135,7 +135,8 @@ typedef enum {
      * bitwise those of a context that never had it called. */                                  \
     X(set_precision, (ddp_kprec_t prec))                                                        \
     /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before    \
-     * the one rounding. ldo >= OC: out's row stride in elements (OC, or the LM head's          \
+     * the one rounding; in 16-bit runs the bias is first rounded to prec, as the weights are   \
+     * (autocast's addmm). ldo >= OC: out's row stride in elements (OC, or the LM head's        \
      * ddp_logits_ld(V)); the elements of a row past OC are neither read nor written. */        \
     X(matmul_fwd, (ddp_act_t *out, const ddp_act_t *inp, const float *weight,                   \
           const float *bias, int N, int C, int OC, int ldo, ddp_wlayout_t layout))              \

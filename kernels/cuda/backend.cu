@@ -147,6 +147,15 @@ static int cuda_init(ddp_kctx_t **out, int device, int threads)
     ctx->device = device;
     int rc = 0;
     DDP_CHECK_GOTO(ddp__cuda_check(ctx, cudaSetDevice(device), "cudaSetDevice"), rc, fail);
+    {
+        int optin = 0;
+        DDP_CHECK_GOTO(ddp__cuda_check(ctx,
+                                       cudaDeviceGetAttribute(
+                                           &optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                                       "cudaDeviceGetAttribute"),
+                       rc, fail);
+        ctx->smem_optin = (size_t)optin;
+    }
     DDP_CHECK_GOTO(ddp__cuda_check(ctx,
                                    cudaStreamCreateWithFlags(&ctx->stream,
                                                              cudaStreamNonBlocking),

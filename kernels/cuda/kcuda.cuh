@@ -46,12 +46,13 @@ extern "C" {
 
 struct ddp_kctx {
     int device;
+    size_t smem_optin;   /* the device's dynamic shared memory a block may opt into, bytes */
     cudaStream_t stream; /* every op is queued here */
     cublasHandle_t blas; /* bound to `stream` */
     cublasLtHandle_t lt; /* 16-bit products (matmul.cu); the stream is given per call */
     void *lt_ws;         /* cuBLASLt's workspace, DDP_CUDA_LT_WS bytes, allocated on first use */
     int lt_bias16;       /* the bias epilogue: 0 untried, 1 worked, -1 refused (matmul.cu) */
-    int lt_bgrad;        /* the bias-gradient epilogues, likewise */
+    int lt_bgrad[2];     /* the BGRADA [0] and BGRADB [1] epilogues, likewise */
     struct ddp__lt_plans *lt_plans; /* the heuristic's algorithm per product shape (matmul.cu);
                                      * plain memory, freed with free() at close */
     int err;             /* first error since the last sync (DDP_ECUDA), else 0 */

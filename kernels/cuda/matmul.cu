@@ -192,12 +192,17 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     if (hit >= 0) {
         found = ctx->lt_plans->e[hit].found;
         h.algo = ctx->lt_plans->e[hit].algo;
-    } else if (LT_TRY(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h,
-                                                     &found)) &&
-               slot >= 0) {
-        ctx->lt_plans->e[slot].key = key;
-        ctx->lt_plans->e[slot].algo = h.algo;
-        ctx->lt_plans->e[slot].found = found;
+    } else {
+        LT_TRY(cublasLtMatmulAlgoGetHeuristic(ctx->lt, op, la, lb, ld, ld, pref, 1, &h, &found));
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED) { /* the heuristic's "no algorithm" as a status */
+            s = CUBLAS_STATUS_SUCCESS;
+            found = 0;
+        }
+        if (s == CUBLAS_STATUS_SUCCESS && slot >= 0) { /* kept, "none" too: asked once */
+            ctx->lt_plans->e[slot].key = key;
+            ctx->lt_plans->e[slot].algo = h.algo;
+            ctx->lt_plans->e[slot].found = found;
+        }
     }
     if (s == CUBLAS_STATUS_SUCCESS && found == 0) s = CUBLAS_STATUS_NOT_SUPPORTED;
     int asked = s == CUBLAS_STATUS_SUCCESS; /* an algorithm was found: a failure now is an error */
@@ -212,12 +217,14 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     if (s == CUBLAS_STATUS_SUCCESS || (s == CUBLAS_STATUS_NOT_SUPPORTED && !asked)) return s;
     if (probe) {
         DDP_INFO("cuda: %s: %.40s: %s", what, stage, cublasGetStatusName(s));
-        return s;
+    } else {
+        DDP_ERROR("cuda: %s: %.40s failed (m %d n %d k %d, ld %d %d %d, bias %d)", what, stage,
+                  g->m, g->n, g->k, g->lda, g->ldb, g->ldd, g->bias != NULL);
+        ddp__cublas_check(ctx, s, what);
     }
-    DDP_ERROR("cuda: %s: %.40s failed (m %d n %d k %d, ld %d %d %d, bias %d)", what, stage, g->m,
-              g->n, g->k, g->lda, g->ldb, g->ldd, g->bias != NULL);
-    ddp__cublas_check(ctx, s, what);
-    return s;
+    /* NOT_SUPPORTED tells callers "no algorithm, take another way"; cublasLtMatmul refusing
+     * the algorithm it was given is a failure like any other (the log has its real status) */
+    return s == CUBLAS_STATUS_NOT_SUPPORTED ? CUBLAS_STATUS_EXECUTION_FAILED : s;
 }
 
 /* Runs g (no bias). Where cuBLASLt offers no algorithm (leading dimensions or pointers that
@@ -254,10 +261,11 @@ static int sgemm(ddp_kctx_t *ctx, cublasOperation_t ta, cublasOperation_t tb, in
 }
 
 /* Runs g, whose epilogue cuBLASLt may refuse, under the context's record of that epilogue
- * (*state: 0 untried, 1 worked, -1 refused). The first try is a probe: any failure turns the
- * epilogue off for the context (logged, with what the caller does instead); once it has worked,
- * a failure is an error, and a shape it has no algorithm for takes the fallback alone.
- * Returns 1 when g ran, 0 when the caller must take its fallback, -1 on an error (recorded). */
+ * (*state: 0 untried, 1 worked, -1 refused). A shape it offers no algorithm for takes the
+ * fallback alone (the plan cache remembers the answer). Until the epilogue has run once, a
+ * failure is a probe's: it turns the epilogue off for the context (logged, with what the caller
+ * does instead); after that, a failure is an error. Returns 1 when g ran, 0 when the caller
+ * must take its fallback, -1 on an error (recorded). */
 static int lt_run_epilogue(ddp_kctx_t *ctx, const lt_gemm *g, int *state, const char *what,
                            const char *fallback)
 {
@@ -267,7 +275,8 @@ static int lt_run_epilogue(ddp_kctx_t *ctx, const lt_gemm *g, int *state, const 
         *state = 1;
         return 1;
     }
-    if (*state == 1) return s == CUBLAS_STATUS_NOT_SUPPORTED ? 0 : -1;
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED) return 0;
+    if (*state == 1) return -1;
     DDP_INFO("cuda: %s: cuBLASLt refused the epilogue (%s); %s", what, cublasGetStatusName(s),
              fallback);
     *state = -1;
@@ -323,13 +332,13 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
 /* Runs the weight gradient's product g with the BGRADA (dout is A, bgrad_b 0) or BGRADB (dout
  * is B) epilogue, whose sums of dout over the rows go to scratch and are then added into
  * dbias[OC]: 1 when it ran (or failed, the error recorded), 0 when the caller must run g and
- * the column sum instead (lt_run_epilogue, ctx->lt_bgrad). It saves reading dout again for the
+ * the column sum instead (lt_run_epilogue, ctx->lt_bgrad[bgrad_b]). It saves reading dout again for the
  * column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8 T=1024). */
 static int lt_dweight_bgrad(ddp_kctx_t *ctx, lt_gemm g, float *dbias, int OC, int bgrad_b)
 {
     if (ddp__cuda_scratch(ctx, (size_t)OC * sizeof(float), (void **)&g.bgrad)) return 1;
     g.bgrad_b = bgrad_b;
-    int ran = lt_run_epilogue(ctx, &g, &ctx->lt_bgrad, "matmul_bwd(dweight)",
+    int ran = lt_run_epilogue(ctx, &g, &ctx->lt_bgrad[bgrad_b], "matmul_bwd(dweight)",
                               "dbias is a column sum of its own");
     if (ran > 0) ddp__cuda_add(ctx, dbias, g.bgrad, (size_t)OC);
     return ran != 0;
@@ -382,7 +391,8 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
         } else {
             lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, lda, B, ldb, 1.0f, dweight,
                          CUDA_R_32F, m, NULL, NULL, 0};
-            if (dbias && ctx->lt_bgrad >= 0 && lt_dweight_bgrad(ctx, g, dbias, OC, !in_out))
+            if (dbias && ctx->lt_bgrad[!in_out] >= 0 &&
+                lt_dweight_bgrad(ctx, g, dbias, OC, !in_out))
                 return; /* dbias too (or an error, recorded) */
             if (lt_gemm_run(ctx, &g, what)) return;
         }

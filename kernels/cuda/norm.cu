@@ -34,7 +34,8 @@
  * aligned to it, else 1; the order of every sum depends only on C and V. residual_norm_fwd
  * takes the forward's V (from res, weight, bias, out) and loads a and b 4 at a time only when
  * they are aligned too (VL), so that its order is the forward's whatever their alignment.
- * Limits: N < 2^31 rows, any C >= 1; backward C <= 20,480 (a block's sums in shared memory; a
+ * Limits: N < 2^31 rows, any C >= 1; backward C <= the device's opt-in shared memory / 8 bytes
+ * (a warp's sums in shared memory: 29,056 on sm_90, 20,864 on sm_80, 12,672 on sm_86/89; a
  * larger C is refused with DDP_EINVAL).
  */
 #include "kernels/cuda/kcuda.cuh"
@@ -231,16 +232,16 @@ void ddp__cuda_residual_norm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, fl
 
 /* ---- Backward ---- */
 
-#define NB_SMEM_MAX (160 * 1024) /* a block's [warps][2][C] sums at most */
-#define NB_ROWS_PER_WARP 4         /* a block's rows per warp, at least */
-#define NB_CHUNKS 256              /* row chunks (blocks) at most */
+#define NB_ROWS_PER_WARP 4 /* a block's rows per warp, at least */
+#define NB_CHUNKS 256      /* row chunks (blocks) at most */
 
-/* Warps of a block: 8, or fewer where their sums would pass NB_SMEM_MAX; 0 when one warp's do
- * not fit. */
-static int nb_warps(int C)
+/* Warps of a block: 8, or fewer where their [warps][2][C] sums would pass the shared memory a
+ * block may opt into on this device (227 KB on sm_90, 163 on sm_80, 99 on sm_86/89); 0 when one
+ * warp's do not fit. */
+static int nb_warps(int C, size_t smem_max)
 {
     for (int w = 8; w >= 1; w >>= 1)
-        if ((size_t)w * 2 * C * sizeof(float) <= NB_SMEM_MAX) return w;
+        if ((size_t)w * 2 * C * sizeof(float) <= smem_max) return w;
     return 0;
 }
 
@@ -331,10 +332,10 @@ static void norm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
                      const float *inp, const float *weight, const float *mean, const float *rstd,
                      int N, int C, const char *what)
 {
-    int warps = nb_warps(C);
+    int warps = nb_warps(C, ctx->smem_optin);
     if (!warps) {
         DDP_ERROR("cuda: %s: C = %d is over the backward's limit of %zu", what, C,
-                  NB_SMEM_MAX / (2 * sizeof(float)));
+                  ctx->smem_optin / (2 * sizeof(float)));
         if (!ctx->err) ctx->err = DDP_EINVAL;
         return;
     }

@@ -20,13 +20,16 @@
 
 #define XENT_BLOCK 512
 
-/* Folds the values v[0..n) into the running (max m, sum s of exp(x - m)). */
+/* Folds the values v[0..n) into the running (max m, sum s of exp(x - m)). Values of -inf (an
+ * fp16 logit beyond 65504) add exp(-inf) = 0; folded while m is still -inf they would add
+ * exp(-inf - -inf) = NaN, so a group of them is skipped. */
 template <int N>
 static __device__ __forceinline__ void online_add(float &m, float &s, const float (&v)[N])
 {
     float vm = v[0];
 #pragma unroll
     for (int k = 1; k < N; k++) vm = fmaxf(vm, v[k]);
+    if (vm == -INFINITY) return;
     if (vm > m) {
         s *= ddp_softmax_exp(m, vm);
         m = vm;
