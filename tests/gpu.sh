@@ -7,7 +7,7 @@
 #   4. gpt2-mini and gpt2-124M, 20 steps each, fp32 on the GPU against the CPU's losses
 #   5. bf16 (the default precision) on the GPU: tokens/s and memory; train.recompute block gives
 #      the weights of none, bitwise, in less GPU memory; the memory budget against the peaks;
-#      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16, printed;
+#      the per-op profile (train.profile) of 3 gpt2-124M steps at 8 x 1024 in bf16 and fp32;
 #      20 bf16 steps of gpt2-124M twice (weights bitwise equal) and against the CPU's bf16 losses
 #      (within 0.1%, or no further from the CPU's fp32 losses than twice the CPU's bf16 is)
 #   6. NCCL all-reduce, reduce-scatter and all-gather through the project's nccl backend: 1 rank,
@@ -203,21 +203,25 @@ if [ $bad -eq 0 ]; then res PASS "memory budget vs GPU peak" "budget/peak:$ratio
 else res FAIL "memory budget vs GPU peak" "budget/peak (0.90-1.15 wanted):$ratios"
 fi
 
-# 5d. where a step's time goes: the per-op profile of 3 gpt2-124M bf16 steps at 8 x 1024 (after
-# 2 warm-up steps), its table printed here and kept in $out/profile-run/profile-rank0.{txt,json}
-t=$SECONDS
+# 5d. where a step's time goes: the per-op profile of 3 gpt2-124M steps at 8 x 1024 (after 2
+# warm-up steps) in bf16 and in fp32, each table printed here and kept in
+# $out/profile-<precision>/profile-rank0.{txt,json}
 job profile gpt2-124M 8 1024
-timeout 300 "$W" "$out/profile.yaml" --backend cuda --set train.steps=5 --set train.warmup=1 \
-    --set train.profile=3 --set train.precision=\"bf16\" --run-dir "$out/profile-run" \
-    >"$out/profile.log" 2>&1
-rc=$?
-if [ $rc -eq 0 ] && [ -s "$out/profile-run/profile-rank0.txt" ]; then
-    cat "$out/profile-run/profile-rank0.txt"
-    res PASS "per-op profile 124M bf16 8x1024" "$(head -n 1 "$out/profile-run/profile-rank0.txt" | grep -o '[0-9.]* ms per step'); top op: $(sed -n 3p "$out/profile-run/profile-rank0.txt" | awk '{print $1, $3 " ms", $4}'); $(secs $t)"
-else
-    tail -n 20 "$out/profile.log"
-    res FAIL "per-op profile 124M bf16 8x1024" "exit $rc: $out/profile.log"
-fi
+for prec in bf16 fp32; do
+    t=$SECONDS
+    timeout 300 "$W" "$out/profile.yaml" --backend cuda --set train.steps=5 \
+        --set train.warmup=1 --set train.profile=3 --set train.precision=\"$prec\" \
+        --run-dir "$out/profile-$prec" >"$out/profile-$prec.log" 2>&1
+    rc=$?
+    table=$out/profile-$prec/profile-rank0.txt
+    if [ $rc -eq 0 ] && [ -s "$table" ]; then
+        cat "$table"
+        res PASS "per-op profile 124M $prec 8x1024" "$(head -n 1 "$table" | grep -o '[0-9.]* ms per step'); top op: $(sed -n 3p "$table" | awk '{print $1, $3 " ms", $4}'); $(secs $t)"
+    else
+        tail -n 20 "$out/profile-$prec.log"
+        res FAIL "per-op profile 124M $prec 8x1024" "exit $rc: $out/profile-$prec.log"
+    fi
+done
 
 # 5e. bf16 on the GPU is deterministic (two runs, the same weights bitwise: no atomics in flash
 # attention's backward) and as accurate as the CPU's bf16: within 0.1% of its losses per step
