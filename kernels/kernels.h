@@ -146,6 +146,19 @@ typedef enum {
     X(matmul_bwd, (ddp_act_t *dinp, float *dweight, float *dbias, const ddp_act_t *dout,        \
           const ddp_act_t *inp, const float *weight, int N, int C, int OC, int ldo,             \
           ddp_wlayout_t layout))                                                                \
+    /* GPT-2's MLP up-projection and its GELU in one product: pre[N,OC] = inp @ W + bias, as    \
+     * matmul_fwd writes it (rows OC apart), and out[N,OC] = gelu of the same fp32 sum, taken   \
+     * before pre's rounding; in 16-bit runs each is rounded once (a GPU's cuBLASLt             \
+     * GELU_AUX_BIAS epilogue). fp32: matmul_fwd into pre, then gelu_fwd. */                     \
+    X(matmul_gelu_fwd, (ddp_act_t *out, ddp_act_t *pre, const ddp_act_t *inp,                   \
+          const float *weight, const float *bias, int N, int C, int OC, ddp_wlayout_t layout))  \
+    /* matmul_bwd of the product that reads matmul_gelu_fwd's out (inp), its input gradient     \
+     * taken on through the GELU: dpre[N,C] = (dout @ W^T) * gelu'(pre), the product's fp32     \
+     * sum times gelu'(pre) rounded once (cuBLASLt's DGELU epilogue); dweight, dbias as         \
+     * matmul_bwd's (dbias may be NULL). Rows OC apart. fp32: matmul_bwd, then gelu_bwd. */      \
+    X(matmul_dgelu_bwd, (ddp_act_t *dpre, float *dweight, float *dbias, const ddp_act_t *dout,  \
+          const ddp_act_t *inp, const ddp_act_t *pre, const float *weight, int N, int C,        \
+          int OC, ddp_wlayout_t layout))                                                        \
     /* Causal multi-head self-attention, flash-attention style: no [T,T] tensor outlives the op.\
      * Grouped-query: NH query heads share NKV key/value heads (NH % NKV == 0; NKV == NH is     \
      * plain multi-head attention), query head h reading K/V head h / (NH / NKV), as Hugging    \

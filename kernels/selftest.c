@@ -223,6 +223,39 @@ out:
     end_case(s);
 }
 
+/* GPT-2's MLP products with their GELU (IN_OUT with a bias; OUT_IN without, the epilogue's
+ * GELU_AUX form). A GPU's cuBLASLt takes the GELU (tanh form) in its epilogue, its own
+ * arithmetic against kernels/math/gelu.h's (within the 16-bit rounding the check allows), or
+ * falls back to gelu.h where the epilogue is refused or the rows are not a multiple of 8. */
+static void case_matmul_gelu(st_t *s, const shape_t *sh, ddp_wlayout_t layout, int with_bias)
+{
+    int N = sh->B * sh->T, C = sh->C, OC = sh->OC;
+    result_t *rf = RES(MATMUL_GELU_FWD), *rb = RES(MATMUL_DGELU_BWD);
+    pt_t inp = act_rand(s, (size_t)N * C, -1, 1), w = pt_rand(s, (size_t)C * OC, -1, 1);
+    pt_t bias = pt_rand(s, OC, -1, 1), out = act_zero(s, (size_t)N * OC);
+    pt_t pre = act_zero(s, (size_t)N * OC), dout = act_rand(s, (size_t)N * OC, -1, 1);
+    pt_t dpre = act_rand(s, (size_t)N * C, -1, 1), dw = pt_rand(s, (size_t)C * OC, -1, 1);
+    pt_t db = pt_rand(s, OC, -1, 1), pre_in = act_rand(s, (size_t)N * C, -3, 3);
+    if (!ready(s, rf)) goto out;
+    BOTH DDP_K(KS, set_precision, s->prec); /* new weights: their converted copies again */
+    BOTH DDP_K(KS, matmul_gelu_fwd, P(out), P(pre), P(inp), P(w), with_bias ? P(bias) : NULL, N,
+               C, OC, layout);
+    if (sync_both(s, rf)) {
+        check(s, rf, pre, 1e-5, "pre");
+        check(s, rf, out, 1e-5, "out");
+    }
+    /* the product that reads the GELU's output: inp [N,C] is its input, pre_in its pre */
+    BOTH DDP_K(KS, matmul_dgelu_bwd, P(dpre), P(dw), with_bias ? P(db) : NULL, P(dout), P(inp),
+               P(pre_in), P(w), N, C, OC, layout);
+    if (sync_both(s, rb)) {
+        check(s, rb, dpre, 1e-5, "dpre");
+        check(s, rb, dw, 1e-5, "dweight");
+        if (with_bias) check(s, rb, db, 1e-5, "dbias");
+    }
+out:
+    end_case(s);
+}
+
 /* fp32: every backend's general path, against the CPU at fp32 tolerances. bf16/fp16: a GPU
  * takes its tensor-core flash kernels (head sizes 32, 64, 128), which round P and dS to 16 bits
  * as well, while the CPU keeps them fp32. A numpy model of exactly that rounding on these shapes
@@ -524,6 +557,8 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
             case_matmul(s, sh, DDP_W_IN_OUT, 1);
             case_matmul(s, sh, DDP_W_OUT_IN, 0);
             case_matmul(s, sh, DDP_W_OUT_IN, 1);
+            case_matmul_gelu(s, sh, DDP_W_IN_OUT, 1);
+            case_matmul_gelu(s, sh, DDP_W_OUT_IN, 0);
             case_attention(s, sh);
             case_rmsnorm(s, sh);
             for (int rms = 0; rms < 2; rms++) case_residual_norm(s, sh, rms);

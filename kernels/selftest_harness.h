@@ -25,6 +25,8 @@
     X(LAYERNORM_BWD, "layernorm_bwd")                                                        \
     X(MATMUL_FWD, "matmul_fwd")                                                              \
     X(MATMUL_BWD, "matmul_bwd")                                                              \
+    X(MATMUL_GELU_FWD, "matmul_gelu_fwd")                                                    \
+    X(MATMUL_DGELU_BWD, "matmul_dgelu_bwd")                                                  \
     X(ATTENTION_FWD, "attention_fwd")                                                        \
     X(ATTENTION_BWD, "attention_bwd")                                                        \
     X(ROPE_FWD, "rope_fwd")                                                                  \

@@ -234,6 +234,35 @@ void ddp_k_matmul_bwd(ddp_kernels_t *k, ddp_act_t *dinp, float *dweight, float *
                              layout));
 }
 
+void ddp_k_matmul_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, ddp_act_t *pre, const ddp_act_t *inp,
+                           const float *weight, const float *bias, int N, int C, int OC,
+                           ddp_wlayout_t layout)
+{
+    if (!OP_READY(k, matmul_gelu_fwd)) return;
+    REQUIRE(k, matmul_gelu_fwd, out && pre && inp && weight && out != pre);
+    REQUIRE(k, matmul_gelu_fwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_gelu_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
+    TIMED(k, matmul_gelu_fwd, 2.0 * N * C * OC,
+          ACT * ((double)N * C + (double)C * OC + 2.0 * N * OC) + F32 * (bias ? OC : 0),
+          k->ops->matmul_gelu_fwd(k->ctx, out, pre, inp, weight, bias, N, C, OC, layout));
+}
+
+void ddp_k_matmul_dgelu_bwd(ddp_kernels_t *k, ddp_act_t *dpre, float *dweight, float *dbias,
+                            const ddp_act_t *dout, const ddp_act_t *inp, const ddp_act_t *pre,
+                            const float *weight, int N, int C, int OC, ddp_wlayout_t layout)
+{
+    if (!OP_READY(k, matmul_dgelu_bwd)) return;
+    REQUIRE(k, matmul_dgelu_bwd, dpre && dweight && dout && inp && pre && weight);
+    REQUIRE(k, matmul_dgelu_bwd, dpre != dout && dpre != inp && dpre != pre);
+    REQUIRE(k, matmul_dgelu_bwd, N > 0 && C > 0 && OC > 0);
+    REQUIRE(k, matmul_dgelu_bwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
+    TIMED(k, matmul_dgelu_bwd, 4.0 * N * C * OC,
+          ACT * ((double)N * OC + 3.0 * N * C + (double)C * OC) +
+              F32 * (2.0 * C * OC + (dbias ? 2.0 * OC : 0)),
+          k->ops->matmul_dgelu_bwd(k->ctx, dpre, dweight, dbias, dout, inp, pre, weight, N, C,
+                                   OC, layout));
+}
+
 void ddp_k_attention_fwd(ddp_kernels_t *k, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
                          int B, int T, int C, int NH, int NKV)
 {

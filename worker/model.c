@@ -361,11 +361,12 @@ static void block_forward(ddp_model_t *m, int l, const float *x, float *out, int
     DDP_K(k, attention_fwd, s.atty, s.lse, s.qkv, B, T, C, d->NH, d->NKV);
     DDP_K(k, matmul_fwd, dc, s.atty, w->attprojw, w->attprojb, BT, C, C, C, wl);
     residual_norm_forward(m, s.res2, s.ln2, s.ln2_mean, s.ln2_rstd, x, dc, w->ln2w, w->ln2b, BT);
-    DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, d->FH, wl);
-    if (llama)
+    if (llama) {
+        DDP_K(k, matmul_fwd, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, d->FH, wl);
         DDP_K(k, swiglu_fwd, s.fchg, s.fch, BT, d->H);
-    else
-        DDP_K(k, gelu_fwd, s.fchg, s.fch, (size_t)BT * d->H);
+    } else { /* the GELU in the product's pass */
+        DDP_K(k, matmul_gelu_fwd, s.fchg, s.fch, s.ln2, w->fcw, w->fcb, BT, C, d->FH, wl);
+    }
     if (!out) return;
     DDP_K(k, matmul_fwd, dc, s.fchg, w->fcprojw, w->fcprojb, BT, d->H, C, C, wl);
     DDP_K(k, residual_fwd, out, s.res2, dc, (size_t)BT * C);
@@ -529,13 +530,14 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
         /* MLP: res3 = res2 + fcproj(act(fc(norm2(res2)))); the branch's gradient enters it in
          * the activations' type, as autocast casts it */
         DDP_K(k, to_act, a->dres_act, a->dres, BTC);
-        ddp_act_t *dh = llama ? a->dfch : a->dfc; /* the activation's output gradient */
-        DDP_K(k, matmul_bwd, dh, g->fcprojw, g->fcprojb, a->dres_act, s.fchg, w->fcprojw,
-              (int)BT, d->H, C, C, wl);
-        if (llama)
-            DDP_K(k, swiglu_bwd, a->dfc, s.fch, dh, (int)BT, d->H);
-        else
-            DDP_K(k, gelu_bwd, a->dfc, s.fch, a->dfc, BT * d->H);
+        if (llama) {
+            DDP_K(k, matmul_bwd, a->dfch, g->fcprojw, g->fcprojb, a->dres_act, s.fchg,
+                  w->fcprojw, (int)BT, d->H, C, C, wl);
+            DDP_K(k, swiglu_bwd, a->dfc, s.fch, a->dfch, (int)BT, d->H);
+        } else { /* the GELU's gradient in the product's pass */
+            DDP_K(k, matmul_dgelu_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres_act, s.fchg,
+                  s.fch, w->fcprojw, (int)BT, d->H, C, wl);
+        }
         DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, d->FH,
               d->FH, wl);
         norm_backward(m, a->dres, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w, s.ln2_mean,

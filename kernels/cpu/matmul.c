@@ -29,12 +29,17 @@
  * are summed in fp32 and rounded once. dweight and dbias accumulate in fp32 (dbias from the
  * widened dout). Scratch: a tile (at most R x MM_WIDE floats, R the rows) per thread. For fp32
  * OpenBLAS was kept over oneDNN by measurement (lowp.c says why).
+ * GELU (matmul_gelu_fwd, matmul_dgelu_bwd): the forward's tile, after its rounding into pre, is
+ * taken through gelu from the same fp32 values and rounded into out; the backward's dinp tile
+ * is multiplied by gelu'(pre) before its one rounding (split K: as its partials are added). In
+ * fp32 mode both are exactly matmul then gelu_fwd / gelu_bwd.
  */
 #include "kernels/cpu/cpu.h"
 
 #include <cblas.h>
 #include <string.h>
 
+#include "kernels/math/gelu.h"
 #include "kernels/math/lowp.h"
 
 #define MM_WIDE 512    /* preferred tile width */
@@ -46,6 +51,7 @@
 #define MM_KCHUNK 4096
 #define MM_KSPLIT_BYTES (32u << 20)    /* most scratch for the partials */
 #define MM_REDUCE_ROWS 16
+#define MM_GELU_COLS 256               /* elements of a row widened at a time */
 
 typedef struct {
     int R, Cc;   /* output dims */
@@ -120,6 +126,8 @@ typedef struct {
     float *dweight, *dbias;
     const void *inp, *weight, *dout; /* the operands: floats, or bf16 bits when bf16 != NULL */
     const float *bias;
+    ddp_act_t *gelu;           /* matmul_gelu_fwd: gelu of the product, whose rounding is out */
+    const ddp_act_t *gelu_pre; /* matmul_dgelu_bwd: dinp is taken on through gelu at pre */
     const ddp_act_t *dout_act; /* dbias's dout, as the caller gave it */
     ddp__bf16_t *bf16;         /* native bf16 tiles; NULL: sgemm */
     ddp_kprec_t prec;
@@ -152,6 +160,31 @@ static void tile_store(const mm_args_t *a, ddp_act_t *x, int r0, int c0, int h, 
     if (a->prec == DDP_KPREC_FP32) return;
     for (int r = 0; r < h; r++)
         ddp__cpu_act_store(x, (size_t)(r0 + r) * ld + c0, t + (size_t)r * w, (size_t)w, a->prec);
+}
+
+/* matmul_gelu_fwd: a->gelu's tile (r0, c0, h x w), rows a->OC apart, = gelu(t), t the tile's
+ * fp32 values (leading dimension ldt) after out's rounding has been stored; 16-bit: t is the
+ * thread's scratch and is overwritten. */
+static void gelu_tile(const mm_args_t *a, int r0, int c0, int h, int w, float *t, int ldt)
+{
+    for (int r = 0; r < h; r++) {
+        size_t at = (size_t)(r0 + r) * a->OC + c0;
+        float *src = t + (size_t)r * ldt; /* 16-bit: dst is src, computed in place */
+        float *dst = ddp__cpu_act_out(a->gelu, at, a->prec, src);
+        for (int j = 0; j < w; j++) dst[j] = ddp_gelu(src[j]);
+        ddp__cpu_act_store(a->gelu, at, dst, (size_t)w, a->prec);
+    }
+}
+
+/* matmul_dgelu_bwd: t[0..n) *= gelu'(pre[i0 .. i0 + n)), before t's rounding into dinp. */
+static void dgelu_mul(const mm_args_t *a, float *t, size_t i0, size_t n)
+{
+    float wide[MM_GELU_COLS];
+    for (size_t j0 = 0; j0 < n; j0 += MM_GELU_COLS) {
+        size_t m = n - j0 < MM_GELU_COLS ? n - j0 : MM_GELU_COLS;
+        const float *restrict x = ddp__cpu_act_in(a->gelu_pre, i0 + j0, m, a->prec, wide);
+        for (size_t j = 0; j < m; j++) t[j0 + j] *= ddp_gelu_grad(x[j]);
+    }
 }
 
 /* One tile: C[m,n] = (acc ? C : 0) + op(A) @ op(B), A and B at element offsets offa, offb (see
@@ -191,6 +224,7 @@ static void fwd_task(void *varg, long task)
     else
         gemm(a, 0, 1, h, w, C, a->inp, inp, C, a->weight, (size_t)c0 * C, C, !!a->bias, out, ldo);
     tile_store(a, a->out, r0, c0, h, w, a->ldo, out);
+    if (a->gelu) gelu_tile(a, r0, c0, h, w, out, ldo);
 }
 
 /* Runs the tasks; a native tile's failure goes to ctx->err. */
@@ -219,12 +253,13 @@ static int tile_scratch(ddp_kctx_t *ctx, mm_args_t *a, const tiling_t *tl)
     return ddp__cpu_tscratch(ctx, &a->tile, (size_t)tl->rb * tl->cb) ? -1 : 0;
 }
 
-void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
-                         const float *weight, const float *bias, int N, int C, int OC, int ldo,
-                         ddp_wlayout_t layout)
+/* matmul_fwd, and matmul_gelu_fwd with gelu != NULL (out is then its pre, ldo = OC). */
+static void matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *gelu, const ddp_act_t *inp,
+                       const float *weight, const float *bias, int N, int C, int OC, int ldo,
+                       ddp_wlayout_t layout)
 {
-    mm_args_t a = {.out = out, .inp = inp, .weight = weight, .bias = bias, .N = N, .C = C,
-                   .OC = OC, .ldo = ldo, .layout = layout, .prec = ctx->prec,
+    mm_args_t a = {.out = out, .gelu = gelu, .inp = inp, .weight = weight, .bias = bias, .N = N,
+                   .C = C, .OC = OC, .ldo = ldo, .layout = layout, .prec = ctx->prec,
                    .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     plan(&a.fwd, N, OC);
     if (a.prec != DDP_KPREC_FP32 &&
@@ -232,6 +267,20 @@ void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
         return;
     if (operand(ctx, &a, 0, &a.inp, (size_t)N * C) || tile_scratch(ctx, &a, &a.fwd)) return;
     run_tasks(ctx, &a, ntiles(&a.fwd), fwd_task);
+}
+
+void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
+                         const float *weight, const float *bias, int N, int C, int OC, int ldo,
+                         ddp_wlayout_t layout)
+{
+    matmul_fwd(ctx, out, NULL, inp, weight, bias, N, C, OC, ldo, layout);
+}
+
+void ddp__cpu_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
+                              const ddp_act_t *inp, const float *weight, const float *bias, int N,
+                              int C, int OC, ddp_wlayout_t layout)
+{
+    matmul_fwd(ctx, pre, out, inp, weight, bias, N, C, OC, OC, layout);
 }
 
 /* part[k] = dout[:, k0:k1] @ W^T[k0:k1, :], chunk k of the split-K dinp. */
@@ -262,6 +311,7 @@ static void dinp_reduce_task(void *varg, long task)
         for (int k = 1; k < a->ksplit; k++) s += p[(size_t)k * NC + i];
         d[i] = s;
     }
+    if (a->gelu_pre) dgelu_mul(a, d, lo, n);
     ddp__cpu_act_store(a->dinp, lo, d, n, a->prec);
 }
 
@@ -281,6 +331,9 @@ static void dinp_task(const mm_args_t *a, long task)
         gemm(a, 0, 1, h, w, OC, a->dout, dout, ldo, a->weight, (size_t)c0 * OC, OC, 0, dinp, ldd);
     else /* W[OC][C]: columns c0.. of W */
         gemm(a, 0, 0, h, w, OC, a->dout, dout, ldo, a->weight, c0, C, 0, dinp, ldd);
+    if (a->gelu_pre)
+        for (int r = 0; r < h; r++)
+            dgelu_mul(a, dinp + (size_t)r * ldd, (size_t)(r0 + r) * C + c0, (size_t)w);
     tile_store(a, a->dinp, r0, c0, h, w, C, dinp);
 }
 
@@ -328,13 +381,14 @@ static void bwd_task(void *varg, long task)
     dbias_task(a, task - a->n_di);
 }
 
-void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
-                         const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
-                         int C, int OC, int ldo, ddp_wlayout_t layout)
+/* matmul_bwd, and matmul_dgelu_bwd with gelu_pre != NULL. */
+static void matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                       const ddp_act_t *dout, const ddp_act_t *inp, const ddp_act_t *gelu_pre,
+                       const float *weight, int N, int C, int OC, int ldo, ddp_wlayout_t layout)
 {
     mm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
-                   .weight = weight, .N = N, .C = C, .OC = OC, .ldo = ldo, .layout = layout,
-                   .dout_act = dout, .prec = ctx->prec,
+                   .weight = weight, .gelu_pre = gelu_pre, .N = N, .C = C, .OC = OC,
+                   .ldo = ldo, .layout = layout, .dout_act = dout, .prec = ctx->prec,
                    .bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL};
     if (a.prec != DDP_KPREC_FP32 && dinp &&
         !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC)))
@@ -363,4 +417,18 @@ void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float
     run_tasks(ctx, &a, a.n_dw + a.n_di + a.n_db, bwd_task);
     if (a.ksplit)
         ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, MM_REDUCE_ROWS), dinp_reduce_task, &a);
+}
+
+void ddp__cpu_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *dbias,
+                         const ddp_act_t *dout, const ddp_act_t *inp, const float *weight, int N,
+                         int C, int OC, int ldo, ddp_wlayout_t layout)
+{
+    matmul_bwd(ctx, dinp, dweight, dbias, dout, inp, NULL, weight, N, C, OC, ldo, layout);
+}
+
+void ddp__cpu_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight, float *dbias,
+                               const ddp_act_t *dout, const ddp_act_t *inp, const ddp_act_t *pre,
+                               const float *weight, int N, int C, int OC, ddp_wlayout_t layout)
+{
+    matmul_bwd(ctx, dpre, dweight, dbias, dout, inp, pre, weight, N, C, OC, OC, layout);
 }

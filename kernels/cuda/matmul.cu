@@ -34,11 +34,19 @@
  * type, rounding more than once. Alignment preferences are the pointers' real alignment, so
  * no algorithm assumes more than it gets. A product is deterministic: one algorithm per shape,
  * types and alignment (the heuristic's first, asked once per context and kept), no atomics.
+ * GELU (matmul_gelu_fwd, matmul_dgelu_bwd; 16-bit runs): cuBLASLt's GELU_AUX_BIAS epilogue
+ * writes the product plus bias rounded (pre, its aux output) and gelu of the same fp32 value
+ * rounded (out); DGELU multiplies the input gradient's fp32 product by gelu'(pre) before its
+ * rounding. Both probed like the bias epilogue (ctx->lt_gelu, ctx->lt_dgelu); the fallback is
+ * the product in fp32 scratch and a kernel over kernels/math/gelu.h doing the same arithmetic.
+ * cuBLASLt's own GELU (tanh form, as GPT-2's) may differ from gelu.h in the last bits: the
+ * self-test holds it to the bf16 tolerance. fp32 runs: the plain product, then gelu_fwd/bwd.
  * Limits: N, C, OC < 2^31 (cuBLAS ints).
  */
 #include <string.h>
 
 #include "kernels/cuda/kcuda.cuh"
+#include "kernels/math/gelu.h"
 
 /* out[n, c] = round(acc[n, c] + round(bias[c])) over [N, OC], out's rows ldo apart and acc's
  * lda; acc may be out (fp32, in place, lda = ldo). The bias rounded to T as the epilogue's
@@ -89,18 +97,26 @@ struct lt_gemm {
     void *D;
     cudaDataType_t dt;
     int ldd;
-    const void *bias; /* fp32 (fallback's bias_round) or the 16-bit copy (the epilogue) */
-    float *bgrad;     /* the BGRADA (bgrad_b 0) or BGRADB (1) epilogue's output: the sums over
-                         k of A's rows (D's rows) or of B's columns (D's columns): a weight
-                         gradient's product gives dout's column sums, the bias gradient */
-    int bgrad_b;
+    /* the optional epilogues (none by default) */
+    const void *bias = nullptr; /* fp32 (fallback's bias_round) or the 16-bit copy (epilogue) */
+    float *bgrad = nullptr;     /* the BGRADA (bgrad_b 0) or BGRADB (1) epilogue's output: the
+                                   sums over k of A's rows (D's rows) or of B's columns (D's
+                                   columns): a weight gradient's product gives dout's column
+                                   sums, the bias gradient */
+    int bgrad_b = 0;
+    int gelu = 0;               /* LT_GELU: GELU_AUX(_BIAS), D = gelu(product + bias) and aux =
+                                   product + bias; LT_DGELU: DGELU, D = product * gelu'(aux) */
+    void *aux = nullptr;        /* D's shape and type, columns aux_ld apart */
+    int aux_ld = 0;
 };
+
+enum { LT_GELU = 1, LT_DGELU = 2 };
 
 /* What the heuristic's answer depends on (all else is fixed per context: the compute type,
  * the workspace, the reduction schemes). 32-bit fields only: no padding, so memcmp compares. */
 struct lt_key {
-    int32_t ta, tb, m, n, k, lda, ldb, ldd, t16, dt, bias, bgrad;
-    uint32_t al_a, al_b, al_d;
+    int32_t ta, tb, m, n, k, lda, ldb, ldd, t16, dt, bias, bgrad, gelu, aux_ld;
+    uint32_t al_a, al_b, al_d, al_aux;
 };
 
 /* The heuristic's first algorithm per key, asked once: a query costs tens of microseconds on
@@ -159,14 +175,25 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
     LT_TRY(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (g->bias || g->bgrad) { /* of D's type, the default BIAS_DATA_TYPE */
-        uint32_t epi = g->bias      ? CUBLASLT_EPILOGUE_BIAS
-                       : g->bgrad_b ? CUBLASLT_EPILOGUE_BGRADB
-                                    : CUBLASLT_EPILOGUE_BGRADA;
+    if (g->bias || g->bgrad || g->gelu) { /* vector and aux of D's type, the default */
+        uint32_t epi = g->gelu == LT_DGELU ? CUBLASLT_EPILOGUE_DGELU
+                       : g->gelu           ? (g->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                      : CUBLASLT_EPILOGUE_GELU_AUX)
+                       : g->bias           ? CUBLASLT_EPILOGUE_BIAS
+                       : g->bgrad_b        ? CUBLASLT_EPILOGUE_BGRADB
+                                           : CUBLASLT_EPILOGUE_BGRADA;
         const void *vec = g->bias ? g->bias : (const void *)g->bgrad;
+        int64_t aux_ld = g->aux_ld;
         LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
-                                              sizeof vec));
+        if (vec)
+            LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec,
+                                                  sizeof vec));
+        if (g->gelu) {
+            LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &g->aux, sizeof g->aux));
+            LT_TRY(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &aux_ld, sizeof aux_ld));
+        }
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&la, t16, g->ta == CUBLAS_OP_N ? g->m : g->k,
                                       g->ta == CUBLAS_OP_N ? g->k : g->m, g->lda));
@@ -186,8 +213,9 @@ static cublasStatus_t lt_run(ddp_kctx_t *ctx, const lt_gemm *g, const char *what
                                                 &al_d, sizeof al_d));
     LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &al_d, sizeof al_d));
-    lt_key key = {ta, tb, g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16,
-                  (int32_t)g->dt, g->bias != NULL, g->bgrad ? 1 + g->bgrad_b : 0, al_a, al_b, al_d};
+    lt_key key = {ta, tb, g->m, g->n, g->k, g->lda, g->ldb, g->ldd, (int32_t)t16, (int32_t)g->dt,
+                  g->bias != NULL, g->bgrad ? 1 + g->bgrad_b : 0, g->gelu, g->aux_ld,
+                  al_a, al_b, al_d, g->aux ? align_of(g->aux) : 0};
     int slot, hit = lt_plan_find(ctx, &key, &slot);
     if (hit >= 0) {
         found = ctx->lt_plans->e[hit].found;
@@ -321,12 +349,120 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
     }
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
     if (!W) return;
-    lt_gemm g = {ta, CUBLAS_OP_N, OC, N, C, W, lda, inp, C, 0.0f, out, ddp__cuda_lowp_type(ctx),
-                 ldo, NULL, NULL, 0};
+    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W, .lda = lda,
+                 .B = inp, .ldb = C, .beta = 0.0f, .D = out, .dt = ddp__cuda_lowp_type(ctx),
+                 .ldd = ldo};
     if (bias)
         lt_fwd_bias(ctx, g, bias, N, OC);
     else
         lt_gemm_run(ctx, &g, "matmul_fwd");
+}
+
+/* pre = round(acc + round(bias)), out = round(gelu(acc + round(bias))) over [N, OC] (rows OC
+ * apart): the GELU_AUX_BIAS epilogue's arithmetic, after an fp32 product (bias may be NULL). */
+template <typename T>
+static __global__ void gelu_split_kernel(T *out, T *pre, const float *acc, const float *bias,
+                                         int OC, size_t total)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float v = acc[i];
+        if (bias) v += ddp__act<T>::ld(ddp__act<T>::st(bias[i % (size_t)OC]));
+        pre[i] = ddp__act<T>::st(v);
+        out[i] = ddp__act<T>::st(ddp_gelu(v));
+    }
+}
+
+/* dpre = round(acc * gelu'(pre)) over n elements: the DGELU epilogue's arithmetic. */
+template <typename T>
+static __global__ void dgelu_round_kernel(T *dpre, const float *acc, const T *pre, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dpre[i] = ddp__act<T>::st(acc[i] * ddp_gelu_grad(ddp__act<T>::ld(pre[i])));
+}
+
+void ddp__cuda_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
+                               const ddp_act_t *inp, const float *weight, const float *bias,
+                               int N, int C, int OC, ddp_wlayout_t layout)
+{
+    if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
+    if (ctx->prec == DDP_KPREC_FP32) {
+        ddp__cuda_matmul_fwd(ctx, pre, inp, weight, bias, N, C, OC, OC, layout);
+        ddp__cuda_gelu_fwd(ctx, out, pre, (size_t)N * OC);
+        return;
+    }
+    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_N : CUBLAS_OP_T;
+    const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+    if (!W) return;
+    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W,
+                 .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f,
+                 .D = out, .dt = ddp__cuda_lowp_type(ctx), .ldd = OC};
+    if (ctx->lt_gelu >= 0 && OC % 8 == 0) { /* the aux's ld: a multiple of 8 */
+        g.gelu = LT_GELU;
+        g.aux = pre;
+        g.aux_ld = OC;
+        if (bias && !(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
+        int ran = lt_run_epilogue(ctx, &g, &ctx->lt_gelu, "matmul_gelu_fwd",
+                                  "gelu is applied by a kernel after an fp32 product");
+        if (ran) return; /* ran, or failed (recorded) */
+    }
+    float *acc;
+    if (ddp__cuda_scratch(ctx, (size_t)N * OC * sizeof(float), (void **)&acc)) return;
+    g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W,
+         .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f, .D = acc,
+         .dt = CUDA_R_32F, .ldd = OC};
+    if (lt_gemm_run(ctx, &g, "matmul_gelu_fwd")) return;
+    size_t total = (size_t)N * OC;
+    DDP_ACT_DISPATCH(ctx->prec, T,
+                     gelu_split_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
+                                            ctx->stream>>>((T *)out, (T *)pre, acc, bias, OC,
+                                                           total));
+    ddp__cuda_launched(ctx, "matmul_gelu_fwd(gelu)");
+}
+
+void ddp__cuda_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight, float *dbias,
+                                const ddp_act_t *dout, const ddp_act_t *inp,
+                                const ddp_act_t *pre, const float *weight, int N, int C, int OC,
+                                ddp_wlayout_t layout)
+{
+    if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
+    if (ctx->prec == DDP_KPREC_FP32) {
+        ddp__cuda_matmul_bwd(ctx, dpre, dweight, dbias, dout, inp, weight, N, C, OC, OC, layout);
+        ddp__cuda_gelu_bwd(ctx, dpre, pre, dpre, (size_t)N * C);
+        return;
+    }
+    /* dpre^T[C,N] = W-view @ dout^T, as matmul_bwd's dinp */
+    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
+    if (!W) return;
+    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
+                 .lda = layout == DDP_W_IN_OUT ? OC : C, .B = dout, .ldb = OC, .beta = 0.0f,
+                 .D = dpre, .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
+    int ran = 0;
+    if (ctx->lt_dgelu >= 0 && C % 8 == 0) {
+        g.gelu = LT_DGELU;
+        g.aux = (void *)pre; /* read only: DGELU's aux is an input */
+        g.aux_ld = C;
+        ran = lt_run_epilogue(ctx, &g, &ctx->lt_dgelu, "matmul_dgelu_bwd",
+                              "gelu' is applied by a kernel after an fp32 product");
+        if (ran < 0) return;
+    }
+    if (!ran) {
+        float *acc;
+        if (ddp__cuda_scratch(ctx, (size_t)N * C * sizeof(float), (void **)&acc)) return;
+        g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
+             .lda = layout == DDP_W_IN_OUT ? OC : C, .B = dout, .ldb = OC, .beta = 0.0f,
+             .D = acc, .dt = CUDA_R_32F, .ldd = C};
+        if (lt_gemm_run(ctx, &g, "matmul_dgelu_bwd")) return;
+        size_t n = (size_t)N * C;
+        DDP_ACT_DISPATCH(ctx->prec, T,
+                         dgelu_round_kernel<T><<<ddp__grid(n, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
+                                                 ctx->stream>>>((T *)dpre, acc, (const T *)pre,
+                                                                n));
+        if (ddp__cuda_launched(ctx, "matmul_dgelu_bwd(gelu')")) return;
+    }
+    ddp__cuda_matmul_bwd(ctx, NULL, dweight, dbias, dout, inp, weight, N, C, OC, OC, layout);
 }
 
 /* Runs the weight gradient's product g with the BGRADA (dout is A, bgrad_b 0) or BGRADB (dout
@@ -371,8 +507,9 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
         } else {
             const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
             if (!W) return;
-            lt_gemm g = {ta, CUBLAS_OP_N, C, N, OC, W, lda, dout, ldo, 0.0f, dinp,
-                         ddp__cuda_lowp_type(ctx), C, NULL, NULL, 0};
+            lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
+                         .lda = lda, .B = dout, .ldb = ldo, .beta = 0.0f, .D = dinp,
+                         .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
             if (lt_gemm_run(ctx, &g, what)) return;
         }
     }
@@ -389,8 +526,9 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
                       what))
                 return;
         } else {
-            lt_gemm g = {CUBLAS_OP_N, CUBLAS_OP_T, m, n, N, A, lda, B, ldb, 1.0f, dweight,
-                         CUDA_R_32F, m, NULL, NULL, 0};
+            lt_gemm g = {.ta = CUBLAS_OP_N, .tb = CUBLAS_OP_T, .m = m, .n = n, .k = N, .A = A,
+                         .lda = lda, .B = B, .ldb = ldb, .beta = 1.0f, .D = dweight,
+                         .dt = CUDA_R_32F, .ldd = m};
             if (dbias && ctx->lt_bgrad[!in_out] >= 0 &&
                 lt_dweight_bgrad(ctx, g, dbias, OC, !in_out))
                 return; /* dbias too (or an error, recorded) */

@@ -1,11 +1,13 @@
 /* The matrix products of one GPT-2 124M bf16 training step at B=8 T=1024 on cuBLASLt, set up
  * exactly as kernels/cuda/matmul.cu's lt_run sets them up (bf16 A and B, fp32 accumulation,
  * the outputs' types, the bias epilogue with a bf16 bias and the biased layers' weight
- * gradients with the BGRADA epilogue, reduction schemes limited to the compute type, alignments
+ * gradients with the BGRADA epilogue, the MLP's GELU in the fc product's epilogue
+ * (GELU_AUX_BIAS) and its gradient in the fc proj dinp's (DGELU), reduction schemes limited to the compute type, alignments
  * from the pointers, 32 MiB of workspace), each timed with the algorithm ddpd takes (the heuristic's first) and with every other one the heuristic offers
  * (up to 16): how much a better choice of algorithm could give, shape by shape and for the
  * step. Random operands (never zeros), CUDA events around each of 20 runs after 3 warm-ups,
- * medians. tests/gpu/gemm_shapes.py times the same products in PyTorch on the same GPU.
+ * medians. Rows marked "(alt)" show the same product without the GELU (what the step ran
+ * before) and are not counted in the step. tests/gpu/gemm_shapes.py times the same products in PyTorch on the same GPU.
  * Built where the CUDA kernels are; run by tests/gpu/session.sh (part `gemm`).
  *
  *   gemm_shapes [N tokens (8192)] [LM head rows a chunk (2624)]
@@ -41,6 +43,8 @@ typedef struct {
     int fp32_out; /* D fp32 with beta 1 (a weight gradient), else bf16 with beta 0 */
     int bias;     /* the BIAS epilogue (a bf16 bias) */
     int bgrad;    /* the BGRADA epilogue (the bias gradient, fp32) */
+    int gelu;     /* 1: GELU_AUX_BIAS (with bias 1), 2: DGELU; a bf16 aux of D's shape */
+    int alt;      /* shown, not counted in the step */
 } prod_t;
 
 static uint16_t bf16(float f)
@@ -112,24 +116,26 @@ int main(int argc, char **argv)
     const cublasOperation_t Nn = CUBLAS_OP_N, Tt = CUBLAS_OP_T;
     /* model.c's products in matmul.cu's column-major terms (its header gives the mapping) */
     prod_t p[] = {
-        {"qkv fwd", 12, Nn, Nn, QKV, N, C, QKV, C, QKV, 0, 1, 0},
-        {"attn proj fwd", 12, Nn, Nn, C, N, C, C, C, C, 0, 1, 0},
-        {"fc fwd", 12, Nn, Nn, FH, N, C, FH, C, FH, 0, 1, 0},
-        {"fc proj fwd", 12, Nn, Nn, C, N, FH, C, FH, C, 0, 1, 0},
-        {"lm head fwd", lm_chunks - 1, Tt, Nn, V, R, C, C, C, LDV, 0, 0, 0},
-        {"lm head fwd (last)", 1, Tt, Nn, V, last, C, C, C, LDV, 0, 0, 0},
-        {"qkv dinp", 12, Tt, Nn, C, N, QKV, QKV, QKV, C, 0, 0, 0},
-        {"attn proj dinp", 12, Tt, Nn, C, N, C, C, C, C, 0, 0, 0},
-        {"fc dinp", 12, Tt, Nn, C, N, FH, FH, FH, C, 0, 0, 0},
-        {"fc proj dinp", 12, Tt, Nn, FH, N, C, C, C, FH, 0, 0, 0},
-        {"lm head dinp", lm_chunks - 1, Nn, Nn, C, R, V, C, LDV, C, 0, 0, 0},
-        {"lm head dinp (last)", 1, Nn, Nn, C, last, V, C, LDV, C, 0, 0, 0},
-        {"qkv dweight", 12, Nn, Tt, QKV, C, N, QKV, C, QKV, 1, 0, 1},
-        {"attn proj dweight", 12, Nn, Tt, C, C, N, C, C, C, 1, 0, 1},
-        {"fc dweight", 12, Nn, Tt, FH, C, N, FH, C, FH, 1, 0, 1},
-        {"fc proj dweight", 12, Nn, Tt, C, FH, N, C, FH, C, 1, 0, 1},
-        {"lm head dweight", lm_chunks - 1, Nn, Tt, C, V, R, C, LDV, C, 1, 0, 0},
-        {"lm head dweight (last)", 1, Nn, Tt, C, V, last, C, LDV, C, 1, 0, 0},
+        {"qkv fwd", 12, Nn, Nn, QKV, N, C, QKV, C, QKV, 0, 1, 0, 0, 0},
+        {"attn proj fwd", 12, Nn, Nn, C, N, C, C, C, C, 0, 1, 0, 0, 0},
+        {"fc fwd +gelu", 12, Nn, Nn, FH, N, C, FH, C, FH, 0, 1, 0, 1, 0},
+        {"fc fwd (alt)", 12, Nn, Nn, FH, N, C, FH, C, FH, 0, 1, 0, 0, 1},
+        {"fc proj fwd", 12, Nn, Nn, C, N, FH, C, FH, C, 0, 1, 0, 0, 0},
+        {"lm head fwd", lm_chunks - 1, Tt, Nn, V, R, C, C, C, LDV, 0, 0, 0, 0, 0},
+        {"lm head fwd (last)", 1, Tt, Nn, V, last, C, C, C, LDV, 0, 0, 0, 0, 0},
+        {"qkv dinp", 12, Tt, Nn, C, N, QKV, QKV, QKV, C, 0, 0, 0, 0, 0},
+        {"attn proj dinp", 12, Tt, Nn, C, N, C, C, C, C, 0, 0, 0, 0, 0},
+        {"fc dinp", 12, Tt, Nn, C, N, FH, FH, FH, C, 0, 0, 0, 0, 0},
+        {"fc proj dinp +dgelu", 12, Tt, Nn, FH, N, C, C, C, FH, 0, 0, 0, 2, 0},
+        {"fc proj dinp (alt)", 12, Tt, Nn, FH, N, C, C, C, FH, 0, 0, 0, 0, 1},
+        {"lm head dinp", lm_chunks - 1, Nn, Nn, C, R, V, C, LDV, C, 0, 0, 0, 0, 0},
+        {"lm head dinp (last)", 1, Nn, Nn, C, last, V, C, LDV, C, 0, 0, 0, 0, 0},
+        {"qkv dweight", 12, Nn, Tt, QKV, C, N, QKV, C, QKV, 1, 0, 1, 0, 0},
+        {"attn proj dweight", 12, Nn, Tt, C, C, N, C, C, C, 1, 0, 1, 0, 0},
+        {"fc dweight", 12, Nn, Tt, FH, C, N, FH, C, FH, 1, 0, 1, 0, 0},
+        {"fc proj dweight", 12, Nn, Tt, C, FH, N, C, FH, C, 1, 0, 1, 0, 0},
+        {"lm head dweight", lm_chunks - 1, Nn, Tt, C, V, R, C, LDV, C, 1, 0, 0, 0, 0},
+        {"lm head dweight (last)", 1, Nn, Tt, C, V, last, C, LDV, C, 1, 0, 0, 0, 0},
     };
     int np = (int)(sizeof p / sizeof p[0]);
     cublasLtHandle_t lt;
@@ -158,12 +164,24 @@ int main(int argc, char **argv)
         int32_t ta = q->ta, tb = q->tb;
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        if (bias) { /* matmul.cu's: the bias, or dout's column sums (dout is A here) */
-            uint32_t epi = q->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_BGRADA;
+        void *aux = q->gelu ? rnd(nd, 0, &seed) : NULL;
+        if (bias || aux) { /* matmul.cu's: the bias, or dout's column sums (dout is A here) */
+            uint32_t epi = q->gelu == 2 ? CUBLASLT_EPILOGUE_DGELU
+                           : q->gelu    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                           : q->bias    ? CUBLASLT_EPILOGUE_BIAS
+                                        : CUBLASLT_EPILOGUE_BGRADA;
+            int64_t aux_ld = q->ldd;
             LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
                                               sizeof epi));
-            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof bias));
+            if (bias)
+                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                  sizeof bias));
+            if (aux) {
+                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                  &aux, sizeof aux));
+                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                  &aux_ld, sizeof aux_ld));
+            }
         }
         cublasLtMatrixLayout_t la, lb, ld;
         LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, q->ta == Nn ? q->m : q->k,
@@ -198,9 +216,10 @@ int main(int argc, char **argv)
         double fl = 2.0 * q->m * q->n * (double)q->k;
         printf("%-22s %6d %6d %6d %5d %9.4f %9.4f %6d %4d %8.1f\n", q->name, q->m, q->n, q->k,
                q->per_step, first, best, best_i, found, first > 0 ? fl / (first * 1e9) : 0.0);
-        if (first > 0) step_first += q->per_step * first;
-        if (best > 0) step_best += q->per_step * best;
-        flops_step += q->per_step * fl;
+        int counted = q->alt ? 0 : q->per_step;
+        if (first > 0) step_first += counted * first;
+        if (best > 0) step_best += counted * best;
+        flops_step += counted * fl;
         cublasLtMatmulPreferenceDestroy(pref);
         cublasLtMatrixLayoutDestroy(la);
         cublasLtMatrixLayoutDestroy(lb);
@@ -210,6 +229,7 @@ int main(int argc, char **argv)
         CK(cudaFree(B));
         CK(cudaFree(D));
         if (bias) CK(cudaFree(bias));
+        if (aux) CK(cudaFree(aux));
     }
     printf("step (N %d, LM head rows %d): %.1f GFLOP; the heuristic's first %.3f ms "
            "(%.0f TFLOP/s), the best of up to %d %.3f ms (%.0f TFLOP/s)\n",

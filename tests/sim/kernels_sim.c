@@ -63,7 +63,7 @@ struct ddp_kctx {
 #define CPU ddp_kernels_cpu
 
 enum {
-    ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, ATT_FWD, ATT_BWD, ROPE_FWD, ROPE_BWD,
+    ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, MM_GELU_FWD, MM_DGELU_BWD, ATT_FWD, ATT_BWD, ROPE_FWD, ROPE_BWD,
     RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, RES_NORM, TO_ACT,
     XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, COPY_STAGED, ZERO, SET_PREC
 };
@@ -105,6 +105,12 @@ static void run(void *arg)
         CPU.matmul_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1], i[2], i[5], i[3]);
         if (a->ctx->break_lm_head && p[0] && i[3] == DDP_W_OUT_IN && i[2] >= 50257)
             add_one(p[0], (ddp_kprec_t)i[4]);
+        break;
+    case MM_GELU_FWD:
+        CPU.matmul_gelu_fwd(c, p[0], p[1], p[2], p[3], p[4], i[0], i[1], i[2], i[3]);
+        break;
+    case MM_DGELU_BWD:
+        CPU.matmul_dgelu_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], i[0], i[1], i[2], i[3]);
         break;
     case ATT_FWD: CPU.attention_fwd(c, p[0], p[1], p[2], i[0], i[1], i[2], i[3], i[4]); break;
     case ATT_BWD:
@@ -535,6 +541,32 @@ static void sim_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, flo
     LAUNCH(ctx, a, "matmul_bwd", A(dinp, (size_t)N * C, W), F(dweight, (size_t)C * OC, RW),
            F(dbias, OC, RW), A(dout, strided(N, OC, ldo), R), A(inp, (size_t)N * C, R),
            F(weight, (size_t)C * OC, R));
+}
+
+static void sim_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
+                                const ddp_act_t *inp, const float *weight, const float *bias,
+                                int N, int C, int OC, ddp_wlayout_t layout)
+{
+    args_t *a = new_args(ctx, MM_GELU_FWD);
+    if (!a) return;
+    set_p(a, 5, out, pre, inp, weight, bias);
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
+    LAUNCH(ctx, a, "matmul_gelu_fwd", A(out, (size_t)N * OC, W), A(pre, (size_t)N * OC, W),
+           A(inp, (size_t)N * C, R), F(weight, (size_t)C * OC, R), F(bias, OC, R));
+}
+
+static void sim_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight, float *dbias,
+                                 const ddp_act_t *dout, const ddp_act_t *inp,
+                                 const ddp_act_t *pre, const float *weight, int N, int C, int OC,
+                                 ddp_wlayout_t layout)
+{
+    args_t *a = new_args(ctx, MM_DGELU_BWD);
+    if (!a) return;
+    set_p(a, 7, dpre, dweight, dbias, dout, inp, pre, weight);
+    a->i[0] = N, a->i[1] = C, a->i[2] = OC, a->i[3] = (int)layout;
+    LAUNCH(ctx, a, "matmul_dgelu_bwd", A(dpre, (size_t)N * C, W), F(dweight, (size_t)C * OC, RW),
+           F(dbias, OC, RW), A(dout, (size_t)N * OC, R), A(inp, (size_t)N * C, R),
+           A(pre, (size_t)N * C, R), F(weight, (size_t)C * OC, R));
 }
 
 /* qkv's elements: per position NH query heads and NKV key and value heads of C / NH each */

@@ -233,6 +233,54 @@ static void check_matmul(ddp_kprec_t p)
 static void test_matmul_bf16(void **state) { check_matmul(DDP_KPREC_BF16); }
 static void test_matmul_fp16(void **state) { check_matmul(DDP_KPREC_FP16); }
 
+/* The GELU products on the same shapes (the last one's dinp by split K): matmul_gelu_fwd's pre
+ * is matmul_fwd's out, its out the fp32 op's gelu_fwd of the fp32 product, rounded once (not of
+ * pre); matmul_dgelu_bwd's dpre is the fp32 matmul_bwd's dinp through gelu_bwd at the widened
+ * pre, rounded once; dweight and dbias are matmul_bwd's. */
+static void check_matmul_gelu(ddp_kprec_t p)
+{
+    for (size_t i = 0; i < sizeof MM_SHAPES / sizeof *MM_SHAPES; i++) {
+        const mm_shape_t *s = &MM_SHAPES[i];
+        pair_t c;
+        open_pair(&c, p, 1, 150 + i);
+        int N = s->N, C = s->C, OC = s->OC;
+        size_t ni = (size_t)N * C, nw = (size_t)C * OC, no = (size_t)N * OC;
+        float *inp = rnd(&c, ni, -1, 1), *w = rnd(&c, nw, -1, 1), *b = rnd(&c, (size_t)OC, -1, 1);
+        float *dout = rnd(&c, no, -1, 1), *pre = rnd(&c, ni, -3, 3), *g0 = rnd(&c, nw + OC, -1, 1);
+        float *rin = kround(inp, ni, p), *rw = kround(w, nw, p), *rb = kround(b, (size_t)OC, p);
+        float *rdout = kround(dout, no, p), *rpre = kround(pre, ni, p);
+        void *inp16 = kact(inp, ni, p), *dout16 = kact(dout, no, p), *pre16 = kact(pre, ni, p);
+        void *out16 = garbage(no), *z16 = garbage(no), *dpre16 = garbage(ni);
+        float *z32 = kcalloc(no, 4), *out32 = kcalloc(no, 4), *dinp32 = kcalloc(ni, 4);
+        float *dpre32 = kcalloc(ni, 4), *g[2];
+        const float *bias = s->bias ? b : NULL, *rbias = s->bias ? rb : NULL;
+        for (int j = 0; j < 2; j++) g[j] = kcalloc(nw + OC, 4), memcpy(g[j], g0, (nw + OC) * 4);
+        float *db[2] = {s->bias ? g[0] + nw : NULL, s->bias ? g[1] + nw : NULL};
+        DDP_K(&c.lp, matmul_gelu_fwd, out16, z16, inp16, w, bias, N, C, OC, s->layout);
+        DDP_K(&c.lp, matmul_dgelu_bwd, dpre16, g[0], db[0], dout16, inp16, pre16, w, N, C, OC,
+              s->layout);
+        DDP_K(&c.ref, matmul_fwd, (ddp_act_t *)z32, (ddp_act_t *)rin, rw, rbias, N, C, OC, OC,
+              s->layout);
+        DDP_K(&c.ref, gelu_fwd, (ddp_act_t *)out32, (ddp_act_t *)z32, no);
+        DDP_K(&c.ref, matmul_bwd, (ddp_act_t *)dinp32, g[1], db[1], (ddp_act_t *)rdout,
+              (ddp_act_t *)rin, rw, N, C, OC, OC, s->layout);
+        DDP_K(&c.ref, gelu_bwd, (ddp_act_t *)dpre32, (ddp_act_t *)rpre, (ddp_act_t *)dinp32, ni);
+        assert_int_equal(ddp_k_sync(&c.lp) | ddp_k_sync(&c.ref), 0);
+        same_act("matmul_gelu pre", z16, z32, no, p);
+        same_act("matmul_gelu out", out16, out32, no, p);
+        same_act("matmul_dgelu dpre", dpre16, dpre32, ni, p);
+        same_f32("matmul_dgelu dweight, dbias", g[0], g[1], nw + OC);
+        free(inp), free(w), free(b), free(dout), free(pre), free(g0), free(rin), free(rw);
+        free(rb), free(rdout), free(rpre), free(inp16), free(dout16), free(pre16), free(out16);
+        free(z16), free(dpre16), free(z32), free(out32), free(dinp32), free(dpre32);
+        free(g[0]), free(g[1]);
+        close_pair(&c);
+    }
+}
+
+static void test_matmul_gelu_bf16(void **state) { check_matmul_gelu(DDP_KPREC_BF16); }
+static void test_matmul_gelu_fp16(void **state) { check_matmul_gelu(DDP_KPREC_FP16); }
+
 /* ---- layernorm ---- */
 
 static void check_layernorm(ddp_kprec_t p, int N, int C)
@@ -586,6 +634,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_bf16),
         cmocka_unit_test(test_matmul_fp16),
+        cmocka_unit_test(test_matmul_gelu_bf16),
+        cmocka_unit_test(test_matmul_gelu_fp16),
         cmocka_unit_test(test_ops_bf16),
         cmocka_unit_test(test_ops_fp16),
         cmocka_unit_test(test_llama_bf16),

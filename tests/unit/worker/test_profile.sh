@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # train.profile end to end (TAP): ddp-worker profiles steps 3-4 of a 4-step run on the CPU and on
 # the simulated GPU, logs the table, writes RUN_DIR/profile-rank0.txt and .json with matmul_fwd
-# counted exactly (n_layer x 4 + 1 per step for GPT-2), times that add up to no more than the
+# counted exactly (n_layer x 3 + 1 per step for GPT-2, whose fc product is matmul_gelu_fwd), times that add up to no more than the
 # window, and final weights bitwise those of the same run unprofiled.
 #   test_profile.sh DDP_WORKER DDP_PREP
 set -uo pipefail
@@ -24,7 +24,7 @@ train: {steps: 4, micro_batch: 2, seq_len: 32, lr: 1.0e-3, warmup: 1, val_every:
         val_batches: 2, sample_tokens: 0, threads: 1, precision: fp32}
 YAML
 layers=2 # gpt2-tiny
-want=$((2 * (4 * layers + 1))) # matmul_fwd per step: q/k/v, projection, fc, fc projection; LM head
+want=$((2 * (3 * layers + 1))) # matmul_fwd per step: q/k/v, projection, fc projection; LM head
 
 run() { # name backend [options]: weights in $tmp/name.st, run dir $tmp/name/, log $tmp/name.log
   local name=$1 backend=$2; shift 2
