@@ -399,19 +399,19 @@ void ddp__cuda_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
                  .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f,
                  .D = out, .dt = ddp__cuda_lowp_type(ctx), .ldd = OC};
     if (ctx->lt_gelu >= 0 && OC % 8 == 0) { /* the aux's ld: a multiple of 8 */
-        g.gelu = LT_GELU;
-        g.aux = pre;
-        g.aux_ld = OC;
-        if (bias && !(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        int ran = lt_run_epilogue(ctx, &g, &ctx->lt_gelu, "matmul_gelu_fwd",
-                                  "gelu is applied by a kernel after an fp32 product");
-        if (ran) return; /* ran, or failed (recorded) */
+        lt_gemm e = g;
+        e.gelu = LT_GELU;
+        e.aux = pre;
+        e.aux_ld = OC;
+        if (bias && !(e.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
+        if (lt_run_epilogue(ctx, &e, &ctx->lt_gelu, "matmul_gelu_fwd",
+                            "gelu is applied by a kernel after an fp32 product"))
+            return; /* ran, or failed (recorded) */
     }
     float *acc;
     if (ddp__cuda_scratch(ctx, (size_t)N * OC * sizeof(float), (void **)&acc)) return;
-    g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W,
-         .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f, .D = acc,
-         .dt = CUDA_R_32F, .ldd = OC};
+    g.D = acc;
+    g.dt = CUDA_R_32F;
     if (lt_gemm_run(ctx, &g, "matmul_gelu_fwd")) return;
     size_t total = (size_t)N * OC;
     DDP_ACT_DISPATCH(ctx->prec, T,
@@ -441,19 +441,19 @@ void ddp__cuda_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight
                  .D = dpre, .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
     int ran = 0;
     if (ctx->lt_dgelu >= 0 && C % 8 == 0) {
-        g.gelu = LT_DGELU;
-        g.aux = (void *)pre; /* read only: DGELU's aux is an input */
-        g.aux_ld = C;
-        ran = lt_run_epilogue(ctx, &g, &ctx->lt_dgelu, "matmul_dgelu_bwd",
+        lt_gemm e = g;
+        e.gelu = LT_DGELU;
+        e.aux = (void *)pre; /* read only: DGELU's aux is an input */
+        e.aux_ld = C;
+        ran = lt_run_epilogue(ctx, &e, &ctx->lt_dgelu, "matmul_dgelu_bwd",
                               "gelu' is applied by a kernel after an fp32 product");
         if (ran < 0) return;
     }
     if (!ran) {
         float *acc;
         if (ddp__cuda_scratch(ctx, (size_t)N * C * sizeof(float), (void **)&acc)) return;
-        g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
-             .lda = layout == DDP_W_IN_OUT ? OC : C, .B = dout, .ldb = OC, .beta = 0.0f,
-             .D = acc, .dt = CUDA_R_32F, .ldd = C};
+        g.D = acc;
+        g.dt = CUDA_R_32F;
         if (lt_gemm_run(ctx, &g, "matmul_dgelu_bwd")) return;
         size_t n = (size_t)N * C;
         DDP_ACT_DISPATCH(ctx->prec, T,
