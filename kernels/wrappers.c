@@ -239,7 +239,8 @@ void ddp_k_matmul_gelu_fwd(ddp_kernels_t *k, ddp_act_t *out, ddp_act_t *pre, con
                            ddp_wlayout_t layout)
 {
     if (!OP_READY(k, matmul_gelu_fwd)) return;
-    REQUIRE(k, matmul_gelu_fwd, out && pre && inp && weight && out != pre);
+    REQUIRE(k, matmul_gelu_fwd, out && pre && inp && weight);
+    REQUIRE(k, matmul_gelu_fwd, out != pre && out != inp && pre != inp);
     REQUIRE(k, matmul_gelu_fwd, N > 0 && C > 0 && OC > 0);
     REQUIRE(k, matmul_gelu_fwd, layout == DDP_W_IN_OUT || layout == DDP_W_OUT_IN);
     TIMED(k, matmul_gelu_fwd, 2.0 * N * C * OC,

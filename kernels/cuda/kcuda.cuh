@@ -53,7 +53,7 @@ struct ddp_kctx {
     void *lt_ws;         /* cuBLASLt's workspace, DDP_CUDA_LT_WS bytes, allocated on first use */
     int lt_bias16;       /* the bias epilogue: 0 untried, 1 worked, -1 refused (matmul.cu) */
     int lt_bgrad[2];     /* the BGRADA [0] and BGRADB [1] epilogues, likewise */
-    int lt_gelu;         /* GELU_AUX(_BIAS), likewise */
+    int lt_gelu[2];      /* GELU_AUX [0] and GELU_AUX_BIAS [1], likewise */
     int lt_dgelu;        /* DGELU, likewise */
     struct ddp__lt_plans *lt_plans; /* the heuristic's algorithm per product shape (matmul.cu);
                                      * plain memory, freed with free() at close */

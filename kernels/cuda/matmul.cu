@@ -37,7 +37,7 @@
  * GELU (matmul_gelu_fwd, matmul_dgelu_bwd; 16-bit runs): cuBLASLt's GELU_AUX_BIAS epilogue
  * writes the product plus bias rounded (pre, its aux output) and gelu of the same fp32 value
  * rounded (out); DGELU multiplies the input gradient's fp32 product by gelu'(pre) before its
- * rounding. Both probed like the bias epilogue (ctx->lt_gelu, ctx->lt_dgelu); the fallback is
+ * rounding. Probed like the bias epilogue (ctx->lt_gelu[2], ctx->lt_dgelu); the fallback is
  * the product in fp32 scratch and a kernel over kernels/math/gelu.h doing the same arithmetic.
  * cuBLASLt's own GELU (tanh form, as GPT-2's) may differ from gelu.h in the last bits: the
  * self-test holds it to the bf16 tolerance. fp32 runs: the plain product, then gelu_fwd/bwd.
@@ -83,8 +83,8 @@ static uint32_t align_of(const void *p)
 }
 
 /* One product in cuBLAS's column-major terms: D[m,n] = op(A) op(B) + beta D, A and B of the
- * 16-bit type, D of type dt (16-bit or fp32), fp32 accumulation. bias (fp32 [m], or NULL) by
- * the BIAS epilogue. Returns CUBLAS_STATUS_NOT_SUPPORTED, without recording it, when cuBLASLt
+ * 16-bit type, D of type dt (16-bit or fp32), fp32 accumulation, with the optional epilogues
+ * below (lt_run). Returns CUBLAS_STATUS_NOT_SUPPORTED, without recording it, when cuBLASLt
  * offers no algorithm (the caller may fall back); any other failure is recorded in ctx. */
 struct lt_gemm {
     cublasOperation_t ta, tb;
@@ -398,13 +398,14 @@ void ddp__cuda_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
     lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W,
                  .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f,
                  .D = out, .dt = ddp__cuda_lowp_type(ctx), .ldd = OC};
-    if (ctx->lt_gelu >= 0 && OC % 8 == 0) { /* the aux's ld: a multiple of 8 */
+    int *state = &ctx->lt_gelu[bias != NULL]; /* GELU_AUX and GELU_AUX_BIAS */
+    if (*state >= 0 && OC % 8 == 0) { /* the aux's ld: a multiple of 8 */
         lt_gemm e = g;
         e.gelu = LT_GELU;
         e.aux = pre;
         e.aux_ld = OC;
         if (bias && !(e.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        if (lt_run_epilogue(ctx, &e, &ctx->lt_gelu, "matmul_gelu_fwd",
+        if (lt_run_epilogue(ctx, &e, state, "matmul_gelu_fwd",
                             "gelu is applied by a kernel after an fp32 product"))
             return; /* ran, or failed (recorded) */
     }
@@ -468,8 +469,9 @@ void ddp__cuda_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight
 /* Runs the weight gradient's product g with the BGRADA (dout is A, bgrad_b 0) or BGRADB (dout
  * is B) epilogue, whose sums of dout over the rows go to scratch and are then added into
  * dbias[OC]: 1 when it ran (or failed, the error recorded), 0 when the caller must run g and
- * the column sum instead (lt_run_epilogue, ctx->lt_bgrad[bgrad_b]). It saves reading dout again for the
- * column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8 T=1024). */
+ * the column sum instead (lt_run_epilogue, ctx->lt_bgrad[bgrad_b]). It saves reading dout
+ * again for the column sum (matmul_bwd's dbias read 1.4 GB a step of GPT-2 124M at B=8
+ * T=1024). */
 static int lt_dweight_bgrad(ddp_kctx_t *ctx, lt_gemm g, float *dbias, int OC, int bgrad_b)
 {
     if (ddp__cuda_scratch(ctx, (size_t)OC * sizeof(float), (void **)&g.bgrad)) return 1;

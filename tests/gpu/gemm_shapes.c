@@ -2,12 +2,15 @@
  * exactly as kernels/cuda/matmul.cu's lt_run sets them up (bf16 A and B, fp32 accumulation,
  * the outputs' types, the bias epilogue with a bf16 bias and the biased layers' weight
  * gradients with the BGRADA epilogue, the MLP's GELU in the fc product's epilogue
- * (GELU_AUX_BIAS) and its gradient in the fc proj dinp's (DGELU), reduction schemes limited to the compute type, alignments
- * from the pointers, 32 MiB of workspace), each timed with the algorithm ddpd takes (the heuristic's first) and with every other one the heuristic offers
+ * (GELU_AUX_BIAS) and its gradient in the fc proj dinp's (DGELU), reduction schemes limited
+ * to the compute type, alignments from the pointers, 32 MiB of workspace), each timed with the
+ * algorithm ddpd takes (the heuristic's first) and with every other one the heuristic offers
  * (up to 16): how much a better choice of algorithm could give, shape by shape and for the
  * step. Random operands (never zeros), CUDA events around each of 20 runs after 3 warm-ups,
  * medians. Rows marked "(alt)" show the same product without the GELU (what the step ran
- * before) and are not counted in the step. tests/gpu/gemm_shapes.py times the same products in PyTorch on the same GPU.
+ * before) and are not counted in the step; a GELU epilogue that cuBLASLt refuses is reported
+ * on its row ("refused") and the run goes on. tests/gpu/gemm_shapes.py times the same products
+ * in PyTorch on the same GPU.
  * Built where the CUDA kernels are; run by tests/gpu/session.sh (part `gemm`).
  *
  *   gemm_shapes [N tokens (8192)] [LM head rows a chunk (2624)]
@@ -165,22 +168,30 @@ int main(int argc, char **argv)
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
         void *aux = q->gelu ? rnd(nd, 0, &seed) : NULL;
+        /* a GELU row's epilogue may be refused: reported on its row, the others go on */
+        cublasStatus_t refused = CUBLAS_STATUS_SUCCESS;
+#define EPI(x)                                                                                 \
+    do {                                                                                       \
+        cublasStatus_t e_ = (x);                                                               \
+        if (!q->gelu) LK(e_);                                                                  \
+        if (refused == CUBLAS_STATUS_SUCCESS) refused = e_;                                    \
+    } while (0)
         if (bias || aux) { /* matmul.cu's: the bias, or dout's column sums (dout is A here) */
             uint32_t epi = q->gelu == 2 ? CUBLASLT_EPILOGUE_DGELU
                            : q->gelu    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                            : q->bias    ? CUBLASLT_EPILOGUE_BIAS
                                         : CUBLASLT_EPILOGUE_BGRADA;
             int64_t aux_ld = q->ldd;
-            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
-                                              sizeof epi));
+            EPI(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi,
+                                               sizeof epi));
             if (bias)
-                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                  sizeof bias));
+                EPI(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                   sizeof bias));
             if (aux) {
-                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                                  &aux, sizeof aux));
-                LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
-                                                  &aux_ld, sizeof aux_ld));
+                EPI(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                   &aux, sizeof aux));
+                EPI(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                   &aux_ld, sizeof aux_ld));
             }
         }
         cublasLtMatrixLayout_t la, lb, ld;
@@ -204,7 +215,13 @@ int main(int argc, char **argv)
             LK(cublasLtMatmulPreferenceSetAttribute(pref, als[a], &al, sizeof al));
         cublasLtMatmulHeuristicResult_t h[ALGOS];
         int found = 0;
-        LK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, ALGOS, h, &found));
+        if (refused == CUBLAS_STATUS_SUCCESS)
+            EPI(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, ld, ld, pref, ALGOS, h, &found));
+#undef EPI
+        if (refused != CUBLAS_STATUS_SUCCESS) {
+            printf("%-22s refused: %s\n", q->name, cublasGetStatusName(refused));
+            found = 0;
+        }
         float first = -1, best = -1;
         int best_i = -1;
         for (int j = 0; j < found; j++) {

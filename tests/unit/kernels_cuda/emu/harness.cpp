@@ -12,8 +12,8 @@
  * gradients over each group. Each case runs twice: threads scheduled in opposite orders,
  * cp.async copies landing at their wait or when issued (SCHEDULES): the results must be
  * bitwise equal (the backward's fixed-order sums; a race on shared memory, a prefetch into a
- * buffer still read or a read before the wait would make them differ), the logged errors none, the guard words around every
- * buffer intact (ASan builds rely on exact allocations instead).
+ * buffer still read or a read before the wait would make them differ), the logged errors none,
+ * the guard words around every buffer intact (ASan builds rely on exact allocations instead).
  *
  *   test_flash_emu            all cases
  *   test_flash_emu PREC HS T B NH [AMP [NKV]]   one case (PREC bf16 or fp16), for debugging
