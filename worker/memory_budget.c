@@ -148,8 +148,9 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         int64_t att = b->flash ? 0 : 2 * (int64_t)B * cfg->n_head * b->T * b->T * 4;
         int64_t enc = BT * C * 4 + 3 * BT * 4;
         /* 16-bit: a biased product's fp32 result [BT, FH] at most (GPT-2's MLP; a Llama's
-         * only biases are Qwen2's q/k/v), where cuBLASLt refuses the bias epilogue
-         * (kernels/cuda/matmul.cu's fallback); and cuBLASLt's workspace */
+         * only biases are Qwen2's q/k/v), where cuBLASLt refuses the bias or GELU epilogue,
+         * and GPT-2's fc proj input gradient [BT, FH] where it refuses DGELU
+         * (kernels/cuda/matmul.cu's fallbacks); and cuBLASLt's workspace */
         int64_t biased = cfg->arch == DDP_ARCH_LLAMA ? (cfg->attention_bias ? QKV : 0) : FH;
         int64_t bias = b->act_bytes == 2 ? BT * biased * 4 : 0;
         int64_t most = att > enc ? att : enc;
