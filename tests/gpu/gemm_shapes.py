@@ -3,7 +3,10 @@ tests/gpu/gemm_shapes (ddpd's cuBLASLt set-up): what PyTorch's autocast runs for
 layer (addmm with the bias; the input gradient; the weight gradient in bf16, as autocast
 computes it before adding it to the fp32 .grad) and for the LM head over all 8,192 rows at
 once (logits [8192, 50257]). Random bf16 operands, CUDA events around each of 20 runs after 3
-warm-ups, medians; the step's total at the end.
+warm-ups, medians; the step's total at the end. Then causal attention as PyTorch runs it
+(scaled_dot_product_attention, its flash kernel, B = N / 1024, 12 heads of 64, T = 1024),
+forward and forward + backward: the reference for ddpd's attention_fwd/_bwd rows of the
+per-op profile (FLOPs counted as there: 2 B NH T^2 hs forward, 2.5 times that backward).
 
     python3 gemm_shapes.py [N tokens (8192)]
 """
@@ -56,6 +59,18 @@ def main():
         print(f"{name:22} {calls:5d} {ms:9.4f} {fl / (ms * 1e9):8.1f}")
     print(f"step (N {n}): {flops / 1e9:.1f} GFLOP in {total:.3f} ms "
           f"({flops / (total * 1e9):.0f} TFLOP/s)")
+
+    t, nh, hs = 1024, 12, 64
+    bsz = max(1, n // t)
+    q, k, vv = (r(bsz, nh, t, hs).requires_grad_() for _ in range(3))
+    dout = r(bsz, nh, t, hs)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    fwd = median_ms(lambda: sdpa(q, k, vv, is_causal=True))
+    both = median_ms(lambda: sdpa(q, k, vv, is_causal=True).backward(dout))
+    fl = 2 * bsz * nh * t * t * hs
+    print(f"attention B {bsz} x {nh} heads x {hs}, T {t} (a layer): fwd {fwd:.4f} ms "
+          f"({fl / (fwd * 1e9):.0f} TFLOP/s), bwd {both - fwd:.4f} ms "
+          f"({2.5 * fl / ((both - fwd) * 1e9):.0f} TFLOP/s); 12 layers: {12 * both:.2f} ms")
 
 
 if __name__ == "__main__":
