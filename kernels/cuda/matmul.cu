@@ -14,7 +14,7 @@
  *                                            cuBLASLt's BGRADA/BGRADB epilogue (into scratch,
  *                                            then added), else the deterministic two-stage
  *                                            column sum (kcuda.cuh)
- * fp32 runs: cublasSgemm; the bias by bias_round_kernel in place (out += bias).
+ * fp32 runs: cublasSgemm; the bias by fwd_epilogue_kernel in place (out += bias).
  * 16-bit runs (ctx->prec bf16/fp16): cublasLtMatmul with A, B of the 16-bit type (the weight's
  * copy from lowp.cu, the activations directly), CUBLAS_COMPUTE_32F (fp32 accumulation on tensor
  * cores), D = out / dinp of the 16-bit type (rounded once, from fp32) or dweight (fp32, C = D,
@@ -26,7 +26,7 @@
  *     (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = CUDA_R_32F) would be exact, but CUDA 13's
  *     cuBLASLt on an H100 refused it with INVALID_VALUE (2026-11-27);
  *   - else (any failure of that epilogue's try, remembered in ctx->lt_bias16) the product goes
- *     to fp32 scratch [N, OC] and bias_round_kernel adds the fp32 bias and rounds: 10 more
+ *     to fp32 scratch [N, OC] and fwd_epilogue_kernel adds the fp32 bias and rounds: 10 more
  *     bytes an output element, half the forward's speed at GPT-2's shapes on that H100.
  * Shapes cuBLASLt has no algorithm for go to cublasGemmEx (same types, same single rounding).
  * Split-K reductions are limited to CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE (partial sums in
@@ -48,30 +48,34 @@
 #include "kernels/cuda/kcuda.cuh"
 #include "kernels/math/gelu.h"
 
-/* out[n, c] = round(acc[n, c] + round(bias[c])) over [N, OC], out's rows ldo apart and acc's
- * lda; acc may be out (fp32, in place, lda = ldo). The bias rounded to T as the epilogue's
- * 16-bit copy is (fp32: unchanged). */
+/* The forward's epilogue by a kernel, after an fp32 product acc [N, OC] (rows lda apart; acc
+ * may be out: fp32, in place, lda = ldo): with v = acc + round(bias) (bias may be NULL; rounded
+ * to T as the epilogue's 16-bit copy is, fp32: unchanged), out = round(v) and, where gelu is
+ * not NULL, gelu = round(gelu(v)) (the GELU_AUX_BIAS epilogue's arithmetic); out's and gelu's
+ * rows ldo apart. */
 template <typename T>
-static __global__ void bias_round_kernel(T *out, int ldo, const float *acc, int lda,
-                                        const float *bias, int OC, size_t total)
+static __global__ void fwd_epilogue_kernel(T *out, T *gelu, int ldo, const float *acc, int lda,
+                                           const float *bias, int OC, size_t total)
 {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
          i += (size_t)gridDim.x * blockDim.x) {
         size_t n = i / (size_t)OC, c = i - n * (size_t)OC;
-        out[n * ldo + c] = ddp__act<T>::st(acc[n * lda + c] +
-                                           ddp__act<T>::ld(ddp__act<T>::st(bias[c])));
+        float v = acc[n * lda + c];
+        if (bias) v += ddp__act<T>::ld(ddp__act<T>::st(bias[c]));
+        out[n * ldo + c] = ddp__act<T>::st(v);
+        if (gelu) gelu[n * ldo + c] = ddp__act<T>::st(ddp_gelu(v));
     }
 }
 
-static void bias_round(ddp_kctx_t *ctx, void *out, int ldo, const float *acc, int lda,
-                       const float *bias, int N, int OC)
+static void fwd_epilogue(ddp_kctx_t *ctx, void *out, void *gelu, int ldo, const float *acc,
+                         int lda, const float *bias, int N, int OC)
 {
     size_t total = (size_t)N * OC;
     DDP_ACT_DISPATCH(ctx->prec, T,
-                     bias_round_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
-                                            ctx->stream>>>((T *)out, ldo, acc, lda, bias, OC,
-                                                           total));
-    ddp__cuda_launched(ctx, "matmul_fwd(bias)");
+                     fwd_epilogue_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
+                                              ctx->stream>>>((T *)out, (T *)gelu, ldo, acc, lda,
+                                                             bias, OC, total));
+    ddp__cuda_launched(ctx, gelu ? "matmul_gelu_fwd(gelu)" : "matmul_fwd(bias)");
 }
 
 /* The largest power of two (<= 256) that divides p's address. */
@@ -98,7 +102,7 @@ struct lt_gemm {
     cudaDataType_t dt;
     int ldd;
     /* the optional epilogues (none by default) */
-    const void *bias = nullptr; /* fp32 (fallback's bias_round) or the 16-bit copy (epilogue) */
+    const void *bias = nullptr; /* the bias's 16-bit copy */
     float *bgrad = nullptr;     /* the BGRADA (bgrad_b 0) or BGRADB (1) epilogue's output: the
                                    sums over k of A's rows (D's rows) or of B's columns (D's
                                    columns): a weight gradient's product gives dout's column
@@ -311,15 +315,53 @@ static int lt_run_epilogue(ddp_kctx_t *ctx, const lt_gemm *g, int *state, const 
     return 0;
 }
 
-/* Queues out = round(g + bias) for a 16-bit run (bias fp32 [OC]): the BIAS epilogue with the
- * bias's 16-bit copy, else the product into fp32 scratch and bias_round. */
-static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, const float *bias, int N, int OC)
+/* out = inp @ W's view in cuBLAS's terms (out^T[OC,N], rows ldo apart), a 16-bit run's. */
+static lt_gemm fwd_product(ddp_kctx_t *ctx, void *out, const void *inp, const void *W, int N,
+                           int C, int OC, int ldo, ddp_wlayout_t layout)
 {
-    if (ctx->lt_bias16 >= 0) {
-        if (!(g.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        if (lt_run_epilogue(ctx, &g, &ctx->lt_bias16, "matmul_fwd",
-                            "the bias is added by a kernel after an fp32 product"))
-            return;
+    int io = layout == DDP_W_IN_OUT;
+    return {.ta = io ? CUBLAS_OP_N : CUBLAS_OP_T, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C,
+            .A = W, .lda = io ? OC : C, .B = inp, .ldb = C, .beta = 0.0f, .D = out,
+            .dt = ddp__cuda_lowp_type(ctx), .ldd = ldo};
+}
+
+/* dinp = dout @ W^T in cuBLAS's terms: IN_OUT: dinp^T[C,N] = W[C,OC] @ dout^T, W's view is
+ * [OC,C]; OUT_IN: W[OC,C] is viewed as W^T[C,OC]. */
+static lt_gemm dinp_product(ddp_kctx_t *ctx, void *dinp, const void *dout, const void *W, int N,
+                            int C, int OC, int ldo, ddp_wlayout_t layout)
+{
+    int io = layout == DDP_W_IN_OUT;
+    return {.ta = io ? CUBLAS_OP_T : CUBLAS_OP_N, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC,
+            .A = W, .lda = io ? OC : C, .B = dout, .ldb = ldo, .beta = 0.0f, .D = dinp,
+            .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
+}
+
+/* Queues the forward product g (a 16-bit run's, D = out) with its epilogue: out = round(g +
+ * bias), bias fp32 [OC] or NULL, and where gelu is not NULL, gelu = round(gelu(g + bias)) from
+ * the same fp32 sum (out is then its pre-activation, rows OC apart). cuBLASLt's BIAS or
+ * GELU_AUX(_BIAS) epilogue with the bias's 16-bit copy, each probed (ctx->lt_bias16,
+ * ctx->lt_gelu), else the product into fp32 scratch and fwd_epilogue. */
+static void lt_fwd(ddp_kctx_t *ctx, lt_gemm g, const float *bias, void *gelu, int N, int OC)
+{
+    const char *what = gelu ? "matmul_gelu_fwd" : "matmul_fwd";
+    if (!bias && !gelu) {
+        lt_gemm_run(ctx, &g, what);
+        return;
+    }
+    int *state = gelu ? &ctx->lt_gelu[bias != NULL] : &ctx->lt_bias16;
+    if (*state >= 0 && (!gelu || OC % 8 == 0)) { /* GELU's aux ld: a multiple of 8 */
+        lt_gemm e = g;
+        if (bias && !(e.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
+        if (gelu) {
+            e.gelu = LT_GELU;
+            e.aux = g.D;
+            e.aux_ld = g.ldd;
+            e.D = gelu;
+        }
+        if (lt_run_epilogue(ctx, &e, state, what,
+                            gelu ? "gelu is applied by a kernel after an fp32 product"
+                                 : "the bias is added by a kernel after an fp32 product"))
+            return; /* ran, or failed (recorded) */
     }
     void *out = g.D;
     int ldo = g.ldd;
@@ -328,9 +370,8 @@ static void lt_fwd_bias(ddp_kctx_t *ctx, lt_gemm g, const float *bias, int N, in
     g.D = acc;
     g.dt = CUDA_R_32F;
     g.ldd = OC;
-    g.bias = NULL;
-    if (lt_gemm_run(ctx, &g, "matmul_fwd")) return;
-    bias_round(ctx, out, ldo, acc, OC, bias, N, OC);
+    if (lt_gemm_run(ctx, &g, what)) return;
+    fwd_epilogue(ctx, out, gelu, ldo, acc, OC, bias, N, OC);
 }
 
 void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
@@ -338,39 +379,16 @@ void ddp__cuda_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
                           ddp_wlayout_t layout)
 {
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
-    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_N : CUBLAS_OP_T;
-    int lda = layout == DDP_W_IN_OUT ? OC : C;
     if (ctx->prec == DDP_KPREC_FP32) {
-        if (sgemm(ctx, ta, CUBLAS_OP_N, OC, N, C, weight, lda, inp, C, 0.0f, out, ldo,
-                  "matmul_fwd"))
+        int io = layout == DDP_W_IN_OUT;
+        if (sgemm(ctx, io ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, weight,
+                  io ? OC : C, inp, C, 0.0f, out, ldo, "matmul_fwd"))
             return;
-        if (bias) bias_round(ctx, out, ldo, (const float *)out, ldo, bias, N, OC);
+        if (bias) fwd_epilogue(ctx, out, NULL, ldo, (const float *)out, ldo, bias, N, OC);
         return;
     }
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
-    if (!W) return;
-    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W, .lda = lda,
-                 .B = inp, .ldb = C, .beta = 0.0f, .D = out, .dt = ddp__cuda_lowp_type(ctx),
-                 .ldd = ldo};
-    if (bias)
-        lt_fwd_bias(ctx, g, bias, N, OC);
-    else
-        lt_gemm_run(ctx, &g, "matmul_fwd");
-}
-
-/* pre = round(acc + round(bias)), out = round(gelu(acc + round(bias))) over [N, OC] (rows OC
- * apart): the GELU_AUX_BIAS epilogue's arithmetic, after an fp32 product (bias may be NULL). */
-template <typename T>
-static __global__ void gelu_split_kernel(T *out, T *pre, const float *acc, const float *bias,
-                                         int OC, size_t total)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
-         i += (size_t)gridDim.x * blockDim.x) {
-        float v = acc[i];
-        if (bias) v += ddp__act<T>::ld(ddp__act<T>::st(bias[i % (size_t)OC]));
-        pre[i] = ddp__act<T>::st(v);
-        out[i] = ddp__act<T>::st(ddp_gelu(v));
-    }
+    if (W) lt_fwd(ctx, fwd_product(ctx, out, inp, W, N, C, OC, ldo, layout), bias, NULL, N, OC);
 }
 
 /* dpre = round(acc * gelu'(pre)) over n elements: the DGELU epilogue's arithmetic. */
@@ -392,34 +410,8 @@ void ddp__cuda_matmul_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *pre,
         ddp__cuda_gelu_fwd(ctx, out, pre, (size_t)N * OC);
         return;
     }
-    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_N : CUBLAS_OP_T;
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
-    if (!W) return;
-    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = OC, .n = N, .k = C, .A = W,
-                 .lda = layout == DDP_W_IN_OUT ? OC : C, .B = inp, .ldb = C, .beta = 0.0f,
-                 .D = out, .dt = ddp__cuda_lowp_type(ctx), .ldd = OC};
-    int *state = &ctx->lt_gelu[bias != NULL]; /* GELU_AUX and GELU_AUX_BIAS */
-    if (*state >= 0 && OC % 8 == 0) { /* the aux's ld: a multiple of 8 */
-        lt_gemm e = g;
-        e.gelu = LT_GELU;
-        e.aux = pre;
-        e.aux_ld = OC;
-        if (bias && !(e.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
-        if (lt_run_epilogue(ctx, &e, state, "matmul_gelu_fwd",
-                            "gelu is applied by a kernel after an fp32 product"))
-            return; /* ran, or failed (recorded) */
-    }
-    float *acc;
-    if (ddp__cuda_scratch(ctx, (size_t)N * OC * sizeof(float), (void **)&acc)) return;
-    g.D = acc;
-    g.dt = CUDA_R_32F;
-    if (lt_gemm_run(ctx, &g, "matmul_gelu_fwd")) return;
-    size_t total = (size_t)N * OC;
-    DDP_ACT_DISPATCH(ctx->prec, T,
-                     gelu_split_kernel<T><<<ddp__grid(total, DDP_CUDA_BLOCK), DDP_CUDA_BLOCK, 0,
-                                            ctx->stream>>>((T *)out, (T *)pre, acc, bias, OC,
-                                                           total));
-    ddp__cuda_launched(ctx, "matmul_gelu_fwd(gelu)");
+    if (W) lt_fwd(ctx, fwd_product(ctx, pre, inp, W, N, C, OC, OC, layout), bias, out, N, OC);
 }
 
 void ddp__cuda_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight, float *dbias,
@@ -433,15 +425,11 @@ void ddp__cuda_matmul_dgelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dpre, float *dweight
         ddp__cuda_gelu_bwd(ctx, dpre, pre, dpre, (size_t)N * C);
         return;
     }
-    /* dpre^T[C,N] = W-view @ dout^T, as matmul_bwd's dinp */
-    cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_T : CUBLAS_OP_N;
     const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
     if (!W) return;
-    lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
-                 .lda = layout == DDP_W_IN_OUT ? OC : C, .B = dout, .ldb = OC, .beta = 0.0f,
-                 .D = dpre, .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
+    lt_gemm g = dinp_product(ctx, dpre, dout, W, N, C, OC, OC, layout);
     int ran = 0;
-    if (ctx->lt_dgelu >= 0 && C % 8 == 0) {
+    if (ctx->lt_dgelu >= 0 && C % 8 == 0) { /* the aux's ld: a multiple of 8 */
         lt_gemm e = g;
         e.gelu = LT_DGELU;
         e.aux = (void *)pre; /* read only: DGELU's aux is an input */
@@ -498,8 +486,7 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
     if (N <= 0 || C <= 0 || OC <= 0 || ddp__cuda_enter(ctx)) return;
     int fp32 = ctx->prec == DDP_KPREC_FP32;
     if (dinp) {
-        /* IN_OUT: dinp^T[C,N] = W[C,OC] @ dout^T, W's view is [OC,C]; OUT_IN: W[OC,C] is
-         * viewed as W^T[C,OC] */
+        /* dinp_product's mapping; fp32 runs it on cublasSgemm */
         cublasOperation_t ta = layout == DDP_W_IN_OUT ? CUBLAS_OP_T : CUBLAS_OP_N;
         int lda = layout == DDP_W_IN_OUT ? OC : C;
         const char *what = "matmul_bwd(dinp)";
@@ -509,9 +496,7 @@ void ddp__cuda_matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, floa
         } else {
             const void *W = ddp__cuda_lowp_weight(ctx, weight, (size_t)C * OC);
             if (!W) return;
-            lt_gemm g = {.ta = ta, .tb = CUBLAS_OP_N, .m = C, .n = N, .k = OC, .A = W,
-                         .lda = lda, .B = dout, .ldb = ldo, .beta = 0.0f, .D = dinp,
-                         .dt = ddp__cuda_lowp_type(ctx), .ldd = C};
+            lt_gemm g = dinp_product(ctx, dinp, dout, W, N, C, OC, ldo, layout);
             if (lt_gemm_run(ctx, &g, what)) return;
         }
     }
