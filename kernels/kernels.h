@@ -119,21 +119,32 @@ typedef enum {
     X(layernorm_fwd, (ddp_act_t *out, float *mean, float *rstd, const float *inp,               \
           const float *weight, const float *bias, int N, int C))                                \
     /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);     \
-     * dweight, dbias += theirs. */                                                             \
-    X(layernorm_bwd, (float *dinp, float *dweight, float *dbias, const ddp_act_t *dout,         \
-          const float *inp, const float *weight, const float *mean, const float *rstd,          \
-          int N, int C))                                                                        \
+     * dweight, dbias += theirs. dinp_act: NULL, or [N,C] = the new dinp rounded to the         \
+     * activation type, bitwise to_act's, written in the same pass (the stream's gradient as   \
+     * the next block's projection reads it; requires dinp). */                                \
+    X(layernorm_bwd, (float *dinp, ddp_act_t *dinp_act, float *dweight, float *dbias,           \
+          const ddp_act_t *dout, const float *inp, const float *weight, const float *mean,      \
+          const float *rstd, int N, int C))                                                     \
     /* Mixed precision (autocast's rules): from this call on, activation tensors are of type    \
      * `prec` (the conventions above) and the products multiply `prec` inputs (the activations  \
      * and the weights rounded to prec) with fp32 accumulation; every op computes in fp32 and   \
      * rounds its 16-bit outputs once. A backend may keep a converted copy of each weight and   \
      * bias it has used: the copy is dropped by the next set_precision call, so the caller      \
-     * calls it again after every write to the weights (the optimizer step, a load) -- one      \
-     * conversion per weight per step, not per product. Activations written under one precision \
-     * are not readable under another: a caller sets it before allocating them and keeps it.    \
+     * calls it again after every write to the weights that adamw does not keep (a load, a      \
+     * collective, an update of weights outside set_weights' arena) -- one conversion per       \
+     * weight per write, not per product. Activations written under one precision are not       \
+     * readable under another: a caller sets it before allocating them and keeps it.            \
      * Queued like an op on a GPU. Context starts at DDP_KPREC_FP32; with FP32 results are      \
      * bitwise those of a context that never had it called. */                                  \
     X(set_precision, (ddp_kprec_t prec))                                                        \
+    /* The parameter arena: the weights and biases the products read lie in w[0, n) (NULL:     \
+     * none declared). In 16-bit runs a backend keeps one converted copy of the whole arena     \
+     * (converted in one pass when a product first needs it after set_precision) instead of one \
+     * per weight, and adamw with param == w writes the copy of every element it updates, in   \
+     * the same pass (autocast's weight cast fused into the optimizer): after an update of the  \
+     * arena no set_precision is needed. Drops the copies held so far; results are bitwise     \
+     * those of per-weight copies. Queued like an op on a GPU. */                               \
+    X(set_weights, (const float *w, size_t n))                                                  \
     /* out[N,OC] = inp[N,C] @ W + bias[OC] (bias may be NULL), the bias added in fp32 before    \
      * the one rounding; in 16-bit runs the bias is first rounded to prec, as the weights are   \
      * (autocast's addmm). ldo >= OC: out's row stride in elements (OC, or the LM head's        \
@@ -187,9 +198,9 @@ typedef enum {
     X(rmsnorm_fwd, (ddp_act_t *out, float *rstd, const float *inp, const float *weight, int N,  \
           int C, float eps))                                                                    \
     /* dinp[N,C] += the gradient through the norm of dout (the residual stream's gradient);     \
-     * dweight += its. */                                                                       \
-    X(rmsnorm_bwd, (float *dinp, float *dweight, const ddp_act_t *dout, const float *inp,       \
-          const float *weight, const float *rstd, int N, int C))                                \
+     * dweight += its; dinp_act as layernorm_bwd's. */                                          \
+    X(rmsnorm_bwd, (float *dinp, ddp_act_t *dinp_act, float *dweight, const ddp_act_t *dout,    \
+          const float *inp, const float *weight, const float *rstd, int N, int C))              \
     /* SwiGLU (Llama's MLP): out[N,H] = silu(g) * u with g = inp[n, 0:H] (the gate product)     \
      * and u = inp[n, H:2H] (the up product), inp[N,2H]; silu(g) = g / (1 + exp(-g)). */        \
     X(swiglu_fwd, (ddp_act_t *out, const ddp_act_t *inp, int N, int H))                         \
@@ -227,7 +238,7 @@ typedef enum {
      * m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr (mhat/(sqrt(vhat)+eps) + r.wd p),    \
      * mhat = m/(1-b1^t), vhat = v/(1-b2^t); t >= 1. `grad_scale` multiplies g first            \
      * (averaging and clipping fused in). An element's result is the same whatever range holds  \
-     * it.                                                                                      \
+     * it. When param is set_weights' arena, the arena's 16-bit copy stays current (see there). \
      * crc: NULL, or (CPU backend only; others record DDP_ENOTSUP) for each range in order,     \
      * 3 x ceil((r.hi - r.lo) / DDP_ADAMW_CRC_CHUNK) entries: for chunk c of the range,         \
      * crc[3c], crc[3c + 1], crc[3c + 2] get the CRC32C (common/crc32c.h) of the bytes of param,\

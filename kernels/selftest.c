@@ -169,7 +169,7 @@ static void case_layernorm(st_t *s, const shape_t *sh)
     pt_t inp = pt_rand(s, NC, -2, 3), w = pt_rand(s, C, 0.5f, 1.5f), b = pt_rand(s, C, -1, 1);
     pt_t out = act_zero(s, NC), mean = pt_zero(s, N), rstd = pt_zero(s, N);
     pt_t dout = act_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1);
-    pt_t dw = pt_rand(s, C, -1, 1), db = pt_rand(s, C, -1, 1);
+    pt_t dw = pt_rand(s, C, -1, 1), db = pt_rand(s, C, -1, 1), dinpa = act_zero(s, NC);
     if (!ready(s, rf)) goto out;
     BOTH DDP_K(KS, layernorm_fwd, P(out), P(mean), P(rstd), P(inp), P(w), P(b), N, C);
     if (!sync_both(s, rf)) goto out;
@@ -179,10 +179,11 @@ static void case_layernorm(st_t *s, const shape_t *sh)
     /* The backward gets the CPU's saved statistics on both sides. */
     pt_t m2 = pt_copy_cpu(s, mean), r2 = pt_copy_cpu(s, rstd);
     if (!ready(s, rb)) goto out;
-    BOTH DDP_K(KS, layernorm_bwd, P(dinp), P(dw), P(db), P(dout), P(inp), P(w), P(m2), P(r2), N,
-               C);
+    BOTH DDP_K(KS, layernorm_bwd, P(dinp), P(dinpa), P(dw), P(db), P(dout), P(inp), P(w), P(m2),
+               P(r2), N, C);
     if (sync_both(s, rb)) {
         check(s, rb, dinp, 1e-5, "dinp");
+        check(s, rb, dinpa, 1e-5, "dinp_act");
         check(s, rb, dw, 1e-5, "dweight");
         check(s, rb, db, 1e-5, "dbias");
     }
@@ -321,6 +322,7 @@ static void case_rmsnorm(st_t *s, const shape_t *sh)
     pt_t inp = pt_rand(s, NC, -2, 3), w = pt_rand(s, C, 0.5f, 1.5f);
     pt_t out = act_zero(s, NC), rstd = pt_zero(s, N);
     pt_t dout = act_rand(s, NC, -1, 1), dinp = pt_rand(s, NC, -1, 1), dw = pt_rand(s, C, -1, 1);
+    pt_t dinpa = act_zero(s, NC);
     if (!ready(s, rf)) goto out;
     BOTH DDP_K(KS, rmsnorm_fwd, P(out), P(rstd), P(inp), P(w), N, C, 1e-5f);
     if (!sync_both(s, rf)) goto out;
@@ -328,9 +330,10 @@ static void case_rmsnorm(st_t *s, const shape_t *sh)
     check(s, rf, rstd, 1e-5, "rstd");
     pt_t r2 = pt_copy_cpu(s, rstd);
     if (!ready(s, rb)) goto out;
-    BOTH DDP_K(KS, rmsnorm_bwd, P(dinp), P(dw), P(dout), P(inp), P(w), P(r2), N, C);
+    BOTH DDP_K(KS, rmsnorm_bwd, P(dinp), P(dinpa), P(dw), P(dout), P(inp), P(w), P(r2), N, C);
     if (sync_both(s, rb)) {
         check(s, rb, dinp, 1e-5, "dinp");
+        check(s, rb, dinpa, 1e-5, "dinp_act");
         check(s, rb, dw, 1e-5, "dweight");
     }
 out:
@@ -433,6 +436,38 @@ static void case_adamw(st_t *s, size_t n, int t)
     check(s, r, m, 1e-5, "m");
     check(s, r, v, 1e-5, "v");
 out:
+    end_case(s);
+}
+
+/* set_weights' arena (a weight and its bias among other parameters): after adamw on the arena
+ * the backend's product reads the weights' 16-bit copy that the update wrote, with no
+ * set_precision; the CPU converts afresh (set_precision) and is the reference. Twice: an
+ * update of the whole arena, then of a slice that cuts the weight (a sharded step's). */
+static void case_set_weights(st_t *s, const shape_t *sh)
+{
+    int N = sh->B * sh->T, C = sh->C, OC = sh->OC;
+    size_t nw = (size_t)C * OC, off = 8, n = off + nw + OC + 5;
+    result_t *r = RES(SET_WEIGHTS);
+    pt_t w = pt_rand(s, n, -1, 1), g = pt_rand(s, n, -1, 1), m = pt_rand(s, n, -0.1f, 0.1f);
+    pt_t v = pt_rand(s, n, 0.0f, 0.01f), inp = act_rand(s, (size_t)N * C, -1, 1);
+    pt_t out = act_zero(s, (size_t)N * OC);
+    if (!ready(s, r)) goto out;
+    BOTH DDP_K(KS, set_weights, P(w), n);
+    ddp_kadamw_range_t all[2] = {{0, off + nw / 2, 0.1f}, {off + nw / 2, n, 0.0f}};
+    ddp_kadamw_range_t slice[1] = {{off + 3, off + nw - 5, 0.1f}};
+    for (int step = 1; step <= 2; step++) {
+        BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), (float *)P(w) + off, (float *)P(w) + off + nw,
+                   N, C, OC, OC, DDP_W_IN_OUT); /* the copy made */
+        BOTH DDP_K(KS, adamw, P(w), P(g), P(m), P(v), step == 1 ? all : slice, step == 1 ? 2 : 1,
+                   1e-2f, 0.9f, 0.95f, 1e-8f, 1.0f, step, NULL);
+        DDP_K(s->k[0], set_precision, s->prec); /* the reference converts afresh */
+        BOTH DDP_K(KS, matmul_fwd, P(out), P(inp), (float *)P(w) + off, (float *)P(w) + off + nw,
+                   N, C, OC, OC, DDP_W_IN_OUT); /* the copy kept */
+        if (!sync_both(s, r)) break;
+        check(s, r, out, 1e-5, step == 1 ? "out after a whole update" : "out after a slice's");
+    }
+out:
+    BOTH DDP_K(KS, set_weights, NULL, 0); /* the arena is freed next */
     end_case(s);
 }
 
@@ -559,6 +594,7 @@ static int run_backend(ddp_kernels_t *cpu, ddp_kernels_t *dev)
             case_matmul(s, sh, DDP_W_OUT_IN, 1);
             case_matmul_gelu(s, sh, DDP_W_IN_OUT, 1);
             case_matmul_gelu(s, sh, DDP_W_OUT_IN, 0);
+            case_set_weights(s, sh);
             case_attention(s, sh);
             case_rmsnorm(s, sh);
             for (int rms = 0; rms < 2; rms++) case_residual_norm(s, sh, rms);

@@ -42,6 +42,7 @@
     X(TO_ACT, "to_act")                                                                      \
     X(XENT_FWD_BWD, "xent_fwd_bwd")                                                          \
     X(ADAMW, "adamw")                                                                        \
+    X(SET_WEIGHTS, "set_weights")                                                            \
     X(SUMSQ, "sumsq_blocks")                                                                 \
     X(ADD, "add")                                                                            \
     X(SCALE, "scale")                                                                        \

@@ -193,15 +193,17 @@ void ddp_k_layernorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *mean, float *r
           k->ops->layernorm_fwd(k->ctx, out, mean, rstd, inp, weight, bias, N, C));
 }
 
-void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, float *dbias,
-                         const ddp_act_t *dout, const float *inp, const float *weight,
-                         const float *mean, const float *rstd, int N, int C)
+void ddp_k_layernorm_bwd(ddp_kernels_t *k, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                         float *dbias, const ddp_act_t *dout, const float *inp,
+                         const float *weight, const float *mean, const float *rstd, int N, int C)
 {
     if (!OP_READY(k, layernorm_bwd)) return;
     REQUIRE(k, layernorm_bwd, dinp && dweight && dbias && dout && inp && weight && mean && rstd);
     REQUIRE(k, layernorm_bwd, N > 0 && C > 0);
-    TIMED(k, layernorm_bwd, 0, F32 * (3.0 * N * C + 5.0 * C + 2.0 * N) + ACT * N * C,
-          k->ops->layernorm_bwd(k->ctx, dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C));
+    TIMED(k, layernorm_bwd, 0,
+          F32 * (3.0 * N * C + 5.0 * C + 2.0 * N) + ACT * N * C * (dinp_act ? 2.0 : 1.0),
+          k->ops->layernorm_bwd(k->ctx, dinp, dinp_act, dweight, dbias, dout, inp, weight, mean,
+                                rstd, N, C));
 }
 
 void ddp_k_matmul_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp,
@@ -326,15 +328,17 @@ void ddp_k_rmsnorm_fwd(ddp_kernels_t *k, ddp_act_t *out, float *rstd, const floa
           k->ops->rmsnorm_fwd(k->ctx, out, rstd, inp, weight, N, C, eps));
 }
 
-void ddp_k_rmsnorm_bwd(ddp_kernels_t *k, float *dinp, float *dweight, const ddp_act_t *dout,
-                       const float *inp, const float *weight, const float *rstd, int N, int C)
+void ddp_k_rmsnorm_bwd(ddp_kernels_t *k, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                       const ddp_act_t *dout, const float *inp, const float *weight,
+                       const float *rstd, int N, int C)
 {
     if (!OP_READY(k, rmsnorm_bwd)) return;
     REQUIRE(k, rmsnorm_bwd, dinp && dweight && dout && inp && weight && rstd);
     REQUIRE(k, rmsnorm_bwd, N > 0 && C > 0);
     /* dinp and dweight accumulate: read and written */
-    TIMED(k, rmsnorm_bwd, 0, F32 * (3.0 * N * C + 3.0 * C + N) + ACT * N * C,
-          k->ops->rmsnorm_bwd(k->ctx, dinp, dweight, dout, inp, weight, rstd, N, C));
+    TIMED(k, rmsnorm_bwd, 0,
+          F32 * (3.0 * N * C + 3.0 * C + N) + ACT * N * C * (dinp_act ? 2.0 : 1.0),
+          k->ops->rmsnorm_bwd(k->ctx, dinp, dinp_act, dweight, dout, inp, weight, rstd, N, C));
 }
 
 void ddp_k_swiglu_fwd(ddp_kernels_t *k, ddp_act_t *out, const ddp_act_t *inp, int N, int H)
@@ -480,6 +484,14 @@ void ddp_k_set_precision(ddp_kernels_t *k, ddp_kprec_t prec)
     TIMED(k, set_precision, 0, 0,
           k->ops->set_precision(k->ctx, prec));
     k->prec = prec;
+}
+
+void ddp_k_set_weights(ddp_kernels_t *k, const float *w, size_t n)
+{
+    if (!OP_READY(k, set_weights)) return;
+    REQUIRE(k, set_weights, (w == NULL) == (n == 0));
+    TIMED(k, set_weights, 0, 0,
+          k->ops->set_weights(k->ctx, w, n));
 }
 
 ddp_kprec_t ddp_k_precision(const ddp_kernels_t *k)

@@ -332,14 +332,16 @@ static void residual_norm_forward(ddp_model_t *m, float *res, ddp_act_t *out, fl
 }
 
 /* Its backward: dx += through the norm of dout; dw (and db) += theirs. */
-static void norm_backward(ddp_model_t *m, float *dx, float *dw, float *db, const ddp_act_t *dout,
-                          const float *x, const float *w, const float *mean, const float *rstd,
-                          int N)
+/* dx += the norm's input gradient; dx_act (NULL: not wanted) = the new dx in the activations'
+ * type, as the next projection's backward reads it (autocast casts the branch's gradient). */
+static void norm_backward(ddp_model_t *m, float *dx, ddp_act_t *dx_act, float *dw, float *db,
+                          const ddp_act_t *dout, const float *x, const float *w,
+                          const float *mean, const float *rstd, int N)
 {
     if (m->cfg.arch == DDP_ARCH_LLAMA)
-        DDP_K(m->k, rmsnorm_bwd, dx, dw, dout, x, w, rstd, N, m->d.C);
+        DDP_K(m->k, rmsnorm_bwd, dx, dx_act, dw, dout, x, w, rstd, N, m->d.C);
     else
-        DDP_K(m->k, layernorm_bwd, dx, dw, db, dout, x, w, mean, rstd, N, m->d.C);
+        DDP_K(m->k, layernorm_bwd, dx, dx_act, dw, db, dout, x, w, mean, rstd, N, m->d.C);
 }
 
 /* Block l's forward on its input x[B,T,C] into its saved activations (a->dc is scratch); with
@@ -512,8 +514,8 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
     if (ready) ready(arg, done);
     DDP_CHECK(ddp_k_memset0(k, a->dres, BT * C * sizeof(float)));
     const float *xlast = a->res3 + (L - 1) * sBTC;
-    norm_backward(m, a->dres, gv->lnfw, gv->lnfb, a->dlnf, xlast, m->wv.lnfw, a->lnf_mean,
-                  a->lnf_rstd, (int)BT);
+    norm_backward(m, a->dres, a->dres_act, gv->lnfw, gv->lnfb, a->dlnf, xlast, m->wv.lnfw,
+                  a->lnf_mean, a->lnf_rstd, (int)BT);
     if (ready) ready(arg, m->lnf_end);
     ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward ln_f");
 
@@ -525,11 +527,9 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
         /* recompute: the block's activations again, from its input (a->dc is free here) */
         if (a->recompute == DDP_RECOMPUTE_BLOCK) block_forward(m, l, x, NULL, B, T);
         layer_acts_t s = layer_acts(m, l);
-        size_t BTC = BT * C;
 
         /* MLP: res3 = res2 + fcproj(act(fc(norm2(res2)))); the branch's gradient enters it in
-         * the activations' type, as autocast casts it */
-        DDP_K(k, to_act, a->dres_act, a->dres, BTC);
+         * the activations' type (dres_act, which the norm backward before wrote with dres) */
         if (llama) {
             DDP_K(k, matmul_bwd, a->dfch, g->fcprojw, g->fcprojb, a->dres_act, s.fchg,
                   w->fcprojw, (int)BT, d->H, C, C, wl);
@@ -540,19 +540,18 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
         }
         DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, d->FH,
               d->FH, wl);
-        norm_backward(m, a->dres, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w, s.ln2_mean,
-                      s.ln2_rstd, (int)BT);
+        norm_backward(m, a->dres, a->dres_act, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w,
+                      s.ln2_mean, s.ln2_rstd, (int)BT);
 
         /* attention: res2 = x + attproj(attn(rope(qkv(norm1(x))))) */
-        DDP_K(k, to_act, a->dres_act, a->dres, BTC);
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres_act, s.atty, w->attprojw,
               (int)BT, C, C, C, wl);
         DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, d->NH, d->NKV);
         if (llama) DDP_K(k, rope_bwd, a->dqkv, a->rope, B, T, d->NH, d->NKV, d->hs);
         DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C,
               d->QKV, d->QKV, wl);
-        norm_backward(m, a->dres, g->ln1w, g->ln1b, a->dc, x, w->ln1w, s.ln1_mean, s.ln1_rstd,
-                      (int)BT);
+        norm_backward(m, a->dres, l ? a->dres_act : NULL, g->ln1w, g->ln1b, a->dc, x, w->ln1w,
+                      s.ln1_mean, s.ln1_rstd, (int)BT);
 
         if (ready) ready(arg, m->block_end[l]);
         ddp_trace_end(DDP_TRACE_COMPUTE, tr, "backward h.%d", l);

@@ -205,6 +205,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_model_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
                                       t->weights, t->grads, s->recompute),
                    rc, fail);
+    /* the products' 16-bit weights: one copy of the whole arena, which the update keeps */
+    DDP_K(&t->k, set_weights, t->model.w, t->model.n_params);
     ddp_rng_seed(&t->rng, s->seed);
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */

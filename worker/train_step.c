@@ -236,7 +236,9 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, u, ei));
     ddp_sharded_update_end(&t->zero);
     t->skipped_in_a_row = 0;
-    DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
+    /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
+     * other ranks' slices, whose copies are converted again */
+    if (t->zero.on) DDP_K(&t->k, set_precision, t->prec);
     return 0;
 }
 

@@ -79,8 +79,10 @@ struct ddp_kctx {
     ddp_kprec_t prec;              /* the activation type (set_precision, lowp.c) */
     float *wide_in[2];             /* emulated products: this call's widened inputs (lowp.c) */
     size_t wide_in_bytes[2];       /* their capacities */
-    struct ddp__wcopy *wcopies;    /* converted weights, one per weight pointer (lowp.c) */
+    struct ddp__wcopy *wcopies;    /* converted weights: the arena's, or one per pointer (lowp.c) */
     int n_wcopies, cap_wcopies;
+    const float *arena;            /* set_weights' arena, n elements; NULL: none */
+    size_t arena_n;
     ddp__bf16_t *bf16;             /* native bf16 products (bf16_gemm.c); NULL: emulated */
     int bf16_failed;               /* the native engine failed to start: emulate */
     struct ddp__cpu_resv *resv;    /* the sparse arenas reserved and not freed (backend.c) */
@@ -151,9 +153,16 @@ static inline void ddp__cpu_residual(float *out, const float *a, const ddp_act_t
  * into slot `slot` (0 or 1) of ctx, valid until the next call with that slot; NULL (ctx->err
  * set) when it cannot be allocated. */
 const float *ddp__cpu_widen_input(ddp_kctx_t *ctx, int slot, const ddp_act_t *x, size_t n);
-/* Weight w[0..n) converted likewise: a copy kept per pointer until the next set_precision.
- * NULL (ctx->err set) when it cannot be allocated. */
+/* Weight w[0..n) converted likewise: a slice of the arena's copy when set_weights' arena holds
+ * it, else a copy kept per pointer, until the next set_precision. NULL (ctx->err set) when it
+ * cannot be allocated. */
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
+/* The arena's copy when param is set_weights' arena and its copy is current (adamw then keeps
+ * it so with ddp__cpu_lowp_round), else NULL. */
+void *ddp__cpu_lowp_kept(ddp_kctx_t *ctx, const float *param);
+/* copy's elements [i0, i0 + n) = x[0..n) converted as the products' weights are (bf16 bits or
+ * rounded floats, by ctx's precision). Any thread. */
+void ddp__cpu_lowp_round(const ddp_kctx_t *ctx, void *copy, size_t i0, const float *x, size_t n);
 /* Frees the weight copies and the input slots (close). */
 void ddp__cpu_lowp_free(ddp_kctx_t *ctx);
 int ddp__cpu_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);

@@ -13,9 +13,11 @@
  *   2.48-2.57 s; tests/bench/gemm_shapes.c).
  * The two give the same products up to the order of the fp32 additions.
  *
- * Converted weights are cached: one copy per weight pointer, filled on first use after
- * set_precision and reused by every product until the next set_precision (the trainer calls it
- * after each update), so each weight is converted once per step. The copies cost half (bf16) or
+ * Converted weights are cached: one copy of set_weights' arena (or, for a weight outside it, one
+ * per weight pointer), filled on first use after set_precision and reused by every product until
+ * the next set_precision. adamw on the arena writes the copy of what it updates in the same
+ * pass (vector.c, through ddp__cpu_lowp_round), so a trainer's step converts nothing apart. The
+ * copies cost half (bf16) or
  * one (emulated) more fp32 copy of the matrix weights; the emulated path's input slots one fp32
  * copy of a product's inputs (the LM head's backward: dout [N, V] widened, 4 N V bytes, a
  * transient twice the 16-bit logits). Conversion is element-wise in fixed chunks: thread-independent.
@@ -38,11 +40,11 @@ struct ddp__wcopy {
 };
 
 typedef struct {
+    const ddp_kctx_t *ctx;
     void *out;
     const void *x;
     size_t n;
     ddp_kprec_t prec;
-    int native;
 } conv_args_t;
 
 static size_t elem_size(const ddp_kctx_t *ctx)
@@ -50,10 +52,27 @@ static size_t elem_size(const ddp_kctx_t *ctx)
     return ddp__cpu_native(ctx) ? sizeof(uint16_t) : sizeof(float);
 }
 
-/* bf16 bits of x[lo..hi): kept apart so that gcc vectorises the plain loop. */
-static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t lo, size_t hi)
+/* bf16 bits of x[0..n): kept apart so that gcc vectorises the plain loop. */
+static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t n)
 {
-    for (size_t i = lo; i < hi; i++) o[i] = ddp_bf16_bits(x[i]);
+    for (size_t i = 0; i < n; i++) o[i] = ddp_bf16_bits(x[i]);
+}
+
+/* Rounded floats of x[0..n), likewise. */
+static void to_rounded(float *restrict o, const float *restrict x, size_t n, ddp_kprec_t prec)
+{
+    if (prec == DDP_KPREC_BF16)
+        for (size_t i = 0; i < n; i++) o[i] = ddp_round_bf16(x[i]);
+    else
+        for (size_t i = 0; i < n; i++) o[i] = ddp_round_fp16(x[i]);
+}
+
+void ddp__cpu_lowp_round(const ddp_kctx_t *ctx, void *copy, size_t i0, const float *x, size_t n)
+{
+    if (ddp__cpu_native(ctx))
+        to_bf16_bits((uint16_t *)copy + i0, x, n);
+    else
+        to_rounded((float *)copy + i0, x, n, ctx->prec);
 }
 
 void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec)
@@ -73,22 +92,12 @@ static void round_task(void *varg, long task)
     const conv_args_t *a = varg;
     size_t lo, hi;
     chunk_of(a->n, task, &lo, &hi);
-    const float *restrict x = a->x;
-    if (a->native) {
-        to_bf16_bits(a->out, x, lo, hi);
-        return;
-    }
-    float *restrict o = a->out;
-    if (a->prec == DDP_KPREC_BF16)
-        for (size_t i = lo; i < hi; i++) o[i] = ddp_round_bf16(x[i]);
-    else
-        for (size_t i = lo; i < hi; i++) o[i] = ddp_round_fp16(x[i]);
+    ddp__cpu_lowp_round(a->ctx, a->out, lo, (const float *)a->x + lo, hi - lo);
 }
 
 static void round_into(ddp_kctx_t *ctx, void *out, const float *x, size_t n)
 {
-    conv_args_t a = {.out = out, .x = x, .n = n, .prec = ctx->prec,
-                     .native = ddp__cpu_native(ctx)};
+    conv_args_t a = {.ctx = ctx, .out = out, .x = x, .n = n, .prec = ctx->prec};
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), round_task, &a);
 }
 
@@ -123,11 +132,24 @@ const float *ddp__cpu_widen_input(ddp_kctx_t *ctx, int slot, const ddp_act_t *x,
     return ctx->wide_in[slot];
 }
 
+/* The copy entry of w[0..n) (NULL: none yet). */
+static struct ddp__wcopy *find_copy(ddp_kctx_t *ctx, const float *w, size_t n)
+{
+    for (int i = 0; i < ctx->n_wcopies; i++)
+        if (ctx->wcopies[i].src == w && ctx->wcopies[i].n == n) return &ctx->wcopies[i];
+    return NULL;
+}
+
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 {
-    struct ddp__wcopy *c = NULL;
-    for (int i = 0; i < ctx->n_wcopies && !c; i++)
-        if (ctx->wcopies[i].src == w && ctx->wcopies[i].n == n) c = &ctx->wcopies[i];
+    size_t off = 0; /* w's elements from the start of the copy */
+    uintptr_t base = (uintptr_t)ctx->arena, at = (uintptr_t)w;
+    if (ctx->arena && at >= base && (at - base) / sizeof(float) + n <= ctx->arena_n) {
+        off = (at - base) / sizeof(float);
+        w = ctx->arena;
+        n = ctx->arena_n;
+    }
+    struct ddp__wcopy *c = find_copy(ctx, w, n);
     if (!c) {
         if (ctx->n_wcopies == ctx->cap_wcopies) {
             int cap = ctx->cap_wcopies ? 2 * ctx->cap_wcopies : 64;
@@ -151,7 +173,21 @@ const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
         round_into(ctx, c->copy, w, n);
         c->valid = 1;
     }
-    return c->copy;
+    return (const char *)c->copy + off * elem_size(ctx);
+}
+
+void *ddp__cpu_lowp_kept(ddp_kctx_t *ctx, const float *param)
+{
+    if (ctx->prec == DDP_KPREC_FP32 || !ctx->arena || param != ctx->arena) return NULL;
+    struct ddp__wcopy *c = find_copy(ctx, ctx->arena, ctx->arena_n);
+    return c && c->valid ? c->copy : NULL;
+}
+
+void ddp__cpu_set_weights(ddp_kctx_t *ctx, const float *w, size_t n)
+{
+    ddp__cpu_lowp_free(ctx);
+    ctx->arena = w;
+    ctx->arena_n = n;
 }
 
 void ddp__cpu_lowp_free(ddp_kctx_t *ctx)

@@ -7,7 +7,8 @@
  * code on it, so its results are bitwise residual_fwd's followed by the norm's.
  * Backward, one call with two kinds of independent tasks:
  *   row tasks:    dinp[N,C] += rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)), dnorm = dout w
- *                 (RMSNorm: without the mean(dnorm) term and with xhat = x rstd);
+ *                 (RMSNorm: without the mean(dnorm) term and with xhat = x rstd), and the
+ *                 row's dinp_act (to_act's rounding of the new dinp) while it is in cache;
  *   column tasks: dweight[C] += sum_n dout xhat (and LayerNorm's dbias[C] += sum_n dout), each
  *                 column summed over n in order by one task (no cross-thread reduction,
  *                 thread-independent result).
@@ -28,6 +29,7 @@
 typedef struct {
     ddp_act_t *out;
     float *mean, *rstd, *dinp, *dweight, *dbias;
+    ddp_act_t *dinp_act; /* backward: NULL, or dinp rounded to the activation type */
     float *res;         /* residual_norm_fwd: a + b, normalised (inp is a) */
     const float *inp, *weight, *bias;
     const ddp_act_t *dout, *b;
@@ -155,6 +157,13 @@ void ddp__cpu_rmsnorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *rstd, const fl
     run(ctx, &a, ddp__ntasks((size_t)N, NORM_ROWS), rn_fwd_task);
 }
 
+/* Row r of dinp_act (if wanted) = its dinp row dx, rounded once (to_act's rounding, while the
+ * row is in cache). */
+static void store_dinp_act(const norm_args_t *a, int r, const float *dx)
+{
+    if (a->dinp_act) ddp__cpu_act_store(a->dinp_act, (size_t)r * a->C, dx, (size_t)a->C, a->prec);
+}
+
 static void ln_bwd_rows(const norm_args_t *a, long task)
 {
     int C = a->C;
@@ -181,6 +190,7 @@ static void ln_bwd_rows(const norm_args_t *a, long task)
         float mdn = lane_sum(s1) / (float)C, mdnx = lane_sum(s2) / (float)C;
         for (c = 0; c < C; c++)
             dx[c] += ddp_layernorm_dx(dy[c] * w[c], (x[c] - m) * rs, mdn, mdnx, rs);
+        store_dinp_act(a, r, dx);
     }
 }
 
@@ -223,6 +233,7 @@ static void rn_bwd_rows(const norm_args_t *a, long task)
         for (int j = 0; c < C; c++, j++) s[j] += dy[c] * w[c] * (x[c] * rs);
         float mdnx = lane_sum(s) / (float)C;
         for (c = 0; c < C; c++) dx[c] += ddp_rmsnorm_dx(dy[c] * w[c], x[c] * rs, mdnx, rs);
+        store_dinp_act(a, r, dx);
     }
 }
 
@@ -285,21 +296,24 @@ static void norm_bwd_task(void *varg, long task)
         rn_bwd_cols(a, c);
 }
 
-void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                            const ddp_act_t *dout, const float *inp, const float *weight,
-                            const float *mean, const float *rstd, int N, int C)
+void ddp__cpu_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                            float *dbias, const ddp_act_t *dout, const float *inp,
+                            const float *weight, const float *mean, const float *rstd, int N,
+                            int C)
 {
-    norm_args_t a = {.dinp = dinp, .dweight = dweight, .dbias = dbias, .dout = dout, .inp = inp,
-                   .weight = weight, .cmean = mean, .crstd = rstd, .N = N, .C = C};
+    norm_args_t a = {.dinp = dinp, .dinp_act = dinp_act, .dweight = dweight, .dbias = dbias,
+                   .dout = dout, .inp = inp, .weight = weight, .cmean = mean, .crstd = rstd,
+                   .N = N, .C = C};
     a.row_tasks = ddp__ntasks((size_t)N, NORM_ROWS);
     run(ctx, &a, a.row_tasks + ddp__ntasks((size_t)C, NORM_COLS), norm_bwd_task);
 }
 
-void ddp__cpu_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const ddp_act_t *dout,
-                          const float *inp, const float *weight, const float *rstd, int N, int C)
+void ddp__cpu_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                          const ddp_act_t *dout, const float *inp, const float *weight,
+                          const float *rstd, int N, int C)
 {
-    norm_args_t a = {.dinp = dinp, .dweight = dweight, .dout = dout, .inp = inp, .weight = weight,
-                   .crstd = rstd, .N = N, .C = C};
+    norm_args_t a = {.dinp = dinp, .dinp_act = dinp_act, .dweight = dweight, .dout = dout,
+                   .inp = inp, .weight = weight, .crstd = rstd, .N = N, .C = C};
     a.row_tasks = ddp__ntasks((size_t)N, NORM_ROWS);
     run(ctx, &a, a.row_tasks + ddp__ntasks((size_t)C, NORM_COLS), norm_bwd_task);
 }

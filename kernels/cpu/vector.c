@@ -1,5 +1,5 @@
-/* Element-wise ops over whole arenas: AdamW (with an optional CRC32C of its outputs), sums of
- * squares, add, scale, non-finite check.
+/* Element-wise ops over whole arenas: AdamW (with an optional CRC32C of its outputs, and the
+ * weights' 16-bit copy kept current), sums of squares, add, scale, non-finite check.
  *
  * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq_blocks: of whole blocks), so
  * the work and, for the reductions, the partial sums are the same whatever the thread count.
@@ -23,6 +23,9 @@ typedef struct {
     size_t n;
     float lr, beta1, beta2, eps, wd, grad_scale, bc1, bc2;
     uint32_t *crc; /* NULL, or 3 per task */
+    const ddp_kctx_t *ctx;
+    void *copy;    /* NULL, or the arena's 16-bit copy, kept current (lowp.c) */
+    size_t copy_lo; /* this range's first element in it */
 } adamw_args_t;
 
 /* The update of elements [lo, hi). Inlined into both builds below; the per-element math is the
@@ -74,6 +77,8 @@ static void adamw_task(void *varg, long task)
     size_t hi = lo + DDP__CPU_CHUNK < a->n ? lo + DDP__CPU_CHUNK : a->n;
     if (!a->crc) {
         adamw_range(a, lo, hi);
+        /* the weights' 16-bit copy of the chunk, while the chunk is still in cache */
+        if (a->copy) ddp__cpu_lowp_round(a->ctx, a->copy, a->copy_lo + lo, a->param + lo, hi - lo);
         return;
     }
     uint32_t crc[3] = {0, 0, 0};
@@ -82,6 +87,7 @@ static void adamw_task(void *varg, long task)
         adamw_range(a, b, e);
         const void *out[3] = {a->param + b, a->m + b, a->v + b};
         ddp_crc32c_update3(crc, out, (e - b) * sizeof(float));
+        if (a->copy) ddp__cpu_lowp_round(a->ctx, a->copy, a->copy_lo + b, a->param + b, e - b);
     }
     memcpy(&a->crc[3 * task], crc, sizeof crc);
 }
@@ -93,12 +99,14 @@ void ddp__cpu_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, 
     /* The bias corrections in double, as PyTorch computes them (Python floats). */
     float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
     float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    void *copy = ddp__cpu_lowp_kept(ctx, param);
     for (int r = 0; r < nranges; r++) { /* tasks cut from each range's start: its CRC chunks */
         size_t lo = ranges[r].lo, n = ranges[r].hi - lo;
         adamw_args_t a = {
             .crc = crc, .param = param + lo, .m = m + lo, .v = v + lo, .grad = grad + lo,
             .n = n, .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .wd = ranges[r].wd,
-            .grad_scale = grad_scale, .bc1 = bc1, .bc2 = bc2,
+            .grad_scale = grad_scale, .bc1 = bc1, .bc2 = bc2, .ctx = ctx, .copy = copy,
+            .copy_lo = lo,
         };
         ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), adamw_task, &a);
         if (crc) crc += 3 * ddp__ntasks(n, DDP__CPU_CHUNK);

@@ -64,8 +64,10 @@ struct ddp_kctx {
     void *pinned; /* pinned host [16 bytes]: staging for the nonfinite flag */
     cudaEvent_t order; /* record_event's event: collectives wait for it on their stream */
     ddp_kprec_t prec;  /* the activation type (set_precision, lowp.cu); ops launch in order */
-    struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies of weights (lowp.cu) */
+    struct ddp__cuda_wcopy *wcopies; /* bf16/fp16 copies: the arena's, or per weight (lowp.cu) */
     int n_wcopies, cap_wcopies;
+    const float *arena; /* set_weights' arena, arena_n elements; NULL: none */
+    size_t arena_n;
     struct ddp__cuda_sparse *sparse; /* driver entry points and reservations (sparse.cu) */
     cudaEvent_t *marks; /* profiling marks (timing events): [n_marks], the first used_marks */
     int n_marks, used_marks; /* recorded since the last timer_reset; reused after it */
@@ -302,9 +304,13 @@ DDP_KERNEL_OPS(DDP__CUDA_OP)
 /* lowp.cu: the run's precision and the 16-bit weight copies */
 /* The CUDA type of ctx->prec's 16-bit activations (CUDA_R_16BF or CUDA_R_16F). */
 cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx);
-/* Weight w[0..n) rounded to ctx->prec (16-bit), converted once per set_precision and kept per
- * pointer; NULL (error recorded) on failure. */
+/* Weight w[0..n) rounded to ctx->prec (16-bit), converted once per set_precision: a slice of
+ * the arena's copy when set_weights' arena holds it, else a copy kept per pointer; NULL (error
+ * recorded) on failure. */
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n);
+/* The arena's copy when param is set_weights' arena and its copy is current (adamw then writes
+ * it with the update), else NULL. */
+void *ddp__cuda_lowp_kept(ddp_kctx_t *ctx, const float *param);
 void ddp__cuda_lowp_free(ddp_kctx_t *ctx);
 int ddp__cuda_prec_native(ddp_kctx_t *ctx, ddp_kprec_t prec, const char **why);
 

@@ -3,8 +3,10 @@
  *
  * Activations are already of the run's type (kernels.h), so the products read them as they
  * are; only the fp32 weights are rounded, to nearest even as the CPU does (kernels/math/lowp.h,
- * through to_act), once per set_precision (the trainer calls it after each update) into a copy
- * kept per weight pointer: 2 bytes per weight element more.
+ * through to_act), once per set_precision, into one copy of set_weights' arena (a weight outside
+ * it: a copy kept per weight pointer): 2 bytes per weight element more. adamw on the arena
+ * writes the copy of what it updates in the same pass (pointwise.cu), so a trainer's step
+ * converts nothing apart.
  */
 #include "kernels/cuda/kcuda.cuh"
 
@@ -30,11 +32,24 @@ cudaDataType_t ddp__cuda_lowp_type(const ddp_kctx_t *ctx)
     return ctx->prec == DDP_KPREC_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
+/* The copy entry of w[0..n) (NULL: none yet). */
+static struct ddp__cuda_wcopy *find_copy(ddp_kctx_t *ctx, const float *w, size_t n)
+{
+    for (int i = 0; i < ctx->n_wcopies; i++)
+        if (ctx->wcopies[i].src == w && ctx->wcopies[i].n == n) return &ctx->wcopies[i];
+    return NULL;
+}
+
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 {
-    struct ddp__cuda_wcopy *c = NULL;
-    for (int i = 0; i < ctx->n_wcopies && !c; i++)
-        if (ctx->wcopies[i].src == w && ctx->wcopies[i].n == n) c = &ctx->wcopies[i];
+    size_t off = 0; /* w's elements from the start of the copy */
+    uintptr_t base = (uintptr_t)ctx->arena, at = (uintptr_t)w;
+    if (ctx->arena && at >= base && (at - base) / sizeof(float) + n <= ctx->arena_n) {
+        off = (at - base) / sizeof(float);
+        w = ctx->arena;
+        n = ctx->arena_n;
+    }
+    struct ddp__cuda_wcopy *c = find_copy(ctx, w, n);
     if (!c) {
         if (ctx->n_wcopies == ctx->cap_wcopies) {
             int cap = ctx->cap_wcopies ? 2 * ctx->cap_wcopies : 64;
@@ -58,7 +73,23 @@ const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
         ddp__cuda_to_act(ctx, (ddp_act_t *)c->copy, w, n);
         c->valid = 1;
     }
-    return c->copy;
+    return (const char *)c->copy + off * 2;
+}
+
+void *ddp__cuda_lowp_kept(ddp_kctx_t *ctx, const float *param)
+{
+    if (ctx->prec == DDP_KPREC_FP32 || !ctx->arena || param != ctx->arena) return NULL;
+    struct ddp__cuda_wcopy *c = find_copy(ctx, ctx->arena, ctx->arena_n);
+    return c && c->valid ? c->copy : NULL;
+}
+
+/* Host-side state, as set_precision's: the copies dropped are freed after their readers. */
+void ddp__cuda_set_weights(ddp_kctx_t *ctx, const float *w, size_t n)
+{
+    if (ddp__cuda_enter(ctx)) return;
+    ddp__cuda_lowp_free(ctx);
+    ctx->arena = w;
+    ctx->arena_n = n;
 }
 
 void ddp__cuda_lowp_free(ddp_kctx_t *ctx)

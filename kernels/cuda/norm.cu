@@ -19,7 +19,9 @@
  *           RMSNorm (mean NULL): dinp += rstd (dnorm - xhat mean(dnorm xhat)), xhat = x rstd;
  *           dweight += sum_n dout xhat (no bias). dnorm = dout w; dout of the activation type,
  *           inp and dinp fp32 (the residual stream and its gradient); dinp, dweight and dbias
- *           may each be NULL (not wanted).
+ *           may each be NULL (not wanted); dinp_act (NULL: not wanted) gets the new dinp
+ *           rounded to the activation type as the row is stored (to_act's rounding, without
+ *           another pass over the fp32 gradient).
  *           A warp a row (its two row sums, then its gradient), and the column sums in the same
  *           pass: each warp adds its rows' dout xhat and dout to sums of its own in shared
  *           memory ([2][C]), a block adds its warps' sums in order into a partial of the chunk of
@@ -246,11 +248,11 @@ static int nb_warps(int C, size_t smem_max)
 }
 
 /* Block b owns rows [b rows, (b+1) rows), a warp every warps-th of them; dinp (if not NULL)
- * gets each row's gradient, partial (if not NULL) [b][2][C] the block's sums of dout xhat and
+ * gets each row's gradient (and dinp_act, if not NULL, the new dinp rounded to T), partial (if not NULL) [b][2][C] the block's sums of dout xhat and
  * dout. LN: LayerNorm (mean[N]), else RMSNorm. VEC elements a load (C % VEC == 0, every row
  * aligned to VEC elements). */
 template <typename T, int VEC, bool LN>
-static __global__ void norm_bwd_kernel(float *dinp, float *partial, const T *dout,
+static __global__ void norm_bwd_kernel(float *dinp, T *dinp_act, float *partial, const T *dout,
                                        const float *inp, const float *weight, const float *mean,
                                        const float *rstd, int N, int C, int rows)
 {
@@ -284,6 +286,7 @@ static __global__ void norm_bwd_kernel(float *dinp, float *partial, const T *dou
         float mean_d = ddp__warp_sum(sd) / (float)C;
         float mean_dx = ddp__warp_sum(sdx) / (float)C;
         float *dx = dinp ? dinp + (size_t)row * C : NULL;
+        T *dxa = dinp_act ? dinp_act + (size_t)row * C : NULL;
         for (int c = lane * VEC; c < C; c += 32 * VEC) {
             float y[VEC], xv[VEC], w[VEC], xhat[VEC];
             ddp__ldv<VEC>(y, dy + c);
@@ -299,6 +302,7 @@ static __global__ void norm_bwd_kernel(float *dinp, float *partial, const T *dou
                     d[k] += LN ? ddp_layernorm_dx(y[k] * w[k], xhat[k], mean_d, mean_dx, r)
                                : ddp_rmsnorm_dx(y[k] * w[k], xhat[k], mean_dx, r);
                 ddp__stv<VEC>(dx + c, d);
+                if (dxa) ddp__stv<VEC>(dxa + c, d); /* to_act's rounding */
             }
             if (partial) {
                 float a[VEC], b[VEC];
@@ -328,9 +332,9 @@ static __global__ void norm_bwd_kernel(float *dinp, float *partial, const T *dou
 }
 
 template <typename T, bool LN>
-static void norm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias, const T *dout,
-                     const float *inp, const float *weight, const float *mean, const float *rstd,
-                     int N, int C, const char *what)
+static void norm_bwd(ddp_kctx_t *ctx, float *dinp, T *dinp_act, float *dweight, float *dbias,
+                     const T *dout, const float *inp, const float *weight, const float *mean,
+                     const float *rstd, int N, int C, const char *what)
 {
     int warps = nb_warps(C, ctx->smem_optin);
     if (!warps) {
@@ -348,7 +352,8 @@ static void norm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
         return;
     size_t smem = partial ? (size_t)warps * 2 * C * sizeof(float) : 0;
     int wide = C % 4 == 0 && ddp__aligned(dout, 4 * sizeof(T)) && ddp__aligned(inp, 16) &&
-               ddp__aligned(weight, 16) && (!dinp || ddp__aligned(dinp, 16));
+               ddp__aligned(weight, 16) && (!dinp || ddp__aligned(dinp, 16)) &&
+               (!dinp_act || ddp__aligned(dinp_act, 4 * sizeof(T)));
     auto kernel = wide ? norm_bwd_kernel<T, 4, LN> : norm_bwd_kernel<T, 1, LN>;
     if (smem > 48 * 1024 &&
         ddp__cuda_check(ctx,
@@ -356,29 +361,32 @@ static void norm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
                                              (int)smem),
                         what))
         return;
-    kernel<<<(unsigned)chunks, 32 * warps, smem, ctx->stream>>>(dinp, partial, dout, inp, weight,
-                                                                 mean, rstd, N, C, rows);
+    kernel<<<(unsigned)chunks, 32 * warps, smem, ctx->stream>>>(dinp, dinp_act, partial, dout,
+                                                                 inp, weight, mean, rstd, N, C,
+                                                                 rows);
     if (ddp__cuda_launched(ctx, what) || !partial) return;
     ddp__colsum_stage2<2><<<(unsigned)((C + 255) / 256), 256, 0, ctx->stream>>>(
         dweight, dbias, partial, chunks, C);
     ddp__cuda_launched(ctx, what);
 }
 
-void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                             const ddp_act_t *dout, const float *inp, const float *weight,
-                             const float *mean, const float *rstd, int N, int C)
+void ddp__cuda_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                             float *dbias, const ddp_act_t *dout, const float *inp,
+                             const float *weight, const float *mean, const float *rstd, int N,
+                             int C)
 {
     if (N <= 0 || C <= 0 || ddp__cuda_enter(ctx)) return;
     DDP_ACT_DISPATCH(ctx->prec, T,
-                     norm_bwd<T, true>(ctx, dinp, dweight, dbias, (const T *)dout, inp, weight,
-                                       mean, rstd, N, C, "layernorm_bwd"));
+                     norm_bwd<T, true>(ctx, dinp, (T *)dinp_act, dweight, dbias, (const T *)dout,
+                                       inp, weight, mean, rstd, N, C, "layernorm_bwd"));
 }
 
-void ddp__cuda_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const ddp_act_t *dout,
-                           const float *inp, const float *weight, const float *rstd, int N, int C)
+void ddp__cuda_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                           const ddp_act_t *dout, const float *inp, const float *weight,
+                           const float *rstd, int N, int C)
 {
     if (N <= 0 || C <= 0 || ddp__cuda_enter(ctx)) return;
     DDP_ACT_DISPATCH(ctx->prec, T,
-                     norm_bwd<T, false>(ctx, dinp, dweight, NULL, (const T *)dout, inp, weight,
-                                        NULL, rstd, N, C, "rmsnorm_bwd"));
+                     norm_bwd<T, false>(ctx, dinp, (T *)dinp_act, dweight, NULL, (const T *)dout,
+                                        inp, weight, NULL, rstd, N, C, "rmsnorm_bwd"));
 }

@@ -10,8 +10,9 @@
  * act_to_f32 out[n] = inp[n] widened (exactly)          act -> fp32 (attention's general path)
  * add        y[n] += x[n]                               fp32
  * scale      x[n] *= s                                  fp32
- * adamw      param, m, v updated in place from grad * grad_scale; the bias corrections
- *            1 - beta^t are computed once on the host, in double.
+ * adamw      param, m, v updated in place from grad * grad_scale (and the weights' 16-bit
+ *            copy, when param is set_weights' arena); the bias corrections 1 - beta^t are
+ *            computed once on the host, in double.
  * The activation ops are templates on the act type (ctx->prec), compute in fp32 and round once
  * on store. When every pointer is aligned to 16 bytes' worth of activations (8 16-bit or 4 fp32
  * elements), a thread moves that many at a time (16-byte accesses of activations; the fp32
@@ -253,7 +254,11 @@ void ddp__cuda_scale(ddp_kctx_t *ctx, float *x, float s, size_t n)
 }
 
 /* AdamW in one launch over every range: the ranges are cut on the host into tiles of at most
- * ADAMW_TILE elements, one thread block each (a small tensor is one tile; the largest, many). */
+ * ADAMW_TILE elements, one thread block each (a small tensor is one tile; the largest, many).
+ * A tile moves 4 elements an access (16-byte loads of fp32) from its first multiple of 4 when
+ * every array allows it, the elements before and after one by one. With the weights' 16-bit
+ * copy (set_weights' arena, lowp.cu) each new weight is also rounded into it: autocast's weight
+ * cast without another pass over the fp32 weights. */
 #define ADAMW_TILE 65536
 
 struct adamw_tile {
@@ -261,19 +266,45 @@ struct adamw_tile {
     float wd;
 };
 
-static __global__ void adamw_kernel(float *param, const float *grad, float *m, float *v,
-                                    const adamw_tile *tiles, float lr, float beta1, float beta2,
-                                    float eps, float grad_scale, float bc1, float bc2)
+struct adamw_args {
+    float *param, *m, *v;
+    const float *grad;
+    void *copy; /* NULL, or the arena's 16-bit copy, of type W */
+    float lr, beta1, beta2, eps, grad_scale, bc1, bc2;
+};
+
+/* Elements i .. i+V-1 of a tile with weight decay wd. */
+template <int V, typename W>
+static __device__ __forceinline__ void adamw_elems(const adamw_args &a, size_t i, float wd)
+{
+    float p[V], g[V], mm[V], vv[V];
+    ddp__ldv<V>(p, a.param + i);
+    ddp__ldv<V>(g, a.grad + i);
+    ddp__ldv<V>(mm, a.m + i);
+    ddp__ldv<V>(vv, a.v + i);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+        ddp_adamw_elem(&p[k], &mm[k], &vv[k], g[k] * a.grad_scale, a.lr, a.beta1, a.beta2, a.eps,
+                       wd, a.bc1, a.bc2);
+    ddp__stv<V>(a.param + i, p);
+    ddp__stv<V>(a.m + i, mm);
+    ddp__stv<V>(a.v + i, vv);
+    if (a.copy) ddp__stv<V>((W *)a.copy + i, p);
+}
+
+/* W: the copy's type (float when there is none); vec: 4 elements an access. */
+template <typename W>
+static __global__ void adamw_kernel(adamw_args a, const adamw_tile *tiles, int vec)
 {
     adamw_tile tl = tiles[blockIdx.x];
-    for (size_t i = tl.lo + threadIdx.x; i < tl.hi; i += blockDim.x) {
-        float p = param[i], mm = m[i], vv = v[i];
-        ddp_adamw_elem(&p, &mm, &vv, grad[i] * grad_scale, lr, beta1, beta2, eps, tl.wd, bc1,
-                       bc2);
-        param[i] = p;
-        m[i] = mm;
-        v[i] = vv;
-    }
+    size_t body = vec ? (tl.lo + 3) / 4 * 4 : tl.hi, end = tl.hi;
+    if (body > end) body = end;
+    size_t body_end = vec ? body + (end - body) / 4 * 4 : body;
+    for (size_t i = tl.lo + threadIdx.x; i < body; i += blockDim.x) adamw_elems<1, W>(a, i, tl.wd);
+    for (size_t i = body + 4 * (size_t)threadIdx.x; i < body_end; i += 4 * (size_t)blockDim.x)
+        adamw_elems<4, W>(a, i, tl.wd);
+    for (size_t i = body_end + threadIdx.x; i < end; i += blockDim.x)
+        adamw_elems<1, W>(a, i, tl.wd);
 }
 
 void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m, float *v,
@@ -300,8 +331,11 @@ void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m,
             tiles[k++] = {lo, lo + ADAMW_TILE < ranges[r].hi ? lo + ADAMW_TILE : ranges[r].hi,
                           ranges[r].wd};
     /* In double, as PyTorch (and the CPU backend) compute them. */
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    adamw_args a = {param, m, v, grad, ddp__cuda_lowp_kept(ctx, param), lr, beta1, beta2, eps,
+                    grad_scale, (float)(1.0 - pow((double)beta1, (double)t)),
+                    (float)(1.0 - pow((double)beta2, (double)t))};
+    int vec = ddp__aligned(param, 16) && ddp__aligned(grad, 16) && ddp__aligned(m, 16) &&
+              ddp__aligned(v, 16) && ddp__aligned(a.copy, 8);
     void *dev;
     /* the table goes through the scratch; cudaMemcpyAsync from pageable memory has read it
      * when it returns, so it is freed at once */
@@ -309,9 +343,13 @@ void ddp__cuda_adamw(ddp_kctx_t *ctx, float *param, const float *grad, float *m,
         ddp__cuda_check(ctx, cudaMemcpyAsync(dev, tiles, ntiles * sizeof *tiles,
                                              cudaMemcpyHostToDevice, ctx->stream),
                         "adamw(tiles)") == 0) {
-        adamw_kernel<<<(unsigned)ntiles, DDP_CUDA_BLOCK, 0, ctx->stream>>>(
-            param, grad, m, v, (const adamw_tile *)dev, lr, beta1, beta2, eps, grad_scale, bc1,
-            bc2);
+        const adamw_tile *dt = (const adamw_tile *)dev;
+        if (!a.copy)
+            adamw_kernel<float><<<(unsigned)ntiles, DDP_CUDA_BLOCK, 0, ctx->stream>>>(a, dt, vec);
+        else
+            DDP_ACT_DISPATCH(ctx->prec, W, {
+                adamw_kernel<W><<<(unsigned)ntiles, DDP_CUDA_BLOCK, 0, ctx->stream>>>(a, dt, vec);
+            });
         ddp__cuda_launched(ctx, "adamw");
     }
     free(tiles);

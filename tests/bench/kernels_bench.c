@@ -114,7 +114,7 @@ int main(int argc, char **argv)
             DDP_K(&k, gelu_bwd, A(dx), A(x), A(dy), (size_t)N * 4 * C);
             DDP_K(&k, attention_bwd, A(dx), A(dy), A(x), A(y), lse, B, T, C, NH, NH);
             for (int q = 0; q < 2; q++)
-                DDP_K(&k, layernorm_bwd, dx, dy, dy + C, A(dy), x, lnw, mean, rstd, N, C);
+                DDP_K(&k, layernorm_bwd, dx, NULL, dy, dy + C, A(dy), x, lnw, mean, rstd, N, C);
         }
         double t2 = ddp_now_s();
         ddp_krange_t all = {0, np, 0};

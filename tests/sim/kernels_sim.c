@@ -65,14 +65,15 @@ struct ddp_kctx {
 enum {
     ENC_FWD, ENC_BWD, LN_FWD, LN_BWD, MM_FWD, MM_BWD, MM_GELU_FWD, MM_DGELU_BWD, ATT_FWD,
     ATT_BWD, ROPE_FWD, ROPE_BWD, RMS_FWD, RMS_BWD, SWIGLU_FWD, SWIGLU_BWD, GELU_FWD, GELU_BWD, RESIDUAL, RES_NORM, TO_ACT,
-    XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, COPY_STAGED, ZERO, SET_PREC
+    XENT, ADAMW, SUMSQ, ADD, SCALE, NONFINITE, COPY, COPY_STAGED, ZERO, SET_PREC,
+    SET_WEIGHTS
 };
 
 /* One queued op: its kind and arguments (pointers, ints, sizes, floats). */
 typedef struct {
     ddp_kctx_t *ctx;
     int op;
-    void *p[8];
+    void *p[9];
     int i[6];
     size_t z[2];
     float f[7];
@@ -98,7 +99,7 @@ static void run(void *arg)
     case ENC_BWD: CPU.encoder_bwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2]); break;
     case LN_FWD: CPU.layernorm_fwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
     case LN_BWD:
-        CPU.layernorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], i[0], i[1]);
+        CPU.layernorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], i[0], i[1]);
         break;
     case MM_FWD: CPU.matmul_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], i[2], i[4], i[3]); break;
     case MM_BWD:
@@ -119,7 +120,7 @@ static void run(void *arg)
     case ROPE_FWD: CPU.rope_fwd(c, p[0], p[1], i[0], i[1], i[2], i[3], i[4]); break;
     case ROPE_BWD: CPU.rope_bwd(c, p[0], p[1], i[0], i[1], i[2], i[3], i[4]); break;
     case RMS_FWD: CPU.rmsnorm_fwd(c, p[0], p[1], p[2], p[3], i[0], i[1], a->f[0]); break;
-    case RMS_BWD: CPU.rmsnorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], i[0], i[1]); break;
+    case RMS_BWD: CPU.rmsnorm_bwd(c, p[0], p[1], p[2], p[3], p[4], p[5], p[6], i[0], i[1]); break;
     case SWIGLU_FWD: CPU.swiglu_fwd(c, p[0], p[1], i[0], i[1]); break;
     case SWIGLU_BWD: CPU.swiglu_bwd(c, p[0], p[1], p[2], i[0], i[1]); break;
     case GELU_FWD: CPU.gelu_fwd(c, p[0], p[1], a->z[0]); break;
@@ -150,6 +151,7 @@ static void run(void *arg)
         break;
     case ZERO: memset(p[0], 0, a->z[0]); break;
     case SET_PREC: CPU.set_precision(c, (ddp_kprec_t)i[0]); break;
+    case SET_WEIGHTS: CPU.set_weights(c, p[0], a->z[0]); break;
     }
 }
 
@@ -482,16 +484,18 @@ static void sim_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, floa
            F(weight, C, R), F(bias, C, R));
 }
 
-static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, float *dbias,
-                              const ddp_act_t *dout, const float *inp, const float *weight,
-                              const float *mean, const float *rstd, int N, int C)
+static void sim_layernorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                              float *dbias, const ddp_act_t *dout, const float *inp,
+                              const float *weight, const float *mean, const float *rstd, int N,
+                              int C)
 {
     args_t *a = new_args(ctx, LN_BWD);
     if (!a) return;
     size_t NC = (size_t)N * C;
-    set_p(a, 8, dinp, dweight, dbias, dout, inp, weight, mean, rstd);
+    set_p(a, 9, dinp, dinp_act, dweight, dbias, dout, inp, weight, mean, rstd);
     a->i[0] = N, a->i[1] = C;
-    LAUNCH(ctx, a, "layernorm_bwd", F(dinp, NC, RW), F(dweight, C, RW), F(dbias, C, RW),
+    LAUNCH(ctx, a, "layernorm_bwd", F(dinp, NC, RW), A(dinp_act, NC, W), F(dweight, C, RW),
+           F(dbias, C, RW),
            A(dout, NC, R), F(inp, NC, R), F(weight, C, R), F(mean, N, R), F(rstd, N, R));
 }
 
@@ -503,6 +507,18 @@ static void sim_set_precision(ddp_kctx_t *ctx, ddp_kprec_t prec)
     a->i[0] = (int)prec;
     launch(ctx, a, "set_precision", NULL, 0);
     ctx->prec = prec; /* the ops queued from here on have activations of this type */
+}
+
+/* Queued, as set_precision: the copies it drops may still be read by queued products. The
+ * arena's copy is the CPU context's own memory, out of the hazard checks' sight (a GPU's too is
+ * the backend's). */
+static void sim_set_weights(ddp_kctx_t *ctx, const float *w, size_t n)
+{
+    args_t *a = new_args(ctx, SET_WEIGHTS);
+    if (!a) return;
+    a->p[0] = (void *)w;
+    a->z[0] = n;
+    launch(ctx, a, "set_weights", NULL, 0);
 }
 
 /* The simulated GPU computes with the CPU's emulation: nothing is faster in bf16, and "auto"
@@ -637,16 +653,17 @@ static void sim_rmsnorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *rstd, const 
     LAUNCH(ctx, a, "rmsnorm_fwd", A(out, NC, W), F(rstd, N, W), F(inp, NC, R), F(weight, C, R));
 }
 
-static void sim_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, float *dweight, const ddp_act_t *dout,
-                            const float *inp, const float *weight, const float *rstd, int N,
-                            int C)
+static void sim_rmsnorm_bwd(ddp_kctx_t *ctx, float *dinp, ddp_act_t *dinp_act, float *dweight,
+                            const ddp_act_t *dout, const float *inp, const float *weight,
+                            const float *rstd, int N, int C)
 {
     args_t *a = new_args(ctx, RMS_BWD);
     if (!a) return;
     size_t NC = (size_t)N * C;
-    set_p(a, 6, dinp, dweight, dout, inp, weight, rstd);
+    set_p(a, 7, dinp, dinp_act, dweight, dout, inp, weight, rstd);
     a->i[0] = N, a->i[1] = C;
-    LAUNCH(ctx, a, "rmsnorm_bwd", F(dinp, NC, RW), F(dweight, C, RW), A(dout, NC, R),
+    LAUNCH(ctx, a, "rmsnorm_bwd", F(dinp, NC, RW), A(dinp_act, NC, W), F(dweight, C, RW),
+           A(dout, NC, R),
            F(inp, NC, R), F(weight, C, R), F(rstd, N, R));
 }
 

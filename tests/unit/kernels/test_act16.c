@@ -292,7 +292,7 @@ static void check_layernorm(ddp_kprec_t p, int N, int C)
     float *b = rnd(&c, (size_t)C, -0.5, 0.5), *dout = rnd(&c, n, -1, 1);
     float *g0 = rnd(&c, n + 2 * (size_t)C, -1, 1); /* dinp, dweight, dbias before: += */
     float *m[2], *rs[2], *g[2];
-    void *out16 = garbage(n), *dout16 = kact(dout, n, p);
+    void *out16 = garbage(n), *dout16 = kact(dout, n, p), *dinp16 = garbage(n);
     float *out32 = kcalloc(n, 4), *rdout = kround(dout, n, p);
     for (int j = 0; j < 2; j++) {
         m[j] = kcalloc((size_t)N, 4), rs[j] = kcalloc((size_t)N, 4);
@@ -301,16 +301,20 @@ static void check_layernorm(ddp_kprec_t p, int N, int C)
     }
     DDP_K(&c.lp, layernorm_fwd, out16, m[0], rs[0], inp, w, b, N, C);
     DDP_K(&c.ref, layernorm_fwd, (ddp_act_t *)out32, m[1], rs[1], inp, w, b, N, C);
-    DDP_K(&c.lp, layernorm_bwd, g[0], g[0] + n, g[0] + n + C, dout16, inp, w, m[0], rs[0], N, C);
-    DDP_K(&c.ref, layernorm_bwd, g[1], g[1] + n, g[1] + n + C, (ddp_act_t *)rdout, inp, w, m[1],
-          rs[1], N, C);
+    /* the 16-bit side also rounds its new dinp: to_act's bits of the fp32 op's */
+    DDP_K(&c.lp, layernorm_bwd, g[0], dinp16, g[0] + n, g[0] + n + C, dout16, inp, w, m[0], rs[0],
+          N, C);
+    DDP_K(&c.ref, layernorm_bwd, g[1], NULL, g[1] + n, g[1] + n + C, (ddp_act_t *)rdout, inp, w,
+          m[1], rs[1], N, C);
     assert_int_equal(ddp_k_sync(&c.lp) | ddp_k_sync(&c.ref), 0);
     same_act("layernorm out", out16, out32, n, p);
     same_f32("layernorm mean", m[0], m[1], (size_t)N);
     same_f32("layernorm rstd", rs[0], rs[1], (size_t)N);
     same_f32("layernorm dinp, dweight, dbias", g[0], g[1], n + 2 * (size_t)C);
+    same_act("layernorm dinp_act", dinp16, g[1], n, p);
     for (int j = 0; j < 2; j++) free(m[j]), free(rs[j]), free(g[j]);
     free(inp), free(w), free(b), free(dout), free(g0), free(out16), free(dout16), free(out32);
+    free(dinp16);
     free(rdout);
     close_pair(&c);
 }
@@ -438,6 +442,7 @@ static void check_rmsnorm(ddp_kprec_t p, int N, int C)
     float *inp = rnd(&c, n, -2, 3), *w = rnd(&c, (size_t)C, 0.5, 1.5), *dout = rnd(&c, n, -1, 1);
     float *g0 = rnd(&c, n + (size_t)C, -1, 1); /* dinp, dweight before: += */
     void *out16[2] = {garbage(n), garbage(n)}, *dout16 = kact(dout, n, p);
+    void *dinp16[2] = {garbage(n), garbage(n)}; /* the 16-bit sides' new dinp, rounded */
     float *out32 = kcalloc(n, 4), *rdout = kround(dout, n, p), *rs[3], *g[3];
     ddp_kernels_t *k[3] = {&c.lp, &one, &c.ref};
     for (int j = 0; j < 3; j++) {
@@ -445,7 +450,8 @@ static void check_rmsnorm(ddp_kprec_t p, int N, int C)
         memcpy(g[j], g0, (n + (size_t)C) * 4);
         void *o = j < 2 ? out16[j] : (void *)out32, *d = j < 2 ? dout16 : (void *)rdout;
         DDP_K(k[j], rmsnorm_fwd, o, rs[j], inp, w, N, C, 1e-6f);
-        DDP_K(k[j], rmsnorm_bwd, g[j], g[j] + n, d, inp, w, rs[j], N, C);
+        DDP_K(k[j], rmsnorm_bwd, g[j], j < 2 ? dinp16[j] : NULL, g[j] + n, d, inp, w, rs[j], N,
+              C);
         assert_int_equal(ddp_k_sync(k[j]), 0);
     }
     same_act("rmsnorm out", out16[0], out32, n, p);
@@ -453,6 +459,8 @@ static void check_rmsnorm(ddp_kprec_t p, int N, int C)
     for (int j = 0; j < 2; j++) {
         same_f32("rmsnorm rstd", rs[j], rs[2], (size_t)N);
         same_f32("rmsnorm dinp, dweight", g[j], g[2], n + (size_t)C);
+        same_act("rmsnorm dinp_act", dinp16[j], g[2], n, p);
+        free(dinp16[j]);
     }
     for (int j = 0; j < 3; j++) free(rs[j]), free(g[j]);
     free(inp), free(w), free(dout), free(g0), free(out16[0]), free(out16[1]), free(dout16);

@@ -84,7 +84,7 @@ static void check_rmsnorm(int N, int C, float eps, size_t max_checks)
 
     float *dout = rnd(&r, n, -1, 1), *dinp = rnd(&r, n, -1, 1), *dw = rnd(&r, (size_t)C, -1, 1);
     float *dinp0 = fdup(dinp, n), *dw0 = fdup(dw, (size_t)C);
-    DDP_K(&K, rmsnorm_bwd, dinp, dw, KA(dout), inp, w, rstd, N, C);
+    DDP_K(&K, rmsnorm_bwd, dinp, NULL, dw, KA(dout), inp, w, rstd, N, C);
     l.wt = dof(dout, n);
     assert_int_equal(kfd_check("rmsnorm dinp", rms_loss, &l, l.inp, n, dinp, dinp0, max_checks,
                                &r, RTOL, AFRAC), 0);
@@ -94,7 +94,7 @@ static void check_rmsnorm(int N, int C, float eps, size_t max_checks)
     float *g1 = kcalloc(n + (size_t)C, 4);
     for (size_t i = 0; i < n; i++) g1[i] = dinp[i] - dinp0[i];
     for (int c = 0; c < C; c++) g1[n + c] = dw[c] - dw0[c];
-    DDP_K(&K, rmsnorm_bwd, dinp, dw, KA(dout), inp, w, rstd, N, C);
+    DDP_K(&K, rmsnorm_bwd, dinp, NULL, dw, KA(dout), inp, w, rstd, N, C);
     double *twice = kcalloc(n + (size_t)C, 8);
     float *got = kcalloc(n + (size_t)C, 4);
     for (size_t i = 0; i < n + (size_t)C; i++) twice[i] = 2.0 * g1[i];

@@ -278,6 +278,106 @@ static void test_weight_copy_refresh(void **state)
     ddp_kernels_close(&k);
 }
 
+/* A device buffer of n floats holding x (or zeros). */
+static float *dev_floats(ddp_kernels_t *k, const float *x, size_t n)
+{
+    float *d = NULL;
+    assert_int_equal(ddp_k_alloc(k, (void **)&d, n * sizeof(float)), 0);
+    if (x)
+        assert_int_equal(ddp_k_memcpy_h2d(k, d, x, n * sizeof(float)), 0);
+    else
+        assert_int_equal(ddp_k_memset0(k, d, n * sizeof(float)), 0);
+    return d;
+}
+
+/* The product out = inp @ W + b, with W and b read from the arena w_host at `off`, on a context
+ * that converts the weights afresh (the reference for a kept copy). */
+static void fresh_product(ddp_kprec_t prec, const float *w_host, size_t n, size_t off,
+                          const uint16_t *inp, int N, int C, int OC, uint16_t *out)
+{
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, "cpu", 0, 1), 0);
+    DDP_K(&k, set_precision, prec);
+    (void)n;
+    DDP_K(&k, matmul_fwd, KA(out), KA(inp), w_host + off, w_host + off + (size_t)C * OC, N, C,
+          OC, OC, DDP_W_IN_OUT);
+    assert_int_equal(ddp_k_sync(&k), 0);
+    ddp_kernels_close(&k);
+}
+
+/* set_weights' arena: the products read one 16-bit copy of it, and adamw on the arena keeps
+ * that copy current without set_precision -- a whole update, an update of part of it (a
+ * sharded step's slice), with and without the CPU's CRCs -- while a write by other means still
+ * needs set_precision. Each product after an update equals a fresh conversion's bit for bit and
+ * differs from the product before it (the update moved the weights). On the CPU (native bf16
+ * where this CPU has it, and emulated), in fp16, and on the simulated GPU. */
+static void arena_case(const char *be, ddp_kprec_t prec)
+{
+    enum { N = 5, C = 24, OC = 40, OFF = 6 };
+    const size_t nw = (size_t)C * OC, n = OFF + nw + OC + 10; /* weights among other tensors */
+    ddp_kernels_t k;
+    assert_int_equal(ddp_kernels_open(&k, be, 0, 2), 0);
+    uint64_t seed = 11;
+    float *w0 = randv(n, &seed), *g = randv(n, &seed), *in = randv((size_t)N * C, &seed);
+    float *w = malloc(n * sizeof *w);
+    uint16_t inp[N * C], before[N * OC], after[N * OC], want[N * OC];
+    for (int i = 0; i < N * C; i++)
+        inp[i] = prec == DDP_KPREC_BF16 ? ddp_bf16_bits(in[i]) : ddp_fp16_bits(in[i]);
+    float *dw = dev_floats(&k, w0, n), *dg = dev_floats(&k, g, n);
+    float *dm = dev_floats(&k, NULL, n), *dv = dev_floats(&k, NULL, n);
+    uint16_t *dinp = NULL, *dout = NULL;
+    assert_int_equal(ddp_k_alloc(&k, (void **)&dinp, sizeof inp), 0);
+    assert_int_equal(ddp_k_alloc(&k, (void **)&dout, sizeof before), 0);
+    assert_int_equal(ddp_k_memcpy_h2d(&k, dinp, inp, sizeof inp), 0);
+    DDP_K(&k, set_precision, prec);
+    DDP_K(&k, set_weights, dw, n);
+    uint32_t crc[3 * 4];
+    /* the update's ranges: all of it (twice: the second time with CRCs on the CPU), then only
+     * a part that cuts the weight matrix, leaving the bias as it was */
+    ddp_kadamw_range_t all[2] = {{0, OFF + nw / 2, 0.1f}, {OFF + nw / 2, n, 0.0f}};
+    ddp_kadamw_range_t part[1] = {{OFF + 7, OFF + nw - 9, 0.1f}};
+    for (int round = 0; round < 4; round++) {
+        DDP_K(&k, matmul_fwd, KA(dout), KA(dinp), dw + OFF, dw + OFF + nw, N, C, OC, OC,
+              DDP_W_IN_OUT);
+        assert_int_equal(ddp_k_memcpy_d2h(&k, before, dout, sizeof before), 0);
+        if (round < 3) {
+            int whole = round < 2;
+            uint32_t *c = round == 1 && !strcmp(be, "cpu") ? crc : NULL;
+            DDP_K(&k, adamw, dw, dg, dm, dv, whole ? all : part, whole ? 2 : 1, 0.05f, 0.9f,
+                  0.95f, 1e-8f, 1.0f, round + 1, c);
+        } else { /* another write, as a collective's: the copy is refreshed by set_precision */
+            for (size_t i = 0; i < n; i++) w[i] = -w0[i];
+            assert_int_equal(ddp_k_memcpy_h2d(&k, dw, w, n * sizeof *w), 0);
+            DDP_K(&k, set_precision, prec);
+        }
+        DDP_K(&k, matmul_fwd, KA(dout), KA(dinp), dw + OFF, dw + OFF + nw, N, C, OC, OC,
+              DDP_W_IN_OUT);
+        assert_int_equal(ddp_k_memcpy_d2h(&k, after, dout, sizeof after), 0);
+        assert_int_equal(ddp_k_memcpy_d2h(&k, w, dw, n * sizeof *w), 0);
+        assert_int_equal(ddp_k_sync(&k), 0);
+        fresh_product(prec, w, n, OFF, inp, N, C, OC, want);
+        if (memcmp(after, want, sizeof want))
+            fail_msg("%s %s, round %d: the product after the update read a stale weight copy", be,
+                     prec == DDP_KPREC_BF16 ? "bf16" : "fp16", round);
+        assert_memory_not_equal(after, before, sizeof before);
+    }
+    free(w0), free(g), free(in), free(w);
+    float *bufs[] = {dw, dg, dm, dv, (float *)dinp, (float *)dout};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ddp_k_free(&k, bufs[i]);
+    ddp_kernels_close(&k);
+}
+
+static void test_arena_copy_kept(void **state)
+{
+    (void)state;
+    arena_case("cpu", DDP_KPREC_BF16);
+    arena_case("cpu", DDP_KPREC_FP16);
+    arena_case("sim", DDP_KPREC_BF16);
+    setenv("DDP_CPU_BF16", "emulate", 1); /* the rounded-float copies */
+    arena_case("cpu", DDP_KPREC_BF16);
+    unsetenv("DDP_CPU_BF16");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -289,6 +389,7 @@ int main(void)
         cmocka_unit_test(test_native_choice),
         cmocka_unit_test(test_many_shapes),
         cmocka_unit_test(test_weight_copy_refresh),
+        cmocka_unit_test(test_arena_copy_kept),
     };
     return cmocka_run_group_tests_name("kernels_lowp", tests, NULL, NULL);
 }
