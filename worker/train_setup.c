@@ -304,6 +304,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
         if (t->emb) ddp__trainer_free_reduced(t, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_model_close(&t->model);
+        DDP_K(&t->k, set_weights, NULL, 0); /* the backend's copy goes before its arena */
         float *arenas[] = {t->weights, t->grads, t->zero.moments[0], t->zero.moments[1]};
         for (int i = 0; i < 4; i++)
             if (arenas[i]) ddp__trainer_free_reduced(t, arenas[i]);

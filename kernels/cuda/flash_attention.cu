@@ -14,8 +14,9 @@
  * and dS (backward) are rounded to T16 as the A operand of the second product; out, dq, dk, dv
  * are rounded to T16 once, on store (round to nearest even; fp16 overflow gives Inf).
  *
- * Tiles: 128 threads = 4 warps a block; BR = 64 query rows a block (16 a warp), BC = 64 keys a
- * tile. Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
+ * Tiles: BR = 64 query rows a block, BC = 64 keys a tile; the backward's blocks are 4 warps of
+ * 16 rows (or keys), the forward's at hs <= 64 2 warps of 32 rows (two m-tiles a warp, each K
+ * and V fragment loaded once for both; DDP_FA_FWD_ROWS=16 takes 4 warps of 16, the same bits). Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
  * The tiles a block streams come by cp.async into two buffers: the next tile's copies run
  * while the block computes on the present one (see "Staging").
  *   forward  grid (B*NH, ceil(T/64)), heavy diagonal blocks first. Q lives in registers, K and V
@@ -40,8 +41,9 @@
  * accumulators): no atomics, and the same order on every run. group = 1 is multi-head
  * attention, exactly the kernels' work before grouping. Every head size keeps its kernels.
  * Limits: ceil(T/64) <= 65535 (grid y), B*NH < 2^31; qkv, out, dout, dqkv 16-byte aligned;
- * compute capability >= 8.0. Registers: up to about 245 a thread (dK/dV at hs = 128), none
- * spilled; 128 threads a block.
+ * compute capability >= 8.0. Registers: up to about 245 a thread (dK/dV at hs = 128; the
+ * forward with two m-tiles at hs = 64, 230), none spilled; 128 threads a block (64 for the
+ * forward with two m-tiles).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -276,14 +278,14 @@ template <int N> static __device__ __forceinline__ void cp_async_wait()
  * stride ld into the tile dst[ROWS][HS + FA_PAD], as they are; rows >= T become zeros. Called
  * by the whole block; the caller commits. A lane moves 16 bytes (8 elements) a copy; a warp
  * reads 512 contiguous bytes at hs = 128 (two or four rows of 64 or 128 bytes at hs = 64, 32). */
-template <typename T16, int HS, int ROWS = 64>
+template <typename T16, int HS, int ROWS = 64, int THREADS = FA_THREADS>
 static __device__ __forceinline__ void stage(T16 *dst, const T16 *src, size_t ld, int r0, int T)
 {
     constexpr int LD = HS + FA_PAD, CH = HS / 8; /* 16-byte chunks a row */
-    static_assert(ROWS * CH % FA_THREADS == 0, "whole steps");
+    static_assert(ROWS * CH % THREADS == 0, "whole steps");
     /* one copy at a time: unrolled, the address arithmetic costs the forward 30 registers */
 #pragma unroll 1
-    for (int idx = threadIdx.x; idx < ROWS * CH; idx += FA_THREADS) {
+    for (int idx = threadIdx.x; idx < ROWS * CH; idx += THREADS) {
         const int r = idx / CH, c = (idx % CH) * 8;
         const bool in = r0 + r < T;
         cp_async16(dst + r * LD + c, in ? src + (size_t)(r0 + r) * ld + c : src, in ? 16 : 0);
@@ -297,16 +299,22 @@ template <typename T16> static __device__ __forceinline__ void store2(T16 *p, fl
 }
 
 /* ---- Forward ----
- * Block (bh = b*NH + h, query tile i), heaviest (largest i) first. Warp w owns query rows
- * q0 + 16w + g (accumulator elements 0, 1) and q0 + 16w + g + 8 (elements 2, 3). Per K/V tile:
- * S = Q K^T (16 x 64 a warp), scaled by scale*log2(e), masked above the diagonal on tile i; the
- * running max m and sum l per row (log2 domain), o rescaled by exp2(m_old - m_new). Each lane
- * sums only its own 16 columns of l; the 4 lanes of a row add theirs at the end. */
-template <typename T16, int HS>
-static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
+ * Block (bh = b*NH + h, query tile i), heaviest (largest i) first. A warp owns MT m-tiles of
+ * 16 query rows, 4 / MT warps a block (fa_fwd_rows: MT = 2 at hs <= 64, 230 registers at hs =
+ * 64; 1 at hs = 128, where two would need about 300): m-tile mt of warp w holds rows
+ * q0 + 16(MT w + mt) + g
+ * (accumulator elements 0, 1) and + 8 (elements 2, 3). Each B fragment of K or V loaded from
+ * shared memory serves the warp's MT m-tiles: at hs <= 64 half the shared-memory reads a
+ * product of 16 rows a warp needs, and two independent chains of products a warp. Per K/V
+ * tile: S = Q K^T (16 MT x 64 a warp), scaled by scale*log2(e), masked above the diagonal on
+ * tile i; the running max m and sum l per row (log2 domain), o rescaled by exp2(m_old -
+ * m_new). Each lane sums only its own 16 columns of l; the 4 lanes of a row add theirs at the
+ * end. Every row's arithmetic is that of the one-m-tile kernel. */
+template <typename T16, int HS, int MT>
+static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_params p)
 {
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    constexpr int LD = HS + FA_PAD, TILE = FA_BC * LD;
+    constexpr int LD = HS + FA_PAD, TILE = FA_BC * LD, THREADS = FA_THREADS / MT;
     T16 *sK = reinterpret_cast<T16 *>(fa_smem); /* [2][BC][LD]; buffer 1 first holds Q */
     T16 *sV = sK + 2 * TILE;                     /* [2][BC][LD] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -316,23 +324,30 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
     const T16 *qg = static_cast<const T16 *>(p.q) + (size_t)b * T * p.ld_q + (size_t)h * HS;
     const T16 *kg = static_cast<const T16 *>(p.k) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
     const T16 *vg = static_cast<const T16 *>(p.v) + (size_t)b * T * p.ld_kv + (size_t)kvh * HS;
-    const int row0 = q0 + warp * 16 + g; /* and row0 + 8 */
+    const int row0 = q0 + warp * 16 * MT + g; /* m-tile mt: row0 + 16 mt, and + 8 */
 
-    stage<T16, HS>(sK + TILE, qg, p.ld_q, q0, T);
+    stage<T16, HS, FA_BR, THREADS>(sK + TILE, qg, p.ld_q, q0, T);
     cp_async_commit();
-    stage<T16, HS>(sK, kg, p.ld_kv, 0, T);
-    stage<T16, HS>(sV, vg, p.ld_kv, 0, T);
+    stage<T16, HS, FA_BC, THREADS>(sK, kg, p.ld_kv, 0, T);
+    stage<T16, HS, FA_BC, THREADS>(sV, vg, p.ld_kv, 0, T);
     cp_async_commit();
     cp_async_wait<1>(); /* Q has landed; K/V tile 0 may still be on its way */
     __syncthreads();
-    uint32_t qf[HS / 16][4];
+    uint32_t qf[MT][HS / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < HS / 16; ks++) ld_a<LD>(qf[ks], sK + TILE, warp * 16, ks * 16, lane);
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int ks = 0; ks < HS / 16; ks++)
+            ld_a<LD>(qf[mt][ks], sK + TILE, (warp * MT + mt) * 16, ks * 16, lane);
 
-    float o[HS / 8][4];
+    float o[MT][HS / 8][4];
 #pragma unroll
-    for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < HS / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float mx[MT][2], l[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
 
     for (int j = 0; j <= i; j++) {
         const int k0 = j * FA_BC;
@@ -340,81 +355,114 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_fwd_kernel(fa_params p)
         __syncthreads(); /* tile j is in; every warp is done with tile j - 1 (and with Q) */
         if (j < i) {
             const int nb = ((j + 1) & 1) * TILE;
-            stage<T16, HS>(sK + nb, kg, p.ld_kv, k0 + FA_BC, T);
-            stage<T16, HS>(sV + nb, vg, p.ld_kv, k0 + FA_BC, T);
+            stage<T16, HS, FA_BC, THREADS>(sK + nb, kg, p.ld_kv, k0 + FA_BC, T);
+            stage<T16, HS, FA_BC, THREADS>(sV + nb, vg, p.ld_kv, k0 + FA_BC, T);
             cp_async_commit();
         }
         const T16 *cK = sK + (j & 1) * TILE, *cV = sV + (j & 1) * TILE;
 
-        float s[FA_BC / 8][4];
+        /* S = Q K^T: each pair of K n-tiles loaded once for the MT m-tiles */
+        float s[MT][FA_BC / 8][4];
 #pragma unroll
-        for (int n = 0; n < FA_BC / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int n = 0; n < FA_BC / 8; n++)
+                s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-            mma_row_b<T16, LD, FA_BC / 8>(s, qf[ks], cK, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < FA_BC / 16; np++) {
+                uint32_t bb[4];
+                ld_b<LD>(bb, cK, np * 16, ks * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    fa_type<T16>::mma(s[mt][2 * np], qf[mt][ks], bb[0], bb[1]);
+                    fa_type<T16>::mma(s[mt][2 * np + 1], qf[mt][ks], bb[2], bb[3]);
+                }
+            }
 
-        /* Scale into the log2 domain; on the diagonal tile (k0 == q0) mask key > row, which
-         * also masks every key >= T of a row < T. Keys of tiles j < i are all < q0 < T. */
-        float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int n = 0; n < FA_BC / 8; n++)
+        for (int mt = 0; mt < MT; mt++) {
+            const int rowm = row0 + 16 * mt;
+            /* Scale into the log2 domain; on the diagonal tile (k0 == q0) mask key > row,
+             * which also masks every key >= T of a row < T. Keys of tiles j < i are all < q0
+             * < T. */
+            float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float x = s[n][e] * p.sl2;
-                if (j == i && k0 + n * 8 + 2 * t + (e & 1) > row0 + (e >> 1) * 8) x = -INFINITY;
-                s[n][e] = x;
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
-            }
+            for (int n = 0; n < FA_BC / 8; n++)
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            /* the 4 lanes of a row (same g) are lanes 4g .. 4g+3 */
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-            float mnew = fmaxf(mx[r], tmax[r]);
-            /* A row with no key yet (mnew = -inf) keeps p = 0, alpha = 0, l = o = 0: no NaN.
-             * Causal rows always see key 0 on tile 0, so this is only a guard. */
-            float muse = mnew == -INFINITY ? 0.0f : mnew;
-            float alpha = exp2f(mx[r] - muse); /* mx = -inf on the first tile: 0 */
-            mx[r] = mnew;
-            float ls = 0.0f;
+                for (int e = 0; e < 4; e++) {
+                    float x = s[mt][n][e] * p.sl2;
+                    if (j == i && k0 + n * 8 + 2 * t + (e & 1) > rowm + (e >> 1) * 8)
+                        x = -INFINITY;
+                    s[mt][n][e] = x;
+                    tmax[e >> 1] = fmaxf(tmax[e >> 1], x);
+                }
 #pragma unroll
-            for (int n = 0; n < FA_BC / 8; n++) {
-                float p0 = exp2f(s[n][2 * r] - muse), p1 = exp2f(s[n][2 * r + 1] - muse);
-                s[n][2 * r] = p0;
-                s[n][2 * r + 1] = p1;
-                ls += p0 + p1;
-            }
-            l[r] = l[r] * alpha + ls;
+            for (int r = 0; r < 2; r++) {
+                /* the 4 lanes of a row (same g) are lanes 4g .. 4g+3 */
+                tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+                tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+                float mnew = fmaxf(mx[mt][r], tmax[r]);
+                /* A row with no key yet (mnew = -inf) keeps p = 0, alpha = 0, l = o = 0: no
+                 * NaN. Causal rows always see key 0 on tile 0, so this is only a guard. */
+                float muse = mnew == -INFINITY ? 0.0f : mnew;
+                float alpha = exp2f(mx[mt][r] - muse); /* mx = -inf on the first tile: 0 */
+                mx[mt][r] = mnew;
+                float ls = 0.0f;
 #pragma unroll
-            for (int n = 0; n < HS / 8; n++) {
-                o[n][2 * r] *= alpha;
-                o[n][2 * r + 1] *= alpha;
+                for (int n = 0; n < FA_BC / 8; n++) {
+                    float p0 = exp2f(s[mt][n][2 * r] - muse);
+                    float p1 = exp2f(s[mt][n][2 * r + 1] - muse);
+                    s[mt][n][2 * r] = p0;
+                    s[mt][n][2 * r + 1] = p1;
+                    ls += p0 + p1;
+                }
+                l[mt][r] = l[mt][r] * alpha + ls;
+#pragma unroll
+                for (int n = 0; n < HS / 8; n++) {
+                    o[mt][n][2 * r] *= alpha;
+                    o[mt][n][2 * r + 1] *= alpha;
+                }
             }
         }
 
-        /* o += P V: P's accumulators are the A operand (k = key) */
+        /* o += P V: P's accumulators are the A operands (k = key); each pair of V n-tiles
+         * loaded once for the MT m-tiles */
 #pragma unroll
         for (int kk = 0; kk < FA_BC / 16; kk++) {
-            uint32_t pa[4];
-            acc_to_a<T16>(pa, s, kk);
-            mma_row_bt<T16, LD, HS / 8>(o, pa, cV, kk * 16, lane);
+            uint32_t pa[MT][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) acc_to_a<T16>(pa[mt], s[mt], kk);
+#pragma unroll
+            for (int np = 0; np < HS / 16; np++) {
+                uint32_t bb[4];
+                ld_bt<LD>(bb, cV, kk * 16, np * 16, lane);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    fa_type<T16>::mma(o[mt][2 * np], pa[mt], bb[0], bb[1]);
+                    fa_type<T16>::mma(o[mt][2 * np + 1], pa[mt], bb[2], bb[3]);
+                }
+            }
         }
     }
 
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lsum = l[r] + __shfl_xor_sync(0xffffffffu, l[r], 1);
-        lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-        const int row = row0 + r * 8;
-        if (row >= T) continue; /* padding rows are never stored */
-        const float inv = 1.0f / lsum; /* lsum >= 1: the row max contributes exp2(0) */
-        T16 *op = static_cast<T16 *>(p.out) + ((size_t)b * T + row) * p.ld_o + (size_t)h * HS +
-                  2 * t;
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++)
-            store2(op + n * 8, o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-        if (t == 0) p.lse[((size_t)b * p.NH + h) * T + row] = mx[r] * FA_LN2 + logf(lsum);
-    }
+        for (int r = 0; r < 2; r++) {
+            float lsum = l[mt][r] + __shfl_xor_sync(0xffffffffu, l[mt][r], 1);
+            lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+            const int row = row0 + 16 * mt + r * 8;
+            if (row >= T) continue; /* padding rows are never stored */
+            const float inv = 1.0f / lsum; /* lsum >= 1: the row max contributes exp2(0) */
+            T16 *op = static_cast<T16 *>(p.out) + ((size_t)b * T + row) * p.ld_o +
+                      (size_t)h * HS + 2 * t;
+#pragma unroll
+            for (int n = 0; n < HS / 8; n++)
+                store2(op + n * 8, o[mt][n][2 * r] * inv, o[mt][n][2 * r + 1] * inv);
+            if (t == 0) p.lse[((size_t)b * p.NH + h) * T + row] = mx[mt][r] * FA_LN2 + logf(lsum);
+        }
 }
 
 /* ---- Backward ---- */
@@ -701,11 +749,30 @@ typedef void (*fa_kernel_t)(fa_params);
 
 enum { FA_FWD, FA_BWD_DKV, FA_BWD_DQ, FA_NKINDS };
 
-/* [kind][0 bf16, 1 fp16][hs 32, 64, 128]: the only instantiations */
+/* The forward's m-tiles a warp: 2 (32 rows a warp, 2 warps a block) at hs <= 64 unless
+ * DDP_FA_FWD_ROWS=16 asks for the one-m-tile kernel (4 warps of 16 rows), which gives the same
+ * bits: the benchmarks compare the two (tests/gpu/attention_times.c). */
+static int fa_fwd_mt(int hs)
+{
+    const char *rows = getenv("DDP_FA_FWD_ROWS");
+    return hs <= 64 && !(rows && !strcmp(rows, "16")) ? 2 : 1;
+}
+
+/* [MT - 1][0 bf16, 1 fp16][hs 32, 64, 128]: the forward's instantiations (none with 2 m-tiles
+ * at hs = 128) */
+static const fa_kernel_t fa_fwd_kernels[2][2][3] = {
+    {{fa_fwd_kernel<__nv_bfloat16, 32, 1>, fa_fwd_kernel<__nv_bfloat16, 64, 1>,
+      fa_fwd_kernel<__nv_bfloat16, 128, 1>},
+     {fa_fwd_kernel<__half, 32, 1>, fa_fwd_kernel<__half, 64, 1>,
+      fa_fwd_kernel<__half, 128, 1>}},
+    {{fa_fwd_kernel<__nv_bfloat16, 32, 2>, fa_fwd_kernel<__nv_bfloat16, 64, 2>, NULL},
+     {fa_fwd_kernel<__half, 32, 2>, fa_fwd_kernel<__half, 64, 2>, NULL}},
+};
+
+/* [kind][0 bf16, 1 fp16][hs 32, 64, 128]: the backward's instantiations (kind FA_FWD: see
+ * fa_fwd_kernels) */
 static const fa_kernel_t fa_kernels[FA_NKINDS][2][3] = {
-    {{fa_fwd_kernel<__nv_bfloat16, 32>, fa_fwd_kernel<__nv_bfloat16, 64>,
-      fa_fwd_kernel<__nv_bfloat16, 128>},
-     {fa_fwd_kernel<__half, 32>, fa_fwd_kernel<__half, 64>, fa_fwd_kernel<__half, 128>}},
+    {{NULL, NULL, NULL}, {NULL, NULL, NULL}},
     {{fa_bwd_dkv_kernel<__nv_bfloat16, 32>, fa_bwd_dkv_kernel<__nv_bfloat16, 64>,
       fa_bwd_dkv_kernel<__nv_bfloat16, 128>},
      {fa_bwd_dkv_kernel<__half, 32>, fa_bwd_dkv_kernel<__half, 64>,
@@ -783,14 +850,14 @@ static int fa_launch(ddp_kctx_t *ctx, int kind, int hs, unsigned gx, unsigned gy
                      const fa_params *p, const char *what)
 {
     int ti = ctx->prec == DDP_KPREC_BF16 ? 0 : 1;
-    int hi = hs == 32 ? 0 : hs == 64 ? 1 : 2;
-    fa_kernel_t k = fa_kernels[kind][ti][hi];
+    int hi = hs == 32 ? 0 : hs == 64 ? 1 : 2, mt = kind == FA_FWD ? fa_fwd_mt(hs) : 1;
+    fa_kernel_t k = kind == FA_FWD ? fa_fwd_kernels[mt - 1][ti][hi] : fa_kernels[kind][ti][hi];
     size_t smem = fa_smem_bytes(kind, hs);
     if (smem > 48 * 1024)
         DDP_CHECK(ddp__cuda_check(
             ctx, cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
             what));
-    k<<<dim3(gx, gy), FA_THREADS, smem, ctx->stream>>>(*p);
+    k<<<dim3(gx, gy), FA_THREADS / mt, smem, ctx->stream>>>(*p);
     return ddp__cuda_launched(ctx, what);
 }
 

@@ -349,9 +349,15 @@ static void lt_fwd(ddp_kctx_t *ctx, lt_gemm g, const float *bias, void *gelu, in
         return;
     }
     int *state = gelu ? &ctx->lt_gelu[bias != NULL] : &ctx->lt_bias16;
-    if (*state >= 0 && (!gelu || OC % 8 == 0)) { /* GELU's aux ld: a multiple of 8 */
+    const void *bias16 = NULL;
+    if (bias && !(bias16 = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
+    /* GELU's aux ld: a multiple of 8. The bias: 16-byte aligned, since cuBLASLt takes the
+     * vector's alignment for granted (a kernel it picked for an aligned bias faults on another,
+     * as PyTorch found: its pull request 194497) and a slice of the weights' arena copy at an
+     * odd offset (C % 8 != 0) is not */
+    if (*state >= 0 && (!gelu || OC % 8 == 0) && (!bias16 || ddp__aligned(bias16, 16))) {
         lt_gemm e = g;
-        if (bias && !(e.bias = ddp__cuda_lowp_weight(ctx, bias, (size_t)OC))) return;
+        e.bias = bias16;
         if (gelu) {
             e.gelu = LT_GELU;
             e.aux = g.D;

@@ -352,8 +352,10 @@ static void norm_bwd(ddp_kctx_t *ctx, float *dinp, T *dinp_act, float *dweight, 
         return;
     size_t smem = partial ? (size_t)warps * 2 * C * sizeof(float) : 0;
     int wide = C % 4 == 0 && ddp__aligned(dout, 4 * sizeof(T)) && ddp__aligned(inp, 16) &&
-               ddp__aligned(weight, 16) && (!dinp || ddp__aligned(dinp, 16)) &&
-               (!dinp_act || ddp__aligned(dinp_act, 4 * sizeof(T)));
+               ddp__aligned(weight, 16) && (!dinp || ddp__aligned(dinp, 16));
+    /* dinp_act does not choose the width (the width orders the row sums, so it would change
+     * dinp's bits): one that the wide stores cannot take is rounded by to_act afterwards */
+    T *dxa = wide && !ddp__aligned(dinp_act, 4 * sizeof(T)) ? NULL : dinp_act;
     auto kernel = wide ? norm_bwd_kernel<T, 4, LN> : norm_bwd_kernel<T, 1, LN>;
     if (smem > 48 * 1024 &&
         ddp__cuda_check(ctx,
@@ -361,10 +363,11 @@ static void norm_bwd(ddp_kctx_t *ctx, float *dinp, T *dinp_act, float *dweight, 
                                              (int)smem),
                         what))
         return;
-    kernel<<<(unsigned)chunks, 32 * warps, smem, ctx->stream>>>(dinp, dinp_act, partial, dout,
-                                                                 inp, weight, mean, rstd, N, C,
-                                                                 rows);
-    if (ddp__cuda_launched(ctx, what) || !partial) return;
+    kernel<<<(unsigned)chunks, 32 * warps, smem, ctx->stream>>>(dinp, dxa, partial, dout, inp,
+                                                                 weight, mean, rstd, N, C, rows);
+    if (ddp__cuda_launched(ctx, what)) return;
+    if (dinp_act && !dxa) ddp__cuda_to_act(ctx, (ddp_act_t *)dinp_act, dinp, (size_t)N * C);
+    if (!partial) return;
     ddp__colsum_stage2<2><<<(unsigned)((C + 255) / 256), 256, 0, ctx->stream>>>(
         dweight, dbias, partial, chunks, C);
     ddp__cuda_launched(ctx, what);

@@ -16,7 +16,7 @@ bdir=${1:-$src/build-gpu} libs=${2:-$src/.gpu-libs}
         -Dwerror=false >/dev/null
 ninja -C "$bdir" >/dev/null
 programs=("$bdir/worker/ddp-worker" "$bdir/worker/ddp-prep" "$bdir/worker/ddp_kernels_cuda.so"
-          "$bdir"/collectives/*.so "$bdir/tests/gpu/nccl_allreduce")
+          "$bdir"/collectives/*.so "$bdir"/tests/gpu/{nccl_allreduce,gemm_shapes,attention_times})
 mkdir -p "$libs"
 # every resolved library but the C library's own and CUDA's (the GPU machine has those)
 ldd "${programs[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

@@ -13,7 +13,9 @@
 #             under Nsight Compute, grouped, largest first (about a minute)
 #   gemm      tests/gpu/gemm_shapes (the step's products on cuBLASLt as ddpd sets them up: the
 #             heuristic's first algorithm against the best of 16) and gemm_shapes.py (the same
-#             products in PyTorch) (about 40 s)
+#             products, and causal attention, in PyTorch), then tests/gpu/attention_times
+#             (ddpd's flash attention at the benchmarks' shapes, both forward kernels)
+#             (about 50 s)
 #   smol      the same for SmolLM2-135M at B=8 against transformers' LlamaForCausalLM
 #   more      GPT-2 124M at B=16 and GPT-2 355M at B=8
 # The first command of a window: `session.sh build-gpu` (gpu, bench124, then ncu, gemm and
@@ -79,10 +81,12 @@ for part in "${parts[@]}"; do
         OUT="$out/ncu" "$src/tests/gpu/kernel_times.sh" "$bdir" >"$out/kernel_times.txt" 2>&1
         head -n 25 "$out/kernel_times.txt" ;;
     gemm)
-        fits "the step's products" 60 || continue
+        fits "the step's products" 75 || continue
         { "$bdir/tests/gpu/gemm_shapes"; python3 "$src/tests/gpu/gemm_shapes.py"; } \
             >"$out/gemm.txt" 2>&1
-        grep '^step' "$out/gemm.txt" ;;
+        DDP_KERNELS_PATH="$bdir/worker" "$bdir/tests/gpu/attention_times" >"$out/attention.txt" 2>&1
+        grep '^step' "$out/gemm.txt"
+        cat "$out/attention.txt" ;;
     smol) bench smollm2-135m 8 transformers ;;
     more) bench gpt2-124M 16; bench gpt2-355M 8 ;;
     *) echo "session: unknown part '$part' (gpu, bench124, ncu, gemm, smol, more)" >&2; exit 2 ;;
