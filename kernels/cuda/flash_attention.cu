@@ -16,7 +16,9 @@
  *
  * Tiles: BR = 64 query rows a block, BC = 64 keys a tile; the backward's blocks are 4 warps of
  * 16 rows (or keys), the forward's at hs <= 64 2 warps of 32 rows (two m-tiles a warp, each K
- * and V fragment loaded once for both; DDP_FA_FWD_ROWS=16 takes 4 warps of 16, the same bits). Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix conflict-free).
+ * and V fragment loaded once for both; DDP_FA_FWD_ROWS=16 takes 4 warps of 16, the same
+ * bits). Shared tiles are row-major [64][hs + 8] (the 16-byte pad keeps ldmatrix
+ * conflict-free).
  * The tiles a block streams come by cp.async into two buffers: the next tile's copies run
  * while the block computes on the present one (see "Staging").
  *   forward  grid (B*NH, ceil(T/64)), heavy diagonal blocks first. Q lives in registers, K and V
@@ -344,7 +346,8 @@ static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_param
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int n = 0; n < HS / 8; n++) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+        for (int n = 0; n < HS / 8; n++)
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
     float mx[MT][2], l[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) mx[mt][0] = mx[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.0f;
@@ -468,23 +471,35 @@ static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_param
 /* ---- Backward ---- */
 
 /* D[r] = sum_c dout[row][c] * out[row][c] over a head's hs columns, r = (b*NH + h)*T + t, in
- * fp32 from the 16-bit tensors; a warp a row (lane-strided sum, then the fixed xor butterfly). */
-template <typename T16>
+ * fp32 from the 16-bit tensors. HS/8 lanes a row (4, 8 or 16: a warp takes 8, 4 or 2 rows),
+ * each with one 16-byte load of dout and of out and their 8 products summed in order, then the
+ * row's lanes added by a fixed xor butterfly; the row's first lane stores. Where a warp a row
+ * made 2-byte loads and left most of its lanes idle, this reads the two tensors at full width
+ * (they are 16-byte aligned, and a head's hs elements start at a multiple of 8). */
+template <typename T16, int HS>
 static __global__ void fa_rowdot_kernel(float *d, const void *dout_v, const void *o_v, size_t ld_o,
-                                        int T, int NH, int hs, long rows)
+                                        int T, int NH, long rows)
 {
-    const T16 *dout = static_cast<const T16 *>(dout_v), *o = static_cast<const T16 *>(o_v);
-    long r = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    int lane = threadIdx.x & 31;
-    if (r >= rows) return;
-    long bh = r / T;
-    int t = (int)(r % T), h = (int)(bh % NH);
-    size_t off = ((size_t)(bh / NH) * T + t) * ld_o + (size_t)h * hs;
+    constexpr int LPR = HS / 8;
+    struct alignas(16) v8 {
+        T16 e[8];
+    };
+    const int lane = threadIdx.x & 31;
+    const long r = ((long)blockIdx.x * blockDim.x + threadIdx.x) / LPR;
     float s = 0.0f;
-    for (int c = lane; c < hs; c += 32)
-        s += fa_type<T16>::to_float(dout[off + c]) * fa_type<T16>::to_float(o[off + c]);
-    s = ddp__warp_sum(s);
-    if (lane == 0) d[r] = s;
+    if (r < rows) { /* every lane still joins the butterfly below */
+        long bh = r / T;
+        int t = (int)(r % T), h = (int)(bh % NH);
+        size_t off = ((size_t)(bh / NH) * T + t) * ld_o + (size_t)h * HS + (size_t)(lane % LPR) * 8;
+        v8 a = *reinterpret_cast<const v8 *>(static_cast<const T16 *>(dout_v) + off);
+        v8 b = *reinterpret_cast<const v8 *>(static_cast<const T16 *>(o_v) + off);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            s += fa_type<T16>::to_float(a.e[k]) * fa_type<T16>::to_float(b.e[k]);
+    }
+#pragma unroll
+    for (int m = LPR / 2; m > 0; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
+    if (r < rows && lane % LPR == 0) d[r] = s;
 }
 
 /* Query rows of the dK/dV kernel's inner Q tile: 32 at hs = 128, where dK and dV already take
@@ -890,10 +905,16 @@ void ddp__cuda_flash_bwd(ddp_kctx_t *ctx, void *dqkv, const void *dout, const vo
     long rows = (long)B * NH * T;
     float *dsum;
     if (ddp__cuda_scratch(ctx, (size_t)rows * sizeof(float), (void **)&dsum)) return;
-    void (*rowdot)(float *, const void *, const void *, size_t, int, int, int, long) =
-        ctx->prec == DDP_KPREC_BF16 ? fa_rowdot_kernel<__nv_bfloat16> : fa_rowdot_kernel<__half>;
-    rowdot<<<(unsigned)((rows + 7) / 8), 256, 0, ctx->stream>>>(dsum, dout, out, (size_t)C, T, NH,
-                                                                hs, rows);
+    typedef void (*rowdot_t)(float *, const void *, const void *, size_t, int, int, long);
+    static const rowdot_t rowdots[2][3] = {
+        {fa_rowdot_kernel<__nv_bfloat16, 32>, fa_rowdot_kernel<__nv_bfloat16, 64>,
+         fa_rowdot_kernel<__nv_bfloat16, 128>},
+        {fa_rowdot_kernel<__half, 32>, fa_rowdot_kernel<__half, 64>,
+         fa_rowdot_kernel<__half, 128>}};
+    rowdot_t rowdot = rowdots[ctx->prec == DDP_KPREC_BF16 ? 0 : 1][hs == 32 ? 0 : hs == 64 ? 1 : 2];
+    long lanes = rows * (hs / 8);
+    rowdot<<<(unsigned)((lanes + 255) / 256), 256, 0, ctx->stream>>>(dsum, dout, out, (size_t)C,
+                                                                     T, NH, rows);
     if (ddp__cuda_launched(ctx, "flash_bwd(D)")) return;
     p.dq = dqkv; /* addressed as qkv */
     p.dk = (char *)dqkv + ((const char *)p.k - (const char *)qkv);

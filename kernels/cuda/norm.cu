@@ -248,9 +248,9 @@ static int nb_warps(int C, size_t smem_max)
 }
 
 /* Block b owns rows [b rows, (b+1) rows), a warp every warps-th of them; dinp (if not NULL)
- * gets each row's gradient (and dinp_act, if not NULL, the new dinp rounded to T), partial (if not NULL) [b][2][C] the block's sums of dout xhat and
- * dout. LN: LayerNorm (mean[N]), else RMSNorm. VEC elements a load (C % VEC == 0, every row
- * aligned to VEC elements). */
+ * gets each row's gradient (and dinp_act, if not NULL, the new dinp rounded to T), partial
+ * (if not NULL) [b][2][C] the block's sums of dout xhat and dout. LN: LayerNorm (mean[N]),
+ * else RMSNorm. VEC elements a load (C % VEC == 0, every row aligned to VEC elements). */
 template <typename T, int VEC, bool LN>
 static __global__ void norm_bwd_kernel(float *dinp, T *dinp_act, float *partial, const T *dout,
                                        const float *inp, const float *weight, const float *mean,

@@ -3,10 +3,10 @@
  * calls it: each op queued REPS times between two waits, after WARMUP calls, the median of
  * RUNS such batches. The forward runs with both of its kernels (DDP_FA_FWD_ROWS=16: one m-tile
  * of 16 query rows a warp, 4 warps a block; 32: two m-tiles, 2 warps, the default at hs <= 64)
- * and their outputs must be bitwise equal (exit status 1 otherwise). FLOPs as the per-op profile counts them (2 B NH T^2 hs
- * forward, 2.5 times that backward; the causal half is not discounted); tests/gpu/
- * gemm_shapes.py times PyTorch's causal SDPA at the first shape. Run by tests/gpu/session.sh
- * (part `gemm`) with DDP_KERNELS_PATH naming the CUDA module.
+ * and their outputs must be bitwise equal (exit status 1 otherwise). FLOPs as the per-op
+ * profile counts them (2 B NH T^2 hs forward, 2.5 times that backward; the causal half is not
+ * discounted); tests/gpu/gemm_shapes.py times PyTorch's causal SDPA at the first shape. Run by
+ * tests/gpu/session.sh (part `gemm`) with DDP_KERNELS_PATH naming the CUDA module.
  *
  *   attention_times [BACKEND [B T]]   (default cuda 8 1024; e.g. `sim 1 128` checks the program
  *                                     itself on a machine without a GPU)

@@ -397,7 +397,8 @@ void run_case(const shape &s)
         "%s hs=%d T=%d B=%d NH=%d NKV=%d amp=%g: out %.2e lse %.2e dq %.2e dk %.2e dv %.2e%s%s%s",
         prec_name(s.prec), s.hs, s.T, s.B, s.NH, s.NKV, (double)s.amp, e.out, e.lse, e.dq, e.dk,
         e.dv,
-        det ? "" : ", NOT bitwise equal across schedules and forward kernels", clean ? "" : ", an error was reported",
+        det ? "" : ", NOT bitwise equal across schedules and forward kernels",
+        clean ? "" : ", an error was reported",
         guards ? "" : ", a write outside a buffer");
     if (!ok)
         printf("# limits: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e; ctx->err %d\n", tol.out,
