@@ -198,33 +198,40 @@ static __device__ __forceinline__ void ld_bt(uint32_t b[4], const T16 *s, int k0
     ldsm_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
 }
 
-/* acc[16 x 8*NT] += a[16 x 16] times the k-step of a 16 x 8*NT product whose B is stored as
- * s[n][k] (ld_b), n-tiles from 0. */
-template <typename T16, int LD, int NT>
-static __device__ __forceinline__ void mma_row_b(float acc[][4], const uint32_t a[4],
-                                                 const T16 *s, int k0, int lane)
-{
-#pragma unroll
-    for (int np = 0; np < NT / 2; np++) {
-        uint32_t bb[4];
-        ld_b<LD>(bb, s, np * 16, k0, lane);
-        fa_type<T16>::mma(acc[2 * np], a, bb[0], bb[1]);
-        fa_type<T16>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
-    }
-}
-
-/* acc[16 x 8*NT] += a[16 x 16] times k-step k0 of a product whose B is stored as s[k][n]
- * (ld_bt). */
-template <typename T16, int LD, int NT>
-static __device__ __forceinline__ void mma_row_bt(float acc[][4], const uint32_t a[4],
+/* For each of MT m-tiles, acc[mt][16 x 8*NT] += a[mt][16 x 16] times the k-step of a
+ * 16 x 8*NT product whose B is stored as s[n][k] (ld_b), n-tiles from 0: each B fragment is
+ * loaded once for the MT m-tiles. An m-tile's accumulators see the same sequence of products
+ * whatever MT is. */
+template <typename T16, int LD, int NT, int MT>
+static __device__ __forceinline__ void mma_rows_b(float (*acc)[NT][4], const uint32_t (*a)[4],
                                                   const T16 *s, int k0, int lane)
 {
 #pragma unroll
     for (int np = 0; np < NT / 2; np++) {
         uint32_t bb[4];
+        ld_b<LD>(bb, s, np * 16, k0, lane);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            fa_type<T16>::mma(acc[mt][2 * np], a[mt], bb[0], bb[1]);
+            fa_type<T16>::mma(acc[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+        }
+    }
+}
+
+/* The same when B is stored as s[k][n] (ld_bt), k-step k0. */
+template <typename T16, int LD, int NT, int MT>
+static __device__ __forceinline__ void mma_rows_bt(float (*acc)[NT][4], const uint32_t (*a)[4],
+                                                   const T16 *s, int k0, int lane)
+{
+#pragma unroll
+    for (int np = 0; np < NT / 2; np++) {
+        uint32_t bb[4];
         ld_bt<LD>(bb, s, k0, np * 16, lane);
-        fa_type<T16>::mma(acc[2 * np], a, bb[0], bb[1]);
-        fa_type<T16>::mma(acc[2 * np + 1], a, bb[2], bb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            fa_type<T16>::mma(acc[mt][2 * np], a[mt], bb[0], bb[1]);
+            fa_type<T16>::mma(acc[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+        }
     }
 }
 
@@ -335,12 +342,12 @@ static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_param
     cp_async_commit();
     cp_async_wait<1>(); /* Q has landed; K/V tile 0 may still be on its way */
     __syncthreads();
-    uint32_t qf[MT][HS / 16][4];
+    uint32_t qf[HS / 16][MT][4]; /* k-step ks of m-tile mt: qf[ks][mt] */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-            ld_a<LD>(qf[mt][ks], sK + TILE, (warp * MT + mt) * 16, ks * 16, lane);
+            ld_a<LD>(qf[ks][mt], sK + TILE, (warp * MT + mt) * 16, ks * 16, lane);
 
     float o[MT][HS / 8][4];
 #pragma unroll
@@ -373,16 +380,7 @@ static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_param
                 s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < HS / 16; ks++)
-#pragma unroll
-            for (int np = 0; np < FA_BC / 16; np++) {
-                uint32_t bb[4];
-                ld_b<LD>(bb, cK, np * 16, ks * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fa_type<T16>::mma(s[mt][2 * np], qf[mt][ks], bb[0], bb[1]);
-                    fa_type<T16>::mma(s[mt][2 * np + 1], qf[mt][ks], bb[2], bb[3]);
-                }
-            }
+            mma_rows_b<T16, LD, FA_BC / 8, MT>(s, qf[ks], cK, ks * 16, lane);
 
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
@@ -437,16 +435,7 @@ static __global__ void __launch_bounds__(FA_THREADS / MT) fa_fwd_kernel(fa_param
             uint32_t pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) acc_to_a<T16>(pa[mt], s[mt], kk);
-#pragma unroll
-            for (int np = 0; np < HS / 16; np++) {
-                uint32_t bb[4];
-                ld_bt<LD>(bb, cV, kk * 16, np * 16, lane);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    fa_type<T16>::mma(o[mt][2 * np], pa[mt], bb[0], bb[1]);
-                    fa_type<T16>::mma(o[mt][2 * np + 1], pa[mt], bb[2], bb[3]);
-                }
-            }
+            mma_rows_bt<T16, LD, HS / 8, MT>(o, pa, cV, kk * 16, lane);
         }
     }
 
@@ -585,7 +574,7 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         for (int ks = 0; ks < HS / 16; ks++) {
             uint32_t a[4];
             ld_a<LD>(a, sK, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, QB / 8>(st, a, cQ, ks * 16, lane);
+            mma_rows_b<T16, LD, QB / 8, 1>(&st, &a, cQ, ks * 16, lane);
         }
         /* masking: tiles that reach into the diagonal block (q0 < k0 + 64) and the tile
          * holding rows >= T */
@@ -603,7 +592,7 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         for (int kk = 0; kk < QB / 16; kk++) {
             uint32_t pa[4];
             acc_to_a<T16>(pa, st, kk);
-            mma_row_bt<T16, LD, HS / 8>(dv, pa, cdO, kk * 16, lane);
+            mma_rows_bt<T16, LD, HS / 8, 1>(&dv, &pa, cdO, kk * 16, lane);
         }
 
         float dpt[QB / 8][4];
@@ -613,7 +602,7 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         for (int ks = 0; ks < HS / 16; ks++) {
             uint32_t a[4];
             ld_a<LD>(a, sV, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, QB / 8>(dpt, a, cdO, ks * 16, lane);
+            mma_rows_b<T16, LD, QB / 8, 1>(&dpt, &a, cdO, ks * 16, lane);
         }
         /* dS^T = P^T (dP^T - D[q]); masked entries have P = 0, dP and D finite: 0 */
 #pragma unroll
@@ -625,7 +614,7 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dkv_kernel(fa_params
         for (int kk = 0; kk < QB / 16; kk++) {
             uint32_t da[4];
             acc_to_a<T16>(da, dpt, kk);
-            mma_row_bt<T16, LD, HS / 8>(dk, da, cQ, kk * 16, lane);
+            mma_rows_bt<T16, LD, HS / 8, 1>(&dk, &da, cQ, kk * 16, lane);
         }
         if (!more) break;
         qh = nqh;
@@ -721,9 +710,9 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
         for (int ks = 0; ks < HS / 16; ks++) {
             uint32_t a[4];
             ld_a<LD>(a, sQ, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, FA_BC / 8>(s, a, cK, ks * 16, lane);
+            mma_rows_b<T16, LD, FA_BC / 8, 1>(&s, &a, cK, ks * 16, lane);
             ld_a<LD>(a, sdO, warp * 16, ks * 16, lane);
-            mma_row_b<T16, LD, FA_BC / 8>(dp, a, cV, ks * 16, lane);
+            mma_rows_b<T16, LD, FA_BC / 8, 1>(&dp, &a, cV, ks * 16, lane);
         }
 #pragma unroll
         for (int n = 0; n < FA_BC / 8; n++)
@@ -738,7 +727,7 @@ static __global__ void __launch_bounds__(FA_THREADS) fa_bwd_dq_kernel(fa_params 
         for (int kk = 0; kk < FA_BC / 16; kk++) {
             uint32_t da[4];
             acc_to_a<T16>(da, dp, kk);
-            mma_row_bt<T16, LD, HS / 8>(dq, da, cK, kk * 16, lane);
+            mma_rows_bt<T16, LD, HS / 8, 1>(&dq, &da, cK, kk * 16, lane);
         }
         if (NB == 1 && j < i) {
             __syncthreads(); /* every warp is done with the one buffer */
