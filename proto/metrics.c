@@ -182,6 +182,10 @@ static int number_text(const ddp_metrics_rec_t *r, slot_t s, char *buf, size_t l
     }
     double v = *real_at(r, s.field);
     if (!isfinite(v)) return snprintf(buf, len, "null"); /* JSON has no NaN or Inf */
+    /* %g writes -0.0 as "-0", which reads back as the integer 0 (jansson) and would then be
+     * written "0": the %g formats write it as 0 (found by fuzz_metrics; %.6f's "-0.000000"
+     * reads back as -0.0, as the hand-made lines before the codec wrote it) */
+    if ((s.fmt == R_G6 || s.fmt == R_G) && v == 0.0) v = 0.0;
     switch (s.fmt) {
     case R_F1: return snprintf(buf, len, "%.1f", v);
     case R_F2: return snprintf(buf, len, "%.2f", v);

@@ -343,6 +343,13 @@ static void test_older_lines(void **state)
     assert_int_equal(parse_ok("{\"step\":1,\"val_loss\":2,\"loss\":3}").kind, DDP_METRICS_STEP);
     assert_int_equal(parse_ok("{\"val_loss\":2,\"step\":1}").kind, DDP_METRICS_VAL);
     assert_int_equal(parse_ok("  {\"step\":1}  \n").kind, DDP_METRICS_STEP);
+    /* a negative zero in a %g field is written as 0, which reads back the same (a "-0" would
+     * read back as the integer 0 and format as "0": the line would change on a second pass);
+     * in a fixed-point field "-0.000000" reads back as -0.0 */
+    r = parse_ok("{\"step\":1,\"lr\":-0e65,\"loss\":-0.0}");
+    assert_line(&r, "{\"step\":1,\"loss\":-0.000000,\"lr\":0}");
+    ddp_metrics_rec_t again = parse_ok("{\"step\":1,\"loss\":-0.000000,\"lr\":0}");
+    assert_line(&again, "{\"step\":1,\"loss\":-0.000000,\"lr\":0}");
 }
 
 /* Malformed lines: DDP_EFORMAT, a message naming what is wrong (and the key), *out zeroed. */
