@@ -17,10 +17,10 @@
  * per weight pointer), filled on first use after set_precision and reused by every product until
  * the next set_precision. adamw on the arena writes the copy of what it updates in the same
  * pass (vector.c, through ddp__cpu_lowp_round), so a trainer's step converts nothing apart. The
- * copies cost half (bf16) or
- * one (emulated) more fp32 copy of the matrix weights; the emulated path's input slots one fp32
- * copy of a product's inputs (the LM head's backward: dout [N, V] widened, 4 N V bytes, a
- * transient twice the 16-bit logits). Conversion is element-wise in fixed chunks: thread-independent.
+ * copies cost half (bf16) or one (emulated) more fp32 copy of the weights; the emulated path's
+ * input slots one fp32 copy of a product's inputs (the LM head's backward: dout [N, V] widened,
+ * 4 N V bytes, a transient twice the 16-bit logits). Conversion is element-wise in fixed chunks:
+ * thread-independent.
  */
 #include "kernels/cpu/cpu.h"
 
