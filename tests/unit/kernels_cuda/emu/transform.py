@@ -5,6 +5,8 @@
 
 Run by meson at build time on the file in the tree, so the test checks whatever the kernel is
 now, never a copy. What it rewrites, and nothing else:
+  - the kernel's own tile header (flash_tiles.cuh, beside it) is inlined where it is included,
+    under #line directives, and rewritten with the kernel;
   - the CUDA includes (cuda_bf16.h, cuda_fp16.h, kcuda.cuh) become one #include "shim.h";
   - each inline-PTX asm statement becomes a call of the emulator, generated from the statement's
     own operand lists (so a swapped operand in the kernel is a swapped operand here); only the
@@ -22,6 +24,7 @@ thread would get its own), __CUDA_ARCH__ (the host build would take the other br
 count of asm statements or launches other than EXPECTED_*. When the kernel legitimately gains
 one, review that the emulator models it (shim.h, shim.cpp), then update the count here.
 """
+import os
 import re
 import sys
 
@@ -49,7 +52,11 @@ INCLUDES = {
     "<cuda_fp16.h>": None,
     '"kernels/cuda/kcuda.cuh"': None,
     "<string.h>": "<string.h>",
+    "<stdint.h>": "<stdint.h>",
 }
+
+# headers of the kernel's own, inlined (looked up beside the kernel file)
+INLINED = ('"kernels/cuda/flash_tiles.cuh"',)
 
 
 class Mismatch(Exception):
@@ -279,8 +286,21 @@ def device_helpers(kernel_src, header_src, header_path):
                    for n in sorted(wanted, key=lambda n: defs[n][0]))
 
 
+def inline_headers(src, kernel_path):
+    """src with each #include of INLINED replaced by that header's text, between #line
+    directives that name the header and then the kernel file again."""
+    def repl(m):
+        name = m.group(1).strip()
+        if name not in INLINED:
+            return m.group(0)
+        path = os.path.join(os.path.dirname(kernel_path), os.path.basename(name.strip('"')))
+        return '#line 1 "%s"\n%s\n#line %d "%s"' % (path, open(path).read(),
+                                                     line_of(src, m.start()) + 1, kernel_path)
+    return re.sub(r"^[ \t]*#[ \t]*include[ \t]+(\S+)[^\n]*", repl, src, flags=re.M)
+
+
 def transform(kernel_path, header_path):
-    src = open(kernel_path).read()
+    src = inline_headers(open(kernel_path).read(), kernel_path)
     header = open(header_path).read()
     for guard in ("__CUDA_ARCH__", "__CUDACC__"):
         if guard in src:
