@@ -31,6 +31,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "kernels/math/lowp.h"
+#include "kernels/weight_arena.h"
 
 struct ddp__wcopy {
     const float *src;
@@ -143,9 +144,7 @@ static struct ddp__wcopy *find_copy(ddp_kctx_t *ctx, const float *w, size_t n)
 const void *ddp__cpu_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 {
     size_t off = 0; /* w's elements from the start of the copy */
-    uintptr_t base = (uintptr_t)ctx->arena, at = (uintptr_t)w;
-    if (ctx->arena && at >= base && (at - base) / sizeof(float) + n <= ctx->arena_n) {
-        off = (at - base) / sizeof(float);
+    if (ddp__arena_slice(ctx->arena, ctx->arena_n, w, n, &off)) {
         w = ctx->arena;
         n = ctx->arena_n;
     }

@@ -9,6 +9,7 @@
  * converts nothing apart.
  */
 #include "kernels/cuda/kcuda.cuh"
+#include "kernels/weight_arena.h"
 
 struct ddp__cuda_wcopy {
     const float *src;
@@ -43,9 +44,7 @@ static struct ddp__cuda_wcopy *find_copy(ddp_kctx_t *ctx, const float *w, size_t
 const void *ddp__cuda_lowp_weight(ddp_kctx_t *ctx, const float *w, size_t n)
 {
     size_t off = 0; /* w's elements from the start of the copy */
-    uintptr_t base = (uintptr_t)ctx->arena, at = (uintptr_t)w;
-    if (ctx->arena && at >= base && (at - base) / sizeof(float) + n <= ctx->arena_n) {
-        off = (at - base) / sizeof(float);
+    if (ddp__arena_slice(ctx->arena, ctx->arena_n, w, n, &off)) {
         w = ctx->arena;
         n = ctx->arena_n;
     }
