@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/trace.h" /* train.trace */
+#include "common/vector_isa.h" /* the CPU's loops, named in the model line */
 #include "proto/hf_config.h" /* init_from: ddp_spec_resolve_model */
 #include "worker/memory_budget.h" /* train.threads default */
 #include "worker/metrics_sink.h"
@@ -264,11 +265,14 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         }
         if (rc) goto fail;
     }
+    int cpu = !strcmp(ddp_k_name(&t->k), "cpu");
     if (t->opts.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
-                 "%s kernels, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d tokens%s",
+                 "%s kernels%s%s%s, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d "
+                 "tokens%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
-                 (double)t->model.n_params / 1e6, ddp_k_name(&t->k), threads, world,
+                 (double)t->model.n_params / 1e6, ddp_k_name(&t->k), cpu ? " with " : "",
+                 cpu ? ddp_cpu_isa_name(ddp_cpu_isa()) : "", cpu ? " loops" : "", threads, world,
                  t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
                  !ddp_coll_mem_shared(t->comm, t->grads)
                      ? (t->zero.on ? " (optimizer step sharded)" : "")

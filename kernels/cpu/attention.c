@@ -33,6 +33,7 @@
 #include <math.h>
 
 #include "common/err.h"
+#include "common/vector_isa.h"
 #include "kernels/math/softmax.h"
 
 #define ATT_ROWS 128 /* rows of a causal block */
@@ -40,7 +41,7 @@
 
 /* sum of x[0..n) * (y ? y : 1)[0..n) over LANES partial sums (a fixed order that depends on n
  * only) */
-static float lane_dot(const float *restrict x, const float *restrict y, int n)
+DDP_VECTOR_INLINE float lane_dot(const float *restrict x, const float *restrict y, int n)
 {
     float acc[LANES] = {0};
     int i = 0;
@@ -57,7 +58,7 @@ static float lane_dot(const float *restrict x, const float *restrict y, int n)
 }
 
 /* max of x[0..n), n >= 1 (order-free: lanes only let it vectorise) */
-static float lane_max(const float *restrict x, int n)
+DDP_VECTOR_INLINE float lane_max(const float *restrict x, int n)
 {
     float acc[LANES];
     for (int j = 0; j < LANES; j++) acc[j] = x[0];
@@ -179,6 +180,48 @@ static void block_scores(float *s, const float *q, const float *k, int r0, int r
                 q + (size_t)r0 * ld, ld, k, ld, 0.0f, s, r1);
 }
 
+/* Rows [r0, r1) of a block's scores s[rb, r1] become probabilities, in place: each row's
+ * softmax over its columns <= t, zeros after; lse[t] = the row's log-sum-exp. */
+DDP_VECTOR_FN(softmax_rows, (float *s, int r0, int r1, float *lse), (s, r0, r1, lse))
+{
+    for (int t = r0; t < r1; t++) {
+        float *restrict row = s + (size_t)(t - r0) * r1;
+        int n = t + 1;
+        float mx = lane_max(row, n);
+        for (int i = 0; i < n; i++) row[i] = ddp_softmax_exp_approx(row[i], mx);
+        float sum = lane_dot(row, NULL, n), inv = 1.0f / sum;
+        for (int i = 0; i < n; i++) row[i] *= inv;
+        for (int i = n; i < r1; i++) row[i] = 0.0f;
+        lse[t] = mx + logf(sum);
+    }
+}
+
+/* Backward's recomputation: scores to P = exp(s - lse), in place, zero above the diagonal. */
+DDP_VECTOR_FN(probability_rows, (float *s, int r0, int r1, const float *lse), (s, r0, r1, lse))
+{
+    for (int t = r0; t < r1; t++) {
+        float *restrict row = s + (size_t)(t - r0) * r1;
+        for (int i = 0; i <= t; i++) row[i] = ddp_softmax_exp_approx(row[i], lse[t]);
+        for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
+    }
+}
+
+/* Softmax backward in place: dS = P (dP - D) over ds[rb, r1] (holding dP), D = dO . O of the
+ * row; zero above the diagonal. */
+DDP_VECTOR_FN(softmax_bwd_rows,
+              (float *ds, const float *p, int r0, int r1, const float *dout, const float *out,
+               int ldo, int hs),
+              (ds, p, r0, r1, dout, out, ldo, hs))
+{
+    for (int t = r0; t < r1; t++) {
+        const float *restrict prow = p + (size_t)(t - r0) * r1;
+        float *restrict row = ds + (size_t)(t - r0) * r1;
+        float d = lane_dot(dout + (size_t)t * ldo, out + (size_t)t * ldo, hs);
+        for (int i = 0; i <= t; i++) row[i] = ddp_softmax_bwd(prow[i], row[i], d);
+        for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
+    }
+}
+
 static void att_fwd_task(void *varg, long task)
 {
     const att_args_t *a = varg;
@@ -192,16 +235,7 @@ static void att_fwd_task(void *varg, long task)
     for (int r0 = 0; r0 < T; r0 += ATT_ROWS) {
         int r1 = r0 + ATT_ROWS < T ? r0 + ATT_ROWS : T, rb = r1 - r0;
         block_scores(p, sl.q, sl.k, r0, r1, hs, sl.ld);
-        for (int t = r0; t < r1; t++) {
-            float *restrict row = p + (size_t)(t - r0) * r1;
-            int n = t + 1;
-            float mx = lane_max(row, n);
-            for (int i = 0; i < n; i++) row[i] = ddp_softmax_exp_approx(row[i], mx);
-            float sum = lane_dot(row, NULL, n), inv = 1.0f / sum;
-            for (int i = 0; i < n; i++) row[i] *= inv;
-            for (int i = n; i < r1; i++) row[i] = 0.0f;
-            lse[t] = mx + logf(sum);
-        }
+        softmax_rows(p, r0, r1, lse);
         /* out = P V over columns < r1 */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, 1.0f, p, r1, sl.v,
                     sl.ld, 0.0f, sl.o + (size_t)r0 * sl.ldo, sl.ldo);
@@ -245,24 +279,14 @@ static void att_bwd_head(const att_args_t *a, int b, int h, const slices_t *sl, 
         const float *dob = dout + (size_t)r0 * ldo;
         /* P = exp(scores - lse) again, zero above the diagonal */
         block_scores(p, q, k, r0, r1, hs, ld);
-        for (int t = r0; t < r1; t++) {
-            float *restrict row = p + (size_t)(t - r0) * r1;
-            for (int i = 0; i <= t; i++) row[i] = ddp_softmax_exp_approx(row[i], lse[t]);
-            for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
-        }
+        probability_rows(p, r0, r1, lse);
         /* out = P V:  dP = dO V^T,  dV += P^T dO (columns < r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rb, r1, hs, 1.0f, dob, ldo, v, ld,
                     0.0f, ds, r1);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, r1, hs, rb, 1.0f, p, r1, dob, ldo,
                     1.0f, dv, ld);
         /* softmax backward, in place: dS = P (dP - D), D = dO . O = sum(P dP) for the row */
-        for (int t = r0; t < r1; t++) {
-            const float *restrict prow = p + (size_t)(t - r0) * r1;
-            float *restrict row = ds + (size_t)(t - r0) * r1;
-            float d = lane_dot(dout + (size_t)t * ldo, out + (size_t)t * ldo, hs);
-            for (int i = 0; i <= t; i++) row[i] = ddp_softmax_bwd(prow[i], row[i], d);
-            for (int i = t + 1; i < r1; i++) row[i] = 0.0f;
-        }
+        softmax_bwd_rows(ds, p, r0, r1, dout, out, ldo, hs);
         /* scores = scale Q K^T:  dQ = scale dS K,  dK += scale dS^T Q (columns < r1) */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rb, hs, r1, scale, ds, r1, k, ld,
                     0.0f, dq + (size_t)r0 * ld, ld);

@@ -37,6 +37,11 @@ static int cpu_init(ddp_kctx_t **out, int device, int threads)
 {
     *out = NULL;
     if (threads < 0) return DDP_EINVAL;
+    const char *bad = ddp_cpu_isa_env_error();
+    if (bad) {
+        DDP_ERROR("kernels: %s", bad);
+        return DDP_EINVAL;
+    }
     if (threads == 0) threads = default_threads();
     ddp_kctx_t *ctx = ddp_calloc(1, sizeof(*ctx));
     if (!ctx) return DDP_ENOMEM;

@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/vector_isa.h"
 #include "kernels/kernels.h"
 
 /* Elements per task in the element-wise ops (a fixed size keeps results thread-independent). */
@@ -121,8 +122,8 @@ static inline long ddp__ntasks(size_t n, size_t chunk) { return (long)((n + chun
 
 /* Elements [i0, i0 + n) of activation tensor x as fp32: x's own memory in fp32 mode (no copy),
  * else widened (exactly) into tmp[0..n). */
-static inline const float *ddp__cpu_act_in(const ddp_act_t *x, size_t i0, size_t n,
-                                           ddp_kprec_t prec, float *tmp)
+DDP_VECTOR_INLINE const float *ddp__cpu_act_in(const ddp_act_t *x, size_t i0, size_t n,
+                                               ddp_kprec_t prec, float *tmp)
 {
     if (prec == DDP_KPREC_FP32) return (const float *)x + i0;
     ddp_act_to_f32(tmp, ddp_act_at(x, i0, prec), n, prec);
@@ -131,7 +132,7 @@ static inline const float *ddp__cpu_act_in(const ddp_act_t *x, size_t i0, size_t
 
 /* Where an op computes elements [i0, ...) of activation tensor x in fp32 before
  * ddp__cpu_act_store: x's own memory in fp32 mode, else tmp. */
-static inline float *ddp__cpu_act_out(ddp_act_t *x, size_t i0, ddp_kprec_t prec, float *tmp)
+DDP_VECTOR_INLINE float *ddp__cpu_act_out(ddp_act_t *x, size_t i0, ddp_kprec_t prec, float *tmp)
 {
     return prec == DDP_KPREC_FP32 ? (float *)x + i0 : tmp;
 }
@@ -142,8 +143,8 @@ void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp
 /* The residual add of residual_fwd and residual_norm_fwd: out[i0, i0 + n) = a + b over those
  * elements (fp32 a, out; b an activation tensor of type prec, widened into tmp[0..n) unless
  * fp32). out may alias a: each element is read before it is written. */
-static inline void ddp__cpu_residual(float *out, const float *a, const ddp_act_t *b, size_t i0,
-                                     size_t n, ddp_kprec_t prec, float *tmp)
+DDP_VECTOR_INLINE void ddp__cpu_residual(float *out, const float *a, const ddp_act_t *b, size_t i0,
+                                         size_t n, ddp_kprec_t prec, float *tmp)
 {
     const float *bw = ddp__cpu_act_in(b, i0, n, prec, tmp);
     for (size_t i = 0; i < n; i++) out[i0 + i] = a[i0 + i] + bw[i];

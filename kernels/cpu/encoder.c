@@ -19,7 +19,7 @@ typedef struct {
     int B, T, C;
 } enc_args_t;
 
-static void enc_fwd_task(void *varg, long task)
+DDP_VECTOR_TASK(enc_fwd_task)
 {
     const enc_args_t *a = varg;
     long lo = task * ENC_ROWS, hi = lo + ENC_ROWS;
@@ -44,7 +44,7 @@ void ddp__cpu_encoder_fwd(ddp_kctx_t *ctx, float *out, const int32_t *inp, const
     ddp__pool_run(ctx->pool, ddp__ntasks((size_t)B * T, ENC_ROWS), enc_fwd_task, &a);
 }
 
-static void enc_bwd_task(void *varg, long task)
+DDP_VECTOR_TASK(enc_bwd_task)
 {
     const enc_args_t *a = varg;
     int c0 = (int)task * ENC_COLS;

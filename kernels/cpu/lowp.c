@@ -30,6 +30,7 @@
 #include "common/alloc.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/vector_isa.h"
 #include "kernels/math/lowp.h"
 #include "kernels/weight_arena.h"
 
@@ -53,16 +54,16 @@ static size_t elem_size(const ddp_kctx_t *ctx)
     return ddp__cpu_native(ctx) ? sizeof(uint16_t) : sizeof(float);
 }
 
-/* bf16 bits of x[0..n): kept apart so that gcc vectorises the plain loop. */
-static void to_bf16_bits(uint16_t *restrict o, const float *restrict x, size_t n)
+/* x[0..n) into copy from element i0: bf16 bits (native products) or rounded floats. */
+DDP_VECTOR_FN(round_copy,
+              (void *copy, size_t i0, const float *x, size_t n, int bits, ddp_kprec_t prec),
+              (copy, i0, x, n, bits, prec))
 {
-    for (size_t i = 0; i < n; i++) o[i] = ddp_bf16_bits(x[i]);
-}
-
-/* Rounded floats of x[0..n), likewise. */
-static void to_rounded(float *restrict o, const float *restrict x, size_t n, ddp_kprec_t prec)
-{
-    if (prec == DDP_KPREC_BF16)
+    uint16_t *restrict b = (uint16_t *)copy + i0;
+    float *restrict o = (float *)copy + i0;
+    if (bits)
+        for (size_t i = 0; i < n; i++) b[i] = ddp_bf16_bits(x[i]);
+    else if (prec == DDP_KPREC_BF16)
         for (size_t i = 0; i < n; i++) o[i] = ddp_round_bf16(x[i]);
     else
         for (size_t i = 0; i < n; i++) o[i] = ddp_round_fp16(x[i]);
@@ -70,10 +71,7 @@ static void to_rounded(float *restrict o, const float *restrict x, size_t n, ddp
 
 void ddp__cpu_lowp_round(const ddp_kctx_t *ctx, void *copy, size_t i0, const float *x, size_t n)
 {
-    if (ddp__cpu_native(ctx))
-        to_bf16_bits((uint16_t *)copy + i0, x, n);
-    else
-        to_rounded((float *)copy + i0, x, n, ctx->prec);
+    round_copy(copy, i0, x, n, ddp__cpu_native(ctx), ctx->prec);
 }
 
 void ddp__cpu_act_store(ddp_act_t *x, size_t i0, const float *src, size_t n, ddp_kprec_t prec)

@@ -165,7 +165,8 @@ static void tile_store(const mm_args_t *a, ddp_act_t *x, int r0, int c0, int h, 
 /* matmul_gelu_fwd: a->gelu's tile (r0, c0, h x w), rows a->OC apart, = gelu(t), t the tile's
  * fp32 values (leading dimension ldt) after out's rounding has been stored; 16-bit: t is the
  * thread's scratch and is overwritten. */
-static void gelu_tile(const mm_args_t *a, int r0, int c0, int h, int w, float *t, int ldt)
+DDP_VECTOR_FN(gelu_tile, (const mm_args_t *a, int r0, int c0, int h, int w, float *t, int ldt),
+              (a, r0, c0, h, w, t, ldt))
 {
     for (int r = 0; r < h; r++) {
         size_t at = (size_t)(r0 + r) * a->OC + c0;
@@ -177,7 +178,7 @@ static void gelu_tile(const mm_args_t *a, int r0, int c0, int h, int w, float *t
 }
 
 /* matmul_dgelu_bwd: t[0..n) *= gelu'(pre[i0 .. i0 + n)), before t's rounding into dinp. */
-static void dgelu_mul(const mm_args_t *a, float *t, size_t i0, size_t n)
+DDP_VECTOR_FN(dgelu_mul, (const mm_args_t *a, float *t, size_t i0, size_t n), (a, t, i0, n))
 {
     float wide[MM_GELU_COLS];
     for (size_t j0 = 0; j0 < n; j0 += MM_GELU_COLS) {
@@ -297,7 +298,7 @@ static void dinp_chunk_task(const mm_args_t *a, long k)
 
 /* dinp rows = the split-K partials, added in chunk order (in 16-bit mode into chunk 0's own
  * elements, each read before it is written, then rounded on store). */
-static void dinp_reduce_task(void *varg, long task)
+DDP_VECTOR_TASK(dinp_reduce_task)
 {
     const mm_args_t *a = varg;
     size_t NC = (size_t)a->N * a->C;
@@ -352,7 +353,7 @@ static void dweight_task(const mm_args_t *a, long task)
 }
 
 /* dbias[c0..c1) += sum over rows n in order. */
-static void dbias_task(const mm_args_t *a, long task)
+DDP_VECTOR_FN(dbias_task, (const mm_args_t *a, long task), (a, task))
 {
     int c0 = (int)task * MM_BIAS_COLS;
     int w = a->OC - c0 < MM_BIAS_COLS ? a->OC - c0 : MM_BIAS_COLS;

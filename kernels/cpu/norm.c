@@ -61,7 +61,7 @@ typedef struct {
     float *dx;
 } bwd_row_t;
 
-static bwd_row_t bwd_row(const norm_args_t *a, int r)
+DDP_VECTOR_INLINE bwd_row_t bwd_row(const norm_args_t *a, int r)
 {
     size_t i0 = (size_t)r * a->C;
     return (bwd_row_t){a->inp + i0, ddp__cpu_act_in(a->dout, i0, (size_t)a->C, a->prec, row_tmp(a)),
@@ -76,7 +76,7 @@ static void run(ddp_kctx_t *ctx, norm_args_t *a, long ntasks, ddp__task_fn fn)
     ddp__pool_run(ctx->pool, ntasks, fn, a);
 }
 
-static float lane_sum(const float acc[NORM_LANES])
+DDP_VECTOR_INLINE float lane_sum(const float acc[NORM_LANES])
 {
     float s = 0.0f;
     for (int j = 0; j < NORM_LANES; j++) s += acc[j];
@@ -85,7 +85,7 @@ static float lane_sum(const float acc[NORM_LANES])
 
 /* Row r of the forward from x (its C inputs, fp32): out's row, mean[r] and rstd[r]. The one
  * row code of layernorm_fwd and residual_norm_fwd, so the two are bitwise alike. */
-static void ln_fwd_row(const norm_args_t *a, int r, const float *restrict x)
+DDP_VECTOR_INLINE void ln_fwd_row(const norm_args_t *a, int r, const float *restrict x)
 {
     int C = a->C;
     float *restrict y = ddp__cpu_act_out(a->out, (size_t)r * C, a->prec, row_tmp(a));
@@ -108,7 +108,7 @@ static void ln_fwd_row(const norm_args_t *a, int r, const float *restrict x)
     a->rstd[r] = rs;
 }
 
-static void ln_fwd_task(void *varg, long task)
+DDP_VECTOR_TASK(ln_fwd_task)
 {
     const norm_args_t *a = varg;
     int lo, hi = task_rows(a, task, &lo);
@@ -126,7 +126,7 @@ void ddp__cpu_layernorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *mean, float 
 
 /* Row r of the forward from x (its C inputs, fp32): out's row and rstd[r]. The one row code
  * of rmsnorm_fwd and residual_norm_fwd, so the two are bitwise alike. */
-static void rn_fwd_row(const norm_args_t *a, int r, const float *restrict x)
+DDP_VECTOR_INLINE void rn_fwd_row(const norm_args_t *a, int r, const float *restrict x)
 {
     int C = a->C;
     float *restrict y = ddp__cpu_act_out(a->out, (size_t)r * C, a->prec, row_tmp(a));
@@ -142,7 +142,7 @@ static void rn_fwd_row(const norm_args_t *a, int r, const float *restrict x)
     a->rstd[r] = rs;
 }
 
-static void rn_fwd_task(void *varg, long task)
+DDP_VECTOR_TASK(rn_fwd_task)
 {
     const norm_args_t *a = varg;
     int lo, hi = task_rows(a, task, &lo);
@@ -159,12 +159,12 @@ void ddp__cpu_rmsnorm_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *rstd, const fl
 
 /* Row r of dinp_act (if wanted) = its dinp row dx, rounded once (to_act's rounding, while the
  * row is in cache). */
-static void store_dinp_act(const norm_args_t *a, int r, const float *dx)
+DDP_VECTOR_INLINE void store_dinp_act(const norm_args_t *a, int r, const float *dx)
 {
     if (a->dinp_act) ddp__cpu_act_store(a->dinp_act, (size_t)r * a->C, dx, (size_t)a->C, a->prec);
 }
 
-static void ln_bwd_rows(const norm_args_t *a, long task)
+DDP_VECTOR_INLINE void ln_bwd_rows(const norm_args_t *a, long task)
 {
     int C = a->C;
     int lo, hi = task_rows(a, task, &lo);
@@ -194,7 +194,7 @@ static void ln_bwd_rows(const norm_args_t *a, long task)
     }
 }
 
-static void ln_bwd_cols(const norm_args_t *a, long task)
+DDP_VECTOR_INLINE void ln_bwd_cols(const norm_args_t *a, long task)
 {
     int C = a->C;
     int c0 = (int)task * NORM_COLS, c1 = c0 + NORM_COLS < C ? c0 + NORM_COLS : C;
@@ -216,7 +216,7 @@ static void ln_bwd_cols(const norm_args_t *a, long task)
     }
 }
 
-static void rn_bwd_rows(const norm_args_t *a, long task)
+DDP_VECTOR_INLINE void rn_bwd_rows(const norm_args_t *a, long task)
 {
     int C = a->C;
     int lo, hi = task_rows(a, task, &lo);
@@ -237,7 +237,7 @@ static void rn_bwd_rows(const norm_args_t *a, long task)
     }
 }
 
-static void rn_bwd_cols(const norm_args_t *a, long task)
+DDP_VECTOR_INLINE void rn_bwd_cols(const norm_args_t *a, long task)
 {
     int C = a->C;
     int c0 = (int)task * NORM_COLS, c1 = c0 + NORM_COLS < C ? c0 + NORM_COLS : C;
@@ -257,7 +257,7 @@ static void rn_bwd_cols(const norm_args_t *a, long task)
  * scratch in 16-bit mode) and normalised while it is in cache, by LayerNorm's row code or, with
  * mean NULL, RMSNorm's; the scratch row is free again once res is written, so the row code
  * computes out's row in it. */
-static void res_task(void *varg, long task)
+DDP_VECTOR_TASK(res_task)
 {
     const norm_args_t *a = varg;
     int C = a->C;
@@ -282,7 +282,7 @@ void ddp__cpu_residual_norm_fwd(ddp_kctx_t *ctx, float *res, ddp_act_t *out, flo
 }
 
 /* A backward task: a row task or a column task, of LayerNorm (cmean set) or RMSNorm. */
-static void norm_bwd_task(void *varg, long task)
+DDP_VECTOR_TASK(norm_bwd_task)
 {
     const norm_args_t *a = varg;
     long c = task - a->row_tasks; /* >= 0: a column task */

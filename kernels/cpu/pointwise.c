@@ -41,7 +41,7 @@ static void run(ddp_kctx_t *ctx, pw_args_t *p, ddp__task_fn fn)
     ddp__pool_run(ctx->pool, ddp__ntasks(p->n, DDP__CPU_CHUNK), fn, p);
 }
 
-static void gelu_fwd_task(void *varg, long task)
+DDP_VECTOR_TASK(gelu_fwd_task)
 {
     const pw_args_t *p = varg;
     size_t lo, hi;
@@ -60,7 +60,7 @@ void ddp__cpu_gelu_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp, si
     run(ctx, &p, gelu_fwd_task);
 }
 
-static void gelu_bwd_task(void *varg, long task)
+DDP_VECTOR_TASK(gelu_bwd_task)
 {
     const pw_args_t *p = varg;
     size_t lo, hi;
@@ -82,7 +82,7 @@ void ddp__cpu_gelu_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, const ddp_act_t *inp,
     run(ctx, &p, gelu_bwd_task);
 }
 
-static void residual_task(void *varg, long task)
+DDP_VECTOR_TASK(residual_task)
 {
     const pw_args_t *p = varg;
     size_t lo, hi;
@@ -97,7 +97,7 @@ void ddp__cpu_residual_fwd(ddp_kctx_t *ctx, float *out, const float *a, const dd
     run(ctx, &p, residual_task);
 }
 
-static void to_act_task(void *varg, long task)
+DDP_VECTOR_TASK(to_act_task)
 {
     const pw_args_t *p = varg;
     size_t lo, hi;

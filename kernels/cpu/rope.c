@@ -24,7 +24,7 @@ typedef struct {
     ddp__tscratch_t s; /* 16-bit: a position's q and k heads per thread */
 } rope_args_t;
 
-static void rope_task(void *varg, long task)
+DDP_VECTOR_TASK(rope_task)
 {
     const rope_args_t *a = varg;
     int hs = a->hs, half = hs / 2, heads = a->NH + a->NKV;

@@ -56,7 +56,7 @@ typedef struct {
     ddp__tscratch_t s;
 } sw_args_t;
 
-static void sw_fwd_task(void *varg, long task)
+DDP_VECTOR_TASK(sw_fwd_task)
 {
     const sw_args_t *a = varg;
     size_t H = (size_t)a->H;
@@ -72,7 +72,7 @@ static void sw_fwd_task(void *varg, long task)
     ftz_end(f);
 }
 
-static void sw_bwd_task(void *varg, long task)
+DDP_VECTOR_TASK(sw_bwd_task)
 {
     const sw_args_t *a = varg;
     size_t H = (size_t)a->H;

@@ -3,7 +3,7 @@
  *
  * Each op cuts [0, n) into tasks of DDP__CPU_CHUNK elements (sumsq_blocks: of whole blocks), so
  * the work and, for the reductions, the partial sums are the same whatever the thread count.
- * The loops are written so that gcc vectorises them at -O3.
+ * The loops are written so that gcc vectorises them, in the CPU's widest vectors (DDP_VECTOR_FN).
  */
 #include "kernels/cpu/cpu.h"
 
@@ -28,10 +28,9 @@ typedef struct {
     size_t copy_lo; /* this range's first element in it */
 } adamw_args_t;
 
-/* The update of elements [lo, hi). Inlined into both builds below; the per-element math is the
- * CUDA kernel's (kernels/math/adamw.h). */
-static inline __attribute__((always_inline)) void adamw_loop(const adamw_args_t *a, size_t lo,
-                                                              size_t hi)
+/* The update of elements [lo, hi); the per-element math is the CUDA kernel's
+ * (kernels/math/adamw.h). */
+DDP_VECTOR_FN(adamw_range, (const adamw_args_t *a, size_t lo, size_t hi), (a, lo, hi))
 {
     float *restrict p = a->param;
     float *restrict m = a->m;
@@ -40,29 +39,6 @@ static inline __attribute__((always_inline)) void adamw_loop(const adamw_args_t 
     for (size_t i = lo; i < hi; i++)
         ddp_adamw_elem(&p[i], &m[i], &v[i], g[i] * a->grad_scale, a->lr, a->beta1, a->beta2,
                        a->eps, a->wd, a->bc1, a->bc2);
-}
-
-#if defined(__x86_64__)
-/* The same loop on 8-float AVX2 vectors where the CPU has them (the build's baseline is SSE2):
- * GPT-2 124M's update on 2 threads, 81 -> 62 ms (a standalone loop here). Not FMA: each
- * element's operations and roundings stay those of every other build, so results are bitwise
- * the same. */
-__attribute__((target("avx2"))) static void adamw_range_avx2(const adamw_args_t *a, size_t lo,
-                                                             size_t hi)
-{
-    adamw_loop(a, lo, hi);
-}
-#endif
-
-static void adamw_range(const adamw_args_t *a, size_t lo, size_t hi)
-{
-#if defined(__x86_64__)
-    if (__builtin_cpu_supports("avx2")) {
-        adamw_range_avx2(a, lo, hi);
-        return;
-    }
-#endif
-    adamw_loop(a, lo, hi);
 }
 
 /* Elements per block of an update that checksums what it writes: the block's 3 x 2 KiB of
@@ -124,7 +100,7 @@ typedef struct {
 } sumsq_args_t;
 
 /* sum x[i]^2 over [lo, hi) in double, SUMSQ_LANES interleaved partial sums added at the end */
-static double sumsq(const float *restrict x, size_t lo, size_t hi)
+DDP_VECTOR_INLINE double sumsq(const float *restrict x, size_t lo, size_t hi)
 {
     double acc[SUMSQ_LANES] = {0};
     size_t i = lo;
@@ -136,7 +112,7 @@ static double sumsq(const float *restrict x, size_t lo, size_t hi)
     return s;
 }
 
-static void sumsq_task(void *varg, long task)
+DDP_VECTOR_TASK(sumsq_task)
 {
     const sumsq_args_t *a = varg;
     size_t nb = (a->n + a->block - 1) / a->block;
@@ -171,7 +147,7 @@ typedef struct {
     size_t n;
 } axpy_args_t;
 
-static void add_task(void *varg, long task)
+DDP_VECTOR_TASK(add_task)
 {
     const axpy_args_t *a = varg;
     size_t lo = (size_t)task * DDP__CPU_CHUNK;
@@ -187,7 +163,7 @@ void ddp__cpu_add(ddp_kctx_t *ctx, float *y, const float *x, size_t n)
     ddp__pool_run(ctx->pool, ddp__ntasks(n, DDP__CPU_CHUNK), add_task, &a);
 }
 
-static void scale_task(void *varg, long task)
+DDP_VECTOR_TASK(scale_task)
 {
     const axpy_args_t *a = varg;
     size_t lo = (size_t)task * DDP__CPU_CHUNK;
@@ -210,7 +186,7 @@ typedef struct {
     int found; /* written as 1 by any task that finds one; a benign same-value race */
 } nonfinite_args_t;
 
-static void nonfinite_task(void *varg, long task)
+DDP_VECTOR_TASK(nonfinite_task)
 {
     nonfinite_args_t *a = varg;
     size_t lo = (size_t)task * DDP__CPU_CHUNK;

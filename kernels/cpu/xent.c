@@ -38,7 +38,7 @@ static inline v4f_t vmax(v4f_t a, v4f_t b)
     return (v4f_t)((gt & (v4i_t)a) | (~gt & (v4i_t)b));
 }
 
-static float row_max(const float *restrict x, int V)
+DDP_VECTOR_INLINE float row_max(const float *restrict x, int V)
 {
     v4f_t acc0 = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, acc1 = acc0;
     int i = 0;
@@ -56,7 +56,7 @@ static float row_max(const float *restrict x, int V)
     return m;
 }
 
-static void xent_task(void *varg, long task)
+DDP_VECTOR_TASK(xent_task)
 {
     const xent_args_t *a = varg;
     int V = a->V;
