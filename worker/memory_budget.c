@@ -34,7 +34,8 @@
 #define KSPLIT_MIN 8192
 #define KCHUNK 4096
 #define KSPLIT_BYTES ((int64_t)32 << 20)
-/* kernels/cpu/attention.c: a row block of scores (ATT_ROWS rows) per thread, two in backward */
+/* kernels/cpu/attention.c: a row block of scores (ATT_ROWS rows) per thread, two in backward
+ * and one more in a 16-bit run (P or dS rounded), with the heads' widened slices (8 T hs) */
 #define ATT_ROWS 128
 /* kernels/cuda/kcuda.cuh: cuBLASLt's workspace (DDP_CUDA_LT_WS) */
 #define LT_WORKSPACE ((int64_t)32 << 20)
@@ -124,7 +125,11 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     if (!b->on_gpu) {
         /* the CPU kernels' one scratch buffer (grown, never shrunk): the larger of the split-K
          * partials and attention's score blocks */
-        int64_t part = 0, att = 2 * b->threads * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T * 4;
+        int64_t lowp = b->act_bytes == 2, hs = C / cfg->n_head;
+        int64_t att =
+            b->threads * 4 *
+            ((2 + lowp) * (b->T < ATT_ROWS ? b->T : ATT_ROWS) * b->T + lowp * 8 * hs * b->T);
+        int64_t part = 0;
         if (V >= KSPLIT_MIN) part = (V + KCHUNK - 1) / KCHUNK * lm_rows * C * 4;
         if (part > KSPLIT_BYTES) part = 0;
         /* 16-bit: each thread's fp32 tile of a product's output before its rounding, the

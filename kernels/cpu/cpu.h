@@ -12,7 +12,9 @@
  *   path, in fp32: in fp32 mode it reads and writes the tensors in place; in bf16/fp16 mode it
  *   widens (exactly) the slice a task needs into that thread's scratch, runs the same code on
  *   it and rounds each 16-bit output once as it stores it (ddp__cpu_act_in/out/store). A 16-bit
- *   result is therefore bitwise the fp32 op's on the widened inputs, rounded.
+ *   result is therefore bitwise the fp32 op's on the widened inputs, rounded, except
+ *   attention's, which rounds P and dS before their products as FlashAttention does
+ *   (attention.c).
  * Only the .c files of kernels/cpu include this header.
  */
 #ifndef DDP_KERNELS_CPU_CPU_H
