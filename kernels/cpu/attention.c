@@ -89,8 +89,8 @@ typedef struct {
     int blocks;
     ddp_kprec_t prec;
     const ddp_kctx_t *ctx; /* 16-bit: the rounding of P and dS */
-    ddp__bf16_t *bf16;     /* native bf16 products of P and dS, or NULL: sgemm */
-    ddp__tscratch_t s; /* per thread: the score blocks, then (16-bit) the widened slices */
+    ddp__bf16_t *bf16;     /* native bf16 products (all of a bf16 run's), or NULL: sgemm */
+    ddp__tscratch_t s;     /* per thread: the score blocks, then (16-bit) the widened slices */
 } att_args_t;
 
 /* A product's operand in a 16-bit run: rows of a tensor, or a rounded() block, as bf16 bits for
@@ -112,7 +112,8 @@ static opnd_t from_row(opnd_t o, int r)
 
 /* One task's slices as fp32, each row-major with its own leading dimension: the tensors
  * themselves in fp32 mode, else copies in the thread's scratch after the score blocks (q, k, v
- * interleaved per row, 3 hs wide; out and dout hs wide; the gradients laid out as q, k, v).
+ * interleaved per row, 3 hs wide, but not when the products are native: they read the bits;
+ * out and dout hs wide; the gradients laid out as q, k, v).
  * A query head's parts (q, out, dout, o, dq) and its K/V head's (k, v, dk, dv) are set apart:
  * backward visits the query heads of one K/V head in turn. */
 typedef struct {
