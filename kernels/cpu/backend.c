@@ -184,15 +184,50 @@ static void cpu_free(ddp_kctx_t *ctx, void *p)
 /* Host memory is all there is. */
 static int cpu_on_device(ddp_kctx_t *ctx, const void *p, size_t bytes) { return 0; }
 
+/* Large copies and fills go over the pool in pieces: one thread's stores reach about 10 GB/s on
+ * the development Xeon, and the gradient arena's zeroing is 500 MB a step for GPT-2 124M. */
+#define PIECE ((size_t)1 << 20)
+
+typedef struct {
+    char *dst;
+    const char *src; /* NULL: fill with zeros */
+    size_t bytes;
+} pieces_t;
+
+static void piece_task(void *varg, long task)
+{
+    const pieces_t *a = varg;
+    size_t lo = (size_t)task * PIECE, n = a->bytes - lo < PIECE ? a->bytes - lo : PIECE;
+    if (a->src)
+        memcpy(a->dst + lo, a->src + lo, n);
+    else
+        memset(a->dst + lo, 0, n);
+}
+
+/* 1 when dst and src (bytes each) go in pieces: large, more than one thread, no overlap. */
+static int in_pieces(const ddp_kctx_t *ctx, const char *dst, const char *src, size_t bytes)
+{
+    return ctx->threads > 1 && bytes >= 4 * PIECE &&
+           (!src || dst + bytes <= src || src + bytes <= dst);
+}
+
 static int cpu_memcpy(ddp_kctx_t *ctx, void *dst, const void *src, size_t bytes)
 {
-    if (bytes) memmove(dst, src, bytes);
+    pieces_t a = {dst, src, bytes};
+    if (in_pieces(ctx, dst, src, bytes))
+        ddp__pool_run(ctx->pool, ddp__ntasks(bytes, PIECE), piece_task, &a);
+    else if (bytes)
+        memmove(dst, src, bytes);
     return 0;
 }
 
 static int cpu_memset0(ddp_kctx_t *ctx, void *dst, size_t bytes)
 {
-    if (bytes) memset(dst, 0, bytes);
+    pieces_t a = {dst, NULL, bytes};
+    if (in_pieces(ctx, dst, NULL, bytes))
+        ddp__pool_run(ctx->pool, ddp__ntasks(bytes, PIECE), piece_task, &a);
+    else if (bytes)
+        memset(dst, 0, bytes);
     return 0;
 }
 
