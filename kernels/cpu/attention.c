@@ -342,16 +342,7 @@ static int att_scratch(ddp_kctx_t *ctx, att_args_t *a, int blocks)
     a->prec = ctx->prec;
     a->ctx = ctx;
     a->bf16 = ddp__cpu_native(ctx) ? ctx->bf16 : NULL;
-    if (a->bf16) ddp__bf16_trim(a->bf16); /* no product runs between ops */
     return ddp__cpu_tscratch(ctx, &a->s, (size_t)a->blocks * rows * (size_t)a->T + wide);
-}
-
-/* Runs the op's tasks; a native product's failure goes to ctx->err. */
-static void att_run(ddp_kctx_t *ctx, const att_args_t *a, long ntasks, ddp__task_fn fn)
-{
-    ddp__pool_run(ctx->pool, ntasks, fn, (void *)a);
-    int rc = a->bf16 ? ddp__bf16_take_error(a->bf16) : 0;
-    if (rc && !ctx->err) ctx->err = rc;
 }
 
 void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const ddp_act_t *qkv,
@@ -360,7 +351,7 @@ void ddp__cpu_attention_fwd(ddp_kctx_t *ctx, ddp_act_t *out, float *lse, const d
     att_args_t a = {.out = out, .lse = lse, .qkv = qkv, .B = B, .T = T, .C = C, .NH = NH,
                     .NKV = NKV};
     if (att_scratch(ctx, &a, 1)) return;
-    att_run(ctx, &a, (long)B * NH, att_fwd_task);
+    ddp__bf16_run(ctx, a.bf16, (long)B * NH, att_fwd_task, &a);
 }
 
 /* Query head h's share of backward: dq (overwritten) and its terms of dk, dv (added). */
@@ -442,5 +433,5 @@ void ddp__cpu_attention_bwd(ddp_kctx_t *ctx, ddp_act_t *dqkv, const ddp_act_t *d
     att_args_t a = {.dqkv = dqkv, .dout = dout, .qkv = qkv, .cout = out, .clse = lse, .B = B,
                     .T = T, .C = C, .NH = NH, .NKV = NKV};
     if (att_scratch(ctx, &a, 2)) return;
-    att_run(ctx, &a, (long)B * NKV, att_bwd_task);
+    ddp__bf16_run(ctx, a.bf16, (long)B * NKV, att_bwd_task, &a);
 }

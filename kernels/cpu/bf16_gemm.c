@@ -423,6 +423,14 @@ int ddp__bf16_take_error(ddp__bf16_t *b)
 
 #endif
 
+void ddp__bf16_run(ddp_kctx_t *ctx, ddp__bf16_t *b, long ntasks, ddp__task_fn fn, void *arg)
+{
+    if (b) ddp__bf16_trim(b); /* no tile runs between ops */
+    ddp__pool_run(ctx->pool, ntasks, fn, arg);
+    int rc = b ? ddp__bf16_take_error(b) : 0;
+    if (rc && !ctx->err) ctx->err = rc;
+}
+
 int ddp_kernels_cpu_bf16(const char **why)
 {
     const char *force = getenv("DDP_CPU_BF16");

@@ -70,6 +70,9 @@ int ddp__bf16_take_error(ddp__bf16_t *b);
 /* Between products (no tile running): empties the primitive cache once it holds more than a
  * few hundred shapes (each keeps its JIT code); they are made again when used. */
 void ddp__bf16_trim(ddp__bf16_t *b);
+/* An op's tasks that may run tiles of b (NULL: none) on ctx's pool: b trimmed before, a tile's
+ * failure moved to ctx->err after (the products' and attention's one way to run). */
+void ddp__bf16_run(ddp_kctx_t *ctx, ddp__bf16_t *b, long ntasks, ddp__task_fn fn, void *arg);
 
 /* ---- the context ---- */
 

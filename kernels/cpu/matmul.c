@@ -228,15 +228,6 @@ static void fwd_task(void *varg, long task)
     if (a->gelu) gelu_tile(a, r0, c0, h, w, out, ldo);
 }
 
-/* Runs the tasks; a native tile's failure goes to ctx->err. */
-static void run_tasks(ddp_kctx_t *ctx, const mm_args_t *a, long ntasks, ddp__task_fn fn)
-{
-    if (a->bf16) ddp__bf16_trim(a->bf16); /* no tile runs between products */
-    ddp__pool_run(ctx->pool, ntasks, fn, (void *)a);
-    int rc = a->bf16 ? ddp__bf16_take_error(a->bf16) : 0;
-    if (rc && !ctx->err) ctx->err = rc;
-}
-
 /* Activation operand *x (n elements) as the products read it: as it is in fp32 mode and for the
  * native bf16 tiles (its bits), else widened into input slot `slot` (lowp.c). 0, or -1 with
  * ctx->err set. */
@@ -267,7 +258,7 @@ static void matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, ddp_act_t *gelu, const d
         !(a.weight = ddp__cpu_lowp_weight(ctx, weight, (size_t)C * OC)))
         return;
     if (operand(ctx, &a, 0, &a.inp, (size_t)N * C) || tile_scratch(ctx, &a, &a.fwd)) return;
-    run_tasks(ctx, &a, ntiles(&a.fwd), fwd_task);
+    ddp__bf16_run(ctx, a.bf16, ntiles(&a.fwd), fwd_task, &a);
 }
 
 void ddp__cpu_matmul_fwd(ddp_kctx_t *ctx, ddp_act_t *out, const ddp_act_t *inp,
@@ -415,7 +406,7 @@ static void matmul_bwd(ddp_kctx_t *ctx, ddp_act_t *dinp, float *dweight, float *
         }
     }
     if (dinp && !a.ksplit && tile_scratch(ctx, &a, &a.di)) return;
-    run_tasks(ctx, &a, a.n_dw + a.n_di + a.n_db, bwd_task);
+    ddp__bf16_run(ctx, a.bf16, a.n_dw + a.n_di + a.n_db, bwd_task, &a);
     if (a.ksplit)
         ddp__pool_run(ctx->pool, ddp__ntasks((size_t)N, MM_REDUCE_ROWS), dinp_reduce_task, &a);
 }
