@@ -3,11 +3,25 @@
  * Why not libcyaml's schema loader: libcyaml 1.3.1 (Debian 12) silently truncates integers
  * ("12abc" and "1.5" load as 12 and 1 for an INT field), and it reports where an error is only
  * as text in its log backtrace (and for an unknown key, the position of the enclosing mapping).
- * libyaml, the parser under libcyaml, gives a document tree with a mark on every node, so we
- * read that into one small tree that JSON (jansson) also fills, and validate both with one
- * table in spec.c: same struct, same errors, exact line and column, strict numbers.
+ * libyaml, the parser under libcyaml, gives a mark on every node, so we read its output into one
+ * small tree that JSON (jansson) also fills, and validate both with one table in spec.c: same
+ * struct, same errors, exact line and column, strict numbers.
  *
- * All memory comes from a bump arena in the tree (ddp_malloc'ed blocks), freed at once.
+ * Why libyaml's event API and not its document loader: the loader builds the whole document
+ * before we can look at it, and a spec comes from a request line in the root daemon's event loop.
+ * libyaml 0.2.5 spends time growing with the square of the flow nesting depth, so 300,000 nested
+ * '[' (600 KB) held the loop for 6 min 49 s; and the loader resolves anchors into a DAG, a
+ * "billion laughs" that only a node cap stopped. Reading events, every limit holds while parsing:
+ * depth (refused at the 18th level's start event), node count, scalar length; anchors and aliases
+ * are refused where they appear (a spec has no use for them); and duplicate keys are found with a
+ * hash set, not by comparing each key with every one before it. A hostile document is refused
+ * after as many events as it takes to break a limit, in time linear in what was read. The
+ * entries of an open mapping or sequence wait in one scratch array (a stack: an inner collection's
+ * entries follow its parent's) and move into the arena at its end event, so memory stays linear
+ * in the input.
+ *
+ * All memory of the tree comes from a bump arena in the tree (ddp_malloc'ed blocks), freed at
+ * once.
  */
 #include "proto/spec_tree.h"
 
@@ -19,9 +33,11 @@
 
 #include "common/alloc.h"
 
-#define MAX_DEPTH 16
-#define MAX_NODES 100000
+#define MAX_DEPTH 16     /* the root is at depth 0 */
+#define MAX_NODES 100000 /* keys count as nodes */
+#define MAX_SCALAR 65536 /* bytes: specs hold names, paths and numbers */
 #define BLOCK_BYTES 16384
+#define NO_ANCHORS "anchors and aliases are not allowed in a job spec"
 
 struct ddp__arena_block {
     ddp__arena_block_t *next;
@@ -98,43 +114,73 @@ static int doc_error(ddp__stree_t *t, ddp_errinfo_t *ei, const char *origin, int
 
 /* ---- YAML ---------------------------------------------------------------------------------- */
 
+/* A collection whose end event has not come: its entries so far are scratch[base, used). */
+typedef struct open_coll {
+    ddp__snode_t *node;
+    size_t base;
+} open_coll_t;
+
+/* A mapping's key in the duplicate-key set; map == NULL marks a free slot. */
+typedef struct key_slot {
+    const ddp__snode_t *map;
+    const char *key;
+} key_slot_t;
+
 typedef struct yaml_ctx {
     ddp__stree_t *t;
-    yaml_document_t *doc;
+    open_coll_t open[MAX_DEPTH + 1]; /* the open collections, root first */
+    int depth;                       /* how many are open = the depth of the next node */
+    ddp__sentry_t *scratch;          /* entries of the open collections, innermost last */
+    size_t used, cap;
+    key_slot_t *keys; /* every key read so far, open addressing, at most half full */
+    size_t nkeys, keys_cap;
     int err_rc;
     int err_line, err_col;
-    char err_msg[256];
+    char err_msg[400];
 } yaml_ctx_t;
 
-static ddp__snode_t *from_yaml(yaml_ctx_t *c, yaml_node_t *y, int depth);
-
-static ddp__snode_t *yaml_fail(yaml_ctx_t *c, const yaml_node_t *y, int rc, const char *msg)
+/* Keeps the first error; returns its code. */
+static int yaml_fail(yaml_ctx_t *c, yaml_mark_t at, int rc, const char *msg)
 {
     if (!c->err_rc) {
         c->err_rc = rc;
-        c->err_line = y ? (int)y->start_mark.line + 1 : 0;
-        c->err_col = y ? (int)y->start_mark.column + 1 : 0;
+        c->err_line = (int)at.line + 1;
+        c->err_col = (int)at.column + 1;
         snprintf(c->err_msg, sizeof c->err_msg, "%s", msg);
     }
-    return NULL;
+    return c->err_rc;
 }
 
-static ddp__snode_t *yaml_scalar(yaml_ctx_t *c, yaml_node_t *y)
+static ddp__snode_t *yaml_node(yaml_ctx_t *c, ddp__snode_kind_t kind, yaml_mark_t at)
 {
-    ddp__snode_t *n = new_node(c->t, DDP__SN_SCALAR, (int)y->start_mark.line + 1,
-                               (int)y->start_mark.column + 1);
-    if (!n) {
-        if (c->t->nodes >= MAX_NODES)
-            return yaml_fail(c, y, DDP_ESPEC, "document too large (more than 100000 nodes)");
-        return yaml_fail(c, y, DDP_ENOMEM, "out of memory");
+    ddp__snode_t *n = new_node(c->t, kind, (int)at.line + 1, (int)at.column + 1);
+    if (!n && c->t->nodes >= MAX_NODES)
+        yaml_fail(c, at, DDP_ESPEC, "document too large (more than 100000 nodes)");
+    else if (!n)
+        yaml_fail(c, at, DDP_ENOMEM, "out of memory");
+    return n;
+}
+
+static ddp__snode_t *yaml_scalar(yaml_ctx_t *c, const yaml_event_t *ev)
+{
+    ddp__snode_t *n = yaml_node(c, DDP__SN_SCALAR, ev->start_mark);
+    if (!n) return NULL;
+    const char *v = (const char *)ev->data.scalar.value;
+    size_t len = ev->data.scalar.length;
+    if (len > MAX_SCALAR) {
+        yaml_fail(c, ev->start_mark, DDP_ESPEC, "scalar longer than 65536 bytes");
+        return NULL;
     }
-    const char *v = (const char *)y->data.scalar.value;
-    size_t len = y->data.scalar.length;
-    if (strlen(v) != len) return yaml_fail(c, y, DDP_ESPEC, "NUL byte in a scalar");
-    n->text = arena_strndup(c->t, v, len);
-    if (!n->text) return yaml_fail(c, y, DDP_ENOMEM, "out of memory");
-    int plain = y->data.scalar.style == YAML_PLAIN_SCALAR_STYLE ||
-                y->data.scalar.style == YAML_ANY_SCALAR_STYLE;
+    if (strlen(v) != len) {
+        yaml_fail(c, ev->start_mark, DDP_ESPEC, "NUL byte in a scalar");
+        return NULL;
+    }
+    if (!(n->text = arena_strndup(c->t, v, len))) {
+        yaml_fail(c, ev->start_mark, DDP_ENOMEM, "out of memory");
+        return NULL;
+    }
+    int plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE ||
+                ev->data.scalar.style == YAML_ANY_SCALAR_STYLE;
     n->stype = plain ? DDP__SC_PLAIN : DDP__SC_STRING;
     /* YAML 1.1 null: empty, ~, null (plain only). */
     if (plain && (len == 0 || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") ||
@@ -143,54 +189,147 @@ static ddp__snode_t *yaml_scalar(yaml_ctx_t *c, yaml_node_t *y)
     return n;
 }
 
-static ddp__snode_t *from_yaml(yaml_ctx_t *c, yaml_node_t *y, int depth)
+/* The next entry of the innermost open collection, zeroed; NULL when out of memory. */
+static ddp__sentry_t *scratch_push(yaml_ctx_t *c)
 {
-    if (depth > MAX_DEPTH) return yaml_fail(c, y, DDP_ESPEC, "document nested too deeply");
-    if (y->type == YAML_SCALAR_NODE) return yaml_scalar(c, y);
-    int line = (int)y->start_mark.line + 1, col = (int)y->start_mark.column + 1;
-    int is_map = y->type == YAML_MAPPING_NODE;
-    ddp__snode_t *n = new_node(c->t, is_map ? DDP__SN_MAP : DDP__SN_SEQ, line, col);
-    if (!n) {
-        if (c->t->nodes >= MAX_NODES)
-            return yaml_fail(c, y, DDP_ESPEC, "document too large (more than 100000 nodes)");
-        return yaml_fail(c, y, DDP_ENOMEM, "out of memory");
+    if (c->used == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 64;
+        ddp__sentry_t *s = ddp_realloc(c->scratch, cap * sizeof *s);
+        if (!s) return NULL;
+        c->scratch = s;
+        c->cap = cap;
     }
-    size_t count = is_map ? (size_t)(y->data.mapping.pairs.top - y->data.mapping.pairs.start)
-                          : (size_t)(y->data.sequence.items.top - y->data.sequence.items.start);
-    if (count) {
-        n->entries = arena_alloc(c->t, count * sizeof *n->entries);
-        if (!n->entries) return yaml_fail(c, y, DDP_ENOMEM, "out of memory");
-    }
-    for (size_t i = 0; i < count; i++) {
-        ddp__sentry_t *e = &n->entries[i];
-        yaml_node_t *vy;
-        if (is_map) {
-            yaml_node_pair_t *p = &y->data.mapping.pairs.start[i];
-            yaml_node_t *ky = yaml_document_get_node(c->doc, p->key);
-            vy = yaml_document_get_node(c->doc, p->value);
-            if (!ky || ky->type != YAML_SCALAR_NODE)
-                return yaml_fail(c, ky ? ky : y, DDP_ESPEC, "mapping keys must be scalars");
-            ddp__snode_t *k = yaml_scalar(c, ky);
-            if (!k) return NULL;
-            e->key = k->text;
-            e->key_line = k->line;
-            e->key_column = k->column;
-            for (size_t j = 0; j < i; j++) {
-                if (!strcmp(n->entries[j].key, e->key)) {
-                    char msg[200];
-                    snprintf(msg, sizeof msg, "duplicate key '%.100s'", e->key);
-                    return yaml_fail(c, ky, DDP_ESPEC, msg);
-                }
-            }
-        } else {
-            vy = yaml_document_get_node(c->doc, y->data.sequence.items.start[i]);
+    ddp__sentry_t *e = &c->scratch[c->used++];
+    memset(e, 0, sizeof *e);
+    return e;
+}
+
+static size_t key_hash(const ddp__snode_t *map, const char *key)
+{
+    uint64_t h = 14695981039346656037ULL ^ (uint64_t)(uintptr_t)map;
+    for (const unsigned char *s = (const unsigned char *)key; *s; s++)
+        h = (h ^ *s) * 1099511628211ULL;
+    h ^= h >> 31; /* FNV-1a's low bits see few of the input's: mix the high ones in */
+    h *= 0x9e3779b97f4a7c15ULL;
+    return (size_t)(h ^ (h >> 29));
+}
+
+/* Adds map's key to the set: 0, 1 when map already has it, or DDP_ENOMEM. A hash set rather than
+ * a comparison with every earlier key of the mapping: 49,000 keys in one mapping (480 KB) took
+ * 12 s that way. */
+static int key_add(yaml_ctx_t *c, const ddp__snode_t *map, const char *key)
+{
+    if (2 * (c->nkeys + 1) > c->keys_cap) {
+        size_t cap = c->keys_cap ? 2 * c->keys_cap : 256;
+        key_slot_t *k = ddp_calloc(cap, sizeof *k);
+        if (!k) return DDP_ENOMEM;
+        for (size_t i = 0; i < c->keys_cap; i++) {
+            if (!c->keys[i].map) continue;
+            size_t j = key_hash(c->keys[i].map, c->keys[i].key) & (cap - 1);
+            while (k[j].map) j = (j + 1) & (cap - 1);
+            k[j] = c->keys[i];
         }
-        if (!vy) return yaml_fail(c, y, DDP_ESPEC, "dangling node");
-        e->val = from_yaml(c, vy, depth + 1);
-        if (!e->val) return NULL;
+        free(c->keys);
+        c->keys = k;
+        c->keys_cap = cap;
     }
-    n->n = count;
-    return n;
+    size_t j = key_hash(map, key) & (c->keys_cap - 1);
+    for (; c->keys[j].map; j = (j + 1) & (c->keys_cap - 1))
+        if (c->keys[j].map == map && !strcmp(c->keys[j].key, key)) return 1;
+    c->keys[j] = (key_slot_t){map, key};
+    c->nkeys++;
+    return 0;
+}
+
+static const yaml_char_t *event_anchor(const yaml_event_t *ev)
+{
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT: return ev->data.scalar.anchor;
+    case YAML_SEQUENCE_START_EVENT: return ev->data.sequence_start.anchor;
+    case YAML_MAPPING_START_EVENT: return ev->data.mapping_start.anchor;
+    default: return NULL;
+    }
+}
+
+/* A mapping's key: a scalar, new in its mapping; its entry waits for the value. */
+static int yaml_key(yaml_ctx_t *c, const ddp__snode_t *map, const yaml_event_t *ev)
+{
+    if (ev->type != YAML_SCALAR_EVENT && ev->type != YAML_ALIAS_EVENT)
+        return yaml_fail(c, ev->start_mark, DDP_ESPEC, "mapping keys must be scalars");
+    if (ev->type == YAML_ALIAS_EVENT || event_anchor(ev))
+        return yaml_fail(c, ev->start_mark, DDP_ESPEC, NO_ANCHORS);
+    ddp__snode_t *k = yaml_scalar(c, ev);
+    if (!k) return c->err_rc;
+    int rc = key_add(c, map, k->text);
+    if (rc < 0) return yaml_fail(c, ev->start_mark, rc, "out of memory");
+    if (rc) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "duplicate key '%.100s'", k->text);
+        return yaml_fail(c, ev->start_mark, DDP_ESPEC, msg);
+    }
+    ddp__sentry_t *e = scratch_push(c);
+    if (!e) return yaml_fail(c, ev->start_mark, DDP_ENOMEM, "out of memory");
+    e->key = k->text;
+    e->key_line = k->line;
+    e->key_column = k->column;
+    return 0;
+}
+
+/* A node event (scalar, alias, sequence or mapping start): a key, or a value placed in the
+ * innermost open collection (or the root), each limit checked before anything is kept. */
+static int yaml_on_node(yaml_ctx_t *c, const yaml_event_t *ev)
+{
+    open_coll_t *top = c->depth ? &c->open[c->depth - 1] : NULL;
+    if (top && top->node->kind == DDP__SN_MAP &&
+        (c->used == top->base || c->scratch[c->used - 1].val))
+        return yaml_key(c, top->node, ev);
+    if (c->depth > MAX_DEPTH)
+        return yaml_fail(c, ev->start_mark, DDP_ESPEC, "document nested too deeply");
+    if (ev->type == YAML_ALIAS_EVENT || event_anchor(ev))
+        return yaml_fail(c, ev->start_mark, DDP_ESPEC, NO_ANCHORS);
+    ddp__snode_t *n;
+    if (ev->type == YAML_SCALAR_EVENT)
+        n = yaml_scalar(c, ev);
+    else
+        n = yaml_node(c, ev->type == YAML_MAPPING_START_EVENT ? DDP__SN_MAP : DDP__SN_SEQ,
+                      ev->start_mark);
+    if (!n) return c->err_rc;
+    if (!top) {
+        c->t->root = n;
+    } else if (top->node->kind == DDP__SN_MAP) {
+        c->scratch[c->used - 1].val = n;
+    } else {
+        ddp__sentry_t *e = scratch_push(c);
+        if (!e) return yaml_fail(c, ev->start_mark, DDP_ENOMEM, "out of memory");
+        e->val = n;
+    }
+    if (n->kind != DDP__SN_SCALAR) c->open[c->depth++] = (open_coll_t){n, c->used};
+    return 0;
+}
+
+/* A sequence or mapping end: its entries move from the scratch into the arena. */
+static int yaml_on_end(yaml_ctx_t *c, const yaml_event_t *ev)
+{
+    open_coll_t *o = &c->open[--c->depth];
+    size_t count = c->used - o->base;
+    if (count) {
+        o->node->entries = arena_alloc(c->t, count * sizeof *o->node->entries);
+        if (!o->node->entries) return yaml_fail(c, ev->start_mark, DDP_ENOMEM, "out of memory");
+        memcpy(o->node->entries, &c->scratch[o->base], count * sizeof *o->node->entries);
+    }
+    o->node->n = count;
+    c->used = o->base;
+    return 0;
+}
+
+/* libyaml's error, with the mark of the problem. */
+static int yaml_syntax_error(yaml_ctx_t *c, const yaml_parser_t *p)
+{
+    if (p->error == YAML_MEMORY_ERROR) return yaml_fail(c, p->problem_mark, DDP_ENOMEM, "");
+    char msg[400];
+    snprintf(msg, sizeof msg, "invalid YAML: %s%s%s", p->problem ? p->problem : "syntax error",
+             p->context ? " " : "", p->context ? p->context : "");
+    return yaml_fail(c, p->problem_mark, DDP_ESPEC, msg);
 }
 
 int ddp__stree_yaml(ddp__stree_t *t, const char *text, size_t len, const char *origin,
@@ -198,41 +337,44 @@ int ddp__stree_yaml(ddp__stree_t *t, const char *text, size_t len, const char *o
 {
     memset(t, 0, sizeof *t);
     yaml_parser_t parser;
-    yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) return doc_error(t, ei, origin, 0, 0, DDP_ENOMEM, "");
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    if (!yaml_parser_load(&parser, &doc)) {
-        char msg[400];
-        int line = (int)parser.problem_mark.line + 1, col = (int)parser.problem_mark.column + 1;
-        if (parser.error == YAML_MEMORY_ERROR) {
-            yaml_parser_delete(&parser);
-            return doc_error(t, ei, origin, 0, 0, DDP_ENOMEM, "");
+    yaml_ctx_t c = {.t = t};
+    int docs = 0, done = 0;
+    while (!done && !c.err_rc) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) {
+            yaml_syntax_error(&c, &parser);
+            break;
         }
-        snprintf(msg, sizeof msg, "invalid YAML: %s%s%s",
-                 parser.problem ? parser.problem : "syntax error",
-                 parser.context ? " " : "", parser.context ? parser.context : "");
-        yaml_parser_delete(&parser);
-        return doc_error(t, ei, origin, line, col, DDP_ESPEC, msg);
-    }
-    yaml_ctx_t c = {.t = t, .doc = &doc};
-    yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root) {
-        t->root = from_yaml(&c, root, 0);
-        if (!t->root && !c.err_rc) c.err_rc = DDP_ENOMEM;
-    }
-    yaml_document_delete(&doc);
-    /* A second document would be silently ignored: say so instead. */
-    if (!c.err_rc && yaml_parser_load(&parser, &doc)) {
-        yaml_node_t *second = yaml_document_get_root_node(&doc);
-        if (second) {
-            c.err_rc = DDP_ESPEC;
-            c.err_line = (int)second->start_mark.line + 1;
-            c.err_col = (int)second->start_mark.column + 1;
-            snprintf(c.err_msg, sizeof c.err_msg, "a spec is one YAML document; found a second");
+        switch (ev.type) {
+        case YAML_DOCUMENT_START_EVENT:
+            if (docs++) {
+                /* A second document would be silently ignored: say so instead, where its root
+                 * node starts (or its "---" when that node is not valid YAML). */
+                yaml_event_t root;
+                yaml_mark_t at = ev.start_mark;
+                if (yaml_parser_parse(&parser, &root)) {
+                    at = root.start_mark;
+                    yaml_event_delete(&root);
+                }
+                yaml_fail(&c, at, DDP_ESPEC, "a spec is one YAML document; found a second");
+            }
+            break;
+        case YAML_SCALAR_EVENT:
+        case YAML_ALIAS_EVENT:
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT: yaml_on_node(&c, &ev); break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT: yaml_on_end(&c, &ev); break;
+        case YAML_STREAM_END_EVENT: done = 1; break;
+        default: break;
         }
-        yaml_document_delete(&doc);
+        yaml_event_delete(&ev);
     }
     yaml_parser_delete(&parser);
+    free(c.scratch);
+    free(c.keys);
     if (c.err_rc) return doc_error(t, ei, origin, c.err_line, c.err_col, c.err_rc, c.err_msg);
     return 0;
 }

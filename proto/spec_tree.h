@@ -1,12 +1,12 @@
 /* Internal to proto/: the document tree that the job-spec validator walks.
  *
- * YAML (libyaml's document API) and JSON (jansson) are both read into this one tree of mappings,
+ * YAML (libyaml's event API) and JSON (jansson) are both read into this one tree of mappings,
  * sequences and scalars, so the spec is validated by one piece of code and both formats give the
  * same struct and the same errors. Every node carries its 1-based line and column (0 = unknown).
  *
  * Invariants: all memory of a tree (nodes, entries, texts) lives in the tree's arena and goes
- * with ddp__stree_free; a tree is immutable once built; nesting depth and node count are bounded
- * (so YAML aliases cannot blow up), and map keys are unique.
+ * with ddp__stree_free; a tree is immutable once built; nesting depth, node count and (YAML)
+ * scalar length are bounded, a YAML tree holds no anchors or aliases, and map keys are unique.
  */
 #ifndef DDP_PROTO_SPEC_TREE_H
 #define DDP_PROTO_SPEC_TREE_H
@@ -57,9 +57,12 @@ typedef struct ddp__stree {
     size_t nodes;
 } ddp__stree_t;
 
-/* Reads YAML text into t (t is initialised here). Returns 0, DDP_ESPEC with ei (path = origin,
- * line, column) for a syntax error or an over-deep/over-large document, or DDP_ENOMEM. On error
- * t holds nothing to free, but ddp__stree_free is still safe. */
+/* Reads YAML text (one document) into t (t is initialised here); the limits are applied while
+ * parsing, so a hostile document is refused in time linear in the part of it read. Returns 0,
+ * DDP_ESPEC with ei (path = origin, line, column) for a syntax error, a second document, an
+ * over-deep or over-large document, a scalar over 64 KiB or with a NUL, an anchor or alias, a
+ * non-scalar or duplicate key; or DDP_ENOMEM. On error t holds nothing to free, but
+ * ddp__stree_free is still safe. Any thread; ei may be NULL. */
 int ddp__stree_yaml(ddp__stree_t *t, const char *text, size_t len, const char *origin,
                     ddp_errinfo_t *ei);
 /* Reads a JSON object into t with jansson (duplicate keys rejected). Positions of values are not

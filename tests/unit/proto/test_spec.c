@@ -1,7 +1,8 @@
 /* Unit tests of the job spec: presets, defaults, YAML/JSON equivalence, the JSON round trip,
  * every kind of rejection (with its field path, line, column and message), and the example jobs
- * in deploy/examples, and the reference (ddp_spec_reference) naming every field. Fixture files
- * are found through DDP_SOURCE_ROOT. */
+ * in deploy/examples, and the reference (ddp_spec_reference) naming every field; and the YAML
+ * reader under it (proto/spec_tree.h): the tree it builds, its limits, and the time it takes to
+ * refuse a hostile document. Fixture files are found through DDP_SOURCE_ROOT. */
 #include <errno.h>
 #include <setjmp.h>
 #include <stdbool.h>
@@ -11,12 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 #include <jansson.h>
 
 #include "common/alloc.h"
 #include "proto/spec.h"
+#include "proto/spec_tree.h"
 
 static const char *src_path(const char *rel)
 {
@@ -523,6 +526,351 @@ static void test_reference(void **state)
     fclose(ro);
 }
 
+/* ---- the YAML reader (proto/spec_tree.c) --------------------------------------------------- */
+
+static double mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The tree as one line: scalars as <style><line>:<column>"text" (P plain, S string, ~ null),
+ * mappings as {<line>:<column> key@<line>:<column>=value ...}, sequences as [<line>:<column> ...].
+ */
+static void dump_node(const ddp__snode_t *n, char *buf, size_t cap)
+{
+    size_t len = strlen(buf);
+    if (!n) {
+        snprintf(buf + len, cap - len, "NULL");
+        return;
+    }
+    if (n->kind == DDP__SN_SCALAR) {
+        char st = n->stype == DDP__SC_PLAIN ? 'P' : n->stype == DDP__SC_STRING ? 'S'
+                : n->stype == DDP__SC_NULL  ? '~' : '?';
+        snprintf(buf + len, cap - len, "%c%d:%d\"%s\"", st, n->line, n->column, n->text);
+        return;
+    }
+    int map = n->kind == DDP__SN_MAP;
+    snprintf(buf + len, cap - len, "%c%d:%d", map ? '{' : '[', n->line, n->column);
+    for (size_t i = 0; i < n->n; i++) {
+        const ddp__sentry_t *e = &n->entries[i];
+        len = strlen(buf);
+        if (map)
+            snprintf(buf + len, cap - len, " %s@%d:%d=", e->key, e->key_line, e->key_column);
+        else
+            snprintf(buf + len, cap - len, " ");
+        dump_node(e->val, buf, cap);
+    }
+    len = strlen(buf);
+    snprintf(buf + len, cap - len, "%c", map ? '}' : ']');
+}
+
+/* Reads text as YAML: the tree as dump_node writes it, or "E<line>:<column> <msg>" (the path must
+ * be the origin). */
+static const char *tree_of(const char *text, size_t len)
+{
+    static char buf[4096];
+    ddp__stree_t t;
+    ddp_errinfo_t ei;
+    buf[0] = '\0';
+    int rc = ddp__stree_yaml(&t, text, len, "<tree>", &ei);
+    if (rc == 0) {
+        dump_node(t.root, buf, sizeof buf);
+    } else {
+        snprintf(buf, sizeof buf, "E%d:%d %s%s", ei.line, ei.column, ei.msg,
+                 rc != DDP_ESPEC ? " (not DDP_ESPEC)" : strcmp(ei.path, "<tree>") ? " (path)" : "");
+    }
+    ddp__stree_free(&t);
+    return buf;
+}
+
+/* Every kind of node, style, null spelling, position and document error, as the reader gave them
+ * when it used libyaml's document loader (the event reader must give the same), and two that
+ * loader missed. */
+static void test_yaml_tree(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"name: job\nlr: 1e-3\nq: 'quoted'\ndq: \"dq\"\n"
+         "nulls: [~, null, Null, NULL, '', nul, \"\"]\nempty:\n? k\nseq:\n  - a\n  - {x: 1}\n"
+         "  - |\n    lit\n",
+         "{1:1 name@1:1=P1:7\"job\" lr@2:1=P2:5\"1e-3\" q@3:1=S3:4\"quoted\" dq@4:1=S4:5\"dq\" "
+         "nulls@5:1=[5:8 ~5:9\"~\" ~5:12\"null\" ~5:18\"Null\" ~5:24\"NULL\" S5:30\"\" "
+         "P5:34\"nul\" S5:39\"\"] empty@6:1=~6:7\"\" k@7:3=~8:1\"\" "
+         "seq@8:1=[9:3 P9:5\"a\" {10:5 x@10:6=P10:9\"1\"} S11:5\"lit\n\"]}"},
+        {"a:\n  b:\n    - c\n", "{1:1 a@1:1={2:3 b@2:3=[3:5 P3:7\"c\"]}}"},
+        {"- [a, b]\n- x\n", "[1:1 [1:3 P1:4\"a\" P1:7\"b\"] P2:3\"x\"]"},
+        /* JSON is YAML's flow style: spec.c reads JSON text here to find positions */
+        {"{\"a\": [1, {\"b\": null}], \"c\": \"d\"}",
+         "{1:1 a@1:2=[1:7 P1:8\"1\" {1:11 b@1:12=~1:17\"null\"}] c@1:25=S1:30\"d\"}"},
+        {"a: !!str b", "{1:1 a@1:1=P1:4\"b\"}"}, /* tags are ignored */
+        {"", "NULL"},
+        {"# only a comment\n", "NULL"},
+        {"---\n", "~2:1\"\""},
+        {"a: 1\n...\n", "{1:1 a@1:1=P1:4\"1\"}"},
+        {"{a: 1, a: 2}", "E1:8 duplicate key 'a'"},
+        {"a:\n  x: 1\n  y: 2\n  x: 3\n", "E4:3 duplicate key 'x'"},
+        {"{? [a]: b}", "E1:4 mapping keys must be scalars"},
+        {"- \"\\0\"", "E1:3 NUL byte in a scalar"},
+        {"a: 1\nb\n", "E3:1 invalid YAML: could not find expected ':' while scanning a simple key"},
+        {"a: 1\n---\nb: 2\n", "E3:1 a spec is one YAML document; found a second"},
+        {"a: 1\n---\n", "E3:1 a spec is one YAML document; found a second"},
+        {"a: 1\n...\n---\n", "E4:1 a spec is one YAML document; found a second"},
+        {"a: {b: 1}\n%YAML 1.1\n---\nc: 1\n", "E4:1 a spec is one YAML document; found a second"},
+        /* two the loader let through: a second document that is not valid YAML, and junk
+         * after the end of the first */
+        {"a: 1\n--- [\n", "E2:5 a spec is one YAML document; found a second"},
+        {"a: 1\n...\n]", "E3:1 invalid YAML: did not find expected <document start>"},
+    };
+    size_t failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = tree_of(cases[i].text, strlen(cases[i].text));
+        if (strcmp(got, cases[i].want)) {
+            print_error("for %s\n  got  %s\n  want %s\n", cases[i].text, got, cases[i].want);
+            failed++;
+        }
+    }
+    assert_int_equal(failed, 0);
+}
+
+/* Depth 16 (the root is 0) is the deepest node: a collection there must be empty. */
+static void test_yaml_depth_limit(void **state)
+{
+    (void)state;
+    char text[512], want[64];
+    const char *got;
+    /* 17 '[': the innermost, empty, is at depth 16; 18: the 18th is refused where it starts */
+    for (int n = 17; n <= 18; n++) {
+        memset(text, '[', (size_t)n);
+        memset(text + n, ']', (size_t)n);
+        got = tree_of(text, 2 * (size_t)n);
+        if (n == 17) assert_true(got[0] == '[' && strstr(got, "[1:17]"));
+        else assert_string_equal(got, "E1:18 document nested too deeply");
+    }
+    /* a scalar inside 16 '[' is at depth 16; inside 17 it is at 17 */
+    for (int n = 16; n <= 17; n++) {
+        memset(text, '[', (size_t)n);
+        text[n] = 'x';
+        memset(text + n + 1, ']', (size_t)n);
+        got = tree_of(text, 2 * (size_t)n + 1);
+        if (n == 16) assert_non_null(strstr(got, "[1:16 P1:17\"x\"]"));
+        else assert_string_equal(got, "E1:18 document nested too deeply");
+    }
+    /* mappings: "a: " then n "{a: " then "{}": the "{}" is at depth n + 1, column 4 + 4n */
+    for (int n = 15; n <= 16; n++) {
+        size_t len = (size_t)snprintf(text, sizeof text, "a: ");
+        for (int i = 0; i < n; i++) len += (size_t)snprintf(text + len, sizeof text - len, "{a: ");
+        len += (size_t)snprintf(text + len, sizeof text - len, "{}");
+        for (int i = 0; i < n; i++) text[len++] = '}';
+        got = tree_of(text, len);
+        snprintf(want, sizeof want, "{1:%d}", 4 + 4 * n);
+        if (n == 15) assert_non_null(strstr(got, want));
+        else assert_string_equal(got, "E1:68 document nested too deeply");
+    }
+    /* block style: 18 levels of "a:", the mapping at depth 17 starts on line 18, column 35 */
+    size_t len = 0;
+    for (int i = 0; i < 18; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len, "%*sa:\n", 2 * i, "");
+    assert_string_equal(tree_of(text, len), "E18:35 document nested too deeply");
+}
+
+/* A hostile request line: libyaml's document loader took minutes on 300,000 nested '[' (its
+ * work grows with the square of the depth) before the reader could check the depth. Refused at
+ * the 18th level, at once. A safety bound, not a benchmark: it takes about 2 ms. */
+static void test_yaml_deep_nesting_is_refused_at_once(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *unit;
+        int column;
+    } cases[] = {{"[", 18}, {"{a: ", 69}};
+    const size_t levels = 300000;
+    for (size_t c = 0; c < 2; c++) {
+        size_t u = strlen(cases[c].unit), len = levels * u;
+        char *text = malloc(len);
+        assert_non_null(text);
+        for (size_t i = 0; i < levels; i++) memcpy(text + i * u, cases[c].unit, u);
+        ddp__stree_t t;
+        ddp_errinfo_t ei;
+        double t0 = mono_s();
+        int rc = ddp__stree_yaml(&t, text, len, "<test>", &ei);
+        double dt = mono_s() - t0;
+        if (rc != DDP_ESPEC || !strstr(ei.msg, "nested too deeply") || ei.line != 1 ||
+            ei.column != cases[c].column || dt >= 1.0)
+            fail_msg("%zu x '%s': rc %d %d:%d %s in %.3f s; want nesting refused at 1:%d < 1 s",
+                     levels, cases[c].unit, rc, ei.line, ei.column, ei.msg, dt, cases[c].column);
+        ddp__stree_free(&t);
+        /* and through the spec parser, as the daemon reads a submitted job */
+        ddp_spec_t s;
+        if (c == 0) {
+            t0 = mono_s();
+            assert_int_equal(ddp_spec_parse(&s, text, len, "<test>", &ei), DDP_ESPEC);
+            dt = mono_s() - t0;
+            assert_string_equal(ei.path, "<test>");
+            assert_non_null(strstr(ei.msg, "nested too deeply"));
+            if (dt >= 1.0) fail_msg("ddp_spec_parse took %.3f s", dt);
+        }
+        free(text);
+    }
+}
+
+/* Every key of a mapping is compared with the others: the loader-era reader compared each with
+ * all before it, 12 s for 49,000 keys (480 KB). Also bounded by the node count (keys are nodes). */
+static void test_yaml_many_keys(void **state)
+{
+    (void)state;
+    const int keys = 49000;
+    char *text = malloc((size_t)keys * 16 + 64);
+    assert_non_null(text);
+    size_t len = 0;
+    for (int i = 0; i < keys; i++) len += (size_t)sprintf(text + len, "k%d: %d\n", i, i);
+    ddp__stree_t t;
+    ddp_errinfo_t ei;
+    double t0 = mono_s();
+    int rc = ddp__stree_yaml(&t, text, len, "<test>", &ei);
+    double dt = mono_s() - t0;
+    if (rc) fail_msg("rc %d: %s", rc, ei.msg);
+    assert_int_equal(t.root->n, keys);
+    assert_string_equal(t.root->entries[keys - 1].key, "k48999");
+    assert_int_equal(t.root->entries[keys - 1].key_line, keys);
+    ddp__stree_free(&t);
+    if (dt >= 1.0) fail_msg("%d keys took %.3f s", keys, dt);
+    /* a duplicate at the end is still found, at its own line */
+    len += (size_t)sprintf(text + len, "k17: 0\n");
+    t0 = mono_s();
+    rc = ddp__stree_yaml(&t, text, len, "<test>", &ei);
+    dt = mono_s() - t0;
+    assert_int_equal(rc, DDP_ESPEC);
+    assert_string_equal(ei.msg, "duplicate key 'k17'");
+    assert_int_equal(ei.line, keys + 1);
+    assert_int_equal(ei.column, 1);
+    if (dt >= 1.0) fail_msg("%d keys and a duplicate took %.3f s", keys, dt);
+    /* more nodes than the cap: 100,000 entries and the sequence itself */
+    len = 0;
+    text = realloc(text, 2 * 100000 + 8);
+    assert_non_null(text);
+    text[len++] = '[';
+    for (int i = 0; i < 100000; i++) {
+        text[len++] = '0';
+        text[len++] = ',';
+    }
+    text[len - 1] = ']';
+    assert_string_equal(tree_of(text, len),
+                        "E1:200000 document too large (more than 100000 nodes)");
+    free(text);
+}
+
+/* Anchors and aliases have no use in a job spec, and an alias is how a small document grows
+ * into a huge tree (a "billion laughs"): both are refused where they appear. */
+static void test_yaml_anchors_refused(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"a: &x 1\nb: *x", "E1:4 anchors and aliases are not allowed in a job spec"},
+        {"a: 1\nb: *x", "E2:4 anchors and aliases are not allowed in a job spec"},
+        {"a: &m {x: 1}", "E1:4 anchors and aliases are not allowed in a job spec"},
+        {"a: &s [1]", "E1:4 anchors and aliases are not allowed in a job spec"},
+        {"&k a: 1", "E1:1 anchors and aliases are not allowed in a job spec"},
+        {"a: !!str &x b", "E1:4 anchors and aliases are not allowed in a job spec"},
+        {"{a: 1, *x : 2}", "E1:8 anchors and aliases are not allowed in a job spec"},
+        {"a:\n  - 1\n  - &y 2\n", "E3:5 anchors and aliases are not allowed in a job spec"},
+        {"a: &r\n  b: 1\n", "E1:4 anchors and aliases are not allowed in a job spec"},
+    };
+    size_t failed = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *got = tree_of(cases[i].text, strlen(cases[i].text));
+        if (strcmp(got, cases[i].want)) {
+            print_error("for %s\n  got  %s\n  want %s\n", cases[i].text, got, cases[i].want);
+            failed++;
+        }
+    }
+    assert_int_equal(failed, 0);
+    /* a billion laughs, through the spec parser */
+    char text[2048];
+    size_t len = (size_t)snprintf(text, sizeof text, "data: {train: x}\n"
+                                                     "a: &a [lol, lol, lol, lol, lol, lol, lol]\n");
+    for (char c = 'b'; c <= 'j'; c++)
+        len += (size_t)snprintf(text + len, sizeof text - len,
+                                "%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c]\n", c, c, c - 1, c - 1,
+                                c - 1, c - 1, c - 1, c - 1, c - 1);
+    ddp_spec_t s;
+    ddp_errinfo_t ei;
+    assert_int_equal(ddp_spec_parse(&s, text, len, "<test>", &ei), DDP_ESPEC);
+    assert_string_equal(ei.path, "<test>");
+    assert_string_equal(ei.msg, "anchors and aliases are not allowed in a job spec");
+    assert_int_equal(ei.line, 2);
+    assert_int_equal(ei.column, 4);
+}
+
+/* Scalars are paths, names and numbers: one of 64 KiB is the most the reader copies. */
+static void test_yaml_long_scalar(void **state)
+{
+    (void)state;
+    const size_t cap = 64 * 1024;
+    char *text = malloc(cap + 16);
+    assert_non_null(text);
+    for (int quoted = 0; quoted < 2; quoted++) {
+        for (size_t n = cap; n <= cap + 1; n++) {
+            size_t len = (size_t)sprintf(text, "a: %s", quoted ? "\"" : "");
+            memset(text + len, 'x', n);
+            len += n;
+            if (quoted) text[len++] = '"';
+            ddp__stree_t t;
+            ddp_errinfo_t ei;
+            int rc = ddp__stree_yaml(&t, text, len, "<test>", &ei);
+            if (n == cap) {
+                if (rc) fail_msg("%zu bytes: rc %d %s", n, rc, ei.msg);
+                assert_int_equal(strlen(t.root->entries[0].val->text), n);
+            } else {
+                assert_int_equal(rc, DDP_ESPEC);
+                assert_string_equal(ei.msg, "scalar longer than 65536 bytes");
+                assert_int_equal(ei.line, 1);
+                assert_int_equal(ei.column, 4);
+            }
+            ddp__stree_free(&t);
+        }
+    }
+    free(text);
+}
+
+/* Fail the k-th allocation of the YAML reader, k = 1, 2, ... until it succeeds, on a document
+ * that grows every buffer it has (the arena, the entries of open collections, the key set): each
+ * failure is DDP_ENOMEM (ASan: no leak), and the last tree is the one an unfailed read gives. */
+static void test_yaml_alloc_failures(void **state)
+{
+    (void)state;
+    char text[8192], want[4096], got[4096] = "";
+    size_t len = 0;
+    for (int i = 0; i < 300; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len, "k%d: %d\n", i, i);
+    len += (size_t)snprintf(text + len, sizeof text - len, "s: [");
+    for (int i = 0; i < 100; i++)
+        len += (size_t)snprintf(text + len, sizeof text - len, "[%d], ", i);
+    len += (size_t)snprintf(text + len, sizeof text - len, "{a: x}]\n");
+    snprintf(want, sizeof want, "%s", tree_of(text, len));
+    assert_true(want[0] == '{');
+    int rc = -1;
+    long k;
+    for (k = 1; k < 10000 && rc != 0; k++) {
+        ddp__stree_t t;
+        ddp_errinfo_t ei;
+        ddp_alloc_fail_at(k);
+        rc = ddp__stree_yaml(&t, text, len, "<test>", &ei);
+        ddp_alloc_fail_at(0);
+        if (rc != 0 && rc != DDP_ENOMEM) fail_msg("k=%ld: rc %d (%s)", k, rc, ei.msg);
+        if (rc == 0) dump_node(t.root, got, sizeof got);
+        ddp__stree_free(&t);
+    }
+    assert_int_equal(rc, 0);
+    assert_true(k > 4); /* arena blocks, entries, key set: each failed once */
+    assert_string_equal(got, want);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -532,6 +880,14 @@ int main(void)
         cmocka_unit_test(test_reject_inline),  cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_alloc_failures), cmocka_unit_test(test_warning),
         cmocka_unit_test(test_reference),
+        /* the YAML reader */
+        cmocka_unit_test(test_yaml_tree),
+        cmocka_unit_test(test_yaml_depth_limit),
+        cmocka_unit_test(test_yaml_many_keys),
+        cmocka_unit_test(test_yaml_anchors_refused),
+        cmocka_unit_test(test_yaml_long_scalar),
+        cmocka_unit_test(test_yaml_alloc_failures),
+        cmocka_unit_test(test_yaml_deep_nesting_is_refused_at_once),
     };
     return cmocka_run_group_tests_name("spec", tests, NULL, NULL);
 }
