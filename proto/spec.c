@@ -113,11 +113,12 @@ static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const RECOMPUTES[] = {"none", "block", NULL};
 /* in ddp_state_transfer_t's order */
 static const char *const STATE_TRANSFERS[] = {"auto", "overlap", "pause", NULL};
-static const char *const SECTIONS[] = {"name", "model", "data", "train", "ddp", "checkpoint",
-                                       NULL};
+static const char *const SECTIONS[] = {"name",       "model",  "data", "train", "ddp",
+                                       "checkpoint", "limits", NULL};
 
 const ddp__sfield_t ddp__spec_fields[] = {
-    F_STR("name", name, "the job's name: letters, digits, `-`, `_` and `.`"),
+    F_STR("name", name,
+          "the job's name: letters, digits, `-`, `_` and `.`, not starting with `-` or `.`"),
     F_OTHER("model.preset", DDP__FT_PRESET, preset,
             "a model size by name (see Presets), or instead all five dimensions below"),
     F_STR("model.init_from", init_from,
@@ -248,6 +249,15 @@ const ddp__sfield_t ddp__spec_fields[] = {
           "ranks that write shards (striped), at most `ddp.max_workers`"),
     F_NUM("checkpoint.shard_mb", shard_mb, 0, 1e9, true, false,
           "safetensors shard size, decimal MB"),
+    F_OTHER("limits.log_bytes", DDP__FT_BYTES, log_bytes,
+            "cap on each rank's log (`rank-R.log`): past it one closing line is written and the "
+            "rank's further output is discarded; 0 = none; a daemon's per-user limit lowers it"),
+    F_OTHER("limits.metrics_bytes", DDP__FT_BYTES, metrics_bytes,
+            "cap on `metrics.jsonl`: no line is written past it (one warning in the log; "
+            "training goes on); 0 = none; a daemon's per-user limit lowers it"),
+    F_OTHER("limits.tensorboard_bytes", DDP__FT_BYTES, tensorboard_bytes,
+            "cap on the TensorBoard event files in `RUN_DIR/tb/` together: no event is written "
+            "past it (one warning); 0 = none; a daemon's per-user limit lowers it"),
 };
 #define N_FIELDS (sizeof ddp__spec_fields / sizeof ddp__spec_fields[0])
 const size_t ddp__spec_n_fields = N_FIELDS;
@@ -563,8 +573,7 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
     case DDP__FT_BYTES:
         if (!to_bytes(n, (int64_t *)dst))
             return idx_error(ps, i, "must be a size in bytes >= 0, as a number or with a unit "
-                                    "(\"8GiB\", \"512MB\"; 0 = the device's memory), got %s",
-                             repr(n, rb, sizeof rb));
+                                    "(\"8GiB\", \"512MB\"), got %s", repr(n, rb, sizeof rb));
         return 0;
     case DDP__FT_PRESET: {
         const char *s = NULL;
@@ -637,17 +646,16 @@ static int walk(pstate_t *ps, const ddp__snode_t *root)
     if (root->kind != DDP__SN_MAP)
         return field_error(ps, ps->origin, root->line, root->column,
                            "a spec must be a mapping (name, model, data, train, ddp, "
-                           "checkpoint), got %s", repr(root, rb, sizeof rb));
+                           "checkpoint, limits), got %s", repr(root, rb, sizeof rb));
     for (size_t j = 0; j < root->n; j++) {
         const ddp__sentry_t *e = &root->entries[j];
-        if (!strcmp(e->key, "name"))
+        int k = 0;
+        while (SECTIONS[k] && strcmp(e->key, SECTIONS[k])) k++;
+        if (!SECTIONS[k]) return unknown_key(ps, NULL, e);
+        if (k == 0) /* "name", the one top-level field */
             DDP_CHECK(set_field(ps, field_index("name"), e->val));
-        else if (!strcmp(e->key, "model") || !strcmp(e->key, "data") ||
-                 !strcmp(e->key, "train") || !strcmp(e->key, "ddp") ||
-                 !strcmp(e->key, "checkpoint"))
-            DDP_CHECK(walk_section(ps, e->key, e));
         else
-            return unknown_key(ps, NULL, e);
+            DDP_CHECK(walk_section(ps, e->key, e));
     }
     return 0;
 }
@@ -669,12 +677,10 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
 
     /* name */
     if (!s->name[0]) return idx_error(ps, field_index("name"), "must not be empty");
-    for (const char *c = s->name; *c; c++)
-        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
-              *c == '-' || *c == '_' || *c == '.'))
-            return idx_error(ps, field_index("name"),
-                             "must use only letters, digits, '-', '_' and '.', got \"%s\"",
-                             s->name);
+    if (!ddp_spec_name_ok(s->name))
+        return idx_error(ps, field_index("name"),
+                         "must use only letters, digits, '-', '_' and '.', and not start with "
+                         "'-' or '.', got \"%s\"", s->name);
 
     /* model: a preset, all five dimensions or model.config; init_from needs one of them or a
      * config.json of its own */
@@ -772,6 +778,17 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
 }
 
 /* ---- entry points -------------------------------------------------------------------------- */
+
+int ddp_spec_name_ok(const char *s)
+{
+    if (!s || *s == '-' || *s == '.') return 0;
+    size_t n = 0;
+    for (; s[n] && n < sizeof((ddp_spec_t *)0)->name; n++) /* stops at 128: too long */
+        if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') ||
+              (s[n] >= '0' && s[n] <= '9') || s[n] == '-' || s[n] == '_' || s[n] == '.'))
+            return 0;
+    return n > 0 && n < sizeof((ddp_spec_t *)0)->name;
+}
 
 static bool is_json(const char *text, size_t len)
 {

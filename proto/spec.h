@@ -122,6 +122,12 @@ typedef struct ddp_spec {
     int keep_last;
     int writers;
     double shard_mb; /* decimal MB */
+
+    /* limits: caps on the files a rank writes, in bytes; 0 = no cap. The worker caps each at
+     * the smaller of this and the daemon's per-user limit (DDP_LIMIT_*, worker/main.c). */
+    int64_t log_bytes;         /* each rank's log, RUN_DIR/rank-R.log (common/log.h) */
+    int64_t metrics_bytes;     /* rank 0's RUN_DIR/metrics.jsonl (worker/metrics_sink.h) */
+    int64_t tensorboard_bytes; /* the event files of RUN_DIR/tb/ together (worker/tb_events.h) */
 } ddp_spec_t;
 
 /* Fills spec with every default (no data, gpt2-tiny model). */
@@ -139,6 +145,12 @@ int ddp_spec_load(ddp_spec_t *spec, const char *path, ddp_errinfo_t *ei);
  * GiB/G, TB, TiB/T, or none (bytes): "8GiB", "1.5 GB", "123456". Returns 0 with *out, or
  * DDP_EINVAL. */
 int ddp_spec_parse_bytes(const char *text, int64_t *out);
+
+/* 1 when s is a valid job name, else 0: 1 to 127 bytes (it fits ddp_spec_t's name) of ASCII
+ * letters, digits, '-', '_' and '.', not starting with '-' or '.', so that it can name a file or
+ * directory (never "." or "..", never a path) and never reads as a command-line option. The spec's
+ * `name` is checked with it. s NULL: 0. Pure; any thread. */
+int ddp_spec_name_ok(const char *s);
 
 /* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */

@@ -62,6 +62,10 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
             (!s->model.n_layer || s->config[0] || s->model.arch != DDP_ARCH_GPT2))
             continue;
         if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
+        /* limits.* at 0 (none) are left out: an older ddp-worker (a peer's during a rolling
+         * upgrade, proto/spec.c refuses unknown keys) then still reads the spec */
+        if (!strncmp(f->path, "limits.", 7) && !*(const int64_t *)((const char *)s + f->off))
+            continue;
         const char *dot = strchr(f->path, '.');
         json_t *obj = root;
         if (dot) {
@@ -132,9 +136,9 @@ static const char VALUES[] =
     "\n"
     "Scalars are strict: `\"12abc\"` or `1.5` is not an integer (`1e6` is); booleans are\n"
     "`true`/`false`/`yes`/`no`/`on`/`off`; a quoted `\"100\"` is a string, not a number, in YAML\n"
-    "as in JSON. A size (`train.memory_limit`) is an integer number of bytes or a number with a\n"
-    "unit: `B`, `kB`/`KB` (10^3), `KiB`/`k`/`K`, `MB`, `MiB`/`M`, `GB`, `GiB`/`G`, `TB`,\n"
-    "`TiB`/`T` (`\"8GiB\"`, `\"1.5 GB\"`).\n";
+    "as in JSON. A size (`train.memory_limit`, `limits.*`) is an integer number of bytes or a\n"
+    "number with a unit: `B`, `kB`/`KB` (10^3), `KiB`/`k`/`K`, `MB`, `MiB`/`M`, `GB`, `GiB`/`G`,\n"
+    "`TB`, `TiB`/`T` (`\"8GiB\"`, `\"1.5 GB\"`).\n";
 
 /* Writes text with '|' escaped, for a Markdown table cell. */
 static void cell(FILE *out, const char *text)

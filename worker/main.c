@@ -8,9 +8,11 @@
  * after finishing the current step (and saving a checkpoint when checkpoint.dir is set).
  * With checkpoint.dir, a run resumes from the newest verified checkpoint there.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -230,6 +232,51 @@ static int read_env(ddp_train_env_t *env)
     return 0;
 }
 
+/* The caps on what this process writes (its log, metrics.jsonl, TensorBoard): per file the
+ * smaller of the spec's limits.* and the daemon's per-user limit, which ddpd passes as
+ * DDP_LIMIT_LOG_BYTES, DDP_LIMIT_METRICS_BYTES and DDP_LIMIT_TENSORBOARD_BYTES (decimal bytes);
+ * 0 or unset on either side sets no cap. Under mpirun or Slurm there is no daemon and the spec
+ * alone decides. Read here, once; the worker writes these files itself (the daemon does not
+ * relay them, which lets it adopt running workers across its restarts), so it caps them. Installs
+ * the caps (common/log.h, worker/metrics_sink.h) and returns 0, or -1 for a variable that is not
+ * a decimal byte count (a message printed). */
+static int apply_limits(const ddp_spec_t *spec)
+{
+    static const struct {
+        const char *env, *field;
+    } L[3] = {
+        {"DDP_LIMIT_LOG_BYTES", "limits.log_bytes"},
+        {"DDP_LIMIT_METRICS_BYTES", "limits.metrics_bytes"},
+        {"DDP_LIMIT_TENSORBOARD_BYTES", "limits.tensorboard_bytes"},
+    };
+    uint64_t cap[3] = {(uint64_t)spec->log_bytes, (uint64_t)spec->metrics_bytes,
+                       (uint64_t)spec->tensorboard_bytes}; /* each >= 0: the spec checked */
+    char from[3][96];
+    for (int i = 0; i < 3; i++) {
+        snprintf(from[i], sizeof from[i], "%s", L[i].field);
+        const char *v = getenv(L[i].env);
+        if (!v || !*v) continue;
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (*v < '0' || *v > '9' || *end || errno || x > INT64_MAX) {
+            fprintf(stderr, "ddp-worker: %s='%s' is not a byte count (decimal digits; 0 or unset "
+                            "= no cap)\n", L[i].env, v);
+            return -1;
+        }
+        if (x && (!cap[i] || x < cap[i])) {
+            cap[i] = x;
+            snprintf(from[i], sizeof from[i], "the daemon's per-user limit, %s", L[i].env);
+        }
+    }
+    ddp_metrics_caps_t mc = {.metrics_bytes = cap[1], .tensorboard_bytes = cap[2]};
+    snprintf(mc.metrics_from, sizeof mc.metrics_from, "%s", from[1]);
+    snprintf(mc.tensorboard_from, sizeof mc.tensorboard_from, "%s", from[2]);
+    ddp_metrics_sink_set_caps(&mc);
+    if (cap[0]) ddp_log_set_limit(cap[0], from[0]); /* from here on, before other threads */
+    return 0;
+}
+
 /* Applies "a.b=value" overrides to spec by a round trip through its JSON form, so an override
  * is validated exactly like the file it overrides. */
 static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinfo_t *ei)
@@ -361,6 +408,8 @@ static int worker_main(int argc, char **argv)
         return 0;
     }
 
+    if (apply_limits(&spec)) return 2;
+
     struct sigaction sa = {.sa_handler = on_stop_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
@@ -381,6 +430,8 @@ static int worker_main(int argc, char **argv)
     if (rc == 0 && !t.any_stop && t.opts.rank == 0 && spec.sample_tokens > 0) {
         printf("--- sample (%d tokens) ---\n", spec.sample_tokens);
         rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
+        fflush(stdout);
+        ddp_log_check_limit(); /* the sample went to fd 1, past ddp_log's count */
     }
     if (rc == 0 && t.metrics) {
         ddp_metrics_rec_t r;

@@ -4,6 +4,9 @@
  * gives the same fields in the same order with the values the line states (a real rounded to
  * its printed digits), so a scalar in TensorBoard equals the number in metrics.jsonl as a
  * float32, as tests/observe/tb_check.py checks.
+ *
+ * The caps are checked before a write, never after: a line that does not fit is not written,
+ * so metrics.jsonl stays a file of whole lines (the daemon tails it while rank 0 writes).
  */
 #include "worker/metrics_sink.h"
 
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,9 +50,24 @@ static const struct {
 
 struct ddp_metrics_sink {
     int fd;
-    ddp_tb_t *tb;    /* NULL once it failed */
+    ddp_tb_t *tb;     /* NULL once it failed */
     int write_failed; /* the file's write failure was logged */
+    int capped;       /* a line did not fit under caps.metrics_bytes: no more are written */
+    uint64_t bytes;   /* the file's size: at open, plus what this sink wrote */
+    ddp_metrics_caps_t caps;
+    char path[4200];
 };
+
+static ddp_metrics_caps_t default_caps; /* ddp_metrics_sink_set_caps: main thread, then read */
+/* a cap reached is said once per process, also when a later generation opens a sink again */
+static int warned_metrics, warned_tb;
+
+void ddp_metrics_sink_set_caps(const ddp_metrics_caps_t *caps)
+{
+    memset(&default_caps, 0, sizeof default_caps);
+    if (caps) default_caps = *caps;
+    warned_metrics = warned_tb = 0;
+}
 
 static const char *tag_of(const char *key)
 {
@@ -77,7 +96,15 @@ static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
         sc[n++] = (ddp_tb_scalar_t){tag_of(v[i].key), (float)v[i].num};
     }
     int rc = n ? ddp_tb_scalars(s->tb, r->step, now_s(), sc, n) : 0;
-    if (rc) {
+    if (rc == -EFBIG) {
+        if (!warned_tb++)
+            DDP_WARN("tensorboard: the cap of %llu bytes on the event files (%s) is reached at "
+                     "step %lld: no more events are written to %s this run; training goes on",
+                     (unsigned long long)s->caps.tensorboard_bytes, s->caps.tensorboard_from,
+                     (long long)r->step, ddp_tb_path(s->tb));
+        ddp_tb_close(s->tb);
+        s->tb = NULL;
+    } else if (rc) {
         DDP_WARN("tensorboard: writing %s failed (%s); no more events this run",
                  ddp_tb_path(s->tb), ddp_strerror(rc));
         ddp_tb_close(s->tb);
@@ -97,6 +124,20 @@ int ddp_metrics_sink_write(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
         return rc;
     }
     line[len++] = '\n';
+    uint64_t cap = s->caps.metrics_bytes;
+    if (cap && !s->capped && s->bytes + len > cap) {
+        s->capped = 1;
+        if (!warned_metrics++)
+            DDP_WARN("metrics.jsonl: the cap of %llu bytes (%s) is reached: %s ends at %llu bytes "
+                     "(this %s line, of step %lld, and every later line are dropped); training "
+                     "goes on", (unsigned long long)cap, s->caps.metrics_from, s->path,
+                     (unsigned long long)s->bytes, ddp_metrics_kind_name(r->kind),
+                     (long long)r->step);
+    }
+    if (s->capped) {
+        tee_record(s, r); /* TensorBoard has a cap of its own */
+        return 0;
+    }
     for (size_t off = 0; off < len;) {
         ssize_t w = write(s->fd, line + off, len - off);
         if (w < 0 && errno == EINTR) continue;
@@ -108,6 +149,7 @@ int ddp_metrics_sink_write(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
             return rc;
         }
         off += (size_t)w;
+        s->bytes += (uint64_t)w;
     }
     tee_record(s, r);
     return 0;
@@ -118,15 +160,27 @@ int ddp_metrics_sink_open(const char *run_dir, const char *path, ddp_metrics_sin
     *out = NULL;
     ddp_metrics_sink_t *s = ddp_calloc(1, sizeof *s);
     if (!s) return DDP_ENOMEM;
+    s->caps = default_caps;
+    snprintf(s->path, sizeof s->path, "%s", path);
     s->fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (s->fd < 0) {
+    struct stat st;
+    if (s->fd < 0 || fstat(s->fd, &st) != 0) {
         int rc = -errno;
+        if (s->fd >= 0) close(s->fd);
         free(s);
         return rc;
     }
-    int rc = ddp_tb_open(run_dir, &s->tb);
-    if (rc) DDP_WARN("tensorboard: cannot create an event file in %s/tb: %s", run_dir,
-                     ddp_strerror(rc));
+    s->bytes = (uint64_t)st.st_size; /* a respawned rank 0 appends to the file */
+    int rc = ddp_tb_open(run_dir, s->caps.tensorboard_bytes, &s->tb);
+    if (rc == -EFBIG) {
+        if (!warned_tb++)
+            DDP_WARN("tensorboard: the event files in %s/tb are at their cap of %llu bytes (%s): "
+                     "no events this run; training goes on", run_dir,
+                     (unsigned long long)s->caps.tensorboard_bytes, s->caps.tensorboard_from);
+    } else if (rc) {
+        DDP_WARN("tensorboard: cannot create an event file in %s/tb: %s", run_dir,
+                 ddp_strerror(rc));
+    }
     *out = s;
     return 0;
 }

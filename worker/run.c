@@ -62,6 +62,9 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_profile_after_step(&t->profile, &t->k, t->step, ms, t->comm_stats.comm_ms,
                                      t->comm_stats.exposed_ms, t->opts.run_dir, t->opts.rank));
     ddp_trainer_log_step(t, loss, ms);
+    /* limits.log_bytes also covers what libraries and stdio wrote straight to fds 1 and 2, which
+     * ddp_log cannot count: one fstat a step (common/log.h) */
+    ddp_log_check_limit();
     if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
         DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {

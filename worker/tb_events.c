@@ -16,6 +16,7 @@
  */
 #include "worker/tb_events.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -31,6 +32,8 @@
 
 struct ddp_tb {
     int fd;
+    uint64_t cap;   /* 0: none */
+    uint64_t bytes; /* the directory's event files at open + what this writer wrote */
     char path[4200];
 };
 
@@ -116,9 +119,9 @@ static int write_all(int fd, const uint8_t *p, size_t n)
     return 0;
 }
 
-/* Encodes an Event (summary values optional) and appends it as one record. */
-static int write_event(ddp_tb_t *tb, double wall_time, int64_t step, const char *file_version,
-                       const ddp_tb_scalar_t *v, int n)
+/* Encodes an Event (summary values optional) as one framed record: *out (caller frees), *len. */
+static int encode_event(double wall_time, int64_t step, const char *file_version,
+                        const ddp_tb_scalar_t *v, int n, uint8_t **out, size_t *len)
 {
     size_t summary = 0;
     for (int i = 0; i < n; i++) summary += 1 + varint_len(value_len(&v[i])) + value_len(&v[i]);
@@ -147,10 +150,41 @@ static int write_event(ddp_tb_t *tb, double wall_time, int64_t step, const char 
             put_le(&b, f, 4);
         }
     }
-    size_t len = frame(rec, rec + 12, (size_t)(b.p - (rec + 12)));
-    int rc = write_all(tb->fd, rec, len);
+    *len = frame(rec, rec + 12, (size_t)(b.p - (rec + 12)));
+    *out = rec;
+    return 0;
+}
+
+/* Whether a record of len bytes fits under the cap. */
+static int fits(const ddp_tb_t *tb, size_t len) { return !tb->cap || tb->bytes + len <= tb->cap; }
+
+/* Encodes an Event and appends it as one record, unless it would cross the cap (-EFBIG). */
+static int write_event(ddp_tb_t *tb, double wall_time, int64_t step, const char *file_version,
+                       const ddp_tb_scalar_t *v, int n)
+{
+    uint8_t *rec;
+    size_t len;
+    DDP_CHECK(encode_event(wall_time, step, file_version, v, n, &rec, &len));
+    int rc = fits(tb, len) ? write_all(tb->fd, rec, len) : -EFBIG;
+    if (rc == 0) tb->bytes += len;
     free(rec);
     return rc;
+}
+
+/* The bytes of the event files already in dir (earlier runs, a respawned rank 0). */
+static uint64_t dir_bytes(const char *dir)
+{
+    uint64_t sum = 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    struct stat st;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "events.out.tfevents.", 20) &&
+            fstatat(dirfd(d), e->d_name, &st, 0) == 0 && S_ISREG(st.st_mode))
+            sum += (uint64_t)st.st_size;
+    closedir(d);
+    return sum;
 }
 
 static double now_s(void)
@@ -160,12 +194,13 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-int ddp_tb_open(const char *run_dir, ddp_tb_t **out)
+int ddp_tb_open(const char *run_dir, uint64_t cap, ddp_tb_t **out)
 {
     *out = NULL;
     ddp_tb_t *tb = ddp_calloc(1, sizeof *tb);
     if (!tb) return DDP_ENOMEM;
     tb->fd = -1;
+    tb->cap = cap;
     char dir[4096], host[256] = "localhost";
     if ((size_t)snprintf(dir, sizeof dir, "%s/tb", run_dir) >= sizeof dir) {
         free(tb);
@@ -175,6 +210,19 @@ int ddp_tb_open(const char *run_dir, ddp_tb_t **out)
         int rc = -errno;
         free(tb);
         return rc;
+    }
+    tb->bytes = dir_bytes(dir);
+    if (cap) {
+        /* a full directory gets no new (empty) file: the first record must fit too */
+        uint8_t *rec = NULL;
+        size_t len = 0;
+        int rc = encode_event(now_s(), 0, "brain.Event:2", NULL, 0, &rec, &len);
+        free(rec);
+        if (rc == 0 && !fits(tb, len)) rc = -EFBIG;
+        if (rc) {
+            free(tb);
+            return rc;
+        }
     }
     gethostname(host, sizeof host - 1);
     /* TensorBoard sorts a directory's files by name; a resumed run in the same second gets a
