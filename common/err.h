@@ -40,7 +40,8 @@
     X(EMISMATCH, -1020, "replicas differ")                                                   \
     X(EPERM, -1021, "permission denied")                                                     \
     X(ESQL, -1022, "database error")                                                         \
-    X(EHAZARD, -1023, "device hazard: memory used without ordering (simulated device)")
+    X(EHAZARD, -1023, "device hazard: memory used without ordering (simulated device)")      \
+    X(EQUOTA, -1024, "over a quota or limit")
 
 enum {
     DDP_OK = 0,

@@ -8,6 +8,10 @@
  * Bursts: the listener's backlog is the system's maximum (net.core.somaxconn), so a thousand
  * clients connecting at once queue in the kernel instead of getting EAGAIN; the fd limit is
  * raised to its hard limit for the same reason (one fd per session).
+ * Who: each session carries its client's uid, gid and supplementary groups from the kernel
+ * (SO_PEERCRED, SO_PEERGROUPS), never from the client. One uid holds at most
+ * max_sessions_per_user sessions (root: no cap), so idle connections of one user cannot use up
+ * the daemon's descriptors; the one over the cap is told so and closed.
  */
 #include "daemon/api.h"
 #include "daemon/lines.h"
@@ -16,6 +20,7 @@
 
 #include <errno.h>
 #include <grp.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +87,47 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     ddpd__session_maybe_close(s);
 }
 
+/* The client's supplementary groups as the kernel captured them at connect (SO_PEERGROUPS,
+ * Linux 4.13): *n of them in a new array. A kernel without it (ENOPROTOOPT) gives none. Returns
+ * 0 or -errno. */
+static int peer_groups(int fd, uint32_t **out, int *n)
+{
+    *out = NULL;
+    *n = 0;
+    socklen_t len = 32 * sizeof(gid_t);
+    for (int tries = 0; tries < 2; tries++) {
+        gid_t *g = ddp_malloc(len ? len : sizeof *g);
+        if (!g) return -ENOMEM;
+        socklen_t got = len;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+            *n = (int)(got / sizeof *g);
+            *out = (uint32_t *)g; /* gid_t is a 32-bit unsigned here */
+            return 0;
+        }
+        int e = errno;
+        free(g);
+        if (e == ENOPROTOOPT) return 0;
+        if (e != ERANGE) return -e;
+        len = got; /* the kernel said how much it needs */
+    }
+    return -ERANGE;
+}
+
+static int in_groups(const ddpd_session_t *s, gid_t gid)
+{
+    if (s->gid == gid) return 1;
+    for (int i = 0; i < s->n_groups; i++)
+        if (s->groups[i] == gid) return 1;
+    return 0;
+}
+
+static int sessions_of(ddpd_api_t *api, uid_t uid)
+{
+    int n = 0;
+    for (ddpd_session_t *s = api->sessions; s; s = s->next) n += !s->closing && s->uid == uid;
+    return n;
+}
+
 static void on_connection(uv_stream_t *server, int status)
 {
     ddpd_api_t *api = server->data;
@@ -112,9 +158,30 @@ static void on_connection(uv_stream_t *server, int status)
         ddpd__session_close(s);
         return;
     }
-    s->uid = cred.uid;
-    s->gid = cred.gid;
+    _Static_assert(sizeof(gid_t) == sizeof(uint32_t), "gids are 32-bit");
+    int rc = peer_groups(fd, &s->groups, &s->n_groups);
+    if (rc != 0) {
+        DDP_WARN("api: no supplementary groups of pid %d: %s: connection refused",
+                 (int)cred.pid, strerror(-rc));
+        ddpd__session_close(s);
+        return;
+    }
     s->pid = cred.pid;
+    s->gid = cred.gid;
+    int over = cred.uid != 0 && sessions_of(api, cred.uid) >= api->d->cfg.max_sessions_per_user;
+    s->uid = cred.uid; /* counted from here on */
+    s->admin = cred.uid == 0 || (api->have_admin_gid && in_groups(s, api->admin_gid));
+    if (over) {
+        DDP_WARN("api: uid %u has %d connections open, its limit (max_sessions_per_user): "
+                 "one more refused", (unsigned)cred.uid, api->d->cfg.max_sessions_per_user);
+        ddpd__send_error(s, NULL, DDPD_RPC_QUOTA, NULL,
+                         "uid %u has %d connections open to this daemon, its limit "
+                         "(max_sessions_per_user); close some", (unsigned)cred.uid,
+                         api->d->cfg.max_sessions_per_user);
+        s->close_after = 1;
+        ddpd__session_maybe_close(s);
+        return;
+    }
     if (api->d->stopping) {
         ddpd__send_error(s, NULL, DDPD_RPC_STOPPING, NULL, "the daemon is shutting down");
         s->close_after = 1;
@@ -220,6 +287,14 @@ int ddpd_api_start(ddpd_t *d, ddp_errinfo_t *ei)
             DDP_WARN("api: socket_group '%s' does not exist", d->cfg.socket_group);
         else if (chown(path, (uid_t)-1, g->gr_gid) != 0)
             DDP_WARN("api: chown %s: %s", path, strerror(errno));
+    }
+    if (d->cfg.admin_group[0]) {
+        struct group *g = getgrnam(d->cfg.admin_group);
+        if (!g)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "admin_group '%s' does not exist",
+                                   d->cfg.admin_group);
+        api->admin_gid = g->gr_gid;
+        api->have_admin_gid = 1;
     }
     uv_timer_start(&api->tick, tick_cb, 200, 200);
     DDP_DEBUG("api: listening on %s, backlog %d", path, backlog);

@@ -4,6 +4,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 #include "common/alloc.h"
 #include "daemon/client.h"
 #include "daemon/gpus.h"
+#include "proto/spec.h"
 
 static void copy_str(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src ? src : ""); }
 
@@ -26,6 +28,13 @@ void ddpd_config_defaults(ddpd_config_t *cfg, const char *self_exe)
     ddpd_default_state_dir(cfg->state_dir, sizeof cfg->state_dir); /* ddpctl reads it too */
     copy_str(cfg->metrics, sizeof cfg->metrics, "127.0.0.1:9464");
     cfg->grace_s = 10.0;
+    cfg->status_public = -1; /* ddpd_config_finish: private under root */
+    cfg->max_sessions_per_user = 64;
+    cfg->max_peer_links_per_addr = 8;
+    cfg->reserve_after_s = 600;
+    cfg->quota = (ddpd_quota_t){.queued_jobs = 100, .log_bytes = (int64_t)1 << 30,
+                                .metrics_bytes = (int64_t)1 << 30,
+                                .tensorboard_bytes = (int64_t)1 << 30};
     const char *wb = getenv("DDP_WORKER_BIN");
     if (wb && *wb) {
         copy_str(cfg->worker_bin, sizeof cfg->worker_bin, wb);
@@ -130,6 +139,120 @@ static int cfg_peers(yaml_document_t *doc, const yaml_node_t *seq, ddpd_config_t
     return 0;
 }
 
+/* One of `words` (NULL-terminated) for key; *out its index. */
+static int cfg_choice(const yaml_node_t *n, const char *key, const char *const *words, int *out,
+                      const char *path, ddp_errinfo_t *ei)
+{
+    char text[64];
+    DDP_CHECK(cfg_string(n, key, text, sizeof text, path, ei));
+    for (int i = 0; words[i]; i++)
+        if (!strcmp(text, words[i])) {
+            *out = i;
+            return 0;
+        }
+    return cfg_error(ei, path, n, "%s: expected %s or %s, got '%s'", key, words[0], words[1],
+                     text);
+}
+
+/* A quota mapping {queued_jobs, running_ranks, log_bytes, metrics_bytes, tensorboard_bytes}
+ * into q; *set gets a bit per field given. */
+static int cfg_quota(yaml_document_t *doc, const yaml_node_t *m, const char *where,
+                     ddpd_quota_t *q, unsigned *set, const char *path, ddp_errinfo_t *ei)
+{
+    if (m->type != YAML_MAPPING_NODE)
+        return cfg_error(ei, path, m, "%s: expected a mapping of limits", where);
+    for (yaml_node_pair_t *kv = m->data.mapping.pairs.start; kv < m->data.mapping.pairs.top;
+         kv++) {
+        const yaml_node_t *k = yaml_document_get_node(doc, kv->key);
+        const yaml_node_t *v = yaml_document_get_node(doc, kv->value);
+        const char *key = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
+        char name[160], text[64];
+        snprintf(name, sizeof name, "%s.%s", where, key);
+        double x;
+        int64_t bytes;
+        long *count = !strcmp(key, "queued_jobs")     ? &q->queued_jobs
+                      : !strcmp(key, "running_ranks") ? &q->running_ranks
+                                                      : NULL;
+        if (count) {
+            DDP_CHECK(cfg_number(v, name, 1, &x, path, ei));
+            *count = (long)x;
+            *set |= count == &q->queued_jobs ? 1u : 2u;
+            continue;
+        }
+        int64_t *dst = !strcmp(key, "log_bytes")           ? &q->log_bytes
+                       : !strcmp(key, "metrics_bytes")     ? &q->metrics_bytes
+                       : !strcmp(key, "tensorboard_bytes") ? &q->tensorboard_bytes
+                                                           : NULL;
+        if (!dst) return cfg_error(ei, path, k, "%s: unknown key", name);
+        DDP_CHECK(cfg_string(v, name, text, sizeof text, path, ei));
+        if (ddp_spec_parse_bytes(text, &bytes) != 0)
+            return cfg_error(ei, path, v, "%s: expected a byte count (e.g. 1073741824 or 1GiB), "
+                             "got '%s'", name, text);
+        *dst = bytes;
+        *set |= dst == &q->log_bytes ? 4u : dst == &q->metrics_bytes ? 8u : 16u;
+    }
+    return 0;
+}
+
+/* quotas: {default: QUOTA, users: {NAME_OR_UID: QUOTA, ...}} */
+static int cfg_quotas(yaml_document_t *doc, const yaml_node_t *m, ddpd_config_t *cfg,
+                      const char *path, ddp_errinfo_t *ei)
+{
+    if (m->type != YAML_MAPPING_NODE)
+        return cfg_error(ei, path, m, "quotas: expected {default: ..., users: ...}");
+    for (yaml_node_pair_t *kv = m->data.mapping.pairs.start; kv < m->data.mapping.pairs.top;
+         kv++) {
+        const yaml_node_t *k = yaml_document_get_node(doc, kv->key);
+        const yaml_node_t *v = yaml_document_get_node(doc, kv->value);
+        const char *key = k->type == YAML_SCALAR_NODE ? (const char *)k->data.scalar.value : "";
+        unsigned set = 0;
+        if (!strcmp(key, "default")) {
+            DDP_CHECK(cfg_quota(doc, v, "quotas.default", &cfg->quota, &set, path, ei));
+            continue;
+        }
+        if (strcmp(key, "users") != 0) return cfg_error(ei, path, k, "quotas.%s: unknown key", key);
+        if (v->type != YAML_MAPPING_NODE)
+            return cfg_error(ei, path, v, "quotas.users: expected a mapping of users");
+        for (yaml_node_pair_t *u = v->data.mapping.pairs.start; u < v->data.mapping.pairs.top;
+             u++) {
+            const yaml_node_t *uk = yaml_document_get_node(doc, u->key);
+            char user[64], where[96], *end;
+            DDP_CHECK(cfg_string(uk, "quotas.users", user, sizeof user, path, ei));
+            if (cfg->n_user_quotas >= DDPD_MAX_QUOTA_USERS)
+                return cfg_error(ei, path, uk, "quotas.users: more than %d", DDPD_MAX_QUOTA_USERS);
+            ddpd_user_quota_t *q = &cfg->user_quotas[cfg->n_user_quotas++];
+            memset(q, 0, sizeof *q);
+            unsigned long id = strtoul(user, &end, 10);
+            struct passwd *pw = NULL;
+            if (user[0] && !*end && id < 0xffffffffUL) {
+                q->uid = (uint32_t)id; /* a uid, with or without a passwd entry */
+            } else if ((pw = getpwnam(user))) {
+                q->uid = pw->pw_uid;
+            } else {
+                return cfg_error(ei, path, uk, "quotas.users.%s: no such user", user);
+            }
+            snprintf(where, sizeof where, "quotas.users.%s", user);
+            DDP_CHECK(cfg_quota(doc, yaml_document_get_node(doc, u->value), where, &q->q, &q->set,
+                                path, ei));
+        }
+    }
+    return 0;
+}
+
+void ddpd_config_quota(const ddpd_config_t *cfg, uint32_t uid, ddpd_quota_t *out)
+{
+    *out = cfg->quota;
+    for (int i = 0; i < cfg->n_user_quotas; i++) {
+        const ddpd_user_quota_t *u = &cfg->user_quotas[i];
+        if (u->uid != uid) continue;
+        if (u->set & 1u) out->queued_jobs = u->q.queued_jobs;
+        if (u->set & 2u) out->running_ranks = u->q.running_ranks;
+        if (u->set & 4u) out->log_bytes = u->q.log_bytes;
+        if (u->set & 8u) out->metrics_bytes = u->q.metrics_bytes;
+        if (u->set & 16u) out->tensorboard_bytes = u->q.tensorboard_bytes;
+    }
+}
+
 /* One top-level key's value into cfg. */
 static int cfg_key(yaml_document_t *doc, const yaml_node_t *k, const yaml_node_t *v,
                    ddpd_config_t *cfg, const char *path, ddp_errinfo_t *ei)
@@ -140,6 +263,7 @@ static int cfg_key(yaml_document_t *doc, const yaml_node_t *k, const yaml_node_t
     STR("node_name", node_name);
     STR("socket", socket_path);
     STR("socket_group", socket_group);
+    STR("admin_group", admin_group);
     STR("listen", listen);
     STR("advertise", advertise);
     STR("state_dir", state_dir);
@@ -160,6 +284,27 @@ static int cfg_key(yaml_document_t *doc, const yaml_node_t *k, const yaml_node_t
         return 0;
     }
     if (!strcmp(key, "peers")) return cfg_peers(doc, v, cfg, path, ei);
+    if (!strcmp(key, "quotas")) return cfg_quotas(doc, v, cfg, path, ei);
+    static const char *const page[] = {"private", "public", NULL};
+    static const char *const auth[] = {"required", "allow-legacy", NULL};
+    static const char *const root[] = {"refuse", "allow", NULL};
+    if (!strcmp(key, "status_page")) return cfg_choice(v, key, page, &cfg->status_public, path, ei);
+    if (!strcmp(key, "peer_auth")) return cfg_choice(v, key, auth, &cfg->peer_legacy, path, ei);
+    if (!strcmp(key, "peer_root_jobs"))
+        return cfg_choice(v, key, root, &cfg->peer_root_jobs, path, ei);
+    int *count = !strcmp(key, "max_sessions_per_user")     ? &cfg->max_sessions_per_user
+                 : !strcmp(key, "max_peer_links_per_addr") ? &cfg->max_peer_links_per_addr
+                                                           : NULL;
+    if (count) {
+        DDP_CHECK(cfg_number(v, key, 1, &x, path, ei));
+        if (x < 1) return cfg_error(ei, path, v, "%s: expected an integer >= 1", key);
+        *count = (int)x;
+        return 0;
+    }
+    double *secs = !strcmp(key, "reserve_after_s")  ? &cfg->reserve_after_s
+                   : !strcmp(key, "runs_keep_days") ? &cfg->runs_keep_days
+                                                    : NULL;
+    if (secs) return cfg_number(v, key, 0, secs, path, ei);
     return cfg_error(ei, path, k, "%s: unknown key", key);
 }
 
@@ -237,6 +382,16 @@ int ddpd_split_hostport(const char *s, char *host, size_t hostlen, int *port)
 
 int ddpd_config_finish(ddpd_config_t *cfg, ddp_errinfo_t *ei)
 {
+    /* the name peers know this node by becomes a directory name on them and a word in logs */
+    if (!ddp_spec_name_ok(cfg->node_name))
+        return ddp_errinfo_set(ei, DDP_EINVAL, "node_name '%s' must use only letters, digits, "
+                               "'-', '_' and '.', and start with a letter or digit; set "
+                               "node_name (or --node-name)", cfg->node_name);
+    for (int i = 0; i < cfg->n_peers; i++)
+        if (cfg->peers[i].name[0] && !ddp_spec_name_ok(cfg->peers[i].name))
+            return ddp_errinfo_set(ei, DDP_EINVAL, "peers[%d].name '%s' is not a valid node name",
+                                   i, cfg->peers[i].name);
+    if (cfg->status_public < 0) cfg->status_public = geteuid() != 0;
     if (!cfg->run_dir[0]) {
         int n = snprintf(cfg->run_dir, sizeof cfg->run_dir, "%s/runs", cfg->state_dir);
         if (n >= (int)sizeof cfg->run_dir)

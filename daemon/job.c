@@ -27,6 +27,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/coord.h"
+#include "daemon/exec_rank.h"
 #include "daemon/job_tail.h"
 #include "daemon/link.h"
 #include "daemon/remote.h"
@@ -78,6 +79,7 @@ void ddpd__job_free(ddpd_job_t *j)
             break;
         }
     ddpd_tail_close(&j->tail);
+    free(j->groups);
     free(j->spec_json);
     free(j->rank_node);
     free(j->remote_alive);
@@ -128,14 +130,14 @@ static void fs_cb(uv_fs_event_t *h, const char *name, int events, int status)
     ddpd_job_t *j = h->data;
     (void)events;
     if (status == 0 && name && !strcmp(name, "metrics.jsonl") &&
-        ddpd_tail_read(&j->tail, j->run_dir))
+        ddpd_tail_read(&j->tail, j->run_dir, j->uid))
         ddpd__job_notify(j, DDPD_JOB_PROGRESS);
 }
 
 static void tail_cb(uv_timer_t *t)
 {
     ddpd_job_t *j = t->data;
-    if (ddpd_tail_read(&j->tail, j->run_dir)) ddpd__job_notify(j, DDPD_JOB_PROGRESS);
+    if (ddpd_tail_read(&j->tail, j->run_dir, j->uid)) ddpd__job_notify(j, DDPD_JOB_PROGRESS);
 }
 
 void ddpd__job_watch_run_dir(ddpd_job_t *j)
@@ -151,7 +153,7 @@ static void finish(ddpd_job_t *j)
 {
     ddpd_t *d = j->d;
     if (ddpd_state_terminal(j->state)) return;
-    ddpd_tail_read(&j->tail, j->run_dir);
+    ddpd_tail_read(&j->tail, j->run_dir, j->uid);
     uv_timer_stop(&j->tail_timer);
     uv_timer_stop(&j->kill_timer);
     int code = -1;
@@ -230,6 +232,10 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
     else if (code < 0)
         snprintf(j->fail_why, sizeof j->fail_why, "rank %d ended without recording an exit "
                  "status (killed or crashed; see rank-%d.log)", rank, rank);
+    else if (code == DDPD_EXEC_FAILED)
+        snprintf(j->fail_why, sizeof j->fail_why, "rank %d could not be started as uid %u (its "
+                 "log, its run directory or its working directory; see rank-%d.log, else the "
+                 "daemon's log)", rank, j->uid, rank);
     else
         snprintf(j->fail_why, sizeof j->fail_why, "rank %d exited with code %d (see rank-%d.log)",
                  rank, code, rank);
@@ -240,6 +246,8 @@ static void rank_failed(ddpd_job_t *j, int rank, int code, int sig)
 /* The launch description of this job's local ranks. */
 static void launch_of(ddpd_job_t *j, ddpd_launch_t *l)
 {
+    ddpd_quota_t q;
+    ddpd_config_quota(&j->d->cfg, j->uid, &q);
     int n_local = 0;
     for (int r = 0; r < j->world; r++) n_local += j->rank_node[r] == 0;
     *l = (ddpd_launch_t){.worker_bin = j->d->cfg.worker_bin,
@@ -252,18 +260,23 @@ static void launch_of(ddpd_job_t *j, ddpd_launch_t *l)
                          .world = j->world,
                          .local_world = n_local,
                          .threads = j->threads,
-                         .as_user = 1,
                          .elastic = j->elastic,
                          .uid = j->uid,
-                         .gid = j->gid};
+                         .gid = j->gid,
+                         .groups = j->groups,
+                         .n_groups = j->n_groups,
+                         .log_bytes = q.log_bytes,
+                         .metrics_bytes = q.metrics_bytes,
+                         .tensorboard_bytes = q.tensorboard_bytes};
 }
 
 /* Elastic: whether a local rank that ended with code/sig is spawned again to rejoin. Not after
- * our own signal, a cancel, the coordinator's verdict, a bad spec (exit 2), or its last restart. */
+ * our own signal, a cancel, the coordinator's verdict, a bad spec (exit 2), a rank that could
+ * not be started (DDPD_EXEC_FAILED), or its last restart. */
 static int restart_wanted(ddpd_job_t *j, const ddpd_proc_t *p, int code)
 {
     return j->coord && !j->signalled && !j->cancel_requested && !j->fail_why[0] && code != 2 &&
-           p->restarts < j->max_restarts;
+           code != DDPD_EXEC_FAILED && p->restarts < j->max_restarts;
 }
 
 
@@ -563,7 +576,8 @@ static int launch_remote(ddpd_job_t *j, int node, const int *ranks, int cnt)
     ddpd_remote_start_t rs = {.job = j->id, .name = j->name, .rdzv = j->rdzv, .token = j->token,
                               .spec_json = j->spec_json, .cwd = j->cwd, .ranks = ranks, .n = cnt,
                               .world = j->world, .threads = j->threads, .elastic = j->elastic,
-                              .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid};
+                              .max_restarts = j->max_restarts, .uid = j->uid, .gid = j->gid,
+                              .groups = j->groups, .n_groups = j->n_groups};
     int rc = ddpd_remote_launch(j->d, node - 1, &rs);
     if (rc != 0) return rc;
     for (int k = 0; k < cnt; k++) {
@@ -651,14 +665,15 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
     ddpd__job_set_state(j, DDPD_STARTING, "placed on %s, %s %s", where,
                         j->elastic ? "elastic, coordinator" : "rendezvous", j->rdzv);
 
-    int rc = ddpd_write_spec(j->run_dir, j->spec_json, j->spec_path, sizeof j->spec_path);
+    char why[512];
+    int rc = ddpd_write_spec(j->run_dir, j->spec_json, j->uid, j->gid, j->spec_path,
+                             sizeof j->spec_path, why, sizeof why);
     if (rc != 0) {
-        snprintf(j->fail_why, sizeof j->fail_why, "cannot write %.150s: %.60s", j->spec_path,
-                 ddp_strerror(rc));
+        snprintf(j->fail_why, sizeof j->fail_why, "cannot write the job's spec: %.400s", why);
         ddpd__job_maybe_finish(j);
         return;
     }
-    ddpd_tail_read(&j->tail, j->run_dir); /* skip what an earlier run (re-queue) left */
+    ddpd_tail_read(&j->tail, j->run_dir, j->uid); /* skip what an earlier run (re-queue) left */
     ddpd__job_watch_run_dir(j);
 
     j->procs = ddp_calloc((size_t)j->world, sizeof *j->procs);
@@ -670,7 +685,6 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
     }
     for (int r = 0; r < j->world && !j->fail_why[0]; r++) {
         if (rank_node[r] != 0) continue;
-        char why[512];
         if (spawn_local(j, r, why, sizeof why) != 0) {
             DDP_ERROR("job %lld: %s", (long long)j->id, why);
             snprintf(j->fail_why, sizeof j->fail_why, "%.250s", why);
@@ -707,7 +721,6 @@ void ddpd_job_start(ddpd_job_t *j, int *rank_node)
 
 int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid)
 {
-    if (uid != 0 && uid != j->uid) return DDP_EPERM;
     if (ddpd_state_terminal(j->state)) return DDP_EINVAL;
     if (j->cancel_requested) return 0;
     j->cancel_requested = 1;

@@ -77,22 +77,30 @@ void ddpd_job_on_change(ddpd_t *d, ddpd_job_change_fn fn, void *arg);
 const char *ddpd_state_name(ddpd_state_t s);
 int ddpd_state_terminal(ddpd_state_t s);
 
-/* What a client asked for. spec_text is the YAML/JSON text; origin names it in errors. */
+/* What a client asked for, its spec already parsed and validated (submit.c parses it off the
+ * loop thread). */
 typedef struct ddpd_submit {
-    const char *spec_text;
-    size_t spec_len;
-    const char *origin;
-    const char *name;  /* override or NULL */
+    struct ddp_spec *spec; /* the caller's; the job takes what it needs (see take_spec) */
+    const char *name;  /* override (a valid job name: ddp_spec_name_ok) or NULL */
     const char *cwd;   /* submitter's directory or NULL */
     int workers;       /* override (> 0) or 0 */
     int capacity;      /* slots in the cluster: a job that needs more is refused */
     uint32_t uid, gid;
+    const uint32_t *groups; /* the submitter's supplementary groups (copied) */
+    int n_groups;
 } ddpd_submit_t;
 
-/* Validates the spec (ei gets field path, line and column), stores and queues the job, and
- * kicks the scheduler. Returns 0 with *out set, DDP_ESPEC, DDP_EBUSY (more ranks than the
- * cluster has slots; ei says so), DDP_EABORTED (shutting down) or another error. */
+/* Stores and queues the job, and kicks the scheduler. Returns 0 with *out set, DDP_EBUSY (more
+ * ranks than the cluster has slots; ei says so), DDP_EQUOTA (the user's queued-jobs quota),
+ * DDP_EABORTED (shutting down), DDP_ESQL (the store cannot record it; ei says why) or another
+ * error. */
 int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_errinfo_t *ei);
+
+/* Jobs of uid waiting in the queue, and ranks of uid's started jobs that are not over. */
+int ddpd_job_queued_of(ddpd_t *d, uint32_t uid);
+int ddpd_job_ranks_of(ddpd_t *d, uint32_t uid);
+/* When the job was submitted (wall clock, ms): the scheduler's age. */
+int64_t ddpd_job_submitted_ms(const ddpd_job_t *j);
 
 /* Re-queues a job found queued in the store at start-up. */
 int ddpd_job_requeue(ddpd_t *d, json_t *row);
@@ -104,8 +112,9 @@ ddpd_job_t *ddpd_job_find(ddpd_t *d, int64_t id);
  * rank_node (length world; ownership moves to the job) says where each rank runs. */
 void ddpd_job_start(ddpd_job_t *j, int *rank_node);
 
-/* Cancel by `uid`: a queued job ends at once; a running one gets SIGTERM, then SIGKILL after
- * the grace period. Returns 0, DDP_EPERM (not the owner or root) or DDP_EINVAL (finished). */
+/* Cancel by `uid` (recorded; whether uid may cancel it is the caller's to decide): a queued job
+ * ends at once; a running one gets SIGTERM, then SIGKILL after the grace period. Returns 0 or
+ * DDP_EINVAL (finished). */
 int ddpd_job_cancel(ddpd_job_t *j, uint32_t uid);
 
 /* Ends every active job (daemon shutdown): queued ones fail at once, running ones get SIGTERM.

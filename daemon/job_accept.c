@@ -7,6 +7,8 @@
 #include "daemon/job_int.h"
 
 #include <errno.h>
+#include <grp.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "daemon/coord.h"
+#include "daemon/exec_rank.h"
 #include "daemon/slots.h"
+#include "daemon/userfs.h"
 #include "proto/spec.h"
 
 /* What the daemon keeps of a validated spec. */
@@ -34,25 +38,43 @@ static void take_spec(ddpd_job_t *j, const ddp_spec_t *spec)
     j->rejoin_timeout_s = spec->rejoin_timeout_s;
 }
 
+/* The job's run directory, the user's and private (userfs.h: never through a link). A job
+ * whose directory cannot be made fails when it starts (job.json cannot be written there). */
 static void make_run_dir(ddpd_job_t *j)
 {
-    if (mkdir(j->run_dir, 0750) != 0 && errno != EEXIST)
-        DDP_WARN("job %lld: mkdir %s: %s", (long long)j->id, j->run_dir, strerror(errno));
-    if (geteuid() == 0 && j->uid != 0 && chown(j->run_dir, j->uid, j->gid) != 0)
-        DDP_WARN("job %lld: chown %s: %s", (long long)j->id, j->run_dir, strerror(errno));
+    char why[512];
+    if (ddpd_rundir_make(j->run_dir, j->uid, j->gid, why, sizeof why) != 0)
+        DDP_WARN("job %lld: %s", (long long)j->id, why);
+}
+
+static int set_groups(ddpd_job_t *j, const uint32_t *groups, int n)
+{
+    j->groups = n ? ddp_malloc((size_t)n * sizeof *groups) : NULL;
+    if (n && !j->groups) return DDP_ENOMEM;
+    if (n) memcpy(j->groups, groups, (size_t)n * sizeof *groups);
+    j->n_groups = n;
+    return 0;
 }
 
 int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_errinfo_t *ei)
 {
     *out = NULL;
     if (d->stopping) return ddp_errinfo_set(ei, DDP_EABORTED, "the daemon is shutting down");
-    ddp_spec_t *spec = ddp_malloc(sizeof *spec);
-    if (!spec) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
-    int rc = ddp_spec_parse(spec, sub->spec_text, sub->spec_len, sub->origin, ei);
-    if (rc != 0) {
-        free(spec);
-        return rc;
-    }
+    ddp_spec_t *spec = sub->spec;
+    if (sub->n_groups > DDPD_MAX_GROUPS)
+        return ddp_errinfo_set(ei, DDP_EQUOTA, "uid %u has %d supplementary groups; ddpd runs "
+                               "jobs with at most %d", sub->uid, sub->n_groups, DDPD_MAX_GROUPS);
+    ddpd_quota_t q;
+    ddpd_config_quota(&d->cfg, sub->uid, &q);
+    int queued = ddpd_job_queued_of(d, sub->uid);
+    if (q.queued_jobs > 0 && queued >= q.queued_jobs)
+        return ddp_errinfo_set(ei, DDP_EQUOTA, "uid %u already has %d job(s) queued here, its "
+                               "quota (quotas.queued_jobs in ddpd.yaml); wait for some to start "
+                               "or cancel some", sub->uid, queued);
+    if (ddpd_store_full(d->store))
+        return ddp_errinfo_set(ei, DDP_ESQL, "the filesystem of the state directory %s is full: "
+                               "no new job is taken until it has room (running jobs go on and "
+                               "their records are kept)", d->cfg.state_dir);
     if (sub->workers > 0) {
         /* --workers N sets the job's size; the elastic range follows it where it must */
         spec->workers = sub->workers;
@@ -61,27 +83,22 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     }
     if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
     if (spec->workers < 1) spec->workers = 1;
-    int cap = sub->capacity;
+    int cap = sub->capacity, rc;
     if (spec->workers > cap) {
         rc = ddp_errinfo_set(ei, DDP_EBUSY,
                              "the job needs %d ranks but the cluster has %d slots (this node "
                              "%d); lower ddp.workers or add slots/peers",
                              spec->workers, cap, d->cfg.slots);
         ddp_errinfo_path(ei, "ddp.workers");
-        free(spec);
         return rc;
     }
     ddpd_job_t *j;
-    if ((rc = ddpd__job_new(d, &j)) != 0) {
-        free(spec);
-        return ddp_errinfo_set(ei, rc, "out of memory");
-    }
+    if ((rc = ddpd__job_new(d, &j)) != 0) return ddp_errinfo_set(ei, rc, "out of memory");
     j->spec_json = ddp_spec_to_json(spec);
     snprintf(j->name, sizeof j->name, "%s", spec->name[0] ? spec->name : "job");
     take_spec(j, spec);
     if (ddp_spec_warning(spec, j->warning, sizeof j->warning))
         DDP_WARN("job %lld (%s): %s", (long long)j->id, j->name, j->warning);
-    free(spec);
     j->uid = sub->uid;
     j->gid = sub->gid;
     snprintf(j->cwd, sizeof j->cwd, "%s", sub->cwd ? sub->cwd : "");
@@ -89,15 +106,24 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     j->submitted_ms = ddp_wall_ms();
     ddpd_jobrec_t rec = {.name = j->name,
                          .uid = j->uid,
+                         .gid = j->gid,
+                         .groups = sub->groups,
+                         .n_groups = sub->n_groups,
                          .world = j->world,
                          .spec_json = j->spec_json ? j->spec_json : "{}",
                          .run_dir = d->cfg.run_dir,
                          .cwd = j->cwd,
                          .token = j->token,
                          .submitted_ms = j->submitted_ms};
-    if (!j->spec_json || (rc = ddpd_store_job_insert(d->store, &rec, &j->id)) != 0) {
+    if (!j->spec_json || set_groups(j, sub->groups, sub->n_groups) != 0 ||
+        (rc = ddpd_store_job_insert(d->store, &rec, &j->id)) != 0) {
         rc = rc ? rc : DDP_ENOMEM;
-        ddp_errinfo_set(ei, rc, "cannot record the job: %s", ddp_strerror(rc));
+        if (rc == DDP_ESQL && ddpd_store_full(d->store))
+            ddp_errinfo_set(ei, rc, "the filesystem of the state directory %s is full: no new job "
+                            "is taken until it has room", d->cfg.state_dir);
+        else
+            ddp_errinfo_set(ei, rc, "cannot record the job: %s (see the daemon's log)",
+                            ddp_strerror(rc));
         ddpd__job_discard(j);
         return rc;
     }
@@ -112,6 +138,66 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     ddpd__job_notify(j, DDPD_JOB_STATE);
     *out = j;
     return 0;
+}
+
+/* The user a stored job runs as: its uid, with the gid and groups the store recorded. A row of
+ * an older ddpd has none: they come from the user database (the uid's passwd entry, then
+ * getgrouplist), never gid = uid. NSS may be slow: this runs at start-up, before the daemon
+ * serves anyone. Returns 0 or DDP_EPERM with why filled. */
+static int stored_creds(ddpd_job_t *j, json_t *row, char *why, size_t whylen)
+{
+    j->uid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
+    json_t *gid = json_object_get(row, "gid"), *groups = json_object_get(row, "groups");
+    if (json_is_integer(gid) && json_is_array(groups)) {
+        j->gid = (uint32_t)json_integer_value(gid);
+        size_t n = json_array_size(groups), i;
+        json_t *g;
+        if (n > DDPD_MAX_GROUPS || !(j->groups = ddp_calloc(n ? n : 1, sizeof *j->groups)))
+            return snprintf(why, whylen, "its recorded groups cannot be used"), DDP_EPERM;
+        json_array_foreach(groups, i, g) j->groups[i] = (uint32_t)json_integer_value(g);
+        j->n_groups = (int)n;
+        return 0;
+    }
+    struct passwd *pw = getpwuid(j->uid);
+    if (!pw) {
+        snprintf(why, whylen, "uid %u has no passwd entry, and an older ddpd stored the job "
+                 "without its groups: its ranks cannot be started as that user", j->uid);
+        return DDP_EPERM;
+    }
+    j->gid = pw->pw_gid;
+    int n = 64;
+    gid_t *g = NULL;
+    for (int tries = 0; tries < 4; tries++) {
+        gid_t *ng = ddp_realloc(g, (size_t)n * sizeof *g);
+        if (!ng) break;
+        g = ng;
+        int want = n;
+        if (getgrouplist(pw->pw_name, pw->pw_gid, g, &want) >= 0) {
+            n = want;
+            j->groups = ddp_calloc((size_t)(n ? n : 1), sizeof *j->groups);
+            for (int i = 0; j->groups && i < n; i++) j->groups[i] = g[i];
+            j->n_groups = j->groups ? n : 0;
+            free(g);
+            return j->groups && n <= DDPD_MAX_GROUPS ? 0 : DDP_EPERM;
+        }
+        n = want > n ? want : n * 2;
+    }
+    free(g);
+    snprintf(why, whylen, "the groups of uid %u cannot be read", j->uid);
+    return DDP_EPERM;
+}
+
+/* A stored name that an older ddpd took unchecked (params.name) is not used as it is. */
+static void stored_name(ddpd_job_t *j, json_t *row)
+{
+    const char *name = json_string_value(json_object_get(row, "name"));
+    if (name && ddp_spec_name_ok(name)) {
+        snprintf(j->name, sizeof j->name, "%s", name);
+        return;
+    }
+    snprintf(j->name, sizeof j->name, "job");
+    DDP_WARN("job %lld: its stored name is not a valid job name; it is shown as 'job'",
+             (long long)j->id);
 }
 
 int ddpd_job_requeue(ddpd_t *d, json_t *row)
@@ -135,9 +221,16 @@ int ddpd_job_requeue(ddpd_t *d, json_t *row)
     take_spec(j, spec);
     free(spec);
     j->id = json_integer_value(json_object_get(row, "id"));
-    j->uid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
-    j->gid = j->uid;
-    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
+    char why[400];
+    if (stored_creds(j, row, why, sizeof why) != 0) {
+        int rc = ddpd_store_job_transition(d->store, j->id, "queued", "failed", why,
+                                           ddp_wall_ms());
+        ddpd__job_check_stored(j, rc, "failure");
+        DDP_WARN("job %lld: not re-queued: %s", (long long)j->id, why);
+        ddpd__job_discard(j);
+        return DDP_EPERM;
+    }
+    stored_name(j, row);
     snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
     snprintf(j->run_dir, sizeof j->run_dir, "%s",
              json_string_value(json_object_get(row, "run_dir")));
@@ -195,8 +288,11 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
     }
     j->spec_json = ddp_strdup(spec_text);
     j->id = json_integer_value(json_object_get(row, "id"));
-    j->uid = j->gid = (uint32_t)json_integer_value(json_object_get(row, "uid"));
-    snprintf(j->name, sizeof j->name, "%s", json_string_value(json_object_get(row, "name")));
+    if (stored_creds(j, row, why, whylen) != 0) {
+        ddpd__job_discard(j);
+        return DDP_EPERM;
+    }
+    stored_name(j, row);
     snprintf(j->cwd, sizeof j->cwd, "%s", json_string_value(json_object_get(row, "cwd")));
     snprintf(j->run_dir, sizeof j->run_dir, "%s",
              json_string_value(json_object_get(row, "run_dir")));
@@ -241,7 +337,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
         j->n_unplaced++;
     }
     ddpd__job_link(d, j);
-    ddpd_tail_from_end(&j->tail, j->run_dir);
+    ddpd_tail_from_end(&j->tail, j->run_dir, j->uid);
     ddpd__job_watch_run_dir(j);
     int alive = 0;
     json_array_foreach(procs, i, v)
@@ -252,7 +348,7 @@ int ddpd_job_adopt(ddpd_t *d, json_t *row, char *why, size_t whylen)
         rc = ddpd_adopt_rank(d->loop, p, (int)json_integer_value(json_object_get(v, "pid")),
                              (int)json_integer_value(json_object_get(v, "rank")),
                              (int)json_integer_value(json_object_get(v, "local_rank")), j->token,
-                             j->run_dir);
+                             j->run_dir, j->uid);
         if (p->open) j->handles++;
         if (rc == 0) {
             alive++;

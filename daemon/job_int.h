@@ -22,7 +22,9 @@ struct ddpd_job {
     int64_t id;
     char name[128];
     char warning[256]; /* ddp_spec_warning's sentence for its spec ("": none) */
-    uint32_t uid, gid;
+    uint32_t uid, gid; /* the submitter: its ranks run as this user */
+    uint32_t *groups;  /* and with these supplementary groups (owned) */
+    int n_groups;
     ddpd_state_t state;
     char reason[512];
     int world, threads;

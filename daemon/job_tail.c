@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "daemon/userfs.h"
 
 static void tail_line(ddpd_tail_t *t, const char *line, size_t len)
 {
@@ -28,11 +29,10 @@ static void tail_line(ddpd_tail_t *t, const char *line, size_t len)
     } /* other events (a new generation) are not a step's record */
 }
 
-int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir)
+int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir, uint32_t owner)
 {
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    char why[256];
+    int fd = ddpd_userfile_open_in(run_dir, "metrics.jsonl", owner, why, sizeof why);
     if (fd < 0) return 0;
     char buf[65536];
     int got = 0;
@@ -52,22 +52,25 @@ int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir)
     return got;
 }
 
-void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir)
+void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir, uint32_t owner)
 {
-    char path[PATH_MAX + 32], buf[4096];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    char buf[4096], why[256];
     struct stat st;
-    if (stat(path, &st) != 0) return;
+    int fd = ddpd_userfile_open_in(run_dir, "metrics.jsonl", owner, why, sizeof why);
+    if (fd < 0) return;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return;
+    }
     t->off = st.st_size > 65536 ? st.st_size - 65536 : 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    ssize_t n = fd >= 0 && t->off > 0 ? pread(fd, buf, sizeof buf, t->off) : 0;
-    if (fd >= 0) close(fd);
+    ssize_t n = t->off > 0 ? pread(fd, buf, sizeof buf, t->off) : 0;
+    close(fd);
     for (ssize_t i = 0; i < n; i++) /* skip the first, partial, line */
         if (buf[i] == '\n') {
             t->off += i + 1;
             break;
         }
-    while (ddpd_tail_read(t, run_dir)) {
+    while (ddpd_tail_read(t, run_dir, owner)) {
     }
 }
 

@@ -24,12 +24,13 @@ typedef struct ddpd_tail {
 } ddpd_tail_t;
 
 /* Reads what rank 0 appended to <run_dir>/metrics.jsonl since the last call (at most 64 KiB a
- * call). Returns 1 if a new line was parsed. */
-int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir);
+ * call), a regular file of uid `owner` opened as userfs.h does (a FIFO or a symlink the user
+ * put there is not read). Returns 1 if a new line was parsed. */
+int ddpd_tail_read(ddpd_tail_t *t, const char *run_dir, uint32_t owner);
 
 /* Starts near the end of the file (an adopted job: the last step's record is all the view
  * needs) and reads to the end. */
-void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir);
+void ddpd_tail_from_end(ddpd_tail_t *t, const char *run_dir, uint32_t owner);
 
 /* Forgets the records. */
 void ddpd_tail_close(ddpd_tail_t *t);

@@ -20,6 +20,25 @@ uint32_t ddpd_job_uid(const ddpd_job_t *j) { return j->uid; }
 const char *ddpd_job_run_dir(const ddpd_job_t *j) { return j->run_dir; }
 const char *ddpd_job_warning(const ddpd_job_t *j) { return j->warning; }
 
+int64_t ddpd_job_submitted_ms(const ddpd_job_t *j) { return j->submitted_ms; }
+
+int ddpd_job_queued_of(ddpd_t *d, uint32_t uid)
+{
+    int n = 0;
+    for (const ddpd_job_t *j = d->jobs; j; j = j->next) n += ddpd_job_waiting(j) && j->uid == uid;
+    return n;
+}
+
+int ddpd_job_ranks_of(ddpd_t *d, uint32_t uid)
+{
+    int n = 0;
+    for (const ddpd_job_t *j = d->jobs; j; j = j->next)
+        if (j->uid == uid && !j->freeing && j->state != DDPD_QUEUED &&
+            !ddpd_state_terminal(j->state))
+            n += j->world;
+    return n;
+}
+
 int ddpd_job_rank_peer(const ddpd_job_t *j, int rank)
 {
     if (!j->rank_node || rank < 0 || rank >= j->world) return -1;

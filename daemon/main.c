@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "daemon/api.h"
 #include "daemon/ddpd.h"
+#include "daemon/exec_rank.h"
 #include "daemon/job.h"
 #include "daemon/http.h"
 #include "daemon/link.h"
@@ -134,6 +135,7 @@ static void on_signal(uv_signal_t *s, int signum)
     uv_timer_start(&d->stop_timer, on_stop_timer, 0, 100);
 }
 
+/* mkdir -p; the last component gets `mode` (the umask aside) when it is created. */
 static int mkdirs(const char *path, mode_t mode)
 {
     char p[PATH_MAX];
@@ -145,6 +147,25 @@ static int mkdirs(const char *path, mode_t mode)
             *s = '/';
         }
     if (mkdir(p, mode) != 0 && errno != EEXIST) return -errno;
+    return 0;
+}
+
+/* The state directory and the run directories' base. Under a root daemon both are root's and
+ * only traversable by others (0711): every user's job reaches its own run directory (0700, the
+ * user's) through them, and nobody lists anyone's. A directory an older ddpd made 0750 is
+ * opened up to 0711 here. A user's daemon keeps its own (0700). */
+static int open_layout(const ddpd_config_t *cfg)
+{
+    mode_t mode = geteuid() == 0 ? 0711 : 0700;
+    const char *dirs[] = {cfg->state_dir, cfg->run_dir};
+    for (int i = 0; i < 2; i++) {
+        int rc = mkdirs(dirs[i], mode);
+        if (rc) return rc;
+        struct stat st;
+        if (geteuid() == 0 && stat(dirs[i], &st) == 0 && st.st_uid == 0 &&
+            (st.st_mode & 07777) != mode && chmod(dirs[i], mode) != 0)
+            return -errno;
+    }
     return 0;
 }
 
@@ -161,6 +182,8 @@ int main(int argc, char **argv)
         {"ready-fd", required_argument, 0, O_READY}, {"check-config", no_argument, 0, O_CHECK},
         {"version", no_argument, 0, 'V'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    /* a rank being started: ddpd is its own exec helper (exec_rank.h), never a daemon here */
+    if (argc >= 2 && !strcmp(argv[1], DDPD_EXEC_RANK_ARG)) return ddpd_exec_rank_main(argc, argv);
     static ddpd_t dd;
     ddpd_t *d = &dd;
     char self[PATH_MAX];
@@ -250,7 +273,7 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     int rc;
-    if ((rc = mkdirs(d->cfg.state_dir, 0750)) != 0 || (rc = mkdirs(d->cfg.run_dir, 0755)) != 0) {
+    if ((rc = open_layout(&d->cfg)) != 0) {
         fprintf(stderr, "ddpd: cannot create %s or %s: %s\n", d->cfg.state_dir, d->cfg.run_dir,
                 strerror(-rc));
         return 73;

@@ -37,6 +37,8 @@
 #include "daemon/rpc.h"
 #include "daemon/sched.h"
 #include "daemon/slots.h"
+#include "daemon/submit.h"
+#include "daemon/userfs.h"
 #include "proto/spec.h"
 
 /* ---- param helpers: each returns 0, or sends -32602 and returns -1 ---- */
@@ -95,7 +97,7 @@ static void reply(ddpd_session_t *s, json_t *id, json_t *result)
         json_decref(result);
 }
 
-/* ---- job.submit ---- */
+/* ---- job.submit (submit.c does the work) ---- */
 
 static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
 {
@@ -115,88 +117,17 @@ static void m_submit(ddpd_session_t *s, json_t *id, json_t *params)
         bad_param(s, id, spec ? "path" : "spec", "exactly one of spec and path");
         return;
     }
-    if (cwd && cwd[0] != '/') {
+    if (cwd && (cwd[0] != '/' || strlen(cwd) >= PATH_MAX)) {
         bad_param(s, id, "cwd", "an absolute path");
         return;
     }
-    char *owned = NULL;
-    const char *text;
-    size_t len;
-    char origin[PATH_MAX + 8];
-    const char *inline_name = spec_origin && *spec_origin ? spec_origin : "<inline>";
-    if (path) {
-        char full[PATH_MAX * 2 + 2];
-        if (path[0] == '/' || !cwd)
-            snprintf(full, sizeof full, "%s", path);
-        else
-            snprintf(full, sizeof full, "%s/%s", cwd, path);
-        int err = ddp_file_read(full, DDPD_MAX_LINE, &owned, &len);
-        if (err) {
-            ddpd__send_error(s, id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", full),
-                             "cannot read spec %s: %s", full, ddp_strerror(err));
-            return;
-        }
-        /* the daemon may read what the submitter cannot: only when they could, too */
-        if (s->uid != 0 && s->uid != geteuid()) {
-            free(owned);
-            ddpd__send_error(s, id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", full),
-                             "send the spec text (params.spec) instead of a path when the "
-                             "daemon runs as another user");
-            return;
-        }
-        text = owned;
-        snprintf(origin, sizeof origin, "%s", path);
-    } else if (json_is_string(spec)) {
-        text = json_string_value(spec);
-        len = json_string_length(spec);
-        snprintf(origin, sizeof origin, "%s", inline_name);
-    } else {
-        owned = json_dumps(spec, JSON_COMPACT);
-        if (!owned) {
-            ddpd__send_error(s, id, DDPD_RPC_INTERNAL, NULL, "out of memory");
-            return;
-        }
-        text = owned;
-        len = strlen(owned);
-        snprintf(origin, sizeof origin, "%s", inline_name);
-    }
-    ddpd_submit_t sub = {.capacity = ddpd_sched_capacity(s->d),
-                         .spec_text = text,
-                         .spec_len = len,
-                         .origin = origin,
-                         .name = name,
-                         .cwd = cwd,
-                         .workers = (int)workers,
-                         .uid = s->uid,
-                         .gid = s->gid};
-    ddp_errinfo_t ei;
-    ddp_errinfo_clear(&ei);
-    ddpd_job_t *j = NULL;
-    int rc = ddpd_job_submit(s->d, &sub, &j, &ei);
-    free(owned);
-    if (rc == 0) {
-        json_t *res = json_pack("{sI ss ss si ss}", "id", (json_int_t)ddpd_job_id(j), "name",
-                                ddpd_job_name(j), "state", ddpd_state_name(ddpd_job_state(j)),
-                                "world", ddpd_job_world(j), "run_dir", ddpd_job_run_dir(j));
-        if (ddpd_job_warning(j)[0])
-            json_object_set_new(res, "warning", json_string(ddpd_job_warning(j)));
-        reply(s, id, res);
+    /* the name becomes a word in the daemon's log, the status page and the run's records */
+    if (name && *name && !ddp_spec_name_ok(name)) {
+        bad_param(s, id, "name", "a job name: letters, digits, '-', '_' and '.', starting with a "
+                                 "letter or digit, at most 127 bytes");
         return;
     }
-    json_t *data = json_pack("{ss ss si si}", "path", ei.path, "origin", origin, "line", ei.line,
-                             "column", ei.column);
-    int code = rc == DDP_ESPEC       ? DDPD_RPC_BAD_SPEC
-               : rc == DDP_EBUSY     ? DDPD_RPC_NO_CAPACITY
-               : rc == DDP_EABORTED  ? DDPD_RPC_STOPPING
-               : rc == DDP_ESQL      ? DDPD_RPC_STORE
-                                     : DDPD_RPC_BAD_SPEC;
-    if (code == DDPD_RPC_BAD_SPEC && rc != DDP_ESPEC)
-        json_object_set_new(data, "error", json_string(ddp_err_name(rc)));
-    char where[1024];
-    /* a spec error reads as ddp-worker prints it: the spec's name first, then the field */
-    ddpd__send_error(s, id, code, data, "%s",
-                     rc == DDP_ESPEC ? ddp_spec_errstr(&ei, origin, where, sizeof where)
-                                     : ddp_errinfo_str(&ei, where, sizeof where));
+    ddpd__submit(s, id, path, cwd, name, spec_origin, (int)workers, spec);
 }
 
 /* ---- job.list / job.get ---- */
@@ -235,7 +166,9 @@ static void m_list(ddpd_session_t *s, json_t *id, json_t *params)
         }
     }
     json_t *arr;
-    if (ddpd_store_job_list(s->d->store, state, (int)limit, &arr) != 0) {
+    /* a user sees their own jobs; root and the admin group see everyone's */
+    if (ddpd_store_job_list(s->d->store, state, s->admin ? -1 : (int64_t)s->uid, (int)limit,
+                            &arr) != 0) {
         ddpd__send_error(s, id, DDPD_RPC_STORE, NULL, "the job store failed (see daemon log)");
         return;
     }
@@ -245,6 +178,17 @@ static void m_list(ddpd_session_t *s, json_t *id, json_t *params)
     reply(s, id, json_pack("{so}", "jobs", arr));
 }
 
+/* Says that job jid is another user's (1003): its id exists (ids are sequential, so that is no
+ * secret), but nothing of it is shown: not its name, owner, spec, paths or logs. */
+static void not_yours(ddpd_session_t *s, json_t *id, long long jid)
+{
+    ddpd__send_error(s, id, DDPD_RPC_DENIED, json_pack("{sI}", "id", (json_int_t)jid),
+                     "job %lld is another user's: only its owner, root and the members of "
+                     "admin_group may see or cancel it", jid);
+}
+
+/* The store's record of job jid when the session may see it; otherwise the error is sent and
+ * -1 returned. */
 static int get_job_row(ddpd_session_t *s, json_t *id, long long jid, int with_spec, json_t **out)
 {
     int rc = ddpd_store_job_get(s->d->store, jid, with_spec, out);
@@ -255,6 +199,12 @@ static int get_job_row(ddpd_session_t *s, json_t *id, long long jid, int with_sp
     }
     if (rc != 0) {
         ddpd__send_error(s, id, DDPD_RPC_STORE, NULL, "the job store failed (see daemon log)");
+        return -1;
+    }
+    if (!ddpd__session_may_see(s, (uint32_t)json_integer_value(json_object_get(*out, "uid")))) {
+        json_decref(*out);
+        *out = NULL;
+        not_yours(s, id, jid);
         return -1;
     }
     return 0;
@@ -277,6 +227,10 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
     long long jid;
     if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
     ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (j && !ddpd__session_may_see(s, ddpd_job_uid(j))) {
+        not_yours(s, id, jid);
+        return;
+    }
     if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
         json_t *row;
         if (get_job_row(s, id, jid, 0, &row)) return;
@@ -288,14 +242,7 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
         json_decref(row);
         return;
     }
-    int rc = ddpd_job_cancel(j, s->uid);
-    if (rc == DDP_EPERM) {
-        ddpd__send_error(s, id, DDPD_RPC_DENIED,
-                         json_pack("{sI si}", "id", (json_int_t)jid, "owner", (int)ddpd_job_uid(j)),
-                         "job %lld belongs to uid %u; only that user or root may cancel it",
-                         jid, ddpd_job_uid(j));
-        return;
-    }
+    ddpd_job_cancel(j, s->uid);
     reply(s, id,
           json_pack("{sI ss}", "id", (json_int_t)jid, "state", ddpd_state_name(ddpd_job_state(j))));
 }
@@ -330,9 +277,9 @@ static void m_logs(ddpd_session_t *s, json_t *id, json_t *params)
     json_t *row;
     if (get_job_row(s, id, jid, 0, &row)) return;
     int world = (int)json_integer_value(json_object_get(row, "world"));
-    char path[PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/rank-%lld.log",
-             json_string_value(json_object_get(row, "run_dir")), rank);
+    char run_dir[PATH_MAX];
+    snprintf(run_dir, sizeof run_dir, "%s", json_string_value(json_object_get(row, "run_dir")));
+    uint32_t owner = (uint32_t)json_integer_value(json_object_get(row, "uid"));
     json_decref(row);
     if (rank >= world) {
         bad_param(s, id, "rank", "a rank of the job (0..world-1)");
@@ -352,12 +299,15 @@ static void m_logs(ddpd_session_t *s, json_t *id, json_t *params)
     st->rank = (int)rank;
     st->follow = follow;
     st->off = off;
-    snprintf(st->path, sizeof st->path, "%s", path);
+    st->owner = owner;
+    snprintf(st->path, sizeof st->path, "%s", run_dir);
     ddpd__service_logs(s);
 }
 
 /* Reads what is new in each log stream (bounded per call so one big log cannot stall the loop
- * or fill memory: 256 KiB per stream per tick, and only while the client keeps up). */
+ * or fill memory: 256 KiB per stream per tick, and only while the client keeps up). The log is
+ * opened as userfs.h says: a regular file of the job's user, never through a symlink or a FIFO
+ * the user put in its place. */
 void ddpd__service_logs(ddpd_session_t *s)
 {
     for (ddpd_stream_t *st = s->streams, *next; st; st = next) {
@@ -366,7 +316,13 @@ void ddpd__service_logs(ddpd_session_t *s)
         if (s->pipe.write_queue_size > (1u << 20)) continue;
         ddpd_job_t *j = ddpd_job_find(s->d, st->job);
         int active = j && !ddpd_state_terminal(ddpd_job_state(j));
-        int fd = open(st->path, O_RDONLY | O_CLOEXEC);
+        char name[32], why[256];
+        snprintf(name, sizeof name, "rank-%d.log", st->rank);
+        int fd = ddpd_userfile_open_in(st->path, name, st->owner, why, sizeof why);
+        if (fd < 0 && fd != -ENOENT && !st->refused) {
+            st->refused = 1;
+            DDP_WARN("job %lld: its log not read: %s", (long long)st->job, why);
+        }
         int eof = 1;
         if (fd >= 0) {
             char buf[65536];
@@ -391,7 +347,8 @@ void ddpd__service_logs(ddpd_session_t *s)
         json_t *res = json_pack("{sI si sI ss}", "job", (json_int_t)st->job, "rank", st->rank,
                                 "bytes", (json_int_t)st->off, "end",
                                 st->follow ? "job_ended" : "eof");
-        if (fd < 0) json_object_set_new(res, "missing", json_true());
+        if (fd == -ENOENT) json_object_set_new(res, "missing", json_true());
+        if (fd < 0 && fd != -ENOENT) json_object_set_new(res, "refused", json_string(why));
         ddpd__stream_end(s, st, res);
     }
 }
@@ -424,6 +381,10 @@ static void m_watch(ddpd_session_t *s, json_t *id, json_t *params)
         json_t *row;
         if (get_job_row(s, id, jid, 0, &row)) return;
         reply(s, id, row);
+        return;
+    }
+    if (!ddpd__session_may_see(s, ddpd_job_uid(j))) {
+        not_yours(s, id, jid);
         return;
     }
     ddpd_stream_t *st = stream_new(s, id, DDPD_STREAM_WATCH, jid);

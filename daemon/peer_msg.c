@@ -12,6 +12,8 @@
 
 #include "common/alloc.h"
 #include "common/err.h"
+#include "daemon/exec_rank.h"
+#include "proto/spec.h"
 
 static const char *const NAMES[] = {
     [DDPD_PMSG_ANY] = "message",    [DDPD_PMSG_HELLO] = "hello",
@@ -132,10 +134,10 @@ static int get_mac(ctx_t *c, const char *k, const char **out)
     return rc;
 }
 
-/* An array of [min_n, max_n] integers, each in [lo, hi], copied to a new array (NULL when
- * empty) that the caller owns. */
-static int get_ranks(ctx_t *c, const char *k, size_t min_n, size_t max_n, int lo, int hi,
-                     int **out, int *n_out)
+/* An array of [min_n, max_n] integers (`noun` in the refusal), each in [lo, hi], copied to a
+ * new array (NULL when empty) that the caller owns. */
+static int get_ints(ctx_t *c, const char *k, const char *noun, size_t min_n, size_t max_n,
+                    int lo, int hi, int **out, int *n_out)
 {
     int rc = 0;
     json_t *v = field(c, k, &rc);
@@ -143,7 +145,7 @@ static int get_ranks(ctx_t *c, const char *k, size_t min_n, size_t max_n, int lo
     if (!json_is_array(v)) return fail(c, k, "not an array");
     size_t n = json_array_size(v);
     if (n < min_n) return fail(c, k, "empty");
-    if (n > max_n) return fail(c, k, "%zu ranks, more than %zu", n, max_n);
+    if (n > max_n) return fail(c, k, "%zu %s, more than %zu", n, noun, max_n);
     int *r = n ? ddp_malloc(n * sizeof *r) : NULL;
     if (n && !r) {
         snprintf(c->why, c->why_len, "%s: out of memory", c->kind);
@@ -167,15 +169,25 @@ static int get_ranks(ctx_t *c, const char *k, size_t min_n, size_t max_n, int lo
 
 /* ---- one reader per kind: fields in the order the sender writes them ---- */
 
+/* A node name: it becomes a directory name on this node and a word in its log. */
+static int get_node(ctx_t *c, const char *k, const char **out)
+{
+    DDP_CHECK(get_str(c, k, 1, DDPD_PMSG_NODE_MAX, out));
+    if (!ddp_spec_name_ok(*out))
+        return fail(c, k, "not a node name (letters, digits, '-', '_' and '.', starting with a "
+                          "letter or digit)");
+    return 0;
+}
+
 static int read_hello(ctx_t *c, ddpd_pmsg_t *m)
 {
-    DDP_CHECK(get_str(c, "hello", 0, DDPD_PMSG_NODE_MAX, &m->u.hello.node));
+    DDP_CHECK(get_node(c, "hello", &m->u.hello.node));
     return get_hex(c, "nonce", m->u.hello.nonce, sizeof m->u.hello.nonce);
 }
 
 static int read_challenge(ctx_t *c, ddpd_pmsg_t *m)
 {
-    DDP_CHECK(get_str(c, "node", 0, DDPD_PMSG_NODE_MAX, &m->u.challenge.node));
+    DDP_CHECK(get_node(c, "node", &m->u.challenge.node));
     DDP_CHECK(get_hex(c, "nonce", m->u.challenge.nonce, sizeof m->u.challenge.nonce));
     return get_mac(c, "mac", &m->u.challenge.mac);
 }
@@ -187,12 +199,12 @@ static int read_ok(ctx_t *c, ddpd_pmsg_t *m)
     int ok = 0;
     DDP_CHECK(get_bool(c, "ok", &ok));
     if (!ok) return fail(c, "ok", "false");
-    return get_str(c, "node", 0, DDPD_PMSG_NODE_MAX, &m->u.ok.node);
+    return get_node(c, "node", &m->u.ok.node);
 }
 
 static int read_status(ctx_t *c, ddpd_pmsg_t *m)
 {
-    DDP_CHECK(get_str(c, "node", 0, DDPD_PMSG_NODE_MAX, &m->u.status.node));
+    DDP_CHECK(get_node(c, "node", &m->u.status.node));
     DDP_CHECK(get_int(c, "slots", 0, DDPD_PMSG_MAX_SLOTS, &m->u.status.slots));
     return get_int(c, "free", 0, m->u.status.slots, &m->u.status.free);
 }
@@ -216,7 +228,16 @@ static int read_start(ctx_t *c, ddpd_pmsg_t *m)
     s->uid = (uint32_t)uid;
     s->gid = (uint32_t)gid;
     size_t most = (size_t)s->world < DDPD_PMSG_MAX_RANKS ? (size_t)s->world : DDPD_PMSG_MAX_RANKS;
-    return get_ranks(c, "ranks", 1, most, 0, s->world - 1, &s->ranks, &s->n_ranks);
+    DDP_CHECK(get_ints(c, "ranks", "ranks", 1, most, 0, s->world - 1, &s->ranks, &s->n_ranks));
+    if (!json_object_get(c->o, "groups")) return 0; /* an older coordinator */
+    int *g = NULL, n = 0;
+    /* gids are below 2^32 - 1; get_ints reads ints, so those above INT_MAX arrive negative as
+     * the uid does */
+    DDP_CHECK(get_ints(c, "groups", "groups", 0, DDPD_MAX_GROUPS, INT32_MIN, INT32_MAX, &g, &n));
+    s->groups = (uint32_t *)g; /* same size; each int's bits are the gid */
+    s->n_groups = n;
+    s->has_groups = 1;
+    return 0;
 }
 
 static int read_kill(ctx_t *c, ddpd_pmsg_t *m)
@@ -247,7 +268,7 @@ static int read_failed(ctx_t *c, ddpd_pmsg_t *m)
 static int read_adopted(ctx_t *c, ddpd_pmsg_t *m)
 {
     DDP_CHECK(get_i64(c, "job", 0, INT64_MAX, &m->u.adopted.job));
-    return get_ranks(c, "ranks", 0, DDPD_PMSG_MAX_RANKS, 0, DDPD_PMSG_MAX_WORLD - 1,
+    return get_ints(c, "ranks", "ranks", 0, DDPD_PMSG_MAX_RANKS, 0, DDPD_PMSG_MAX_WORLD - 1,
                      &m->u.adopted.ranks, &m->u.adopted.n_ranks);
 }
 
@@ -349,7 +370,10 @@ int ddpd_pmsg_parse(const char *line, size_t len, ddpd_pmsg_kind_t expect, ddpd_
 void ddpd_pmsg_close(ddpd_pmsg_t *m)
 {
     if (!m) return;
-    if (m->kind == DDPD_PMSG_START) free(m->u.start.ranks);
+    if (m->kind == DDPD_PMSG_START) {
+        free(m->u.start.ranks);
+        free(m->u.start.groups);
+    }
     if (m->kind == DDPD_PMSG_ADOPTED) free(m->u.adopted.ranks);
     json_decref(m->root);
     memset(m, 0, sizeof *m);

@@ -12,15 +12,17 @@
  * Authenticated, told apart by "t":
  *   STATUS    {"t":"status", "node", "slots", "free"}     a node's slots (listener -> dialer)
  *   START     {"t":"start", "job", "name", "ranks":[..], "world", "rdzv", "token", "spec",
- *              "cwd", "uid", "gid", "threads", "elastic", "max_restarts"}  coordinator -> node
+ *              "cwd", "uid", "gid", "threads", "elastic", "max_restarts"[, "groups":[..]]}
+ *                                                                          coordinator -> node
  *   KILL      {"t":"kill", "job", "pid", "host_id"}       coordinator -> node
  *   SIGNAL    {"t":"signal", "job", "sig"}                coordinator -> node
  *   STARTED   {"t":"started", "job", "n"}                 node -> coordinator
  *   FAILED    {"t":"failed", "job", "why"}                node -> coordinator
  *   ADOPTED   {"t":"adopted", "job", "ranks":[..]}        node -> coordinator
  *   EXIT      {"t":"exit", "job", "rank", "code", "sig"}  node -> coordinator
- * Every field a sender writes is required, with its JSON type, its range and, for strings, its
- * length (the limits below); fields this version does not read are allowed (a newer sender may
+ * Every field a sender writes is required (but START's "groups", which older senders lack),
+ * with its JSON type, its range and, for strings, its length (the limits below); node names
+ * must be valid job names (ddp_spec_name_ok: they become directory names and log words); fields this version does not read are allowed (a newer sender may
  * add some), duplicate keys and bytes after the object are not. An authenticated message whose
  * "t" this version does not know parses as UNKNOWN, so that a newer peer is not cut off.
  * Thread-safe (no shared state).
@@ -72,6 +74,8 @@ typedef struct ddpd_pmsg_start {
     int threads, max_restarts;
     uint32_t uid, gid; /* sent as C ints: a uid over INT_MAX arrives negative */
     int elastic;
+    uint32_t *groups; /* optional "groups" (owned; NULL when absent: an older coordinator) */
+    int n_groups, has_groups;
 } ddpd_pmsg_start_t;
 
 typedef struct ddpd_pmsg {

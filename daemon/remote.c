@@ -6,7 +6,9 @@
  */
 #include "daemon/remote.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,15 +16,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <dirent.h>
 
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/host.h"
 #include "common/log.h"
 #include "daemon/link.h"
+#include "daemon/exec_rank.h"
 #include "daemon/slots.h"
 #include "daemon/spawn.h"
+#include "daemon/userfs.h"
+#include "proto/spec.h"
 
 typedef struct guest guest_t;
 
@@ -41,6 +45,8 @@ struct guest {
     char spec_path[PATH_MAX + 16];
     json_t *start;    /* the start request, kept for guest.json: it owns st's strings */
     ddpd_pmsg_start_t st; /* the start request, parsed (its ranks are not kept) */
+    uint32_t *groups;     /* the ranks' supplementary groups (owned) */
+    int n_groups;
     int max_restarts; /* elastic: a rank that dies is spawned again this many times */
     int signalled;    /* the coordinator sent a signal: no restarts any more */
     int64_t orphan_ns; /* when its coordinator's link went (0: linked, or never was) */
@@ -80,7 +86,15 @@ static void guest_report(guest_t *g, json_t *m)
     json_array_append_new(g->pending, m);
 }
 
-/* <run_dir>/guest.json: what a restarted daemon needs to take the guest's ranks back. */
+/* The guest's record, <state_dir>/guests/<coordinator>-job-<N>.json: what a restarted daemon
+ * needs to take its ranks back. The daemon's own directory, never the user's run directory
+ * (whose owner could swap the file for one of their making, or a link). */
+static void guest_record_path(const guest_t *g, char *path, size_t n)
+{
+    snprintf(path, n, "%.3800s/guests/%.63s-job-%lld.json", g->d->cfg.state_dir, g->coord,
+             (long long)g->job);
+}
+
 static void guest_record(guest_t *g)
 {
     json_t *procs = json_array();
@@ -92,7 +106,7 @@ static void guest_record(guest_t *g)
     json_t *o = json_pack("{ss sI sO so}", "coord", g->coord, "job", (json_int_t)g->job, "start",
                           g->start, "procs", procs);
     char path[PATH_MAX + 32], tmp[PATH_MAX + 48];
-    snprintf(path, sizeof path, "%s/guest.json", g->run_dir);
+    guest_record_path(g, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (!o || json_dump_file(o, tmp, JSON_COMPACT) != 0 || rename(tmp, path) != 0)
         DDP_WARN("guest ranks of job %lld: cannot record them in %s: a restarted daemon could "
@@ -108,7 +122,7 @@ static void guest_maybe_free(guest_t *g)
     ddpd_t *d = g->d;
     if (!g->detached) { /* nothing of it runs any more: no daemon is to take it back */
         char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/guest.json", g->run_dir);
+        guest_record_path(g, path, sizeof path);
         unlink(path);
     }
     for (guest_t **pp = &d->remote->guests; *pp; pp = &(*pp)->next)
@@ -118,6 +132,7 @@ static void guest_maybe_free(guest_t *g)
         }
     json_decref(g->start);
     json_decref(g->pending);
+    free(g->groups);
     free(g->procs);
     free(g);
     remote_maybe_free(d);
@@ -137,21 +152,38 @@ static void guest_launch(const guest_t *g, ddpd_launch_t *la)
                           .world = s->world,
                           .local_world = g->n,
                           .threads = s->threads,
-                          .as_user = 1,
                           .elastic = s->elastic,
-                          .uid = (uid_t)s->uid,
-                          .gid = (gid_t)s->gid};
+                          .uid = s->uid,
+                          .gid = s->gid,
+                          .groups = g->groups,
+                          .n_groups = g->n_groups};
+    ddpd_quota_t q; /* this node's caps on the files its ranks write */
+    ddpd_config_quota(&g->d->cfg, s->uid, &q);
+    la->log_bytes = q.log_bytes;
+    la->metrics_bytes = q.metrics_bytes;
+    la->tensorboard_bytes = q.tensorboard_bytes;
 }
 
-/* Keeps the parsed start request m in g (a reference to its root; not its ranks). */
-static void guest_keep_start(guest_t *g, const ddpd_pmsg_t *m)
+/* Keeps the parsed start request m in g (a reference to its root; not its ranks). Its groups
+ * are g's: the request's, or the primary group alone from an older coordinator that sends
+ * none. Returns 0 or DDP_ENOMEM. */
+static int guest_keep_start(guest_t *g, const ddpd_pmsg_t *m)
 {
+    const ddpd_pmsg_start_t *s = &m->u.start;
+    g->n_groups = s->has_groups ? s->n_groups : 1;
+    g->groups = ddp_calloc((size_t)(g->n_groups ? g->n_groups : 1), sizeof *g->groups);
+    if (!g->groups) return DDP_ENOMEM;
+    if (s->has_groups && s->n_groups)
+        memcpy(g->groups, s->groups, (size_t)s->n_groups * sizeof *g->groups);
+    if (!s->has_groups) g->groups[0] = s->gid;
     g->start = json_incref(m->root);
     g->st = m->u.start;
     g->st.ranks = NULL;
     g->st.n_ranks = 0;
+    g->st.groups = NULL;
     /* elastic: a rank that dies is spawned again, max_restarts times */
     g->max_restarts = g->st.elastic ? g->st.max_restarts : 0;
+    return 0;
 }
 
 /* Reports that rank `rank` of g ended (code, sig) to its coordinator. */
@@ -169,7 +201,8 @@ static void guest_exit(ddpd_proc_t *p)
     int code = (int)p->exit_status;
     DDP_INFO("guest rank %d of %s job %lld ended (code %d, signal %d)", p->rank, g->coord,
              (long long)g->job, code, p->term_signal);
-    if ((code != 0 || p->term_signal || p->status_unknown) && code != 2 && !g->signalled &&
+    if ((code != 0 || p->term_signal || p->status_unknown) && code != 2 &&
+        code != DDPD_EXEC_FAILED && !g->signalled &&
         !g->d->stopping && p->restarts < g->max_restarts) {
         p->respawn = 1; /* elastic: spawned again once closed (guest_closed); not reported */
         return;
@@ -294,6 +327,11 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, const ddpd_pmsg_t *m)
         fail_start(l, job, why);
         return;
     }
+    if (s->uid == 0 && geteuid() == 0 && !d->cfg.peer_root_jobs) {
+        fail_start(l, job, "a root daemon does not start ranks as root (uid 0) for a peer "
+                           "(submit the job as a user, or set peer_root_jobs: allow on the node)");
+        return;
+    }
     guest_t *g = ddp_calloc(1, sizeof *g);
     if (!g || !(g->procs = ddp_calloc(n, sizeof *g->procs))) {
         free(g);
@@ -305,19 +343,18 @@ static void on_start(ddpd_t *d, ddpd_link_t *l, const ddpd_pmsg_t *m)
     g->job = job;
     g->n = (int)n;
     snprintf(g->coord, sizeof g->coord, "%s", ddpd_link_name(l));
-    snprintf(g->run_dir, sizeof g->run_dir, "%.3000s/%.60s-job-%lld", d->cfg.run_dir,
+    snprintf(g->run_dir, sizeof g->run_dir, "%.3000s/%.63s-job-%lld", d->cfg.run_dir,
              ddpd_link_name(l), (long long)job);
     g->next = d->remote->guests;
     d->remote->guests = g;
-    mkdir(g->run_dir, 0750);
-    if (geteuid() == 0 && s->uid != 0 && chown(g->run_dir, (uid_t)s->uid, (gid_t)s->gid) != 0)
-        DDP_WARN("chown %s: %s", g->run_dir, strerror(errno));
-    int ok = ddpd_write_spec(g->run_dir, s->spec, g->spec_path, sizeof g->spec_path) == 0;
-    guest_keep_start(g, m);
+    char why[512] = "";
+    int ok = guest_keep_start(g, m) == 0;
+    if (!ok) snprintf(why, sizeof why, "out of memory");
+    ok = ok && ddpd_rundir_make(g->run_dir, s->uid, s->gid, why, sizeof why) == 0;
+    ok = ok && ddpd_write_spec(g->run_dir, s->spec, s->uid, s->gid, g->spec_path,
+                               sizeof g->spec_path, why, sizeof why) == 0;
     ddpd_launch_t la;
     guest_launch(g, &la);
-    char why[512] = "";
-    if (!ok) snprintf(why, sizeof why, "cannot write %.200s", g->spec_path);
     for (size_t i = 0; i < n && ok; i++) {
         ddpd_proc_t *p = &g->procs[i];
         p->data = g;
@@ -395,81 +432,142 @@ static void on_down(ddpd_t *d, ddpd_link_t *l)
     guests_lost_link(d, l);
 }
 
-/* Takes back the guest ranks an earlier run of this daemon left running (their guest.json in
- * run_dir): alive ones are watched again, dead ones are spawned again (elastic) or reported
- * once their coordinator is back. They wait for it as orphans. */
+/* Takes back the ranks of one guest record (`where` names it in the log): alive ones are
+ * watched again, dead ones are reported once their coordinator is back. They wait for it as
+ * orphans. Returns 1 when the record was usable. */
+static int adopt_guest(ddpd_t *d, json_t *rec, const char *where)
+{
+    json_t *procs = json_object_get(rec, "procs");
+    const char *coord = json_string_value(json_object_get(rec, "coord"));
+    json_int_t job = json_integer_value(json_object_get(rec, "job"));
+    size_t n = json_array_size(procs);
+    /* the start request it keeps is checked as when it arrived */
+    ddpd_pmsg_t start;
+    char why[256];
+    if (ddpd_pmsg_from_json(json_incref(json_object_get(rec, "start")), DDPD_PMSG_ANY, &start,
+                            why, sizeof why) == 0 &&
+        (start.kind != DDPD_PMSG_START || start.u.start.job != job))
+        snprintf(why, sizeof why, "not the start request of job %lld", (long long)job);
+    if (!coord || !ddp_spec_name_ok(coord) || job < 0)
+        snprintf(why, sizeof why, "no valid coordinator name and job id");
+    guest_t *g = n && coord && ddp_spec_name_ok(coord) && start.kind == DDPD_PMSG_START &&
+                         start.u.start.job == job
+                     ? ddp_calloc(1, sizeof *g)
+                     : NULL;
+    if (g && (!(g->procs = ddp_calloc(n, sizeof *g->procs)) || guest_keep_start(g, &start))) {
+        free(g->procs);
+        free(g->groups);
+        json_decref(g->start);
+        free(g);
+        g = NULL;
+    }
+    ddpd_pmsg_close(&start);
+    if (!g) {
+        if (n) DDP_WARN("%s: cannot take its ranks back: %s", where, why);
+        return 0;
+    }
+    g->d = d;
+    g->job = job;
+    g->n = (int)n;
+    g->orphan_ns = ddp_now_ns();
+    snprintf(g->coord, sizeof g->coord, "%s", coord);
+    snprintf(g->run_dir, sizeof g->run_dir, "%.3800s/%s-job-%lld", d->cfg.run_dir, coord,
+             (long long)job);
+    snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
+    g->next = d->remote->guests;
+    d->remote->guests = g;
+    int alive = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(procs, i);
+        ddpd_proc_t *pr = &g->procs[i];
+        pr->data = g;
+        pr->on_exit = guest_exit;
+        pr->on_close = guest_closed;
+        pr->restarts = (int)json_integer_value(json_object_get(p, "restarts"));
+        int pid = (int)json_integer_value(json_object_get(p, "pid"));
+        int rc = ddpd_adopt_rank(d->loop, pr, pid,
+                                 (int)json_integer_value(json_object_get(p, "rank")),
+                                 (int)json_integer_value(json_object_get(p, "local_rank")),
+                                 g->st.token, g->run_dir, g->st.uid);
+        if (pr->open) g->handles++;
+        if (rc == 0) {
+            alive++;
+            g->live++;
+            ddpd_slots_take(d, 1, "an adopted guest rank");
+        }
+    }
+    DDP_INFO("took back %d of %zu guest rank(s) of %s's job %lld; they wait for %s's link",
+             alive, n, coord, (long long)g->job, coord);
+    if (g->live > 0) guest_record(g); /* where this daemon keeps it (an older one's moves) */
+    /* the ones that ended meanwhile are reported, not spawned again: their coordinator has
+     * counted them lost with this node and places them where it finds room */
+    for (size_t i = 0; i < n; i++)
+        if (!g->procs[i].open)
+            report_exit(g, g->procs[i].rank,
+                        g->procs[i].status_unknown ? 1 : (int)g->procs[i].exit_status, 0);
+    if (g->live == 0) g->freeing = 1;
+    guest_maybe_free(g);
+    return 1;
+}
+
+/* An older ddpd's record, <run_dir>/<coord>-job-<N>/guest.json: in the user's directory, so
+ * only a regular file of root's (the old daemon wrote it as root) that names the same
+ * coordinator and job as the directory is believed; it is removed once read. */
+static json_t *legacy_record(ddpd_t *d, const char *name)
+{
+    char dir[PATH_MAX], why[256];
+    snprintf(dir, sizeof dir, "%.3800s/%.250s", d->cfg.run_dir, name);
+    int dfd = ddpd_dir_open(dir, (uint32_t)-1, why, sizeof why);
+    if (dfd < 0) return NULL;
+    int fd = ddpd_userfile_open(dfd, "guest.json", 0, why, sizeof why);
+    json_t *rec = NULL;
+    if (fd >= 0) {
+        FILE *f = fdopen(fd, "r");
+        rec = f ? json_loadf(f, 0, NULL) : NULL;
+        if (f) fclose(f);
+        else close(fd);
+        const char *coord = json_string_value(json_object_get(rec, "coord"));
+        char want[PATH_MAX];
+        snprintf(want, sizeof want, "%s-job-%lld", coord ? coord : "",
+                 (long long)json_integer_value(json_object_get(rec, "job")));
+        if (!coord || strcmp(want, name) != 0) {
+            DDP_WARN("%s/guest.json: names another job than its directory: ignored", dir);
+            json_decref(rec);
+            rec = NULL;
+        }
+        unlinkat(dfd, "guest.json", 0);
+    } else if (fd != -ENOENT) {
+        DDP_WARN("%s: guest.json ignored: %s", dir, why);
+    }
+    close(dfd);
+    return rec;
+}
+
+/* Takes back the guest ranks an earlier run of this daemon left running: the records in
+ * <state_dir>/guests/, then an older ddpd's in the run directories. */
 static void adopt_guests(ddpd_t *d)
 {
-    DIR *dir = opendir(d->cfg.run_dir);
+    char gdir[PATH_MAX], path[PATH_MAX + 300];
+    snprintf(gdir, sizeof gdir, "%.3800s/guests", d->cfg.state_dir);
+    if (mkdir(gdir, 0700) != 0 && errno != EEXIST)
+        DDP_WARN("cannot create %s: %s: guest ranks cannot be recorded", gdir, strerror(errno));
+    DIR *dir = opendir(gdir);
     struct dirent *e;
     while (dir && (e = readdir(dir))) {
-        char path[PATH_MAX + 300];
-        snprintf(path, sizeof path, "%s/%s/guest.json", d->cfg.run_dir, e->d_name);
-        if (!strstr(e->d_name, "-job-") || access(path, R_OK) != 0) continue;
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0) continue;
+        snprintf(path, sizeof path, "%s/%s", gdir, e->d_name);
         json_t *rec = json_load_file(path, 0, NULL);
-        json_t *procs = json_object_get(rec, "procs");
-        const char *coord = json_string_value(json_object_get(rec, "coord"));
-        size_t n = json_array_size(procs);
-        /* the start request it keeps is checked as when it arrived */
-        ddpd_pmsg_t start;
-        char why[256];
-        if (ddpd_pmsg_from_json(json_incref(json_object_get(rec, "start")), DDPD_PMSG_ANY,
-                                &start, why, sizeof why) == 0 &&
-            start.kind != DDPD_PMSG_START)
-            snprintf(why, sizeof why, "not a start request");
-        if (start.kind != DDPD_PMSG_START && n && coord)
-            DDP_WARN("%s: cannot take its ranks back: %s", path, why);
-        guest_t *g = n && coord && start.kind == DDPD_PMSG_START ? ddp_calloc(1, sizeof *g) : NULL;
-        if (g && !(g->procs = ddp_calloc(n, sizeof *g->procs))) {
-            free(g);
-            g = NULL;
-        }
-        if (!g) {
-            ddpd_pmsg_close(&start);
-            json_decref(rec);
-            continue;
-        }
-        g->d = d;
-        g->job = json_integer_value(json_object_get(rec, "job"));
-        g->n = (int)n;
-        guest_keep_start(g, &start);
-        ddpd_pmsg_close(&start);
-        g->orphan_ns = ddp_now_ns();
-        snprintf(g->coord, sizeof g->coord, "%s", coord);
-        snprintf(g->run_dir, sizeof g->run_dir, "%.3800s/%.250s", d->cfg.run_dir, e->d_name);
-        snprintf(g->spec_path, sizeof g->spec_path, "%s/job.json", g->run_dir);
-        g->next = d->remote->guests;
-        d->remote->guests = g;
-        int alive = 0;
-        for (size_t i = 0; i < n; i++) {
-            json_t *p = json_array_get(procs, i);
-            ddpd_proc_t *pr = &g->procs[i];
-            pr->data = g;
-            pr->on_exit = guest_exit;
-            pr->on_close = guest_closed;
-            pr->restarts = (int)json_integer_value(json_object_get(p, "restarts"));
-            int pid = (int)json_integer_value(json_object_get(p, "pid"));
-            int rc = ddpd_adopt_rank(d->loop, pr, pid,
-                                     (int)json_integer_value(json_object_get(p, "rank")),
-                                     (int)json_integer_value(json_object_get(p, "local_rank")),
-                                     g->st.token, g->run_dir);
-            if (pr->open) g->handles++;
-            if (rc == 0) {
-                alive++;
-                g->live++;
-                ddpd_slots_take(d, 1, "an adopted guest rank");
-            }
-        }
-        DDP_INFO("took back %d of %zu guest rank(s) of %s's job %lld; they wait for %s's link",
-                 alive, n, coord, (long long)g->job, coord);
-        /* the ones that ended meanwhile are reported, not spawned again: their coordinator has
-         * counted them lost with this node and places them where it finds room */
-        for (size_t i = 0; i < n; i++)
-            if (!g->procs[i].open)
-                report_exit(g, g->procs[i].rank,
-                            g->procs[i].status_unknown ? 1 : (int)g->procs[i].exit_status, 0);
-        if (g->live == 0) g->freeing = 1;
-        guest_maybe_free(g);
+        if (!adopt_guest(d, rec, path)) unlink(path);
+        json_decref(rec);
+    }
+    if (dir) closedir(dir);
+    dir = opendir(d->cfg.run_dir);
+    while (dir && (e = readdir(dir))) {
+        if (!strstr(e->d_name, "-job-")) continue;
+        json_t *rec = legacy_record(d, e->d_name);
+        snprintf(path, sizeof path, "%s/%s/guest.json", d->cfg.run_dir, e->d_name);
+        if (rec) adopt_guest(d, rec, path);
         json_decref(rec);
     }
     if (dir) closedir(dir);
@@ -543,6 +641,10 @@ int ddpd_remote_launch(ddpd_t *d, int i, const ddpd_remote_start_t *s)
                           s->cwd, "uid", (int)s->uid, "gid", (int)s->gid, "threads", s->threads,
                           "elastic", s->elastic, "max_restarts", s->max_restarts);
     if (!m) return DDP_ENOMEM;
+    json_t *groups = json_array(); /* as C ints, like the uid: the peer reads them back so */
+    for (int k = 0; k < s->n_groups; k++)
+        json_array_append_new(groups, json_integer((int)s->groups[k]));
+    json_object_set_new(m, "groups", groups);
     ddpd_links_sent_ranks(d, i, s->n);
     ddpd_link_send(l, m);
     return 0;

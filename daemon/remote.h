@@ -11,8 +11,12 @@
  *                        {"t":"adopted","job":J,"ranks":[..]}  (first thing on a new link)
  * Daemons restart without ending ranks: when a coordinator's link drops, its guest ranks here
  * train on for DDPD_GUEST_ORPHAN_S (remote.c) and are its again when it links back ("adopted",
- * then the exits it missed); a peer daemon that restarts takes its guest ranks back from
- * <run_dir>/guest.json and they wait for their coordinator the same way. When a peer's link
+ * then the exits it missed); a peer daemon that restarts takes its guest ranks back from its
+ * record in <state_dir>/guests/ (an older ddpd's <run_dir>/guest.json, root's, is read once and
+ * moved there) and they wait for their coordinator the same way. Ranks run as the user the
+ * start request names, with its groups (a coordinator of an older ddpd sends none: the primary
+ * group alone); a request for uid 0 is refused by a root daemon unless ddpd.yaml says
+ * `peer_root_jobs: allow`. When a peer's link
  * drops, the coordinator hears of it (reports.node_down). An elastic job's guest rank that
  * dies is spawned again here, up to max_restarts times, and rejoins the job's coordinator.
  * Loop thread only.
@@ -44,6 +48,8 @@ typedef struct ddpd_remote_start {
     const int *ranks;
     int n, world, threads, elastic, max_restarts;
     uint32_t uid, gid;
+    const uint32_t *groups;
+    int n_groups;
 } ddpd_remote_start_t;
 
 /* Starts the links (ddpd_links_start) with this module as their handler. Returns 0 or an

@@ -24,6 +24,7 @@ enum {
     DDPD_RPC_STOPPING = 1007,     /* daemon shutting down */
     DDPD_RPC_STORE = 1008,        /* the job store failed */
     DDPD_RPC_NO_LOG = 1009,       /* the rank's log is not on this node */
+    DDPD_RPC_QUOTA = 1010,        /* over a quota or limit of this daemon (ddpd.yaml) */
 };
 
 #define DDPD_MAX_LINE (1u << 20) /* the longest request or response line */

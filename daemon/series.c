@@ -2,10 +2,12 @@
 #include "daemon/series.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/err.h"
@@ -62,9 +64,23 @@ static int add_line(ddpd_series_t *s, const char *line, size_t len)
 
 int ddpd_series_read(const char *path, off_t tail, ddpd_series_t *s)
 {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        memset(s, 0, sizeof *s);
+        return -errno;
+    }
+    return ddpd_series_read_fd(fd, tail, s);
+}
+
+int ddpd_series_read_fd(int fd, off_t tail, ddpd_series_t *s)
+{
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "re");
-    if (!f) return -errno;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
     int skip_first = 0;
     if (tail > 0 && fseeko(f, 0, SEEK_END) == 0) {
         skip_first = ftello(f) > tail;

@@ -28,6 +28,8 @@ typedef struct ddpd_series {
  * (the first, partial line skipped). Returns 0, -errno (cannot open), DDP_ENOMEM. Any thread;
  * blocking file I/O. */
 int ddpd_series_read(const char *path, off_t tail, ddpd_series_t *s);
+/* The same from an open file descriptor (ownership moves: it is closed). */
+int ddpd_series_read_fd(int fd, off_t tail, ddpd_series_t *s);
 
 /* Frees the arrays. NULL-safe. */
 void ddpd_series_free(ddpd_series_t *s);

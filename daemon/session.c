@@ -18,6 +18,14 @@ typedef struct write_req {
     char *line;
 } write_req_t;
 
+static void session_free(ddpd_session_t *s)
+{
+    ddpd_api_t *api = s->api;
+    free(s->groups);
+    free(s);
+    if (--api->refs == 0) free(api);
+}
+
 static void session_closed(uv_handle_t *h)
 {
     ddpd_session_t *s = h->data;
@@ -35,8 +43,20 @@ static void session_closed(uv_handle_t *h)
         free(st);
     }
     ddpd_lines_free(&s->in);
-    free(s);
-    if (--api->refs == 0) free(api);
+    if (s->works > 0) s->gone = 1; /* a work still points here: the last one frees it */
+    else session_free(s);
+}
+
+void ddpd__session_ref(ddpd_session_t *s) { s->works++; }
+
+void ddpd__session_unref(ddpd_session_t *s)
+{
+    if (--s->works == 0 && s->gone) session_free(s);
+}
+
+int ddpd__session_may_see(const ddpd_session_t *s, uint32_t uid)
+{
+    return s->admin || s->uid == uid;
 }
 
 void ddpd__session_close(ddpd_session_t *s)

@@ -1,5 +1,6 @@
-/* uv_spawn of one worker rank: environment (the worker contract), log file, process group; and
- * the adoption of a rank an earlier run of the daemon spawned. */
+/* uv_spawn of one worker rank: environment (the worker contract), the exec helper that becomes
+ * the user and opens the log (exec_rank.h), process group; and the adoption of a rank an earlier
+ * run of the daemon spawned. */
 #include "spawn.h"
 
 #include <errno.h>
@@ -13,7 +14,10 @@
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "common/err.h"
 #include "common/log.h"
+#include "daemon/exec_rank.h"
+#include "daemon/userfs.h"
 
 extern char **environ;
 
@@ -22,7 +26,7 @@ static const char *const contract_keys[] = {
     "DDP_RANK=",     "DDP_WORLD_SIZE=", "DDP_LOCAL_RANK=", "DDP_LOCAL_WORLD_SIZE=",
     "DDP_RDZV=",     "DDP_JOB_TOKEN=",  "DDP_JOB_ID=",     "DDP_GENERATION=",
     "DDP_RUN_DIR=",  "DDP_THREADS=",    "NOTIFY_SOCKET=",  "LISTEN_FDS=",
-    "LISTEN_PID=",   "DDP_ELASTIC=",    NULL};
+    "LISTEN_PID=",   "DDP_ELASTIC=",    "DDP_LIMIT_",      NULL};
 
 static int is_contract_key(const char *kv)
 {
@@ -62,11 +66,21 @@ static void close_cb(uv_handle_t *h)
     if (p->on_close) p->on_close(p);
 }
 
+/* "g1,g2,..." or "-" for the helper's GROUPS argument (caller frees). */
+static char *groups_arg(const uint32_t *groups, int n)
+{
+    char *s = ddp_malloc((size_t)n * 11 + 2);
+    if (!s) return NULL;
+    size_t k = 0;
+    for (int i = 0; i < n; i++) k += (size_t)sprintf(s + k, "%s%u", i ? "," : "", groups[i]);
+    if (!n) s[k++] = '-';
+    s[k] = '\0';
+    return s;
+}
+
 int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int rank,
                     int local_rank, char *why, size_t whylen)
 {
-    char logpath[4200];
-    snprintf(logpath, sizeof logpath, "%s/rank-%d.log", l->run_dir, rank);
     p->rank = rank;
     p->local_rank = local_rank;
     p->alive = 0;
@@ -75,16 +89,23 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
     p->adopted = 0;
     p->status_unknown = 0;
     p->h.data = p;
+    if (l->n_groups < 0 || l->n_groups > DDPD_MAX_GROUPS) {
+        snprintf(why, whylen, "%d supplementary groups, more than %d", l->n_groups,
+                 DDPD_MAX_GROUPS);
+        return DDP_EINVAL;
+    }
 
     size_t n_env = 0;
     while (environ[n_env]) n_env++;
     char **env = ddp_calloc(n_env + 16, sizeof *env);
-    char extra[11][4400];
-    int fd = -1, rc = 0;
-    if (!env) {
-        rc = -ENOMEM;
+    char *groups = groups_arg(l->groups, l->n_groups);
+    char extra[14][4400];
+    int rc = 0;
+    if (!env || !groups) {
+        free(env);
+        free(groups);
         snprintf(why, whylen, "out of memory");
-        goto fail;
+        return DDP_ENOMEM;
     }
     size_t k = 0;
     for (size_t i = 0; i < n_env; i++)
@@ -103,72 +124,73 @@ int ddpd_spawn_rank(uv_loop_t *loop, ddpd_proc_t *p, const ddpd_launch_t *l, int
                                                                      : 1;
     snprintf(extra[9], sizeof extra[9], "DDP_THREADS=%d", l->threads > 0 ? l->threads : per_rank);
     snprintf(extra[10], sizeof extra[10], "DDP_ELASTIC=%d", l->elastic);
-    for (int i = 0; i < 11; i++) env[k++] = extra[i];
+    snprintf(extra[11], sizeof extra[11], "DDP_LIMIT_LOG_BYTES=%lld", (long long)l->log_bytes);
+    snprintf(extra[12], sizeof extra[12], "DDP_LIMIT_METRICS_BYTES=%lld",
+             (long long)l->metrics_bytes);
+    snprintf(extra[13], sizeof extra[13], "DDP_LIMIT_TENSORBOARD_BYTES=%lld",
+             (long long)l->tensorboard_bytes);
+    for (int i = 0; i < 14; i++) env[k++] = extra[i];
     env[k] = NULL;
 
-    fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-    if (fd < 0) {
-        rc = -errno;
-        snprintf(why, whylen, "cannot open %s: %s", logpath, strerror(errno));
-        goto fail;
-    }
-    if (l->as_user && geteuid() == 0 && fchown(fd, l->uid, l->gid) != 0)
-        DDP_WARN("spawn: chown %s: %s", logpath, strerror(errno));
-
-    char *args[3] = {(char *)l->worker_bin, (char *)l->spec_path, NULL};
+    /* the exec helper: this binary again (the pid stays the rank's; see exec_rank.h) */
+    char uid[16], gid[16], logname[32];
+    snprintf(uid, sizeof uid, "%u", l->uid);
+    snprintf(gid, sizeof gid, "%u", l->gid);
+    snprintf(logname, sizeof logname, "rank-%d.log", rank);
+    char *args[DDPD_EXEC_RANK_ARGC + 1] = {
+        "ddpd-exec", DDPD_EXEC_RANK_ARG,   uid, gid, groups,
+        (char *)(l->cwd ? l->cwd : ""),    (char *)l->run_dir, logname,
+        (char *)l->worker_bin,             (char *)l->spec_path, NULL};
     uv_stdio_container_t stdio[3];
     stdio[0].flags = UV_IGNORE;
-    stdio[1].flags = UV_INHERIT_FD;
-    stdio[1].data.fd = fd;
+    stdio[1].flags = UV_INHERIT_FD; /* the helper's own complaints go to ddpd's log */
+    stdio[1].data.fd = STDERR_FILENO;
     stdio[2].flags = UV_INHERIT_FD;
-    stdio[2].data.fd = fd;
+    stdio[2].data.fd = STDERR_FILENO;
     uv_process_options_t opt;
     memset(&opt, 0, sizeof opt);
     opt.exit_cb = exit_cb;
-    opt.file = l->worker_bin;
+    opt.file = "/proc/self/exe";
     opt.args = args;
     opt.env = env;
-    opt.cwd = l->cwd && *l->cwd && access(l->cwd, X_OK) == 0 ? l->cwd : l->run_dir;
     opt.stdio = stdio;
     opt.stdio_count = 3;
     /* own session and process group: cancel signals the whole group, and a terminal's ^C on
      * a foreground ddpd does not reach the workers directly */
     opt.flags = UV_PROCESS_DETACHED;
-    if (l->as_user && geteuid() == 0 && l->uid != 0) {
-        opt.flags |= UV_PROCESS_SETUID | UV_PROCESS_SETGID;
-        opt.uid = l->uid;
-        opt.gid = l->gid;
-    }
     rc = uv_spawn(loop, &p->h, &opt);
     p->open = 1; /* initialised even when the spawn failed */
-    close(fd);
-    fd = -1;
     free(env);
-    env = NULL;
+    free(groups);
     if (rc != 0) {
-        snprintf(why, whylen, "cannot start %s for rank %d: %s", l->worker_bin, rank,
-                 uv_strerror(rc));
-        p->open = 1;
+        snprintf(why, whylen, "cannot start rank %d: %s", rank, uv_strerror(rc));
         uv_close((uv_handle_t *)&p->h, close_cb);
         return rc;
     }
     p->alive = 1;
     p->pid = p->h.pid;
     return 0;
-fail:
-    if (fd >= 0) close(fd);
-    free(env);
-    return rc;
 }
 
-int ddpd_write_spec(const char *run_dir, const char *spec_json, char *path, size_t n)
+int ddpd_write_spec(const char *run_dir, const char *spec_json, uint32_t uid, uint32_t gid,
+                    char *path, size_t n, char *why, size_t whylen)
 {
     snprintf(path, n, "%s/job.json", run_dir);
-    FILE *f = fopen(path, "we");
-    if (!f) return -errno;
-    int ok = fputs(spec_json, f) >= 0 && fputc('\n', f) != EOF;
-    ok = (fclose(f) == 0) && ok;
-    return ok ? 0 : -EIO;
+    int dfd = ddpd_dir_open(run_dir, uid, why, whylen);
+    if (dfd < 0) return dfd;
+    size_t len = strlen(spec_json);
+    char *text = ddp_malloc(len + 2);
+    int rc = DDP_ENOMEM;
+    if (text) {
+        memcpy(text, spec_json, len);
+        text[len] = '\n';
+        rc = ddpd_userfile_write(dfd, "job.json", text, len + 1, uid, gid, 0600, why, whylen);
+        free(text);
+    } else {
+        snprintf(why, whylen, "out of memory");
+    }
+    close(dfd);
+    return rc;
 }
 
 int ddpd_proc_has_env(int pid, const char *kv)
@@ -188,15 +210,16 @@ int ddpd_proc_has_env(int pid, const char *kv)
     return 0;
 }
 
-/* The exit status an adopted rank recorded, if it is this process's. */
+/* The exit status an adopted rank recorded, if it is this process's (a regular file of the
+ * rank's user: one the user planted elsewhere is not followed). */
 static void read_exit_record(ddpd_proc_t *p)
 {
-    char path[PATH_MAX + 32], buf[64] = "";
-    snprintf(path, sizeof path, "%s/rank-%d.exit", p->run_dir, p->rank);
-    FILE *f = fopen(path, "re");
+    char name[32], buf[64], why[256];
+    snprintf(name, sizeof name, "rank-%d.exit", p->rank);
     long pid = 0, code = 0;
-    int got = f && fgets(buf, sizeof buf, f) && sscanf(buf, "%ld %ld", &pid, &code) == 2;
-    if (f) fclose(f);
+    int got = ddpd_userfile_read(p->run_dir, name, p->owner, buf, sizeof buf, NULL, why,
+                                 sizeof why) == 0 &&
+              sscanf(buf, "%ld %ld", &pid, &code) == 2;
     p->term_signal = 0;
     p->exit_status = got && pid == p->pid ? code : -1;
     p->status_unknown = !(got && pid == p->pid);
@@ -215,7 +238,7 @@ static void adopted_cb(uv_poll_t *h, int status, int events)
 }
 
 int ddpd_adopt_rank(uv_loop_t *loop, ddpd_proc_t *p, int pid, int rank, int local_rank,
-                    const char *token, const char *run_dir)
+                    const char *token, const char *run_dir, uint32_t owner)
 {
     char kv[160];
     p->rank = rank;
@@ -226,6 +249,7 @@ int ddpd_adopt_rank(uv_loop_t *loop, ddpd_proc_t *p, int pid, int rank, int loca
     p->status_unknown = 0;
     p->pidfd = -1;
     snprintf(p->run_dir, sizeof p->run_dir, "%s", run_dir);
+    p->owner = owner;
     /* a rank that is gone ended while no daemon watched it: its record says how, if it could */
     read_exit_record(p);
     if (pid <= 0) return -ESRCH;

@@ -5,6 +5,9 @@
  * loss curve is inline SVG drawn here (a polyline per series and a few labels) rather than by
  * gnuplot: the daemon's loop must not wait on a child process, and a page needs no more.
  * Every string that comes from a user (job names, reasons, paths) is HTML-escaped.
+ * The TCP port carries no caller identity: a page of a private daemon (config status_page:
+ * private, the default under root) shows counts only, no job's name, reason or curve; a
+ * public one (status_page: public) shows every job. metrics.jsonl is read as userfs.h says.
  */
 #include "daemon/status_page.h"
 
@@ -21,6 +24,7 @@
 #include "daemon/series.h"
 #include "daemon/slots.h"
 #include "daemon/store.h"
+#include "daemon/userfs.h"
 
 enum { TAIL_BYTES = 1 << 20, MAX_POINTS = 800, JOBS_SHOWN = 25, REFRESH_S = 5 };
 
@@ -155,6 +159,23 @@ static void put_row(FILE *f, ddpd_t *d, json_t *row)
     json_decref(live);
 }
 
+/* A private page: how many jobs are in each state, nothing about any one of them. */
+static void put_counts(FILE *f, ddpd_t *d)
+{
+    json_t *counts = NULL;
+    if (ddpd_store_job_counts(d->store, &counts) != 0) return;
+    fputs("<table id=\"counts\"><tr><th>state</th><th>jobs</th></tr>\n", f);
+    static const char *const states[] = {"queued", "starting", "running", "succeeded",
+                                         "failed", "cancelled"};
+    for (int i = 0; i < 6; i++)
+        fprintf(f, "<tr class=\"%s\"><td class=\"state\">%s</td><td>%lld</td></tr>\n",
+                states[i], states[i],
+                (long long)json_integer_value(json_object_get(counts, states[i])));
+    fputs("</table>\n<p>This daemon's page shows no job's name or details (status_page: "
+          "private); <code>ddpctl ls</code> shows a user's own jobs.</p>\n", f);
+    json_decref(counts);
+}
+
 char *ddpd_status_page_html(ddpd_t *d)
 {
     char *out = NULL;
@@ -183,22 +204,28 @@ char *ddpd_status_page_html(ddpd_t *d)
                "peers up &middot; refreshes every %d s</p>\n",
             ddp_fmt_duration((double)(ddp_wall_ms() - d->start_ms) / 1000.0, up_s, sizeof up_s),
             ddpd_slots_used(d), d->cfg.slots, up, ddpd_peers_count(d), REFRESH_S);
+    if (!d->cfg.status_public) {
+        put_counts(f, d);
+        fputs("</body></html>\n", f);
+        return fclose(f) == 0 ? out : (free(out), NULL);
+    }
     fputs("<table id=\"jobs\"><tr><th>job</th><th>name</th><th>state</th><th>ranks</th>"
           "<th>progress</th><th>loss</th><th>tokens/s</th><th>ETA</th><th>reason</th></tr>\n", f);
     json_t *rows = NULL;
     size_t i;
     json_t *row;
-    if (ddpd_store_job_list(d->store, NULL, JOBS_SHOWN, &rows) == 0)
+    if (ddpd_store_job_list(d->store, NULL, -1, JOBS_SHOWN, &rows) == 0)
         json_array_foreach(rows, i, row) put_row(f, d, row);
     fputs("</table>\n", f);
     if (!rows || !json_array_size(rows)) fputs("<p>No jobs yet.</p>\n", f);
     json_decref(rows);
     for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
         if (ddpd_job_state(j) != DDPD_RUNNING && ddpd_job_state(j) != DDPD_STARTING) continue;
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/metrics.jsonl", ddpd_job_run_dir(j));
+        char why[256];
+        int fd = ddpd_userfile_open_in(ddpd_job_run_dir(j), "metrics.jsonl", ddpd_job_uid(j), why,
+                                       sizeof why);
         ddpd_series_t s;
-        if (ddpd_series_read(path, TAIL_BYTES, &s) != 0) continue;
+        if (fd < 0 || ddpd_series_read_fd(fd, TAIL_BYTES, &s) != 0) continue;
         fprintf(f, "<section id=\"curve-%lld\"><h2>job %lld (", (long long)ddpd_job_id(j),
                 (long long)ddpd_job_id(j));
         put_escaped(f, ddpd_job_name(j));

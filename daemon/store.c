@@ -1,13 +1,19 @@
 /* SQLite job store. Schema (version 2; version 1 lacked `runtime`, added on open):
  *   jobs(id, name, uid, state, reason, world, nodes, pgid, spec, run_dir, cwd, token,
- *        submitted_ms, started_ms, ended_ms, exit_code, step, steps, final_loss, runtime)
+ *        submitted_ms, started_ms, ended_ms, exit_code, step, steps, final_loss, runtime,
+ *        gid, groups)
  *   runtime: what a restarted daemon needs to adopt the running job (JSON, see job.c)
+ *   gid, groups: the submitter's primary and supplementary groups (groups: a JSON array), NULL
+ *     in rows an older ddpd wrote. Added on open as nullable columns *without* a new
+ *     user_version, so that an older ddpd still opens the file (it names its columns).
  *   transitions(job_id, ts_ms, from_state, to_state, reason)
  * SQLite errors are logged with SQLite's message and returned as DDP_ESQL.
  */
 #include "store.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -19,9 +25,31 @@
 #include "common/err.h"
 #include "common/log.h"
 
+/* A write that found no room, kept to be written later (ddpd_store_retry). */
+typedef struct kept_val {
+    char type; /* 'i' integer, 'd' real, 't' text (owned), 'n' null */
+    int64_t i;
+    double d;
+    char *t;
+} kept_val_t;
+
+typedef struct kept {
+    struct kept *next;
+    const char *sql; /* a string literal of this file */
+    int n;
+    kept_val_t v[6];
+} kept_t;
+
 struct ddpd_store {
     sqlite3 *db;
+    char reserve[PATH_MAX]; /* the reserve file ("" for a read-only handle) */
+    kept_t *kept, **kept_tail;
+    int n_kept;
 };
+
+/* The reserve: space held in the state directory's filesystem and given up when it is full, so
+ * that the records of jobs already running (a cancel, an end) still fit. */
+#define RESERVE_BYTES (8 << 20)
 
 static const char *schema =
     "PRAGMA journal_mode=WAL;"
@@ -57,18 +85,82 @@ static int sql_err(ddpd_store_t *s, const char *what)
     return DDP_ESQL;
 }
 
+/* Makes `path` 0600 (created so when absent: SQLite gives -wal and -shm the database file's
+ * mode). Returns 0 or -errno. */
+static int private_file(const char *path, int create)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+    if (fd < 0) return errno == ENOENT && !create ? 0 : -errno;
+    int rc = fchmod(fd, 0600) == 0 ? 0 : -errno;
+    close(fd);
+    return rc;
+}
+
+/* The reserve file, made when absent (best effort: a filesystem already full has none). */
+static void make_reserve(ddpd_store_t *s)
+{
+    int fd = open(s->reserve, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return; /* there already, or no room */
+    int rc = posix_fallocate(fd, 0, RESERVE_BYTES);
+    close(fd);
+    if (rc != 0) unlink(s->reserve);
+}
+
+/* Gives the reserve up; returns 1 when there was one. */
+static int give_reserve(ddpd_store_t *s)
+{
+    if (!s->reserve[0] || unlink(s->reserve) != 0) return 0;
+    DDP_WARN("store: the filesystem of %s is full: its reserve of %d MiB is given up so that the "
+             "running jobs' records fit; no new job is taken until there is room",
+             s->reserve, RESERVE_BYTES >> 20);
+    return 1;
+}
+
+/* The columns a newer ddpd added, when the file lacks them (nullable: see the header). */
+static int add_columns(ddpd_store_t *s)
+{
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(s->db, "SELECT gid, groups FROM jobs LIMIT 0", -1, &st, NULL) ==
+        SQLITE_OK) {
+        sqlite3_finalize(st);
+        return 0;
+    }
+    char *msg = NULL;
+    if (sqlite3_exec(s->db, "ALTER TABLE jobs ADD COLUMN gid INTEGER;"
+                            "ALTER TABLE jobs ADD COLUMN groups TEXT;",
+                     NULL, NULL, &msg) != SQLITE_OK) {
+        DDP_ERROR("store: adding the gid and groups columns: %s", msg ? msg : "?");
+        sqlite3_free(msg);
+        return DDP_ESQL;
+    }
+    return 0;
+}
+
 int ddpd_store_open(ddpd_store_t **out, const char *dir)
 {
     *out = NULL;
-    if (mkdir(dir, 0750) != 0 && errno != EEXIST) {
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
         int rc = -errno;
         DDP_ERROR("store: cannot create %s: %s", dir, strerror(errno));
         return rc;
     }
     ddpd_store_t *s = ddp_calloc(1, sizeof *s);
     if (!s) return DDP_ENOMEM;
-    char path[4096];
+    s->kept_tail = &s->kept;
+    char path[PATH_MAX], side[PATH_MAX + 8];
     snprintf(path, sizeof path, "%s/ddpd.db", dir);
+    snprintf(s->reserve, sizeof s->reserve, "%s/.ddpd-reserve", dir);
+    /* the tokens and specs of every job: root's alone, also a file an older ddpd made 0644 */
+    int prc = private_file(path, 1);
+    for (int i = 0; prc == 0 && i < 2; i++) {
+        snprintf(side, sizeof side, "%s%s", path, i ? "-shm" : "-wal");
+        prc = private_file(side, 0);
+    }
+    if (prc != 0) {
+        DDP_ERROR("store: cannot make %s private (0600): %s", path, strerror(-prc));
+        free(s);
+        return prc;
+    }
     if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
         SQLITE_OK) {
         int rc = sql_err(s, path);
@@ -89,6 +181,11 @@ int ddpd_store_open(ddpd_store_t **out, const char *dir)
         ddpd_store_close(s);
         return DDP_ESQL;
     }
+    if (add_columns(s) != 0) {
+        ddpd_store_close(s);
+        return DDP_ESQL;
+    }
+    make_reserve(s);
     *out = s;
     return 0;
 }
@@ -98,10 +195,12 @@ int ddpd_store_open_readonly(ddpd_store_t **out, const char *dir)
     *out = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/ddpd.db", dir);
-    /* SQLite would report a missing file as SQLITE_CANTOPEN, which reads as a fault */
-    if (access(path, F_OK) != 0) return -errno;
+    /* SQLite would report a missing or unreadable file as SQLITE_CANTOPEN, which reads as a
+     * fault (a root daemon's store is root's alone: -EACCES for anyone else) */
+    if (access(path, R_OK) != 0) return -errno;
     ddpd_store_t *s = ddp_calloc(1, sizeof *s);
     if (!s) return DDP_ENOMEM;
+    s->kept_tail = &s->kept;
     if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         int rc = sql_err(s, path);
         ddpd_store_close(s);
@@ -120,9 +219,23 @@ int ddpd_store_open_readonly(ddpd_store_t **out, const char *dir)
     return 0;
 }
 
+static void kept_free(kept_t *k)
+{
+    for (int i = 0; i < k->n; i++) free(k->v[i].t);
+    free(k);
+}
+
 void ddpd_store_close(ddpd_store_t *s)
 {
     if (!s) return;
+    if (s->n_kept)
+        DDP_ERROR("store: %d record(s) could not be written (the filesystem stayed full): the "
+                  "history misses them", s->n_kept);
+    while (s->kept) {
+        kept_t *k = s->kept;
+        s->kept = k->next;
+        kept_free(k);
+    }
     sqlite3_close(s->db);
     free(s);
 }
@@ -140,13 +253,109 @@ static int step_done(ddpd_store_t *s, sqlite3_stmt *st, const char *what)
     return rc;
 }
 
-int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *r, int64_t *id)
+/* Runs one statement with values v[0..n); returns SQLite's result code (SQLITE_DONE: done). */
+static int run(ddpd_store_t *s, const char *sql, const kept_val_t *v, int n)
 {
     sqlite3_stmt *st;
-    DDP_CHECK(prep(s,
-                   "INSERT INTO jobs(name,uid,state,reason,world,spec,run_dir,cwd,token,"
-                   "submitted_ms) VALUES(?,?,'queued','submitted',?,?,?,?,?,?)",
-                   &st));
+    if (sqlite3_prepare_v2(s->db, sql, -1, &st, NULL) != SQLITE_OK) return sqlite3_errcode(s->db);
+    for (int i = 0; i < n; i++) {
+        if (v[i].type == 'i') sqlite3_bind_int64(st, i + 1, v[i].i);
+        else if (v[i].type == 'd') sqlite3_bind_double(st, i + 1, v[i].d);
+        else if (v[i].type == 't') sqlite3_bind_text(st, i + 1, v[i].t, -1, SQLITE_TRANSIENT);
+        else sqlite3_bind_null(st, i + 1);
+    }
+    int rc = sqlite3_step(st);
+    if (rc != SQLITE_DONE) rc = sqlite3_errcode(s->db);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* No room (or no way to write now): worth keeping and trying again. */
+static int no_room(int code)
+{
+    code &= 0xff;
+    return code == SQLITE_FULL || code == SQLITE_IOERR || code == SQLITE_BUSY;
+}
+
+/* Writes a record of a job already accepted: at once, or after giving up the reserve, or kept
+ * in order for ddpd_store_retry. Returns 0 (written or kept) or DDP_ESQL / DDP_ENOMEM. */
+static int write_record(ddpd_store_t *s, const char *what, const char *sql, const kept_val_t *v,
+                        int n)
+{
+    if (!s->kept) {
+        int code = run(s, sql, v, n);
+        if (code == SQLITE_DONE) return 0;
+        if (!no_room(code)) return sql_err(s, what);
+        if (give_reserve(s) && run(s, sql, v, n) == SQLITE_DONE) return 0;
+    }
+    kept_t *k = ddp_calloc(1, sizeof *k);
+    if (!k) return DDP_ENOMEM;
+    k->sql = sql;
+    k->n = n;
+    for (int i = 0; i < n; i++) {
+        k->v[i] = v[i];
+        k->v[i].t = v[i].type == 't' ? ddp_strdup(v[i].t) : NULL;
+        if (v[i].type == 't' && !k->v[i].t) {
+            kept_free(k);
+            return DDP_ENOMEM;
+        }
+    }
+    *s->kept_tail = k;
+    s->kept_tail = &k->next;
+    if (s->n_kept++ == 0)
+        DDP_ERROR("store: cannot write a %s (%s): kept in memory, in order, until the state "
+                  "directory's filesystem has room", what, sqlite3_errmsg(s->db));
+    return 0;
+}
+
+int ddpd_store_retry(ddpd_store_t *s)
+{
+    while (s->kept) {
+        kept_t *k = s->kept;
+        int code = run(s, k->sql, k->v, k->n);
+        if (code != SQLITE_DONE && no_room(code)) break;
+        if (code != SQLITE_DONE) /* it can never be written: say so and go on */
+            DDP_ERROR("store: a kept record cannot be written: %s", sqlite3_errmsg(s->db));
+        s->kept = k->next;
+        kept_free(k);
+        if (--s->n_kept == 0) {
+            s->kept_tail = &s->kept;
+            DDP_INFO("store: every kept record is written; new jobs are taken again");
+        }
+    }
+    if (!s->kept && s->reserve[0]) make_reserve(s);
+    return s->n_kept;
+}
+
+int ddpd_store_full(const ddpd_store_t *s) { return s->n_kept > 0; }
+
+#define I(x) {.type = 'i', .i = (int64_t)(x)}
+#define T(x) {.type = (x) ? 't' : 'n', .t = (char *)(x)}
+
+/* groups as a JSON array's text (caller frees); NULL on out of memory. */
+static char *groups_text(const uint32_t *g, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer(g[i]));
+    char *t = a ? json_dumps(a, JSON_COMPACT) : NULL;
+    json_decref(a);
+    return t;
+}
+
+int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *r, int64_t *id)
+{
+    if (s->kept) return DDP_ESQL; /* no room: see ddpd_store_full */
+    sqlite3_stmt *st;
+    char *groups = groups_text(r->groups, r->n_groups);
+    if (!groups) return DDP_ENOMEM;
+    int rc = prep(s,
+                  "INSERT INTO jobs(name,uid,state,reason,world,spec,run_dir,cwd,token,"
+                  "submitted_ms,gid,groups) VALUES(?,?,'queued','submitted',?,?,?,?,?,?,?,?)",
+                  &st);
+    if (rc) {
+        free(groups);
+        return rc;
+    }
     sqlite3_bind_text(st, 1, r->name, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(st, 2, r->uid);
     sqlite3_bind_int(st, 3, r->world);
@@ -155,6 +364,9 @@ int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *r, int64_t *id)
     sqlite3_bind_text(st, 6, r->cwd ? r->cwd : "", -1, SQLITE_TRANSIENT);
     sqlite3_bind_text(st, 7, r->token ? r->token : "", -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(st, 8, r->submitted_ms);
+    sqlite3_bind_int64(st, 9, r->gid);
+    sqlite3_bind_text(st, 10, groups, -1, SQLITE_TRANSIENT);
+    free(groups);
     DDP_CHECK(step_done(s, st, "insert job"));
     *id = sqlite3_last_insert_rowid(s->db);
     DDP_CHECK(prep(s, "UPDATE jobs SET run_dir=run_dir||'/job-'||id WHERE id=?", &st));
@@ -169,61 +381,40 @@ int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *r, int64_t *id)
 int ddpd_store_job_transition(ddpd_store_t *s, int64_t id, const char *from, const char *to,
                               const char *reason, int64_t ts_ms)
 {
-    sqlite3_stmt *st;
-    DDP_CHECK(prep(s, "INSERT INTO transitions VALUES(?,?,?,?,?)", &st));
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_int64(st, 2, ts_ms);
-    sqlite3_bind_text(st, 3, from, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 4, to, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 5, reason ? reason : "", -1, SQLITE_TRANSIENT);
-    DDP_CHECK(step_done(s, st, "insert transition"));
+    const kept_val_t tr[] = {I(id), I(ts_ms), T(from), T(to), T(reason ? reason : "")};
+    DDP_CHECK(write_record(s, "transition", "INSERT INTO transitions VALUES(?,?,?,?,?)", tr, 5));
     int terminal = !strcmp(to, "succeeded") || !strcmp(to, "failed") || !strcmp(to, "cancelled");
     const char *sql = !strcmp(to, "starting")
                           ? "UPDATE jobs SET state=?1,reason=?2,started_ms=?3 WHERE id=?4"
                       : terminal ? "UPDATE jobs SET state=?1,reason=?2,ended_ms=?3 WHERE id=?4"
                                  : "UPDATE jobs SET state=?1,reason=?2 WHERE id=?4";
-    DDP_CHECK(prep(s, sql, &st));
-    sqlite3_bind_text(st, 1, to, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(st, 2, reason ? reason : "", -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int64(st, 3, ts_ms);
-    sqlite3_bind_int64(st, 4, id);
-    return step_done(s, st, "update job state");
+    const kept_val_t up[] = {T(to), T(reason ? reason : ""), I(ts_ms), I(id)};
+    return write_record(s, "job state", sql, up, 4);
 }
 
 int ddpd_store_job_result(ddpd_store_t *s, int64_t id, int exit_code, long step, long steps,
                           double final_loss)
 {
-    sqlite3_stmt *st;
-    DDP_CHECK(prep(s, "UPDATE jobs SET exit_code=?,step=?,steps=?,final_loss=? WHERE id=?", &st));
-    sqlite3_bind_int(st, 1, exit_code);
-    sqlite3_bind_int64(st, 2, step);
-    sqlite3_bind_int64(st, 3, steps);
-    if (isfinite(final_loss))
-        sqlite3_bind_double(st, 4, final_loss);
-    else
-        sqlite3_bind_null(st, 4);
-    sqlite3_bind_int64(st, 5, id);
-    return step_done(s, st, "update job result");
+    kept_val_t v[] = {I(exit_code), I(step), I(steps), {.type = 'n'}, I(id)};
+    if (isfinite(final_loss)) v[3] = (kept_val_t){.type = 'd', .d = final_loss};
+    return write_record(s, "job result",
+                        "UPDATE jobs SET exit_code=?,step=?,steps=?,final_loss=? WHERE id=?", v, 5);
 }
 
 int ddpd_store_job_runtime(ddpd_store_t *s, int64_t id, const char *runtime_json)
 {
-    sqlite3_stmt *st;
-    DDP_CHECK(prep(s, "UPDATE jobs SET runtime=? WHERE id=?", &st));
-    sqlite3_bind_text(st, 1, runtime_json, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int64(st, 2, id);
-    return step_done(s, st, "update job runtime");
+    const kept_val_t v[] = {T(runtime_json), I(id)};
+    return write_record(s, "job runtime", "UPDATE jobs SET runtime=? WHERE id=?", v, 2);
 }
 
 int ddpd_store_job_placement(ddpd_store_t *s, int64_t id, const char *nodes, int pgid)
 {
-    sqlite3_stmt *st;
-    DDP_CHECK(prep(s, "UPDATE jobs SET nodes=?,pgid=? WHERE id=?", &st));
-    sqlite3_bind_text(st, 1, nodes, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_int(st, 2, pgid);
-    sqlite3_bind_int64(st, 3, id);
-    return step_done(s, st, "update job placement");
+    const kept_val_t v[] = {T(nodes), I(pgid), I(id)};
+    return write_record(s, "job placement", "UPDATE jobs SET nodes=?,pgid=? WHERE id=?", v, 3);
 }
+
+#undef I
+#undef T
 
 #define JOB_COLS                                                                              \
     "id,name,uid,state,reason,world,nodes,run_dir,submitted_ms,started_ms,ended_ms,exit_code," \
@@ -256,18 +447,19 @@ static json_t *row_to_json(sqlite3_stmt *st, int with_spec)
     return o;
 }
 
-int ddpd_store_job_list(ddpd_store_t *s, const char *state, int limit, json_t **out)
+int ddpd_store_job_list(ddpd_store_t *s, const char *state, int64_t uid, int limit, json_t **out)
 {
     sqlite3_stmt *st;
     DDP_CHECK(prep(s,
                    "SELECT " JOB_COLS " FROM jobs WHERE (?1 IS NULL OR state=?1)"
-                   " ORDER BY id DESC LIMIT ?2",
+                   " AND (?3 < 0 OR uid=?3) ORDER BY id DESC LIMIT ?2",
                    &st));
     if (state)
         sqlite3_bind_text(st, 1, state, -1, SQLITE_TRANSIENT);
     else
         sqlite3_bind_null(st, 1);
     sqlite3_bind_int64(st, 2, limit > 0 ? limit : -1);
+    sqlite3_bind_int64(st, 3, uid);
     json_t *arr = json_array();
     int r;
     while ((r = sqlite3_step(st)) == SQLITE_ROW) json_array_append_new(arr, row_to_json(st, 0));
@@ -331,8 +523,9 @@ int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued)
     *live = json_array();
     *queued = json_array();
     DDP_CHECK(prep(s,
-                   "SELECT id,state,token,pgid,spec,cwd,uid,run_dir,name,nodes,started_ms,runtime"
-                   " FROM jobs WHERE state IN ('queued','starting','running') ORDER BY id",
+                   "SELECT id,state,token,pgid,spec,cwd,uid,run_dir,name,nodes,started_ms,runtime,"
+                   "gid,groups FROM jobs WHERE state IN ('queued','starting','running')"
+                   " ORDER BY id",
                    &st));
     while (sqlite3_step(st) == SQLITE_ROW) {
         const char *state = (const char *)sqlite3_column_text(st, 1);
@@ -350,6 +543,13 @@ int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued)
         json_t *rt = json_loads((const char *)sqlite3_column_text(st, 11), 0, NULL);
         if (json_is_object(rt)) json_object_set(o, "runtime", rt);
         json_decref(rt);
+        if (sqlite3_column_type(st, 12) == SQLITE_INTEGER)
+            json_object_set_new(o, "gid", json_integer(sqlite3_column_int64(st, 12)));
+        json_t *groups = sqlite3_column_type(st, 13) == SQLITE_TEXT
+                             ? json_loads((const char *)sqlite3_column_text(st, 13), 0, NULL)
+                             : NULL;
+        if (json_is_array(groups)) json_object_set(o, "groups", groups);
+        json_decref(groups);
         json_array_append_new(!strcmp(state, "queued") ? *queued : *live, o);
     }
     sqlite3_finalize(st);

@@ -9,6 +9,7 @@
  * cancel) or follows a live one (watch, logs -f) still needs the daemon: main.c says so.
  */
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +25,14 @@ static int store_open(const ddpctl_where_t *w, const char *what, ddpd_store_t **
         fprintf(stderr,
                 "ddpctl: no daemon at %s, and no job store at %s/ddpd.db (start ddpd, "
                 "or name the daemon's --socket or its --state-dir)\n",
+                w->socket, w->state_dir);
+        return CTL_UNAVAILABLE;
+    }
+    if (rc == -EACCES) {
+        fprintf(stderr,
+                "ddpctl: no daemon at %s, and the job store at %s/ddpd.db is readable by its "
+                "daemon's user only (it holds every job's token): ask the daemon once it runs, "
+                "or read it as that user\n",
                 w->socket, w->state_dir);
         return CTL_UNAVAILABLE;
     }
@@ -72,7 +81,7 @@ int ddpctl_store_jobs(const ddpctl_where_t *w, const char *state, int limit, jso
     ddpd_store_t *s;
     int rc = store_open(w, "the job list", &s);
     if (rc) return rc;
-    rc = ddpd_store_job_list(s, state, limit, jobs);
+    rc = ddpd_store_job_list(s, state, -1, limit, jobs);
     ddpd_store_close(s);
     if (rc) {
         fprintf(stderr, "ddpctl: reading the job list from the store: %s\n", ddp_strerror(rc));

@@ -214,11 +214,11 @@ static void test_store(void **state)
     /* what the daemon then decides is an ordinary transition */
     assert_int_equal(ddpd_store_job_transition(s, id2, "running", "failed", "daemon died", 7), 0);
     json_t *arr;
-    assert_int_equal(ddpd_store_job_list(s, NULL, 0, &arr), 0);
+    assert_int_equal(ddpd_store_job_list(s, NULL, -1, 0, &arr), 0);
     assert_int_equal(json_array_size(arr), 3);
     assert_int_equal(json_integer_value(json_object_get(json_array_get(arr, 0), "id")), id3);
     json_decref(arr);
-    assert_int_equal(ddpd_store_job_list(s, "failed", 0, &arr), 0);
+    assert_int_equal(ddpd_store_job_list(s, "failed", -1, 0, &arr), 0);
     assert_int_equal(json_array_size(arr), 1);
     assert_string_equal(json_string_value(json_object_get(json_array_get(arr, 0), "reason")),
                         "daemon died");
