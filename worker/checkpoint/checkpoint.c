@@ -145,9 +145,16 @@ static void join_writer(ddp_ckpt_saver_t *s)
     s->stats.saves++;
     if (s->result < 0) {
         char buf[800];
+        const ddp_errinfo_t *e = &s->result_ei;
         s->stats.failures++;
-        DDP_ERROR("checkpoint step %lld failed: %s", (long long)s->step,
-                  ddp_errinfo_str(&s->result_ei, buf, sizeof buf));
+        /* one line: the step, the directory, the cause (its message names the file already, or
+         * the path is added) and what became of the partial directory */
+        DDP_ERROR("checkpoint step %lld in %s failed: %s (%s%sthe last completed checkpoint is "
+                  "untouched)",
+                  (long long)s->step, s->dir,
+                  e->path[0] && !strstr(e->msg, e->path) ? ddp_errinfo_str(e, buf, sizeof buf)
+                                                         : e->msg,
+                  s->cleanup, s->cleanup[0] ? "; " : "");
     }
 }
 
@@ -697,6 +704,10 @@ static int write_mine(ddp_ckpt_saver_t *s, uint64_t *bytes, ddp_errinfo_t *ei)
     ddp__ckpt_tmp_path(s, tmp, sizeof tmp);
     ddp_manifest_close(&s->mine);
     ddp_manifest_init(&s->mine, s->step);
+    /* What failed saves could not remove (and crashed ones left) goes before this save needs
+     * the space: on a full file system it is what makes room. Rank 0 only, as in the commit:
+     * no writer is still at an older step once rank 0 starts a new one. */
+    if (s->o.rank == 0) ddp__ckpt_remove_stale_tmp(s->dir, s->step);
     if (s->o.writers == 1) {
         /* Sole writer: whatever is there is from a crashed attempt at this step. */
         int rc = ddp__ckpt_rmdir(s->dir, strrchr(tmp, '/') + 1);
@@ -779,6 +790,8 @@ static void *writer_main(void *arg)
     int rc = write_mine(s, &bytes, &s->result_ei);
     if (rc == 0) s->written_step = s->step;
     if (rc == 0 && s->o.writers == 1) rc = ddp__ckpt_commit(s, &s->result_ei);
+    s->cleanup[0] = 0;
+    if (rc < 0) (void)ddp__ckpt_discard(s, s->o.writers == 1); /* reported by join_writer */
     double dt = (double)(ddp_now_ns() - t0) * 1e-9;
     ddp_trace_end(DDP_TRACE_CKPT, trace_t0, "checkpoint step %lld: write%s",
                   (long long)s->step, rc == 0 && s->o.writers == 1 ? " + commit" : "");

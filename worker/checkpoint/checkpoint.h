@@ -16,7 +16,8 @@
  *                                          tokenizer.json / tokenizer_config.json), verbatim
  *     MANIFEST.json                        every other file's size and CRC32C; written last
  *   dir/latest -> step-00001200            a hint; verification decides
- *   dir/.step-00001300.tmp/                a save in progress (or one that crashed)
+ *   dir/.step-00001300.tmp/                a save in progress (or one that crashed: a save
+ *                                          that fails removes its own)
  *   dir/.recycle/                          the newest checkpoint keep_last retired: the next
  *                                          save moves its shard files into its .tmp directory
  *                                          and writes over them in place (no block allocation,
@@ -40,6 +41,10 @@
  *                                          parent, swaps `latest`, prunes beyond keep_last.
  *     ... training goes on; the next ddp_ckpt_save waits for this one if it is still running
  *     (and logs that it waits) rather than dropping it.
+ * A save that fails (a full file system, EDQUOT, EIO) logs one error naming the step, the
+ * directory and the cause, and removes its .step-N.tmp at once; whatever it cannot remove, rank
+ * 0's next save removes before writing. It never touches a committed step-N or `latest`, so
+ * the last completed checkpoint still resumes, and the next save after space is freed succeeds.
  * Host tensors may skip the copy: ddp_ckpt_save_live starts the writer on the tensors
  * themselves, and ddp_ckpt_freeze, called before the caller next modifies them, copies only
  * what the writer has not read yet. Shards are written with O_DIRECT where the file system

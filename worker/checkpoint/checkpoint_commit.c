@@ -2,9 +2,11 @@
  * the finished temporary directory into step-N (durably: the manifest, the directory, the
  * rename, `latest`, each fsynced in that order), then prunes to keep_last, retiring the newest
  * pruned directory for the next save to write over. A crash at any point leaves the old state
- * or the new one (see checkpoint.c's invariants).
+ * or the new one (see checkpoint.c's invariants). Discarding a failed save: its temporary
+ * directory is removed at once, never a committed step-N or `latest`.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,6 +144,10 @@ int ddp__ckpt_commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
     if (rename(tmp, final) < 0) {
         rc = -errno;
         ddp_errinfo_set(ei, rc, "%s: cannot rename to %s: %s", tmp, final, strerror(errno));
+        /* the step moved aside is a committed checkpoint: it goes back (else the stale-tmp
+         * sweep finds it as .old without a step-N and restores it then) */
+        if (replaced && rename(old, final) < 0)
+            DDP_WARN("checkpoint: cannot move %s back to %s: %s", old, final, strerror(errno));
         goto out;
     }
     DDP_CHECK_GOTO(ddp__fsync_path(s->dir, ei), rc, out);
@@ -155,6 +161,56 @@ nomem:
     rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
 out:
     ddp_manifest_close(&m);
+    return rc;
+}
+
+/* Unlinks dir fd d's `name`, keeping the first failure other than ENOENT (a file the failed
+ * save never got to) in *rc. */
+static void unlink_in(int d, const char *name, int *rc)
+{
+    if (unlinkat(d, name, 0) < 0 && errno != ENOENT && *rc == 0) *rc = -errno;
+}
+
+/* Unlinks from tmp the files this rank writes in a striped save (as write_mine plans them);
+ * returns 0 or the first -errno. */
+static int remove_own_files(const ddp_ckpt_saver_t *s, const char *tmp)
+{
+    static const char *const rank0[] = {"model.safetensors.index.json",
+                                        "optim.safetensors.index.json", "config.json",
+                                        "trainer.json"};
+    int d = open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (d < 0) return errno == ENOENT ? 0 : -errno;
+    int rc = 0;
+    for (size_t i = 0; i < s->n_shards; i++)
+        if ((int)(i % (size_t)s->o.writers) == s->o.rank) unlink_in(d, s->shards[i].file, &rc);
+    if (s->o.rank == 0) {
+        for (size_t i = 0; i < sizeof rank0 / sizeof *rank0; i++) unlink_in(d, rank0[i], &rc);
+        for (size_t i = 0; i < s->n_texts; i++) unlink_in(d, s->texts[i].name, &rc);
+    }
+    char part[FILE_NAME_MAX];
+    snprintf(part, sizeof part, DDP__CKPT_PART_FMT, s->o.rank);
+    unlink_in(d, part, &rc);
+    close(d);
+    return rc;
+}
+
+int ddp__ckpt_discard(ddp_ckpt_saver_t *s, bool whole)
+{
+    char tmp[DIR_MAX];
+    ddp__ckpt_tmp_path(s, tmp, sizeof tmp);
+    const char *name = strrchr(tmp, '/') + 1;
+    s->cleanup[0] = 0;
+    struct stat st;
+    if (lstat(tmp, &st) < 0 && errno == ENOENT) return 0; /* nothing written, or committed */
+    int rc = whole ? ddp__ckpt_rmdir(s->dir, name) : remove_own_files(s, tmp);
+    if (rc < 0)
+        snprintf(s->cleanup, sizeof s->cleanup,
+                 "could not remove its partial %s (%s): the next save removes it before writing",
+                 name, strerror(-rc));
+    else
+        snprintf(s->cleanup, sizeof s->cleanup, "%s %s",
+                 whole ? "removed its partial" : "removed this rank's files from its partial",
+                 name);
     return rc;
 }
 
@@ -172,5 +228,11 @@ int ddp_ckpt_commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei)
     if (rc == 0)
         DDP_INFO("checkpoint step %lld committed by rank 0 in %.1f ms (%d writers)",
                  (long long)s->step, (double)(ddp_now_ns() - t0) * 1e-6, s->o.writers);
+    /* every writer is done (the caller's barrier): the whole directory can go; the caller logs
+     * the error, this says what became of the files */
+    if (rc < 0 && ddp__ckpt_discard(s, true) == 0 && s->cleanup[0])
+        DDP_INFO("checkpoint step %lld in %s: %s", (long long)s->step, s->dir, s->cleanup);
+    else if (rc < 0 && s->cleanup[0])
+        DDP_WARN("checkpoint step %lld in %s: %s", (long long)s->step, s->dir, s->cleanup);
     return rc;
 }

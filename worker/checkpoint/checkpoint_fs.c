@@ -143,8 +143,28 @@ void ddp__ckpt_remove_stale_tmp(const char *dir, int64_t below)
     }
     closedir(d);
     for (int i = 0; i < n; i++) {
-        DDP_INFO("checkpoint: removing %s/%s (left by an interrupted save)", dir, names[i]);
-        ddp__ckpt_rmdir(dir, names[i]);
+        /* .step-N.old without a step-N: a committed step-N that a commit moved aside and then
+         * failed (or crashed) to replace; it goes back rather than away */
+        char step_name[FILE_NAME_MAX], from[PATH_MAX], to[PATH_MAX];
+        long long st = -1;
+        struct stat sb;
+        size_t len = strlen(names[i]);
+        if (len > 4 && !strcmp(names[i] + len - 4, ".old") &&
+            sscanf(names[i], ".step-%lld.", &st) == 1) {
+            snprintf(step_name, sizeof step_name, DDP__CKPT_STEP_FMT, st);
+            snprintf(from, sizeof from, "%s/%s", dir, names[i]);
+            snprintf(to, sizeof to, "%s/%s", dir, step_name);
+            if (lstat(to, &sb) < 0 && errno == ENOENT && rename(from, to) == 0) {
+                DDP_WARN("checkpoint: restored %s from %s (a commit that replaced it did not "
+                         "finish)",
+                         to, names[i]);
+                continue;
+            }
+        }
+        DDP_INFO("checkpoint: removing %s/%s (left by an interrupted or failed save)", dir,
+                 names[i]);
+        int rc = ddp__ckpt_rmdir(dir, names[i]);
+        if (rc < 0) DDP_WARN("checkpoint: cannot remove %s/%s: %s", dir, names[i], strerror(-rc));
     }
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/.latest.tmp", dir);

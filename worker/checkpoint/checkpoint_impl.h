@@ -87,6 +87,7 @@ struct ddp_ckpt_saver {
     ddp_manifest_t mine; /* files this rank wrote for `written_step` */
     int64_t written_step;
     int committed;
+    char cleanup[FILE_NAME_MAX + 128]; /* what ddp__ckpt_discard did after the last failure */
 
     ddp_ckpt_stats_t stats;
 };
@@ -97,5 +98,15 @@ void ddp__ckpt_tmp_path(const ddp_ckpt_saver_t *s, char *buf, size_t len);
  * renames the temporary directory to step-N, points `latest` at it (each made durable in
  * order) and prunes to keep_last. Returns 0 or the error (ei). */
 int ddp__ckpt_commit(ddp_ckpt_saver_t *s, ddp_errinfo_t *ei);
+/* After a failed save of s->step: removes what it left in dir/.step-N.tmp, so that a full file
+ * system gets its space back at once and nothing of the failed attempt is taken for part of a
+ * later save. `whole`: the directory and everything in it (the sole writer, or rank 0 once every
+ * writer is done); else only the files this rank writes (its shards, its part file, rank 0's
+ * texts), since other writers may still be writing theirs. Never touches a step-N directory or
+ * `latest`: a save that failed after its rename has no .tmp left, and nothing is done. Writes
+ * one phrase saying what it did into s->cleanup ("" when there was nothing to remove). Returns
+ * 0, or the -errno of a removal that failed (what is left is then removed by rank 0 before its
+ * next save writes anything). The writer thread, or the training thread while none runs. */
+int ddp__ckpt_discard(ddp_ckpt_saver_t *s, bool whole);
 
 #endif

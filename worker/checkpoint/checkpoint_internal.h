@@ -31,7 +31,9 @@ int ddp__ckpt_mkdirs(const char *path, ddp_errinfo_t *ei);
  * DDP_ENOMEM, DDP_EFORMAT (larger than max). */
 int ddp__ckpt_read_text(const char *path, size_t max, char **out, ddp_errinfo_t *ei);
 /* Removes dir's ".step-N.tmp"/".step-N.old" directories (N < below; below < 0: all) left by an
- * interrupted save, and a stale ".latest.tmp" link. Logs each. */
+ * interrupted or failed save, and a stale ".latest.tmp" link; a ".step-N.old" without a step-N
+ * (a committed step moved aside by a commit that did not finish) is renamed back to step-N
+ * instead. Logs each; a removal that fails is logged and left for the next sweep. */
 void ddp__ckpt_remove_stale_tmp(const char *dir, int64_t below);
 /* Points dir/latest at target atomically (a new link renamed over the old). Returns 0 or -errno
  * with ei naming the link. */

@@ -4,11 +4,14 @@
 #ifndef DDP_TESTS_UNIT_CHECKPOINT_TESTUTIL_H
 #define DDP_TESTS_UNIT_CHECKPOINT_TESTUTIL_H
 
+#include <dirent.h>
 #include <ftw.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -234,6 +237,74 @@ static inline void tu_copy(tstate_t *ref, const tstate_t *ts)
         ddp_ckpt_tensor_t *b = i < ts->n_model ? &ref->model[i] : &ref->optim[i - ts->n_model];
         memcpy(b->data, a->data, a->nbytes);
     }
+}
+
+/* Entries of dir that a save in progress (or one that failed or crashed) leaves: .step-*.tmp
+ * directories and a .latest.tmp link, their names joined by spaces into buf ("" when none).
+ * Returns how many. */
+static inline int tu_stale_entries(const char *dir, char *buf, size_t len)
+{
+    int n = 0;
+    size_t used = 0;
+    buf[0] = 0;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        bool tmp = !strncmp(e->d_name, ".step-", 6) && l > 4 && !strcmp(e->d_name + l - 4, ".tmp");
+        if (!tmp && strcmp(e->d_name, ".latest.tmp")) continue;
+        int w = snprintf(buf + used, len - used, "%s%s", n ? " " : "", e->d_name);
+        if (w > 0 && used + (size_t)w < len) used += (size_t)w;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Captures this process's stderr (where the log goes) in memory from tu_capture_begin until
+ * tu_capture_end, which restores it and returns what was written (malloc'd; the caller frees),
+ * echoing it to the restored stderr so that a failing test still shows it. */
+static inline int tu_capture_begin(void)
+{
+    int fd = memfd_create("stderr", MFD_CLOEXEC);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    if (fd < 0 || saved < 0 || dup2(fd, STDERR_FILENO) < 0) abort();
+    close(fd);
+    return saved;
+}
+
+static inline char *tu_capture_end(int saved)
+{
+    fflush(stderr);
+    off_t n = lseek(STDERR_FILENO, 0, SEEK_END);
+    char *text = malloc((size_t)(n > 0 ? n : 0) + 1);
+    if (!text) abort();
+    ssize_t got = n > 0 ? pread(STDERR_FILENO, text, (size_t)n, 0) : 0;
+    text[got > 0 ? got : 0] = 0;
+    if (dup2(saved, STDERR_FILENO) < 0) abort();
+    close(saved);
+    fputs(text, stderr);
+    return text;
+}
+
+/* Counts the error-level lines of a captured log ("HH:MM:SS.mmm error ..."), cutting each at its
+ * newline; *last gets the last one's text after the level (NULL when none). */
+static inline int tu_error_lines(char *log, const char **last)
+{
+    int n = 0;
+    *last = NULL;
+    for (char *line = log; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = 0;
+        if (strlen(line) > 19 && !strncmp(line + 12, " error ", 7)) {
+            n++;
+            *last = line + 19;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    return n;
 }
 
 #ifdef cmocka_unit_test /* for test binaries that include cmocka.h first */
