@@ -13,6 +13,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "daemon/rpc.h"
 
 /* One connect attempt: 0 with c->fd set, or -errno. */
 static int connect_once(ddpd_client_t *c, const struct sockaddr_un *a)
@@ -83,6 +84,10 @@ int ddpd_client_send(ddpd_client_t *c, const char *method, json_t *params, long 
     json_decref(o);
     if (!s) return -ENOMEM;
     size_t n = strlen(s);
+    if (n > DDPD_MAX_LINE) { /* the daemon would refuse it and close the connection */
+        free(s);
+        return -EMSGSIZE;
+    }
     s[n] = '\n'; /* replaces the NUL: the buffer is sent by length */
     int rc = ddpd_client_send_raw(c, s, n + 1);
     free(s);
@@ -97,7 +102,8 @@ int ddpd_client_recv(ddpd_client_t *c, json_t **msg, int timeout_ms)
         char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
         if (nl) {
             size_t l = (size_t)(nl - c->buf);
-            json_t *o = json_loadb(c->buf, l, 0, NULL);
+            /* a log's bytes may hold NUL (a byte-level model's sample): "\u0000" in a string */
+            json_t *o = json_loadb(c->buf, l, JSON_ALLOW_NUL, NULL);
             memmove(c->buf, nl + 1, c->len - l - 1);
             c->len -= l + 1;
             if (!o) return -EPROTO;

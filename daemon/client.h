@@ -34,7 +34,8 @@ void ddpd_default_state_dir(char *buf, size_t n);
 int ddpd_client_connect(ddpd_client_t *c, const char *path);
 /* Closes. Safe on a zeroed or closed client. */
 void ddpd_client_close(ddpd_client_t *c);
-/* Sends one request; params is stolen (NULL = none). *id gets the request id. 0 or -errno. */
+/* Sends one request; params is stolen (NULL = none). *id gets the request id. 0 or -errno
+ * (-EMSGSIZE: the line would be over DDPD_MAX_LINE, which the daemon refuses; nothing sent). */
 int ddpd_client_send(ddpd_client_t *c, const char *method, json_t *params, long *id);
 /* Sends raw bytes (tests). 0 or -errno. */
 int ddpd_client_send_raw(ddpd_client_t *c, const void *data, size_t len);

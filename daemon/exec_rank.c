@@ -83,10 +83,14 @@ static int open_log(int dfd, const char *name)
                       errno == ELOOP ? "it is a symlink (not followed)" : strerror(errno));
     struct stat st;
     const char *bad = NULL;
-    if (fstat(fd, &st) != 0) bad = strerror(errno);
-    else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
-    else if (st.st_nlink != 1) bad = "it has more than one link";
-    else if (st.st_uid != geteuid()) bad = "it belongs to another user";
+    if (fstat(fd, &st) != 0)
+        bad = strerror(errno);
+    else if (!S_ISREG(st.st_mode))
+        bad = "not a regular file";
+    else if (st.st_nlink != 1)
+        bad = "it has more than one link";
+    else if (st.st_uid != geteuid())
+        bad = "it belongs to another user";
     if (!bad && fcntl(fd, F_SETFL, O_APPEND) != 0) bad = strerror(errno);
     if (!bad && (dup2(fd, STDOUT_FILENO) < 0 || dup2(fd, STDERR_FILENO) < 0)) bad = strerror(errno);
     close(fd);
@@ -112,13 +116,15 @@ int ddpd_exec_rank_main(int argc, char **argv)
     /* the run directory: the daemon made it and its parent is root's; as the user now */
     int dfd = open(run_dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (dfd < 0)
-        return failed(DDPD_EXEC_FAILED, "cannot open the run directory %s as uid %lu: %s",
-                      run_dir, uid, strerror(errno));
+        return failed(DDPD_EXEC_FAILED, "cannot open the run directory %s as uid %lu: %s", run_dir,
+                      uid, strerror(errno));
     if ((rc = open_log(dfd, log)) != 0) return rc;
     /* from here on, what goes wrong is in the rank's log */
     if (*cwd && chdir(cwd) != 0) {
-        fprintf(stderr, "ddpd: cannot enter the working directory %s as uid %lu (%s); the rank "
-                "starts in its run directory\n", cwd, uid, strerror(errno));
+        fprintf(stderr,
+                "ddpd: cannot enter the working directory %s as uid %lu (%s); the rank "
+                "starts in its run directory\n",
+                cwd, uid, strerror(errno));
         cwd = "";
     }
     if (!*cwd && fchdir(dfd) != 0)

@@ -1,15 +1,27 @@
 /* Authenticated links between daemons (see link.h).
  *
  * Every daemon dials each configured peer (redialling every second) and accepts links on
- * cfg.listen. A link starts with the mutual HMAC exchange of auth.h; a link that fails it is
- * logged and closed. After that both sides send JSON lines; the listener sends the dialer
- * {"t":"status","node":N,"slots":S,"free":F} at once and on every change, which is how a
- * coordinator learns its peers' slots; every other message goes to the handler. Every line is
- * parsed by peer_msg.c first: one that is not the message the link's state expects closes it.
- * Invariant: a link is freed only in its close callback; the module is freed once its links,
- * listener and timers are all closed. Loop thread only.
+ * cfg.listen. A link starts with the mutual authentication of auth.h, in JSON lines; a link
+ * that fails it is logged and closed. Version 2 (both sides this ddpd): from the dialer's proof
+ * on, each direction is a stream of frames (a 4-byte big-endian length, then the bytes): first
+ * that direction's secretstream header, then each message as one secretstream
+ * (XChaCha20-Poly1305) message under the direction's session key, so every message is
+ * encrypted, authenticated, and cannot be replayed, reordered, dropped or moved to another link
+ * without the receiver seeing it (and closing the link). Version 1 (an older peer, only under
+ * peer_auth: allow-legacy): JSON lines in clear after the HMAC exchange, as that ddpd speaks.
+ * After authentication the listener sends the dialer {"t":"status","node":N,"slots":S,"free":F}
+ * at once and on every change, which is how a coordinator learns its peers' slots; every other
+ * message goes to the handler. Every message is parsed by peer_msg.c first: one that is not what
+ * the link's state expects closes it.
+ * Bounds: a link has HANDSHAKE_MS to authenticate; a v2 link that has sent nothing for PING_MS
+ * sends a ping, and one that has heard nothing for IDLE_MS is closed (a v1 peer sends no pings:
+ * its links have no idle limit); at most max_peer_links_per_addr unauthenticated links come
+ * from one address, and MAX_UNAUTH in all.
+ * Invariant: a link is freed only in its close callback (its TCP handle and its timer both
+ * closed); the module is freed once its links, listener and timers are all closed. Loop thread
+ * only.
  */
-#include "daemon/link.h"
+#include "daemon/link_int.h"
 
 #include <netdb.h>
 #include <stddef.h>
@@ -18,60 +30,13 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
-#include "daemon/auth.h"
 #include "daemon/lines.h"
-#include "daemon/peer_msg.h"
 #include "daemon/slots.h"
 
-#define PEER_MAX_LINE (1u << 20)
+enum { HANDSHAKE_MS = 10000, PING_MS = 15000, IDLE_MS = 60000, MAX_UNAUTH = 256 };
 
-typedef enum { L_CONNECTING, L_HELLO_SENT, L_WAIT_HELLO, L_WAIT_MAC, L_WAIT_OK, L_UP } lstate_t;
-
-typedef struct peer peer_t;
-
-struct ddpd_link {
-    uv_tcp_t tcp;
-    uv_connect_t conn;
-    ddpd_t *d;
-    ddpd_link_t *next;
-    int peer;       /* dialled links: index in cfg.peers; accepted: -1 */
-    lstate_t state;
-    int closing;
-    char remote[128]; /* address as seen */
-    char name[64];    /* node name the other side claims (proven once UP) */
-    unsigned char n_mine[DDPD_AUTH_NONCEBYTES], n_theirs[DDPD_AUTH_NONCEBYTES];
-    ddpd_lines_t in; /* the partial line */
-};
-
-struct peer {
-    ddpd_t *d;
-    ddpd_peer_cfg_t cfg;
-    char name[64];
-    ddpd_link_t *link; /* our dialled link, when UP */
-    ddpd_link_t *dialing;
-    int slots, free;
-    uv_timer_t retry;
-    uv_getaddrinfo_t gai;
-    int resolving;
-    int warned;
-};
-
-struct ddpd_links {
-    ddpd_t *d;
-    ddpd_link_handler_t h;
-    unsigned char key[DDPD_AUTH_KEYBYTES];
-    int have_key;
-    uv_tcp_t listener;
-    int listening;
-    peer_t *peers;
-    int n;
-    ddpd_link_t *links;
-    int closing;
-    int refs; /* 1 while open + each link + (at close) the listener and the timers */
-};
-
-static void link_close(ddpd_link_t *l);
 static void dial(peer_t *p);
 static void retry_cb(uv_timer_t *t);
 
@@ -88,10 +53,43 @@ static void wdone(uv_write_t *r, int status)
     ddpd_link_t *l = r->data;
     free(w->data);
     free(w);
-    if (status < 0 && !l->closing) link_close(l);
+    if (status < 0 && !l->closing) ddpd__link_close(l);
 }
 
-static void send_msg(ddpd_link_t *l, json_t *m)
+/* Writes data[0..n) (ownership moves) to l. */
+static void send_bytes(ddpd_link_t *l, char *data, size_t n)
+{
+    wreq_t *w = ddp_malloc(sizeof *w);
+    if (!w) {
+        free(data);
+        ddpd__link_close(l);
+        return;
+    }
+    w->data = data;
+    w->req.data = l;
+    uv_buf_t b = uv_buf_init(data, (unsigned)n);
+    if (uv_write(&w->req, (uv_stream_t *)&l->tcp, &b, 1, wdone) != 0) {
+        free(data);
+        free(w);
+        ddpd__link_close(l);
+        return;
+    }
+    l->last_tx_ms = uv_now(l->d->loop);
+}
+
+/* One frame: a 4-byte big-endian length, then `n` bytes (in the same buffer, taken). */
+static void send_frame(ddpd_link_t *l, unsigned char *frame, size_t n)
+{
+    frame[0] = (unsigned char)(n >> 24);
+    frame[1] = (unsigned char)(n >> 16);
+    frame[2] = (unsigned char)(n >> 8);
+    frame[3] = (unsigned char)n;
+    send_bytes(l, (char *)frame, n + 4);
+}
+
+/* Sends m (consumed): encrypted in a frame on an authenticated v2 link, a JSON line before that
+ * (the handshake) and on a v1 link. */
+void ddpd__link_send(ddpd_link_t *l, json_t *m)
 {
     if (!l || l->closing) {
         json_decref(m);
@@ -101,23 +99,39 @@ static void send_msg(ddpd_link_t *l, json_t *m)
     json_decref(m);
     if (!s) return;
     size_t n = strlen(s);
-    s[n] = '\n';
-    wreq_t *w = ddp_malloc(sizeof *w);
-    if (!w) {
-        free(s);
+    if (!l->tx_ready) {
+        s[n] = '\n'; /* json_dumps's NUL: the buffer holds n + 1 bytes */
+        send_bytes(l, s, n + 1);
         return;
     }
-    w->data = s;
-    w->req.data = l;
-    uv_buf_t b = uv_buf_init(s, (unsigned)n + 1);
-    if (uv_write(&w->req, (uv_stream_t *)&l->tcp, &b, 1, wdone) != 0) {
+    unsigned char *f = ddp_malloc(4 + n + SS_ABYTES);
+    if (!f) {
         free(s);
-        free(w);
-        link_close(l);
+        ddpd__link_close(l);
+        return;
     }
+    unsigned long long clen = 0;
+    crypto_secretstream_xchacha20poly1305_push(&l->tx, f + 4, &clen, (unsigned char *)s, n, NULL, 0,
+                                               crypto_secretstream_xchacha20poly1305_TAG_MESSAGE);
+    free(s);
+    send_frame(l, f, (size_t)clen);
 }
 
-static peer_t *peer_of(ddpd_links_t *ls, ddpd_link_t *l)
+/* Starts this side's encrypted direction: its secretstream header as the first frame. */
+void ddpd__link_start_tx(ddpd_link_t *l)
+{
+    unsigned char *f = ddp_malloc(4 + SS_HEADER);
+    if (!f) {
+        ddpd__link_close(l);
+        return;
+    }
+    crypto_secretstream_xchacha20poly1305_init_push(&l->tx, f + 4, l->k_tx);
+    sodium_memzero(l->k_tx, sizeof l->k_tx);
+    send_frame(l, f, SS_HEADER);
+    l->tx_ready = 1;
+}
+
+peer_t *ddpd__link_peer_of(ddpd_links_t *ls, ddpd_link_t *l)
 {
     return l->peer >= 0 && l->peer < ls->n ? &ls->peers[l->peer] : NULL;
 }
@@ -133,24 +147,29 @@ static void links_unref(ddpd_links_t *ls)
 static void link_closed(uv_handle_t *h)
 {
     ddpd_link_t *l = h->data;
+    if (--l->open_handles > 0) return;
     ddpd_links_t *ls = l->d->links;
     for (ddpd_link_t **pp = &ls->links; *pp; pp = &(*pp)->next)
         if (*pp == l) {
             *pp = l->next;
             break;
         }
-    ddpd_lines_free(&l->in);
+    sodium_memzero(&l->tx, sizeof l->tx);
+    sodium_memzero(&l->rx, sizeof l->rx);
+    sodium_memzero(l->k_tx, sizeof l->k_tx);
+    sodium_memzero(l->k_rx, sizeof l->k_rx);
+    free(l->in);
     free(l);
     links_unref(ls);
 }
 
-static void link_close(ddpd_link_t *l)
+void ddpd__link_close(ddpd_link_t *l)
 {
     if (l->closing) return;
     l->closing = 1;
     ddpd_t *d = l->d;
     ddpd_links_t *ls = d->links;
-    peer_t *p = peer_of(ls, l);
+    peer_t *p = ddpd__link_peer_of(ls, l);
     if (p && p->link == l) {
         p->link = NULL;
         DDP_WARN("peer %s (%s): link down", p->name, p->cfg.addr);
@@ -163,6 +182,29 @@ static void link_close(ddpd_link_t *l)
     if (p && p->dialing == l) p->dialing = NULL;
     if (p && !ls->closing) uv_timer_start(&p->retry, retry_cb, 1000, 0);
     uv_close((uv_handle_t *)&l->tcp, link_closed);
+    uv_close((uv_handle_t *)&l->timer, link_closed);
+}
+
+/* The link's timer: the handshake's deadline until it is up; then, on a v2 link, a ping after
+ * PING_MS of our silence and the end after IDLE_MS of theirs. */
+static void timer_cb(uv_timer_t *t)
+{
+    ddpd_link_t *l = t->data;
+    uint64_t now = uv_now(l->d->loop);
+    if (l->state != L_UP) {
+        DDP_WARN("peer link %s%s%s: not authenticated within %d s: closed", l->remote,
+                 l->name[0] ? " claiming " : "", l->name, HANDSHAKE_MS / 1000);
+        ddpd__link_close(l);
+        return;
+    }
+    if (!l->v2) return; /* a v1 peer sends no pings */
+    if (now - l->last_rx_ms >= IDLE_MS) {
+        DDP_WARN("peer link %s (%s): nothing heard for %d s: closed", l->name, l->remote,
+                 IDLE_MS / 1000);
+        ddpd__link_close(l);
+        return;
+    }
+    if (now - l->last_tx_ms >= PING_MS) ddpd__link_send(l, json_pack("{ss}", "t", "ping"));
 }
 
 static ddpd_link_t *link_new(ddpd_t *d, int peer)
@@ -172,17 +214,32 @@ static ddpd_link_t *link_new(ddpd_t *d, int peer)
     l->d = d;
     l->peer = peer;
     uv_tcp_init(d->loop, &l->tcp);
-    l->tcp.data = l;
+    uv_timer_init(d->loop, &l->timer);
+    l->tcp.data = l->timer.data = l;
+    l->open_handles = 2;
     uv_tcp_nodelay(&l->tcp, 1);
     l->next = d->links->links;
     d->links->links = l;
     d->links->refs++;
+    l->last_rx_ms = l->last_tx_ms = uv_now(d->loop);
+    uv_timer_start(&l->timer, timer_cb, HANDSHAKE_MS, 0);
     return l;
+}
+
+/* The link is authenticated: its timer now keeps it alive (v2) or does nothing (v1). */
+void ddpd__link_up(ddpd_link_t *l)
+{
+    l->state = L_UP;
+    l->last_rx_ms = uv_now(l->d->loop);
+    if (l->v2)
+        uv_timer_start(&l->timer, timer_cb, 1000, 1000);
+    else
+        uv_timer_stop(&l->timer);
 }
 
 /* ---- status ---- */
 
-static json_t *status_msg(ddpd_t *d)
+json_t *ddpd__link_status_msg(ddpd_t *d)
 {
     return json_pack("{ss ss si si}", "t", "status", "node", d->cfg.node_name, "slots",
                      d->cfg.slots, "free", ddpd_slots_free(d));
@@ -193,7 +250,7 @@ void ddpd_peers_announce(ddpd_t *d)
     ddpd_links_t *ls = d->links;
     if (!ls) return;
     for (ddpd_link_t *l = ls->links; l; l = l->next)
-        if (l->peer < 0 && l->state == L_UP) send_msg(l, status_msg(d));
+        if (l->peer < 0 && l->state == L_UP) ddpd__link_send(l, ddpd__link_status_msg(d));
 }
 
 /* ---- messages after authentication ---- */
@@ -201,7 +258,8 @@ void ddpd_peers_announce(ddpd_t *d)
 static void on_message(ddpd_link_t *l, const ddpd_pmsg_t *m)
 {
     ddpd_links_t *ls = l->d->links;
-    peer_t *p = peer_of(ls, l);
+    peer_t *p = ddpd__link_peer_of(ls, l);
+    if (m->kind == DDPD_PMSG_PING) return; /* it kept the link alive: that is all */
     if (m->kind == DDPD_PMSG_STATUS && p) {
         int was = p->slots;
         p->slots = m->u.status.slots;
@@ -212,151 +270,119 @@ static void on_message(ddpd_link_t *l, const ddpd_pmsg_t *m)
     }
 }
 
-/* ---- authentication ---- */
-
-static void refuse(ddpd_link_t *l, const char *why)
+/* One message's text (a line, or a frame's plaintext), parsed as what the link's state
+ * expects: a handshake message before it is up, an authenticated one after; what does not parse
+ * closes the link. */
+static void on_text(ddpd_link_t *l, const char *text, size_t len)
 {
-    DDP_WARN("peer link from %s (claims '%s') refused: %s", l->remote,
-             l->name[0] ? l->name : "?", why);
-    send_msg(l, json_pack("{ss}", "error", "authentication failed"));
-    link_close(l);
-}
-
-/* The dialer's handshake failed: said once per peer until a link to it is up again. */
-static void dial_failed(ddpd_link_t *l, const char *why)
-{
-    peer_t *p = peer_of(l->d->links, l);
-    if (p && !p->warned) DDP_WARN("peer %s: %s", p->cfg.addr, why);
-    if (p) p->warned = 1;
-    link_close(l);
-}
-
-/* What a link in state s reads next. */
-static ddpd_pmsg_kind_t expected(lstate_t s)
-{
-    switch (s) {
-    case L_WAIT_HELLO: return DDPD_PMSG_HELLO;
-    case L_WAIT_MAC: return DDPD_PMSG_PROOF;
-    case L_HELLO_SENT: return DDPD_PMSG_CHALLENGE;
-    case L_WAIT_OK: return DDPD_PMSG_OK;
-    default: return DDPD_PMSG_ANY;
-    }
-}
-
-/* A line that is not the message expected (why: the parser's or the handshake's reason). */
-static void malformed(ddpd_link_t *l, const char *why)
-{
-    switch (l->state) {
-    case L_WAIT_HELLO:
-    case L_WAIT_MAC: refuse(l, why); return;
-    case L_HELLO_SENT:
-    case L_WAIT_OK: dial_failed(l, why); return;
-    default:
-        DDP_WARN("peer link %s (%s): %s: closed", l->name, l->remote, why);
-        link_close(l);
-    }
-}
-
-/* One handshake message m, of the kind expected(l->state) or REFUSED. */
-static void on_auth(ddpd_link_t *l, const ddpd_pmsg_t *m)
-{
-    ddpd_links_t *ls = l->d->links;
-    char hex[2 * DDPD_AUTH_MACBYTES + 1], nhex[2 * DDPD_AUTH_NONCEBYTES + 1];
-    unsigned char mac[DDPD_AUTH_MACBYTES];
-    if (m->kind == DDPD_PMSG_REFUSED) {
-        malformed(l, l->state == L_WAIT_OK ? "it refused us (wrong secret?)"
-                                           : "it refused the handshake");
-        return;
-    }
-    switch (l->state) {
-    case L_WAIT_HELLO: /* listener: {"hello", "nonce"} */
-        snprintf(l->name, sizeof l->name, "%s", m->u.hello.node);
-        memcpy(l->n_theirs, m->u.hello.nonce, sizeof l->n_theirs);
-        ddpd_auth_nonce(l->n_mine);
-        ddpd_auth_mac(ls->key, "ddpd-server", l->n_theirs, l->n_mine, mac);
-        ddpd_auth_to_hex(hex, mac, sizeof mac);
-        ddpd_auth_to_hex(nhex, l->n_mine, sizeof l->n_mine);
-        send_msg(l, json_pack("{ss ss ss}", "node", l->d->cfg.node_name, "nonce", nhex, "mac",
-                              hex));
-        l->state = L_WAIT_MAC;
-        return;
-    case L_WAIT_MAC: /* listener: {"mac"} proves the dialer knows the secret */
-        if (!ddpd_auth_verify_hex(ls->key, "ddpd-client", l->n_mine, l->n_theirs,
-                                  m->u.proof.mac)) {
-            refuse(l, "wrong secret (HMAC mismatch)");
-            return;
-        }
-        l->state = L_UP;
-        DDP_INFO("peer %s (%s) authenticated (inbound)", l->name, l->remote);
-        send_msg(l, json_pack("{sb ss}", "ok", 1, "node", l->d->cfg.node_name));
-        if (ls->h.up) ls->h.up(l->d, l); /* before the slots: what already runs comes first */
-        send_msg(l, status_msg(l->d));
-        return;
-    case L_HELLO_SENT: /* dialer: {"node","nonce","mac"} proves the listener knows it */
-        memcpy(l->n_theirs, m->u.challenge.nonce, sizeof l->n_theirs);
-        if (!ddpd_auth_verify_hex(ls->key, "ddpd-server", l->n_mine, l->n_theirs,
-                                  m->u.challenge.mac)) {
-            dial_failed(l, "it failed authentication (wrong secret?)");
-            return;
-        }
-        snprintf(l->name, sizeof l->name, "%s", m->u.challenge.node);
-        ddpd_auth_mac(ls->key, "ddpd-client", l->n_theirs, l->n_mine, mac);
-        ddpd_auth_to_hex(hex, mac, sizeof mac);
-        send_msg(l, json_pack("{ss}", "mac", hex));
-        l->state = L_WAIT_OK;
-        return;
-    case L_WAIT_OK: {
-        peer_t *p = peer_of(ls, l);
-        if (!p) {
-            link_close(l);
-            return;
-        }
-        l->state = L_UP;
-        p->dialing = NULL;
-        p->link = l;
-        p->warned = 0;
-        snprintf(p->name, sizeof p->name, "%s", p->cfg.name[0] ? p->cfg.name : l->name);
-        DDP_INFO("peer %s (%s) up", p->name, p->cfg.addr);
-        return;
-    }
-    default: return;
-    }
-}
-
-/* One line from the other side, parsed as what the link's state expects: a handshake message
- * before it is up, an authenticated one after; what does not parse closes the link. */
-static int on_line(void *arg, const char *line, size_t len)
-{
-    ddpd_link_t *l = arg;
-    ddpd_pmsg_kind_t expect = expected(l->state);
+    ddpd_pmsg_kind_t expect = ddpd__link_expected(l);
     ddpd_pmsg_t m;
     char why[256];
-    if (ddpd_pmsg_parse(line, len, expect, &m, why, sizeof why) != 0) {
-        malformed(l, why);
-        return l->closing;
+    if (ddpd_pmsg_parse(text, len, expect, &m, why, sizeof why) != 0) {
+        ddpd__link_malformed(l, why);
+        return;
     }
     if (expect == DDPD_PMSG_ANY)
         on_message(l, &m);
     else
-        on_auth(l, &m);
+        ddpd__link_auth(l, &m);
     ddpd_pmsg_close(&m);
-    return l->closing;
 }
 
+/* One frame of a v2 link: the other side's stream header, then its messages. A frame that does
+ * not decrypt and verify as the next message of the stream closes the link. */
+static void on_frame(ddpd_link_t *l, const unsigned char *f, size_t n)
+{
+    if (!l->rx_ready) {
+        int bad = n != SS_HEADER ||
+                  crypto_secretstream_xchacha20poly1305_init_pull(&l->rx, f, l->k_rx) != 0;
+        sodium_memzero(l->k_rx, sizeof l->k_rx);
+        if (bad)
+            ddpd__link_malformed(l, "its stream header is not one");
+        else
+            l->rx_ready = 1;
+        return;
+    }
+    unsigned char *m = n >= SS_ABYTES ? ddp_malloc(n - SS_ABYTES + 1) : NULL;
+    unsigned long long mlen = 0;
+    unsigned char tag = 0;
+    if (!m ||
+        crypto_secretstream_xchacha20poly1305_pull(&l->rx, m, &mlen, &tag, f, n, NULL, 0) != 0) {
+        free(m);
+        DDP_WARN("peer link %s (%s): a message failed authentication (forged, replayed, "
+                 "reordered or cut): closed",
+                 l->name[0] ? l->name : "?", l->remote);
+        ddpd__link_close(l);
+        return;
+    }
+    if (tag == crypto_secretstream_xchacha20poly1305_TAG_FINAL) {
+        free(m);
+        ddpd__link_close(l);
+        return;
+    }
+    if (l->state == L_WAIT_OK) ddpd__link_dialer_up(l); /* the listener took our proof */
+    if (!l->closing) on_text(l, (const char *)m, (size_t)mlen);
+    free(m);
+}
+
+/* What arrived: appended to the unread input, then read as lines (the handshake, a v1 link) or
+ * frames (a v2 link from the proof on) while whole ones are there. A line or a frame over its
+ * limit closes the link before it is buffered further. */
 static void p_read(uv_stream_t *s, ssize_t n, const uv_buf_t *b)
 {
     ddpd_link_t *l = s->data;
-    if (n < 0) {
+    if (n < 0 || l->closing) {
         free(b->base);
-        link_close(l);
+        if (n < 0) ddpd__link_close(l);
         return;
     }
-    size_t lim = l->state == L_UP ? PEER_MAX_LINE : 4096;
-    if (!l->closing && ddpd_lines_feed(&l->in, b->base, (size_t)n, lim, on_line, l) < 0) {
-        DDP_WARN("peer link %s: line over %zu bytes: closed", l->remote, lim);
-        link_close(l);
+    if (l->in_len + (size_t)n > l->in_cap) {
+        size_t cap = l->in_cap ? l->in_cap : 65536;
+        while (cap < l->in_len + (size_t)n) cap *= 2;
+        char *nb = ddp_realloc(l->in, cap);
+        if (!nb) {
+            free(b->base);
+            ddpd__link_close(l);
+            return;
+        }
+        l->in = nb;
+        l->in_cap = cap;
     }
+    memcpy(l->in + l->in_len, b->base, (size_t)n);
+    l->in_len += (size_t)n;
     free(b->base);
+    l->last_rx_ms = uv_now(l->d->loop);
+    size_t off = 0;
+    while (!l->closing) {
+        size_t left = l->in_len - off;
+        if (!l->framed) {
+            size_t lim = l->state == L_UP ? PEER_MAX_LINE : AUTH_MAX_LINE;
+            char *nl = memchr(l->in + off, '\n', left);
+            size_t len = nl ? (size_t)(nl - (l->in + off)) : left;
+            if (len > lim) {
+                DDP_WARN("peer link %s: a line over %zu bytes: closed", l->remote, lim);
+                ddpd__link_close(l);
+            }
+            if (!nl || l->closing) break;
+            on_text(l, l->in + off, len);
+            off += len + 1;
+        } else {
+            if (left < 4) break;
+            const unsigned char *h = (const unsigned char *)l->in + off;
+            size_t len = (size_t)h[0] << 24 | (size_t)h[1] << 16 | (size_t)h[2] << 8 | h[3];
+            if (len > PEER_MAX_LINE + SS_ABYTES) {
+                DDP_WARN("peer link %s: a frame of %zu bytes, over the limit: closed", l->remote,
+                         len);
+                ddpd__link_close(l);
+                break;
+            }
+            if (left < 4 + len) break;
+            on_frame(l, h + 4, len);
+            off += 4 + len;
+        }
+    }
+    memmove(l->in, l->in + off, l->in_len - off);
+    l->in_len -= off;
 }
 
 /* ---- dialling and accepting ---- */
@@ -366,15 +392,16 @@ static void on_connect(uv_connect_t *req, int status)
     ddpd_link_t *l = req->data;
     if (l->closing) return;
     if (status < 0) {
-        link_close(l);
+        ddpd__link_close(l);
         return;
     }
     char nhex[2 * DDPD_AUTH_NONCEBYTES + 1];
-    ddpd_auth_nonce(l->n_mine);
+    ddpd_auth_nonce_v2(l->n_mine);
     ddpd_auth_to_hex(nhex, l->n_mine, sizeof l->n_mine);
     l->state = L_HELLO_SENT;
     uv_read_start((uv_stream_t *)&l->tcp, ddpd_lines_alloc, p_read);
-    send_msg(l, json_pack("{ss ss}", "hello", l->d->cfg.node_name, "nonce", nhex));
+    ddpd__link_send(l, json_pack("{ss ss si s[s]}", "hello", l->d->cfg.node_name, "nonce", nhex,
+                                 "v", 2, "caps", DDPD_LINK_CAP_BOX));
 }
 
 static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
@@ -399,7 +426,7 @@ static void on_resolved(uv_getaddrinfo_t *req, int status, struct addrinfo *res)
     l->state = L_CONNECTING;
     l->conn.data = l;
     p->dialing = l;
-    if (uv_tcp_connect(&l->conn, &l->tcp, res->ai_addr, on_connect) != 0) link_close(l);
+    if (uv_tcp_connect(&l->conn, &l->tcp, res->ai_addr, on_connect) != 0) ddpd__link_close(l);
     uv_freeaddrinfo(res);
 }
 
@@ -432,7 +459,7 @@ static void on_accept(uv_stream_t *server, int status)
     ddpd_link_t *l = link_new(d, -1);
     if (!l) return;
     if (uv_accept(server, (uv_stream_t *)&l->tcp) != 0) {
-        link_close(l);
+        ddpd__link_close(l);
         return;
     }
     struct sockaddr_storage sa;
@@ -445,7 +472,22 @@ static void on_accept(uv_stream_t *server, int status)
             uv_ip6_name((struct sockaddr_in6 *)&sa, ip, sizeof ip);
     }
     snprintf(l->remote, sizeof l->remote, "%s", ip);
+    snprintf(l->ip, sizeof l->ip, "%s", ip);
     l->state = L_WAIT_HELLO;
+    /* unauthenticated links from one address, and in all, are bounded */
+    int same = 0, unauth = 0;
+    for (ddpd_link_t *o = d->links->links; o; o = o->next) {
+        if (o == l || o->closing || o->peer >= 0 || o->state == L_UP) continue;
+        unauth++;
+        same += !strcmp(o->ip, l->ip);
+    }
+    if (same >= d->cfg.max_peer_links_per_addr || unauth >= MAX_UNAUTH) {
+        DDP_WARN("peer link from %s refused: %d unauthenticated links from it already "
+                 "(max_peer_links_per_addr), %d in all",
+                 ip, same, unauth);
+        ddpd__link_close(l);
+        return;
+    }
     uv_read_start((uv_stream_t *)&l->tcp, ddpd_lines_alloc, p_read);
 }
 
@@ -462,8 +504,11 @@ int ddpd_links_start(ddpd_t *d, const ddpd_link_handler_t *h, ddp_errinfo_t *ei)
     if (!d->cfg.listen[0] && !d->cfg.n_peers) return 0;
     int rc = ddpd_auth_load_key(d->cfg.secret_file, ls->key);
     if (rc != 0)
-        return ddp_errinfo_set(ei, rc, "cannot use the cluster secret %s: %s",
-                               d->cfg.secret_file, rc == DDP_EINVAL ? "empty" : ddp_strerror(rc));
+        return ddp_errinfo_set(ei, rc, "cannot use the cluster secret %s: %s", d->cfg.secret_file,
+                               rc == DDP_EINVAL  ? "empty"
+                               : rc == DDP_EPERM ? "others may read it, or it is not root's "
+                                                   "(chmod 600, chown root)"
+                                                 : ddp_strerror(rc));
     ls->have_key = 1;
     if (d->cfg.listen[0]) {
         char host[256];
@@ -507,7 +552,7 @@ void ddpd_links_close(ddpd_t *d)
     ls->closing = 1;
     for (ddpd_link_t *l = ls->links, *next; l; l = next) {
         next = l->next;
-        link_close(l);
+        ddpd__link_close(l);
     }
     if (ls->listening) {
         ls->refs++;
@@ -544,21 +589,20 @@ const char *ddpd_peers_name(ddpd_t *d, int i)
 json_t *ddpd_peers_nodes(ddpd_t *d)
 {
     json_t *arr = json_array();
-    json_array_append_new(arr, json_pack("{ss ss sb sb si si}", "name", d->cfg.node_name, "addr",
-                                         d->cfg.listen[0] ? d->cfg.listen : d->cfg.advertise,
-                                         "self", 1, "up", 1, "slots", d->cfg.slots, "free",
-                                         ddpd_slots_free(d)));
+    json_array_append_new(arr,
+                          json_pack("{ss ss sb sb si si}", "name", d->cfg.node_name, "addr",
+                                    d->cfg.listen[0] ? d->cfg.listen : d->cfg.advertise, "self", 1,
+                                    "up", 1, "slots", d->cfg.slots, "free", ddpd_slots_free(d)));
     for (int i = 0; i < ddpd_peers_count(d); i++) {
         peer_t *p = &d->links->peers[i];
         json_array_append_new(arr, json_pack("{ss ss sb sb si si}", "name", p->name, "addr",
-                                             p->cfg.addr, "self", 0, "up", p->link != NULL,
-                                             "slots", p->slots, "free", p->free < 0 ? 0 : p->free));
+                                             p->cfg.addr, "self", 0, "up", p->link != NULL, "slots",
+                                             p->slots, "free", p->free < 0 ? 0 : p->free));
     }
     return arr;
 }
 
-
-void ddpd_link_send(ddpd_link_t *l, json_t *m) { send_msg(l, m); }
+void ddpd_link_send(ddpd_link_t *l, json_t *m) { ddpd__link_send(l, m); }
 const char *ddpd_link_name(const ddpd_link_t *l) { return l->name; }
 int ddpd_link_peer(const ddpd_link_t *l) { return l->peer; }
 

@@ -23,7 +23,7 @@ static const char *const NAMES[] = {
     [DDPD_PMSG_KILL] = "kill",      [DDPD_PMSG_SIGNAL] = "signal",
     [DDPD_PMSG_STARTED] = "started", [DDPD_PMSG_FAILED] = "failed",
     [DDPD_PMSG_ADOPTED] = "adopted", [DDPD_PMSG_EXIT] = "exit",
-    [DDPD_PMSG_UNKNOWN] = "unknown",
+    [DDPD_PMSG_PING] = "ping",      [DDPD_PMSG_UNKNOWN] = "unknown",
 };
 
 const char *ddpd_pmsg_kind_name(ddpd_pmsg_kind_t k)
@@ -179,17 +179,53 @@ static int get_node(ctx_t *c, const char *k, const char **out)
     return 0;
 }
 
+/* The optional protocol version "v" (1 when absent: an older ddpd). */
+static int get_version(ctx_t *c, int *v)
+{
+    *v = 1;
+    return json_object_get(c->o, "v") ? get_int(c, "v", 1, 255, v) : 0;
+}
+
+/* A capability: a lowercase word of at most DDPD_PMSG_CAP_MAX bytes. */
+static int cap_ok(const char *s)
+{
+    size_t n = strlen(s);
+    if (!n || n > DDPD_PMSG_CAP_MAX) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') || *s == '-')) return 0;
+    return 1;
+}
+
 static int read_hello(ctx_t *c, ddpd_pmsg_t *m)
 {
     DDP_CHECK(get_node(c, "hello", &m->u.hello.node));
-    return get_hex(c, "nonce", m->u.hello.nonce, sizeof m->u.hello.nonce);
+    DDP_CHECK(get_hex(c, "nonce", m->u.hello.nonce, sizeof m->u.hello.nonce));
+    DDP_CHECK(get_version(c, &m->u.hello.v));
+    json_t *caps = json_object_get(c->o, "caps");
+    if (!caps) return 0;
+    if (!json_is_array(caps) || json_array_size(caps) > DDPD_PMSG_CAPS_MAX)
+        return fail(c, "caps", "not an array of at most %d capabilities", DDPD_PMSG_CAPS_MAX);
+    size_t i, len = 0;
+    json_t *v;
+    json_array_foreach(caps, i, v) {
+        const char *w = json_string_value(v);
+        if (!w || !cap_ok(w)) return fail(c, "caps", "entry %zu is not a capability", i);
+        len += (size_t)snprintf(m->u.hello.caps + len, sizeof m->u.hello.caps - len, "%s%s",
+                                i ? "," : "", w);
+    }
+    return 0;
 }
 
 static int read_challenge(ctx_t *c, ddpd_pmsg_t *m)
 {
     DDP_CHECK(get_node(c, "node", &m->u.challenge.node));
     DDP_CHECK(get_hex(c, "nonce", m->u.challenge.nonce, sizeof m->u.challenge.nonce));
-    return get_mac(c, "mac", &m->u.challenge.mac);
+    DDP_CHECK(get_mac(c, "mac", &m->u.challenge.mac));
+    DDP_CHECK(get_version(c, &m->u.challenge.v));
+    m->u.challenge.chosen = "";
+    if (!json_object_get(c->o, "chosen")) return 0;
+    DDP_CHECK(get_str(c, "chosen", 1, DDPD_PMSG_CAP_MAX, &m->u.challenge.chosen));
+    return cap_ok(m->u.challenge.chosen) ? 0 : fail(c, "chosen", "not a capability");
 }
 
 static int read_proof(ctx_t *c, ddpd_pmsg_t *m) { return get_mac(c, "mac", &m->u.proof.mac); }
@@ -285,6 +321,13 @@ static int read_refused(ctx_t *c, ddpd_pmsg_t *m)
     return get_str(c, "error", 0, DDPD_PMSG_TEXT_MAX, &m->u.refused.error);
 }
 
+static int read_ping(ctx_t *c, ddpd_pmsg_t *m)
+{
+    (void)c;
+    (void)m;
+    return 0;
+}
+
 static int read_unknown(ctx_t *c, ddpd_pmsg_t *m)
 {
     (void)c;
@@ -301,7 +344,8 @@ static const reader_t READERS[] = {
     [DDPD_PMSG_START] = read_start,     [DDPD_PMSG_KILL] = read_kill,
     [DDPD_PMSG_SIGNAL] = read_signal,   [DDPD_PMSG_STARTED] = read_started,
     [DDPD_PMSG_FAILED] = read_failed,   [DDPD_PMSG_ADOPTED] = read_adopted,
-    [DDPD_PMSG_EXIT] = read_exit,       [DDPD_PMSG_UNKNOWN] = read_unknown,
+    [DDPD_PMSG_EXIT] = read_exit,       [DDPD_PMSG_PING] = read_ping,
+    [DDPD_PMSG_UNKNOWN] = read_unknown,
 };
 
 /* Which kind o is, given what the link expects. */

@@ -2,13 +2,14 @@
  * or is refused with a reason that names the offending field. Pure: no I/O, no daemon state;
  * what a message means for a link or a job is link.c's and remote.c's business.
  *
- * Handshake (auth.h has the HMAC), expected by the link's state, no "t":
- *   HELLO     dialer   -> {"hello": node, "nonce": hex32}
- *   CHALLENGE listener -> {"node": node, "nonce": hex32, "mac": hex32}
+ * Handshake (auth.h has the HMAC and the versions), expected by the link's state, no "t":
+ *   HELLO     dialer   -> {"hello": node, "nonce": hex32[, "v": 2, "caps": [cap, ...]]}
+ *   CHALLENGE listener -> {"node": node, "nonce": hex32, "mac": hex32[, "v": 2, "chosen": cap]}
  *   PROOF     dialer   -> {"mac": hex32}
- *   OK        listener -> {"ok": true, "node": node}
+ *   OK        listener -> {"ok": true, "node": node}       (version 1 only)
  *   REFUSED   listener -> {"error": text}                 (accepted wherever a handshake
  *                                                           message is expected)
+ *   "v" absent is version 1 (an older ddpd). Capabilities are words of at most 15 bytes.
  * Authenticated, told apart by "t":
  *   STATUS    {"t":"status", "node", "slots", "free"}     a node's slots (listener -> dialer)
  *   START     {"t":"start", "job", "name", "ranks":[..], "world", "rdzv", "token", "spec",
@@ -20,11 +21,13 @@
  *   FAILED    {"t":"failed", "job", "why"}                node -> coordinator
  *   ADOPTED   {"t":"adopted", "job", "ranks":[..]}        node -> coordinator
  *   EXIT      {"t":"exit", "job", "rank", "code", "sig"}  node -> coordinator
+ *   PING      {"t":"ping"}                                either way, on a quiet v2 link
  * Every field a sender writes is required (but START's "groups", which older senders lack),
  * with its JSON type, its range and, for strings, its length (the limits below); node names
- * must be valid job names (ddp_spec_name_ok: they become directory names and log words); fields this version does not read are allowed (a newer sender may
- * add some), duplicate keys and bytes after the object are not. An authenticated message whose
- * "t" this version does not know parses as UNKNOWN, so that a newer peer is not cut off.
+ * must be valid job names (ddp_spec_name_ok: they become directory names and log words);
+ * fields this version does not read are allowed (a newer sender may add some), duplicate keys
+ * and bytes after the object are not. An authenticated message whose "t" this version does not
+ * know parses as UNKNOWN, so that a newer peer is not cut off.
  * Thread-safe (no shared state).
  */
 #ifndef DDPD_PEER_MSG_H
@@ -60,8 +63,12 @@ typedef enum {
     DDPD_PMSG_FAILED,
     DDPD_PMSG_ADOPTED,
     DDPD_PMSG_EXIT,
+    DDPD_PMSG_PING,
     DDPD_PMSG_UNKNOWN,
 } ddpd_pmsg_kind_t;
+
+#define DDPD_PMSG_CAP_MAX 15 /* a capability's longest name */
+#define DDPD_PMSG_CAPS_MAX 8 /* capabilities a hello may list */
 
 /* A coordinator's request to start ranks of its job here. Strings are borrowed from the
  * message's root; ranks are owned by the message (ddpd_pmsg_close frees them). */
@@ -85,11 +92,15 @@ typedef struct ddpd_pmsg {
         struct {
             const char *node;
             unsigned char nonce[DDPD_AUTH_NONCEBYTES];
+            int v;       /* 1 when absent */
+            char caps[DDPD_PMSG_CAPS_MAX * (DDPD_PMSG_CAP_MAX + 1)]; /* "a,b" ("" when none) */
         } hello;
         struct {
             const char *node;
             unsigned char nonce[DDPD_AUTH_NONCEBYTES];
             const char *mac; /* 2 * DDPD_AUTH_MACBYTES hex digits */
+            int v;              /* 1 when absent */
+            const char *chosen; /* "" when absent */
         } challenge;
         struct {
             const char *mac; /* 2 * DDPD_AUTH_MACBYTES hex digits */

@@ -1,10 +1,11 @@
-/* FIFO gang placement (see sched.h). The pass runs from a zero-delay timer so callers in the
+/* Fair gang placement (see sched.h). The pass runs from a zero-delay timer so callers in the
  * middle of a job transition never re-enter the scheduler. */
 #include "sched.h"
 
 #include <stdlib.h>
 
 #include "common/alloc.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "daemon/job.h"
 #include "daemon/link.h"
@@ -53,21 +54,72 @@ static void replace_lost(ddpd_t *d)
     }
 }
 
+/* The running_ranks quota lets uid's started ranks grow by n. */
+static int within_quota(ddpd_t *d, uint32_t uid, int n)
+{
+    ddpd_quota_t q;
+    ddpd_config_quota(&d->cfg, uid, &q);
+    return q.running_ranks <= 0 || ddpd_job_ranks_of(d, uid) + n <= q.running_ranks;
+}
+
+/* Starts j if all its ranks fit now; returns 1 when it started. */
+static int try_start(ddpd_t *d, ddpd_job_t *j)
+{
+    int *rank_node = ddp_calloc((size_t)ddpd_job_world(j), sizeof *rank_node);
+    if (!rank_node) return 0;
+    if (!place(d, ddpd_job_world(j), rank_node)) {
+        free(rank_node);
+        return 0;
+    }
+    ddpd_job_start(j, rank_node);
+    return 1;
+}
+
+/* The waiting job to consider next among those not yet tried: the user with the fewest started
+ * ranks first, then the oldest submission. */
+static ddpd_job_t *next_fair(ddpd_t *d, ddpd_job_t **tried, int n_tried)
+{
+    ddpd_job_t *best = NULL;
+    int best_ranks = 0;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
+        if (!ddpd_job_waiting(j)) continue;
+        int seen = 0;
+        for (int i = 0; i < n_tried && !seen; i++) seen = tried[i] == j;
+        if (seen || !within_quota(d, ddpd_job_uid(j), ddpd_job_world(j))) continue;
+        int ranks = ddpd_job_ranks_of(d, ddpd_job_uid(j));
+        if (!best || ranks < best_ranks ||
+            (ranks == best_ranks && ddpd_job_submitted_ms(j) < ddpd_job_submitted_ms(best))) {
+            best = j;
+            best_ranks = ranks;
+        }
+    }
+    return best;
+}
+
 static void pass(uv_timer_t *t)
 {
     ddpd_t *d = t->data;
     if (d->stopping) return;
     replace_lost(d);
-    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
-        if (!ddpd_job_waiting(j)) continue;
-        int *rank_node = ddp_calloc((size_t)ddpd_job_world(j), sizeof *rank_node);
-        if (!rank_node) return;
-        if (!place(d, ddpd_job_world(j), rank_node)) {
-            free(rank_node);
-            return; /* strict FIFO: the head waits for room, nothing jumps ahead */
-        }
-        ddpd_job_start(j, rank_node);
+    /* a job waiting longer than reserve_after_s holds the queue until it starts */
+    ddpd_job_t *oldest = NULL;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j))
+        if (ddpd_job_waiting(j) && within_quota(d, ddpd_job_uid(j), ddpd_job_world(j)) &&
+            (!oldest || ddpd_job_submitted_ms(j) < ddpd_job_submitted_ms(oldest)))
+            oldest = j;
+    if (oldest &&
+        ddp_wall_ms() - ddpd_job_submitted_ms(oldest) >= (int64_t)(d->cfg.reserve_after_s * 1000) &&
+        !try_start(d, oldest))
+        return;
+    int n = 0, cap = 0;
+    for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) cap += ddpd_job_waiting(j);
+    ddpd_job_t **tried = ddp_calloc((size_t)cap + 1, sizeof *tried);
+    if (!tried) return;
+    for (ddpd_job_t *j; n < cap && (j = next_fair(d, tried, n));) {
+        tried[n++] = j;
+        try_start(d, j); /* one that does not fit is passed over (see sched.h) */
     }
+    free(tried);
 }
 
 /* A job was queued or ended, or ranks started or ended: slots may have changed hands. */
@@ -88,5 +140,7 @@ void ddpd_sched_close(ddpd_t *d) { uv_close((uv_handle_t *)&d->sched_timer, NULL
 
 void ddpd_sched_kick(ddpd_t *d)
 {
-    if (!uv_is_closing((uv_handle_t *)&d->sched_timer)) uv_timer_start(&d->sched_timer, pass, 0, 0);
+    /* then every 5 s: a job's age can make it the reserved one with nothing else changing */
+    if (!uv_is_closing((uv_handle_t *)&d->sched_timer))
+        uv_timer_start(&d->sched_timer, pass, 0, 5000);
 }

@@ -42,7 +42,7 @@ typedef struct submit {
     char *path;          /* a spec file to read (owned), or NULL */
     char *text;          /* the spec text (owned): given, or read from path */
     size_t len;
-    char *name, *cwd;    /* params (owned, may be NULL) */
+    char *name, *cwd; /* params (owned, may be NULL) */
     int workers;
     char origin[PATH_MAX + 8];
     /* the work's results */
@@ -72,9 +72,10 @@ static int read_spec_file(submit_t *w)
     int fd = open(w->path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
     if (fd < 0) return -errno;
     struct stat st;
-    int rc = fstat(fd, &st) != 0 ? -errno : !S_ISREG(st.st_mode) ? -EINVAL
-                                         : st.st_size > (off_t)DDPD_MAX_LINE ? -EFBIG
-                                                                              : 0;
+    int rc = fstat(fd, &st) != 0                 ? -errno
+             : !S_ISREG(st.st_mode)              ? -EINVAL
+             : st.st_size > (off_t)DDPD_MAX_LINE ? -EFBIG
+                                                 : 0;
     char *buf = rc == 0 ? ddp_malloc((size_t)st.st_size + 1) : NULL;
     if (rc == 0 && !buf) rc = DDP_ENOMEM;
     size_t got = 0;
@@ -113,7 +114,7 @@ static void start_next(uv_loop_t *loop);
 static void reply_error(ddpd_session_t *s, submit_t *w, int rc)
 {
     if (w->path && rc == w->rc && !w->text) { /* the file could not be read */
-        const char *why = rc == -EINVAL ? "not a regular file"
+        const char *why = rc == -EINVAL  ? "not a regular file"
                           : rc == -EFBIG ? "larger than a request may be (1 MiB)"
                                          : ddp_strerror(rc);
         ddpd__send_error(s, w->id, DDPD_RPC_SPEC_IO, json_pack("{ss}", "path", w->path),
@@ -160,13 +161,14 @@ static void parse_done(uv_work_t *req, int status)
         rc = ddpd_job_submit(d, &sub, &j, &w->ei);
         if (rc == 0) {
             json_t *res = json_pack("{sI ss ss si ss}", "id", (json_int_t)ddpd_job_id(j), "name",
-                                    ddpd_job_name(j), "state",
-                                    ddpd_state_name(ddpd_job_state(j)), "world",
-                                    ddpd_job_world(j), "run_dir", ddpd_job_run_dir(j));
+                                    ddpd_job_name(j), "state", ddpd_state_name(ddpd_job_state(j)),
+                                    "world", ddpd_job_world(j), "run_dir", ddpd_job_run_dir(j));
             if (ddpd_job_warning(j)[0])
                 json_object_set_new(res, "warning", json_string(ddpd_job_warning(j)));
-            if (w->id) ddpd__send(s, ddpd_rpc_result(w->id, res));
-            else json_decref(res);
+            if (w->id)
+                ddpd__send(s, ddpd_rpc_result(w->id, res));
+            else
+                json_decref(res);
         }
     }
     if (rc != 0 && !s->closing) reply_error(s, w, rc);

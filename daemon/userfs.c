@@ -202,8 +202,10 @@ int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t le
     for (size_t off = 0; rc == 0 && off < len;) {
         ssize_t n = write(fd, (const char *)data + off, len - off);
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) rc = fail(why, whylen, -errno, "%s: %s", tmp, strerror(errno));
-        else off += (size_t)n;
+        if (n < 0)
+            rc = fail(why, whylen, -errno, "%s: %s", tmp, strerror(errno));
+        else
+            off += (size_t)n;
     }
     if (rc == 0 && fchmod(fd, mode) != 0)
         rc = fail(why, whylen, -errno, "%s: %s", tmp, strerror(errno));

@@ -110,6 +110,11 @@ static int call(ddpd_client_t *c, const char *method, json_t *params, json_t **r
         json_decref(err);
         return CTL_JOB_FAILED;
     }
+    if (rc == -EMSGSIZE) {
+        fprintf(stderr, "ddpctl: %s: the request is over the daemon's limit of %u bytes (a spec "
+                "sent inline must fit in it)\n", method, DDPD_MAX_LINE);
+        return CTL_ERROR;
+    }
     if (rc < 0) {
         fprintf(stderr, "ddpctl: %s: %s\n", method, strerror(-rc));
         return CTL_ERROR;
@@ -136,7 +141,12 @@ static long long parse_id(const char *s)
 static json_t *submit_params(const char *spec, int workers, const char *name)
 {
     char *text = NULL;
-    int rc = ddp_file_read(spec, (size_t)1 << 30, &text, NULL);
+    int rc = ddp_file_read(spec, DDPD_MAX_LINE, &text, NULL);
+    if (rc == -EFBIG) {
+        fprintf(stderr, "ddpctl: %s is larger than the daemon takes in one request (%u bytes); "
+                "a job spec is a few kilobytes\n", spec, DDPD_MAX_LINE);
+        return NULL;
+    }
     if (rc) {
         fprintf(stderr, "ddpctl: cannot read %s: %s\n", spec, ddp_strerror(rc));
         return NULL;

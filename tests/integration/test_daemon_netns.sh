@@ -3,8 +3,9 @@
 # 4-rank job together (2 slots each: ranks 0-1 on a, 2-3 on b); a third daemon with the wrong
 # secret is refused and the refusal is logged. Elastic jobs across the two: a rank killed, hung
 # or cut off on b; node b dying with its ranks (the job goes on, and grows back when b returns);
-# either daemon restarting mid-job (every rank trains on and is taken back). Skips (77) only if
-# namespaces cannot be made.
+# either daemon restarting mid-job (every rank trains on and is taken back). Jobs are submitted
+# by an unprivileged user (uid 65534): a root daemon starts no peer's ranks as root, and the
+# ranks on both hosts run as that user. Skips (77) only if namespaces cannot be made.
 . "$(dirname "$0")/lib.sh"
 [ "$(id -u)" = 0 ] || { echo "1..0 # SKIP needs root for network namespaces"; exit 77; }
 sfx=$$
@@ -37,8 +38,15 @@ start_ns() {
     local pid=$!
     PIDS="$PIDS $pid"
     eval "${name}_PID=$pid"
-    wait_until 30 "$DDPCTL" --socket "$T/$name.sock" info && return 0
+    wait_until 30 "$DDPCTL" --socket "$T/$name.sock" info &&
+        chgrp 65534 "$T/$name.sock" && return 0 # the job user may use the socket
     diag "$T/$name.log"; return 1
+}
+# ctl_user NAME ARGS...: ddpctl as the job user
+JOB_UID=65534
+ctl_user() {
+    local name=$1; shift
+    setpriv --reuid=$JOB_UID --regid=$JOB_UID --clear-groups "$DDPCTL" --socket "$T/$name.sock" "$@"
 }
 start_ns "$NA" a --slots 2 --listen "$A:7450" --secret-file "$T/secret" --peer "b=$Bip:7450"
 start_ns "$NB" b --slots 2 --listen "$Bip:7450" --secret-file "$T/secret" --peer "a=$A:7450"
@@ -48,13 +56,15 @@ peers_up() { [ "$(ctl a --json nodes | jq '[.[]|select(.up and (.self|not))]|len
 check "a sees peer b up" wait_until 30 peers_up 1
 check "ddpctl nodes lists both with 2 slots" test "$(ctl a --json nodes | jq '[.[].slots]|add')" = 4
 
-out=$(ctl a run "$T/job4.yaml" 2>&1); rc=$?
+out=$(cd "$T" && ctl_user a run "$T/job4.yaml" 2>&1); rc=$?
 echo "$out" | tail -3 | sed 's/^/# /'
 [ $rc -eq 0 ] && ok "4-rank job across two namespaces succeeded" || {
     not_ok "4-rank job across two namespaces succeeded (rc $rc)"
     for f in "$T"/a/runs/job-1/rank-*.log "$T"/b/runs/a-job-1/rank-*.log; do echo "# == $f"; tail -5 "$f" | sed 's/^/# /'; done; }
 check "placement a:0-1,b:2-3" test "$(ctl a --json status 1 | jq -r .nodes)" = "a:0-1,b:2-3"
 check "ranks 2 and 3 ran on b" test -s "$T/b/runs/a-job-1/rank-2.log" -a -s "$T/b/runs/a-job-1/rank-3.log"
+check "and as the job's user, in its own run directory" test \
+    "$(stat -c %u "$T/b/runs/a-job-1/rank-2.log")-$(stat -c %u%a "$T/b/runs/a-job-1")" = "$JOB_UID-${JOB_UID}700"
 check "the rendezvous is on a's address" bash -c "$DDPCTL --socket $T/a.sock --json status 1 | jq -r '.transitions[1].reason' | grep -q 'rendezvous $A:'"
 check "a refused the daemon with the wrong secret and logged it" grep -q "refused" "$T/a.log"
 check "c never came up as a's peer" bash -c "! grep -q 'peer c .* authenticated' '$T/a.log'"
@@ -64,7 +74,7 @@ check "c logs that a failed authentication" grep -q "authentication" "$T/c.log"
 # coordinator over the veth, and the job succeeds with every step logged once
 # el_submit: submits the elastic job and waits until it has done step 8; sets id and m
 el_submit() {
-    id=$(ctl a submit "$T/el.yaml")
+    id=$(cd "$T" && ctl_user a submit "$T/el.yaml")
     m="$T/a/runs/job-$id/metrics.jsonl"
     wait_until 120 grep -q '{"step":8,"steps"' "$m"
 }
@@ -110,7 +120,7 @@ if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
     # node death: b's daemon and its ranks are SIGKILLed; the job goes on on a (min_workers 2),
     # and once b's daemon is back, a places the two lost ranks there again: the job grows back
     sed 's/steps: 120,/steps: 600,/' "$T/el.yaml" >"$T/el_long.yaml"
-    id=$(ctl a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
+    id=$(cd "$T" && ctl_user a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
     wait_until 120 grep -q '{"step":8,"steps"' "$m"
     guests=$(pgrep -f "a-job-$id/job.json")
     kill -KILL "$b_PID" $guests
@@ -135,7 +145,7 @@ if [ "$W" = "$BUILD/worker/ddp-worker" ]; then
     # daemon a (its ranks on b wait for it as orphans, and its new coordinator adopts the running
     # generation of 4), (2) b (it takes its guest ranks back from their records and they are a's
     # again when its link returns); no new generation forms for either
-    id=$(ctl a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
+    id=$(cd "$T" && ctl_user a submit "$T/el_long.yaml"); m="$T/a/runs/job-$id/metrics.jsonl"
     wait_until 120 grep -q '{"step":8,"steps"' "$m"
     stop_daemon a
     start_ns "$NA" a --slots 2 --listen "$A:7450" --secret-file "$T/secret" --peer "b=$Bip:7450"

@@ -128,10 +128,54 @@ static void test_auth(void **state)
     snprintf(path, sizeof path, "%s/secret", tmpdir);
     write_file(path, "secret\n");
     unsigned char k3[32];
+    chmod(path, 0644); /* others may read it: refused */
+    assert_int_equal(ddpd_auth_load_key(path, k3), DDP_EPERM);
+    chmod(path, 0600);
     assert_int_equal(ddpd_auth_load_key(path, k3), 0);
     assert_memory_equal(k1, k3, 32); /* trailing newline ignored */
     write_file(path, "\n");
     assert_int_equal(ddpd_auth_load_key(path, k3), DDP_EINVAL);
+}
+
+/* Version 2: the MACs bind the whole transcript (both nonces, both names, the capabilities and
+ * the choice), the roles cannot be swapped, and the two directions get different keys that
+ * both sides derive alike. */
+static void test_auth_v2(void **state)
+{
+    (void)state;
+    unsigned char k[32], nd[32], nl[32], mac[32];
+    char hex[65];
+    ddpd_auth_key_from("secret", 6, k);
+    ddpd_auth_nonce_v2(nd);
+    ddpd_auth_nonce_v2(nl);
+    assert_true(ddpd_auth_is_v2_nonce(nd));
+    ddpd_auth_nonce(nl);
+    nl[31] ^= (unsigned char)(nl[31] == 'x' ? 1 : 0) | 0x80; /* not the sentinel's last byte */
+    assert_false(ddpd_auth_is_v2_nonce(nl));
+    ddpd_auth_transcript_t t, other;
+    ddpd_auth_transcript(&t, nd, nl, "node-a", "node-b", "box", "box");
+    ddpd_auth_mac_v2(k, "server", &t, mac);
+    ddpd_auth_to_hex(hex, mac, 32);
+    assert_true(ddpd_auth_verify_v2_hex(k, "server", &t, hex));
+    assert_false(ddpd_auth_verify_v2_hex(k, "client", &t, hex)); /* role reflected */
+    ddpd_auth_transcript(&other, nd, nl, "node-a", "node-c", "box", "box"); /* a name changed */
+    assert_false(ddpd_auth_verify_v2_hex(k, "server", &other, hex));
+    ddpd_auth_transcript(&other, nd, nl, "node-a", "node-b", "", "box"); /* a cap stripped */
+    assert_false(ddpd_auth_verify_v2_hex(k, "server", &other, hex));
+    ddpd_auth_transcript(&other, nl, nd, "node-a", "node-b", "box", "box"); /* nonces swapped */
+    assert_false(ddpd_auth_verify_v2_hex(k, "server", &other, hex));
+    /* "ab"+"c" and "a"+"bc" are different transcripts (the strings are length-prefixed) */
+    ddpd_auth_transcript(&t, nd, nl, "ab", "c", "box", "box");
+    ddpd_auth_transcript(&other, nd, nl, "a", "bc", "box", "box");
+    assert_true(t.len == other.len && memcmp(t.t, other.t, t.len) != 0);
+    unsigned char d2l[32], l2d[32], d2l_b[32], l2d_b[32];
+    ddpd_auth_session_keys(k, &t, d2l, l2d);
+    ddpd_auth_session_keys(k, &t, d2l_b, l2d_b);
+    assert_memory_equal(d2l, d2l_b, 32);
+    assert_memory_equal(l2d, l2d_b, 32);
+    assert_memory_not_equal(d2l, l2d, 32);
+    ddpd_auth_session_keys(k, &other, d2l_b, l2d_b);
+    assert_memory_not_equal(d2l, d2l_b, 32);
 }
 
 static void test_rpc(void **state)
@@ -335,6 +379,7 @@ int main(void)
         cmocka_unit_test(test_config_file), cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_http_route),
         cmocka_unit_test(test_hostport),    cmocka_unit_test(test_auth),
+        cmocka_unit_test(test_auth_v2),
         cmocka_unit_test(test_rpc),         cmocka_unit_test(test_store),
         cmocka_unit_test(test_store_upgrade), cmocka_unit_test(test_slots),
     };
