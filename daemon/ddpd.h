@@ -20,6 +20,7 @@ typedef struct ddpd_api ddpd_api_t;
 typedef struct ddpd_http ddpd_http_t;
 typedef struct ddpd_links ddpd_links_t;
 typedef struct ddpd_remote ddpd_remote_t;
+typedef struct prune ddpd_prune_t;
 
 /* Told that job j changed; `what` is a mask of DDPD_JOB_STATE (a transition), DDPD_JOB_PROGRESS
  * (a new metrics line) and DDPD_JOB_SLOTS (local ranks started or ended). See job.h. */
@@ -48,6 +49,8 @@ typedef struct ddpd {
     int slots__used;       /* local slots held by running ranks (own jobs and peers' ranks):
                               slots.c alone writes it; read it with ddpd_slots_used */
     uv_timer_t sched_timer; /* deferred scheduling pass (a safe point) */
+    uv_timer_t store_timer; /* writes the store's kept records once there is room */
+    ddpd_prune_t *prune;   /* prune.h (NULL unless runs_keep_days) */
     uv_signal_t sig_term, sig_int;
     uv_timer_t stop_timer;
     int stopping;          /* shutdown started: no new jobs, jobs are being ended */

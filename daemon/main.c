@@ -21,6 +21,7 @@
 #include "daemon/exec_rank.h"
 #include "daemon/job.h"
 #include "daemon/http.h"
+#include "daemon/prune.h"
 #include "daemon/link.h"
 #include "daemon/remote.h"
 #include "daemon/recover.h"
@@ -51,6 +52,9 @@ static void usage(FILE *f)
             "      --peer [NAME=]HOST:PORT  a peer daemon (repeatable)\n"
             "      --node-name NAME   this node's name (default hostname)\n"
             "      --grace SECONDS    SIGTERM to SIGKILL delay on cancel (default 10)\n"
+            "      --status-page private|public  job names on the HTTP status page (default:\n"
+            "                         private under root: counts only)\n"
+            "      --peer-auth required|allow-legacy  peers of an older ddpd (rolling upgrade)\n"
             "      --ready-fd FD      write one byte to FD when serving, then close it\n"
             "      --check-config     load and validate the config, print it, exit\n"
             "  -V, --version\n");
@@ -59,7 +63,7 @@ static void usage(FILE *f)
 static void copy(char *dst, size_t n, const char *src) { snprintf(dst, n, "%s", src); }
 
 enum { O_STATE = 256, O_RUN, O_SLOTS, O_LISTEN, O_ADV, O_METRICS, O_WORKER, O_SECRET, O_PEER,
-       O_NODE, O_GRACE, O_READY, O_CHECK };
+       O_NODE, O_GRACE, O_READY, O_CHECK, O_PAGE, O_PEER_AUTH };
 
 static void on_stop_timer(uv_timer_t *t);
 
@@ -88,9 +92,18 @@ static void close_all(ddpd_t *d)
     ddpd_http_close(d);
     ddpd_remote_close(d);
     ddpd_sched_close(d);
+    ddpd_prune_close(d);
+    uv_close((uv_handle_t *)&d->store_timer, NULL);
     uv_close((uv_handle_t *)&d->sig_term, NULL);
     uv_close((uv_handle_t *)&d->sig_int, NULL);
     uv_close((uv_handle_t *)&d->stop_timer, NULL);
+}
+
+/* The store keeps what it could not write (a full filesystem): written here once it can. */
+static void store_timer_cb(uv_timer_t *t)
+{
+    ddpd_t *d = t->data;
+    if (ddpd_store_full(d->store)) ddpd_store_retry(d->store);
 }
 
 static int busy(ddpd_t *d)
@@ -180,6 +193,8 @@ int main(int argc, char **argv)
         {"secret-file", required_argument, 0, O_SECRET}, {"peer", required_argument, 0, O_PEER},
         {"node-name", required_argument, 0, O_NODE}, {"grace", required_argument, 0, O_GRACE},
         {"ready-fd", required_argument, 0, O_READY}, {"check-config", no_argument, 0, O_CHECK},
+        {"status-page", required_argument, 0, O_PAGE},
+        {"peer-auth", required_argument, 0, O_PEER_AUTH},
         {"version", no_argument, 0, 'V'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     /* a rank being started: ddpd is its own exec helper (exec_rank.h), never a daemon here */
@@ -237,6 +252,18 @@ int main(int argc, char **argv)
         case O_GRACE: g->grace_s = atof(optarg); break;
         case O_READY: ready_fd = atoi(optarg); break;
         case O_CHECK: check_only = 1; break;
+        case O_PAGE:
+        case O_PEER_AUTH: {
+            const char *yes = c == O_PAGE ? "public" : "allow-legacy",
+                       *no = c == O_PAGE ? "private" : "required";
+            if (strcmp(optarg, yes) && strcmp(optarg, no)) {
+                fprintf(stderr, "ddpd: --%s takes %s or %s, not '%s'\n",
+                        c == O_PAGE ? "status-page" : "peer-auth", no, yes, optarg);
+                return 64;
+            }
+            *(c == O_PAGE ? &g->status_public : &g->peer_legacy) = !strcmp(optarg, yes);
+            break;
+        }
         case O_PEER: {
             if (g->n_peers >= DDPD_MAX_PEERS) break;
             ddpd_peer_cfg_t *p = &g->peers[g->n_peers++];
@@ -260,9 +287,20 @@ int main(int argc, char **argv)
         ddpd_config_t *g = &d->cfg;
         printf("node_name: %s\nsocket: %s\nlisten: %s\nadvertise: %s\nstate_dir: %s\n"
                "run_dir: %s\nmetrics: %s\nworker_bin: %s\nsecret_file: %s\nslots: %d\n"
-               "grace_s: %g\npeers: %d\n",
+               "grace_s: %g\nsocket_group: %s\nadmin_group: %s\nstatus_page: %s\n"
+               "peer_auth: %s\npeer_root_jobs: %s\nmax_sessions_per_user: %d\n"
+               "max_peer_links_per_addr: %d\nreserve_after_s: %g\nruns_keep_days: %g\n"
+               "quotas.default: {queued_jobs: %ld, running_ranks: %ld, log_bytes: %lld, "
+               "metrics_bytes: %lld, tensorboard_bytes: %lld}\nquotas.users: %d\npeers: %d\n",
                g->node_name, g->socket_path, g->listen, g->advertise, g->state_dir, g->run_dir,
-               g->metrics, g->worker_bin, g->secret_file, g->slots, g->grace_s, g->n_peers);
+               g->metrics, g->worker_bin, g->secret_file, g->slots, g->grace_s, g->socket_group,
+               g->admin_group, g->status_public ? "public" : "private",
+               g->peer_legacy ? "allow-legacy" : "required",
+               g->peer_root_jobs ? "allow" : "refuse", g->max_sessions_per_user,
+               g->max_peer_links_per_addr, g->reserve_after_s, g->runs_keep_days,
+               g->quota.queued_jobs, g->quota.running_ranks, (long long)g->quota.log_bytes,
+               (long long)g->quota.metrics_bytes, (long long)g->quota.tensorboard_bytes,
+               g->n_user_quotas, g->n_peers);
         for (int i = 0; i < g->n_peers; i++)
             printf("  - {name: %s, addr: %s}\n", g->peers[i].name, g->peers[i].addr);
         return 0;
@@ -290,7 +328,9 @@ int main(int argc, char **argv)
     uv_signal_init(d->loop, &d->sig_term);
     uv_signal_init(d->loop, &d->sig_int);
     uv_timer_init(d->loop, &d->stop_timer);
-    d->sig_term.data = d->sig_int.data = d->stop_timer.data = d;
+    uv_timer_init(d->loop, &d->store_timer);
+    d->sig_term.data = d->sig_int.data = d->stop_timer.data = d->store_timer.data = d;
+    uv_timer_start(&d->store_timer, store_timer_cb, 2000, 2000);
     int exit_code = 0;
     if ((rc = ddpd_api_start(d, &ei)) != 0 || (rc = ddpd_http_start(d, &ei)) != 0 ||
         (rc = ddpd_remote_start(d, &remote_reports, &ei)) != 0) {
@@ -300,6 +340,7 @@ int main(int argc, char **argv)
         close_all(d);
     } else {
         ddpd_recover(d);
+        ddpd_prune_start(d);
         uv_signal_start(&d->sig_term, on_signal, SIGTERM);
         uv_signal_start(&d->sig_int, on_signal, SIGINT);
         DDP_INFO("ddpd %s on %s: socket %s, %d slots, worker %s, state %s", DDPD_VERSION,

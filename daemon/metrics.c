@@ -15,6 +15,7 @@
 #include "daemon/job.h"
 #include "daemon/link.h"
 #include "daemon/slots.h"
+#include "daemon/store.h"
 
 typedef struct {
     char *p;
@@ -76,6 +77,9 @@ char *ddpd_metrics_text(ddpd_t *d)
            (unsigned long long)d->n_worker_restarts);
     sb_add(&b, "# TYPE ddpd_store_errors_total counter\nddpd_store_errors_total %llu\n",
            (unsigned long long)d->n_store_errors);
+    sb_add(&b, "# HELP ddpd_store_full The state filesystem is full: records wait in memory and "
+               "no new job is taken.\n# TYPE ddpd_store_full gauge\nddpd_store_full %d\n",
+           ddpd_store_full(d->store));
     sb_add(&b, "# TYPE ddpd_job_generation gauge\n");
     unsigned long gen;
     for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j))

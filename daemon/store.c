@@ -555,3 +555,18 @@ int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued)
     sqlite3_finalize(st);
     return 0;
 }
+
+int ddpd_store_ended_before(ddpd_store_t *s, int64_t ts_ms, json_t **run_dirs)
+{
+    sqlite3_stmt *st;
+    *run_dirs = NULL;
+    DDP_CHECK(prep(s, "SELECT run_dir FROM jobs WHERE ended_ms IS NOT NULL AND ended_ms < ?"
+                      " AND state IN ('succeeded','failed','cancelled')", &st));
+    sqlite3_bind_int64(st, 1, ts_ms);
+    json_t *arr = json_array();
+    while (sqlite3_step(st) == SQLITE_ROW)
+        json_array_append_new(arr, json_string((const char *)sqlite3_column_text(st, 0)));
+    sqlite3_finalize(st);
+    *run_dirs = arr;
+    return 0;
+}

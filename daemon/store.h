@@ -70,6 +70,9 @@ int ddpd_store_job_counts(ddpd_store_t *s, json_t **out);
  * starting or running, *queued those still queued. */
 int ddpd_store_unfinished(ddpd_store_t *s, json_t **live, json_t **queued);
 
+/* The run directories (a new array of strings) of jobs that ended before ts_ms (prune.h). */
+int ddpd_store_ended_before(ddpd_store_t *s, int64_t ts_ms, json_t **run_dirs);
+
 /* Writes the records kept while the filesystem was full, in order. Returns how many are still
  * kept (0: the store is up to date). */
 int ddpd_store_retry(ddpd_store_t *s);

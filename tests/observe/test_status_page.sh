@@ -25,7 +25,8 @@ sed -i 's/log_every: 1, seed: 7}/log_every: 1, seed: 7, val_every: 10, val_batch
 
 check "the metrics port (and so the page) is bound to 127.0.0.1 by default" \
     bash -c "'$DDPD' --check-config --state-dir '$T/cfg' | grep -q '^ *metrics: 127.0.0.1:9464'"
-start_daemon a --slots 2 --metrics 127.0.0.1:0 || { echo "1..0 # SKIP daemon did not start"; exit 1; }
+start_daemon a --slots 2 --metrics 127.0.0.1:0 --status-page public ||
+    { echo "1..0 # SKIP daemon did not start"; exit 1; }
 url=$(grep -o 'status page on http://127.0.0.1:[0-9]*/' "$T/a.log" | head -1 | sed 's/status page on //')
 check "the daemon logs the page's address" test -n "$url"
 
