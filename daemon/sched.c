@@ -62,6 +62,36 @@ static int within_quota(ddpd_t *d, uint32_t uid, int n)
     return q.running_ranks <= 0 || ddpd_job_ranks_of(d, uid) + n <= q.running_ranks;
 }
 
+/* When each user's last job started here (round-robin among users whose started ranks are
+ * equal, e.g. none: one who started nothing lately goes before one who just did). A small table
+ * of the most recent users; one that falls out counts as never. */
+enum { TURN_USERS = 256 };
+static struct {
+    uint32_t uid;
+    int64_t ms;
+} turns[TURN_USERS];
+
+static int64_t last_turn(uint32_t uid)
+{
+    for (int i = 0; i < TURN_USERS; i++)
+        if (turns[i].ms && turns[i].uid == uid) return turns[i].ms;
+    return 0;
+}
+
+static void take_turn(uint32_t uid, int64_t now)
+{
+    int slot = 0;
+    for (int i = 0; i < TURN_USERS; i++) {
+        if (turns[i].ms && turns[i].uid == uid) {
+            slot = i;
+            break;
+        }
+        if (turns[i].ms < turns[slot].ms) slot = i; /* the oldest (or an empty) entry */
+    }
+    turns[slot].uid = uid;
+    turns[slot].ms = now;
+}
+
 /* Starts j if all its ranks fit now; returns 1 when it started. */
 static int try_start(ddpd_t *d, ddpd_job_t *j)
 {
@@ -71,26 +101,31 @@ static int try_start(ddpd_t *d, ddpd_job_t *j)
         free(rank_node);
         return 0;
     }
+    take_turn(ddpd_job_uid(j), ddp_wall_ms());
     ddpd_job_start(j, rank_node);
     return 1;
 }
 
 /* The waiting job to consider next among those not yet tried: the user with the fewest started
- * ranks first, then the oldest submission. */
+ * ranks first, then the one whose turn is longest ago, then the oldest submission. */
 static ddpd_job_t *next_fair(ddpd_t *d, ddpd_job_t **tried, int n_tried)
 {
     ddpd_job_t *best = NULL;
     int best_ranks = 0;
+    int64_t best_turn = 0;
     for (ddpd_job_t *j = ddpd_job_first(d); j; j = ddpd_job_next(j)) {
         if (!ddpd_job_waiting(j)) continue;
         int seen = 0;
         for (int i = 0; i < n_tried && !seen; i++) seen = tried[i] == j;
         if (seen || !within_quota(d, ddpd_job_uid(j), ddpd_job_world(j))) continue;
         int ranks = ddpd_job_ranks_of(d, ddpd_job_uid(j));
-        if (!best || ranks < best_ranks ||
-            (ranks == best_ranks && ddpd_job_submitted_ms(j) < ddpd_job_submitted_ms(best))) {
+        int64_t turn = last_turn(ddpd_job_uid(j));
+        if (!best || ranks < best_ranks || (ranks == best_ranks && turn < best_turn) ||
+            (ranks == best_ranks && turn == best_turn &&
+             ddpd_job_submitted_ms(j) < ddpd_job_submitted_ms(best))) {
             best = j;
             best_ranks = ranks;
+            best_turn = turn;
         }
     }
     return best;

@@ -1,12 +1,13 @@
 /* Placement: gang placement of a queue ordered fairly among users. A job starts only when all
  * of its ranks can be placed at once (this node's free slots first, then peers' in config
- * order). Among the waiting jobs, the users whose started jobs hold the fewest ranks go first
- * (fair share; each user's own jobs in submission order); a job that does not fit now is passed
- * over, so one user's queue of many jobs cannot hold everyone else behind it. Against
- * starvation: the oldest job that has waited reserve_after_s (ddpd.yaml, default 600 s) holds
- * the queue: until it starts nothing else does, so a large gang gets the slots as small jobs end.
- * A user's jobs wait while their started ranks would pass quotas.running_ranks. Quotas hold
- * per coordinating daemon. Loop thread only.
+ * order). Among the waiting jobs, the users whose started jobs hold the fewest ranks go first,
+ * then (round-robin) the users whose last job started longest ago, each user's own jobs in
+ * submission order; a job that does not fit now is passed over, so one user's queue of many
+ * jobs cannot hold everyone else behind it. Against starvation: the oldest job that has waited
+ * reserve_after_s (ddpd.yaml, default 600 s) holds the queue: until it starts nothing else
+ * does, so a large gang gets the slots as small jobs end. A user's jobs wait while their
+ * started ranks would pass quotas.running_ranks. Quotas hold per coordinating daemon.
+ * Loop thread only.
  */
 #ifndef DDPD_SCHED_H
 #define DDPD_SCHED_H
