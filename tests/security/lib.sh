@@ -5,7 +5,11 @@
 # pass after. Needs root (skipped with the reason elsewhere).
 [ "$(id -u)" = 0 ] || skip_all "the security suite needs root (it runs ddpd as a root daemon and acts as other users)"
 command -v setpriv >/dev/null || skip_all "setpriv (util-linux) is missing"
-command -v python3 >/dev/null || skip_all "python3 is missing"
+# a python the users may run (root's PATH may lead to a python under /root)
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=$(command -v python3)
+setpriv --reuid=65534 --regid=65534 --clear-groups "$PY" -c pass 2>/dev/null ||
+    skip_all "no python3 that an unprivileged user may run"
 SEC=$SRC/tests/security
 
 # The users: A and B are socket-group members (gid 100, "users"); B's primary group is not its
@@ -22,13 +26,25 @@ as() {
         N) setpriv --reuid=65534 --regid=65534 --clear-groups "$@" ;;
     esac
 }
+# bg_as WHO CMD...: as(), in the background, its pid among those the test's cleanup ends
+bg_as() {
+    local who=$1; shift
+    case $who in
+        A) setpriv --reuid=$UA --regid=$GA --groups=$SOCKGRP "$@" & ;;
+        B) setpriv --reuid=$UB --regid=$GB --groups=$SOCKGRP,$XB "$@" & ;;
+        N) setpriv --reuid=65534 --regid=65534 --clear-groups "$@" & ;;
+    esac
+    PIDS="$PIDS $!"
+}
 # uctl WHO DAEMON ARGS...: ddpctl as a user, from $T (a directory every user may enter)
 uctl() { local who=$1 name=$2; shift 2; (cd "$T" && as "$who" "$DDPCTL" --socket "$T/$name.sock" "$@"); }
 
 # The stand-in worker, where every user may run it.
 mkdir -p "$T/bin"
 install -m 0755 "$SEC/worker.sh" "$T/bin/worker"
+install -m 0755 "$SEC/client.py" "$T/bin/client.py"
 export DDP_WORKER_BIN=$T/bin/worker
+CLIENT=$T/bin/client.py
 
 # sec_daemon NAME [CONFIG_LINES] [ddpd options...]: a root daemon whose socket the users may
 # use (socket_group), with CONFIG_LINES (YAML) added to its config; its state directory is made
