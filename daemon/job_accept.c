@@ -84,6 +84,13 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     if (sub->name && *sub->name) snprintf(spec->name, sizeof spec->name, "%s", sub->name);
     if (spec->workers < 1) spec->workers = 1;
     int cap = sub->capacity, rc;
+    if (q.running_ranks > 0 && spec->workers > q.running_ranks) {
+        rc = ddp_errinfo_set(ei, DDP_EQUOTA, "the job needs %d ranks, more than uid %u may run at "
+                             "once here (quotas.running_ranks = %ld)", spec->workers, sub->uid,
+                             q.running_ranks);
+        ddp_errinfo_path(ei, "ddp.workers");
+        return rc;
+    }
     if (spec->workers > cap) {
         rc = ddp_errinfo_set(ei, DDP_EBUSY,
                              "the job needs %d ranks but the cluster has %d slots (this node "
@@ -118,9 +125,9 @@ int ddpd_job_submit(ddpd_t *d, const ddpd_submit_t *sub, ddpd_job_t **out, ddp_e
     if (!j->spec_json || set_groups(j, sub->groups, sub->n_groups) != 0 ||
         (rc = ddpd_store_job_insert(d->store, &rec, &j->id)) != 0) {
         rc = rc ? rc : DDP_ENOMEM;
-        if (rc == DDP_ESQL && ddpd_store_full(d->store))
-            ddp_errinfo_set(ei, rc, "the filesystem of the state directory %s is full: no new job "
-                            "is taken until it has room", d->cfg.state_dir);
+        if (rc == -ENOSPC)
+            rc = ddp_errinfo_set(ei, DDP_ESQL, "the filesystem of the state directory %s is full: "
+                                 "no new job is taken until it has room", d->cfg.state_dir);
         else
             ddp_errinfo_set(ei, rc, "cannot record the job: %s (see the daemon's log)",
                             ddp_strerror(rc));

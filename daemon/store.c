@@ -246,9 +246,11 @@ static int prep(ddpd_store_t *s, const char *sql, sqlite3_stmt **st)
     return 0;
 }
 
+/* Steps st to its end: 0, -ENOSPC when the filesystem is full (SQLITE_FULL), or DDP_ESQL. */
 static int step_done(ddpd_store_t *s, sqlite3_stmt *st, const char *what)
 {
     int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : sql_err(s, what);
+    if (rc && (sqlite3_errcode(s->db) & 0xff) == SQLITE_FULL) rc = -ENOSPC;
     sqlite3_finalize(st);
     return rc;
 }
@@ -344,7 +346,7 @@ static char *groups_text(const uint32_t *g, int n)
 
 int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *r, int64_t *id)
 {
-    if (s->kept) return DDP_ESQL; /* no room: see ddpd_store_full */
+    if (s->kept) return -ENOSPC; /* no room: see ddpd_store_full */
     sqlite3_stmt *st;
     char *groups = groups_text(r->groups, r->n_groups);
     if (!groups) return DDP_ENOMEM;

@@ -43,7 +43,8 @@ int ddpd_store_open_readonly(ddpd_store_t **out, const char *dir);
 /* Closes. NULL-safe. */
 void ddpd_store_close(ddpd_store_t *s);
 
-/* Inserts a queued job and its first transition; *id receives the new id. */
+/* Inserts a queued job and its first transition; *id receives the new id. Returns 0, -ENOSPC
+ * (the filesystem is full, or records are kept: ddpd_store_full), or DDP_ESQL. */
 int ddpd_store_job_insert(ddpd_store_t *s, const ddpd_jobrec_t *rec, int64_t *id);
 /* Records a transition and updates the job row (state, reason; started/ended time as fits). */
 int ddpd_store_job_transition(ddpd_store_t *s, int64_t id, const char *from, const char *to,
