@@ -475,7 +475,16 @@ void ddpd_job_node_down(ddpd_t *d, int peer)
 void ddpd_job_remote_adopted(ddpd_t *d, int64_t job_id, int peer, const int *ranks, int n)
 {
     ddpd_job_t *j = ddpd_job_find(d, job_id);
-    if (!j || ddpd_state_terminal(j->state) || !j->rank_node) return;
+    if (!j || ddpd_state_terminal(j->state) || !j->rank_node) {
+        /* the job ended (or was forgotten) while the link was down: its ranks there are no
+         * one's, and nothing else would end them now that their coordinator is back */
+        if (n > 0) {
+            DDP_WARN("job %lld: node %s still runs %d of its rank(s), but the job is over: "
+                     "they are killed", (long long)job_id, ddpd_peers_name(d, peer), n);
+            ddpd_remote_signal(d, peer, job_id, SIGKILL);
+        }
+        return;
+    }
     int back = 0;
     for (int k = 0; k < n; k++) {
         int r = ranks[k];

@@ -81,7 +81,9 @@ sec_daemon b "" --slots 2 --node-name b --listen "127.0.0.1:$PB" --secret-file "
     --peer-auth allow-legacy || exit 1
 check "the next b takes the guest rank back from its own record" \
     wait_until 20 grep -q "took back 1 of 1 guest rank(s) of a's job $id" "$T/b.log"
+wait_until 30 grep -q "coordinator a is back: its 1 rank(s) of job $id" "$T/b.log"
 ctl a cancel "$id" >/dev/null; wait_state a "$id" cancelled 30
+wait_until 30 bash -c "! pgrep -f 'a-job-$id/job.jso[n]'"
 
 # a guest record the user forged (uid 0, a process of the user's own with the job's token)
 stop_daemon b

@@ -5,7 +5,7 @@
 echo "uid=$(id -u) gid=$(id -g) groups=$(id -G | tr ' ' ',') cwd=$(pwd)"
 env | grep '^DDP_LIMIT_' | sort
 test -r "$1" || { echo "cannot read spec $1"; exit 2; }
-steps=$(grep -o '"steps":[0-9]*' "$1" | head -1 | cut -d: -f2)
+steps=$(grep -o '"steps": *[0-9]*' "$1" | head -1 | grep -o '[0-9]*$')
 [ "${SEC_MODE:-}" = nul ] && printf 'before\000after\000\n'
 trap 'exit 143' TERM
 i=0
