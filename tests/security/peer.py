@@ -8,7 +8,8 @@
       a TCP relay between a daemon that dials LISTEN_PORT and the daemon at HOST:PORT. It passes
       the handshake through untouched; then, on the dialer's side, MODE "inject" adds a start
       request for uid 0 (as a version-1 line and as a frame of version 2), and MODE "replay"
-      sends every message again once it has passed. Prints what it did.
+      sends every message again once it has passed, and MODE "strip" removes the version and
+      the capabilities from the dialer's hello (a downgrade attempt). Prints what it did.
 Version 1's HMAC is libsodium's crypto_auth (HMAC-SHA-512 cut to 32 bytes) under the BLAKE2b
 hash of the secret keyed "ddpd-v1" (daemon/auth.c).
 """
@@ -133,6 +134,12 @@ def relay(listen_port, host, port, mode):
                 data = a.recv(65536)
                 if not data:
                     break
+                if mode == "strip" and up.lines == 0 and data.endswith(b"\n"):
+                    hello = json.loads(data)
+                    hello.pop("v", None)
+                    hello.pop("caps", None)
+                    data = (json.dumps(hello) + "\n").encode()
+                    print("stripped", flush=True)
                 b.sendall(data)
                 for m in up.messages(data):
                     if up.framed or up.lines > 2:
