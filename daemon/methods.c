@@ -3,23 +3,25 @@
  * the stream ends.
  *
  *   job.submit  {spec: string|object | path: string, cwd?, name?, workers?, origin?}
- *                 -> {id, name, state, world, run_dir}      errors 1001 1005 1006 1007 1008
+ *                 -> {id, name, state, world, run_dir}  errors 1001 1005 1006 1007 1008 1010
  *                 origin names an inline spec in error messages (the file it was read from);
- *                 a spec error's message reads "ORIGIN:LINE:COLUMN: FIELD.PATH: what is wrong"
- *   job.list    {state?, limit?}        -> {jobs: [...]}
- *   job.get     {id}                    -> job + transitions (+ progress)     error 1002
+ *                 a spec error's message reads "ORIGIN:LINE:COLUMN: FIELD.PATH: what is wrong";
+ *                 the params are checked here, the rest is submit.c's (off the loop)
+ *   job.list    {state?, limit?}        -> {jobs: [...]}   (the caller's own; all for root and
+ *                                                           admin_group)
+ *   job.get     {id}                    -> job + transitions (+ progress)  errors 1002 1003
  *   job.cancel  {id}                    -> {id, state}                 errors 1002 1003 1004
  *   job.logs    {id, rank?=0, follow?=false, offset?=0}
  *                 notifications job.log {id, job, rank, data}; result {job, rank, bytes, end}
- *                                                                       errors 1002 1009
+ *                                                                  errors 1002 1003 1009
  *   job.watch   {id}   notifications job.progress {id, job:{state, step, steps, loss,
- *                 tokens_per_s, eta_s, ...}}; result = the final job record     error 1002
+ *                 tokens_per_s, eta_s, ...}}; result = the final job record  errors 1002 1003
+ * 1003: another user's job; only its owner, root and admin_group see, follow or cancel it.
  *   stream.cancel {id} ends one of this connection's streams (result end: "cancelled")
  *   node.list   {}  -> {nodes: [{name, addr, self, up, slots, free}]}
  *   daemon.status {} -> {version, node, pid, uptime_s, slots, slots_used, jobs, ...}
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +30,6 @@
 #include "daemon/methods.h"
 #include "common/alloc.h"
 #include "common/clock.h"
-#include "common/file.h"
 #include "common/log.h"
 #include "daemon/job.h"
 #include "daemon/job_view.h"

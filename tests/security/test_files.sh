@@ -2,7 +2,8 @@
 # Users' files touched by a root daemon (TAP): a symlink planted as rank-0.log or job.json in
 # one's own run directory while the job waits must not hand a root file to the user or
 # overwrite it; job.logs must not read a root file through one's log; a working directory the
-# user may not enter is not entered for them; a log holding NUL bytes reaches ddpctl logs whole.
+# user may not enter is not entered for them; a log holding NUL bytes reaches ddpctl logs whole;
+# pruning old run directories (runs_keep_days) removes a user's links, not what they point at.
 . "$(dirname "$0")/../integration/lib.sh"
 . "$(dirname "$0")/lib.sh"
 
@@ -59,4 +60,18 @@ wait_state b "$id4" succeeded 30
 uctl A b logs "$id4" > "$T/nul.out"; rc=$?
 check "ddpctl logs of a log with NUL bytes exits 0" test $rc -eq 0
 check "and passes every byte through" cmp "$T/nul.out" "$T/b/runs/job-$id4/rank-0.log"
+
+# pruning: the ended job's run directory holds the user's link to a root directory and a
+# directory of its own; a daemon that keeps run directories 0.00001 days (0.9 s) removes it
+ended=$(ctl b --json status "$id4" | jq .ended_ms)
+stop_daemon b
+mkdir -p "$T/keep/sub" && echo kept > "$T/keep/sub/file" && chmod -R go-rwx "$T/keep"
+rd4="$T/b/runs/job-$id4"
+as A ln -s "$T/keep" "$rd4/link" && as A mkdir -p "$rd4/deep/er" && as A touch "$rd4/deep/er/x"
+wait_until 10 bash -c "[ \$(date +%s%3N) -gt $((ended + 1000)) ]"
+sec_daemon b "runs_keep_days: 0.00001" --slots 1 || exit 1
+check "a run directory older than runs_keep_days is pruned" wait_until 10 test ! -e "$rd4"
+check "through none of the user's links: the root directory it pointed at is whole" \
+    test "$(cat "$T/keep/sub/file")" = kept
+check "and the job's record stays" test "$(ctl b --json status "$id4" | jq -r .state)" = succeeded
 finish
