@@ -170,7 +170,7 @@ void ddpd_default_socket_path(char *buf, size_t n)
 {
     const char *xrt = getenv("XDG_RUNTIME_DIR");
     if (geteuid() == 0)
-        snprintf(buf, n, "/run/ddpd/ddpd.sock");
+        snprintf(buf, n, "%s", DDPD_SYSTEM_SOCKET);
     else if (xrt && *xrt)
         snprintf(buf, n, "%s/ddpd.sock", xrt);
     else

@@ -14,8 +14,12 @@ typedef struct ddpd_client {
     long next_id;
 } ddpd_client_t;
 
+/* The system daemon's socket (deploy/ddpd.service's RuntimeDirectory). */
+#define DDPD_SYSTEM_SOCKET "/run/ddpd/ddpd.sock"
+
 /* Where a daemon listens unless told otherwise (the same rule for ddpd and its clients):
- * /run/ddpd/ddpd.sock for root, else $XDG_RUNTIME_DIR/ddpd.sock, else /tmp/ddpd-<uid>.sock. */
+ * DDPD_SYSTEM_SOCKET for root, else $XDG_RUNTIME_DIR/ddpd.sock, else /tmp/ddpd-<uid>.sock.
+ * ddpctl of a user with no such socket talks to the system daemon's (ctl/main.c). */
 void ddpd_default_socket_path(char *buf, size_t n);
 
 /* Where a daemon keeps its job store and run directories unless told otherwise (ddpd's default,

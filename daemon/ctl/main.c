@@ -616,11 +616,19 @@ int main(int argc, char **argv)
                                       {"help", no_argument, 0, 'h'},
                                       {0, 0, 0, 0}};
     const char *env = getenv("DDPD_SOCKET");
-    if (env && *env)
+    if (env && *env) {
         snprintf(where.socket, sizeof where.socket, "%s", env);
-    else
+    } else {
         ddpd_default_socket_path(where.socket, sizeof where.socket);
-    ddpd_default_state_dir(where.state_dir, sizeof where.state_dir);
+        /* a user on a node whose ddpd is the system's (the unit's /run/ddpd/ddpd.sock) and who
+         * runs no daemon of their own talks to the system's, and reads its state directory */
+        if (geteuid() != 0 && access(where.socket, F_OK) != 0 &&
+            access(DDPD_SYSTEM_SOCKET, F_OK) == 0) {
+            snprintf(where.socket, sizeof where.socket, "%s", DDPD_SYSTEM_SOCKET);
+            snprintf(where.state_dir, sizeof where.state_dir, "/var/lib/ddpd");
+        }
+    }
+    if (!where.state_dir[0]) ddpd_default_state_dir(where.state_dir, sizeof where.state_dir);
     int c;
     /* options before the command only ("+"), so each command parses its own */
     while ((c = getopt_long(argc, argv, "+s:jh", o, NULL)) != -1) {
