@@ -49,7 +49,7 @@ struct ddpd_store {
 
 /* The reserve: space held in the state directory's filesystem and given up when it is full, so
  * that the records of jobs already running (a cancel, an end) still fit. */
-#define RESERVE_BYTES (8 << 20)
+#define RESERVE_BYTES (2 << 20)
 
 static const char *schema =
     "PRAGMA journal_mode=WAL;"
