@@ -57,9 +57,11 @@ int ddpd_test_start(ddpd_test_daemon_t *t, const char *const *extra)
         int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (lf >= 0) dup2(lf, 2);
         snprintf(fdarg, sizeof fdarg, "%d", pfd[1]);
-        const char *argv[64] = {bin, "--socket", t->socket, "--state-dir", state, "--metrics",
-                                "off", "--grace", "2", "--ready-fd", fdarg};
-        int n = 11;
+        /* an empty config: not the machine's /etc/ddpd/ddpd.yaml, which a root ddpd reads */
+        const char *argv[64] = {bin,       "-c",     "/dev/null", "--socket", t->socket,
+                                "--state-dir", state, "--metrics", "off",     "--grace",
+                                "2",       "--ready-fd", fdarg};
+        int n = 13;
         for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
         argv[n] = NULL;
         execv(bin, (char *const *)argv);

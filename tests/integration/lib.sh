@@ -37,9 +37,12 @@ cleanup() {
 trap cleanup EXIT
 
 # start_daemon NAME [ddpd options...]: socket $T/NAME.sock, state $T/NAME; sets $NAME_PID.
+# Its config is empty unless the options name one (-c): a root ddpd would otherwise read the
+# machine's /etc/ddpd/ddpd.yaml, whose run_dir or socket_group are not this test's.
 start_daemon() {
     local name=$1; shift
-    "$DDPD" --socket "$T/$name.sock" --state-dir "$T/$name" --metrics off --grace 3 "$@" \
+    "$DDPD" -c /dev/null --socket "$T/$name.sock" --state-dir "$T/$name" --metrics off \
+        --grace 3 "$@" \
         >>"$T/$name.log" 2>&1 &
     local pid=$!
     PIDS="$PIDS $pid"

@@ -33,7 +33,8 @@ echo "not-the-secret" > "$T/wrong"; chmod 600 "$T/wrong"
 # start_ns NS NAME [ddpd options]: like start_daemon, inside a namespace
 start_ns() {
     local ns=$1 name=$2; shift 2
-    ip netns exec "$ns" "$DDPD" --socket "$T/$name.sock" --state-dir "$T/$name" --metrics off \
+    ip netns exec "$ns" "$DDPD" -c /dev/null --socket "$T/$name.sock" --state-dir "$T/$name" \
+        --metrics off \
         --grace 3 --node-name "$name" "$@" >>"$T/$name.log" 2>&1 &
     local pid=$!
     PIDS="$PIDS $pid"

@@ -15,7 +15,8 @@ head -c 32 /dev/urandom | base64 > "$T/secret"
 base=$((20000 + $$ % 15000)) PA=$base PB=$((base + 1)) PR=$((base + 2))
 
 chmod 0644 "$T/secret"
-"$DDPD" --socket "$T/x.sock" --state-dir "$T/x" --metrics off --listen "127.0.0.1:$PA" \
+"$DDPD" -c /dev/null --socket "$T/x.sock" --state-dir "$T/x" --metrics off \
+    --listen "127.0.0.1:$PA" \
     --secret-file "$T/secret" > "$T/x.log" 2>&1 & xpid=$!
 wait_until 10 bash -c "! kill -0 $xpid"; rc=$?
 check "a cluster secret that others may read is refused (the daemon does not start)" \

@@ -58,7 +58,7 @@ if ! old_build; then
     exit
 fi
 ODDPD=$OLD/build/daemon/ddpd ODDPCTL=$OLD/build/daemon/ddpctl
-"$ODDPD" --socket "$T/o.sock" --state-dir "$T/a" --metrics off > "$T/o.log" 2>&1 & opid=$!
+"$ODDPD" -c /dev/null --socket "$T/o.sock" --state-dir "$T/a" --metrics off > "$T/o.log" 2>&1 & opid=$!
 PIDS="$PIDS $opid"
 check "ba7c947 still opens the store this daemon upgraded" \
     wait_until 20 bash -c "'$ODDPCTL' --socket '$T/o.sock' --json ls | jq -e 'length >= 4'"
@@ -68,7 +68,7 @@ head -c 32 /dev/urandom | base64 > "$T/secret"; chmod 0600 "$T/secret"
 base=$((20000 + $$ % 15000)) PA=$base PB=$((base + 1)) PR=$((base + 2))
 # ob: a ba7c947 daemon with the same secret; its state directory opened for users' jobs
 mkdir -p "$T/ob" && chmod 0755 "$T/ob"
-"$ODDPD" --socket "$T/ob.sock" --state-dir "$T/ob" --metrics off --slots 1 --node-name ob \
+"$ODDPD" -c /dev/null --socket "$T/ob.sock" --state-dir "$T/ob" --metrics off --slots 1 --node-name ob \
     --listen "127.0.0.1:$PB" --secret-file "$T/secret" > "$T/ob.log" 2>&1 & PIDS="$PIDS $!"
 wait_until 20 "$ODDPCTL" --socket "$T/ob.sock" info && chmod o+x "$T/ob/runs"
 sec_daemon n "" --slots 1 --node-name n --secret-file "$T/secret" --peer "ob=127.0.0.1:$PB" \
@@ -84,7 +84,7 @@ stop_daemon n
 
 # peer_auth: required refuses the old peer (it dials n, n would not dial it)
 sec_daemon r "" --slots 1 --node-name r --secret-file "$T/secret" --listen "127.0.0.1:$PA" || exit 1
-"$ODDPD" --socket "$T/oc.sock" --state-dir "$T/oc" --metrics off --slots 1 --node-name oc \
+"$ODDPD" -c /dev/null --socket "$T/oc.sock" --state-dir "$T/oc" --metrics off --slots 1 --node-name oc \
     --secret-file "$T/secret" --peer "r=127.0.0.1:$PA" > "$T/oc.log" 2>&1 & PIDS="$PIDS $!"
 check "under peer_auth: required a ba7c947 peer is refused, and the log says how to allow it" \
     wait_until 30 grep -q "older peer protocol.*peer_auth: required" "$T/r.log"
