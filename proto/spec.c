@@ -779,17 +779,6 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
 
 /* ---- entry points -------------------------------------------------------------------------- */
 
-int ddp_spec_name_ok(const char *s)
-{
-    if (!s || *s == '-' || *s == '.') return 0;
-    size_t n = 0;
-    for (; s[n] && n < sizeof((ddp_spec_t *)0)->name; n++) /* stops at 128: too long */
-        if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') ||
-              (s[n] >= '0' && s[n] <= '9') || s[n] == '-' || s[n] == '_' || s[n] == '.'))
-            return 0;
-    return n > 0 && n < sizeof((ddp_spec_t *)0)->name;
-}
-
 static bool is_json(const char *text, size_t len)
 {
     for (size_t i = 0; i < len; i++) {

@@ -149,8 +149,18 @@ int ddp_spec_parse_bytes(const char *text, int64_t *out);
 /* 1 when s is a valid job name, else 0: 1 to 127 bytes (it fits ddp_spec_t's name) of ASCII
  * letters, digits, '-', '_' and '.', not starting with '-' or '.', so that it can name a file or
  * directory (never "." or "..", never a path) and never reads as a command-line option. The spec's
- * `name` is checked with it. s NULL: 0. Pure; any thread. */
-int ddp_spec_name_ok(const char *s);
+ * `name` is checked with it, and so are the daemons' node names. s NULL: 0. Pure; any thread.
+ * Inline: the peer protocol's parser (and its fuzz harness) use it without the spec parser. */
+static inline int ddp_spec_name_ok(const char *s)
+{
+    if (!s || *s == '-' || *s == '.') return 0;
+    size_t n = 0;
+    for (; s[n] && n < sizeof((ddp_spec_t *)0)->name; n++) /* stops at 128: too long */
+        if (!((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z') ||
+              (s[n] >= '0' && s[n] <= '9') || s[n] == '-' || s[n] == '_' || s[n] == '.'))
+            return 0;
+    return n > 0 && n < sizeof((ddp_spec_t *)0)->name;
+}
 
 /* Model dimensions of a named preset; DDP_ENOTFOUND for an unknown name.
  * gpt2-tiny, gpt2-mini, gpt2-124M, gpt2-355M, gpt2-774M, gpt2-1558M. */
