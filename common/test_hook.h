@@ -17,7 +17,8 @@
 /* Where a hook acts, with the variable that switches it on (zeros: off). */
 typedef enum ddp_hook_point {
     /* DDP_TEST_HANG=S:R: rank R stops for good as step S begins (logged), for a test to kill
-     * it there. Never returns when it fires. */
+     * it there; in an elastic job, only in its first generation (the step is then redone, and
+     * a replacement rejoins, without stopping again). Never returns when it fires. */
     DDP_HOOK_STEP_BEGIN,
     /* DDP_TEST_SLOW_RANK=R:US: rank R (its rank when training started) sleeps US microseconds
      * after each micro-step's forward. */

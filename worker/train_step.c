@@ -76,7 +76,9 @@ static int begin_step(ddp_trainer_t *t)
     t->model.loss_scale = ddp_lscale_factor(&t->lscale, next, t->opts.rank); /* 1 unless fp16 */
     if (t->xfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
-    ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->opts.rank); /* DDP_TEST_HANG */
+    /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
+     * replacement rejoins, without stopping again */
+    if (t->gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->opts.rank);
     return 0;
 }
 
