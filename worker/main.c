@@ -25,8 +25,8 @@
 #include "common/test_hook.h"
 #include "kernels/kernels.h"
 #include "proto/spec.h"
-#include "worker/export.h"
-#include "worker/train.h"
+#include "worker/model/export.h"
+#include "worker/trainer.h"
 
 static volatile sig_atomic_t stop_requested;
 

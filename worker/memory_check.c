@@ -9,8 +9,8 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "worker/memory_budget.h"
-#include "worker/train.h"
+#include "worker/budget/memory_budget.h"
+#include "worker/trainer.h"
 
 /* Device memory of this rank's GPU, asked of the CUDA runtime the kernel module loaded
  * (cudaMemGetInfo through the module's handle, so nothing here links CUDA); 0 when unknown. */

@@ -16,8 +16,8 @@
 #include "common/clock.h"
 #include "common/trace.h"
 #include "common/log.h"
-#include "worker/train.h"
-#include "worker/train_checkpoint.h"
+#include "worker/trainer.h"
+#include "worker/saving/saving.h"
 
 
 /* The run ends with a lost rank: the last completed step is saved from memory first (under

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 #include "common/alloc.h"
-#include "worker/train.h"
+#include "worker/trainer.h"
 
 #define SAMPLE_ROWS 64 /* the context's padding granularity (see ddp_trainer_sample) */
 

@@ -4,7 +4,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
-#include "worker/train.h"
+#include "worker/trainer.h"
 
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
 {

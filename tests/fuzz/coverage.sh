@@ -23,7 +23,7 @@ declare -A srcs=(
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c daemon/auth.c"
     [hello]="collectives/rdzv_hello.c collectives/net.c"
-    [tokenizer]="worker/tokenizer.c worker/bytemap.c"
+    [tokenizer]="worker/data/tokenizer.c worker/data/bytemap.c"
 )
 declare -A targets=(
     [spec]="proto/spec.c proto/spec_out.c proto/spec_presets.c proto/spec_tree.c" [shard]="proto/shard.c"
@@ -31,7 +31,7 @@ declare -A targets=(
     [ckpt]="worker/checkpoint/checkpoint_load.c worker/checkpoint/manifest.c worker/checkpoint/safetensors.c"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c"
     [hello]="collectives/rdzv_hello.c"
-    [tokenizer]="worker/tokenizer.c worker/bytemap.c" [metrics]="proto/metrics.c"
+    [tokenizer]="worker/data/tokenizer.c worker/data/bytemap.c" [metrics]="proto/metrics.c"
 )
 uv_cflags=$(pkg-config --cflags libuv 2>/dev/null)
 printf '%-12s %-36s %8s %8s\n' harness file lines branches

@@ -50,7 +50,7 @@ declare -A srcs=(
     [safetensors]="${ckpt[*]}" [manifest]="${ckpt[*]}" [ckpt]="${ckpt[*]}"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c daemon/auth.c"
     [hello]="collectives/rdzv_hello.c collectives/net.c"
-    [tokenizer]="worker/tokenizer.c worker/bytemap.c"
+    [tokenizer]="worker/data/tokenizer.c worker/data/bytemap.c"
 )
 libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread)
 

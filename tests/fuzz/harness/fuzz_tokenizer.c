@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "fuzz_util.h"
-#include "worker/tokenizer.h"
+#include "worker/data/tokenizer.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

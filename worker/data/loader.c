@@ -1,0 +1,260 @@
+/* Dataset windows, the seeded permutation, and the prefetching loader (see data.h). */
+#include "worker/data/loader.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/rng.h"
+#include "common/trace.h"
+
+int ddp_dataset_open(ddp_dataset_t *d, const char *glob, int T, int vocab_size, uint64_t seed,
+                     ddp_errinfo_t *ei)
+{
+    memset(d, 0, sizeof *d);
+    d->T = T;
+    d->vocab_size = vocab_size;
+    d->seed = seed;
+    char **paths = NULL;
+    size_t count = 0;
+    DDP_CHECK(ddp_shard_glob(glob, &paths, &count, ei));
+    int rc = 0;
+    d->shards = ddp_calloc(count, sizeof *d->shards);
+    d->first_window = ddp_calloc(count + 1, sizeof *d->first_window);
+    if (!d->shards || !d->first_window) {
+        rc = DDP_ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < count; i++) {
+        DDP_CHECK_GOTO(ddp_shard_open(&d->shards[i], paths[i], ei), rc, out);
+        d->n_shards++;
+        size_t n = d->shards[i].n_tokens;
+        size_t windows = n > (size_t)T ? (n - 1) / (size_t)T : 0;
+        d->first_window[i + 1] = d->first_window[i] + windows;
+    }
+    d->n_windows = d->first_window[count];
+    if (d->n_windows == 0)
+        rc = ddp_errinfo_set(ei, DDP_EINVAL,
+                             "%s: the shards hold no complete sequence of %d tokens", glob, T + 1);
+out:
+    ddp_shard_glob_free(paths, count);
+    if (rc) ddp_dataset_close(d);
+    return rc;
+}
+
+void ddp_dataset_close(ddp_dataset_t *d)
+{
+    if (!d) return;
+    for (size_t i = 0; i < d->n_shards; i++) ddp_shard_close(&d->shards[i]);
+    free(d->shards);
+    free(d->first_window);
+    memset(d, 0, sizeof *d);
+}
+
+/* A keyed pseudo-random permutation of [0, n): a 4-round Feistel network over the smallest
+ * even number of bits covering n, with cycle walking for values >= n. Pure function of
+ * (key, x); no memory proportional to n. */
+static uint64_t round_fn(uint64_t key, int round, uint64_t half)
+{
+    uint64_t x = key ^ ((uint64_t)round * 0x9e3779b97f4a7c15ull) ^ (half * 0xd6e8feb86659fd93ull);
+    return ddp_splitmix64(&x);
+}
+
+static uint64_t permute(uint64_t key, uint64_t n, uint64_t x)
+{
+    if (n <= 1) return 0;
+    int bits = 2;
+    while ((1ull << bits) < n) bits += 2;
+    int hb = bits / 2;
+    uint64_t mask = (1ull << hb) - 1;
+    do {
+        uint64_t left = x >> hb, right = x & mask;
+        for (int r = 0; r < 4; r++) {
+            uint64_t next = left ^ (round_fn(key, r, right) & mask);
+            left = right;
+            right = next;
+        }
+        x = (left << hb) | right;
+    } while (x >= n);
+    return x;
+}
+
+size_t ddp_dataset_sample(const ddp_dataset_t *d, uint64_t j)
+{
+    uint64_t epoch = j / d->n_windows;
+    uint64_t key = d->seed * 0x2545f4914f6cdd1dull + epoch;
+    return (size_t)permute(ddp_splitmix64(&key), d->n_windows, j % d->n_windows);
+}
+
+/* The shard holding window w, by binary search over the prefix sums. */
+static size_t shard_of(const ddp_dataset_t *d, size_t w)
+{
+    size_t lo = 0, hi = d->n_shards;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (d->first_window[mid] <= w) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle, int32_t *inputs,
+                     int32_t *targets, ddp_errinfo_t *ei)
+{
+    int T = d->T;
+    for (int i = 0; i < count; i++) {
+        uint64_t g = j + (uint64_t)i;
+        size_t w = shuffle ? ddp_dataset_sample(d, g) : (size_t)(g % d->n_windows);
+        size_t s = shard_of(d, w);
+        size_t start = (w - d->first_window[s]) * (size_t)T;
+        const ddp_shard_t *sh = &d->shards[s];
+        /* the window's T + 1 tokens: the inputs are the first T, the targets the last T */
+        int32_t *in = inputs + (size_t)i * T, *tg = targets + (size_t)i * T;
+        DDP_CHECK(ddp_shard_read(sh, start, (size_t)T, (uint32_t *)in, ei));
+        memcpy(tg, in + 1, (size_t)(T - 1) * sizeof *tg);
+        DDP_CHECK(ddp_shard_read(sh, start + (size_t)T, 1, (uint32_t *)&tg[T - 1], ei));
+        for (int t = 0; t <= T; t++) {
+            uint32_t tok = (uint32_t)(t < T ? in[t] : tg[T - 1]);
+            if (tok >= (uint32_t)d->vocab_size) {
+                ddp_errinfo_set(ei, DDP_EFORMAT, "token %u at index %zu is >= vocab_size %d",
+                                tok, start + t, d->vocab_size);
+                ddp_errinfo_path(ei, "%s", sh->path);
+                if (ei)
+                    ei->offset = (long long)(DDP_SHARD_HEADER_BYTES +
+                                             (size_t)sh->token_bytes * (start + t));
+                return DDP_EFORMAT;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- the prefetching loader ---- */
+
+static uint64_t first_sample(const ddp_loader_t *l, int64_t key)
+{
+    int64_t step = key / l->accum, micro = key % l->accum;
+    uint64_t G = (uint64_t)l->n_micro * l->B;
+    return (uint64_t)step * G + ((uint64_t)micro * l->world + l->rank) * l->B;
+}
+
+static int slot_of(const ddp_loader_t *l, int64_t key)
+{
+    for (int s = 0; s < 2; s++)
+        if (l->slot_key[s] == key) return s;
+    return -1;
+}
+
+/* A slot the thread may fill next and the key for it, or -1. Caller holds mu. */
+static int pick_work(const ddp_loader_t *l, int64_t *key)
+{
+    for (int64_t k = l->want; k <= l->want + 1; k++) {
+        if (k < 0 || slot_of(l, k) >= 0) continue;
+        for (int s = 0; s < 2; s++) {
+            /* free, or holding a key the consumer has moved past (not the one it holds now) */
+            if (l->slot_key[s] == -1 || (l->slot_key[s] >= 0 && l->slot_key[s] < l->want)) {
+                *key = k;
+                return s;
+            }
+        }
+    }
+    return -1;
+}
+
+static void *loader_main(void *arg)
+{
+    ddp_loader_t *l = arg;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        int64_t key = 0;
+        int s;
+        while (!l->stop && (s = pick_work(l, &key)) < 0) pthread_cond_wait(&l->cv, &l->mu);
+        if (l->stop) break;
+        l->slot_key[s] = -2; /* being filled */
+        pthread_mutex_unlock(&l->mu);
+        ddp_errinfo_t ei;
+        ddp_errinfo_clear(&ei);
+        int64_t tr = ddp_trace_begin();
+        int rc = ddp_dataset_fill(l->d, first_sample(l, key), l->B, 1, l->buf[s][0],
+                                  l->buf[s][1], &ei);
+        ddp_trace_end(DDP_TRACE_DATA, tr, "load step %lld micro-batch %lld",
+                      (long long)(key / l->accum + 1), (long long)(key % l->accum));
+        pthread_mutex_lock(&l->mu);
+        l->slot_key[s] = key;
+        l->slot_rc[s] = rc;
+        l->slot_ei[s] = ei;
+        pthread_cond_broadcast(&l->cv);
+    }
+    pthread_mutex_unlock(&l->mu);
+    return NULL;
+}
+
+int ddp_loader_start(ddp_loader_t *l, const ddp_dataset_t *d, int B, int rank, int world,
+                     int n_micro)
+{
+    memset(l, 0, sizeof *l);
+    l->d = d;
+    l->B = B;
+    l->rank = rank;
+    l->world = world;
+    l->n_micro = n_micro;
+    l->accum = ddp_loader_accum(n_micro, rank, world);
+    if (l->accum < 1) return DDP_EINVAL;
+    l->want = -1;
+    l->slot_key[0] = l->slot_key[1] = -1;
+    size_t n = (size_t)B * d->T;
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 2; b++)
+            if (!(l->buf[s][b] = ddp_malloc(n * sizeof(int32_t)))) goto nomem;
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    int rc = pthread_create(&l->thread, NULL, loader_main, l);
+    if (rc) {
+        pthread_mutex_destroy(&l->mu);
+        pthread_cond_destroy(&l->cv);
+        for (int s = 0; s < 2; s++)
+            for (int b = 0; b < 2; b++) free(l->buf[s][b]);
+        return -rc;
+    }
+    l->started = 1;
+    return 0;
+nomem:
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 2; b++) free(l->buf[s][b]);
+    return DDP_ENOMEM;
+}
+
+int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **inputs,
+                    const int32_t **targets, ddp_errinfo_t *ei)
+{
+    int64_t key = (int64_t)step * l->accum + micro;
+    int64_t tr = ddp_trace_begin();
+    pthread_mutex_lock(&l->mu);
+    l->want = key;
+    pthread_cond_broadcast(&l->cv);
+    int s;
+    while ((s = slot_of(l, key)) < 0) pthread_cond_wait(&l->cv, &l->mu);
+    int rc = l->slot_rc[s];
+    if (rc && ei) *ei = l->slot_ei[s];
+    *inputs = l->buf[s][0];
+    *targets = l->buf[s][1];
+    pthread_mutex_unlock(&l->mu);
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "data wait (micro-batch %d)", micro);
+    return rc;
+}
+
+void ddp_loader_stop(ddp_loader_t *l)
+{
+    if (!l || !l->started) return;
+    pthread_mutex_lock(&l->mu);
+    l->stop = 1;
+    pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+    pthread_join(l->thread, NULL);
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 2; b++) free(l->buf[s][b]);
+    l->started = 0;
+}

@@ -1,0 +1,361 @@
+/* Joining and leaving a generation (see train.h): the communicator, everything that depends on
+ * the world (collective memory, the deal of micro-batches, the reducer, the metrics file), and
+ * the state transfer that brings a rank without the job's state up to date: planned on joining,
+ * started by a step (overlap) or at once (pause), finished after it (train_step.c).
+ *
+ * A static world passes here once, from ddp_trainer_init; an elastic one at each new generation
+ * (worker/run.c leaves the failed one and joins the next).
+ */
+#include "worker/trainer_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/test_hook.h" /* DDP_TEST_REPLICA_FLIP_RANK */
+#include "worker/observe/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
+#include "worker/sync/replicas.h"
+
+/* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
+static int open_metrics(ddp_trainer_t *t)
+{
+    if (t->opts.rank != 0 && t->metrics) {
+        ddp_metrics_sink_close(t->metrics);
+        t->metrics = NULL;
+    }
+    if (!t->opts.run_dir || t->opts.rank != 0 || t->metrics) return 0;
+    if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
+        DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
+        return -errno;
+    }
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
+    /* a new rank 0 of a later generation goes on after the last step line, so that every step
+     * has one line even when a step is redone */
+    if (t->elastic) t->logged_step = ddp_metrics_sink_last_step(path);
+    int rc = ddp_metrics_sink_open(t->opts.run_dir, path, &t->metrics); /* + RUN_DIR/tb/ */
+    if (rc) DDP_ERROR("cannot open %s: %s", path, ddp_strerror(rc));
+    return rc;
+}
+
+/* The collectives' view of the kernels' memory (ddp_coll_device_t), for a host-memory backend
+ * (ring, mpi) over GPU buffers: copies on the training thread's context, which is the
+ * communicator's caller thread too. The copy back is complete when it returns. */
+static int coll_on_device(void *k, const void *p, size_t bytes)
+{
+    return ddp_k_on_device(k, p, bytes);
+}
+
+static int coll_d2h(void *k, void *dst, const void *src, size_t bytes)
+{
+    return ddp_k_memcpy_d2h(k, dst, src, bytes);
+}
+
+static int coll_h2d(void *k, void *dst, const void *src, size_t bytes)
+{
+    int rc = ddp_k_memcpy_h2d(k, dst, src, bytes);
+    return rc ? rc : ddp_k_sync(k);
+}
+
+/* Forms the communicator of bs (none in a world of one); bs is freed. */
+int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *ei)
+{
+    t->opts.rank = bs->rank;
+    t->opts.world = bs->size;
+    int rc = 0;
+    if (bs->size > 1) {
+        /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
+        const char *backend = t->spec.backend;
+        if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
+        /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3); the survivors of a
+         * generation shrink its communicator rather than forming one afresh */
+        const ddp_elastic_gen_t *g = &t->gen;
+        /* ring and mpi over GPU memory stage it through the host (two ranks on one GPU,
+         * which NCCL refuses) */
+        ddp_coll_device_t dev = {&t->k, coll_on_device, coll_d2h, coll_h2d};
+        ddp_coll_opts_t copts = {
+            .backend = backend, .cuda_device = t->device,
+            .parent = g->kept_from && g->kept_from == t->parent_gen ? t->parent_comm : NULL,
+            .parent_ranks = g->kept_from ? g->kept : NULL,
+            .device = ddp_k_host_memory(&t->k) ? NULL : &dev};
+        int gpus = ddp_k_gpu_memory(&t->k) ? ddp_k_devices(&t->k) : 0;
+        if (gpus > 0 && t->opts.env.local_world > gpus && !strcmp(backend, "nccl"))
+            rc = ddp_errinfo_set(ei, DDP_EINVAL,
+                                 "ddp.backend: %d local ranks share %d GPU%s, and NCCL cannot run "
+                                 "two ranks on one GPU; ddp.backend: ring runs them (their GPU "
+                                 "buffers staged through host memory)",
+                                 t->opts.env.local_world, gpus, gpus == 1 ? "" : "s");
+        else
+            rc = ddp_coll_new(bs, &copts, &t->comm, ei);
+    }
+    ddp_coll_free(t->parent_comm);
+    t->parent_comm = NULL;
+    ddp_coll_bootstrap_free(bs);
+    if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->comm);
+    ddp_log_set_rank(t->opts.world > 1 ? t->opts.rank : -1);
+    return rc;
+}
+
+/* Buffers that are all-reduced in place: collective memory on the CPU (shared by the ranks of one
+ * host, where the all-reduce reads and writes every rank's copy directly instead of streaming it
+ * through the ring: see ddp_coll_mem_alloc), the kernels' memory otherwise (device memory for
+ * NCCL). *out is zeroed. */
+int ddp__trainer_uses_coll_mem(const ddp_trainer_t *t)
+{
+    return t->comm && ddp_k_host_memory(&t->k);
+}
+
+int ddp__trainer_alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei)
+{
+    if (ddp__trainer_uses_coll_mem(t)) return ddp_coll_mem_alloc(t->comm, bytes, (void **)out, ei);
+    DDP_CHECK(ddp_k_alloc(&t->k, (void **)out, bytes));
+    return ddp_k_memset0(&t->k, *out, bytes);
+}
+
+void ddp__trainer_free_reduced(ddp_trainer_t *t, float *p)
+{
+    if (ddp__trainer_uses_coll_mem(t))
+        ddp_coll_mem_free(t->comm, p);
+    else
+        ddp_k_free(&t->k, p);
+}
+
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    /* test hook: this rank's check may see a flipped bit */
+    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->step, t->opts.rank) ? t->opts.rank : -1;
+    return ddp_replicas_check(t->comm, &t->model, flip, ei);
+}
+
+/* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
+ * world of the ranks that compute: all of them, except in a step that carries a state transfer,
+ * state_transfer.h); restarts the loader for them. world 0: none. */
+static int set_deal(ddp_trainer_t *t, int rank, int world)
+{
+    ddp_loader_stop(&t->loader);
+    t->deal_rank = rank;
+    t->deal_world = world;
+    t->accum = world > 0 ? ddp_loader_accum(t->n_micro, rank, world) : 0;
+    if (t->accum > 1 && !t->acc)
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, t->model.n_params * sizeof(float)));
+    if (t->accum == 0) return 0;
+    return ddp_loader_start(&t->loader, &t->train_set, t->spec.micro_batch, rank, world,
+                            t->n_micro);
+}
+
+/* Everything that depends on the world, once the communicator exists: the gradient arena in a
+ * generation's collective memory, this rank's share of the micro-batches, the embedding slots,
+ * the reducer, the loader and (rank 0) the metrics file. Undone by ddp_trainer_leave_world. */
+int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    size_t bytes = t->model.n_params * sizeof(float);
+    if (ddp__trainer_uses_coll_mem(t) && !t->grads) {
+        DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->grads, ei));
+        DDP_CHECK(ddp_model_set_grads(&t->model, t->grads));
+    } else if (!ddp__trainer_uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
+        DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
+    }
+    t->emb_bytes = (size_t)t->n_micro * ddp__trainer_emb_slot_floats(t) * sizeof(float);
+    DDP_CHECK(ddp__trainer_alloc_reduced(t, t->emb_bytes, &t->emb, ei));
+    DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
+                               s->first_bucket_mb, s->bucket_mb, s->overlap, t->zero.on));
+    ddp_sharded_attach(&t->zero, t->comm, &t->reducer, t->model.w, t->opts.rank, t->opts.world);
+    t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
+    if (!t->norm_sums) return DDP_ENOMEM;
+    DDP_CHECK(set_deal(t, t->opts.rank, t->opts.world));
+    free(t->vote);
+    t->vote = ddp_calloc(ddp__trainer_vote_floats(t->opts.world), sizeof *t->vote);
+    if (!t->vote) return DDP_ENOMEM;
+    DDP_CHECK(ddp_straggler_init(&t->stragglers, t->opts.world));
+    return open_metrics(t);
+}
+
+void ddp_trainer_leave_world(ddp_trainer_t *t)
+{
+    if (t->elastic) ddp_elastic_watch(t->elastic, NULL);
+    ddp_xfer_clear(&t->xfer); /* its requests go with the communicator */
+    ddp_loader_stop(&t->loader);
+    ddp_reducer_close(&t->reducer);
+    free(t->norm_sums);
+    t->norm_sums = NULL;
+    if (t->emb) ddp__trainer_free_reduced(t, t->emb);
+    t->emb = NULL;
+    if (t->grads) ddp__trainer_free_reduced(t, t->grads); /* the model's is replaced on attach */
+    t->grads = NULL;
+    ddp_coll_free(t->parent_comm);
+    t->parent_comm = NULL;
+    if (ddp_coll_shrinks(t->comm)) { /* open_comm frees it, shrunk or not */
+        t->parent_comm = t->comm;
+        t->parent_gen = t->gen.gen;
+    } else {
+        ddp_coll_free(t->comm);
+    }
+    t->comm = NULL;
+}
+
+/* The model asks between blocks: a failed communicator stops the pass (the failure is known at
+ * once, from a dead peer's link or the coordinator's notice), and the step with it. */
+int ddp__trainer_comm_failed_now(void *arg)
+{
+    const ddp_trainer_t *t = arg;
+    return t->comm && ddp_coll_status(t->comm) != 0;
+}
+
+/* The trainer's counters for a state transfer (state_transfer.h), and back. */
+static ddp_xfer_header_t header_of(const ddp_trainer_t *t)
+{
+    ddp_xfer_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
+                           .skipped = t->skipped_steps, .last_loss = t->last_loss,
+                           .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
+                           .last_step_ms = t->last_step_ms, .loss_scale = t->lscale.scale,
+                           .loss_scale_clean = t->lscale.clean, .micro_ms = t->last_micro_ms,
+                           .allreduce_ms = t->comm_stats.comm_ms,
+                           .allreduce_world = t->last_step_world};
+    memcpy(h.rng, t->rng.s, sizeof h.rng);
+    return h;
+}
+
+static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
+{
+    t->step = h->step;
+    t->opt.t = h->adam_t;
+    t->tokens = h->tokens;
+    t->skipped_steps = h->skipped;
+    t->last_loss = h->last_loss;
+    t->last_val_loss = h->last_val_loss;
+    t->last_norm = h->last_norm;
+    t->last_step_ms = h->last_step_ms;
+    t->lscale.scale = h->loss_scale;
+    t->lscale.clean = h->loss_scale_clean;
+    memcpy(t->rng.s, h->rng, sizeof h->rng);
+}
+
+/* Reduces small per-step values over the ranks with op (in place; callers sum). */
+int ddp__trainer_allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
+                           ddp_errinfo_t *ei)
+{
+    if (!t->comm) return 0;
+    ddp_coll_req_t *req;
+    DDP_CHECK(ddp_coll_allreduce(t->comm, vals, (size_t)n, DDP_DT_F32, op, &req));
+    return ddp_coll_wait(req, 0, ei);
+}
+
+/* Queues the transfers of the weights and both moments (state_transfer.h). */
+int ddp__trainer_start_transfer(ddp_trainer_t *t)
+{
+    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
+    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k)); /* the last update wrote them */
+    return ddp_xfer_start(&t->xfer, t->comm, arenas, 3, t->model.n_params);
+}
+
+/* After a state transfer (pause: before the step; overlap: after the update of the step that
+ * carried it): the receivers hold the job's state (checked against every replica), the deal is
+ * the whole world's again, and the transfer is logged (rank 0: in metrics.jsonl, with the
+ * receivers' mean time to the last byte). Collective. */
+int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_xfer_t *x = &t->xfer;
+    DDP_CHECK(ddp_trainer_check_replicas(t, ei));
+    float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
+    DDP_CHECK(ddp__trainer_allreduce_small(t, &ms, 1, DDP_OP_SUM, ei));
+    long state_step = x->overlap ? t->step - 1 : t->step; /* whose state travelled */
+    if (x->receiving) {
+        t->has_state = 1;
+        DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
+        char during[64] = "while the other ranks waited";
+        if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
+                                 t->step);
+        DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
+                 t->opts.rank, t->opts.world, state_step, x->first_root, x->bytes / 1e6, x->ms,
+                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
+    }
+    if (t->metrics) {
+        double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
+        r.generation = (int64_t)t->gen.gen;
+        r.step = state_step;
+        snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
+        r.receivers = x->n_receivers;
+        r.source = x->first_root;
+        r.mb = mb;
+        r.ms = ms;
+        r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
+        ddp_metrics_sink_write(t->metrics, &r);
+    }
+    int overlapped = x->overlap;
+    ddp_xfer_clear(x);
+    return overlapped ? set_deal(t, t->opts.rank, t->opts.world) : 0;
+}
+
+/* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
+ * the source's counters now, and its weights and moments either now or during the next step,
+ * which the others then compute among themselves (state_transfer.h). */
+int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
+{
+    ddp_xfer_t *x = &t->xfer;
+    ddp_xfer_header_t h = header_of(t);
+    DDP_CHECK(ddp_xfer_plan(x, t->comm, t->gen.source, t->has_state, t->spec.state_transfer,
+                            t->model.n_params, t->n_micro, &h, ei));
+    *receivers = x->n_receivers;
+    if (!x->active) return 0;
+    if (x->receiving) {
+        apply_header(t, &h);
+        t->has_state = 0; /* until the arenas arrived (pause) or the step's update (overlap) */
+    }
+    if (x->overlap) return set_deal(t, x->deal_rank, x->deal_world);
+    DDP_CHECK(ddp__trainer_start_transfer(t));
+    DDP_CHECK(ddp_xfer_wait(x, ei));
+    return ddp__trainer_finish_transfer(t, ei);
+}
+
+int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
+{
+    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
+           (t->comm && ddp_coll_status(t->comm) != 0);
+}
+
+int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc)
+{
+    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && ddp_trainer_comm_failed(t, rc);
+}
+
+int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
+{
+    ddp_coll_bootstrap_t *bs;
+    memset(st, 0, sizeof *st);
+    int64_t t0 = ddp_now_ns();
+    /* a rank still waiting for its first state has none to offer */
+    DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->step : -1, &t->gen, &bs, ei));
+    int64_t t1 = ddp_now_ns();
+    DDP_CHECK(ddp__trainer_open_comm(t, bs, ei));
+    if (t->n_micro < t->opts.world)
+        return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
+                               "%d micro-batches", (unsigned long long)t->gen.gen, t->opts.world,
+                               t->n_micro);
+    int64_t t2 = ddp_now_ns();
+    st->shrunk = ddp_coll_shrunk(t->comm);
+    DDP_CHECK(ddp__trainer_attach_world(t, ei));
+    ddp_tckpt_run_t view;
+    ddp__trainer_checkpoint_view(t, &view);
+    DDP_CHECK(ddp_tckpt_regroup(t->ckpt, &view, ei));
+    int64_t t3 = ddp_now_ns();
+    st->form_ms = (double)(t1 - t0) / 1e6;
+    st->comm_ms = (double)(t2 - t1) / 1e6;
+    st->attach_ms = (double)(t3 - t2) / 1e6;
+    if (t->gen.sync) DDP_CHECK(ddp__trainer_plan_transfer(t, &st->receivers, ei));
+    st->state_ms = (double)(ddp_now_ns() - t3) / 1e6;
+    /* a step no line was written for: the old rank 0 died between completing it and logging
+     * it, or the source completed a step this rank did not (a failure struck between the
+     * step's commit on some ranks and on others); its line comes from the step's figures,
+     * which every rank holds (loss and norm are global) or received with the state */
+    if (t->metrics && t->step > 0 && t->step > t->logged_step)
+        ddp_trainer_log_step(t, t->last_loss, t->last_step_ms);
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* Choosing the precision and fp16's dynamic loss scaling (loss_scale.h). */
+#include "worker/optim/loss_scale.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/test_hook.h"
+
+_Static_assert((int)DDP_PREC_FP32 == (int)DDP_KPREC_FP32 &&
+                   (int)DDP_PREC_BF16 == (int)DDP_KPREC_BF16 &&
+                   (int)DDP_PREC_FP16 == (int)DDP_KPREC_FP16,
+               "the spec's precisions are the kernels'");
+
+const char *ddp_prec_name(ddp_kprec_t prec)
+{
+    return prec == DDP_KPREC_BF16 ? "bf16" : prec == DDP_KPREC_FP16 ? "fp16" : "fp32";
+}
+
+int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_t *out)
+{
+    const char *why = "";
+    ddp_kprec_t p;
+    if (asked == DDP_PREC_AUTO) {
+        int native = ddp_k_prec_native(k, DDP_KPREC_BF16, &why);
+        p = native ? DDP_KPREC_BF16 : DDP_KPREC_FP32;
+        if (log)
+            DDP_INFO("precision: auto -> %s on backend %s: %s", ddp_prec_name(p), ddp_k_name(k),
+                     why);
+    } else {
+        p = (ddp_kprec_t)asked;
+        int native = ddp_k_prec_native(k, p, &why);
+        if (log)
+            DDP_INFO("precision: %s (train.precision) on backend %s%s%s", ddp_prec_name(p),
+                     ddp_k_name(k), native ? "" : ": ", native ? "" : why);
+    }
+    ddp_k_set_precision(k, p);
+    *out = p;
+    return 0;
+}
+
+void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval)
+{
+    memset(ls, 0, sizeof *ls);
+    ls->enabled = prec == DDP_KPREC_FP16;
+    ls->scale = ls->enabled ? DDP_LSCALE_INIT : 1.0f;
+    ls->interval = interval > 0 ? interval : 2000;
+}
+
+float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank)
+{
+    if (ddp_test_hook(DDP_HOOK_LOSS_SCALE, step, rank)) return INFINITY;
+    return ls->scale;
+}
+
+int ddp_lscale_update(ddp_lscale_t *ls, int finite, long step, int log)
+{
+    if (!ls->enabled) return 0;
+    if (!finite) {
+        float old = ls->scale;
+        ls->scale = old * 0.5f > 1.0f / 65536 ? old * 0.5f : old; /* floor at 2^-16 */
+        ls->clean = 0;
+        ls->overflows++;
+        if (log)
+            DDP_WARN("step %ld: fp16 overflow (non-finite gradient): update skipped, loss scale "
+                     "%g -> %g", step, old, ls->scale);
+        return 1;
+    }
+    if (++ls->clean >= ls->interval) {
+        float old = ls->scale;
+        if (old * 2.0f <= 16777216.0f) ls->scale = old * 2.0f; /* cap at 2^24 */
+        ls->clean = 0;
+        if (log && ls->scale != old)
+            DDP_INFO("step %ld: %ld clean fp16 steps: loss scale %g -> %g", step, ls->interval,
+                     old, ls->scale);
+    }
+    return 0;
+}

@@ -1,0 +1,330 @@
+/* Setting the trainer up and tearing it down (see train.h): the kernels, the first world, the
+ * arenas, the model, the optimizer, a resumed checkpoint, the data; and what the checkpoints see
+ * of the trainer. Joining the world itself is train_generation.c's.
+ */
+#include "worker/trainer_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/trace.h" /* train.trace */
+#include "common/vector_isa.h" /* the CPU's loops, named in the model line */
+#include "proto/hf_config.h" /* init_from: ddp_spec_resolve_model */
+#include "worker/budget/memory_budget.h" /* train.threads default */
+#include "worker/observe/metrics_sink.h"
+
+/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->gen
+ * says whether it joins a job that already trains); else the environment rendezvous (a world of
+ * one when DDP_WORLD_SIZE is unset). */
+static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
+{
+    const ddp_train_env_t *env = &t->opts.env;
+    if (ddp_coll_under_mpi()) return ddp_coll_bootstrap_mpi(bs, ei);
+    if (!env->elastic && env->world_size <= 1) return ddp_coll_bootstrap_single(bs, ei);
+    if (!env->elastic) {
+        if (!env->rdzv || !*env->rdzv)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "a world of %d ranks (%s) without a "
+                                   "rendezvous address: DDP_RDZV (host:port) is not set",
+                                   env->world_size, env->launcher);
+        if (!env->job_token || !*env->job_token)
+            return ddp_errinfo_set(ei, DDP_EINVAL, "DDP_JOB_TOKEN is not set");
+        ddp_coll_rdzv_cfg_t cfg = {.rank = env->rank, .size = env->world_size,
+                                   .addr = env->rdzv, .token = env->job_token,
+                                   .generation = (uint64_t)env->generation,
+                                   .timeout_s = env->rdzv_timeout_s};
+        return ddp_coll_bootstrap_tcp(&cfg, bs, ei);
+    }
+    DDP_CHECK(ddp_elastic_connect(env->rdzv, env->job_token, env->rank_hint, env->rdzv_timeout_s,
+                                  &t->elastic, ei));
+    return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);
+}
+
+/* The arenas that collectives read and write in place: the gradient's in collective memory on
+ * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
+ * sharded (reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
+ * over any transport, the others where all four are shared by every rank. A rank writes only its
+ * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
+ * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
+ * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
+static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    size_t n = ddp_model_count_params(&t->spec.model), bytes = n * sizeof(float);
+    if (!ddp__trainer_uses_coll_mem(t)) { /* device memory: the model's arenas, our moments */
+        if (!t->comm || !t->spec.shard_optimizer || t->elastic ||
+            !ddp_coll_slices_anywhere(t->comm))
+            return 0;
+        return ddp_sharded_reserve_device(&t->zero, n, t->ckpt != NULL, ei);
+    }
+    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->grads, ei));
+    /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
+     * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
+     * update would leave the ranks with different parameters) */
+    if (!t->spec.shard_optimizer || t->elastic) return 0;
+    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->weights, ei));
+    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->zero.moments[0], ei));
+    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->zero.moments[1], ei));
+    t->zero.on = ddp_coll_slices_anywhere(t->comm) ||
+                 (ddp_coll_mem_shared(t->comm, t->grads) &&
+                  ddp_coll_mem_shared(t->comm, t->weights) &&
+                  ddp_coll_mem_shared(t->comm, t->zero.moments[0]) &&
+                  ddp_coll_mem_shared(t->comm, t->zero.moments[1]));
+    return 0;
+}
+
+/* Rank 0 copies data.tokenizer into the run directory (creating it). */
+static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!t->tok || !t->opts.run_dir || t->opts.rank != 0) return 0;
+    if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST)
+        return ddp_errinfo_set(ei, -errno, "cannot create the run directory %s: %s",
+                               t->opts.run_dir, strerror(errno));
+    return ddp_run_tok_save(t->tok, t->opts.run_dir, ei);
+}
+
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_sharded_gather(arg, ei); }
+
+/* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
+ * each change of the world. */
+void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
+{
+    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
+                           .model = &t->model, .opt = &t->opt,
+                           .stop_at_step = t->opts.stop_at_step,
+                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
+                           .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
+                           .accum = t->accum, .sharded = t->zero.on,
+                           .gather_moments = gather_moments, .gather_arg = &t->zero,
+                           .tokenizer_json = t->tok ? t->tok->json : NULL,
+                           .tokenizer_config_json = t->tok ? t->tok->config_json : NULL,
+                           .ids = t->tok ? &t->tok->ids : NULL};
+}
+
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
+{
+    *pos = (ddp_tckpt_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss,
+                             .loss_scale = t->lscale.scale, .loss_scale_clean = t->lscale.clean};
+    memcpy(pos->rng, t->rng.s, sizeof pos->rng);
+}
+
+/* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
+static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (!t->comm) return 0;
+    ddp_coll_req_t *req;
+    /* after the weights' initial copy, which memcpy_h2d may have left queued */
+    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k));
+    DDP_CHECK(ddp_coll_broadcast(t->comm, t->model.w, t->model.n_params * sizeof(float), 0,
+                                 &req));
+    return ddp_coll_wait(req, 0, ei);
+}
+
+/* Global micro-batches per step from train.global_batch_tokens (or one per rank). A static
+ * world must divide them evenly (so every rank does the same work); an elastic one deals them
+ * unevenly when it must, so that the global batch survives any change of the world. */
+static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    int world = t->opts.world;
+    long per_pass = (long)s->micro_batch * s->seq_len;
+    long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
+    long unit = t->elastic ? per_pass : per_pass * world;
+    if (gbt % unit == 0 && gbt / per_pass >= world) {
+        t->n_micro = (int)(gbt / per_pass);
+        t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, world);
+        return 0;
+    }
+    char sizes[256] = "";
+    size_t used = 0;
+    for (long w = 1; w <= gbt / per_pass && used < sizeof sizes - 16; w++)
+        if ((gbt / per_pass) % w == 0 && gbt % per_pass == 0)
+            used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld", used ? ", " : "",
+                                     w);
+    return ddp_errinfo_set(ei, DDP_ESPEC,
+                           "train.global_batch_tokens: %ld tokens cannot be split over %d "
+                           "rank(s) of micro_batch x seq_len = %d x %d; world sizes that "
+                           "divide it: %s",
+                           gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
+}
+
+int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
+                     ddp_errinfo_t *ei)
+{
+    memset(t, 0, sizeof *t);
+    t->spec = *spec;
+    t->opts = *opts;
+    t->logged_step = -1;
+    t->stragglers.named = -1;
+    const ddp_spec_t *s = &t->spec;
+    int rc = 0;
+    DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
+    DDP_CHECK_GOTO(ddp_run_tok_open(s->tokenizer, s->model.vocab_size, &t->tok, ei), rc, fail);
+    int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
+    /* one GPU per local rank (the launcher's local rank picks it, round-robin when the ranks
+     * outnumber the GPUs; ignored on the CPU) */
+    rc = ddp_kernels_open(&t->k, opts->backend ? opts->backend : "auto", t->opts.env.local_rank,
+                          threads);
+    if (rc) {
+        ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
+        goto fail;
+    }
+    t->device = t->k.device;
+    t->zero.k = &t->k;
+    ddp_coll_bootstrap_t *bs = NULL;
+    DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
+    rc = ddp__trainer_open_comm(t, bs, ei);
+    while (rc && ddp_trainer_generation_failed(t, rc)) { /* it ended as it formed: the next */
+        ddp_coll_free(t->comm);
+        t->comm = NULL;
+        if (ei) ddp_errinfo_clear(ei);
+        rc = ddp_elastic_join(t->elastic, -1, &t->gen, &bs, ei);
+        if (rc == 0) rc = ddp__trainer_open_comm(t, bs, ei);
+    }
+    if (rc) goto fail;
+    ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
+    DDP_CHECK_GOTO(save_tokenizer(t, ei), rc, fail);
+    t->first_rank = t->opts.rank; /* the slow rank's test hook names it */
+    int world = t->opts.world;
+    /* a joiner of a job that trains already gets its state from a live member, not from disk */
+    int joins_live = t->elastic && t->gen.step >= 0;
+    if (joins_live) t->opts.no_resume = 1;
+    ddp_prec_select(&t->k, s->precision, t->opts.rank == 0 && !t->opts.quiet, &t->prec);
+    ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
+    long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
+    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->opts.rank, world, t->opts.no_resume,
+                                     t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),
+                   rc, fail);
+    if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
+    DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
+    DDP_CHECK_GOTO(ddp_trainer_check_memory(t, ei), rc, fail); /* before step 1 */
+
+    DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
+    DDP_CHECK_GOTO(ddp_model_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
+                                      t->weights, t->grads, s->recompute),
+                   rc, fail);
+    /* the products' 16-bit weights: one copy of the whole arena, which the update keeps */
+    DDP_K(&t->k, set_weights, t->model.w, t->model.n_params);
+    ddp_rng_seed(&t->rng, s->seed);
+    /* a live joiner's weights come from a live rank: drawing them (a third of a second for
+     * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
+    if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->rng), rc, fail);
+    t->model.interrupted = ddp__trainer_comm_failed_now; /* a failed step stops at once */
+    t->model.interrupted_arg = t;
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]),
+                   rc, fail);
+    ddp_tckpt_run_t view;
+    ddp__trainer_checkpoint_view(t, &view);
+    ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_tckpt_start(t->ckpt, &view, &res, ei), rc, fail);
+    if (res.resumed) {
+        t->step = res.step;
+        t->tokens = res.tokens;
+        t->opt.t = res.adam_t;
+        memcpy(t->rng.s, res.rng, sizeof t->rng.s);
+        t->last_loss = (float)res.last_loss;
+        /* fp16: the scale goes on; a checkpoint of another precision has 1 */
+        if (t->lscale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
+            res.loss_scale != 1.0) {
+            t->lscale.scale = (float)res.loss_scale;
+            t->lscale.clean = res.loss_scale_clean;
+        }
+    }
+    if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
+    t->emb_tokens_f = ddp_malloc((size_t)t->n_micro * s->micro_batch * s->seq_len * sizeof(float));
+    t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
+    if (!t->emb_tokens_f || !t->emb_tokens) {
+        rc = DDP_ENOMEM;
+        goto fail;
+    }
+    DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
+                                    s->model.vocab_size, s->seed, ei),
+                   rc, fail);
+    if (s->val_glob[0] && s->val_every > 0) {
+        DDP_CHECK_GOTO(ddp_dataset_open(&t->val_set, s->val_glob, s->seq_len,
+                                        s->model.vocab_size, s->seed, ei),
+                       rc, fail);
+        t->have_val = 1;
+    }
+    DDP_CHECK_GOTO(ddp__trainer_attach_world(t, ei), rc, fail);
+    /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
+     * rank's slices of them (ddp_sharded_drop_foreign) */
+    DDP_CHECK_GOTO(ddp_sharded_begin(&t->zero, ei), rc, fail);
+    t->has_state = !joins_live;
+    if (t->elastic && t->gen.sync) {
+        int receivers;
+        rc = ddp__trainer_plan_transfer(t, &receivers, ei);
+        while (rc && ddp_trainer_generation_failed(t, rc)) { /* a member died meanwhile */
+            if (ei) ddp_errinfo_clear(ei);
+            ddp_trainer_leave_world(t);
+            ddp_regroup_stats_t st;
+            rc = ddp_trainer_join_world(t, &st, ei);
+        }
+        if (rc) goto fail;
+    }
+    int cpu = !strcmp(ddp_k_name(&t->k), "cpu");
+    if (t->opts.rank == 0 && !opts->quiet)
+        DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
+                 "%s kernels%s%s%s, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d "
+                 "tokens%s",
+                 s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
+                 (double)t->model.n_params / 1e6, ddp_k_name(&t->k), cpu ? " with " : "",
+                 cpu ? ddp_cpu_isa_name(ddp_cpu_isa()) : "", cpu ? " loops" : "", threads, world,
+                 t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
+                 !ddp_coll_mem_shared(t->comm, t->grads)
+                     ? (t->zero.on ? " (optimizer step sharded)" : "")
+                 : t->zero.on ? " (gradients in shared memory, optimizer step sharded)"
+                              : " (gradients in shared memory)",
+                 t->accum, s->micro_batch, s->seq_len,
+                 t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
+    else if (!opts->quiet)
+        DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
+                 t->opts.rank, world, ddp_k_name(&t->k), threads,
+                 t->comm ? ddp_coll_transport_name(t->comm) : "-");
+    char warning[256];
+    if (t->opts.rank == 0 && ddp_spec_warning(s, warning, sizeof warning))
+        DDP_WARN("%s", warning);
+    return 0;
+fail:
+    if (ei && !ei->msg[0]) ddp_errinfo_set(ei, rc, "trainer: %s", ddp_strerror(rc));
+    ddp_trainer_close(t);
+    return rc;
+}
+
+void ddp_trainer_close(ddp_trainer_t *t)
+{
+    if (!t) return;
+    ddp_tckpt_free(t->ckpt);
+    t->ckpt = NULL;
+    ddp_loader_stop(&t->loader);
+    ddp_dataset_close(&t->train_set);
+    ddp_dataset_close(&t->val_set);
+    ddp_reducer_close(&t->reducer);
+    if (t->k.ops) {
+        ddp_k_free(&t->k, t->acc);
+        if (t->emb) ddp__trainer_free_reduced(t, t->emb);
+        ddp_adamw_close(&t->opt, &t->model);
+        ddp_model_close(&t->model);
+        DDP_K(&t->k, set_weights, NULL, 0); /* the backend's copy goes before its arena */
+        float *arenas[] = {t->weights, t->grads, t->zero.moments[0], t->zero.moments[1]};
+        for (int i = 0; i < 4; i++)
+            if (arenas[i]) ddp__trainer_free_reduced(t, arenas[i]);
+    }
+    ddp_kernels_close(&t->k);
+    ddp_xfer_clear(&t->xfer);
+    ddp_coll_free(t->comm);
+    ddp_coll_free(t->parent_comm);
+    ddp_elastic_free(t->elastic);
+    free(t->emb_tokens_f);
+    free(t->emb_tokens);
+    free(t->norm_sums);
+    free(t->vote);
+    ddp_straggler_close(&t->stragglers);
+    ddp_metrics_sink_close(t->metrics);
+    ddp_trace_close(); /* train.trace */
+    ddp_run_tok_free(t->tok);
+    memset(t, 0, sizeof *t);
+}

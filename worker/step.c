@@ -1,0 +1,324 @@
+/* One optimizer step of one rank (see train.h), as a sequence of named phases:
+ *
+ *   begin_step         the loss scale; an overlapped state transfer starts; test hooks
+ *   forward_backward   every micro-step of this rank: forward, backward, the gradient summed
+ *                      in micro-step order; the last backward starts the buckets' all-reduces
+ *   finish_gradients   the all-reduces, the transfer and the embedding slots complete
+ *   step_vote          the one small all-reduce that commits the step (with the checkpoints'
+ *                      tallies on it); then the stragglers are named
+ *   update             the gradient norm; AdamW (sharded or not) or, for a non-finite norm,
+ *                      the update skipped
+ *   account_step       the counters; end_step: the transfer finished, the coordinator told
+ *
+ * A failure before the vote leaves every rank at the previous step (to redo it); past it a
+ * rank applies the update without waiting for the others, except in a sharded step.
+ */
+#include "worker/trainer_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/test_hook.h"
+
+/* The step's vote: what each rank tells the others in the one small all-reduce that commits a
+ * step, summed over the ranks. step_vote packs it into t->vote's floats (in the order below,
+ * then one slot per rank for its compute time) and unpacks the sums: the one place that knows
+ * the positions (ddp__trainer_vote_floats counts them for the buffer). */
+typedef struct {
+    double loss_sum;     /* the micro-steps' losses */
+    int stop;            /* ranks that were asked to stop: every rank stops after this step */
+    float ckpt[2];       /* checkpoint writers' shards durable / failed (ddp_tckpt_vote) */
+    int regroup;         /* ranks whose coordinator wants a new generation: all leave */
+    const float *rank_ms; /* [world]: each rank's forward and backward (stragglers) */
+} step_vote_t;
+
+enum { VOTE_LOSS, VOTE_STOP, VOTE_CKPT, VOTE_REGROUP = VOTE_CKPT + 2, VOTE_RANKS };
+
+static void on_grads_ready(void *arg, size_t done)
+{
+    ddp_trainer_t *t = arg;
+    int rc = ddp_reducer_ready(&t->reducer, done);
+    if (rc && !t->ready_rc) t->ready_rc = rc;
+}
+
+/* A forward or backward pass failed: when its communicator did, the buckets already started are
+ * waited for (they fail at once), so that nothing writes the gradient arena after the step
+ * returns, and ei gets the communicator's reason. */
+static int pass_failed(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
+{
+    if (!ddp__trainer_comm_failed_now(t)) return rc;
+    ddp_reducer_finish(&t->reducer, NULL, NULL);
+    return ddp_errinfo_set(ei, ddp_coll_status(t->comm), "%s", ddp_coll_last_error(t->comm));
+}
+
+/* A rank that receives the state in this step computes nothing: -0.0 in every gradient sum
+ * leaves the holders' sums as they are (x + -0 = x, signed zeros and NaNs included), and the
+ * embedding slots it does not own stay +0 as on any rank. */
+static int contribute_nothing(ddp_trainer_t *t)
+{
+    size_t n = t->model.n_params;
+    DDP_CHECK(ddp_k_memset0(&t->k, t->emb, t->emb_bytes));
+    DDP_CHECK(ddp_k_memset0(&t->k, t->model.g, n * sizeof(float)));
+    ddp_k_scale(&t->k, t->model.g, -1.0f, n);
+    ddp_reducer_begin(&t->reducer, NULL);
+    return ddp_reducer_ready(&t->reducer, n);
+}
+
+/* Before the first micro-step: fp16's loss scale for this step, an overlapped transfer queued
+ * ahead of the gradient buckets (on every rank), and a receiver's empty contribution. */
+static int begin_step(ddp_trainer_t *t)
+{
+    long next = t->step + 1;
+    t->model.loss_scale = ddp_lscale_factor(&t->lscale, next, t->opts.rank); /* 1 unless fp16 */
+    if (t->xfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
+    if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
+    /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
+     * replacement rejoins, without stopping again */
+    if (t->gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->opts.rank);
+    return 0;
+}
+
+/* This rank's micro-steps: forward, then backward. The earlier ones write a fresh gradient that
+ * is summed into acc in micro-step order; in the last one each finished slice gets acc added
+ * and starts its all-reduce (on_grads_ready). *loss_sum gets the micro-steps' losses. */
+static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *ei)
+{
+    ddp_model_t *m = &t->model;
+    ddp_kernels_t *k = &t->k;
+    for (int micro = 0; micro < t->accum; micro++) {
+        const int32_t *inputs, *targets;
+        DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
+        float l = 0;
+        int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len);
+        if (rc) return pass_failed(t, rc, ei);
+        ddp_test_hook(DDP_HOOK_MICRO_STEP, t->step + 1, t->first_rank); /* a slow rank */
+        if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
+        if (micro < t->accum - 1) {
+            rc = ddp_model_backward(m, NULL, NULL, &l);
+            if (rc) return pass_failed(t, rc, ei);
+            *loss_sum += l;
+            DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
+            if (micro == 0)
+                DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, m->n_params * sizeof(float)));
+            else
+                ddp_k_add(k, t->acc, m->g, m->n_params);
+            continue;
+        }
+        ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
+        t->ready_rc = 0;
+        rc = ddp_model_backward(m, on_grads_ready, t, &l);
+        if (rc) return pass_failed(t, rc, ei);
+        *loss_sum += l;
+        DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
+    }
+    return 0;
+}
+
+/* Waits until every rank's gradients arrived: the buckets' all-reduces, a transfer carried by
+ * this step, and the embedding slots (summed and added to wte's gradient). */
+static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
+    if (!rc) rc = t->ready_rc;
+    if (!rc && t->xfer.active) rc = ddp_xfer_wait(&t->xfer, ei);
+    if (!rc) rc = ddp__trainer_add_embedding_grads(t, ei);
+    return rc;
+}
+
+size_t ddp__trainer_vote_floats(int world) { return VOTE_RANKS + (size_t)world; }
+
+/* All-reduces v (this rank's part in, the sums out; v->rank_ms then points at every rank's
+ * compute time, this rank's being t->compute_ms). The checkpoints ride on it: their writers'
+ * shards durable / failed go in (ddp_tckpt_vote), and the sums settle a striped save
+ * (ddp_tckpt_tally), so that a save needs no collective of its own. */
+static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
+{
+    float *f = t->vote;
+    ddp_tckpt_vote(t->ckpt, v->ckpt);
+    memset(f, 0, (VOTE_RANKS + (size_t)t->opts.world) * sizeof *f);
+    f[VOTE_LOSS] = (float)v->loss_sum;
+    f[VOTE_STOP] = (float)v->stop;
+    f[VOTE_CKPT] = v->ckpt[0];
+    f[VOTE_CKPT + 1] = v->ckpt[1];
+    f[VOTE_REGROUP] = (float)v->regroup;
+    f[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms;
+    DDP_CHECK(ddp__trainer_allreduce_small(t, f, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
+    v->loss_sum = f[VOTE_LOSS];
+    v->stop = (int)f[VOTE_STOP];
+    v->ckpt[0] = f[VOTE_CKPT];
+    v->ckpt[1] = f[VOTE_CKPT + 1];
+    v->regroup = (int)f[VOTE_REGROUP];
+    v->rank_ms = f + VOTE_RANKS;
+    return ddp_tckpt_tally(t->ckpt, v->ckpt, ei);
+}
+
+/* Names a rank whose forward and backward have been the slowest for a while (rank 0 logs it). */
+static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
+{
+    int straggler = ddp_straggler_update(&t->stragglers, rank_ms);
+    if (straggler >= 0 && t->opts.rank == 0)
+        DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
+                 "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
+                 straggler, t->stragglers.named_ms,
+                 100.0 * (t->stragglers.named_ms / t->stragglers.median_ms - 1),
+                 t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
+}
+
+/* The global gradient norm from the sums of squares of this rank's parts (sharded: the other
+ * blocks come from their owners; each block has one non-zero contributor, so the sum is exact). */
+static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errinfo_t *ei)
+{
+    const ddp_reducer_t *r = &t->reducer;
+    memset(t->norm_sums, 0, r->n_norm_blocks * sizeof *t->norm_sums);
+    DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->norm_sums));
+    if (t->zero.on)
+        DDP_CHECK(ddp__trainer_allreduce_small(t, t->norm_sums, (int)r->n_norm_blocks,
+                                               DDP_OP_SUM, ei));
+    *norm = ddp_grad_norm(t->norm_sums, r->n_norm_blocks, grad_scale);
+    return 0;
+}
+
+/* After a non-finite gradient: names the first tensor that holds a NaN or Inf in this rank's
+ * parts (sharded: in any rank's, from the tally of every rank's findings) and skips the update
+ * (the data moves on). Fails after DDP_MAX_SKIPPED_STEPS such steps in a row. */
+#define DDP_MAX_SKIPPED_STEPS 10
+
+static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
+{
+    const ddp_model_t *m = &t->model;
+    const ddp_reducer_t *r = &t->reducer;
+    float *bad = ddp_calloc((size_t)m->n_tensors, sizeof *bad);
+    if (!bad) return DDP_ENOMEM;
+    for (int j = 0; j < r->n_buckets; j++)
+        for (int i = 0; i < m->n_tensors; i++) {
+            size_t lo, hi;
+            int found = 0;
+            if (!ddp_part_of_tensor(m, &r->parts[j], i, &lo, &hi)) continue;
+            ddp_k_nonfinite(&t->k, &found, m->g + lo, hi - lo);
+            int rc = ddp_k_sync(&t->k);
+            if (rc) {
+                free(bad);
+                return rc;
+            }
+            if (found) bad[i] = 1;
+        }
+    int rc = t->zero.on ? ddp__trainer_allreduce_small(t, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
+    const char *name = "?";
+    for (int i = m->n_tensors - 1; i >= 0; i--)
+        if (bad[i] > 0) name = m->params[i].name;
+    free(bad);
+    if (rc) return rc;
+    t->skipped_steps++;
+    if (++t->skipped_in_a_row >= DDP_MAX_SKIPPED_STEPS)
+        return ddp_errinfo_set(ei, DDP_ENUMERIC,
+                               "step %ld: gradient norm %g (first non-finite tensor %s); %d steps "
+                               "in a row were skipped, giving up",
+                               t->step + 1, norm, name, t->skipped_in_a_row);
+    if (t->opts.rank == 0)
+        DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
+                 t->step + 1, norm, name);
+    return 0;
+}
+
+/* AdamW over this rank's parts (a sharded step: its slices, each all-gathered to every rank as
+ * it is done, with the moments too when a save follows), and the checkpoints' CRCs of it. */
+static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
+                        const ddp_tckpt_update_t *u, ddp_errinfo_t *ei)
+{
+    const ddp_reducer_t *r = &t->reducer;
+    double lr = ddp_lr_at(&t->spec, t->step);
+    ddp_sharded_part_fn on_part = ddp_sharded_update_begin(&t->zero, u->save_follows);
+    DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, lr, grad_scale, norm, r->parts,
+                             r->n_buckets, on_part, &t->zero, u->crc));
+    DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
+    DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, u, ei));
+    ddp_sharded_update_end(&t->zero);
+    t->skipped_in_a_row = 0;
+    /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
+     * other ranks' slices, whose copies are converted again */
+    if (t->zero.on) DDP_K(&t->k, set_precision, t->prec);
+    return 0;
+}
+
+/* The gradient norm, then the update: applied when the norm is finite, else skipped (fp16: an
+ * overflow, and the loss scale halves). The norm is the same on every rank, so every rank
+ * decides alike. A snapshot of the arenas for a save must be done before they change. */
+static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
+{
+    ddp_model_t *m = &t->model;
+    float grad_scale = 1.0f / (float)t->n_micro;
+    if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
+    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->opts.rank)) { /* poison one gradient */
+        float nan = NAN;
+        DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
+    }
+    int64_t t0 = ddp_now_ns();
+    DDP_CHECK(grad_norm(t, grad_scale, norm, ei));
+    ddp_tckpt_update_t u;
+    DDP_CHECK(ddp_tckpt_before_update(t->ckpt, t->step + 1, &u, ei));
+    ddp_lscale_update(&t->lscale, isfinite(*norm), t->step + 1, t->opts.rank == 0);
+    if (isfinite(*norm))
+        DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
+    else
+        DDP_CHECK(skip_nonfinite_step(t, *norm, ei));
+    t->optim_ms = (double)(ddp_now_ns() - t0) / 1e6;
+    return 0;
+}
+
+/* The step is done: the counters and what the vote decided for every rank. */
+static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, float *loss)
+{
+    t->step++;
+    t->tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
+    *loss = (float)v->loss_sum / (float)t->n_micro;
+    t->any_stop = v->stop > 0;
+    t->regroup = v->regroup > 0;
+    t->last_loss = *loss;
+    t->last_norm = norm;
+    t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_xfer_overlap_pays */
+    t->last_step_world = t->opts.world;
+}
+
+/* After the update: a transfer this step carried is finished (collective), the coordinator
+ * learns the step, and the moments' residence is logged once (not after a gathering step). */
+static int end_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    if (t->xfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
+    if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
+    if (!t->moments_logged && !ddp_sharded_gathered(&t->zero)) {
+        t->moments_logged = 1;
+        ddp_trainer_log_moments(t);
+    }
+    return 0;
+}
+
+int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
+{
+    int64_t t0 = ddp_now_ns();
+    DDP_CHECK(begin_step(t));
+    double loss_sum = 0;
+    DDP_CHECK(forward_backward(t, &loss_sum, ei));
+    int64_t t1 = ddp_now_ns();
+    DDP_CHECK(finish_gradients(t, ei));
+    t->compute_ms = (double)(t1 - t0) / 1e6;
+
+    /* The step commits here: every rank's gradients arrived (the reducer and the embedding
+     * slots are complete), and the vote carries the losses, whether any rank was asked to stop
+     * (all stop together) or to regroup (all leave the generation after this step), and how
+     * many checkpoint writers have their shards durable / failed. Past it a rank applies the
+     * update without talking to the others (the elastic world never shards it), so a failure
+     * before it leaves every survivor at the previous step, to redo the step. */
+    step_vote_t v = {.loss_sum = loss_sum, .stop = t->stop_requested,
+                     .regroup = t->elastic && ddp_elastic_regroup_wanted(t->elastic)};
+    DDP_CHECK(step_vote(t, &v, ei));
+    note_stragglers(t, v.rank_ms);
+
+    double norm = 0;
+    DDP_CHECK(update(t, &norm, ei));
+    account_step(t, &v, norm, loss);
+    return end_step(t, ei);
+}

@@ -1,0 +1,175 @@
+/* Bucketed, overlapped gradient all-reduce (see reducer.h). */
+#include "worker/sync/reducer.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/clock.h"
+#include "common/trace.h"
+
+/* A norm block never straddles two ranks' slices. */
+_Static_assert(DDP_COLL_SLICE_ELEMS % DDP_NORM_BLOCK == 0, "slices must hold whole norm blocks");
+
+static size_t blocks_of(size_t n) { return (n + DDP_NORM_BLOCK - 1) / DDP_NORM_BLOCK; }
+
+int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
+                     size_t n, double first_bucket_mb, double bucket_mb, int overlap,
+                     int scatter)
+{
+    memset(r, 0, sizeof *r);
+    r->comm = comm;
+    r->k = k;
+    r->arena = arena;
+    r->n = n;
+    r->overlap = overlap;
+    r->scatter = scatter && comm;
+    size_t first = (size_t)(first_bucket_mb * 1048576.0 / sizeof(float));
+    size_t rest = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
+    if (first == 0) first = 1;
+    if (rest == 0) rest = 1;
+    int count = 0;
+    for (size_t end = 0; end < n; count++) end += count == 0 ? first : rest;
+    r->bucket_end = ddp_calloc((size_t)count + 1, sizeof *r->bucket_end);
+    r->reqs = ddp_calloc((size_t)count + 1, sizeof *r->reqs);
+    r->times = ddp_calloc((size_t)count + 1, sizeof *r->times);
+    r->parts = ddp_calloc((size_t)count + 1, sizeof *r->parts);
+    r->gathers = ddp_calloc(3 * (size_t)count + 1, sizeof *r->gathers);
+    if (!r->bucket_end || !r->reqs || !r->times || !r->parts || !r->gathers) {
+        ddp_reducer_close(r);
+        return DDP_ENOMEM;
+    }
+    size_t end = 0;
+    for (int b = 0; b < count; b++) {
+        end += b == 0 ? first : rest;
+        r->bucket_end[b] = end < n ? end : n;
+    }
+    r->n_buckets = count;
+    for (int b = 0; b < count; b++) {
+        size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin, lo = 0,
+               hi = len;
+        if (r->scatter) ddp_coll_slice(len, ddp_coll_size(comm), ddp_coll_rank(comm), &lo, &hi);
+        r->parts[b] = (ddp_arena_part_t){begin + lo, begin + hi,
+                                         r->n_norm_blocks + lo / DDP_NORM_BLOCK};
+        r->n_norm_blocks += blocks_of(len);
+    }
+    ddp_trace_note("buckets", count); /* a trace shows every bucket of a step */
+    return 0;
+}
+
+void ddp_reducer_close(ddp_reducer_t *r)
+{
+    if (!r) return;
+    free(r->bucket_end);
+    free(r->reqs);
+    free(r->times);
+    free(r->parts);
+    free(r->gathers);
+    memset(r, 0, sizeof *r);
+}
+
+void ddp_reducer_begin(ddp_reducer_t *r, const float *acc)
+{
+    r->acc = acc;
+    r->ready_upto = 0;
+    r->next = 0;
+    memset(r->times, 0, (size_t)r->n_buckets * sizeof *r->times);
+}
+
+/* Adds acc into the newly final part of the arena and starts complete buckets. */
+static int advance(ddp_reducer_t *r, size_t done, int submit)
+{
+    if (done > r->n) done = r->n;
+    if (done > r->ready_upto) {
+        if (r->acc)
+            ddp_k_add(r->k, r->arena + r->ready_upto, r->acc + r->ready_upto,
+                      done - r->ready_upto);
+        r->ready_upto = done;
+    }
+    int64_t now = ddp_now_ns();
+    for (int b = r->next; b < r->n_buckets && r->bucket_end[b] <= done; b++)
+        if (!r->times[b].ready) r->times[b].ready = now;
+    if (!submit) return 0;
+    /* the adds above (and backward's last writes) are queued on the compute stream: the
+     * all-reduces run on the communicator's stream, after them (issue 24, finding 1) */
+    if (r->next < r->n_buckets && r->bucket_end[r->next] <= done)
+        DDP_CHECK(ddp_reducer_after_compute(r->comm, r->k));
+    while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
+        int b = r->next;
+        size_t begin = b ? r->bucket_end[b - 1] : 0;
+        size_t len = r->bucket_end[b] - begin;
+        DDP_CHECK(r->scatter ? ddp_coll_reduce_scatter(r->comm, r->arena + begin, len, DDP_DT_F32,
+                                                       DDP_OP_SUM, &r->reqs[b])
+                             : ddp_coll_allreduce(r->comm, r->arena + begin, len, DDP_DT_F32,
+                                                  DDP_OP_SUM, &r->reqs[b]));
+        r->next++;
+    }
+    return 0;
+}
+
+int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k)
+{
+    if (!comm) return 0;
+    void *ev = NULL;
+    DDP_CHECK(ddp_k_record_event(k, &ev));
+    return ddp_coll_wait_event(comm, ev);
+}
+
+int ddp_reducer_ready(ddp_reducer_t *r, size_t done)
+{
+    return advance(r, done, r->overlap && r->comm);
+}
+
+int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei)
+{
+    r->backward_end = ddp_now_ns();
+    int rc = advance(r, r->n, r->comm != NULL);
+    int64_t wait_begin = ddp_now_ns();
+    for (int b = 0; b < r->next; b++) {
+        int one = ddp_coll_wait_timed(r->reqs[b], 0, &r->times[b].start, &r->times[b].end, ei);
+        r->reqs[b] = NULL;
+        if (one && !rc) rc = one;
+    }
+    int64_t wait_end = ddp_now_ns();
+    /* each bucket's collective on the communication thread, and the exposed wait */
+    for (int b = 0; b < r->next; b++)
+        ddp_trace_span(DDP_TRACE_COMM, r->times[b].start, r->times[b].end, "%s bucket %d (%.2f MB)",
+                       r->scatter ? "reduce-scatter" : "all-reduce", b,
+                       (double)(r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0)) * 4 / 1e6);
+    ddp_trace_span(DDP_TRACE_COMPUTE, wait_begin, wait_end, "wait for communication");
+    if (stats) {
+        /* Busy time of the communication thread over the step's buckets: the union of their
+         * [start, end) intervals (they run one after another). */
+        int64_t busy = 0, last_end = 0;
+        for (int b = 0; b < r->next; b++) {
+            int64_t s = r->times[b].start > last_end ? r->times[b].start : last_end;
+            if (r->times[b].end > s) busy += r->times[b].end - s;
+            if (r->times[b].end > last_end) last_end = r->times[b].end;
+        }
+        stats->comm_ms = (double)busy / 1e6;
+        stats->exposed_ms = (double)(wait_end - wait_begin) / 1e6;
+        stats->hidden = busy > 0 ? 1.0 - (double)(wait_end - wait_begin) / (double)busy : 1.0;
+        if (stats->hidden < 0) stats->hidden = 0;
+    }
+    return rc;
+}
+
+int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)
+{
+    size_t begin = b ? r->bucket_end[b - 1] : 0;
+    if (r->n_gathers >= 3 * r->n_buckets) return DDP_EINVAL;
+    return ddp_coll_allgather(r->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
+                              &r->gathers[r->n_gathers++]);
+}
+
+int ddp_reducer_gather_wait(ddp_reducer_t *r, ddp_errinfo_t *ei)
+{
+    int rc = 0;
+    for (int i = 0; i < r->n_gathers; i++) {
+        int one = ddp_coll_wait(r->gathers[i], 0, ei); /* NULL (submit failed) returns 0 */
+        r->gathers[i] = NULL;
+        if (one && !rc) rc = one;
+    }
+    r->n_gathers = 0;
+    return rc;
+}

@@ -1,0 +1,202 @@
+/* The training loop of one rank: data, forward/backward per micro-step, gradient
+ * accumulation, clipping, AdamW, validation, logging, sampling.
+ *
+ * Gradient accumulation keeps the design's bitwise contract: each micro-step's backward
+ * writes a fresh gradient arena; micro-steps 0..A-2 are summed into `acc` in order, and the last
+ * micro-step's gradient is then added to it, so the arena holds g0 + g1 + ... in micro-step
+ * order. The average is that sum times 1/(A W), applied inside the optimizer.
+ *
+ * Implemented by phase (worker/train_int.h): train_setup.c (init, close), train_generation.c
+ * (joining and leaving a world, the state transfer), train_step.c (one step), train_validate.c;
+ * and run.c (the loop), step_log.c, sample.c, memory_check.c.
+ */
+#ifndef DDP_WORKER_TRAIN_H
+#define DDP_WORKER_TRAIN_H
+
+#include <signal.h>
+#include <stdio.h>
+
+#include "collectives/coll.h"
+#include "collectives/elastic.h"
+#include "common/rng.h"
+#include "kernels/kernels.h"
+#include "proto/spec.h"
+#include "worker/data/loader.h"
+#include "worker/model/model.h"
+#include "worker/optim/loss_scale.h"
+#include "worker/observe/metrics_sink.h"
+#include "worker/optim/adamw.h"
+#include "worker/observe/profile.h"
+#include "worker/sync/reducer.h"
+#include "worker/data/run_tokenizer.h"
+#include "worker/sync/transfer.h"
+#include "worker/sync/straggler.h"
+#include "worker/saving/saving.h"
+#include "worker/optim/zero1.h"
+
+/* What the environment says about this rank, read once where the spec is loaded (worker/main.c's
+ * read_env), never in the step. Zeros: one rank on this host, no elastic coordinator. (The test
+ * hooks are read there too, into common/test_hook.h's table. The environment rendezvous,
+ * DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV, is read by its bootstrap, collectives/bootstrap_env.c.) */
+typedef struct ddp_train_env {
+    int local_rank;  /* DDP_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK or SLURM_LOCALID: the GPU */
+    int local_world; /* DDP_LOCAL_WORLD_SIZE or OMPI_COMM_WORLD_LOCAL_SIZE; 0: unknown (1) */
+    int elastic;     /* DDP_ELASTIC=1: the first generation comes from the coordinator at rdzv */
+    /* The world a launcher gave (main.c's read_env says which variables): world_size 0 or 1 is
+     * a world of one; else `rank` of world_size meet at rdzv, authenticated by job_token. */
+    int world_size, rank;
+    long generation;              /* DDP_GENERATION: a relaunched world's number */
+    const char *rdzv, *job_token; /* host:port of rank 0's rendezvous; its token */
+    const char *launcher;         /* "ddpd" or "torchrun" (the convention), for the log */
+    int rank_hint;   /* DDP_RANK (elastic: orders the first generation only) */
+    double rdzv_timeout_s; /* DDP_RDZV_TIMEOUT_S; 0: the default */
+    char rdzv_buf[300], token_buf[320]; /* storage when rdzv and job_token are composed */
+} ddp_train_env_t;
+
+typedef struct ddp_train_opts {
+    const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
+    const char *dump_weights; /* write the final parameter arena (raw fp32) here; NULL = no */
+    const char *backend;      /* kernel backend name ("auto") */
+    int rank, world;          /* filled in by ddp_trainer_init from the bootstrap */
+    int quiet;                /* no step lines (tests) */
+    int no_resume;            /* ignore checkpoints already in checkpoint.dir */
+    long resume_step;         /* > 0: resume from exactly step-N; 0: the newest that verifies */
+    long stop_at_step;        /* > 0: stop (and checkpoint) once this many steps are done */
+    ddp_train_env_t env;      /* what the environment says (zeros: nothing) */
+} ddp_train_opts_t;
+
+typedef struct ddp_trainer {
+    ddp_spec_t spec;
+    ddp_train_opts_t opts;
+    ddp_kernels_t k;
+    ddp_kprec_t prec;         /* train.precision as resolved on this backend (loss_scale.h) */
+    ddp_lscale_t lscale;      /* fp16's loss scale (saved in checkpoints) */
+    int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
+    ddp_model_t model;
+    ddp_adamw_t opt;
+    ddp_dataset_t train_set, val_set;
+    int have_val;
+    ddp_loader_t loader;
+    ddp_coll_t *comm;         /* NULL in a world of one */
+    ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
+                               * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
+    uint64_t parent_gen;      /* its generation */
+    ddp_elastic_t *elastic;   /* the coordinator's connection (DDP_ELASTIC=1), else NULL */
+    ddp_elastic_gen_t gen;    /* elastic: the generation this rank is in */
+    int regroup;              /* some rank must leave the generation: all do after this step */
+    int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
+    long logged_step;         /* highest step written to metrics.jsonl */
+    int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
+    float *vote;              /* the step's small all-reduce (train_step.c step_vote) */
+    ddp_xfer_t xfer;          /* elastic: a state transfer planned (overlapped with a step) */
+    int deal_rank, deal_world; /* this rank's share of a step's micro-batches
+                                * (train_generation.c set_deal) */
+    ddp_straggler_t stragglers;
+    int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
+    ddp_reducer_t reducer;
+    ddp_reducer_stats_t comm_stats; /* of the last step */
+    double compute_ms;        /* forward + backward of the last step */
+    double optim_ms;          /* gradient norm + optimizer update of the last step */
+    int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
+    int ready_rc;             /* first error from the reducer inside backward */
+    int stop_requested;       /* this rank was asked to stop (signal) */
+    int any_stop;             /* some rank was: every rank stops after this step */
+    ddp_rng_t rng;
+    int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
+    float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
+    float *emb;       /* embedding-gradient slots, n_micro of them (device; train_embedding.c) */
+    /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
+     * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
+    float *weights, *grads;
+    ddp_sharded_t zero; /* ZeRO-1: the sharded step's moments (train_sharded.h) */
+    int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
+    float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
+    size_t emb_bytes;
+    float *emb_tokens_f;  /* host staging: the n_micro slots' tokens as floats (a world of one
+                           * keeps its own there) */
+    int32_t *emb_tokens;  /* and as token ids */
+    long step;        /* optimizer steps completed */
+    uint64_t tokens;  /* tokens trained on, all ranks */
+    ddp_metrics_sink_t *metrics; /* rank 0's metrics.jsonl (+ TensorBoard), or NULL */
+    float last_loss, last_val_loss;
+    int skipped_steps;        /* updates skipped for a non-finite gradient */
+    int skipped_in_a_row;
+    double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
+    double last_step_ms; /* wall time of the last step */
+    double last_micro_ms; /* its forward + backward per micro-batch (0: computed none) */
+    int last_step_world;  /* its world */
+    ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
+    int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
+    ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
+    ddp_run_tok_t *tok;    /* data.tokenizer, or NULL (worker/run_tokenizer.h) */
+} ddp_trainer_t;
+
+/* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
+ * DDP_RDZV forms; else DDP_RANK/DDP_WORLD_SIZE/DDP_RDZV/DDP_JOB_TOKEN; else a world of one),
+ * opens the kernel backend, builds the model (rank 0's initial weights are broadcast to all, or
+ * model.init_from's), the optimizer and the reducer, resumes from the newest verified checkpoint
+ * in checkpoint.dir (unless opts says otherwise), opens the data and starts the loader. On
+ * failure returns a negative code with ei describing it (which file, which field). */
+int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
+                     ddp_errinfo_t *ei);
+/* Elastic: leaves the current generation: stops the loader, releases the reducer, the
+ * collective memory and the communicator; weights, moments, step and RNG stay. */
+void ddp_trainer_leave_world(ddp_trainer_t *t);
+/* Elastic: joins the next generation (blocking until the coordinator forms it) with the state
+ * this rank holds, rebuilds what depends on the world (communicator, gradient arena, the deal of
+ * micro-batches, reducer, loader, metrics file, checkpoint writer) and, when some rank is
+ * behind, plans the state transfer that the next step carries (state_transfer.h). *st gets
+ * what each part cost. */
+typedef struct ddp_regroup_stats {
+    double form_ms;   /* waiting for the coordinator to form the generation */
+    double comm_ms;   /* the new communicator's set-up */
+    double attach_ms; /* collective memory, reducer, loader, checkpoint writer */
+    double state_ms;  /* planning a state transfer (and, with ddp.state_transfer: pause, the
+                       * transfer and the replica check) */
+    int receivers;    /* ranks that took the source's state */
+    int shrunk;       /* the communicator is the last generation's, shrunk (NCCL) */
+} ddp_regroup_stats_t;
+int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
+/* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation
+ * or the job was ended): the state this rank holds is sound. */
+int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc);
+/* Whether rc ended only the current generation: such a failure, in an elastic job that the
+ * coordinator still runs. */
+int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);
+/* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
+void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
+/* Collective: every rank's parameters are bitwise rank 0's (worker/replicas.h), else
+ * DDP_EMISMATCH naming where they differ. */
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
+/* The trainer's position now, for its checkpoints. */
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos);
+
+/* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
+ * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and
+ * at the end (also when stopped). Elastic: a failed generation is left and the next joined,
+ * redoing the interrupted step (worker/run.c). Returns 0 or the first error. */
+int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
+/* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
+int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
+/* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
+int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
+/* Samples n tokens after a start token with the trainer's rng and writes them to out: decoded
+ * through data.tokenizer when there is one (starting from its BOS, when it names one; an id past
+ * its vocabulary is written as "[id]"), else as bytes for vocab 256, else as token ids. The
+ * start token without a tokenizer's BOS: newline for vocab 256, else vocab_size - 1. */
+int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
+/* Frees everything. NULL-safe. */
+void ddp_trainer_close(ddp_trainer_t *t);
+
+/* memory_check.c: plans this rank's memory for the spec and the world (worker/memory_budget.h),
+ * logs the plan (unless quiet) and fails with DDP_ESPEC and advice in ei when it cannot fit
+ * train.memory_limit. Called by init before the model is allocated. */
+int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei);
+/* Logs this process's peak RSS beside the budget's total (unless quiet). */
+void ddp_trainer_log_peak_memory(const ddp_trainer_t *t);
+/* Logs how much of the optimizer's moments is resident in memory (mincore; the CPU only, unless
+ * quiet): with a sharded step, this rank's slices. Called after this process's first update that
+ * did not gather them for a save. */
+void ddp_trainer_log_moments(const ddp_trainer_t *t);
+
+#endif

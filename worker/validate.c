@@ -1,0 +1,29 @@
+/* Validation (see train.h): the mean loss over spec.val_batches held-out micro-batches, split
+ * over the ranks. Collective. */
+#include "worker/trainer_int.h"
+
+#include <stdlib.h>
+
+#include "common/alloc.h"
+
+int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
+{
+    int B = t->spec.micro_batch, T = t->spec.seq_len;
+    size_t n = (size_t)B * T;
+    int32_t *in = ddp_malloc(n * sizeof *in), *tg = ddp_malloc(n * sizeof *tg);
+    int rc = (in && tg) ? 0 : DDP_ENOMEM;
+    /* rank r evaluates batches r, r + W, ...; the sums and counts are then added up */
+    float sums[2] = {0, 0};
+    for (int b = t->opts.rank; rc == 0 && b < t->spec.val_batches; b += t->opts.world) {
+        float l = 0;
+        rc = ddp_dataset_fill(&t->val_set, (uint64_t)b * B, B, 0, in, tg, ei);
+        if (rc == 0) rc = ddp_model_evaluate(&t->model, in, tg, B, T, &l);
+        sums[0] += l;
+        sums[1] += 1;
+    }
+    free(in);
+    free(tg);
+    if (rc == 0) rc = ddp__trainer_allreduce_small(t, sums, 2, DDP_OP_SUM, ei);
+    if (rc == 0) *loss = t->last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
+    return rc;
+}
