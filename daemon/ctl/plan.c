@@ -9,7 +9,7 @@
 #include "kernels/kernels.h"
 #include "proto/hf_config.h"
 #include "proto/spec.h"
-#include "worker/memory_budget.h"
+#include "worker/budget/memory_budget.h"
 
 int ddpctl_plan(int argc, char **argv)
 {

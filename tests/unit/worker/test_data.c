@@ -13,8 +13,8 @@
 
 #include <cmocka.h>
 
-#include "worker/data.h"
-#include "worker/optim.h"
+#include "worker/data/loader.h"
+#include "worker/optim/adamw.h"
 
 #define T 8
 #define N_TOKENS 4001 /* 500 windows of 8 (+1) tokens */

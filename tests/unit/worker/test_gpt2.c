@@ -17,9 +17,9 @@
 #include <cmocka.h>
 
 #include "common/crc32c.h"
-#include "worker/model.h"
-#include "worker/loss_scale.h"
-#include "worker/optim.h"
+#include "worker/model/model.h"
+#include "worker/optim/loss_scale.h"
+#include "worker/optim/adamw.h"
 #include "ref_fixture.h"
 
 typedef struct {

@@ -29,8 +29,8 @@
 #include "common/log.h"
 #include "tests/sim/simdev.h"
 #include "kernels/kernels.h"
-#include "worker/reducer.h"
-#include "worker/train_sharded.h"
+#include "worker/sync/reducer.h"
+#include "worker/optim/zero1.h"
 
 #define NR 2
 

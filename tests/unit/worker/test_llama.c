@@ -21,9 +21,9 @@
 
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
-#include "worker/export.h"
-#include "worker/model.h"
-#include "worker/optim.h"
+#include "worker/model/export.h"
+#include "worker/model/model.h"
+#include "worker/optim/adamw.h"
 #include "ref_fixture.h"
 
 typedef struct {

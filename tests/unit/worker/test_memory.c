@@ -18,8 +18,8 @@
 #include <cmocka.h>
 
 #include "common/rng.h"
-#include "worker/model.h"
-#include "worker/memory_budget.h"
+#include "worker/model/model.h"
+#include "worker/budget/memory_budget.h"
 
 static const ddp_model_cfg_t CFG = {.n_layer = 3, .n_head = 4, .n_embd = 64, .vocab_size = 96,
                                     .block_size = 32};

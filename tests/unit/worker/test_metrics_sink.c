@@ -29,8 +29,8 @@
 
 #include "common/crc32c.h"
 #include "common/log.h"
-#include "worker/metrics_sink.h"
-#include "worker/tb_events.h"
+#include "worker/observe/metrics_sink.h"
+#include "worker/observe/tb_events.h"
 
 static char dir[64], path[128];
 

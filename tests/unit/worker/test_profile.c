@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <unistd.h>
 
-#include "worker/profile.h"
+#include "worker/observe/profile.h"
 
 static void expect_plan(long n, long done, long end, long from, long to, long warmup)
 {

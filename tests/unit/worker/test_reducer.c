@@ -15,7 +15,7 @@
 
 #include "collectives/coll.h"
 #include "common/clock.h"
-#include "worker/reducer.h"
+#include "worker/sync/reducer.h"
 
 #define RANKS 2
 #define N (3u << 18)      /* 3 MiB of floats: small, so even an instrumented (TSan) ring's

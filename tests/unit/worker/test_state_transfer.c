@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "worker/state_transfer.h"
+#include "worker/sync/transfer.h"
 
 #define MB (1000.0 * 1000.0)
 

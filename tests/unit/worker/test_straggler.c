@@ -6,7 +6,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "worker/straggler.h"
+#include "worker/sync/straggler.h"
 
 static void test_named_after_steps_in_a_row(void **state)
 {

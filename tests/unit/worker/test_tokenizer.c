@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "worker/tokenizer.h"
+#include "worker/data/tokenizer.h"
 
 static char dir[64];
 static char path[128];

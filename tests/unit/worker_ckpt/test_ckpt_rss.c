@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "worker/train.h"
+#include "worker/trainer.h"
 #include "tests/unit/proc_status.h"
 #include "wc_testutil.h"
 

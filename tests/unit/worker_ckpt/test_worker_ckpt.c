@@ -14,8 +14,8 @@
 #include <cmocka.h>
 
 #include "proto/hf_config.h"
-#include "worker/train_checkpoint.h"
-#include "worker/train.h"
+#include "worker/saving/saving.h"
+#include "worker/trainer.h"
 #include "wc_testutil.h"
 
 
