@@ -23,11 +23,11 @@
 /* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
 static int open_metrics(ddp_trainer_t *t)
 {
-    if (t->opts.rank != 0 && t->metrics) {
+    if (t->world.rank != 0 && t->metrics) {
         ddp_metrics_sink_close(t->metrics);
         t->metrics = NULL;
     }
-    if (!t->opts.run_dir || t->opts.rank != 0 || t->metrics) return 0;
+    if (!t->opts.run_dir || t->world.rank != 0 || t->metrics) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
         DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
         return -errno;
@@ -64,8 +64,9 @@ static int coll_h2d(void *k, void *dst, const void *src, size_t bytes)
 /* Forms the communicator of bs (none in a world of one); bs is freed. */
 int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errinfo_t *ei)
 {
-    t->opts.rank = bs->rank;
-    t->opts.world = bs->size;
+    t->world.rank = bs->rank;
+    t->world.size = bs->size;
+    t->world.generation = t->gen.gen;
     int rc = 0;
     if (bs->size > 1) {
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
@@ -90,45 +91,21 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
                                  "buffers staged through host memory)",
                                  t->opts.env.local_world, gpus, gpus == 1 ? "" : "s");
         else
-            rc = ddp_coll_new(bs, &copts, &t->comm, ei);
+            rc = ddp_coll_new(bs, &copts, &t->world.comm, ei);
     }
     ddp_coll_free(t->parent_comm);
     t->parent_comm = NULL;
     ddp_coll_bootstrap_free(bs);
-    if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->comm);
-    ddp_log_set_rank(t->opts.world > 1 ? t->opts.rank : -1);
+    if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->world.comm);
+    ddp_log_set_rank(t->world.size > 1 ? t->world.rank : -1);
     return rc;
-}
-
-/* Buffers that are all-reduced in place: collective memory on the CPU (shared by the ranks of one
- * host, where the all-reduce reads and writes every rank's copy directly instead of streaming it
- * through the ring: see ddp_coll_mem_alloc), the kernels' memory otherwise (device memory for
- * NCCL). *out is zeroed. */
-int ddp__trainer_uses_coll_mem(const ddp_trainer_t *t)
-{
-    return t->comm && ddp_k_host_memory(&t->k);
-}
-
-int ddp__trainer_alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei)
-{
-    if (ddp__trainer_uses_coll_mem(t)) return ddp_coll_mem_alloc(t->comm, bytes, (void **)out, ei);
-    DDP_CHECK(ddp_k_alloc(&t->k, (void **)out, bytes));
-    return ddp_k_memset0(&t->k, *out, bytes);
-}
-
-void ddp__trainer_free_reduced(ddp_trainer_t *t, float *p)
-{
-    if (ddp__trainer_uses_coll_mem(t))
-        ddp_coll_mem_free(t->comm, p);
-    else
-        ddp_k_free(&t->k, p);
 }
 
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     /* test hook: this rank's check may see a flipped bit */
-    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->step, t->opts.rank) ? t->opts.rank : -1;
-    return ddp_replicas_check(t->comm, &t->model, flip, ei);
+    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->step, t->world.rank) ? t->world.rank : -1;
+    return ddp_replicas_check(t->world.comm, &t->model, flip, ei);
 }
 
 /* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
@@ -154,24 +131,26 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
     size_t bytes = t->model.n_params * sizeof(float);
-    if (ddp__trainer_uses_coll_mem(t) && !t->grads) {
-        DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->grads, ei));
+    if (ddp_world_uses_coll_mem(&t->world) && !t->grads) {
+        DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->grads, ei));
         DDP_CHECK(ddp_model_set_grads(&t->model, t->grads));
-    } else if (!ddp__trainer_uses_coll_mem(t) && t->model.borrowed_g && !t->grads) {
+    } else if (!ddp_world_uses_coll_mem(&t->world) && t->model.borrowed_g && !t->grads) {
         DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
     t->emb_bytes = (size_t)t->n_micro * ddp__trainer_emb_slot_floats(t) * sizeof(float);
-    DDP_CHECK(ddp__trainer_alloc_reduced(t, t->emb_bytes, &t->emb, ei));
-    DDP_CHECK(ddp_reducer_init(&t->reducer, t->comm, &t->k, t->model.g, t->model.n_params,
-                               s->first_bucket_mb, s->bucket_mb, s->overlap, t->zero.on));
-    ddp_sharded_attach(&t->zero, t->comm, &t->reducer, t->model.w, t->opts.rank, t->opts.world);
+    DDP_CHECK(ddp_world_alloc_reduced(&t->world, t->emb_bytes, &t->emb, ei));
+    ddp_reducer_cfg_t rcfg = {.world = &t->world, .arena = t->model.g, .n = t->model.n_params,
+                              .first_bucket_mb = s->first_bucket_mb, .bucket_mb = s->bucket_mb,
+                              .overlap = s->overlap, .zero1 = t->zero1.on};
+    DDP_CHECK(ddp_reducer_init(&t->reducer, &rcfg));
+    ddp_zero1_attach(&t->zero1, &t->reducer, t->model.w);
     t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
     if (!t->norm_sums) return DDP_ENOMEM;
-    DDP_CHECK(set_deal(t, t->opts.rank, t->opts.world));
+    DDP_CHECK(set_deal(t, t->world.rank, t->world.size));
     free(t->vote);
-    t->vote = ddp_calloc(ddp__trainer_vote_floats(t->opts.world), sizeof *t->vote);
+    t->vote = ddp_calloc(ddp__trainer_vote_floats(t->world.size), sizeof *t->vote);
     if (!t->vote) return DDP_ENOMEM;
-    DDP_CHECK(ddp_straggler_init(&t->stragglers, t->opts.world));
+    DDP_CHECK(ddp_straggler_init(&t->stragglers, t->world.size));
     return open_metrics(t);
 }
 
@@ -183,27 +162,19 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     free(t->norm_sums);
     t->norm_sums = NULL;
-    if (t->emb) ddp__trainer_free_reduced(t, t->emb);
+    if (t->emb) ddp_world_free_reduced(&t->world, t->emb);
     t->emb = NULL;
-    if (t->grads) ddp__trainer_free_reduced(t, t->grads); /* the model's is replaced on attach */
+    if (t->grads) ddp_world_free_reduced(&t->world, t->grads); /* the model's is replaced on attach */
     t->grads = NULL;
     ddp_coll_free(t->parent_comm);
     t->parent_comm = NULL;
-    if (ddp_coll_shrinks(t->comm)) { /* open_comm frees it, shrunk or not */
-        t->parent_comm = t->comm;
+    if (ddp_coll_shrinks(t->world.comm)) { /* open_comm frees it, shrunk or not */
+        t->parent_comm = t->world.comm;
         t->parent_gen = t->gen.gen;
     } else {
-        ddp_coll_free(t->comm);
+        ddp_coll_free(t->world.comm);
     }
-    t->comm = NULL;
-}
-
-/* The model asks between blocks: a failed communicator stops the pass (the failure is known at
- * once, from a dead peer's link or the coordinator's notice), and the step with it. */
-int ddp__trainer_comm_failed_now(void *arg)
-{
-    const ddp_trainer_t *t = arg;
-    return t->comm && ddp_coll_status(t->comm) != 0;
+    t->world.comm = NULL;
 }
 
 /* The trainer's counters for a state transfer (state_transfer.h), and back. */
@@ -235,22 +206,12 @@ static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
     memcpy(t->rng.s, h->rng, sizeof h->rng);
 }
 
-/* Reduces small per-step values over the ranks with op (in place; callers sum). */
-int ddp__trainer_allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
-                           ddp_errinfo_t *ei)
-{
-    if (!t->comm) return 0;
-    ddp_coll_req_t *req;
-    DDP_CHECK(ddp_coll_allreduce(t->comm, vals, (size_t)n, DDP_DT_F32, op, &req));
-    return ddp_coll_wait(req, 0, ei);
-}
-
 /* Queues the transfers of the weights and both moments (state_transfer.h). */
 int ddp__trainer_start_transfer(ddp_trainer_t *t)
 {
     float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
-    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k)); /* the last update wrote them */
-    return ddp_xfer_start(&t->xfer, t->comm, arenas, 3, t->model.n_params);
+    DDP_CHECK(ddp_world_after_compute(&t->world)); /* the last update wrote them */
+    return ddp_xfer_start(&t->xfer, t->world.comm, arenas, 3, t->model.n_params);
 }
 
 /* After a state transfer (pause: before the step; overlap: after the update of the step that
@@ -262,7 +223,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     ddp_xfer_t *x = &t->xfer;
     DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
-    DDP_CHECK(ddp__trainer_allreduce_small(t, &ms, 1, DDP_OP_SUM, ei));
+    DDP_CHECK(ddp_world_allreduce(&t->world, &ms, 1, DDP_OP_SUM, ei));
     long state_step = x->overlap ? t->step - 1 : t->step; /* whose state travelled */
     if (x->receiving) {
         t->has_state = 1;
@@ -272,7 +233,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
                                  t->step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
                  "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
-                 t->opts.rank, t->opts.world, state_step, x->first_root, x->bytes / 1e6, x->ms,
+                 t->world.rank, t->world.size, state_step, x->first_root, x->bytes / 1e6, x->ms,
                  x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
     }
     if (t->metrics) {
@@ -291,7 +252,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     int overlapped = x->overlap;
     ddp_xfer_clear(x);
-    return overlapped ? set_deal(t, t->opts.rank, t->opts.world) : 0;
+    return overlapped ? set_deal(t, t->world.rank, t->world.size) : 0;
 }
 
 /* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
@@ -301,7 +262,7 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
 {
     ddp_xfer_t *x = &t->xfer;
     ddp_xfer_header_t h = header_of(t);
-    DDP_CHECK(ddp_xfer_plan(x, t->comm, t->gen.source, t->has_state, t->spec.state_transfer,
+    DDP_CHECK(ddp_xfer_plan(x, t->world.comm, t->gen.source, t->has_state, t->spec.state_transfer,
                             t->model.n_params, t->n_micro, &h, ei));
     *receivers = x->n_receivers;
     if (!x->active) return 0;
@@ -315,15 +276,9 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
     return ddp__trainer_finish_transfer(t, ei);
 }
 
-int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc)
-{
-    return rc == DDP_EPEER || rc == DDP_ETIMEDOUT || rc == DDP_EABORTED || rc == DDP_ECLOSED ||
-           (t->comm && ddp_coll_status(t->comm) != 0);
-}
-
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc)
 {
-    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && ddp_trainer_comm_failed(t, rc);
+    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && ddp_world_comm_error(&t->world, rc);
 }
 
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
@@ -335,12 +290,12 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->step : -1, &t->gen, &bs, ei));
     int64_t t1 = ddp_now_ns();
     DDP_CHECK(ddp__trainer_open_comm(t, bs, ei));
-    if (t->n_micro < t->opts.world)
+    if (t->n_micro < t->world.size)
         return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
-                               "%d micro-batches", (unsigned long long)t->gen.gen, t->opts.world,
+                               "%d micro-batches", (unsigned long long)t->gen.gen, t->world.size,
                                t->n_micro);
     int64_t t2 = ddp_now_ns();
-    st->shrunk = ddp_coll_shrunk(t->comm);
+    st->shrunk = ddp_coll_shrunk(t->world.comm);
     DDP_CHECK(ddp__trainer_attach_world(t, ei));
     ddp_tckpt_run_t view;
     ddp__trainer_checkpoint_view(t, &view);

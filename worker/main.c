@@ -425,9 +425,9 @@ static int worker_main(int argc, char **argv)
         return rc == DDP_ESPEC ? 2 : 1;
     }
     rc = ddp_trainer_run(&t, &stop_requested, &ei);
-    if (rc == 0 && opts.dump_weights && t.opts.rank == 0)
+    if (rc == 0 && opts.dump_weights && t.world.rank == 0)
         rc = ddp_model_export(&t.model, opts.dump_weights, &ei);
-    if (rc == 0 && !t.any_stop && t.opts.rank == 0 && spec.sample_tokens > 0) {
+    if (rc == 0 && !t.any_stop && t.world.rank == 0 && spec.sample_tokens > 0) {
         printf("--- sample (%d tokens) ---\n", spec.sample_tokens);
         rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
         fflush(stdout);

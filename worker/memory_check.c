@@ -34,7 +34,7 @@ static int local_ranks(const ddp_trainer_t *t, int world)
 int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     ddp_mem_budget_t b;
-    int world = t->opts.world, on_gpu = ddp_k_gpu_memory(&t->k);
+    int world = t->world.size, on_gpu = ddp_k_gpu_memory(&t->k);
     const char *why;
     /* native bf16 matters only to a run that may use it; probing loads oneDNN, which an fp32
      * run would then carry */
@@ -43,10 +43,10 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
                 : bf16 && ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
                                                                            : DDP_MEM_CPU;
     /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
-    int64_t extra = t->opts.dump_weights && t->opts.rank == 0
+    int64_t extra = t->opts.dump_weights && t->world.rank == 0
                         ? (int64_t)ddp_model_count_params(&t->spec.model) * 4
                         : 0;
-    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->opts.rank, where,
+    if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->world.rank, where,
                             gpu_bytes(t), extra, &b))
         return 0; /* nothing to plan without a model (init_from resolves it first) */
     t->mem_budget = b.total;
@@ -100,5 +100,5 @@ void ddp_trainer_log_moments(const ddp_trainer_t *t)
         DDP_INFO("optimizer moments resident after step %ld: %s of %s (%lld KiB)%s", t->step,
                  ddp_mem_fmt(m + v, res, sizeof res),
                  ddp_mem_fmt(2 * (int64_t)bytes, all, sizeof all), (m + v) / 1024,
-                 t->zero.on ? ", sharded: this rank's slices" : "");
+                 t->zero1.on ? ", sharded: this rank's slices" : "");
 }

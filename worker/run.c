@@ -25,14 +25,14 @@
  * run can do so on one host, where every rank's slices of the moments are readable. */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!ddp_trainer_comm_failed(t, rc) || !t->has_state) return rc; /* a receiver has none */
+    if (!ddp_world_comm_error(&t->world, rc) || !t->has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
     ddp_tckpt_pos_t pos;
     ddp_trainer_position(t, &pos);
     /* sharded on one host: the dead rank's slices of the moments are still in its shared
      * memory, which this process maps */
-    int whole = t->ckpt && ddp_sharded_from_peers(&t->zero);
+    int whole = t->ckpt && ddp_zero1_from_peers(&t->zero1);
     if (ddp_tckpt_emergency_save(t->ckpt, &pos, whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
@@ -60,17 +60,17 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     /* the window pauses before the step's line (and closes after the last profiled step) */
     DDP_CHECK(ddp_profile_after_step(&t->profile, &t->k, t->step, ms, t->comm_stats.comm_ms,
-                                     t->comm_stats.exposed_ms, t->opts.run_dir, t->opts.rank));
+                                     t->comm_stats.exposed_ms, t->opts.run_dir, t->world.rank));
     ddp_trainer_log_step(t, loss, ms);
     /* limits.log_bytes also covers what libraries and stdio wrote straight to fds 1 and 2, which
      * ddp_log cannot count: one fstat a step (common/log.h) */
     ddp_log_check_limit();
-    if (t->comm && s->check_every > 0 && t->step % s->check_every == 0)
+    if (t->world.comm && s->check_every > 0 && t->step % s->check_every == 0)
         DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
         float vl = 0;
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
-        if (t->opts.rank == 0 && !t->opts.quiet)
+        if (t->world.rank == 0 && !t->opts.quiet)
             DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
         if (t->metrics) {
             ddp_metrics_rec_t r;
@@ -90,15 +90,15 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
 {
     int64_t t0 = ddp_now_ns();
     unsigned long long old_gen = (unsigned long long)t->gen.gen;
-    int old_world = t->opts.world;
+    int old_world = t->world.size;
     DDP_WARN("generation %llu ends at step %ld: %s", old_gen, t->step, cause);
     ddp_trainer_leave_world(t);
     ddp_regroup_stats_t st;
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
-             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->opts.rank,
-             t->opts.world, old_world, t->step, ms,
+             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->world.rank,
+             t->world.size, old_world, t->step, ms,
              st.shrunk ? ", its communicator the last one shrunk" : "", t->gen.why);
     if (t->xfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
@@ -109,7 +109,7 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_GENERATION);
         r.generation = (int64_t)t->gen.gen;
-        r.world = t->opts.world;
+        r.world = t->world.size;
         r.step = t->step;
         snprintf(r.cause, sizeof r.cause, "%s", t->gen.why); /* the codec escapes it */
         r.reconfig_ms = ms;
@@ -132,7 +132,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     t->run_t0 = ddp_now_ns();
     int stalled = 0; /* generations ended in a row without a completed step */
     ddp_profile_plan(&t->profile, s->profile, t->step, stop_at < s->steps ? stop_at : s->steps);
-    if (s->profile > 0 && t->opts.rank == 0 && !t->opts.quiet) {
+    if (s->profile > 0 && t->world.rank == 0 && !t->opts.quiet) {
         if (t->profile.to >= t->profile.from)
             DDP_INFO("profile: steps %ld-%ld per op, after %ld warm-up step(s)",
                      t->profile.from, t->profile.to, t->profile.warmup);

@@ -51,42 +51,47 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
  * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
  * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
  * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
+/* The model's `interrupted` callback (arg: the world): a failed communicator stops the pass
+ * between blocks (the failure is known at once, from a dead peer's link or the coordinator's
+ * notice), and the step with it. */
+static int comm_failed(void *arg) { return ddp_world_failed(arg); }
+
 static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     size_t n = ddp_model_count_params(&t->spec.model), bytes = n * sizeof(float);
-    if (!ddp__trainer_uses_coll_mem(t)) { /* device memory: the model's arenas, our moments */
-        if (!t->comm || !t->spec.shard_optimizer || t->elastic ||
-            !ddp_coll_slices_anywhere(t->comm))
+    if (!ddp_world_uses_coll_mem(&t->world)) { /* device memory: the model's arenas, our moments */
+        if (!t->world.comm || !t->spec.shard_optimizer || t->elastic ||
+            !ddp_coll_slices_anywhere(t->world.comm))
             return 0;
-        return ddp_sharded_reserve_device(&t->zero, n, t->ckpt != NULL, ei);
+        return ddp_zero1_reserve_device(&t->zero1, n, t->ckpt != NULL, ei);
     }
-    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->grads, ei));
+    DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->grads, ei));
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
      * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
      * update would leave the ranks with different parameters) */
     if (!t->spec.shard_optimizer || t->elastic) return 0;
-    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->weights, ei));
-    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->zero.moments[0], ei));
-    DDP_CHECK(ddp__trainer_alloc_reduced(t, bytes, &t->zero.moments[1], ei));
-    t->zero.on = ddp_coll_slices_anywhere(t->comm) ||
-                 (ddp_coll_mem_shared(t->comm, t->grads) &&
-                  ddp_coll_mem_shared(t->comm, t->weights) &&
-                  ddp_coll_mem_shared(t->comm, t->zero.moments[0]) &&
-                  ddp_coll_mem_shared(t->comm, t->zero.moments[1]));
+    DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->weights, ei));
+    DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[0], ei));
+    DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[1], ei));
+    t->zero1.on = ddp_coll_slices_anywhere(t->world.comm) ||
+                 (ddp_coll_mem_shared(t->world.comm, t->grads) &&
+                  ddp_coll_mem_shared(t->world.comm, t->weights) &&
+                  ddp_coll_mem_shared(t->world.comm, t->zero1.moments[0]) &&
+                  ddp_coll_mem_shared(t->world.comm, t->zero1.moments[1]));
     return 0;
 }
 
 /* Rank 0 copies data.tokenizer into the run directory (creating it). */
 static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (!t->tok || !t->opts.run_dir || t->opts.rank != 0) return 0;
+    if (!t->tok || !t->opts.run_dir || t->world.rank != 0) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST)
         return ddp_errinfo_set(ei, -errno, "cannot create the run directory %s: %s",
                                t->opts.run_dir, strerror(errno));
     return ddp_run_tok_save(t->tok, t->opts.run_dir, ei);
 }
 
-static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_sharded_gather(arg, ei); }
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gather(arg, ei); }
 
 /* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
  * each change of the world. */
@@ -96,9 +101,9 @@ void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
                            .model = &t->model, .opt = &t->opt,
                            .stop_at_step = t->opts.stop_at_step,
                            .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
-                           .comm = t->comm, .rank = t->opts.rank, .world = t->opts.world,
-                           .accum = t->accum, .sharded = t->zero.on,
-                           .gather_moments = gather_moments, .gather_arg = &t->zero,
+                           .comm = t->world.comm, .rank = t->world.rank, .world = t->world.size,
+                           .accum = t->accum, .sharded = t->zero1.on,
+                           .gather_moments = gather_moments, .gather_arg = &t->zero1,
                            .tokenizer_json = t->tok ? t->tok->json : NULL,
                            .tokenizer_config_json = t->tok ? t->tok->config_json : NULL,
                            .ids = t->tok ? &t->tok->ids : NULL};
@@ -114,11 +119,11 @@ void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (!t->comm) return 0;
+    if (!t->world.comm) return 0;
     ddp_coll_req_t *req;
     /* after the weights' initial copy, which memcpy_h2d may have left queued */
-    DDP_CHECK(ddp_reducer_after_compute(t->comm, &t->k));
-    DDP_CHECK(ddp_coll_broadcast(t->comm, t->model.w, t->model.n_params * sizeof(float), 0,
+    DDP_CHECK(ddp_world_after_compute(&t->world));
+    DDP_CHECK(ddp_coll_broadcast(t->world.comm, t->model.w, t->model.n_params * sizeof(float), 0,
                                  &req));
     return ddp_coll_wait(req, 0, ei);
 }
@@ -129,13 +134,13 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
-    int world = t->opts.world;
+    int world = t->world.size;
     long per_pass = (long)s->micro_batch * s->seq_len;
     long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
     long unit = t->elastic ? per_pass : per_pass * world;
     if (gbt % unit == 0 && gbt / per_pass >= world) {
         t->n_micro = (int)(gbt / per_pass);
-        t->accum = ddp_loader_accum(t->n_micro, t->opts.rank, world);
+        t->accum = ddp_loader_accum(t->n_micro, t->world.rank, world);
         return 0;
     }
     char sizes[256] = "";
@@ -173,29 +178,30 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         goto fail;
     }
     t->device = t->k.device;
-    t->zero.k = &t->k;
+    t->world.k = &t->k;
+    t->zero1.world = &t->world;
     ddp_coll_bootstrap_t *bs = NULL;
     DDP_CHECK_GOTO(first_bootstrap(t, &bs, ei), rc, fail);
     rc = ddp__trainer_open_comm(t, bs, ei);
     while (rc && ddp_trainer_generation_failed(t, rc)) { /* it ended as it formed: the next */
-        ddp_coll_free(t->comm);
-        t->comm = NULL;
+        ddp_coll_free(t->world.comm);
+        t->world.comm = NULL;
         if (ei) ddp_errinfo_clear(ei);
         rc = ddp_elastic_join(t->elastic, -1, &t->gen, &bs, ei);
         if (rc == 0) rc = ddp__trainer_open_comm(t, bs, ei);
     }
     if (rc) goto fail;
-    ddp_trace_open(s->trace, t->opts.run_dir, t->opts.rank); /* train.trace */
+    ddp_trace_open(s->trace, t->opts.run_dir, t->world.rank); /* train.trace */
     DDP_CHECK_GOTO(save_tokenizer(t, ei), rc, fail);
-    t->first_rank = t->opts.rank; /* the slow rank's test hook names it */
-    int world = t->opts.world;
+    t->first_rank = t->world.rank; /* the slow rank's test hook names it */
+    int world = t->world.size;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
-    ddp_prec_select(&t->k, s->precision, t->opts.rank == 0 && !t->opts.quiet, &t->prec);
+    ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->prec);
     ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
-    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->opts.rank, world, t->opts.no_resume,
+    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->world.rank, world, t->opts.no_resume,
                                      t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),
                    rc, fail);
     if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
@@ -212,9 +218,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
     if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->rng), rc, fail);
-    t->model.interrupted = ddp__trainer_comm_failed_now; /* a failed step stops at once */
-    t->model.interrupted_arg = t;
-    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero.moments[0], t->zero.moments[1]),
+    t->model.interrupted = comm_failed; /* a failed step stops at once */
+    t->model.interrupted_arg = &t->world;
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]),
                    rc, fail);
     ddp_tckpt_run_t view;
     ddp__trainer_checkpoint_view(t, &view);
@@ -251,8 +257,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     }
     DDP_CHECK_GOTO(ddp__trainer_attach_world(t, ei), rc, fail);
     /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
-     * rank's slices of them (ddp_sharded_drop_foreign) */
-    DDP_CHECK_GOTO(ddp_sharded_begin(&t->zero, ei), rc, fail);
+     * rank's slices of them (ddp_zero1_drop_foreign) */
+    DDP_CHECK_GOTO(ddp_zero1_begin(&t->zero1, ei), rc, fail);
     t->has_state = !joins_live;
     if (t->elastic && t->gen.sync) {
         int receivers;
@@ -266,26 +272,26 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         if (rc) goto fail;
     }
     int cpu = !strcmp(ddp_k_name(&t->k), "cpu");
-    if (t->opts.rank == 0 && !opts->quiet)
+    if (t->world.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
                  "%s kernels%s%s%s, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d "
                  "tokens%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, ddp_k_name(&t->k), cpu ? " with " : "",
                  cpu ? ddp_cpu_isa_name(ddp_cpu_isa()) : "", cpu ? " loops" : "", threads, world,
-                 t->comm ? " over " : "", t->comm ? ddp_coll_transport_name(t->comm) : "",
-                 !ddp_coll_mem_shared(t->comm, t->grads)
-                     ? (t->zero.on ? " (optimizer step sharded)" : "")
-                 : t->zero.on ? " (gradients in shared memory, optimizer step sharded)"
+                 t->world.comm ? " over " : "", t->world.comm ? ddp_coll_transport_name(t->world.comm) : "",
+                 !ddp_coll_mem_shared(t->world.comm, t->grads)
+                     ? (t->zero1.on ? " (optimizer step sharded)" : "")
+                 : t->zero1.on ? " (gradients in shared memory, optimizer step sharded)"
                               : " (gradients in shared memory)",
                  t->accum, s->micro_batch, s->seq_len,
                  t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
-                 t->opts.rank, world, ddp_k_name(&t->k), threads,
-                 t->comm ? ddp_coll_transport_name(t->comm) : "-");
+                 t->world.rank, world, ddp_k_name(&t->k), threads,
+                 t->world.comm ? ddp_coll_transport_name(t->world.comm) : "-");
     char warning[256];
-    if (t->opts.rank == 0 && ddp_spec_warning(s, warning, sizeof warning))
+    if (t->world.rank == 0 && ddp_spec_warning(s, warning, sizeof warning))
         DDP_WARN("%s", warning);
     return 0;
 fail:
@@ -305,17 +311,17 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         ddp_k_free(&t->k, t->acc);
-        if (t->emb) ddp__trainer_free_reduced(t, t->emb);
+        if (t->emb) ddp_world_free_reduced(&t->world, t->emb);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_model_close(&t->model);
         DDP_K(&t->k, set_weights, NULL, 0); /* the backend's copy goes before its arena */
-        float *arenas[] = {t->weights, t->grads, t->zero.moments[0], t->zero.moments[1]};
+        float *arenas[] = {t->weights, t->grads, t->zero1.moments[0], t->zero1.moments[1]};
         for (int i = 0; i < 4; i++)
-            if (arenas[i]) ddp__trainer_free_reduced(t, arenas[i]);
+            if (arenas[i]) ddp_world_free_reduced(&t->world, arenas[i]);
     }
     ddp_kernels_close(&t->k);
     ddp_xfer_clear(&t->xfer);
-    ddp_coll_free(t->comm);
+    ddp_coll_free(t->world.comm);
     ddp_coll_free(t->parent_comm);
     ddp_elastic_free(t->elastic);
     free(t->emb_tokens_f);

@@ -50,9 +50,9 @@ static void on_grads_ready(void *arg, size_t done)
  * returns, and ei gets the communicator's reason. */
 static int pass_failed(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!ddp__trainer_comm_failed_now(t)) return rc;
+    if (!ddp_world_failed(&t->world)) return rc;
     ddp_reducer_finish(&t->reducer, NULL, NULL);
-    return ddp_errinfo_set(ei, ddp_coll_status(t->comm), "%s", ddp_coll_last_error(t->comm));
+    return ddp_errinfo_set(ei, ddp_coll_status(t->world.comm), "%s", ddp_coll_last_error(t->world.comm));
 }
 
 /* A rank that receives the state in this step computes nothing: -0.0 in every gradient sum
@@ -73,12 +73,12 @@ static int contribute_nothing(ddp_trainer_t *t)
 static int begin_step(ddp_trainer_t *t)
 {
     long next = t->step + 1;
-    t->model.loss_scale = ddp_lscale_factor(&t->lscale, next, t->opts.rank); /* 1 unless fp16 */
+    t->model.loss_scale = ddp_lscale_factor(&t->lscale, next, t->world.rank); /* 1 unless fp16 */
     if (t->xfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
     /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
      * replacement rejoins, without stopping again */
-    if (t->gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->opts.rank);
+    if (t->gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->world.rank);
     return 0;
 }
 
@@ -139,14 +139,14 @@ static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
 {
     float *f = t->vote;
     ddp_tckpt_vote(t->ckpt, v->ckpt);
-    memset(f, 0, (VOTE_RANKS + (size_t)t->opts.world) * sizeof *f);
+    memset(f, 0, (VOTE_RANKS + (size_t)t->world.size) * sizeof *f);
     f[VOTE_LOSS] = (float)v->loss_sum;
     f[VOTE_STOP] = (float)v->stop;
     f[VOTE_CKPT] = v->ckpt[0];
     f[VOTE_CKPT + 1] = v->ckpt[1];
     f[VOTE_REGROUP] = (float)v->regroup;
-    f[VOTE_RANKS + t->opts.rank] = (float)t->compute_ms;
-    DDP_CHECK(ddp__trainer_allreduce_small(t, f, VOTE_RANKS + t->opts.world, DDP_OP_SUM, ei));
+    f[VOTE_RANKS + t->world.rank] = (float)t->compute_ms;
+    DDP_CHECK(ddp_world_allreduce(&t->world, f, VOTE_RANKS + t->world.size, DDP_OP_SUM, ei));
     v->loss_sum = f[VOTE_LOSS];
     v->stop = (int)f[VOTE_STOP];
     v->ckpt[0] = f[VOTE_CKPT];
@@ -160,7 +160,7 @@ static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
 static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
 {
     int straggler = ddp_straggler_update(&t->stragglers, rank_ms);
-    if (straggler >= 0 && t->opts.rank == 0)
+    if (straggler >= 0 && t->world.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
                  "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
                  straggler, t->stragglers.named_ms,
@@ -175,8 +175,8 @@ static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errin
     const ddp_reducer_t *r = &t->reducer;
     memset(t->norm_sums, 0, r->n_norm_blocks * sizeof *t->norm_sums);
     DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->norm_sums));
-    if (t->zero.on)
-        DDP_CHECK(ddp__trainer_allreduce_small(t, t->norm_sums, (int)r->n_norm_blocks,
+    if (t->zero1.on)
+        DDP_CHECK(ddp_world_allreduce(&t->world, t->norm_sums, r->n_norm_blocks,
                                                DDP_OP_SUM, ei));
     *norm = ddp_grad_norm(t->norm_sums, r->n_norm_blocks, grad_scale);
     return 0;
@@ -206,7 +206,7 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
             }
             if (found) bad[i] = 1;
         }
-    int rc = t->zero.on ? ddp__trainer_allreduce_small(t, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
+    int rc = t->zero1.on ? ddp_world_allreduce(&t->world, bad, m->n_tensors, DDP_OP_SUM, ei) : 0;
     const char *name = "?";
     for (int i = m->n_tensors - 1; i >= 0; i--)
         if (bad[i] > 0) name = m->params[i].name;
@@ -218,7 +218,7 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
                                "step %ld: gradient norm %g (first non-finite tensor %s); %d steps "
                                "in a row were skipped, giving up",
                                t->step + 1, norm, name, t->skipped_in_a_row);
-    if (t->opts.rank == 0)
+    if (t->world.rank == 0)
         DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
                  t->step + 1, norm, name);
     return 0;
@@ -231,16 +231,16 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
 {
     const ddp_reducer_t *r = &t->reducer;
     double lr = ddp_lr_at(&t->spec, t->step);
-    ddp_sharded_part_fn on_part = ddp_sharded_update_begin(&t->zero, u->save_follows);
+    ddp_zero1_part_fn on_part = ddp_zero1_update_begin(&t->zero1, u->save_follows);
     DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, lr, grad_scale, norm, r->parts,
-                             r->n_buckets, on_part, &t->zero, u->crc));
+                             r->n_buckets, on_part, &t->zero1, u->crc));
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
     DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, u, ei));
-    ddp_sharded_update_end(&t->zero);
+    ddp_zero1_update_end(&t->zero1);
     t->skipped_in_a_row = 0;
     /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
      * other ranks' slices, whose copies are converted again */
-    if (t->zero.on) DDP_K(&t->k, set_precision, t->prec);
+    if (t->zero1.on) DDP_K(&t->k, set_precision, t->prec);
     return 0;
 }
 
@@ -252,7 +252,7 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
     ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->n_micro;
     if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
-    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->opts.rank)) { /* poison one gradient */
+    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->world.rank)) { /* poison one gradient */
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
@@ -260,7 +260,7 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
     DDP_CHECK(grad_norm(t, grad_scale, norm, ei));
     ddp_tckpt_update_t u;
     DDP_CHECK(ddp_tckpt_before_update(t->ckpt, t->step + 1, &u, ei));
-    ddp_lscale_update(&t->lscale, isfinite(*norm), t->step + 1, t->opts.rank == 0);
+    ddp_lscale_update(&t->lscale, isfinite(*norm), t->step + 1, t->world.rank == 0);
     if (isfinite(*norm))
         DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
     else
@@ -280,7 +280,7 @@ static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, fl
     t->last_loss = *loss;
     t->last_norm = norm;
     t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_xfer_overlap_pays */
-    t->last_step_world = t->opts.world;
+    t->last_step_world = t->world.size;
 }
 
 /* After the update: a transfer this step carried is finished (collective), the coordinator
@@ -289,7 +289,7 @@ static int end_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (t->xfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
-    if (!t->moments_logged && !ddp_sharded_gathered(&t->zero)) {
+    if (!t->moments_logged && !ddp_zero1_gathered(&t->zero1)) {
         t->moments_logged = 1;
         ddp_trainer_log_moments(t);
     }

@@ -16,14 +16,14 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     t->last_step_ms = ms;
     char world[80] = "";
     if (t->elastic)
-        snprintf(world, sizeof world, " | world %d, gen %llu", t->opts.world,
+        snprintf(world, sizeof world, " | world %d, gen %llu", t->world.size,
                  (unsigned long long)t->gen.gen);
     if (t->lscale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
                  t->lscale.scale);
-    if (t->opts.rank == 0 && !t->opts.quiet &&
+    if (t->world.rank == 0 && !t->opts.quiet &&
         (t->step % s->log_every == 0 || t->step == s->steps)) {
-        if (t->comm)
+        if (t->world.comm)
             DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
                      "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden%s",
                      t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms,
@@ -49,7 +49,7 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         r.hidden = c->hidden;
         r.optim_ms = t->optim_ms;
         r.tokens = (int64_t)t->tokens;
-        r.world = t->opts.world;
+        r.world = t->world.size;
         r.generation = (int64_t)t->gen.gen;
         r.straggler = t->stragglers.named;
         r.loss_scale = t->lscale.scale;

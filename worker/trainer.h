@@ -30,6 +30,7 @@
 #include "worker/sync/reducer.h"
 #include "worker/data/run_tokenizer.h"
 #include "worker/sync/transfer.h"
+#include "worker/sync/world.h"
 #include "worker/sync/straggler.h"
 #include "worker/saving/saving.h"
 #include "worker/optim/zero1.h"
@@ -57,7 +58,6 @@ typedef struct ddp_train_opts {
     const char *run_dir;      /* metrics.jsonl goes here; NULL = none */
     const char *dump_weights; /* write the final parameter arena (raw fp32) here; NULL = no */
     const char *backend;      /* kernel backend name ("auto") */
-    int rank, world;          /* filled in by ddp_trainer_init from the bootstrap */
     int quiet;                /* no step lines (tests) */
     int no_resume;            /* ignore checkpoints already in checkpoint.dir */
     long resume_step;         /* > 0: resume from exactly step-N; 0: the newest that verifies */
@@ -77,7 +77,7 @@ typedef struct ddp_trainer {
     ddp_dataset_t train_set, val_set;
     int have_val;
     ddp_loader_t loader;
-    ddp_coll_t *comm;         /* NULL in a world of one */
+    ddp_world_t world;        /* the ranks this one trains with now (sync/world.h) */
     ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
                                * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
     uint64_t parent_gen;      /* its generation */
@@ -108,7 +108,7 @@ typedef struct ddp_trainer {
     /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
      * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
     float *weights, *grads;
-    ddp_sharded_t zero; /* ZeRO-1: the sharded step's moments (train_sharded.h) */
+    ddp_zero1_t zero1;        /* ZeRO-1: the moments in slices (optim/zero1.h) */
     int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
     size_t emb_bytes;
@@ -157,9 +157,6 @@ typedef struct ddp_regroup_stats {
     int shrunk;       /* the communicator is the last generation's, shrunk (NCCL) */
 } ddp_regroup_stats_t;
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei);
-/* Whether rc is a failure of the communication (a rank died, a deadline passed, the generation
- * or the job was ended): the state this rank holds is sound. */
-int ddp_trainer_comm_failed(const ddp_trainer_t *t, int rc);
 /* Whether rc ended only the current generation: such a failure, in an elastic job that the
  * coordinator still runs. */
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);

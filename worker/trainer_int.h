@@ -21,17 +21,6 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
 /* Everything that depends on the world, once the communicator exists (undone by
  * ddp_trainer_leave_world). */
 int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei);
-/* Whether buffers all-reduced in place live in the communicator's collective memory (the CPU in
- * a world of several), else in the kernels' memory. */
-int ddp__trainer_uses_coll_mem(const ddp_trainer_t *t);
-/* A zeroed buffer of `bytes` that is all-reduced in place, and its release. */
-int ddp__trainer_alloc_reduced(ddp_trainer_t *t, size_t bytes, float **out, ddp_errinfo_t *ei);
-void ddp__trainer_free_reduced(ddp_trainer_t *t, float *p);
-/* The model's `interrupted` callback (arg: the trainer): whether the communicator failed. */
-int ddp__trainer_comm_failed_now(void *arg);
-/* Reduces n small per-step values over the ranks with op, in place (0 in a world of one). */
-int ddp__trainer_allreduce_small(ddp_trainer_t *t, float *vals, int n, ddp_redop_t op,
-                                 ddp_errinfo_t *ei);
 /* The generation asks for a state transfer (t->gen.sync): plans it, and with ddp.state_transfer
  * pause carries it out at once; *receivers gets how many ranks receive. Collective. */
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei);

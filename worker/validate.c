@@ -14,7 +14,7 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     int rc = (in && tg) ? 0 : DDP_ENOMEM;
     /* rank r evaluates batches r, r + W, ...; the sums and counts are then added up */
     float sums[2] = {0, 0};
-    for (int b = t->opts.rank; rc == 0 && b < t->spec.val_batches; b += t->opts.world) {
+    for (int b = t->world.rank; rc == 0 && b < t->spec.val_batches; b += t->world.size) {
         float l = 0;
         rc = ddp_dataset_fill(&t->val_set, (uint64_t)b * B, B, 0, in, tg, ei);
         if (rc == 0) rc = ddp_model_evaluate(&t->model, in, tg, B, T, &l);
@@ -23,7 +23,7 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     }
     free(in);
     free(tg);
-    if (rc == 0) rc = ddp__trainer_allreduce_small(t, sums, 2, DDP_OP_SUM, ei);
+    if (rc == 0) rc = ddp_world_allreduce(&t->world, sums, 2, DDP_OP_SUM, ei);
     if (rc == 0) *loss = t->last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
     return rc;
 }

@@ -9,18 +9,8 @@
 #define DDP_WORKER_OPTIM_H
 
 #include "proto/spec.h"
+#include "worker/model/arena.h"
 #include "worker/model/model.h"
-
-/* The gradient norm is summed from the sums of squares of blocks of DDP_NORM_BLOCK elements that
- * start at every bucket's beginning (see reducer.h): whichever rank computes a block, its sum is
- * the same, so the norm is the same for any number of ranks and any split of the update. */
-#define DDP_NORM_BLOCK ((size_t)16384)
-
-/* A part of the arena that this rank updates: [lo, hi), whose first DDP_NORM_BLOCK-element block
- * is norm block number `block`. */
-typedef struct ddp_arena_part {
-    size_t lo, hi, block;
-} ddp_arena_part_t;
 
 /* The CRC32C (common/crc32c.h) of what one update wrote into one tensor: crc[0] of its
  * parameters, crc[1] exp_avg, crc[2] exp_avg_sq, each over the whole tensor with the elements

@@ -27,7 +27,7 @@ int ddp__trainer_keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t 
     size_t g = (size_t)(micro * t->deal_world + t->deal_rank);
     float *slot = t->emb + g * ddp__trainer_emb_slot_floats(t);
     /* the host's copy of the slot's tokens: a world of one reads them from here */
-    float *tokens = t->emb_tokens_f + (t->comm ? 0 : g * BT);
+    float *tokens = t->emb_tokens_f + (t->world.comm ? 0 : g * BT);
     for (size_t i = 0; i < BT; i++) tokens[i] = (float)inputs[i];
     DDP_CHECK(ddp_k_memcpy_h2d(k, slot, tokens, BT * sizeof(float)));
     return ddp_k_memcpy_d2d(k, slot + BT, t->model.acts.dres,
@@ -39,11 +39,11 @@ int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
     ddp_kernels_t *k = &t->k;
     int B = t->spec.micro_batch, T = t->spec.seq_len;
     size_t BT = (size_t)B * T, n_slots = (size_t)t->n_micro;
-    if (t->comm) {
+    if (t->world.comm) {
         ddp_coll_req_t *req;
         /* the slots' copies are queued on the compute stream (issue 24, finding 1) */
-        DDP_CHECK(ddp_reducer_after_compute(t->comm, k));
-        DDP_CHECK(ddp_coll_allreduce(t->comm, t->emb, n_slots * ddp__trainer_emb_slot_floats(t), DDP_DT_F32,
+        DDP_CHECK(ddp_world_after_compute(&t->world));
+        DDP_CHECK(ddp_coll_allreduce(t->world.comm, t->emb, n_slots * ddp__trainer_emb_slot_floats(t), DDP_DT_F32,
                                      DDP_OP_SUM, &req));
         DDP_CHECK(ddp_coll_wait(req, 0, ei));
     }
@@ -51,7 +51,7 @@ int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei)
      * then each slot's backward queued behind its tokens' copy (memcpy_h2d reads them at the
      * call: the buffer is reused) */
     size_t slot_floats = ddp__trainer_emb_slot_floats(t);
-    for (size_t g = 0; t->comm && g < n_slots; g++)
+    for (size_t g = 0; t->world.comm && g < n_slots; g++)
         DDP_CHECK(ddp_k_memcpy_d2h(k, t->emb_tokens_f + g * BT, t->emb + g * slot_floats,
                                    BT * sizeof(float)));
     for (size_t g = 0; g < n_slots; g++) {

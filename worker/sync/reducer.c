@@ -13,19 +13,16 @@ _Static_assert(DDP_COLL_SLICE_ELEMS % DDP_NORM_BLOCK == 0, "slices must hold who
 
 static size_t blocks_of(size_t n) { return (n + DDP_NORM_BLOCK - 1) / DDP_NORM_BLOCK; }
 
-int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
-                     size_t n, double first_bucket_mb, double bucket_mb, int overlap,
-                     int scatter)
+int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg)
 {
     memset(r, 0, sizeof *r);
-    r->comm = comm;
-    r->k = k;
-    r->arena = arena;
-    r->n = n;
-    r->overlap = overlap;
-    r->scatter = scatter && comm;
-    size_t first = (size_t)(first_bucket_mb * 1048576.0 / sizeof(float));
-    size_t rest = (size_t)(bucket_mb * 1048576.0 / sizeof(float));
+    r->world = cfg->world;
+    r->arena = cfg->arena;
+    size_t n = r->n = cfg->n;
+    r->overlap = cfg->overlap;
+    r->zero1 = cfg->zero1 && cfg->world->comm;
+    size_t first = (size_t)(cfg->first_bucket_mb * 1048576.0 / sizeof(float));
+    size_t rest = (size_t)(cfg->bucket_mb * 1048576.0 / sizeof(float));
     if (first == 0) first = 1;
     if (rest == 0) rest = 1;
     int count = 0;
@@ -48,7 +45,7 @@ int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float
     for (int b = 0; b < count; b++) {
         size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin, lo = 0,
                hi = len;
-        if (r->scatter) ddp_coll_slice(len, ddp_coll_size(comm), ddp_coll_rank(comm), &lo, &hi);
+        if (r->zero1) ddp_coll_slice(len, r->world->size, r->world->rank, &lo, &hi);
         r->parts[b] = (ddp_arena_part_t){begin + lo, begin + hi,
                                          r->n_norm_blocks + lo / DDP_NORM_BLOCK};
         r->n_norm_blocks += blocks_of(len);
@@ -82,7 +79,7 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     if (done > r->n) done = r->n;
     if (done > r->ready_upto) {
         if (r->acc)
-            ddp_k_add(r->k, r->arena + r->ready_upto, r->acc + r->ready_upto,
+            ddp_k_add(r->world->k, r->arena + r->ready_upto, r->acc + r->ready_upto,
                       done - r->ready_upto);
         r->ready_upto = done;
     }
@@ -93,37 +90,29 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     /* the adds above (and backward's last writes) are queued on the compute stream: the
      * all-reduces run on the communicator's stream, after them (issue 24, finding 1) */
     if (r->next < r->n_buckets && r->bucket_end[r->next] <= done)
-        DDP_CHECK(ddp_reducer_after_compute(r->comm, r->k));
+        DDP_CHECK(ddp_world_after_compute(r->world));
     while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
         size_t len = r->bucket_end[b] - begin;
-        DDP_CHECK(r->scatter ? ddp_coll_reduce_scatter(r->comm, r->arena + begin, len, DDP_DT_F32,
+        DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len, DDP_DT_F32,
                                                        DDP_OP_SUM, &r->reqs[b])
-                             : ddp_coll_allreduce(r->comm, r->arena + begin, len, DDP_DT_F32,
+                             : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, DDP_DT_F32,
                                                   DDP_OP_SUM, &r->reqs[b]));
         r->next++;
     }
     return 0;
 }
 
-int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k)
-{
-    if (!comm) return 0;
-    void *ev = NULL;
-    DDP_CHECK(ddp_k_record_event(k, &ev));
-    return ddp_coll_wait_event(comm, ev);
-}
-
 int ddp_reducer_ready(ddp_reducer_t *r, size_t done)
 {
-    return advance(r, done, r->overlap && r->comm);
+    return advance(r, done, r->overlap && r->world->comm);
 }
 
 int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei)
 {
     r->backward_end = ddp_now_ns();
-    int rc = advance(r, r->n, r->comm != NULL);
+    int rc = advance(r, r->n, r->world->comm != NULL);
     int64_t wait_begin = ddp_now_ns();
     for (int b = 0; b < r->next; b++) {
         int one = ddp_coll_wait_timed(r->reqs[b], 0, &r->times[b].start, &r->times[b].end, ei);
@@ -134,7 +123,7 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
     /* each bucket's collective on the communication thread, and the exposed wait */
     for (int b = 0; b < r->next; b++)
         ddp_trace_span(DDP_TRACE_COMM, r->times[b].start, r->times[b].end, "%s bucket %d (%.2f MB)",
-                       r->scatter ? "reduce-scatter" : "all-reduce", b,
+                       r->zero1 ? "reduce-scatter" : "all-reduce", b,
                        (double)(r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0)) * 4 / 1e6);
     ddp_trace_span(DDP_TRACE_COMPUTE, wait_begin, wait_end, "wait for communication");
     if (stats) {
@@ -158,7 +147,7 @@ int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)
 {
     size_t begin = b ? r->bucket_end[b - 1] : 0;
     if (r->n_gathers >= 3 * r->n_buckets) return DDP_EINVAL;
-    return ddp_coll_allgather(r->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
+    return ddp_coll_allgather(r->world->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
                               &r->gathers[r->n_gathers++]);
 }
 

@@ -7,17 +7,18 @@
  * With accumulation, the sum of the earlier micro-steps (`acc`) is added into each slice just
  * before its bucket starts, so the all-reduce carries sum over micro-steps and ranks. On a GPU
  * that add is queued on the compute stream and the all-reduce on NCCL's: an event recorded
- * after the adds orders them (ddp_reducer_after_compute).
+ * after the adds orders them (ddp_world_after_compute).
  * ddp_reducer_finish waits for every bucket and records, per bucket, when it became ready,
  * started and finished on the communication thread, from which the step's exposed
  * (not hidden) communication time is derived.
  *
- * Sharded step (`scatter`: ddp.shard_optimizer where the communicator can, see
- * train_setup.c alloc_arenas; ZeRO-1): each bucket is reduce-scattered instead, so this rank
- * holds the reduced gradient of its slice of every bucket (ddp_coll_slice), its `parts`; the optimizer updates those, and ddp_reducer_gather copies
- * their new values to every rank. Without it every part is a whole bucket. Either way the
- * parts carry the numbers of their gradient-norm blocks (optim.h), counted from each bucket's
- * beginning, so the norm's blocks are the same for any world size.
+ * ZeRO-1 (`zero1`: ddp.shard_optimizer where the communicator can, see worker/setup.c
+ * alloc_arenas): each bucket is reduce-scattered instead, so this rank holds the reduced gradient
+ * of its slice of every bucket (ddp_coll_slice), its `parts`; the optimizer updates those, and
+ * ddp_reducer_gather copies their new values to every rank. Without it every part is a whole
+ * bucket. Either way the parts carry the numbers of their gradient-norm blocks
+ * (model/arena.h), counted from each bucket's beginning, so the norm's blocks are the same for
+ * any world size.
  *
  * Threads: the compute thread calls everything; the all-reduces run on the communicator's own.
  */
@@ -29,19 +30,19 @@
 
 #include "collectives/coll.h"
 #include "kernels/kernels.h"
-#include "worker/optim/adamw.h"
+#include "worker/model/arena.h"
+#include "worker/sync/world.h"
 
 typedef struct ddp_bucket_times {
     int64_t ready, start, end; /* monotonic ns */
 } ddp_bucket_times_t;
 
 typedef struct ddp_reducer {
-    ddp_coll_t *comm; /* borrowed */
-    ddp_kernels_t *k; /* borrowed */
+    const ddp_world_t *world; /* the trainer's (borrowed): the ranks and the kernels */
     float *arena;     /* gradient arena (reduced in place) */
     size_t n;         /* floats in it */
     int overlap;      /* 0: all buckets start after backward (ddp.overlap: false) */
-    int scatter;      /* reduce-scatter (sharded step) instead of all-reduce */
+    int zero1;        /* reduce-scatter (ZeRO-1) instead of all-reduce */
     int n_buckets;
     size_t *bucket_end; /* [n_buckets]: bucket b is [end[b-1], end[b]) */
     ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
@@ -64,20 +65,22 @@ typedef struct ddp_reducer_stats {
     double hidden;     /* 1 - exposed / comm, in [0, 1] */
 } ddp_reducer_stats_t;
 
-/* Splits an arena of n floats into buckets (sizes in MiB) for comm (NULL: one rank). scatter
- * needs a communicator whose reduce-scatter takes the arena (ddp_coll_slices_anywhere, or the
- * arena in collective memory shared by every rank). Returns 0 or DDP_ENOMEM. */
-int ddp_reducer_init(ddp_reducer_t *r, ddp_coll_t *comm, ddp_kernels_t *k, float *arena,
-                     size_t n, double first_bucket_mb, double bucket_mb, int overlap,
-                     int scatter);
+/* How a reducer cuts and reduces an arena. */
+typedef struct ddp_reducer_cfg {
+    const ddp_world_t *world; /* kept (not copied): a world of one reduces nothing */
+    float *arena;             /* the gradient arena, reduced in place */
+    size_t n;                 /* floats in it */
+    double first_bucket_mb, bucket_mb; /* ddp.first_bucket_mb, ddp.bucket_mb */
+    int overlap;              /* ddp.overlap */
+    /* ZeRO-1: needs a communicator whose reduce-scatter takes the arena
+     * (ddp_coll_slices_anywhere, or the arena in collective memory shared by every rank) */
+    int zero1;
+} ddp_reducer_cfg_t;
+
+/* Splits cfg's arena into buckets. Returns 0 or DDP_ENOMEM. */
+int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg);
 void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
 
-/* Orders the operations submitted to comm from now on after everything queued so far on k's
- * compute stream (an event recorded there, waited for on the communicator's stream): call it
- * before handing a collective a buffer that queued device work writes. Without it NCCL's
- * stream may read the buffer before the compute stream has written it. Nothing to do on the
- * CPU (synchronous ops) or without a communicator. Returns 0 or the error. Compute thread. */
-int ddp_reducer_after_compute(ddp_coll_t *comm, ddp_kernels_t *k);
 
 /* Starts a step's reduction; acc (may be NULL) is added into each slice before it is sent. */
 void ddp_reducer_begin(ddp_reducer_t *r, const float *acc);

@@ -283,7 +283,10 @@ static int sc_reducer_acc(rank_t *r)
     float *g = dev_iota(r, n, (float)r->rank), *acc = dev_iota(r, n, 10.0f);
     if (!g || !acc) FAIL(r, "buffers");
     ddp_reducer_t red;
-    if (ddp_reducer_init(&red, r->comm, &r->k, g, n, 0.0625, 0.0625, 1, 0)) FAIL(r, "init");
+    ddp_world_t world = {.comm = r->comm, .rank = r->rank, .size = r->size, .k = &r->k};
+    ddp_reducer_cfg_t cfg = {.world = &world, .arena = g, .n = n, .first_bucket_mb = 0.0625,
+                             .bucket_mb = 0.0625, .overlap = 1};
+    if (ddp_reducer_init(&red, &cfg)) FAIL(r, "init");
     ddp_reducer_begin(&red, acc);
     ddp_errinfo_t ei = {0};
     int rc = ddp_reducer_ready(&red, n / 2);
@@ -614,11 +617,12 @@ static void test_sharded_moments_commit_own_slices(void **state)
     ddp_arena_part_t parts[2] = {{0, 2 * g, 0}, {4 * g, 6 * g, 0}};
     ddp_reducer_t r = {.n_buckets = 2, .bucket_end = end, .parts = parts};
     for (int whole = 0; whole < 2; whole++) { /* without, then with checkpoints */
-        ddp_sharded_t z = {.k = &k, .reducer = &r, .rank = 0, .world = 2};
-        assert_int_equal(ddp_sharded_reserve_device(&z, 8 * g, whole, &ei), 0);
-        assert_int_equal(ddp_sharded_begin(&z, &ei), 0);
+        ddp_world_t world = {.rank = 0, .size = 2, .k = &k};
+        ddp_zero1_t z = {.world = &world, .reducer = &r};
+        assert_int_equal(ddp_zero1_reserve_device(&z, 8 * g, whole, &ei), 0);
+        assert_int_equal(ddp_zero1_begin(&z, &ei), 0);
         assert_int_equal(z.whole, whole);
-        if (whole) ddp_sharded_drop_foreign(&z);
+        if (whole) ddp_zero1_drop_foreign(&z);
         uint64_t hz = ddp_simdev_hazards();
         for (int i = 0; i < 2; i++)
             for (int b = 0; b < 2; b++)

@@ -46,7 +46,10 @@ static void *run_rank(void *arg)
     ddp_coll_opts_t opts = {.chunk_delay_us = DELAY_US, .chunk_bytes = 64 << 10};
     j->rc = ddp_kernels_open(&k, "cpu", 0, 1);
     if (!j->rc) j->rc = ddp_coll_new_fake(j->world, j->rank, &opts, &comm);
-    if (!j->rc) j->rc = ddp_reducer_init(&r, comm, &k, arena, N, 0.25, 0.5, j->overlap, 0);
+    ddp_world_t world = {.comm = comm, .rank = j->rank, .size = RANKS, .k = &k};
+    ddp_reducer_cfg_t cfg = {.world = &world, .arena = arena, .n = N, .first_bucket_mb = 0.25,
+                             .bucket_mb = 0.5, .overlap = j->overlap};
+    if (!j->rc) j->rc = ddp_reducer_init(&r, &cfg);
     if (j->rc) return NULL;
     for (size_t i = 0; i < N; i++) acc[i] = 1.0f;
 
@@ -98,7 +101,10 @@ static void test_buckets_split_arena(void **state)
 {
     (void)state;
     ddp_reducer_t r;
-    assert_int_equal(ddp_reducer_init(&r, NULL, NULL, NULL, 1000000, 1.0, 2.0, 1, 0), 0);
+    ddp_world_t one = {.rank = 0, .size = 1};
+    ddp_reducer_cfg_t cfg = {.world = &one, .n = 1000000, .first_bucket_mb = 1.0,
+                             .bucket_mb = 2.0, .overlap = 1};
+    assert_int_equal(ddp_reducer_init(&r, &cfg), 0);
     /* 1 MiB = 262144 floats, then 2 MiB = 524288: 262144, 786432, 1000000 */
     assert_int_equal(r.n_buckets, 3);
     assert_int_equal(r.bucket_end[0], 262144);
