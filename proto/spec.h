@@ -60,9 +60,9 @@ typedef enum {
 typedef enum { DDP_RECOMPUTE_NONE = 0, DDP_RECOMPUTE_BLOCK = 1 } ddp_recompute_t;
 /* How a rank that lacks the state gets it (elastic; worker/state_transfer.h). */
 typedef enum {
-    DDP_XFER_AUTO = 0,
-    DDP_XFER_OVERLAP = 1,
-    DDP_XFER_PAUSE = 2
+    DDP_TRANSFER_AUTO = 0,
+    DDP_TRANSFER_OVERLAP = 1,
+    DDP_TRANSFER_PAUSE = 2
 } ddp_state_transfer_t;
 
 typedef struct ddp_spec {

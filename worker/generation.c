@@ -157,7 +157,7 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
 void ddp_trainer_leave_world(ddp_trainer_t *t)
 {
     if (t->elastic) ddp_elastic_watch(t->elastic, NULL);
-    ddp_xfer_clear(&t->xfer); /* its requests go with the communicator */
+    ddp_transfer_clear(&t->transfer); /* its requests go with the communicator */
     ddp_loader_stop(&t->loader);
     ddp_reducer_close(&t->reducer);
     free(t->norm_sums);
@@ -178,20 +178,20 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
 }
 
 /* The trainer's counters for a state transfer (state_transfer.h), and back. */
-static ddp_xfer_header_t header_of(const ddp_trainer_t *t)
+static ddp_transfer_header_t header_of(const ddp_trainer_t *t)
 {
-    ddp_xfer_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
+    ddp_transfer_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
                            .skipped = t->skipped_steps, .last_loss = t->last_loss,
                            .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
-                           .last_step_ms = t->last_step_ms, .loss_scale = t->lscale.scale,
-                           .loss_scale_clean = t->lscale.clean, .micro_ms = t->last_micro_ms,
+                           .last_step_ms = t->last_step_ms, .loss_scale = t->loss_scale.scale,
+                           .loss_scale_clean = t->loss_scale.clean, .micro_ms = t->last_micro_ms,
                            .allreduce_ms = t->comm_stats.comm_ms,
                            .allreduce_world = t->last_step_world};
     memcpy(h.rng, t->rng.s, sizeof h.rng);
     return h;
 }
 
-static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
+static void apply_header(ddp_trainer_t *t, const ddp_transfer_header_t *h)
 {
     t->step = h->step;
     t->opt.t = h->adam_t;
@@ -201,8 +201,8 @@ static void apply_header(ddp_trainer_t *t, const ddp_xfer_header_t *h)
     t->last_val_loss = h->last_val_loss;
     t->last_norm = h->last_norm;
     t->last_step_ms = h->last_step_ms;
-    t->lscale.scale = h->loss_scale;
-    t->lscale.clean = h->loss_scale_clean;
+    t->loss_scale.scale = h->loss_scale;
+    t->loss_scale.clean = h->loss_scale_clean;
     memcpy(t->rng.s, h->rng, sizeof h->rng);
 }
 
@@ -211,7 +211,7 @@ int ddp__trainer_start_transfer(ddp_trainer_t *t)
 {
     float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
     DDP_CHECK(ddp_world_after_compute(&t->world)); /* the last update wrote them */
-    return ddp_xfer_start(&t->xfer, t->world.comm, arenas, 3, t->model.n_params);
+    return ddp_transfer_start(&t->transfer, t->world.comm, arenas, 3, t->model.n_params);
 }
 
 /* After a state transfer (pause: before the step; overlap: after the update of the step that
@@ -220,7 +220,7 @@ int ddp__trainer_start_transfer(ddp_trainer_t *t)
  * receivers' mean time to the last byte). Collective. */
 int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    ddp_xfer_t *x = &t->xfer;
+    ddp_transfer_t *x = &t->transfer;
     DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
     DDP_CHECK(ddp_world_allreduce(&t->world, &ms, 1, DDP_OP_SUM, ei));
@@ -251,7 +251,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
         ddp_metrics_sink_write(t->metrics, &r);
     }
     int overlapped = x->overlap;
-    ddp_xfer_clear(x);
+    ddp_transfer_clear(x);
     return overlapped ? set_deal(t, t->world.rank, t->world.size) : 0;
 }
 
@@ -260,9 +260,9 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
  * which the others then compute among themselves (state_transfer.h). */
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
-    ddp_xfer_t *x = &t->xfer;
-    ddp_xfer_header_t h = header_of(t);
-    DDP_CHECK(ddp_xfer_plan(x, t->world.comm, t->gen.source, t->has_state, t->spec.state_transfer,
+    ddp_transfer_t *x = &t->transfer;
+    ddp_transfer_header_t h = header_of(t);
+    DDP_CHECK(ddp_transfer_plan(x, t->world.comm, t->gen.source, t->has_state, t->spec.state_transfer,
                             t->model.n_params, t->n_micro, &h, ei));
     *receivers = x->n_receivers;
     if (!x->active) return 0;
@@ -272,7 +272,7 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
     }
     if (x->overlap) return set_deal(t, x->deal_rank, x->deal_world);
     DDP_CHECK(ddp__trainer_start_transfer(t));
-    DDP_CHECK(ddp_xfer_wait(x, ei));
+    DDP_CHECK(ddp_transfer_wait(x, ei));
     return ddp__trainer_finish_transfer(t, ei);
 }
 
@@ -297,9 +297,9 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     int64_t t2 = ddp_now_ns();
     st->shrunk = ddp_coll_shrunk(t->world.comm);
     DDP_CHECK(ddp__trainer_attach_world(t, ei));
-    ddp_tckpt_run_t view;
+    ddp_saving_run_t view;
     ddp__trainer_checkpoint_view(t, &view);
-    DDP_CHECK(ddp_tckpt_regroup(t->ckpt, &view, ei));
+    DDP_CHECK(ddp_saving_regroup(t->saving, &view, ei));
     int64_t t3 = ddp_now_ns();
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;

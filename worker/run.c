@@ -28,12 +28,12 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     if (!ddp_world_comm_error(&t->world, rc) || !t->has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
-    ddp_tckpt_pos_t pos;
+    ddp_saving_pos_t pos;
     ddp_trainer_position(t, &pos);
     /* sharded on one host: the dead rank's slices of the moments are still in its shared
      * memory, which this process maps */
-    int whole = t->ckpt && ddp_zero1_from_peers(&t->zero1);
-    if (ddp_tckpt_emergency_save(t->ckpt, &pos, whole, &sei) != 0) {
+    int whole = t->saving && ddp_zero1_from_peers(&t->zero1);
+    if (ddp_saving_emergency_save(t->saving, &pos, whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
     }
@@ -80,9 +80,9 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
             ddp_metrics_sink_write(t->metrics, &r);
         }
     }
-    ddp_tckpt_pos_t pos;
+    ddp_saving_pos_t pos;
     ddp_trainer_position(t, &pos);
-    return ddp_tckpt_after_step(t->ckpt, &pos, t->any_stop, ei);
+    return ddp_saving_after_step(t->saving, &pos, t->any_stop, ei);
 }
 
 /* Leaves the current generation and joins the next (blocking until it forms). */
@@ -100,11 +100,11 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
              "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->world.rank,
              t->world.size, old_world, t->step, ms,
              st.shrunk ? ", its communicator the last one shrunk" : "", t->gen.why);
-    if (t->xfer.active) /* overlapped (a pause's transfer is over by now) */
+    if (t->transfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
-                 "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->xfer.n_receivers,
+                 "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->transfer.n_receivers,
                  t->step, t->gen.source, t->step + 1,
-                 t->xfer.receiving ? "receives it" : "computes the step");
+                 t->transfer.receiving ? "receives it" : "computes the step");
     if (t->metrics) {
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_GENERATION);
@@ -168,9 +168,9 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
             return end_with_failure(t, rc, ei);
         }
     }
-    ddp_tckpt_pos_t pos;
+    ddp_saving_pos_t pos;
     ddp_trainer_position(t, &pos);
-    DDP_CHECK(ddp_tckpt_finish(t->ckpt, &pos, t->any_stop, ei));
+    DDP_CHECK(ddp_saving_finish(t->saving, &pos, t->any_stop, ei));
     if (t->elastic) {
         ddp_elastic_watch(t->elastic, NULL); /* the coordinator closes once everyone is done */
         DDP_CHECK(ddp_elastic_done(t->elastic, t->step));

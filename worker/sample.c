@@ -11,7 +11,7 @@
 
 /* Token a sample starts from: data.tokenizer's BOS when it names one; else newline for
  * byte-level models, <|endoftext|> for GPT-2's BPE. */
-static int32_t start_token(const ddp_model_cfg_t *cfg, const ddp_run_tok_t *tok)
+static int32_t start_token(const ddp_model_cfg_t *cfg, const ddp_run_tokenizer_t *tok)
 {
     if (tok && tok->ids.bos >= 0 && tok->ids.bos < cfg->vocab_size) return (int32_t)tok->ids.bos;
     return cfg->vocab_size == 256 ? '\n' : cfg->vocab_size - 1;
@@ -20,7 +20,7 @@ static int32_t start_token(const ddp_model_cfg_t *cfg, const ddp_run_tok_t *tok)
 /* Writes token id as the sample shows it: its bytes through the tokenizer ("[id]" past its
  * vocabulary), else a byte (vocab 256), else the number. Byte-level BPE decodes each id to its
  * own bytes, so a text decoded token by token is the text decoded whole. */
-static int put_token(const ddp_run_tok_t *tok, int V, int32_t id, FILE *out)
+static int put_token(const ddp_run_tokenizer_t *tok, int V, int32_t id, FILE *out)
 {
     if (!tok) {
         if (V == 256) fputc(id, out);
@@ -62,8 +62,8 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     /* with a tokenizer, only the ids it decodes are drawn: a model's vocabulary may be larger
      * (SmolLM2's 49,152 over a tokenizer trained to 8,192), and the data never holds the rest */
     int drawable = V;
-    if (t->tok && (int)ddp_tok_vocab_size(t->tok->tok) < V)
-        drawable = (int)ddp_tok_vocab_size(t->tok->tok);
+    if (t->tokenizer && (int)ddp_tok_vocab_size(t->tokenizer->tok) < V)
+        drawable = (int)ddp_tok_vocab_size(t->tokenizer->tok);
     /* the context is padded (with token 0, ctx's zeros) to a multiple of SAMPLE_ROWS, or T:
      * T / SAMPLE_ROWS shapes per product in all, each seen again, instead of a new one per
      * token; the padding's rows are computed and ignored (ddp_model_next_logits) */
@@ -72,7 +72,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     ddp_kprec_t prec = m->acts.prec;
     void *act_row = ddp_malloc((size_t)V * ddp_act_bytes(prec)); /* the logits as computed */
     int rc = (ctx && row && act_row) ? 0 : DDP_ENOMEM;
-    if (rc == 0) ctx[0] = start_token(&m->cfg, t->tok);
+    if (rc == 0) ctx[0] = start_token(&m->cfg, t->tokenizer);
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         int rows = (len + SAMPLE_ROWS - 1) / SAMPLE_ROWS * SAMPLE_ROWS;
@@ -83,7 +83,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         if (rc) break;
         ddp_act_to_f32(row, act_row, (size_t)V, prec);
         ctx[i] = draw(&t->rng, row, drawable);
-        rc = put_token(t->tok, V, ctx[i], out);
+        rc = put_token(t->tokenizer, V, ctx[i], out);
     }
     fputc('\n', out);
     fflush(out);

@@ -63,7 +63,7 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
         if (!t->world.comm || !t->spec.shard_optimizer || t->elastic ||
             !ddp_coll_slices_anywhere(t->world.comm))
             return 0;
-        return ddp_zero1_reserve_device(&t->zero1, n, t->ckpt != NULL, ei);
+        return ddp_zero1_reserve_device(&t->zero1, n, t->saving != NULL, ei);
     }
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->grads, ei));
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
@@ -84,35 +84,35 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 /* Rank 0 copies data.tokenizer into the run directory (creating it). */
 static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (!t->tok || !t->opts.run_dir || t->world.rank != 0) return 0;
+    if (!t->tokenizer || !t->opts.run_dir || t->world.rank != 0) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST)
         return ddp_errinfo_set(ei, -errno, "cannot create the run directory %s: %s",
                                t->opts.run_dir, strerror(errno));
-    return ddp_run_tok_save(t->tok, t->opts.run_dir, ei);
+    return ddp_run_tokenizer_save(t->tokenizer, t->opts.run_dir, ei);
 }
 
 static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gather(arg, ei); }
 
 /* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
  * each change of the world. */
-void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v)
+void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
 {
-    *v = (ddp_tckpt_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
+    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
                            .model = &t->model, .opt = &t->opt,
                            .stop_at_step = t->opts.stop_at_step,
                            .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
                            .comm = t->world.comm, .rank = t->world.rank, .world = t->world.size,
                            .accum = t->accum, .sharded = t->zero1.on,
                            .gather_moments = gather_moments, .gather_arg = &t->zero1,
-                           .tokenizer_json = t->tok ? t->tok->json : NULL,
-                           .tokenizer_config_json = t->tok ? t->tok->config_json : NULL,
-                           .ids = t->tok ? &t->tok->ids : NULL};
+                           .tokenizer_json = t->tokenizer ? t->tokenizer->json : NULL,
+                           .tokenizer_config_json = t->tokenizer ? t->tokenizer->config_json : NULL,
+                           .ids = t->tokenizer ? &t->tokenizer->ids : NULL};
 }
 
-void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos)
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_saving_pos_t *pos)
 {
-    *pos = (ddp_tckpt_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss,
-                             .loss_scale = t->lscale.scale, .loss_scale_clean = t->lscale.clean};
+    *pos = (ddp_saving_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss,
+                             .loss_scale = t->loss_scale.scale, .loss_scale_clean = t->loss_scale.clean};
     memcpy(pos->rng, t->rng.s, sizeof pos->rng);
 }
 
@@ -167,7 +167,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    DDP_CHECK_GOTO(ddp_run_tok_open(s->tokenizer, s->model.vocab_size, &t->tok, ei), rc, fail);
+    DDP_CHECK_GOTO(ddp_run_tokenizer_open(s->tokenizer, s->model.vocab_size, &t->tokenizer, ei), rc, fail);
     int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
     /* one GPU per local rank (the launcher's local rank picks it, round-robin when the ranks
      * outnumber the GPUs; ignored on the CPU) */
@@ -199,10 +199,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->prec);
-    ddp_lscale_init(&t->lscale, t->prec, s->loss_scale_interval); /* a resume restores it */
+    ddp_loss_scale_init(&t->loss_scale, t->prec, s->loss_scale_interval); /* a resume restores it */
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
-    DDP_CHECK_GOTO(ddp_tckpt_prepare(&t->spec, t->world.rank, world, t->opts.no_resume,
-                                     t->opts.resume_step, &t->ckpt, &adopt_gbt, ei),
+    DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, t->world.rank, world, t->opts.no_resume,
+                                     t->opts.resume_step, &t->saving, &adopt_gbt, ei),
                    rc, fail);
     if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
@@ -222,10 +222,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     t->model.interrupted_arg = &t->world;
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]),
                    rc, fail);
-    ddp_tckpt_run_t view;
+    ddp_saving_run_t view;
     ddp__trainer_checkpoint_view(t, &view);
-    ddp_tckpt_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
-    DDP_CHECK_GOTO(ddp_tckpt_start(t->ckpt, &view, &res, ei), rc, fail);
+    ddp_saving_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &res, ei), rc, fail);
     if (res.resumed) {
         t->step = res.step;
         t->tokens = res.tokens;
@@ -233,10 +233,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         memcpy(t->rng.s, res.rng, sizeof t->rng.s);
         t->last_loss = (float)res.last_loss;
         /* fp16: the scale goes on; a checkpoint of another precision has 1 */
-        if (t->lscale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
+        if (t->loss_scale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
             res.loss_scale != 1.0) {
-            t->lscale.scale = (float)res.loss_scale;
-            t->lscale.clean = res.loss_scale_clean;
+            t->loss_scale.scale = (float)res.loss_scale;
+            t->loss_scale.clean = res.loss_scale_clean;
         }
     }
     if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
@@ -303,8 +303,8 @@ fail:
 void ddp_trainer_close(ddp_trainer_t *t)
 {
     if (!t) return;
-    ddp_tckpt_free(t->ckpt);
-    t->ckpt = NULL;
+    ddp_saving_free(t->saving);
+    t->saving = NULL;
     ddp_loader_stop(&t->loader);
     ddp_dataset_close(&t->train_set);
     ddp_dataset_close(&t->val_set);
@@ -320,7 +320,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
             if (arenas[i]) ddp_world_free_reduced(&t->world, arenas[i]);
     }
     ddp_kernels_close(&t->k);
-    ddp_xfer_clear(&t->xfer);
+    ddp_transfer_clear(&t->transfer);
     ddp_coll_free(t->world.comm);
     ddp_coll_free(t->parent_comm);
     ddp_elastic_free(t->elastic);
@@ -331,6 +331,6 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_straggler_close(&t->stragglers);
     ddp_metrics_sink_close(t->metrics);
     ddp_trace_close(); /* train.trace */
-    ddp_run_tok_free(t->tok);
+    ddp_run_tokenizer_free(t->tokenizer);
     memset(t, 0, sizeof *t);
 }

@@ -31,7 +31,7 @@
 typedef struct {
     double loss_sum;     /* the micro-steps' losses */
     int stop;            /* ranks that were asked to stop: every rank stops after this step */
-    float ckpt[2];       /* checkpoint writers' shards durable / failed (ddp_tckpt_vote) */
+    float ckpt[2];       /* checkpoint writers' shards durable / failed (ddp_saving_vote) */
     int regroup;         /* ranks whose coordinator wants a new generation: all leave */
     const float *rank_ms; /* [world]: each rank's forward and backward (stragglers) */
 } step_vote_t;
@@ -73,8 +73,8 @@ static int contribute_nothing(ddp_trainer_t *t)
 static int begin_step(ddp_trainer_t *t)
 {
     long next = t->step + 1;
-    t->model.loss_scale = ddp_lscale_factor(&t->lscale, next, t->world.rank); /* 1 unless fp16 */
-    if (t->xfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
+    t->model.loss_scale = ddp_loss_scale_factor(&t->loss_scale, next, t->world.rank); /* 1 unless fp16 */
+    if (t->transfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
     /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
      * replacement rejoins, without stopping again */
@@ -124,7 +124,7 @@ static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
     if (!rc) rc = t->ready_rc;
-    if (!rc && t->xfer.active) rc = ddp_xfer_wait(&t->xfer, ei);
+    if (!rc && t->transfer.active) rc = ddp_transfer_wait(&t->transfer, ei);
     if (!rc) rc = ddp__trainer_add_embedding_grads(t, ei);
     return rc;
 }
@@ -133,12 +133,12 @@ size_t ddp__trainer_vote_floats(int world) { return VOTE_RANKS + (size_t)world; 
 
 /* All-reduces v (this rank's part in, the sums out; v->rank_ms then points at every rank's
  * compute time, this rank's being t->compute_ms). The checkpoints ride on it: their writers'
- * shards durable / failed go in (ddp_tckpt_vote), and the sums settle a striped save
- * (ddp_tckpt_tally), so that a save needs no collective of its own. */
+ * shards durable / failed go in (ddp_saving_vote), and the sums settle a striped save
+ * (ddp_saving_tally), so that a save needs no collective of its own. */
 static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
 {
     float *f = t->vote;
-    ddp_tckpt_vote(t->ckpt, v->ckpt);
+    ddp_saving_vote(t->saving, v->ckpt);
     memset(f, 0, (VOTE_RANKS + (size_t)t->world.size) * sizeof *f);
     f[VOTE_LOSS] = (float)v->loss_sum;
     f[VOTE_STOP] = (float)v->stop;
@@ -153,7 +153,7 @@ static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
     v->ckpt[1] = f[VOTE_CKPT + 1];
     v->regroup = (int)f[VOTE_REGROUP];
     v->rank_ms = f + VOTE_RANKS;
-    return ddp_tckpt_tally(t->ckpt, v->ckpt, ei);
+    return ddp_saving_tally(t->saving, v->ckpt, ei);
 }
 
 /* Names a rank whose forward and backward have been the slowest for a while (rank 0 logs it). */
@@ -227,7 +227,7 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
 /* AdamW over this rank's parts (a sharded step: its slices, each all-gathered to every rank as
  * it is done, with the moments too when a save follows), and the checkpoints' CRCs of it. */
 static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
-                        const ddp_tckpt_update_t *u, ddp_errinfo_t *ei)
+                        const ddp_saving_update_t *u, ddp_errinfo_t *ei)
 {
     const ddp_reducer_t *r = &t->reducer;
     double lr = ddp_lr_at(&t->spec, t->step);
@@ -235,7 +235,7 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, lr, grad_scale, norm, r->parts,
                              r->n_buckets, on_part, &t->zero1, u->crc));
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-    DDP_CHECK(ddp_tckpt_after_update(t->ckpt, t->step + 1, u, ei));
+    DDP_CHECK(ddp_saving_after_update(t->saving, t->step + 1, u, ei));
     ddp_zero1_update_end(&t->zero1);
     t->skipped_in_a_row = 0;
     /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
@@ -251,16 +251,16 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 {
     ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->n_micro;
-    if (t->lscale.enabled) grad_scale /= t->lscale.scale; /* unscaled in the norm and AdamW */
+    if (t->loss_scale.enabled) grad_scale /= t->loss_scale.scale; /* unscaled in the norm and AdamW */
     if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->world.rank)) { /* poison one gradient */
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     int64_t t0 = ddp_now_ns();
     DDP_CHECK(grad_norm(t, grad_scale, norm, ei));
-    ddp_tckpt_update_t u;
-    DDP_CHECK(ddp_tckpt_before_update(t->ckpt, t->step + 1, &u, ei));
-    ddp_lscale_update(&t->lscale, isfinite(*norm), t->step + 1, t->world.rank == 0);
+    ddp_saving_update_t u;
+    DDP_CHECK(ddp_saving_before_update(t->saving, t->step + 1, &u, ei));
+    ddp_loss_scale_update(&t->loss_scale, isfinite(*norm), t->step + 1, t->world.rank == 0);
     if (isfinite(*norm))
         DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
     else
@@ -279,7 +279,7 @@ static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, fl
     t->regroup = v->regroup > 0;
     t->last_loss = *loss;
     t->last_norm = norm;
-    t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_xfer_overlap_pays */
+    t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_transfer_overlap_pays */
     t->last_step_world = t->world.size;
 }
 
@@ -287,7 +287,7 @@ static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, fl
  * learns the step, and the moments' residence is logged once (not after a gathering step). */
 static int end_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (t->xfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
+    if (t->transfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
     if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
     if (!t->moments_logged && !ddp_zero1_gathered(&t->zero1)) {
         t->moments_logged = 1;

@@ -18,9 +18,9 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     if (t->elastic)
         snprintf(world, sizeof world, " | world %d, gen %llu", t->world.size,
                  (unsigned long long)t->gen.gen);
-    if (t->lscale.enabled) /* fp16 */
+    if (t->loss_scale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
-                 t->lscale.scale);
+                 t->loss_scale.scale);
     if (t->world.rank == 0 && !t->opts.quiet &&
         (t->step % s->log_every == 0 || t->step == s->steps)) {
         if (t->world.comm)
@@ -52,7 +52,7 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         r.world = t->world.size;
         r.generation = (int64_t)t->gen.gen;
         r.straggler = t->stragglers.named;
-        r.loss_scale = t->lscale.scale;
+        r.loss_scale = t->loss_scale.scale;
         r.wall_ms = (double)(ddp_now_ns() - t->run_t0) / 1e6;
         ddp_metrics_sink_write(t->metrics, &r); /* a failed write is logged; training goes on */
         t->logged_step = t->step;

@@ -70,7 +70,7 @@ typedef struct ddp_trainer {
     ddp_train_opts_t opts;
     ddp_kernels_t k;
     ddp_kprec_t prec;         /* train.precision as resolved on this backend (loss_scale.h) */
-    ddp_lscale_t lscale;      /* fp16's loss scale (saved in checkpoints) */
+    ddp_loss_scale_t loss_scale;     /* fp16's loss scale (saved in checkpoints) */
     int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
     ddp_model_t model;
     ddp_adamw_t opt;
@@ -88,7 +88,7 @@ typedef struct ddp_trainer {
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
     float *vote;              /* the step's small all-reduce (train_step.c step_vote) */
-    ddp_xfer_t xfer;          /* elastic: a state transfer planned (overlapped with a step) */
+    ddp_transfer_t transfer;         /* elastic: a state transfer planned (overlapped with a step) */
     int deal_rank, deal_world; /* this rank's share of a step's micro-batches
                                 * (train_generation.c set_deal) */
     ddp_straggler_t stragglers;
@@ -125,10 +125,10 @@ typedef struct ddp_trainer {
     double last_step_ms; /* wall time of the last step */
     double last_micro_ms; /* its forward + backward per micro-batch (0: computed none) */
     int last_step_world;  /* its world */
-    ddp_tckpt_t *ckpt;  /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
+    ddp_saving_t *saving; /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
     ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
-    ddp_run_tok_t *tok;    /* data.tokenizer, or NULL (worker/run_tokenizer.h) */
+    ddp_run_tokenizer_t *tokenizer;   /* data.tokenizer, or NULL (worker/run_tokenizer.h) */
 } ddp_trainer_t;
 
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at
@@ -166,7 +166,7 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
  * DDP_EMISMATCH naming where they differ. */
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
 /* The trainer's position now, for its checkpoints. */
-void ddp_trainer_position(const ddp_trainer_t *t, ddp_tckpt_pos_t *pos);
+void ddp_trainer_position(const ddp_trainer_t *t, ddp_saving_pos_t *pos);
 
 /* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
  * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and

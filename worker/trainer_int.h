@@ -33,7 +33,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei);
 /* train_setup.c */
 /* What the checkpoints see of the trainer (train_checkpoint.h), at start and at each change of
  * the world. */
-void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_tckpt_run_t *v);
+void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v);
 
 /* train_step.c */
 /* Floats in the step's vote buffer (t->vote) for a world of `world` ranks. */

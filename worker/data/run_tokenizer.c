@@ -56,7 +56,7 @@ static void config_path(const char *path, char *buf, size_t len)
 }
 
 /* The id of tokenizer_config.json's `key` (bos_token / eos_token): -1 when absent or null. */
-static int config_id(const ddp_run_tok_t *rt, json_t *root, const char *cfg, const char *key,
+static int config_id(const ddp_run_tokenizer_t *rt, json_t *root, const char *cfg, const char *key,
                      long *id, ddp_errinfo_t *ei)
 {
     *id = -1;
@@ -75,7 +75,7 @@ static int config_id(const ddp_run_tok_t *rt, json_t *root, const char *cfg, con
 }
 
 /* The first of names[] that is a token of the tokenizer, or -1. */
-static long known_id(const ddp_run_tok_t *rt, const char *const *names)
+static long known_id(const ddp_run_tokenizer_t *rt, const char *const *names)
 {
     uint32_t u;
     for (; *names; names++)
@@ -84,7 +84,7 @@ static long known_id(const ddp_run_tok_t *rt, const char *const *names)
 }
 
 /* BOS and EOS: tokenizer_config.json's when it is there, else the well-known ones. */
-static int find_ids(ddp_run_tok_t *rt, const char *path, ddp_errinfo_t *ei)
+static int find_ids(ddp_run_tokenizer_t *rt, const char *path, ddp_errinfo_t *ei)
 {
     char cfg[PATH_MAX + 32];
     config_path(path, cfg, sizeof cfg);
@@ -111,11 +111,11 @@ static int find_ids(ddp_run_tok_t *rt, const char *path, ddp_errinfo_t *ei)
     return rc;
 }
 
-int ddp_run_tok_open(const char *path, int vocab_size, ddp_run_tok_t **out, ddp_errinfo_t *ei)
+int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out, ddp_errinfo_t *ei)
 {
     *out = NULL;
     if (!path || !path[0]) return 0;
-    ddp_run_tok_t *rt = ddp_calloc(1, sizeof *rt);
+    ddp_run_tokenizer_t *rt = ddp_calloc(1, sizeof *rt);
     if (!rt) return refuse(ei, DDP_ENOMEM, "%s: out of memory", path);
     int rc = read_text(path, &rt->json, &rt->json_len, ei);
     if (rc == 0) {
@@ -130,7 +130,7 @@ int ddp_run_tok_open(const char *path, int vocab_size, ddp_run_tok_t **out, ddp_
                     ddp_tok_vocab_size(rt->tok), vocab_size);
     if (rc == 0) rc = find_ids(rt, path, ei);
     if (rc < 0) {
-        ddp_run_tok_free(rt);
+        ddp_run_tokenizer_free(rt);
         return rc;
     }
     *out = rt;
@@ -164,7 +164,7 @@ static int write_atomic(const char *dir, const char *name, const char *text, siz
     return rc;
 }
 
-int ddp_run_tok_save(const ddp_run_tok_t *rt, const char *dir, ddp_errinfo_t *ei)
+int ddp_run_tokenizer_save(const ddp_run_tokenizer_t *rt, const char *dir, ddp_errinfo_t *ei)
 {
     DDP_CHECK(write_atomic(dir, "tokenizer.json", rt->json, rt->json_len, ei));
     if (rt->config_json)
@@ -175,7 +175,7 @@ int ddp_run_tok_save(const ddp_run_tok_t *rt, const char *dir, ddp_errinfo_t *ei
     return ddp_file_sync_close(fd, dir, 0, ei); /* the renames are durable */
 }
 
-void ddp_run_tok_free(ddp_run_tok_t *rt)
+void ddp_run_tokenizer_free(ddp_run_tokenizer_t *rt)
 {
     if (!rt) return;
     ddp_tok_free(rt->tok);

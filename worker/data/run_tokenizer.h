@@ -23,29 +23,29 @@
 #include "proto/hf_config.h"
 #include "worker/data/tokenizer.h"
 
-typedef struct ddp_run_tok {
+typedef struct ddp_run_tokenizer {
     ddp_tok_t *tok;
     char *json;        /* tokenizer.json's bytes as read, NUL-terminated (it holds no NUL) */
     size_t json_len;
     char *config_json; /* the tokenizer_config.json beside it, likewise; NULL when none */
     size_t config_len;
     ddp_hf_ids_t ids;  /* BOS and EOS; -1 for one not named */
-} ddp_run_tok_t;
+} ddp_run_tokenizer_t;
 
 /* Loads data.tokenizer `path` for a model of vocab_size tokens: *out is NULL for "" (no
  * tokenizer). Returns 0; DDP_ESPEC for a file that cannot be read or loaded, a vocabulary
  * larger than vocab_size, or a tokenizer_config.json beside it that is not JSON or names a
  * token the tokenizer lacks (ei: path "data.tokenizer", the message names the file and, for the
- * vocabulary, both sizes); DDP_ENOMEM. The caller frees *out with ddp_run_tok_free. */
-int ddp_run_tok_open(const char *path, int vocab_size, ddp_run_tok_t **out, ddp_errinfo_t *ei);
+ * vocabulary, both sizes); DDP_ENOMEM. The caller frees *out with ddp_run_tokenizer_free. */
+int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out, ddp_errinfo_t *ei);
 
 /* Copies the tokenizer into directory dir (which must exist) as tokenizer.json, and
  * tokenizer_config.json when there is one: each written to a temporary file, fsynced, renamed
  * over the name, then dir fsynced, so a reader sees the whole file or none. Returns 0 or -errno
  * (ei names the file). */
-int ddp_run_tok_save(const ddp_run_tok_t *rt, const char *dir, ddp_errinfo_t *ei);
+int ddp_run_tokenizer_save(const ddp_run_tokenizer_t *rt, const char *dir, ddp_errinfo_t *ei);
 
 /* NULL-safe. */
-void ddp_run_tok_free(ddp_run_tok_t *rt);
+void ddp_run_tokenizer_free(ddp_run_tokenizer_t *rt);
 
 #endif

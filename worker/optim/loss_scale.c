@@ -40,21 +40,21 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
     return 0;
 }
 
-void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval)
+void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval)
 {
     memset(ls, 0, sizeof *ls);
     ls->enabled = prec == DDP_KPREC_FP16;
-    ls->scale = ls->enabled ? DDP_LSCALE_INIT : 1.0f;
+    ls->scale = ls->enabled ? DDP_LOSS_SCALE_INIT : 1.0f;
     ls->interval = interval > 0 ? interval : 2000;
 }
 
-float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank)
+float ddp_loss_scale_factor(const ddp_loss_scale_t *ls, long step, int rank)
 {
     if (ddp_test_hook(DDP_HOOK_LOSS_SCALE, step, rank)) return INFINITY;
     return ls->scale;
 }
 
-int ddp_lscale_update(ddp_lscale_t *ls, int finite, long step, int log)
+int ddp_loss_scale_update(ddp_loss_scale_t *ls, int finite, long step, int log)
 {
     if (!ls->enabled) return 0;
     if (!finite) {

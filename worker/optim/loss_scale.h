@@ -21,15 +21,15 @@
 #include "kernels/kernels.h"
 #include "proto/spec.h"
 
-#define DDP_LSCALE_INIT 65536.0f /* 2^16, PyTorch GradScaler's default */
+#define DDP_LOSS_SCALE_INIT 65536.0f /* 2^16, PyTorch GradScaler's default */
 
-typedef struct ddp_lscale {
+typedef struct ddp_loss_scale {
     int enabled;     /* fp16 */
     float scale;     /* the factor on the loss gradient; 1 when disabled */
     long clean;      /* clean steps since the last overflow or growth */
     long interval;   /* clean steps before the scale doubles */
     long overflows;  /* steps skipped for an overflow */
-} ddp_lscale_t;
+} ddp_loss_scale_t;
 
 /* Resolves `asked` (AUTO: bf16 where backend k multiplies it natively, else fp32) into *out,
  * sets it on k (set_precision), and when `log` says so prints the choice and why. Returns 0. */
@@ -40,15 +40,15 @@ const char *ddp_prec_name(ddp_kprec_t prec);
 
 /* Starts the scaler for precision prec (enabled for fp16) with growth after `interval` clean
  * steps. */
-void ddp_lscale_init(ddp_lscale_t *ls, ddp_kprec_t prec, long interval);
+void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval);
 
 /* The factor on the loss gradient of step `step` (1-based) on `rank`: the scale, or Inf where
  * the test hook DDP_HOOK_LOSS_SCALE says so. */
-float ddp_lscale_factor(const ddp_lscale_t *ls, long step, int rank);
+float ddp_loss_scale_factor(const ddp_loss_scale_t *ls, long step, int rank);
 
 /* After the step's gradient norm: `finite` = whether it is. Returns 1 when the update must be
  * skipped for an overflow (the scale has halved), else 0 (the scale may have doubled). A
  * disabled scaler returns 0 and changes nothing. `log` prints what changed. */
-int ddp_lscale_update(ddp_lscale_t *ls, int finite, long step, int log);
+int ddp_loss_scale_update(ddp_loss_scale_t *ls, int finite, long step, int log);
 
 #endif

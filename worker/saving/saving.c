@@ -2,7 +2,7 @@
  *
  * Invariants:
  * - While `helper_running`, the helper thread owns the saver and reads the arenas; the training
- *   thread touches neither the saver nor the parameters/moments until ddp_tckpt_before_update
+ *   thread touches neither the saver nor the parameters/moments until ddp_saving_before_update
  *   has joined it (every path that could reach the saver joins first).
  * - A kernel context belongs to one thread (kernels.h): the saver's device copies go through
  *   `copy_k`, the trainer's context when the training thread saves and a context of the
@@ -36,8 +36,8 @@
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 
-struct ddp_tckpt {
-    ddp_tckpt_run_t run; /* the trainer's view, as of the last start/regroup */
+struct ddp_saving {
+    ddp_saving_run_t run; /* the trainer's view, as of the last start/regroup */
     int have_found;
     ddp_ckpt_found_t found;
     ddp_ckpt_saver_t *saver; /* on writing ranks only */
@@ -68,17 +68,17 @@ struct ddp_tckpt {
      * from here */
     ddp_adamw_crc_t *update_crc;
     long crc_step;
-    ddp_tckpt_stats_t stats;
+    ddp_saving_stats_t stats;
 };
 
 static double ms_since(int64_t t0) { return (double)(ddp_now_ns() - t0) / 1e6; }
 
 /* Copy hooks for device arenas; on the CPU backend the arenas are host memory (NULL: memcpy,
  * which also keeps the helper thread away from the backend context). The saver's ctx is the
- * ddp_tckpt_t (its copy_k), a load's the trainer's context. */
+ * ddp_saving_t (its copy_k), a load's the trainer's context. */
 static int copy_d2h(void *dst, const void *src, size_t n, void *ctx)
 {
-    ddp_kernels_t *k = ((struct ddp_tckpt *)ctx)->copy_k;
+    ddp_kernels_t *k = ((struct ddp_saving *)ctx)->copy_k;
     int rc = ddp_k_memcpy_d2h(k, dst, src, n);
     return rc ? rc : ddp_k_sync(k);
 }
@@ -92,7 +92,7 @@ static int copy_h2d(void *dst, const void *src, size_t n, void *ctx)
 
 /* Tensor lists over the arenas: model[n_tensors] and, when opt has moments, optim[2 n_tensors]
  * ("exp_avg.*" then "exp_avg_sq.*"). *names owns the optimizer names. */
-static int build_lists(const ddp_tckpt_run_t *run, ddp_ckpt_tensor_t **model,
+static int build_lists(const ddp_saving_run_t *run, ddp_ckpt_tensor_t **model,
                        ddp_ckpt_tensor_t **optim, char **names)
 {
     const ddp_model_t *m = run->model;
@@ -122,15 +122,15 @@ static int build_lists(const ddp_tckpt_run_t *run, ddp_ckpt_tensor_t **model,
     return 0;
 }
 
-static long global_sequences(const ddp_tckpt_run_t *run)
+static long global_sequences(const ddp_saving_run_t *run)
 {
     return (long)run->n_micro * run->spec->micro_batch;
 }
 
 /* trainer.json for the trainer's position pos (ddp_malloc'd). */
-static char *trainer_json(const ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos)
+static char *trainer_json(const ddp_saving_t *c, const ddp_saving_pos_t *pos)
 {
-    const ddp_tckpt_run_t *run = &c->run;
+    const ddp_saving_run_t *run = &c->run;
     const ddp_spec_t *sp = run->spec;
     long step = pos->step;
     char rng[4][24];
@@ -187,14 +187,14 @@ static json_int_t get_int(json_t *o, const char *key, json_int_t dflt)
     return json_is_integer(v) ? json_integer_value(v) : dflt;
 }
 
-int ddp_tckpt_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
-                      long resume_step, ddp_tckpt_t **out, long *global_batch_tokens,
+int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
+                      long resume_step, ddp_saving_t **out, long *global_batch_tokens,
                       ddp_errinfo_t *ei)
 {
     *out = NULL;
     *global_batch_tokens = 0;
     if (!spec->ckpt_dir[0]) return 0;
-    struct ddp_tckpt *c = ddp_calloc(1, sizeof *c);
+    struct ddp_saving *c = ddp_calloc(1, sizeof *c);
     if (!c) return DDP_ENOMEM;
     *out = c;
     c->last_saved = -1;
@@ -235,7 +235,7 @@ int ddp_tckpt_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume
 }
 
 /* Checks the checkpoint's config.json against the model this run builds. */
-static int check_config(const ddp_tckpt_t *c, const ddp_model_cfg_t *m, ddp_errinfo_t *ei)
+static int check_config(const ddp_saving_t *c, const ddp_model_cfg_t *m, ddp_errinfo_t *ei)
 {
     ddp_model_cfg_t saved;
     char what[160];
@@ -248,8 +248,8 @@ static int check_config(const ddp_tckpt_t *c, const ddp_model_cfg_t *m, ddp_erri
 }
 
 /* Reads step, tokens, AdamW t and RNG from trainer.json text into *res. */
-static int read_position(const ddp_tckpt_t *c, const ddp_tckpt_run_t *run, const char *text,
-                         ddp_tckpt_resume_t *res, ddp_errinfo_t *ei)
+static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, const char *text,
+                         ddp_saving_resume_t *res, ddp_errinfo_t *ei)
 {
     const char *path = c->found.path;
     json_error_t jerr;
@@ -305,7 +305,7 @@ out:
 
 /* The saver of a writing rank (ranks < min(checkpoint.writers, world)); a rank that keeps its
  * place keeps its saver across generations. */
-static int open_saver(ddp_tckpt_t *c, ddp_errinfo_t *ei)
+static int open_saver(ddp_saving_t *c, ddp_errinfo_t *ei)
 {
     int writers = c->run.spec->writers < c->run.world ? c->run.spec->writers : c->run.world;
     if (writers < 1) writers = 1;
@@ -325,7 +325,7 @@ static int open_saver(ddp_tckpt_t *c, ddp_errinfo_t *ei)
         c->saver, c->run.model->n_params * sizeof(float) * (c->optim_t ? 3 : 1), ei);
 }
 
-int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume_t *res,
+int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_saving_resume_t *res,
                     ddp_errinfo_t *ei)
 {
     const ddp_spec_t *sp = run->spec;
@@ -385,7 +385,7 @@ int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume
  * closed here, once per save: a stream and a library handle, small beside a snapshot). */
 static void *helper_main(void *arg)
 {
-    struct ddp_tckpt *c = arg;
+    struct ddp_saving *c = arg;
     int64_t t0 = ddp_now_ns();
     ddp_errinfo_clear(&c->helper_ei);
     ddp_kernels_t own;
@@ -405,7 +405,7 @@ static void *helper_main(void *arg)
 }
 
 /* Joins the helper; returns its result (logged here). */
-static int join_helper(ddp_tckpt_t *c, double *waited_ms)
+static int join_helper(ddp_saving_t *c, double *waited_ms)
 {
     *waited_ms = 0;
     if (!c || !c->helper_running) return 0;
@@ -427,7 +427,7 @@ static int join_helper(ddp_tckpt_t *c, double *waited_ms)
     return c->helper_rc;
 }
 
-int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t *ei)
+int ddp_saving_regroup(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_errinfo_t *ei)
 {
     if (!c || !c->model_t) return 0;
     c->run = *run;
@@ -449,18 +449,18 @@ int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t 
     return open_saver(c, ei);
 }
 
-/* The CRC array of the update that completes step `next` (ddp_tckpt_before_update), or NULL. */
-static ddp_adamw_crc_t *update_crcs(ddp_tckpt_t *c, long next)
+/* The CRC array of the update that completes step `next` (ddp_saving_before_update), or NULL. */
+static ddp_adamw_crc_t *update_crcs(ddp_saving_t *c, long next)
 {
-    if (!c || !c->update_crc || !ddp_tckpt_planned(c, next)) return NULL;
+    if (!c || !c->update_crc || !ddp_saving_planned(c, next)) return NULL;
     /* a rank that writes nothing computes them only for the merge of a sharded update */
     if (!c->saver && !(c->run.sharded && c->run.world > 1)) return NULL;
-    c->crc_step = -1; /* until ddp_tckpt_after_update */
+    c->crc_step = -1; /* until ddp_saving_after_update */
     return c->update_crc;
 }
 
 /* The parameters are about to change: the snapshot of a save still being taken is completed. */
-static int join_snapshot(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
+static int join_snapshot(ddp_saving_t *c, long next, ddp_errinfo_t *ei)
 {
     if (c && c->live) {
         /* the writer has been reading the arenas beside this step's forward and backward;
@@ -490,16 +490,16 @@ static int join_snapshot(ddp_tckpt_t *c, long next, ddp_errinfo_t *ei)
     return 0;
 }
 
-int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_tckpt_update_t *u, ddp_errinfo_t *ei)
+int ddp_saving_before_update(ddp_saving_t *c, long next, ddp_saving_update_t *u, ddp_errinfo_t *ei)
 {
     int rc = join_snapshot(c, next, ei);
-    u->save_follows = ddp_tckpt_planned(c, next);
+    u->save_follows = ddp_saving_planned(c, next);
     u->crc = update_crcs(c, next);
     return rc;
 }
 
 /* Waits for this rank's striped shards and records (and logs) how writing them went. */
-static void collect_report(struct ddp_tckpt *c)
+static void collect_report(struct ddp_saving *c)
 {
     ddp_errinfo_t wei;
     ddp_errinfo_clear(&wei);
@@ -512,7 +512,7 @@ static void collect_report(struct ddp_tckpt *c)
     }
 }
 
-void ddp_tckpt_vote(ddp_tckpt_t *c, float vals[2])
+void ddp_saving_vote(ddp_saving_t *c, float vals[2])
 {
     vals[0] = vals[1] = 0;
     if (!c || !c->pending || !c->saver) return;
@@ -523,7 +523,7 @@ void ddp_tckpt_vote(ddp_tckpt_t *c, float vals[2])
     vals[1] = c->reported && c->report_rc ? 1.0f : 0.0f;
 }
 
-int ddp_tckpt_tally(ddp_tckpt_t *c, const float sums[2], ddp_errinfo_t *ei)
+int ddp_saving_tally(ddp_saving_t *c, const float sums[2], ddp_errinfo_t *ei)
 {
     if (!c || !c->pending || sums[0] < (float)c->writers - 0.5f) return 0;
     c->pending = 0;
@@ -547,7 +547,7 @@ int ddp_tckpt_tally(ddp_tckpt_t *c, const float sums[2], ddp_errinfo_t *ei)
 
 /* Blocks until the pending striped save is settled on every rank (all ranks call it at the
  * same point). */
-static int settle_blocking(ddp_tckpt_t *c, long step, ddp_errinfo_t *ei)
+static int settle_blocking(ddp_saving_t *c, long step, ddp_errinfo_t *ei)
 {
     if (!c->pending) return 0;
     int64_t t0 = ddp_now_ns();
@@ -560,13 +560,13 @@ static int settle_blocking(ddp_tckpt_t *c, long step, ddp_errinfo_t *ei)
         collect_report(c);
     }
     float vals[2];
-    ddp_tckpt_vote(c, vals);
+    ddp_saving_vote(c, vals);
     if (c->run.comm) {
         ddp_coll_req_t *req;
         DDP_CHECK(ddp_coll_allreduce(c->run.comm, vals, 2, DDP_DT_F32, DDP_OP_SUM, &req));
         DDP_CHECK(ddp_coll_wait(req, 0, ei));
     }
-    int rc = ddp_tckpt_tally(c, vals, ei);
+    int rc = ddp_saving_tally(c, vals, ei);
     c->stats.settle_ms += ms_since(t0);
     return rc;
 }
@@ -574,7 +574,7 @@ static int settle_blocking(ddp_tckpt_t *c, long step, ddp_errinfo_t *ei)
 /* After a sharded update each rank has the CRCs of its own parts (zeros elsewhere): every rank's
  * values go into its own slots of one table, which is summed over the ranks (each slot has one
  * non-zero contributor and holds 16 bits, so the float sum is exact), and are merged. */
-static int merge_rank_crcs(ddp_tckpt_t *c, ddp_errinfo_t *ei)
+static int merge_rank_crcs(ddp_saving_t *c, ddp_errinfo_t *ei)
 {
     enum { PER = 8 }; /* 3 CRCs and `owned` as two 16-bit halves each */
     size_t n = c->n_model, world = (size_t)c->run.world;
@@ -609,7 +609,7 @@ static int merge_rank_crcs(ddp_tckpt_t *c, ddp_errinfo_t *ei)
     return rc;
 }
 
-int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, const ddp_tckpt_update_t *u,
+int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_t *u,
                            ddp_errinfo_t *ei)
 {
     if (!c || !u->crc) return 0;
@@ -620,7 +620,7 @@ int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, const ddp_tckpt_update_t *
 
 /* Gives the save's tensors the CRC32C that this step's update computed, where it computed them
  * whole (not after a skipped update, nor for a tensor whose pieces came out of order). */
-static void take_update_crcs(ddp_tckpt_t *c, long step)
+static void take_update_crcs(ddp_saving_t *c, long step)
 {
     int valid = c->update_crc && c->crc_step == step;
     for (size_t i = 0; i < c->n_model; i++) {
@@ -637,7 +637,7 @@ static void take_update_crcs(ddp_tckpt_t *c, long step)
 }
 
 /* Starts the save of the current step: on the helper thread (overlap) or here. */
-static int start_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int overlap,
+static int start_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int overlap,
                       ddp_errinfo_t *ei)
 {
     long step = pos->step;
@@ -667,7 +667,7 @@ static int start_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int overlap,
         c->helper_step = step;
         if (ddp_k_host_memory(c->run.k)) {
             /* the arenas are host memory and change only in the update: the writer reads them
-             * itself until ddp_tckpt_before_update freezes them (no copy at the boundary) */
+             * itself until ddp_saving_before_update freezes them (no copy at the boundary) */
             rc = ddp_ckpt_save_live(c->saver, &c->state, ei);
             c->live = rc == 0;
             if (rc && c->pending && !c->reported) {
@@ -707,7 +707,7 @@ static long newest_saved(const char *dir)
     return newest;
 }
 
-int ddp_tckpt_emergency_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int moments_whole,
+int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int moments_whole,
                              ddp_errinfo_t *ei)
 {
     long step = pos->step;
@@ -784,14 +784,14 @@ out:
  * ranks) a third thread only time-slices with them: measured on 2 cores with GPT-2 124M, the
  * 1.5 GB copy then took 3.4 s beside training against 0.3 s on its own, so copying at the
  * boundary is the smaller stall there. */
-static int spare_core(const ddp_tckpt_t *c)
+static int spare_core(const ddp_saving_t *c)
 {
     long ranks = c->run.local_world > 0 ? c->run.local_world : 1;
     long cores = sysconf(_SC_NPROCESSORS_ONLN), threads = c->run.spec->threads;
     return threads > 0 && threads * ranks < cores;
 }
 
-int ddp_tckpt_planned(const ddp_tckpt_t *c, long step)
+int ddp_saving_planned(const ddp_saving_t *c, long step)
 {
     if (!c || !c->run.spec) return 0;
     const ddp_spec_t *s = c->run.spec;
@@ -799,7 +799,7 @@ int ddp_tckpt_planned(const ddp_tckpt_t *c, long step)
            (c->run.stop_at_step > 0 && step >= c->run.stop_at_step);
 }
 
-int ddp_tckpt_after_step(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
+int ddp_saving_after_step(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
                          ddp_errinfo_t *ei)
 {
     if (!c) return 0;
@@ -807,7 +807,7 @@ int ddp_tckpt_after_step(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_sto
     long step = pos->step;
     if (s->ckpt_every <= 0 || step % s->ckpt_every != 0) return 0;
     if (step >= s->steps || any_stop || (c->run.stop_at_step > 0 && step >= c->run.stop_at_step))
-        return 0; /* the last step: ddp_tckpt_finish saves it */
+        return 0; /* the last step: ddp_saving_finish saves it */
     int rc = start_save(c, pos, spare_core(c), ei);
     if (rc) {
         /* a save that cannot start does not stop training */
@@ -819,7 +819,7 @@ int ddp_tckpt_after_step(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_sto
     return 0;
 }
 
-int ddp_tckpt_finish(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
+int ddp_saving_finish(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
                      ddp_errinfo_t *ei)
 {
     if (!c || !c->model_t) return 0;
@@ -848,13 +848,13 @@ int ddp_tckpt_finish(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
     return rc;
 }
 
-void ddp_tckpt_get_stats(const ddp_tckpt_t *c, ddp_tckpt_stats_t *out)
+void ddp_saving_get_stats(const ddp_saving_t *c, ddp_saving_stats_t *out)
 {
     memset(out, 0, sizeof *out);
     if (c) *out = c->stats;
 }
 
-void ddp_tckpt_free(ddp_tckpt_t *c)
+void ddp_saving_free(ddp_saving_t *c)
 {
     if (!c) return;
     double waited;

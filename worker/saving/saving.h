@@ -2,10 +2,10 @@
  * how a run resumes from one, and the emergency save of a failed run (the files themselves:
  * worker/checkpoint/).
  *
- * It knows the trainer only through a narrow view, ddp_tckpt_run_t (the spec, the kernels,
+ * It knows the trainer only through a narrow view, ddp_saving_run_t (the spec, the kernels,
  * the model's and the optimizer's arenas, the world), and the trainer's position passed to each
- * call (ddp_tckpt_pos_t): it never includes worker/train.h. Resuming returns a result,
- * ddp_tckpt_resume_t, that the trainer applies to itself.
+ * call (ddp_saving_pos_t): it never includes worker/train.h. Resuming returns a result,
+ * ddp_saving_resume_t, that the trainer applies to itself.
  *
  * Contents: the parameter arena under Hugging Face GPT-2 names and shapes, AdamW's moments as
  * "exp_avg.<name>" / "exp_avg_sq.<name>", a Hugging Face config.json and generation_config.json
@@ -16,18 +16,18 @@
  *
  * Saving without stalling: parameters and moments change only inside ddp_adamw_step (every path
  * that writes them -- the update with its clipping, the skipped NaN update, resume, the initial
- * broadcast -- runs before a save starts or after ddp_tckpt_before_update). On the CPU backend
+ * broadcast -- runs before a save starts or after ddp_saving_before_update). On the CPU backend
  * the arenas themselves are the snapshot until the next update: a save starts the writer at the
  * step boundary with nothing copied (ddp_ckpt_save_live), the writer writes the shards straight
  * from the arenas (O_DIRECT) while the NEXT step runs forward and backward, and that step's
- * ddp_tckpt_before_update freezes it: whatever the writer has not read yet is copied into the
+ * ddp_saving_before_update freezes it: whatever the writer has not read yet is copied into the
  * host snapshot (usually nothing) and the writer goes on from there. On a GPU the snapshot is a
  * device-to-host copy, taken by a helper thread beside the next step when a core is idle (else
- * at the boundary) and joined in ddp_tckpt_before_update. Either way that is the only place
+ * at the boundary) and joined in ddp_saving_before_update. Either way that is the only place
  * training waits for a save within a step (logged).
  * With checkpoint.writers W > 1 (ranks < min(W, world) write stripes), completion is agreed on
  * by piggybacking two numbers on the per-step all-reduce the trainer does anyway
- * (ddp_tckpt_vote / ddp_tckpt_tally): once every writer reports its shards durable, rank 0
+ * (ddp_saving_vote / ddp_saving_tally): once every writer reports its shards durable, rank 0
  * commits; a save that is still pending when the next is due (or at the end) is settled
  * blocking, and the log says so.
  *
@@ -52,11 +52,11 @@
 #include "worker/model/model.h"
 #include "worker/optim/adamw.h"
 
-typedef struct ddp_tckpt ddp_tckpt_t; /* a run's checkpoints; NULL without checkpoint.dir */
+typedef struct ddp_saving ddp_saving_t; /* a run's checkpoints; NULL without checkpoint.dir */
 
 /* What the checkpoints of a run see of the trainer. The pointers are the trainer's and outlive
- * the ddp_tckpt_t; the world's fields change with each generation (ddp_tckpt_regroup). */
-typedef struct ddp_tckpt_run {
+ * the ddp_saving_t; the world's fields change with each generation (ddp_saving_regroup). */
+typedef struct ddp_saving_run {
     const ddp_spec_t *spec; /* the run's spec (with the adopted global batch) */
     ddp_kernels_t *k;       /* the arenas' backend: copies, and host_memory */
     int device;             /* k's device: the checkpoint helper opens a context of its own there */
@@ -78,21 +78,21 @@ typedef struct ddp_tckpt_run {
      * its config.json and generation_config.json name ids's BOS and EOS (NULL: the model's) */
     const char *tokenizer_json, *tokenizer_config_json;
     const ddp_hf_ids_t *ids;
-} ddp_tckpt_run_t;
+} ddp_saving_run_t;
 
 /* The trainer's position, as trainer.json records it. */
-typedef struct ddp_tckpt_pos {
+typedef struct ddp_saving_pos {
     long step;       /* optimizer steps completed */
     uint64_t tokens; /* tokens trained on, all ranks */
     uint64_t rng[4]; /* the trainer's RNG state */
     float last_loss;
     float loss_scale;      /* fp16's dynamic loss scale (1 otherwise) */
     long loss_scale_clean; /* steps since it last changed */
-} ddp_tckpt_pos_t;
+} ddp_saving_pos_t;
 
 /* What resuming restored, for the trainer to apply: step, tokens, AdamW's t, the RNG, the loss
  * scale. */
-typedef struct ddp_tckpt_resume {
+typedef struct ddp_saving_resume {
     int resumed; /* 0: nothing was resumed (the rest is zero) */
     long step;
     uint64_t tokens;
@@ -101,17 +101,17 @@ typedef struct ddp_tckpt_resume {
     double loss_scale;     /* as saved (1 from a run without fp16) */
     long loss_scale_clean;
     double last_loss;      /* the saved step's training loss; NaN when the checkpoint has none */
-} ddp_tckpt_resume_t;
+} ddp_saving_resume_t;
 
 /* Statistics of the checkpoints of this run (for logs and the benchmark). */
-typedef struct ddp_tckpt_stats {
+typedef struct ddp_saving_stats {
     long saves;            /* saves started */
     double boundary_ms;    /* training-thread time at the step boundaries that started a save */
     double wait_ms;        /* time updates waited for a snapshot to finish (the overlap's miss) */
     double last_wait_ms;   /* of the last save */
     double settle_ms;      /* time spent settling striped saves (all-reduce + commit) */
     double last_snapshot_ms; /* helper thread's copy time of the last save */
-} ddp_tckpt_stats_t;
+} ddp_saving_stats_t;
 
 /* Early in ddp_trainer_init (after joining the world, before the batch split): with
  * spec->ckpt_dir, makes *out and, unless no_resume, finds the checkpoint to resume from
@@ -121,30 +121,30 @@ typedef struct ddp_tckpt_stats {
  * batch stays the same on a different world size), else 0. rank and world are for the logs.
  * Returns 0 (also when there is nothing to resume), DDP_ENOTFOUND for a named step that is
  * missing or broken, or a read error. */
-int ddp_tckpt_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
-                      long resume_step, ddp_tckpt_t **out, long *global_batch_tokens,
+int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
+                      long resume_step, ddp_saving_t **out, long *global_batch_tokens,
                       ddp_errinfo_t *ei);
 
 /* After the model and the optimizer exist (c may be NULL): loads the checkpoint found by
- * ddp_tckpt_prepare into the parameters and moments of run and fills *res with the position to
+ * ddp_saving_prepare into the parameters and moments of run and fills *res with the position to
  * restore (res->resumed = 1); else, with model.init_from, loads those weights only
  * (res->resumed = 0, the caller still broadcasts). Then, with checkpoints, keeps a copy of run,
  * creates the saver on the writing ranks and reserves its snapshot. Returns 0, DDP_ESPEC
  * (checkpoint of another model), DDP_EFORMAT, -errno. */
-int ddp_tckpt_start(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_tckpt_resume_t *res,
+int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_saving_resume_t *res,
                     ddp_errinfo_t *ei);
 
 /* Elastic, when the world changed (run: the new one): completes a save this rank is writing
  * (before a state broadcast may change the arenas), abandons a striped save of the old
  * generation, and makes the savers of the ranks that write in the new one. Returns 0 or the new
  * saver's error. NULL-safe. */
-int ddp_tckpt_regroup(ddp_tckpt_t *c, const ddp_tckpt_run_t *run, ddp_errinfo_t *ei);
+int ddp_saving_regroup(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_errinfo_t *ei);
 
-/* What a step's optimizer update does for the checkpoints (ddp_tckpt_before_update fills it). */
-typedef struct ddp_tckpt_update {
-    int save_follows;     /* a save of this step is planned (ddp_tckpt_planned) */
+/* What a step's optimizer update does for the checkpoints (ddp_saving_before_update fills it). */
+typedef struct ddp_saving_update {
+    int save_follows;     /* a save of this step is planned (ddp_saving_planned) */
     ddp_adamw_crc_t *crc; /* where ddp_adamw_step puts the CRC32C of what it writes, or NULL */
-} ddp_tckpt_update_t;
+} ddp_saving_update_t;
 
 /* Inside the step that completes step `next`, just before the optimizer update: joins a running
  * snapshot helper (the parameters must not change under it), timing and logging any wait, and
@@ -153,36 +153,36 @@ typedef struct ddp_tckpt_update {
  * save then need not read the arenas for its checksums); NULL otherwise (every rank of a sharded
  * update gets the same answer). Returns the helper's error (the snapshot failed: the save is
  * dropped and logged, training goes on: returns 0). NULL-safe (*u zeroed). */
-int ddp_tckpt_before_update(ddp_tckpt_t *c, long next, ddp_tckpt_update_t *u, ddp_errinfo_t *ei);
+int ddp_saving_before_update(ddp_saving_t *c, long next, ddp_saving_update_t *u, ddp_errinfo_t *ei);
 /* After that update completed (all ranks), when it was not skipped: with u->crc, a sharded
  * update's CRCs are merged over the ranks (one small all-reduce) and the save of step `next` may
  * use them. Returns 0, DDP_ENOMEM or the all-reduce's error; 0 without u->crc. */
-int ddp_tckpt_after_update(ddp_tckpt_t *c, long next, const ddp_tckpt_update_t *u,
+int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_t *u,
                            ddp_errinfo_t *ei);
 
 /* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
  * per-step all-reduce; zeros when no striped save is pending. NULL-safe. */
-void ddp_tckpt_vote(ddp_tckpt_t *c, float vals[2]);
+void ddp_saving_vote(ddp_saving_t *c, float vals[2]);
 /* With the all-reduced sums of the votes: when every writer reported, rank 0 commits (or, when
  * one failed, the save is abandoned with a warning). Returns 0 or the commit's error (logged;
  * training goes on, so 0 unless the error is fatal). NULL-safe. */
-int ddp_tckpt_tally(ddp_tckpt_t *c, const float sums[2], ddp_errinfo_t *ei);
+int ddp_saving_tally(ddp_saving_t *c, const float sums[2], ddp_errinfo_t *ei);
 
 /* Whether a save of `step` is planned (every checkpoint.every steps, the last step, the step of
  * --stop-at-step). A save after a stop signal is not: it is known only once the step is done.
  * 0 for NULL. */
-int ddp_tckpt_planned(const ddp_tckpt_t *c, long step);
+int ddp_saving_planned(const ddp_saving_t *c, long step);
 
 /* After each completed step (all ranks; any_stop: every rank stops after it): starts a save of
  * pos when one is due (every checkpoint.every steps). Returns 0 or an error that stops training
  * (bad state, no memory). NULL-safe. */
-int ddp_tckpt_after_step(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
+int ddp_saving_after_step(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
                          ddp_errinfo_t *ei);
 
 /* At the end of training (steps done, or stopped by a signal: all ranks together): saves pos
  * unless it was just saved, waits for it to be durable and committed. Returns 0 or the save's
  * error. NULL-safe. */
-int ddp_tckpt_finish(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
+int ddp_saving_finish(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
                      ddp_errinfo_t *ei);
 
 /* After a failure that ends the run (a static world lost a rank, or an elastic job failed):
@@ -193,14 +193,14 @@ int ddp_tckpt_finish(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int any_stop,
  * written without checkpoints. Needs no communication. moments_whole: a sharded run's moment
  * arenas are current everywhere. Returns 0 or the save's error (DDP_ENOTSUP for a sharded
  * optimizer state). */
-int ddp_tckpt_emergency_save(ddp_tckpt_t *c, const ddp_tckpt_pos_t *pos, int moments_whole,
+int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int moments_whole,
                              ddp_errinfo_t *ei);
 
 /* Copies the statistics (zeros without checkpoints). */
-void ddp_tckpt_get_stats(const ddp_tckpt_t *c, ddp_tckpt_stats_t *out);
+void ddp_saving_get_stats(const ddp_saving_t *c, ddp_saving_stats_t *out);
 
 /* Joins any helper, waits for the writer, frees. NULL-safe. */
-void ddp_tckpt_free(ddp_tckpt_t *c);
+void ddp_saving_free(ddp_saving_t *c);
 
 
 #endif

@@ -9,7 +9,7 @@
 /* Micro-batches the busiest of `world` ranks computes of n_micro (data.h's deal). */
 static int busiest_share(int n_micro, int world) { return (n_micro + world - 1) / world; }
 
-int ddp_xfer_overlap_pays(const ddp_xfer_header_t *h, double bytes, size_t grad_bytes,
+int ddp_transfer_overlap_pays(const ddp_transfer_header_t *h, double bytes, size_t grad_bytes,
                           int world, int receivers, int n_micro)
 {
     if (h->micro_ms <= 0 || h->allreduce_ms <= 0 || h->allreduce_world < 2 || grad_bytes == 0 ||
@@ -22,13 +22,13 @@ int ddp_xfer_overlap_pays(const ddp_xfer_header_t *h, double bytes, size_t grad_
     return transfer_ms > extra * h->micro_ms;
 }
 
-int ddp_xfer_plan(ddp_xfer_t *x, ddp_coll_t *comm, int source, int has_state, int mode,
-                  size_t n, int n_micro, ddp_xfer_header_t *hdr, ddp_errinfo_t *ei)
+int ddp_transfer_plan(ddp_transfer_t *x, ddp_coll_t *comm, int source, int has_state, int mode,
+                  size_t n, int n_micro, ddp_transfer_header_t *hdr, ddp_errinfo_t *ei)
 {
-    ddp_xfer_clear(x);
+    ddp_transfer_clear(x);
     x->world = ddp_coll_size(comm);
     x->rank = ddp_coll_rank(comm);
-    ddp_xfer_header_t h = *hdr;
+    ddp_transfer_header_t h = *hdr;
     ddp_coll_req_t *req;
     DDP_CHECK(ddp_coll_broadcast(comm, &h, sizeof h, source, &req));
     DDP_CHECK(ddp_coll_wait(req, 0, ei));
@@ -54,15 +54,15 @@ int ddp_xfer_plan(ddp_xfer_t *x, ddp_coll_t *comm, int source, int has_state, in
     if (x->receiving) x->deal_rank = 0;
     x->active = x->n_receivers > 0;
     /* the same inputs everywhere (the source's figures), so the same choice */
-    x->overlap = mode == DDP_XFER_OVERLAP ||
-                 (mode == DDP_XFER_AUTO &&
-                  ddp_xfer_overlap_pays(&h, 3.0 * (double)(n * sizeof(float)), n * sizeof(float),
+    x->overlap = mode == DDP_TRANSFER_OVERLAP ||
+                 (mode == DDP_TRANSFER_AUTO &&
+                  ddp_transfer_overlap_pays(&h, 3.0 * (double)(n * sizeof(float)), n * sizeof(float),
                                         x->world, x->n_receivers, n_micro));
     if (x->receiving) *hdr = h;
     return 0;
 }
 
-int ddp_xfer_start(ddp_xfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_arenas,
+int ddp_transfer_start(ddp_transfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_arenas,
                    size_t n)
 {
     /* each run of consecutive receivers (in ring order) from the holder just before it: the
@@ -81,7 +81,7 @@ int ddp_xfer_start(ddp_xfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_
         for (int r = next; x->receivers[r]; r = (r + 1) % W) run[r] = 1;
         if (x->first_root < 0) x->first_root = root;
         for (int a = 0; rc == 0 && a < n_arenas; a++) {
-            if (x->n_reqs == DDP_XFER_MAX_REQS) {
+            if (x->n_reqs == DDP_TRANSFER_MAX_REQS) {
                 rc = DDP_EINVAL;
                 break;
             }
@@ -95,7 +95,7 @@ int ddp_xfer_start(ddp_xfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_
     return rc;
 }
 
-int ddp_xfer_wait(ddp_xfer_t *x, ddp_errinfo_t *ei)
+int ddp_transfer_wait(ddp_transfer_t *x, ddp_errinfo_t *ei)
 {
     int rc = 0;
     int64_t last = x->t_start;
@@ -111,7 +111,7 @@ int ddp_xfer_wait(ddp_xfer_t *x, ddp_errinfo_t *ei)
     return rc;
 }
 
-void ddp_xfer_clear(ddp_xfer_t *x)
+void ddp_transfer_clear(ddp_transfer_t *x)
 {
     for (int i = 0; i < x->n_reqs; i++) ddp_coll_wait(x->reqs[i], 0, NULL);
     free(x->receivers);

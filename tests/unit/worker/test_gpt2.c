@@ -475,8 +475,8 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     set_model_precision(fx, prec);
     adamw_setup(fx, &opt, &spec);
     fixture_hyperparameters(fx, &spec);
-    ddp_lscale_t ls;
-    ddp_lscale_init(&ls, prec, 2000);
+    ddp_loss_scale_t ls;
+    ddp_loss_scale_init(&ls, prec, 2000);
     size_t n = (size_t)fx->B * fx->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     const ddp_arena_part_t whole = {0, fx->m.n_params, 0};
@@ -485,14 +485,14 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     int skipped = 0;
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
-        fx->m.loss_scale = ddp_lscale_factor(&ls, s + 1, 0);
+        fx->m.loss_scale = ddp_loss_scale_factor(&ls, s + 1, 0);
         assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
         assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &losses[s]), 0);
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         float grad_scale = 1.0f / ls.scale;
         double norm = ddp_grad_norm(sums, nb, grad_scale);
-        if (ddp_lscale_update(&ls, isfinite(norm), s + 1, 0)) {
+        if (ddp_loss_scale_update(&ls, isfinite(norm), s + 1, 0)) {
             skipped++;
             continue;
         }
@@ -574,23 +574,23 @@ static void test_mixed_precision_matches_autocast(void **state)
 static void test_loss_scaler(void **state)
 {
     (void)state;
-    ddp_lscale_t ls;
-    ddp_lscale_init(&ls, DDP_KPREC_BF16, 2);
+    ddp_loss_scale_t ls;
+    ddp_loss_scale_init(&ls, DDP_KPREC_BF16, 2);
     assert_int_equal(ls.enabled, 0);
     assert_true(ls.scale == 1.0f);
-    assert_int_equal(ddp_lscale_update(&ls, 0, 1, 0), 0); /* bf16: nothing to do */
-    ddp_lscale_init(&ls, DDP_KPREC_FP16, 2);
+    assert_int_equal(ddp_loss_scale_update(&ls, 0, 1, 0), 0); /* bf16: nothing to do */
+    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2);
     assert_true(ls.scale == 65536.0f);
-    assert_int_equal(ddp_lscale_update(&ls, 1, 1, 0), 0);
+    assert_int_equal(ddp_loss_scale_update(&ls, 1, 1, 0), 0);
     assert_true(ls.scale == 65536.0f);
-    assert_int_equal(ddp_lscale_update(&ls, 1, 2, 0), 0);
+    assert_int_equal(ddp_loss_scale_update(&ls, 1, 2, 0), 0);
     assert_true(ls.scale == 131072.0f);
-    assert_int_equal(ddp_lscale_update(&ls, 0, 3, 0), 1); /* overflow: skip, halve */
+    assert_int_equal(ddp_loss_scale_update(&ls, 0, 3, 0), 1); /* overflow: skip, halve */
     assert_true(ls.scale == 65536.0f);
     assert_int_equal(ls.clean, 0);
-    assert_int_equal(ddp_lscale_update(&ls, 1, 4, 0), 0);
-    assert_int_equal(ddp_lscale_update(&ls, 0, 5, 0), 1); /* the clean count restarts */
-    assert_int_equal(ddp_lscale_update(&ls, 1, 6, 0), 0);
+    assert_int_equal(ddp_loss_scale_update(&ls, 1, 4, 0), 0);
+    assert_int_equal(ddp_loss_scale_update(&ls, 0, 5, 0), 1); /* the clean count restarts */
+    assert_int_equal(ddp_loss_scale_update(&ls, 1, 6, 0), 0);
     assert_true(ls.scale == 32768.0f);
     assert_int_equal(ls.overflows, 2);
 }
