@@ -104,7 +104,7 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     /* test hook: this rank's check may see a flipped bit */
-    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->step, t->world.rank) ? t->world.rank : -1;
+    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->pos.step, t->world.rank) ? t->world.rank : -1;
     return ddp_replicas_check(t->world.comm, &t->model, flip, ei);
 }
 
@@ -177,41 +177,12 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     t->world.comm = NULL;
 }
 
-/* The trainer's counters for a state transfer (state_transfer.h), and back. */
-static ddp_transfer_header_t header_of(const ddp_trainer_t *t)
-{
-    ddp_transfer_header_t h = {.step = t->step, .adam_t = t->opt.t, .tokens = t->tokens,
-                           .skipped = t->skipped_steps, .last_loss = t->last_loss,
-                           .last_val_loss = t->last_val_loss, .last_norm = t->last_norm,
-                           .last_step_ms = t->last_step_ms, .loss_scale = t->loss_scale.scale,
-                           .loss_scale_clean = t->loss_scale.clean, .micro_ms = t->last_micro_ms,
-                           .allreduce_ms = t->comm_stats.comm_ms,
-                           .allreduce_world = t->last_step_world};
-    memcpy(h.rng, t->rng.s, sizeof h.rng);
-    return h;
-}
-
-static void apply_header(ddp_trainer_t *t, const ddp_transfer_header_t *h)
-{
-    t->step = h->step;
-    t->opt.t = h->adam_t;
-    t->tokens = h->tokens;
-    t->skipped_steps = h->skipped;
-    t->last_loss = h->last_loss;
-    t->last_val_loss = h->last_val_loss;
-    t->last_norm = h->last_norm;
-    t->last_step_ms = h->last_step_ms;
-    t->loss_scale.scale = h->loss_scale;
-    t->loss_scale.clean = h->loss_scale_clean;
-    memcpy(t->rng.s, h->rng, sizeof h->rng);
-}
-
 /* Queues the transfers of the weights and both moments (state_transfer.h). */
 int ddp__trainer_start_transfer(ddp_trainer_t *t)
 {
     float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
     DDP_CHECK(ddp_world_after_compute(&t->world)); /* the last update wrote them */
-    return ddp_transfer_start(&t->transfer, t->world.comm, arenas, 3, t->model.n_params);
+    return ddp_transfer_start(&t->transfer, arenas, 3, t->model.n_params);
 }
 
 /* After a state transfer (pause: before the step; overlap: after the update of the step that
@@ -224,13 +195,13 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_trainer_check_replicas(t, ei));
     float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
     DDP_CHECK(ddp_world_allreduce(&t->world, &ms, 1, DDP_OP_SUM, ei));
-    long state_step = x->overlap ? t->step - 1 : t->step; /* whose state travelled */
+    long state_step = x->overlap ? t->pos.step - 1 : t->pos.step; /* whose state travelled */
     if (x->receiving) {
         t->has_state = 1;
         DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
         char during[64] = "while the other ranks waited";
         if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
-                                 t->step);
+                                 t->pos.step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
                  "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
                  t->world.rank, t->world.size, state_step, x->first_root, x->bytes / 1e6, x->ms,
@@ -261,15 +232,15 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
     ddp_transfer_t *x = &t->transfer;
-    ddp_transfer_header_t h = header_of(t);
-    DDP_CHECK(ddp_transfer_plan(x, t->world.comm, t->gen.source, t->has_state, t->spec.state_transfer,
-                            t->model.n_params, t->n_micro, &h, ei));
+    ddp_transfer_cfg_t cfg = {.world = &t->world, .source = t->gen.source,
+                              .has_state = t->has_state, .mode = t->spec.state_transfer,
+                              .n = t->model.n_params, .n_micro = t->n_micro, .pos = &t->pos,
+                              .adam_t = &t->opt.t, .last = &t->last};
+    DDP_CHECK(ddp_transfer_plan(x, &cfg, ei));
     *receivers = x->n_receivers;
     if (!x->active) return 0;
-    if (x->receiving) {
-        apply_header(t, &h);
-        t->has_state = 0; /* until the arenas arrived (pause) or the step's update (overlap) */
-    }
+    if (x->receiving) t->has_state = 0; /* until the arenas arrived (pause) or the step's
+                                         * update (overlap) */
     if (x->overlap) return set_deal(t, x->deal_rank, x->deal_world);
     DDP_CHECK(ddp__trainer_start_transfer(t));
     DDP_CHECK(ddp_transfer_wait(x, ei));
@@ -287,7 +258,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     memset(st, 0, sizeof *st);
     int64_t t0 = ddp_now_ns();
     /* a rank still waiting for its first state has none to offer */
-    DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->step : -1, &t->gen, &bs, ei));
+    DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->pos.step : -1, &t->gen, &bs, ei));
     int64_t t1 = ddp_now_ns();
     DDP_CHECK(ddp__trainer_open_comm(t, bs, ei));
     if (t->n_micro < t->world.size)
@@ -310,7 +281,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
      * it, or the source completed a step this rank did not (a failure struck between the
      * step's commit on some ranks and on others); its line comes from the step's figures,
      * which every rank holds (loss and norm are global) or received with the state */
-    if (t->metrics && t->step > 0 && t->step > t->logged_step)
-        ddp_trainer_log_step(t, t->last_loss, t->last_step_ms);
+    if (t->metrics && t->pos.step > 0 && t->pos.step > t->logged_step)
+        ddp_trainer_log_step(t, t->pos.last_loss, t->last.ms);
     return 0;
 }

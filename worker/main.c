@@ -436,8 +436,8 @@ static int worker_main(int argc, char **argv)
     if (rc == 0 && t.metrics) {
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_DONE);
-        r.step = t.step;
-        r.final_loss = t.last_loss;
+        r.step = t.pos.step;
+        r.final_loss = t.pos.last_loss;
         ddp_metrics_sink_write(t.metrics, &r);
     }
     if (rc) {

@@ -97,7 +97,7 @@ void ddp_trainer_log_moments(const ddp_trainer_t *t)
     long long m = ddp_mem_resident(t->opt.m, bytes), v = ddp_mem_resident(t->opt.v, bytes);
     char res[32], all[32];
     if (m >= 0 && v >= 0)
-        DDP_INFO("optimizer moments resident after step %ld: %s of %s (%lld KiB)%s", t->step,
+        DDP_INFO("optimizer moments resident after step %ld: %s of %s (%lld KiB)%s", t->pos.step,
                  ddp_mem_fmt(m + v, res, sizeof res),
                  ddp_mem_fmt(2 * (int64_t)bytes, all, sizeof all), (m + v) / 1024,
                  t->zero1.on ? ", sharded: this rank's slices" : "");

@@ -28,12 +28,10 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
     if (!ddp_world_comm_error(&t->world, rc) || !t->has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
-    ddp_saving_pos_t pos;
-    ddp_trainer_position(t, &pos);
     /* sharded on one host: the dead rank's slices of the moments are still in its shared
      * memory, which this process maps */
     int whole = t->saving && ddp_zero1_from_peers(&t->zero1);
-    if (ddp_saving_emergency_save(t->saving, &pos, whole, &sei) != 0) {
+    if (ddp_saving_emergency_save(t->saving, &t->pos, whole, &sei) != 0) {
         char msg[1024];
         DDP_ERROR("%s", ddp_errinfo_str(&sei, msg, sizeof msg));
     }
@@ -49,7 +47,7 @@ static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *s = &t->spec;
-    DDP_CHECK(ddp_profile_before_step(&t->profile, &t->k, t->step + 1));
+    DDP_CHECK(ddp_profile_before_step(&t->profile, &t->k, t->pos.step + 1));
     int64_t t0 = ddp_now_ns();
     float loss = 0;
     int rc = ddp_trainer_step(t, &loss, ei);
@@ -59,30 +57,28 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     /* the window pauses before the step's line (and closes after the last profiled step) */
-    DDP_CHECK(ddp_profile_after_step(&t->profile, &t->k, t->step, ms, t->comm_stats.comm_ms,
-                                     t->comm_stats.exposed_ms, t->opts.run_dir, t->world.rank));
+    DDP_CHECK(ddp_profile_after_step(&t->profile, &t->k, t->pos.step, ms, t->last.comm.comm_ms,
+                                     t->last.comm.exposed_ms, t->opts.run_dir, t->world.rank));
     ddp_trainer_log_step(t, loss, ms);
     /* limits.log_bytes also covers what libraries and stdio wrote straight to fds 1 and 2, which
      * ddp_log cannot count: one fstat a step (common/log.h) */
     ddp_log_check_limit();
-    if (t->world.comm && s->check_every > 0 && t->step % s->check_every == 0)
+    if (t->world.comm && s->check_every > 0 && t->pos.step % s->check_every == 0)
         DDP_CHECK(ddp_trainer_check_replicas(t, ei));
-    if (t->have_val && (t->step % s->val_every == 0 || t->step == s->steps)) {
+    if (t->have_val && (t->pos.step % s->val_every == 0 || t->pos.step == s->steps)) {
         float vl = 0;
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
         if (t->world.rank == 0 && !t->opts.quiet)
-            DDP_INFO("step %5ld/%ld | val loss %.4f", t->step, s->steps, vl);
+            DDP_INFO("step %5ld/%ld | val loss %.4f", t->pos.step, s->steps, vl);
         if (t->metrics) {
             ddp_metrics_rec_t r;
             ddp_metrics_init(&r, DDP_METRICS_VAL);
-            r.step = t->step;
+            r.step = t->pos.step;
             r.val_loss = vl;
             ddp_metrics_sink_write(t->metrics, &r);
         }
     }
-    ddp_saving_pos_t pos;
-    ddp_trainer_position(t, &pos);
-    return ddp_saving_after_step(t->saving, &pos, t->any_stop, ei);
+    return ddp_saving_after_step(t->saving, &t->pos, t->any_stop, ei);
 }
 
 /* Leaves the current generation and joins the next (blocking until it forms). */
@@ -91,26 +87,26 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     int64_t t0 = ddp_now_ns();
     unsigned long long old_gen = (unsigned long long)t->gen.gen;
     int old_world = t->world.size;
-    DDP_WARN("generation %llu ends at step %ld: %s", old_gen, t->step, cause);
+    DDP_WARN("generation %llu ends at step %ld: %s", old_gen, t->pos.step, cause);
     ddp_trainer_leave_world(t);
     ddp_regroup_stats_t st;
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
              "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->world.rank,
-             t->world.size, old_world, t->step, ms,
+             t->world.size, old_world, t->pos.step, ms,
              st.shrunk ? ", its communicator the last one shrunk" : "", t->gen.why);
     if (t->transfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
                  "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->transfer.n_receivers,
-                 t->step, t->gen.source, t->step + 1,
+                 t->pos.step, t->gen.source, t->pos.step + 1,
                  t->transfer.receiving ? "receives it" : "computes the step");
     if (t->metrics) {
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_GENERATION);
         r.generation = (int64_t)t->gen.gen;
         r.world = t->world.size;
-        r.step = t->step;
+        r.step = t->pos.step;
         snprintf(r.cause, sizeof r.cause, "%s", t->gen.why); /* the codec escapes it */
         r.reconfig_ms = ms;
         r.form_ms = st.form_ms;
@@ -131,7 +127,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
     t->run_t0 = ddp_now_ns();
     int stalled = 0; /* generations ended in a row without a completed step */
-    ddp_profile_plan(&t->profile, s->profile, t->step, stop_at < s->steps ? stop_at : s->steps);
+    ddp_profile_plan(&t->profile, s->profile, t->pos.step, stop_at < s->steps ? stop_at : s->steps);
     if (s->profile > 0 && t->world.rank == 0 && !t->opts.quiet) {
         if (t->profile.to >= t->profile.from)
             DDP_INFO("profile: steps %ld-%ld per op, after %ld warm-up step(s)",
@@ -139,12 +135,12 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
         else
             DDP_INFO("profile: no step left to profile");
     }
-    if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
-    while (t->step < s->steps && t->step < stop_at && !t->any_stop) {
-        ddp_trace_step(t->step + 1); /* train.trace */
+    if (t->elastic) ddp_elastic_set_step(t->elastic, t->pos.step);
+    while (t->pos.step < s->steps && t->pos.step < stop_at && !t->any_stop) {
+        ddp_trace_step(t->pos.step + 1); /* train.trace */
         t->stop_requested = stop && *stop;
         int rc = step_and_boundary(t, ei);
-        if (rc == 0 && t->regroup && t->step < s->steps && !t->any_stop)
+        if (rc == 0 && t->regroup && t->pos.step < s->steps && !t->any_stop)
             rc = next_generation(t, "regroup at the step boundary", ei);
         if (rc == 0) stalled = 0;
         /* also a failure while the next generation forms */
@@ -168,12 +164,10 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
             return end_with_failure(t, rc, ei);
         }
     }
-    ddp_saving_pos_t pos;
-    ddp_trainer_position(t, &pos);
-    DDP_CHECK(ddp_saving_finish(t->saving, &pos, t->any_stop, ei));
+    DDP_CHECK(ddp_saving_finish(t->saving, &t->pos, t->any_stop, ei));
     if (t->elastic) {
         ddp_elastic_watch(t->elastic, NULL); /* the coordinator closes once everyone is done */
-        DDP_CHECK(ddp_elastic_done(t->elastic, t->step));
+        DDP_CHECK(ddp_elastic_done(t->elastic, t->pos.step));
     }
     return 0;
 }

@@ -82,7 +82,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         if (rc == 0) rc = ddp_k_sync(m->k);
         if (rc) break;
         ddp_act_to_f32(row, act_row, (size_t)V, prec);
-        ctx[i] = draw(&t->rng, row, drawable);
+        ctx[i] = draw(&t->pos.rng, row, drawable);
         rc = put_token(t->tokenizer, V, ctx[i], out);
     }
     fputc('\n', out);

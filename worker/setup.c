@@ -109,13 +109,6 @@ void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
                            .ids = t->tokenizer ? &t->tokenizer->ids : NULL};
 }
 
-void ddp_trainer_position(const ddp_trainer_t *t, ddp_saving_pos_t *pos)
-{
-    *pos = (ddp_saving_pos_t){.step = t->step, .tokens = t->tokens, .last_loss = t->last_loss,
-                             .loss_scale = t->loss_scale.scale, .loss_scale_clean = t->loss_scale.clean};
-    memcpy(pos->rng, t->rng.s, sizeof pos->rng);
-}
-
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
@@ -199,7 +192,6 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int joins_live = t->elastic && t->gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->prec);
-    ddp_loss_scale_init(&t->loss_scale, t->prec, s->loss_scale_interval); /* a resume restores it */
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
     DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, t->world.rank, world, t->opts.no_resume,
                                      t->opts.resume_step, &t->saving, &adopt_gbt, ei),
@@ -214,32 +206,20 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                    rc, fail);
     /* the products' 16-bit weights: one copy of the whole arena, which the update keeps */
     DDP_K(&t->k, set_weights, t->model.w, t->model.n_params);
-    ddp_rng_seed(&t->rng, s->seed);
+    ddp_rng_seed(&t->pos.rng, s->seed);
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
-    if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->rng), rc, fail);
+    if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->pos.rng), rc, fail);
     t->model.interrupted = comm_failed; /* a failed step stops at once */
     t->model.interrupted_arg = &t->world;
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]),
                    rc, fail);
     ddp_saving_run_t view;
     ddp__trainer_checkpoint_view(t, &view);
-    ddp_saving_resume_t res; /* every rank loaded the same checkpoint: nothing to broadcast */
-    DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &res, ei), rc, fail);
-    if (res.resumed) {
-        t->step = res.step;
-        t->tokens = res.tokens;
-        t->opt.t = res.adam_t;
-        memcpy(t->rng.s, res.rng, sizeof t->rng.s);
-        t->last_loss = (float)res.last_loss;
-        /* fp16: the scale goes on; a checkpoint of another precision has 1 */
-        if (t->loss_scale.enabled && isfinite(res.loss_scale) && res.loss_scale > 0 &&
-            res.loss_scale != 1.0) {
-            t->loss_scale.scale = (float)res.loss_scale;
-            t->loss_scale.clean = res.loss_scale_clean;
-        }
-    }
-    if (!res.resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
+    int resumed; /* every rank loaded the same checkpoint: nothing to broadcast */
+    DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
+    ddp_loss_scale_init(&t->loss_scale, t->prec, s->loss_scale_interval, &t->pos);
+    if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     t->emb_tokens_f = ddp_malloc((size_t)t->n_micro * s->micro_batch * s->seq_len * sizeof(float));
     t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
     if (!t->emb_tokens_f || !t->emb_tokens) {

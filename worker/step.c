@@ -72,8 +72,8 @@ static int contribute_nothing(ddp_trainer_t *t)
  * ahead of the gradient buckets (on every rank), and a receiver's empty contribution. */
 static int begin_step(ddp_trainer_t *t)
 {
-    long next = t->step + 1;
-    t->model.loss_scale = ddp_loss_scale_factor(&t->loss_scale, next, t->world.rank); /* 1 unless fp16 */
+    long next = t->pos.step + 1;
+    t->model.loss_scale = ddp_loss_scale_factor(&t->pos, t->world.rank); /* 1 unless fp16 */
     if (t->transfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
     if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
     /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
@@ -91,11 +91,11 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
     ddp_kernels_t *k = &t->k;
     for (int micro = 0; micro < t->accum; micro++) {
         const int32_t *inputs, *targets;
-        DDP_CHECK(ddp_loader_next(&t->loader, t->step, micro, &inputs, &targets, ei));
+        DDP_CHECK(ddp_loader_next(&t->loader, t->pos.step, micro, &inputs, &targets, ei));
         float l = 0;
         int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len);
         if (rc) return pass_failed(t, rc, ei);
-        ddp_test_hook(DDP_HOOK_MICRO_STEP, t->step + 1, t->first_rank); /* a slow rank */
+        ddp_test_hook(DDP_HOOK_MICRO_STEP, t->pos.step + 1, t->first_rank); /* a slow rank */
         if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
         if (micro < t->accum - 1) {
             rc = ddp_model_backward(m, NULL, NULL, &l);
@@ -122,7 +122,7 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
  * this step, and the embedding slots (summed and added to wte's gradient). */
 static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    int rc = ddp_reducer_finish(&t->reducer, &t->comm_stats, ei);
+    int rc = ddp_reducer_finish(&t->reducer, &t->last.comm, ei);
     if (!rc) rc = t->ready_rc;
     if (!rc && t->transfer.active) rc = ddp_transfer_wait(&t->transfer, ei);
     if (!rc) rc = ddp__trainer_add_embedding_grads(t, ei);
@@ -132,7 +132,7 @@ static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
 size_t ddp__trainer_vote_floats(int world) { return VOTE_RANKS + (size_t)world; }
 
 /* All-reduces v (this rank's part in, the sums out; v->rank_ms then points at every rank's
- * compute time, this rank's being t->compute_ms). The checkpoints ride on it: their writers'
+ * compute time, this rank's being t->last.compute_ms). The checkpoints ride on it: their writers'
  * shards durable / failed go in (ddp_saving_vote), and the sums settle a striped save
  * (ddp_saving_tally), so that a save needs no collective of its own. */
 static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
@@ -145,7 +145,7 @@ static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
     f[VOTE_CKPT] = v->ckpt[0];
     f[VOTE_CKPT + 1] = v->ckpt[1];
     f[VOTE_REGROUP] = (float)v->regroup;
-    f[VOTE_RANKS + t->world.rank] = (float)t->compute_ms;
+    f[VOTE_RANKS + t->world.rank] = (float)t->last.compute_ms;
     DDP_CHECK(ddp_world_allreduce(&t->world, f, VOTE_RANKS + t->world.size, DDP_OP_SUM, ei));
     v->loss_sum = f[VOTE_LOSS];
     v->stop = (int)f[VOTE_STOP];
@@ -162,7 +162,7 @@ static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
     int straggler = ddp_straggler_update(&t->stragglers, rank_ms);
     if (straggler >= 0 && t->world.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
-                 "%.0f%% above the median %.1f ms, for %d steps in a row", t->step + 1,
+                 "%.0f%% above the median %.1f ms, for %d steps in a row", t->pos.step + 1,
                  straggler, t->stragglers.named_ms,
                  100.0 * (t->stragglers.named_ms / t->stragglers.median_ms - 1),
                  t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
@@ -212,15 +212,15 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
         if (bad[i] > 0) name = m->params[i].name;
     free(bad);
     if (rc) return rc;
-    t->skipped_steps++;
+    t->pos.skipped++;
     if (++t->skipped_in_a_row >= DDP_MAX_SKIPPED_STEPS)
         return ddp_errinfo_set(ei, DDP_ENUMERIC,
                                "step %ld: gradient norm %g (first non-finite tensor %s); %d steps "
                                "in a row were skipped, giving up",
-                               t->step + 1, norm, name, t->skipped_in_a_row);
+                               t->pos.step + 1, norm, name, t->skipped_in_a_row);
     if (t->world.rank == 0)
         DDP_WARN("step %ld: gradient norm %g, first non-finite tensor %s: update skipped",
-                 t->step + 1, norm, name);
+                 t->pos.step + 1, norm, name);
     return 0;
 }
 
@@ -230,12 +230,12 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
                         const ddp_saving_update_t *u, ddp_errinfo_t *ei)
 {
     const ddp_reducer_t *r = &t->reducer;
-    double lr = ddp_lr_at(&t->spec, t->step);
+    double lr = ddp_lr_at(&t->spec, t->pos.step);
     ddp_zero1_part_fn on_part = ddp_zero1_update_begin(&t->zero1, u->save_follows);
     DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, lr, grad_scale, norm, r->parts,
                              r->n_buckets, on_part, &t->zero1, u->crc));
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
-    DDP_CHECK(ddp_saving_after_update(t->saving, t->step + 1, u, ei));
+    DDP_CHECK(ddp_saving_after_update(t->saving, t->pos.step + 1, u, ei));
     ddp_zero1_update_end(&t->zero1);
     t->skipped_in_a_row = 0;
     /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
@@ -251,36 +251,36 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 {
     ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->n_micro;
-    if (t->loss_scale.enabled) grad_scale /= t->loss_scale.scale; /* unscaled in the norm and AdamW */
-    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->step + 1, t->world.rank)) { /* poison one gradient */
+    if (t->loss_scale.enabled) grad_scale /= t->pos.loss_scale; /* unscaled in the norm and AdamW */
+    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->pos.step + 1, t->world.rank)) { /* poison one gradient */
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
     int64_t t0 = ddp_now_ns();
     DDP_CHECK(grad_norm(t, grad_scale, norm, ei));
     ddp_saving_update_t u;
-    DDP_CHECK(ddp_saving_before_update(t->saving, t->step + 1, &u, ei));
-    ddp_loss_scale_update(&t->loss_scale, isfinite(*norm), t->step + 1, t->world.rank == 0);
+    DDP_CHECK(ddp_saving_before_update(t->saving, t->pos.step + 1, &u, ei));
+    ddp_loss_scale_update(&t->loss_scale, &t->pos, isfinite(*norm), t->world.rank == 0);
     if (isfinite(*norm))
         DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
     else
         DDP_CHECK(skip_nonfinite_step(t, *norm, ei));
-    t->optim_ms = (double)(ddp_now_ns() - t0) / 1e6;
+    t->last.optim_ms = (double)(ddp_now_ns() - t0) / 1e6;
     return 0;
 }
 
 /* The step is done: the counters and what the vote decided for every rank. */
 static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, float *loss)
 {
-    t->step++;
-    t->tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
+    t->pos.step++;
+    t->pos.tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
     *loss = (float)v->loss_sum / (float)t->n_micro;
     t->any_stop = v->stop > 0;
     t->regroup = v->regroup > 0;
-    t->last_loss = *loss;
-    t->last_norm = norm;
-    t->last_micro_ms = t->accum > 0 ? t->compute_ms / t->accum : 0; /* ddp_transfer_overlap_pays */
-    t->last_step_world = t->world.size;
+    t->pos.last_loss = *loss;
+    t->pos.last_norm = norm;
+    t->last.micro_ms = t->accum > 0 ? t->last.compute_ms / t->accum : 0; /* ddp_transfer_overlap_pays */
+    t->last.world = t->world.size;
 }
 
 /* After the update: a transfer this step carried is finished (collective), the coordinator
@@ -288,7 +288,7 @@ static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, fl
 static int end_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (t->transfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
-    if (t->elastic) ddp_elastic_set_step(t->elastic, t->step);
+    if (t->elastic) ddp_elastic_set_step(t->elastic, t->pos.step);
     if (!t->moments_logged && !ddp_zero1_gathered(&t->zero1)) {
         t->moments_logged = 1;
         ddp_trainer_log_moments(t);
@@ -304,7 +304,7 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     DDP_CHECK(forward_backward(t, &loss_sum, ei));
     int64_t t1 = ddp_now_ns();
     DDP_CHECK(finish_gradients(t, ei));
-    t->compute_ms = (double)(t1 - t0) / 1e6;
+    t->last.compute_ms = (double)(t1 - t0) / 1e6;
 
     /* The step commits here: every rank's gradients arrived (the reducer and the embedding
      * slots are complete), and the vote carries the losses, whether any rank was asked to stop

@@ -9,52 +9,52 @@
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
 {
     const ddp_spec_t *s = &t->spec;
-    const ddp_reducer_stats_t *c = &t->comm_stats;
+    const ddp_reducer_stats_t *c = &t->last.comm;
     double tok = (double)t->n_micro * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
-    double lr = ddp_lr_at(s, t->step - 1);
-    t->last_step_ms = ms;
+    double lr = ddp_lr_at(s, t->pos.step - 1);
+    t->last.ms = ms;
     char world[80] = "";
     if (t->elastic)
         snprintf(world, sizeof world, " | world %d, gen %llu", t->world.size,
                  (unsigned long long)t->gen.gen);
     if (t->loss_scale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
-                 t->loss_scale.scale);
+                 t->pos.loss_scale);
     if (t->world.rank == 0 && !t->opts.quiet &&
-        (t->step % s->log_every == 0 || t->step == s->steps)) {
+        (t->pos.step % s->log_every == 0 || t->pos.step == s->steps)) {
         if (t->world.comm)
             DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
                      "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden%s",
-                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, t->compute_ms,
+                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, ms, t->last.compute_ms,
                      c->comm_ms, c->exposed_ms, 100.0 * c->hidden, world);
         else
             DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms%s",
-                     t->step, s->steps, loss, lr, t->last_norm, tps, ms, world);
+                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, ms, world);
     }
-    if (t->metrics && t->step > t->logged_step) {
+    if (t->metrics && t->pos.step > t->logged_step) {
         /* a skipped step's norm (or a diverged loss) is not finite: the codec writes null */
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_STEP);
-        r.step = t->step;
+        r.step = t->pos.step;
         r.steps = s->steps;
         r.loss = loss;
         r.lr = lr;
-        r.grad_norm = t->last_norm;
+        r.grad_norm = t->pos.last_norm;
         r.tokens_per_s = tps;
         r.step_ms = ms;
-        r.compute_ms = t->compute_ms;
+        r.compute_ms = t->last.compute_ms;
         r.comm_ms = c->comm_ms;
         r.exposed_comm_ms = c->exposed_ms;
         r.hidden = c->hidden;
-        r.optim_ms = t->optim_ms;
-        r.tokens = (int64_t)t->tokens;
+        r.optim_ms = t->last.optim_ms;
+        r.tokens = (int64_t)t->pos.tokens;
         r.world = t->world.size;
         r.generation = (int64_t)t->gen.gen;
         r.straggler = t->stragglers.named;
-        r.loss_scale = t->loss_scale.scale;
+        r.loss_scale = t->pos.loss_scale;
         r.wall_ms = (double)(ddp_now_ns() - t->run_t0) / 1e6;
         ddp_metrics_sink_write(t->metrics, &r); /* a failed write is logged; training goes on */
-        t->logged_step = t->step;
+        t->logged_step = t->pos.step;
     }
 }

@@ -31,6 +31,7 @@
 #include "worker/data/run_tokenizer.h"
 #include "worker/sync/transfer.h"
 #include "worker/sync/world.h"
+#include "worker/sync/position.h"
 #include "worker/sync/straggler.h"
 #include "worker/saving/saving.h"
 #include "worker/optim/zero1.h"
@@ -78,6 +79,8 @@ typedef struct ddp_trainer {
     int have_val;
     ddp_loader_t loader;
     ddp_world_t world;        /* the ranks this one trains with now (sync/world.h) */
+    ddp_position_t pos;       /* where the run is (sync/position.h) */
+    ddp_step_times_t last;    /* what the last step cost */
     ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
                                * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
     uint64_t parent_gen;      /* its generation */
@@ -94,14 +97,10 @@ typedef struct ddp_trainer {
     ddp_straggler_t stragglers;
     int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
     ddp_reducer_t reducer;
-    ddp_reducer_stats_t comm_stats; /* of the last step */
-    double compute_ms;        /* forward + backward of the last step */
-    double optim_ms;          /* gradient norm + optimizer update of the last step */
     int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
     int ready_rc;             /* first error from the reducer inside backward */
     int stop_requested;       /* this rank was asked to stop (signal) */
     int any_stop;             /* some rank was: every rank stops after this step */
-    ddp_rng_t rng;
     int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
     float *emb;       /* embedding-gradient slots, n_micro of them (device; train_embedding.c) */
@@ -115,16 +114,8 @@ typedef struct ddp_trainer {
     float *emb_tokens_f;  /* host staging: the n_micro slots' tokens as floats (a world of one
                            * keeps its own there) */
     int32_t *emb_tokens;  /* and as token ids */
-    long step;        /* optimizer steps completed */
-    uint64_t tokens;  /* tokens trained on, all ranks */
     ddp_metrics_sink_t *metrics; /* rank 0's metrics.jsonl (+ TensorBoard), or NULL */
-    float last_loss, last_val_loss;
-    int skipped_steps;        /* updates skipped for a non-finite gradient */
     int skipped_in_a_row;
-    double last_norm; /* gradient norm of the last step (after averaging, before clipping) */
-    double last_step_ms; /* wall time of the last step */
-    double last_micro_ms; /* its forward + backward per micro-batch (0: computed none) */
-    int last_step_world;  /* its world */
     ddp_saving_t *saving; /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
     int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
     ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
@@ -165,8 +156,6 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
 /* Collective: every rank's parameters are bitwise rank 0's (worker/replicas.h), else
  * DDP_EMISMATCH naming where they differ. */
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
-/* The trainer's position now, for its checkpoints. */
-void ddp_trainer_position(const ddp_trainer_t *t, ddp_saving_pos_t *pos);
 
 /* Runs optimizer steps until spec.steps or until *stop becomes nonzero (checked between
  * steps; may be set by a signal handler), saving checkpoints every checkpoint.every steps and

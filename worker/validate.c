@@ -24,6 +24,6 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     free(in);
     free(tg);
     if (rc == 0) rc = ddp_world_allreduce(&t->world, sums, 2, DDP_OP_SUM, ei);
-    if (rc == 0) *loss = t->last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
+    if (rc == 0) *loss = t->pos.last_val_loss = sums[0] / (sums[1] > 0 ? sums[1] : 1);
     return rc;
 }

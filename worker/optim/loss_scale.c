@@ -40,40 +40,45 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
     return 0;
 }
 
-void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval)
+void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval,
+                         ddp_position_t *pos)
 {
     memset(ls, 0, sizeof *ls);
     ls->enabled = prec == DDP_KPREC_FP16;
-    ls->scale = ls->enabled ? DDP_LOSS_SCALE_INIT : 1.0f;
     ls->interval = interval > 0 ? interval : 2000;
+    float s = pos->loss_scale;
+    if (ls->enabled && isfinite(s) && s > 0 && s != 1.0f) return; /* resumed */
+    pos->loss_scale = ls->enabled ? DDP_LOSS_SCALE_INIT : 1.0f;
+    pos->loss_scale_clean = 0;
 }
 
-float ddp_loss_scale_factor(const ddp_loss_scale_t *ls, long step, int rank)
+float ddp_loss_scale_factor(const ddp_position_t *pos, int rank)
 {
-    if (ddp_test_hook(DDP_HOOK_LOSS_SCALE, step, rank)) return INFINITY;
-    return ls->scale;
+    if (ddp_test_hook(DDP_HOOK_LOSS_SCALE, pos->step + 1, rank)) return INFINITY;
+    return pos->loss_scale;
 }
 
-int ddp_loss_scale_update(ddp_loss_scale_t *ls, int finite, long step, int log)
+int ddp_loss_scale_update(ddp_loss_scale_t *ls, ddp_position_t *pos, int finite, int log)
 {
     if (!ls->enabled) return 0;
+    long step = pos->step + 1;
     if (!finite) {
-        float old = ls->scale;
-        ls->scale = old * 0.5f > 1.0f / 65536 ? old * 0.5f : old; /* floor at 2^-16 */
-        ls->clean = 0;
+        float old = pos->loss_scale;
+        pos->loss_scale = old * 0.5f > 1.0f / 65536 ? old * 0.5f : old; /* floor at 2^-16 */
+        pos->loss_scale_clean = 0;
         ls->overflows++;
         if (log)
             DDP_WARN("step %ld: fp16 overflow (non-finite gradient): update skipped, loss scale "
-                     "%g -> %g", step, old, ls->scale);
+                     "%g -> %g", step, old, pos->loss_scale);
         return 1;
     }
-    if (++ls->clean >= ls->interval) {
-        float old = ls->scale;
-        if (old * 2.0f <= 16777216.0f) ls->scale = old * 2.0f; /* cap at 2^24 */
-        ls->clean = 0;
-        if (log && ls->scale != old)
+    if (++pos->loss_scale_clean >= ls->interval) {
+        float old = pos->loss_scale;
+        if (old * 2.0f <= 16777216.0f) pos->loss_scale = old * 2.0f; /* cap at 2^24 */
+        pos->loss_scale_clean = 0;
+        if (log && pos->loss_scale != old)
             DDP_INFO("step %ld: %ld clean fp16 steps: loss scale %g -> %g", step, ls->interval,
-                     old, ls->scale);
+                     old, pos->loss_scale);
     }
     return 0;
 }

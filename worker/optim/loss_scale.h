@@ -20,15 +20,17 @@
 
 #include "kernels/kernels.h"
 #include "proto/spec.h"
+#include "worker/sync/position.h"
 
 #define DDP_LOSS_SCALE_INIT 65536.0f /* 2^16, PyTorch GradScaler's default */
 
+/* The scaler's settings and counts; the scale itself and its clean steps are part of the run's
+ * position (sync/position.h: pos->loss_scale, pos->loss_scale_clean), which checkpoints and the
+ * state transfer carry. */
 typedef struct ddp_loss_scale {
     int enabled;     /* fp16 */
-    float scale;     /* the factor on the loss gradient; 1 when disabled */
-    long clean;      /* clean steps since the last overflow or growth */
     long interval;   /* clean steps before the scale doubles */
-    long overflows;  /* steps skipped for an overflow */
+    long overflows;  /* steps skipped for an overflow on this rank's watch */
 } ddp_loss_scale_t;
 
 /* Resolves `asked` (AUTO: bf16 where backend k multiplies it natively, else fp32) into *out,
@@ -39,16 +41,19 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
 const char *ddp_prec_name(ddp_kprec_t prec);
 
 /* Starts the scaler for precision prec (enabled for fp16) with growth after `interval` clean
- * steps. */
-void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval);
+ * steps, once pos is known (after a resume): fp16 keeps a resumed scale (finite, positive and
+ * not 1: a checkpoint of another precision has 1) and else starts at DDP_LOSS_SCALE_INIT; any
+ * other precision has scale 1. */
+void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval,
+                         ddp_position_t *pos);
 
-/* The factor on the loss gradient of step `step` (1-based) on `rank`: the scale, or Inf where
- * the test hook DDP_HOOK_LOSS_SCALE says so. */
-float ddp_loss_scale_factor(const ddp_loss_scale_t *ls, long step, int rank);
+/* The factor on the loss gradient of the step after pos on `rank`: the scale, or Inf where the
+ * test hook DDP_HOOK_LOSS_SCALE says so. */
+float ddp_loss_scale_factor(const ddp_position_t *pos, int rank);
 
-/* After the step's gradient norm: `finite` = whether it is. Returns 1 when the update must be
- * skipped for an overflow (the scale has halved), else 0 (the scale may have doubled). A
- * disabled scaler returns 0 and changes nothing. `log` prints what changed. */
-int ddp_loss_scale_update(ddp_loss_scale_t *ls, int finite, long step, int log);
+/* After the gradient norm of the step after pos: `finite` = whether it is. Returns 1 when the
+ * update must be skipped for an overflow (the scale has halved), else 0 (the scale may have
+ * doubled). A disabled scaler returns 0 and changes nothing. `log` prints what changed. */
+int ddp_loss_scale_update(ddp_loss_scale_t *ls, ddp_position_t *pos, int finite, int log);
 
 #endif

@@ -128,13 +128,13 @@ static long global_sequences(const ddp_saving_run_t *run)
 }
 
 /* trainer.json for the trainer's position pos (ddp_malloc'd). */
-static char *trainer_json(const ddp_saving_t *c, const ddp_saving_pos_t *pos)
+static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
 {
     const ddp_saving_run_t *run = &c->run;
     const ddp_spec_t *sp = run->spec;
     long step = pos->step;
     char rng[4][24];
-    for (int i = 0; i < 4; i++) snprintf(rng[i], sizeof rng[i], "0x%016" PRIx64, pos->rng[i]);
+    for (int i = 0; i < 4; i++) snprintf(rng[i], sizeof rng[i], "0x%016" PRIx64, pos->rng.s[i]);
     char *spec_text = ddp_spec_to_json(sp);
     json_t *spec = spec_text ? json_loads(spec_text, 0, NULL) : NULL;
     free(spec_text);
@@ -247,9 +247,9 @@ static int check_config(const ddp_saving_t *c, const ddp_model_cfg_t *m, ddp_err
     return 0;
 }
 
-/* Reads step, tokens, AdamW t and RNG from trainer.json text into *res. */
+/* Reads the position and AdamW's t from trainer.json text into *pos and run->opt. */
 static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, const char *text,
-                         ddp_saving_resume_t *res, ddp_errinfo_t *ei)
+                         ddp_position_t *pos, ddp_errinfo_t *ei)
 {
     const char *path = c->found.path;
     json_error_t jerr;
@@ -273,29 +273,30 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
                                  path, i);
             goto out;
         }
-        res->rng[i] = (uint64_t)v;
+        pos->rng.s[i] = (uint64_t)v;
     }
-    res->step = (long)get_int(o, "step", 0);
-    res->tokens = (uint64_t)get_int(o, "tokens", 0);
-    res->adam_t = (long)get_int(adamw, "t", 0);
-    /* fp16's scale goes on (a checkpoint of another precision has 1: the trainer keeps its) */
-    res->loss_scale = json_number_value(json_object_get(o, "loss_scale"));
-    res->loss_scale_clean = (long)get_int(o, "loss_scale_clean", 0);
+    pos->step = (long)get_int(o, "step", 0);
+    pos->tokens = (uint64_t)get_int(o, "tokens", 0);
+    run->opt->t = (long)get_int(adamw, "t", 0);
+    /* fp16's scale goes on (optim/loss_scale.h's init decides: a checkpoint of another
+     * precision has 1, an old one none) */
+    pos->loss_scale = (float)json_number_value(json_object_get(o, "loss_scale"));
+    pos->loss_scale_clean = (long)get_int(o, "loss_scale_clean", 0);
     /* the last step's loss: what a run that resumes with nothing left to train reports */
     json_t *ll = json_object_get(o, "last_loss");
-    res->last_loss = json_is_number(ll) ? json_number_value(ll) : NAN;
+    pos->last_loss = json_is_number(ll) ? (float)json_number_value(ll) : NAN;
     json_t *data = json_object_get(o, "data");
     long G = global_sequences(run);
     json_int_t saved_G = get_int(data, "global_batch_sequences", G);
     if (saved_G != G)
         DDP_WARN("checkpoint %s: the global batch changed from %lld to %ld sequences; the data "
                  "continues at sample %lld, not at the saved cursor %lld",
-                 path, (long long)saved_G, G, (long long)res->step * G,
+                 path, (long long)saved_G, G, (long long)pos->step * G,
                  (long long)get_int(data, "cursor", 0));
     if (run->rank == 0)
         DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "
                  "(saved by %lld rank(s) x %lld micro-step(s); now %d x %d)",
-                 path, res->step, (unsigned long long)res->tokens, res->adam_t,
+                 path, pos->step, (unsigned long long)pos->tokens, run->opt->t,
                  (long long)get_int(data, "cursor", 0), (long long)get_int(o, "world_size", 0),
                  (long long)get_int(o, "accum", 0), run->world, run->accum);
 out:
@@ -325,11 +326,11 @@ static int open_saver(ddp_saving_t *c, ddp_errinfo_t *ei)
         c->saver, c->run.model->n_params * sizeof(float) * (c->optim_t ? 3 : 1), ei);
 }
 
-int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_saving_resume_t *res,
-                    ddp_errinfo_t *ei)
+int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_position_t *pos,
+                     int *resumed, ddp_errinfo_t *ei)
 {
     const ddp_spec_t *sp = run->spec;
-    memset(res, 0, sizeof *res);
+    *resumed = 0;
     if (!c && !sp->init_from[0]) return 0;
     ddp_ckpt_tensor_t *model = NULL, *optim = NULL;
     char *names = NULL;
@@ -342,12 +343,12 @@ int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_saving_re
         ddp_ckpt_load_t req = {.model = model, .n_model = n, .optim = optim,
                                .n_optim = optim ? 2 * n : 0, .copy = h2d, .copy_ctx = run->k};
         if (rc == 0) rc = ddp_ckpt_load(c->found.path, &req, ei);
-        if (rc == 0) rc = read_position(c, run, req.trainer_json, res, ei);
+        if (rc == 0) rc = read_position(c, run, req.trainer_json, pos, ei);
         if (rc == 0 && run->rank == 0)
             DDP_INFO("checkpoint: loaded %s in %.0f ms", c->found.path, ms_since(t0));
         free(req.config_json);
         free(req.trainer_json);
-        if (rc == 0) res->resumed = 1;
+        if (rc == 0) *resumed = 1;
     } else if (rc == 0 && sp->init_from[0]) {
         rc = ddp_ckpt_init_from(sp->init_from, model, n, h2d, run->k, ei);
         if (rc == 0 && run->rank == 0)
@@ -637,7 +638,7 @@ static void take_update_crcs(ddp_saving_t *c, long step)
 }
 
 /* Starts the save of the current step: on the helper thread (overlap) or here. */
-static int start_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int overlap,
+static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap,
                       ddp_errinfo_t *ei)
 {
     long step = pos->step;
@@ -707,7 +708,7 @@ static long newest_saved(const char *dir)
     return newest;
 }
 
-int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int moments_whole,
+int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int moments_whole,
                              ddp_errinfo_t *ei)
 {
     long step = pos->step;
@@ -799,7 +800,7 @@ int ddp_saving_planned(const ddp_saving_t *c, long step)
            (c->run.stop_at_step > 0 && step >= c->run.stop_at_step);
 }
 
-int ddp_saving_after_step(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
+int ddp_saving_after_step(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
                          ddp_errinfo_t *ei)
 {
     if (!c) return 0;
@@ -819,7 +820,7 @@ int ddp_saving_after_step(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_
     return 0;
 }
 
-int ddp_saving_finish(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
+int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
                      ddp_errinfo_t *ei)
 {
     if (!c || !c->model_t) return 0;

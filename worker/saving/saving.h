@@ -4,7 +4,7 @@
  *
  * It knows the trainer only through a narrow view, ddp_saving_run_t (the spec, the kernels,
  * the model's and the optimizer's arenas, the world), and the trainer's position passed to each
- * call (ddp_saving_pos_t): it never includes worker/train.h. Resuming returns a result,
+ * call (ddp_position_t): it never includes worker/train.h. Resuming returns a result,
  * ddp_saving_resume_t, that the trainer applies to itself.
  *
  * Contents: the parameter arena under Hugging Face GPT-2 names and shapes, AdamW's moments as
@@ -51,6 +51,7 @@
 #include "proto/spec.h"
 #include "worker/model/model.h"
 #include "worker/optim/adamw.h"
+#include "worker/sync/position.h"
 
 typedef struct ddp_saving ddp_saving_t; /* a run's checkpoints; NULL without checkpoint.dir */
 
@@ -80,29 +81,6 @@ typedef struct ddp_saving_run {
     const ddp_hf_ids_t *ids;
 } ddp_saving_run_t;
 
-/* The trainer's position, as trainer.json records it. */
-typedef struct ddp_saving_pos {
-    long step;       /* optimizer steps completed */
-    uint64_t tokens; /* tokens trained on, all ranks */
-    uint64_t rng[4]; /* the trainer's RNG state */
-    float last_loss;
-    float loss_scale;      /* fp16's dynamic loss scale (1 otherwise) */
-    long loss_scale_clean; /* steps since it last changed */
-} ddp_saving_pos_t;
-
-/* What resuming restored, for the trainer to apply: step, tokens, AdamW's t, the RNG, the loss
- * scale. */
-typedef struct ddp_saving_resume {
-    int resumed; /* 0: nothing was resumed (the rest is zero) */
-    long step;
-    uint64_t tokens;
-    long adam_t;
-    uint64_t rng[4];
-    double loss_scale;     /* as saved (1 from a run without fp16) */
-    long loss_scale_clean;
-    double last_loss;      /* the saved step's training loss; NaN when the checkpoint has none */
-} ddp_saving_resume_t;
-
 /* Statistics of the checkpoints of this run (for logs and the benchmark). */
 typedef struct ddp_saving_stats {
     long saves;            /* saves started */
@@ -126,13 +104,14 @@ int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resum
                       ddp_errinfo_t *ei);
 
 /* After the model and the optimizer exist (c may be NULL): loads the checkpoint found by
- * ddp_saving_prepare into the parameters and moments of run and fills *res with the position to
- * restore (res->resumed = 1); else, with model.init_from, loads those weights only
- * (res->resumed = 0, the caller still broadcasts). Then, with checkpoints, keeps a copy of run,
+ * ddp_saving_prepare into the parameters and moments of run, AdamW's update count into run->opt
+ * and the position it saved into *pos (step, tokens, RNG, loss scale, last loss: NaN when it
+ * has none), and sets *resumed; else, with model.init_from, loads those weights only (*resumed
+ * 0, the caller still broadcasts, *pos untouched). Then, with checkpoints, keeps a copy of run,
  * creates the saver on the writing ranks and reserves its snapshot. Returns 0, DDP_ESPEC
  * (checkpoint of another model), DDP_EFORMAT, -errno. */
-int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_saving_resume_t *res,
-                    ddp_errinfo_t *ei);
+int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_position_t *pos,
+                     int *resumed, ddp_errinfo_t *ei);
 
 /* Elastic, when the world changed (run: the new one): completes a save this rank is writing
  * (before a state broadcast may change the arenas), abandons a striped save of the old
@@ -176,13 +155,13 @@ int ddp_saving_planned(const ddp_saving_t *c, long step);
 /* After each completed step (all ranks; any_stop: every rank stops after it): starts a save of
  * pos when one is due (every checkpoint.every steps). Returns 0 or an error that stops training
  * (bad state, no memory). NULL-safe. */
-int ddp_saving_after_step(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
+int ddp_saving_after_step(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
                          ddp_errinfo_t *ei);
 
 /* At the end of training (steps done, or stopped by a signal: all ranks together): saves pos
  * unless it was just saved, waits for it to be durable and committed. Returns 0 or the save's
  * error. NULL-safe. */
-int ddp_saving_finish(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop,
+int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
                      ddp_errinfo_t *ei);
 
 /* After a failure that ends the run (a static world lost a rank, or an elastic job failed):
@@ -193,7 +172,7 @@ int ddp_saving_finish(ddp_saving_t *c, const ddp_saving_pos_t *pos, int any_stop
  * written without checkpoints. Needs no communication. moments_whole: a sharded run's moment
  * arenas are current everywhere. Returns 0 or the save's error (DDP_ENOTSUP for a sharded
  * optimizer state). */
-int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_saving_pos_t *pos, int moments_whole,
+int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int moments_whole,
                              ddp_errinfo_t *ei);
 
 /* Copies the statistics (zeros without checkpoints). */

@@ -22,28 +22,16 @@
  *
  * Threads: the compute thread calls everything.
  */
-#ifndef DDP_WORKER_STATE_TRANSFER_H
-#define DDP_WORKER_STATE_TRANSFER_H
+#ifndef DDP_WORKER_SYNC_TRANSFER_H
+#define DDP_WORKER_SYNC_TRANSFER_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "collectives/coll.h"
 #include "common/err.h"
 #include "proto/spec.h"
-
-/* The trainer's counters, as the source holds them, and the source's last step's figures that
- * decide between pause and overlap. */
-typedef struct ddp_transfer_header {
-    int64_t step, adam_t;
-    uint64_t tokens, rng[4];
-    int32_t skipped, loss_scale_clean;
-    float last_loss, last_val_loss, loss_scale;
-    double last_norm, last_step_ms;
-    double micro_ms;     /* forward + backward of one micro-batch; 0: unknown */
-    double allreduce_ms; /* the gradient's all-reduce (busy time), world allreduce_world */
-    int32_t allreduce_world;
-} ddp_transfer_header_t;
+#include "worker/sync/position.h"
+#include "worker/sync/world.h"
 
 #define DDP_TRANSFER_MAX_REQS 48 /* arenas x runs of receivers */
 
@@ -55,33 +43,46 @@ typedef struct ddp_transfer {
     int deal_rank, deal_world; /* overlap: this rank's place among the ranks that compute the
                                 * step (0, 0: a receiver computes nothing) */
     int first_root;   /* the holder that sends to the first run of receivers */
-    int world, rank;
-    unsigned char *receivers; /* [world] */
+    const ddp_world_t *world; /* the plan's (borrowed) */
+    unsigned char *receivers; /* [world->size] */
     ddp_coll_req_t *reqs[DDP_TRANSFER_MAX_REQS];
     int n_reqs;
     int64_t t_start;
     double bytes, ms; /* received (receivers), and the time to the last byte */
 } ddp_transfer_t;
 
-/* Whether overlapping pays, from the source's figures: the transfer of `bytes` (estimated from
- * the gradient all-reduce's time: a transfer crosses each link once, an all-reduce 2(W-1)/W
- * times) against the extra micro-batches the busiest holder computes when `receivers` of
- * `world` ranks sit out a step of n_micro. Unknown figures: pause. Pure. */
-int ddp_transfer_overlap_pays(const ddp_transfer_header_t *h, double bytes, size_t grad_bytes,
-                          int world, int receivers, int n_micro);
+/* What a transfer is planned from. */
+typedef struct ddp_transfer_cfg {
+    const ddp_world_t *world; /* kept until ddp_transfer_clear */
+    int source;               /* the rank whose state is the job's (the coordinator names it) */
+    int has_state;            /* this rank holds the job's state (a joiner: 0) */
+    int mode;                 /* ddp.state_transfer: DDP_TRANSFER_PAUSE, _OVERLAP or _AUTO */
+    size_t n;                 /* floats in each of the 3 arenas (weights, both moments) */
+    int n_micro;              /* micro-batches per step over all ranks */
+    /* this rank's position, AdamW's update count and last step's times: the source's travel,
+     * and a receiver's are replaced by them (of the times, only ms) */
+    ddp_position_t *pos;
+    long *adam_t;
+    ddp_step_times_t *last;
+} ddp_transfer_cfg_t;
+
+/* Whether overlapping pays, from the source's last step: the transfer of `bytes` (estimated
+ * from the gradient all-reduce's time: a transfer crosses each link once, an all-reduce
+ * 2(W-1)/W times) against the extra micro-batches the busiest holder computes when `receivers`
+ * of `world` ranks sit out a step of n_micro. Unknown figures: pause. Pure. */
+int ddp_transfer_overlap_pays(const ddp_step_times_t *source, double bytes, size_t grad_bytes,
+                              int world, int receivers, int n_micro);
 /* Collective, at the start of a generation in which some rank is behind the source: every rank
- * gets the source's counters, and a rank whose state is not the source's (has_state 0, or
- * another step) becomes a receiver: *hdr is replaced by the source's there (a holder's *hdr is
- * left as it is). x->overlap: mode (ddp.state_transfer), auto decided as
- * ddp_transfer_overlap_pays says for the n floats of 3 arenas; with overlap, x->deal_* is the next
- * step's deal. Returns 0 or the communicator's error. */
-int ddp_transfer_plan(ddp_transfer_t *x, ddp_coll_t *comm, int source, int has_state, int mode,
-                  size_t n, int n_micro, ddp_transfer_header_t *hdr, ddp_errinfo_t *ei);
+ * gets the source's counters (one small broadcast of a fixed header), and a rank whose state is
+ * not the source's (has_state 0, or another step) becomes a receiver: cfg's pos, adam_t and
+ * last take the source's there. x->overlap: cfg->mode, auto decided as
+ * ddp_transfer_overlap_pays says; with overlap, x->deal_* is the next step's deal. Returns 0
+ * or the communicator's error. */
+int ddp_transfer_plan(ddp_transfer_t *x, const ddp_transfer_cfg_t *cfg, ddp_errinfo_t *ei);
 /* Queues the transfers of n_arenas arenas of n floats each (in the same order on every rank).
  * On a GPU the caller first orders them after the update that wrote the arenas
- * (ddp_reducer_after_compute). Returns 0 or the error. */
-int ddp_transfer_start(ddp_transfer_t *x, ddp_coll_t *comm, float *const *arenas, int n_arenas,
-                   size_t n);
+ * (ddp_world_after_compute). Returns 0 or the error. */
+int ddp_transfer_start(ddp_transfer_t *x, float *const *arenas, int n_arenas, size_t n);
 /* Waits for the transfers (x->ms: from start until the communication thread finished the last
  * one). Returns 0 or the error. */
 int ddp_transfer_wait(ddp_transfer_t *x, ddp_errinfo_t *ei);

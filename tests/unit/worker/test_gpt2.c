@@ -476,7 +476,8 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     adamw_setup(fx, &opt, &spec);
     fixture_hyperparameters(fx, &spec);
     ddp_loss_scale_t ls;
-    ddp_loss_scale_init(&ls, prec, 2000);
+    ddp_position_t pos = {0};
+    ddp_loss_scale_init(&ls, prec, 2000, &pos);
     size_t n = (size_t)fx->B * fx->T;
     int32_t *in = malloc(n * 4), *tg = malloc(n * 4);
     const ddp_arena_part_t whole = {0, fx->m.n_params, 0};
@@ -485,14 +486,15 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
     int skipped = 0;
     for (int s = 0; s < steps; s++) {
         batch(fx, s, in, tg);
-        fx->m.loss_scale = ddp_loss_scale_factor(&ls, s + 1, 0);
+        pos.step = s;
+        fx->m.loss_scale = ddp_loss_scale_factor(&pos, 0);
         assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
         assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &losses[s]), 0);
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
-        float grad_scale = 1.0f / ls.scale;
+        float grad_scale = 1.0f / pos.loss_scale;
         double norm = ddp_grad_norm(sums, nb, grad_scale);
-        if (ddp_loss_scale_update(&ls, isfinite(norm), s + 1, 0)) {
+        if (ddp_loss_scale_update(&ls, &pos, isfinite(norm), 0)) {
             skipped++;
             continue;
         }
@@ -575,23 +577,27 @@ static void test_loss_scaler(void **state)
 {
     (void)state;
     ddp_loss_scale_t ls;
-    ddp_loss_scale_init(&ls, DDP_KPREC_BF16, 2);
+    ddp_position_t pos = {0};
+    ddp_loss_scale_init(&ls, DDP_KPREC_BF16, 2, &pos);
     assert_int_equal(ls.enabled, 0);
-    assert_true(ls.scale == 1.0f);
-    assert_int_equal(ddp_loss_scale_update(&ls, 0, 1, 0), 0); /* bf16: nothing to do */
-    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2);
-    assert_true(ls.scale == 65536.0f);
-    assert_int_equal(ddp_loss_scale_update(&ls, 1, 1, 0), 0);
-    assert_true(ls.scale == 65536.0f);
-    assert_int_equal(ddp_loss_scale_update(&ls, 1, 2, 0), 0);
-    assert_true(ls.scale == 131072.0f);
-    assert_int_equal(ddp_loss_scale_update(&ls, 0, 3, 0), 1); /* overflow: skip, halve */
-    assert_true(ls.scale == 65536.0f);
-    assert_int_equal(ls.clean, 0);
-    assert_int_equal(ddp_loss_scale_update(&ls, 1, 4, 0), 0);
-    assert_int_equal(ddp_loss_scale_update(&ls, 0, 5, 0), 1); /* the clean count restarts */
-    assert_int_equal(ddp_loss_scale_update(&ls, 1, 6, 0), 0);
-    assert_true(ls.scale == 32768.0f);
+    assert_true(pos.loss_scale == 1.0f);
+    assert_int_equal(ddp_loss_scale_update(&ls, &pos, 0, 0), 0); /* bf16: nothing to do */
+    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2, &pos); /* 1 is no fp16 scale: it starts */
+    assert_true(pos.loss_scale == 65536.0f);
+    int finite[] = {1, 1, 0, 1, 0, 1}, skips[] = {0, 0, 1, 0, 1, 0};
+    float after[] = {65536.0f, 131072.0f, 65536.0f, 65536.0f, 32768.0f, 32768.0f};
+    for (int i = 0; i < 6; i++) { /* overflow: skip, halve; then the clean count restarts */
+        assert_int_equal(ddp_loss_scale_update(&ls, &pos, finite[i], 0), skips[i]);
+        assert_true(pos.loss_scale == after[i]);
+        if (!finite[i]) assert_int_equal(pos.loss_scale_clean, 0);
+    }
+    pos.loss_scale = 1024.0f; /* a resumed fp16 scale goes on; a bf16 run ignores it */
+    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2, &pos);
+    assert_true(pos.loss_scale == 1024.0f);
+    ddp_loss_scale_init(&ls, DDP_KPREC_BF16, 2, &pos);
+    assert_true(pos.loss_scale == 1.0f);
+    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2, &pos);
+    for (int i = 0; i < 2; i++) ddp_loss_scale_update(&ls, &pos, 0, 0);
     assert_int_equal(ls.overflows, 2);
 }
 

@@ -15,15 +15,15 @@
 
 /* 4 ranks whose 100 MB gradient all-reduce took 150 ms: a link carries 150 MB in 150 ms, so the
  * 300 MB of weights and moments take 300 ms. */
-static ddp_transfer_header_t figures(double micro_ms)
+static ddp_step_times_t figures(double micro_ms)
 {
-    return (ddp_transfer_header_t){.micro_ms = micro_ms, .allreduce_ms = 150, .allreduce_world = 4};
+    return (ddp_step_times_t){.micro_ms = micro_ms, .comm.comm_ms = 150, .world = 4};
 }
 
 static void test_overlap_when_the_transfer_outlasts_the_lost_share(void **state)
 {
     (void)state;
-    ddp_transfer_header_t h = figures(250);
+    ddp_step_times_t h = figures(250);
     /* 8 micro-batches: 2 per rank at 4, 3 for the busiest of 3: one extra, 250 ms < 300 ms */
     assert_true(ddp_transfer_overlap_pays(&h, 300 * MB, (size_t)(100 * MB), 4, 1, 8));
     h.micro_ms = 350; /* 350 ms > 300 ms: pause */
@@ -33,7 +33,7 @@ static void test_overlap_when_the_transfer_outlasts_the_lost_share(void **state)
 static void test_no_extra_work_always_overlaps(void **state)
 {
     (void)state;
-    ddp_transfer_header_t h = figures(10000);
+    ddp_step_times_t h = figures(10000);
     /* 9 micro-batches: 3 for the busiest of 4 and of 3 alike: overlapping costs nothing */
     assert_true(ddp_transfer_overlap_pays(&h, 300 * MB, (size_t)(100 * MB), 4, 1, 9));
 }
@@ -42,7 +42,7 @@ static void test_many_ranks_favour_overlap(void **state)
 {
     (void)state;
     /* 64 ranks, 64 micro-batches: the busiest holder of 63 takes 2 instead of 1 */
-    ddp_transfer_header_t h = {.micro_ms = 200, .allreduce_ms = 200, .allreduce_world = 64};
+    ddp_step_times_t h = {.micro_ms = 200, .comm.comm_ms = 200, .world = 64};
     assert_true(ddp_transfer_overlap_pays(&h, 300 * MB, (size_t)(100 * MB), 64, 1, 64));
     /* 640 micro-batches: 10 -> 11, one extra again */
     assert_true(ddp_transfer_overlap_pays(&h, 300 * MB, (size_t)(100 * MB), 64, 1, 640));
@@ -51,12 +51,12 @@ static void test_many_ranks_favour_overlap(void **state)
 static void test_unknown_figures_pause(void **state)
 {
     (void)state;
-    ddp_transfer_header_t none = {0};
+    ddp_step_times_t none = {0};
     assert_false(ddp_transfer_overlap_pays(&none, 300 * MB, (size_t)(100 * MB), 4, 1, 8));
-    ddp_transfer_header_t alone = figures(1); /* the source trained alone: no all-reduce */
-    alone.allreduce_world = 1;
+    ddp_step_times_t alone = figures(1); /* the source trained alone: no all-reduce */
+    alone.world = 1;
     assert_false(ddp_transfer_overlap_pays(&alone, 300 * MB, (size_t)(100 * MB), 4, 1, 8));
-    ddp_transfer_header_t h = figures(1); /* nobody would be left to compute */
+    ddp_step_times_t h = figures(1); /* nobody would be left to compute */
     assert_false(ddp_transfer_overlap_pays(&h, 300 * MB, (size_t)(100 * MB), 2, 2, 8));
 }
 

@@ -38,7 +38,7 @@ static long run_child(int mode)
         long out[2] = {-1, -1};
         if (wc_spec(&spec, dir, "gpt2-mini", 1, 16, 2, 1) == 0 &&
             ddp_trainer_init(&t, &spec, &o, &ei) == 0) {
-            int resumed = t.step == 1;
+            int resumed = t.pos.step == 1;
             int rc = ddp_trainer_run(&t, NULL, &ei);
             if (rc == 0 && (mode != 2 || resumed)) {
                 out[0] = proc_status_kib("VmHWM");

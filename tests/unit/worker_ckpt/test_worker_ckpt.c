@@ -51,15 +51,15 @@ static void test_round_trip(void **state)
     ddp_errinfo_clear(&ei);
     oa.no_resume = 1;
     init_trainer(&a, &spec, &oa);
-    for (int i = 0; i < 7; i++) ddp_rng_next(&a.rng); /* an RNG state the seed does not give */
+    for (int i = 0; i < 7; i++) ddp_rng_next(&a.pos.rng); /* an RNG state the seed does not give */
     assert_int_equal(ddp_trainer_run(&a, NULL, &ei), 0);
-    assert_int_equal(a.step, 3);
+    assert_int_equal(a.pos.step, 3);
     init_trainer(&b, &spec, &ob);
     size_t bytes = a.model.n_params * sizeof(float);
-    assert_int_equal(b.step, 3);
-    assert_int_equal(b.tokens, a.tokens);
+    assert_int_equal(b.pos.step, 3);
+    assert_int_equal(b.pos.tokens, a.pos.tokens);
     assert_int_equal(b.opt.t, a.opt.t);
-    assert_memory_equal(b.rng.s, a.rng.s, sizeof a.rng.s);
+    assert_memory_equal(b.pos.rng.s, a.pos.rng.s, sizeof a.pos.rng.s);
     assert_memory_equal(b.model.w, a.model.w, bytes);
     assert_memory_equal(b.opt.m, a.opt.m, bytes);
     assert_memory_equal(b.opt.v, a.opt.v, bytes);
@@ -89,16 +89,16 @@ static void test_init_from_and_no_resume(void **state)
     ddp_trainer_t a, c, d;
     ddp_train_opts_t oa = {0}, oc = {0}, od = {.no_resume = 1};
     init_trainer(&a, &spec, &oa); /* resumes step 3 (saved by the round trip) */
-    assert_int_equal(a.step, 3);
+    assert_int_equal(a.pos.step, 3);
     ddp_spec_t s2;
     assert_int_equal(wc_spec(&s2, dir, "gpt2-tiny", 2, 16, 3, 0), 0);
     snprintf(s2.init_from, sizeof s2.init_from, "%s/ck/step-00000003", dir);
     init_trainer(&c, &s2, &oc);
-    assert_int_equal(c.step, 0);
+    assert_int_equal(c.pos.step, 0);
     assert_int_equal(c.opt.t, 0);
     assert_memory_equal(c.model.w, a.model.w, a.model.n_params * sizeof(float));
     init_trainer(&d, &spec, &od);
-    assert_int_equal(d.step, 0);
+    assert_int_equal(d.pos.step, 0);
     assert_memory_not_equal(d.model.w, a.model.w, a.model.n_params * sizeof(float));
     ddp_trainer_close(&a);
     ddp_trainer_close(&c);
@@ -119,7 +119,7 @@ static void test_named_step(void **state)
     assert_int_not_equal(rc, 0);
     o.resume_step = 3;
     init_trainer(&t, &spec, &o);
-    assert_int_equal(t.step, 3);
+    assert_int_equal(t.pos.step, 3);
     ddp_trainer_close(&t);
 }
 

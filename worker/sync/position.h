@@ -1,0 +1,39 @@
+/* Where a run is, and what its last step cost: the state every rank of a world holds alike (the
+ * step's vote and its all-reduced gradient keep it so), which checkpoints save and restore
+ * (saving/saving.h: trainer.json) and the state transfer gives a rank that lacks it
+ * (sync/transfer.h). The trainer holds one of each; nothing else keeps a copy.
+ *
+ * The data cursor is not here: it is derived from the step (step x sequences per global batch).
+ * AdamW's update count is the optimizer's own (optim/adamw.h).
+ */
+#ifndef DDP_WORKER_SYNC_POSITION_H
+#define DDP_WORKER_SYNC_POSITION_H
+
+#include <stdint.h>
+
+#include "common/rng.h"
+#include "worker/sync/reducer.h"
+
+typedef struct ddp_position {
+    long step;              /* optimizer steps completed */
+    uint64_t tokens;        /* tokens trained on, all ranks */
+    ddp_rng_t rng;          /* the trainer's RNG (sampling) */
+    float loss_scale;       /* fp16's dynamic loss scale (1 otherwise; optim/loss_scale.h) */
+    long loss_scale_clean;  /* clean steps since it last changed */
+    float last_loss;        /* the last step's mean training loss (NaN: resumed without one) */
+    float last_val_loss;    /* the last validation's (0: none yet) */
+    double last_norm;       /* the last step's gradient norm (after averaging, before clipping) */
+    int skipped;            /* updates skipped for a non-finite gradient */
+} ddp_position_t;
+
+/* What the last step cost on this rank. */
+typedef struct ddp_step_times {
+    double ms;         /* wall time of the step */
+    double micro_ms;   /* forward + backward per micro-batch (0: computed none) */
+    double compute_ms; /* forward + backward, all micro-batches */
+    double optim_ms;   /* gradient norm + optimizer update */
+    int world;         /* the world it ran in */
+    ddp_reducer_stats_t comm; /* its gradient all-reduce */
+} ddp_step_times_t;
+
+#endif
