@@ -105,7 +105,7 @@ int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     /* test hook: this rank's check may see a flipped bit */
     int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->pos.step, t->world.rank) ? t->world.rank : -1;
-    return ddp_replicas_check(t->world.comm, &t->model, flip, ei);
+    return ddp_replicas_check(&t->world, &t->model, flip, ei);
 }
 
 /* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
@@ -124,6 +124,24 @@ static int set_deal(ddp_trainer_t *t, int rank, int world)
                             t->n_micro);
 }
 
+static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gather(arg, ei); }
+
+/* What the checkpoints see of the trainer (saving/saving.h): given at start, and again at
+ * each change of the world. */
+void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
+{
+    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
+                           .model = &t->model, .opt = &t->opt,
+                           .stop_at_step = t->opts.stop_at_step,
+                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
+                           .world = &t->world,
+                           .accum = t->accum, .sharded = t->zero1.on,
+                           .gather_moments = gather_moments, .gather_arg = &t->zero1,
+                           .tokenizer_json = t->tokenizer ? t->tokenizer->json : NULL,
+                           .tokenizer_config_json = t->tokenizer ? t->tokenizer->config_json : NULL,
+                           .ids = t->tokenizer ? &t->tokenizer->ids : NULL};
+}
+
 /* Everything that depends on the world, once the communicator exists: the gradient arena in a
  * generation's collective memory, this rank's share of the micro-batches, the embedding slots,
  * the reducer, the loader and (rank 0) the metrics file. Undone by ddp_trainer_leave_world. */
@@ -137,8 +155,8 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     } else if (!ddp_world_uses_coll_mem(&t->world) && t->model.borrowed_g && !t->grads) {
         DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
-    t->emb_bytes = (size_t)t->n_micro * ddp__trainer_emb_slot_floats(t) * sizeof(float);
-    DDP_CHECK(ddp_world_alloc_reduced(&t->world, t->emb_bytes, &t->emb, ei));
+    DDP_CHECK(ddp_emb_slots_attach(&t->emb_slots, &t->world, &t->model, s->micro_batch,
+                                   s->seq_len, t->n_micro, ei));
     ddp_reducer_cfg_t rcfg = {.world = &t->world, .arena = t->model.g, .n = t->model.n_params,
                               .first_bucket_mb = s->first_bucket_mb, .bucket_mb = s->bucket_mb,
                               .overlap = s->overlap, .zero1 = t->zero1.on};
@@ -147,9 +165,7 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
     if (!t->norm_sums) return DDP_ENOMEM;
     DDP_CHECK(set_deal(t, t->world.rank, t->world.size));
-    free(t->vote);
-    t->vote = ddp_calloc(ddp__trainer_vote_floats(t->world.size), sizeof *t->vote);
-    if (!t->vote) return DDP_ENOMEM;
+    DDP_CHECK(ddp_vote_attach(&t->vote, &t->world));
     DDP_CHECK(ddp_straggler_init(&t->stragglers, t->world.size));
     return open_metrics(t);
 }
@@ -162,8 +178,7 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     free(t->norm_sums);
     t->norm_sums = NULL;
-    if (t->emb) ddp_world_free_reduced(&t->world, t->emb);
-    t->emb = NULL;
+    ddp_emb_slots_detach(&t->emb_slots);
     if (t->grads) ddp_world_free_reduced(&t->world, t->grads); /* the model's is replaced on attach */
     t->grads = NULL;
     ddp_coll_free(t->parent_comm);

@@ -91,24 +91,6 @@ static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return ddp_run_tokenizer_save(t->tokenizer, t->opts.run_dir, ei);
 }
 
-static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gather(arg, ei); }
-
-/* What the checkpoints see of the trainer (train_checkpoint.h): given at start, and again at
- * each change of the world. */
-void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
-{
-    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
-                           .model = &t->model, .opt = &t->opt,
-                           .stop_at_step = t->opts.stop_at_step,
-                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
-                           .comm = t->world.comm, .rank = t->world.rank, .world = t->world.size,
-                           .accum = t->accum, .sharded = t->zero1.on,
-                           .gather_moments = gather_moments, .gather_arg = &t->zero1,
-                           .tokenizer_json = t->tokenizer ? t->tokenizer->json : NULL,
-                           .tokenizer_config_json = t->tokenizer ? t->tokenizer->config_json : NULL,
-                           .ids = t->tokenizer ? &t->tokenizer->ids : NULL};
-}
-
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
 static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
@@ -193,7 +175,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->prec);
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
-    DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, t->world.rank, world, t->opts.no_resume,
+    DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume,
                                      t->opts.resume_step, &t->saving, &adopt_gbt, ei),
                    rc, fail);
     if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
@@ -220,12 +202,6 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
     ddp_loss_scale_init(&t->loss_scale, t->prec, s->loss_scale_interval, &t->pos);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    t->emb_tokens_f = ddp_malloc((size_t)t->n_micro * s->micro_batch * s->seq_len * sizeof(float));
-    t->emb_tokens = ddp_malloc((size_t)s->micro_batch * s->seq_len * sizeof(int32_t));
-    if (!t->emb_tokens_f || !t->emb_tokens) {
-        rc = DDP_ENOMEM;
-        goto fail;
-    }
     DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
                    rc, fail);
@@ -291,7 +267,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         ddp_k_free(&t->k, t->acc);
-        if (t->emb) ddp_world_free_reduced(&t->world, t->emb);
+        ddp_emb_slots_detach(&t->emb_slots);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_model_close(&t->model);
         DDP_K(&t->k, set_weights, NULL, 0); /* the backend's copy goes before its arena */
@@ -304,10 +280,8 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_coll_free(t->world.comm);
     ddp_coll_free(t->parent_comm);
     ddp_elastic_free(t->elastic);
-    free(t->emb_tokens_f);
-    free(t->emb_tokens);
     free(t->norm_sums);
-    free(t->vote);
+    ddp_vote_free(&t->vote);
     ddp_straggler_close(&t->stragglers);
     ddp_metrics_sink_close(t->metrics);
     ddp_trace_close(); /* train.trace */

@@ -24,20 +24,6 @@
 #include "common/log.h"
 #include "common/test_hook.h"
 
-/* The step's vote: what each rank tells the others in the one small all-reduce that commits a
- * step, summed over the ranks. step_vote packs it into t->vote's floats (in the order below,
- * then one slot per rank for its compute time) and unpacks the sums: the one place that knows
- * the positions (ddp__trainer_vote_floats counts them for the buffer). */
-typedef struct {
-    double loss_sum;     /* the micro-steps' losses */
-    int stop;            /* ranks that were asked to stop: every rank stops after this step */
-    float ckpt[2];       /* checkpoint writers' shards durable / failed (ddp_saving_vote) */
-    int regroup;         /* ranks whose coordinator wants a new generation: all leave */
-    const float *rank_ms; /* [world]: each rank's forward and backward (stragglers) */
-} step_vote_t;
-
-enum { VOTE_LOSS, VOTE_STOP, VOTE_CKPT, VOTE_REGROUP = VOTE_CKPT + 2, VOTE_RANKS };
-
 static void on_grads_ready(void *arg, size_t done)
 {
     ddp_trainer_t *t = arg;
@@ -61,7 +47,7 @@ static int pass_failed(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 static int contribute_nothing(ddp_trainer_t *t)
 {
     size_t n = t->model.n_params;
-    DDP_CHECK(ddp_k_memset0(&t->k, t->emb, t->emb_bytes));
+    DDP_CHECK(ddp_emb_slots_clear(&t->emb_slots));
     DDP_CHECK(ddp_k_memset0(&t->k, t->model.g, n * sizeof(float)));
     ddp_k_scale(&t->k, t->model.g, -1.0f, n);
     ddp_reducer_begin(&t->reducer, NULL);
@@ -96,12 +82,12 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
         int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len);
         if (rc) return pass_failed(t, rc, ei);
         ddp_test_hook(DDP_HOOK_MICRO_STEP, t->pos.step + 1, t->first_rank); /* a slow rank */
-        if (micro == 0) DDP_CHECK(ddp_k_memset0(k, t->emb, t->emb_bytes));
+        if (micro == 0) DDP_CHECK(ddp_emb_slots_clear(&t->emb_slots));
         if (micro < t->accum - 1) {
             rc = ddp_model_backward(m, NULL, NULL, &l);
             if (rc) return pass_failed(t, rc, ei);
             *loss_sum += l;
-            DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
+            DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal_world + t->deal_rank, inputs));
             if (micro == 0)
                 DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, m->n_params * sizeof(float)));
             else
@@ -113,7 +99,7 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
         rc = ddp_model_backward(m, on_grads_ready, t, &l);
         if (rc) return pass_failed(t, rc, ei);
         *loss_sum += l;
-        DDP_CHECK(ddp__trainer_keep_embedding_grad(t, micro, inputs));
+        DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal_world + t->deal_rank, inputs));
     }
     return 0;
 }
@@ -125,35 +111,18 @@ static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
     int rc = ddp_reducer_finish(&t->reducer, &t->last.comm, ei);
     if (!rc) rc = t->ready_rc;
     if (!rc && t->transfer.active) rc = ddp_transfer_wait(&t->transfer, ei);
-    if (!rc) rc = ddp__trainer_add_embedding_grads(t, ei);
+    if (!rc) rc = ddp_emb_slots_add(&t->emb_slots, ei);
     return rc;
 }
 
-size_t ddp__trainer_vote_floats(int world) { return VOTE_RANKS + (size_t)world; }
-
-/* All-reduces v (this rank's part in, the sums out; v->rank_ms then points at every rank's
- * compute time, this rank's being t->last.compute_ms). The checkpoints ride on it: their writers'
- * shards durable / failed go in (ddp_saving_vote), and the sums settle a striped save
- * (ddp_saving_tally), so that a save needs no collective of its own. */
-static int step_vote(ddp_trainer_t *t, step_vote_t *v, ddp_errinfo_t *ei)
+/* The vote (sync/vote.h), with the checkpoints riding on it: their writers' shards durable /
+ * failed go in (ddp_saving_vote), and the sums settle a striped save (ddp_saving_tally), so that a
+ * save needs no collective of its own. */
+static int step_vote(ddp_trainer_t *t, ddp_ballot_t *b, ddp_errinfo_t *ei)
 {
-    float *f = t->vote;
-    ddp_saving_vote(t->saving, v->ckpt);
-    memset(f, 0, (VOTE_RANKS + (size_t)t->world.size) * sizeof *f);
-    f[VOTE_LOSS] = (float)v->loss_sum;
-    f[VOTE_STOP] = (float)v->stop;
-    f[VOTE_CKPT] = v->ckpt[0];
-    f[VOTE_CKPT + 1] = v->ckpt[1];
-    f[VOTE_REGROUP] = (float)v->regroup;
-    f[VOTE_RANKS + t->world.rank] = (float)t->last.compute_ms;
-    DDP_CHECK(ddp_world_allreduce(&t->world, f, VOTE_RANKS + t->world.size, DDP_OP_SUM, ei));
-    v->loss_sum = f[VOTE_LOSS];
-    v->stop = (int)f[VOTE_STOP];
-    v->ckpt[0] = f[VOTE_CKPT];
-    v->ckpt[1] = f[VOTE_CKPT + 1];
-    v->regroup = (int)f[VOTE_REGROUP];
-    v->rank_ms = f + VOTE_RANKS;
-    return ddp_saving_tally(t->saving, v->ckpt, ei);
+    ddp_saving_vote(t->saving, b->ckpt);
+    DDP_CHECK(ddp_vote_cast(&t->vote, b, ei));
+    return ddp_saving_tally(t->saving, b->ckpt, ei);
 }
 
 /* Names a rank whose forward and backward have been the slowest for a while (rank 0 logs it). */
@@ -270,7 +239,7 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 }
 
 /* The step is done: the counters and what the vote decided for every rank. */
-static void account_step(ddp_trainer_t *t, const step_vote_t *v, double norm, float *loss)
+static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, float *loss)
 {
     t->pos.step++;
     t->pos.tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
@@ -312,8 +281,9 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
      * many checkpoint writers have their shards durable / failed. Past it a rank applies the
      * update without talking to the others (the elastic world never shards it), so a failure
      * before it leaves every survivor at the previous step, to redo the step. */
-    step_vote_t v = {.loss_sum = loss_sum, .stop = t->stop_requested,
-                     .regroup = t->elastic && ddp_elastic_regroup_wanted(t->elastic)};
+    ddp_ballot_t v = {.loss_sum = loss_sum, .stop = t->stop_requested,
+                      .regroup = t->elastic && ddp_elastic_regroup_wanted(t->elastic),
+                      .compute_ms = t->last.compute_ms};
     DDP_CHECK(step_vote(t, &v, ei));
     note_stragglers(t, v.rank_ms);
 

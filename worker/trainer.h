@@ -32,6 +32,8 @@
 #include "worker/sync/transfer.h"
 #include "worker/sync/world.h"
 #include "worker/sync/position.h"
+#include "worker/sync/vote.h"
+#include "worker/sync/emb_slots.h"
 #include "worker/sync/straggler.h"
 #include "worker/saving/saving.h"
 #include "worker/optim/zero1.h"
@@ -90,30 +92,26 @@ typedef struct ddp_trainer {
     int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
     long logged_step;         /* highest step written to metrics.jsonl */
     int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
-    float *vote;              /* the step's small all-reduce (train_step.c step_vote) */
+    ddp_vote_t vote;          /* the step's small all-reduce (sync/vote.h) */
     ddp_transfer_t transfer;         /* elastic: a state transfer planned (overlapped with a step) */
     int deal_rank, deal_world; /* this rank's share of a step's micro-batches
                                 * (train_generation.c set_deal) */
     ddp_straggler_t stragglers;
     int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
     ddp_reducer_t reducer;
+    ddp_emb_slots_t emb_slots; /* the token embedding's gradient (sync/emb_slots.h) */
     int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
     int ready_rc;             /* first error from the reducer inside backward */
     int stop_requested;       /* this rank was asked to stop (signal) */
     int any_stop;             /* some rank was: every rank stops after this step */
     int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
-    float *emb;       /* embedding-gradient slots, n_micro of them (device; train_embedding.c) */
     /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
      * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
     float *weights, *grads;
     ddp_zero1_t zero1;        /* ZeRO-1: the moments in slices (optim/zero1.h) */
     int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
     float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
-    size_t emb_bytes;
-    float *emb_tokens_f;  /* host staging: the n_micro slots' tokens as floats (a world of one
-                           * keeps its own there) */
-    int32_t *emb_tokens;  /* and as token ids */
     ddp_metrics_sink_t *metrics; /* rank 0's metrics.jsonl (+ TensorBoard), or NULL */
     int skipped_in_a_row;
     ddp_saving_t *saving; /* NULL without checkpoint.dir (worker/train_checkpoint.h) */

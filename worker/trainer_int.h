@@ -35,16 +35,5 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei);
  * the world. */
 void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v);
 
-/* train_step.c */
-/* Floats in the step's vote buffer (t->vote) for a world of `world` ranks. */
-size_t ddp__trainer_vote_floats(int world);
-
-/* train_embedding.c: the embedding-gradient slots. Floats in one slot: B*T tokens, then B*T*C
- * gradient values. */
-size_t ddp__trainer_emb_slot_floats(const ddp_trainer_t *t);
-/* Micro-step `micro`'s tokens and embedding-output gradient (acts.dres) into its slot. */
-int ddp__trainer_keep_embedding_grad(ddp_trainer_t *t, int micro, const int32_t *inputs);
-/* Sums the slots over the ranks and adds each slot's share to wte's gradient, in slot order. */
-int ddp__trainer_add_embedding_grads(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
 #endif

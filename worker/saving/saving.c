@@ -149,7 +149,7 @@ static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
         sp->schedule == DDP_SCHED_COSINE ? "cosine" : "constant", "adamw", "t",
         (json_int_t)run->opt->t, "rng", rng[0], rng[1], rng[2], rng[3], "data", "cursor",
         (json_int_t)((int64_t)step * G), "global_batch_sequences", (json_int_t)G, "seed",
-        (json_int_t)sp->seed, "world_size", run->world, "accum", run->accum,
+        (json_int_t)sp->seed, "world_size", run->world->size, "accum", run->accum,
         "global_batch_tokens", (json_int_t)G * sp->seq_len, "loss_scale", (double)pos->loss_scale,
         "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss",
         (double)pos->last_loss, "spec", spec);
@@ -187,8 +187,8 @@ static json_int_t get_int(json_t *o, const char *key, json_int_t dflt)
     return json_is_integer(v) ? json_integer_value(v) : dflt;
 }
 
-int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
-                      long resume_step, ddp_saving_t **out, long *global_batch_tokens,
+int ddp_saving_prepare(const ddp_spec_t *spec, const ddp_world_t *world, int no_resume,
+                       long resume_step, ddp_saving_t **out, long *global_batch_tokens,
                       ddp_errinfo_t *ei)
 {
     *out = NULL;
@@ -199,7 +199,7 @@ int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resum
     *out = c;
     c->last_saved = -1;
     if (no_resume) {
-        if (rank == 0) DDP_INFO("checkpoint: not resuming (--no-resume)");
+        if (world->rank == 0) DDP_INFO("checkpoint: not resuming (--no-resume)");
         return 0;
     }
     ddp_errinfo_t fei;
@@ -207,7 +207,7 @@ int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resum
     int named = resume_step > 0;
     int rc = ddp_ckpt_find(spec->ckpt_dir, named ? resume_step : -1, &c->found, &fei);
     if (rc && !named && (rc == DDP_ENOTFOUND || rc == -ENOENT)) {
-        if (rank == 0)
+        if (world->rank == 0)
             DDP_INFO("checkpoint: nothing to resume under %s (%s); starting at step 0",
                      spec->ckpt_dir, fei.msg[0] ? fei.msg : ddp_strerror(rc));
         return 0;
@@ -225,10 +225,10 @@ int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resum
     json_int_t gbt = get_int(tj, "global_batch_tokens", 0);
     if (spec->global_batch_tokens == 0 && gbt > 0) {
         *global_batch_tokens = (long)gbt;
-        if (rank == 0 && get_int(tj, "world_size", 0) != world)
+        if (world->rank == 0 && get_int(tj, "world_size", 0) != world->size)
             DDP_INFO("checkpoint: keeping the checkpoint's global batch of %lld tokens "
                      "(saved by %lld rank(s), now %d)",
-                     (long long)gbt, (long long)get_int(tj, "world_size", 0), world);
+                     (long long)gbt, (long long)get_int(tj, "world_size", 0), world->size);
     }
     json_decref(tj);
     return 0;
@@ -293,12 +293,12 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
                  "continues at sample %lld, not at the saved cursor %lld",
                  path, (long long)saved_G, G, (long long)pos->step * G,
                  (long long)get_int(data, "cursor", 0));
-    if (run->rank == 0)
+    if (run->world->rank == 0)
         DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "
                  "(saved by %lld rank(s) x %lld micro-step(s); now %d x %d)",
                  path, pos->step, (unsigned long long)pos->tokens, run->opt->t,
                  (long long)get_int(data, "cursor", 0), (long long)get_int(o, "world_size", 0),
-                 (long long)get_int(o, "accum", 0), run->world, run->accum);
+                 (long long)get_int(o, "accum", 0), run->world->size, run->accum);
 out:
     json_decref(o);
     return rc;
@@ -308,17 +308,17 @@ out:
  * place keeps its saver across generations. */
 static int open_saver(ddp_saving_t *c, ddp_errinfo_t *ei)
 {
-    int writers = c->run.spec->writers < c->run.world ? c->run.spec->writers : c->run.world;
+    int writers = c->run.spec->writers < c->run.world->size ? c->run.spec->writers : c->run.world->size;
     if (writers < 1) writers = 1;
-    if (c->saver && c->saver_rank == c->run.rank && c->writers == writers) return 0;
+    if (c->saver && c->saver_rank == c->run.world->rank && c->writers == writers) return 0;
     ddp_ckpt_saver_free(c->saver);
     c->saver = NULL;
     c->writers = writers;
-    c->saver_rank = c->run.rank;
-    if (c->run.rank >= c->writers) return 0;
+    c->saver_rank = c->run.world->rank;
+    if (c->run.world->rank >= c->writers) return 0;
     const ddp_spec_t *sp = c->run.spec;
     ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir, .shard_mb = sp->shard_mb,
-                         .keep_last = sp->keep_last, .writers = c->writers, .rank = c->run.rank,
+                         .keep_last = sp->keep_last, .writers = c->writers, .rank = c->run.world->rank,
                          .copy = ddp_k_host_memory(c->run.k) ? NULL : copy_d2h,
                          .copy_ctx = c};
     DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
@@ -344,14 +344,14 @@ int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_position_
                                .n_optim = optim ? 2 * n : 0, .copy = h2d, .copy_ctx = run->k};
         if (rc == 0) rc = ddp_ckpt_load(c->found.path, &req, ei);
         if (rc == 0) rc = read_position(c, run, req.trainer_json, pos, ei);
-        if (rc == 0 && run->rank == 0)
+        if (rc == 0 && run->world->rank == 0)
             DDP_INFO("checkpoint: loaded %s in %.0f ms", c->found.path, ms_since(t0));
         free(req.config_json);
         free(req.trainer_json);
         if (rc == 0) *resumed = 1;
     } else if (rc == 0 && sp->init_from[0]) {
         rc = ddp_ckpt_init_from(sp->init_from, model, n, h2d, run->k, ei);
-        if (rc == 0 && run->rank == 0)
+        if (rc == 0 && run->world->rank == 0)
             DDP_INFO("model weights from %s (model.init_from)", sp->init_from);
     }
     if (rc || !c) {
@@ -455,7 +455,7 @@ static ddp_adamw_crc_t *update_crcs(ddp_saving_t *c, long next)
 {
     if (!c || !c->update_crc || !ddp_saving_planned(c, next)) return NULL;
     /* a rank that writes nothing computes them only for the merge of a sharded update */
-    if (!c->saver && !(c->run.sharded && c->run.world > 1)) return NULL;
+    if (!c->saver && !(c->run.sharded && c->run.world->size > 1)) return NULL;
     c->crc_step = -1; /* until ddp_saving_after_update */
     return c->update_crc;
 }
@@ -474,7 +474,7 @@ static int join_snapshot(ddp_saving_t *c, long next, ddp_errinfo_t *ei)
         c->stats.wait_ms += waited;
         c->stats.last_wait_ms = waited;
         c->stats.last_snapshot_ms = waited;
-        if (c->run.rank == 0)
+        if (c->run.world->rank == 0)
             DDP_INFO("checkpoint step %ld: the writer read the arenas beside step %ld; the "
                      "update waited %.1f ms for it (%.1f MB left to copy)",
                      c->last_saved, next, waited, (double)copied / 1e6);
@@ -485,7 +485,7 @@ static int join_snapshot(ddp_saving_t *c, long next, ddp_errinfo_t *ei)
     join_helper(c, &waited);
     c->stats.wait_ms += waited;
     c->stats.last_wait_ms = waited;
-    if (c->run.rank == 0)
+    if (c->run.world->rank == 0)
         DDP_INFO("checkpoint step %ld: snapshot copied in %.1f ms beside step %ld; the update "
                  "waited %.1f ms for it", c->helper_step, c->helper_ms, next, waited);
     return 0;
@@ -529,13 +529,13 @@ int ddp_saving_tally(ddp_saving_t *c, const float sums[2], ddp_errinfo_t *ei)
     if (!c || !c->pending || sums[0] < (float)c->writers - 0.5f) return 0;
     c->pending = 0;
     if (sums[1] > 0) {
-        if (c->run.rank == 0)
+        if (c->run.world->rank == 0)
             DDP_WARN("checkpoint step %ld: %.0f writer(s) failed; it is not committed",
                      c->last_saved, (double)sums[1]);
         if (!c->commit_rc) c->commit_rc = DDP_EIO;
         return 0;
     }
-    if (c->run.rank != 0) return 0;
+    if (c->run.world->rank != 0) return 0;
     int rc = ddp_ckpt_commit(c->saver, ei);
     if (rc) {
         char msg[1024];
@@ -562,11 +562,7 @@ static int settle_blocking(ddp_saving_t *c, long step, ddp_errinfo_t *ei)
     }
     float vals[2];
     ddp_saving_vote(c, vals);
-    if (c->run.comm) {
-        ddp_coll_req_t *req;
-        DDP_CHECK(ddp_coll_allreduce(c->run.comm, vals, 2, DDP_DT_F32, DDP_OP_SUM, &req));
-        DDP_CHECK(ddp_coll_wait(req, 0, ei));
-    }
+    DDP_CHECK(ddp_world_allreduce(c->run.world, vals, 2, DDP_OP_SUM, ei));
     int rc = ddp_saving_tally(c, vals, ei);
     c->stats.settle_ms += ms_since(t0);
     return rc;
@@ -578,22 +574,20 @@ static int settle_blocking(ddp_saving_t *c, long step, ddp_errinfo_t *ei)
 static int merge_rank_crcs(ddp_saving_t *c, ddp_errinfo_t *ei)
 {
     enum { PER = 8 }; /* 3 CRCs and `owned` as two 16-bit halves each */
-    size_t n = c->n_model, world = (size_t)c->run.world;
+    size_t n = c->n_model, world = (size_t)c->run.world->size;
     float *v = ddp_calloc(world * n * PER, sizeof *v);
     if (!v) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
     for (size_t i = 0; i < n; i++) {
         const ddp_adamw_crc_t *u = &c->update_crc[i];
         uint32_t w[4] = {u->crc[0], u->crc[1], u->crc[2],
                          u->owned < UINT32_MAX ? (uint32_t)u->owned : UINT32_MAX};
-        float *slot = v + ((size_t)c->run.rank * n + i) * PER;
+        float *slot = v + ((size_t)c->run.world->rank * n + i) * PER;
         for (int k = 0; k < 4; k++) {
             slot[2 * k] = (float)(w[k] & 0xffff);
             slot[2 * k + 1] = (float)(w[k] >> 16);
         }
     }
-    ddp_coll_req_t *req;
-    int rc = ddp_coll_allreduce(c->run.comm, v, world * n * PER, DDP_DT_F32, DDP_OP_SUM, &req);
-    if (rc == 0) rc = ddp_coll_wait(req, 0, ei);
+    int rc = ddp_world_allreduce(c->run.world, v, world * n * PER, DDP_OP_SUM, ei);
     for (size_t i = 0; rc == 0 && i < n; i++) {
         for (size_t r = 0; r < world; r++) {
             const float *slot = v + (r * n + i) * PER;
@@ -614,7 +608,7 @@ int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_
                            ddp_errinfo_t *ei)
 {
     if (!c || !u->crc) return 0;
-    if (c->run.sharded && c->run.world > 1) DDP_CHECK(merge_rank_crcs(c, ei));
+    if (c->run.sharded && c->run.world->size > 1) DDP_CHECK(merge_rank_crcs(c, ei));
     c->crc_step = next;
     return 0;
 }
@@ -829,7 +823,7 @@ int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
     join_helper(c, &waited);
     int rc = 0;
     if (c->last_saved != step) {
-        if (any_stop && c->run.rank == 0)
+        if (any_stop && c->run.world->rank == 0)
             DDP_INFO("stopping: saving a checkpoint of step %ld", step);
         rc = start_save(c, pos, 0, ei);
     }
@@ -840,7 +834,7 @@ int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
         if (ei && !ei->msg[0])
             ddp_errinfo_set(ei, rc, "checkpoint step %ld was not committed", step);
     }
-    if (c->run.rank == 0 && c->stats.saves > 0)
+    if (c->run.world->rank == 0 && c->stats.saves > 0)
         DDP_INFO("checkpoint: %ld save(s); training thread paid %.1f ms at step boundaries and "
                  "%.1f ms waiting for snapshots (%.1f ms per save)%s",
                  c->stats.saves, c->stats.boundary_ms, c->stats.wait_ms,

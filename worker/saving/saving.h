@@ -52,6 +52,7 @@
 #include "worker/model/model.h"
 #include "worker/optim/adamw.h"
 #include "worker/sync/position.h"
+#include "worker/sync/world.h"
 
 typedef struct ddp_saving ddp_saving_t; /* a run's checkpoints; NULL without checkpoint.dir */
 
@@ -66,9 +67,7 @@ typedef struct ddp_saving_run {
     long stop_at_step;      /* --stop-at-step (0: none): a save is planned there */
     int local_world;        /* ranks on this host (whether a core is spare for a snapshot) */
     int n_micro;            /* micro-batches per step over all ranks (the global batch) */
-    /* the world */
-    ddp_coll_t *comm;       /* NULL in a world of one */
-    int rank, world;
+    const ddp_world_t *world; /* the trainer's: it changes with each generation */
     int accum;              /* this rank's micro-steps per step */
     int sharded;            /* the optimizer step is split over the ranks (moments in slices) */
     /* Makes every rank's moments whole before a save reads them (collective; a sharded step
@@ -96,10 +95,10 @@ typedef struct ddp_saving_stats {
  * (resume_step > 0: exactly that step; else the newest that verifies, logging any newer one
  * skipped with its reason); *out is NULL without checkpoint.dir. *global_batch_tokens gets the
  * checkpoint's global batch when the spec leaves it at 0 (the trainer adopts it, so the global
- * batch stays the same on a different world size), else 0. rank and world are for the logs.
+ * batch stays the same on a different world size), else 0. The world is for the logs.
  * Returns 0 (also when there is nothing to resume), DDP_ENOTFOUND for a named step that is
  * missing or broken, or a read error. */
-int ddp_saving_prepare(const ddp_spec_t *spec, int rank, int world, int no_resume,
+int ddp_saving_prepare(const ddp_spec_t *spec, const ddp_world_t *world, int no_resume,
                       long resume_step, ddp_saving_t **out, long *global_batch_tokens,
                       ddp_errinfo_t *ei);
 

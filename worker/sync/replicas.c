@@ -26,10 +26,10 @@ static uint64_t hash_flipped(const float *x, size_t n)
                              (n - 1) * sizeof(float));
 }
 
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank,
+int ddp_replicas_check(const ddp_world_t *world, const ddp_model_t *model, int flip_rank,
                        ddp_errinfo_t *ei)
 {
-    int rank = ddp_coll_rank(comm), world = ddp_coll_size(comm), n = model->n_tensors;
+    int rank = world->rank, n = model->n_tensors;
     ddp_kernels_t *k = model->k;
     uint64_t *mine = ddp_calloc((size_t)n, sizeof *mine);
     uint64_t *root = ddp_calloc((size_t)n, sizeof *root);
@@ -38,7 +38,7 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank
     float *host = ddp_k_host_memory(k) ? NULL : ddp_malloc(model->n_params * sizeof(float));
     const float *w = ddp_k_host_memory(k) ? model->w : host;
     /* verdict[r] = 1 + index of rank r's first differing tensor, 0 when it agrees */
-    float *verdict = ddp_calloc((size_t)world, sizeof *verdict);
+    float *verdict = ddp_calloc((size_t)world->size, sizeof *verdict);
     int rc = (mine && root && w && verdict) ? 0 : DDP_ENOMEM;
     if (rc == 0 && host) rc = ddp_k_memcpy_d2h(k, host, model->w, model->n_params * sizeof(float));
     if (rc == 0 && host) rc = ddp_k_sync(k);
@@ -53,7 +53,7 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank
     if (rc == 0) {
         memcpy(root, mine, (size_t)n * sizeof *root);
         ddp_coll_req_t *req;
-        rc = ddp_coll_broadcast(comm, root, (size_t)n * sizeof *root, 0, &req);
+        rc = ddp_coll_broadcast(world->comm, root, (size_t)n * sizeof *root, 0, &req);
         if (rc == 0) rc = ddp_coll_wait(req, 0, ei);
     }
     if (rc == 0) {
@@ -62,15 +62,13 @@ int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank
                 verdict[rank] = (float)(i + 1);
                 break;
             }
-        ddp_coll_req_t *req;
-        rc = ddp_coll_allreduce(comm, verdict, (size_t)world, DDP_DT_F32, DDP_OP_SUM, &req);
-        if (rc == 0) rc = ddp_coll_wait(req, 0, ei);
+        rc = ddp_world_allreduce(world, verdict, (size_t)world->size, DDP_OP_SUM, ei);
     }
     if (rc == 0) {
         char ranks[256] = "";
         size_t used = 0;
         int first = -1;
-        for (int r = 0; r < world; r++)
+        for (int r = 0; r < world->size; r++)
             if (verdict[r] > 0) {
                 used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d",
                                          used ? ", " : "", r);

@@ -4,16 +4,16 @@
  * and the verdicts are summed over the ranks, so every rank learns which ranks differ and the
  * first tensor where they do, and all stop with the same error.
  */
-#ifndef DDP_WORKER_REPLICAS_H
-#define DDP_WORKER_REPLICAS_H
+#ifndef DDP_WORKER_SYNC_REPLICAS_H
+#define DDP_WORKER_SYNC_REPLICAS_H
 
-#include "collectives/coll.h"
 #include "worker/model/model.h"
+#include "worker/sync/world.h"
 
-/* Collective. Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
+/* Collective (a world of several ranks). Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
  * first differing tensor when not, or a communication error. flip_rank: a test hook
  * (DDP_TEST_REPLICA_FLIP_RANK): that rank hashes its parameters with one bit flipped; -1 none. */
-int ddp_replicas_check(ddp_coll_t *comm, const ddp_model_t *model, int flip_rank,
+int ddp_replicas_check(const ddp_world_t *world, const ddp_model_t *model, int flip_rank,
                        ddp_errinfo_t *ei);
 
 /* CRC32C over the bytes of one tensor (host memory), widened: a drifted replica matches by

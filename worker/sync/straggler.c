@@ -7,12 +7,12 @@
 #include "common/alloc.h"
 #include "common/err.h"
 
-int ddp_straggler_init(ddp_straggler_t *s, int world)
+int ddp_straggler_init(ddp_straggler_t *s, int n_ranks)
 {
     ddp_straggler_close(s);
-    s->slow = ddp_calloc((size_t)(world > 0 ? world : 1), sizeof *s->slow);
+    s->slow = ddp_calloc((size_t)(n_ranks > 0 ? n_ranks : 1), sizeof *s->slow);
     if (!s->slow) return DDP_ENOMEM;
-    s->world = world;
+    s->n_ranks = n_ranks;
     s->named = -1;
     return 0;
 }
@@ -33,16 +33,16 @@ static int by_value(const void *a, const void *b)
 
 int ddp_straggler_update(ddp_straggler_t *s, const float *compute_ms)
 {
-    if (s->world < 2) return -1;
-    float sorted[64], *v = s->world <= 64 ? sorted : ddp_malloc((size_t)s->world * sizeof *v);
+    if (s->n_ranks < 2) return -1;
+    float sorted[64], *v = s->n_ranks <= 64 ? sorted : ddp_malloc((size_t)s->n_ranks * sizeof *v);
     if (!v) return -1;
-    memcpy(v, compute_ms, (size_t)s->world * sizeof *v);
-    qsort(v, (size_t)s->world, sizeof *v, by_value);
-    double median = v[(s->world - 1) / 2];
+    memcpy(v, compute_ms, (size_t)s->n_ranks * sizeof *v);
+    qsort(v, (size_t)s->n_ranks, sizeof *v, by_value);
+    double median = v[(s->n_ranks - 1) / 2];
     if (v != sorted) free(v);
     s->median_ms = median;
     int newly = -1, slowest = -1;
-    for (int r = 0; r < s->world; r++) {
+    for (int r = 0; r < s->n_ranks; r++) {
         int slow = median > 0 && compute_ms[r] >= DDP_STRAGGLER_RATIO * median;
         s->slow[r] = slow ? s->slow[r] + 1 : 0;
         if (s->slow[r] >= DDP_STRAGGLER_STEPS &&
