@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Finds two files of one folder that include each other's headers (STYLE.md: a notification or a
-returned result breaks such a loop). A module is a.c + a.h (+ a_impl.h / a_int.h / a_internal.h,
+"""Finds two files of one folder that include each other's headers: two modules that need each
+other are one module, or one of them should learn through a notification or a returned result. A module is a.c + a.h (+ a_impl.h / a_int.h / a_internal.h,
 its internal header); an include counts when it names a header of the same folder.
 Usage: include_cycles.py ROOT FOLDER...  Prints each pair; exits 1 when there is one.
 The meson test `include_cycles` runs it over common, proto, kernels, collectives, worker and

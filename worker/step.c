@@ -23,6 +23,79 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/test_hook.h"
+#include "worker/sync/replicas.h"
+
+/* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
+ * world of the ranks that compute: all of them, except in a step that carries a state transfer,
+ * state_transfer.h); restarts the loader for them. world 0: none. */
+int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
+{
+    ddp_loader_stop(&t->loader);
+    t->deal_rank = rank;
+    t->deal_world = world;
+    t->accum = world > 0 ? ddp_loader_accum(t->n_micro, rank, world) : 0;
+    if (t->accum > 1 && !t->acc)
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, t->model.n_params * sizeof(float)));
+    if (t->accum == 0) return 0;
+    return ddp_loader_start(&t->loader, &t->train_set, t->spec.micro_batch, rank, world,
+                            t->n_micro);
+}
+
+int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    /* test hook: this rank's check may see a flipped bit */
+    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->pos.step, t->world.rank) ? t->world.rank : -1;
+    return ddp_replicas_check(&t->world, &t->model, flip, ei);
+}
+
+/* Queues the transfers of the weights and both moments (state_transfer.h). */
+int ddp__trainer_start_transfer(ddp_trainer_t *t)
+{
+    float *arenas[] = {t->model.w, t->opt.m, t->opt.v};
+    DDP_CHECK(ddp_world_after_compute(&t->world)); /* the last update wrote them */
+    return ddp_transfer_start(&t->transfer, arenas, 3, t->model.n_params);
+}
+
+/* After a state transfer (pause: before the step; overlap: after the update of the step that
+ * carried it): the receivers hold the job's state (checked against every replica), the deal is
+ * the whole world's again, and the transfer is logged (rank 0: in metrics.jsonl, with the
+ * receivers' mean time to the last byte). Collective. */
+int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    ddp_transfer_t *x = &t->transfer;
+    DDP_CHECK(ddp_trainer_check_replicas(t, ei));
+    float ms = x->receiving ? (float)(x->ms / x->n_receivers) : 0.0f;
+    DDP_CHECK(ddp_world_allreduce(&t->world, &ms, 1, DDP_OP_SUM, ei));
+    long state_step = x->overlap ? t->pos.step - 1 : t->pos.step; /* whose state travelled */
+    if (x->receiving) {
+        t->has_state = 1;
+        DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
+        char during[64] = "while the other ranks waited";
+        if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
+                                 t->pos.step);
+        DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
+                 t->world.rank, t->world.size, state_step, x->first_root, x->bytes / 1e6, x->ms,
+                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
+    }
+    if (t->metrics) {
+        double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
+        ddp_metrics_rec_t r;
+        ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
+        r.generation = (int64_t)t->gen.gen;
+        r.step = state_step;
+        snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
+        r.receivers = x->n_receivers;
+        r.source = x->first_root;
+        r.mb = mb;
+        r.ms = ms;
+        r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
+        ddp_metrics_sink_write(t->metrics, &r);
+    }
+    int overlapped = x->overlap;
+    ddp_transfer_clear(x);
+    return overlapped ? ddp__trainer_set_deal(t, t->world.rank, t->world.size) : 0;
+}
 
 static void on_grads_ready(void *arg, size_t done)
 {
