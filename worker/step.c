@@ -274,8 +274,10 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     const ddp_reducer_t *r = &t->reducer;
     double lr = ddp_lr_at(&t->spec, t->pos.step);
     ddp_zero1_part_fn on_part = ddp_zero1_update_begin(&t->zero1, u->save_follows);
-    DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, lr, grad_scale, norm, r->parts,
-                             r->n_buckets, on_part, &t->zero1, u->crc));
+    ddp_adamw_args_t args = {.lr = lr, .grad_scale = grad_scale, .norm = norm,
+                             .parts = r->parts, .n_parts = r->n_buckets, .done = on_part,
+                             .done_arg = &t->zero1, .crc = u->crc};
+    DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, &args));
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
     DDP_CHECK(ddp_saving_after_update(t->saving, t->pos.step + 1, u, ei));
     ddp_zero1_update_end(&t->zero1);

@@ -146,10 +146,15 @@ static int update_pieces(const ddp_model_t *model, const ddp_spec_t *spec,
     return 0;
 }
 
-int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec, double lr,
-                   float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
-                   int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc)
+int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec,
+                   const ddp_adamw_args_t *a)
 {
+    double lr = a->lr, norm = a->norm;
+    float grad_scale = a->grad_scale;
+    const ddp_arena_part_t *parts = a->parts;
+    int n_parts = a->n_parts;
+    int (*done)(void *, int) = a->done;
+    ddp_adamw_crc_t *crc = a->crc;
     ddp_kernels_t *k = model->k;
     int64_t tr = ddp_trace_begin();
     double clip_coef = 1.0;
@@ -181,7 +186,7 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec,
         }
         if (done) {
             rc = ddp_k_sync(k);
-            if (rc == 0) rc = done(arg, j);
+            if (rc == 0) rc = done(a->done_arg, j);
         }
     }
     for (int i = 0; rc == 0 && crc && i < model->n_tensors; i++) /* zeros after our last piece */

@@ -5,8 +5,8 @@
  * gradient arena holds a SUM (over micro-steps and ranks); `grad_scale` = 1/N turns it into
  * the average, and clipping multiplies it further, all fused into the update.
  */
-#ifndef DDP_WORKER_OPTIM_H
-#define DDP_WORKER_OPTIM_H
+#ifndef DDP_WORKER_OPTIM_ADAMW_H
+#define DDP_WORKER_OPTIM_ADAMW_H
 
 #include "proto/spec.h"
 #include "worker/model/arena.h"
@@ -60,14 +60,25 @@ int ddp_grad_sumsq(const ddp_model_t *model, const ddp_arena_part_t *parts, int 
  * sqrt(sum of sums[0..n) in order, in double) * grad_scale. */
 double ddp_grad_norm(const float *sums, size_t n, float grad_scale);
 
-/* One AdamW update of the parts of the arena with learning rate lr; the gradient used is
- * grad * grad_scale * clip_coef, clip_coef = min(1, clip / norm) when clip > 0. When done is not
- * NULL it is called with the index of each part once that part's parameters are final. When crc
- * is not NULL (n_tensors entries; the CPU backend only) it receives the CRC32C of what the
- * update wrote, computed by the kernel while the bytes are in cache, for a checkpoint of this
- * step. Returns 0, DDP_ENOMEM, or the backend's or done's error. */
-int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec, double lr,
-                   float grad_scale, double norm, const ddp_arena_part_t *parts, int n_parts,
-                   int (*done)(void *arg, int part), void *arg, ddp_adamw_crc_t *crc);
+/* What one update does. */
+typedef struct ddp_adamw_args {
+    double lr;
+    float grad_scale;   /* the gradient arena's sum -> the average (1/N; fp16: / loss scale) */
+    double norm;        /* the averaged gradient's global norm (clipping) */
+    const ddp_arena_part_t *parts; /* the arena's parts this rank updates */
+    int n_parts;
+    /* called with the index of each part once that part's parameters are final; NULL: none */
+    int (*done)(void *arg, int part);
+    void *done_arg;
+    /* out, when not NULL (n_tensors entries; the CPU backend only): the CRC32C of what the
+     * update wrote, computed by the kernel while the bytes are in cache */
+    ddp_adamw_crc_t *crc;
+} ddp_adamw_args_t;
+
+/* One AdamW update of a->parts of the arena with learning rate a->lr; the gradient used is
+ * grad * grad_scale * clip_coef, clip_coef = min(1, clip / norm) when spec->clip > 0. Returns 0,
+ * DDP_ENOMEM, or the backend's or done's error. */
+int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec,
+                   const ddp_adamw_args_t *a);
 
 #endif

@@ -440,8 +440,12 @@ static void test_adamw_steps_match_pytorch(void **state)
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
-        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1, NULL,
-                                        NULL, NULL),
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                        &(ddp_adamw_args_t){.lr = spec.lr,
+                                                            .grad_scale = 1.0f,
+                                                            .norm = norm,
+                                                            .parts = &whole,
+                                                            .n_parts = 1}),
                          0);
         double rel = fabs((double)loss - ref_losses[s]) / fabs(ref_losses[s]);
         fprintf(stderr, "step %d loss %.7f reference %.7f rel %.1e\n", s, loss, ref_losses[s],
@@ -498,8 +502,12 @@ static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps
             skipped++;
             continue;
         }
-        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, grad_scale, norm, &whole,
-                                        1, NULL, NULL, NULL),
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                        &(ddp_adamw_args_t){.lr = spec.lr,
+                                                            .grad_scale = grad_scale,
+                                                            .norm = norm,
+                                                            .parts = &whole,
+                                                            .n_parts = 1}),
                          0);
         DDP_K(&fx->k, set_precision, prec); /* the weights changed */
     }
@@ -657,16 +665,28 @@ static void test_adamw_crc(void **state)
     assert_int_equal(ddp_model_forward(&fx->m, in, tg, fx->B, fx->T), 0);
     assert_int_equal(ddp_model_backward(&fx->m, NULL, NULL, &loss), 0);
     const ddp_arena_part_t whole = {0, np, 0};
-    assert_int_equal(
-        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &whole, 1, NULL, NULL, crc), 0);
+    assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                    &(ddp_adamw_args_t){.lr = 1e-3,
+                                                        .grad_scale = 1.0f,
+                                                        .norm = 1.0,
+                                                        .parts = &whole,
+                                                        .n_parts = 1,
+                                                        .crc = crc}),
+                     0);
     for (int i = 0; i < nt; i++) assert_true(crc_matches(fx, &opt, crc, i));
 
     size_t cut1 = np / 3 + 7, cut2 = 2 * np / 3 + 11;
     const ddp_arena_part_t parts[3] = {{0, cut1, 0}, {cut1, cut2, 0}, {cut2, np, 0}};
     const ddp_arena_part_t reversed[3] = {parts[2], parts[1], parts[0]};
     for (int order = 0; order < 2; order++) {
-        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0,
-                                        order ? reversed : parts, 3, NULL, NULL, crc), 0);
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                        &(ddp_adamw_args_t){.lr = 1e-3,
+                                                            .grad_scale = 1.0f,
+                                                            .norm = 1.0,
+                                                            .parts = order ? reversed : parts,
+                                                            .n_parts = 3,
+                                                            .crc = crc}),
+                         0);
         int cut_tensors = 0;
         for (int i = 0; i < nt; i++) {
             const ddp_param_desc_t *p = &fx->m.params[i];
@@ -685,10 +705,22 @@ static void test_adamw_crc(void **state)
      * the tensors inside its parts, merged they have every tensor's */
     ddp_adamw_crc_t *crc1 = calloc((size_t)nt, sizeof *crc1);
     const ddp_arena_part_t outer[2] = {parts[0], parts[2]};
-    assert_int_equal(
-        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, outer, 2, NULL, NULL, crc), 0);
-    assert_int_equal(
-        ddp_adamw_step(&opt, &fx->m, &spec, 1e-3, 1.0f, 1.0, &parts[1], 1, NULL, NULL, crc1), 0);
+    assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                    &(ddp_adamw_args_t){.lr = 1e-3,
+                                                        .grad_scale = 1.0f,
+                                                        .norm = 1.0,
+                                                        .parts = outer,
+                                                        .n_parts = 2,
+                                                        .crc = crc}),
+                     0);
+    assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                    &(ddp_adamw_args_t){.lr = 1e-3,
+                                                        .grad_scale = 1.0f,
+                                                        .norm = 1.0,
+                                                        .parts = &parts[1],
+                                                        .n_parts = 1,
+                                                        .crc = crc1}),
+                     0);
     int whole_alone = 0;
     for (int i = 0; i < nt; i++) {
         whole_alone += crc_matches(fx, &opt, crc, i) + crc_matches(fx, &opt, crc1, i);

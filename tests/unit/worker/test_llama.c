@@ -233,8 +233,12 @@ static void train(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps)
         ddp_model_embed_backward(&fx->m, fx->m.acts.inputs, fx->m.acts.dres, fx->B, fx->T);
         assert_int_equal(ddp_grad_sumsq(&fx->m, &whole, 1, sums), 0);
         double norm = ddp_grad_norm(sums, nb, 1.0f);
-        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec, spec.lr, 1.0f, norm, &whole, 1,
-                                        NULL, NULL, NULL),
+        assert_int_equal(ddp_adamw_step(&opt, &fx->m, &spec,
+                                        &(ddp_adamw_args_t){.lr = spec.lr,
+                                                            .grad_scale = 1.0f,
+                                                            .norm = norm,
+                                                            .parts = &whole,
+                                                            .n_parts = 1}),
                          0);
         DDP_K(&fx->k, set_precision, prec); /* the weights changed */
     }
