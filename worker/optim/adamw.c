@@ -117,31 +117,42 @@ void ddp_adamw_crc_merge(ddp_adamw_crc_t *into, const ddp_adamw_crc_t *other, si
     into->owned += other->owned;
 }
 
-/* Each tensor's piece inside each part, with that tensor's weight decay, in part order:
- * pieces[0..*n), tensor[q] the tensor of piece q, part_end[j] the pieces up to part j's last;
- * *chunks the CRC chunks of them all. Returns 0 or DDP_ENOMEM (the arrays are the caller's to
- * free). */
-static int update_pieces(const ddp_model_t *model, const ddp_spec_t *spec,
-                         const ddp_arena_part_t *parts, int n_parts, ddp_kadamw_range_t **pieces,
-                         int **tensor, int **part_end, int *n, size_t *chunks)
+/* Each tensor's piece inside each part, with that tensor's weight decay, in part order. */
+typedef struct pieces {
+    ddp_kadamw_range_t *range; /* [n] */
+    int *tensor;               /* [n]: the tensor of each piece */
+    int *part_end;             /* [n_parts]: the pieces up to each part's last */
+    int n;
+    size_t chunks;             /* the CRC chunks of them all */
+} pieces_t;
+
+static void free_pieces(pieces_t *pc)
 {
-    size_t most = (size_t)(n_parts > 0 ? n_parts : 1) * (size_t)model->n_tensors;
-    *pieces = ddp_malloc(most * sizeof **pieces);
-    *tensor = ddp_malloc(most * sizeof **tensor);
-    *part_end = ddp_malloc((size_t)(n_parts > 0 ? n_parts : 1) * sizeof **part_end);
-    if (!*pieces || !*tensor || !*part_end) return DDP_ENOMEM;
-    *n = 0;
-    *chunks = 0;
-    for (int j = 0; j < n_parts; j++) {
+    free(pc->range);
+    free(pc->tensor);
+    free(pc->part_end);
+}
+
+/* Returns 0 or DDP_ENOMEM (free_pieces either way). */
+static int cut_pieces(const ddp_model_t *model, const ddp_spec_t *spec, const ddp_adamw_args_t *a,
+                      pieces_t *pc)
+{
+    size_t parts = (size_t)(a->n_parts > 0 ? a->n_parts : 1);
+    size_t most = parts * (size_t)model->n_tensors;
+    *pc = (pieces_t){.range = ddp_malloc(most * sizeof *pc->range),
+                     .tensor = ddp_malloc(most * sizeof *pc->tensor),
+                     .part_end = ddp_malloc(parts * sizeof *pc->part_end)};
+    if (!pc->range || !pc->tensor || !pc->part_end) return DDP_ENOMEM;
+    for (int j = 0; j < a->n_parts; j++) {
         for (int i = 0; i < model->n_tensors; i++) {
             size_t lo, hi;
-            if (!ddp_part_of_tensor(model, &parts[j], i, &lo, &hi)) continue;
+            if (!ddp_part_of_tensor(model, &a->parts[j], i, &lo, &hi)) continue;
             float wd = model->params[i].decay ? (float)spec->weight_decay : 0.0f;
-            (*pieces)[*n] = (ddp_kadamw_range_t){lo, hi, wd};
-            (*tensor)[(*n)++] = i;
-            *chunks += (hi - lo + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
+            pc->range[pc->n] = (ddp_kadamw_range_t){lo, hi, wd};
+            pc->tensor[pc->n++] = i;
+            pc->chunks += (hi - lo + DDP_ADAMW_CRC_CHUNK - 1) / DDP_ADAMW_CRC_CHUNK;
         }
-        (*part_end)[j] = *n;
+        pc->part_end[j] = pc->n;
     }
     return 0;
 }
@@ -149,53 +160,45 @@ static int update_pieces(const ddp_model_t *model, const ddp_spec_t *spec,
 int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec,
                    const ddp_adamw_args_t *a)
 {
-    double lr = a->lr, norm = a->norm;
-    float grad_scale = a->grad_scale;
-    const ddp_arena_part_t *parts = a->parts;
-    int n_parts = a->n_parts;
-    int (*done)(void *, int) = a->done;
-    ddp_adamw_crc_t *crc = a->crc;
     ddp_kernels_t *k = model->k;
+    ddp_adamw_crc_t *crc = a->crc;
     int64_t tr = ddp_trace_begin();
     double clip_coef = 1.0;
-    if (spec->clip > 0 && norm > spec->clip) clip_coef = spec->clip / (norm + 1e-6);
-    float scale = (float)((double)grad_scale * clip_coef);
-    ddp_kadamw_range_t *pieces = NULL;
-    int *tensor = NULL, *part_end = NULL, n = 0;
-    size_t chunks = 0;
+    if (spec->clip > 0 && a->norm > spec->clip) clip_coef = spec->clip / (a->norm + 1e-6);
+    float scale = (float)((double)a->grad_scale * clip_coef);
+    pieces_t pc;
     uint32_t *chunk = NULL; /* the kernel's CRCs: 3 per chunk of every piece, in piece order */
-    int rc = update_pieces(model, spec, parts, n_parts, &pieces, &tensor, &part_end, &n, &chunks);
+    int rc = cut_pieces(model, spec, a, &pc);
     if (rc == 0 && crc) {
         for (int i = 0; i < model->n_tensors; i++) crc[i] = (ddp_adamw_crc_t){{0, 0, 0}, 0, 0};
-        if (!(chunk = ddp_malloc((3 * chunks + 1) * sizeof *chunk))) rc = DDP_ENOMEM;
+        if (!(chunk = ddp_malloc((3 * pc.chunks + 1) * sizeof *chunk))) rc = DDP_ENOMEM;
     }
     if (rc == 0) opt->t++;
     /* one call (one launch on a GPU) for every piece; with `done`, one per part, each part
      * handed on as soon as it is final */
     uint32_t *at = chunk; /* this call's CRCs (NULL: none wanted) */
-    for (int j = 0, q = 0; rc == 0 && j < (done ? n_parts : 1); j++) {
-        int end = done ? part_end[j] : n;
-        ddp_k_adamw(k, model->w, model->g, opt->m, opt->v, pieces + q, end - q, (float)lr,
+    for (int j = 0, q = 0; rc == 0 && j < (a->done ? a->n_parts : 1); j++) {
+        int end = a->done ? pc.part_end[j] : pc.n;
+        ddp_k_adamw(k, model->w, model->g, opt->m, opt->v, pc.range + q, end - q, (float)a->lr,
                     (float)spec->beta1, (float)spec->beta2, (float)spec->eps, scale,
                     (int)opt->t, (uint32_t *)at);
         for (; q < end; q++) {
             if (!chunk) continue;
-            fold_piece_crc(model, tensor[q], pieces[q].lo, pieces[q].hi, at, crc);
-            at += 3 * ((pieces[q].hi - pieces[q].lo + DDP_ADAMW_CRC_CHUNK - 1) /
+            fold_piece_crc(model, pc.tensor[q], pc.range[q].lo, pc.range[q].hi, at, crc);
+            at += 3 * ((pc.range[q].hi - pc.range[q].lo + DDP_ADAMW_CRC_CHUNK - 1) /
                        DDP_ADAMW_CRC_CHUNK);
         }
-        if (done) {
+        if (a->done) {
             rc = ddp_k_sync(k);
-            if (rc == 0) rc = done(a->done_arg, j);
+            if (rc == 0) rc = a->done(a->done_arg, j);
         }
     }
     for (int i = 0; rc == 0 && crc && i < model->n_tensors; i++) /* zeros after our last piece */
         if (crc[i].owned != DDP_ADAMW_CRC_BROKEN) fold_zeros(&crc[i], model->params[i].numel);
     free(chunk);
-    free(pieces);
-    free(tensor);
-    free(part_end);
+    free_pieces(&pc);
     if (!rc) rc = ddp_k_sync(k);
-    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "optimizer (AdamW%s)", n_parts && done ? ", sharded" : "");
+    ddp_trace_end(DDP_TRACE_COMPUTE, tr, "optimizer (AdamW%s)",
+                  a->n_parts && a->done ? ", sharded" : "");
     return rc;
 }
