@@ -22,11 +22,11 @@
 /* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
 static int open_metrics(ddp_trainer_t *t)
 {
-    if (t->world.rank != 0 && t->metrics) {
-        ddp_metrics_sink_close(t->metrics);
-        t->metrics = NULL;
+    if (t->world.rank != 0 && t->log.metrics) {
+        ddp_metrics_sink_close(t->log.metrics);
+        t->log.metrics = NULL;
     }
-    if (!t->opts.run_dir || t->world.rank != 0 || t->metrics) return 0;
+    if (!t->opts.run_dir || t->world.rank != 0 || t->log.metrics) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
         DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
         return -errno;
@@ -35,8 +35,8 @@ static int open_metrics(ddp_trainer_t *t)
     snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
     /* a new rank 0 of a later generation goes on after the last step line, so that every step
      * has one line even when a step is redone */
-    if (t->elastic) t->logged_step = ddp_metrics_sink_last_step(path);
-    int rc = ddp_metrics_sink_open(t->opts.run_dir, path, &t->metrics); /* + RUN_DIR/tb/ */
+    if (t->member.elastic) t->log.logged_step = ddp_metrics_sink_last_step(path);
+    int rc = ddp_metrics_sink_open(t->opts.run_dir, path, &t->log.metrics); /* + RUN_DIR/tb/ */
     if (rc) DDP_ERROR("cannot open %s: %s", path, ddp_strerror(rc));
     return rc;
 }
@@ -65,7 +65,7 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
 {
     t->world.rank = bs->rank;
     t->world.size = bs->size;
-    t->world.generation = t->gen.gen;
+    t->world.generation = t->member.gen.gen;
     int rc = 0;
     if (bs->size > 1) {
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
@@ -73,13 +73,13 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
         if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
         /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3); the survivors of a
          * generation shrink its communicator rather than forming one afresh */
-        const ddp_elastic_gen_t *g = &t->gen;
+        const ddp_elastic_gen_t *g = &t->member.gen;
         /* ring and mpi over GPU memory stage it through the host (two ranks on one GPU,
          * which NCCL refuses) */
         ddp_coll_device_t dev = {&t->k, coll_on_device, coll_d2h, coll_h2d};
         ddp_coll_opts_t copts = {
-            .backend = backend, .cuda_device = t->device,
-            .parent = g->kept_from && g->kept_from == t->parent_gen ? t->parent_comm : NULL,
+            .backend = backend, .cuda_device = t->k.device,
+            .parent = g->kept_from && g->kept_from == t->member.parent_gen ? t->member.parent_comm : NULL,
             .parent_ranks = g->kept_from ? g->kept : NULL,
             .device = ddp_k_host_memory(&t->k) ? NULL : &dev};
         int gpus = ddp_k_gpu_memory(&t->k) ? ddp_k_devices(&t->k) : 0;
@@ -92,10 +92,10 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
         else
             rc = ddp_coll_new(bs, &copts, &t->world.comm, ei);
     }
-    ddp_coll_free(t->parent_comm);
-    t->parent_comm = NULL;
+    ddp_coll_free(t->member.parent_comm);
+    t->member.parent_comm = NULL;
     ddp_coll_bootstrap_free(bs);
-    if (rc == 0 && t->elastic) ddp_elastic_watch(t->elastic, t->world.comm);
+    if (rc == 0 && t->member.elastic) ddp_elastic_watch(t->member.elastic, t->world.comm);
     ddp_log_set_rank(t->world.size > 1 ? t->world.rank : -1);
     return rc;
 }
@@ -106,16 +106,16 @@ static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gathe
  * each change of the world. */
 void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
 {
-    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->device,
+    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->k.device,
                            .model = &t->model, .opt = &t->opt,
                            .stop_at_step = t->opts.stop_at_step,
-                           .local_world = t->opts.env.local_world, .n_micro = t->n_micro,
+                           .local_world = t->opts.env.local_world, .n_micro = t->deal.n_micro,
                            .world = &t->world,
-                           .accum = t->accum, .sharded = t->zero1.on,
+                           .accum = t->deal.accum, .sharded = t->zero1.on,
                            .gather_moments = gather_moments, .gather_arg = &t->zero1,
-                           .tokenizer_json = t->tokenizer ? t->tokenizer->json : NULL,
-                           .tokenizer_config_json = t->tokenizer ? t->tokenizer->config_json : NULL,
-                           .ids = t->tokenizer ? &t->tokenizer->ids : NULL};
+                           .tokenizer_json = t->data.tokenizer ? t->data.tokenizer->json : NULL,
+                           .tokenizer_config_json = t->data.tokenizer ? t->data.tokenizer->config_json : NULL,
+                           .ids = t->data.tokenizer ? &t->data.tokenizer->ids : NULL};
 }
 
 /* Everything that depends on the world, once the communicator exists: the gradient arena in a
@@ -132,14 +132,12 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
     DDP_CHECK(ddp_emb_slots_attach(&t->emb_slots, &t->world, &t->model, s->micro_batch,
-                                   s->seq_len, t->n_micro, ei));
+                                   s->seq_len, t->deal.n_micro, ei));
     ddp_reducer_cfg_t rcfg = {.world = &t->world, .arena = t->model.g, .n = t->model.n_params,
                               .first_bucket_mb = s->first_bucket_mb, .bucket_mb = s->bucket_mb,
                               .overlap = s->overlap, .zero1 = t->zero1.on};
     DDP_CHECK(ddp_reducer_init(&t->reducer, &rcfg));
     ddp_zero1_attach(&t->zero1, &t->reducer, t->model.w);
-    t->norm_sums = ddp_calloc(t->reducer.n_norm_blocks, sizeof *t->norm_sums);
-    if (!t->norm_sums) return DDP_ENOMEM;
     DDP_CHECK(ddp__trainer_set_deal(t, t->world.rank, t->world.size));
     DDP_CHECK(ddp_vote_attach(&t->vote, &t->world));
     DDP_CHECK(ddp_straggler_init(&t->stragglers, t->world.size));
@@ -148,20 +146,18 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
 
 void ddp_trainer_leave_world(ddp_trainer_t *t)
 {
-    if (t->elastic) ddp_elastic_watch(t->elastic, NULL);
+    if (t->member.elastic) ddp_elastic_watch(t->member.elastic, NULL);
     ddp_transfer_clear(&t->transfer); /* its requests go with the communicator */
-    ddp_loader_stop(&t->loader);
+    ddp_loader_stop(&t->data.loader);
     ddp_reducer_close(&t->reducer);
-    free(t->norm_sums);
-    t->norm_sums = NULL;
     ddp_emb_slots_detach(&t->emb_slots);
     if (t->grads) ddp_world_free_reduced(&t->world, t->grads); /* the model's is replaced on attach */
     t->grads = NULL;
-    ddp_coll_free(t->parent_comm);
-    t->parent_comm = NULL;
+    ddp_coll_free(t->member.parent_comm);
+    t->member.parent_comm = NULL;
     if (ddp_coll_shrinks(t->world.comm)) { /* open_comm frees it, shrunk or not */
-        t->parent_comm = t->world.comm;
-        t->parent_gen = t->gen.gen;
+        t->member.parent_comm = t->world.comm;
+        t->member.parent_gen = t->member.gen.gen;
     } else {
         ddp_coll_free(t->world.comm);
     }
@@ -174,14 +170,14 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
     ddp_transfer_t *x = &t->transfer;
-    ddp_transfer_cfg_t cfg = {.world = &t->world, .source = t->gen.source,
-                              .has_state = t->has_state, .mode = t->spec.state_transfer,
-                              .n = t->model.n_params, .n_micro = t->n_micro, .pos = &t->pos,
+    ddp_transfer_cfg_t cfg = {.world = &t->world, .source = t->member.gen.source,
+                              .has_state = t->member.has_state, .mode = t->spec.state_transfer,
+                              .n = t->model.n_params, .n_micro = t->deal.n_micro, .pos = &t->pos,
                               .adam_t = &t->opt.t, .last = &t->last};
     DDP_CHECK(ddp_transfer_plan(x, &cfg, ei));
     *receivers = x->n_receivers;
     if (!x->active) return 0;
-    if (x->receiving) t->has_state = 0; /* until the arenas arrived (pause) or the step's
+    if (x->receiving) t->member.has_state = 0; /* until the arenas arrived (pause) or the step's
                                          * update (overlap) */
     if (x->overlap) return ddp__trainer_set_deal(t, x->deal_rank, x->deal_world);
     DDP_CHECK(ddp__trainer_start_transfer(t));
@@ -191,7 +187,7 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
 
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc)
 {
-    return t->elastic && !ddp_elastic_lost(t->elastic, NULL) && ddp_world_comm_error(&t->world, rc);
+    return t->member.elastic && !ddp_elastic_lost(t->member.elastic, NULL) && ddp_world_comm_error(&t->world, rc);
 }
 
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
@@ -200,13 +196,13 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     memset(st, 0, sizeof *st);
     int64_t t0 = ddp_now_ns();
     /* a rank still waiting for its first state has none to offer */
-    DDP_CHECK(ddp_elastic_join(t->elastic, t->has_state ? t->pos.step : -1, &t->gen, &bs, ei));
+    DDP_CHECK(ddp_elastic_join(t->member.elastic, t->member.has_state ? t->pos.step : -1, &t->member.gen, &bs, ei));
     int64_t t1 = ddp_now_ns();
     DDP_CHECK(ddp__trainer_open_comm(t, bs, ei));
-    if (t->n_micro < t->world.size)
+    if (t->deal.n_micro < t->world.size)
         return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
-                               "%d micro-batches", (unsigned long long)t->gen.gen, t->world.size,
-                               t->n_micro);
+                               "%d micro-batches", (unsigned long long)t->member.gen.gen, t->world.size,
+                               t->deal.n_micro);
     int64_t t2 = ddp_now_ns();
     st->shrunk = ddp_coll_shrunk(t->world.comm);
     DDP_CHECK(ddp__trainer_attach_world(t, ei));
@@ -217,13 +213,13 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     st->form_ms = (double)(t1 - t0) / 1e6;
     st->comm_ms = (double)(t2 - t1) / 1e6;
     st->attach_ms = (double)(t3 - t2) / 1e6;
-    if (t->gen.sync) DDP_CHECK(ddp__trainer_plan_transfer(t, &st->receivers, ei));
+    if (t->member.gen.sync) DDP_CHECK(ddp__trainer_plan_transfer(t, &st->receivers, ei));
     st->state_ms = (double)(ddp_now_ns() - t3) / 1e6;
     /* a step no line was written for: the old rank 0 died between completing it and logging
      * it, or the source completed a step this rank did not (a failure struck between the
      * step's commit on some ranks and on others); its line comes from the step's figures,
      * which every rank holds (loss and norm are global) or received with the state */
-    if (t->metrics && t->pos.step > 0 && t->pos.step > t->logged_step)
+    if (t->log.metrics && t->pos.step > 0 && t->pos.step > t->log.logged_step)
         ddp_trainer_log_step(t, t->pos.last_loss, t->last.ms);
     return 0;
 }

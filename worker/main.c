@@ -427,24 +427,24 @@ static int worker_main(int argc, char **argv)
     rc = ddp_trainer_run(&t, &stop_requested, &ei);
     if (rc == 0 && opts.dump_weights && t.world.rank == 0)
         rc = ddp_model_export(&t.model, opts.dump_weights, &ei);
-    if (rc == 0 && !t.any_stop && t.world.rank == 0 && spec.sample_tokens > 0) {
+    if (rc == 0 && !t.stop.any && t.world.rank == 0 && spec.sample_tokens > 0) {
         printf("--- sample (%d tokens) ---\n", spec.sample_tokens);
         rc = ddp_trainer_sample(&t, spec.sample_tokens, stdout);
         fflush(stdout);
         ddp_log_check_limit(); /* the sample went to fd 1, past ddp_log's count */
     }
-    if (rc == 0 && t.metrics) {
+    if (rc == 0 && t.log.metrics) {
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_DONE);
         r.step = t.pos.step;
         r.final_loss = t.pos.last_loss;
-        ddp_metrics_sink_write(t.metrics, &r);
+        ddp_metrics_sink_write(t.log.metrics, &r);
     }
     if (rc) {
         if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
         fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
     }
-    int stopped = t.any_stop;
+    int stopped = t.stop.any;
     ddp_trainer_log_peak_memory(&t);
     ddp_trainer_close(&t);
     if (rc) return 1;

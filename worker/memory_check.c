@@ -49,7 +49,7 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->world.rank, where,
                             gpu_bytes(t), extra, &b))
         return 0; /* nothing to plan without a model (init_from resolves it first) */
-    t->mem_budget = b.total;
+    t->memory.budget = b.total;
     char text[2048], advice[1024];
     if (!t->opts.quiet || b.total > b.limit) {
         ddp_mem_budget_format(&b, text, sizeof text);
@@ -87,7 +87,7 @@ void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
     char peak[32], plan[32];
     DDP_INFO("peak RSS %s (%s %ld KiB); the memory budget said %s (%lld KiB)",
              ddp_mem_fmt((int64_t)kib * 1024, peak, sizeof peak), what, kib,
-             ddp_mem_fmt(t->mem_budget, plan, sizeof plan), (long long)(t->mem_budget / 1024));
+             ddp_mem_fmt(t->memory.budget, plan, sizeof plan), (long long)(t->memory.budget / 1024));
 }
 
 void ddp_trainer_log_moments(const ddp_trainer_t *t)

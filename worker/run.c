@@ -25,7 +25,7 @@
  * run can do so on one host, where every rank's slices of the moments are readable. */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!ddp_world_comm_error(&t->world, rc) || !t->has_state) return rc; /* a receiver has none */
+    if (!ddp_world_comm_error(&t->world, rc) || !t->member.has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
     /* sharded on one host: the dead rank's slices of the moments are still in its shared
@@ -65,27 +65,27 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     ddp_log_check_limit();
     if (t->world.comm && s->check_every > 0 && t->pos.step % s->check_every == 0)
         DDP_CHECK(ddp_trainer_check_replicas(t, ei));
-    if (t->have_val && (t->pos.step % s->val_every == 0 || t->pos.step == s->steps)) {
+    if (t->data.have_val && (t->pos.step % s->val_every == 0 || t->pos.step == s->steps)) {
         float vl = 0;
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
         if (t->world.rank == 0 && !t->opts.quiet)
             DDP_INFO("step %5ld/%ld | val loss %.4f", t->pos.step, s->steps, vl);
-        if (t->metrics) {
+        if (t->log.metrics) {
             ddp_metrics_rec_t r;
             ddp_metrics_init(&r, DDP_METRICS_VAL);
             r.step = t->pos.step;
             r.val_loss = vl;
-            ddp_metrics_sink_write(t->metrics, &r);
+            ddp_metrics_sink_write(t->log.metrics, &r);
         }
     }
-    return ddp_saving_after_step(t->saving, &t->pos, t->any_stop, ei);
+    return ddp_saving_after_step(t->saving, &t->pos, t->stop.any, ei);
 }
 
 /* Leaves the current generation and joins the next (blocking until it forms). */
 static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *ei)
 {
     int64_t t0 = ddp_now_ns();
-    unsigned long long old_gen = (unsigned long long)t->gen.gen;
+    unsigned long long old_gen = (unsigned long long)t->member.gen.gen;
     int old_world = t->world.size;
     DDP_WARN("generation %llu ends at step %ld: %s", old_gen, t->pos.step, cause);
     ddp_trainer_leave_world(t);
@@ -93,30 +93,30 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
-             "in %.0f ms%s (cause: %s)", (unsigned long long)t->gen.gen, t->world.rank,
+             "in %.0f ms%s (cause: %s)", (unsigned long long)t->member.gen.gen, t->world.rank,
              t->world.size, old_world, t->pos.step, ms,
-             st.shrunk ? ", its communicator the last one shrunk" : "", t->gen.why);
+             st.shrunk ? ", its communicator the last one shrunk" : "", t->member.gen.why);
     if (t->transfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
-                 "step %ld; this rank %s", (unsigned long long)t->gen.gen, t->transfer.n_receivers,
-                 t->pos.step, t->gen.source, t->pos.step + 1,
+                 "step %ld; this rank %s", (unsigned long long)t->member.gen.gen, t->transfer.n_receivers,
+                 t->pos.step, t->member.gen.source, t->pos.step + 1,
                  t->transfer.receiving ? "receives it" : "computes the step");
-    if (t->metrics) {
+    if (t->log.metrics) {
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_GENERATION);
-        r.generation = (int64_t)t->gen.gen;
+        r.generation = (int64_t)t->member.gen.gen;
         r.world = t->world.size;
         r.step = t->pos.step;
-        snprintf(r.cause, sizeof r.cause, "%s", t->gen.why); /* the codec escapes it */
+        snprintf(r.cause, sizeof r.cause, "%s", t->member.gen.why); /* the codec escapes it */
         r.reconfig_ms = ms;
         r.form_ms = st.form_ms;
         r.comm_ms = st.comm_ms;
         r.attach_ms = st.attach_ms;
         r.state_ms = st.state_ms;
         r.receivers = st.receivers;
-        r.source = t->gen.source;
+        r.source = t->member.gen.source;
         r.shrunk = st.shrunk;
-        ddp_metrics_sink_write(t->metrics, &r);
+        ddp_metrics_sink_write(t->log.metrics, &r);
     }
     return 0;
 }
@@ -125,7 +125,7 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
 {
     const ddp_spec_t *s = &t->spec;
     long stop_at = t->opts.stop_at_step > 0 ? t->opts.stop_at_step : s->steps;
-    t->run_t0 = ddp_now_ns();
+    t->log.run_t0 = ddp_now_ns();
     int stalled = 0; /* generations ended in a row without a completed step */
     ddp_profile_plan(&t->profile, s->profile, t->pos.step, stop_at < s->steps ? stop_at : s->steps);
     if (s->profile > 0 && t->world.rank == 0 && !t->opts.quiet) {
@@ -135,12 +135,12 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
         else
             DDP_INFO("profile: no step left to profile");
     }
-    if (t->elastic) ddp_elastic_set_step(t->elastic, t->pos.step);
-    while (t->pos.step < s->steps && t->pos.step < stop_at && !t->any_stop) {
+    if (t->member.elastic) ddp_elastic_set_step(t->member.elastic, t->pos.step);
+    while (t->pos.step < s->steps && t->pos.step < stop_at && !t->stop.any) {
         ddp_trace_step(t->pos.step + 1); /* train.trace */
-        t->stop_requested = stop && *stop;
+        t->stop.requested = stop && *stop;
         int rc = step_and_boundary(t, ei);
-        if (rc == 0 && t->regroup && t->pos.step < s->steps && !t->any_stop)
+        if (rc == 0 && t->member.regroup && t->pos.step < s->steps && !t->stop.any)
             rc = next_generation(t, "regroup at the step boundary", ei);
         if (rc == 0) stalled = 0;
         /* also a failure while the next generation forms */
@@ -158,16 +158,16 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
         }
         if (rc) {
             const char *why;
-            if (t->elastic && ddp_elastic_lost(t->elastic, &why)) {
+            if (t->member.elastic && ddp_elastic_lost(t->member.elastic, &why)) {
                 rc = ddp_errinfo_set(ei, DDP_EABORTED, "%s", why);
             }
             return end_with_failure(t, rc, ei);
         }
     }
-    DDP_CHECK(ddp_saving_finish(t->saving, &t->pos, t->any_stop, ei));
-    if (t->elastic) {
-        ddp_elastic_watch(t->elastic, NULL); /* the coordinator closes once everyone is done */
-        DDP_CHECK(ddp_elastic_done(t->elastic, t->pos.step));
+    DDP_CHECK(ddp_saving_finish(t->saving, &t->pos, t->stop.any, ei));
+    if (t->member.elastic) {
+        ddp_elastic_watch(t->member.elastic, NULL); /* the coordinator closes once everyone is done */
+        DDP_CHECK(ddp_elastic_done(t->member.elastic, t->pos.step));
     }
     return 0;
 }

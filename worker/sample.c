@@ -62,8 +62,8 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     /* with a tokenizer, only the ids it decodes are drawn: a model's vocabulary may be larger
      * (SmolLM2's 49,152 over a tokenizer trained to 8,192), and the data never holds the rest */
     int drawable = V;
-    if (t->tokenizer && (int)ddp_tok_vocab_size(t->tokenizer->tok) < V)
-        drawable = (int)ddp_tok_vocab_size(t->tokenizer->tok);
+    if (t->data.tokenizer && (int)ddp_tok_vocab_size(t->data.tokenizer->tok) < V)
+        drawable = (int)ddp_tok_vocab_size(t->data.tokenizer->tok);
     /* the context is padded (with token 0, ctx's zeros) to a multiple of SAMPLE_ROWS, or T:
      * T / SAMPLE_ROWS shapes per product in all, each seen again, instead of a new one per
      * token; the padding's rows are computed and ignored (ddp_model_next_logits) */
@@ -72,7 +72,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
     ddp_kprec_t prec = m->acts.prec;
     void *act_row = ddp_malloc((size_t)V * ddp_act_bytes(prec)); /* the logits as computed */
     int rc = (ctx && row && act_row) ? 0 : DDP_ENOMEM;
-    if (rc == 0) ctx[0] = start_token(&m->cfg, t->tokenizer);
+    if (rc == 0) ctx[0] = start_token(&m->cfg, t->data.tokenizer);
     for (int i = 1; rc == 0 && i <= n; i++) {
         int len = i < T ? i : T;
         int rows = (len + SAMPLE_ROWS - 1) / SAMPLE_ROWS * SAMPLE_ROWS;
@@ -83,7 +83,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out)
         if (rc) break;
         ddp_act_to_f32(row, act_row, (size_t)V, prec);
         ctx[i] = draw(&t->pos.rng, row, drawable);
-        rc = put_token(t->tokenizer, V, ctx[i], out);
+        rc = put_token(t->data.tokenizer, V, ctx[i], out);
     }
     fputc('\n', out);
     fflush(out);

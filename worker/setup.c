@@ -18,7 +18,7 @@
 #include "worker/budget/memory_budget.h" /* train.threads default */
 #include "worker/observe/metrics_sink.h"
 
-/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->gen
+/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->member.gen
  * says whether it joins a job that already trains); else the environment rendezvous (a world of
  * one when DDP_WORLD_SIZE is unset). */
 static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
@@ -40,8 +40,8 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
         return ddp_coll_bootstrap_tcp(&cfg, bs, ei);
     }
     DDP_CHECK(ddp_elastic_connect(env->rdzv, env->job_token, env->rank_hint, env->rdzv_timeout_s,
-                                  &t->elastic, ei));
-    return ddp_elastic_join(t->elastic, -1, &t->gen, bs, ei);
+                                  &t->member.elastic, ei));
+    return ddp_elastic_join(t->member.elastic, -1, &t->member.gen, bs, ei);
 }
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
@@ -60,7 +60,7 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     size_t n = ddp_model_count_params(&t->spec.model), bytes = n * sizeof(float);
     if (!ddp_world_uses_coll_mem(&t->world)) { /* device memory: the model's arenas, our moments */
-        if (!t->world.comm || !t->spec.shard_optimizer || t->elastic ||
+        if (!t->world.comm || !t->spec.shard_optimizer || t->member.elastic ||
             !ddp_coll_slices_anywhere(t->world.comm))
             return 0;
         return ddp_zero1_reserve_device(&t->zero1, n, t->saving != NULL, ei);
@@ -69,7 +69,7 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
      * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
      * update would leave the ranks with different parameters) */
-    if (!t->spec.shard_optimizer || t->elastic) return 0;
+    if (!t->spec.shard_optimizer || t->member.elastic) return 0;
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->weights, ei));
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[0], ei));
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[1], ei));
@@ -84,11 +84,11 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 /* Rank 0 copies data.tokenizer into the run directory (creating it). */
 static int save_tokenizer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
-    if (!t->tokenizer || !t->opts.run_dir || t->world.rank != 0) return 0;
+    if (!t->data.tokenizer || !t->opts.run_dir || t->world.rank != 0) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST)
         return ddp_errinfo_set(ei, -errno, "cannot create the run directory %s: %s",
                                t->opts.run_dir, strerror(errno));
-    return ddp_run_tokenizer_save(t->tokenizer, t->opts.run_dir, ei);
+    return ddp_run_tokenizer_save(t->data.tokenizer, t->opts.run_dir, ei);
 }
 
 /* Makes every replica identical by construction: rank 0's initial weights go to everyone. */
@@ -112,10 +112,10 @@ static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
     int world = t->world.size;
     long per_pass = (long)s->micro_batch * s->seq_len;
     long gbt = s->global_batch_tokens ? s->global_batch_tokens : per_pass * world;
-    long unit = t->elastic ? per_pass : per_pass * world;
+    long unit = t->member.elastic ? per_pass : per_pass * world;
     if (gbt % unit == 0 && gbt / per_pass >= world) {
-        t->n_micro = (int)(gbt / per_pass);
-        t->accum = ddp_loader_accum(t->n_micro, t->world.rank, world);
+        t->deal.n_micro = (int)(gbt / per_pass);
+        t->deal.accum = ddp_loader_accum(t->deal.n_micro, t->world.rank, world);
         return 0;
     }
     char sizes[256] = "";
@@ -137,12 +137,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     memset(t, 0, sizeof *t);
     t->spec = *spec;
     t->opts = *opts;
-    t->logged_step = -1;
+    t->log.logged_step = -1;
     t->stragglers.named = -1;
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    DDP_CHECK_GOTO(ddp_run_tokenizer_open(s->tokenizer, s->model.vocab_size, &t->tokenizer, ei), rc, fail);
+    DDP_CHECK_GOTO(ddp_run_tokenizer_open(s->tokenizer, s->model.vocab_size, &t->data.tokenizer, ei), rc, fail);
     int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
     /* one GPU per local rank (the launcher's local rank picks it, round-robin when the ranks
      * outnumber the GPUs; ignored on the CPU) */
@@ -152,7 +152,6 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         ddp_errinfo_set(ei, rc, "kernel backend '%s': %s", opts->backend, ddp_strerror(rc));
         goto fail;
     }
-    t->device = t->k.device;
     t->world.k = &t->k;
     t->zero1.world = &t->world;
     ddp_coll_bootstrap_t *bs = NULL;
@@ -162,18 +161,18 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         ddp_coll_free(t->world.comm);
         t->world.comm = NULL;
         if (ei) ddp_errinfo_clear(ei);
-        rc = ddp_elastic_join(t->elastic, -1, &t->gen, &bs, ei);
+        rc = ddp_elastic_join(t->member.elastic, -1, &t->member.gen, &bs, ei);
         if (rc == 0) rc = ddp__trainer_open_comm(t, bs, ei);
     }
     if (rc) goto fail;
     ddp_trace_open(s->trace, t->opts.run_dir, t->world.rank); /* train.trace */
     DDP_CHECK_GOTO(save_tokenizer(t, ei), rc, fail);
-    t->first_rank = t->world.rank; /* the slow rank's test hook names it */
+    t->member.first_rank = t->world.rank; /* the slow rank's test hook names it */
     int world = t->world.size;
     /* a joiner of a job that trains already gets its state from a live member, not from disk */
-    int joins_live = t->elastic && t->gen.step >= 0;
+    int joins_live = t->member.elastic && t->member.gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
-    ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->prec);
+    ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->loss_scale.prec);
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
     DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume,
                                      t->opts.resume_step, &t->saving, &adopt_gbt, ei),
@@ -200,23 +199,23 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     ddp__trainer_checkpoint_view(t, &view);
     int resumed; /* every rank loaded the same checkpoint: nothing to broadcast */
     DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
-    ddp_loss_scale_init(&t->loss_scale, t->prec, s->loss_scale_interval, &t->pos);
+    ddp_loss_scale_init(&t->loss_scale, t->loss_scale.prec, s->loss_scale_interval, &t->pos);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    DDP_CHECK_GOTO(ddp_dataset_open(&t->train_set, s->train_glob, s->seq_len,
+    DDP_CHECK_GOTO(ddp_dataset_open(&t->data.train_set, s->train_glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
                    rc, fail);
     if (s->val_glob[0] && s->val_every > 0) {
-        DDP_CHECK_GOTO(ddp_dataset_open(&t->val_set, s->val_glob, s->seq_len,
+        DDP_CHECK_GOTO(ddp_dataset_open(&t->data.val_set, s->val_glob, s->seq_len,
                                         s->model.vocab_size, s->seed, ei),
                        rc, fail);
-        t->have_val = 1;
+        t->data.have_val = 1;
     }
     DDP_CHECK_GOTO(ddp__trainer_attach_world(t, ei), rc, fail);
     /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
      * rank's slices of them (ddp_zero1_drop_foreign) */
     DDP_CHECK_GOTO(ddp_zero1_begin(&t->zero1, ei), rc, fail);
-    t->has_state = !joins_live;
-    if (t->elastic && t->gen.sync) {
+    t->member.has_state = !joins_live;
+    if (t->member.elastic && t->member.gen.sync) {
         int receivers;
         rc = ddp__trainer_plan_transfer(t, &receivers, ei);
         while (rc && ddp_trainer_generation_failed(t, rc)) { /* a member died meanwhile */
@@ -240,8 +239,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                      ? (t->zero1.on ? " (optimizer step sharded)" : "")
                  : t->zero1.on ? " (gradients in shared memory, optimizer step sharded)"
                               : " (gradients in shared memory)",
-                 t->accum, s->micro_batch, s->seq_len,
-                 t->elastic ? "; elastic (generation 1 of the coordinator's)" : "");
+                 t->deal.accum, s->micro_batch, s->seq_len,
+                 t->member.elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
         DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
                  t->world.rank, world, ddp_k_name(&t->k), threads,
@@ -261,12 +260,12 @@ void ddp_trainer_close(ddp_trainer_t *t)
     if (!t) return;
     ddp_saving_free(t->saving);
     t->saving = NULL;
-    ddp_loader_stop(&t->loader);
-    ddp_dataset_close(&t->train_set);
-    ddp_dataset_close(&t->val_set);
+    ddp_loader_stop(&t->data.loader);
+    ddp_dataset_close(&t->data.train_set);
+    ddp_dataset_close(&t->data.val_set);
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
-        ddp_k_free(&t->k, t->acc);
+        ddp_k_free(&t->k, t->deal.acc);
         ddp_emb_slots_detach(&t->emb_slots);
         ddp_adamw_close(&t->opt, &t->model);
         ddp_model_close(&t->model);
@@ -278,13 +277,12 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_kernels_close(&t->k);
     ddp_transfer_clear(&t->transfer);
     ddp_coll_free(t->world.comm);
-    ddp_coll_free(t->parent_comm);
-    ddp_elastic_free(t->elastic);
-    free(t->norm_sums);
+    ddp_coll_free(t->member.parent_comm);
+    ddp_elastic_free(t->member.elastic);
     ddp_vote_free(&t->vote);
     ddp_straggler_close(&t->stragglers);
-    ddp_metrics_sink_close(t->metrics);
+    ddp_metrics_sink_close(t->log.metrics);
     ddp_trace_close(); /* train.trace */
-    ddp_run_tokenizer_free(t->tokenizer);
+    ddp_run_tokenizer_free(t->data.tokenizer);
     memset(t, 0, sizeof *t);
 }

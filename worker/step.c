@@ -30,15 +30,15 @@
  * state_transfer.h); restarts the loader for them. world 0: none. */
 int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
 {
-    ddp_loader_stop(&t->loader);
-    t->deal_rank = rank;
-    t->deal_world = world;
-    t->accum = world > 0 ? ddp_loader_accum(t->n_micro, rank, world) : 0;
-    if (t->accum > 1 && !t->acc)
-        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->acc, t->model.n_params * sizeof(float)));
-    if (t->accum == 0) return 0;
-    return ddp_loader_start(&t->loader, &t->train_set, t->spec.micro_batch, rank, world,
-                            t->n_micro);
+    ddp_loader_stop(&t->data.loader);
+    t->deal.rank = rank;
+    t->deal.world = world;
+    t->deal.accum = world > 0 ? ddp_loader_accum(t->deal.n_micro, rank, world) : 0;
+    if (t->deal.accum > 1 && !t->deal.acc)
+        DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->deal.acc, t->model.n_params * sizeof(float)));
+    if (t->deal.accum == 0) return 0;
+    return ddp_loader_start(&t->data.loader, &t->data.train_set, t->spec.micro_batch, rank, world,
+                            t->deal.n_micro);
 }
 
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
@@ -68,21 +68,21 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_world_allreduce(&t->world, &ms, 1, DDP_OP_SUM, ei));
     long state_step = x->overlap ? t->pos.step - 1 : t->pos.step; /* whose state travelled */
     if (x->receiving) {
-        t->has_state = 1;
-        DDP_K(&t->k, set_precision, t->prec); /* new weights: drop their low-precision copies */
+        t->member.has_state = 1;
+        DDP_K(&t->k, set_precision, t->loss_scale.prec); /* new weights: drop their low-precision copies */
         char during[64] = "while the other ranks waited";
         if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
                                  t->pos.step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
-                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->gen.gen,
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->member.gen.gen,
                  t->world.rank, t->world.size, state_step, x->first_root, x->bytes / 1e6, x->ms,
                  x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
     }
-    if (t->metrics) {
+    if (t->log.metrics) {
         double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
-        r.generation = (int64_t)t->gen.gen;
+        r.generation = (int64_t)t->member.gen.gen;
         r.step = state_step;
         snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
         r.receivers = x->n_receivers;
@@ -90,7 +90,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
         r.mb = mb;
         r.ms = ms;
         r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
-        ddp_metrics_sink_write(t->metrics, &r);
+        ddp_metrics_sink_write(t->log.metrics, &r);
     }
     int overlapped = x->overlap;
     ddp_transfer_clear(x);
@@ -100,8 +100,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
 static void on_grads_ready(void *arg, size_t done)
 {
     ddp_trainer_t *t = arg;
-    int rc = ddp_reducer_ready(&t->reducer, done);
-    if (rc && !t->ready_rc) t->ready_rc = rc;
+    ddp_reducer_ready(&t->reducer, done); /* an error is kept for ddp_reducer_finish */
 }
 
 /* A forward or backward pass failed: when its communicator did, the buckets already started are
@@ -134,10 +133,10 @@ static int begin_step(ddp_trainer_t *t)
     long next = t->pos.step + 1;
     t->model.loss_scale = ddp_loss_scale_factor(&t->pos, t->world.rank); /* 1 unless fp16 */
     if (t->transfer.active) DDP_CHECK(ddp__trainer_start_transfer(t));
-    if (t->accum == 0) DDP_CHECK(contribute_nothing(t));
+    if (t->deal.accum == 0) DDP_CHECK(contribute_nothing(t));
     /* DDP_TEST_HANG: in the job's first generation only, so that the step is redone, and a
      * replacement rejoins, without stopping again */
-    if (t->gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->world.rank);
+    if (t->member.gen.gen <= 1) ddp_test_hook(DDP_HOOK_STEP_BEGIN, next, t->world.rank);
     return 0;
 }
 
@@ -148,31 +147,30 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
 {
     ddp_model_t *m = &t->model;
     ddp_kernels_t *k = &t->k;
-    for (int micro = 0; micro < t->accum; micro++) {
+    for (int micro = 0; micro < t->deal.accum; micro++) {
         const int32_t *inputs, *targets;
-        DDP_CHECK(ddp_loader_next(&t->loader, t->pos.step, micro, &inputs, &targets, ei));
+        DDP_CHECK(ddp_loader_next(&t->data.loader, t->pos.step, micro, &inputs, &targets, ei));
         float l = 0;
         int rc = ddp_model_forward(m, inputs, targets, t->spec.micro_batch, t->spec.seq_len);
         if (rc) return pass_failed(t, rc, ei);
-        ddp_test_hook(DDP_HOOK_MICRO_STEP, t->pos.step + 1, t->first_rank); /* a slow rank */
+        ddp_test_hook(DDP_HOOK_MICRO_STEP, t->pos.step + 1, t->member.first_rank); /* a slow rank */
         if (micro == 0) DDP_CHECK(ddp_emb_slots_clear(&t->emb_slots));
-        if (micro < t->accum - 1) {
+        if (micro < t->deal.accum - 1) {
             rc = ddp_model_backward(m, NULL, NULL, &l);
             if (rc) return pass_failed(t, rc, ei);
             *loss_sum += l;
-            DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal_world + t->deal_rank, inputs));
+            DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal.world + t->deal.rank, inputs));
             if (micro == 0)
-                DDP_CHECK(ddp_k_memcpy_d2d(k, t->acc, m->g, m->n_params * sizeof(float)));
+                DDP_CHECK(ddp_k_memcpy_d2d(k, t->deal.acc, m->g, m->n_params * sizeof(float)));
             else
-                ddp_k_add(k, t->acc, m->g, m->n_params);
+                ddp_k_add(k, t->deal.acc, m->g, m->n_params);
             continue;
         }
-        ddp_reducer_begin(&t->reducer, t->accum > 1 ? t->acc : NULL);
-        t->ready_rc = 0;
+        ddp_reducer_begin(&t->reducer, t->deal.accum > 1 ? t->deal.acc : NULL);
         rc = ddp_model_backward(m, on_grads_ready, t, &l);
         if (rc) return pass_failed(t, rc, ei);
         *loss_sum += l;
-        DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal_world + t->deal_rank, inputs));
+        DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal.world + t->deal.rank, inputs));
     }
     return 0;
 }
@@ -182,7 +180,6 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
 static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     int rc = ddp_reducer_finish(&t->reducer, &t->last.comm, ei);
-    if (!rc) rc = t->ready_rc;
     if (!rc && t->transfer.active) rc = ddp_transfer_wait(&t->transfer, ei);
     if (!rc) rc = ddp_emb_slots_add(&t->emb_slots, ei);
     return rc;
@@ -215,12 +212,12 @@ static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
 static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errinfo_t *ei)
 {
     const ddp_reducer_t *r = &t->reducer;
-    memset(t->norm_sums, 0, r->n_norm_blocks * sizeof *t->norm_sums);
-    DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->norm_sums));
+    memset(t->reducer.norm_sums, 0, r->n_norm_blocks * sizeof *t->reducer.norm_sums);
+    DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->reducer.norm_sums));
     if (t->zero1.on)
-        DDP_CHECK(ddp_world_allreduce(&t->world, t->norm_sums, r->n_norm_blocks,
+        DDP_CHECK(ddp_world_allreduce(&t->world, t->reducer.norm_sums, r->n_norm_blocks,
                                                DDP_OP_SUM, ei));
-    *norm = ddp_grad_norm(t->norm_sums, r->n_norm_blocks, grad_scale);
+    *norm = ddp_grad_norm(t->reducer.norm_sums, r->n_norm_blocks, grad_scale);
     return 0;
 }
 
@@ -284,7 +281,7 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     t->skipped_in_a_row = 0;
     /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
      * other ranks' slices, whose copies are converted again */
-    if (t->zero1.on) DDP_K(&t->k, set_precision, t->prec);
+    if (t->zero1.on) DDP_K(&t->k, set_precision, t->loss_scale.prec);
     return 0;
 }
 
@@ -294,7 +291,7 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
 static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 {
     ddp_model_t *m = &t->model;
-    float grad_scale = 1.0f / (float)t->n_micro;
+    float grad_scale = 1.0f / (float)t->deal.n_micro;
     if (t->loss_scale.enabled) grad_scale /= t->pos.loss_scale; /* unscaled in the norm and AdamW */
     if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->pos.step + 1, t->world.rank)) { /* poison one gradient */
         float nan = NAN;
@@ -317,13 +314,13 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
 static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, float *loss)
 {
     t->pos.step++;
-    t->pos.tokens += (uint64_t)t->n_micro * t->spec.micro_batch * t->spec.seq_len;
-    *loss = (float)v->loss_sum / (float)t->n_micro;
-    t->any_stop = v->stop > 0;
-    t->regroup = v->regroup > 0;
+    t->pos.tokens += (uint64_t)t->deal.n_micro * t->spec.micro_batch * t->spec.seq_len;
+    *loss = (float)v->loss_sum / (float)t->deal.n_micro;
+    t->stop.any = v->stop > 0;
+    t->member.regroup = v->regroup > 0;
     t->pos.last_loss = *loss;
     t->pos.last_norm = norm;
-    t->last.micro_ms = t->accum > 0 ? t->last.compute_ms / t->accum : 0; /* ddp_transfer_overlap_pays */
+    t->last.micro_ms = t->deal.accum > 0 ? t->last.compute_ms / t->deal.accum : 0; /* ddp_transfer_overlap_pays */
     t->last.world = t->world.size;
 }
 
@@ -332,9 +329,9 @@ static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, f
 static int end_step(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     if (t->transfer.active) DDP_CHECK(ddp__trainer_finish_transfer(t, ei));
-    if (t->elastic) ddp_elastic_set_step(t->elastic, t->pos.step);
-    if (!t->moments_logged && !ddp_zero1_gathered(&t->zero1)) {
-        t->moments_logged = 1;
+    if (t->member.elastic) ddp_elastic_set_step(t->member.elastic, t->pos.step);
+    if (!t->memory.moments_logged && !ddp_zero1_gathered(&t->zero1)) {
+        t->memory.moments_logged = 1;
         ddp_trainer_log_moments(t);
     }
     return 0;
@@ -356,8 +353,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
      * many checkpoint writers have their shards durable / failed. Past it a rank applies the
      * update without talking to the others (the elastic world never shards it), so a failure
      * before it leaves every survivor at the previous step, to redo the step. */
-    ddp_ballot_t v = {.loss_sum = loss_sum, .stop = t->stop_requested,
-                      .regroup = t->elastic && ddp_elastic_regroup_wanted(t->elastic),
+    ddp_ballot_t v = {.loss_sum = loss_sum, .stop = t->stop.requested,
+                      .regroup = t->member.elastic && ddp_elastic_regroup_wanted(t->member.elastic),
                       .compute_ms = t->last.compute_ms};
     DDP_CHECK(step_vote(t, &v, ei));
     note_stragglers(t, v.rank_ms);

@@ -10,14 +10,14 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
 {
     const ddp_spec_t *s = &t->spec;
     const ddp_reducer_stats_t *c = &t->last.comm;
-    double tok = (double)t->n_micro * s->micro_batch * s->seq_len;
+    double tok = (double)t->deal.n_micro * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
     double lr = ddp_lr_at(s, t->pos.step - 1);
     t->last.ms = ms;
     char world[80] = "";
-    if (t->elastic)
+    if (t->member.elastic)
         snprintf(world, sizeof world, " | world %d, gen %llu", t->world.size,
-                 (unsigned long long)t->gen.gen);
+                 (unsigned long long)t->member.gen.gen);
     if (t->loss_scale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
                  t->pos.loss_scale);
@@ -32,7 +32,7 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
             DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms%s",
                      t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, ms, world);
     }
-    if (t->metrics && t->pos.step > t->logged_step) {
+    if (t->log.metrics && t->pos.step > t->log.logged_step) {
         /* a skipped step's norm (or a diverged loss) is not finite: the codec writes null */
         ddp_metrics_rec_t r;
         ddp_metrics_init(&r, DDP_METRICS_STEP);
@@ -50,11 +50,11 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         r.optim_ms = t->last.optim_ms;
         r.tokens = (int64_t)t->pos.tokens;
         r.world = t->world.size;
-        r.generation = (int64_t)t->gen.gen;
+        r.generation = (int64_t)t->member.gen.gen;
         r.straggler = t->stragglers.named;
         r.loss_scale = t->pos.loss_scale;
-        r.wall_ms = (double)(ddp_now_ns() - t->run_t0) / 1e6;
-        ddp_metrics_sink_write(t->metrics, &r); /* a failed write is logged; training goes on */
-        t->logged_step = t->pos.step;
+        r.wall_ms = (double)(ddp_now_ns() - t->log.run_t0) / 1e6;
+        ddp_metrics_sink_write(t->log.metrics, &r); /* a failed write is logged; training goes on */
+        t->log.logged_step = t->pos.step;
     }
 }

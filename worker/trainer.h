@@ -68,56 +68,78 @@ typedef struct ddp_train_opts {
     ddp_train_env_t env;      /* what the environment says (zeros: nothing) */
 } ddp_train_opts_t;
 
-typedef struct ddp_trainer {
-    ddp_spec_t spec;
-    ddp_train_opts_t opts;
-    ddp_kernels_t k;
-    ddp_kprec_t prec;         /* train.precision as resolved on this backend (loss_scale.h) */
-    ddp_loss_scale_t loss_scale;     /* fp16's loss scale (saved in checkpoints) */
-    int device;               /* this rank's GPU (its local rank; 0 on the CPU) */
-    ddp_model_t model;
-    ddp_adamw_t opt;
-    ddp_dataset_t train_set, val_set;
-    int have_val;
-    ddp_loader_t loader;
-    ddp_world_t world;        /* the ranks this one trains with now (sync/world.h) */
-    ddp_position_t pos;       /* where the run is (sync/position.h) */
-    ddp_step_times_t last;    /* what the last step cost */
+/* Elastic membership (DDP_ELASTIC=1; zeros in a static world): the coordinator and the
+ * generation this rank is in. */
+typedef struct ddp_membership {
+    ddp_elastic_t *elastic;   /* the coordinator's connection, else NULL */
+    ddp_elastic_gen_t gen;    /* the generation this rank is in */
     ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
                                * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
     uint64_t parent_gen;      /* its generation */
-    ddp_elastic_t *elastic;   /* the coordinator's connection (DDP_ELASTIC=1), else NULL */
-    ddp_elastic_gen_t gen;    /* elastic: the generation this rank is in */
     int regroup;              /* some rank must leave the generation: all do after this step */
-    int n_micro;              /* micro-batches per optimizer step over all ranks (global batch) */
-    long logged_step;         /* highest step written to metrics.jsonl */
-    int has_state;            /* elastic: the state here is the job's (not a joiner's fresh one) */
-    ddp_vote_t vote;          /* the step's small all-reduce (sync/vote.h) */
-    ddp_transfer_t transfer;         /* elastic: a state transfer planned (overlapped with a step) */
-    int deal_rank, deal_world; /* this rank's share of a step's micro-batches
-                                * (train_generation.c set_deal) */
-    ddp_straggler_t stragglers;
+    int has_state;            /* the state here is the job's (not a joiner's fresh one) */
     int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
-    ddp_reducer_t reducer;
-    ddp_emb_slots_t emb_slots; /* the token embedding's gradient (sync/emb_slots.h) */
-    int64_t run_t0;           /* ddp_now_ns() when ddp_trainer_run started (metrics' wall_ms) */
-    int ready_rc;             /* first error from the reducer inside backward */
-    int stop_requested;       /* this rank was asked to stop (signal) */
-    int any_stop;             /* some rank was: every rank stops after this step */
+} ddp_membership_t;
+
+/* The deal: which of a step's micro-batches this rank computes (step.c ddp__trainer_set_deal),
+ * and where it sums their gradients. */
+typedef struct ddp_deal {
+    int n_micro;      /* micro-batches per optimizer step over all ranks (the global batch) */
+    int rank, world;  /* this rank's place among the ranks that compute the step (all of them,
+                       * except in a step that carries a state transfer) */
     int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
     float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
+} ddp_deal_t;
+
+/* The run's data: the token shards, the loader's thread, data.tokenizer. */
+typedef struct ddp_run_data {
+    ddp_dataset_t train_set, val_set;
+    int have_val;
+    ddp_loader_t loader;
+    ddp_run_tokenizer_t *tokenizer; /* data.tokenizer, or NULL (data/run_tokenizer.h) */
+} ddp_run_data_t;
+
+/* What the trainer writes about its steps (rank 0; step_log.c). */
+typedef struct ddp_step_log {
+    ddp_metrics_sink_t *metrics; /* metrics.jsonl (+ TensorBoard), or NULL */
+    long logged_step;            /* highest step written to metrics.jsonl */
+    int64_t run_t0;              /* ddp_now_ns() when ddp_trainer_run started (wall_ms) */
+} ddp_step_log_t;
+
+typedef struct ddp_trainer {
+    ddp_spec_t spec;
+    ddp_train_opts_t opts;
+    ddp_kernels_t k;              /* the kernel backend (k.device: this rank's GPU) */
+    ddp_world_t world;            /* the ranks this one trains with now (sync/world.h) */
+    ddp_membership_t member;      /* elastic membership */
+    ddp_position_t pos;           /* where the run is (sync/position.h) */
+    ddp_step_times_t last;        /* what the last step cost */
+    ddp_model_t model;
+    ddp_adamw_t opt;
+    ddp_loss_scale_t loss_scale;  /* the precision and fp16's loss scale (optim/loss_scale.h) */
+    ddp_zero1_t zero1;            /* ZeRO-1: the moments in slices (optim/zero1.h) */
     /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
-     * ddp.shard_optimizer (and the moments, in zero), else NULL and the model allocates */
+     * ddp.shard_optimizer (and the moments, in zero1), else NULL and the model allocates */
     float *weights, *grads;
-    ddp_zero1_t zero1;        /* ZeRO-1: the moments in slices (optim/zero1.h) */
-    int moments_logged; /* ddp_trainer_log_moments ran (after the first update in slices) */
-    float *norm_sums; /* [reducer.n_norm_blocks]: the gradient norm's blocks (host) */
-    ddp_metrics_sink_t *metrics; /* rank 0's metrics.jsonl (+ TensorBoard), or NULL */
-    int skipped_in_a_row;
-    ddp_saving_t *saving; /* NULL without checkpoint.dir (worker/train_checkpoint.h) */
-    int64_t mem_budget; /* the memory budget's total for this rank (memory_check.c) */
-    ddp_profile_t profile; /* train.profile's window (worker/profile.h; run.c drives it) */
-    ddp_run_tokenizer_t *tokenizer;   /* data.tokenizer, or NULL (worker/run_tokenizer.h) */
+    ddp_run_data_t data;
+    ddp_deal_t deal;
+    ddp_reducer_t reducer;        /* the gradient's buckets (sync/reducer.h) */
+    ddp_emb_slots_t emb_slots;    /* the token embedding's gradient (sync/emb_slots.h) */
+    ddp_vote_t vote;              /* the step's small all-reduce (sync/vote.h) */
+    ddp_transfer_t transfer;      /* elastic: a state transfer planned (sync/transfer.h) */
+    ddp_straggler_t stragglers;   /* sync/straggler.h */
+    ddp_saving_t *saving;         /* checkpoints (saving/saving.h); NULL without checkpoint.dir */
+    struct {
+        int requested;            /* this rank was asked to stop (signal) */
+        int any;                  /* some rank was: every rank stops after this step */
+    } stop;
+    int skipped_in_a_row;         /* updates skipped for a non-finite gradient, in a row */
+    ddp_step_log_t log;
+    ddp_profile_t profile;        /* train.profile's window (observe/profile.h; run.c drives it) */
+    struct {
+        int64_t budget;           /* the memory budget's total for this rank (memory_check.c) */
+        int moments_logged;       /* ddp_trainer_log_moments ran */
+    } memory;
 } ddp_trainer_t;
 
 /* Joins the world (MPI under mpirun; with DDP_ELASTIC=1 the first generation the coordinator at

@@ -44,6 +44,7 @@ void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval,
                          ddp_position_t *pos)
 {
     memset(ls, 0, sizeof *ls);
+    ls->prec = prec;
     ls->enabled = prec == DDP_KPREC_FP16;
     ls->interval = interval > 0 ? interval : 2000;
     float s = pos->loss_scale;

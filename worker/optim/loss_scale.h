@@ -28,6 +28,7 @@
  * position (sync/position.h: pos->loss_scale, pos->loss_scale_clean), which checkpoints and the
  * state transfer carry. */
 typedef struct ddp_loss_scale {
+    ddp_kprec_t prec; /* train.precision as resolved on this backend (ddp_prec_select) */
     int enabled;     /* fp16 */
     long interval;   /* clean steps before the scale doubles */
     long overflows;  /* steps skipped for an overflow on this rank's watch */

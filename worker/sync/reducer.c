@@ -51,6 +51,11 @@ int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg)
         r->n_norm_blocks += blocks_of(len);
     }
     ddp_trace_note("buckets", count); /* a trace shows every bucket of a step */
+    r->norm_sums = ddp_calloc(r->n_norm_blocks + 1, sizeof *r->norm_sums);
+    if (!r->norm_sums) {
+        ddp_reducer_close(r);
+        return DDP_ENOMEM;
+    }
     return 0;
 }
 
@@ -62,6 +67,7 @@ void ddp_reducer_close(ddp_reducer_t *r)
     free(r->times);
     free(r->parts);
     free(r->gathers);
+    free(r->norm_sums);
     memset(r, 0, sizeof *r);
 }
 
@@ -70,6 +76,7 @@ void ddp_reducer_begin(ddp_reducer_t *r, const float *acc)
     r->acc = acc;
     r->ready_upto = 0;
     r->next = 0;
+    r->ready_rc = 0;
     memset(r->times, 0, (size_t)r->n_buckets * sizeof *r->times);
 }
 
@@ -106,7 +113,9 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
 
 int ddp_reducer_ready(ddp_reducer_t *r, size_t done)
 {
-    return advance(r, done, r->overlap && r->world->comm);
+    int rc = advance(r, done, r->overlap && r->world->comm);
+    if (rc && !r->ready_rc) r->ready_rc = rc;
+    return rc;
 }
 
 int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei)
@@ -140,7 +149,7 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
         stats->hidden = busy > 0 ? 1.0 - (double)(wait_end - wait_begin) / (double)busy : 1.0;
         if (stats->hidden < 0) stats->hidden = 0;
     }
-    return rc;
+    return rc ? rc : r->ready_rc;
 }
 
 int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)

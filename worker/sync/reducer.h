@@ -47,6 +47,7 @@ typedef struct ddp_reducer {
     size_t *bucket_end; /* [n_buckets]: bucket b is [end[b-1], end[b]) */
     ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
     size_t n_norm_blocks;    /* norm blocks over all buckets */
+    float *norm_sums;        /* [n_norm_blocks]: the caller's gradient-norm blocks (host) */
     ddp_coll_req_t **reqs;
     ddp_coll_req_t **gathers; /* [3 * n_buckets]: gathers started, n_gathers of them */
     int n_gathers;
@@ -55,6 +56,7 @@ typedef struct ddp_reducer {
     const float *acc; /* added into the arena before reduction; NULL = none */
     size_t ready_upto; /* prefix of the arena reported final (and acc-added) */
     int next;          /* next bucket to submit */
+    int ready_rc;      /* the first error of ddp_reducer_ready (backward's callback) */
     int64_t backward_end;
 } ddp_reducer_t;
 
@@ -85,10 +87,12 @@ void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
 /* Starts a step's reduction; acc (may be NULL) is added into each slice before it is sent. */
 void ddp_reducer_begin(ddp_reducer_t *r, const float *acc);
 /* Backward's callback: floats [0, done) of the arena are final. Starts every bucket that is
- * now complete (when overlapping). Returns 0 or the communicator's error. */
+ * now complete (when overlapping). Returns 0 or the communicator's error (also kept, for
+ * ddp_reducer_finish). */
 int ddp_reducer_ready(ddp_reducer_t *r, size_t done);
 /* After backward: starts what is left and waits for every bucket. Fills stats (may be NULL).
- * Returns 0 or the error, with ei naming the failed operation and rank. */
+ * Returns 0 or the error, with ei naming the failed operation and rank, else the first error
+ * of ddp_reducer_ready since ddp_reducer_begin. */
 int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo_t *ei);
 
 /* Sharded step: starts copying this rank's part of bucket b of `arena` (an arena with the
