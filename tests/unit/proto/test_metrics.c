@@ -84,7 +84,7 @@ static ddp_metrics_rec_t gen_rec(unsigned long long gen, int world, long step, c
     return r;
 }
 
-/* worker/train.c: a state transfer */
+/* worker/step.c: a state transfer */
 static ddp_metrics_rec_t xfer_rec(unsigned long long gen, long state_step, int overlap,
                                   int n_recv, int first_root, size_t n_params, float ms)
 {

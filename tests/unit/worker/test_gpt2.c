@@ -470,8 +470,9 @@ static void test_adamw_steps_match_pytorch(void **state)
 }
 
 /* The 10 AdamW steps of the fixture in precision `prec` on the CPU (inputs of every matmul
- * rounded, fp32 accumulation: native bf16 where the CPU has it, else emulated), with worker/loss_scale.c's scaler as the trainer
- * uses it; the loss before each step goes to losses[]. Returns the steps skipped. */
+ * rounded, fp32 accumulation: native bf16 where the CPU has it, else emulated), with
+ * worker/optim/loss_scale.c's scaler as the trainer uses it; the loss before each step goes to
+ * losses[]. Returns the steps skipped. */
 static int train_steps(fixture_t *fx, ddp_kprec_t prec, float *losses, int steps)
 {
     ddp_adamw_t opt;

@@ -184,7 +184,7 @@ static void test_budget_figures(void **state)
     assert_int_equal(nw.checkpoint, w.checkpoint);
 
     /* a GPU (nccl): sharded, the moments / world, and with checkpoints the other ranks' slices
-     * too (committed whole from the start, train_sharded.c); no snapshot (host memory) */
+     * too (committed whole from the start, optim/zero1.c); no snapshot (host memory) */
     ddp_mem_budget_t g, gc;
     assert_int_equal(ddp_mem_budget_plan(&s, 2, 2, 0, DDP_MEM_GPU, (int64_t)8 << 30, 0, &g), 0);
     assert_int_equal(g.moments, g.params);

@@ -1,4 +1,4 @@
-/* Unit tests of rank 0's metrics sink (worker/metrics_sink.h): each record appends exactly the
+/* Unit tests of rank 0's metrics sink (worker/observe/metrics_sink.h): each record appends exactly the
  * codec's line and a newline to metrics.jsonl, a TensorBoard event file appears beside it, an
  * existing file is appended to, and the last step line is read back through the codec past
  * lines it cannot read (a torn last line, an old writer's nan). TensorBoard's side is checked

@@ -1,4 +1,4 @@
-/* train.profile's plan and report (worker/profile.h): which steps a run profiles, and the table
+/* train.profile's plan and report (worker/observe/profile.h): which steps a run profiles, and the table
  * and JSON made of a kernels report (a synthetic one, so every figure is known). */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* Straggler detection's bookkeeping (worker/straggler.c): a rank >= 20% above the median for
+/* Straggler detection's bookkeeping (worker/sync/straggler.c): a rank >= 20% above the median for
  * DDP_STRAGGLER_STEPS steps in a row is named once, stays named while slow, and is cleared when it
  * catches up; one slow rank of two cannot hide behind the median. */
 #include <setjmp.h>

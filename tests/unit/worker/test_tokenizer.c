@@ -1,4 +1,4 @@
-/* Unit tests of the byte-level BPE (worker/tokenizer.h) on small hand-written tokenizer.json
+/* Unit tests of the byte-level BPE (worker/data/tokenizer.h) on small hand-written tokenizer.json
  * files: merges applied by rank and leftmost first, long words, ignore_merges, added tokens
  * (leftmost-longest, before the regex), bytes missing from the vocabulary dropped, decode
  * round trip and a bad id, the NFC normalizer, the UTF-8 check's offsets, and every refused
