@@ -2,7 +2,7 @@
  *
  * The table (ddp__spec_fields, defined in spec.c) lists every leaf field of a spec once: its
  * path, type, place in ddp_spec_t, allowed range or choices, and its documentation. spec.c
- * validates documents and writes JSON with it; spec_ref.c writes the reference (docs/spec.md,
+ * validates documents with it; spec_out.c writes JSON and the reference (docs/spec.md,
  * `ddp-worker --spec-reference`) from it, so the reference cannot disagree with the validator.
  *
  * Invariants: the table and the presets are constant; every field has a doc string, and a

@@ -1,7 +1,7 @@
-/* Joining and leaving a generation (see train.h): the communicator, everything that depends on
+/* Joining and leaving a generation (see trainer.h): the communicator, everything that depends on
  * the world (collective memory, the deal of micro-batches, the reducer, the metrics file), and
  * the state transfer that brings a rank without the job's state up to date: planned on joining,
- * started by a step (overlap) or at once (pause), finished after it (train_step.c).
+ * started by a step (overlap) or at once (pause), finished after it (step.c).
  *
  * A static world passes here once, from ddp_trainer_init; an elastic one at each new generation
  * (worker/run.c leaves the failed one and joins the next).
@@ -71,7 +71,7 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
         /* auto: NCCL when the kernels run on a GPU, our ring on the CPU */
         const char *backend = t->spec.backend;
         if (!strcmp(backend, "auto")) backend = ddp_k_coll_backend(&t->k);
-        /* NCCL runs on this rank's GPU, not device 0 (issue 24, finding 3); the survivors of a
+        /* NCCL runs on this rank's GPU (cuda_device), not device 0; the survivors of a
          * generation shrink its communicator rather than forming one afresh */
         const ddp_elastic_gen_t *g = &t->member.gen;
         /* ring and mpi over GPU memory stage it through the host (two ranks on one GPU,
@@ -166,7 +166,7 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
 
 /* Some rank is behind the source (the coordinator says so): the ranks that lack the state take
  * the source's counters now, and its weights and moments either now or during the next step,
- * which the others then compute among themselves (state_transfer.h). */
+ * which the others then compute among themselves (sync/transfer.h). */
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
     ddp_transfer_t *x = &t->transfer;

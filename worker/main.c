@@ -238,7 +238,7 @@ static int read_env(ddp_train_env_t *env)
  * 0 or unset on either side sets no cap. Under mpirun or Slurm there is no daemon and the spec
  * alone decides. Read here, once; the worker writes these files itself (the daemon does not
  * relay them, which lets it adopt running workers across its restarts), so it caps them. Installs
- * the caps (common/log.h, worker/metrics_sink.h) and returns 0, or -1 for a variable that is not
+ * the caps (common/log.h, observe/metrics_sink.h) and returns 0, or -1 for a variable that is not
  * a decimal byte count (a message printed). */
 static int apply_limits(const ddp_spec_t *spec)
 {

@@ -1,4 +1,4 @@
-/* The trainer's side of the memory budget (memory_budget.h): each rank plans its own memory
+/* The trainer's side of the memory budget (budget/memory_budget.h): each rank plans its own memory
  * before it allocates the model, prints the plan, and refuses a job that cannot fit before
  * step 1; at the end it prints the peak it reached, beside its plan's total.
  */
@@ -42,7 +42,7 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
     int where = on_gpu                                                     ? DDP_MEM_GPU
                 : bf16 && ddp_k_prec_native(&t->k, DDP_KPREC_BF16, &why) ? DDP_MEM_CPU_BF16
                                                                            : DDP_MEM_CPU;
-    /* export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
+    /* model/export.c copies the parameters to the host for --dump-weights (rank 0, at the end) */
     int64_t extra = t->opts.dump_weights && t->world.rank == 0
                         ? (int64_t)ddp_model_count_params(&t->spec.model) * 4
                         : 0;

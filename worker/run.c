@@ -1,4 +1,4 @@
-/* The training loop: generations, and steps within them (see train.h).
+/* The training loop: generations, and steps within them (see trainer.h).
  *
  * A static world (mpirun, the environment rendezvous, a world of one) is one generation: any
  * failure ends the run. An elastic world (DDP_ELASTIC=1) goes on after a failed collective or a
@@ -8,7 +8,7 @@
  * failure leaves every survivor at the same step, except when it strikes after that all-reduce
  * (then the coordinator picks the rank with the newest step as the source and the others take
  * its state). Each generation change is logged and written to metrics.jsonl by rank 0.
- * train.profile's window (worker/profile.h) is opened, paused and closed around the steps here.
+ * train.profile's window (observe/profile.h) is opened, paused and closed around the steps here.
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* Text samples from the trained model (train.sample_tokens; see train.h), decoded through
+/* Text samples from the trained model (train.sample_tokens; see trainer.h), decoded through
  * data.tokenizer when the run has one. */
 #include <math.h>
 #include <stdio.h>

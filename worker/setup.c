@@ -1,6 +1,6 @@
-/* Setting the trainer up and tearing it down (see train.h): the kernels, the first world, the
+/* Setting the trainer up and tearing it down (see trainer.h): the kernels, the first world, the
  * arenas, the model, the optimizer, a resumed checkpoint, the data; and what the checkpoints see
- * of the trainer. Joining the world itself is train_generation.c's.
+ * of the trainer. Joining the world itself is generation.c's.
  */
 #include "worker/trainer_int.h"
 
@@ -18,9 +18,9 @@
 #include "worker/budget/memory_budget.h" /* train.threads default */
 #include "worker/observe/metrics_sink.h"
 
-/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1 (t->member.gen
- * says whether it joins a job that already trains); else the environment rendezvous (a world of
- * one when DDP_WORLD_SIZE is unset). */
+/* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1
+ * (t->member.gen says whether it joins a job that already trains); else the environment rendezvous
+ * (a world of one when DDP_WORLD_SIZE is unset). */
 static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_errinfo_t *ei)
 {
     const ddp_train_env_t *env = &t->opts.env;
@@ -46,11 +46,11 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
  * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
- * sharded (reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
+ * sharded (sync/reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
  * over any transport, the others where all four are shared by every rank. A rank writes only its
  * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
  * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
- * the model keeps its own arenas and only the moments are the trainer's (train_sharded.h). */
+ * the model keeps its own arenas and only the moments are the trainer's (optim/zero1.h). */
 /* The model's `interrupted` callback (arg: the world): a failed communicator stops the pass
  * between blocks (the failure is known at once, from a dead peer's link or the coordinator's
  * notice), and the step with it. */

@@ -1,4 +1,4 @@
-/* One optimizer step of one rank (see train.h), as a sequence of named phases:
+/* One optimizer step of one rank (see trainer.h), as a sequence of named phases:
  *
  *   begin_step         the loss scale; an overlapped state transfer starts; test hooks
  *   forward_backward   every micro-step of this rank: forward, backward, the gradient summed
@@ -27,7 +27,7 @@
 
 /* Which of the step's micro-batches this rank computes: those g with g mod world = rank (the
  * world of the ranks that compute: all of them, except in a step that carries a state transfer,
- * state_transfer.h); restarts the loader for them. world 0: none. */
+ * sync/transfer.h); restarts the loader for them. world 0: none. */
 int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
 {
     ddp_loader_stop(&t->data.loader);
@@ -48,7 +48,7 @@ int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return ddp_replicas_check(&t->world, &t->model, flip, ei);
 }
 
-/* Queues the transfers of the weights and both moments (state_transfer.h). */
+/* Queues the transfers of the weights and both moments (sync/transfer.h). */
 int ddp__trainer_start_transfer(ddp_trainer_t *t)
 {
     float *arenas[] = {t->model.w, t->opt.m, t->opt.v};

@@ -1,4 +1,4 @@
-/* A step's line: the log (rank 0, every log_every steps) and metrics.jsonl (see train.h). */
+/* A step's line: the log (rank 0, every log_every steps) and metrics.jsonl (see trainer.h). */
 #include <stdio.h>
 #include <string.h>
 

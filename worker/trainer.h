@@ -6,12 +6,15 @@
  * micro-step's gradient is then added to it, so the arena holds g0 + g1 + ... in micro-step
  * order. The average is that sum times 1/(A W), applied inside the optimizer.
  *
- * Implemented by phase (worker/train_int.h): train_setup.c (init, close), train_generation.c
- * (joining and leaving a world, the state transfer), train_step.c (one step), train_validate.c;
- * and run.c (the loop), step_log.c, sample.c, memory_check.c.
+ * Implemented by phase (trainer_int.h): setup.c (init, close), generation.c (joining and
+ * leaving a world, planning a state transfer, the checkpoints' view), step.c (one step; the
+ * deal, a transfer's start and finish, the replica check), validate.c, sample.c, step_log.c,
+ * memory_check.c, run.c (the loop) and main.c (the program). Its parts live in folders: model/,
+ * optim/, sync/, data/, observe/, budget/, saving/, checkpoint/ (a library of its own) and prep/
+ * (ddp-prep).
  */
-#ifndef DDP_WORKER_TRAIN_H
-#define DDP_WORKER_TRAIN_H
+#ifndef DDP_WORKER_TRAINER_H
+#define DDP_WORKER_TRAINER_H
 
 #include <signal.h>
 #include <stdio.h>
@@ -156,7 +159,7 @@ void ddp_trainer_leave_world(ddp_trainer_t *t);
 /* Elastic: joins the next generation (blocking until the coordinator forms it) with the state
  * this rank holds, rebuilds what depends on the world (communicator, gradient arena, the deal of
  * micro-batches, reducer, loader, metrics file, checkpoint writer) and, when some rank is
- * behind, plans the state transfer that the next step carries (state_transfer.h). *st gets
+ * behind, plans the state transfer that the next step carries (sync/transfer.h). *st gets
  * what each part cost. */
 typedef struct ddp_regroup_stats {
     double form_ms;   /* waiting for the coordinator to form the generation */
@@ -173,7 +176,7 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);
 /* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
-/* Collective: every rank's parameters are bitwise rank 0's (worker/replicas.h), else
+/* Collective: every rank's parameters are bitwise rank 0's (sync/replicas.h), else
  * DDP_EMISMATCH naming where they differ. */
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
 
@@ -194,7 +197,7 @@ int ddp_trainer_sample(ddp_trainer_t *t, int n, FILE *out);
 /* Frees everything. NULL-safe. */
 void ddp_trainer_close(ddp_trainer_t *t);
 
-/* memory_check.c: plans this rank's memory for the spec and the world (worker/memory_budget.h),
+/* memory_check.c: plans this rank's memory for the spec and the world (budget/memory_budget.h),
  * logs the plan (unless quiet) and fails with DDP_ESPEC and advice in ei when it cannot fit
  * train.memory_limit. Called by init before the model is allocated. */
 int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei);

@@ -23,8 +23,9 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
 /* Everything that depends on the world, once the communicator exists (undone by
  * ddp_trainer_leave_world). */
 int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei);
-/* The generation asks for a state transfer (t->member.gen.sync): plans it, and with ddp.state_transfer
- * pause carries it out at once; *receivers gets how many ranks receive. Collective. */
+/* The generation asks for a state transfer (t->member.gen.sync): plans it, and with
+ * ddp.state_transfer pause carries it out at once; *receivers gets how many ranks receive.
+ * Collective. */
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei);
 /* What the checkpoints see of the trainer (saving/saving.h), at start and at each change of the
  * world. */

@@ -1,4 +1,4 @@
-/* Validation (see train.h): the mean loss over spec.val_batches held-out micro-batches, split
+/* Validation (see trainer.h): the mean loss over spec.val_batches held-out micro-batches, split
  * over the ranks. Collective. */
 #include "worker/trainer_int.h"
 

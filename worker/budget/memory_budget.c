@@ -45,8 +45,8 @@
  * (measured: 1.7 MiB for gpt2-tiny, 4 MiB for gpt2-mini); between hosts the TCP transport's
  * send and receive slots, both filled by the gradients. */
 #define RING_SLOTS ((int64_t)8 * (512 << 10))
-/* checkpoint/dio.c and checkpoint.c: the writer thread's own, beside the snapshot (the O_DIRECT
- * bounce buffer's touched part, its stack, io_uring's rings; measured 1.1-2.3 MiB) */
+/* checkpoint/dio.c and checkpoint/checkpoint.c: the writer thread's own, beside the snapshot
+ * (the O_DIRECT bounce buffer's touched part, its stack, io_uring's rings; measured 1.1-2.3 MiB) */
 #define WRITER_IO ((int64_t)2 << 20)
 
 const char *ddp_mem_fmt(int64_t bytes, char *buf, size_t len)
@@ -119,7 +119,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     int64_t tokens = (int64_t)b->n_micro * b->B * b->T;
     int64_t n_micro = tokens / BT > 0 ? tokens / BT : 1;
     *acts = (int64_t)ddp_model_acts_bytes(cfg, B, b->T, r, act_prec(b), b->on_gpu);
-    /* train.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
+    /* sync/emb_slots.c: n_micro slots of B*T tokens and B*T*C gradient values, on every rank */
     *emb = n_micro * (BT + BT * C) * 4;
     int64_t w = 0, lm_rows = ddp_model_lm_rows(cfg, B, b->T, act_prec(b), b->on_gpu);
     if (!b->on_gpu) {
@@ -146,7 +146,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
         }
         w += part > att ? part : att;
         if (tile > w) w = tile;
-        w += 4 * BT * 4;  /* data.c: the loader's 2 x 2 token buffers */
+        w += 4 * BT * 4;  /* data/loader.c: the loader's 2 x 2 token buffers */
     } else {
         /* the CUDA kernels' one scratch buffer (grown, never shrunk): the larger of the
          * attention general path's (fp32, or a head size the flash kernels do not take) scores
@@ -176,7 +176,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     int64_t lm = lm_rows * ddp_logits_ld((int)V);
     int64_t widest = lm > BT * FH ? lm : BT * FH;
     if (b->lowp_bytes == 4) w += (widest + BT * FH) * 4;
-    w += 3 * BT * 4;      /* train.c, model.c: token and loss staging on the host */
+    w += 3 * BT * 4;      /* sync/emb_slots.c, model/model.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;
 }
@@ -221,12 +221,12 @@ static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, dd
     return best;
 }
 
-/* A save's share of one rank (train_checkpoint.c): the moments gathered whole, and on a writing
+/* A save's share of one rank (saving/saving.c): the moments gathered whole, and on a writing
  * rank of the CPU its snapshot and what its live save reads (a GPU's snapshot is host memory,
  * outside a device budget). */
 static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
 {
-    /* the gather (train_sharded.c, before each save) brings the other ranks' slices of both
+    /* the gather (optim/zero1.c, before each save) brings the other ranks' slices of both
      * moments (2P - 2P/W; a GPU commits them from the start when there are checkpoints): into
      * this rank's own arenas between hosts; on one host the all-gather copies
      * this rank's slices into every other rank's arenas, whose pages it maps as it writes them,
@@ -263,8 +263,8 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     long gbt = s->global_batch_tokens ? s->global_batch_tokens : per * world;
     b->n_micro = gbt / per > 0 ? (int)(gbt / per) : 1;
     b->accum = (b->n_micro + world - 1) / world;
-    /* train.c alloc_arenas: the optimizer step is split over the ring (any transport) on the
-     * CPU and over NCCL on a GPU (train_sharded.c); not over MPI, nor in an elastic job
+    /* worker/setup.c alloc_arenas: the optimizer step is split over the ring (any transport)
+     * on the CPU and over NCCL on a GPU (optim/zero1.c); not over MPI, nor in an elastic job
      * (restart: on-failure) */
     b->sharded = s->shard_optimizer && world > 1 && strcmp(s->backend, "mpi") != 0 &&
                  strcmp(s->restart, "on-failure") != 0;

@@ -3,17 +3,18 @@
  * Every rank prints it at start (ddp_trainer_init) and a job that cannot fit train.memory_limit
  * fails there, before step 1, naming what to change and by how much each change helps;
  * `ddpctl plan SPEC` prints the same estimate without running. The figures follow the
- * allocations of the trainer (train.c), the model (model.c, model_layout.c: the activation count is
- * the model's own), the optimizer (optim.c), the CPU kernels' scratch (kernels/cpu/matmul.c),
- * the collectives' memory (collectives/shm_direct.c) and the checkpoint saver
- * (train_checkpoint.c, checkpoint/checkpoint.c), plus a measured constant for the process itself
+ * allocations of the trainer (worker/setup.c, sync/emb_slots.c), the model (model/model.c,
+ * model_layout.c: the activation count is the model's own), the optimizer (optim/adamw.c,
+ * optim/zero1.c), the CPU kernels' scratch (kernels/cpu/matmul.c), the collectives' memory
+ * (collectives/shm_direct.c) and the checkpoint saver (saving/saving.c,
+ * checkpoint/checkpoint.c), plus a measured constant for the process itself
  * (code, libraries, thread stacks, BLAS buffers). What it predicts is the peak resident set
  * (VmHWM; ru_maxrss too where the process was not forked from a larger one): shared memory
  * counts on a rank once that rank has touched its pages. Pure functions of their arguments:
  * any thread; links without the kernels' ops.
  */
-#ifndef DDP_WORKER_MEMORY_BUDGET_H
-#define DDP_WORKER_MEMORY_BUDGET_H
+#ifndef DDP_WORKER_BUDGET_MEMORY_BUDGET_H
+#define DDP_WORKER_BUDGET_MEMORY_BUDGET_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -47,7 +48,7 @@ typedef struct ddp_mem_budget {
     int64_t params, grads;     /* the parameter and gradient arenas */
     int64_t moments;           /* AdamW's m and v: this rank's share (÷ world when sharded) */
     int64_t accum_buf;         /* the sum of earlier micro-steps' gradients (accum > 1) */
-    int64_t emb;               /* the token embedding's gradient slots (train.c) */
+    int64_t emb;               /* the token embedding's gradient slots (sync/emb_slots.c) */
     int64_t acts;              /* activations at B x T under `recompute` */
     int64_t acts_none, acts_block; /* activations at B x T without and with recomputation */
     int64_t workspace;         /* kernels' scratch, host staging, the ring's slots */
@@ -74,11 +75,11 @@ enum {
 
 /* Estimates the memory of rank `rank` for spec s at `world` ranks, `local` of them on this host
  * (the host's memory is shared by them), on a GPU with device_bytes of memory (where ==
- * DDP_MEM_GPU) or on the CPU. The ranks below checkpoint.writers need the most (their snapshot). extra: bytes the
- * caller will also hold, counted as workspace (the worker's host copy of the parameters for
- * --dump-weights on the CPU). limit: s->memory_limit when set, else device_bytes on a GPU, else
- * this host's cgroup limit or RAM divided by `local`.
- * Returns 0, or DDP_EINVAL for a spec without a model. */
+ * DDP_MEM_GPU) or on the CPU. The ranks below checkpoint.writers need the most (their snapshot).
+ * extra: bytes the caller will also hold, counted as workspace (the worker's host copy of the
+ * parameters for --dump-weights on the CPU). limit: s->memory_limit when set, else device_bytes on
+ * a GPU, else this host's cgroup limit or RAM divided by `local`. Returns 0, or DDP_EINVAL for a
+ * spec without a model. */
 int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int where,
                         int64_t device_bytes, int64_t extra, ddp_mem_budget_t *b);
 

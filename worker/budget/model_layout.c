@@ -1,7 +1,7 @@
 /* The models' layouts (GPT-2 and the Llama family): the parameter arena's tensors in order, and
  * how the activation arena is carved into named tensors; both sizes without allocating.
  *
- * Kept apart from model.c (which runs the model) so that the memory budget (memory_budget.c),
+ * Kept apart from model/model.c (which runs the model) so that the memory budget (memory_budget.c),
  * which ddpctl links without the kernels' ops, counts exactly what the model allocates.
  * Invariants: the parameter layout is written down once (layout_tensors); every activation
  * tensor starts a multiple of 256 bytes after a 256-byte-aligned base (the 16-byte loads of
@@ -52,7 +52,7 @@ static void layout_gpt2(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
  * products that one matmul computes are adjacent: q, k, v (and their biases) make the [QKV, C]
  * weight of one product, gate and up the [2I, C] of another. An untied lm_head comes first
  * (the LM head's gradient is the first finished), the embedding last (its gradient is added
- * after the all-reduce, train_embedding.c); tied, the embedding comes first as GPT-2's wte. */
+ * after the all-reduce, sync/emb_slots.c); tied, the embedding comes first as GPT-2's wte. */
 static void layout_llama(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
 {
     int C = cfg->n_embd, I = cfg->intermediate_size, KV = cfg->n_kv_head * (C / cfg->n_head);
@@ -192,7 +192,7 @@ size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, vo
 
 /* The LM head's chunk of logits: about this many bytes. On a GPU each chunk's weight gradient
  * reads and writes the whole fp32 dwte (309 MB for GPT-2): with 64 MiB chunks (13 at B=8
- * T=1024 in bf16) that was 4 GB a step, about 1.5 ms of the H100's 41.5 (2026-11-27); 256 MiB
+ * T=1024 in bf16) that is 4 GB a step, about 1.5 ms of the H100's 41.5 (2026-11-27); 256 MiB
  * makes it 4 chunks, in a GPU's tens of GiB. A CPU's resident memory is scarcer, and its
  * products are tiled anyway. */
 #define LM_CHUNK_BYTES ((size_t)64 << 20)

@@ -1,9 +1,9 @@
 /* A map from byte strings to uint32 (the tokenizer's vocabulary and word cache), and the hash
  * it uses. Keys are copied in; a second put overwrites the value. Not thread-safe: one owner at
- * a time. Internal to worker/tokenizer.c.
+ * a time. Internal to tokenizer.c.
  */
-#ifndef DDP_WORKER_BYTEMAP_H
-#define DDP_WORKER_BYTEMAP_H
+#ifndef DDP_WORKER_DATA_BYTEMAP_H
+#define DDP_WORKER_DATA_BYTEMAP_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* Dataset windows, the seeded permutation, and the prefetching loader (see data.h). */
+/* Dataset windows, the seeded permutation, and the prefetching loader (see loader.h). */
 #include "worker/data/loader.h"
 
 #include <stdlib.h>

@@ -13,8 +13,8 @@
  * W, and a world that does not divide M gets the extra micro-batches on its lowest ranks.
  * A loader thread prepares the next micro-batch while the current one trains.
  */
-#ifndef DDP_WORKER_DATA_H
-#define DDP_WORKER_DATA_H
+#ifndef DDP_WORKER_DATA_LOADER_H
+#define DDP_WORKER_DATA_LOADER_H
 
 #include <pthread.h>
 #include <stddef.h>

@@ -1,6 +1,6 @@
 /* data.tokenizer: the Hugging Face tokenizer.json a run names, loaded once at start.
  *
- * What the run does with it: refuses one that worker/tokenizer.h cannot load, or whose
+ * What the run does with it: refuses one that tokenizer.h cannot load, or whose
  * vocabulary is larger than the model's; rank 0 copies it into the run directory
  * (RUN_DIR/tokenizer.json, atomically); every checkpoint carries it beside config.json, with
  * the tokenizer_config.json found beside it (transformers' AutoTokenizer reads its special
@@ -14,8 +14,8 @@
  *
  * Threads: loaded and freed by the training thread; read-only afterwards, shared.
  */
-#ifndef DDP_WORKER_RUN_TOKENIZER_H
-#define DDP_WORKER_RUN_TOKENIZER_H
+#ifndef DDP_WORKER_DATA_RUN_TOKENIZER_H
+#define DDP_WORKER_DATA_RUN_TOKENIZER_H
 
 #include <stddef.h>
 

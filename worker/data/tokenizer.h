@@ -25,8 +25,8 @@
  * Threads: a loaded ddp_tok_t is read-only and shared; each thread encodes with its own
  * ddp_tok_enc_t (its word cache and regex match state).
  */
-#ifndef DDP_WORKER_TOKENIZER_H
-#define DDP_WORKER_TOKENIZER_H
+#ifndef DDP_WORKER_DATA_TOKENIZER_H
+#define DDP_WORKER_DATA_TOKENIZER_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* Writing the model's parameters as one Hugging Face GPT-2 safetensors file (the --dump-weights
  * option, and what tests compare tensor by tensor). */
-#ifndef DDP_WORKER_EXPORT_H
-#define DDP_WORKER_EXPORT_H
+#ifndef DDP_WORKER_MODEL_EXPORT_H
+#define DDP_WORKER_MODEL_EXPORT_H
 
 #include "common/err.h"
 #include "worker/model/model.h"

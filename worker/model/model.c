@@ -2,7 +2,7 @@
  * kernel backend.
  *
  * Invariants: m->params is in arena order (backward completion order, see model.h); views are
- * computed from it by name, so the layout is written down exactly once (model_layout.c).
+ * computed from it by name, so the layout is written down exactly once (budget/model_layout.c).
  * Backward reports the finished prefix of the arena after the LM head, the final norm and each
  * block. The architectures differ in four places only: the norms, RoPE, the MLP's activation
  * and the weights' orientation; everything else is one code path.
@@ -283,7 +283,7 @@ const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name)
 }
 
 /* Layer l's saved activations: slice l of each per-layer tensor, or under recompute the one
- * slice that every block's forward writes (see model_layout.c). */
+ * slice that every block's forward writes (see budget/model_layout.c). */
 typedef struct {
     ddp_act_t *ln1, *qkv, *atty, *ln2, *fch, *fchg;
     float *ln1_mean, *ln1_rstd, *lse, *res2, *ln2_mean, *ln2_rstd;

@@ -2,7 +2,7 @@
  * layout, initialisation, forward and backward.
  *
  * All parameters live in one allocation of the kernel backend; gradients live in a second with
- * the same layout (and AdamW's moments in two more, see optim.h). The layout is in BACKWARD
+ * the same layout (and AdamW's moments in two more, see optim/adamw.h). The layout is in BACKWARD
  * COMPLETION ORDER, so the gradients that backward finishes first come first. GPT-2:
  *
  *   wte.weight                  (first: the tied LM head's gradient is finished first)
@@ -12,14 +12,14 @@
  *               attn.c_attn.weight, attn.c_attn.bias, ln_1.weight, ln_1.bias}
  *   wpe.weight
  *
- * and the Llama family's in model_layout.c (lm_head or the tied embedding first, the blocks
+ * and the Llama family's in budget/model_layout.c (lm_head or the tied embedding first, the blocks
  * from the last, an untied embedding last), so every gradient bucket is one contiguous slice
  * and backward can report a growing finished prefix (ddp_model_backward's `ready` callback)
  * that the reducer all-reduces in place. Tensor names and shapes are Hugging Face's: GPT-2's
  * Conv1D weights [in, out], Llama's nn.Linear weights [out, in].
  */
-#ifndef DDP_WORKER_GPT2_H
-#define DDP_WORKER_GPT2_H
+#ifndef DDP_WORKER_MODEL_MODEL_H
+#define DDP_WORKER_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -141,10 +141,10 @@ typedef void (*ddp_model_ready_fn)(void *arg, size_t done);
 
 /* Builds the layout and allocates the parameter and gradient arenas (zeroed) and activations
  * for B x T on backend k (borrowed; must outlive the model), in k's precision now
- * (ddp_k_precision: set it first; forward refuses to run under another). weights, grads: zeroed arenas of
- * ddp_model_count_params(cfg) floats that the caller owns (the trainer passes collective memory,
- * which the collectives read and write in place), or NULL to allocate that one with k.
- * Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
+ * (ddp_k_precision: set it first; forward refuses to run under another). weights, grads: zeroed
+ * arenas of ddp_model_count_params(cfg) floats that the caller owns (the trainer passes
+ * collective memory, which the collectives read and write in place), or NULL to allocate that
+ * one with k. Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
 int ddp_model_init(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
                   float *weights, float *grads);
 /* ddp_model_init with activation recomputation: DDP_RECOMPUTE_BLOCK keeps only each block's
@@ -165,14 +165,14 @@ ddp_model_dims_t ddp_model_dims(const ddp_model_cfg_t *cfg);
 /* Number of floats in an arena for cfg (no allocation). */
 size_t ddp_model_count_params(const ddp_model_cfg_t *cfg);
 /* Bytes of the activation arena for B x T under `recompute` and precision prec, in a GPU's
- * memory or not (no allocation; model_layout.c, which links without the kernels' ops). */
+ * memory or not (no allocation; budget/model_layout.c, which links without the kernels' ops). */
 size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
                            ddp_kprec_t prec, int gpu);
-/* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params
- * to the floats of an arena, returns the number of tensors. Internal (model.c, model_layout.c). */
+/* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params to the
+ * floats of an arena, returns the number of tensors. Internal (model.c, budget/model_layout.c). */
 int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
 /* Carves a's arena at base from a->B, a->T, a->recompute, a->prec, a->gpu (base NULL: only counts);
- * returns its size in bytes. Internal to model.c and model_layout.c. */
+ * returns its size in bytes. Internal to model.c and budget/model_layout.c. */
 size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, void *base);
 
 /* Initialisation from rng: weights N(0, 0.02), residual projections (GPT-2's attn.c_proj and
@@ -184,8 +184,8 @@ int ddp_model_init_weights(ddp_model_t *m, ddp_rng_t *rng);
  * NULL. */
 const ddp_param_desc_t *ddp_model_find(const ddp_model_t *m, const char *name);
 
-/* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec
- * is the only one that exists (about 64 MiB, 256 MiB on a GPU: model_layout.c says why), never
+/* Rows of the LM head and loss computed at once: a chunk of logits [rows, V] in precision prec is
+ * the only one that exists (about 64 MiB, 256 MiB on a GPU: budget/model_layout.c says why), never
  * [B*T, V]. At least 64 and at least B (ddp_model_next_logits' rows), at most B*T. */
 int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec, int gpu);
 

@@ -3,7 +3,7 @@
  * The trainer hands each record (proto/metrics.h) to ddp_metrics_sink_write, which writes its
  * line to metrics.jsonl (the codec's bytes and a newline, in one write(2) on an O_APPEND file, so
  * a reader never sees half a line unless the process died inside that call) and then turns the
- * same record into one TensorBoard event (RUN_DIR/tb/, worker/tb_events.h): every number and
+ * same record into one TensorBoard event (RUN_DIR/tb/, tb_events.h): every number and
  * boolean of the line becomes a scalar at the line's "step", with the value the line states (the
  * table in metrics_sink.c names the tags), so whatever a writer adds to a record reaches
  * TensorBoard with no second call site. A line without a step, and null values, make no scalar.
@@ -12,12 +12,12 @@
  * Caps (limits.metrics_bytes, limits.tensorboard_bytes, lowered by the daemon's per-user limits:
  * worker/main.c): metrics.jsonl's bytes are counted from its size at open (a respawned rank 0
  * appends), and a line that would cross the cap is not written, nor any after it, so readers
- * see whole lines only; the event files of RUN_DIR/tb/ likewise (worker/tb_events.h). Each cap,
+ * see whole lines only; the event files of RUN_DIR/tb/ likewise (tb_events.h). Each cap,
  * once reached, is logged once, with the file, the cap and where it came from; training goes on.
  * One sink per file; the training thread only.
  */
-#ifndef DDP_WORKER_METRICS_SINK_H
-#define DDP_WORKER_METRICS_SINK_H
+#ifndef DDP_WORKER_OBSERVE_METRICS_SINK_H
+#define DDP_WORKER_OBSERVE_METRICS_SINK_H
 
 #include <stdint.h>
 

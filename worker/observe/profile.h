@@ -15,8 +15,8 @@
  * window pauses at the failure, so the regroup is not in it).
  * Thread: the training thread.
  */
-#ifndef DDP_WORKER_PROFILE_H
-#define DDP_WORKER_PROFILE_H
+#ifndef DDP_WORKER_OBSERVE_PROFILE_H
+#define DDP_WORKER_OBSERVE_PROFILE_H
 
 #include <jansson.h>
 #include <stdio.h>

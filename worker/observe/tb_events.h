@@ -9,8 +9,8 @@
  * process died inside that call; under a cap, a record that does not fit is not written at all.
  * One writer per file; not thread-safe.
  */
-#ifndef DDP_WORKER_TB_EVENTS_H
-#define DDP_WORKER_TB_EVENTS_H
+#ifndef DDP_WORKER_OBSERVE_TB_EVENTS_H
+#define DDP_WORKER_OBSERVE_TB_EVENTS_H
 
 #include <stddef.h>
 #include <stdint.h>

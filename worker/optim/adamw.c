@@ -1,4 +1,4 @@
-/* AdamW, schedule and clipping (see optim.h). */
+/* AdamW, schedule and clipping (see adamw.h). */
 #include "worker/optim/adamw.h"
 
 #include <math.h>

@@ -15,8 +15,8 @@
  * Test hook DDP_HOOK_LOSS_SCALE (common/test_hook.h, DDP_TEST_OVERFLOW="S:R"): rank R's loss
  * gradient is infinite at step S (1-based), as an fp16 overflow on one rank would make it.
  */
-#ifndef DDP_WORKER_LOSS_SCALE_H
-#define DDP_WORKER_LOSS_SCALE_H
+#ifndef DDP_WORKER_OPTIM_LOSS_SCALE_H
+#define DDP_WORKER_OPTIM_LOSS_SCALE_H
 
 #include "kernels/kernels.h"
 #include "proto/spec.h"

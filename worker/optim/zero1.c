@@ -116,10 +116,10 @@ static void give_back(ddp_zero1_t *z, float *p, size_t n)
 }
 
 /* They read as zero (CPU) or are unmapped (GPU) until the next gather overwrites them, and only
- * this rank's parts are read meanwhile; this is where ZeRO-1 saves its memory. On the CPU,
- * private memory only (ranks on different hosts): an arena shared with the peers of one host is
- * a /dev/shm segment reserved whole (shm_direct.c), where a peer writes during a gather and a
- * full /dev/shm must stay an error at start, not a SIGBUS at the next save. */
+ * this rank's parts are read meanwhile; this is where ZeRO-1 saves its memory. On the CPU, private
+ * memory only (ranks on different hosts): an arena shared with the peers of one host is a /dev/shm
+ * segment reserved whole (collectives/shm_direct.c), where a peer writes during a gather and a full
+ * /dev/shm must stay an error at start, not a SIGBUS at the next save. */
 void ddp_zero1_drop_foreign(ddp_zero1_t *z)
 {
     const ddp_reducer_t *r = z->reducer;

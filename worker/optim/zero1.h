@@ -23,7 +23,7 @@
 #include "worker/sync/world.h"
 
 typedef struct ddp_zero1 {
-    int on;          /* the optimizer step is split over the ranks (reducer.h) */
+    int on;          /* the optimizer step is split over the ranks (sync/reducer.h) */
     int whole;       /* every rank's moment arenas are current everywhere */
     int mid_update;  /* an update has begun and not completed on every rank */
     int gather;      /* this step's update also gathers the moments (a save follows) */

@@ -6,7 +6,7 @@
  * Without --tokenizer every byte is one token (vocab 256), so any text, in any encoding,
  * round-trips exactly; the files are concatenated in the order given and the last F of the
  * tokens (default 0.1) become the validation split. With --tokenizer each file is UTF-8 text
- * encoded on its own by a byte-level BPE (worker/tokenizer.h) on all cores (prep_bpe.h), with
+ * encoded on its own by a byte-level BPE (data/tokenizer.h) on all cores (prep_bpe.h), with
  * the tokens --bos and --eos name around it (the text "config": the bos_token / eos_token of
  * the tokenizer_config.json beside the tokenizer); the validation split begins at the first line
  * start at or after the last F of the input bytes. Shards hold 16-bit tokens for a vocabulary

@@ -8,8 +8,8 @@
  * against `tokenizers` on a whole corpus checks it. The chunks of a batch are encoded in
  * parallel and handed to the sink in file order.
  */
-#ifndef DDP_WORKER_PREP_BPE_H
-#define DDP_WORKER_PREP_BPE_H
+#ifndef DDP_WORKER_PREP_PREP_BPE_H
+#define DDP_WORKER_PREP_PREP_BPE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,4 +1,4 @@
-/* Checkpoints of a training run (see train_checkpoint.h).
+/* Checkpoints of a training run (see saving.h).
  *
  * Invariants:
  * - While `helper_running`, the helper thread owns the saver and reads the arenas; the training

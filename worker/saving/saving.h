@@ -4,15 +4,16 @@
  *
  * It knows the trainer only through a narrow view, ddp_saving_run_t (the spec, the kernels,
  * the model's and the optimizer's arenas, the world), and the trainer's position passed to each
- * call (ddp_position_t): it never includes worker/train.h. Resuming returns a result,
+ * call (ddp_position_t): it never includes worker/trainer.h. Resuming returns a result,
  * ddp_saving_resume_t, that the trainer applies to itself.
  *
  * Contents: the parameter arena under Hugging Face GPT-2 names and shapes, AdamW's moments as
  * "exp_avg.<name>" / "exp_avg_sq.<name>", a Hugging Face config.json and generation_config.json
- * (so `transformers` loads the directory as it is; with data.tokenizer also its tokenizer.json
- * and tokenizer_config.json, so AutoTokenizer does too) and trainer.json: step, tokens seen,
- * schedule position, AdamW's update count, the RNG's four words (hex strings: no precision lost), the data cursor (next global
- * sample index = step x sequences per global batch), world size, accumulation, and the spec.
+ * (so `transformers` loads the directory as it is; with data.tokenizer also its tokenizer.json and
+ * tokenizer_config.json, so AutoTokenizer does too) and trainer.json: step, tokens seen, schedule
+ * position, AdamW's update count, the RNG's four words (hex strings: no precision lost), the data
+ * cursor (next global sample index = step x sequences per global batch), world size, accumulation,
+ * and the spec.
  *
  * Saving without stalling: parameters and moments change only inside ddp_adamw_step (every path
  * that writes them -- the update with its clipping, the skipped NaN update, resume, the initial
@@ -39,8 +40,8 @@
  *
  * Threads: every function is called on the training thread.
  */
-#ifndef DDP_WORKER_TRAIN_CHECKPOINT_H
-#define DDP_WORKER_TRAIN_CHECKPOINT_H
+#ifndef DDP_WORKER_SAVING_SAVING_H
+#define DDP_WORKER_SAVING_SAVING_H
 
 #include <stdint.h>
 

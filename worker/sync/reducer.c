@@ -95,7 +95,8 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
         if (!r->times[b].ready) r->times[b].ready = now;
     if (!submit) return 0;
     /* the adds above (and backward's last writes) are queued on the compute stream: the
-     * all-reduces run on the communicator's stream, after them (issue 24, finding 1) */
+     * all-reduces run on the communicator's stream, ordered after them (ddp_world_after_compute)
+     * so that they read the finished gradient */
     if (r->next < r->n_buckets && r->bucket_end[r->next] <= done)
         DDP_CHECK(ddp_world_after_compute(r->world));
     while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {

@@ -22,8 +22,8 @@
  *
  * Threads: the compute thread calls everything; the all-reduces run on the communicator's own.
  */
-#ifndef DDP_WORKER_REDUCER_H
-#define DDP_WORKER_REDUCER_H
+#ifndef DDP_WORKER_SYNC_REDUCER_H
+#define DDP_WORKER_SYNC_REDUCER_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -10,9 +10,10 @@
 #include "worker/model/model.h"
 #include "worker/sync/world.h"
 
-/* Collective (a world of several ranks). Returns 0 when all replicas agree, DDP_EMISMATCH with ei naming the ranks and the
- * first differing tensor when not, or a communication error. flip_rank: a test hook
- * (DDP_TEST_REPLICA_FLIP_RANK): that rank hashes its parameters with one bit flipped; -1 none. */
+/* Collective (a world of several ranks). Returns 0 when all replicas agree, DDP_EMISMATCH with ei
+ * naming the ranks and the first differing tensor when not, or a communication error.
+ * flip_rank: a test hook (DDP_TEST_REPLICA_FLIP_RANK): that rank hashes its parameters with one
+ * bit flipped; -1 none. */
 int ddp_replicas_check(const ddp_world_t *world, const ddp_model_t *model, int flip_rank,
                        ddp_errinfo_t *ei);
 

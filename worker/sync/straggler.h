@@ -1,10 +1,10 @@
 /* Straggler detection: every rank's compute time of each step travels with the step's small
- * all-reduce (train_step.c), and a rank whose compute stays >= 20% above the median for
+ * all-reduce (worker/step.c), and a rank whose compute stays >= 20% above the median for
  * DDP_STRAGGLER_STEPS steps in a row is named (log, metrics.jsonl, ddpctl status, Prometheus)
  * before it slows everyone for long. Pure bookkeeping; the caller's thread only.
  */
-#ifndef DDP_WORKER_STRAGGLER_H
-#define DDP_WORKER_STRAGGLER_H
+#ifndef DDP_WORKER_SYNC_STRAGGLER_H
+#define DDP_WORKER_SYNC_STRAGGLER_H
 
 #define DDP_STRAGGLER_RATIO 1.2 /* compute >= 1.2 x the median is slow */
 #define DDP_STRAGGLER_STEPS 5   /* slow this many steps in a row: named */

@@ -49,7 +49,7 @@ static void apply_header(const ddp_transfer_cfg_t *c, const transfer_header_t *h
     c->last->ms = h->last_step_ms;
 }
 
-/* Micro-batches the busiest of `world` ranks computes of n_micro (data.h's deal). */
+/* Micro-batches the busiest of `world` ranks computes of n_micro (data/loader.h's deal). */
 static int busiest_share(int n_micro, int world) { return (n_micro + world - 1) / world; }
 
 int ddp_transfer_overlap_pays(const ddp_step_times_t *source, double bytes, size_t grad_bytes,
