@@ -111,7 +111,7 @@ void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
                            .stop_at_step = t->opts.stop_at_step,
                            .local_world = t->opts.env.local_world, .n_micro = t->deal.n_micro,
                            .world = &t->world,
-                           .accum = t->deal.accum, .sharded = t->zero1.on,
+                           .accum = t->deal.accum,   .zero1 = t->zero1.on,
                            .gather_moments = gather_moments, .gather_arg = &t->zero1,
                            .tokenizer_json = t->data.tokenizer ? t->data.tokenizer->json : NULL,
                            .tokenizer_config_json = t->data.tokenizer ? t->data.tokenizer->config_json : NULL,

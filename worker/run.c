@@ -21,14 +21,14 @@
 
 
 /* The run ends with a lost rank: the last completed step is saved from memory first (under
- * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). A sharded
+ * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). A ZeRO-1
  * run can do so on one host, where every rank's slices of the moments are readable. */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
     if (!ddp_world_comm_error(&t->world, rc) || !t->member.has_state) return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
-    /* sharded on one host: the dead rank's slices of the moments are still in its shared
+    /* ZeRO-1 on one host: the dead rank's slices of the moments are still in its shared
      * memory, which this process maps */
     int whole = t->saving && ddp_zero1_from_peers(&t->zero1);
     if (ddp_saving_emergency_save(t->saving, &t->pos, whole, &sei) != 0) {

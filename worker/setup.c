@@ -46,7 +46,7 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
 
 /* The arenas that collectives read and write in place: the gradient's in collective memory on
  * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
- * sharded (sync/reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
+ * split (ZeRO-1, sync/reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
  * over any transport, the others where all four are shared by every rank. A rank writes only its
  * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
  * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
@@ -67,7 +67,7 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     }
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->grads, ei));
     /* elastic: a generation's collective memory goes with it, so the state a survivor keeps
-     * lives in the kernels' memory, and the update is not sharded (a failure inside a sharded
+     * lives in the kernels' memory, and the update is not split (a failure inside a ZeRO-1
      * update would leave the ranks with different parameters) */
     if (!t->spec.shard_optimizer || t->member.elastic) return 0;
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->weights, ei));

@@ -6,12 +6,12 @@
  *   finish_gradients   the all-reduces, the transfer and the embedding slots complete
  *   step_vote          the one small all-reduce that commits the step (with the checkpoints'
  *                      tallies on it); then the stragglers are named
- *   update             the gradient norm; AdamW (sharded or not) or, for a non-finite norm,
+ *   update             the gradient norm; AdamW (whole, or this rank's slices under ZeRO-1) or, for a non-finite norm,
  *                      the update skipped
  *   account_step       the counters; end_step: the transfer finished, the coordinator told
  *
  * A failure before the vote leaves every rank at the previous step (to redo it); past it a
- * rank applies the update without waiting for the others, except in a sharded step.
+ * rank applies the update without waiting for the others, except in a ZeRO-1 step.
  */
 #include "worker/trainer_int.h"
 
@@ -185,7 +185,7 @@ static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return rc;
 }
 
-/* The vote (sync/vote.h), with the checkpoints riding on it: their writers' shards durable /
+/* The vote (sync/vote.h), with the checkpoints riding on it: their writers' checkpoint shards durable /
  * failed go in (ddp_saving_vote), and the sums settle a striped save (ddp_saving_tally), so that a
  * save needs no collective of its own. */
 static int step_vote(ddp_trainer_t *t, ddp_ballot_t *b, ddp_errinfo_t *ei)
@@ -207,7 +207,7 @@ static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
                  t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
 }
 
-/* The global gradient norm from the sums of squares of this rank's parts (sharded: the other
+/* The global gradient norm from the sums of squares of this rank's parts (ZeRO-1: the other
  * blocks come from their owners; each block has one non-zero contributor, so the sum is exact). */
 static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errinfo_t *ei)
 {
@@ -222,7 +222,7 @@ static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errin
 }
 
 /* After a non-finite gradient: names the first tensor that holds a NaN or Inf in this rank's
- * parts (sharded: in any rank's, from the tally of every rank's findings) and skips the update
+ * parts (ZeRO-1: in any rank's, from the tally of every rank's findings) and skips the update
  * (the data moves on). Fails after DDP_MAX_SKIPPED_STEPS such steps in a row. */
 #define DDP_MAX_SKIPPED_STEPS 10
 
@@ -263,7 +263,7 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
     return 0;
 }
 
-/* AdamW over this rank's parts (a sharded step: its slices, each all-gathered to every rank as
+/* AdamW over this rank's parts (a ZeRO-1 step: its slices, each all-gathered to every rank as
  * it is done, with the moments too when a save follows), and the checkpoints' CRCs of it. */
 static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
                         const ddp_saving_update_t *u, ddp_errinfo_t *ei)
@@ -279,7 +279,7 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     DDP_CHECK(ddp_saving_after_update(t->saving, t->pos.step + 1, u, ei));
     ddp_zero1_update_end(&t->zero1);
     t->skipped_in_a_row = 0;
-    /* AdamW kept the weights' 16-bit copy (set_weights); a sharded step's all-gather wrote the
+    /* AdamW kept the weights' 16-bit copy (set_weights); a ZeRO-1 step's all-gather wrote the
      * other ranks' slices, whose copies are converted again */
     if (t->zero1.on) DDP_K(&t->k, set_precision, t->loss_scale.prec);
     return 0;
@@ -350,8 +350,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     /* The step commits here: every rank's gradients arrived (the reducer and the embedding
      * slots are complete), and the vote carries the losses, whether any rank was asked to stop
      * (all stop together) or to regroup (all leave the generation after this step), and how
-     * many checkpoint writers have their shards durable / failed. Past it a rank applies the
-     * update without talking to the others (the elastic world never shards it), so a failure
+     * many checkpoint writers have their checkpoint shards durable / failed. Past it a rank applies the
+     * update without talking to the others (the elastic world never splits it (no ZeRO-1)), so a failure
      * before it leaves every survivor at the previous step, to redo the step. */
     ddp_ballot_t v = {.loss_sum = loss_sum, .stop = t->stop.requested,
                       .regroup = t->member.elastic && ddp_elastic_regroup_wanted(t->member.elastic),

@@ -204,7 +204,7 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei);
 /* Logs this process's peak RSS beside the budget's total (unless quiet). */
 void ddp_trainer_log_peak_memory(const ddp_trainer_t *t);
 /* Logs how much of the optimizer's moments is resident in memory (mincore; the CPU only, unless
- * quiet): with a sharded step, this rank's slices. Called after this process's first update that
+ * quiet): with a ZeRO-1 step, this rank's slices. Called after this process's first update that
  * did not gather them for a save. */
 void ddp_trainer_log_moments(const ddp_trainer_t *t);
 

@@ -232,10 +232,10 @@ static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
      * this rank's slices into every other rank's arenas, whose pages it maps as it writes them,
      * the same amount. Either way they stay resident: shared arenas give no pages back, and a
      * rank's own are given back only after the next update. */
-    int64_t gathered = b->sharded ? 2 * b->params - b->moments : 0;
+    int64_t gathered = b->zero1 ? 2 * b->params - b->moments : 0;
     if (!b->writer || b->on_gpu) return gathered;
     /* ddp_ckpt_saver_reserve (open_saver) touches a snapshot of the whole stream, parameters
-     * and both moments, on every writing rank, however few of the shards it writes; then the
+     * and both moments, on every writing rank, however few of the checkpoint shards it writes; then the
      * live save reads (and io_uring registers) this rank's arenas whole: on one host the slices
      * that the others' all-gather wrote into its moments join its resident set only then */
     int64_t snapshot = 3 * b->params + WRITER_IO;
@@ -266,17 +266,17 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     /* worker/setup.c alloc_arenas: the optimizer step is split over the ring (any transport)
      * on the CPU and over NCCL on a GPU (optim/zero1.c); not over MPI, nor in an elastic job
      * (restart: on-failure) */
-    b->sharded = s->shard_optimizer && world > 1 && strcmp(s->backend, "mpi") != 0 &&
-                 strcmp(s->restart, "on-failure") != 0;
+    b->zero1 = s->shard_optimizer && world > 1 && strcmp(s->backend, "mpi") != 0 &&
+              strcmp(s->restart, "on-failure") != 0;
     /* collectives/shm_direct.c: a ring whose ranks are all on this host shares its collective
-     * memory (the gradient and embedding arenas; sharded, the parameters' and moments' too) */
+     * memory (the gradient and embedding arenas; under ZeRO-1, the parameters' and moments' too) */
     b->shared = world > 1 && local >= world && !on_gpu && strcmp(s->backend, "mpi") != 0;
     int writers = s->writers < world ? s->writers : world;
     b->writer = s->ckpt_dir[0] && rank < (writers > 0 ? writers : 1);
 
     b->n_params = (int64_t)ddp_model_count_params(cfg);
     b->params = b->grads = b->n_params * 4;
-    b->moments = 2 * b->params / (b->sharded ? world : 1);
+    b->moments = 2 * b->params / (b->zero1 ? world : 1);
     b->accum_buf = b->accum > 1 ? b->params : 0;
     b->runtime = on_gpu ? RUNTIME_GPU : RUNTIME_CPU;
     b->extra = extra > 0 ? extra : 0;
@@ -297,10 +297,10 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     int64_t work;
     batch_bytes(b, cfg, b->B, s->recompute, &b->acts, &b->emb, &work);
     /* shared: rank r reduces slice r of every rank's gradients and embedding slots and writes
-     * the sum back into each, and (sharded) copies its slice of the updated parameters into
+     * the sum back into each, and (ZeRO-1) copies its slice of the updated parameters into
      * each: (W - 1) / W of every such arena of the others is mapped here */
     if (b->shared)
-        b->peers = (b->grads + b->emb + (b->sharded ? b->params : 0)) * (world - 1) / world;
+        b->peers = (b->grads + b->emb + (b->zero1 ? b->params : 0)) * (world - 1) / world;
     b->acts_none = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE,
                                                  act_prec(b), b->on_gpu);
     b->acts_block = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK,
@@ -356,7 +356,7 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              "  total             %12s  of %s (%s): %s; largest micro_batch that fits this "
              "global batch: %d (recompute block: %d)",
              b->rank, b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
-             (double)b->n_params / 1e6, g, mo, b->sharded ? ", / world: sharded" : "", ac, em,
+             (double)b->n_params / 1e6, g, mo, b->zero1 ? ", / world: sharded" : "", ac, em,
              an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
              b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws,
              b->lowp_bytes == 2   ? "  (with 16-bit copies of the weights)"
@@ -405,7 +405,7 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
     /* bf16/fp16 round the products' inputs; activations stay fp32 (and the CPU keeps rounded
      * copies of the weights), so precision is no memory saver here yet */
     ADD(" train.precision does not lower memory (activations stay fp32);");
-    if (b->sharded)
+    if (b->zero1)
         ADD(" ddp.shard_optimizer is on already;");
     else if (b->world > 1 && s->shard_optimizer)
         ADD(" ddp.shard_optimizer works over the ring and nccl, not over mpi nor in an elastic "

@@ -39,14 +39,14 @@ typedef struct ddp_mem_budget {
     int lowp_bytes;  /* bytes of an element of a matrix weight's converted copy: 0 in fp32, 2
                       * for bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates
                       * (which also widens the products' 16-bit inputs to fp32) */
-    int sharded;     /* the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
+    int zero1;       /* ZeRO-1: the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
     int flash;       /* a GPU's attention runs the flash kernels (no [B,NH,T,T] scratch) */
     int threads;     /* the CPU kernels' threads (train.threads, else cores / local ranks) */
     ddp_recompute_t recompute;
     /* what it counts */
     int64_t n_params;          /* floats of one arena */
     int64_t params, grads;     /* the parameter and gradient arenas */
-    int64_t moments;           /* AdamW's m and v: this rank's share (÷ world when sharded) */
+    int64_t moments;           /* AdamW's m and v: this rank's share (÷ world under ZeRO-1) */
     int64_t accum_buf;         /* the sum of earlier micro-steps' gradients (accum > 1) */
     int64_t emb;               /* the token embedding's gradient slots (sync/emb_slots.c) */
     int64_t acts;              /* activations at B x T under `recompute` */
@@ -54,7 +54,7 @@ typedef struct ddp_mem_budget {
     int64_t workspace;         /* kernels' scratch, host staging, the ring's slots */
     int64_t peers;             /* the other ranks' shared arenas that this rank reads and writes
                                 * (shared: the all-reduce's and all-gather's slices) */
-    int64_t checkpoint;        /* a save: the sharded moments gathered whole, and on a writing
+    int64_t checkpoint;        /* a save: ZeRO-1's moments gathered whole, and on a writing
                                 * rank its snapshot of the state (host; CPU) */
     int64_t runtime;           /* the process itself (host) or the CUDA context (device) */
     int64_t extra;             /* the caller's own (see ddp_mem_budget_plan), in workspace */

@@ -87,7 +87,7 @@ size_t ddp_dataset_sample(const ddp_dataset_t *d, uint64_t j)
     return (size_t)permute(ddp_splitmix64(&key), d->n_windows, j % d->n_windows);
 }
 
-/* The shard holding window w, by binary search over the prefix sums. */
+/* The token shard holding window w, by binary search over the prefix sums. */
 static size_t shard_of(const ddp_dataset_t *d, size_t w)
 {
     size_t lo = 0, hi = d->n_shards;

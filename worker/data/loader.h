@@ -1,7 +1,7 @@
 /* Training and validation batches from token shards, in an order independent of world size.
  *
- * The dataset is the concatenation of its shards cut into windows of T + 1 tokens (inputs are
- * the first T, targets the last T), window w of a shard starting at token w * T. Sample j of
+ * The dataset is the concatenation of its token shards cut into windows of T + 1 tokens (inputs are
+ * the first T, targets the last T), window w of a token shard starting at token w * T. Sample j of
  * the run (a global index over all epochs) is window perm_e(j mod S) of epoch e = j / S, where
  * S is the number of windows and perm_e a seeded pseudo-random permutation of [0, S) keyed by
  * (seed, e). So the order is a pure function of (seed, epoch, global sample index).
@@ -33,8 +33,8 @@ typedef struct ddp_dataset {
     uint64_t seed;
 } ddp_dataset_t;
 
-/* Opens every shard matching glob with windows of T+1 tokens. Fails with DDP_EFORMAT (ei names
- * the file) for a bad shard, DDP_ENOTFOUND for no match, DDP_EINVAL when the shards hold no
+/* Opens every token shard matching glob with windows of T+1 tokens. Fails with DDP_EFORMAT (ei names
+ * the file) for a bad token shard, DDP_ENOTFOUND for no match, DDP_EINVAL when the shards hold no
  * complete window. */
 int ddp_dataset_open(ddp_dataset_t *d, const char *glob, int T, int vocab_size, uint64_t seed,
                      ddp_errinfo_t *ei);

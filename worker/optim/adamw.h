@@ -15,7 +15,7 @@
 /* The CRC32C (common/crc32c.h) of what one update wrote into one tensor: crc[0] of its
  * parameters, crc[1] exp_avg, crc[2] exp_avg_sq, each over the whole tensor with the elements
  * this update did not write taken as zero bytes, and `owned` the elements it wrote. They are the
- * tensor's real CRCs when owned == numel. A split update (the sharded step) writes only this
+ * tensor's real CRCs when owned == numel. A split update (a ZeRO-1 step) writes only this
  * rank's parts: ddp_adamw_crc_merge joins the ranks' values. A tensor whose pieces did not come
  * in arena order gets owned = DDP_ADAMW_CRC_BROKEN (never whole). */
 typedef struct ddp_adamw_crc {

@@ -10,7 +10,7 @@
  *   grad_scale (no extra pass over the gradients). A non-finite gradient norm is an overflow:
  *   the update is skipped and the scale halves; after `interval` clean steps in a row it doubles.
  *   The norm is the same on every rank (it comes from the all-reduced gradients, or the
- *   all-reduced sums when sharded), so every rank skips and rescales alike, and the scale stays
+ *   all-reduced sums under ZeRO-1), so every rank skips and rescales alike, and the scale stays
  *   identical everywhere without a message of its own.
  * Test hook DDP_HOOK_LOSS_SCALE (common/test_hook.h, DDP_TEST_OVERFLOW="S:R"): rank R's loss
  * gradient is infinite at step S (1-based), as an fp16 overflow on one rank would make it.

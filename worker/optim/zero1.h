@@ -41,7 +41,7 @@ typedef int (*ddp_zero1_part_fn)(void *arg, int part);
 /* At each attach to a world (the trainer's): the reducer whose parts are this rank's slices, and
  * the parameter arena they are gathered into. */
 void ddp_zero1_attach(ddp_zero1_t *z, ddp_reducer_t *reducer, float *weights);
-/* Device memory (a GPU, or the simulated one), when the trainer shards over a communicator
+/* Device memory (a GPU, or the simulated one), when the trainer splits the optimizer step (ZeRO-1) over a communicator
  * whose reduce-scatter takes device memory (nccl): reserves both moment arenas of n floats and
  * sets z->on. commit_whole (with checkpoints: a resume loads them whole and every save gathers
  * them) commits them at once; else nothing is committed until ddp_zero1_begin. Returns 0 or
@@ -51,7 +51,7 @@ int ddp_zero1_reserve_device(ddp_zero1_t *z, size_t n, int commit_whole, ddp_err
  * whole moments, zero or loaded; 0 after a reservation not committed whole: only this rank's
  * slices, committed here, zero). */
 int ddp_zero1_begin(ddp_zero1_t *z, ddp_errinfo_t *ei);
-/* ddp_adamw_step's callback in a sharded step (arg: z): bucket b's part is updated; starts its
+/* ddp_adamw_step's callback in a ZeRO-1 step (arg: z): bucket b's part is updated; starts its
  * all-gather to every rank, and the moments' too when a save follows this step (z->gather). */
 int ddp_zero1_on_part_updated(void *arg, int b);
 /* Makes every rank's moment arenas whole before a checkpoint reads them; at once when the
@@ -63,17 +63,17 @@ int ddp_zero1_gather(ddp_zero1_t *z, ddp_errinfo_t *ei);
  * before the all-gather that completed it here). Returns 1 when the moments are whole (also when
  * they were), 0 when they cannot be (an update cut short, or ranks on other hosts). */
 int ddp_zero1_from_peers(ddp_zero1_t *z);
-/* Before a step's optimizer update; save_follows: a save of the step is planned, so a sharded
+/* Before a step's optimizer update; save_follows: a save of the step is planned, so a ZeRO-1
  * update also gathers the moments. Marks the moments mid-update (a rank's state is then part
  * this step, part the next, and an emergency save after a failure inside the update must refuse
  * them) and returns ddp_adamw_step's callback for its arg z: ddp_zero1_on_part_updated, or
- * NULL when the step is not sharded. */
+ * NULL when the step is not split (no ZeRO-1). */
 ddp_zero1_part_fn ddp_zero1_update_begin(ddp_zero1_t *z, int save_follows);
 /* After that update completed here (its all-gathers waited for): the moments are whole when it
  * gathered them, else only this rank's slices are current, and the memory of the others is
  * given back when they were whole before. */
 void ddp_zero1_update_end(ddp_zero1_t *z);
-/* Whether the step is sharded and this rank's moment arenas are whole now (before the first
+/* Whether the step is split (ZeRO-1) and this rank's moment arenas are whole now (before the first
  * update, or after an update that gathered them for a save). */
 int ddp_zero1_gathered(const ddp_zero1_t *z);
 /* After an update that left the moments in slices, when they were whole before: gives back the

@@ -64,7 +64,7 @@ struct ddp_saving {
     int pending, reported, report_rc;
     int commit_rc; /* first failed commit/save, for finish */
     /* the CRC32C the AdamW update of step crc_step computed of what it wrote (CPU backend; -1:
-     * none valid), merged over the ranks after a sharded update: a save of that step takes them
+     * none valid), merged over the ranks after a ZeRO-1 update: a save of that step takes them
      * from here */
     ddp_adamw_crc_t *update_crc;
     long crc_step;
@@ -376,7 +376,7 @@ int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_position_
     if (run->tokenizer_config_json)
         c->texts[c->n_texts++] =
             (ddp_ckpt_text_t){"tokenizer_config.json", run->tokenizer_config_json};
-    c->crc_step = -1; /* every rank: a sharded update's CRCs are merged over all of them */
+    c->crc_step = -1; /* every rank: a ZeRO-1 update's CRCs are merged over all of them */
     if (ddp_k_host_memory(run->k) && !(c->update_crc = ddp_calloc(n, sizeof *c->update_crc)))
         return DDP_ENOMEM;
     return open_saver(c, ei);
@@ -454,8 +454,8 @@ int ddp_saving_regroup(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_errinfo
 static ddp_adamw_crc_t *update_crcs(ddp_saving_t *c, long next)
 {
     if (!c || !c->update_crc || !ddp_saving_planned(c, next)) return NULL;
-    /* a rank that writes nothing computes them only for the merge of a sharded update */
-    if (!c->saver && !(c->run.sharded && c->run.world->size > 1)) return NULL;
+    /* a rank that writes nothing computes them only for the merge of a ZeRO-1 update */
+    if (!c->saver && !(c->run.zero1 && c->run.world->size > 1)) return NULL;
     c->crc_step = -1; /* until ddp_saving_after_update */
     return c->update_crc;
 }
@@ -499,7 +499,7 @@ int ddp_saving_before_update(ddp_saving_t *c, long next, ddp_saving_update_t *u,
     return rc;
 }
 
-/* Waits for this rank's striped shards and records (and logs) how writing them went. */
+/* Waits for this rank's striped checkpoint shards and records (and logs) how writing them went. */
 static void collect_report(struct ddp_saving *c)
 {
     ddp_errinfo_t wei;
@@ -568,7 +568,7 @@ static int settle_blocking(ddp_saving_t *c, long step, ddp_errinfo_t *ei)
     return rc;
 }
 
-/* After a sharded update each rank has the CRCs of its own parts (zeros elsewhere): every rank's
+/* After a ZeRO-1 update each rank has the CRCs of its own parts (zeros elsewhere): every rank's
  * values go into its own slots of one table, which is summed over the ranks (each slot has one
  * non-zero contributor and holds 16 bits, so the float sum is exact), and are merged. */
 static int merge_rank_crcs(ddp_saving_t *c, ddp_errinfo_t *ei)
@@ -608,7 +608,7 @@ int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_
                            ddp_errinfo_t *ei)
 {
     if (!c || !u->crc) return 0;
-    if (c->run.sharded && c->run.world->size > 1) DDP_CHECK(merge_rank_crcs(c, ei));
+    if (c->run.zero1 && c->run.world->size > 1) DDP_CHECK(merge_rank_crcs(c, ei));
     c->crc_step = next;
     return 0;
 }
@@ -640,7 +640,7 @@ static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap,
     double waited;
     join_helper(c, &waited);
     if (c->writers > 1) DDP_CHECK(settle_blocking(c, step, ei));
-    if (c->run.gather_moments) /* a sharded step leaves the moments in slices */
+    if (c->run.gather_moments) /* a ZeRO-1 step leaves the moments in slices */
         DDP_CHECK(c->run.gather_moments(c->run.gather_arg, ei));
     take_update_crcs(c, step);
     free(c->trainer);
@@ -708,7 +708,7 @@ int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int mo
     long step = pos->step;
     if (!c || !c->model_t || step == 0) return 0;
     const ddp_spec_t *sp = c->run.spec;
-    if (c->run.sharded && !moments_whole)
+    if (c->run.zero1 && !moments_whole)
         return ddp_errinfo_set(ei, DDP_ENOTSUP,
                                "checkpoint: step %ld is not saved: the optimizer state is sharded "
                                "over the ranks (ddp.shard_optimizer) and no survivor can read all "

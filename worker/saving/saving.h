@@ -19,7 +19,7 @@
  * that writes them -- the update with its clipping, the skipped NaN update, resume, the initial
  * broadcast -- runs before a save starts or after ddp_saving_before_update). On the CPU backend
  * the arenas themselves are the snapshot until the next update: a save starts the writer at the
- * step boundary with nothing copied (ddp_ckpt_save_live), the writer writes the shards straight
+ * step boundary with nothing copied (ddp_ckpt_save_live), the writer writes the checkpoint shards straight
  * from the arenas (O_DIRECT) while the NEXT step runs forward and backward, and that step's
  * ddp_saving_before_update freezes it: whatever the writer has not read yet is copied into the
  * host snapshot (usually nothing) and the writer goes on from there. On a GPU the snapshot is a
@@ -28,7 +28,7 @@
  * training waits for a save within a step (logged).
  * With checkpoint.writers W > 1 (ranks < min(W, world) write stripes), completion is agreed on
  * by piggybacking two numbers on the per-step all-reduce the trainer does anyway
- * (ddp_saving_vote / ddp_saving_tally): once every writer reports its shards durable, rank 0
+ * (ddp_saving_vote / ddp_saving_tally): once every writer reports its checkpoint shards durable, rank 0
  * commits; a save that is still pending when the next is due (or at the end) is settled
  * blocking, and the log says so.
  *
@@ -70,8 +70,8 @@ typedef struct ddp_saving_run {
     int n_micro;            /* micro-batches per step over all ranks (the global batch) */
     const ddp_world_t *world; /* the trainer's: it changes with each generation */
     int accum;              /* this rank's micro-steps per step */
-    int sharded;            /* the optimizer step is split over the ranks (moments in slices) */
-    /* Makes every rank's moments whole before a save reads them (collective; a sharded step
+    int zero1;              /* ZeRO-1: the optimizer step is split over the ranks (moments in slices) */
+    /* Makes every rank's moments whole before a save reads them (collective; a ZeRO-1 step
      * leaves each rank with its own slices current). NULL when never needed. */
     int (*gather_moments)(void *arg, ddp_errinfo_t *ei);
     void *gather_arg;
@@ -128,18 +128,18 @@ typedef struct ddp_saving_update {
 /* Inside the step that completes step `next`, just before the optimizer update: joins a running
  * snapshot helper (the parameters must not change under it), timing and logging any wait, and
  * fills *u: whether a save of `next` is planned, and the CRC array when that save is planned, the
- * arenas are host memory and this rank writes shards or takes part in a sharded update (the
- * save then need not read the arenas for its checksums); NULL otherwise (every rank of a sharded
+ * arenas are host memory and this rank writes checkpoint shards or takes part in a ZeRO-1 update (the
+ * save then need not read the arenas for its checksums); NULL otherwise (every rank of a ZeRO-1
  * update gets the same answer). Returns the helper's error (the snapshot failed: the save is
  * dropped and logged, training goes on: returns 0). NULL-safe (*u zeroed). */
 int ddp_saving_before_update(ddp_saving_t *c, long next, ddp_saving_update_t *u, ddp_errinfo_t *ei);
-/* After that update completed (all ranks), when it was not skipped: with u->crc, a sharded
+/* After that update completed (all ranks), when it was not skipped: with u->crc, a ZeRO-1
  * update's CRCs are merged over the ranks (one small all-reduce) and the save of step `next` may
  * use them. Returns 0, DDP_ENOMEM or the all-reduce's error; 0 without u->crc. */
 int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_t *u,
                            ddp_errinfo_t *ei);
 
-/* Fills vals[0] (this rank's striped shards are durable) and vals[1] (they failed) for the
+/* Fills vals[0] (this rank's striped checkpoint shards are durable) and vals[1] (they failed) for the
  * per-step all-reduce; zeros when no striped save is pending. NULL-safe. */
 void ddp_saving_vote(ddp_saving_t *c, float vals[2]);
 /* With the all-reduced sums of the votes: when every writer reported, rank 0 commits (or, when
@@ -169,8 +169,8 @@ int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
  * step. The survivors take turns (an flock on checkpoint.dir/.emergency.lock), and each writes
  * only a step newer than every one saved there: replicas are equal at a step, but survivors may
  * differ by one step when the failure struck as the step committed on some ranks. Nothing is
- * written without checkpoints. Needs no communication. moments_whole: a sharded run's moment
- * arenas are current everywhere. Returns 0 or the save's error (DDP_ENOTSUP for a sharded
+ * written without checkpoints. Needs no communication. moments_whole: a ZeRO-1 run's moment
+ * arenas are current everywhere. Returns 0 or the save's error (DDP_ENOTSUP for a split
  * optimizer state). */
 int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int moments_whole,
                              ddp_errinfo_t *ei);

@@ -2,7 +2,7 @@
  * to tell the others, and every rank gets the sums:
  *   the losses of its micro-steps       (the step's mean loss)
  *   whether it was asked to stop        (every rank stops after this step)
- *   checkpoint writers' shards durable / failed (saving/saving.h: ddp_saving_vote, _tally;
+ *   checkpoint writers' checkpoint shards durable / failed (saving/saving.h: ddp_saving_vote, _tally;
  *                                         a striped save settles with no collective of its own)
  *   whether its coordinator wants a new generation (every rank leaves after this step)
  *   its forward and backward time       (one slot per rank: sync/straggler.h)
@@ -23,7 +23,7 @@
 typedef struct ddp_ballot {
     double loss_sum;       /* the micro-steps' losses */
     int stop;              /* ranks that were asked to stop */
-    float ckpt[2];         /* checkpoint writers' shards durable / failed */
+    float ckpt[2];         /* checkpoint writers' checkpoint shards durable / failed */
     int regroup;           /* ranks whose coordinator wants a new generation */
     double compute_ms;     /* in: this rank's forward and backward */
     const float *rank_ms;  /* out: [world size], every rank's (valid until the next cast) */

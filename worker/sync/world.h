@@ -5,7 +5,7 @@
  *
  * Besides who (communicator, rank, size, generation) it knows where buffers that are all-reduced
  * in place live (collective memory on the CPU, the kernels' memory on a GPU), and gives the one
- * helper for "all-reduce a few floats and wait" (the vote, the gradient norm of a sharded step,
+ * helper for "all-reduce a few floats and wait" (the vote, the gradient norm of a ZeRO-1 step,
  * the checkpoints' settling, the replica check's verdict and the state transfer all use it).
  * Training thread only.
  */
