@@ -77,11 +77,13 @@ int ddp__trainer_open_comm(ddp_trainer_t *t, ddp_coll_bootstrap_t *bs, ddp_errin
         /* ring and mpi over GPU memory stage it through the host (two ranks on one GPU,
          * which NCCL refuses) */
         ddp_coll_device_t dev = {&t->k, coll_on_device, coll_d2h, coll_h2d};
-        ddp_coll_opts_t copts = {
-            .backend = backend, .cuda_device = t->k.device,
-            .parent = g->kept_from && g->kept_from == t->member.parent_gen ? t->member.parent_comm : NULL,
-            .parent_ranks = g->kept_from ? g->kept : NULL,
-            .device = ddp_k_host_memory(&t->k) ? NULL : &dev};
+        ddp_coll_opts_t copts = {.backend = backend,
+                                 .cuda_device = t->k.device,
+                                 .parent = g->kept_from && g->kept_from == t->member.parent_gen
+                                               ? t->member.parent_comm
+                                               : NULL,
+                                 .parent_ranks = g->kept_from ? g->kept : NULL,
+                                 .device = ddp_k_host_memory(&t->k) ? NULL : &dev};
         int gpus = ddp_k_gpu_memory(&t->k) ? ddp_k_devices(&t->k) : 0;
         if (gpus > 0 && t->opts.env.local_world > gpus && !strcmp(backend, "nccl"))
             rc = ddp_errinfo_set(ei, DDP_EINVAL,
@@ -106,16 +108,23 @@ static int gather_moments(void *arg, ddp_errinfo_t *ei) { return ddp_zero1_gathe
  * each change of the world. */
 void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v)
 {
-    *v = (ddp_saving_run_t){.spec = &t->spec, .k = &t->k, .device = t->k.device,
-                           .model = &t->model, .opt = &t->opt,
-                           .stop_at_step = t->opts.stop_at_step,
-                           .local_world = t->opts.env.local_world, .n_micro = t->deal.n_micro,
-                           .world = &t->world,
-                           .accum = t->deal.accum,   .zero1 = t->zero1.on,
-                           .gather_moments = gather_moments, .gather_arg = &t->zero1,
-                           .tokenizer_json = t->data.tokenizer ? t->data.tokenizer->json : NULL,
-                           .tokenizer_config_json = t->data.tokenizer ? t->data.tokenizer->config_json : NULL,
-                           .ids = t->data.tokenizer ? &t->data.tokenizer->ids : NULL};
+    *v = (ddp_saving_run_t){.spec = &t->spec,
+                            .k = &t->k,
+                            .device = t->k.device,
+                            .model = &t->model,
+                            .opt = &t->opt,
+                            .stop_at_step = t->opts.stop_at_step,
+                            .local_world = t->opts.env.local_world,
+                            .n_micro = t->deal.n_micro,
+                            .world = &t->world,
+                            .accum = t->deal.accum,
+                            .zero1 = t->zero1.on,
+                            .gather_moments = gather_moments,
+                            .gather_arg = &t->zero1,
+                            .tokenizer_json = t->data.tokenizer ? t->data.tokenizer->json : NULL,
+                            .tokenizer_config_json =
+                                t->data.tokenizer ? t->data.tokenizer->config_json : NULL,
+                            .ids = t->data.tokenizer ? &t->data.tokenizer->ids : NULL};
 }
 
 /* Everything that depends on the world, once the communicator exists: the gradient arena in a
@@ -131,11 +140,15 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
     } else if (!ddp_world_uses_coll_mem(&t->world) && t->model.borrowed_g && !t->grads) {
         DDP_CHECK(ddp_model_set_grads(&t->model, NULL)); /* a world of one: the model's own */
     }
-    DDP_CHECK(ddp_emb_slots_attach(&t->emb_slots, &t->world, &t->model, s->micro_batch,
-                                   s->seq_len, t->deal.n_micro, ei));
-    ddp_reducer_cfg_t rcfg = {.world = &t->world, .arena = t->model.g, .n = t->model.n_params,
-                              .first_bucket_mb = s->first_bucket_mb, .bucket_mb = s->bucket_mb,
-                              .overlap = s->overlap, .zero1 = t->zero1.on};
+    DDP_CHECK(ddp_emb_slots_attach(&t->emb_slots, &t->world, &t->model, s->micro_batch, s->seq_len,
+                                   t->deal.n_micro, ei));
+    ddp_reducer_cfg_t rcfg = {.world = &t->world,
+                              .arena = t->model.g,
+                              .n = t->model.n_params,
+                              .first_bucket_mb = s->first_bucket_mb,
+                              .bucket_mb = s->bucket_mb,
+                              .overlap = s->overlap,
+                              .zero1 = t->zero1.on};
     DDP_CHECK(ddp_reducer_init(&t->reducer, &rcfg));
     ddp_zero1_attach(&t->zero1, &t->reducer, t->model.w);
     DDP_CHECK(ddp__trainer_set_deal(t, t->world.rank, t->world.size));
@@ -151,7 +164,8 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
     ddp_loader_stop(&t->data.loader);
     ddp_reducer_close(&t->reducer);
     ddp_emb_slots_detach(&t->emb_slots);
-    if (t->grads) ddp_world_free_reduced(&t->world, t->grads); /* the model's is replaced on attach */
+    if (t->grads)
+        ddp_world_free_reduced(&t->world, t->grads); /* the model's is replaced on attach */
     t->grads = NULL;
     ddp_coll_free(t->member.parent_comm);
     t->member.parent_comm = NULL;
@@ -170,15 +184,21 @@ void ddp_trainer_leave_world(ddp_trainer_t *t)
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei)
 {
     ddp_transfer_t *x = &t->transfer;
-    ddp_transfer_cfg_t cfg = {.world = &t->world, .source = t->member.gen.source,
-                              .has_state = t->member.has_state, .mode = t->spec.state_transfer,
-                              .n = t->model.n_params, .n_micro = t->deal.n_micro, .pos = &t->pos,
-                              .adam_t = &t->opt.t, .last = &t->last};
+    ddp_transfer_cfg_t cfg = {.world = &t->world,
+                              .source = t->member.gen.source,
+                              .has_state = t->member.has_state,
+                              .mode = t->spec.state_transfer,
+                              .n = t->model.n_params,
+                              .n_micro = t->deal.n_micro,
+                              .pos = &t->pos,
+                              .adam_t = &t->opt.t,
+                              .last = &t->last};
     DDP_CHECK(ddp_transfer_plan(x, &cfg, ei));
     *receivers = x->n_receivers;
     if (!x->active) return 0;
-    if (x->receiving) t->member.has_state = 0; /* until the arenas arrived (pause) or the step's
-                                         * update (overlap) */
+    /* a receiver holds the job's state once the arenas arrived (pause) or after the step's
+     * update (overlap) */
+    if (x->receiving) t->member.has_state = 0;
     if (x->overlap) return ddp__trainer_set_deal(t, x->deal_rank, x->deal_world);
     DDP_CHECK(ddp__trainer_start_transfer(t));
     DDP_CHECK(ddp_transfer_wait(x, ei));
@@ -187,7 +207,8 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
 
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc)
 {
-    return t->member.elastic && !ddp_elastic_lost(t->member.elastic, NULL) && ddp_world_comm_error(&t->world, rc);
+    return t->member.elastic && !ddp_elastic_lost(t->member.elastic, NULL) &&
+           ddp_world_comm_error(&t->world, rc);
 }
 
 int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinfo_t *ei)
@@ -196,12 +217,15 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     memset(st, 0, sizeof *st);
     int64_t t0 = ddp_now_ns();
     /* a rank still waiting for its first state has none to offer */
-    DDP_CHECK(ddp_elastic_join(t->member.elastic, t->member.has_state ? t->pos.step : -1, &t->member.gen, &bs, ei));
+    DDP_CHECK(ddp_elastic_join(t->member.elastic, t->member.has_state ? t->pos.step : -1,
+                               &t->member.gen, &bs, ei));
     int64_t t1 = ddp_now_ns();
     DDP_CHECK(ddp__trainer_open_comm(t, bs, ei));
     if (t->deal.n_micro < t->world.size)
-        return ddp_errinfo_set(ei, DDP_ESPEC, "generation %llu has %d ranks but a step has only "
-                               "%d micro-batches", (unsigned long long)t->member.gen.gen, t->world.size,
+        return ddp_errinfo_set(ei, DDP_ESPEC,
+                               "generation %llu has %d ranks but a step has only "
+                               "%d micro-batches",
+                               (unsigned long long)t->member.gen.gen, t->world.size,
                                t->deal.n_micro);
     int64_t t2 = ddp_now_ns();
     st->shrunk = ddp_coll_shrunk(t->world.comm);

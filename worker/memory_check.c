@@ -87,7 +87,8 @@ void ddp_trainer_log_peak_memory(const ddp_trainer_t *t)
     char peak[32], plan[32];
     DDP_INFO("peak RSS %s (%s %ld KiB); the memory budget said %s (%lld KiB)",
              ddp_mem_fmt((int64_t)kib * 1024, peak, sizeof peak), what, kib,
-             ddp_mem_fmt(t->memory.budget, plan, sizeof plan), (long long)(t->memory.budget / 1024));
+             ddp_mem_fmt(t->memory.budget, plan, sizeof plan),
+             (long long)(t->memory.budget / 1024));
 }
 
 void ddp_trainer_log_moments(const ddp_trainer_t *t)

@@ -19,13 +19,13 @@
 #include "worker/trainer.h"
 #include "worker/saving/saving.h"
 
-
 /* The run ends with a lost rank: the last completed step is saved from memory first (under
  * mpirun the survivors get SIGTERM and this runs inside the grace before SIGKILL). A ZeRO-1
  * run can do so on one host, where every rank's slices of the moments are readable. */
 static int end_with_failure(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
-    if (!ddp_world_comm_error(&t->world, rc) || !t->member.has_state) return rc; /* a receiver has none */
+    if (!ddp_world_comm_error(&t->world, rc) || !t->member.has_state)
+        return rc; /* a receiver has none */
     ddp_errinfo_t sei;
     ddp_errinfo_clear(&sei);
     /* ZeRO-1 on one host: the dead rank's slices of the moments are still in its shared
@@ -93,13 +93,15 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
     DDP_CHECK(ddp_trainer_join_world(t, &st, ei));
     double ms = (double)(ddp_now_ns() - t0) / 1e6;
     DDP_INFO("generation %llu: rank %d of %d (was %d ranks), resuming after step %ld; formed "
-             "in %.0f ms%s (cause: %s)", (unsigned long long)t->member.gen.gen, t->world.rank,
-             t->world.size, old_world, t->pos.step, ms,
-             st.shrunk ? ", its communicator the last one shrunk" : "", t->member.gen.why);
+             "in %.0f ms%s (cause: %s)",
+             (unsigned long long)t->member.gen.gen, t->world.rank, t->world.size, old_world,
+             t->pos.step, ms, st.shrunk ? ", its communicator the last one shrunk" : "",
+             t->member.gen.why);
     if (t->transfer.active) /* overlapped (a pause's transfer is over by now) */
         DDP_INFO("generation %llu: %d rank(s) take the state of step %ld from rank %d during "
-                 "step %ld; this rank %s", (unsigned long long)t->member.gen.gen, t->transfer.n_receivers,
-                 t->pos.step, t->member.gen.source, t->pos.step + 1,
+                 "step %ld; this rank %s",
+                 (unsigned long long)t->member.gen.gen, t->transfer.n_receivers, t->pos.step,
+                 t->member.gen.source, t->pos.step + 1,
                  t->transfer.receiving ? "receives it" : "computes the step");
     if (t->log.metrics) {
         ddp_metrics_rec_t r;
@@ -166,7 +168,8 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
     }
     DDP_CHECK(ddp_saving_finish(t->saving, &t->pos, t->stop.any, ei));
     if (t->member.elastic) {
-        ddp_elastic_watch(t->member.elastic, NULL); /* the coordinator closes once everyone is done */
+        /* the coordinator closes once everyone is done */
+        ddp_elastic_watch(t->member.elastic, NULL);
         DDP_CHECK(ddp_elastic_done(t->member.elastic, t->pos.step));
     }
     return 0;

@@ -12,9 +12,9 @@
 
 #include "common/alloc.h"
 #include "common/log.h"
-#include "common/trace.h" /* train.trace */
-#include "common/vector_isa.h" /* the CPU's loops, named in the model line */
-#include "proto/hf_config.h" /* init_from: ddp_spec_resolve_model */
+#include "common/trace.h"                /* train.trace */
+#include "common/vector_isa.h"           /* the CPU's loops, named in the model line */
+#include "proto/hf_config.h"             /* init_from: ddp_spec_resolve_model */
 #include "worker/budget/memory_budget.h" /* train.threads default */
 #include "worker/observe/metrics_sink.h"
 
@@ -28,13 +28,16 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
     if (!env->elastic && env->world_size <= 1) return ddp_coll_bootstrap_single(bs, ei);
     if (!env->elastic) {
         if (!env->rdzv || !*env->rdzv)
-            return ddp_errinfo_set(ei, DDP_EINVAL, "a world of %d ranks (%s) without a "
+            return ddp_errinfo_set(ei, DDP_EINVAL,
+                                   "a world of %d ranks (%s) without a "
                                    "rendezvous address: DDP_RDZV (host:port) is not set",
                                    env->world_size, env->launcher);
         if (!env->job_token || !*env->job_token)
             return ddp_errinfo_set(ei, DDP_EINVAL, "DDP_JOB_TOKEN is not set");
-        ddp_coll_rdzv_cfg_t cfg = {.rank = env->rank, .size = env->world_size,
-                                   .addr = env->rdzv, .token = env->job_token,
+        ddp_coll_rdzv_cfg_t cfg = {.rank = env->rank,
+                                   .size = env->world_size,
+                                   .addr = env->rdzv,
+                                   .token = env->job_token,
                                    .generation = (uint64_t)env->generation,
                                    .timeout_s = env->rdzv_timeout_s};
         return ddp_coll_bootstrap_tcp(&cfg, bs, ei);
@@ -44,13 +47,13 @@ static int first_bootstrap(ddp_trainer_t *t, ddp_coll_bootstrap_t **bs, ddp_erri
     return ddp_elastic_join(t->member.elastic, -1, &t->member.gen, bs, ei);
 }
 
-/* The arenas that collectives read and write in place: the gradient's in collective memory on
- * the CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is
- * split (ZeRO-1, sync/reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
+/* The arenas that collectives read and write in place: the gradient's in collective memory on the
+ * CPU; with ddp.shard_optimizer also the parameters' and moments', and the optimizer step is split
+ * (ZeRO-1, sync/reducer.h) when the communicator can reduce-scatter and all-gather them: the ring
  * over any transport, the others where all four are shared by every rank. A rank writes only its
  * slices of the moments, and private collective memory (between hosts) is mapped on demand, so
- * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU
- * the model keeps its own arenas and only the moments are the trainer's (optim/zero1.h). */
+ * there the rest of the moment arenas costs no memory until a checkpoint gathers them. On a GPU the
+ * model keeps its own arenas and only the moments are the trainer's (optim/zero1.h). */
 /* The model's `interrupted` callback (arg: the world): a failed communicator stops the pass
  * between blocks (the failure is known at once, from a dead peer's link or the coordinator's
  * notice), and the step with it. */
@@ -74,10 +77,10 @@ static int alloc_arenas(ddp_trainer_t *t, ddp_errinfo_t *ei)
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[0], ei));
     DDP_CHECK(ddp_world_alloc_reduced(&t->world, bytes, &t->zero1.moments[1], ei));
     t->zero1.on = ddp_coll_slices_anywhere(t->world.comm) ||
-                 (ddp_coll_mem_shared(t->world.comm, t->grads) &&
-                  ddp_coll_mem_shared(t->world.comm, t->weights) &&
-                  ddp_coll_mem_shared(t->world.comm, t->zero1.moments[0]) &&
-                  ddp_coll_mem_shared(t->world.comm, t->zero1.moments[1]));
+                  (ddp_coll_mem_shared(t->world.comm, t->grads) &&
+                   ddp_coll_mem_shared(t->world.comm, t->weights) &&
+                   ddp_coll_mem_shared(t->world.comm, t->zero1.moments[0]) &&
+                   ddp_coll_mem_shared(t->world.comm, t->zero1.moments[1]));
     return 0;
 }
 
@@ -98,8 +101,8 @@ static int broadcast_weights(ddp_trainer_t *t, ddp_errinfo_t *ei)
     ddp_coll_req_t *req;
     /* after the weights' initial copy, which memcpy_h2d may have left queued */
     DDP_CHECK(ddp_world_after_compute(&t->world));
-    DDP_CHECK(ddp_coll_broadcast(t->world.comm, t->model.w, t->model.n_params * sizeof(float), 0,
-                                 &req));
+    DDP_CHECK(
+        ddp_coll_broadcast(t->world.comm, t->model.w, t->model.n_params * sizeof(float), 0, &req));
     return ddp_coll_wait(req, 0, ei);
 }
 
@@ -122,8 +125,8 @@ static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
     size_t used = 0;
     for (long w = 1; w <= gbt / per_pass && used < sizeof sizes - 16; w++)
         if ((gbt / per_pass) % w == 0 && gbt % per_pass == 0)
-            used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld", used ? ", " : "",
-                                     w);
+            used +=
+                (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%ld", used ? ", " : "", w);
     return ddp_errinfo_set(ei, DDP_ESPEC,
                            "train.global_batch_tokens: %ld tokens cannot be split over %d "
                            "rank(s) of micro_batch x seq_len = %d x %d; world sizes that "
@@ -142,7 +145,9 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     const ddp_spec_t *s = &t->spec;
     int rc = 0;
     DDP_CHECK_GOTO(ddp_spec_resolve_model(&t->spec, ei), rc, fail); /* init_from */
-    DDP_CHECK_GOTO(ddp_run_tokenizer_open(s->tokenizer, s->model.vocab_size, &t->data.tokenizer, ei), rc, fail);
+    DDP_CHECK_GOTO(
+        ddp_run_tokenizer_open(s->tokenizer, s->model.vocab_size, &t->data.tokenizer, ei), rc,
+        fail);
     int threads = s->threads > 0 ? s->threads : ddp_mem_threads(t->opts.env.local_world);
     /* one GPU per local rank (the launcher's local rank picks it, round-robin when the ranks
      * outnumber the GPUs; ignored on the CPU) */
@@ -174,8 +179,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->loss_scale.prec);
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
-    DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume,
-                                     t->opts.resume_step, &t->saving, &adopt_gbt, ei),
+    DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume, t->opts.resume_step,
+                                      &t->saving, &adopt_gbt, ei),
                    rc, fail);
     if (adopt_gbt > 0) t->spec.global_batch_tokens = adopt_gbt;
     DDP_CHECK_GOTO(global_micro_batches(t, ei), rc, fail);
@@ -183,7 +188,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
 
     DDP_CHECK_GOTO(alloc_arenas(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp_model_init_with(&t->model, &s->model, &t->k, s->micro_batch, s->seq_len,
-                                      t->weights, t->grads, s->recompute),
+                                       t->weights, t->grads, s->recompute),
                    rc, fail);
     /* the products' 16-bit weights: one copy of the whole arena, which the update keeps */
     DDP_K(&t->k, set_weights, t->model.w, t->model.n_params);
@@ -193,8 +198,8 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->pos.rng), rc, fail);
     t->model.interrupted = comm_failed; /* a failed step stops at once */
     t->model.interrupted_arg = &t->world;
-    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]),
-                   rc, fail);
+    DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]), rc,
+                   fail);
     ddp_saving_run_t view;
     ddp__trainer_checkpoint_view(t, &view);
     int resumed; /* every rank loaded the same checkpoint: nothing to broadcast */
@@ -234,11 +239,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, ddp_k_name(&t->k), cpu ? " with " : "",
                  cpu ? ddp_cpu_isa_name(ddp_cpu_isa()) : "", cpu ? " loops" : "", threads, world,
-                 t->world.comm ? " over " : "", t->world.comm ? ddp_coll_transport_name(t->world.comm) : "",
+                 t->world.comm ? " over " : "",
+                 t->world.comm ? ddp_coll_transport_name(t->world.comm) : "",
                  !ddp_coll_mem_shared(t->world.comm, t->grads)
                      ? (t->zero1.on ? " (optimizer step sharded)" : "")
                  : t->zero1.on ? " (gradients in shared memory, optimizer step sharded)"
-                              : " (gradients in shared memory)",
+                               : " (gradients in shared memory)",
                  t->deal.accum, s->micro_batch, s->seq_len,
                  t->member.elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
@@ -246,8 +252,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  t->world.rank, world, ddp_k_name(&t->k), threads,
                  t->world.comm ? ddp_coll_transport_name(t->world.comm) : "-");
     char warning[256];
-    if (t->world.rank == 0 && ddp_spec_warning(s, warning, sizeof warning))
-        DDP_WARN("%s", warning);
+    if (t->world.rank == 0 && ddp_spec_warning(s, warning, sizeof warning)) DDP_WARN("%s", warning);
     return 0;
 fail:
     if (ei && !ei->msg[0]) ddp_errinfo_set(ei, rc, "trainer: %s", ddp_strerror(rc));

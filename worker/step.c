@@ -6,8 +6,8 @@
  *   finish_gradients   the all-reduces, the transfer and the embedding slots complete
  *   step_vote          the one small all-reduce that commits the step (with the checkpoints'
  *                      tallies on it); then the stragglers are named
- *   update             the gradient norm; AdamW (whole, or this rank's slices under ZeRO-1) or, for a non-finite norm,
- *                      the update skipped
+ *   update             the gradient norm; AdamW (whole, or this rank's slices under ZeRO-1)
+ *                      or, for a non-finite norm, the update skipped
  *   account_step       the counters; end_step: the transfer finished, the coordinator told
  *
  * A failure before the vote leaves every rank at the previous step (to redo it); past it a
@@ -44,7 +44,8 @@ int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei)
 {
     /* test hook: this rank's check may see a flipped bit */
-    int flip = ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->pos.step, t->world.rank) ? t->world.rank : -1;
+    int flip =
+        ddp_test_hook(DDP_HOOK_REPLICA_CHECK, t->pos.step, t->world.rank) ? t->world.rank : -1;
     return ddp_replicas_check(&t->world, &t->model, flip, ei);
 }
 
@@ -69,14 +70,16 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
     long state_step = x->overlap ? t->pos.step - 1 : t->pos.step; /* whose state travelled */
     if (x->receiving) {
         t->member.has_state = 1;
-        DDP_K(&t->k, set_precision, t->loss_scale.prec); /* new weights: drop their low-precision copies */
+        /* new weights: drop their low-precision copies */
+        DDP_K(&t->k, set_precision, t->loss_scale.prec);
         char during[64] = "while the other ranks waited";
-        if (x->overlap) snprintf(during, sizeof during, "while the other ranks computed step %ld",
-                                 t->pos.step);
+        if (x->overlap)
+            snprintf(during, sizeof during, "while the other ranks computed step %ld", t->pos.step);
         DDP_INFO("joined generation %llu as rank %d of %d: state of step %ld from rank %d "
-                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s", (unsigned long long)t->member.gen.gen,
-                 t->world.rank, t->world.size, state_step, x->first_root, x->bytes / 1e6, x->ms,
-                 x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1), during);
+                 "(%.1f MB in %.0f ms, %.0f MB/s), received %s",
+                 (unsigned long long)t->member.gen.gen, t->world.rank, t->world.size, state_step,
+                 x->first_root, x->bytes / 1e6, x->ms, x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1),
+                 during);
     }
     if (t->log.metrics) {
         double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
@@ -110,7 +113,8 @@ static int pass_failed(ddp_trainer_t *t, int rc, ddp_errinfo_t *ei)
 {
     if (!ddp_world_failed(&t->world)) return rc;
     ddp_reducer_finish(&t->reducer, NULL, NULL);
-    return ddp_errinfo_set(ei, ddp_coll_status(t->world.comm), "%s", ddp_coll_last_error(t->world.comm));
+    return ddp_errinfo_set(ei, ddp_coll_status(t->world.comm), "%s",
+                           ddp_coll_last_error(t->world.comm));
 }
 
 /* A rank that receives the state in this step computes nothing: -0.0 in every gradient sum
@@ -159,7 +163,8 @@ static int forward_backward(ddp_trainer_t *t, double *loss_sum, ddp_errinfo_t *e
             rc = ddp_model_backward(m, NULL, NULL, &l);
             if (rc) return pass_failed(t, rc, ei);
             *loss_sum += l;
-            DDP_CHECK(ddp_emb_slots_keep(&t->emb_slots, micro * t->deal.world + t->deal.rank, inputs));
+            DDP_CHECK(
+                ddp_emb_slots_keep(&t->emb_slots, micro * t->deal.world + t->deal.rank, inputs));
             if (micro == 0)
                 DDP_CHECK(ddp_k_memcpy_d2d(k, t->deal.acc, m->g, m->n_params * sizeof(float)));
             else
@@ -185,9 +190,9 @@ static int finish_gradients(ddp_trainer_t *t, ddp_errinfo_t *ei)
     return rc;
 }
 
-/* The vote (sync/vote.h), with the checkpoints riding on it: their writers' checkpoint shards durable /
- * failed go in (ddp_saving_vote), and the sums settle a striped save (ddp_saving_tally), so that a
- * save needs no collective of its own. */
+/* The vote (sync/vote.h), with the checkpoints riding on it: their writers' checkpoint shards
+ * durable / failed go in (ddp_saving_vote), and the sums settle a striped save (ddp_saving_tally),
+ * so that a save needs no collective of its own. */
 static int step_vote(ddp_trainer_t *t, ddp_ballot_t *b, ddp_errinfo_t *ei)
 {
     ddp_saving_vote(t->saving, b->ckpt);
@@ -201,8 +206,8 @@ static void note_stragglers(ddp_trainer_t *t, const float *rank_ms)
     int straggler = ddp_straggler_update(&t->stragglers, rank_ms);
     if (straggler >= 0 && t->world.rank == 0)
         DDP_WARN("step %ld: rank %d is a straggler: its forward and backward took %.1f ms, "
-                 "%.0f%% above the median %.1f ms, for %d steps in a row", t->pos.step + 1,
-                 straggler, t->stragglers.named_ms,
+                 "%.0f%% above the median %.1f ms, for %d steps in a row",
+                 t->pos.step + 1, straggler, t->stragglers.named_ms,
                  100.0 * (t->stragglers.named_ms / t->stragglers.median_ms - 1),
                  t->stragglers.median_ms, DDP_STRAGGLER_STEPS);
 }
@@ -215,8 +220,8 @@ static int grad_norm(ddp_trainer_t *t, float grad_scale, double *norm, ddp_errin
     memset(t->reducer.norm_sums, 0, r->n_norm_blocks * sizeof *t->reducer.norm_sums);
     DDP_CHECK(ddp_grad_sumsq(&t->model, r->parts, r->n_buckets, t->reducer.norm_sums));
     if (t->zero1.on)
-        DDP_CHECK(ddp_world_allreduce(&t->world, t->reducer.norm_sums, r->n_norm_blocks,
-                                               DDP_OP_SUM, ei));
+        DDP_CHECK(
+            ddp_world_allreduce(&t->world, t->reducer.norm_sums, r->n_norm_blocks, DDP_OP_SUM, ei));
     *norm = ddp_grad_norm(t->reducer.norm_sums, r->n_norm_blocks, grad_scale);
     return 0;
 }
@@ -271,9 +276,14 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     const ddp_reducer_t *r = &t->reducer;
     double lr = ddp_lr_at(&t->spec, t->pos.step);
     ddp_zero1_part_fn on_part = ddp_zero1_update_begin(&t->zero1, u->save_follows);
-    ddp_adamw_args_t args = {.lr = lr, .grad_scale = grad_scale, .norm = norm,
-                             .parts = r->parts, .n_parts = r->n_buckets, .done = on_part,
-                             .done_arg = &t->zero1, .crc = u->crc};
+    ddp_adamw_args_t args = {.lr = lr,
+                             .grad_scale = grad_scale,
+                             .norm = norm,
+                             .parts = r->parts,
+                             .n_parts = r->n_buckets,
+                             .done = on_part,
+                             .done_arg = &t->zero1,
+                             .crc = u->crc};
     DDP_CHECK(ddp_adamw_step(&t->opt, &t->model, &t->spec, &args));
     DDP_CHECK(ddp_reducer_gather_wait(&t->reducer, ei));
     DDP_CHECK(ddp_saving_after_update(t->saving, t->pos.step + 1, u, ei));
@@ -293,7 +303,8 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
     ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->deal.n_micro;
     if (t->loss_scale.enabled) grad_scale /= t->pos.loss_scale; /* unscaled in the norm and AdamW */
-    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->pos.step + 1, t->world.rank)) { /* poison one gradient */
+    if (ddp_test_hook(DDP_HOOK_GRADIENTS, t->pos.step + 1,
+                      t->world.rank)) { /* poison one gradient */
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
@@ -320,7 +331,8 @@ static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, f
     t->member.regroup = v->regroup > 0;
     t->pos.last_loss = *loss;
     t->pos.last_norm = norm;
-    t->last.micro_ms = t->deal.accum > 0 ? t->last.compute_ms / t->deal.accum : 0; /* ddp_transfer_overlap_pays */
+    t->last.micro_ms =
+        t->deal.accum > 0 ? t->last.compute_ms / t->deal.accum : 0; /* ddp_transfer_overlap_pays */
     t->last.world = t->world.size;
 }
 
@@ -347,13 +359,14 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     DDP_CHECK(finish_gradients(t, ei));
     t->last.compute_ms = (double)(t1 - t0) / 1e6;
 
-    /* The step commits here: every rank's gradients arrived (the reducer and the embedding
-     * slots are complete), and the vote carries the losses, whether any rank was asked to stop
-     * (all stop together) or to regroup (all leave the generation after this step), and how
-     * many checkpoint writers have their checkpoint shards durable / failed. Past it a rank applies the
-     * update without talking to the others (the elastic world never splits it (no ZeRO-1)), so a failure
+    /* The step commits here: every rank's gradients arrived (the reducer and the embedding slots
+     * are complete), and the vote carries the losses, whether any rank was asked to stop (all stop
+     * together) or to regroup (all leave the generation after this step), and how many checkpoint
+     * writers have their checkpoint shards durable / failed. Past it a rank applies the update
+     * without talking to the others (an elastic world never splits it: no ZeRO-1), so a failure
      * before it leaves every survivor at the previous step, to redo the step. */
-    ddp_ballot_t v = {.loss_sum = loss_sum, .stop = t->stop.requested,
+    ddp_ballot_t v = {.loss_sum = loss_sum,
+                      .stop = t->stop.requested,
                       .regroup = t->member.elastic && ddp_elastic_regroup_wanted(t->member.elastic),
                       .compute_ms = t->last.compute_ms};
     DDP_CHECK(step_vote(t, &v, ei));

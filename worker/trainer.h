@@ -52,11 +52,11 @@ typedef struct ddp_train_env {
     /* The world a launcher gave (main.c's read_env says which variables): world_size 0 or 1 is
      * a world of one; else `rank` of world_size meet at rdzv, authenticated by job_token. */
     int world_size, rank;
-    long generation;              /* DDP_GENERATION: a relaunched world's number */
-    const char *rdzv, *job_token; /* host:port of rank 0's rendezvous; its token */
-    const char *launcher;         /* "ddpd" or "torchrun" (the convention), for the log */
-    int rank_hint;   /* DDP_RANK (elastic: orders the first generation only) */
-    double rdzv_timeout_s; /* DDP_RDZV_TIMEOUT_S; 0: the default */
+    long generation;                    /* DDP_GENERATION: a relaunched world's number */
+    const char *rdzv, *job_token;       /* host:port of rank 0's rendezvous; its token */
+    const char *launcher;               /* "ddpd" or "torchrun" (the convention), for the log */
+    int rank_hint;                      /* DDP_RANK (elastic: orders the first generation only) */
+    double rdzv_timeout_s;              /* DDP_RDZV_TIMEOUT_S; 0: the default */
     char rdzv_buf[300], token_buf[320]; /* storage when rdzv and job_token are composed */
 } ddp_train_env_t;
 
@@ -74,24 +74,24 @@ typedef struct ddp_train_opts {
 /* Elastic membership (DDP_ELASTIC=1; zeros in a static world): the coordinator and the
  * generation this rank is in. */
 typedef struct ddp_membership {
-    ddp_elastic_t *elastic;   /* the coordinator's connection, else NULL */
-    ddp_elastic_gen_t gen;    /* the generation this rank is in */
-    ddp_coll_t *parent_comm;  /* between generations: the last one's communicator, when the next
-                               * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
-    uint64_t parent_gen;      /* its generation */
-    int regroup;              /* some rank must leave the generation: all do after this step */
-    int has_state;            /* the state here is the job's (not a joiner's fresh one) */
-    int first_rank;           /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
+    ddp_elastic_t *elastic;  /* the coordinator's connection, else NULL */
+    ddp_elastic_gen_t gen;   /* the generation this rank is in */
+    ddp_coll_t *parent_comm; /* between generations: the last one's communicator, when the next
+                              * can be formed by shrinking it (ddp_coll_shrinks), else NULL */
+    uint64_t parent_gen;     /* its generation */
+    int regroup;             /* some rank must leave the generation: all do after this step */
+    int has_state;           /* the state here is the job's (not a joiner's fresh one) */
+    int first_rank;          /* this process's rank in its first world (DDP_HOOK_MICRO_STEP) */
 } ddp_membership_t;
 
 /* The deal: which of a step's micro-batches this rank computes (step.c ddp__trainer_set_deal),
  * and where it sums their gradients. */
 typedef struct ddp_deal {
-    int n_micro;      /* micro-batches per optimizer step over all ranks (the global batch) */
-    int rank, world;  /* this rank's place among the ranks that compute the step (all of them,
-                       * except in a step that carries a state transfer) */
-    int accum;        /* micro-steps per optimizer step on this rank (its share of n_micro) */
-    float *acc;       /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
+    int n_micro;     /* micro-batches per optimizer step over all ranks (the global batch) */
+    int rank, world; /* this rank's place among the ranks that compute the step (all of them,
+                      * except in a step that carries a state transfer) */
+    int accum;       /* micro-steps per optimizer step on this rank (its share of n_micro) */
+    float *acc;      /* gradient sum of earlier micro-steps (device); NULL when accum == 1 */
 } ddp_deal_t;
 
 /* The run's data: the token shards, the loader's thread, data.tokenizer. */
@@ -112,36 +112,36 @@ typedef struct ddp_step_log {
 typedef struct ddp_trainer {
     ddp_spec_t spec;
     ddp_train_opts_t opts;
-    ddp_kernels_t k;              /* the kernel backend (k.device: this rank's GPU) */
-    ddp_world_t world;            /* the ranks this one trains with now (sync/world.h) */
-    ddp_membership_t member;      /* elastic membership */
-    ddp_position_t pos;           /* where the run is (sync/position.h) */
-    ddp_step_times_t last;        /* what the last step cost */
+    ddp_kernels_t k;         /* the kernel backend (k.device: this rank's GPU) */
+    ddp_world_t world;       /* the ranks this one trains with now (sync/world.h) */
+    ddp_membership_t member; /* elastic membership */
+    ddp_position_t pos;      /* where the run is (sync/position.h) */
+    ddp_step_times_t last;   /* what the last step cost */
     ddp_model_t model;
     ddp_adamw_t opt;
-    ddp_loss_scale_t loss_scale;  /* the precision and fp16's loss scale (optim/loss_scale.h) */
-    ddp_zero1_t zero1;            /* ZeRO-1: the moments in slices (optim/zero1.h) */
+    ddp_loss_scale_t loss_scale; /* the precision and fp16's loss scale (optim/loss_scale.h) */
+    ddp_zero1_t zero1;           /* ZeRO-1: the moments in slices (optim/zero1.h) */
     /* the arenas when the trainer provides them (collective memory, CPU): parameters only for
      * ddp.shard_optimizer (and the moments, in zero1), else NULL and the model allocates */
     float *weights, *grads;
     ddp_run_data_t data;
     ddp_deal_t deal;
-    ddp_reducer_t reducer;        /* the gradient's buckets (sync/reducer.h) */
-    ddp_emb_slots_t emb_slots;    /* the token embedding's gradient (sync/emb_slots.h) */
-    ddp_vote_t vote;              /* the step's small all-reduce (sync/vote.h) */
-    ddp_transfer_t transfer;      /* elastic: a state transfer planned (sync/transfer.h) */
-    ddp_straggler_t stragglers;   /* sync/straggler.h */
-    ddp_saving_t *saving;         /* checkpoints (saving/saving.h); NULL without checkpoint.dir */
+    ddp_reducer_t reducer;      /* the gradient's buckets (sync/reducer.h) */
+    ddp_emb_slots_t emb_slots;  /* the token embedding's gradient (sync/emb_slots.h) */
+    ddp_vote_t vote;            /* the step's small all-reduce (sync/vote.h) */
+    ddp_transfer_t transfer;    /* elastic: a state transfer planned (sync/transfer.h) */
+    ddp_straggler_t stragglers; /* sync/straggler.h */
+    ddp_saving_t *saving;       /* checkpoints (saving/saving.h); NULL without checkpoint.dir */
     struct {
-        int requested;            /* this rank was asked to stop (signal) */
-        int any;                  /* some rank was: every rank stops after this step */
+        int requested; /* this rank was asked to stop (signal) */
+        int any;       /* some rank was: every rank stops after this step */
     } stop;
-    int skipped_in_a_row;         /* updates skipped for a non-finite gradient, in a row */
+    int skipped_in_a_row; /* updates skipped for a non-finite gradient, in a row */
     ddp_step_log_t log;
-    ddp_profile_t profile;        /* train.profile's window (observe/profile.h; run.c drives it) */
+    ddp_profile_t profile; /* train.profile's window (observe/profile.h; run.c drives it) */
     struct {
-        int64_t budget;           /* the memory budget's total for this rank (memory_check.c) */
-        int moments_logged;       /* ddp_trainer_log_moments ran */
+        int64_t budget;     /* the memory budget's total for this rank (memory_check.c) */
+        int moments_logged; /* ddp_trainer_log_moments ran */
     } memory;
 } ddp_trainer_t;
 

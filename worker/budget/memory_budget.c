@@ -136,17 +136,16 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
          * largest of the model's products' (forward, and backward's dinp) */
         int64_t tile = 0;
         if (b->act_bytes == 2) {
-            const int64_t outs[][2] = {{BT, QKV}, {BT, FH}, {BT, H}, {BT, C}, {lm_rows, V},
-                                       {lm_rows, C}, {B, V}};
+            const int64_t outs[][2] = {{BT, QKV},    {BT, FH},     {BT, H}, {BT, C},
+                                       {lm_rows, V}, {lm_rows, C}, {B, V}};
             for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-                int64_t f = (int64_t)ddp_kernels_cpu_tile_floats((int)outs[i][0],
-                                                                 (int)outs[i][1]);
+                int64_t f = (int64_t)ddp_kernels_cpu_tile_floats((int)outs[i][0], (int)outs[i][1]);
                 if (f * 4 * b->threads > tile) tile = f * 4 * b->threads;
             }
         }
         w += part > att ? part : att;
         if (tile > w) w = tile;
-        w += 4 * BT * 4;  /* data/loader.c: the loader's 2 x 2 token buffers */
+        w += 4 * BT * 4; /* data/loader.c: the loader's 2 x 2 token buffers */
     } else {
         /* the CUDA kernels' one scratch buffer (grown, never shrunk): the larger of the
          * attention general path's (fp32, or a head size the flash kernels do not take) scores
@@ -176,7 +175,7 @@ static int64_t batch_bytes(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg
     int64_t lm = lm_rows * ddp_logits_ld((int)V);
     int64_t widest = lm > BT * FH ? lm : BT * FH;
     if (b->lowp_bytes == 4) w += (widest + BT * FH) * 4;
-    w += 3 * BT * 4;      /* sync/emb_slots.c, model/model.c: token and loss staging on the host */
+    w += 3 * BT * 4; /* sync/emb_slots.c, model/model.c: token and loss staging on the host */
     *work = w;
     return *acts + *emb + w;
 }
@@ -216,8 +215,7 @@ static int largest_fit(const ddp_mem_budget_t *b, const ddp_model_cfg_t *cfg, dd
     int64_t seqs = (int64_t)b->n_micro * b->B; /* sequences per step, all ranks */
     int best = 0;
     for (int64_t B = 1; B <= seqs && B <= (1 << 20); B++)
-        if (seqs % (B * b->world) == 0 && total_at(b, cfg, (int)B, r) <= b->limit)
-            best = (int)B;
+        if (seqs % (B * b->world) == 0 && total_at(b, cfg, (int)B, r) <= b->limit) best = (int)B;
     return best;
 }
 
@@ -234,8 +232,8 @@ static int64_t checkpoint_bytes(const ddp_mem_budget_t *b)
      * rank's own are given back only after the next update. */
     int64_t gathered = b->zero1 ? 2 * b->params - b->moments : 0;
     if (!b->writer || b->on_gpu) return gathered;
-    /* ddp_ckpt_saver_reserve (open_saver) touches a snapshot of the whole stream, parameters
-     * and both moments, on every writing rank, however few of the checkpoint shards it writes; then the
+    /* ddp_ckpt_saver_reserve (open_saver) touches a snapshot of the whole stream, parameters and
+     * both moments, on every writing rank, however few of the checkpoint shards it writes; then the
      * live save reads (and io_uring registers) this rank's arenas whole: on one host the slices
      * that the others' all-gather wrote into its moments join its resident set only then */
     int64_t snapshot = 3 * b->params + WRITER_IO;
@@ -267,7 +265,7 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
      * on the CPU and over NCCL on a GPU (optim/zero1.c); not over MPI, nor in an elastic job
      * (restart: on-failure) */
     b->zero1 = s->shard_optimizer && world > 1 && strcmp(s->backend, "mpi") != 0 &&
-              strcmp(s->restart, "on-failure") != 0;
+               strcmp(s->restart, "on-failure") != 0;
     /* collectives/shm_direct.c: a ring whose ranks are all on this host shares its collective
      * memory (the gradient and embedding arenas; under ZeRO-1, the parameters' and moments' too) */
     b->shared = world > 1 && local >= world && !on_gpu && strcmp(s->backend, "mpi") != 0;
@@ -301,10 +299,10 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
      * each: (W - 1) / W of every such arena of the others is mapped here */
     if (b->shared)
         b->peers = (b->grads + b->emb + (b->zero1 ? b->params : 0)) * (world - 1) / world;
-    b->acts_none = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE,
-                                                 act_prec(b), b->on_gpu);
-    b->acts_block = (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK,
-                                                  act_prec(b), b->on_gpu);
+    b->acts_none =
+        (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_NONE, act_prec(b), b->on_gpu);
+    b->acts_block =
+        (int64_t)ddp_model_acts_bytes(cfg, b->B, b->T, DDP_RECOMPUTE_BLOCK, act_prec(b), b->on_gpu);
     b->workspace = work + ring_bytes(b) + b->extra;
     b->total = total_at(b, cfg, b->B, s->recompute);
 
@@ -356,22 +354,21 @@ const char *ddp_mem_budget_format(const ddp_mem_budget_t *b, char *buf, size_t l
              "  total             %12s  of %s (%s): %s; largest micro_batch that fits this "
              "global batch: %d (recompute block: %d)",
              b->rank, b->on_gpu ? "GPU" : "CPU", b->world, b->B, b->T, b->accum, p,
-             (double)b->n_params / 1e6, g, mo, b->zero1 ? ", / world: sharded" : "", ac, em,
-             an, b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
+             (double)b->n_params / 1e6, g, mo, b->zero1 ? ", / world: sharded" : "", ac, em, an,
+             b->recompute == DDP_RECOMPUTE_NONE ? " (in use)" : "", ab,
              b->recompute == DDP_RECOMPUTE_BLOCK ? " (in use)" : "", ws,
              b->lowp_bytes == 2   ? "  (with 16-bit copies of the weights)"
              : b->lowp_bytes == 4 ? "  (with rounded fp32 copies of the weights and widened "
                                     "products' inputs: emulated)"
                                   : "",
              pe,
-             b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)"
-                       : "",
+             b->shared ? "  (slices of the other ranks' shared arenas that this rank reduces)" : "",
              ck,
-             !b->checkpoint            ? ""
-             : b->writer && !b->on_gpu ? "  (this rank writes shards: a snapshot of the state)"
-                            : "  (the moments gathered for a save; this rank writes no shard)",
-             rt, tot, lim,
-             b->limit_from, b->total <= b->limit ? "fits" : "DOES NOT FIT", b->max_B,
+             !b->checkpoint ? ""
+             : b->writer && !b->on_gpu
+                 ? "  (this rank writes shards: a snapshot of the state)"
+                 : "  (the moments gathered for a save; this rank writes no shard)",
+             rt, tot, lim, b->limit_from, b->total <= b->limit ? "fits" : "DOES NOT FIT", b->max_B,
              b->max_B_block);
     return buf;
 }
@@ -411,8 +408,7 @@ int ddp_mem_budget_fits(const ddp_mem_budget_t *b, const ddp_spec_t *s, char *bu
         ADD(" ddp.shard_optimizer works over the ring and nccl, not over mpi nor in an elastic "
             "job;");
     else
-        ADD(" ddp.shard_optimizer over %d ranks would save %s;",
-            b->world > 1 ? b->world : 2,
+        ADD(" ddp.shard_optimizer over %d ranks would save %s;", b->world > 1 ? b->world : 2,
             ddp_mem_fmt(b->moments - b->moments / (b->world > 1 ? b->world : 2), x, sizeof x));
     ADD(" or raise train.memory_limit");
 #undef ADD

@@ -25,44 +25,44 @@
  * snapshot that the others do not. */
 typedef struct ddp_mem_budget {
     /* what it assumes */
-    int world;       /* ranks */
-    int rank;        /* the rank it is for */
-    int writer;      /* this rank writes checkpoint shards (rank < checkpoint.writers) */
-    int shared;      /* the ranks share one host's memory: each maps the others' arenas (all
-                      * ranks local; a ring forced onto TCP, DDP_COLL_TRANSPORT=tcp, keeps its
-                      * memory private, which a plan cannot see: it then over-counts) */
-    int accum;       /* micro-steps per optimizer step on this rank */
-    int n_micro;     /* micro-batches per step over all ranks */
-    int B, T;        /* micro-batch */
-    int on_gpu;      /* device memory (CUDA) rather than host memory */
-    int act_bytes;   /* bytes of an activation element: 4 in fp32, 2 in bf16/fp16 runs */
-    int lowp_bytes;  /* bytes of an element of a matrix weight's converted copy: 0 in fp32, 2
-                      * for bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates
-                      * (which also widens the products' 16-bit inputs to fp32) */
-    int zero1;       /* ZeRO-1: the moments are split over the ranks (ddp.shard_optimizer, world > 1) */
-    int flash;       /* a GPU's attention runs the flash kernels (no [B,NH,T,T] scratch) */
-    int threads;     /* the CPU kernels' threads (train.threads, else cores / local ranks) */
+    int world;      /* ranks */
+    int rank;       /* the rank it is for */
+    int writer;     /* this rank writes checkpoint shards (rank < checkpoint.writers) */
+    int shared;     /* the ranks share one host's memory: each maps the others' arenas (all
+                     * ranks local; a ring forced onto TCP, DDP_COLL_TRANSPORT=tcp, keeps its
+                     * memory private, which a plan cannot see: it then over-counts) */
+    int accum;      /* micro-steps per optimizer step on this rank */
+    int n_micro;    /* micro-batches per step over all ranks */
+    int B, T;       /* micro-batch */
+    int on_gpu;     /* device memory (CUDA) rather than host memory */
+    int act_bytes;  /* bytes of an activation element: 4 in fp32, 2 in bf16/fp16 runs */
+    int lowp_bytes; /* bytes of an element of a matrix weight's converted copy: 0 in fp32, 2
+                     * for bf16/fp16 on a GPU or native bf16 on a CPU, 4 when the CPU emulates
+                     * (which also widens the products' 16-bit inputs to fp32) */
+    int zero1;      /* ZeRO-1: the moments split over the ranks (shard_optimizer, world > 1) */
+    int flash;   /* a GPU's attention runs the flash kernels (no [B,NH,T,T] scratch) */
+    int threads; /* the CPU kernels' threads (train.threads, else cores / local ranks) */
     ddp_recompute_t recompute;
     /* what it counts */
-    int64_t n_params;          /* floats of one arena */
-    int64_t params, grads;     /* the parameter and gradient arenas */
-    int64_t moments;           /* AdamW's m and v: this rank's share (÷ world under ZeRO-1) */
-    int64_t accum_buf;         /* the sum of earlier micro-steps' gradients (accum > 1) */
-    int64_t emb;               /* the token embedding's gradient slots (sync/emb_slots.c) */
-    int64_t acts;              /* activations at B x T under `recompute` */
+    int64_t n_params;              /* floats of one arena */
+    int64_t params, grads;         /* the parameter and gradient arenas */
+    int64_t moments;               /* AdamW's m and v: this rank's share (÷ world under ZeRO-1) */
+    int64_t accum_buf;             /* the sum of earlier micro-steps' gradients (accum > 1) */
+    int64_t emb;                   /* the token embedding's gradient slots (sync/emb_slots.c) */
+    int64_t acts;                  /* activations at B x T under `recompute` */
     int64_t acts_none, acts_block; /* activations at B x T without and with recomputation */
-    int64_t workspace;         /* kernels' scratch, host staging, the ring's slots */
-    int64_t peers;             /* the other ranks' shared arenas that this rank reads and writes
-                                * (shared: the all-reduce's and all-gather's slices) */
-    int64_t checkpoint;        /* a save: ZeRO-1's moments gathered whole, and on a writing
-                                * rank its snapshot of the state (host; CPU) */
-    int64_t runtime;           /* the process itself (host) or the CUDA context (device) */
-    int64_t extra;             /* the caller's own (see ddp_mem_budget_plan), in workspace */
+    int64_t workspace;             /* kernels' scratch, host staging, the ring's slots */
+    int64_t peers;                 /* the other ranks' shared arenas that this rank reads and writes
+                                    * (shared: the all-reduce's and all-gather's slices) */
+    int64_t checkpoint;            /* a save: ZeRO-1's moments gathered whole, and on a writing
+                                    * rank its snapshot of the state (host; CPU) */
+    int64_t runtime;               /* the process itself (host) or the CUDA context (device) */
+    int64_t extra;                 /* the caller's own (see ddp_mem_budget_plan), in workspace */
     int64_t total;
-    int64_t limit;             /* train.memory_limit, or the device's */
-    char limit_from[48];       /* where limit came from: "train.memory_limit", "RAM", ... */
-    int max_B;                 /* the largest micro_batch that fits at T (0: none does) */
-    int max_B_block;           /* the same with train.recompute: block */
+    int64_t limit;       /* train.memory_limit, or the device's */
+    char limit_from[48]; /* where limit came from: "train.memory_limit", "RAM", ... */
+    int max_B;           /* the largest micro_batch that fits at T (0: none does) */
+    int max_B_block;     /* the same with train.recompute: block */
 } ddp_mem_budget_t;
 
 /* Where a rank computes, for ddp_mem_budget_plan's `where`. */

@@ -18,10 +18,10 @@
  * layout is defined. */
 typedef void (*tensor_fn)(void *ctx, const char *name, int ndim, int d0, int d1, int decay);
 
-#define T_(fmt, ndim, d0, d1)                                                                \
-    do {                                                                                     \
-        snprintf(n, sizeof n, fmt, l);                                                       \
-        add(ctx, n, ndim, d0, d1, ndim == 2);                                                \
+#define T_(fmt, ndim, d0, d1)                                                                      \
+    do {                                                                                           \
+        snprintf(n, sizeof n, fmt, l);                                                             \
+        add(ctx, n, ndim, d0, d1, ndim == 2);                                                      \
     } while (0)
 
 static void layout_gpt2(const ddp_model_cfg_t *cfg, tensor_fn add, void *ctx)
@@ -147,10 +147,10 @@ size_t ddp__model_carve_acts(ddp_model_acts_t *a, const ddp_model_cfg_t *cfg, vo
     size_t BT = (size_t)a->B * a->T;
     size_t LS = a->recompute == DDP_RECOMPUTE_BLOCK ? 1 : L; /* slices of a per-layer tensor */
     size_t act = ddp_act_bytes(a->prec), off = 0;
-#define CARVE(field, n, esize)                                                               \
-    do {                                                                                     \
-        a->field = base && (n) != 0 ? (void *)((char *)base + off) : NULL;                   \
-        off += ((n) * (esize) + 255) & ~(size_t)255; /* 256-byte aligned tensors */          \
+#define CARVE(field, n, esize)                                                                     \
+    do {                                                                                           \
+        a->field = base && (n) != 0 ? (void *)((char *)base + off) : NULL;                         \
+        off += ((n) * (esize) + 255) & ~(size_t)255; /* 256-byte aligned tensors */                \
     } while (0)
 #define F32(field, n) CARVE(field, n, sizeof(float))
 #define ACT(field, n) CARVE(field, n, act)
@@ -209,7 +209,7 @@ int ddp_model_lm_rows(const ddp_model_cfg_t *cfg, int B, int T, ddp_kprec_t prec
 }
 
 size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
-                           ddp_kprec_t prec, int gpu)
+                            ddp_kprec_t prec, int gpu)
 {
     ddp_model_acts_t a = {.B = B, .T = T, .recompute = recompute, .prec = prec, .gpu = gpu};
     return ddp__model_carve_acts(&a, cfg, NULL);

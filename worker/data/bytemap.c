@@ -37,7 +37,6 @@ int ddp__bytemap_init(ddp__bytemap_t *m, size_t expect)
     return 0;
 }
 
-
 /* The slot holding key, or the empty slot where it would go. */
 static size_t bytemap_slot(const ddp__bytemap_t *m, const void *key, size_t len)
 {

@@ -93,8 +93,10 @@ static size_t shard_of(const ddp_dataset_t *d, size_t w)
     size_t lo = 0, hi = d->n_shards;
     while (hi - lo > 1) {
         size_t mid = (lo + hi) / 2;
-        if (d->first_window[mid] <= w) lo = mid;
-        else hi = mid;
+        if (d->first_window[mid] <= w)
+            lo = mid;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -117,12 +119,12 @@ int ddp_dataset_fill(const ddp_dataset_t *d, uint64_t j, int count, int shuffle,
         for (int t = 0; t <= T; t++) {
             uint32_t tok = (uint32_t)(t < T ? in[t] : tg[T - 1]);
             if (tok >= (uint32_t)d->vocab_size) {
-                ddp_errinfo_set(ei, DDP_EFORMAT, "token %u at index %zu is >= vocab_size %d",
-                                tok, start + t, d->vocab_size);
+                ddp_errinfo_set(ei, DDP_EFORMAT, "token %u at index %zu is >= vocab_size %d", tok,
+                                start + t, d->vocab_size);
                 ddp_errinfo_path(ei, "%s", sh->path);
                 if (ei)
-                    ei->offset = (long long)(DDP_SHARD_HEADER_BYTES +
-                                             (size_t)sh->token_bytes * (start + t));
+                    ei->offset =
+                        (long long)(DDP_SHARD_HEADER_BYTES + (size_t)sh->token_bytes * (start + t));
                 return DDP_EFORMAT;
             }
         }
@@ -176,8 +178,8 @@ static void *loader_main(void *arg)
         ddp_errinfo_t ei;
         ddp_errinfo_clear(&ei);
         int64_t tr = ddp_trace_begin();
-        int rc = ddp_dataset_fill(l->d, first_sample(l, key), l->B, 1, l->buf[s][0],
-                                  l->buf[s][1], &ei);
+        int rc =
+            ddp_dataset_fill(l->d, first_sample(l, key), l->B, 1, l->buf[s][0], l->buf[s][1], &ei);
         ddp_trace_end(DDP_TRACE_DATA, tr, "load step %lld micro-batch %lld",
                       (long long)(key / l->accum + 1), (long long)(key % l->accum));
         pthread_mutex_lock(&l->mu);

@@ -33,9 +33,9 @@ typedef struct ddp_dataset {
     uint64_t seed;
 } ddp_dataset_t;
 
-/* Opens every token shard matching glob with windows of T+1 tokens. Fails with DDP_EFORMAT (ei names
- * the file) for a bad token shard, DDP_ENOTFOUND for no match, DDP_EINVAL when the shards hold no
- * complete window. */
+/* Opens every token shard matching glob with windows of T+1 tokens. Fails with DDP_EFORMAT (ei
+ * names the file) for a bad token shard, DDP_ENOTFOUND for no match, DDP_EINVAL when the shards
+ * hold no complete window. */
 int ddp_dataset_open(ddp_dataset_t *d, const char *glob, int T, int vocab_size, uint64_t seed,
                      ddp_errinfo_t *ei);
 void ddp_dataset_close(ddp_dataset_t *d); /* NULL-safe */
@@ -59,11 +59,11 @@ typedef struct ddp_loader {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int32_t *buf[2][2]; /* [slot][inputs|targets], B*T each */
+    int32_t *buf[2][2];  /* [slot][inputs|targets], B*T each */
     int64_t slot_key[2]; /* micro-batch key held by a slot, -1 empty */
     int slot_rc[2];
     ddp_errinfo_t slot_ei[2];
-    int64_t want;        /* next key the consumer asked for */
+    int64_t want; /* next key the consumer asked for */
     int stop;
     int started;
 } ddp_loader_t;

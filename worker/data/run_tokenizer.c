@@ -64,12 +64,14 @@ static int config_id(const ddp_run_tokenizer_t *rt, json_t *root, const char *cf
     if (json_is_object(v)) v = json_object_get(v, "content");
     if (!v || json_is_null(v)) return 0;
     if (!json_is_string(v))
-        return refuse(ei, DDP_EFORMAT, "%s: %s: not a string, an object with \"content\" or "
-                      "null", cfg, key);
+        return refuse(ei, DDP_EFORMAT,
+                      "%s: %s: not a string, an object with \"content\" or "
+                      "null",
+                      cfg, key);
     uint32_t u;
     if (ddp_tok_find(rt->tok, json_string_value(v), &u) < 0)
-        return refuse(ei, DDP_EFORMAT, "%s: %s '%s' is not a token of the tokenizer beside it",
-                      cfg, key, json_string_value(v));
+        return refuse(ei, DDP_EFORMAT, "%s: %s '%s' is not a token of the tokenizer beside it", cfg,
+                      key, json_string_value(v));
     *id = (long)u;
     return 0;
 }
@@ -111,7 +113,8 @@ static int find_ids(ddp_run_tokenizer_t *rt, const char *path, ddp_errinfo_t *ei
     return rc;
 }
 
-int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out, ddp_errinfo_t *ei)
+int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out,
+                           ddp_errinfo_t *ei)
 {
     *out = NULL;
     if (!path || !path[0]) return 0;
@@ -122,8 +125,7 @@ int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t
         ddp_errinfo_t tei;
         ddp_errinfo_clear(&tei);
         rc = ddp_tok_load(path, &rt->tok, &tei);
-        if (rc < 0)
-            rc = refuse(ei, rc, "%s: %s", path, tei.msg[0] ? tei.msg : ddp_strerror(rc));
+        if (rc < 0) rc = refuse(ei, rc, "%s: %s", path, tei.msg[0] ? tei.msg : ddp_strerror(rc));
     }
     if (rc == 0 && ddp_tok_vocab_size(rt->tok) > (uint32_t)vocab_size)
         rc = refuse(ei, DDP_EFORMAT, "%s has %u tokens, more than model.vocab_size %d", path,
@@ -158,8 +160,7 @@ static int write_atomic(const char *dir, const char *name, const char *text, siz
     }
     rc = ddp_file_sync_close(fd, tmp, rc, ei);
     if (rc == 0 && rename(tmp, path) < 0)
-        rc = ddp_errinfo_set(ei, -errno, "%s: cannot rename to %s: %s", tmp, path,
-                             strerror(errno));
+        rc = ddp_errinfo_set(ei, -errno, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
     if (rc < 0) (void)unlink(tmp);
     return rc;
 }
@@ -168,8 +169,7 @@ int ddp_run_tokenizer_save(const ddp_run_tokenizer_t *rt, const char *dir, ddp_e
 {
     DDP_CHECK(write_atomic(dir, "tokenizer.json", rt->json, rt->json_len, ei));
     if (rt->config_json)
-        DDP_CHECK(write_atomic(dir, "tokenizer_config.json", rt->config_json, rt->config_len,
-                               ei));
+        DDP_CHECK(write_atomic(dir, "tokenizer_config.json", rt->config_json, rt->config_len, ei));
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0) return ddp_errinfo_set(ei, -errno, "%s: open: %s", dir, strerror(errno));
     return ddp_file_sync_close(fd, dir, 0, ei); /* the renames are durable */

@@ -25,11 +25,11 @@
 
 typedef struct ddp_run_tokenizer {
     ddp_tok_t *tok;
-    char *json;        /* tokenizer.json's bytes as read, NUL-terminated (it holds no NUL) */
+    char *json; /* tokenizer.json's bytes as read, NUL-terminated (it holds no NUL) */
     size_t json_len;
     char *config_json; /* the tokenizer_config.json beside it, likewise; NULL when none */
     size_t config_len;
-    ddp_hf_ids_t ids;  /* BOS and EOS; -1 for one not named */
+    ddp_hf_ids_t ids; /* BOS and EOS; -1 for one not named */
 } ddp_run_tokenizer_t;
 
 /* Loads data.tokenizer `path` for a model of vocab_size tokens: *out is NULL for "" (no
@@ -37,7 +37,8 @@ typedef struct ddp_run_tokenizer {
  * larger than vocab_size, or a tokenizer_config.json beside it that is not JSON or names a
  * token the tokenizer lacks (ei: path "data.tokenizer", the message names the file and, for the
  * vocabulary, both sizes); DDP_ENOMEM. The caller frees *out with ddp_run_tokenizer_free. */
-int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out, ddp_errinfo_t *ei);
+int ddp_run_tokenizer_open(const char *path, int vocab_size, ddp_run_tokenizer_t **out,
+                           ddp_errinfo_t *ei);
 
 /* Copies the tokenizer into directory dir (which must exist) as tokenizer.json, and
  * tokenizer_config.json when there is one: each written to a temporary file, fsynced, renamed

@@ -51,8 +51,8 @@ struct ddp_tok {
     added_t *added;
     size_t n_added;
     int ignore_merges;
-    int nfc;                    /* normalizer NFC */
-    size_t n_raw, n_normalized; /* added tokens matched before / after normalizing */
+    int nfc;                     /* normalizer NFC */
+    size_t n_raw, n_normalized;  /* added tokens matched before / after normalizing */
     uint8_t added_first[2][256]; /* [normalized][byte]: some added token starts with it */
     uint32_t unk; /* NONE: bytes missing from the vocabulary are dropped, as tokenizers does */
     pcre2_code *re;

@@ -15,9 +15,12 @@ int ddp_model_export(const ddp_model_t *m, const char *path, ddp_errinfo_t *ei)
     if (rc == 0) rc = ddp_k_sync(m->k);
     for (int i = 0; rc == 0 && i < m->n_tensors; i++) {
         const ddp_param_desc_t *p = &m->params[i];
-        t[i] = (ddp_st_tensor_t){.name = p->name, .dtype = DDP_ST_F32, .ndim = p->ndim,
+        t[i] = (ddp_st_tensor_t){.name = p->name,
+                                 .dtype = DDP_ST_F32,
+                                 .ndim = p->ndim,
                                  .shape = {p->shape[0], p->shape[1]},
-                                 .data = host + p->offset, .nbytes = p->numel * sizeof(float)};
+                                 .data = host + p->offset,
+                                 .nbytes = p->numel * sizeof(float)};
     }
     static const char *const meta[] = {"format", "pt"};
     if (rc == 0) rc = ddp_st_write_file(path, t, (size_t)m->n_tensors, meta, 1, ei);

@@ -53,9 +53,12 @@ static const struct {
     const char *name;
     size_t slot;
 } TOP_SLOTS[] = {
-    {"wte.weight", VIEW(wte)},       {"wpe.weight", VIEW(wpe)},
-    {"ln_f.weight", VIEW(lnfw)},     {"ln_f.bias", VIEW(lnfb)},
-    {"model.embed_tokens.weight", VIEW(wte)}, {"model.norm.weight", VIEW(lnfw)},
+    {"wte.weight", VIEW(wte)},
+    {"wpe.weight", VIEW(wpe)},
+    {"ln_f.weight", VIEW(lnfw)},
+    {"ln_f.bias", VIEW(lnfb)},
+    {"model.embed_tokens.weight", VIEW(wte)},
+    {"model.norm.weight", VIEW(lnfw)},
     {"lm_head.weight", VIEW(lm_head)},
 };
 #undef VIEW
@@ -138,27 +141,25 @@ static int validate_cfg(const ddp_model_cfg_t *cfg, int B, int T)
 {
     int llama = cfg->arch == DDP_ARCH_LLAMA;
     if (cfg->n_layer < 1 || cfg->n_head < 1 || cfg->n_embd < 1 || cfg->vocab_size < 1 ||
-        cfg->block_size < 1 || cfg->n_embd % cfg->n_head || B < 1 || T < 1 ||
-        T > cfg->block_size ||
-        (llama && (cfg->n_kv_head < 1 || cfg->n_head % cfg->n_kv_head ||
-                   cfg->intermediate_size < 1 || (cfg->n_embd / cfg->n_head) % 2 ||
-                   !(cfg->norm_eps > 0) || !(cfg->rope_theta > 1)))) {
+        cfg->block_size < 1 || cfg->n_embd % cfg->n_head || B < 1 || T < 1 || T > cfg->block_size ||
+        (llama &&
+         (cfg->n_kv_head < 1 || cfg->n_head % cfg->n_kv_head || cfg->intermediate_size < 1 ||
+          (cfg->n_embd / cfg->n_head) % 2 || !(cfg->norm_eps > 0) || !(cfg->rope_theta > 1)))) {
         DDP_ERROR("model: invalid configuration (L=%d NH=%d C=%d V=%d block=%d B=%d T=%d)",
-                  cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size, B,
-                  T);
+                  cfg->n_layer, cfg->n_head, cfg->n_embd, cfg->vocab_size, cfg->block_size, B, T);
         return DDP_EINVAL;
     }
     return 0;
 }
 
 int ddp_model_init(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
-                  float *weights, float *grads)
+                   float *weights, float *grads)
 {
     return ddp_model_init_with(m, cfg, k, B, T, weights, grads, DDP_RECOMPUTE_NONE);
 }
 
-int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
-                       int T, float *weights, float *grads, ddp_recompute_t recompute)
+int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
+                        float *weights, float *grads, ddp_recompute_t recompute)
 {
     memset(m, 0, sizeof *m);
     DDP_CHECK(validate_cfg(cfg, B, T));
@@ -184,11 +185,9 @@ int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_
     m->borrowed_w = weights != NULL;
     m->borrowed_g = grads != NULL;
     if (!m->borrowed_w)
-        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->w, m->n_params * sizeof(float)), rc,
-                       fail);
+        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->w, m->n_params * sizeof(float)), rc, fail);
     if (!m->borrowed_g)
-        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->g, m->n_params * sizeof(float)), rc,
-                       fail);
+        DDP_CHECK_GOTO(ddp_k_alloc(k, (void **)&m->g, m->n_params * sizeof(float)), rc, fail);
     make_views(m, m->w, &m->wv);
     make_views(m, m->g, &m->gv);
 
@@ -297,19 +296,23 @@ static layer_acts_t layer_acts(const ddp_model_t *m, int l)
     /* strides use the allocated B x T, so a smaller batch leaves slack, never overlap */
     size_t s = a->recompute == DDP_RECOMPUTE_BLOCK ? 0 : (size_t)l;
     size_t sBT = s * a->B * a->T, sBTC = sBT * d->C;
-    return (layer_acts_t){
-        .ln1 = ddp_act_at(a->ln1, sBTC, p), .qkv = ddp_act_at(a->qkv, sBT * d->QKV, p),
-        .atty = ddp_act_at(a->atty, sBTC, p), .ln2 = ddp_act_at(a->ln2, sBTC, p),
-        .fch = ddp_act_at(a->fch, sBT * d->FH, p),
-        .fchg = ddp_act_at(a->fch_gelu, sBT * d->H, p),
-        .ln1_mean = a->ln1_mean ? a->ln1_mean + sBT : NULL, .ln1_rstd = a->ln1_rstd + sBT,
-        .lse = a->lse + sBT * d->NH, .res2 = a->res2 + sBTC,
-        .ln2_mean = a->ln2_mean ? a->ln2_mean + sBT : NULL, .ln2_rstd = a->ln2_rstd + sBT};
+    return (layer_acts_t){.ln1 = ddp_act_at(a->ln1, sBTC, p),
+                          .qkv = ddp_act_at(a->qkv, sBT * d->QKV, p),
+                          .atty = ddp_act_at(a->atty, sBTC, p),
+                          .ln2 = ddp_act_at(a->ln2, sBTC, p),
+                          .fch = ddp_act_at(a->fch, sBT * d->FH, p),
+                          .fchg = ddp_act_at(a->fch_gelu, sBT * d->H, p),
+                          .ln1_mean = a->ln1_mean ? a->ln1_mean + sBT : NULL,
+                          .ln1_rstd = a->ln1_rstd + sBT,
+                          .lse = a->lse + sBT * d->NH,
+                          .res2 = a->res2 + sBTC,
+                          .ln2_mean = a->ln2_mean ? a->ln2_mean + sBT : NULL,
+                          .ln2_rstd = a->ln2_rstd + sBT};
 }
 
 /* A norm's forward: LayerNorm (GPT-2) or RMSNorm (Llama; mean and bias unused). */
-static void norm_forward(ddp_model_t *m, ddp_act_t *out, float *mean, float *rstd,
-                         const float *x, const float *w, const float *bias, int N)
+static void norm_forward(ddp_model_t *m, ddp_act_t *out, float *mean, float *rstd, const float *x,
+                         const float *w, const float *bias, int N)
 {
     if (m->cfg.arch == DDP_ARCH_LLAMA)
         DDP_K(m->k, rmsnorm_fwd, out, rstd, x, w, N, m->d.C, (float)m->cfg.norm_eps);
@@ -335,8 +338,8 @@ static void residual_norm_forward(ddp_model_t *m, float *res, ddp_act_t *out, fl
 /* dx += the norm's input gradient; dx_act (NULL: not wanted) = the new dx in the activations'
  * type, as the next projection's backward reads it (autocast casts the branch's gradient). */
 static void norm_backward(ddp_model_t *m, float *dx, ddp_act_t *dx_act, float *dw, float *db,
-                          const ddp_act_t *dout, const float *x, const float *w,
-                          const float *mean, const float *rstd, int N)
+                          const ddp_act_t *dout, const float *x, const float *w, const float *mean,
+                          const float *rstd, int N)
 {
     if (m->cfg.arch == DDP_ARCH_LLAMA)
         DDP_K(m->k, rmsnorm_bwd, dx, dx_act, dw, dout, x, w, rstd, N, m->d.C);
@@ -429,8 +432,8 @@ static void lm_head_loss(ddp_model_t *m, int train)
         int rows = (int)(BT - r0 < (size_t)a->lm_rows ? BT - r0 : (size_t)a->lm_rows);
         const ddp_act_t *lnf = ddp_act_at(a->lnf, r0 * C, a->prec);
         DDP_K(k, matmul_fwd, a->logits, lnf, m->wv.lm_head, NULL, rows, C, V, ld, DDP_W_OUT_IN);
-        DDP_K(k, xent_fwd_bwd, a->losses + r0, train ? a->logits : NULL, a->logits,
-              a->targets + r0, rows, V, ld, dloss);
+        DDP_K(k, xent_fwd_bwd, a->losses + r0, train ? a->logits : NULL, a->logits, a->targets + r0,
+              rows, V, ld, dloss);
         if (train)
             DDP_K(k, matmul_bwd, ddp_act_at(a->dlnf, r0 * C, a->prec), m->gv.lm_head, NULL,
                   a->logits, lnf, m->wv.lm_head, rows, C, V, ld, DDP_W_OUT_IN);
@@ -468,7 +471,7 @@ int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targ
 }
 
 int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                      float *loss)
+                       float *loss)
 {
     if (!targets) return DDP_EINVAL;
     DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
@@ -486,8 +489,7 @@ int ddp_model_next_logits(ddp_model_t *m, const int32_t *inputs, int B, int T, i
     size_t row = (size_t)C * ddp_act_bytes(a->prec);
     for (int b = 0; b < B; b++)
         DDP_CHECK(ddp_k_memcpy_d2d(m->k, ddp_act_at(a->dc, (size_t)b * C, a->prec),
-                                   ddp_act_at(a->lnf, ((size_t)b * T + pos) * C, a->prec),
-                                   row));
+                                   ddp_act_at(a->lnf, ((size_t)b * T + pos) * C, a->prec), row));
     int V = m->cfg.vocab_size;
     DDP_K(m->k, matmul_fwd, a->logits, a->dc, m->wv.lm_head, NULL, B, C, V, ddp_logits_ld(V),
           DDP_W_OUT_IN);
@@ -531,25 +533,25 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
         /* MLP: res3 = res2 + fcproj(act(fc(norm2(res2)))); the branch's gradient enters it in
          * the activations' type (dres_act, which the norm backward before wrote with dres) */
         if (llama) {
-            DDP_K(k, matmul_bwd, a->dfch, g->fcprojw, g->fcprojb, a->dres_act, s.fchg,
-                  w->fcprojw, (int)BT, d->H, C, C, wl);
+            DDP_K(k, matmul_bwd, a->dfch, g->fcprojw, g->fcprojb, a->dres_act, s.fchg, w->fcprojw,
+                  (int)BT, d->H, C, C, wl);
             DDP_K(k, swiglu_bwd, a->dfc, s.fch, a->dfch, (int)BT, d->H);
         } else { /* the GELU's gradient in the product's pass */
-            DDP_K(k, matmul_dgelu_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres_act, s.fchg,
-                  s.fch, w->fcprojw, (int)BT, d->H, C, wl);
+            DDP_K(k, matmul_dgelu_bwd, a->dfc, g->fcprojw, g->fcprojb, a->dres_act, s.fchg, s.fch,
+                  w->fcprojw, (int)BT, d->H, C, wl);
         }
-        DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, d->FH,
-              d->FH, wl);
-        norm_backward(m, a->dres, a->dres_act, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w,
-                      s.ln2_mean, s.ln2_rstd, (int)BT);
+        DDP_K(k, matmul_bwd, a->dc, g->fcw, g->fcb, a->dfc, s.ln2, w->fcw, (int)BT, C, d->FH, d->FH,
+              wl);
+        norm_backward(m, a->dres, a->dres_act, g->ln2w, g->ln2b, a->dc, s.res2, w->ln2w, s.ln2_mean,
+                      s.ln2_rstd, (int)BT);
 
         /* attention: res2 = x + attproj(attn(rope(qkv(norm1(x))))) */
         DDP_K(k, matmul_bwd, a->dc, g->attprojw, g->attprojb, a->dres_act, s.atty, w->attprojw,
               (int)BT, C, C, C, wl);
         DDP_K(k, attention_bwd, a->dqkv, a->dc, s.qkv, s.atty, s.lse, B, T, C, d->NH, d->NKV);
         if (llama) DDP_K(k, rope_bwd, a->dqkv, a->rope, B, T, d->NH, d->NKV, d->hs);
-        DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C,
-              d->QKV, d->QKV, wl);
+        DDP_K(k, matmul_bwd, a->dc, g->qkvw, g->qkvb, a->dqkv, s.ln1, w->qkvw, (int)BT, C, d->QKV,
+              d->QKV, wl);
         norm_backward(m, a->dres, l ? a->dres_act : NULL, g->ln1w, g->ln1b, a->dc, x, w->ln1w,
                       s.ln1_mean, s.ln1_rstd, (int)BT);
 
@@ -564,7 +566,7 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
 }
 
 void ddp_model_embed_backward(ddp_model_t *m, const int32_t *inputs, const float *dres, int B,
-                             int T)
+                              int T)
 {
     DDP_K(m->k, encoder_bwd, m->gv.wte, NULL, dres, inputs, B, T, m->cfg.n_embd);
 }

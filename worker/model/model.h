@@ -62,10 +62,10 @@ typedef struct ddp_model_block {
 
 /* Pointers to every tensor of one arena (parameters or gradients). */
 typedef struct ddp_model_views {
-    float *wte;         /* [V,C] the token embedding */
-    float *lm_head;     /* [V,C] the LM head: wte when tied */
-    float *wpe;         /* [block_size,C]; NULL: no learned positions (Llama) */
-    float *lnfw, *lnfb; /* [C]; lnfb NULL for RMSNorm */
+    float *wte;           /* [V,C] the token embedding */
+    float *lm_head;       /* [V,C] the LM head: wte when tied */
+    float *wpe;           /* [block_size,C]; NULL: no learned positions (Llama) */
+    float *lnfw, *lnfb;   /* [C]; lnfb NULL for RMSNorm */
     ddp_model_block_t *h; /* [n_layer] */
 } ddp_model_views_t;
 
@@ -77,35 +77,35 @@ typedef struct ddp_model_views {
 typedef struct ddp_model_acts {
     int B, T;
     ddp_recompute_t recompute;
-    ddp_kprec_t prec;  /* the activations' type: the kernels' precision at init */
-    int gpu;           /* in a GPU's memory: the LM head's chunks are larger (ddp_model_lm_rows) */
-    void *base;        /* one allocation */
-    float *encoded;    /* [B,T,C] */
-    ddp_act_t *ln1;    /* [L,B,T,C] */
+    ddp_kprec_t prec; /* the activations' type: the kernels' precision at init */
+    int gpu;          /* in a GPU's memory: the LM head's chunks are larger (ddp_model_lm_rows) */
+    void *base;       /* one allocation */
+    float *encoded;   /* [B,T,C] */
+    ddp_act_t *ln1;   /* [L,B,T,C] */
     float *ln1_mean, *ln1_rstd; /* [L,B,T] x2 (RMSNorm: no mean, NULL) */
-    ddp_act_t *qkv;    /* [L,B,T,QKV] (after RoPE in a Llama) */
-    ddp_act_t *atty;   /* [L,B,T,C] */
-    float *lse;        /* [L,B,NH,T] attention's row log-sum-exps */
-    float *res2;       /* [L,B,T,C] */
-    ddp_act_t *ln2;    /* [L,B,T,C] */
-    float *ln2_mean, *ln2_rstd;  /* [L,B,T] x2 */
-    ddp_act_t *fch;      /* [L,B,T,FH] the MLP's first product (Llama: gate | up) */
-    ddp_act_t *fch_gelu; /* [L,B,T,H] its activation (GELU, or SwiGLU) */
-    float *res3;       /* [L,B,T,C] */
-    ddp_act_t *lnf;    /* [B,T,C] */
-    float *lnf_mean, *lnf_rstd;  /* [B,T] x2 */
+    ddp_act_t *qkv;             /* [L,B,T,QKV] (after RoPE in a Llama) */
+    ddp_act_t *atty;            /* [L,B,T,C] */
+    float *lse;                 /* [L,B,NH,T] attention's row log-sum-exps */
+    float *res2;                /* [L,B,T,C] */
+    ddp_act_t *ln2;             /* [L,B,T,C] */
+    float *ln2_mean, *ln2_rstd; /* [L,B,T] x2 */
+    ddp_act_t *fch;             /* [L,B,T,FH] the MLP's first product (Llama: gate | up) */
+    ddp_act_t *fch_gelu;        /* [L,B,T,H] its activation (GELU, or SwiGLU) */
+    float *res3;                /* [L,B,T,C] */
+    ddp_act_t *lnf;             /* [B,T,C] */
+    float *lnf_mean, *lnf_rstd; /* [B,T] x2 */
     ddp_act_t *logits; /* [lm_rows,V], rows ddp_logits_ld(V) apart: a chunk of the LM head */
     float *losses;     /* [B,T] */
     ddp_act_t *dlnf;   /* [B,T,C] gradient of ln_f's output (the LM head's) */
     int lm_rows;       /* rows of the LM head per chunk (ddp_model_lm_rows) */
     /* backward scratch, reused by every layer; also dc in forward (the projections' outputs) */
-    float *dres;        /* [B,T,C] gradient of the residual stream */
-    ddp_act_t *dres_act; /* [B,T,C] dres in the activations' type (a projection's dout) */
-    ddp_act_t *dc;      /* [B,T,C] */
-    ddp_act_t *dqkv;    /* [B,T,QKV] */
-    ddp_act_t *dfc;     /* [B,T,FH] */
-    ddp_act_t *dfch;    /* [B,T,H] SwiGLU's output gradient (NULL where H == FH) */
-    float *rope;        /* [T, hs/2, 2] RoPE's cos and sin by position (NULL for GPT-2) */
+    float *dres;               /* [B,T,C] gradient of the residual stream */
+    ddp_act_t *dres_act;       /* [B,T,C] dres in the activations' type (a projection's dout) */
+    ddp_act_t *dc;             /* [B,T,C] */
+    ddp_act_t *dqkv;           /* [B,T,QKV] */
+    ddp_act_t *dfc;            /* [B,T,FH] */
+    ddp_act_t *dfch;           /* [B,T,H] SwiGLU's output gradient (NULL where H == FH) */
+    float *rope;               /* [T, hs/2, 2] RoPE's cos and sin by position (NULL for GPT-2) */
     int32_t *inputs, *targets; /* [B,T] on the device */
     int last_B, last_T;        /* shape of the last forward */
     int last_train;            /* the last pass was ddp_model_forward: backward may follow */
@@ -113,16 +113,16 @@ typedef struct ddp_model_acts {
 
 typedef struct ddp_model {
     ddp_model_cfg_t cfg;
-    ddp_kernels_t *k; /* borrowed */
+    ddp_kernels_t *k;         /* borrowed */
     ddp_param_desc_t *params; /* [n_tensors], in arena order */
     int n_tensors;
-    size_t n_params;          /* floats in an arena */
-    float *w;                 /* parameter arena (device) */
-    float *g;                 /* gradient arena (device) */
+    size_t n_params;            /* floats in an arena */
+    float *w;                   /* parameter arena (device) */
+    float *g;                   /* gradient arena (device) */
     int borrowed_w, borrowed_g; /* w / g were the caller's (init's arguments) */
-    ddp_model_views_t wv, gv;  /* views into w and g */
-    ddp_model_dims_t d;        /* ddp_model_dims(&cfg) */
-    ddp_wlayout_t wlayout;     /* the blocks' weights: [in, out] (GPT-2) or [out, in] (Llama) */
+    ddp_model_views_t wv, gv;   /* views into w and g */
+    ddp_model_dims_t d;         /* ddp_model_dims(&cfg) */
+    ddp_wlayout_t wlayout;      /* the blocks' weights: [in, out] (GPT-2) or [out, in] (Llama) */
     size_t *block_end; /* [n_layer] arena offset where block l's tensors end: its gradients are
                         * final after its backward */
     size_t lnf_end;    /* ... where the final norm's end */
@@ -146,13 +146,13 @@ typedef void (*ddp_model_ready_fn)(void *arg, size_t done);
  * collective memory, which the collectives read and write in place), or NULL to allocate that
  * one with k. Returns 0, DDP_EINVAL for an impossible configuration, or an allocation error. */
 int ddp_model_init(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
-                  float *weights, float *grads);
+                   float *weights, float *grads);
 /* ddp_model_init with activation recomputation: DDP_RECOMPUTE_BLOCK keeps only each block's
  * input and output (res3) across the forward, and backward recomputes the block's forward
  * before its backward: one more forward of the blocks for a much smaller activation arena, with
  * gradients bitwise equal to DDP_RECOMPUTE_NONE's. */
-int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B,
-                       int T, float *weights, float *grads, ddp_recompute_t recompute);
+int ddp_model_init_with(ddp_model_t *m, const ddp_model_cfg_t *cfg, ddp_kernels_t *k, int B, int T,
+                        float *weights, float *grads, ddp_recompute_t recompute);
 /* Frees everything init allocated. NULL-safe. */
 void ddp_model_close(ddp_model_t *m);
 /* Moves the gradients to a caller-owned arena of n_params floats (a new generation's collective
@@ -167,7 +167,7 @@ size_t ddp_model_count_params(const ddp_model_cfg_t *cfg);
 /* Bytes of the activation arena for B x T under `recompute` and precision prec, in a GPU's
  * memory or not (no allocation; budget/model_layout.c, which links without the kernels' ops). */
 size_t ddp_model_acts_bytes(const ddp_model_cfg_t *cfg, int B, int T, ddp_recompute_t recompute,
-                           ddp_kprec_t prec, int gpu);
+                            ddp_kprec_t prec, int gpu);
 /* Fills out (n_tensors entries; NULL: only counts) with the parameter layout, sets *n_params to the
  * floats of an arena, returns the number of tensors. Internal (model.c, budget/model_layout.c). */
 int ddp__model_layout(const ddp_model_cfg_t *cfg, ddp_param_desc_t *out, size_t *n_params);
@@ -202,7 +202,7 @@ int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targ
  * LM head chunk by chunk, no gradient). Leaves the gradient arena as it is. Returns as forward
  * (DDP_EINVAL without targets). */
 int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
-                      float *loss);
+                       float *loss);
 
 /* Forward only, for sampling: acts.logits rows 0..B-1 (ddp_logits_ld(V) apart) get the logits
  * [B, V] at position pos < T of each sequence (activations: ddp_act_to_f32 widens a host copy).
@@ -226,6 +226,6 @@ int ddp_model_backward(ddp_model_t *m, ddp_model_ready_fn ready, void *arg, floa
  * row inputs[b,t] of wte's gradient += dres[b,t,:] (device pointers; after a backward,
  * acts.inputs and acts.dres). Asynchronous on a GPU like every op. */
 void ddp_model_embed_backward(ddp_model_t *m, const int32_t *inputs, const float *dres, int B,
-                             int T);
+                              int T);
 
 #endif

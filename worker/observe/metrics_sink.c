@@ -105,8 +105,8 @@ static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
         ddp_tb_close(s->tb);
         s->tb = NULL;
     } else if (rc) {
-        DDP_WARN("tensorboard: writing %s failed (%s); no more events this run",
-                 ddp_tb_path(s->tb), ddp_strerror(rc));
+        DDP_WARN("tensorboard: writing %s failed (%s); no more events this run", ddp_tb_path(s->tb),
+                 ddp_strerror(rc));
         ddp_tb_close(s->tb);
         s->tb = NULL;
     }
@@ -119,8 +119,8 @@ int ddp_metrics_sink_write(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
     size_t len = 0;
     int rc = ddp_metrics_format(r, line, sizeof line - 1, &len);
     if (rc) {
-        DDP_WARN("metrics.jsonl: a %s record cannot be written: %s",
-                 ddp_metrics_kind_name(r->kind), ddp_strerror(rc));
+        DDP_WARN("metrics.jsonl: a %s record cannot be written: %s", ddp_metrics_kind_name(r->kind),
+                 ddp_strerror(rc));
         return rc;
     }
     line[len++] = '\n';
@@ -130,7 +130,8 @@ int ddp_metrics_sink_write(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
         if (!warned_metrics++)
             DDP_WARN("metrics.jsonl: the cap of %llu bytes (%s) is reached: %s ends at %llu bytes "
                      "(this %s line, of step %lld, and every later line are dropped); training "
-                     "goes on", (unsigned long long)cap, s->caps.metrics_from, s->path,
+                     "goes on",
+                     (unsigned long long)cap, s->caps.metrics_from, s->path,
                      (unsigned long long)s->bytes, ddp_metrics_kind_name(r->kind),
                      (long long)r->step);
     }
@@ -175,8 +176,9 @@ int ddp_metrics_sink_open(const char *run_dir, const char *path, ddp_metrics_sin
     if (rc == -EFBIG) {
         if (!warned_tb++)
             DDP_WARN("tensorboard: the event files in %s/tb are at their cap of %llu bytes (%s): "
-                     "no events this run; training goes on", run_dir,
-                     (unsigned long long)s->caps.tensorboard_bytes, s->caps.tensorboard_from);
+                     "no events this run; training goes on",
+                     run_dir, (unsigned long long)s->caps.tensorboard_bytes,
+                     s->caps.tensorboard_from);
     } else if (rc) {
         DDP_WARN("tensorboard: cannot create an event file in %s/tb: %s", run_dir,
                  ddp_strerror(rc));

@@ -49,9 +49,14 @@ int ddp_profile_after_step(ddp_profile_t *p, ddp_kernels_t *k, long step, double
     ddp_kprof_report_t r;
     p->open = 0;
     DDP_CHECK(ddp_k_profile_stop(k, &r));
-    ddp_profile_info_t in = {.rank = rank, .backend = ddp_k_name(k), .from = p->from,
-                             .to = p->to, .warmup = p->warmup, .asked = p->asked,
-                             .comm_ms = p->comm_ms, .exposed_ms = p->exposed_ms,
+    ddp_profile_info_t in = {.rank = rank,
+                             .backend = ddp_k_name(k),
+                             .from = p->from,
+                             .to = p->to,
+                             .warmup = p->warmup,
+                             .asked = p->asked,
+                             .comm_ms = p->comm_ms,
+                             .exposed_ms = p->exposed_ms,
                              .step_ms = p->step_ms};
     ddp_errinfo_t ei;
     ddp_errinfo_clear(&ei);
@@ -131,7 +136,8 @@ void ddp_profile_write_text(FILE *f, const ddp_kprof_report_t *r, const ddp_prof
     /* the stream idle (launch gaps, the host's own work, waits) and the host outside the ops */
     ddp_kprof_stat_t rest = {.ms = r->wall_ms - tot.ms, .host_ms = r->wall_ms - tot.host_ms};
     const ddp_kprof_stat_t *sy = &r->op[DDP_KOP_sync];
-    fprintf(f, "per-op profile, rank %d, %s kernels: steps %ld-%ld (%ld step%s after %ld "
+    fprintf(f,
+            "per-op profile, rank %d, %s kernels: steps %ld-%ld (%ld step%s after %ld "
             "warm-up%s), %.3f ms per step (%.3f ms in all); op times from %s; activations' "
             "bytes at the run's precision\n",
             in->rank, in->backend, in->from, in->to, steps, steps == 1 ? "" : "s", in->warmup,
@@ -149,7 +155,8 @@ void ddp_profile_write_text(FILE *f, const ddp_kprof_report_t *r, const ddp_prof
     snprintf(calls, sizeof calls, "%ld", tot.calls);
     text_row(f, "total", calls, &tot, r);
     text_row(f, "(not in any op)", "", &rest, r);
-    fprintf(f, "step wall time %.3f ms per step; the steps' lines say %.3f ms; "
+    fprintf(f,
+            "step wall time %.3f ms per step; the steps' lines say %.3f ms; "
             "sync: %ld calls, the host waited %.3f ms in them (%.1f%%); "
             "communication %.3f ms, exposed %.3f ms\n",
             r->wall_ms / (double)steps, in->step_ms / (double)steps, sy->calls, sy->host_ms,
@@ -184,19 +191,17 @@ json_t *ddp_profile_json(const ddp_kprof_report_t *r, const ddp_profile_info_t *
             ops = NULL;
         }
     if (!ops) return NULL;
-    return json_pack("{s:i, s:s, s:{s:I, s:I, s:I, s:I, s:I}, s:f, s:f, s:f, s:b, s:o, s:o, "
-                     "s:f, s:f, s:{s:I, s:f}, s:{s:f, s:f}, s:s?}",
-                     "rank", in->rank, "backend", in->backend, "steps", "from",
-                     (json_int_t)in->from, "to", (json_int_t)in->to, "count", (json_int_t)steps,
-                     "warmup", (json_int_t)in->warmup, "asked", (json_int_t)in->asked,
-                     "wall_ms", r->wall_ms, "step_ms", r->wall_ms / (double)steps,
-                     "step_line_ms", in->step_ms / (double)steps, "stream_marks",
-                     r->stream_marks, "ops", ops, "total", json_stat("total", &tot, r),
-                     "not_in_any_op_ms", r->wall_ms - tot.ms, "host_not_in_any_op_ms",
-                     r->wall_ms - tot.host_ms, "syncs", "calls",
-                     (json_int_t)sy->calls, "host_wait_ms", sy->host_ms, "comm", "ms",
-                     in->comm_ms, "exposed_ms", in->exposed_ms, "incomplete",
-                     r->err ? ddp_strerror(r->err) : NULL);
+    return json_pack(
+        "{s:i, s:s, s:{s:I, s:I, s:I, s:I, s:I}, s:f, s:f, s:f, s:b, s:o, s:o, "
+        "s:f, s:f, s:{s:I, s:f}, s:{s:f, s:f}, s:s?}",
+        "rank", in->rank, "backend", in->backend, "steps", "from", (json_int_t)in->from, "to",
+        (json_int_t)in->to, "count", (json_int_t)steps, "warmup", (json_int_t)in->warmup, "asked",
+        (json_int_t)in->asked, "wall_ms", r->wall_ms, "step_ms", r->wall_ms / (double)steps,
+        "step_line_ms", in->step_ms / (double)steps, "stream_marks", r->stream_marks, "ops", ops,
+        "total", json_stat("total", &tot, r), "not_in_any_op_ms", r->wall_ms - tot.ms,
+        "host_not_in_any_op_ms", r->wall_ms - tot.host_ms, "syncs", "calls", (json_int_t)sy->calls,
+        "host_wait_ms", sy->host_ms, "comm", "ms", in->comm_ms, "exposed_ms", in->exposed_ms,
+        "incomplete", r->err ? ddp_strerror(r->err) : NULL);
 }
 
 /* Writes path with the text of the table (fmt 't') or its JSON (fmt 'j'). */
@@ -204,8 +209,8 @@ static int write_file(const char *path, const ddp_kprof_report_t *r, const ddp_p
                       int fmt, ddp_errinfo_t *ei)
 {
     FILE *f = fopen(path, "w");
-    if (!f) return ddp_errinfo_set(ei, -errno, "profile: cannot write %s: %s", path,
-                                   strerror(errno));
+    if (!f)
+        return ddp_errinfo_set(ei, -errno, "profile: cannot write %s: %s", path, strerror(errno));
     int rc = 0;
     if (fmt == 't') {
         ddp_profile_write_text(f, r, in);

@@ -27,17 +27,17 @@
 #define DDP_PROFILE_WARMUP 2 /* steps before the profiled ones */
 
 typedef struct ddp_profile {
-    long from, to;   /* the profiled optimizer steps, 1-based, inclusive; to < from: none */
-    long warmup;     /* steps this run does before `from` */
-    long asked;      /* train.profile */
-    int open;        /* the kernels' window is open */
+    long from, to; /* the profiled optimizer steps, 1-based, inclusive; to < from: none */
+    long warmup;   /* steps this run does before `from` */
+    long asked;    /* train.profile */
+    int open;      /* the kernels' window is open */
     double comm_ms, exposed_ms; /* the reducer's figures, summed over the profiled steps */
-    double step_ms;  /* the profiled steps' wall time as the step lines give it */
+    double step_ms;             /* the profiled steps' wall time as the step lines give it */
 } ddp_profile_t;
 
 /* What a report says besides the kernels' figures. */
 typedef struct ddp_profile_info {
-    int rank;  /* the files' name and the header's */
+    int rank;            /* the files' name and the header's */
     const char *backend; /* the kernel backend's name */
     long from, to, warmup, asked;
     double comm_ms, exposed_ms, step_ms; /* as in ddp_profile_t */

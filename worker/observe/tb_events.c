@@ -253,8 +253,7 @@ int ddp_tb_open(const char *run_dir, uint64_t cap, ddp_tb_t **out)
     return 0;
 }
 
-int ddp_tb_scalars(ddp_tb_t *tb, int64_t step, double wall_time, const ddp_tb_scalar_t *v,
-                   int n)
+int ddp_tb_scalars(ddp_tb_t *tb, int64_t step, double wall_time, const ddp_tb_scalar_t *v, int n)
 {
     if (!tb || n < 1) return DDP_EINVAL;
     for (int i = 0; i < n; i++)

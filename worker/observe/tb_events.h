@@ -33,8 +33,7 @@ int ddp_tb_open(const char *run_dir, uint64_t cap, ddp_tb_t **out);
 /* Appends one Event at `step` whose summary holds the n values (n >= 1; wall_time: seconds
  * since the epoch). Returns 0, DDP_EINVAL (n < 1, a tag too long), -EFBIG when the record would
  * cross the cap (nothing written; so is every later one), -errno from write(2). */
-int ddp_tb_scalars(ddp_tb_t *tb, int64_t step, double wall_time, const ddp_tb_scalar_t *v,
-                   int n);
+int ddp_tb_scalars(ddp_tb_t *tb, int64_t step, double wall_time, const ddp_tb_scalar_t *v, int n);
 
 /* The path of the event file (owned by tb). */
 const char *ddp_tb_path(const ddp_tb_t *tb);

@@ -123,7 +123,7 @@ typedef struct pieces {
     int *tensor;               /* [n]: the tensor of each piece */
     int *part_end;             /* [n_parts]: the pieces up to each part's last */
     int n;
-    size_t chunks;             /* the CRC chunks of them all */
+    size_t chunks; /* the CRC chunks of them all */
 } pieces_t;
 
 static void free_pieces(pieces_t *pc)
@@ -180,8 +180,8 @@ int ddp_adamw_step(ddp_adamw_t *opt, ddp_model_t *model, const ddp_spec_t *spec,
     for (int j = 0, q = 0; rc == 0 && j < (a->done ? a->n_parts : 1); j++) {
         int end = a->done ? pc.part_end[j] : pc.n;
         ddp_k_adamw(k, model->w, model->g, opt->m, opt->v, pc.range + q, end - q, (float)a->lr,
-                    (float)spec->beta1, (float)spec->beta2, (float)spec->eps, scale,
-                    (int)opt->t, (uint32_t *)at);
+                    (float)spec->beta1, (float)spec->beta2, (float)spec->eps, scale, (int)opt->t,
+                    (uint32_t *)at);
         for (; q < end; q++) {
             if (!chunk) continue;
             fold_piece_crc(model, pc.tensor[q], pc.range[q].lo, pc.range[q].hi, at, crc);

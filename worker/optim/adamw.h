@@ -63,8 +63,8 @@ double ddp_grad_norm(const float *sums, size_t n, float grad_scale);
 /* What one update does. */
 typedef struct ddp_adamw_args {
     double lr;
-    float grad_scale;   /* the gradient arena's sum -> the average (1/N; fp16: / loss scale) */
-    double norm;        /* the averaged gradient's global norm (clipping) */
+    float grad_scale; /* the gradient arena's sum -> the average (1/N; fp16: / loss scale) */
+    double norm;      /* the averaged gradient's global norm (clipping) */
     const ddp_arena_part_t *parts; /* the arena's parts this rank updates */
     int n_parts;
     /* called with the index of each part once that part's parameters are final; NULL: none */

@@ -40,8 +40,7 @@ int ddp_prec_select(ddp_kernels_t *k, ddp_precision_t asked, int log, ddp_kprec_
     return 0;
 }
 
-void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval,
-                         ddp_position_t *pos)
+void ddp_loss_scale_init(ddp_loss_scale_t *ls, ddp_kprec_t prec, long interval, ddp_position_t *pos)
 {
     memset(ls, 0, sizeof *ls);
     ls->prec = prec;
@@ -70,7 +69,8 @@ int ddp_loss_scale_update(ddp_loss_scale_t *ls, ddp_position_t *pos, int finite,
         ls->overflows++;
         if (log)
             DDP_WARN("step %ld: fp16 overflow (non-finite gradient): update skipped, loss scale "
-                     "%g -> %g", step, old, pos->loss_scale);
+                     "%g -> %g",
+                     step, old, pos->loss_scale);
         return 1;
     }
     if (++pos->loss_scale_clean >= ls->interval) {
@@ -78,8 +78,8 @@ int ddp_loss_scale_update(ddp_loss_scale_t *ls, ddp_position_t *pos, int finite,
         if (old * 2.0f <= 16777216.0f) pos->loss_scale = old * 2.0f; /* cap at 2^24 */
         pos->loss_scale_clean = 0;
         if (log && pos->loss_scale != old)
-            DDP_INFO("step %ld: %ld clean fp16 steps: loss scale %g -> %g", step, ls->interval,
-                     old, pos->loss_scale);
+            DDP_INFO("step %ld: %ld clean fp16 steps: loss scale %g -> %g", step, ls->interval, old,
+                     pos->loss_scale);
     }
     return 0;
 }

@@ -29,9 +29,9 @@
  * state transfer carry. */
 typedef struct ddp_loss_scale {
     ddp_kprec_t prec; /* train.precision as resolved on this backend (ddp_prec_select) */
-    int enabled;     /* fp16 */
-    long interval;   /* clean steps before the scale doubles */
-    long overflows;  /* steps skipped for an overflow on this rank's watch */
+    int enabled;      /* fp16 */
+    long interval;    /* clean steps before the scale doubles */
+    long overflows;   /* steps skipped for an overflow on this rank's watch */
 } ddp_loss_scale_t;
 
 /* Resolves `asked` (AUTO: bf16 where backend k multiplies it natively, else fp32) into *out,

@@ -19,10 +19,11 @@ int ddp_zero1_reserve_device(ddp_zero1_t *z, size_t n, int commit_whole, ddp_err
 {
     for (int i = 0; i < 2; i++) {
         int rc = ddp_k_reserve(z->world->k, (void **)&z->moments[i], n * sizeof(float));
-        if (rc == 0 && commit_whole) rc = ddp_k_commit(z->world->k, z->moments[i], n * sizeof(float));
+        if (rc == 0 && commit_whole)
+            rc = ddp_k_commit(z->world->k, z->moments[i], n * sizeof(float));
         if (rc)
-            return ddp_errinfo_set(ei, rc, "ddp.shard_optimizer: moment arena of %zu floats: %s",
-                                   n, ddp_strerror(rc));
+            return ddp_errinfo_set(ei, rc, "ddp.shard_optimizer: moment arena of %zu floats: %s", n,
+                                   ddp_strerror(rc));
     }
     z->on = 1;
     z->whole = commit_whole;
@@ -43,8 +44,10 @@ int ddp_zero1_begin(ddp_zero1_t *z, ddp_errinfo_t *ei)
                                                   (p->hi - p->lo) * sizeof(float))
                                    : 0;
             if (rc)
-                return ddp_errinfo_set(ei, rc, "ddp.shard_optimizer: this rank's slices of the "
-                                       "moments: %s", ddp_strerror(rc));
+                return ddp_errinfo_set(ei, rc,
+                                       "ddp.shard_optimizer: this rank's slices of the "
+                                       "moments: %s",
+                                       ddp_strerror(rc));
         }
     return 0; /* z->whole stays 0: zero in this rank's slices, which are all it reads */
 }
@@ -100,7 +103,8 @@ int ddp_zero1_from_peers(ddp_zero1_t *z)
                 ddp_coll_slice(len, z->world->size, q, &lo, &hi);
                 float *mine = z->moments[i] + begin + lo;
                 if (q != z->world->rank && hi > lo)
-                    memcpy(mine, ddp_coll_mem_peer(z->world->comm, mine, q), (hi - lo) * sizeof(float));
+                    memcpy(mine, ddp_coll_mem_peer(z->world->comm, mine, q),
+                           (hi - lo) * sizeof(float));
             }
         }
     z->whole = 1;

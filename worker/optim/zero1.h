@@ -23,11 +23,11 @@
 #include "worker/sync/world.h"
 
 typedef struct ddp_zero1 {
-    int on;          /* the optimizer step is split over the ranks (sync/reducer.h) */
-    int whole;       /* every rank's moment arenas are current everywhere */
-    int mid_update;  /* an update has begun and not completed on every rank */
-    int gather;      /* this step's update also gathers the moments (a save follows) */
-    int was_whole;   /* the moments were whole when the update in progress began */
+    int on;            /* the optimizer step is split over the ranks (sync/reducer.h) */
+    int whole;         /* every rank's moment arenas are current everywhere */
+    int mid_update;    /* an update has begun and not completed on every rank */
+    int gather;        /* this step's update also gathers the moments (a save follows) */
+    int was_whole;     /* the moments were whole when the update in progress began */
     float *moments[2]; /* the moment arenas when the trainer provides them (else NULL) */
     /* borrowed from the trainer: the world from the start, the rest set by each attach */
     const ddp_world_t *world;
@@ -41,11 +41,11 @@ typedef int (*ddp_zero1_part_fn)(void *arg, int part);
 /* At each attach to a world (the trainer's): the reducer whose parts are this rank's slices, and
  * the parameter arena they are gathered into. */
 void ddp_zero1_attach(ddp_zero1_t *z, ddp_reducer_t *reducer, float *weights);
-/* Device memory (a GPU, or the simulated one), when the trainer splits the optimizer step (ZeRO-1) over a communicator
- * whose reduce-scatter takes device memory (nccl): reserves both moment arenas of n floats and
- * sets z->on. commit_whole (with checkpoints: a resume loads them whole and every save gathers
- * them) commits them at once; else nothing is committed until ddp_zero1_begin. Returns 0 or
- * the backend's error. */
+/* Device memory (a GPU, or the simulated one), when the trainer splits the optimizer step (ZeRO-1)
+ * over a communicator whose reduce-scatter takes device memory (nccl): reserves both moment arenas
+ * of n floats and sets z->on. commit_whole (with checkpoints: a resume loads them whole and every
+ * save gathers them) commits them at once; else nothing is committed until ddp_zero1_begin. Returns
+ * 0 or the backend's error. */
 int ddp_zero1_reserve_device(ddp_zero1_t *z, size_t n, int commit_whole, ddp_errinfo_t *ei);
 /* After the reducer has cut this rank's parts: sets z->whole (1: every rank's arenas hold the
  * whole moments, zero or loaded; 0 after a reservation not committed whole: only this rank's

@@ -106,7 +106,8 @@ static int push_ids(split_writer_t *w, const uint32_t *p, size_t n)
 {
     while (n) {
         size_t take = w->cap - w->len < n ? w->cap - w->len : n;
-        if (w->width == 4) memcpy((uint32_t *)w->buf + w->len, p, take * sizeof *p);
+        if (w->width == 4)
+            memcpy((uint32_t *)w->buf + w->len, p, take * sizeof *p);
         else
             for (size_t i = 0; i < take; i++) ((uint16_t *)w->buf)[w->len + i] = (uint16_t)p[i];
         w->len += take;
@@ -217,8 +218,8 @@ static int config_token(const char *tok_path, const char *key, char *buf, size_t
     if (json_is_string(v) && json_string_length(v) < len) {
         snprintf(buf, len, "%s", json_string_value(v));
     } else {
-        fprintf(stderr, "ddp-prep: %s: no %s (a string, or an object with \"content\")\n",
-                path, key);
+        fprintf(stderr, "ddp-prep: %s: no %s (a string, or an object with \"content\")\n", path,
+                key);
         rc = -1;
     }
     json_decref(root);
@@ -227,21 +228,23 @@ static int config_token(const char *tok_path, const char *key, char *buf, size_t
 
 /* Resolves --bos/--eos to an id (UINT32_MAX when absent); the text "config" takes the token
  * that tokenizer_config.json beside the tokenizer names. Returns 0 or -1 (printed). */
-static int token_id(const ddp_tok_t *t, const char *tok_path, const char *flag,
-                    const char *text, uint32_t *id)
+static int token_id(const ddp_tok_t *t, const char *tok_path, const char *flag, const char *text,
+                    uint32_t *id)
 {
     *id = UINT32_MAX;
     if (!text) return 0;
     char from_config[1024];
     if (strcmp(text, "config") == 0) {
-        if (config_token(tok_path, strcmp(flag, "--bos") ? "eos_token" : "bos_token",
-                         from_config, sizeof from_config))
+        if (config_token(tok_path, strcmp(flag, "--bos") ? "eos_token" : "bos_token", from_config,
+                         sizeof from_config))
             return -1;
         text = from_config;
     }
     if (ddp_tok_find(t, text, id) == 0) return 0;
-    fprintf(stderr, "ddp-prep: %s '%s' is neither an added token nor a vocabulary entry of the "
-                    "tokenizer\n", flag, text);
+    fprintf(stderr,
+            "ddp-prep: %s '%s' is neither an added token nor a vocabulary entry of the "
+            "tokenizer\n",
+            flag, text);
     return -1;
 }
 
@@ -249,8 +252,8 @@ static int token_id(const ddp_tok_t *t, const char *tok_path, const char *flag,
  * validation split begins at the first line start at or after input byte n_train. Returns the
  * exit status. */
 static int run_bpe(const char *tok_path, const char *bos, const char *eos, int threads,
-                   const char *out, size_t shard_tokens, size_t n_train, size_t total,
-                   char **files, int n_files)
+                   const char *out, size_t shard_tokens, size_t n_train, size_t total, char **files,
+                   int n_files)
 {
     /* a token covers at least one byte, but for --bos and --eos */
     if (shard_tokens > total + 2 * (size_t)n_files) shard_tokens = total + 2 * (size_t)n_files;
@@ -273,8 +276,10 @@ static int run_bpe(const char *tok_path, const char *bos, const char *eos, int t
         token_id(t, tok_path, "--eos", eos, &eos_id))
         goto out;
     if (ddp_tok_added_has_newline(t)) {
-        fprintf(stderr, "ddp-prep: %s: an added token holds a line break, which the input's "
-                        "cuts at line starts could split: not implemented\n", tok_path);
+        fprintf(stderr,
+                "ddp-prep: %s: an added token holds a line break, which the input's "
+                "cuts at line starts could split: not implemented\n",
+                tok_path);
         goto out;
     }
     uint32_t vocab = ddp_tok_vocab_size(t);
@@ -300,16 +305,20 @@ static int run_bpe(const char *tok_path, const char *bos, const char *eos, int t
             goto out;
         }
         size_t size = (size_t)st.st_size, val_from = SIZE_MAX, bytes = 0;
-        if (n_train <= seen) val_from = 0;
-        else if (n_train < seen + size) val_from = n_train - seen;
+        if (n_train <= seen)
+            val_from = 0;
+        else if (n_train < seen + size)
+            val_from = n_train - seen;
         if (ddp__prep_bpe_file(p, files[i], val_from, sink_ids, &sink, &bytes)) goto out;
         seen += bytes;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
     if (!sink.in_val && n_train < seen) {
-        fprintf(stderr, "ddp-prep: no line start after input byte %zu to begin the validation "
-                        "split at; use --val-fraction 0 or more lines\n", n_train);
+        fprintf(stderr,
+                "ddp-prep: no line start after input byte %zu to begin the validation "
+                "split at; use --val-fraction 0 or more lines\n",
+                n_train);
         goto out;
     }
     char what[600];
@@ -348,16 +357,20 @@ int main(int argc, char **argv)
         switch (c) {
         case 'v':
             if (parse_double(optarg, &d) || d < 0 || d >= 1) {
-                fprintf(stderr, "ddp-prep: --val-fraction must be a number >= 0 and < 1, got "
-                                "'%s'\n", optarg);
+                fprintf(stderr,
+                        "ddp-prep: --val-fraction must be a number >= 0 and < 1, got "
+                        "'%s'\n",
+                        optarg);
                 return 2;
             }
             val_fraction = d;
             break;
         case 's':
             if (parse_double(optarg, &d) || d < 1 || d > INT32_MAX || d != floor(d)) {
-                fprintf(stderr, "ddp-prep: --shard-tokens must be an integer in 1..%d, got "
-                                "'%s'\n", INT32_MAX, optarg);
+                fprintf(stderr,
+                        "ddp-prep: --shard-tokens must be an integer in 1..%d, got "
+                        "'%s'\n",
+                        INT32_MAX, optarg);
                 return 2;
             }
             shard_tokens = (long)d;
@@ -410,8 +423,10 @@ int main(int argc, char **argv)
     size_t n_val = (size_t)llround((double)total * val_fraction);
     if (val_fraction > 0 && n_val == 0) n_val = 1;
     if (n_val >= total) {
-        fprintf(stderr, "ddp-prep: input too small (%zu bytes) to split off a validation "
-                        "set; use --val-fraction 0\n", total);
+        fprintf(stderr,
+                "ddp-prep: input too small (%zu bytes) to split off a validation "
+                "set; use --val-fraction 0\n",
+                total);
         return 1;
     }
     size_t n_train = total - n_val;
@@ -422,8 +437,8 @@ int main(int argc, char **argv)
         return 1;
     }
     if (tokenizer)
-        return run_bpe(tokenizer, bos, eos, (int)threads, out, (size_t)shard_tokens, n_train,
-                       total, argv + optind, argc - optind);
+        return run_bpe(tokenizer, bos, eos, (int)threads, out, (size_t)shard_tokens, n_train, total,
+                       argv + optind, argc - optind);
     size_t cap = (size_t)shard_tokens;
     if (cap > total) cap = total;
     split_writer_t train = {.dir = out, .prefix = "train", .cap = cap, .width = 2};
@@ -480,8 +495,8 @@ int main(int argc, char **argv)
         close(fd);
     }
     if (seen != total) {
-        fprintf(stderr, "ddp-prep: the input shrank while being read (%zu of %zu bytes)\n",
-                seen, total);
+        fprintf(stderr, "ddp-prep: the input shrank while being read (%zu of %zu bytes)\n", seen,
+                total);
         goto out;
     }
     if (finish_shards(&train, &val, out, "byte-level, vocab 256")) goto out;

@@ -45,9 +45,9 @@ struct ddp_saving {
     int saver_rank;          /* the rank the saver was made for */
     ddp_ckpt_tensor_t *model_t, *optim_t;
     size_t n_model, n_optim;
-    char *names;   /* storage of the optimizer tensor names */
-    char *config;  /* config.json text, built once */
-    char *genconf; /* generation_config.json text, likewise */
+    char *names;              /* storage of the optimizer tensor names */
+    char *config;             /* config.json text, built once */
+    char *genconf;            /* generation_config.json text, likewise */
     ddp_ckpt_text_t texts[3]; /* the further texts of every save: generation_config.json, and
                                * data.tokenizer's tokenizer.json and tokenizer_config.json */
     size_t n_texts;
@@ -59,8 +59,8 @@ struct ddp_saving {
     double helper_ms;
     ddp_errinfo_t helper_ei;
     ddp_kernels_t *copy_k; /* the context of the saver's device copies (see the invariants) */
-    int live;        /* a live save (CPU) may still read the arenas: freeze before updating */
-    long last_saved; /* step of the last save started; -1 */
+    int live;              /* a live save (CPU) may still read the arenas: freeze before updating */
+    long last_saved;       /* step of the last save started; -1 */
     int pending, reported, report_rc;
     int commit_rc; /* first failed commit/save, for finish */
     /* the CRC32C the AdamW update of step crc_step computed of what it wrote (CPU backend; -1:
@@ -104,7 +104,9 @@ static int build_lists(const ddp_saving_run_t *run, ddp_ckpt_tensor_t **model,
     if (!*model || (opt->m && (!*optim || !*names))) return DDP_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         const ddp_param_desc_t *p = &m->params[i];
-        ddp_ckpt_tensor_t d = {.name = p->name, .dtype = DDP_ST_F32, .ndim = p->ndim,
+        ddp_ckpt_tensor_t d = {.name = p->name,
+                               .dtype = DDP_ST_F32,
+                               .ndim = p->ndim,
                                .shape = {p->shape[0], p->shape[1]},
                                .nbytes = p->numel * sizeof(float)};
         d.data = m->w + p->offset;
@@ -142,17 +144,16 @@ static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
     json_t *o = json_pack(
         "{s:s, s:I, s:I, s:{s:I, s:f, s:f, s:I, s:I, s:s}, s:{s:I}, s:[s,s,s,s], "
         "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:I, s:f, s:o*}",
-        "format", "ddpd-trainer-1", "step", (json_int_t)step, "tokens",
-        (json_int_t)pos->tokens, "schedule", "step", (json_int_t)step, "lr_at_step",
-        ddp_lr_at(sp, step), "lr_last", ddp_lr_at(sp, step ? step - 1 : 0), "warmup",
-        (json_int_t)sp->warmup, "steps", (json_int_t)sp->steps, "kind",
-        sp->schedule == DDP_SCHED_COSINE ? "cosine" : "constant", "adamw", "t",
-        (json_int_t)run->opt->t, "rng", rng[0], rng[1], rng[2], rng[3], "data", "cursor",
-        (json_int_t)((int64_t)step * G), "global_batch_sequences", (json_int_t)G, "seed",
+        "format", "ddpd-trainer-1", "step", (json_int_t)step, "tokens", (json_int_t)pos->tokens,
+        "schedule", "step", (json_int_t)step, "lr_at_step", ddp_lr_at(sp, step), "lr_last",
+        ddp_lr_at(sp, step ? step - 1 : 0), "warmup", (json_int_t)sp->warmup, "steps",
+        (json_int_t)sp->steps, "kind", sp->schedule == DDP_SCHED_COSINE ? "cosine" : "constant",
+        "adamw", "t", (json_int_t)run->opt->t, "rng", rng[0], rng[1], rng[2], rng[3], "data",
+        "cursor", (json_int_t)((int64_t)step * G), "global_batch_sequences", (json_int_t)G, "seed",
         (json_int_t)sp->seed, "world_size", run->world->size, "accum", run->accum,
         "global_batch_tokens", (json_int_t)G * sp->seq_len, "loss_scale", (double)pos->loss_scale,
-        "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss",
-        (double)pos->last_loss, "spec", spec);
+        "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss", (double)pos->last_loss,
+        "spec", spec);
     if (!o) return NULL;
     char *text = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
@@ -189,7 +190,7 @@ static json_int_t get_int(json_t *o, const char *key, json_int_t dflt)
 
 int ddp_saving_prepare(const ddp_spec_t *spec, const ddp_world_t *world, int no_resume,
                        long resume_step, ddp_saving_t **out, long *global_batch_tokens,
-                      ddp_errinfo_t *ei)
+                       ddp_errinfo_t *ei)
 {
     *out = NULL;
     *global_batch_tokens = 0;
@@ -241,9 +242,11 @@ static int check_config(const ddp_saving_t *c, const ddp_model_cfg_t *m, ddp_err
     char what[160];
     DDP_CHECK(ddp_hf_config_read(c->found.path, &saved, ei));
     if (ddp_hf_config_diff(&saved, m, what, sizeof what))
-        return ddp_errinfo_set(ei, DDP_ESPEC, "checkpoint %s/config.json is another model than "
+        return ddp_errinfo_set(ei, DDP_ESPEC,
+                               "checkpoint %s/config.json is another model than "
                                "this run's (%s: the checkpoint's first): resume with the same "
-                               "model, or --no-resume", c->found.path, what);
+                               "model, or --no-resume",
+                               c->found.path, what);
     return 0;
 }
 
@@ -259,8 +262,8 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
     int rc = 0;
     if (!o || !json_is_array(rng) || json_array_size(rng) != 4 || !adamw ||
         get_int(o, "step", -1) < 0 || get_int(adamw, "t", -1) < 0) {
-        rc = ddp_errinfo_set(ei, DDP_EFORMAT, "%s/trainer.json: missing step, adamw.t or rng",
-                             path);
+        rc =
+            ddp_errinfo_set(ei, DDP_EFORMAT, "%s/trainer.json: missing step, adamw.t or rng", path);
         goto out;
     }
     for (int i = 0; i < 4; i++) {
@@ -308,7 +311,8 @@ out:
  * place keeps its saver across generations. */
 static int open_saver(ddp_saving_t *c, ddp_errinfo_t *ei)
 {
-    int writers = c->run.spec->writers < c->run.world->size ? c->run.spec->writers : c->run.world->size;
+    int writers =
+        c->run.spec->writers < c->run.world->size ? c->run.spec->writers : c->run.world->size;
     if (writers < 1) writers = 1;
     if (c->saver && c->saver_rank == c->run.world->rank && c->writers == writers) return 0;
     ddp_ckpt_saver_free(c->saver);
@@ -317,8 +321,11 @@ static int open_saver(ddp_saving_t *c, ddp_errinfo_t *ei)
     c->saver_rank = c->run.world->rank;
     if (c->run.world->rank >= c->writers) return 0;
     const ddp_spec_t *sp = c->run.spec;
-    ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir, .shard_mb = sp->shard_mb,
-                         .keep_last = sp->keep_last, .writers = c->writers, .rank = c->run.world->rank,
+    ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir,
+                         .shard_mb = sp->shard_mb,
+                         .keep_last = sp->keep_last,
+                         .writers = c->writers,
+                         .rank = c->run.world->rank,
                          .copy = ddp_k_host_memory(c->run.k) ? NULL : copy_d2h,
                          .copy_ctx = c};
     DDP_CHECK(ddp_ckpt_saver_new(&o, &c->saver, ei));
@@ -340,8 +347,12 @@ int ddp_saving_start(ddp_saving_t *c, const ddp_saving_run_t *run, ddp_position_
     if (rc == 0 && c && c->have_found) {
         int64_t t0 = ddp_now_ns();
         rc = check_config(c, &sp->model, ei);
-        ddp_ckpt_load_t req = {.model = model, .n_model = n, .optim = optim,
-                               .n_optim = optim ? 2 * n : 0, .copy = h2d, .copy_ctx = run->k};
+        ddp_ckpt_load_t req = {.model = model,
+                               .n_model = n,
+                               .optim = optim,
+                               .n_optim = optim ? 2 * n : 0,
+                               .copy = h2d,
+                               .copy_ctx = run->k};
         if (rc == 0) rc = ddp_ckpt_load(c->found.path, &req, ei);
         if (rc == 0) rc = read_position(c, run, req.trainer_json, pos, ei);
         if (rc == 0 && run->world->rank == 0)
@@ -417,8 +428,8 @@ static int join_helper(ddp_saving_t *c, double *waited_ms)
     c->stats.last_snapshot_ms = c->helper_ms;
     if (c->helper_rc) {
         char msg[1024];
-        DDP_ERROR("checkpoint step %ld: snapshot failed, the save is dropped: %s",
-                  c->helper_step, ddp_errinfo_str(&c->helper_ei, msg, sizeof msg));
+        DDP_ERROR("checkpoint step %ld: snapshot failed, the save is dropped: %s", c->helper_step,
+                  ddp_errinfo_str(&c->helper_ei, msg, sizeof msg));
         if (!c->commit_rc) c->commit_rc = c->helper_rc;
         if (c->pending && !c->reported) {
             c->reported = 1;
@@ -487,7 +498,8 @@ static int join_snapshot(ddp_saving_t *c, long next, ddp_errinfo_t *ei)
     c->stats.last_wait_ms = waited;
     if (c->run.world->rank == 0)
         DDP_INFO("checkpoint step %ld: snapshot copied in %.1f ms beside step %ld; the update "
-                 "waited %.1f ms for it", c->helper_step, c->helper_ms, next, waited);
+                 "waited %.1f ms for it",
+                 c->helper_step, c->helper_ms, next, waited);
     return 0;
 }
 
@@ -594,10 +606,12 @@ static int merge_rank_crcs(ddp_saving_t *c, ddp_errinfo_t *ei)
             uint32_t w[4];
             for (int k = 0; k < 4; k++)
                 w[k] = (uint32_t)slot[2 * k] | (uint32_t)slot[2 * k + 1] << 16;
-            ddp_adamw_crc_t x = {{w[0], w[1], w[2]}, w[3] == UINT32_MAX ? DDP_ADAMW_CRC_BROKEN
-                                                                          : w[3], 0};
-            if (r == 0) c->update_crc[i] = x;
-            else ddp_adamw_crc_merge(&c->update_crc[i], &x, c->run.model->params[i].numel);
+            ddp_adamw_crc_t x = {
+                {w[0], w[1], w[2]}, w[3] == UINT32_MAX ? DDP_ADAMW_CRC_BROKEN : w[3], 0};
+            if (r == 0)
+                c->update_crc[i] = x;
+            else
+                ddp_adamw_crc_merge(&c->update_crc[i], &x, c->run.model->params[i].numel);
         }
     }
     free(v);
@@ -605,7 +619,7 @@ static int merge_rank_crcs(ddp_saving_t *c, ddp_errinfo_t *ei)
 }
 
 int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_t *u,
-                           ddp_errinfo_t *ei)
+                            ddp_errinfo_t *ei)
 {
     if (!c || !u->crc) return 0;
     if (c->run.zero1 && c->run.world->size > 1) DDP_CHECK(merge_rank_crcs(c, ei));
@@ -632,8 +646,7 @@ static void take_update_crcs(ddp_saving_t *c, long step)
 }
 
 /* Starts the save of the current step: on the helper thread (overlap) or here. */
-static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap,
-                      ddp_errinfo_t *ei)
+static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap, ddp_errinfo_t *ei)
 {
     long step = pos->step;
     int64_t t0 = ddp_now_ns();
@@ -646,10 +659,15 @@ static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap,
     free(c->trainer);
     c->trainer = trainer_json(c, pos);
     if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
-    c->state = (ddp_ckpt_state_t){.step = step, .model = c->model_t, .n_model = c->n_model,
-                                  .optim = c->optim_t, .n_optim = c->n_optim,
-                                  .config_json = c->config, .trainer_json = c->trainer,
-                                  .texts = c->texts, .n_texts = c->n_texts};
+    c->state = (ddp_ckpt_state_t){.step = step,
+                                  .model = c->model_t,
+                                  .n_model = c->n_model,
+                                  .optim = c->optim_t,
+                                  .n_optim = c->n_optim,
+                                  .config_json = c->config,
+                                  .trainer_json = c->trainer,
+                                  .texts = c->texts,
+                                  .n_texts = c->n_texts};
     c->last_saved = step;
     c->stats.saves++;
     if (c->writers > 1) {
@@ -703,7 +721,7 @@ static long newest_saved(const char *dir)
 }
 
 int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int moments_whole,
-                             ddp_errinfo_t *ei)
+                              ddp_errinfo_t *ei)
 {
     long step = pos->step;
     if (!c || !c->model_t || step == 0) return 0;
@@ -743,9 +761,13 @@ int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int mo
         goto out;
     }
     int host = ddp_k_host_memory(c->run.k);
-    ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir, .shard_mb = sp->shard_mb,
-                         .keep_last = sp->keep_last, .writers = 1, .rank = 0,
-                         .copy = host ? NULL : copy_d2h, .copy_ctx = c};
+    ddp_ckpt_opts_t o = {.dir = sp->ckpt_dir,
+                         .shard_mb = sp->shard_mb,
+                         .keep_last = sp->keep_last,
+                         .writers = 1,
+                         .rank = 0,
+                         .copy = host ? NULL : copy_d2h,
+                         .copy_ctx = c};
     DDP_CHECK_GOTO(ddp_ckpt_saver_new(&o, &sv, ei), rc, out);
     free(c->trainer);
     c->trainer = trainer_json(c, pos);
@@ -753,15 +775,20 @@ int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int mo
         rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
         goto out;
     }
-    c->state = (ddp_ckpt_state_t){.step = step, .model = c->model_t, .n_model = c->n_model,
-                                  .optim = c->optim_t, .n_optim = c->n_optim,
-                                  .config_json = c->config, .trainer_json = c->trainer,
-                                  .texts = c->texts, .n_texts = c->n_texts};
+    c->state = (ddp_ckpt_state_t){.step = step,
+                                  .model = c->model_t,
+                                  .n_model = c->n_model,
+                                  .optim = c->optim_t,
+                                  .n_optim = c->n_optim,
+                                  .config_json = c->config,
+                                  .trainer_json = c->trainer,
+                                  .texts = c->texts,
+                                  .n_texts = c->n_texts};
     if (host) { /* the writer reads the arenas themselves: nothing changes them now */
         rc = ddp_ckpt_save_live(sv, &c->state, ei);
     } else {
-        rc = ddp_ckpt_saver_reserve(sv, c->run.model->n_params * sizeof(float) *
-                                            (c->optim_t ? 3 : 1), ei);
+        rc = ddp_ckpt_saver_reserve(
+            sv, c->run.model->n_params * sizeof(float) * (c->optim_t ? 3 : 1), ei);
         if (rc == 0) rc = ddp_ckpt_save(sv, &c->state, ei);
     }
     if (rc == 0) rc = ddp_ckpt_wait(sv, ei);
@@ -795,7 +822,7 @@ int ddp_saving_planned(const ddp_saving_t *c, long step)
 }
 
 int ddp_saving_after_step(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
-                         ddp_errinfo_t *ei)
+                          ddp_errinfo_t *ei)
 {
     if (!c) return 0;
     const ddp_spec_t *s = c->run.spec;
@@ -814,8 +841,7 @@ int ddp_saving_after_step(ddp_saving_t *c, const ddp_position_t *pos, int any_st
     return 0;
 }
 
-int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
-                     ddp_errinfo_t *ei)
+int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop, ddp_errinfo_t *ei)
 {
     if (!c || !c->model_t) return 0;
     long step = pos->step;

@@ -17,19 +17,19 @@
  *
  * Saving without stalling: parameters and moments change only inside ddp_adamw_step (every path
  * that writes them -- the update with its clipping, the skipped NaN update, resume, the initial
- * broadcast -- runs before a save starts or after ddp_saving_before_update). On the CPU backend
- * the arenas themselves are the snapshot until the next update: a save starts the writer at the
- * step boundary with nothing copied (ddp_ckpt_save_live), the writer writes the checkpoint shards straight
- * from the arenas (O_DIRECT) while the NEXT step runs forward and backward, and that step's
- * ddp_saving_before_update freezes it: whatever the writer has not read yet is copied into the
- * host snapshot (usually nothing) and the writer goes on from there. On a GPU the snapshot is a
- * device-to-host copy, taken by a helper thread beside the next step when a core is idle (else
- * at the boundary) and joined in ddp_saving_before_update. Either way that is the only place
- * training waits for a save within a step (logged).
+ * broadcast -- runs before a save starts or after ddp_saving_before_update). On the CPU backend the
+ * arenas themselves are the snapshot until the next update: a save starts the writer at the step
+ * boundary with nothing copied (ddp_ckpt_save_live), the writer writes the checkpoint shards
+ * straight from the arenas (O_DIRECT) while the NEXT step runs forward and backward, and that
+ * step's ddp_saving_before_update freezes it: whatever the writer has not read yet is copied into
+ * the host snapshot (usually nothing) and the writer goes on from there. On a GPU the snapshot is a
+ * device-to-host copy, taken by a helper thread beside the next step when a core is idle (else at
+ * the boundary) and joined in ddp_saving_before_update. Either way that is the only place training
+ * waits for a save within a step (logged).
  * With checkpoint.writers W > 1 (ranks < min(W, world) write stripes), completion is agreed on
  * by piggybacking two numbers on the per-step all-reduce the trainer does anyway
- * (ddp_saving_vote / ddp_saving_tally): once every writer reports its checkpoint shards durable, rank 0
- * commits; a save that is still pending when the next is due (or at the end) is settled
+ * (ddp_saving_vote / ddp_saving_tally): once every writer reports its checkpoint shards durable,
+ * rank 0 commits; a save that is still pending when the next is due (or at the end) is settled
  * blocking, and the log says so.
  *
  * Resume: every rank finds the newest verified checkpoint (or the one named), loads it tensor by
@@ -63,14 +63,14 @@ typedef struct ddp_saving_run {
     const ddp_spec_t *spec; /* the run's spec (with the adopted global batch) */
     ddp_kernels_t *k;       /* the arenas' backend: copies, and host_memory */
     int device;             /* k's device: the checkpoint helper opens a context of its own there */
-    ddp_model_t *model;      /* the parameter arena and its tensor table */
+    ddp_model_t *model;     /* the parameter arena and its tensor table */
     ddp_adamw_t *opt;       /* the moments and AdamW's update count */
     long stop_at_step;      /* --stop-at-step (0: none): a save is planned there */
     int local_world;        /* ranks on this host (whether a core is spare for a snapshot) */
     int n_micro;            /* micro-batches per step over all ranks (the global batch) */
     const ddp_world_t *world; /* the trainer's: it changes with each generation */
-    int accum;              /* this rank's micro-steps per step */
-    int zero1;              /* ZeRO-1: the optimizer step is split over the ranks (moments in slices) */
+    int accum;                /* this rank's micro-steps per step */
+    int zero1; /* ZeRO-1: the optimizer step is split over the ranks (moments in slices) */
     /* Makes every rank's moments whole before a save reads them (collective; a ZeRO-1 step
      * leaves each rank with its own slices current). NULL when never needed. */
     int (*gather_moments)(void *arg, ddp_errinfo_t *ei);
@@ -83,11 +83,11 @@ typedef struct ddp_saving_run {
 
 /* Statistics of the checkpoints of this run (for logs and the benchmark). */
 typedef struct ddp_saving_stats {
-    long saves;            /* saves started */
-    double boundary_ms;    /* training-thread time at the step boundaries that started a save */
-    double wait_ms;        /* time updates waited for a snapshot to finish (the overlap's miss) */
-    double last_wait_ms;   /* of the last save */
-    double settle_ms;      /* time spent settling striped saves (all-reduce + commit) */
+    long saves;              /* saves started */
+    double boundary_ms;      /* training-thread time at the step boundaries that started a save */
+    double wait_ms;          /* time updates waited for a snapshot to finish (the overlap's miss) */
+    double last_wait_ms;     /* of the last save */
+    double settle_ms;        /* time spent settling striped saves (all-reduce + commit) */
     double last_snapshot_ms; /* helper thread's copy time of the last save */
 } ddp_saving_stats_t;
 
@@ -100,8 +100,8 @@ typedef struct ddp_saving_stats {
  * Returns 0 (also when there is nothing to resume), DDP_ENOTFOUND for a named step that is
  * missing or broken, or a read error. */
 int ddp_saving_prepare(const ddp_spec_t *spec, const ddp_world_t *world, int no_resume,
-                      long resume_step, ddp_saving_t **out, long *global_batch_tokens,
-                      ddp_errinfo_t *ei);
+                       long resume_step, ddp_saving_t **out, long *global_batch_tokens,
+                       ddp_errinfo_t *ei);
 
 /* After the model and the optimizer exist (c may be NULL): loads the checkpoint found by
  * ddp_saving_prepare into the parameters and moments of run, AdamW's update count into run->opt
@@ -126,21 +126,21 @@ typedef struct ddp_saving_update {
 } ddp_saving_update_t;
 
 /* Inside the step that completes step `next`, just before the optimizer update: joins a running
- * snapshot helper (the parameters must not change under it), timing and logging any wait, and
- * fills *u: whether a save of `next` is planned, and the CRC array when that save is planned, the
- * arenas are host memory and this rank writes checkpoint shards or takes part in a ZeRO-1 update (the
- * save then need not read the arenas for its checksums); NULL otherwise (every rank of a ZeRO-1
- * update gets the same answer). Returns the helper's error (the snapshot failed: the save is
- * dropped and logged, training goes on: returns 0). NULL-safe (*u zeroed). */
+ * snapshot helper (the parameters must not change under it), timing and logging any wait, and fills
+ * *u: whether a save of `next` is planned, and the CRC array when that save is planned, the arenas
+ * are host memory and this rank writes checkpoint shards or takes part in a ZeRO-1 update (the save
+ * then need not read the arenas for its checksums); NULL otherwise (every rank of a ZeRO-1 update
+ * gets the same answer). Returns the helper's error (the snapshot failed: the save is dropped and
+ * logged, training goes on: returns 0). NULL-safe (*u zeroed). */
 int ddp_saving_before_update(ddp_saving_t *c, long next, ddp_saving_update_t *u, ddp_errinfo_t *ei);
 /* After that update completed (all ranks), when it was not skipped: with u->crc, a ZeRO-1
  * update's CRCs are merged over the ranks (one small all-reduce) and the save of step `next` may
  * use them. Returns 0, DDP_ENOMEM or the all-reduce's error; 0 without u->crc. */
 int ddp_saving_after_update(ddp_saving_t *c, long next, const ddp_saving_update_t *u,
-                           ddp_errinfo_t *ei);
+                            ddp_errinfo_t *ei);
 
-/* Fills vals[0] (this rank's striped checkpoint shards are durable) and vals[1] (they failed) for the
- * per-step all-reduce; zeros when no striped save is pending. NULL-safe. */
+/* Fills vals[0] (this rank's striped checkpoint shards are durable) and vals[1] (they failed)
+ * for the per-step all-reduce; zeros when no striped save is pending. NULL-safe. */
 void ddp_saving_vote(ddp_saving_t *c, float vals[2]);
 /* With the all-reduced sums of the votes: when every writer reported, rank 0 commits (or, when
  * one failed, the save is abandoned with a warning). Returns 0 or the commit's error (logged;
@@ -156,13 +156,12 @@ int ddp_saving_planned(const ddp_saving_t *c, long step);
  * pos when one is due (every checkpoint.every steps). Returns 0 or an error that stops training
  * (bad state, no memory). NULL-safe. */
 int ddp_saving_after_step(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
-                         ddp_errinfo_t *ei);
+                          ddp_errinfo_t *ei);
 
 /* At the end of training (steps done, or stopped by a signal: all ranks together): saves pos
  * unless it was just saved, waits for it to be durable and committed. Returns 0 or the save's
  * error. NULL-safe. */
-int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
-                     ddp_errinfo_t *ei);
+int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop, ddp_errinfo_t *ei);
 
 /* After a failure that ends the run (a static world lost a rank, or an elastic job failed):
  * saves pos, the last completed step, from this rank's memory, so a relaunch loses no completed
@@ -173,13 +172,12 @@ int ddp_saving_finish(ddp_saving_t *c, const ddp_position_t *pos, int any_stop,
  * arenas are current everywhere. Returns 0 or the save's error (DDP_ENOTSUP for a split
  * optimizer state). */
 int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int moments_whole,
-                             ddp_errinfo_t *ei);
+                              ddp_errinfo_t *ei);
 
 /* Copies the statistics (zeros without checkpoints). */
 void ddp_saving_get_stats(const ddp_saving_t *c, ddp_saving_stats_t *out);
 
 /* Joins any helper, waits for the writer, frees. NULL-safe. */
 void ddp_saving_free(ddp_saving_t *c);
-
 
 #endif

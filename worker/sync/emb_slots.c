@@ -6,13 +6,17 @@
 
 #include "common/alloc.h"
 
-int ddp_emb_slots_attach(ddp_emb_slots_t *e, const ddp_world_t *world, ddp_model_t *model,
-                         int B, int T, int n_slots, ddp_errinfo_t *ei)
+int ddp_emb_slots_attach(ddp_emb_slots_t *e, const ddp_world_t *world, ddp_model_t *model, int B,
+                         int T, int n_slots, ddp_errinfo_t *ei)
 {
     ddp_emb_slots_detach(e);
     size_t BT = (size_t)B * T;
     size_t slot_floats = BT + BT * (size_t)model->cfg.n_embd;
-    *e = (ddp_emb_slots_t){.world = world, .model = model, .B = B, .T = T, .n_slots = n_slots,
+    *e = (ddp_emb_slots_t){.world = world,
+                           .model = model,
+                           .B = B,
+                           .T = T,
+                           .n_slots = n_slots,
                            .slot_floats = slot_floats,
                            .bytes = (size_t)n_slots * slot_floats * sizeof(float)};
     e->tokens_f = ddp_malloc((size_t)n_slots * BT * sizeof(float));
@@ -30,7 +34,10 @@ void ddp_emb_slots_detach(ddp_emb_slots_t *e)
     memset(e, 0, sizeof *e);
 }
 
-int ddp_emb_slots_clear(ddp_emb_slots_t *e) { return ddp_k_memset0(e->model->k, e->slots, e->bytes); }
+int ddp_emb_slots_clear(ddp_emb_slots_t *e)
+{
+    return ddp_k_memset0(e->model->k, e->slots, e->bytes);
+}
 
 int ddp_emb_slots_keep(ddp_emb_slots_t *e, int slot, const int32_t *inputs)
 {
@@ -64,8 +71,7 @@ int ddp_emb_slots_add(ddp_emb_slots_t *e, ddp_errinfo_t *ei)
     for (size_t g = 0; g < n; g++) {
         for (size_t i = 0; i < BT; i++) e->tokens[i] = (int32_t)e->tokens_f[g * BT + i];
         DDP_CHECK(ddp_k_memcpy_h2d(k, m->acts.inputs, e->tokens, BT * sizeof(int32_t)));
-        ddp_model_embed_backward(m, m->acts.inputs, e->slots + g * e->slot_floats + BT, e->B,
-                                 e->T);
+        ddp_model_embed_backward(m, m->acts.inputs, e->slots + g * e->slot_floats + BT, e->B, e->T);
     }
     return ddp_k_sync(k);
 }

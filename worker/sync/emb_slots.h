@@ -35,8 +35,8 @@ typedef struct ddp_emb_slots {
 
 /* At each attach to a world: n_slots zeroed slots for micro-batches of B x T tokens, where the
  * world reduces in place, and the staging. Returns 0 or the error. */
-int ddp_emb_slots_attach(ddp_emb_slots_t *e, const ddp_world_t *world, ddp_model_t *model,
-                         int B, int T, int n_slots, ddp_errinfo_t *ei);
+int ddp_emb_slots_attach(ddp_emb_slots_t *e, const ddp_world_t *world, ddp_model_t *model, int B,
+                         int T, int n_slots, ddp_errinfo_t *ei);
 /* Before leaving the world (while its collective memory exists); NULL-safe, idempotent. */
 void ddp_emb_slots_detach(ddp_emb_slots_t *e);
 /* Zeroes every slot (queued on the kernels' stream). */

@@ -15,24 +15,24 @@
 #include "worker/sync/reducer.h"
 
 typedef struct ddp_position {
-    long step;              /* optimizer steps completed */
-    uint64_t tokens;        /* tokens trained on, all ranks */
-    ddp_rng_t rng;          /* the trainer's RNG (sampling) */
-    float loss_scale;       /* fp16's dynamic loss scale (1 otherwise; optim/loss_scale.h) */
-    long loss_scale_clean;  /* clean steps since it last changed */
-    float last_loss;        /* the last step's mean training loss (NaN: resumed without one) */
-    float last_val_loss;    /* the last validation's (0: none yet) */
-    double last_norm;       /* the last step's gradient norm (after averaging, before clipping) */
-    int skipped;            /* updates skipped for a non-finite gradient */
+    long step;             /* optimizer steps completed */
+    uint64_t tokens;       /* tokens trained on, all ranks */
+    ddp_rng_t rng;         /* the trainer's RNG (sampling) */
+    float loss_scale;      /* fp16's dynamic loss scale (1 otherwise; optim/loss_scale.h) */
+    long loss_scale_clean; /* clean steps since it last changed */
+    float last_loss;       /* the last step's mean training loss (NaN: resumed without one) */
+    float last_val_loss;   /* the last validation's (0: none yet) */
+    double last_norm;      /* the last step's gradient norm (after averaging, before clipping) */
+    int skipped;           /* updates skipped for a non-finite gradient */
 } ddp_position_t;
 
 /* What the last step cost on this rank. */
 typedef struct ddp_step_times {
-    double ms;         /* wall time of the step */
-    double micro_ms;   /* forward + backward per micro-batch (0: computed none) */
-    double compute_ms; /* forward + backward, all micro-batches */
-    double optim_ms;   /* gradient norm + optimizer update */
-    int world;         /* the world it ran in */
+    double ms;                /* wall time of the step */
+    double micro_ms;          /* forward + backward per micro-batch (0: computed none) */
+    double compute_ms;        /* forward + backward, all micro-batches */
+    double optim_ms;          /* gradient norm + optimizer update */
+    int world;                /* the world it ran in */
     ddp_reducer_stats_t comm; /* its gradient all-reduce */
 } ddp_step_times_t;
 

@@ -46,8 +46,8 @@ int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg)
         size_t begin = b ? r->bucket_end[b - 1] : 0, len = r->bucket_end[b] - begin, lo = 0,
                hi = len;
         if (r->zero1) ddp_coll_slice(len, r->world->size, r->world->rank, &lo, &hi);
-        r->parts[b] = (ddp_arena_part_t){begin + lo, begin + hi,
-                                         r->n_norm_blocks + lo / DDP_NORM_BLOCK};
+        r->parts[b] =
+            (ddp_arena_part_t){begin + lo, begin + hi, r->n_norm_blocks + lo / DDP_NORM_BLOCK};
         r->n_norm_blocks += blocks_of(len);
     }
     ddp_trace_note("buckets", count); /* a trace shows every bucket of a step */
@@ -103,10 +103,10 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
         size_t len = r->bucket_end[b] - begin;
-        DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len, DDP_DT_F32,
-                                                       DDP_OP_SUM, &r->reqs[b])
-                             : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, DDP_DT_F32,
-                                                  DDP_OP_SUM, &r->reqs[b]));
+        DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len,
+                                                     DDP_DT_F32, DDP_OP_SUM, &r->reqs[b])
+                           : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, DDP_DT_F32,
+                                                DDP_OP_SUM, &r->reqs[b]));
         r->next++;
     }
     return 0;

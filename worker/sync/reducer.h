@@ -39,12 +39,12 @@ typedef struct ddp_bucket_times {
 
 typedef struct ddp_reducer {
     const ddp_world_t *world; /* the trainer's (borrowed): the ranks and the kernels */
-    float *arena;     /* gradient arena (reduced in place) */
-    size_t n;         /* floats in it */
-    int overlap;      /* 0: all buckets start after backward (ddp.overlap: false) */
-    int zero1;        /* reduce-scatter (ZeRO-1) instead of all-reduce */
+    float *arena;             /* gradient arena (reduced in place) */
+    size_t n;                 /* floats in it */
+    int overlap;              /* 0: all buckets start after backward (ddp.overlap: false) */
+    int zero1;                /* reduce-scatter (ZeRO-1) instead of all-reduce */
     int n_buckets;
-    size_t *bucket_end; /* [n_buckets]: bucket b is [end[b-1], end[b]) */
+    size_t *bucket_end;      /* [n_buckets]: bucket b is [end[b-1], end[b]) */
     ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
     size_t n_norm_blocks;    /* norm blocks over all buckets */
     float *norm_sums;        /* [n_norm_blocks]: the caller's gradient-norm blocks (host) */
@@ -53,7 +53,7 @@ typedef struct ddp_reducer {
     int n_gathers;
     ddp_bucket_times_t *times;
     /* per step */
-    const float *acc; /* added into the arena before reduction; NULL = none */
+    const float *acc;  /* added into the arena before reduction; NULL = none */
     size_t ready_upto; /* prefix of the arena reported final (and acc-added) */
     int next;          /* next bucket to submit */
     int ready_rc;      /* the first error of ddp_reducer_ready (backward's callback) */
@@ -69,11 +69,11 @@ typedef struct ddp_reducer_stats {
 
 /* How a reducer cuts and reduces an arena. */
 typedef struct ddp_reducer_cfg {
-    const ddp_world_t *world; /* kept (not copied): a world of one reduces nothing */
-    float *arena;             /* the gradient arena, reduced in place */
-    size_t n;                 /* floats in it */
+    const ddp_world_t *world;          /* kept (not copied): a world of one reduces nothing */
+    float *arena;                      /* the gradient arena, reduced in place */
+    size_t n;                          /* floats in it */
     double first_bucket_mb, bucket_mb; /* ddp.first_bucket_mb, ddp.bucket_mb */
-    int overlap;              /* ddp.overlap */
+    int overlap;                       /* ddp.overlap */
     /* ZeRO-1: needs a communicator whose reduce-scatter takes the arena
      * (ddp_coll_slices_anywhere, or the arena in collective memory shared by every rank) */
     int zero1;
@@ -82,7 +82,6 @@ typedef struct ddp_reducer_cfg {
 /* Splits cfg's arena into buckets. Returns 0 or DDP_ENOMEM. */
 int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg);
 void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
-
 
 /* Starts a step's reduction; acc (may be NULL) is added into each slice before it is sent. */
 void ddp_reducer_begin(ddp_reducer_t *r, const float *acc);

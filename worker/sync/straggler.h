@@ -10,7 +10,7 @@
 #define DDP_STRAGGLER_STEPS 5   /* slow this many steps in a row: named */
 
 typedef struct ddp_straggler {
-    int n_ranks;         /* the length of the arrays: the world's size at init */
+    int n_ranks;      /* the length of the arrays: the world's size at init */
     int *slow;        /* [n_ranks]: steps in a row each rank was slow */
     int named;        /* the rank named now, -1 none */
     double named_ms;  /* its compute ms in the last step */

@@ -27,12 +27,19 @@ _Static_assert(sizeof(transfer_header_t) == 120 && offsetof(transfer_header_t, l
 static transfer_header_t header_of(const ddp_transfer_cfg_t *c)
 {
     const ddp_position_t *p = c->pos;
-    transfer_header_t h = {
-        .step = p->step, .adam_t = *c->adam_t, .tokens = p->tokens, .skipped = p->skipped,
-        .loss_scale_clean = (int32_t)p->loss_scale_clean, .last_loss = p->last_loss,
-        .last_val_loss = p->last_val_loss, .loss_scale = p->loss_scale,
-        .last_norm = p->last_norm, .last_step_ms = c->last->ms, .micro_ms = c->last->micro_ms,
-        .allreduce_ms = c->last->comm.comm_ms, .allreduce_world = c->last->world};
+    transfer_header_t h = {.step = p->step,
+                           .adam_t = *c->adam_t,
+                           .tokens = p->tokens,
+                           .skipped = p->skipped,
+                           .loss_scale_clean = (int32_t)p->loss_scale_clean,
+                           .last_loss = p->last_loss,
+                           .last_val_loss = p->last_val_loss,
+                           .loss_scale = p->loss_scale,
+                           .last_norm = p->last_norm,
+                           .last_step_ms = c->last->ms,
+                           .micro_ms = c->last->micro_ms,
+                           .allreduce_ms = c->last->comm.comm_ms,
+                           .allreduce_world = c->last->world};
     memcpy(h.rng, p->rng.s, sizeof h.rng);
     return h;
 }
@@ -40,9 +47,13 @@ static transfer_header_t header_of(const ddp_transfer_cfg_t *c)
 static void apply_header(const ddp_transfer_cfg_t *c, const transfer_header_t *h)
 {
     ddp_position_t *p = c->pos;
-    *p = (ddp_position_t){.step = h->step, .tokens = h->tokens, .skipped = h->skipped,
-                          .loss_scale_clean = h->loss_scale_clean, .last_loss = h->last_loss,
-                          .last_val_loss = h->last_val_loss, .loss_scale = h->loss_scale,
+    *p = (ddp_position_t){.step = h->step,
+                          .tokens = h->tokens,
+                          .skipped = h->skipped,
+                          .loss_scale_clean = h->loss_scale_clean,
+                          .last_loss = h->last_loss,
+                          .last_val_loss = h->last_val_loss,
+                          .loss_scale = h->loss_scale,
                           .last_norm = h->last_norm};
     memcpy(p->rng.s, h->rng, sizeof h->rng);
     *c->adam_t = h->adam_t;
@@ -95,8 +106,8 @@ int ddp_transfer_plan(ddp_transfer_t *x, const ddp_transfer_cfg_t *cfg, ddp_erri
     if (x->receiving) x->deal_rank = 0;
     x->active = x->n_receivers > 0;
     /* the same inputs everywhere (the source's figures), so the same choice */
-    ddp_step_times_t source = {.micro_ms = h.micro_ms, .world = h.allreduce_world,
-                               .comm.comm_ms = h.allreduce_ms};
+    ddp_step_times_t source = {
+        .micro_ms = h.micro_ms, .world = h.allreduce_world, .comm.comm_ms = h.allreduce_ms};
     size_t bytes = cfg->n * sizeof(float);
     x->overlap = cfg->mode == DDP_TRANSFER_OVERLAP ||
                  (cfg->mode == DDP_TRANSFER_AUTO &&

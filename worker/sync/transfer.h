@@ -36,15 +36,15 @@
 #define DDP_TRANSFER_MAX_REQS 48 /* arenas x runs of receivers */
 
 typedef struct ddp_transfer {
-    int active;       /* some rank receives */
-    int overlap;      /* during the next step (else before it) */
-    int receiving;    /* this rank receives (and computes nothing in that step) */
+    int active;    /* some rank receives */
+    int overlap;   /* during the next step (else before it) */
+    int receiving; /* this rank receives (and computes nothing in that step) */
     int n_receivers;
     int deal_rank, deal_world; /* overlap: this rank's place among the ranks that compute the
                                 * step (0, 0: a receiver computes nothing) */
-    int first_root;   /* the holder that sends to the first run of receivers */
-    const ddp_world_t *world; /* the plan's (borrowed) */
-    unsigned char *receivers; /* [world->size] */
+    int first_root;            /* the holder that sends to the first run of receivers */
+    const ddp_world_t *world;  /* the plan's (borrowed) */
+    unsigned char *receivers;  /* [world->size] */
     ddp_coll_req_t *reqs[DDP_TRANSFER_MAX_REQS];
     int n_reqs;
     int64_t t_start;

@@ -2,8 +2,9 @@
  * to tell the others, and every rank gets the sums:
  *   the losses of its micro-steps       (the step's mean loss)
  *   whether it was asked to stop        (every rank stops after this step)
- *   checkpoint writers' checkpoint shards durable / failed (saving/saving.h: ddp_saving_vote, _tally;
- *                                         a striped save settles with no collective of its own)
+ *   how many checkpoint writers have their checkpoint shards durable / failed
+ *                                       (saving/saving.h: ddp_saving_vote, _tally; a striped
+ *                                       save settles with no collective of its own)
  *   whether its coordinator wants a new generation (every rank leaves after this step)
  *   its forward and backward time       (one slot per rank: sync/straggler.h)
  * On the wire: n = 5 + world floats, [loss, stop, ckpt0, ckpt1, regroup, ms of rank 0..world-1],
@@ -21,12 +22,12 @@
 
 /* One rank's ballot: its part before ddp_vote_cast, the sums over the ranks after. */
 typedef struct ddp_ballot {
-    double loss_sum;       /* the micro-steps' losses */
-    int stop;              /* ranks that were asked to stop */
-    float ckpt[2];         /* checkpoint writers' checkpoint shards durable / failed */
-    int regroup;           /* ranks whose coordinator wants a new generation */
-    double compute_ms;     /* in: this rank's forward and backward */
-    const float *rank_ms;  /* out: [world size], every rank's (valid until the next cast) */
+    double loss_sum;      /* the micro-steps' losses */
+    int stop;             /* ranks that were asked to stop */
+    float ckpt[2];        /* checkpoint writers' checkpoint shards durable / failed */
+    int regroup;          /* ranks whose coordinator wants a new generation */
+    double compute_ms;    /* in: this rank's forward and backward */
+    const float *rank_ms; /* out: [world size], every rank's (valid until the next cast) */
 } ddp_ballot_t;
 
 typedef struct ddp_vote {

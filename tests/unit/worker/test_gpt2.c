@@ -591,7 +591,7 @@ static void test_loss_scaler(void **state)
     assert_int_equal(ls.enabled, 0);
     assert_true(pos.loss_scale == 1.0f);
     assert_int_equal(ddp_loss_scale_update(&ls, &pos, 0, 0), 0); /* bf16: nothing to do */
-    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2, &pos); /* 1 is no fp16 scale: it starts */
+    ddp_loss_scale_init(&ls, DDP_KPREC_FP16, 2, &pos);           /* 1 is no fp16 scale: it starts */
     assert_true(pos.loss_scale == 65536.0f);
     int finite[] = {1, 1, 0, 1, 0, 1}, skips[] = {0, 0, 1, 0, 1, 0};
     float after[] = {65536.0f, 131072.0f, 65536.0f, 65536.0f, 32768.0f, 32768.0f};

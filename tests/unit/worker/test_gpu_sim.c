@@ -284,8 +284,12 @@ static int sc_reducer_acc(rank_t *r)
     if (!g || !acc) FAIL(r, "buffers");
     ddp_reducer_t red;
     ddp_world_t world = {.comm = r->comm, .rank = r->rank, .size = r->size, .k = &r->k};
-    ddp_reducer_cfg_t cfg = {.world = &world, .arena = g, .n = n, .first_bucket_mb = 0.0625,
-                             .bucket_mb = 0.0625, .overlap = 1};
+    ddp_reducer_cfg_t cfg = {.world = &world,
+                             .arena = g,
+                             .n = n,
+                             .first_bucket_mb = 0.0625,
+                             .bucket_mb = 0.0625,
+                             .overlap = 1};
     if (ddp_reducer_init(&red, &cfg)) FAIL(r, "init");
     ddp_reducer_begin(&red, acc);
     ddp_errinfo_t ei = {0};

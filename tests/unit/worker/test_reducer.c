@@ -47,8 +47,12 @@ static void *run_rank(void *arg)
     j->rc = ddp_kernels_open(&k, "cpu", 0, 1);
     if (!j->rc) j->rc = ddp_coll_new_fake(j->world, j->rank, &opts, &comm);
     ddp_world_t world = {.comm = comm, .rank = j->rank, .size = RANKS, .k = &k};
-    ddp_reducer_cfg_t cfg = {.world = &world, .arena = arena, .n = N, .first_bucket_mb = 0.25,
-                             .bucket_mb = 0.5, .overlap = j->overlap};
+    ddp_reducer_cfg_t cfg = {.world = &world,
+                             .arena = arena,
+                             .n = N,
+                             .first_bucket_mb = 0.25,
+                             .bucket_mb = 0.5,
+                             .overlap = j->overlap};
     if (!j->rc) j->rc = ddp_reducer_init(&r, &cfg);
     if (j->rc) return NULL;
     for (size_t i = 0; i < N; i++) acc[i] = 1.0f;
@@ -102,8 +106,8 @@ static void test_buckets_split_arena(void **state)
     (void)state;
     ddp_reducer_t r;
     ddp_world_t one = {.rank = 0, .size = 1};
-    ddp_reducer_cfg_t cfg = {.world = &one, .n = 1000000, .first_bucket_mb = 1.0,
-                             .bucket_mb = 2.0, .overlap = 1};
+    ddp_reducer_cfg_t cfg = {
+        .world = &one, .n = 1000000, .first_bucket_mb = 1.0, .bucket_mb = 2.0, .overlap = 1};
     assert_int_equal(ddp_reducer_init(&r, &cfg), 0);
     /* 1 MiB = 262144 floats, then 2 MiB = 524288: 262144, 786432, 1000000 */
     assert_int_equal(r.n_buckets, 3);
