@@ -433,13 +433,7 @@ static int worker_main(int argc, char **argv)
         fflush(stdout);
         ddp_log_check_limit(); /* the sample went to fd 1, past ddp_log's count */
     }
-    if (rc == 0 && t.log.metrics) {
-        ddp_metrics_rec_t r;
-        ddp_metrics_init(&r, DDP_METRICS_DONE);
-        r.step = t.pos.step;
-        r.final_loss = t.pos.last_loss;
-        ddp_metrics_sink_write(t.log.metrics, &r);
-    }
+    if (rc == 0) ddp_trainer_log_done(&t);
     if (rc) {
         if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
         fprintf(stderr, "ddp-worker: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));

@@ -68,15 +68,7 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (t->data.have_val && (t->pos.step % s->val_every == 0 || t->pos.step == s->steps)) {
         float vl = 0;
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
-        if (t->world.rank == 0 && !t->opts.quiet)
-            DDP_INFO("step %5ld/%ld | val loss %.4f", t->pos.step, s->steps, vl);
-        if (t->log.metrics) {
-            ddp_metrics_rec_t r;
-            ddp_metrics_init(&r, DDP_METRICS_VAL);
-            r.step = t->pos.step;
-            r.val_loss = vl;
-            ddp_metrics_sink_write(t->log.metrics, &r);
-        }
+        ddp_trainer_log_val(t, vl);
     }
     return ddp_saving_after_step(t->saving, &t->pos, t->stop.any, ei);
 }
@@ -103,23 +95,7 @@ static int next_generation(ddp_trainer_t *t, const char *cause, ddp_errinfo_t *e
                  (unsigned long long)t->member.gen.gen, t->transfer.n_receivers, t->pos.step,
                  t->member.gen.source, t->pos.step + 1,
                  t->transfer.receiving ? "receives it" : "computes the step");
-    if (t->log.metrics) {
-        ddp_metrics_rec_t r;
-        ddp_metrics_init(&r, DDP_METRICS_GENERATION);
-        r.generation = (int64_t)t->member.gen.gen;
-        r.world = t->world.size;
-        r.step = t->pos.step;
-        snprintf(r.cause, sizeof r.cause, "%s", t->member.gen.why); /* the codec escapes it */
-        r.reconfig_ms = ms;
-        r.form_ms = st.form_ms;
-        r.comm_ms = st.comm_ms;
-        r.attach_ms = st.attach_ms;
-        r.state_ms = st.state_ms;
-        r.receivers = st.receivers;
-        r.source = t->member.gen.source;
-        r.shrunk = st.shrunk;
-        ddp_metrics_sink_write(t->log.metrics, &r);
-    }
+    ddp_trainer_log_generation(t, &st, ms);
     return 0;
 }
 

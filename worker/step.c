@@ -81,20 +81,7 @@ int ddp__trainer_finish_transfer(ddp_trainer_t *t, ddp_errinfo_t *ei)
                  x->first_root, x->bytes / 1e6, x->ms, x->bytes / 1e3 / (x->ms > 0 ? x->ms : 1),
                  during);
     }
-    if (t->log.metrics) {
-        double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
-        ddp_metrics_rec_t r;
-        ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
-        r.generation = (int64_t)t->member.gen.gen;
-        r.step = state_step;
-        snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
-        r.receivers = x->n_receivers;
-        r.source = x->first_root;
-        r.mb = mb;
-        r.ms = ms;
-        r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
-        ddp_metrics_sink_write(t->log.metrics, &r);
-    }
+    ddp_trainer_log_transfer(t, state_step, ms);
     int overlapped = x->overlap;
     ddp_transfer_clear(x);
     return overlapped ? ddp__trainer_set_deal(t, t->world.rank, t->world.size) : 0;

@@ -1,4 +1,6 @@
-/* A step's line: the log (rank 0, every log_every steps) and metrics.jsonl (see trainer.h). */
+/* What the trainer writes about its run: a step's line in the log (rank 0, every log_every
+ * steps), and every record of metrics.jsonl (rank 0: steps, validations, generations, state
+ * transfers, the end; see trainer.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -57,4 +59,64 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         ddp_metrics_sink_write(t->log.metrics, &r); /* a failed write is logged; training goes on */
         t->log.logged_step = t->pos.step;
     }
+}
+
+void ddp_trainer_log_val(ddp_trainer_t *t, float val_loss)
+{
+    if (t->world.rank == 0 && !t->opts.quiet)
+        DDP_INFO("step %5ld/%ld | val loss %.4f", t->pos.step, t->spec.steps, val_loss);
+    if (!t->log.metrics) return;
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_VAL);
+    r.step = t->pos.step;
+    r.val_loss = val_loss;
+    ddp_metrics_sink_write(t->log.metrics, &r);
+}
+
+void ddp_trainer_log_generation(ddp_trainer_t *t, const ddp_regroup_stats_t *st, double ms)
+{
+    if (!t->log.metrics) return;
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_GENERATION);
+    r.generation = (int64_t)t->member.gen.gen;
+    r.world = t->world.size;
+    r.step = t->pos.step;
+    snprintf(r.cause, sizeof r.cause, "%s", t->member.gen.why); /* the codec escapes it */
+    r.reconfig_ms = ms;
+    r.form_ms = st->form_ms;
+    r.comm_ms = st->comm_ms;
+    r.attach_ms = st->attach_ms;
+    r.state_ms = st->state_ms;
+    r.receivers = st->receivers;
+    r.source = t->member.gen.source;
+    r.shrunk = st->shrunk;
+    ddp_metrics_sink_write(t->log.metrics, &r);
+}
+
+void ddp_trainer_log_transfer(ddp_trainer_t *t, long state_step, double ms)
+{
+    if (!t->log.metrics) return;
+    const ddp_transfer_t *x = &t->transfer;
+    double mb = 3.0 * (double)t->model.n_params * sizeof(float) / 1e6;
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_TRANSFER);
+    r.generation = (int64_t)t->member.gen.gen;
+    r.step = state_step;
+    snprintf(r.mode, sizeof r.mode, "%s", x->overlap ? "overlap" : "pause");
+    r.receivers = x->n_receivers;
+    r.source = x->first_root;
+    r.mb = mb;
+    r.ms = ms;
+    r.mb_per_s = mb * 1e3 / (ms > 0 ? ms : 1);
+    ddp_metrics_sink_write(t->log.metrics, &r);
+}
+
+void ddp_trainer_log_done(ddp_trainer_t *t)
+{
+    if (!t->log.metrics) return;
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_DONE);
+    r.step = t->pos.step;
+    r.final_loss = t->pos.last_loss;
+    ddp_metrics_sink_write(t->log.metrics, &r);
 }

@@ -174,8 +174,15 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
 /* Whether rc ended only the current generation: such a failure, in an elastic job that the
  * coordinator still runs. */
 int ddp_trainer_generation_failed(ddp_trainer_t *t, int rc);
-/* Writes one step's line (rank 0: also metrics.jsonl, once per step even across generations). */
+/* step_log.c: everything the trainer writes about its run (rank 0 to metrics.jsonl, through
+ * observe/metrics_sink.h). One step's line (also metrics.jsonl, once per step even across
+ * generations); a validation's loss; a new generation (what it cost); a state transfer (of the
+ * state of state_step, ms to the receivers' last byte); the end of the run. */
 void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms);
+void ddp_trainer_log_val(ddp_trainer_t *t, float val_loss);
+void ddp_trainer_log_generation(ddp_trainer_t *t, const ddp_regroup_stats_t *st, double ms);
+void ddp_trainer_log_transfer(ddp_trainer_t *t, long state_step, double ms);
+void ddp_trainer_log_done(ddp_trainer_t *t);
 /* Collective: every rank's parameters are bitwise rank 0's (sync/replicas.h), else
  * DDP_EMISMATCH naming where they differ. */
 int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
