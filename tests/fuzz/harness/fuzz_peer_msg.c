@@ -63,6 +63,7 @@ static void check(const ddpd_pmsg_t *m, ddpd_pmsg_kind_t expect)
         check_ranks(m->u.adopted.ranks, m->u.adopted.n_ranks, 0, DDPD_PMSG_MAX_WORLD - 1);
         break;
     case DDPD_PMSG_EXIT: must(m->u.exit.code >= 0 && m->u.exit.code <= 255); break;
+    case DDPD_PMSG_PING: break; /* a keep-alive: nothing but its kind */
     case DDPD_PMSG_UNKNOWN: check_str(m->u.unknown.t, 64); break;
     default: abort();
     }
