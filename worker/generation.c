@@ -190,6 +190,7 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
                               .mode = t->spec.state_transfer,
                               .n = t->model.n_params,
                               .n_micro = t->deal.n_micro,
+                              .extended = ddp_position_extended(&t->spec),
                               .pos = &t->pos,
                               .adam_t = &t->opt.t,
                               .last = &t->last};

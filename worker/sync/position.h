@@ -5,6 +5,11 @@
  *
  * The data cursor is not here: it is derived from the step (step x sequences per global batch).
  * AdamW's update count is the optimizer's own (optim/adamw.h).
+ *
+ * What only some jobs need (a data mixture's per-source cursors, spike skipping's windows) is in
+ * ddp_position_ext_t: the state transfer sends it as a second broadcast after its fixed header
+ * only when the spec uses one of them (ddp_position_extended: both sides read the same spec), so
+ * a job without them keeps the wire of older builds (an elastic job may mix builds).
  */
 #ifndef DDP_WORKER_SYNC_POSITION_H
 #define DDP_WORKER_SYNC_POSITION_H
@@ -12,7 +17,14 @@
 #include <stdint.h>
 
 #include "common/rng.h"
+#include "proto/spec.h"
 #include "worker/sync/reducer.h"
+
+/* The state of features a spec may leave off; all zero when it does. A plain struct (no
+ * pointers): it travels as bytes between ranks of one build. */
+typedef struct ddp_position_ext {
+    int reserved; /* (the data mixture's and spike skipping's state join here) */
+} ddp_position_ext_t;
 
 typedef struct ddp_position {
     long step;             /* optimizer steps completed */
@@ -24,7 +36,16 @@ typedef struct ddp_position {
     float last_val_loss;   /* the last validation's (0: none yet) */
     double last_norm;      /* the last step's gradient norm (after averaging, before clipping) */
     int skipped;           /* updates skipped for a non-finite gradient */
+    ddp_position_ext_t ext; /* see above; zero unless ddp_position_extended */
 } ddp_position_t;
+
+/* 1 when the spec uses a feature whose state is in ddp_position_ext_t (the state transfer then
+ * carries it), else 0. Pure. */
+static inline int ddp_position_extended(const ddp_spec_t *spec)
+{
+    (void)spec;
+    return 0;
+}
 
 /* What the last step cost on this rank. */
 typedef struct ddp_step_times {

@@ -85,6 +85,12 @@ int ddp_transfer_plan(ddp_transfer_t *x, const ddp_transfer_cfg_t *cfg, ddp_erri
     ddp_coll_req_t *req;
     DDP_CHECK(ddp_coll_broadcast(w->comm, &h, sizeof h, cfg->source, &req));
     DDP_CHECK(ddp_coll_wait(req, 0, ei));
+    /* the extension after it, only when the spec has one (position.h): the source's */
+    ddp_position_ext_t ext = cfg->pos->ext;
+    if (cfg->extended) {
+        DDP_CHECK(ddp_coll_broadcast(w->comm, &ext, sizeof ext, cfg->source, &req));
+        DDP_CHECK(ddp_coll_wait(req, 0, ei));
+    }
     /* who receives: a float per rank, 1 where the state is not the source's */
     float *behind = ddp_calloc((size_t)w->size, sizeof *behind);
     x->receivers = ddp_calloc((size_t)w->size, 1);
@@ -113,7 +119,10 @@ int ddp_transfer_plan(ddp_transfer_t *x, const ddp_transfer_cfg_t *cfg, ddp_erri
                  (cfg->mode == DDP_TRANSFER_AUTO &&
                   ddp_transfer_overlap_pays(&source, 3.0 * (double)bytes, bytes, w->size,
                                             x->n_receivers, cfg->n_micro));
-    if (x->receiving) apply_header(cfg, &h);
+    if (x->receiving) {
+        apply_header(cfg, &h);
+        cfg->pos->ext = ext;
+    }
     return 0;
 }
 

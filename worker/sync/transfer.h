@@ -59,6 +59,7 @@ typedef struct ddp_transfer_cfg {
     int mode;                 /* ddp.state_transfer: DDP_TRANSFER_PAUSE, _OVERLAP or _AUTO */
     size_t n;                 /* floats in each of the 3 arenas (weights, both moments) */
     int n_micro;              /* micro-batches per step over all ranks */
+    int extended;             /* ddp_position_extended(spec): pos->ext travels too */
     /* this rank's position, AdamW's update count and last step's times: the source's travel,
      * and a receiver's are replaced by them (of the times, only ms) */
     ddp_position_t *pos;
