@@ -63,6 +63,12 @@ static const field_t FIELDS[DDP_MF_COUNT] = {
     F(MS, ms, REAL, R_F1),
     F(MB_PER_S, mb_per_s, REAL, R_F1),
     F(FINAL_LOSS, final_loss, REAL, R_F6),
+    F(TASK, task, STR, R_NONE),
+    F(EXAMPLES, examples, INT, R_NONE),
+    F(ACC, acc, REAL, R_F6),
+    F(ACC_NORM, acc_norm, REAL, R_F6),
+    F(ACC_TOK, acc_tok, REAL, R_F6),
+    F(EVAL_MS, eval_ms, REAL, R_F1),
 };
 #undef F
 _Static_assert(DDP_MF_COUNT <= 64, "the presence bits fit a uint64_t");
@@ -96,6 +102,11 @@ static const slot_t TRANSFER_LINE[] = {
     {DDP_MF_MS, R_NONE},         {DDP_MF_MB_PER_S, R_NONE},
 };
 static const slot_t DONE_LINE[] = {{DDP_MF_STEP, R_NONE}, {DDP_MF_FINAL_LOSS, R_NONE}};
+static const slot_t EVAL_LINE[] = {
+    {DDP_MF_STEP, R_NONE},     {DDP_MF_TASK, R_NONE},    {DDP_MF_EXAMPLES, R_NONE},
+    {DDP_MF_ACC, R_NONE},      {DDP_MF_ACC_NORM, R_NONE}, {DDP_MF_ACC_TOK, R_NONE},
+    {DDP_MF_EVAL_MS, R_NONE},
+};
 
 #define N(a) (sizeof(a) / sizeof *(a))
 static const struct kind {
@@ -110,6 +121,7 @@ static const struct kind {
     [DDP_METRICS_TRANSFER] = {"state_transfer", "state_transfer", TRANSFER_LINE,
                               N(TRANSFER_LINE)},
     [DDP_METRICS_DONE] = {"done", "done", DONE_LINE, N(DONE_LINE)},
+    [DDP_METRICS_EVAL] = {"eval", "eval", EVAL_LINE, N(EVAL_LINE)},
     [DDP_METRICS_EVENT] = {"event", NULL, NULL, 0},
 };
 

@@ -11,6 +11,8 @@
  *   generation      {"event":"generation","generation":..,"world":..,"step":..,"cause":"..",...}
  *   state_transfer  {"event":"state_transfer","generation":..,"step":..,"mode":"..",...}
  *   done            {"event":"done","step":N,"final_loss":..}                  the run's end
+ *   eval            {"event":"eval","step":N,"task":"..","examples":..,"acc":..,"acc_norm":..,
+ *                    "acc_tok":..,"eval_ms":..}                               after an evaluation
  *
  * and, for reading only, an event this version does not know (a newer writer's).
  *
@@ -53,6 +55,7 @@ typedef enum ddp_metrics_kind {
     DDP_METRICS_GENERATION, /* "event":"generation": a generation formed */
     DDP_METRICS_TRANSFER, /* "event":"state_transfer": a joiner received the job's state */
     DDP_METRICS_DONE,     /* "event":"done": the run completed */
+    DDP_METRICS_EVAL,     /* "event":"eval": a multiple-choice task scored (worker/evaluate.c) */
     DDP_METRICS_EVENT,    /* another "event" (its name in rec.event): read, never written here */
     DDP_METRICS_KINDS
 } ddp_metrics_kind_t;
@@ -91,6 +94,12 @@ enum ddp_metrics_field {
     DDP_MF_MS,
     DDP_MF_MB_PER_S,
     DDP_MF_FINAL_LOSS,
+    DDP_MF_TASK,
+    DDP_MF_EXAMPLES,
+    DDP_MF_ACC,
+    DDP_MF_ACC_NORM,
+    DDP_MF_ACC_TOK,
+    DDP_MF_EVAL_MS,
     DDP_MF_COUNT
 };
 #define DDP_MF(name) (UINT64_C(1) << DDP_MF_##name)
@@ -128,6 +137,11 @@ typedef struct ddp_metrics_rec {
     double mb, ms, mb_per_s;
     /* done events */
     double final_loss;
+    /* eval events (also step): the task's name, examples scored, the fractions right */
+    char task[64];
+    int64_t examples;
+    double acc, acc_norm, acc_tok; /* lm-evaluation-harness's acc, acc_norm; llm.c's per token */
+    double eval_ms;
 } ddp_metrics_rec_t;
 
 typedef enum ddp_metrics_type {

@@ -5,11 +5,12 @@ see which. Fails (exit 1, one line per breach) when
   1. a file of a sub-folder of worker/ includes the trainer's header (worker/trainer.h or
      worker/trainer_int.h): only the trainer's own files, at worker/'s root, see ddp_trainer_t;
   2. a folder includes a header of a folder above it in the order
-       worker/ (the trainer) -> {saving, optim} -> {sync, budget} -> {model, data, observe}
+       worker/ (the trainer) -> {saving, optim, evaluate} -> {sync, budget} -> {model, data, observe}
        -> checkpoint
      (prep/ is a program beside the trainer), or two folders of one level include each other;
   3. one of the trainer's root files calls a function defined in another that comes before it
-     in the order run -> setup -> generation -> step -> validate -> sample -> step_log ->
+     in the order run -> setup -> generation -> step -> validate -> evaluate -> sample ->
+     step_log ->
      memory_check (the symbols of libddp_worker.a's objects, defined against undefined: calls,
      which an include check cannot see);
   4. worker/'s root holds a source file that is not one of the trainer's (or the program's).
@@ -22,9 +23,9 @@ import re
 import subprocess
 import sys
 
-LEVEL = {"": 0, "prep": 0, "saving": 1, "optim": 1, "sync": 2, "budget": 2, "model": 3,
+LEVEL = {"": 0, "prep": 0, "saving": 1, "optim": 1, "evaluate": 1, "sync": 2, "budget": 2, "model": 3,
          "data": 3, "observe": 3, "checkpoint": 4}
-ROOT_ORDER = ["run", "setup", "generation", "step", "validate", "sample", "step_log",
+ROOT_ORDER = ["run", "setup", "generation", "step", "validate", "evaluate", "sample", "step_log",
               "memory_check"]
 ROOT_FILES = {f + ".c" for f in ROOT_ORDER} | {"main.c", "trainer.h", "trainer_int.h",
                                               "meson.build"}

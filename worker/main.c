@@ -71,6 +71,7 @@ static void usage(FILE *out)
             "usage: ddp-worker [options] JOB.yaml\n"
             "       ddp-worker --selftest\n"
             "       ddp-worker --spec-reference\n"
+            "       ddp-worker --eval TASK.jsonl --init-from DIR [--eval-limit N]\n"
             "\n"
             "Trains the GPT-2 described by JOB.yaml (YAML or JSON).\n"
             "\n"
@@ -87,6 +88,12 @@ static void usage(FILE *out)
             "  --quiet             no per-step lines\n"
             "  --print-spec        print the validated spec (defaults filled in) as JSON, exit\n"
             "  --selftest          compare every kernel backend present with the CPU one\n"
+            "  --eval TASK.jsonl   score a multiple-choice task (HellaSwag rows or {context,\n"
+            "                      choices, label}) with the model in --init-from DIR (a checkpoint\n"
+            "                      or a Hugging Face directory; its tokenizer.json), print the\n"
+            "                      scores as a JSON line and a line of text, exit (CPU)\n"
+            "  --eval-limit N      score only the first N rows\n"
+            "  --eval-details FILE each example's log-likelihoods there, a JSON line each\n"
             "  --spec-reference    print the reference of every spec field (docs/spec.md) as\n"
             "                      Markdown, exit\n"
             "  --help, --version\n");
@@ -320,7 +327,8 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
 static int worker_main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
-           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC, OPT_SPEC_REF };
+           OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC, OPT_SPEC_REF, OPT_EVAL,
+           OPT_INIT_FROM, OPT_EVAL_LIMIT, OPT_EVAL_DETAILS };
     static const struct option long_opts[] = {
         {"set", required_argument, NULL, OPT_SET},
         {"run-dir", required_argument, NULL, OPT_RUN_DIR},
@@ -334,6 +342,10 @@ static int worker_main(int argc, char **argv)
         {"print-spec", no_argument, NULL, OPT_PRINT_SPEC},
         {"spec-reference", no_argument, NULL, OPT_SPEC_REF},
         {"version", no_argument, NULL, OPT_VER},
+        {"eval", required_argument, NULL, OPT_EVAL},
+        {"init-from", required_argument, NULL, OPT_INIT_FROM},
+        {"eval-limit", required_argument, NULL, OPT_EVAL_LIMIT},
+        {"eval-details", required_argument, NULL, OPT_EVAL_DETAILS},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -343,6 +355,8 @@ static int worker_main(int argc, char **argv)
     if (read_env(&opts.env)) return 2;
     char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, c, print_spec = 0;
+    const char *eval_task = NULL, *init_from = NULL, *eval_details = NULL; /* --eval */
+    long eval_limit = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
         case OPT_SET: sets[n_sets++] = optarg; break;
@@ -364,6 +378,10 @@ static int worker_main(int argc, char **argv)
         case OPT_NO_RESUME: opts.no_resume = 1; break;
         case OPT_STOP_AT: opts.stop_at_step = atol(optarg); break;
         case OPT_PRINT_SPEC: print_spec = 1; break;
+        case OPT_EVAL: eval_task = optarg; break;
+        case OPT_INIT_FROM: init_from = optarg; break;
+        case OPT_EVAL_LIMIT: eval_limit = atol(optarg); break;
+        case OPT_EVAL_DETAILS: eval_details = optarg; break;
         case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
         case OPT_SPEC_REF: {
             int rc = ddp_spec_reference(stdout);
@@ -375,6 +393,30 @@ static int worker_main(int argc, char **argv)
         case 'h': usage(stdout); free(sets); return 0;
         default: usage(stderr); free(sets); return 2;
         }
+    }
+    if (eval_task) { /* the scorer alone on a checkpoint (worker/evaluate.c) */
+        free(sets);
+        if (!init_from || optind != argc) {
+            fprintf(stderr, "ddp-worker: --eval needs --init-from DIR and no job spec\n");
+            return 2;
+        }
+        ddp_errinfo_t ei;
+        ddp_errinfo_clear(&ei);
+        char msg[1024];
+        FILE *details = eval_details ? fopen(eval_details, "we") : NULL;
+        if (eval_details && !details) {
+            fprintf(stderr, "ddp-worker: --eval-details %s: %s\n", eval_details, strerror(errno));
+            return 1;
+        }
+        int rc = ddp_trainer_eval_checkpoint(eval_task, init_from, eval_limit,
+                                             strcmp(opts.backend, "auto") ? opts.backend : "cpu",
+                                             stdout, details, &ei);
+        if (details && fclose(details) != 0 && rc == 0) rc = -errno;
+        if (rc) {
+            if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
+            fprintf(stderr, "ddp-worker: --eval: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
+        }
+        return rc == 0 ? 0 : rc == DDP_EFORMAT || rc == DDP_ESPEC || rc == DDP_EINVAL ? 2 : 1;
     }
     if (optind != argc - 1) {
         usage(stderr);

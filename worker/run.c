@@ -70,6 +70,7 @@ static int step_and_boundary(ddp_trainer_t *t, ddp_errinfo_t *ei)
         DDP_CHECK(ddp_trainer_validate(t, &vl, ei));
         ddp_trainer_log_val(t, vl);
     }
+    if (t->evals.n) DDP_CHECK(ddp_trainer_evaluate(t, ei)); /* multiple-choice tasks */
     return ddp_saving_after_step(t->saving, &t->pos, t->stop.any, ei);
 }
 

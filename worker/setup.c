@@ -196,6 +196,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     /* a live joiner's weights come from a live rank: drawing them (a third of a second for
      * gpt2-mini) would only keep the others waiting in the first collective of attach_world */
     if (!joins_live) DDP_CHECK_GOTO(ddp_model_init_weights(&t->model, &t->pos.rng), rc, fail);
+    DDP_CHECK_GOTO(ddp_trainer_eval_open(t, ei), rc, fail); /* the spec's eval tasks */
     t->model.interrupted = comm_failed; /* a failed step stops at once */
     t->model.interrupted_arg = &t->world;
     DDP_CHECK_GOTO(ddp_adamw_init(&t->opt, &t->model, t->zero1.moments[0], t->zero1.moments[1]), rc,
@@ -268,6 +269,7 @@ void ddp_trainer_close(ddp_trainer_t *t)
     ddp_loader_stop(&t->data.loader);
     ddp_dataset_close(&t->data.train_set);
     ddp_dataset_close(&t->data.val_set);
+    ddp_trainer_eval_close(t);
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {
         ddp_k_free(&t->k, t->deal.acc);

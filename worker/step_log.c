@@ -120,3 +120,24 @@ void ddp_trainer_log_done(ddp_trainer_t *t)
     r.final_loss = t->pos.last_loss;
     ddp_metrics_sink_write(t->log.metrics, &r);
 }
+
+void ddp_trainer_log_eval(ddp_trainer_t *t, const char *task, const ddp_mc_result_t *e, double ms)
+{
+    double n = e->n > 0 ? (double)e->n : 1;
+    if (t->world.rank == 0 && !t->opts.quiet)
+        DDP_INFO("step %5ld/%ld | eval %s: acc_norm %.4f, acc %.4f, acc_tok %.4f (%ld examples, "
+                 "%.0f ms)",
+                 t->pos.step, t->spec.steps, task, e->acc_norm / n, e->acc / n, e->acc_tok / n,
+                 e->n, ms);
+    if (!t->log.metrics) return;
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_EVAL);
+    r.step = t->pos.step;
+    snprintf(r.task, sizeof r.task, "%s", task);
+    r.examples = e->n;
+    r.acc = e->acc / n;
+    r.acc_norm = e->acc_norm / n;
+    r.acc_tok = e->acc_tok / n;
+    r.eval_ms = ms;
+    ddp_metrics_sink_write(t->log.metrics, &r);
+}

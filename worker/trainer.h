@@ -32,6 +32,7 @@
 #include "worker/observe/profile.h"
 #include "worker/sync/reducer.h"
 #include "worker/data/run_tokenizer.h"
+#include "worker/evaluate/score.h"
 #include "worker/sync/transfer.h"
 #include "worker/sync/world.h"
 #include "worker/sync/position.h"
@@ -102,6 +103,14 @@ typedef struct ddp_run_data {
     ddp_run_tokenizer_t *tokenizer; /* data.tokenizer, or NULL (data/run_tokenizer.h) */
 } ddp_run_data_t;
 
+/* The spec's `eval` tasks (evaluate.c): read and tokenized once at init (a bad row fails the
+ * start), scored every `every` steps and after the last. */
+typedef struct ddp_run_evals {
+    int n;                                    /* spec.n_eval */
+    ddp_mc_task_t task[DDP_SPEC_MAX_EVALS];   /* their rows, the first `limit` */
+    ddp_mc_scorer_t scorer;                   /* on the trainer's model, seq_len tokens */
+} ddp_run_evals_t;
+
 /* What the trainer writes about its steps (rank 0; step_log.c). */
 typedef struct ddp_step_log {
     ddp_metrics_sink_t *metrics; /* metrics.jsonl (+ TensorBoard), or NULL */
@@ -125,6 +134,7 @@ typedef struct ddp_trainer {
      * ddp.shard_optimizer (and the moments, in zero1), else NULL and the model allocates */
     float *weights, *grads;
     ddp_run_data_t data;
+    ddp_run_evals_t evals; /* multiple-choice evaluation (evaluate.c) */
     ddp_deal_t deal;
     ddp_reducer_t reducer;      /* the gradient's buckets (sync/reducer.h) */
     ddp_emb_slots_t emb_slots;  /* the token embedding's gradient (sync/emb_slots.h) */
@@ -196,6 +206,24 @@ int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 /* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
 int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
+/* evaluate.c: the spec's eval tasks. Reads every task and tokenizes each row with the run's
+ * tokenizer (DDP_ESPEC naming the file, line and field for a bad one). Called by init once the
+ * model exists. */
+int ddp_trainer_eval_open(ddp_trainer_t *t, ddp_errinfo_t *ei);
+void ddp_trainer_eval_close(ddp_trainer_t *t);
+/* Scores the tasks due after this step (every `every` steps, and after the last), dealt over
+ * the ranks, and logs each (step_log.c). A failure of the communication abandons the
+ * evaluation (logged) and returns the error, which the loop treats as a validation's. Collective. */
+int ddp_trainer_evaluate(ddp_trainer_t *t, ddp_errinfo_t *ei);
+/* ddp-worker --eval: scores the JSONL task at task_path with the model in Hugging Face
+ * directory dir (config.json, safetensors, and tokenizer.json when the vocabulary is not 256)
+ * on the CPU kernels (backend NULL: "cpu"), limit rows (0: all), and prints a JSON line and a
+ * line for a person to out; details (may be NULL) gets each example's log-likelihoods
+ * (score.h). Returns 0, or an error with ei set. */
+int ddp_trainer_eval_checkpoint(const char *task_path, const char *dir, long limit,
+                                const char *backend, FILE *out, FILE *details, ddp_errinfo_t *ei);
+/* step_log.c: an eval record (metrics.jsonl, TensorBoard eval/<task>/...) and its log line. */
+void ddp_trainer_log_eval(ddp_trainer_t *t, const char *task, const ddp_mc_result_t *r, double ms);
 /* Samples n tokens after a start token with the trainer's rng and writes them to out: decoded
  * through data.tokenizer when there is one (starting from its BOS, when it names one; an id past
  * its vocabulary is written as "[id]"), else as bytes for vocab 256, else as token ids. The

@@ -479,6 +479,15 @@ int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *tar
     return read_loss(m, loss);
 }
 
+int ddp_model_losses(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *losses)
+{
+    if (!targets || !losses) return DDP_EINVAL;
+    DDP_CHECK(forward_blocks(m, inputs, targets, B, T));
+    lm_head_loss(m, 0);
+    return ddp_k_memcpy_d2h(m->k, losses, m->acts.losses, (size_t)B * T * sizeof(float));
+}
+
 int ddp_model_next_logits(ddp_model_t *m, const int32_t *inputs, int B, int T, int pos)
 {
     if (pos < 0 || pos >= T) return DDP_EINVAL;

@@ -204,6 +204,13 @@ int ddp_model_forward(ddp_model_t *m, const int32_t *inputs, const int32_t *targ
 int ddp_model_evaluate(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                        float *loss);
 
+/* Forward only, for scoring (worker/evaluate/): each position's loss, -log p(targets[b,t] |
+ * inputs[b, 0..t]) in natural log, into host losses[B*T] (row-major; the copy waits for the
+ * device). Leaves the gradient arena as it is. Returns as evaluate (DDP_EINVAL without targets
+ * or losses). */
+int ddp_model_losses(ddp_model_t *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                     float *losses);
+
 /* Forward only, for sampling: acts.logits rows 0..B-1 (ddp_logits_ld(V) apart) get the logits
  * [B, V] at position pos < T of each sequence (activations: ddp_act_to_f32 widens a host copy).
  * Attention is causal, so the positions after pos change nothing but the bits of the products'

@@ -26,7 +26,7 @@
 #include "worker/observe/tb_events.h"
 
 /* metrics.jsonl key -> TensorBoard tag; keys not listed keep their name, "step"-like keys and
- * strings are not scalars */
+ * strings are not scalars; an eval record's keys become eval/<task>/<key> (tee_record) */
 static const struct {
     const char *key, *tag;
 } TAGS[] = {
@@ -89,11 +89,17 @@ static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
     if (!s->tb || !(r->has & DDP_MF(STEP))) return;
     ddp_metrics_value_t v[DDP_MF_COUNT];
     ddp_tb_scalar_t sc[DDP_MF_COUNT];
+    char eval_tags[DDP_MF_COUNT][96]; /* an eval's tags name its task: eval/<task>/acc_norm */
     int n = 0, nv = ddp_metrics_values(r, v);
     for (int i = 0; i < nv; i++) {
         if (v[i].field == DDP_MF_STEP || v[i].field == DDP_MF_STEPS) continue;
         if (v[i].type == DDP_METRICS_STR || isnan(v[i].num)) continue; /* null: no number */
-        sc[n++] = (ddp_tb_scalar_t){tag_of(v[i].key), (float)v[i].num};
+        const char *tag = tag_of(v[i].key);
+        if (r->kind == DDP_METRICS_EVAL) {
+            snprintf(eval_tags[n], sizeof eval_tags[n], "eval/%s/%s", r->task, v[i].key);
+            tag = eval_tags[n];
+        }
+        sc[n++] = (ddp_tb_scalar_t){tag, (float)v[i].num};
     }
     int rc = n ? ddp_tb_scalars(s->tb, r->step, now_s(), sc, n) : 0;
     if (rc == -EFBIG) {
