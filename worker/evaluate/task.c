@@ -154,6 +154,7 @@ static int row_error(ddp_errinfo_t *ei, const char *path, long line, const char 
     if (ei) {
         ddp_errinfo_path(ei, "%s", path);
         ei->line = (int)line;
+        ei->column = 1; /* the row */
     }
     return rc;
 }
