@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 
 #include "common/alloc.h"
@@ -294,6 +295,14 @@ out:
     json_decref(row);
     if (rc) ddp_mc_example_free(ex);
     return rc;
+}
+
+int64_t ddp_mc_task_bytes(const char *path)
+{
+    struct stat st;
+    if (stat(path, &st) != 0) return 0;
+    /* a row is at least a dozen bytes: {"context"...} */
+    return 2 * (int64_t)st.st_size + (int64_t)st.st_size / 12 * (int64_t)sizeof(ddp_mc_example_t);
 }
 
 void ddp_mc_task_close(ddp_mc_task_t *t)

@@ -17,6 +17,7 @@
 #define DDP_WORKER_EVALUATE_TASK_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "common/err.h"
 
@@ -41,6 +42,10 @@ typedef struct ddp_mc_task {
  * the line, the message naming the field: "label: 4 is out of range for 4 choices");
  * DDP_ENOMEM. Free with ddp_mc_task_close (also after an error). */
 int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo_t *ei);
+/* Bytes a loaded task of file `path` may hold (the memory budget's share): its rows' text twice
+ * (the file read whole, and the strings kept) plus a row's bookkeeping per line; 0 when it
+ * cannot be read (the load then fails with the reason). */
+int64_t ddp_mc_task_bytes(const char *path);
 /* Frees what t holds. NULL-safe. */
 void ddp_mc_task_close(ddp_mc_task_t *t);
 
