@@ -59,6 +59,20 @@ static int add_line(ddpd_series_t *s, const char *line, size_t len)
         s->val_loss[s->n_val] = r.val_loss;
         s->n_val++;
     }
+    if (r.kind == DDP_METRICS_EVAL && has_number(&r, DDP_MF(ACC_NORM), r.acc_norm)) {
+        int k = 0;
+        while (k < s->n_eval_names && strcmp(s->eval_names[k], r.task)) k++;
+        if (k == DDPD_SERIES_MAX_TASKS) return 0;
+        if (k == s->n_eval_names) snprintf(s->eval_names[s->n_eval_names++], 64, "%s", r.task);
+        void **arrays[] = {(void **)&s->eval_step, (void **)&s->eval_acc_norm,
+                           (void **)&s->eval_acc, (void **)&s->eval_task};
+        if ((rc = reserve(arrays, 4, sizeof(double), &s->cap_eval, s->n_eval + 1))) return rc;
+        s->eval_step[s->n_eval] = step;
+        s->eval_acc_norm[s->n_eval] = r.acc_norm;
+        s->eval_acc[s->n_eval] = has_number(&r, DDP_MF(ACC), r.acc) ? r.acc : NAN;
+        s->eval_task[s->n_eval] = k;
+        s->n_eval++;
+    }
     return 0;
 }
 
@@ -113,5 +127,9 @@ void ddpd_series_free(ddpd_series_t *s)
     free(s->gen);
     free(s->val_step);
     free(s->val_loss);
+    free(s->eval_step);
+    free(s->eval_acc_norm);
+    free(s->eval_acc);
+    free(s->eval_task);
     memset(s, 0, sizeof *s);
 }

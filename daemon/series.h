@@ -1,5 +1,5 @@
 /* A run's curves read from its metrics.jsonl: training loss, tokens/s and generation per step,
- * validation loss per validation. Used by `ddpctl plot` (the whole file) and the status page
+ * validation loss per validation, each eval task's acc_norm per evaluation. Used by `ddpctl plot` (the whole file) and the status page
  * (the file's tail, so a page costs the same however long the run).
  *
  * Lines the metrics codec (proto/metrics.h) cannot read, and lines without a "step" or a
@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#define DDPD_SERIES_MAX_TASKS 8 /* eval tasks kept (the spec's limit); later names are skipped */
+
 typedef struct ddpd_series {
     size_t n;          /* step lines */
     long *step;        /* [n] */
@@ -21,7 +23,14 @@ typedef struct ddpd_series {
     size_t n_val;      /* validation lines */
     long *val_step;    /* [n_val] */
     double *val_loss;  /* [n_val] */
-    size_t cap, cap_val;
+    size_t n_eval;         /* eval records (multiple-choice tasks, worker/evaluate.c) */
+    long *eval_step;       /* [n_eval] */
+    double *eval_acc_norm; /* [n_eval] */
+    double *eval_acc;      /* [n_eval] */
+    long *eval_task;       /* [n_eval] index into eval_names */
+    char eval_names[DDPD_SERIES_MAX_TASKS][64]; /* the tasks, in the order first seen */
+    int n_eval_names;
+    size_t cap, cap_val, cap_eval;
 } ddpd_series_t;
 
 /* Reads path (a metrics.jsonl) into s (zeroed first). tail > 0: only its last `tail` bytes

@@ -119,6 +119,24 @@ static void put_curve(FILE *f, const ddpd_series_t *s)
 #undef PY
 }
 
+/* Each eval task's last scores (acc_norm, acc, and the step), as a line under the curve. */
+static void put_evals(FILE *f, const ddpd_series_t *s)
+{
+    if (!s->n_eval) return;
+    fputs("<p class=\"eval\">eval:", f);
+    for (int k = 0; k < s->n_eval_names; k++) {
+        size_t last = s->n_eval;
+        for (size_t i = 0; i < s->n_eval; i++)
+            if (s->eval_task[i] == k) last = i;
+        if (last == s->n_eval) continue;
+        fputs(k ? "; " : " ", f);
+        put_escaped(f, s->eval_names[k]);
+        fprintf(f, " acc_norm %.4f, acc %.4f (step %ld)", s->eval_acc_norm[last],
+                s->eval_acc[last], s->eval_step[last]);
+    }
+    fputs("</p>\n", f);
+}
+
 static const char *str(json_t *o, const char *key)
 {
     const char *s = json_string_value(json_object_get(o, key));
@@ -232,6 +250,7 @@ char *ddpd_status_page_html(ddpd_t *d)
         fputs("): loss</h2>\n", f);
         if (s.n) put_curve(f, &s);
         else fputs("<p>waiting for the first step</p>\n", f);
+        put_evals(f, &s);
         fputs("</section>\n", f);
         ddpd_series_free(&s);
     }

@@ -12,7 +12,7 @@
  *   state_transfer  {"event":"state_transfer","generation":..,"step":..,"mode":"..",...}
  *   done            {"event":"done","step":N,"final_loss":..}                  the run's end
  *   eval            {"event":"eval","step":N,"task":"..","examples":..,"acc":..,"acc_norm":..,
- *                    "acc_tok":..,"eval_ms":..}                               after an evaluation
+ *                    "acc_tok":..,"eval_ms":..,"tokens":..}                   after an evaluation
  *
  * and, for reading only, an event this version does not know (a newer writer's).
  *
@@ -120,7 +120,7 @@ typedef struct ddp_metrics_rec {
     double tokens_per_s, step_ms, compute_ms, comm_ms, exposed_comm_ms;
     double hidden;  /* fraction of the communication hidden behind compute */
     double optim_ms;
-    int64_t tokens; /* trained on so far, all ranks */
+    int64_t tokens; /* trained on so far, all ranks (an eval: the tokens its forwards ran) */
     int64_t world, generation;
     int64_t straggler; /* the rank named a straggler, -1: none */
     double loss_scale; /* fp16's dynamic loss scale (1 otherwise) */

@@ -139,5 +139,6 @@ void ddp_trainer_log_eval(ddp_trainer_t *t, const char *task, const ddp_mc_resul
     r.acc_norm = e->acc_norm / n;
     r.acc_tok = e->acc_tok / n;
     r.eval_ms = ms;
+    r.tokens = e->tokens;
     ddp_metrics_sink_write(t->log.metrics, &r);
 }

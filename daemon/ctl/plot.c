@@ -86,6 +86,11 @@ static int write_data(const char *dir, const ddpd_series_t *s)
     snprintf(p, sizeof p, "%s/val.dat", dir);
     if (!(f = fopen(p, "we"))) return -errno;
     for (size_t i = 0; i < s->n_val; i++) fprintf(f, "%ld %.9g\n", s->val_step[i], s->val_loss[i]);
+    bad |= fclose(f);
+    snprintf(p, sizeof p, "%s/eval.dat", dir); /* step acc_norm task-index */
+    if (!(f = fopen(p, "we"))) return -errno;
+    for (size_t i = 0; i < s->n_eval; i++)
+        fprintf(f, "%ld %.9g %ld\n", s->eval_step[i], s->eval_acc_norm[i], s->eval_task[i]);
     return (fclose(f) || bad) ? -EIO : 0;
 }
 
@@ -151,14 +156,25 @@ static int write_script(const char *dir, const ddpd_series_t *s, const char *out
         fprintf(f, "set label 'generation %ld' at %ld, graph 0.97 offset 0.5,0 "
                    "tc rgb '#9467bd' front\n", s->gen[i], s->step[i]);
     }
+    if (s->n_eval_names)
+        fputs("set rmargin 10\nset y2range [0:1]\nset y2tics\nset y2label 'eval acc_norm'\n", f);
     fprintf(f, "plot '%s/train.dat' using 1:2 with lines lw 1.5 lc rgb '#1f77b4' "
                "title 'training loss'", dir);
     if (s->n_val)
         fprintf(f, ", \\\n     '%s/val.dat' using 1:2 with linespoints lw 2 pt 7 ps 0.7 "
                    "lc rgb '#d62728' title 'validation loss'", dir);
+    /* each eval task's acc_norm on the right axis, 0 to 1 */
+    for (int k = 0; k < s->n_eval_names; k++) {
+        fprintf(f, ", \\\n     '%s/eval.dat' using 1:($3 == %d ? $2 : 1/0) axes x1y2 with "
+                   "linespoints lw 1.5 pt 5 ps 0.6 dt 3 title ", dir, k);
+        char t[96];
+        snprintf(t, sizeof t, "acc_norm %s", s->eval_names[k]);
+        put_quoted(f, t);
+    }
     fputs("\n", f);
     if (have_tps) {
-        fputs("unset title\nunset logscale y\nunset label\nunset arrow\n"
+        fputs("unset title\nunset logscale y\nunset label\nunset arrow\nunset y2tics\n"
+              "unset y2label\n"
               "set origin 0,0\nset size 1,0.34\nset xlabel 'step'\nset ylabel 'tokens/s'\n"
               "set ytics autofreq\n"
               "set yrange [0:*]\nset key top right box opaque\n", f);
@@ -197,7 +213,7 @@ static int run_gnuplot(const char *dir)
 
 static void remove_tmp(const char *dir)
 {
-    static const char *const names[] = {"plot.gp", "train.dat", "val.dat"};
+    static const char *const names[] = {"plot.gp", "train.dat", "val.dat", "eval.dat"};
     char p[PATH_MAX];
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);

@@ -46,6 +46,15 @@ check "generation changes are marked and named" bash -c "'$ctl' plot '$tmp/gen' 
     python3 '$here/plot_check.py' '$tmp/gen.svg' 40 'generation 1' 'generation 2'"
 check "without a generation field nothing is marked" bash -c "! grep -q generation '$tmp/loss.svg'"
 
+# eval records (worker/evaluate.c): each task's acc_norm on a right axis, named in the key
+mkdir -p "$tmp/ev" && cp "$tmp/run/metrics.jsonl" "$tmp/ev/" &&
+    for st in 20 40; do
+        printf '{"event":"eval","step":%d,"task":"shakespeare","examples":40,"acc":0.25,"acc_norm":0.%d,"acc_tok":0.2,"eval_ms":5.0,"tokens":100}\n' "$st" "$st" >>"$tmp/ev/metrics.jsonl"
+    done
+check "eval records: acc_norm per task on a right axis" bash -c "'$ctl' plot '$tmp/ev' -o '$tmp/ev.svg' &&
+    grep -q 'acc_norm shakespeare' '$tmp/ev.svg' && grep -q 'eval acc_norm' '$tmp/ev.svg' &&
+    ! grep -q 'acc_norm' '$tmp/loss.svg'"
+
 "$ctl" plot "$tmp/run" -o "$tmp/loss.pdf" >"$tmp/o.log" 2>&1
 rc=$?
 [ $rc -eq 64 ] && grep -q "must end in .svg or .png" "$tmp/o.log" && ok "-o FILE.pdf: usage error naming the formats" ||

@@ -228,7 +228,8 @@ int ddp_mc_evaluate(ddp_mc_scorer_t *s, const ddp_mc_task_t *task, const char *p
 {
     int rank = w ? w->rank : 0, size = w ? w->size : 1;
     memset(out, 0, sizeof *out);
-    float counts[4] = {0, 0, 0, 0}; /* examples, acc, acc_norm, acc_tok: exact below 2^24 */
+    /* examples, acc, acc_norm, acc_tok (exact below 2^24), the forwards' tokens */
+    float counts[5] = {0, 0, 0, 0, 0};
     int rc = 0;
     for (size_t e = (size_t)rank; rc == 0 && e < task->n; e += (size_t)size) {
         const ddp_mc_example_t *ex = &task->ex[e];
@@ -253,8 +254,9 @@ int ddp_mc_evaluate(ddp_mc_scorer_t *s, const ddp_mc_task_t *task, const char *p
     /* a rank whose scoring failed still joins the sum, so the others do not wait for it: the
      * failure travels as a count of -1 examples */
     if (rc) counts[0] = -1e9f;
+    counts[4] = (float)out->tokens;
     if (w && w->size > 1) {
-        int crc = ddp_world_allreduce(w, counts, 4, DDP_OP_SUM, ei);
+        int crc = ddp_world_allreduce(w, counts, 5, DDP_OP_SUM, ei);
         if (crc) return crc;
     }
     if (rc) return rc;
@@ -264,5 +266,6 @@ int ddp_mc_evaluate(ddp_mc_scorer_t *s, const ddp_mc_task_t *task, const char *p
     out->acc = (long)counts[1];
     out->acc_norm = (long)counts[2];
     out->acc_tok = (long)counts[3];
+    out->tokens = (long)counts[4];
     return 0;
 }

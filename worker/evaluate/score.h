@@ -54,8 +54,8 @@ typedef struct ddp_mc_scores {
     int acc, acc_norm, acc_tok;    /* the choices picked */
 } ddp_mc_scores_t;
 
-/* A task's result: examples scored and how many each score got right (summed over ranks),
- * and the forward's tokens this rank ran (padding included). */
+/* A task's result: examples scored and how many each score got right, and the forwards' tokens
+ * (padding included; summed as floats, so exact below 2^24), all summed over the ranks. */
 typedef struct ddp_mc_result {
     long n, acc, acc_norm, acc_tok;
     long tokens;
