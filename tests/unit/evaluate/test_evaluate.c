@@ -184,6 +184,121 @@ static void test_no_tokenizer_refused(void **state)
     assert_non_null(strstr(ei.msg, "needs a tokenizer"));
 }
 
+/* Byte b in GPT-2's byte-level alphabet, UTF-8, JSON-escaped, into out. */
+static void byte_symbol(int b, char *out)
+{
+    int cp = b, next = 256;
+    for (int i = 0; i < 256; i++) {
+        int printable = (i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || i >= 0xae;
+        if (i == b) {
+            cp = printable ? i : next;
+            break;
+        }
+        if (!printable) next++;
+    }
+    if (cp == '"' || cp == '\\')
+        snprintf(out, 8, "\\%c", cp);
+    else if (cp < 0x80)
+        snprintf(out, 8, "%c", cp);
+    else
+        snprintf(out, 8, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
+}
+
+/* A byte-level BPE tokenizer.json text: the 256 bytes, "ab" = 256 (merge "a b"), the added
+ * token "<s>" = 257, and `post` as its post_processor. Caller frees. */
+static char *tokenizer_json(const char *post)
+{
+    size_t cap = 16384, n = 0;
+    char *j = malloc(cap);
+    assert_non_null(j);
+    n += (size_t)snprintf(j + n, cap - n,
+                          "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 257, \"content\": "
+                          "\"<s>\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+                          "\"normalized\": false, \"special\": true}], \"normalizer\": null, "
+                          "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": "
+                          "false, \"use_regex\": true}, \"post_processor\": %s, \"model\": "
+                          "{\"type\": \"BPE\", \"vocab\": {",
+                          post);
+    for (int b = 0; b < 256; b++) {
+        char sym[8];
+        byte_symbol(b, sym);
+        n += (size_t)snprintf(j + n, cap - n, "%s\"%s\": %d", b ? ", " : "", sym, b);
+    }
+    snprintf(j + n, cap - n, ", \"ab\": 256, \"<s>\": 257}, \"merges\": [\"a b\"]}}");
+    return j;
+}
+
+static ddp_tok_t *load_tokenizer(const char *json)
+{
+    char path[] = "/tmp/ddp_eval_tok_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+    ddp_tok_t *t = NULL;
+    ddp_errinfo_t ei;
+    int rc = ddp_tok_load(path, &t, &ei);
+    unlink(path);
+    if (rc) fail_msg("tokenizer: %s", ei.msg);
+    return t;
+}
+
+#define LLAMA_POST                                                                               \
+    "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", "         \
+    "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}]}"
+
+static void test_tokenizer_bos(void **state)
+{
+    (void)state;
+    ddp_errinfo_t ei;
+    long bos;
+    struct {
+        const char *post;
+        long want;
+    } cases[] = {
+        {LLAMA_POST, 257}, /* Llama: TemplateProcessing starting with its BOS */
+        {"{\"type\": \"Sequence\", \"processors\": [{\"type\": \"ByteLevel\"}, " LLAMA_POST "]}",
+         257}, /* Llama 3: inside a Sequence */
+        {"{\"type\": \"ByteLevel\", \"add_prefix_space\": false}", -1}, /* GPT-2 */
+        {"null", -1},
+        {"{\"type\": \"TemplateProcessing\", \"single\": [{\"Sequence\": {\"id\": \"A\"}}, "
+         "{\"SpecialToken\": {\"id\": \"<s>\"}}]}",
+         -1}, /* a special token after the text is no BOS */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *json = tokenizer_json(cases[i].post);
+        ddp_tok_t *t = load_tokenizer(json);
+        assert_int_equal(ddp_mc_tokenizer_bos(json, t, &bos, &ei), 0);
+        assert_int_equal(bos, cases[i].want);
+        if (i == 0) {
+            /* BPE through the scorer: BOS on both encodings, the continuation the tail */
+            ddp_mc_scorer_t s;
+            memset(&fake_model, 0, sizeof fake_model);
+            fake_model.acts.B = 4;
+            fake_model.acts.T = 16;
+            fake_model.cfg.vocab_size = 258;
+            assert_int_equal(ddp_mc_scorer_init(&s, &fake_model, t, bos, 16, &ei), 0);
+            ddp_mc_example_t ex = example("ab", "ab");
+            assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+            assert_int_equal(s.len[0], 4);
+            assert_int_equal(s.n_cont[0], 2);
+            uint32_t want[] = {257, 256, ' ', 256};
+            for (int k = 0; k < 4; k++) assert_int_equal(s.toks[0][k], want[k]);
+            ddp_mc_scorer_close(&s);
+        }
+        ddp_tok_free(t);
+        free(json);
+    }
+    /* a BOS the vocabulary lacks */
+    char *json = tokenizer_json("{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+                                "{\"id\": \"<|begin_of_text|>\"}}]}");
+    ddp_tok_t *t = load_tokenizer(json);
+    assert_int_equal(ddp_mc_tokenizer_bos(json, t, &bos, &ei), DDP_EFORMAT);
+    assert_non_null(strstr(ei.msg, "<|begin_of_text|>"));
+    ddp_tok_free(t);
+    free(json);
+}
+
 static void parse_ok(const char *row, ddp_mc_example_t *ex)
 {
     ddp_errinfo_t ei;
@@ -300,7 +415,7 @@ int main(void)
         cmocka_unit_test(test_token_split),    cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_bos),            cmocka_unit_test(test_no_tokenizer_refused),
         cmocka_unit_test(test_rows),           cmocka_unit_test(test_bad_rows),
-        cmocka_unit_test(test_task_file),
+        cmocka_unit_test(test_task_file),      cmocka_unit_test(test_tokenizer_bos),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
