@@ -86,14 +86,6 @@ typedef enum {
     DDP_TRANSFER_PAUSE = 2
 } ddp_state_transfer_t;
 
-#define DDP_SPEC_MAX_EVALS 8
-typedef struct ddp_eval_task {
-    char name[64];   /* a name (ddp_spec_name_ok rules), unique */
-    char path[1024]; /* a JSONL file of multiple-choice rows */
-    long every;      /* steps between evaluations; 0 = only after the last step (it always runs then too) */
-    long limit;      /* examples scored, the first `limit` of the file; 0 = all */
-} ddp_eval_task_t;
-
 typedef struct ddp_spec {
     char name[128];
 
@@ -172,10 +164,6 @@ typedef struct ddp_spec {
     int64_t log_bytes;         /* each rank's log, RUN_DIR/rank-R.log (common/log.h) */
     int64_t metrics_bytes;     /* rank 0's RUN_DIR/metrics.jsonl (worker/metrics_sink.h) */
     int64_t tensorboard_bytes; /* the event files of RUN_DIR/tb/ together (worker/tb_events.h) */
-
-    /* eval (TEMP stub until the lead's Spec commit) */
-    int n_eval;
-    ddp_eval_task_t eval[DDP_SPEC_MAX_EVALS];
 } ddp_spec_t;
 
 /* Fills spec with every default (no data, gpt2-tiny model). */
