@@ -45,6 +45,12 @@ int ddp_test_hook(ddp_hook_point_t point, long step, int rank)
     case DDP_HOOK_RING_SEND:
         sleep_ns(h->ring_send_delay_us * 1000LL);
         return 0;
+    case DDP_HOOK_EVAL:
+        if (h->eval_hang_step <= 0 || h->eval_hang_step != step || h->eval_hang_rank != rank)
+            return 0;
+        DDP_WARN("test hook: rank %d hangs as the evaluation after step %ld begins "
+                 "(DDP_TEST_EVAL_HANG)", rank, step);
+        for (;;) pause();
     }
     return 0;
 }

@@ -36,6 +36,10 @@ typedef enum ddp_hook_point {
     /* DDP_COLL_DELAY_US=US: the ring sleeps US microseconds before each chunk it sends (an
      * artificially slow link; on the communication thread, so compute is unaffected). */
     DDP_HOOK_RING_SEND,
+    /* DDP_TEST_EVAL_HANG=S:R: rank R stops for good as the evaluation after step S begins
+     * (logged), for a test to kill it there; only in an elastic job's first generation. Never
+     * returns when it fires. */
+    DDP_HOOK_EVAL,
 } ddp_hook_point_t;
 
 /* Every hook's setting; zeros: off. */
@@ -51,6 +55,8 @@ typedef struct ddp_test_hooks {
     int flip_rank;
     long ckpt_shard_delay_ms; /* DDP_HOOK_CKPT_SHARD */
     long ring_send_delay_us;  /* DDP_HOOK_RING_SEND */
+    long eval_hang_step;      /* DDP_HOOK_EVAL: step (1-based) and rank */
+    int eval_hang_rank;
 } ddp_test_hooks_t;
 
 /* Installs a copy of *h (NULL: all off) as the process's hooks. */

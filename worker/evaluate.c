@@ -13,6 +13,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 
@@ -70,6 +71,7 @@ int ddp_trainer_evaluate(ddp_trainer_t *t, ddp_errinfo_t *ei)
         const ddp_eval_task_t *et = &s->eval[i];
         int due = t->pos.step == s->steps || (et->every > 0 && t->pos.step % et->every == 0);
         if (!due) continue;
+        if (t->member.gen.gen <= 1) ddp_test_hook(DDP_HOOK_EVAL, t->pos.step, t->world.rank);
         int64_t t0 = ddp_now_ns();
         ddp_mc_result_t r;
         int rc = ddp_mc_evaluate(&t->evals.scorer, &t->evals.task[i], et->path, &t->world, &r, ei);

@@ -205,6 +205,10 @@ static void read_test_hooks(ddp_test_hooks_t *h)
         h->hang_step = atol(v);
         h->hang_rank = atoi(strchr(v, ':') + 1);
     }
+    if ((v = getenv("DDP_TEST_EVAL_HANG")) && strchr(v, ':')) { /* "S:R" */
+        h->eval_hang_step = atol(v);
+        h->eval_hang_rank = atoi(strchr(v, ':') + 1);
+    }
     if ((v = getenv("DDP_TEST_REPLICA_FLIP_RANK"))) {
         h->flip = 1;
         h->flip_rank = atoi(v);
