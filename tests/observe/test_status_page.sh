@@ -22,6 +22,10 @@ browse() { timeout -k 5 90 chromium --headless --no-sandbox --disable-gpu --hide
 make_job "$T/long.yaml" 2 100000
 sed -i 's/^name: it-tiny/name: status-page-test/; s|^data: .*|data: {train: "'"$T"'/data/train_*.bin", val: "'"$T"'/data/val_*.bin"}|' "$T/long.yaml"
 sed -i 's/log_every: 1, seed: 7}/log_every: 1, seed: 7, val_every: 10, val_batches: 2, threads: 1}/' "$T/long.yaml"
+# a multiple-choice task scored every 10 steps (worker/evaluate.c): its last scores under the curve
+printf '%s\n' '{"context": "int main(", "choices": ["void)", "x y z"], "label": 0}' \
+    '{"context": "return", "choices": [" 0;", "q"], "label": 0}' >"$T/task.jsonl"
+printf 'eval:\n  - {name: tiny, path: "%s", every: 10}\n' "$T/task.jsonl" >>"$T/long.yaml"
 
 check "the metrics port (and so the page) is bound to 127.0.0.1 by default" \
     bash -c "'$DDPD' --check-config --state-dir '$T/cfg' | grep -q '^ *metrics: 127.0.0.1:9464'"
@@ -36,7 +40,7 @@ check "the job reaches running" wait_state a "$id" running 60
 m="$T/a/runs/job-$id/metrics.jsonl"
 for _ in $(seq 1 600); do
     [ "$(jq -s '[.[]|select(.loss)]|length' "$m" 2>/dev/null || echo 0)" -ge 25 ] &&
-        grep -q val_loss "$m" && break
+        grep -q val_loss "$m" && grep -q '"event":"eval"' "$m" && break
     sleep 0.1
 done
 check "25 steps and a validation logged" grep -q '"step":25,' "$m"
@@ -79,6 +83,8 @@ PY
 rc=$?
 [ $rc -eq 0 ] && ok "the DOM shows job $id: its name, running, and its loss and validation curves" ||
     { not_ok "the DOM shows the job and its curve"; diag "$T/dom.check"; }
+
+check "the page shows the eval task's last scores" grep -q 'eval: tiny acc_norm [0-9.]*, acc' "$T/dom.html"
 
 browse --screenshot="$T/page.png" "$url" >/dev/null
 python3 - "$T/page.png" >"$T/shot.check" 2>&1 <<'PY'

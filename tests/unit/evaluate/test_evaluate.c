@@ -11,7 +11,9 @@
 
 #include <cmocka.h>
 
+#include "common/file.h"
 #include "worker/evaluate/score.h"
+#include "worker/observe/metrics_sink.h"
 #include "worker/evaluate/task.h"
 
 static void expect_pre(const char *in, const char *want)
@@ -299,6 +301,52 @@ static void test_tokenizer_bos(void **state)
     free(json);
 }
 
+/* An eval record: its metrics.jsonl line, and TensorBoard tags named by its task. */
+static void test_eval_record(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/ddp_eval_rec_XXXXXX", path[128], cmd[160];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    ddp_metrics_sink_t *sink;
+    assert_int_equal(ddp_metrics_sink_open(dir, path, &sink), 0);
+    ddp_metrics_rec_t r;
+    ddp_metrics_init(&r, DDP_METRICS_EVAL);
+    r.step = 12;
+    snprintf(r.task, sizeof r.task, "hellaswag");
+    r.examples = 40;
+    r.acc = 0.25;
+    r.acc_norm = 0.3;
+    r.acc_tok = 0.2;
+    r.eval_ms = 5;
+    r.tokens = 1024;
+    assert_int_equal(ddp_metrics_sink_write(sink, &r), 0);
+    ddp_metrics_sink_close(sink);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(ddp_file_read(path, 1 << 20, &text, &len), 0);
+    assert_string_equal(text, "{\"event\":\"eval\",\"step\":12,\"task\":\"hellaswag\",\"examples\":40,"
+                              "\"acc\":0.250000,\"acc_norm\":0.300000,\"acc_tok\":0.200000,"
+                              "\"eval_ms\":5.0,\"tokens\":1024}\n");
+    ddp_metrics_rec_t back;
+    assert_int_equal(ddp_metrics_parse(text, len, &back, NULL), 0);
+    assert_int_equal(back.kind, DDP_METRICS_EVAL);
+    assert_string_equal(back.task, "hellaswag");
+    free(text);
+    /* the event file holds the tags as plain bytes */
+    snprintf(cmd, sizeof cmd, "cat %s/tb/events.out.tfevents.* > %s/all.tb", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/all.tb", dir);
+    assert_int_equal(ddp_file_read(path, 1 << 20, &text, &len), 0);
+    const char *tags[] = {"eval/hellaswag/acc_norm", "eval/hellaswag/acc", "eval/hellaswag/acc_tok"};
+    for (size_t i = 0; i < 3; i++)
+        if (!memmem(text, len, tags[i], strlen(tags[i]))) fail_msg("no tag %s", tags[i]);
+    assert_null(memmem(text, len, "train/tokens", 12)); /* not a step's tag */
+    free(text);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void parse_ok(const char *row, ddp_mc_example_t *ex)
 {
     ddp_errinfo_t ei;
@@ -416,6 +464,7 @@ int main(void)
         cmocka_unit_test(test_bos),            cmocka_unit_test(test_no_tokenizer_refused),
         cmocka_unit_test(test_rows),           cmocka_unit_test(test_bad_rows),
         cmocka_unit_test(test_task_file),      cmocka_unit_test(test_tokenizer_bos),
+        cmocka_unit_test(test_eval_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
