@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """ddpd's multiple-choice scores against Hugging Face transformers' (tests/fixtures/eval/
 reference.json, made by tests/fixtures/eval/make_reference.py with lm-evaluation-harness's
-formulas): for each model (GPT-2 and Llama checkpoints) and task (generic and HellaSwag rows),
+formulas): for each model (GPT-2 and Llama checkpoints, bytes; the Llama again with a BPE
+tokenizer.json that adds BOS, as transformers' tokenizer encodes) and task (generic and
+HellaSwag rows),
 `ddp-worker --eval TASK --init-from DIR --eval-details FILE` must give every choice's summed
 log-likelihood within 1e-4 relative of the reference's, the same token counts, and the same
 choice for acc, acc_norm and acc_tok except where the reference's top two (by that score)
@@ -61,11 +63,11 @@ def main():
                         scores = [l / n for l, n in zip(r["ll"], r["n_tok"])]
                     else:
                         scores = [l / c for l, c in zip(r["ll"], r["chars"])]
+                    right[key] += g[key] == g["label"]
                     if top_two_close(scores):
                         continue
                     if g[key] != r[key]:
                         failures.append(f"{where}: {key} picks {g[key]}, reference {r[key]}")
-                    right[key] += g[key] == g["label"]
             n = len(rows)
             for key in right:
                 if abs(summary[key] - right[key] / n) > 1e-9 and not failures:
