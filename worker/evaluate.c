@@ -52,7 +52,7 @@ int ddp_trainer_eval_open(ddp_trainer_t *t, ddp_errinfo_t *ei)
             DDP_INFO("eval %s: %zu examples from %s%s", s->eval[i].name, ev->task[i].n,
                      s->eval[i].path, bos >= 0 ? " (BOS first, as the tokenizer adds it)" : "");
     }
-    if (rc == DDP_EFORMAT || rc == DDP_EINVAL || (rc < 0 && rc > -4096 && rc != DDP_ENOMEM))
+    if (rc == DDP_EFORMAT || rc == DDP_EINVAL || (rc < 0 && rc > -1000)) /* -errno: unreadable */
         rc = DDP_ESPEC; /* the spec names a task that cannot be scored: exit code 2 */
     return rc;
 }
@@ -165,11 +165,10 @@ int ddp_trainer_eval_checkpoint(const char *task_path, const char *dir, long lim
     ddp_mc_result_t r;
     DDP_CHECK_GOTO(ddp_mc_evaluate(&sc, &task, task_path, NULL, &r, ei), rc, out);
     double s = (double)(ddp_now_ns() - t0) / 1e9, n = r.n > 0 ? (double)r.n : 1;
-    json_t *j = json_pack("{s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:I,s:I,s:f}", "task", task_path,
-                          "model", dir, "examples", (json_int_t)r.n, "acc", r.acc / n,
-                          "acc_norm", r.acc_norm / n, "acc_tok", r.acc_tok / n, "seq_len",
-                          spec.seq_len, "bos", (json_int_t)bos, "tokens", (json_int_t)r.tokens,
-                          "seconds", s);
+    json_t *j = json_pack("{s:s,s:s,s:I,s:f,s:f,s:f,s:i,s:I,s:I,s:f}", "task", task_path, "model",
+                          dir, "examples", (json_int_t)r.n, "acc", r.acc / n, "acc_norm",
+                          r.acc_norm / n, "acc_tok", r.acc_tok / n, "seq_len", spec.seq_len, "bos",
+                          (json_int_t)bos, "tokens", (json_int_t)r.tokens, "seconds", s);
     char *line = j ? json_dumps(j, JSON_COMPACT | JSON_REAL_PRECISION(10)) : NULL;
     json_decref(j);
     if (!line) {

@@ -46,13 +46,15 @@ static int template_bos(json_t *proc, const ddp_tok_t *tok, long *bos, ddp_errin
     }
     if (!type || strcmp(type, "TemplateProcessing") != 0) return 0;
     json_t *first = json_array_get(json_object_get(proc, "single"), 0);
-    const char *name = json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id"));
+    const char *name =
+        json_string_value(json_object_get(json_object_get(first, "SpecialToken"), "id"));
     if (!name) return 0; /* the template starts with the text: no BOS */
     uint32_t id;
     if (ddp_tok_find(tok, name, &id))
         return ddp_errinfo_set(ei, DDP_EFORMAT,
                                "tokenizer.json: post_processor's special token '%s' is not in "
-                               "the vocabulary", name);
+                               "the vocabulary",
+                               name);
     *bos = (long)id;
     return 0;
 }
@@ -171,7 +173,8 @@ int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const
                        s->T, i, n_cont);
         goto out;
     }
-    size_t total = ctx.len + (size_t)n_cont, keep = total < (size_t)s->T + 1 ? total : (size_t)s->T + 1;
+    size_t total = ctx.len + (size_t)n_cont,
+           keep = total < (size_t)s->T + 1 ? total : (size_t)s->T + 1;
     size_t skip = total - keep; /* dropped from the left, all of them context */
     size_t k = 0;
     for (size_t j = skip; j < ctx.len; j++) s->toks[i][k++] = ctx.ids[j];

@@ -181,7 +181,8 @@ static int parse_label(json_t *row, const char *path, long line, int n_choices, 
         x = json_integer_value(v);
     } else if (json_is_string(v)) {
         const char *s = json_string_value(v);
-        if (!*s || strlen(s) > 9) return row_error(ei, path, line, "label: '%s' is not a digit string", s);
+        if (!*s || strlen(s) > 9)
+            return row_error(ei, path, line, "label: '%s' is not a digit string", s);
         for (const char *p = s; *p; p++)
             if (!isdigit((unsigned char)*p))
                 return row_error(ei, path, line, "label: '%s' is not a digit string", s);
@@ -226,7 +227,8 @@ int ddp_mc_parse_row(const char *text, size_t len, const char *path, long line,
     ex->line = line;
     json_error_t je;
     json_t *row = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    if (!row) return row_error(ei, path, line, "malformed JSON: %s (column %d)", je.text, je.column);
+    if (!row)
+        return row_error(ei, path, line, "malformed JSON: %s (column %d)", je.text, je.column);
     int rc = 0;
     if (!json_is_object(row)) {
         rc = row_error(ei, path, line, "expected a JSON object");

@@ -25,11 +25,11 @@
 
 /* One row. Strings are UTF-8, NUL-terminated, owned by the task. */
 typedef struct ddp_mc_example {
-    char *context;   /* the query, without the target delimiter */
-    char **choices;  /* [n_choices], each without the " " that precedes it in the continuation */
-    int n_choices;   /* 1..DDP_MC_MAX_CHOICES */
-    int label;       /* the right choice */
-    long line;       /* 1-based line of the file */
+    char *context;  /* the query, without the target delimiter */
+    char **choices; /* [n_choices], each without the " " that precedes it in the continuation */
+    int n_choices;  /* 1..DDP_MC_MAX_CHOICES */
+    int label;      /* the right choice */
+    long line;      /* 1-based line of the file */
 } ddp_mc_example_t;
 
 typedef struct ddp_mc_task {

@@ -27,14 +27,14 @@ static void expect_pre(const char *in, const char *want)
 static void test_preprocess(void **state)
 {
     (void)state;
-    expect_pre("  plain text \n", "plain text");             /* strip first */
-    expect_pre("[header] Foo", " Foo");                       /* a tag at the start leaves a space */
-    expect_pre("Foo [step] bar", "Foo bar");                  /* "Foo  bar" -> one space */
-    expect_pre("A [title] B", "A. B");                        /* ". " then the double space */
-    expect_pre("a [b] c [d] e", "a c e");                     /* non-greedy: each tag alone */
-    expect_pre("a [b\nc] d", "a [b\nc] d");                   /* '.' does not match a line break */
+    expect_pre("  plain text \n", "plain text"); /* strip first */
+    expect_pre("[header] Foo", " Foo");          /* a tag at the start leaves a space */
+    expect_pre("Foo [step] bar", "Foo bar");     /* "Foo  bar" -> one space */
+    expect_pre("A [title] B", "A. B");           /* ". " then the double space */
+    expect_pre("a [b] c [d] e", "a c e");        /* non-greedy: each tag alone */
+    expect_pre("a [b\nc] d", "a [b\nc] d");      /* '.' does not match a line break */
     expect_pre("x [unclosed", "x [unclosed");
-    expect_pre("a   b", "a  b");                              /* one pass: three spaces -> two */
+    expect_pre("a   b", "a  b"); /* one pass: three spaces -> two */
     expect_pre("a    b", "a  b");
     expect_pre("\xc2\xa0 nbsp strip \xe3\x80\x80", "nbsp strip"); /* Python's Unicode spaces */
     expect_pre("", "");
@@ -53,8 +53,8 @@ static void test_capitalize(void **state)
     (void)state;
     expect_cap("hELLO wORLD", "Hello world"); /* the rest lowered */
     expect_cap("then, THE man", "Then, the man");
-    expect_cap("\xc3\xa9LAN", "\xc3\x89lan");    /* élan -> Élan */
-    expect_cap("\xc7\x86x", "\xc7\x85x");         /* ǆ -> ǅ: title case, not upper (Ǆ) */
+    expect_cap("\xc3\xa9LAN", "\xc3\x89lan"); /* élan -> Élan */
+    expect_cap("\xc7\x86x", "\xc7\x85x");     /* ǆ -> ǅ: title case, not upper (Ǆ) */
     expect_cap("", "");
     expect_cap("1ABC", "1abc");
 }
@@ -98,8 +98,8 @@ static ddp_mc_example_t example(const char *ctx, const char *choice)
 {
     static char *choices[1];
     choices[0] = (char *)choice;
-    return (ddp_mc_example_t){.context = (char *)ctx, .choices = choices, .n_choices = 1,
-                              .line = 7};
+    return (ddp_mc_example_t){
+        .context = (char *)ctx, .choices = choices, .n_choices = 1, .line = 7};
 }
 
 static void expect_toks(const ddp_mc_scorer_t *s, const char *want, int n_cont)
@@ -157,7 +157,10 @@ static void test_bos(void **state)
     scorer(&s, 16, 1);
     ddp_mc_example_t ex = example("ab", "c");
     assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
-    expect_toks(&s, "\x01" "ab c", 2);
+    expect_toks(&s,
+                "\x01"
+                "ab c",
+                2);
     ex = example("", "c"); /* BOS stands for an empty context */
     assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
     expect_toks(&s, "\x01 c", 2);
@@ -245,8 +248,8 @@ static ddp_tok_t *load_tokenizer(const char *json)
     return t;
 }
 
-#define LLAMA_POST                                                                               \
-    "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", "         \
+#define LLAMA_POST                                                                                 \
+    "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\", "        \
     "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}]}"
 
 static void test_tokenizer_bos(void **state)
@@ -292,8 +295,9 @@ static void test_tokenizer_bos(void **state)
         free(json);
     }
     /* a BOS the vocabulary lacks */
-    char *json = tokenizer_json("{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
-                                "{\"id\": \"<|begin_of_text|>\"}}]}");
+    char *json =
+        tokenizer_json("{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+                       "{\"id\": \"<|begin_of_text|>\"}}]}");
     ddp_tok_t *t = load_tokenizer(json);
     assert_int_equal(ddp_mc_tokenizer_bos(json, t, &bos, &ei), DDP_EFORMAT);
     assert_non_null(strstr(ei.msg, "<|begin_of_text|>"));
@@ -325,9 +329,10 @@ static void test_eval_record(void **state)
     char *text = NULL;
     size_t len = 0;
     assert_int_equal(ddp_file_read(path, 1 << 20, &text, &len), 0);
-    assert_string_equal(text, "{\"event\":\"eval\",\"step\":12,\"task\":\"hellaswag\",\"examples\":40,"
-                              "\"acc\":0.250000,\"acc_norm\":0.300000,\"acc_tok\":0.200000,"
-                              "\"eval_ms\":5.0,\"tokens\":1024}\n");
+    assert_string_equal(text,
+                        "{\"event\":\"eval\",\"step\":12,\"task\":\"hellaswag\",\"examples\":40,"
+                        "\"acc\":0.250000,\"acc_norm\":0.300000,\"acc_tok\":0.200000,"
+                        "\"eval_ms\":5.0,\"tokens\":1024}\n");
     ddp_metrics_rec_t back;
     assert_int_equal(ddp_metrics_parse(text, len, &back, NULL), 0);
     assert_int_equal(back.kind, DDP_METRICS_EVAL);
@@ -338,7 +343,8 @@ static void test_eval_record(void **state)
     assert_int_equal(system(cmd), 0);
     snprintf(path, sizeof path, "%s/all.tb", dir);
     assert_int_equal(ddp_file_read(path, 1 << 20, &text, &len), 0);
-    const char *tags[] = {"eval/hellaswag/acc_norm", "eval/hellaswag/acc", "eval/hellaswag/acc_tok"};
+    const char *tags[] = {"eval/hellaswag/acc_norm", "eval/hellaswag/acc",
+                          "eval/hellaswag/acc_tok"};
     for (size_t i = 0; i < 3; i++)
         if (!memmem(text, len, tags[i], strlen(tags[i]))) fail_msg("no tag %s", tags[i]);
     assert_null(memmem(text, len, "train/tokens", 12)); /* not a step's tag */
@@ -417,7 +423,8 @@ static void test_bad_rows(void **state)
     expect_bad("{\"context\": \"q\", \"choices\": [], \"label\": 0}", "choices: expected a list");
     expect_bad("{\"context\": \"q\", \"choices\": [\"a\", 3], \"label\": 0}",
                "choices[1]: expected a string");
-    expect_bad("{\"context\": 5, \"choices\": [\"a\"], \"label\": 0}", "context: expected a string");
+    expect_bad("{\"context\": 5, \"choices\": [\"a\"], \"label\": 0}",
+               "context: expected a string");
     expect_bad("{\"activity_label\": \"A\", \"ctx_a\": \"b\", \"endings\": [\"c\"], \"label\": 0}",
                "ctx_b: missing");
     expect_bad("{\"activity_label\": \"A\", \"ctx_a\": \"b\", \"ctx_b\": \"c\", \"endings\": "
@@ -458,12 +465,18 @@ static void test_task_file(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_preprocess),     cmocka_unit_test(test_capitalize),
-        cmocka_unit_test(test_codepoints_and_space), cmocka_unit_test(test_argmax_first),
-        cmocka_unit_test(test_token_split),    cmocka_unit_test(test_truncation),
-        cmocka_unit_test(test_bos),            cmocka_unit_test(test_no_tokenizer_refused),
-        cmocka_unit_test(test_rows),           cmocka_unit_test(test_bad_rows),
-        cmocka_unit_test(test_task_file),      cmocka_unit_test(test_tokenizer_bos),
+        cmocka_unit_test(test_preprocess),
+        cmocka_unit_test(test_capitalize),
+        cmocka_unit_test(test_codepoints_and_space),
+        cmocka_unit_test(test_argmax_first),
+        cmocka_unit_test(test_token_split),
+        cmocka_unit_test(test_truncation),
+        cmocka_unit_test(test_bos),
+        cmocka_unit_test(test_no_tokenizer_refused),
+        cmocka_unit_test(test_rows),
+        cmocka_unit_test(test_bad_rows),
+        cmocka_unit_test(test_task_file),
+        cmocka_unit_test(test_tokenizer_bos),
         cmocka_unit_test(test_eval_record),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
