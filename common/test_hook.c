@@ -49,7 +49,8 @@ int ddp_test_hook(ddp_hook_point_t point, long step, int rank)
         if (h->eval_hang_step <= 0 || h->eval_hang_step != step || h->eval_hang_rank != rank)
             return 0;
         DDP_WARN("test hook: rank %d hangs as the evaluation after step %ld begins "
-                 "(DDP_TEST_EVAL_HANG)", rank, step);
+                 "(DDP_TEST_EVAL_HANG)",
+                 rank, step);
         for (;;) pause();
     }
     return 0;

@@ -103,9 +103,9 @@ static const slot_t TRANSFER_LINE[] = {
 };
 static const slot_t DONE_LINE[] = {{DDP_MF_STEP, R_NONE}, {DDP_MF_FINAL_LOSS, R_NONE}};
 static const slot_t EVAL_LINE[] = {
-    {DDP_MF_STEP, R_NONE},     {DDP_MF_TASK, R_NONE},    {DDP_MF_EXAMPLES, R_NONE},
-    {DDP_MF_ACC, R_NONE},      {DDP_MF_ACC_NORM, R_NONE}, {DDP_MF_ACC_TOK, R_NONE},
-    {DDP_MF_EVAL_MS, R_NONE},  {DDP_MF_TOKENS, R_NONE},
+    {DDP_MF_STEP, R_NONE},    {DDP_MF_TASK, R_NONE},     {DDP_MF_EXAMPLES, R_NONE},
+    {DDP_MF_ACC, R_NONE},     {DDP_MF_ACC_NORM, R_NONE}, {DDP_MF_ACC_TOK, R_NONE},
+    {DDP_MF_EVAL_MS, R_NONE}, {DDP_MF_TOKENS, R_NONE},
 };
 
 #define N(a) (sizeof(a) / sizeof *(a))

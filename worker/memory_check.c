@@ -47,7 +47,8 @@ int ddp_trainer_check_memory(ddp_trainer_t *t, ddp_errinfo_t *ei)
                         ? (int64_t)ddp_model_count_params(&t->spec.model) * 4
                         : 0;
     /* evaluation's host rows, losses and token lists (evaluate/score.h) and its tasks' text */
-    if (t->spec.n_eval > 0) extra += (int64_t)ddp_mc_scorer_bytes(t->spec.micro_batch, t->spec.seq_len);
+    if (t->spec.n_eval > 0)
+        extra += (int64_t)ddp_mc_scorer_bytes(t->spec.micro_batch, t->spec.seq_len);
     for (int i = 0; i < t->spec.n_eval; i++) extra += ddp_mc_task_bytes(t->spec.eval[i].path);
     if (ddp_mem_budget_plan(&t->spec, world, local_ranks(t, world), t->world.rank, where,
                             gpu_bytes(t), extra, &b))

@@ -106,9 +106,9 @@ typedef struct ddp_run_data {
 /* The spec's `eval` tasks (evaluate.c): read and tokenized once at init (a bad row fails the
  * start), scored every `every` steps and after the last. */
 typedef struct ddp_run_evals {
-    int n;                                    /* spec.n_eval */
-    ddp_mc_task_t task[DDP_SPEC_MAX_EVALS];   /* their rows, the first `limit` */
-    ddp_mc_scorer_t scorer;                   /* on the trainer's model, seq_len tokens */
+    int n;                                  /* spec.n_eval */
+    ddp_mc_task_t task[DDP_SPEC_MAX_EVALS]; /* their rows, the first `limit` */
+    ddp_mc_scorer_t scorer;                 /* on the trainer's model, seq_len tokens */
 } ddp_run_evals_t;
 
 /* What the trainer writes about its steps (rank 0; step_log.c). */
