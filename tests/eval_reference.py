@@ -7,7 +7,8 @@ HellaSwag rows),
 `ddp-worker --eval TASK --init-from DIR --eval-details FILE` must give every choice's summed
 log-likelihood within 1e-4 relative of the reference's, the same token counts, and the same
 choice for acc, acc_norm and acc_tok except where the reference's top two (by that score)
-differ by less than 1e-4 relative. Prints the largest relative error seen.
+differ by less than 1e-4 relative. Prints the largest relative error seen. Then bad input: a
+label out of range and a missing file exit 2 naming the file (and line and field).
 
 Usage: eval_reference.py DDP_WORKER SOURCE_ROOT TMPDIR
 """
@@ -74,6 +75,19 @@ def main():
                     failures.append(f"{name} {task}: {key} {summary[key]} vs {right[key]}/{n}")
             print(f"{name} {task}: {n} examples, acc {summary['acc']:.4f} acc_norm "
                   f"{summary['acc_norm']:.4f} acc_tok {summary['acc_tok']:.4f}")
+    # bad input: exit 2, naming the file, the line and the field
+    model = os.path.join(root, ref["models"]["gpt2_tiny"]["dir"])
+    bad = os.path.join(tmp, "eval_ref_bad.jsonl")
+    with open(bad, "w") as f:
+        f.write('{"context": "a", "choices": ["b"], "label": 0}\n')
+        f.write('{"context": "a", "choices": ["b", "c"], "label": "2"}\n')
+    for task, want in ((bad, f"{bad}:2:1: label: 2 is out of range for 2 choices"),
+                       (os.path.join(tmp, "missing.jsonl"), "missing.jsonl: cannot read")):
+        p = subprocess.run([worker, "--eval", task, "--init-from", model], capture_output=True,
+                           text=True, timeout=60)
+        if p.returncode != 2 or want not in p.stderr:
+            failures.append(f"--eval {task}: exit {p.returncode}, stderr {p.stderr.strip()!r}, "
+                            f"want exit 2 and {want!r}")
     print(f"{checked} log-likelihoods compared; largest relative error {worst:.3e} "
           f"(tolerance {TOL:g})")
     for f in failures:

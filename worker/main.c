@@ -425,7 +425,8 @@ static int worker_main(int argc, char **argv)
             if (!ei.msg[0]) ddp_errinfo_set(&ei, rc, "%s", ddp_strerror(rc));
             fprintf(stderr, "ddp-worker: --eval: %s\n", ddp_errinfo_str(&ei, msg, sizeof msg));
         }
-        return rc == 0 ? 0 : rc == DDP_EFORMAT || rc == DDP_ESPEC || rc == DDP_EINVAL ? 2 : 1;
+        int bad = rc == DDP_EFORMAT || rc == DDP_ESPEC || rc == DDP_EINVAL || (rc < 0 && rc > -1000);
+        return rc == 0 ? 0 : bad ? 2 : 1; /* 2: a task or model that cannot be read or used */
     }
     if (optind != argc - 1) {
         usage(stderr);
