@@ -44,14 +44,16 @@ for line in open(run_dir + "/metrics.jsonl"):
     for k, v in o.items():
         if k in ("step", "steps") or isinstance(v, str):
             continue
-        want.setdefault(TAGS.get(k, k), {})[o["step"]] = struct.unpack("f", struct.pack("f", v))[0]
+        # an eval record's scalars are named by its task (worker/observe/metrics_sink.c)
+        tag = "eval/%s/%s" % (o["task"], k) if o.get("event") == "eval" else TAGS.get(k, k)
+        want.setdefault(tag, {})[o["step"]] = struct.unpack("f", struct.pack("f", v))[0]
 
 steps = sorted(want["loss/train"])
 report(steps == list(range(1, len(steps) + 1)) and len(steps) >= 2,
        "metrics.jsonl has a step line for every step", str(steps))
 for tag in ("loss/train", "loss/val", "train/lr", "train/grad_norm", "perf/tokens_per_s",
             "perf/step_ms", "perf/compute_ms", "comm/comm_ms", "comm/exposed_ms",
-            "comm/hidden_fraction", "ddp/world"):
+            "comm/hidden_fraction", "ddp/world", "eval/tiny/acc_norm", "eval/tiny/acc"):
     report(tag in got and tag in want, "TensorBoard has the scalar %s" % tag,
            "tensorboard tags: %s\nmetrics tags: %s" % (sorted(got), sorted(want)))
 bad = []

@@ -31,7 +31,11 @@ data: {train: "$tmp/data/train_*.bin", val: "$tmp/data/val_*.bin"}
 train: {steps: 8, micro_batch: 2, seq_len: 32, lr: 1.0e-3, warmup: 2, val_every: 3,
         val_batches: 2, sample_tokens: 0, threads: 1}
 ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625}
+eval:
+  - {name: tiny, path: "$tmp/task.jsonl", every: 4}
 YAML
+printf '%s\n' '{"context": "line 3: the", "choices": [" quick", "x y"], "label": 0}' \
+    '{"context": "the quick brown", "choices": [" fox", " dog"], "label": 0}' >"$tmp/task.jsonl"
 run=$tmp/run
 if RUN_DIR=$run "$root/deploy/launch-local.sh" 2 "$tmp/job.yaml" --quiet >"$tmp/launch.log" 2>&1; then
   ok "a 2-rank run of 8 steps finished"
