@@ -91,6 +91,7 @@ enum ddp_metrics_field {
     DDP_MF_MS,
     DDP_MF_MB_PER_S,
     DDP_MF_FINAL_LOSS,
+    DDP_MF_MFU,
     DDP_MF_COUNT
 };
 #define DDP_MF(name) (UINT64_C(1) << DDP_MF_##name)
@@ -116,6 +117,7 @@ typedef struct ddp_metrics_rec {
     int64_t straggler; /* the rank named a straggler, -1: none */
     double loss_scale; /* fp16's dynamic loss scale (1 otherwise) */
     double wall_ms;    /* since the run (this process's ddp_trainer_run) started */
+    double mfu;        /* model FLOPs utilisation of a rank, a fraction (worker/observe/mfu.h) */
     /* validation lines */
     double val_loss;
     /* generation events (also generation, world, comm_ms) */

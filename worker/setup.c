@@ -178,6 +178,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int joins_live = t->member.elastic && t->member.gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->loss_scale.prec);
+    /* MFU's peak, before the model takes the memory (a product's buffers, freed again) */
+    ddp_mfu_init(&t->log.mfu, &t->k, t->loss_scale.prec, &s->model,
+                 ddp_model_count_params(&s->model), s->seq_len);
+    if (t->world.rank == 0 && !t->opts.quiet)
+        DDP_INFO("MFU: 6 N + 6 L C T = %.5g MFLOP per token; peak %.3g TFLOP/s per rank, %s",
+                 t->log.mfu.flops_per_token / 1e6, t->log.mfu.peak / 1e12, t->log.mfu.peak_what);
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
     DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume, t->opts.resume_step,
                                       &t->saving, &adopt_gbt, ei),

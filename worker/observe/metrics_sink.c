@@ -41,6 +41,7 @@ static const struct {
     {"compute_ms", "perf/compute_ms"},
     {"optim_ms", "perf/optim_ms"},
     {"wall_ms", "perf/wall_ms"},
+    {"mfu", "perf/mfu"},
     {"comm_ms", "comm/comm_ms"},
     {"exposed_comm_ms", "comm/exposed_ms"},
     {"hidden", "comm/hidden_fraction"},
