@@ -53,6 +53,9 @@ void ddp_spec_defaults(ddp_spec_t *s)
     s->min_lr = s->lr / 10;
     s->warmup = 0;
     s->schedule = DDP_SCHED_COSINE;
+    s->decay_frac = 0.2;
+    s->decay_shape = DDP_DECAY_1_SQRT;
+    s->skip_window = 128;
     s->weight_decay = 0.1;
     s->beta1 = 0.9;
     s->beta2 = 0.95;
@@ -105,7 +108,8 @@ typedef ddp__sfield_t field_t;
 #define F_CHOICE(p, m, ch, doc) {p, DDP__FT_CHOICE, M(m), 0, 0, false, false, ch, NULL, doc}
 #define F_OTHER(p, type, m, doc) {p, type, M(m), 0, 0, false, false, NULL, NULL, doc}
 
-static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
+static const char *const SCHEDULES[] = {"cosine", "constant", "wsd", NULL};
+static const char *const DECAY_SHAPES[] = {"linear", "1-sqrt", "cosine", NULL};
 /* in ddp_precision_t's order */
 static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", "auto", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
@@ -164,6 +168,13 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_ENUM("train.schedule", schedule, SCHEDULES,
            "the learning rate after warmup: `cosine` decays to `min_lr` at the last step, "
            "`constant` stays at `lr`"),
+    F_INT("train.decay_steps", decay_steps, 0, NO_MAX, "TEMP stub"),
+    F_NUM("train.decay_frac", decay_frac, 0, 1, true, false, "TEMP stub"),
+    F_ENUM("train.decay_shape", decay_shape, DECAY_SHAPES, "TEMP stub"),
+    F_BOOL("train.allow_schedule_change", allow_schedule_change, "TEMP stub"),
+    F_NUM("train.skip_loss_z", skip_loss_z, 0, NO_MAX, false, false, "TEMP stub"),
+    F_NUM("train.skip_norm_z", skip_norm_z, 0, NO_MAX, false, false, "TEMP stub"),
+    F_INT("train.skip_window", skip_window, 2, 4096, "TEMP stub"),
     F_NUM("train.weight_decay", weight_decay, 0, NO_MAX, false, false,
           "AdamW's decoupled weight decay, on matrices (2-D tensors) only"),
     {"train.betas", DDP__FT_PAIR, offsetof(ddp_spec_t, beta1), 2 * sizeof(double), 0, 1, false,
@@ -741,7 +752,7 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     if (SET("train.betas") && (SET("train.beta1") || SET("train.beta2")))
         return idx_error(ps, field_index("train.betas"),
                          "give betas or beta1/beta2, not both");
-    if (!SET("train.min_lr")) s->min_lr = s->lr / 10;
+    if (!SET("train.min_lr")) s->min_lr = s->schedule == DDP_SCHED_WSD ? 0 : s->lr / 10;
     if (s->min_lr > s->lr)
         return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
                          s->lr, s->min_lr);

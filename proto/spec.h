@@ -47,7 +47,9 @@ typedef struct ddp_model_cfg {
     int qwen2;             /* 1: written back as model_type "qwen2" (Qwen2ForCausalLM) */
 } ddp_model_cfg_t;
 
-typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
+typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1, DDP_SCHED_WSD = 2 } ddp_schedule_t;
+typedef enum { DDP_DECAY_LINEAR = 0, DDP_DECAY_1_SQRT = 1, DDP_DECAY_COSINE = 2 } ddp_decay_shape_t;
+#define DDP_SPEC_MAX_SKIP_WINDOW 4096
 /* The values are kernels/kernels.h's ddp_kprec_t's; AUTO is resolved by the worker. */
 typedef enum {
     DDP_PREC_FP32 = 0,
@@ -89,6 +91,12 @@ typedef struct ddp_spec {
     double lr, min_lr;        /* min_lr default lr/10 */
     long warmup;              /* linear warmup steps */
     ddp_schedule_t schedule;
+    long decay_steps;               /* wsd: steps of the decay; 0 = round(decay_frac x steps) */
+    double decay_frac;              /* wsd: default 0.2, in (0, 1] */
+    ddp_decay_shape_t decay_shape;  /* wsd: `linear` | `1-sqrt` (default) | `cosine` */
+    int allow_schedule_change;      /* bool, default false */
+    double skip_loss_z, skip_norm_z;/* 0 = off (default); validated < sqrt(skip_window - 1) */
+    int skip_window;                /* default 128, 2..DDP_SPEC_MAX_SKIP_WINDOW (4096) */
     double weight_decay, beta1, beta2, eps, clip; /* clip 0 = off */
     ddp_precision_t precision;                   /* matmul inputs; AUTO until the worker picks */
     long loss_scale_interval;                    /* fp16: clean steps before the scale doubles */
