@@ -4,7 +4,8 @@
 # skipped on every rank at the same step, and the weights equal those of a run whose same step
 # the non-finite rule skipped (DDP_TEST_NAN_STEP), bit for bit; a run stopped before the spike
 # and resumed from its checkpoint (the window restored from trainer.json) skips the same step
-# and ends with the straight run's weights; the metrics name the reason.
+# and ends with the straight run's weights; so does an elastic run whose killed rank is replaced
+# (the windows travel with the state transfer); the metrics name the reason.
 #   test_spike_skip.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
@@ -42,9 +43,9 @@ for l in open(sys.argv[1]):
     r = json.loads(l)
     if "skipped" in r: print("%d:%s" % (r["step"], r["skipped"]))' "$tmp/$1/metrics.jsonl"
 }
-# every rank logged the step-20 skip? (rank 0 logs it; every rank applies the same decision,
-# which the replica check after the step confirms)
-echo "1..8"
+# rank 0 logs a skip; every rank applies the same decision, which the replica check after each
+# step (check_every: 1) confirms
+echo "1..11"
 DDP_TEST_NAN_STEP=20 run nan --set train.skip_loss_z=0 --set train.skip_norm_z=0 --set ddp.check_every=1 ||
   not_ok "the reference run (a NaN at step 20, no spike skipping)"
 if DDP_TEST_LOSS_SPIKE=20:1 run loss --set ddp.check_every=1; then
@@ -74,5 +75,34 @@ if DDP_TEST_LOSS_SPIKE=20:1 run first "${ck[@]}" --stop-at-step 12 &&
   check "resumed: the final weights equal the straight run's, bit for bit" cmp "$tmp/resumed.st" "$tmp/loss.st"
 else
   not_ok "the stopped and resumed runs"
+fi
+# elastic: rank 2 of 4 stops as step 8 begins and is killed; its replacement takes the job's
+# state (ddp.state_transfer: pause), the windows with it; a window of 8 is full from step 9, so
+# a replacement with empty windows would hold 4 values at step 12, not skip, and fail the
+# replica check after that step (check_every: 1)
+sed -e 's/skip_window: 16, skip_loss_z: 3,/skip_window: 8, skip_loss_z: 2,/' -e 's/skip_norm_z: 3}/skip_norm_z: 2}/' \
+    -e 's/global_batch_tokens: 256/global_batch_tokens: 512/' -e 's/steps: 24,/steps: 16,/' \
+    -e 's/^ddp: {/ddp: {check_every: 1, workers: 4, min_workers: 4, restart: on-failure, max_restarts: 1, state_transfer: pause, /' \
+    "$tmp/job.yaml" >"$tmp/elastic.yaml"
+el() { # name: 4 ranks of elastic.yaml, the loss spiking at step 12
+  DDP_TEST_LOSS_SPIKE=12:0 RUN_DIR="$tmp/$1" "$launch" 4 "$tmp/elastic.yaml" \
+    --dump-weights "$tmp/$1.st" >"$tmp/$1.log" 2>&1
+}
+el straight4 || { not_ok "the straight 4-rank run"; diag "$tmp/straight4.log"; }
+DDP_TEST_HANG=8:2 el rejoin &
+pid=$!
+deadline=$((SECONDS + 60))
+until grep -q "hangs as step 8 begins" "$tmp/rejoin/rank-2.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do
+  sleep 0.02 # polls the log line the hook writes (a deadline, not a guess)
+done
+kill -KILL "$(cat "$tmp/rejoin/rank-2.pid")" 2>/dev/null
+if wait "$pid"; then
+  check "rejoined: the replacement took the state and the windows, logged" \
+    grep -q "joined generation 2 as rank .* of 4: state of step 7" "$tmp/rejoin/rank-"*.log
+  check "rejoined: step 12 skipped as in the straight run, every rank alike" \
+    test "$(skipped rejoin) $(skipped straight4)" = "12:loss 12:loss"
+  check "rejoined: the final weights equal the straight run's, bit for bit" cmp "$tmp/rejoin.st" "$tmp/straight4.st"
+else
+  not_ok "the elastic run with a replaced rank"; diag "$tmp/rejoin.log"
 fi
 exit $((TAP_FAILED > 0))
