@@ -213,11 +213,16 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  t->spec.lr, t->spec.warmup, ddp_decay_shape_name(t->spec.decay_shape),
                  t->spec.min_lr, ddp_schedule_decay_start(&t->spec), t->spec.steps);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    DDP_CHECK_GOTO(ddp_dataset_open(&t->data.train_set, s->train_glob, s->seq_len,
+    if (s->n_train > 1 || s->n_val > 1 || s->n_eval > 0) { /* (being built: issue 48) */
+        rc = ddp_errinfo_set(ei, DDP_EINVAL, "data mixtures, validation lists and eval are not "
+                                             "implemented in this build yet");
+        goto fail;
+    }
+    DDP_CHECK_GOTO(ddp_dataset_open(&t->data.train_set, s->train[0].glob, s->seq_len,
                                     s->model.vocab_size, s->seed, ei),
                    rc, fail);
-    if (s->val_glob[0] && s->val_every > 0) {
-        DDP_CHECK_GOTO(ddp_dataset_open(&t->data.val_set, s->val_glob, s->seq_len,
+    if (s->n_val && s->val_every > 0) {
+        DDP_CHECK_GOTO(ddp_dataset_open(&t->data.val_set, s->val[0].glob, s->seq_len,
                                         s->model.vocab_size, s->seed, ei),
                        rc, fail);
         t->data.have_val = 1;
