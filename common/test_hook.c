@@ -47,8 +47,7 @@ int ddp_test_hook(ddp_hook_point_t point, long step, int rank)
         return 0;
     case DDP_HOOK_LOSS_SPIKE:
         return h->loss_spike_step > 0 && h->loss_spike_step == step && h->loss_spike_rank == rank;
-    case DDP_HOOK_NORM_SPIKE:
-        return h->norm_spike_step > 0 && h->norm_spike_step == step;
+    case DDP_HOOK_NORM_SPIKE: return h->norm_spike_step > 0 && h->norm_spike_step == step;
     }
     return 0;
 }

@@ -324,10 +324,10 @@ static int update(ddp_trainer_t *t, double loss, double *norm, ddp_errinfo_t *ei
     DDP_CHECK(ddp_saving_before_update(t->saving, t->pos.step + 1, &u, ei));
     ddp_loss_scale_update(&t->loss_scale, &t->pos, isfinite(*norm), t->world.rank == 0);
     double zl = NAN, zn = NAN;
-    ddp_skip_t why = !isfinite(*norm)          ? DDP_SKIP_NONFINITE
-                     : ddp_spikes_on(&t->spec) ? ddp_spikes_step(&t->pos.ext.spikes, &t->spec,
-                                                                 loss, *norm, &zl, &zn)
-                                               : DDP_SKIP_NONE;
+    ddp_skip_t why = !isfinite(*norm) ? DDP_SKIP_NONFINITE
+                     : ddp_spikes_on(&t->spec)
+                         ? ddp_spikes_step(&t->pos.ext.spikes, &t->spec, loss, *norm, &zl, &zn)
+                         : DDP_SKIP_NONE;
     t->last.skipped = why;
     if (why == DDP_SKIP_NONE)
         DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
@@ -393,7 +393,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     note_stragglers(t, v.rank_ms);
 
     double norm = 0;
-    DDP_CHECK(update(t, (float)v.loss_sum / (float)t->deal.n_micro, &norm, ei)); /* the step's loss */
+    DDP_CHECK(
+        update(t, (float)v.loss_sum / (float)t->deal.n_micro, &norm, ei)); /* the step's loss */
     account_step(t, &v, norm, loss);
     return end_step(t, ei);
 }

@@ -26,7 +26,8 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     const char *skipped = ddp_skip_name(t->last.skipped); /* NULL: the update was applied */
     if (skipped)
         snprintf(world + strlen(world), sizeof world - strlen(world), " | skipped: %s", skipped);
-    int64_t skips = t->pos.skipped + t->pos.ext.spikes.skipped_loss + t->pos.ext.spikes.skipped_norm;
+    int64_t skips =
+        t->pos.skipped + t->pos.ext.spikes.skipped_loss + t->pos.ext.spikes.skipped_norm;
     if (t->world.rank == 0 && !t->opts.quiet &&
         (t->pos.step % s->log_every == 0 || t->pos.step == s->steps)) {
         if (t->world.comm)

@@ -4,9 +4,8 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const KINDS[] = {[DDP_SCHED_COSINE] = "cosine",
-                                    [DDP_SCHED_CONSTANT] = "constant",
-                                    [DDP_SCHED_WSD] = "wsd"};
+static const char *const KINDS[] = {
+    [DDP_SCHED_COSINE] = "cosine", [DDP_SCHED_CONSTANT] = "constant", [DDP_SCHED_WSD] = "wsd"};
 static const char *const SHAPES[] = {
     [DDP_DECAY_LINEAR] = "linear", [DDP_DECAY_1_SQRT] = "1-sqrt", [DDP_DECAY_COSINE] = "cosine"};
 

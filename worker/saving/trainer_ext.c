@@ -12,11 +12,11 @@ json_t *ddp__trainer_ext_schedule(const ddp_spec_t *sp, const ddp_position_t *po
 {
     long step = pos->step;
     /* the keys every earlier build wrote, in their order */
-    json_t *o = json_pack("{s:I, s:f, s:f, s:I, s:I, s:s, s:f, s:f}", "step", (json_int_t)step,
-                          "lr_at_step", ddp_lr_at(sp, step), "lr_last",
-                          ddp_lr_at(sp, step ? step - 1 : 0), "warmup", (json_int_t)sp->warmup,
-                          "steps", (json_int_t)sp->steps, "kind",
-                          ddp_schedule_name(sp->schedule), "lr", sp->lr, "min_lr", sp->min_lr);
+    json_t *o =
+        json_pack("{s:I, s:f, s:f, s:I, s:I, s:s, s:f, s:f}", "step", (json_int_t)step,
+                  "lr_at_step", ddp_lr_at(sp, step), "lr_last", ddp_lr_at(sp, step ? step - 1 : 0),
+                  "warmup", (json_int_t)sp->warmup, "steps", (json_int_t)sp->steps, "kind",
+                  ddp_schedule_name(sp->schedule), "lr", sp->lr, "min_lr", sp->min_lr);
     if (!o || sp->schedule != DDP_SCHED_WSD) return o;
     long start = ddp_schedule_decay_start(sp);
     json_t *w = json_pack("{s:I, s:I, s:s, s:I}", "decay_start", (json_int_t)start, "decay_steps",
@@ -77,8 +77,10 @@ static int read_window(json_t *o, int size, ddp_spike_window_t *w, const char *p
     for (size_t i = 0; i < (size_t)count; i++) {
         json_t *v = json_array_get(values, i);
         if (!json_is_number(v) || !isfinite(json_number_value(v)))
-            return ddp_errinfo_set(ei, DDP_EFORMAT, "%s/trainer.json: spikes.%s.values[%zu] is "
-                                   "not a finite number", path, name, i);
+            return ddp_errinfo_set(ei, DDP_EFORMAT,
+                                   "%s/trainer.json: spikes.%s.values[%zu] is "
+                                   "not a finite number",
+                                   path, name, i);
         w->values[i] = json_number_value(v);
     }
     w->count = (int32_t)count;
@@ -105,10 +107,9 @@ static int read_spikes(const ddp_spec_t *spec, json_t *o, const char *path, int 
                      path, (long long)window, spec->skip_window, spec->skip_window);
         return 0;
     }
-    DDP_CHECK(read_window(json_object_get(sk, "loss"), spec->skip_window, &s->loss, path, "loss",
-                          ei));
-    return read_window(json_object_get(sk, "norm"), spec->skip_window, &s->norm, path, "norm",
-                       ei);
+    DDP_CHECK(
+        read_window(json_object_get(sk, "loss"), spec->skip_window, &s->loss, path, "loss", ei));
+    return read_window(json_object_get(sk, "norm"), spec->skip_window, &s->norm, path, "norm", ei);
 }
 
 int ddp__trainer_ext_read(const ddp_spec_t *spec, json_t *o, const char *path, int log,

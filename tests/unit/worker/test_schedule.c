@@ -13,11 +13,11 @@
 #include "worker/optim/schedule.h"
 
 /* |a - b| <= tol in double (cmocka's assert_float_equal rounds to float), printing both */
-#define assert_near(a, b, tol)                                                                 \
-    do {                                                                                       \
-        double a_ = (a), b_ = (b);                                                             \
-        if (!(fabs(a_ - b_) <= (tol)))                                                         \
-            fail_msg("%s = %.17g, expected %.17g (tolerance %g)", #a, a_, b_, (double)(tol));  \
+#define assert_near(a, b, tol)                                                                     \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!(fabs(a_ - b_) <= (tol)))                                                             \
+            fail_msg("%s = %.17g, expected %.17g (tolerance %g)", #a, a_, b_, (double)(tol));      \
     } while (0)
 
 static ddp_spec_t wsd(long steps, long warmup, ddp_decay_shape_t shape)
@@ -76,14 +76,14 @@ static void test_wsd_formulas(void **state)
     ddp_spec_t s = wsd(100, 10, DDP_DECAY_LINEAR);
     s.min_lr = 1e-4;
     assert_int_equal(ddp_schedule_decay_start(&s), 80);
-    assert_near(ddp_lr_at(&s, 0), 1e-4, 1e-15);  /* warmup (step + 1) / W */
-    assert_near(ddp_lr_at(&s, 9), 1e-3, 1e-15);  /* the last warmup step: lr */
-    assert_near(ddp_lr_at(&s, 79), 1e-3, 1e-15); /* stable */
-    assert_near(ddp_lr_at(&s, 80), 1e-3, 1e-15); /* r = 0 */
-    assert_near(ddp_lr_at(&s, 90), 1e-4 + 0.5 * 9e-4, 1e-15);    /* r = 1/2 */
-    assert_near(ddp_lr_at(&s, 99), 1e-4 + 0.05 * 9e-4, 1e-15);   /* r = 19/20 */
-    assert_near(ddp_lr_at(&s, 100), 1e-4, 1e-15);                /* r = 1: min_lr */
-    assert_near(ddp_lr_at(&s, 150), 1e-4, 1e-15);                /* clamped */
+    assert_near(ddp_lr_at(&s, 0), 1e-4, 1e-15);                /* warmup (step + 1) / W */
+    assert_near(ddp_lr_at(&s, 9), 1e-3, 1e-15);                /* the last warmup step: lr */
+    assert_near(ddp_lr_at(&s, 79), 1e-3, 1e-15);               /* stable */
+    assert_near(ddp_lr_at(&s, 80), 1e-3, 1e-15);               /* r = 0 */
+    assert_near(ddp_lr_at(&s, 90), 1e-4 + 0.5 * 9e-4, 1e-15);  /* r = 1/2 */
+    assert_near(ddp_lr_at(&s, 99), 1e-4 + 0.05 * 9e-4, 1e-15); /* r = 19/20 */
+    assert_near(ddp_lr_at(&s, 100), 1e-4, 1e-15);              /* r = 1: min_lr */
+    assert_near(ddp_lr_at(&s, 150), 1e-4, 1e-15);              /* clamped */
     s.decay_shape = DDP_DECAY_1_SQRT;
     assert_near(ddp_lr_at(&s, 85), 1e-4 + 0.5 * 9e-4, 1e-15); /* r = 1/4: 1 - 1/2 */
     s.decay_shape = DDP_DECAY_COSINE;
@@ -224,8 +224,8 @@ static void test_names(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_wsd_matches_llmc),      cmocka_unit_test(test_wsd_formulas),
-        cmocka_unit_test(test_cosine_unchanged),      cmocka_unit_test(test_resume_cosine_refused),
+        cmocka_unit_test(test_wsd_matches_llmc),       cmocka_unit_test(test_wsd_formulas),
+        cmocka_unit_test(test_cosine_unchanged),       cmocka_unit_test(test_resume_cosine_refused),
         cmocka_unit_test(test_resume_wsd_moves_decay), cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests_name("schedule", tests, NULL, NULL);

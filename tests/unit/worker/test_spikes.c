@@ -14,11 +14,11 @@
 #include "worker/sync/spikes.h"
 
 /* |a - b| <= tol in double (cmocka's assert_float_equal rounds to float), printing both */
-#define assert_near(a, b, tol)                                                                 \
-    do {                                                                                       \
-        double a_ = (a), b_ = (b);                                                             \
-        if (!(fabs(a_ - b_) <= (tol)))                                                         \
-            fail_msg("%s = %.17g, expected %.17g (tolerance %g)", #a, a_, b_, (double)(tol));  \
+#define assert_near(a, b, tol)                                                                     \
+    do {                                                                                           \
+        double a_ = (a), b_ = (b);                                                                 \
+        if (!(fabs(a_ - b_) <= (tol)))                                                             \
+            fail_msg("%s = %.17g, expected %.17g (tolerance %g)", #a, a_, b_, (double)(tol));      \
     } while (0)
 
 /* llm.c's OutlierDetector with its window as a parameter. */
