@@ -393,8 +393,8 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     note_stragglers(t, v.rank_ms);
 
     double norm = 0;
-    DDP_CHECK(
-        update(t, (float)v.loss_sum / (float)t->deal.n_micro, &norm, ei)); /* the step's loss */
+    float step_loss = (float)v.loss_sum / (float)t->deal.n_micro; /* account_step's */
+    DDP_CHECK(update(t, step_loss, &norm, ei));
     account_step(t, &v, norm, loss);
     return end_step(t, ei);
 }
