@@ -147,6 +147,10 @@ static void put_row(FILE *f, ddpd_t *d, json_t *row)
     if (steps > 0)
         fprintf(f, "<progress value=\"%ld\" max=\"%ld\"></progress> %ld/%ld", step, steps, step,
                 steps);
+    json_t *skips = live ? json_object_get(live, "skips") : NULL; /* spike / non-finite skips */
+    if (json_integer_value(skips) > 0)
+        fprintf(f, " <span class=\"skips\">(%lld skipped)</span>",
+                (long long)json_integer_value(skips));
     fputs("</td><td>", f);
     if (json_is_number(loss)) fprintf(f, "%.4f", json_number_value(loss));
     fputs("</td><td>", f);

@@ -64,6 +64,8 @@ static const field_t FIELDS[DDP_MF_COUNT] = {
     F(MB_PER_S, mb_per_s, REAL, R_F1),
     F(FINAL_LOSS, final_loss, REAL, R_F6),
     F(MFU, mfu, REAL, R_F4),
+    F(SKIPPED, skipped, STR, R_NONE),
+    F(SKIPS, skips, INT, R_NONE),
 };
 #undef F
 _Static_assert(DDP_MF_COUNT <= 64, "the presence bits fit a uint64_t");

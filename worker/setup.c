@@ -17,6 +17,7 @@
 #include "proto/hf_config.h"             /* init_from: ddp_spec_resolve_model */
 #include "worker/budget/memory_budget.h" /* train.threads default */
 #include "worker/observe/metrics_sink.h"
+#include "worker/optim/schedule.h" /* a wsd decay moved by a resume */
 
 /* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1
  * (t->member.gen says whether it joins a job that already trains); else the environment rendezvous
@@ -211,6 +212,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int resumed; /* every rank loaded the same checkpoint: nothing to broadcast */
     DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
     ddp_loss_scale_init(&t->loss_scale, t->loss_scale.prec, s->loss_scale_interval, &t->pos);
+    ddp_schedule_fork(&t->spec, t->pos.ext.decay_forked_at); /* resumed past the decay's start */
+    if (t->spec.schedule == DDP_SCHED_WSD && t->world.rank == 0)
+        DDP_INFO("schedule: wsd, lr %g after %ld warmup steps, decay (%s, to min_lr %g) from step "
+                 "%ld to %ld",
+                 t->spec.lr, t->spec.warmup, ddp_decay_shape_name(t->spec.decay_shape),
+                 t->spec.min_lr, ddp_schedule_decay_start(&t->spec), t->spec.steps);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     if (s->n_train > 1 || s->n_val > 1 || s->n_eval > 0) { /* (being built: issue 48) */
         rc = ddp_errinfo_set(ei, DDP_EINVAL, "data mixtures, validation lists and eval are not "

@@ -27,6 +27,11 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     if (t->loss_scale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
                  t->pos.loss_scale);
+    const char *skipped = ddp_skip_name(t->last.skipped); /* NULL: the update was applied */
+    if (skipped)
+        snprintf(world + strlen(world), sizeof world - strlen(world), " | skipped: %s", skipped);
+    int64_t skips =
+        t->pos.skipped + t->pos.ext.spikes.skipped_loss + t->pos.ext.spikes.skipped_norm;
     if (t->world.rank == 0 && !t->opts.quiet &&
         (t->pos.step % s->log_every == 0 || t->pos.step == s->steps)) {
         if (t->world.comm)
@@ -61,6 +66,14 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         r.loss_scale = t->pos.loss_scale;
         r.wall_ms = (double)(ddp_now_ns() - t->log.run_t0) / 1e6;
         r.mfu = mfu;
+        if (skipped) { /* optional fields, after the step line's own */
+            snprintf(r.skipped, sizeof r.skipped, "%s", skipped);
+            r.has |= DDP_MF(SKIPPED);
+        }
+        if (skips > 0) {
+            r.skips = skips;
+            r.has |= DDP_MF(SKIPS);
+        }
         ddp_metrics_sink_write(t->log.metrics, &r); /* a failed write is logged; training goes on */
         t->log.logged_step = t->pos.step;
     }

@@ -35,6 +35,7 @@ static const struct {
     {"lr", "train/lr"},
     {"grad_norm", "train/grad_norm"},
     {"loss_scale", "train/loss_scale"},
+    {"skips", "train/skipped_updates"}, /* spike and non-finite skips so far */
     {"tokens", "train/tokens"},
     {"tokens_per_s", "perf/tokens_per_s"},
     {"step_ms", "perf/step_ms"},

@@ -270,6 +270,27 @@ static void test_round_trip(void **state)
     }
 }
 
+/* A skipped step (worker/step_log.c): the optional "skipped" and "skips" follow the step line's
+ * own fields, and read back; a line without them is the line it always was. */
+static void test_skipped_step(void **state)
+{
+    (void)state;
+    ddp_metrics_rec_t r = step_rec(20, 24, 2.5, 0.0003, 0.75, 1234.5, 12.25, 10.5, 1.75, 0.25,
+                                   0.8125, 0.5, 1ULL << 20, 2, 0, -1, 1, 500.5, 0.25);
+    snprintf(r.skipped, sizeof r.skipped, "loss");
+    r.skips = 3;
+    r.has |= DDP_MF(SKIPPED) | DDP_MF(SKIPS);
+    char buf[DDP_METRICS_LINE_MAX];
+    size_t n;
+    assert_int_equal(ddp_metrics_format(&r, buf, sizeof buf, &n), 0);
+    assert_non_null(strstr(buf, "\"wall_ms\":500.5,\"mfu\":0.2500,\"skipped\":\"loss\",\"skips\":3}"));
+    ddp_metrics_rec_t out;
+    assert_int_equal(ddp_metrics_parse(buf, n, &out, NULL), 0);
+    assert_rec_eq(&r, &out);
+    assert_string_equal(out.skipped, "loss");
+    assert_int_equal(out.skips, 3);
+}
+
 /* Strings: jansson's escapes for a quote, a backslash and control characters; UTF-8 kept as
  * it is; bytes that are not UTF-8 become '?', so the line always loads. */
 static void test_strings(void **state)
@@ -519,7 +540,7 @@ int main(void)
         cmocka_unit_test(test_golden),          cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_strings),         cmocka_unit_test(test_older_lines),
         cmocka_unit_test(test_malformed),       cmocka_unit_test(test_buffer),
-        cmocka_unit_test(test_values_and_json),
+        cmocka_unit_test(test_values_and_json), cmocka_unit_test(test_skipped_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
