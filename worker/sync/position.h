@@ -19,11 +19,19 @@
 #include "common/rng.h"
 #include "proto/spec.h"
 #include "worker/sync/reducer.h"
+#include "worker/sync/spikes.h"
 
 /* The state of features a spec may leave off; all zero when it does. A plain struct (no
  * pointers): it travels as bytes between ranks of one build. */
 typedef struct ddp_position_ext {
     int reserved; /* (the data mixture's and spike skipping's state join here) */
+    /* ---- spike skipping and the wsd schedule (issue 48; sync/spikes.h, optim/schedule.h):
+     * both z windows with the run's spike-skip totals, the non-finite skips (pos.skipped,
+     * which trainer.json keeps under the same key), and a wsd decay moved by a resume (0: the
+     * spec's own decay start). trainer.json: "spikes" and schedule.forked_at. */
+    ddp_spikes_t spikes;
+    long decay_forked_at;
+    /* ---- end of spike skipping and wsd */
 } ddp_position_ext_t;
 
 typedef struct ddp_position {
@@ -43,8 +51,7 @@ typedef struct ddp_position {
  * carries it), else 0. Pure. */
 static inline int ddp_position_extended(const ddp_spec_t *spec)
 {
-    (void)spec;
-    return 0;
+    return ddp_spikes_on(spec) || spec->schedule == DDP_SCHED_WSD;
 }
 
 /* What the last step cost on this rank. */
@@ -55,6 +62,7 @@ typedef struct ddp_step_times {
     double optim_ms;          /* gradient norm + optimizer update */
     int world;                /* the world it ran in */
     ddp_reducer_stats_t comm; /* its gradient all-reduce */
+    ddp_skip_t skipped;       /* why its update was skipped (DDP_SKIP_NONE: applied) */
 } ddp_step_times_t;
 
 #endif
