@@ -161,7 +161,9 @@ static int write_script(const char *dir, const ddpd_series_t *s, const char *out
                    "tc rgb '#9467bd' front\n", s->gen[i], s->step[i]);
     }
     if (s->n_eval_names)
-        fputs("set rmargin 10\nset y2range [0:1]\nset y2tics\nset y2label 'eval acc_norm'\nset ytics nomirror\n", f);
+        fputs("set rmargin 10\nset y2range [0:1]\nset y2tics\nset y2label 'eval acc_norm'\n"
+              "set ytics nomirror\n",
+              f);
     fprintf(f, "plot '%s/train.dat' using 1:2 with lines lw 1.5 lc rgb '#1f77b4' "
                "title 'training loss'", dir);
     if (s->n_val)
