@@ -141,6 +141,8 @@ metrics = [
     '{"event":"generation","step":5,"cause":"rank 1 died","sync_mb":1.25,"sync_ms":3.0}',
     '{"loss": 2.5, "step": 4, "generation": 1, "x": [1, {}]}',
     '{"event":"checkpoint","step":200,"ms":12.5}',
+    '{"event":"eval","step":500,"task":"hellaswag","examples":10042,"acc":0.289185,'
+    '"acc_norm":0.311392,"acc_tok":0.295459,"eval_ms":81234.5,"tokens":4016800}',
 ]
 put("metrics", "kinds.jsonl", "\n".join(metrics) + "\n")
 put("metrics", "bad.jsonl", '{"step":1,"loss":nan}\n{"step":"7"}\n{"event":7}\n[1]\n{"step":1\n')

@@ -18,7 +18,7 @@ set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=$(mkdir -p "${1:-$src/build-fuzz}" && cd "${1:-$src/build-fuzz}" && pwd)
 secs=${FUZZ_SECONDS:-30}
-all=(spec shard safetensors manifest ckpt rpc peer peer_msg hello metrics tokenizer)
+all=(spec shard safetensors manifest ckpt rpc peer peer_msg hello metrics tokenizer eval_task)
 read -r -a only <<<"${FUZZ_ONLY:-${all[*]}}"
 
 cc=${FUZZ_CC:-clang}
@@ -51,6 +51,7 @@ declare -A srcs=(
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c daemon/auth.c"
     [hello]="collectives/rdzv_hello.c collectives/net.c"
     [tokenizer]="worker/data/tokenizer.c worker/data/bytemap.c"
+    [eval_task]="worker/evaluate/task.c worker/data/tokenizer.c worker/data/bytemap.c"
 )
 libs=(-ljansson -lyaml -luring -lsodium -lpcre2-8 -lutf8proc -lm -lpthread)
 
