@@ -7,7 +7,9 @@
 #   3. 1 and 2 ranks give the same counts (each example's forward has one shape, whatever the
 #      deal), checked at every evaluation: on jobs whose lr (1e-60, zero in fp32) leaves the weights at their
 #      seeded start, since 1 and 2 ranks sum gradients in different orders;
-#   4. a bad row refuses the job at start with its file, line and field (exit 2).
+#   4. a bad row refuses the job at start with its file, line and field (exit 2);
+#   5. the simulated GPU (--backend sim: device memory apart from the host's, the kernels'
+#      device path) gives the same counts as the CPU.
 # Usage: test_eval_loop.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 build=$(cd "$1" && pwd) root=$(cd "$2" && pwd)
@@ -74,5 +76,11 @@ set -e
 if [ $rc -eq 2 ] && grep -q "bad.jsonl:2:1: choices\[1\]: empty" "$tmp/bad.log"; then
     echo "ok 4 - a bad row refuses the job with its file, line and field"
 else echo "not ok 4 - bad row: exit $rc: $(tail -2 "$tmp/bad.log")"; fail=1; fi
-[ $fail -eq 0 ] && echo "4 passed, 0 failed" || echo "some failed"
+if "$DDP_WORKER" --quiet --backend sim --run-dir "$tmp/sim" "$tmp/still.yaml" >"$tmp/sim.log" 2>&1; then
+    records sim >"$tmp/sim.ev"
+    if [ -s "$tmp/sim.ev" ] && cmp -s "$tmp/sim.ev" "$tmp/one.ev"; then
+        echo "ok 5 - the simulated GPU gives the CPU's counts"
+    else echo "not ok 5 - sim and CPU differ:"; diff "$tmp/sim.ev" "$tmp/one.ev" || true; fail=1; fi
+else echo "not ok 5 - the sim run failed: $(tail -2 "$tmp/sim.log")"; fail=1; fi
+[ $fail -eq 0 ] && echo "5 passed, 0 failed" || echo "some failed"
 exit $fail
