@@ -65,6 +65,14 @@ typedef enum {
     DDP_TRANSFER_PAUSE = 2
 } ddp_state_transfer_t;
 
+/* TEMP spec stub (issue 48; the lead's "Spec:" commit replaces it) */
+#define DDP_SPEC_MAX_SOURCES 8
+typedef struct ddp_data_source {
+    char name[64];   /* a name (ddp_spec_name_ok rules), unique in its list; "" in the plain-string form */
+    char glob[1024]; /* glob of token shards */
+    double weight;   /* > 0 (default 1); 1 in the plain-string form; not normalised (divide by the sum) */
+} ddp_data_source_t;
+
 typedef struct ddp_spec {
     char name[128];
 
@@ -78,6 +86,13 @@ typedef struct ddp_spec {
 
     /* data: glob patterns of token shards */
     char train_glob[1024];
+    /* TEMP spec stub: */
+    int n_train;                                   /* >= 1 */
+    ddp_data_source_t train[DDP_SPEC_MAX_SOURCES]; /* data.train: a string (n_train 1) or a list [{name, path, weight}] */
+    int train_listed;                              /* 1: given as a list (written back as one) */
+    int n_val;                                     /* 0 = no validation */
+    ddp_data_source_t val[DDP_SPEC_MAX_SOURCES];   /* data.val: a string or a list [{name, path}] (weight 1) */
+    int val_listed;
     char val_glob[1024]; /* "" = no validation */
     char tokenizer[1024]; /* "" or a Hugging Face tokenizer.json (worker/run_tokenizer.h) */
 
