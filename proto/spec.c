@@ -726,6 +726,38 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
                            "is required: a glob of token shards such as data/train_*.bin");
     }
 
+    /* TEMP spec stub: "name=GLOB@W;name2=GLOB@W" stands for a list until the lead's parser */
+    {
+        char *lists[2] = {s->train_glob, s->val_glob};
+        ddp_data_source_t *to[2] = {s->train, s->val};
+        int *n[2] = {&s->n_train, &s->n_val}, *listed[2] = {&s->train_listed, &s->val_listed};
+        for (int l = 0; l < 2; l++) {
+            *n[l] = 0;
+            *listed[l] = strchr(lists[l], '=') != NULL;
+            char buf[1024];
+            snprintf(buf, sizeof buf, "%s", lists[l]);
+            char *save = NULL;
+            for (char *e = strtok_r(buf, ";", &save); e && *n[l] < DDP_SPEC_MAX_SOURCES;
+                 e = strtok_r(NULL, ";", &save)) {
+                ddp_data_source_t *d = &to[l][(*n[l])++];
+                memset(d, 0, sizeof *d);
+                d->weight = 1;
+                char *eq = *listed[l] ? strchr(e, '=') : NULL;
+                if (eq) {
+                    *eq = 0;
+                    snprintf(d->name, sizeof d->name, "%s", e);
+                    e = eq + 1;
+                }
+                char *at = *listed[l] ? strrchr(e, '@') : NULL;
+                if (at) {
+                    *at = 0;
+                    d->weight = strtod(at + 1, NULL);
+                }
+                snprintf(d->glob, sizeof d->glob, "%s", e);
+            }
+        }
+    }
+
     /* train */
     if (!SET("train.seq_len")) s->seq_len = s->model.block_size;
     if (!arch_later && s->seq_len > s->model.block_size)
