@@ -96,8 +96,16 @@ typedef struct ddp_deal {
 
 /* The run's data: the token shards, the loader's thread, data.tokenizer. */
 typedef struct ddp_run_data {
-    ddp_dataset_t train_set, val_set;
+    ddp_dataset_t train_set; /* data.train's one source (n_train 1) */
+    /* data.val's sets (spec.val[i]); have_val: how many (0 without validation) */
+    ddp_dataset_t val_sets[DDP_SPEC_MAX_SOURCES];
     int have_val;
+    /* data.train as a mixture of n_train > 1 sources (data/mixture.h): their sets and weights
+     * (mix.at is set from pos.ext.mix whenever the loader starts), and the sequences each source
+     * gave the last step (metrics' tokens_by_source) */
+    ddp_dataset_t mix_sets[DDP_SPEC_MAX_SOURCES];
+    ddp_loader_mix_t mix;
+    int64_t mix_drawn[DDP_SPEC_MAX_SOURCES];
     ddp_loader_t loader;
     ddp_run_tokenizer_t *tokenizer; /* data.tokenizer, or NULL (data/run_tokenizer.h) */
 } ddp_run_data_t;

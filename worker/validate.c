@@ -16,7 +16,7 @@ int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
     float sums[2] = {0, 0};
     for (int b = t->world.rank; rc == 0 && b < t->spec.val_batches; b += t->world.size) {
         float l = 0;
-        rc = ddp_dataset_fill(&t->data.val_set, (uint64_t)b * B, B, 0, in, tg, ei);
+        rc = ddp_dataset_fill(&t->data.val_sets[0], (uint64_t)b * B, B, 0, in, tg, ei);
         if (rc == 0) rc = ddp_model_evaluate(&t->model, in, tg, B, T, &l);
         sums[0] += l;
         sums[1] += 1;

@@ -18,12 +18,17 @@
 
 #include "common/rng.h"
 #include "proto/spec.h"
+#include "worker/data/mixture.h"
 #include "worker/sync/reducer.h"
 
 /* The state of features a spec may leave off; all zero when it does. A plain struct (no
  * pointers): it travels as bytes between ranks of one build. */
 typedef struct ddp_position_ext {
     int reserved; /* (the data mixture's and spike skipping's state join here) */
+    /* The data mixture (data.train a list of n_train > 1 sources; data/mixture.h): how many
+     * sequences each source gave before sample step x G, and where the current weights took
+     * effect. Advanced by every rank at the end of each step (the same for all). */
+    ddp_mixture_state_t mix;
 } ddp_position_ext_t;
 
 typedef struct ddp_position {
@@ -43,8 +48,7 @@ typedef struct ddp_position {
  * carries it), else 0. Pure. */
 static inline int ddp_position_extended(const ddp_spec_t *spec)
 {
-    (void)spec;
-    return 0;
+    return spec->n_train > 1; /* the data mixture */
 }
 
 /* What the last step cost on this rank. */
