@@ -214,6 +214,8 @@ static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *ta
     uint64_t j = first_sample(l, key), ids = 0;
     int64_t step = key / l->accum;
     int rc = 0;
+    char drawn[1024] = ""; /* a mixture's " d:k" per sample, for the debug line */
+    size_t at = 0;
     if (!l->has_mix) {
         rc = ddp_dataset_fill(l->d, j, l->B, 1, inputs, targets, ei);
         for (int i = 0; i < l->B; i++) ids += sample_id(j + i, 0, ddp_dataset_sample(l->d, j + i));
@@ -225,12 +227,16 @@ static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *ta
             int d = l->mix_src[j + i - step0];
             size_t w = ddp_dataset_sample(&l->mix.sets[d], l->mix_k[j + i - step0]);
             ids += sample_id(j + i, d, w);
+            if (at < sizeof drawn - 40)
+                at += (size_t)snprintf(drawn + at, sizeof drawn - at, " %d:%llu", d,
+                                       (unsigned long long)l->mix_k[j + i - step0]);
             rc = ddp_dataset_fill_window(&l->mix.sets[d], w, inputs + (size_t)i * T,
                                          targets + (size_t)i * T, ei);
         }
     }
-    DDP_DEBUG("loader: step %lld samples [%llu, %llu) ids %016llx", (long long)step + 1,
-              (unsigned long long)j, (unsigned long long)(j + l->B), (unsigned long long)ids);
+    DDP_DEBUG("loader: step %lld samples [%llu, %llu) ids %016llx%s%s", (long long)step + 1,
+              (unsigned long long)j, (unsigned long long)(j + l->B), (unsigned long long)ids,
+              drawn[0] ? " source:sequence" : "", drawn);
     return rc;
 }
 

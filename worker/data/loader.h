@@ -21,7 +21,8 @@
  *
  * Each filled micro-batch is logged at debug level with a hash of its samples' ids (the sum over
  * its samples of a mix of (j, source, window)), so a test can add up a step's hashes over the
- * ranks and compare worlds ("loader: step S samples [j, j + B) ids H").
+ * ranks and compare worlds ("loader: step S samples [j, j + B) ids H"; a mixture's line goes on
+ * with "source:sequence d:k ..." per sample, so a test can count each source's sequences).
  */
 #ifndef DDP_WORKER_DATA_LOADER_H
 #define DDP_WORKER_DATA_LOADER_H

@@ -35,6 +35,7 @@
 #include "common/log.h"
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/saving/mixture_json.h"
 
 struct ddp_saving {
     ddp_saving_run_t run; /* the trainer's view, as of the last start/regroup */
@@ -155,6 +156,8 @@ static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
         "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss", (double)pos->last_loss,
         "spec", spec);
     if (!o) return NULL;
+    json_t *mix = ddp__mixture_json(sp, &pos->ext.mix); /* a data mixture's cursors */
+    if (mix) json_object_set_new(json_object_get(o, "data"), "mixture", mix);
     char *text = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     char *out = text ? ddp_strdup(text) : NULL;
@@ -296,6 +299,9 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
                  "continues at sample %lld, not at the saved cursor %lld",
                  path, (long long)saved_G, G, (long long)pos->step * G,
                  (long long)get_int(data, "cursor", 0));
+    rc = ddp__mixture_resume(run->spec, data, (int64_t)pos->step * G, &pos->ext.mix, path,
+                             run->world->rank == 0, ei);
+    if (rc) goto out;
     if (run->world->rank == 0)
         DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "
                  "(saved by %lld rank(s) x %lld micro-step(s); now %d x %d)",
