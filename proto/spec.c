@@ -53,6 +53,9 @@ void ddp_spec_defaults(ddp_spec_t *s)
     s->min_lr = s->lr / 10;
     s->warmup = 0;
     s->schedule = DDP_SCHED_COSINE;
+    s->decay_frac = 0.2;
+    s->decay_shape = DDP_DECAY_1_SQRT;
+    s->skip_window = 128;
     s->weight_decay = 0.1;
     s->beta1 = 0.9;
     s->beta2 = 0.95;
@@ -89,23 +92,39 @@ void ddp_spec_defaults(ddp_spec_t *s)
 
 typedef ddp__sfield_t field_t;
 #define NO_MAX DDP__SPEC_NO_MAX
-#define M(member) offsetof(ddp_spec_t, member), sizeof(((ddp_spec_t *)0)->member)
-/* A row: path, member, range or choices, and the doc string (the reference's "meaning"). The
- * _D forms add the default in words, for a default that depends on other fields. */
-#define F_INT_D(p, m, lo, hi, d, doc) {p, DDP__FT_INT, M(m), lo, hi, false, false, NULL, d, doc}
+/* A row, by designated initializers (later members of ddp__sfield_t default to 0): path, the
+ * member of ddp_spec_t, range or choices, and the doc string (the reference's "meaning"). The _D
+ * forms add the default in words, for a default that depends on other fields. */
+#define ROW(p, t, m, ...)                                                                      \
+    {.path = p, .type = t, .off = offsetof(ddp_spec_t, m),                                    \
+     .size = sizeof(((ddp_spec_t *)0)->m), __VA_ARGS__}
+#define F_INT_D(p, m, lo_, hi_, d, doc_)                                                       \
+    ROW(p, DDP__FT_INT, m, .lo = lo_, .hi = hi_, .dflt = d, .doc = doc_)
 #define F_INT(p, m, lo, hi, doc) F_INT_D(p, m, lo, hi, NULL, doc)
-#define F_NUM_D(p, m, lo, hi, lo_open, hi_open, d, doc)                                      \
-    {p, DDP__FT_NUM, M(m), lo, hi, lo_open, hi_open, NULL, d, doc}
+#define F_NUM_D(p, m, lo_, hi_, lo_o, hi_o, d, doc_)                                           \
+    ROW(p, DDP__FT_NUM, m, .lo = lo_, .hi = hi_, .lo_open = lo_o, .hi_open = hi_o, .dflt = d,  \
+        .doc = doc_)
 #define F_NUM(p, m, lo, hi, lo_open, hi_open, doc)                                           \
     F_NUM_D(p, m, lo, hi, lo_open, hi_open, NULL, doc)
-#define F_BOOL(p, m, doc) {p, DDP__FT_BOOL, M(m), 0, 0, false, false, NULL, NULL, doc}
-#define F_STR_D(p, m, d, doc) {p, DDP__FT_STR, M(m), 0, 0, false, false, NULL, d, doc}
+#define F_BOOL(p, m, doc_) ROW(p, DDP__FT_BOOL, m, .doc = doc_)
+#define F_STR_D(p, m, d, doc_) ROW(p, DDP__FT_STR, m, .dflt = d, .doc = doc_)
 #define F_STR(p, m, doc) F_STR_D(p, m, NULL, doc)
-#define F_ENUM(p, m, ch, doc) {p, DDP__FT_ENUM, M(m), 0, 0, false, false, ch, NULL, doc}
-#define F_CHOICE(p, m, ch, doc) {p, DDP__FT_CHOICE, M(m), 0, 0, false, false, ch, NULL, doc}
-#define F_OTHER(p, type, m, doc) {p, type, M(m), 0, 0, false, false, NULL, NULL, doc}
+#define F_ENUM(p, m, ch, doc_) ROW(p, DDP__FT_ENUM, m, .choices = ch, .doc = doc_)
+#define F_CHOICE(p, m, ch, doc_) ROW(p, DDP__FT_CHOICE, m, .choices = ch, .doc = doc_)
+#define F_OTHER(p, type, m, doc_) ROW(p, type, m, .doc = doc_)
+/* A list field: its items are described by `list` */
+#define F_LIST(p, m, list_, d, doc_) ROW(p, DDP__FT_LIST, m, .list = &list_, .dflt = d, .doc = doc_)
+/* A field that older builds do not know: left out of the JSON at its default (spec_int.h) */
+#define QUIET(...) ROW(__VA_ARGS__, .quiet = true)
+/* A key of a list's item (a struct of type t) */
+#define IROW(k, t_, t, m, ...)                                                                 \
+    {.path = k, .type = t_, .off = offsetof(t, m), .size = sizeof(((t *)0)->m), __VA_ARGS__}
+#define I_STR(t, k, m, doc_) IROW(k, DDP__FT_STR, t, m, .required = true, .doc = doc_)
+#define I_INT(t, k, m, doc_) IROW(k, DDP__FT_INT, t, m, .hi = NO_MAX, .doc = doc_)
 
-static const char *const SCHEDULES[] = {"cosine", "constant", NULL};
+static const char *const SCHEDULES[] = {"cosine", "constant", "wsd", NULL};
+/* in ddp_decay_shape_t's order */
+static const char *const DECAY_SHAPES[] = {"linear", "1-sqrt", "cosine", NULL};
 /* in ddp_precision_t's order */
 static const char *const PRECISIONS[] = {"fp32", "bf16", "fp16", "auto", NULL};
 static const char *const BACKENDS[] = {"auto", "ring", "nccl", "mpi", NULL};
@@ -113,8 +132,44 @@ static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const RECOMPUTES[] = {"none", "block", NULL};
 /* in ddp_state_transfer_t's order */
 static const char *const STATE_TRANSFERS[] = {"auto", "overlap", "pause", NULL};
-static const char *const SECTIONS[] = {"name",       "model",  "data", "train", "ddp",
-                                       "checkpoint", "limits", NULL};
+static const char *const SECTIONS[] = {"name", "model",      "data",   "train", "eval",
+                                       "ddp",  "checkpoint", "limits", NULL};
+
+/* ---- the lists' items ---- */
+
+#define NAME_DOC(what)                                                                         \
+    "the " what "'s name: letters, digits, `-`, `_` and `.`, not starting with `-` or `.`; "   \
+    "unique in the list"
+static const field_t TRAIN_ITEM[] = {
+    I_STR(ddp_data_source_t, "name", name, NAME_DOC("source") "; metrics count its tokens under it"),
+    I_STR(ddp_data_source_t, "path", glob, "glob of the source's token shards"),
+    IROW("weight", DDP__FT_NUM, ddp_data_source_t, weight, .hi = 1e9, .lo_open = true,
+         .doc = "the source's share of the sequences, relative to the others' weights (`1`)"),
+};
+static const field_t VAL_ITEM[] = {
+    I_STR(ddp_data_source_t, "name", name, NAME_DOC("set") "; its loss is `val_loss/<name>`"),
+    I_STR(ddp_data_source_t, "path", glob, "glob of the set's token shards"),
+};
+static const field_t EVAL_ITEM[] = {
+    I_STR(ddp_eval_task_t, "name", name, NAME_DOC("task") "; its scores are `eval/<name>/...`"),
+    I_STR(ddp_eval_task_t, "path", path,
+          "a JSONL file of multiple-choice rows, HellaSwag's or `{context, choices, label}` "
+          "([evaluation.md](evaluation.md))"),
+    I_INT(ddp_eval_task_t, "every", every,
+          "steps between evaluations; `0` = only after the last step, when every task runs"),
+    I_INT(ddp_eval_task_t, "limit", limit, "examples scored, the file's first ones; `0` = all"),
+};
+static const ddp_data_source_t SOURCE_DEFAULTS = {.weight = 1};
+static const ddp_eval_task_t EVAL_DEFAULTS = {.every = 0};
+static const ddp__slist_t TRAIN_LIST = {TRAIN_ITEM, 3, sizeof(ddp_data_source_t),
+                                        DDP_SPEC_MAX_SOURCES, offsetof(ddp_spec_t, n_train),
+                                        "path", offsetof(ddp_spec_t, train_listed),
+                                        &SOURCE_DEFAULTS};
+static const ddp__slist_t VAL_LIST = {VAL_ITEM, 2, sizeof(ddp_data_source_t),
+                                      DDP_SPEC_MAX_SOURCES, offsetof(ddp_spec_t, n_val), "path",
+                                      offsetof(ddp_spec_t, val_listed), &SOURCE_DEFAULTS};
+static const ddp__slist_t EVAL_LIST = {EVAL_ITEM, 4, sizeof(ddp_eval_task_t), DDP_SPEC_MAX_EVALS,
+                                       offsetof(ddp_spec_t, n_eval), NULL, 0, &EVAL_DEFAULTS};
 
 const ddp__sfield_t ddp__spec_fields[] = {
     F_STR("name", name,
@@ -138,9 +193,14 @@ const ddp__sfield_t ddp__spec_fields[] = {
             "tokens the model can emit"),
     F_INT_D("model.block_size", model.block_size, 1, 1 << 20, "the preset's",
             "the longest sequence (rows of the position embedding)"),
-    F_STR_D("data.train", train_glob, "required",
-            "glob of the training token shards (llm.c's format, as `ddp-prep` writes them)"),
-    F_STR("data.val", val_glob, "glob of the validation shards; `\"\"` = no validation"),
+    F_LIST("data.train", train, TRAIN_LIST, "required",
+           "glob of the training token shards (llm.c's format, as `ddp-prep` writes them), or "
+           "a mixture: a list of sources `[{name, path, weight}]`, each sequence of a step drawn "
+           "from the source furthest below its share, each source with its own cursor "
+           "([running.md](running.md#data-mixtures))"),
+    F_LIST("data.val", val, VAL_LIST, "`\"\"`",
+           "glob of the validation shards, or a list of named sets `[{name, path}]`; `\"\"` = no "
+           "validation"),
     F_STR("data.tokenizer", tokenizer,
           "a Hugging Face `tokenizer.json` (byte-level BPE, as `ddp-prep --tokenizer` takes) "
           "whose vocabulary fits `model.vocab_size`: copied into the run directory and every "
@@ -157,17 +217,45 @@ const ddp__sfield_t ddp__spec_fields[] = {
           "Gradient accumulation makes up the rest, so the global batch is the same at any "
           "world size that divides it (the worker checks that the world does)"),
     F_NUM("train.lr", lr, 0, 10, true, false, "peak learning rate"),
-    F_NUM_D("train.min_lr", min_lr, 0, 10, false, false, "`train.lr` / 10",
-            "final learning rate of the cosine schedule, at most `train.lr`"),
+    F_NUM_D("train.min_lr", min_lr, 0, 10, false, false, "`train.lr` / 10 (`wsd`: 0)",
+            "final learning rate of the cosine and wsd schedules, at most `train.lr`"),
     F_INT("train.warmup", warmup, 0, NO_MAX,
           "steps of linear warmup from 0 to `lr`, fewer than `train.steps`"),
     F_ENUM("train.schedule", schedule, SCHEDULES,
            "the learning rate after warmup: `cosine` decays to `min_lr` at the last step, "
-           "`constant` stays at `lr`"),
+           "`constant` stays at `lr`, `wsd` (warmup-stable-decay) stays at `lr` and then decays "
+           "to `min_lr` over the last `decay_steps` ([training.md](training.md#schedules))"),
+    QUIET("train.decay_steps", DDP__FT_INT, decay_steps, .hi = NO_MAX,
+          .doc =
+                "`wsd`: steps of the decay, at the end of `train.steps`; 0 = `decay_frac` x "
+                "`steps`"),
+    QUIET("train.decay_frac", DDP__FT_NUM, decay_frac, .hi = 1, .lo_open = true,
+          .doc =
+                "`wsd`: the decay's share of `train.steps` (rounded), when `decay_steps` is 0"),
+    QUIET("train.decay_shape", DDP__FT_ENUM, decay_shape, .choices = DECAY_SHAPES,
+          .doc =
+                 "`wsd`: the decay from `lr` to `min_lr`: `linear`, `1-sqrt` (Hagele et al. "
+                 "2024) or `cosine`"),
+    QUIET("train.allow_schedule_change", DDP__FT_BOOL, allow_schedule_change,
+          .doc =
+                 "a resume may change a `cosine` run's `train.steps`, which reshapes the rest of "
+                 "its curve (a `wsd` run's decay always moves with `steps`)"),
+    QUIET("train.skip_loss_z", DDP__FT_NUM, skip_loss_z, .hi = NO_MAX,
+          .doc =
+                "spike skipping: a step whose loss is this many standard deviations above the "
+                "mean of the last `skip_window` steps' is not applied; 0 = off"),
+    QUIET("train.skip_norm_z", DDP__FT_NUM, skip_norm_z, .hi = NO_MAX,
+          .doc =
+                "spike skipping: the same for the gradient norm; 0 = off"),
+    QUIET("train.skip_window", DDP__FT_INT, skip_window, .lo = 2, .hi = DDP_SPEC_MAX_SKIP_WINDOW,
+          .doc =
+                "steps in spike skipping's window (no step is skipped before it is full); a "
+                "z-score cannot exceed sqrt(skip_window - 1)"),
     F_NUM("train.weight_decay", weight_decay, 0, NO_MAX, false, false,
           "AdamW's decoupled weight decay, on matrices (2-D tensors) only"),
-    {"train.betas", DDP__FT_PAIR, offsetof(ddp_spec_t, beta1), 2 * sizeof(double), 0, 1, false,
-     true, NULL, NULL, "AdamW's betas as `[beta1, beta2]`, or give `beta1` and `beta2`"},
+    {.path = "train.betas", .type = DDP__FT_PAIR, .off = offsetof(ddp_spec_t, beta1),
+     .size = 2 * sizeof(double), .hi = 1, .hi_open = true,
+     .doc = "AdamW's betas as `[beta1, beta2]`, or give `beta1` and `beta2`"},
     F_NUM("train.beta1", beta1, 0, 1, false, true, "AdamW's first-moment decay"),
     F_NUM("train.beta2", beta2, 0, 1, false, true, "AdamW's second-moment decay"),
     F_NUM("train.eps", eps, 0, 1, true, false, "AdamW's epsilon"),
@@ -204,6 +292,11 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_OTHER("train.memory_limit", DDP__FT_BYTES, memory_limit,
             "memory one rank may use, checked before step 1; 0 = the GPU's memory, or on the "
             "CPU the cgroup's `memory.max` or the RAM, divided among the host's ranks"),
+    F_LIST("eval", eval, EVAL_LIST, "`[]`",
+           "multiple-choice tasks scored during the run, a list `[{name, path, every, limit}]`: "
+           "accuracy by summed log-likelihood (`acc`), by it per character (`acc_norm`) and by "
+           "mean loss per token (`acc_tok`), as lm-evaluation-harness and llm.c define them "
+           "([evaluation.md](evaluation.md))"),
     F_NUM("ddp.bucket_mb", bucket_mb, 0, 65536, true, false, "gradient bucket size, MiB"),
     F_NUM("ddp.first_bucket_mb", first_bucket_mb, 0, 65536, true, false,
           "the first (small) bucket's size, MiB, at most `bucket_mb`"),
@@ -249,13 +342,16 @@ const ddp__sfield_t ddp__spec_fields[] = {
           "ranks that write shards (striped), at most `ddp.max_workers`"),
     F_NUM("checkpoint.shard_mb", shard_mb, 0, 1e9, true, false,
           "safetensors shard size, decimal MB"),
-    F_OTHER("limits.log_bytes", DDP__FT_BYTES, log_bytes,
+    QUIET("limits.log_bytes", DDP__FT_BYTES, log_bytes,
+          .doc =
             "cap on each rank's log (`rank-R.log`): past it one closing line is written and the "
             "rank's further output is discarded; 0 = none; a daemon's per-user limit lowers it"),
-    F_OTHER("limits.metrics_bytes", DDP__FT_BYTES, metrics_bytes,
+    QUIET("limits.metrics_bytes", DDP__FT_BYTES, metrics_bytes,
+          .doc =
             "cap on `metrics.jsonl`: no line is written past it (one warning in the log; "
             "training goes on); 0 = none; a daemon's per-user limit lowers it"),
-    F_OTHER("limits.tensorboard_bytes", DDP__FT_BYTES, tensorboard_bytes,
+    QUIET("limits.tensorboard_bytes", DDP__FT_BYTES, tensorboard_bytes,
+          .doc =
             "cap on the TensorBoard event files in `RUN_DIR/tb/` together: no event is written "
             "past it (one warning); 0 = none; a daemon's per-user limit lowers it"),
 };
@@ -487,15 +583,15 @@ static bool in_range(const field_t *f, double v)
     return f->hi_open ? v < f->hi : v <= f->hi;
 }
 
-/* Converts and stores one field's value. */
-static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
+static int set_list(pstate_t *ps, const field_t *f, const char *path, char *dst,
+                    const ddp__snode_t *n);
+
+/* Converts one value of field f (named `path` in errors, at the value's mark) into dst. */
+static int convert(pstate_t *ps, const field_t *f, const char *path, char *dst,
+                   const ddp__snode_t *n)
 {
-    const field_t *f = &FIELDS[i];
-    char *dst = (char *)ps->spec + f->off;
     char rb[96], want[128];
-    ps->set[i] = true;
-    ps->line[i] = n->line;
-    ps->column[i] = n->column;
+#define BAD(...) field_error(ps, path, n->line, n->column, __VA_ARGS__)
 
     switch (f->type) {
     case DDP__FT_INT: {
@@ -503,14 +599,14 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         bool ok = to_integer(n, &v);
         describe(f, ok ? (double)v : NAN, want, sizeof want);
         if (!ok || !in_range(f, (double)v))
-            return idx_error(ps, i, "must be %s, got %s", want, repr(n, rb, sizeof rb));
+            return BAD("must be %s, got %s", want, repr(n, rb, sizeof rb));
         store_int(dst, f->size, v);
         return 0;
     }
     case DDP__FT_SEED: {
         long long v;
         if (!to_integer(n, &v) || v < 0)
-            return idx_error(ps, i, "must be an integer >= 0, got %s", repr(n, rb, sizeof rb));
+            return BAD("must be an integer >= 0, got %s", repr(n, rb, sizeof rb));
         *(uint64_t *)dst = (uint64_t)v;
         return 0;
     }
@@ -519,19 +615,19 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         bool ok = to_number(n, &v);
         describe(f, ok ? v : NAN, want, sizeof want);
         if (!ok || !in_range(f, v))
-            return idx_error(ps, i, "must be %s, got %s", want, repr(n, rb, sizeof rb));
+            return BAD("must be %s, got %s", want, repr(n, rb, sizeof rb));
         *(double *)dst = v;
         return 0;
     }
     case DDP__FT_PAIR: {
         double v[2];
         if (n->kind != DDP__SN_SEQ || n->n != 2)
-            return idx_error(ps, i, "must be a sequence of two numbers >= 0 and < 1 "
+            return BAD("must be a sequence of two numbers >= 0 and < 1 "
                                     "([beta1, beta2]), got %s", repr(n, rb, sizeof rb));
         for (int k = 0; k < 2; k++) {
             const ddp__snode_t *e = n->entries[k].val;
             if (!to_number(e, &v[k]) || !(v[k] >= 0 && v[k] < 1))
-                return field_error(ps, f->path, e->line, e->column,
+                return field_error(ps, path, e->line, e->column,
                                    "entry %d must be a number >= 0 and < 1, got %s", k,
                                    repr(e, rb, sizeof rb));
         }
@@ -541,16 +637,16 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
     case DDP__FT_BOOL: {
         int v;
         if (!to_bool(n, &v))
-            return idx_error(ps, i, "must be true or false, got %s", repr(n, rb, sizeof rb));
+            return BAD("must be true or false, got %s", repr(n, rb, sizeof rb));
         *(int *)dst = v;
         return 0;
     }
     case DDP__FT_STR: {
         const char *s;
         if (!to_text(n, &s))
-            return idx_error(ps, i, "must be a string, got %s", repr(n, rb, sizeof rb));
+            return BAD("must be a string, got %s", repr(n, rb, sizeof rb));
         if (strlen(s) >= f->size)
-            return idx_error(ps, i, "must be at most %zu bytes long, got %zu", f->size - 1,
+            return BAD("must be at most %zu bytes long, got %zu", f->size - 1,
                              strlen(s));
         snprintf(dst, f->size, "%s", s);
         return 0;
@@ -568,11 +664,11 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
                         snprintf(dst, f->size, "%s", s);
                     return 0;
                 }
-        return idx_error(ps, i, "must be one of %s; got %s", want, repr(n, rb, sizeof rb));
+        return BAD("must be one of %s; got %s", want, repr(n, rb, sizeof rb));
     }
     case DDP__FT_BYTES:
         if (!to_bytes(n, (int64_t *)dst))
-            return idx_error(ps, i, "must be a size in bytes >= 0, as a number or with a unit "
+            return BAD("must be a size in bytes >= 0, as a number or with a unit "
                                     "(\"8GiB\", \"512MB\"), got %s", repr(n, rb, sizeof rb));
         return 0;
     case DDP__FT_PRESET: {
@@ -587,10 +683,116 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
         for (size_t p = 0; p < ddp__spec_n_presets; p++)
             k += snprintf(names + k, sizeof names - k, "%s%s", p ? ", " : "",
                           ddp__spec_presets[p].name);
-        return idx_error(ps, i, "must be one of %s; got %s", names, repr(n, rb, sizeof rb));
+        return BAD("must be one of %s; got %s", names, repr(n, rb, sizeof rb));
     }
+    case DDP__FT_LIST: return set_list(ps, f, path, dst, n);
     }
+#undef BAD
     return 0;
+}
+
+/* The keys of a list's items, for a message: "name, path, weight". */
+static void item_keys(const ddp__slist_t *L, char *buf, size_t len)
+{
+    size_t k = 0;
+    buf[0] = '\0';
+    for (size_t j = 0; j < L->n_items && k < len; j++)
+        k += (size_t)snprintf(buf + k, len - k, "%s%s", j ? ", " : "", L->items[j].path);
+}
+
+/* One item of a list: a mapping of its keys; required keys given and not empty, a name valid
+ * and unlike the earlier items' (`k` of them, before it in `base`). */
+static int set_item(pstate_t *ps, const ddp__slist_t *L, const char *path, char *base, int k,
+                    const ddp__snode_t *n)
+{
+    char rb[96], keys[128], key_path[320];
+    char *item = base + (size_t)k * L->item_size;
+    item_keys(L, keys, sizeof keys);
+    if (n->kind != DDP__SN_MAP)
+        return field_error(ps, path, n->line, n->column, "must be a mapping of %s, got %s",
+                           keys, repr(n, rb, sizeof rb));
+    memcpy(item, L->defaults, L->item_size);
+    bool given[8] = {false};
+    for (size_t e = 0; e < n->n; e++) {
+        const ddp__sentry_t *en = &n->entries[e];
+        snprintf(key_path, sizeof key_path, "%s.%.100s", path, en->key);
+        size_t j = 0;
+        while (j < L->n_items && strcmp(L->items[j].path, en->key)) j++;
+        if (j == L->n_items)
+            return field_error(ps, key_path, en->key_line, en->key_column,
+                               "unknown key; allowed here: %s", keys);
+        const field_t *f = &L->items[j];
+        DDP_CHECK(convert(ps, f, key_path, item + f->off, en->val));
+        given[j] = true;
+        if (f->type == DDP__FT_STR && f->required && !item[f->off])
+            return field_error(ps, key_path, en->val->line, en->val->column,
+                               "must not be empty");
+        if (strcmp(f->path, "name")) continue;
+        if (!ddp_spec_name_ok(item + f->off))
+            return field_error(ps, key_path, en->val->line, en->val->column,
+                               "must use only letters, digits, '-', '_' and '.', and not start "
+                               "with '-' or '.', got \"%s\"", item + f->off);
+        for (int o = 0; o < k; o++)
+            if (!strcmp(base + (size_t)o * L->item_size + f->off, item + f->off))
+                return field_error(ps, key_path, en->val->line, en->val->column,
+                                   "\"%s\" is the name of entry %d too: names are unique",
+                                   item + f->off, o);
+    }
+    for (size_t j = 0; j < L->n_items; j++)
+        if (L->items[j].required && !given[j])
+            return field_error(ps, path, n->line, n->column, "needs `%s` (an entry is %s)",
+                               L->items[j].path, keys);
+    return 0;
+}
+
+/* A list field: a sequence of items, or (where the list allows) a string that is one item. */
+static int set_list(pstate_t *ps, const field_t *f, const char *path, char *dst,
+                    const ddp__snode_t *n)
+{
+    const ddp__slist_t *L = f->list;
+    int *count = (int *)((char *)ps->spec + L->count_off);
+    char rb[96], keys[128], item_path[200];
+    *count = 0;
+    memset(dst, 0, f->size);
+    item_keys(L, keys, sizeof keys);
+    if (L->from_string && n->kind == DDP__SN_SCALAR) {
+        const char *text;
+        size_t j = 0;
+        while (strcmp(L->items[j].path, L->from_string)) j++;
+        if (!to_text(n, &text))
+            return field_error(ps, path, n->line, n->column,
+                               "must be a string or a list of mappings (%s), got %s", keys,
+                               repr(n, rb, sizeof rb));
+        *(int *)((char *)ps->spec + L->listed_off) = 0;
+        if (!text[0]) return 0; /* none */
+        memcpy(dst, L->defaults, L->item_size);
+        DDP_CHECK(convert(ps, &L->items[j], path, dst + L->items[j].off, n));
+        *count = 1;
+        return 0;
+    }
+    if (n->kind == DDP__SN_SCALAR && n->stype == DDP__SC_NULL) return 0; /* `eval:` alone */
+    if (n->kind != DDP__SN_SEQ)
+        return field_error(ps, path, n->line, n->column, "must be %sa list of mappings (%s), got %s",
+                           L->from_string ? "a string or " : "", keys, repr(n, rb, sizeof rb));
+    if (n->n > (size_t)L->max)
+        return field_error(ps, path, n->line, n->column,
+                           "must have at most %d entries, got %zu", L->max, n->n);
+    if (L->from_string) *(int *)((char *)ps->spec + L->listed_off) = 1;
+    for (size_t k = 0; k < n->n; k++) {
+        snprintf(item_path, sizeof item_path, "%s[%zu]", path, k);
+        DDP_CHECK(set_item(ps, L, item_path, dst, (int)k, n->entries[k].val));
+    }
+    *count = (int)n->n;
+    return 0;
+}
+
+/* Converts and stores the value of FIELDS[i], remembering where it was given. */
+static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
+{
+    ps->set[i] = true;
+    ps->line[i] = n->line;
+    ps->column[i] = n->column;
+    return convert(ps, &FIELDS[i], FIELDS[i].path, (char *)ps->spec + FIELDS[i].off, n);
 }
 
 /* ---- walking the document ------------------------------------------------------------------ */
@@ -645,15 +847,15 @@ static int walk(pstate_t *ps, const ddp__snode_t *root)
                            "data/train_*.bin");
     if (root->kind != DDP__SN_MAP)
         return field_error(ps, ps->origin, root->line, root->column,
-                           "a spec must be a mapping (name, model, data, train, ddp, "
+                           "a spec must be a mapping (name, model, data, train, eval, ddp, "
                            "checkpoint, limits), got %s", repr(root, rb, sizeof rb));
     for (size_t j = 0; j < root->n; j++) {
         const ddp__sentry_t *e = &root->entries[j];
         int k = 0;
         while (SECTIONS[k] && strcmp(e->key, SECTIONS[k])) k++;
         if (!SECTIONS[k]) return unknown_key(ps, NULL, e);
-        if (k == 0) /* "name", the one top-level field */
-            DDP_CHECK(set_field(ps, field_index("name"), e->val));
+        if (!strcmp(e->key, "name") || !strcmp(e->key, "eval")) /* the top-level fields */
+            DDP_CHECK(set_field(ps, field_index(e->key), e->val));
         else
             DDP_CHECK(walk_section(ps, e->key, e));
     }
@@ -665,6 +867,37 @@ static int walk(pstate_t *ps, const ddp__snode_t *root)
 /* The reference lists these rules in words (spec_out.c, RULES): change both together. */
 
 #define SET(path) ps->set[field_index(path)]
+
+/* The decay of a wsd schedule: its length given once, only for wsd, and between the warmup and
+ * the end (decay_steps 0: decay_frac of train.steps, computed where it is used, so that a resume
+ * with another train.steps keeps the fraction). */
+static int finish_schedule(pstate_t *ps)
+{
+    ddp_spec_t *s = ps->spec;
+    static const char *const WSD_ONLY[] = {"train.decay_steps", "train.decay_frac",
+                                           "train.decay_shape"};
+    if (s->schedule != DDP_SCHED_WSD) {
+        for (int k = 0; k < 3; k++)
+            if (SET(WSD_ONLY[k]))
+                return idx_error(ps, field_index(WSD_ONLY[k]),
+                                 "applies only to train.schedule: wsd (the schedule is %s)",
+                                 s->schedule == DDP_SCHED_COSINE ? "cosine" : "constant");
+        return 0;
+    }
+    if (SET("train.decay_steps") && SET("train.decay_frac"))
+        return idx_error(ps, field_index("train.decay_frac"),
+                         "give train.decay_steps or train.decay_frac, not both");
+    long decay = s->decay_steps ? s->decay_steps : lround(s->decay_frac * (double)s->steps);
+    int i = field_index(s->decay_steps ? "train.decay_steps" : "train.decay_frac");
+    if (decay < 1)
+        return idx_error(ps, i, "gives a decay of %ld steps: it must be at least 1", decay);
+    if (decay > s->steps - s->warmup)
+        return idx_error(ps, i,
+                         "gives a decay of %ld steps, more than the %ld after the warmup "
+                         "(train.steps %ld - train.warmup %ld)",
+                         decay, s->steps - s->warmup, s->steps, s->warmup);
+    return 0;
+}
 
 static int finish(pstate_t *ps, const ddp__snode_t *root)
 {
@@ -718,44 +951,12 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     }
 
     /* data */
-    if (!s->train_glob[0]) {
+    if (s->n_train == 0) {
         const ddp__sentry_t *de = ddp__stree_find(root, "data");
         int i = field_index("data.train");
         if (ps->set[i]) return idx_error(ps, i, "must not be empty");
         return field_error(ps, "data.train", de ? de->key_line : 0, de ? de->key_column : 0,
                            "is required: a glob of token shards such as data/train_*.bin");
-    }
-
-    /* TEMP spec stub: "name=GLOB@W;name2=GLOB@W" stands for a list until the lead's parser */
-    {
-        char *lists[2] = {s->train_glob, s->val_glob};
-        ddp_data_source_t *to[2] = {s->train, s->val};
-        int *n[2] = {&s->n_train, &s->n_val}, *listed[2] = {&s->train_listed, &s->val_listed};
-        for (int l = 0; l < 2; l++) {
-            *n[l] = 0;
-            *listed[l] = strchr(lists[l], '=') != NULL;
-            char buf[1024];
-            snprintf(buf, sizeof buf, "%s", lists[l]);
-            char *save = NULL;
-            for (char *e = strtok_r(buf, ";", &save); e && *n[l] < DDP_SPEC_MAX_SOURCES;
-                 e = strtok_r(NULL, ";", &save)) {
-                ddp_data_source_t *d = &to[l][(*n[l])++];
-                memset(d, 0, sizeof *d);
-                d->weight = 1;
-                char *eq = *listed[l] ? strchr(e, '=') : NULL;
-                if (eq) {
-                    *eq = 0;
-                    snprintf(d->name, sizeof d->name, "%s", e);
-                    e = eq + 1;
-                }
-                char *at = *listed[l] ? strrchr(e, '@') : NULL;
-                if (at) {
-                    *at = 0;
-                    d->weight = strtod(at + 1, NULL);
-                }
-                snprintf(d->glob, sizeof d->glob, "%s", e);
-            }
-        }
     }
 
     /* train */
@@ -773,7 +974,7 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     if (SET("train.betas") && (SET("train.beta1") || SET("train.beta2")))
         return idx_error(ps, field_index("train.betas"),
                          "give betas or beta1/beta2, not both");
-    if (!SET("train.min_lr")) s->min_lr = s->lr / 10;
+    if (!SET("train.min_lr")) s->min_lr = s->schedule == DDP_SCHED_WSD ? 0 : s->lr / 10;
     if (s->min_lr > s->lr)
         return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
                          s->lr, s->min_lr);
@@ -784,6 +985,17 @@ static int finish(pstate_t *ps, const ddp__snode_t *root)
     if (s->warmup > 0 && s->warmup >= s->steps)
         return idx_error(ps, field_index("train.warmup"), "must be < train.steps (%ld), got %ld",
                          s->steps, s->warmup);
+    DDP_CHECK(finish_schedule(ps));
+    static const char *const Z[] = {"train.skip_loss_z", "train.skip_norm_z"};
+    double z_max = sqrt((double)s->skip_window - 1);
+    for (int k = 0; k < 2; k++) {
+        double z = k ? s->skip_norm_z : s->skip_loss_z;
+        if (z > 0 && z >= z_max)
+            return idx_error(ps, field_index(Z[k]),
+                             "must be below sqrt(train.skip_window - 1) = %.4g, the largest "
+                             "z-score a window of %d can give (it could never skip), got %g",
+                             z_max, s->skip_window, z);
+    }
 
     /* ddp */
     if (!SET("ddp.min_workers")) s->min_workers = s->workers;

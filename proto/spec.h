@@ -47,7 +47,28 @@ typedef struct ddp_model_cfg {
     int qwen2;             /* 1: written back as model_type "qwen2" (Qwen2ForCausalLM) */
 } ddp_model_cfg_t;
 
-typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1 } ddp_schedule_t;
+typedef enum { DDP_SCHED_COSINE = 0, DDP_SCHED_CONSTANT = 1, DDP_SCHED_WSD = 2 } ddp_schedule_t;
+/* The shape of a warmup-stable-decay schedule's decay (train.decay_shape). */
+typedef enum { DDP_DECAY_LINEAR = 0, DDP_DECAY_1_SQRT = 1, DDP_DECAY_COSINE = 2 } ddp_decay_shape_t;
+
+#define DDP_SPEC_MAX_SOURCES 8        /* entries of data.train or data.val */
+#define DDP_SPEC_MAX_EVALS 8          /* entries of eval */
+#define DDP_SPEC_MAX_SKIP_WINDOW 4096 /* train.skip_window */
+
+/* One source of token shards: an entry of data.train (a mixture) or data.val. */
+typedef struct ddp_data_source {
+    char name[64];   /* ddp_spec_name_ok, unique in its list; "" in the plain-string form */
+    char glob[1024]; /* glob of token shards */
+    double weight;   /* > 0, not normalised (data.val: 1); 1 in the plain-string form */
+} ddp_data_source_t;
+
+/* One multiple-choice evaluation task: an entry of eval. */
+typedef struct ddp_eval_task {
+    char name[64];   /* ddp_spec_name_ok, unique */
+    char path[1024]; /* a JSONL file of multiple-choice rows */
+    long every;      /* steps between evaluations; 0 = only after the last step (always then too) */
+    long limit;      /* examples scored: the first `limit` of the file; 0 = all */
+} ddp_eval_task_t;
 /* The values are kernels/kernels.h's ddp_kprec_t's; AUTO is resolved by the worker. */
 typedef enum {
     DDP_PREC_FP32 = 0,
@@ -65,14 +86,6 @@ typedef enum {
     DDP_TRANSFER_PAUSE = 2
 } ddp_state_transfer_t;
 
-/* TEMP spec stub (issue 48; the lead's "Spec:" commit replaces it) */
-#define DDP_SPEC_MAX_SOURCES 8
-typedef struct ddp_data_source {
-    char name[64];   /* a name (ddp_spec_name_ok rules), unique in its list; "" in the plain-string form */
-    char glob[1024]; /* glob of token shards */
-    double weight;   /* > 0 (default 1); 1 in the plain-string form; not normalised (divide by the sum) */
-} ddp_data_source_t;
-
 typedef struct ddp_spec {
     char name[128];
 
@@ -84,16 +97,14 @@ typedef struct ddp_spec {
     char init_from[1024];   /* "" or a directory of Hugging Face safetensors (GPT-2 or Llama) */
     char config[1024];      /* "" or a Hugging Face config.json (or its directory): the model */
 
-    /* data: glob patterns of token shards */
-    char train_glob[1024];
-    /* TEMP spec stub: */
+    /* data: glob patterns of token shards; each list is a string (one source, listed 0, written
+     * back as a string) or a list of named sources (listed 1) */
     int n_train;                                   /* >= 1 */
-    ddp_data_source_t train[DDP_SPEC_MAX_SOURCES]; /* data.train: a string (n_train 1) or a list [{name, path, weight}] */
-    int train_listed;                              /* 1: given as a list (written back as one) */
+    ddp_data_source_t train[DDP_SPEC_MAX_SOURCES]; /* a mixture when n_train > 1 */
+    int train_listed;
     int n_val;                                     /* 0 = no validation */
-    ddp_data_source_t val[DDP_SPEC_MAX_SOURCES];   /* data.val: a string or a list [{name, path}] (weight 1) */
+    ddp_data_source_t val[DDP_SPEC_MAX_SOURCES];
     int val_listed;
-    char val_glob[1024]; /* "" = no validation */
     char tokenizer[1024]; /* "" or a Hugging Face tokenizer.json (worker/run_tokenizer.h) */
 
     /* train */
@@ -104,6 +115,12 @@ typedef struct ddp_spec {
     double lr, min_lr;        /* min_lr default lr/10 */
     long warmup;              /* linear warmup steps */
     ddp_schedule_t schedule;
+    long decay_steps;              /* wsd: steps of the decay; 0 = decay_frac x steps */
+    double decay_frac;             /* wsd: the decay's share of steps, (0, 1] */
+    ddp_decay_shape_t decay_shape; /* wsd: the decay's shape */
+    int allow_schedule_change;     /* bool: a resume may change a cosine run's steps */
+    double skip_loss_z, skip_norm_z; /* spike skipping's z-score thresholds; 0 = off */
+    int skip_window;                 /* spike skipping's window of steps */
     double weight_decay, beta1, beta2, eps, clip; /* clip 0 = off */
     ddp_precision_t precision;                   /* matmul inputs; AUTO until the worker picks */
     long loss_scale_interval;                    /* fp16: clean steps before the scale doubles */
@@ -130,6 +147,10 @@ typedef struct ddp_spec {
     double rejoin_timeout_s;    /* below min_workers: how long the job waits for replacements */
     double heartbeat_timeout_s; /* silence after which a rank is evicted */
     ddp_state_transfer_t state_transfer; /* a joiner's state: overlapped, paused for, or auto */
+
+    /* eval: multiple-choice tasks scored during the run */
+    int n_eval;
+    ddp_eval_task_t eval[DDP_SPEC_MAX_EVALS];
 
     /* checkpoint */
     char ckpt_dir[1024]; /* "" = no checkpoints */

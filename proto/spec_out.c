@@ -12,8 +12,10 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "common/alloc.h"
 #include "proto/spec.h"
 #include "proto/spec_int.h"
 
@@ -21,9 +23,38 @@ typedef ddp__sfield_t field_t;
 
 /* ---- JSON output --------------------------------------------------------------------------- */
 
-static json_t *field_json(const ddp_spec_t *s, const field_t *f)
+static json_t *value_json(const field_t *f, const char *p, const ddp_spec_t *s);
+
+/* A list: a string where it was given as one (or is empty), else an array of objects. */
+static json_t *list_json(const field_t *f, const char *p, const ddp_spec_t *s)
 {
-    const char *p = (const char *)s + f->off;
+    const ddp__slist_t *L = f->list;
+    int n = *(const int *)((const char *)s + L->count_off);
+    if (L->from_string && !*(const int *)((const char *)s + L->listed_off)) {
+        for (size_t j = 0; j < L->n_items; j++)
+            if (!strcmp(L->items[j].path, L->from_string))
+                return json_string(n ? p + L->items[j].off : "");
+    }
+    json_t *a = json_array();
+    for (int k = 0; a && k < n; k++) {
+        const char *item = p + (size_t)k * L->item_size;
+        json_t *o = json_object();
+        for (size_t j = 0; o && j < L->n_items; j++)
+            if (json_object_set_new(o, L->items[j].path,
+                                    value_json(&L->items[j], item + L->items[j].off, s))) {
+                json_decref(o);
+                o = NULL;
+            }
+        if (!o || json_array_append_new(a, o)) {
+            json_decref(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static json_t *value_json(const field_t *f, const char *p, const ddp_spec_t *s)
+{
     switch (f->type) {
     case DDP__FT_INT:
         return json_integer(f->size == sizeof(int) ? *(const int *)p : *(const long *)p);
@@ -39,16 +70,24 @@ static json_t *field_json(const ddp_spec_t *s, const field_t *f)
     case DDP__FT_STR:
     case DDP__FT_CHOICE:
     case DDP__FT_PRESET: return json_string(p);
+    case DDP__FT_LIST: return list_json(f, p, s);
     case DDP__FT_PAIR: break;
     }
     return NULL;
+}
+
+static json_t *field_json(const ddp_spec_t *s, const field_t *f)
+{
+    return value_json(f, (const char *)s + f->off, s);
 }
 
 char *ddp_spec_to_json(const ddp_spec_t *s)
 {
     json_t *root = json_object();
     char *out = NULL;
-    if (!root) return NULL;
+    ddp_spec_t *d = ddp_calloc(1, sizeof *d); /* the defaults, for the quiet fields */
+    if (!root || !d) goto out;
+    ddp_spec_defaults(d);
     for (size_t i = 0; i < ddp__spec_n_fields; i++) {
         const field_t *f = &ddp__spec_fields[i];
         if (f->type == DDP__FT_PAIR) continue; /* written as beta1/beta2 */
@@ -62,9 +101,10 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
             (!s->model.n_layer || s->config[0] || s->model.arch != DDP_ARCH_GPT2))
             continue;
         if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
-        /* limits.* at 0 (none) are left out: an older ddp-worker (a peer's during a rolling
-         * upgrade, proto/spec.c refuses unknown keys) then still reads the spec */
-        if (!strncmp(f->path, "limits.", 7) && !*(const int64_t *)((const char *)s + f->off))
+        /* quiet fields at their default and an empty list are left out (spec_int.h) */
+        if (f->quiet && !memcmp((const char *)s + f->off, (const char *)d + f->off, f->size))
+            continue;
+        if (f->type == DDP__FT_LIST && !*(const int *)((const char *)s + f->list->count_off))
             continue;
         const char *dot = strchr(f->path, '.');
         json_t *obj = root;
@@ -83,6 +123,7 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
     out = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
 out:
     json_decref(root);
+    free(d);
     return out;
 }
 
@@ -126,6 +167,11 @@ static const char RULES[] =
     "  `micro_batch` x `seq_len` (and the worker checks that it divides by the world).\n"
     "- `train.betas` or `beta1`/`beta2`, not both; `train.min_lr` <= `train.lr`;\n"
     "  `train.warmup` < `train.steps` when it is not 0.\n"
+    "- `train.decay_steps`, `decay_frac` and `decay_shape` only with `schedule: wsd`, and not\n"
+    "  both `decay_steps` and `decay_frac`; the decay is 1 to `steps` - `warmup` steps long.\n"
+    "- `train.skip_loss_z` and `skip_norm_z` are 0 or below sqrt(`skip_window` - 1), the\n"
+    "  largest z-score a window of that size can give.\n"
+    "- The entries of `data.train`, `data.val` and `eval` have unique names.\n"
     "- `ddp.min_workers` <= `ddp.workers` <= `ddp.max_workers`; `ddp.first_bucket_mb` <=\n"
     "  `ddp.bucket_mb`.\n"
     "- `checkpoint.every` > 0 needs `checkpoint.dir`; `checkpoint.writers` <=\n"
@@ -162,6 +208,7 @@ static const char *type_name(const field_t *f)
     case DDP__FT_CHOICE: return "choice";
     case DDP__FT_PAIR: return "[number, number]";
     case DDP__FT_BYTES: return "size";
+    case DDP__FT_LIST: return f->list->from_string ? "string or list" : "list";
     }
     return "?";
 }
@@ -204,14 +251,15 @@ static void allowed(const field_t *f, char *buf, size_t len)
         return;
     }
     case DDP__FT_BYTES: snprintf(buf, len, ">= 0, in bytes or with a unit (`\"8GiB\"`)"); return;
+    case DDP__FT_LIST: snprintf(buf, len, "at most %d entries", f->list->max); return;
     }
     buf[0] = '\0';
 }
 
-/* The default: the table's words where it depends on other fields, else ddp_spec_defaults's. */
-static void default_text(const field_t *f, const ddp_spec_t *d, char *buf, size_t len)
+/* The default: the table's words where it depends on other fields, else the value at p (from
+ * ddp_spec_defaults, or a list's item defaults). */
+static void default_text(const field_t *f, const char *p, char *buf, size_t len)
 {
-    const char *p = (const char *)d + f->off;
     if (f->dflt) {
         snprintf(buf, len, "%s", f->dflt);
         return;
@@ -234,8 +282,27 @@ static void default_text(const field_t *f, const ddp_spec_t *d, char *buf, size_
     case DDP__FT_STR:
     case DDP__FT_CHOICE:
     case DDP__FT_PRESET: snprintf(buf, len, p[0] ? "`%s`" : "`\"\"`", p); return;
+    case DDP__FT_LIST: snprintf(buf, len, "`[]`"); return;
     }
     buf[0] = '\0';
+}
+
+/* One row of the reference's table: `path` (a list's item keys: `list[].key`). */
+static void row(FILE *out, const field_t *f, const char *path, const char *p)
+{
+    char text[512];
+    fprintf(out, "| `%s` | %s | ", path, type_name(f));
+    if (f->required)
+        snprintf(text, sizeof text, "required");
+    else
+        default_text(f, p, text, sizeof text);
+    cell(out, text);
+    fputs(" | ", out);
+    allowed(f, text, sizeof text);
+    cell(out, text);
+    fputs(" | ", out);
+    cell(out, f->doc);
+    fputs(" |\n", out);
 }
 
 static void write_presets(FILE *out)
@@ -280,26 +347,26 @@ int ddp_spec_reference(FILE *out)
     ddp_spec_defaults(&d);
     fputs(INTRO, out);
     fputs("\n## Fields\n", out);
-    char section[32] = "", text[512];
+    char section[32] = "";
     for (size_t i = 0; i < ddp__spec_n_fields; i++) {
         const field_t *f = &ddp__spec_fields[i];
         const char *dot = strchr(f->path, '.');
-        char sec[32];
-        snprintf(sec, sizeof sec, "%.*s", dot ? (int)(dot - f->path) : 0, f->path);
+        char sec[32]; /* a top-level list is a section of its own */
+        snprintf(sec, sizeof sec, "%.*s",
+                 dot ? (int)(dot - f->path) : f->type == DDP__FT_LIST ? (int)strlen(f->path) : 0,
+                 f->path);
         if (i == 0 || strcmp(sec, section)) {
             snprintf(section, sizeof section, "%s", sec);
             fprintf(out, "\n### %s\n\n", sec[0] ? sec : "Top level");
             fputs("| field | type | default | allowed | meaning |\n|---|---|---|---|---|\n", out);
         }
-        fprintf(out, "| `%s` | %s | ", f->path, type_name(f));
-        default_text(f, &d, text, sizeof text);
-        cell(out, text);
-        fputs(" | ", out);
-        allowed(f, text, sizeof text);
-        cell(out, text);
-        fputs(" | ", out);
-        cell(out, f->doc);
-        fputs(" |\n", out);
+        row(out, f, f->path, (const char *)&d + f->off);
+        for (size_t j = 0; f->type == DDP__FT_LIST && j < f->list->n_items; j++) {
+            const field_t *it = &f->list->items[j];
+            char path[96];
+            snprintf(path, sizeof path, "%s[].%s", f->path, it->path);
+            row(out, it, path, (const char *)f->list->defaults + it->off);
+        }
     }
     fputc('\n', out);
     write_presets(out);

@@ -28,6 +28,7 @@
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
 
@@ -485,8 +486,7 @@ const ddp__sentry_t *ddp__stree_find(const ddp__snode_t *root, const char *path)
     const ddp__snode_t *n = root;
     const ddp__sentry_t *found = NULL;
     while (n && *path) {
-        const char *dot = strchr(path, '.');
-        size_t len = dot ? (size_t)(dot - path) : strlen(path);
+        size_t len = strcspn(path, ".[");
         if (n->kind != DDP__SN_MAP) return NULL;
         found = NULL;
         for (size_t i = 0; i < n->n; i++) {
@@ -498,8 +498,17 @@ const ddp__sentry_t *ddp__stree_find(const ddp__snode_t *root, const char *path)
         }
         if (!found) return NULL;
         n = found->val;
-        path += len + (dot ? 1 : 0);
-        if (!dot) break;
+        path += len;
+        while (*path == '[') { /* a list's entry: "eval[1]" */
+            char *end;
+            unsigned long k = strtoul(path + 1, &end, 10);
+            if (*end != ']' || n->kind != DDP__SN_SEQ || k >= n->n) return NULL;
+            found = &n->entries[k];
+            n = found->val;
+            path = end + 1;
+        }
+        if (*path != '.') break;
+        path++;
     }
     return found;
 }

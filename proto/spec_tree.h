@@ -72,8 +72,8 @@ int ddp__stree_json(ddp__stree_t *t, const char *text, size_t len, const char *o
 /* Frees everything t holds. NULL-safe; safe on a zeroed tree. */
 void ddp__stree_free(ddp__stree_t *t);
 
-/* Finds the node at a dotted path ("train.lr") under root. Returns the entry (key and its mark,
- * value node) or NULL. */
+/* Finds the node at a dotted path ("train.lr", with list entries indexed: "eval[1].path") under
+ * root. Returns the entry (key and its mark, value node; a list entry has no key) or NULL. */
 const ddp__sentry_t *ddp__stree_find(const ddp__snode_t *root, const char *path);
 
 #endif

@@ -75,7 +75,8 @@ static void usage(FILE *out)
             "Trains the GPT-2 described by JOB.yaml (YAML or JSON).\n"
             "\n"
             "options:\n"
-            "  --set KEY=VALUE     override a spec field, e.g. --set train.steps=20 (repeatable;\n"
+            "  --set KEY=VALUE     override a spec field, e.g. --set train.steps=20 or --set\n"
+            "                      'eval=[{\"name\":\"hs\",\"path\":\"hs.jsonl\"}]' (repeatable;\n"
             "                      VALUE is read as JSON when it parses, else as a string)\n"
             "  --run-dir DIR       write metrics.jsonl there (default: $DDP_RUN_DIR)\n"
             "  --backend NAME      kernel backend: auto (default), cpu, cuda, sim (tests)\n"
@@ -292,21 +293,25 @@ static int apply_overrides(ddp_spec_t *spec, char **sets, int n_sets, ddp_errinf
     for (int i = 0; i < n_sets && rc == 0; i++) {
         char *eq = strchr(sets[i], '=');
         char *dot = strchr(sets[i], '.');
-        if (!eq || !dot || dot > eq) {
-            rc = ddp_errinfo_set(ei, DDP_ESPEC, "--set %s: expected SECTION.KEY=VALUE", sets[i]);
+        if (dot && eq && dot > eq) dot = NULL;
+        if (!eq || eq == sets[i]) {
+            rc = ddp_errinfo_set(ei, DDP_ESPEC,
+                                 "--set %s: expected SECTION.KEY=VALUE (or KEY=VALUE for a "
+                                 "top-level field: name, eval)", sets[i]);
             break;
         }
         char section[64], key[64];
-        snprintf(section, sizeof section, "%.*s", (int)(dot - sets[i]), sets[i]);
-        snprintf(key, sizeof key, "%.*s", (int)(eq - dot - 1), dot + 1);
+        snprintf(section, sizeof section, "%.*s", dot ? (int)(dot - sets[i]) : 0, sets[i]);
+        snprintf(key, sizeof key, "%.*s", dot ? (int)(eq - dot - 1) : (int)(eq - sets[i]),
+                 dot ? dot + 1 : sets[i]);
         json_t *value = json_loads(eq + 1, JSON_DECODE_ANY, &jerr);
         if (!value) value = json_string(eq + 1);
-        json_t *obj = json_object_get(root, section);
+        json_t *obj = dot ? json_object_get(root, section) : root;
         if (!obj) {
             obj = json_object();
             json_object_set_new(root, section, obj);
         }
-        json_object_set_new(obj, key, value);
+        json_object_set_new(obj, key, value); /* the parse below refuses an unknown key */
     }
     if (rc == 0) {
         text = json_dumps(root, JSON_COMPACT);

@@ -239,6 +239,10 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
     ddp_loss_scale_init(&t->loss_scale, t->loss_scale.prec, s->loss_scale_interval, &t->pos);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
+    if (s->n_eval > 0) { /* (being built: issue 48) */
+        rc = ddp_errinfo_set(ei, DDP_EINVAL, "eval is not implemented in this build yet");
+        goto fail;
+    }
     DDP_CHECK_GOTO(open_data(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp__trainer_attach_world(t, ei), rc, fail);
     /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this

@@ -109,8 +109,11 @@ static void test_defaults(void **state)
     assert_string_equal(s.name, "job");
     assert_string_equal(s.preset, "gpt2-tiny");
     assert_int_equal(s.model.n_layer, 2);
-    assert_string_equal(s.train_glob, "data/train_*.bin");
-    assert_string_equal(s.val_glob, "");
+    assert_int_equal(s.n_train, 1);
+    assert_int_equal(s.train_listed, 0);
+    assert_string_equal(s.train[0].glob, "data/train_*.bin");
+    assert_true(s.train[0].weight == 1);
+    assert_int_equal(s.n_val, 0);
     assert_string_equal(s.tokenizer, ""); /* data.tokenizer: none */
     assert_string_equal(s.init_from, "");
     assert_int_equal(s.steps, 1000);
@@ -152,7 +155,9 @@ static void test_defaults(void **state)
 
     /* ddp_spec_defaults is the same but with no data */
     ddp_spec_defaults(&d);
-    snprintf(d.train_glob, sizeof d.train_glob, "data/train_*.bin");
+    snprintf(d.train[0].glob, sizeof d.train[0].glob, "data/train_*.bin");
+    d.train[0].weight = 1;
+    d.n_train = 1;
     assert_spec_eq(&s, &d);
 
     /* dependent defaults: min_lr follows lr, min/max_workers follow workers */
@@ -183,7 +188,8 @@ static void test_yaml_json_equal(void **state)
     assert_string_equal(y.preset, "");
     assert_int_equal(y.model.n_layer, 4);
     assert_int_equal(y.model.block_size, 256);
-    assert_string_equal(y.val_glob, "data/full/val_*.bin");
+    assert_int_equal(y.n_val, 1);
+    assert_string_equal(y.val[0].glob, "data/full/val_*.bin");
     assert_string_equal(y.tokenizer, "data/full/tokenizer.json");
     assert_int_equal(y.global_batch_tokens, 4096);
     assert_true(y.lr == 3e-4);
@@ -255,7 +261,7 @@ static void test_examples(void **state)
     assert_int_equal(ddp_spec_load(&s, src_path("deploy/examples/shakespeare-tiny.yaml"), &ei),
                      0);
     assert_string_equal(s.preset, "gpt2-tiny");
-    assert_string_equal(s.train_glob, "data/shakespeare/train_*.bin");
+    assert_string_equal(s.train[0].glob, "data/shakespeare/train_*.bin");
     assert_int_equal(ddp_spec_load(&s, src_path("deploy/examples/shakespeare-mini.yaml"), &ei),
                      0);
     assert_string_equal(s.preset, "gpt2-mini");
@@ -342,7 +348,7 @@ static void test_reject_inline(void **state)
         {D "train: {lr: .nan}", "train.lr", 2, 13, "got .nan"},
         {D "ddp: {overlap: maybe}", "ddp.overlap", 2, 16, "must be true or false, got maybe"},
         {D "train: {schedule: linear}", "train.schedule", 2, 19,
-         "must be one of cosine, constant; got linear"},
+         "must be one of cosine, constant, wsd; got linear"},
         {D "train: {precision: fp8}", "train.precision", 2, 20, "fp32, bf16, fp16, auto"},
         {D "train: {loss_scale_interval: 0}", "train.loss_scale_interval", 2, 30, ">= 1"},
         {D "ddp: {backend: gloo}", "ddp.backend", 2, 16, "auto, ring, nccl, mpi"},
