@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Data mixtures with real processes (TAP): each step's samples (the sum over ranks of the
+# loader's sample-id hashes) are the same on 1, 2 and 3 ranks; 2 ranks equal 1 rank x 2
+# accumulation steps bitwise; a resume with the same weights is bitwise the run that never
+# stopped; new weights on resume repeat and skip no sequence of any source (counted from the
+# loader's source:sequence lines) and hold the new shares from the resume; a source dropped is
+# named, a source added starts at 0; a source's new epoch is logged; a checkpoint without
+# cursors resumes as a mixture from 0.
+#   test_mixture.sh DDP_WORKER DDP_PREP
+set -uo pipefail
+worker=$1 prep=$2
+here=$(cd "$(dirname "$0")" && pwd)
+root=${DDP_SOURCE_ROOT:-$here/../../..}
+launch="$root/deploy/launch-local.sh"
+compare="$here/compare_weights.py"
+count="$here/mixture_count.py"
+tmp=$(mktemp -d /tmp/ddp-test-mixture.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export DDP_WORKER=$worker DDP_LOG_LEVEL=debug
+
+. "$(dirname "$0")/../../tap.sh"
+. "$(dirname "$0")/../../corpus.sh"
+
+# three sources; c is small (about 40 windows), so that it wraps into a new epoch
+mkdir -p "$tmp/a" "$tmp/b" "$tmp/c"
+fox_corpus "$prep" "$tmp/a" 3000 --val-fraction 0.1 &&
+  word_salad "$prep" "$tmp/b" 800 12 1 --val-fraction 0.1 &&
+  word_salad "$prep" "$tmp/c" 24 12 2 --val-fraction 0.1 || { echo "Bail out! ddp-prep failed"; exit 1; }
+
+# job NAME "SOURCE:WEIGHT ..." [STEPS]: $tmp/NAME.yaml over those sources (G = 12 sequences), its
+# checkpoints in $tmp/ck (shared by every job, so that phases resume each other's)
+job() {
+  local name=$1 sources=$2 steps=${3:-12} s
+  {
+    echo "name: mixture-test"
+    echo "model: {preset: gpt2-tiny}"
+    echo "data:"
+    echo "  train:"
+    for s in $sources; do
+      local src=${s%%:*} dir=${s%%:*}
+      [ "$src" = d ] && dir=c # d: c's shards under another name
+      echo "    - {name: $src, path: \"$tmp/$dir/data/train_*.bin\", weight: ${s#*:}}"
+    done
+    echo "  val: \"$tmp/a/data/val_*.bin\""
+    echo "train: {steps: $steps, micro_batch: 2, seq_len: 32, global_batch_tokens: 384, lr: 1.0e-3,"
+    echo "        warmup: 2, val_every: 0, sample_tokens: 0, threads: 1}"
+    echo "ddp: {bucket_mb: 0.25, first_bucket_mb: 0.0625, check_every: 4}"
+    echo "checkpoint: {dir: \"$tmp/ck\"}"
+  } >"$tmp/$name.yaml"
+}
+# run NAME RANKS JOB [options]: its logs are $tmp/NAME/*.log (rank 0's: $tmp/NAME/rank-0.log)
+run() {
+  local name=$1 n=$2 job=$3
+  shift 3
+  mkdir -p "$tmp/$name"
+  RUN_DIR="$tmp/$name" "$launch" "$n" "$tmp/$job.yaml" --quiet --dump-weights "$tmp/$name.st" \
+    "$@" >"$tmp/$name/rank-0.log" 2>&1 || { tail -5 "$tmp/$name"/*.log; return 1; }
+}
+
+job mix "a:5 b:3 c:2"
+# 1. the same samples per step on 1, 2 and 3 ranks
+ids_ok=1
+for n in 1 2 3; do
+  rm -rf "$tmp/ck"
+  run "w$n" $n mix || { ids_ok=0; break; }
+  python3 "$count" ids 1 12 "$tmp/w$n"/*.log >"$tmp/ids$n"
+done
+if [ $ids_ok = 1 ] && [ -s "$tmp/ids1" ] && cmp -s "$tmp/ids1" "$tmp/ids2" &&
+  cmp -s "$tmp/ids1" "$tmp/ids3" && [ "$(tr ' ' '\n' <"$tmp/ids1" | grep -c '/12$')" = 12 ]; then
+  ok "each step's 12 samples hash alike on 1, 2 and 3 ranks ($(cut -c1-40 "$tmp/ids1")...)"
+else
+  not_ok "each step's samples hash alike on 1, 2 and 3 ranks" "1: $(cat "$tmp/ids1" 2>/dev/null)" \
+    "2: $(cat "$tmp/ids2" 2>/dev/null)" "3: $(cat "$tmp/ids3" 2>/dev/null)"
+fi
+
+# 2. 2 ranks x 1 micro-step == 1 rank x 2, bitwise (a global batch of 4 sequences)
+rm -rf "$tmp/ck"
+run e1 1 mix --no-resume --set train.global_batch_tokens=128 &&
+  run e2 2 mix --no-resume --set train.global_batch_tokens=128 &&
+  check "a mixture: 2 ranks equal 1 rank x 2 accumulation steps bitwise" \
+    python3 "$compare" "$tmp/e1.st" "$tmp/e2.st" --bitwise || not_ok "2-rank equivalence runs"
+
+# 3. resume with the same weights: bitwise the run that never stopped (2 ranks)
+rm -rf "$tmp/ck"
+run r1 2 mix --stop-at-step 6 && run r2 2 mix &&
+  check "a mixture resumed at step 6 with the same weights equals the run without a stop" \
+    cmp "$tmp/w2.st" "$tmp/r2.st" || not_ok "resume runs"
+
+# 4. new weights on resume: every source's sequences 0..n-1 drawn once each over both phases
+job mix2 "a:2 b:3 c:5"
+if [ -d "$tmp/ck/step-00000012" ]; then rm -rf "$tmp/ck/step-00000012"; fi
+run p2 2 mix2 &&
+  python3 "$count" sources 1 6 "$tmp/r1"/*.log >"$tmp/k1.json" &&
+  python3 "$count" sources 7 12 "$tmp/p2"/*.log >"$tmp/k2.json" &&
+  check "new weights on resume: no sequence of any source repeated or skipped, the new shares held" \
+    python3 - "$tmp/k1.json" "$tmp/k2.json" "$tmp/ck/step-00000012/trainer.json" <<'EOF' ||
+import json, sys
+k1, k2 = (json.load(open(p)) for p in sys.argv[1:3])
+saved = {s["name"]: s["count"] for s in json.load(open(sys.argv[3]))["data"]["mixture"]["sources"]}
+names, w2, total = ["a", "b", "c"], [0.2, 0.3, 0.5], 0
+for d, name in enumerate(names):
+    ks = sorted(k1.get(str(d), []) + k2.get(str(d), []))
+    assert ks == list(range(len(ks))), f"source {name}: sequences {ks} are not 0..{len(ks) - 1} once each"
+    assert saved[name] == len(ks), f"source {name}: trainer.json counts {saved[name]}, the logs {len(ks)}"
+    after = len(k2.get(str(d), []))
+    assert abs(after - w2[d] * 72) <= 1, f"source {name}: {after} of 72 after the resume, share {w2[d]}"
+    total += len(ks)
+    print(f"{name}: {len(k1.get(str(d), []))} + {after} sequences")
+assert total == 144, f"{total} sequences in 12 steps of 12"
+EOF
+  not_ok "weight-change runs"
+check "the weight change is logged with the old and the new weights" \
+  grep -q "mixture changed at sample 72: weights were a 5, b 3, c 2, now a 2, b 3, c 5" "$tmp/p2/rank-0.log"
+check "source c's new epoch is logged" grep -q "source c wraps into its epoch 2" "$tmp/p2/rank-0.log" "$tmp/r1/rank-0.log" "$tmp/w1/rank-0.log"
+
+# 5. a source dropped (c) and one added (d) on resume: named; a and b go on, d starts at 0
+job mix3 "a:1 b:1 d:1" 18
+run p3 2 mix3 && python3 "$count" sources 13 18 "$tmp/p3"/*.log >"$tmp/k3.json" &&
+  check "a source dropped on resume is named, one added starts at 0, the others go on" \
+    python3 - "$tmp/k1.json" "$tmp/k2.json" "$tmp/k3.json" "$tmp/p3/rank-0.log" <<'EOF' ||
+import json, sys
+k1, k2, k3 = (json.load(open(p)) for p in sys.argv[1:4])
+log = open(sys.argv[4]).read()
+assert "source c (50 sequences drawn) is no longer in data.train" in log, "no warning naming c"
+assert "data.train's source d is new: it starts at its sequence 0" in log, "no line naming d"
+for d, name in ((0, "a"), (1, "b")):
+    ks = sorted(k1.get(str(d), []) + k2.get(str(d), []) + k3.get(str(d), []))
+    assert ks == list(range(len(ks))), f"source {name}: {ks} are not 0..{len(ks) - 1} once each"
+new = sorted(k3.get("2", []))
+assert new == list(range(len(new))) and len(new) == 24, f"source d: {new}"
+EOF
+  not_ok "source-change run"
+
+# 6. a checkpoint without cursors (a single-source run) resumes as a mixture from 0
+rm -rf "$tmp/ck"
+sed 's#^  train:#  train: "'"$tmp"'/a/data/train_*.bin"#; /^    - /d' "$tmp/mix.yaml" >"$tmp/single.yaml"
+run s1 1 single --stop-at-step 3 && run s2 1 mix --stop-at-step 5 &&
+  check "a checkpoint without cursors resumes as a mixture, each source from 0" \
+    grep -q "has no per-source cursors .* starts each at its sequence 0 at sample 36" "$tmp/s2/rank-0.log" ||
+  not_ok "single-then-mixture runs"
+
+tap_plan
+exit $((TAP_FAILED > 0))
