@@ -100,6 +100,7 @@ typedef struct ddp_run_data {
     /* data.val's sets (spec.val[i]); have_val: how many (0 without validation) */
     ddp_dataset_t val_sets[DDP_SPEC_MAX_SOURCES];
     int have_val;
+    float val_losses[DDP_SPEC_MAX_SOURCES]; /* the last validation's, per set */
     /* data.train as a mixture of n_train > 1 sources (data/mixture.h): their sets and weights
      * (mix.at is set from pos.ext.mix whenever the loader starts), and the sequences each source
      * gave the last step (metrics' tokens_by_source) */
@@ -202,7 +203,8 @@ int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
 /* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
-/* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
+/* Mean validation loss over spec.val_batches micro-batches, split over the ranks: of each of
+ * data.val's sets into t->data.val_losses, *loss the first set's. */
 int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 /* Samples n tokens after a start token with the trainer's rng and writes them to out: decoded
  * through data.tokenizer when there is one (starting from its BOS, when it names one; an id past

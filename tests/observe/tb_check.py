@@ -20,6 +20,13 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val", "lr": "train/lr",
         "exposed_comm_ms": "comm/exposed_ms", "hidden": "comm/hidden_fraction",
         "world": "ddp/world", "generation": "ddp/generation"}
 run_dir, n = sys.argv[1], int(sys.argv[2])
+
+
+def tag_of(key):
+    """A key's tag; a named value "key/name" (a mixture's tokens/<source>, a validation set's
+    val_loss/<set>) is tagged "<key's tag>/name", as worker/observe/metrics_sink.c does."""
+    prefix, slash, name = key.partition("/")
+    return TAGS.get(prefix, prefix) + slash + name if slash else TAGS.get(key, key)
 failed = 0
 
 
@@ -44,7 +51,7 @@ for line in open(run_dir + "/metrics.jsonl"):
     for k, v in o.items():
         if k in ("step", "steps") or isinstance(v, str):
             continue
-        want.setdefault(TAGS.get(k, k), {})[o["step"]] = struct.unpack("f", struct.pack("f", v))[0]
+        want.setdefault(tag_of(k), {})[o["step"]] = struct.unpack("f", struct.pack("f", v))[0]
 
 steps = sorted(want["loss/train"])
 report(steps == list(range(1, len(steps) + 1)) and len(steps) >= 2,

@@ -5,7 +5,8 @@
 # stopped; new weights on resume repeat and skip no sequence of any source (counted from the
 # loader's source:sequence lines) and hold the new shares from the resume; a source dropped is
 # named, a source added starts at 0; a source's new epoch is logged; a checkpoint without
-# cursors resumes as a mixture from 0.
+# cursors resumes as a mixture from 0; metrics.jsonl's tokens/<source> and val_loss/<set> (and
+# TensorBoard's, when its reader is installed).
 #   test_mixture.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
@@ -138,6 +139,34 @@ run s1 1 single --stop-at-step 3 && run s2 1 mix --stop-at-step 5 &&
   check "a checkpoint without cursors resumes as a mixture, each source from 0" \
     grep -q "has no per-source cursors .* starts each at its sequence 0 at sample 36" "$tmp/s2/rank-0.log" ||
   not_ok "single-then-mixture runs"
+
+# 7. metrics: each step's tokens per source (tokens/<name>, adding up to tokens), each named
+# validation set's val_loss/<name>; TensorBoard has them when its reader is installed
+rm -rf "$tmp/ck"
+sed -e 's#^  val: .*#  val:\n    - {name: fox, path: "'"$tmp"'/a/data/val_*.bin"}\n    - {name: salad, path: "'"$tmp"'/b/data/val_*.bin"}#' \
+  -e 's/val_every: 0, /val_every: 2, val_batches: 2, /' -e 's/steps: 12,/steps: 4,/' "$tmp/mix.yaml" >"$tmp/val.yaml"
+run v 2 val --no-resume &&
+  check "metrics.jsonl: tokens/<source> per step adding up to tokens, val_loss/<set> per validation" \
+    python3 - "$tmp/v/metrics.jsonl" <<'EOF' ||
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = [o for o in lines if "loss" in o]
+vals = [o for o in lines if "val_loss" in o and "loss" not in o]
+assert len(steps) == 4 and len(vals) == 2, (len(steps), len(vals))
+for o in steps:
+    by = [o["tokens/" + s] for s in "abc"]
+    assert sum(by) == o["tokens"], f"step {o['step']}: {by} do not add up to {o['tokens']}"
+assert steps[-1]["tokens/a"] > steps[-1]["tokens/c"] > 0, steps[-1]
+for o in vals:
+    assert o["val_loss"] == o["val_loss/fox"] and o["val_loss/salad"] > 0, o
+EOF
+  not_ok "validation-list run"
+if python3 -c 'import tensorboard' 2>/dev/null; then
+  check "TensorBoard has every named value at its step (train/tokens/<source>, loss/val/<set>)" \
+    python3 "$root/tests/observe/tb_check.py" "$tmp/v" 0
+else
+  skip "TensorBoard has every named value at its step" "the tensorboard package is not installed"
+fi
 
 tap_plan
 exit $((TAP_FAILED > 0))
