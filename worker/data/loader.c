@@ -143,6 +143,7 @@ void ddp_loader_mix_step(const ddp_loader_mix_t *mix, ddp_mixture_state_t *s, in
                          int64_t *drawn, const ddp_data_source_t *sources, long step, int log)
 {
     int64_t before[DDP_MIXTURE_MAX];
+    ddp_mixture_seek(&mix->m, s, (int64_t)(step - 1) * G); /* (a no-op: s is at the step) */
     memcpy(before, s->count, sizeof before);
     memset(drawn, 0, sizeof *drawn * (size_t)mix->m.n);
     ddp_mixture_draw(&mix->m, s, G, NULL, NULL, drawn);
@@ -209,7 +210,7 @@ static void assign_step(ddp_loader_t *l, int64_t step)
 
 /* Micro-batch `key` into inputs/targets (loader thread). */
 static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *targets,
-                      ddp_errinfo_t *ei)
+                      char *note, size_t note_len, ddp_errinfo_t *ei)
 {
     uint64_t j = first_sample(l, key), ids = 0;
     int64_t step = key / l->accum;
@@ -234,9 +235,9 @@ static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *ta
                                          targets + (size_t)i * T, ei);
         }
     }
-    DDP_DEBUG("loader: step %lld samples [%llu, %llu) ids %016llx%s%s", (long long)step + 1,
-              (unsigned long long)j, (unsigned long long)(j + l->B), (unsigned long long)ids,
-              drawn[0] ? " source:sequence" : "", drawn);
+    snprintf(note, note_len, "loader: step %lld samples [%llu, %llu) ids %016llx%s%s",
+             (long long)step + 1, (unsigned long long)j, (unsigned long long)(j + l->B),
+             (unsigned long long)ids, drawn[0] ? " source:sequence" : "", drawn);
     return rc;
 }
 
@@ -254,7 +255,8 @@ static void *loader_main(void *arg)
         ddp_errinfo_t ei;
         ddp_errinfo_clear(&ei);
         int64_t tr = ddp_trace_begin();
-        int rc = fill_micro(l, key, l->buf[s][0], l->buf[s][1], &ei);
+        int rc = fill_micro(l, key, l->buf[s][0], l->buf[s][1], l->slot_note[s],
+                            sizeof l->slot_note[s], &ei);
         ddp_trace_end(DDP_TRACE_DATA, tr, "load step %lld micro-batch %lld",
                       (long long)(key / l->accum + 1), (long long)(key % l->accum));
         pthread_mutex_lock(&l->mu);
@@ -346,6 +348,7 @@ int ddp_loader_next(ddp_loader_t *l, long step, int micro, const int32_t **input
     while ((s = slot_of(l, key)) < 0) pthread_cond_wait(&l->cv, &l->mu);
     int rc = l->slot_rc[s];
     if (rc && ei) *ei = l->slot_ei[s];
+    DDP_DEBUG("%s", l->slot_note[s]); /* what this micro-step trains on */
     *inputs = l->buf[s][0];
     *targets = l->buf[s][1];
     pthread_mutex_unlock(&l->mu);

@@ -19,9 +19,9 @@
  * shuffle per epoch). Every rank computes the assignment of a whole step from the same counts, so
  * the deal and the world size change nothing about which samples a step trains on.
  *
- * Each filled micro-batch is logged at debug level with a hash of its samples' ids (the sum over
- * its samples of a mix of (j, source, window)), so a test can add up a step's hashes over the
- * ranks and compare worlds ("loader: step S samples [j, j + B) ids H"; a mixture's line goes on
+ * Each micro-batch handed to the trainer is logged at debug level with a hash of its samples'
+ * ids (the sum over its samples of a mix of (j, source, window)), so a test can add up a step's
+ * hashes over the ranks and compare worlds ("loader: step S samples [j, j + B) ids H"; a mixture's line goes on
  * with "source:sequence d:k ..." per sample, so a test can count each source's sequences).
  */
 #ifndef DDP_WORKER_DATA_LOADER_H
@@ -93,6 +93,7 @@ typedef struct ddp_loader {
     int64_t slot_key[2]; /* micro-batch key held by a slot, -1 empty */
     int slot_rc[2];
     ddp_errinfo_t slot_ei[2];
+    char slot_note[2][1200]; /* the debug line of the micro-batch a slot holds (see above) */
     int64_t want; /* next key the consumer asked for */
     int stop;
     int started;

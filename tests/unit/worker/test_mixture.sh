@@ -6,7 +6,8 @@
 # loader's source:sequence lines) and hold the new shares from the resume; a source dropped is
 # named, a source added starts at 0; a source's new epoch is logged; a checkpoint without
 # cursors resumes as a mixture from 0; metrics.jsonl's tokens/<source> and val_loss/<set> (and
-# TensorBoard's, when its reader is installed).
+# TensorBoard's, when its reader is installed); an elastic job's replacement rank takes the
+# mixture's position from the state transfer (pause and overlap: the same samples per step).
 #   test_mixture.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
@@ -166,6 +167,46 @@ if python3 -c 'import tensorboard' 2>/dev/null; then
     python3 "$root/tests/observe/tb_check.py" "$tmp/v" 0
 else
   skip "TensorBoard has every named value at its step" "the tensorboard package is not installed"
+fi
+
+# 8. elastic (4 ranks, after a weight change on resume, so that the mixture's position is not
+# the one a replacement would derive): rank 2 hangs as step 8 begins and is killed; its
+# replacement takes the position from the state transfer: steps 5..16 train on the same samples
+# as without the failure (pause and overlap), and pause gives the same weights
+rm -rf "$tmp/ck"
+job el1 "a:5 b:3 c:2" 16
+job el2 "a:2 b:3 c:5" 16
+for f in el1 el2; do
+  sed -i -e 's/^ddp: {/ddp: {workers: 4, min_workers: 4, restart: on-failure, max_restarts: 1, /' \
+    -e 's/global_batch_tokens: 384/global_batch_tokens: 512/' "$tmp/$f.yaml"
+done
+# elastic NAME MODE: el2 from the step-4 checkpoint, rank 2 killed as step 8 begins
+elastic() {
+  local name=$1 mode=$2 deadline=$((SECONDS + 120))
+  rm -rf "$tmp/ck" && cp -r "$tmp/ck4" "$tmp/ck"
+  DDP_TEST_HANG=8:2 run "$name" 4 el2 --set ddp.state_transfer="$mode" &
+  local pid=$!
+  until grep -q "hangs as step 8 begins" "$tmp/$name/rank-2.log" 2>/dev/null; do
+    [ $SECONDS -ge $deadline ] && break
+    sleep 0.05
+  done
+  kill -KILL "$(cat "$tmp/$name/rank-2.pid")" 2>/dev/null
+  wait "$pid"
+}
+if run el-first 4 el1 --stop-at-step 4 && cp -r "$tmp/ck" "$tmp/ck4" && run el-plain 4 el2 &&
+  elastic el-pause pause && elastic el-overlap overlap; then
+  for r in plain pause overlap; do python3 "$count" ids 5 16 "$tmp/el-$r"/*.log >"$tmp/el-$r.ids"; done
+  if [ "$(tr ' ' '\n' <"$tmp/el-plain.ids" | grep -c '/16$')" = 12 ] &&
+    cmp -s "$tmp/el-plain.ids" "$tmp/el-pause.ids" && cmp -s "$tmp/el-plain.ids" "$tmp/el-overlap.ids"; then
+    ok "elastic: a replacement takes the mixture's position; steps 5..16 train on the same samples (pause, overlap)"
+  else
+    not_ok "elastic: the same samples with a replacement" "plain: $(cat "$tmp/el-plain.ids")" \
+      "pause: $(cat "$tmp/el-pause.ids")" "overlap: $(cat "$tmp/el-overlap.ids")"
+  fi
+  check "elastic, pause: the weights equal the run without a failure" cmp "$tmp/el-plain.st" "$tmp/el-pause.st"
+else
+  not_ok "elastic runs"
+  not_ok "elastic, pause: the weights equal the run without a failure"
 fi
 
 tap_plan
