@@ -320,9 +320,9 @@ int ddp_metrics_format(const ddp_metrics_rec_t *r, char *buf, size_t cap, size_t
         }
         put(&o, ":", 1);
         char num[400];
-        int k = !isfinite(nv->num)  ? snprintf(num, sizeof num, "null")
-                : nv->integer       ? snprintf(num, sizeof num, "%" PRId64, (int64_t)nv->num)
-                                    : snprintf(num, sizeof num, "%.6f", nv->num);
+        int k = !isfinite(nv->num) ? snprintf(num, sizeof num, "null")
+                : nv->integer      ? snprintf(num, sizeof num, "%" PRId64, (int64_t)nv->num)
+                                   : snprintf(num, sizeof num, "%.6f", nv->num);
         put(&o, num, k > 0 && (size_t)k < sizeof num ? (size_t)k : sizeof num);
     }
     put(&o, "}", 1);
@@ -492,7 +492,8 @@ int ddp_metrics_parse(const char *line, size_t len, ddp_metrics_rec_t *out, ddp_
     }
     const char *key;
     json_t *v;
-    json_object_foreach(o, key, v) { /* named values: a key with a '/' holding a number */
+    /* named values: a key with a '/' holding a number */
+    json_object_foreach(o, key, v) {
         if (!strchr(key, '/') || !(json_is_number(v) || json_is_null(v)) ||
             out->n_named >= DDP_METRICS_MAX_NAMED || strlen(key) >= sizeof out->named[0].key)
             continue;

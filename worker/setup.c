@@ -142,8 +142,8 @@ static int open_data(ddp_trainer_t *t, ddp_errinfo_t *ei)
     const ddp_spec_t *s = &t->spec;
     ddp_run_data_t *d = &t->data;
     if (s->n_train <= 1)
-        DDP_CHECK(ddp_dataset_open(&d->train_set, s->train[0].glob, s->seq_len,
-                                   s->model.vocab_size, s->seed, ei));
+        DDP_CHECK(ddp_dataset_open(&d->train_set, s->train[0].glob, s->seq_len, s->model.vocab_size,
+                                   s->seed, ei));
     for (int i = 0; s->n_train > 1 && i < s->n_train; i++) /* errors name the glob or file */
         DDP_CHECK(ddp_dataset_open(&d->mix_sets[i], s->train[i].glob, s->seq_len,
                                    s->model.vocab_size, s->seed, ei));
@@ -160,8 +160,8 @@ static int open_data(ddp_trainer_t *t, ddp_errinfo_t *ei)
         }
     }
     for (int i = 0; s->val_every > 0 && i < s->n_val; i++) {
-        DDP_CHECK(ddp_dataset_open(&d->val_sets[i], s->val[i].glob, s->seq_len,
-                                   s->model.vocab_size, s->seed, ei));
+        DDP_CHECK(ddp_dataset_open(&d->val_sets[i], s->val[i].glob, s->seq_len, s->model.vocab_size,
+                                   s->seed, ei));
         d->have_val = i + 1;
     }
     return 0;

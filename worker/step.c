@@ -39,8 +39,8 @@ int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
     if (t->deal.accum == 0) return 0;
     if (t->spec.n_train > 1) { /* a mixture: from where the run is (pos.ext, position.h) */
         t->data.mix.at = t->pos.ext.mix;
-        return ddp_loader_start_mix(&t->data.loader, &t->data.mix, t->spec.micro_batch, rank,
-                                    world, t->deal.n_micro);
+        return ddp_loader_start_mix(&t->data.loader, &t->data.mix, t->spec.micro_batch, rank, world,
+                                    t->deal.n_micro);
     }
     return ddp_loader_start(&t->data.loader, &t->data.train_set, t->spec.micro_batch, rank, world,
                             t->deal.n_micro);

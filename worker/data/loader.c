@@ -209,8 +209,8 @@ static void assign_step(ddp_loader_t *l, int64_t step)
 }
 
 /* Micro-batch `key` into inputs/targets (loader thread). */
-static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *targets,
-                      char *note, size_t note_len, ddp_errinfo_t *ei)
+static int fill_micro(ddp_loader_t *l, int64_t key, int32_t *inputs, int32_t *targets, char *note,
+                      size_t note_len, ddp_errinfo_t *ei)
 {
     uint64_t j = first_sample(l, key), ids = 0;
     int64_t step = key / l->accum;

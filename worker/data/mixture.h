@@ -41,12 +41,12 @@ typedef struct ddp_mixture {
 /* Where a mixture is: plain bytes (no pointers), so that it travels in the state transfer
  * (sync/position.h) and is saved in trainer.json (saving/saving.c). All zero: no mixture. */
 typedef struct ddp_mixture_state {
-    int32_t n;                       /* sources; 0: no mixture */
-    int32_t reserved;                /* zero */
-    int64_t at;                      /* the global sample index the counts are at */
-    int64_t base_seq;                /* the sample where the weights took effect (0, or a resume) */
-    int64_t count[DDP_MIXTURE_MAX];  /* sequences drawn from each source in samples [0, at) */
-    int64_t base[DDP_MIXTURE_MAX];   /* count at base_seq */
+    int32_t n;                      /* sources; 0: no mixture */
+    int32_t reserved;               /* zero */
+    int64_t at;                     /* the global sample index the counts are at */
+    int64_t base_seq;               /* the sample where the weights took effect (0, or a resume) */
+    int64_t count[DDP_MIXTURE_MAX]; /* sequences drawn from each source in samples [0, at) */
+    int64_t base[DDP_MIXTURE_MAX];  /* count at base_seq */
 } ddp_mixture_state_t;
 
 /* Normalises n (1..DDP_MIXTURE_MAX) weights, each > 0 and finite, into *m. Returns 0 or

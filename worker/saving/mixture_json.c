@@ -11,10 +11,10 @@ json_t *ddp__mixture_json(const ddp_spec_t *spec, const ddp_mixture_state_t *s)
     if (s->n <= 0 || s->n != spec->n_train) return NULL;
     json_t *list = json_array();
     for (int d = 0; list && d < s->n; d++)
-        json_array_append_new(list, json_pack("{s:s, s:f, s:I, s:I}", "name", spec->train[d].name,
-                                              "weight", spec->train[d].weight, "count",
-                                              (json_int_t)s->count[d], "base",
-                                              (json_int_t)s->base[d]));
+        json_array_append_new(list,
+                              json_pack("{s:s, s:f, s:I, s:I}", "name", spec->train[d].name,
+                                        "weight", spec->train[d].weight, "count",
+                                        (json_int_t)s->count[d], "base", (json_int_t)s->base[d]));
     return list ? json_pack("{s:I, s:I, s:o}", "at", (json_int_t)s->at, "base_seq",
                             (json_int_t)s->base_seq, "sources", list)
                 : NULL;
@@ -36,10 +36,10 @@ int ddp__mixture_resume(const ddp_spec_t *spec, json_t *data, int64_t at, ddp_mi
     json_t *list = mix ? json_object_get(mix, "sources") : NULL;
     int K = spec->n_train;
     memset(s, 0, sizeof *s);
-    if (mix && (!json_is_object(mix) || !json_is_array(list) || json_array_size(list) < 1 ||
-                json_array_size(list) > DDP_MIXTURE_MAX ||
-                !json_is_integer(json_object_get(mix, "at")) ||
-                !json_is_integer(json_object_get(mix, "base_seq"))))
+    if (mix &&
+        (!json_is_object(mix) || !json_is_array(list) || json_array_size(list) < 1 ||
+         json_array_size(list) > DDP_MIXTURE_MAX || !json_is_integer(json_object_get(mix, "at")) ||
+         !json_is_integer(json_object_get(mix, "base_seq"))))
         return ddp_errinfo_set(ei, DDP_EFORMAT,
                                "%s/trainer.json: data.mixture needs at, base_seq and 1 to %d "
                                "sources",

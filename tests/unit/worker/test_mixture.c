@@ -53,7 +53,9 @@ static void random_weights(double *w, int K, int kind)
 {
     for (int d = 0; d < K; d++) {
         double u = uniform();
-        w[d] = kind == 0 ? u + 1e-3 : kind == 1 ? pow(u, 4) + 1e-4 : (d == 0 ? 1.0 : 1e-2 * u + 1e-4);
+        w[d] = kind == 0   ? u + 1e-3
+               : kind == 1 ? pow(u, 4) + 1e-4
+                           : (d == 0 ? 1.0 : 1e-2 * u + 1e-4);
     }
 }
 
@@ -74,8 +76,9 @@ static void test_bound_every_prefix(void **state)
                 fail_msg("K=%d trial %d: deviation %.6f > bound %.6f", K, trial, dev, bound);
             if (dev > measured) measured = dev;
         }
-        fprintf(stderr, "# K=%d: worst |deviation| %.4f over 60 weightings x %d samples (bound %.4f)\n",
-                      K, measured, PREFIX, bound);
+        fprintf(stderr,
+                "# K=%d: worst |deviation| %.4f over 60 weightings x %d samples (bound %.4f)\n", K,
+                measured, PREFIX, bound);
     }
 }
 
@@ -163,10 +166,8 @@ static void test_bad_weights_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bound_every_prefix),
-        cmocka_unit_test(test_known_sequences),
-        cmocka_unit_test(test_rebase_keeps_counts),
-        cmocka_unit_test(test_seek_back_replays),
+        cmocka_unit_test(test_bound_every_prefix),  cmocka_unit_test(test_known_sequences),
+        cmocka_unit_test(test_rebase_keeps_counts), cmocka_unit_test(test_seek_back_replays),
         cmocka_unit_test(test_bad_weights_refused),
     };
     return cmocka_run_group_tests_name("mixture", tests, NULL, NULL);
