@@ -497,6 +497,9 @@ int ddp_metrics_parse(const char *line, size_t len, ddp_metrics_rec_t *out, ddp_
         if (!strchr(key, '/') || !(json_is_number(v) || json_is_null(v)) ||
             out->n_named >= DDP_METRICS_MAX_NAMED || strlen(key) >= sizeof out->named[0].key)
             continue;
+        int seen = 0; /* a key cut at a "\u0000" may repeat another: the first one stays */
+        for (int i = 0; i < out->n_named && !seen; i++) seen = !strcmp(out->named[i].key, key);
+        if (seen) continue;
         struct ddp_metrics_named *nv = &out->named[out->n_named++];
         snprintf(nv->key, sizeof nv->key, "%s", key);
         nv->integer = json_is_integer(v);

@@ -5,7 +5,7 @@
 # stopped; new weights on resume repeat and skip no sequence of any source (counted from the
 # loader's source:sequence lines) and hold the new shares from the resume; a source dropped is
 # named, a source added starts at 0; a source's new epoch is logged; a checkpoint without
-# cursors resumes as a mixture from 0; metrics.jsonl's tokens/<source> and val_loss/<set> (and
+# cursors resumes as a mixture from 0; a changed global batch keeps the cursors; metrics.jsonl's tokens/<source> and val_loss/<set> (and
 # TensorBoard's, when its reader is installed); an elastic job's replacement rank takes the
 # mixture's position from the state transfer (pause and overlap: the same samples per step).
 #   test_mixture.sh DDP_WORKER DDP_PREP
@@ -140,6 +140,27 @@ run s1 1 single --stop-at-step 3 && run s2 1 mix --stop-at-step 5 &&
   check "a checkpoint without cursors resumes as a mixture, each source from 0" \
     grep -q "has no per-source cursors .* starts each at its sequence 0 at sample 36" "$tmp/s2/rank-0.log" ||
   not_ok "single-then-mixture runs"
+
+# 6b. a global batch changed on resume (12 -> 16 sequences): each source goes on from its cursor
+rm -rf "$tmp/ck"
+run g1 2 mix --stop-at-step 6 && run g2 2 mix --set train.global_batch_tokens=512 &&
+  python3 "$count" sources 1 6 "$tmp/g1"/*.log >"$tmp/g1.json" &&
+  python3 "$count" sources 7 12 "$tmp/g2"/*.log >"$tmp/g2.json" &&
+  check "a global batch changed on resume: no sequence of any source repeated or skipped" \
+    python3 - "$tmp/g1.json" "$tmp/g2.json" "$tmp/ck/step-00000012/trainer.json" "$tmp/g2/rank-0.log" <<'EOF' ||
+import json, sys
+k1, k2 = (json.load(open(p)) for p in sys.argv[1:3])
+saved = {s["name"]: s["count"] for s in json.load(open(sys.argv[3]))["data"]["mixture"]["sources"]}
+assert "mixture changed at sample 96" in open(sys.argv[4]).read(), "no line on the change"
+total = 0
+for d, name in enumerate("abc"):
+    ks = sorted(k1.get(str(d), []) + k2.get(str(d), []))
+    assert ks == list(range(len(ks))), f"source {name}: {ks} are not 0..{len(ks) - 1} once each"
+    assert saved[name] == len(ks), f"source {name}: trainer.json {saved[name]}, the logs {len(ks)}"
+    total += len(ks)
+assert total == 6 * 12 + 6 * 16, total
+EOF
+  not_ok "global-batch-change runs"
 
 # 7. metrics: each step's tokens per source (tokens/<name>, adding up to tokens), each named
 # validation set's val_loss/<name>; TensorBoard has them when its reader is installed
