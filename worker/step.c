@@ -320,8 +320,8 @@ static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, f
     t->pos.tokens += (uint64_t)t->deal.n_micro * t->spec.micro_batch * t->spec.seq_len;
     if (t->spec.n_train > 1) /* the mixture's cursors (data/loader.h) */
         ddp_loader_mix_step(&t->data.mix, &t->pos.ext.mix,
-                            (int64_t)t->deal.n_micro * t->spec.micro_batch, t->data.mix_drawn,
-                            t->spec.train, t->pos.step, t->world.rank == 0);
+                            (int64_t)t->deal.n_micro * t->spec.micro_batch, NULL, t->spec.train,
+                            t->pos.step, t->world.rank == 0);
     *loss = (float)v->loss_sum / (float)t->deal.n_micro;
     t->stop.any = v->stop > 0;
     t->member.regroup = v->regroup > 0;

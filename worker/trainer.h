@@ -102,11 +102,9 @@ typedef struct ddp_run_data {
     int have_val;
     float val_losses[DDP_SPEC_MAX_SOURCES]; /* the last validation's, per set */
     /* data.train as a mixture of n_train > 1 sources (data/mixture.h): their sets and weights
-     * (mix.at is set from pos.ext.mix whenever the loader starts), and the sequences each source
-     * gave the last step (metrics' tokens_by_source) */
+     * (mix.at is set from pos.ext.mix whenever the loader starts) */
     ddp_dataset_t mix_sets[DDP_SPEC_MAX_SOURCES];
     ddp_loader_mix_t mix;
-    int64_t mix_drawn[DDP_SPEC_MAX_SOURCES];
     ddp_loader_t loader;
     ddp_run_tokenizer_t *tokenizer; /* data.tokenizer, or NULL (data/run_tokenizer.h) */
 } ddp_run_data_t;

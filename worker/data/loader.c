@@ -145,7 +145,7 @@ void ddp_loader_mix_step(const ddp_loader_mix_t *mix, ddp_mixture_state_t *s, in
     int64_t before[DDP_MIXTURE_MAX];
     ddp_mixture_seek(&mix->m, s, (int64_t)(step - 1) * G); /* (a no-op: s is at the step) */
     memcpy(before, s->count, sizeof before);
-    memset(drawn, 0, sizeof *drawn * (size_t)mix->m.n);
+    if (drawn) memset(drawn, 0, sizeof *drawn * (size_t)mix->m.n);
     ddp_mixture_draw(&mix->m, s, G, NULL, NULL, drawn);
     for (int d = 0; log && d < mix->m.n; d++) {
         /* sequence k is in epoch k / S: did this step draw a k > 0 that is a multiple of S? */

@@ -73,9 +73,9 @@ typedef struct ddp_loader_mix {
 } ddp_loader_mix_t;
 
 /* The trainer's copy of a mixture's position at the end of step `step` (1-based): advances s past
- * the step's G samples, sets drawn[d] to the sequences source d gave the step, and, when log is
- * nonzero, logs each source that wraps into a new epoch (named by sources[d].name). Pure but for
- * the log; the training thread. */
+ * the step's G samples, sets drawn[d] (may be NULL) to the sequences source d gave the step, and,
+ * when log is nonzero, logs each source that wraps into a new epoch (named by sources[d].name).
+ * Pure but for the log; the training thread. */
 void ddp_loader_mix_step(const ddp_loader_mix_t *mix, ddp_mixture_state_t *s, int64_t G,
                          int64_t *drawn, const ddp_data_source_t *sources, long step, int log);
 
