@@ -45,6 +45,9 @@ int ddp_test_hook(ddp_hook_point_t point, long step, int rank)
     case DDP_HOOK_RING_SEND:
         sleep_ns(h->ring_send_delay_us * 1000LL);
         return 0;
+    case DDP_HOOK_LOSS_SPIKE:
+        return h->loss_spike_step > 0 && h->loss_spike_step == step && h->loss_spike_rank == rank;
+    case DDP_HOOK_NORM_SPIKE: return h->norm_spike_step > 0 && h->norm_spike_step == step;
     }
     return 0;
 }

@@ -36,6 +36,12 @@ typedef enum ddp_hook_point {
     /* DDP_COLL_DELAY_US=US: the ring sleeps US microseconds before each chunk it sends (an
      * artificially slow link; on the communication thread, so compute is unaffected). */
     DDP_HOOK_RING_SEND,
+    /* DDP_TEST_LOSS_SPIKE=S:R: 1 at step S on rank R: its loss sum gains 1000 before the step's
+     * vote, so every rank sees the step's loss jump (spike skipping's test). */
+    DDP_HOOK_LOSS_SPIKE,
+    /* DDP_TEST_NORM_SPIKE=S: 1 at step S: the caller multiplies the reduced gradient by 1000 on
+     * every rank (the gradient norm jumps alike everywhere). */
+    DDP_HOOK_NORM_SPIKE,
 } ddp_hook_point_t;
 
 /* Every hook's setting; zeros: off. */
@@ -51,6 +57,9 @@ typedef struct ddp_test_hooks {
     int flip_rank;
     long ckpt_shard_delay_ms; /* DDP_HOOK_CKPT_SHARD */
     long ring_send_delay_us;  /* DDP_HOOK_RING_SEND */
+    long loss_spike_step;     /* DDP_HOOK_LOSS_SPIKE: step (1-based) and rank */
+    int loss_spike_rank;
+    long norm_spike_step; /* DDP_HOOK_NORM_SPIKE: step (1-based) */
 } ddp_test_hooks_t;
 
 /* Installs a copy of *h (NULL: all off) as the process's hooks. */
@@ -58,7 +67,8 @@ void ddp_test_hooks_set(const ddp_test_hooks_t *h);
 
 /* This process has reached `point` in step `step` (1-based; ignored where the point has none)
  * as rank `rank`. Delays sleep here and the hang never returns; returns 1 when the caller must
- * inject the point's fault (DDP_HOOK_GRADIENTS, _LOSS_SCALE, _REPLICA_CHECK), else 0. */
+ * inject the point's fault (DDP_HOOK_GRADIENTS, _LOSS_SCALE, _REPLICA_CHECK, _LOSS_SPIKE,
+ * _NORM_SPIKE), else 0. */
 int ddp_test_hook(ddp_hook_point_t point, long step, int rank);
 
 #endif

@@ -85,7 +85,9 @@ json_t *ddpd_job_progress(const ddpd_job_t *j)
         json_t *v;
         if ((v = json_object_get(m, "loss"))) json_object_set(o, "loss", v);
         if ((v = json_object_get(m, "tokens_per_s"))) json_object_set(o, "tokens_per_s", v);
+        if ((v = json_object_get(m, "mfu"))) json_object_set(o, "mfu", v);
         if ((v = json_object_get(m, "straggler"))) json_object_set(o, "straggler", v);
+        if ((v = json_object_get(m, "skips"))) json_object_set(o, "skips", v); /* skipped updates */
         double el = (double)(ddp_wall_ms() - j->tail.first_step_ms) / 1000.0;
         double per_step =
             (r->has & DDP_MF(STEP_MS)) && isfinite(r->step_ms) ? r->step_ms / 1000.0 : 0;

@@ -44,11 +44,12 @@ static int add_line(ddpd_series_t *s, const char *line, size_t len)
         /* long and double are both 8 bytes here, so one element size serves all four */
         _Static_assert(sizeof(long) == sizeof(double), "series arrays share an element size");
         void **arrays[] = {(void **)&s->step, (void **)&s->loss, (void **)&s->tps,
-                           (void **)&s->gen};
-        if ((rc = reserve(arrays, 4, sizeof(double), &s->cap, s->n + 1))) return rc;
+                           (void **)&s->mfu, (void **)&s->gen};
+        if ((rc = reserve(arrays, 5, sizeof(double), &s->cap, s->n + 1))) return rc;
         s->step[s->n] = step;
         s->loss[s->n] = r.loss;
         s->tps[s->n] = has_number(&r, DDP_MF(TOKENS_PER_S), r.tokens_per_s) ? r.tokens_per_s : NAN;
+        s->mfu[s->n] = has_number(&r, DDP_MF(MFU), r.mfu) ? r.mfu : NAN;
         s->gen[s->n] = (r.has & DDP_MF(GENERATION)) ? (long)r.generation : -1;
         s->n++;
     }
@@ -110,6 +111,7 @@ void ddpd_series_free(ddpd_series_t *s)
     free(s->step);
     free(s->loss);
     free(s->tps);
+    free(s->mfu);
     free(s->gen);
     free(s->val_step);
     free(s->val_loss);

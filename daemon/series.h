@@ -1,4 +1,4 @@
-/* A run's curves read from its metrics.jsonl: training loss, tokens/s and generation per step,
+/* A run's curves read from its metrics.jsonl: training loss, tokens/s, MFU and generation per step,
  * validation loss per validation. Used by `ddpctl plot` (the whole file) and the status page
  * (the file's tail, so a page costs the same however long the run).
  *
@@ -17,6 +17,7 @@ typedef struct ddpd_series {
     long *step;        /* [n] */
     double *loss;      /* [n] */
     double *tps;       /* [n] tokens/s, NAN when absent */
+    double *mfu;       /* [n] model FLOPs utilisation (a fraction), NAN when absent */
     long *gen;         /* [n] generation, -1 when absent */
     size_t n_val;      /* validation lines */
     long *val_step;    /* [n_val] */

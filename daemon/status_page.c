@@ -137,6 +137,7 @@ static void put_row(FILE *f, ddpd_t *d, json_t *row)
     long steps = (long)json_integer_value(json_object_get(src, "steps"));
     json_t *loss = json_object_get(src, live ? "loss" : "final_loss");
     json_t *tps = live ? json_object_get(live, "tokens_per_s") : NULL;
+    json_t *mfu = live ? json_object_get(live, "mfu") : NULL;
     json_t *eta = live ? json_object_get(live, "eta_s") : NULL;
     fprintf(f, "<tr id=\"job-%lld\" class=\"%s\"><td>%lld</td><td class=\"name\">",
             (long long)id, state, (long long)id);
@@ -146,10 +147,16 @@ static void put_row(FILE *f, ddpd_t *d, json_t *row)
     if (steps > 0)
         fprintf(f, "<progress value=\"%ld\" max=\"%ld\"></progress> %ld/%ld", step, steps, step,
                 steps);
+    json_t *skips = live ? json_object_get(live, "skips") : NULL; /* spike / non-finite skips */
+    if (json_integer_value(skips) > 0)
+        fprintf(f, " <span class=\"skips\">(%lld skipped)</span>",
+                (long long)json_integer_value(skips));
     fputs("</td><td>", f);
     if (json_is_number(loss)) fprintf(f, "%.4f", json_number_value(loss));
     fputs("</td><td>", f);
     if (json_is_number(tps)) fprintf(f, "%.0f", json_number_value(tps));
+    if (json_is_number(mfu))
+        fprintf(f, " <span class=\"mfu\">MFU %.1f%%</span>", 100 * json_number_value(mfu));
     fputs("</td><td>", f);
     char buf[32];
     if (json_is_number(eta)) fputs(ddp_fmt_duration(json_number_value(eta), buf, sizeof buf), f);

@@ -287,6 +287,9 @@ typedef struct ddp_kernels_ops {
     int (*probe)(void);
     /* Devices of this kind usable here (0 for the CPU backend). Cheap; no context needed. */
     int (*device_count)(void);
+    /* The device's product name as its driver gives it ("NVIDIA H100 80GB HBM3"), read at init;
+     * NULL member: a CPU, or a device without one. */
+    const char *(*device_name)(ddp_kctx_t *ctx);
 
     /* Context on `device` (ignored by the CPU) with `threads` compute threads (0 = default). */
     int (*init)(ddp_kctx_t **out, int device, int threads);
@@ -392,6 +395,7 @@ const char *ddp_k_coll_backend(const ddp_kernels_t *k); /* ddp.backend "auto" re
 int ddp_k_host_memory(const ddp_kernels_t *k);          /* the host_memory capability; 0 */
 int ddp_k_gpu_memory(const ddp_kernels_t *k);           /* the gpu_memory capability; 0 */
 int ddp_k_devices(const ddp_kernels_t *k);              /* the backend's device count; 0 */
+const char *ddp_k_device_name(const ddp_kernels_t *k); /* the device's name; NULL: none (CPU) */
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes); /* *out zero-filled, or NULL */
 void ddp_k_free(ddp_kernels_t *k, void *p);                  /* NULL-safe (k and p) */

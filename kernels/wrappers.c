@@ -68,6 +68,10 @@ const char *ddp_k_coll_backend(const ddp_kernels_t *k)
 int ddp_k_host_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->host_memory; }
 int ddp_k_gpu_memory(const ddp_kernels_t *k) { return k && k->ops && k->ops->gpu_memory; }
 int ddp_k_devices(const ddp_kernels_t *k) { return k && k->ops ? k->ops->device_count() : 0; }
+const char *ddp_k_device_name(const ddp_kernels_t *k)
+{
+    return opened(k) && k->ops->device_name ? k->ops->device_name(k->ctx) : NULL;
+}
 
 int ddp_k_alloc(ddp_kernels_t *k, void **out, size_t bytes)
 {

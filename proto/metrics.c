@@ -63,6 +63,9 @@ static const field_t FIELDS[DDP_MF_COUNT] = {
     F(MS, ms, REAL, R_F1),
     F(MB_PER_S, mb_per_s, REAL, R_F1),
     F(FINAL_LOSS, final_loss, REAL, R_F6),
+    F(MFU, mfu, REAL, R_F4),
+    F(SKIPPED, skipped, STR, R_NONE),
+    F(SKIPS, skips, INT, R_NONE),
 };
 #undef F
 _Static_assert(DDP_MF_COUNT <= 64, "the presence bits fit a uint64_t");
@@ -87,6 +90,7 @@ static const slot_t STEP_LINE[] = {
     {DDP_MF_EXPOSED_COMM_MS, R_NONE}, {DDP_MF_HIDDEN, R_NONE},   {DDP_MF_OPTIM_MS, R_NONE},
     {DDP_MF_TOKENS, R_NONE},       {DDP_MF_WORLD, R_NONE},       {DDP_MF_GENERATION, R_NONE},
     {DDP_MF_STRAGGLER, R_NONE},    {DDP_MF_LOSS_SCALE, R_NONE},  {DDP_MF_WALL_MS, R_NONE},
+    {DDP_MF_MFU, R_NONE},
 };
 static const slot_t VAL_LINE[] = {{DDP_MF_STEP, R_NONE}, {DDP_MF_VAL_LOSS, R_NONE}};
 static const slot_t GENERATION_LINE[] = {

@@ -7,6 +7,7 @@
  * file. The kinds of line (every writer of metrics.jsonl, inventoried):
  *
  *   step            {"step":N,"steps":..,"loss":..,"lr":..,...,"wall_ms":..}   once per step
+ *                   (then, optional: "skipped":"loss" on a skipped step, "skips":N)
  *   validation      {"step":N,"val_loss":..}                                   after a validation
  *   generation      {"event":"generation","generation":..,"world":..,"step":..,"cause":"..",...}
  *   state_transfer  {"event":"state_transfer","generation":..,"step":..,"mode":"..",...}
@@ -93,6 +94,9 @@ enum ddp_metrics_field {
     DDP_MF_MS,
     DDP_MF_MB_PER_S,
     DDP_MF_FINAL_LOSS,
+    DDP_MF_MFU,
+    DDP_MF_SKIPPED,
+    DDP_MF_SKIPS,
     DDP_MF_COUNT
 };
 #define DDP_MF(name) (UINT64_C(1) << DDP_MF_##name)
@@ -118,6 +122,7 @@ typedef struct ddp_metrics_rec {
     int64_t straggler; /* the rank named a straggler, -1: none */
     double loss_scale; /* fp16's dynamic loss scale (1 otherwise) */
     double wall_ms;    /* since the run (this process's ddp_trainer_run) started */
+    double mfu;        /* model FLOPs utilisation of a rank, a fraction (worker/observe/mfu.h) */
     /* validation lines */
     double val_loss;
     /* generation events (also generation, world, comm_ms) */
@@ -130,6 +135,11 @@ typedef struct ddp_metrics_rec {
     double mb, ms, mb_per_s;
     /* done events */
     double final_loss;
+    /* step lines, optional (after the kind's fields, present only when set): a step whose
+     * update was skipped says why ("nonfinite", "loss" or "norm": worker/sync/spikes.h), and
+     * once any was, every step line counts the run's skipped updates */
+    char skipped[16];
+    int64_t skips;
     /* Named values, after every field above, each a key of its own holding a number: a data
      * mixture's "tokens/<source>" (an integer: tokens trained on from that source so far) in a
      * step line, a validation list's "val_loss/<set>" in a validation line. Any key with a '/'

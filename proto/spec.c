@@ -237,9 +237,9 @@ const ddp__sfield_t ddp__spec_fields[] = {
                  "`wsd`: the decay from `lr` to `min_lr`: `linear`, `1-sqrt` (Hagele et al. "
                  "2024) or `cosine`"),
     QUIET("train.allow_schedule_change", DDP__FT_BOOL, allow_schedule_change,
-          .doc =
-                 "a resume may change a `cosine` run's `train.steps`, which reshapes the rest of "
-                 "its curve (a `wsd` run's decay always moves with `steps`)"),
+          .doc = "a resume may change a `cosine` run's `train.steps`, which reshapes the rest "
+                 "of its curve, or change the schedule's kind (a `wsd` run's decay always moves "
+                 "with `steps`; a `constant` one has no curve)"),
     QUIET("train.skip_loss_z", DDP__FT_NUM, skip_loss_z, .hi = NO_MAX,
           .doc =
                 "spike skipping: a step whose loss is this many standard deviations above the "

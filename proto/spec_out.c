@@ -101,6 +101,11 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
             (!s->model.n_layer || s->config[0] || s->model.arch != DDP_ARCH_GPT2))
             continue;
         if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
+        /* min_lr at the default it would be derived as (spec.c): left out, so that --set of
+         * train.lr or train.schedule moves it as the default does */
+        if (!strcmp(f->path, "train.min_lr") &&
+            s->min_lr == (s->schedule == DDP_SCHED_WSD ? 0 : s->lr / 10))
+            continue;
         /* quiet fields at their default and an empty list are left out (spec_int.h) */
         if (f->quiet && !memcmp((const char *)s + f->off, (const char *)d + f->off, f->size))
             continue;

@@ -15,6 +15,7 @@
 
 #include "common/alloc.h"
 #include "common/clock.h"
+#include "worker/optim/schedule.h"
 #include "common/log.h"
 #include "common/test_hook.h"
 #include "worker/observe/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
@@ -195,6 +196,7 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
                               .adam_t = &t->opt.t,
                               .last = &t->last};
     DDP_CHECK(ddp_transfer_plan(x, &cfg, ei));
+    ddp_schedule_fork(&t->spec, t->pos.ext.decay_forked_at); /* a receiver: the source's decay */
     *receivers = x->n_receivers;
     if (!x->active) return 0;
     /* a receiver holds the job's state once the arenas arrived (pause) or after the step's

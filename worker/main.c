@@ -194,6 +194,11 @@ static void read_test_hooks(ddp_test_hooks_t *h)
         h->overflow_step = atol(v);
         h->overflow_rank = atoi(strchr(v, ':') + 1);
     }
+    if ((v = getenv("DDP_TEST_LOSS_SPIKE")) && strchr(v, ':')) { /* "S:R" */
+        h->loss_spike_step = atol(v);
+        h->loss_spike_rank = atoi(strchr(v, ':') + 1);
+    }
+    if ((v = getenv("DDP_TEST_NORM_SPIKE"))) h->norm_spike_step = atol(v);
     if ((v = getenv("DDP_TEST_HANG")) && strchr(v, ':')) { /* "S:R" */
         h->hang_step = atol(v);
         h->hang_rank = atoi(strchr(v, ':') + 1);

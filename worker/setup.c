@@ -17,6 +17,7 @@
 #include "proto/hf_config.h"             /* init_from: ddp_spec_resolve_model */
 #include "worker/budget/memory_budget.h" /* train.threads default */
 #include "worker/observe/metrics_sink.h"
+#include "worker/optim/schedule.h" /* a wsd decay moved by a resume */
 
 /* The first generation's bootstrap: MPI under mpirun; the coordinator's with DDP_ELASTIC=1
  * (t->member.gen says whether it joins a job that already trains); else the environment rendezvous
@@ -211,6 +212,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int joins_live = t->member.elastic && t->member.gen.step >= 0;
     if (joins_live) t->opts.no_resume = 1;
     ddp_prec_select(&t->k, s->precision, t->world.rank == 0 && !t->opts.quiet, &t->loss_scale.prec);
+    /* MFU's peak, before the model takes the memory (a product's buffers, freed again) */
+    ddp_mfu_init(&t->log.mfu, &t->k, t->loss_scale.prec, &s->model,
+                 ddp_model_count_params(&s->model), s->seq_len);
+    if (t->world.rank == 0 && !t->opts.quiet)
+        DDP_INFO("MFU: 6 N + 6 L C T = %.5g MFLOP per token; peak %.3g TFLOP/s per rank, %s",
+                 t->log.mfu.flops_per_token / 1e6, t->log.mfu.peak / 1e12, t->log.mfu.peak_what);
     long adopt_gbt = 0; /* the checkpoint's global batch, when the spec leaves it open */
     DDP_CHECK_GOTO(ddp_saving_prepare(&t->spec, &t->world, t->opts.no_resume, t->opts.resume_step,
                                       &t->saving, &adopt_gbt, ei),
@@ -238,6 +245,12 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     int resumed; /* every rank loaded the same checkpoint: nothing to broadcast */
     DDP_CHECK_GOTO(ddp_saving_start(t->saving, &view, &t->pos, &resumed, ei), rc, fail);
     ddp_loss_scale_init(&t->loss_scale, t->loss_scale.prec, s->loss_scale_interval, &t->pos);
+    ddp_schedule_fork(&t->spec, t->pos.ext.decay_forked_at); /* resumed past the decay's start */
+    if (t->spec.schedule == DDP_SCHED_WSD && t->world.rank == 0)
+        DDP_INFO("schedule: wsd, lr %g after %ld warmup steps, decay (%s, to min_lr %g) from step "
+                 "%ld to %ld",
+                 t->spec.lr, t->spec.warmup, ddp_decay_shape_name(t->spec.decay_shape),
+                 t->spec.min_lr, ddp_schedule_decay_start(&t->spec), t->spec.steps);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
     if (s->n_eval > 0) { /* (being built: issue 48) */
         rc = ddp_errinfo_set(ei, DDP_EINVAL, "eval is not implemented in this build yet");

@@ -7,7 +7,7 @@
  *   step_vote          the one small all-reduce that commits the step (with the checkpoints'
  *                      tallies on it); then the stragglers are named
  *   update             the gradient norm; AdamW (whole, or this rank's slices under ZeRO-1)
- *                      or, for a non-finite norm, the update skipped
+ *                      or, for a non-finite norm or a spike (sync/spikes.h), the update skipped
  *   account_step       the counters; end_step: the transfer finished, the coordinator told
  *
  * A failure before the vote leaves every rank at the previous step (to redo it); past it a
@@ -260,6 +260,25 @@ static int skip_nonfinite_step(ddp_trainer_t *t, double norm, ddp_errinfo_t *ei)
     return 0;
 }
 
+/* A spike (sync/spikes.h) skips the update: weights, moments and AdamW's t untouched, the data
+ * moves on. Unlike a non-finite step it does not count toward DDP_MAX_SKIPPED_STEPS (a spike
+ * is a finite step the run can go on from; the windows take in every value, so a lasting shift
+ * becomes the new normal and stops skipping). */
+static void skip_spike(ddp_trainer_t *t, ddp_skip_t why, double loss, double norm, double zl,
+                       double zn)
+{
+    if (t->world.rank != 0) return;
+    const ddp_spec_t *s = &t->spec;
+    if (why == DDP_SKIP_LOSS)
+        DDP_WARN("step %ld: loss %.4f is a spike (z %.2f > train.skip_loss_z %g over the last %d "
+                 "steps): update skipped",
+                 t->pos.step + 1, loss, zl, s->skip_loss_z, s->skip_window);
+    else
+        DDP_WARN("step %ld: gradient norm %g is a spike (z %.2f > train.skip_norm_z %g over the "
+                 "last %d steps): update skipped",
+                 t->pos.step + 1, norm, zn, s->skip_norm_z, s->skip_window);
+}
+
 /* AdamW over this rank's parts (a ZeRO-1 step: its slices, each all-gathered to every rank as
  * it is done, with the moments too when a save follows), and the checkpoints' CRCs of it. */
 static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
@@ -287,10 +306,12 @@ static int apply_update(ddp_trainer_t *t, double norm, float grad_scale,
     return 0;
 }
 
-/* The gradient norm, then the update: applied when the norm is finite, else skipped (fp16: an
- * overflow, and the loss scale halves). The norm is the same on every rank, so every rank
- * decides alike. A snapshot of the arenas for a save must be done before they change. */
-static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
+/* The gradient norm, then the update: applied when the norm is finite and neither the step's
+ * loss nor the norm is a spike (train.skip_loss_z, skip_norm_z), else skipped (fp16: an
+ * overflow, and the loss scale halves). The norm and the loss (after the vote) are the same on
+ * every rank, so every rank decides alike. A snapshot of the arenas for a save must be done
+ * before they change. */
+static int update(ddp_trainer_t *t, double loss, double *norm, ddp_errinfo_t *ei)
 {
     ddp_model_t *m = &t->model;
     float grad_scale = 1.0f / (float)t->deal.n_micro;
@@ -300,15 +321,25 @@ static int update(ddp_trainer_t *t, double *norm, ddp_errinfo_t *ei)
         float nan = NAN;
         DDP_CHECK(ddp_k_memcpy_h2d(&t->k, m->g + m->params[3].offset, &nan, sizeof nan));
     }
+    if (ddp_test_hook(DDP_HOOK_NORM_SPIKE, t->pos.step + 1, t->world.rank)) /* a gradient spike */
+        ddp_k_scale(&t->k, m->g, 1000.0f, m->n_params);
     int64_t t0 = ddp_now_ns();
     DDP_CHECK(grad_norm(t, grad_scale, norm, ei));
     ddp_saving_update_t u;
     DDP_CHECK(ddp_saving_before_update(t->saving, t->pos.step + 1, &u, ei));
     ddp_loss_scale_update(&t->loss_scale, &t->pos, isfinite(*norm), t->world.rank == 0);
-    if (isfinite(*norm))
+    double zl = NAN, zn = NAN;
+    ddp_skip_t why = !isfinite(*norm) ? DDP_SKIP_NONFINITE
+                     : ddp_spikes_on(&t->spec)
+                         ? ddp_spikes_step(&t->pos.ext.spikes, &t->spec, loss, *norm, &zl, &zn)
+                         : DDP_SKIP_NONE;
+    t->last.skipped = why;
+    if (why == DDP_SKIP_NONE)
         DDP_CHECK(apply_update(t, *norm, grad_scale, &u, ei));
-    else
+    else if (why == DDP_SKIP_NONFINITE)
         DDP_CHECK(skip_nonfinite_step(t, *norm, ei));
+    else
+        skip_spike(t, why, loss, *norm, zl, zn);
     t->last.optim_ms = (double)(ddp_now_ns() - t0) / 1e6;
     return 0;
 }
@@ -365,11 +396,14 @@ int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei)
                       .stop = t->stop.requested,
                       .regroup = t->member.elastic && ddp_elastic_regroup_wanted(t->member.elastic),
                       .compute_ms = t->last.compute_ms};
+    /* DDP_TEST_LOSS_SPIKE: this rank's loss jumps; the vote's sum carries it to every rank */
+    if (ddp_test_hook(DDP_HOOK_LOSS_SPIKE, t->pos.step + 1, t->world.rank)) v.loss_sum += 1000.0;
     DDP_CHECK(step_vote(t, &v, ei));
     note_stragglers(t, v.rank_ms);
 
     double norm = 0;
-    DDP_CHECK(update(t, &norm, ei));
+    float step_loss = (float)v.loss_sum / (float)t->deal.n_micro; /* account_step's */
+    DDP_CHECK(update(t, step_loss, &norm, ei));
     account_step(t, &v, norm, loss);
     return end_step(t, ei);
 }

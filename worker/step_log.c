@@ -1,6 +1,7 @@
 /* What the trainer writes about its run: a step's line in the log (rank 0, every log_every
  * steps), and every record of metrics.jsonl (rank 0: steps, validations, generations, state
  * transfers, the end; see trainer.h). */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -14,6 +15,9 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     const ddp_reducer_stats_t *c = &t->last.comm;
     double tok = (double)t->deal.n_micro * s->micro_batch * s->seq_len;
     double tps = tok / (ms / 1000.0);
+    double mfu = ddp_mfu_of(&t->log.mfu, tps / t->world.size); /* per rank */
+    char mfu_text[24] = "";
+    if (!isnan(mfu)) snprintf(mfu_text, sizeof mfu_text, " | MFU %4.1f%%", 100.0 * mfu);
     double lr = ddp_lr_at(s, t->pos.step - 1);
     t->last.ms = ms;
     char world[80] = "";
@@ -23,16 +27,21 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
     if (t->loss_scale.enabled) /* fp16 */
         snprintf(world + strlen(world), sizeof world - strlen(world), " | scale %g",
                  t->pos.loss_scale);
+    const char *skipped = ddp_skip_name(t->last.skipped); /* NULL: the update was applied */
+    if (skipped)
+        snprintf(world + strlen(world), sizeof world - strlen(world), " | skipped: %s", skipped);
+    int64_t skips =
+        t->pos.skipped + t->pos.ext.spikes.skipped_loss + t->pos.ext.spikes.skipped_norm;
     if (t->world.rank == 0 && !t->opts.quiet &&
         (t->pos.step % s->log_every == 0 || t->pos.step == s->steps)) {
         if (t->world.comm)
-            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms | "
+            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s%s | %7.1f ms | "
                      "compute %.1f ms | comm %.1f ms, exposed %.1f ms, %.0f%% hidden%s",
-                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, ms, t->last.compute_ms,
-                     c->comm_ms, c->exposed_ms, 100.0 * c->hidden, world);
+                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, mfu_text, ms,
+                     t->last.compute_ms, c->comm_ms, c->exposed_ms, 100.0 * c->hidden, world);
         else
-            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | %7.1f ms%s",
-                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, ms, world);
+            DDP_INFO("step %5ld/%ld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s%s | %7.1f ms%s",
+                     t->pos.step, s->steps, loss, lr, t->pos.last_norm, tps, mfu_text, ms, world);
     }
     if (t->log.metrics && t->pos.step > t->log.logged_step) {
         /* a skipped step's norm (or a diverged loss) is not finite: the codec writes null */
@@ -56,6 +65,15 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
         r.straggler = t->stragglers.named;
         r.loss_scale = t->pos.loss_scale;
         r.wall_ms = (double)(ddp_now_ns() - t->log.run_t0) / 1e6;
+        r.mfu = mfu;
+        if (skipped) { /* optional fields, after the step line's own */
+            snprintf(r.skipped, sizeof r.skipped, "%s", skipped);
+            r.has |= DDP_MF(SKIPPED);
+        }
+        if (skips > 0) {
+            r.skips = skips;
+            r.has |= DDP_MF(SKIPS);
+        }
         for (int d = 0; s->n_train > 1 && d < s->n_train; d++) /* a mixture: each source's tokens */
             ddp_metrics_add_named(&r, "tokens", s->train[d].name,
                                   (double)t->pos.ext.mix.count[d] * s->seq_len, true);

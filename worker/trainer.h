@@ -28,6 +28,7 @@
 #include "worker/model/model.h"
 #include "worker/optim/loss_scale.h"
 #include "worker/observe/metrics_sink.h"
+#include "worker/observe/mfu.h"
 #include "worker/optim/adamw.h"
 #include "worker/observe/profile.h"
 #include "worker/sync/reducer.h"
@@ -114,6 +115,7 @@ typedef struct ddp_step_log {
     ddp_metrics_sink_t *metrics; /* metrics.jsonl (+ TensorBoard), or NULL */
     long logged_step;            /* highest step written to metrics.jsonl */
     int64_t run_t0;              /* ddp_now_ns() when ddp_trainer_run started (wall_ms) */
+    ddp_mfu_t mfu;               /* model FLOPs utilisation's count and peak (observe/mfu.h) */
 } ddp_step_log_t;
 
 typedef struct ddp_trainer {

@@ -70,7 +70,7 @@ int ddpctl_run_dir(const char *job, const ddpctl_where_t *w, char *path, size_t 
     return 0;
 }
 
-/* train.dat: step loss tokens/s ("?" = missing); val.dat: step val_loss */
+/* train.dat: step loss tokens/s MFU% ("?" = missing); val.dat: step val_loss */
 static int write_data(const char *dir, const ddpd_series_t *s)
 {
     char p[PATH_MAX];
@@ -79,8 +79,10 @@ static int write_data(const char *dir, const ddpd_series_t *s)
     if (!f) return -errno;
     for (size_t i = 0; i < s->n; i++) {
         fprintf(f, "%ld %.9g ", s->step[i], s->loss[i]);
-        if (isnan(s->tps[i])) fputs("?\n", f);
-        else fprintf(f, "%.6g\n", s->tps[i]);
+        if (isnan(s->tps[i])) fputs("? ", f);
+        else fprintf(f, "%.6g ", s->tps[i]);
+        if (isnan(s->mfu[i])) fputs("?\n", f);
+        else fprintf(f, "%.6g\n", 100.0 * s->mfu[i]);
     }
     int bad = fclose(f);
     snprintf(p, sizeof p, "%s/val.dat", dir);
@@ -96,9 +98,10 @@ static int write_script(const char *dir, const ddpd_series_t *s, const char *out
     snprintf(p, sizeof p, "%s/plot.gp", dir);
     FILE *f = fopen(p, "we");
     if (!f) return -errno;
-    int have_tps = 0, have_gen = 0;
+    int have_tps = 0, have_gen = 0, have_mfu = 0;
     for (size_t i = 0; i < s->n; i++) {
         have_tps |= !isnan(s->tps[i]);
+        have_mfu |= !isnan(s->mfu[i]);
         have_gen |= s->gen[i] >= 0;
     }
     if (png) fputs("set terminal pngcairo size 1000,720 noenhanced font 'DejaVu Sans,11' "
@@ -108,7 +111,8 @@ static int write_script(const char *dir, const ddpd_series_t *s, const char *out
     fputs("set output ", f);
     put_quoted(f, out);
     fputs("\nset datafile missing '?'\nset grid lc rgb '#dddddd'\nset border lc rgb '#444444'\n"
-          "set lmargin 12\nset rmargin 4\nset multiplot\n", f);
+          "set lmargin 12\nset multiplot\n", f);
+    fprintf(f, "set rmargin %d\n", have_mfu ? 10 : 4); /* room for MFU's axis, both panels */
     fprintf(f, "set origin 0,%s\nset size 1,%s\n", have_tps ? "0.34" : "0",
             have_tps ? "0.66" : "1");
     fputs("set title ", f);
@@ -166,8 +170,15 @@ static int write_script(const char *dir, const ddpd_series_t *s, const char *out
             if (s->gen[i] != s->gen[i - 1] && s->gen[i] >= 0)
                 fprintf(f, "set arrow from %ld, graph 0 to %ld, graph 1 nohead dt 2 lw 1.5 "
                            "lc rgb '#9467bd' front\n", s->step[i], s->step[i]);
+        /* MFU on the right axis, in percent */
+        if (have_mfu)
+            fputs("set y2label 'MFU (%)'\nset y2tics\nset y2range [0:*]\nset ytics nomirror\n", f);
         fprintf(f, "plot '%s/train.dat' using 1:3 with lines lw 1.2 lc rgb '#2ca02c' "
-                   "title 'tokens/s'\n", dir);
+                   "title 'tokens/s'", dir);
+        if (have_mfu)
+            fprintf(f, ", \\\n     '%s/train.dat' using 1:4 axes x1y2 with lines lw 1.2 "
+                       "lc rgb '#ff7f0e' title 'MFU'", dir);
+        fputs("\n", f);
     }
     fputs("unset multiplot\n", f);
     return fclose(f) ? -EIO : 0;

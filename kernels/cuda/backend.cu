@@ -186,9 +186,11 @@ static int cuda_init(ddp_kctx_t **out, int device, int threads)
                    rc, fail);
     {
         cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+        if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) {
+            snprintf(ctx->device_name, sizeof ctx->device_name, "%s", prop.name);
             DDP_INFO("cuda: device %d: %s, sm_%d%d, %.1f GiB", device, prop.name, prop.major,
                      prop.minor, (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+        }
     }
     ctx->err = 0;
     *out = ctx;
@@ -380,6 +382,11 @@ static double cuda_timer_elapsed_ms(ddp_kctx_t *ctx, void *a, void *b)
 
 static void cuda_timer_reset(ddp_kctx_t *ctx) { ctx->used_marks = 0; }
 
+static const char *cuda_device_name(ddp_kctx_t *ctx)
+{
+    return ctx->device_name[0] ? ctx->device_name : NULL;
+}
+
 static const ddp_kernels_ops_t cuda_ops = {
     .name = "cuda",
     .coll_backend = "nccl",
@@ -387,6 +394,7 @@ static const ddp_kernels_ops_t cuda_ops = {
     .gpu_memory = 1,
     .probe = cuda_probe,
     .device_count = cuda_device_count,
+    .device_name = cuda_device_name,
     .init = cuda_init,
     .close = cuda_close,
     .alloc = cuda_alloc,

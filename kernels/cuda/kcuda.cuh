@@ -46,6 +46,7 @@ extern "C" {
 
 struct ddp_kctx {
     int device;
+    char device_name[256]; /* cudaDeviceProp.name ("" if it could not be read) */
     size_t smem_optin;   /* the device's dynamic shared memory a block may opt into, bytes */
     cudaStream_t stream; /* every op is queued here */
     cublasHandle_t blas; /* bound to `stream` */

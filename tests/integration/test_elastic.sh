@@ -129,7 +129,7 @@ if wait_for "$tmp/ck0/out.log" "step +12/$steps" 120; then
     finish && ok "the job survives rank 0's SIGKILL" || { not_ok "job with rank 0 killed"; tail -30 "$tmp/ck0/out.log" "$tmp/ck0"/rank-1.log | sed 's/^/# /'; }
     check "every step logged exactly once after rank 0 died" steps_once "$tmp/ck0"
     check "checkpoints after the kill were written by the new rank 0 (steps 20..30)" test -f "$ck/step-00000020/MANIFEST.json" -a -f "$ck/step-00000030/MANIFEST.json"
-    check "the last checkpoint verifies and resumes (1 rank, 2 more steps)" "$worker" "$tmp/job.yaml" --quiet --set checkpoint.dir="$ck" --set train.steps=$((steps + 2))
+    check "the last checkpoint verifies and resumes (1 rank, 2 more steps)" "$worker" "$tmp/job.yaml" --quiet --set checkpoint.dir="$ck" --set train.steps=$((steps + 2)) --set train.allow_schedule_change=true
     check "final weights (rank 0 died) equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/ck0/w.st" --rel 1e-5
 else
     for i in 1 2 3 4 5; do not_ok "rank-0 run did not reach step 12"; done
@@ -172,7 +172,7 @@ if [ $ok_chaos = 1 ] && finish; then
     ok "the job survives four kills (the writer mid-save, a rank at a state transfer, two more)"
     check "chaos: every step logged exactly once" steps_once "$tmp/chaos"
     check "chaos: final weights equal the uninterrupted run's within 1e-5" python3 "$compare" "$tmp/ref/w.st" "$tmp/chaos/w.st" --rel 1e-5
-    check "chaos: the last checkpoint verifies and resumes" "$worker" "$tmp/job.yaml" --quiet --set checkpoint.dir="$ck" --set train.steps=$((steps + 1))
+    check "chaos: the last checkpoint verifies and resumes" "$worker" "$tmp/job.yaml" --quiet --set checkpoint.dir="$ck" --set train.steps=$((steps + 1)) --set train.allow_schedule_change=true
 else
     not_ok "chaos run"; tail -30 "$tmp/chaos/out.log" | sed 's/^/# /'
     not_ok "chaos steps"; not_ok "chaos weights"; not_ok "chaos checkpoint"

@@ -16,7 +16,7 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val", "lr": "train/lr",
         "grad_norm": "train/grad_norm", "loss_scale": "train/loss_scale",
         "tokens": "train/tokens", "tokens_per_s": "perf/tokens_per_s",
         "step_ms": "perf/step_ms", "compute_ms": "perf/compute_ms", "optim_ms": "perf/optim_ms",
-        "wall_ms": "perf/wall_ms", "comm_ms": "comm/comm_ms",
+        "wall_ms": "perf/wall_ms", "mfu": "perf/mfu", "comm_ms": "comm/comm_ms",
         "exposed_comm_ms": "comm/exposed_ms", "hidden": "comm/hidden_fraction",
         "world": "ddp/world", "generation": "ddp/generation"}
 run_dir, n = sys.argv[1], int(sys.argv[2])

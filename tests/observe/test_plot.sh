@@ -26,6 +26,8 @@ check "a 40-step run wrote its metrics" "$worker" "$tmp/job.yaml" --quiet --run-
 check "ddpctl plot RUN_DIR -o FILE.svg" "$ctl" plot "$tmp/run" -o "$tmp/loss.svg"
 check "the SVG is well-formed, shows both losses and tokens/s, one point per step" \
     python3 "$here/plot_check.py" "$tmp/loss.svg" 40
+check "MFU is drawn on its own axis beside tokens/s" \
+    bash -c "grep -q '>MFU (%)<' '$tmp/loss.svg' && grep -q '>MFU<' '$tmp/loss.svg'"
 check "ddpctl plot metrics.jsonl -o FILE.png" "$ctl" plot "$tmp/run/metrics.jsonl" -o "$tmp/loss.png"
 check "the PNG is 1000x720 and the three curves are drawn in it" \
     python3 "$here/plot_check.py" "$tmp/loss.png" 40

@@ -1,5 +1,6 @@
 /* AdamW, schedule and clipping (see adamw.h). */
 #include "worker/optim/adamw.h"
+#include "worker/optim/schedule.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -34,11 +35,7 @@ double ddp_lr_at(const ddp_spec_t *spec, long step)
 {
     if (spec->warmup > 0 && step < spec->warmup)
         return spec->lr * (double)(step + 1) / (double)spec->warmup;
-    if (spec->schedule == DDP_SCHED_CONSTANT || spec->steps <= spec->warmup) return spec->lr;
-    double progress = (double)(step - spec->warmup) / (double)(spec->steps - spec->warmup);
-    if (progress > 1.0) progress = 1.0;
-    double coeff = 0.5 * (1.0 + cos(M_PI * progress));
-    return spec->min_lr + coeff * (spec->lr - spec->min_lr);
+    return ddp_schedule_lr(spec, step); /* optim/schedule.h */
 }
 
 int ddp_part_of_tensor(const ddp_model_t *model, const ddp_arena_part_t *part, int i, size_t *lo,

@@ -45,7 +45,8 @@ int ddp_adamw_init(ddp_adamw_t *opt, const ddp_model_t *model, float *m, float *
 void ddp_adamw_close(ddp_adamw_t *opt, const ddp_model_t *model);
 
 /* Learning rate at optimizer step `step` (0-based): linear warmup over spec->warmup steps to
- * spec->lr, then constant or cosine decay to spec->min_lr at spec->steps. */
+ * spec->lr, then the schedule: constant, cosine decay to spec->min_lr at spec->steps, or wsd
+ * (optim/schedule.h). */
 double ddp_lr_at(const ddp_spec_t *spec, long step);
 
 /* Whether tensor i of model has elements in part; if so they are [*lo, *hi) of the arena. */

@@ -6,7 +6,8 @@
 
 #include "common/log.h"
 
-json_t *ddp__mixture_json(const ddp_spec_t *spec, const ddp_mixture_state_t *s)
+/* The "mixture" object for s, or NULL when s has none (or on ENOMEM). New reference. */
+static json_t *mixture_json(const ddp_spec_t *spec, const ddp_mixture_state_t *s)
 {
     if (s->n <= 0 || s->n != spec->n_train) return NULL;
     json_t *list = json_array();
@@ -20,6 +21,12 @@ json_t *ddp__mixture_json(const ddp_spec_t *spec, const ddp_mixture_state_t *s)
                 : NULL;
 }
 
+void ddp__mixture_save(json_t *o, const ddp_spec_t *spec, const ddp_position_t *pos)
+{
+    json_t *mix = mixture_json(spec, &pos->ext.mix);
+    if (mix) json_object_set_new(json_object_get(o, "data"), "mixture", mix);
+}
+
 /* "name weight, name weight, ..." of a list for the log. */
 static void describe(char *buf, size_t len, const char (*names)[64], const double *w, int n)
 {
@@ -29,8 +36,9 @@ static void describe(char *buf, size_t len, const char (*names)[64], const doubl
         at += (size_t)snprintf(buf + at, len - at, "%s%s %g", d ? ", " : "", names[d], w[d]);
 }
 
-int ddp__mixture_resume(const ddp_spec_t *spec, json_t *data, int64_t at, ddp_mixture_state_t *s,
-                        const char *path, int log, ddp_errinfo_t *ei)
+/* The rules of mixture_json.h for a resume at sample `at`; logs when `log`. */
+static int resume(const ddp_spec_t *spec, json_t *data, int64_t at, ddp_mixture_state_t *s,
+                  const char *path, int log, ddp_errinfo_t *ei)
 {
     json_t *mix = data ? json_object_get(data, "mixture") : NULL;
     json_t *list = mix ? json_object_get(mix, "sources") : NULL;
@@ -126,4 +134,10 @@ int ddp__mixture_resume(const ddp_spec_t *spec, json_t *data, int64_t at, ddp_mi
                  path, (long long)at, was, now, counts);
     }
     return 0;
+}
+
+int ddp__mixture_read(const ddp_spec_t *spec, json_t *data, long G, const char *path, int rank,
+                      ddp_position_t *pos, ddp_errinfo_t *ei)
+{
+    return resume(spec, data, (int64_t)pos->step * G, &pos->ext.mix, path, rank == 0, ei);
 }

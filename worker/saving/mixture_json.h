@@ -26,15 +26,17 @@
 
 #include "proto/spec.h"
 #include "worker/data/mixture.h"
+#include "worker/sync/position.h"
 
-/* The "mixture" object for s (the spec names the sources and their weights); NULL when s has
- * none or on ENOMEM. New reference. */
-json_t *ddp__mixture_json(const ddp_spec_t *spec, const ddp_mixture_state_t *s);
+/* Adds data.mixture to trainer.json's object o for pos->ext.mix (the spec names the sources and
+ * their weights); nothing when the run has no mixture (or on ENOMEM: the checkpoint then resumes
+ * as one without cursors). */
+void ddp__mixture_save(json_t *o, const ddp_spec_t *spec, const ddp_position_t *pos);
 
-/* Sets *s for a resume at sample `at` from the checkpoint's "data" object (may be NULL) by the
- * rules above; logs when `log`. path names the checkpoint in messages. Returns 0 or DDP_EFORMAT
- * (a malformed "mixture", naming the key). */
-int ddp__mixture_resume(const ddp_spec_t *spec, json_t *data, int64_t at, ddp_mixture_state_t *s,
-                        const char *path, int log, ddp_errinfo_t *ei);
+/* Sets pos->ext.mix for a resume at sample pos->step x G from the checkpoint's "data" object
+ * (may be NULL) by the rules above; rank 0 logs. path names the checkpoint in messages. Returns
+ * 0 or DDP_EFORMAT (a malformed "mixture", naming the key). */
+int ddp__mixture_read(const ddp_spec_t *spec, json_t *data, long G, const char *path, int rank,
+                      ddp_position_t *pos, ddp_errinfo_t *ei);
 
 #endif

@@ -35,6 +35,7 @@
 #include "common/log.h"
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/saving/trainer_ext.h"
 #include "worker/saving/mixture_json.h"
 
 struct ddp_saving {
@@ -143,21 +144,18 @@ static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
     free(spec_text);
     long G = global_sequences(run);
     json_t *o = json_pack(
-        "{s:s, s:I, s:I, s:{s:I, s:f, s:f, s:I, s:I, s:s}, s:{s:I}, s:[s,s,s,s], "
-        "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:I, s:f, s:o*}",
+        "{s:s, s:I, s:I, s:o, s:{s:I}, s:[s,s,s,s], "
+        "s:{s:I, s:I, s:I}, s:i, s:i, s:I, s:f, s:I, s:f, s:o*, s:o*}",
         "format", "ddpd-trainer-1", "step", (json_int_t)step, "tokens", (json_int_t)pos->tokens,
-        "schedule", "step", (json_int_t)step, "lr_at_step", ddp_lr_at(sp, step), "lr_last",
-        ddp_lr_at(sp, step ? step - 1 : 0), "warmup", (json_int_t)sp->warmup, "steps",
-        (json_int_t)sp->steps, "kind", sp->schedule == DDP_SCHED_COSINE ? "cosine" : "constant",
+        "schedule", ddp__trainer_ext_schedule(sp, pos), /* trainer_ext.h */
         "adamw", "t", (json_int_t)run->opt->t, "rng", rng[0], rng[1], rng[2], rng[3], "data",
         "cursor", (json_int_t)((int64_t)step * G), "global_batch_sequences", (json_int_t)G, "seed",
         (json_int_t)sp->seed, "world_size", run->world->size, "accum", run->accum,
         "global_batch_tokens", (json_int_t)G * sp->seq_len, "loss_scale", (double)pos->loss_scale,
         "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss", (double)pos->last_loss,
-        "spec", spec);
+        "spec", spec, "spikes", ddp__trainer_ext_spikes(sp, pos));
     if (!o) return NULL;
-    json_t *mix = ddp__mixture_json(sp, &pos->ext.mix); /* a data mixture's cursors */
-    if (mix) json_object_set_new(json_object_get(o, "data"), "mixture", mix);
+    ddp__mixture_save(o, sp, pos); /* a data mixture's cursors (mixture_json.h) */
     char *text = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     char *out = text ? ddp_strdup(text) : NULL;
@@ -291,6 +289,9 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
     /* the last step's loss: what a run that resumes with nothing left to train reports */
     json_t *ll = json_object_get(o, "last_loss");
     pos->last_loss = json_is_number(ll) ? (float)json_number_value(ll) : NAN;
+    /* the schedule's resume rule and spike skipping's windows (trainer_ext.h) */
+    rc = ddp__trainer_ext_read(run->spec, o, path, run->world->rank == 0, pos, ei);
+    if (rc) goto out;
     json_t *data = json_object_get(o, "data");
     long G = global_sequences(run);
     json_int_t saved_G = get_int(data, "global_batch_sequences", G);
@@ -299,8 +300,7 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
                  "continues at sample %lld, not at the saved cursor %lld",
                  path, (long long)saved_G, G, (long long)pos->step * G,
                  (long long)get_int(data, "cursor", 0));
-    rc = ddp__mixture_resume(run->spec, data, (int64_t)pos->step * G, &pos->ext.mix, path,
-                             run->world->rank == 0, ei);
+    rc = ddp__mixture_read(run->spec, data, G, path, run->world->rank, pos, ei);
     if (rc) goto out;
     if (run->world->rank == 0)
         DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "

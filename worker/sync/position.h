@@ -20,15 +20,25 @@
 #include "proto/spec.h"
 #include "worker/data/mixture.h"
 #include "worker/sync/reducer.h"
+#include "worker/sync/spikes.h"
 
 /* The state of features a spec may leave off; all zero when it does. A plain struct (no
  * pointers): it travels as bytes between ranks of one build. */
 typedef struct ddp_position_ext {
     int reserved; /* (the data mixture's and spike skipping's state join here) */
-    /* The data mixture (data.train a list of n_train > 1 sources; data/mixture.h): how many
+    /* ---- spike skipping and the wsd schedule (issue 48; sync/spikes.h, optim/schedule.h):
+     * both z windows with the run's spike-skip totals, the non-finite skips (pos.skipped,
+     * which trainer.json keeps under the same key), and a wsd decay moved by a resume (0: the
+     * spec's own decay start). trainer.json: "spikes" and schedule.forked_at. */
+    ddp_spikes_t spikes;
+    long decay_forked_at;
+    /* ---- end of spike skipping and wsd */
+    /* ---- the data mixture (data.train a list of n_train > 1 sources; data/mixture.h): how many
      * sequences each source gave before sample step x G, and where the current weights took
-     * effect. Advanced by every rank at the end of each step (the same for all). */
+     * effect. Advanced by every rank at the end of each step (the same for all). trainer.json:
+     * data.mixture (saving/mixture_json.h). */
     ddp_mixture_state_t mix;
+    /* ---- end of the data mixture */
 } ddp_position_ext_t;
 
 typedef struct ddp_position {
@@ -48,7 +58,8 @@ typedef struct ddp_position {
  * carries it), else 0. Pure. */
 static inline int ddp_position_extended(const ddp_spec_t *spec)
 {
-    return spec->n_train > 1; /* the data mixture */
+    return ddp_spikes_on(spec) || spec->schedule == DDP_SCHED_WSD ||
+           spec->n_train > 1; /* the data mixture */
 }
 
 /* What the last step cost on this rank. */
@@ -59,6 +70,7 @@ typedef struct ddp_step_times {
     double optim_ms;          /* gradient norm + optimizer update */
     int world;                /* the world it ran in */
     ddp_reducer_stats_t comm; /* its gradient all-reduce */
+    ddp_skip_t skipped;       /* why its update was skipped (DDP_SKIP_NONE: applied) */
 } ddp_step_times_t;
 
 #endif

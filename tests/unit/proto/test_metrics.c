@@ -27,7 +27,7 @@ static ddp_metrics_rec_t step_rec(long step, long steps, float loss, double lr, 
                                   double tps, double ms, double compute_ms, double comm_ms,
                                   double exposed_ms, double hidden, double optim_ms,
                                   unsigned long long tokens, int world, unsigned long long gen,
-                                  int named, double scale, double wall)
+                                  int named, double scale, double wall, double mfu)
 {
     ddp_metrics_rec_t r;
     ddp_metrics_init(&r, DDP_METRICS_STEP);
@@ -49,6 +49,7 @@ static ddp_metrics_rec_t step_rec(long step, long steps, float loss, double lr, 
     r.straggler = named;
     r.loss_scale = scale;
     r.wall_ms = wall;
+    r.mfu = mfu;
     return r;
 }
 
@@ -170,20 +171,22 @@ static const char *const GOLDEN[] = {
     "{\"step\":1200,\"steps\":2000,\"loss\":3.281742,\"lr\":0.00059873,\"grad_norm\":1.02346,"
     "\"tokens_per_s\":45678.9,\"step_ms\":123.46,\"compute_ms\":100.12,\"comm_ms\":30.50,"
     "\"exposed_comm_ms\":5.25,\"hidden\":0.8279,\"optim_ms\":2.50,\"tokens\":78643200,"
-    "\"world\":4,\"generation\":2,\"straggler\":-1,\"loss_scale\":1,\"wall_ms\":148148.1}",
+    "\"world\":4,\"generation\":2,\"straggler\":-1,\"loss_scale\":1,\"wall_ms\":148148.1,"
+    "\"mfu\":0.4123}",
     "{\"step\":1,\"steps\":10,\"loss\":10.987650,\"lr\":6e-05,\"grad_norm\":null,"
     "\"tokens_per_s\":0.0,\"step_ms\":0.00,\"compute_ms\":0.00,\"comm_ms\":0.00,"
     "\"exposed_comm_ms\":0.00,\"hidden\":0.0000,\"optim_ms\":0.00,\"tokens\":0,\"world\":1,"
-    "\"generation\":0,\"straggler\":3,\"loss_scale\":65536,\"wall_ms\":0.1}",
+    "\"generation\":0,\"straggler\":3,\"loss_scale\":65536,\"wall_ms\":0.1,\"mfu\":null}",
     "{\"step\":7,\"steps\":7,\"loss\":-0.000000,\"lr\":0,\"grad_norm\":1.23457e+07,"
     "\"tokens_per_s\":10000000.0,\"step_ms\":99999.99,\"compute_ms\":1.00,\"comm_ms\":2.00,"
     "\"exposed_comm_ms\":3.00,\"hidden\":1.0000,\"optim_ms\":0.12,"
     "\"tokens\":18446744073709551,\"world\":16,\"generation\":12,\"straggler\":15,"
-    "\"loss_scale\":0.5,\"wall_ms\":0.0}",
+    "\"loss_scale\":0.5,\"wall_ms\":0.0,\"mfu\":1.5000}",
     "{\"step\":8,\"steps\":9,\"loss\":0.500000,\"lr\":0.001,\"grad_norm\":null,"
     "\"tokens_per_s\":1.5,\"step_ms\":2.50,\"compute_ms\":3.50,\"comm_ms\":4.50,"
     "\"exposed_comm_ms\":5.50,\"hidden\":1.0000,\"optim_ms\":6.50,\"tokens\":1,\"world\":2,"
-    "\"generation\":3,\"straggler\":1,\"loss_scale\":3.05176e-05,\"wall_ms\":123456789.2}",
+    "\"generation\":3,\"straggler\":1,\"loss_scale\":3.05176e-05,\"wall_ms\":123456789.2,"
+    "\"mfu\":0.0000}",
     "{\"step\":300,\"val_loss\":2.718282}",
     "{\"step\":1,\"val_loss\":0.000000}",
     "{\"event\":\"generation\",\"generation\":3,\"world\":3,\"step\":41,"
@@ -204,13 +207,13 @@ static const char *const GOLDEN[] = {
 static void golden_recs(ddp_metrics_rec_t r[N_GOLDEN])
 {
     r[0] = step_rec(1200, 2000, 3.2817421f, 0.00059873, 1.0234567, 45678.912, 123.456, 100.125,
-                    30.5, 5.25, 0.82791, 2.5, 78643200ULL, 4, 2, -1, 1.0, 148148.14);
+                    30.5, 5.25, 0.82791, 2.5, 78643200ULL, 4, 2, -1, 1.0, 148148.14, 0.41234);
     r[1] = step_rec(1, 10, 10.98765f, 6e-05, NAN, 0.0, 0.004, 0, 0, 0, 0, 0, 0, 1, 0, 3, 65536.0,
-                    0.05);
+                    0.05, NAN);
     r[2] = step_rec(7, 7, -0.0000001f, 0.0, 12345678.9, 1e7, 99999.995, 1, 2, 3, 1.0, 0.125,
-                    18446744073709551ULL, 16, 12, 15, 0.5, 1e-3);
+                    18446744073709551ULL, 16, 12, 15, 0.5, 1e-3, 1.5);
     r[3] = step_rec(8, 9, 0.5f, 1e-3, INFINITY, 1.5, 2.5, 3.5, 4.5, 5.5, 0.99995, 6.5, 1, 2, 3, 1,
-                    3.0517578125e-05, 123456789.25);
+                    3.0517578125e-05, 123456789.25, 0.00004);
     r[4] = val_rec(300, 2.7182817f);
     r[5] = val_rec(1, 0.0f);
     r[6] = gen_rec(3, 3, 41, "rank 2 (pid 12345) died: exit status 1 \xe2\x80\x94 \xc3\xbcn"
@@ -244,13 +247,14 @@ static void test_round_trip(void **state)
     (void)state;
     ddp_metrics_rec_t in[6], out;
     in[0] = step_rec(42, 100, 2.5, 0.0003, 0.75, 1234.5, 12.25, 10.5, 1.75, 0.25, 0.8125, 0.5,
-                     1ULL << 40, 3, 7, 2, 32768, 5000.5);
+                     1ULL << 40, 3, 7, 2, 32768, 5000.5, 0.375);
     in[1] = val_rec(42, 1.5f);
     in[2] = gen_rec(9, 2, 77, "a \"quoted\" cause\\with\nnewline\t\x01 \xc3\xbc\xe2\x82\xac",
                     1.5, 2.5, 3.5, 4.5, 5.5, 1, 0, 1);
     in[3] = xfer_rec(9, 77, 0, 1, 0, 0, 12.5f);
     in[4] = done_rec(100, 2.25f);
-    in[5] = step_rec(1, 1, NAN, INFINITY, -INFINITY, NAN, 0, 0, 0, 0, 0, 0, 0, 1, 0, -1, NAN, 0);
+    in[5] = step_rec(1, 1, NAN, INFINITY, -INFINITY, NAN, 0, 0, 0, 0, 0, 0, 0, 1, 0, -1, NAN, 0,
+                     NAN);
     for (size_t i = 0; i < sizeof in / sizeof *in; i++) {
         char buf[DDP_METRICS_LINE_MAX];
         size_t n;
@@ -264,6 +268,27 @@ static void test_round_trip(void **state)
         }
         assert_rec_eq(&in[i], &out);
     }
+}
+
+/* A skipped step (worker/step_log.c): the optional "skipped" and "skips" follow the step line's
+ * own fields, and read back; a line without them is the line it always was. */
+static void test_skipped_step(void **state)
+{
+    (void)state;
+    ddp_metrics_rec_t r = step_rec(20, 24, 2.5, 0.0003, 0.75, 1234.5, 12.25, 10.5, 1.75, 0.25,
+                                   0.8125, 0.5, 1ULL << 20, 2, 0, -1, 1, 500.5, 0.25);
+    snprintf(r.skipped, sizeof r.skipped, "loss");
+    r.skips = 3;
+    r.has |= DDP_MF(SKIPPED) | DDP_MF(SKIPS);
+    char buf[DDP_METRICS_LINE_MAX];
+    size_t n;
+    assert_int_equal(ddp_metrics_format(&r, buf, sizeof buf, &n), 0);
+    assert_non_null(strstr(buf, "\"wall_ms\":500.5,\"mfu\":0.2500,\"skipped\":\"loss\",\"skips\":3}"));
+    ddp_metrics_rec_t out;
+    assert_int_equal(ddp_metrics_parse(buf, n, &out, NULL), 0);
+    assert_rec_eq(&r, &out);
+    assert_string_equal(out.skipped, "loss");
+    assert_int_equal(out.skips, 3);
 }
 
 /* Strings: jansson's escapes for a quote, a backslash and control characters; UTF-8 kept as
@@ -445,7 +470,7 @@ static void test_buffer(void **state)
                        &big.compute_ms, &big.comm_ms, &big.exposed_comm_ms, &big.hidden,
                        &big.optim_ms, &big.loss_scale, &big.wall_ms, &big.val_loss,
                        &big.reconfig_ms, &big.form_ms, &big.attach_ms, &big.state_ms, &big.mb,
-                       &big.ms, &big.mb_per_s, &big.final_loss};
+                       &big.ms, &big.mb_per_s, &big.final_loss, &big.mfu};
     for (size_t i = 0; i < sizeof reals / sizeof *reals; i++) *reals[i] = -DBL_MAX;
     big.lr = big.grad_norm = big.loss_scale = -1.79769e+308; /* %g: six digits */
     big.step = big.steps = big.tokens = big.world = big.generation = INT64_MIN;
@@ -505,7 +530,7 @@ static void test_values_and_json(void **state)
     golden_recs(r);
     ddp_metrics_value_t v[DDP_MF_COUNT];
     int n = ddp_metrics_values(&r[0], v);
-    assert_int_equal(n, 18);
+    assert_int_equal(n, 19);
     assert_string_equal(v[0].key, "step");
     assert_string_equal(v[2].key, "loss");
     assert_true(v[2].num == 3.281742); /* not the float 3.2817421f: the line's 6 decimals */
@@ -536,7 +561,7 @@ static void test_values_and_json(void **state)
         last = key;
         i++;
     }
-    assert_int_equal(i, 19);
+    assert_int_equal(i, 20);
     assert_string_equal(last, "val_loss");
     assert_true(json_is_integer(json_object_get(o, "loss_scale"))); /* "1" in the line */
     assert_true(json_real_value(json_object_get(o, "loss")) == 3.281742);
@@ -556,7 +581,8 @@ int main(void)
         cmocka_unit_test(test_golden),          cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_strings),         cmocka_unit_test(test_older_lines),
         cmocka_unit_test(test_malformed),       cmocka_unit_test(test_buffer),
-        cmocka_unit_test(test_values_and_json), cmocka_unit_test(test_named_values),
+        cmocka_unit_test(test_values_and_json), cmocka_unit_test(test_skipped_step),
+        cmocka_unit_test(test_named_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -117,7 +117,7 @@ check "source c's new epoch is logged" grep -q "source c wraps into its epoch 2"
 
 # 5. a source dropped (c) and one added (d) on resume: named; a and b go on, d starts at 0
 job mix3 "a:1 b:1 d:1" 18
-run p3 2 mix3 && python3 "$count" sources 13 18 "$tmp/p3"/*.log >"$tmp/k3.json" &&
+run p3 2 mix3 --set train.allow_schedule_change=true && python3 "$count" sources 13 18 "$tmp/p3"/*.log >"$tmp/k3.json" &&
   check "a source dropped on resume is named, one added starts at 0, the others go on" \
     python3 - "$tmp/k1.json" "$tmp/k2.json" "$tmp/k3.json" "$tmp/p3/rank-0.log" <<'EOF' ||
 import json, sys
