@@ -75,6 +75,12 @@ static const field_t FIELDS[DDP_MF_COUNT] = {
 };
 #undef F
 _Static_assert(DDP_MF_COUNT <= 64, "the presence bits fit a uint64_t");
+/* a named value's worst case: its key escaped (6 bytes a byte) and quoted, a comma and a colon,
+ * %.6f of DBL_MAX (316 bytes) */
+_Static_assert(DDP_METRICS_LINE_MAX >=
+                   16384 + DDP_METRICS_MAX_NAMED *
+                               (6 * sizeof(((ddp_metrics_rec_t *)0)->named[0].key) + 4 + 400),
+               "DDP_METRICS_LINE_MAX holds every named value");
 
 /* A field's place in a kind's line; fmt R_NONE: the field's own format. */
 typedef struct slot {
@@ -144,6 +150,17 @@ static bool *bool_at(const ddp_metrics_rec_t *r, int f)
 static char *str_at(const ddp_metrics_rec_t *r, int f)
 {
     return (char *)r + FIELDS[f].off;
+}
+
+int ddp_metrics_add_named(ddp_metrics_rec_t *r, const char *prefix, const char *name, double num,
+                          bool integer)
+{
+    if (r->n_named >= DDP_METRICS_MAX_NAMED) return DDP_EINVAL;
+    struct ddp_metrics_named *nv = &r->named[r->n_named++];
+    snprintf(nv->key, sizeof nv->key, "%s/%s", prefix, name);
+    nv->integer = integer;
+    nv->num = num;
+    return 0;
 }
 
 const char *ddp_metrics_kind_name(ddp_metrics_kind_t kind)
@@ -310,6 +327,20 @@ int ddp_metrics_format(const ddp_metrics_rec_t *r, char *buf, size_t cap, size_t
         int k = number_text(r, slots[i], num, sizeof num);
         put(&o, num, k > 0 && (size_t)k < sizeof num ? (size_t)k : sizeof num);
     }
+    for (int i = 0; i < r->n_named && i < DDP_METRICS_MAX_NAMED; i++) {
+        const struct ddp_metrics_named *nv = &r->named[i];
+        if (o.n > 1) put(&o, ",", 1);
+        if (put_string(&o, nv->key, sizeof nv->key)) {
+            buf[0] = 0;
+            return DDP_ENOMEM;
+        }
+        put(&o, ":", 1);
+        char num[400];
+        int k = !isfinite(nv->num) ? snprintf(num, sizeof num, "null")
+                : nv->integer      ? snprintf(num, sizeof num, "%" PRId64, (int64_t)nv->num)
+                                   : snprintf(num, sizeof num, "%.6f", nv->num);
+        put(&o, num, k > 0 && (size_t)k < sizeof num ? (size_t)k : sizeof num);
+    }
     put(&o, "}", 1);
     if (o.over) {
         buf[0] = 0;
@@ -474,6 +505,21 @@ int ddp_metrics_parse(const char *line, size_t len, ddp_metrics_rec_t *out, ddp_
             return fail(out, o, ei, FIELDS[f].key, 0, "\"%s\" is %s, not %s", FIELDS[f].key,
                         type_name(v), wanted(FIELDS[f].type));
         out->has |= UINT64_C(1) << f;
+    }
+    const char *key;
+    json_t *v;
+    /* named values: a key with a '/' holding a number */
+    json_object_foreach(o, key, v) {
+        if (!strchr(key, '/') || !(json_is_number(v) || json_is_null(v)) ||
+            out->n_named >= DDP_METRICS_MAX_NAMED || strlen(key) >= sizeof out->named[0].key)
+            continue;
+        int seen = 0; /* a key cut at a "\u0000" may repeat another: the first one stays */
+        for (int i = 0; i < out->n_named && !seen; i++) seen = !strcmp(out->named[i].key, key);
+        if (seen) continue;
+        struct ddp_metrics_named *nv = &out->named[out->n_named++];
+        snprintf(nv->key, sizeof nv->key, "%s", key);
+        nv->integer = json_is_integer(v);
+        nv->num = json_is_null(v) ? NAN : json_number_value(v);
     }
     if (!ev) {
         if (!(out->has & DDP_MF(STEP)))

@@ -47,8 +47,10 @@
 #include "common/err.h"
 
 /* A buffer of this size holds any line ddp_metrics_format can write (every field present, every
- * real as long as %.6f makes it, every string escaped at six bytes per byte). */
-#define DDP_METRICS_LINE_MAX 16384
+ * real as long as %.6f makes it, every string escaped at six bytes per byte): 16 KiB for the
+ * fields, 984 bytes for each of the DDP_METRICS_MAX_NAMED named values (metrics.c checks). */
+#define DDP_METRICS_MAX_NAMED 24
+#define DDP_METRICS_LINE_MAX 40960
 
 typedef enum ddp_metrics_kind {
     DDP_METRICS_STEP,     /* a completed step (no "event"; has "loss" or no "val_loss") */
@@ -152,6 +154,16 @@ typedef struct ddp_metrics_rec {
     int64_t examples;
     double acc, acc_norm, acc_tok; /* lm-evaluation-harness's acc, acc_norm; llm.c's per token */
     double eval_ms;
+    /* Named values, after every field above, each a key of its own holding a number: a data
+     * mixture's "tokens/<source>" (an integer: tokens trained on from that source so far) in a
+     * step line, a validation list's "val_loss/<set>" in a validation line. Any key with a '/'
+     * and a number reads back here (the first DDP_METRICS_MAX_NAMED of them). */
+    int n_named;
+    struct ddp_metrics_named {
+        char key[96]; /* "tokens/web" */
+        bool integer; /* printed as an integer, else %.6f (null when not finite) */
+        double num;
+    } named[DDP_METRICS_MAX_NAMED];
 } ddp_metrics_rec_t;
 
 typedef enum ddp_metrics_type {
@@ -194,6 +206,11 @@ int ddp_metrics_values(const ddp_metrics_rec_t *r, ddp_metrics_value_t out[DDP_M
 /* The JSON object of r's line (a new reference, for the daemon's job view), or NULL (r invalid,
  * no memory). Any thread. */
 json_t *ddp_metrics_to_json(const ddp_metrics_rec_t *r);
+
+/* Appends a named value (see ddp_metrics_rec_t) "prefix/name"; returns 0, or DDP_EINVAL when
+ * the record holds DDP_METRICS_MAX_NAMED already (nothing added). Any thread. */
+int ddp_metrics_add_named(ddp_metrics_rec_t *r, const char *prefix, const char *name, double num,
+                          bool integer);
 
 /* The name of a kind ("step", "validation", "generation", "state_transfer", "done", "event"). */
 const char *ddp_metrics_kind_name(ddp_metrics_kind_t kind);

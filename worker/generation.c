@@ -203,6 +203,10 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
      * update (overlap) */
     if (x->receiving) t->member.has_state = 0;
     if (x->overlap) return ddp__trainer_set_deal(t, x->deal_rank, x->deal_world);
+    /* a receiver's loader started before its position came: a data mixture's loader starts
+     * from the position (pos.ext), so it starts again from the one received */
+    if (x->receiving && cfg.extended)
+        DDP_CHECK(ddp__trainer_set_deal(t, t->deal.rank, t->deal.world));
     DDP_CHECK(ddp__trainer_start_transfer(t));
     DDP_CHECK(ddp_transfer_wait(x, ei));
     return ddp__trainer_finish_transfer(t, ei);

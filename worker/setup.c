@@ -135,6 +135,39 @@ static int global_micro_batches(ddp_trainer_t *t, ddp_errinfo_t *ei)
                            gbt, world, s->micro_batch, s->seq_len, used ? sizes : "none");
 }
 
+/* Opens data.train's sources (one: train_set, as always; a list of more: the mixture's sets,
+ * whose position starts at this step's sample unless a checkpoint or a state transfer brought
+ * one) and data.val's sets. */
+static int open_data(ddp_trainer_t *t, ddp_errinfo_t *ei)
+{
+    const ddp_spec_t *s = &t->spec;
+    ddp_run_data_t *d = &t->data;
+    if (s->n_train <= 1)
+        DDP_CHECK(ddp_dataset_open(&d->train_set, s->train[0].glob, s->seq_len, s->model.vocab_size,
+                                   s->seed, ei));
+    for (int i = 0; s->n_train > 1 && i < s->n_train; i++) /* errors name the glob or file */
+        DDP_CHECK(ddp_dataset_open(&d->mix_sets[i], s->train[i].glob, s->seq_len,
+                                   s->model.vocab_size, s->seed, ei));
+    if (s->n_train > 1) {
+        double w[DDP_SPEC_MAX_SOURCES];
+        for (int i = 0; i < s->n_train; i++) w[i] = s->train[i].weight;
+        if (ddp_mixture_init(&d->mix.m, w, s->n_train))
+            return ddp_errinfo_set(ei, DDP_ESPEC, "data.train: weights must be > 0");
+        d->mix.sets = d->mix_sets;
+        ddp_mixture_state_t *at = &t->pos.ext.mix;
+        if (at->n == 0) { /* a new run (or a checkpoint without cursors: saving.c said so) */
+            ddp_mixture_state_init(at, s->n_train);
+            at->at = at->base_seq = (int64_t)t->pos.step * t->deal.n_micro * s->micro_batch;
+        }
+    }
+    for (int i = 0; s->val_every > 0 && i < s->n_val; i++) {
+        DDP_CHECK(ddp_dataset_open(&d->val_sets[i], s->val[i].glob, s->seq_len, s->model.vocab_size,
+                                   s->seed, ei));
+        d->have_val = i + 1;
+    }
+    return 0;
+}
+
 int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_opts_t *opts,
                      ddp_errinfo_t *ei)
 {
@@ -220,20 +253,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  t->spec.lr, t->spec.warmup, ddp_decay_shape_name(t->spec.decay_shape),
                  t->spec.min_lr, ddp_schedule_decay_start(&t->spec), t->spec.steps);
     if (!resumed && !joins_live) DDP_CHECK_GOTO(broadcast_weights(t, ei), rc, fail);
-    if (s->n_train > 1 || s->n_val > 1) { /* (being built: issue 48; eval is: evaluate.c) */
-        rc = ddp_errinfo_set(ei, DDP_EINVAL, "data mixtures and validation lists are not "
-                                             "implemented in this build yet");
-        goto fail;
-    }
-    DDP_CHECK_GOTO(ddp_dataset_open(&t->data.train_set, s->train[0].glob, s->seq_len,
-                                    s->model.vocab_size, s->seed, ei),
-                   rc, fail);
-    if (s->n_val && s->val_every > 0) {
-        DDP_CHECK_GOTO(ddp_dataset_open(&t->data.val_set, s->val[0].glob, s->seq_len,
-                                        s->model.vocab_size, s->seed, ei),
-                       rc, fail);
-        t->data.have_val = 1;
-    }
+    DDP_CHECK_GOTO(open_data(t, ei), rc, fail);
     DDP_CHECK_GOTO(ddp__trainer_attach_world(t, ei), rc, fail);
     /* the moments are equal everywhere now (zero, or loaded); the first update keeps only this
      * rank's slices of them (ddp_zero1_drop_foreign) */
@@ -286,7 +306,10 @@ void ddp_trainer_close(ddp_trainer_t *t)
     t->saving = NULL;
     ddp_loader_stop(&t->data.loader);
     ddp_dataset_close(&t->data.train_set);
-    ddp_dataset_close(&t->data.val_set);
+    for (int i = 0; i < DDP_SPEC_MAX_SOURCES; i++) {
+        ddp_dataset_close(&t->data.val_sets[i]);
+        ddp_dataset_close(&t->data.mix_sets[i]);
+    }
     ddp_trainer_eval_close(t);
     ddp_reducer_close(&t->reducer);
     if (t->k.ops) {

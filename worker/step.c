@@ -37,6 +37,11 @@ int ddp__trainer_set_deal(ddp_trainer_t *t, int rank, int world)
     if (t->deal.accum > 1 && !t->deal.acc)
         DDP_CHECK(ddp_k_alloc(&t->k, (void **)&t->deal.acc, t->model.n_params * sizeof(float)));
     if (t->deal.accum == 0) return 0;
+    if (t->spec.n_train > 1) { /* a mixture: from where the run is (pos.ext, position.h) */
+        t->data.mix.at = t->pos.ext.mix;
+        return ddp_loader_start_mix(&t->data.loader, &t->data.mix, t->spec.micro_batch, rank, world,
+                                    t->deal.n_micro);
+    }
     return ddp_loader_start(&t->data.loader, &t->data.train_set, t->spec.micro_batch, rank, world,
                             t->deal.n_micro);
 }
@@ -344,6 +349,10 @@ static void account_step(ddp_trainer_t *t, const ddp_ballot_t *v, double norm, f
 {
     t->pos.step++;
     t->pos.tokens += (uint64_t)t->deal.n_micro * t->spec.micro_batch * t->spec.seq_len;
+    if (t->spec.n_train > 1) /* the mixture's cursors (data/loader.h) */
+        ddp_loader_mix_step(&t->data.mix, &t->pos.ext.mix,
+                            (int64_t)t->deal.n_micro * t->spec.micro_batch, NULL, t->spec.train,
+                            t->pos.step, t->world.rank == 0);
     *loss = (float)v->loss_sum / (float)t->deal.n_micro;
     t->stop.any = v->stop > 0;
     t->member.regroup = v->regroup > 0;

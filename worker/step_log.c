@@ -74,6 +74,9 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
             r.skips = skips;
             r.has |= DDP_MF(SKIPS);
         }
+        for (int d = 0; s->n_train > 1 && d < s->n_train; d++) /* a mixture: each source's tokens */
+            ddp_metrics_add_named(&r, "tokens", s->train[d].name,
+                                  (double)t->pos.ext.mix.count[d] * s->seq_len, true);
         ddp_metrics_sink_write(t->log.metrics, &r); /* a failed write is logged; training goes on */
         t->log.logged_step = t->pos.step;
     }
@@ -81,13 +84,21 @@ void ddp_trainer_log_step(ddp_trainer_t *t, float loss, double ms)
 
 void ddp_trainer_log_val(ddp_trainer_t *t, float val_loss)
 {
+    const ddp_spec_t *s = &t->spec;
+    char sets[600] = ""; /* a list's sets by name */
+    for (int i = 0, at = 0; s->val_listed && i < t->data.have_val && at < (int)sizeof sets; i++)
+        at += snprintf(sets + at, sizeof sets - (size_t)at, "%s%s %.4f", i ? ", " : " (",
+                       s->val[i].name, t->data.val_losses[i]);
+    if (sets[0]) strncat(sets, ")", sizeof sets - strlen(sets) - 1);
     if (t->world.rank == 0 && !t->opts.quiet)
-        DDP_INFO("step %5ld/%ld | val loss %.4f", t->pos.step, t->spec.steps, val_loss);
+        DDP_INFO("step %5ld/%ld | val loss %.4f%s", t->pos.step, t->spec.steps, val_loss, sets);
     if (!t->log.metrics) return;
     ddp_metrics_rec_t r;
     ddp_metrics_init(&r, DDP_METRICS_VAL);
     r.step = t->pos.step;
     r.val_loss = val_loss;
+    for (int i = 0; s->val_listed && i < t->data.have_val; i++) /* val_loss/<set> */
+        ddp_metrics_add_named(&r, "val_loss", s->val[i].name, t->data.val_losses[i], false);
     ddp_metrics_sink_write(t->log.metrics, &r);
 }
 

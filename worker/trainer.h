@@ -98,8 +98,15 @@ typedef struct ddp_deal {
 
 /* The run's data: the token shards, the loader's thread, data.tokenizer. */
 typedef struct ddp_run_data {
-    ddp_dataset_t train_set, val_set;
+    ddp_dataset_t train_set; /* data.train's one source (n_train 1) */
+    /* data.val's sets (spec.val[i]); have_val: how many (0 without validation) */
+    ddp_dataset_t val_sets[DDP_SPEC_MAX_SOURCES];
     int have_val;
+    float val_losses[DDP_SPEC_MAX_SOURCES]; /* the last validation's, per set */
+    /* data.train as a mixture of n_train > 1 sources (data/mixture.h): their sets and weights
+     * (mix.at is set from pos.ext.mix whenever the loader starts) */
+    ddp_dataset_t mix_sets[DDP_SPEC_MAX_SOURCES];
+    ddp_loader_mix_t mix;
     ddp_loader_t loader;
     ddp_run_tokenizer_t *tokenizer; /* data.tokenizer, or NULL (data/run_tokenizer.h) */
 } ddp_run_data_t;
@@ -206,7 +213,8 @@ int ddp_trainer_check_replicas(ddp_trainer_t *t, ddp_errinfo_t *ei);
 int ddp_trainer_run(ddp_trainer_t *t, volatile sig_atomic_t *stop, ddp_errinfo_t *ei);
 /* One optimizer step (all micro-steps). Sets *loss to the mean training loss. */
 int ddp_trainer_step(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
-/* Mean validation loss over spec.val_batches micro-batches, split over the ranks. */
+/* Mean validation loss over spec.val_batches micro-batches, split over the ranks: of each of
+ * data.val's sets into t->data.val_losses, *loss the first set's. */
 int ddp_trainer_validate(ddp_trainer_t *t, float *loss, ddp_errinfo_t *ei);
 /* evaluate.c: the spec's eval tasks. Reads every task and tokenizes each row with the run's
  * tokenizer (DDP_ESPEC naming the file, line and field for a bad one). Called by init once the

@@ -20,6 +20,13 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val", "lr": "train/lr",
         "exposed_comm_ms": "comm/exposed_ms", "hidden": "comm/hidden_fraction",
         "world": "ddp/world", "generation": "ddp/generation"}
 run_dir, n = sys.argv[1], int(sys.argv[2])
+
+
+def tag_of(key):
+    """A key's tag; a named value "key/name" (a mixture's tokens/<source>, a validation set's
+    val_loss/<set>) is tagged "<key's tag>/name", as worker/observe/metrics_sink.c does."""
+    prefix, slash, name = key.partition("/")
+    return TAGS.get(prefix, prefix) + slash + name if slash else TAGS.get(key, key)
 failed = 0
 
 
@@ -45,7 +52,7 @@ for line in open(run_dir + "/metrics.jsonl"):
         if k in ("step", "steps") or isinstance(v, str):
             continue
         # an eval record's scalars are named by its task (worker/observe/metrics_sink.c)
-        tag = "eval/%s/%s" % (o["task"], k) if o.get("event") == "eval" else TAGS.get(k, k)
+        tag = "eval/%s/%s" % (o["task"], k) if o.get("event") == "eval" else tag_of(k)
         want.setdefault(tag, {})[o["step"]] = struct.unpack("f", struct.pack("f", v))[0]
 
 steps = sorted(want["loss/train"])

@@ -26,7 +26,8 @@
 #include "worker/observe/tb_events.h"
 
 /* metrics.jsonl key -> TensorBoard tag; keys not listed keep their name, "step"-like keys and
- * strings are not scalars; an eval record's keys become eval/<task>/<key> (tee_record) */
+ * strings are not scalars; an eval record's keys become eval/<task>/<key> (tee_record); a named
+ * value "key/name" is tagged "<key's tag>/name" */
 static const struct {
     const char *key, *tag;
 } TAGS[] = {
@@ -90,8 +91,9 @@ static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
 {
     if (!s->tb || !(r->has & DDP_MF(STEP))) return;
     ddp_metrics_value_t v[DDP_MF_COUNT];
-    ddp_tb_scalar_t sc[DDP_MF_COUNT];
+    ddp_tb_scalar_t sc[DDP_MF_COUNT + DDP_METRICS_MAX_NAMED];
     char eval_tags[DDP_MF_COUNT][96]; /* an eval's tags name its task: eval/<task>/acc_norm */
+    char named_tags[DDP_METRICS_MAX_NAMED][128];
     int n = 0, nv = ddp_metrics_values(r, v);
     for (int i = 0; i < nv; i++) {
         if (v[i].field == DDP_MF_STEP || v[i].field == DDP_MF_STEPS) continue;
@@ -102,6 +104,22 @@ static void tee_record(ddp_metrics_sink_t *s, const ddp_metrics_rec_t *r)
             tag = eval_tags[n];
         }
         sc[n++] = (ddp_tb_scalar_t){tag, (float)v[i].num};
+    }
+    /* named values: "val_loss/<set>" -> loss/val/<set>, "tokens/<source>" ->
+     * train/tokens/<source> (the tags of their unnamed kin, the name after them) */
+    for (int i = 0; i < r->n_named && i < DDP_METRICS_MAX_NAMED; i++) {
+        const char *key = r->named[i].key, *slash = strchr(key, '/');
+        if (!slash || isnan(r->named[i].num)) continue;
+        char prefix[96];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(slash - key), key);
+        snprintf(named_tags[i], sizeof named_tags[i], "%s%s", tag_of(prefix), slash);
+        double num = r->named[i].num; /* as the line states it (a real in %.6f) */
+        if (!r->named[i].integer) {
+            char text[400];
+            snprintf(text, sizeof text, "%.6f", num);
+            num = strtod(text, NULL);
+        }
+        sc[n++] = (ddp_tb_scalar_t){named_tags[i], (float)num};
     }
     int rc = n ? ddp_tb_scalars(s->tb, r->step, now_s(), sc, n) : 0;
     if (rc == -EFBIG) {

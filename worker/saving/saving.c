@@ -36,6 +36,7 @@
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 #include "worker/saving/trainer_ext.h"
+#include "worker/saving/mixture_json.h"
 
 struct ddp_saving {
     ddp_saving_run_t run; /* the trainer's view, as of the last start/regroup */
@@ -154,6 +155,7 @@ static char *trainer_json(const ddp_saving_t *c, const ddp_position_t *pos)
         "loss_scale_clean", (json_int_t)pos->loss_scale_clean, "last_loss", (double)pos->last_loss,
         "spec", spec, "spikes", ddp__trainer_ext_spikes(sp, pos));
     if (!o) return NULL;
+    ddp__mixture_save(o, sp, pos); /* a data mixture's cursors (mixture_json.h) */
     char *text = json_dumps(o, JSON_INDENT(2));
     json_decref(o);
     char *out = text ? ddp_strdup(text) : NULL;
@@ -298,6 +300,8 @@ static int read_position(const ddp_saving_t *c, const ddp_saving_run_t *run, con
                  "continues at sample %lld, not at the saved cursor %lld",
                  path, (long long)saved_G, G, (long long)pos->step * G,
                  (long long)get_int(data, "cursor", 0));
+    rc = ddp__mixture_read(run->spec, data, G, path, run->world->rank, pos, ei);
+    if (rc) goto out;
     if (run->world->rank == 0)
         DDP_INFO("resumed from %s: step %ld, %llu tokens, AdamW t %ld, data cursor %lld "
                  "(saved by %lld rank(s) x %lld micro-step(s); now %d x %d)",

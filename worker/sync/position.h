@@ -18,6 +18,7 @@
 
 #include "common/rng.h"
 #include "proto/spec.h"
+#include "worker/data/mixture.h"
 #include "worker/sync/reducer.h"
 #include "worker/sync/spikes.h"
 
@@ -32,6 +33,12 @@ typedef struct ddp_position_ext {
     ddp_spikes_t spikes;
     long decay_forked_at;
     /* ---- end of spike skipping and wsd */
+    /* ---- the data mixture (data.train a list of n_train > 1 sources; data/mixture.h): how many
+     * sequences each source gave before sample step x G, and where the current weights took
+     * effect. Advanced by every rank at the end of each step (the same for all). trainer.json:
+     * data.mixture (saving/mixture_json.h). */
+    ddp_mixture_state_t mix;
+    /* ---- end of the data mixture */
 } ddp_position_ext_t;
 
 typedef struct ddp_position {
@@ -51,7 +58,8 @@ typedef struct ddp_position {
  * carries it), else 0. Pure. */
 static inline int ddp_position_extended(const ddp_spec_t *spec)
 {
-    return ddp_spikes_on(spec) || spec->schedule == DDP_SCHED_WSD;
+    return ddp_spikes_on(spec) || spec->schedule == DDP_SCHED_WSD ||
+           spec->n_train > 1; /* the data mixture */
 }
 
 /* What the last step cost on this rank. */

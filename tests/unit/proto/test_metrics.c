@@ -480,6 +480,47 @@ static void test_buffer(void **state)
     assert_rec_eq(&big, &back);
 }
 
+/* Named values ("tokens/<source>", "val_loss/<set>"): written after the fields, integers as
+ * integers and losses in %.6f, non-finite as null; read back from any key with a '/'; the
+ * longest such line fits DDP_METRICS_LINE_MAX; the (DDP_METRICS_MAX_NAMED + 1)-th is refused. */
+static void test_named_values(void **state)
+{
+    (void)state;
+    ddp_metrics_rec_t r, back;
+    ddp_metrics_init(&r, DDP_METRICS_VAL);
+    r.step = 8;
+    r.val_loss = 2.5;
+    assert_int_equal(ddp_metrics_add_named(&r, "val_loss", "web", 2.5, false), 0);
+    assert_int_equal(ddp_metrics_add_named(&r, "val_loss", "code", NAN, false), 0);
+    assert_int_equal(ddp_metrics_add_named(&r, "tokens", "web", 4096, true), 0);
+    char buf[DDP_METRICS_LINE_MAX];
+    size_t n;
+    assert_int_equal(ddp_metrics_format(&r, buf, sizeof buf, &n), 0);
+    assert_string_equal(buf, "{\"step\":8,\"val_loss\":2.500000,\"val_loss/web\":2.500000,"
+                             "\"val_loss/code\":null,\"tokens/web\":4096}");
+    assert_int_equal(ddp_metrics_parse(buf, n, &back, NULL), 0);
+    assert_int_equal(back.kind, DDP_METRICS_VAL);
+    assert_int_equal(back.n_named, 3);
+    assert_string_equal(back.named[0].key, "val_loss/web");
+    assert_true(back.named[0].num == 2.5 && !back.named[0].integer);
+    assert_true(isnan(back.named[1].num));
+    assert_string_equal(back.named[2].key, "tokens/web");
+    assert_true(back.named[2].num == 4096 && back.named[2].integer);
+    /* a line without them (every older one) has none; a '/' key that is no number is skipped */
+    const char *old_line = "{\"step\":3,\"val_loss\":1.000000,\"x/y\":\"s\"}";
+    assert_int_equal(ddp_metrics_parse(old_line, strlen(old_line), &back, NULL), 0);
+    assert_int_equal(back.n_named, 0);
+    /* the longest: every slot, keys of control characters, -DBL_MAX */
+    ddp_metrics_rec_t big;
+    ddp_metrics_init(&big, DDP_METRICS_STEP);
+    for (int i = 0; i < DDP_METRICS_MAX_NAMED; i++) {
+        assert_int_equal(ddp_metrics_add_named(&big, "p", "q", -DBL_MAX, false), 0);
+        memset(big.named[i].key, 1, sizeof big.named[i].key - 1);
+    }
+    assert_int_equal(ddp_metrics_add_named(&big, "p", "q", 1, true), DDP_EINVAL);
+    assert_int_equal(ddp_metrics_format(&big, buf, sizeof buf, &n), 0);
+}
+
 /* values(): the line's fields in its order, reals as the line states them (what the
  * TensorBoard tee gets); to_json(): the line as a JSON object, a merged val_loss last. */
 static void test_values_and_json(void **state)
@@ -541,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_strings),         cmocka_unit_test(test_older_lines),
         cmocka_unit_test(test_malformed),       cmocka_unit_test(test_buffer),
         cmocka_unit_test(test_values_and_json), cmocka_unit_test(test_skipped_step),
+        cmocka_unit_test(test_named_values),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

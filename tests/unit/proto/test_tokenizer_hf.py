@@ -398,8 +398,9 @@ ok(got is not None and len(ids) == 40 and got != ids_text and
    "without data.tokenizer prints; that run's checkpoint has no tokenizer.json)",
    "with: %r\nwithout: %r\n%s" % (got, ids_text, text(p0)))
 
-# 22: a checkpoint with a tokenizer resumes as before
-p = run_worker("--set", "train.steps=6")
+# 22: a checkpoint with a tokenizer resumes as before (to 6 steps: the cosine's length changes,
+# which a resume must allow)
+p = run_worker("--set", "train.steps=6", "--set", "train.allow_schedule_change=true")
 d6 = os.path.join(run, "ck", "step-00000006")
 ok(p.returncode == 0 and b"resumed from" in p.stderr and b"step-00000004" in p.stderr and
    open(os.path.join(d6, "tokenizer.json"), "rb").read() == src,
@@ -407,7 +408,8 @@ ok(p.returncode == 0 and b"resumed from" in p.stderr and b"step-00000004" in p.s
 
 # 23: a checkpoint that lost its tokenizer.json is not complete: it is skipped, by name
 os.unlink(os.path.join(d6, "tokenizer.json"))
-p = run_worker("--set", "train.steps=6", "--set", "train.sample_tokens=0")
+p = run_worker("--set", "train.steps=6", "--set", "train.allow_schedule_change=true",
+               "--set", "train.sample_tokens=0")
 ok(p.returncode == 0 and b"step-00000006" in p.stderr and b"tokenizer.json" in p.stderr and
    b"resumed from" in p.stderr and b"step 4" in p.stderr,
    "a checkpoint without its tokenizer.json fails verification by name; the run resumes from "
