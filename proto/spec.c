@@ -196,7 +196,8 @@ const ddp__sfield_t ddp__spec_fields[] = {
     F_LIST("data.train", train, TRAIN_LIST, "required",
            "glob of the training token shards (llm.c's format, as `ddp-prep` writes them), or "
            "a mixture: a list of sources `[{name, path, weight}]`, each sequence of a step drawn "
-           "from the source furthest below its share, each source with its own cursor "
+           "by a deterministic rule that keeps every source within one sequence of its share, "
+           "each source with its own cursor "
            "([running.md](running.md#data-mixtures))"),
     F_LIST("data.val", val, VAL_LIST, "`\"\"`",
            "glob of the validation shards, or a list of named sets `[{name, path}]`; `\"\"` = no "

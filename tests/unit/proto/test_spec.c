@@ -217,6 +217,7 @@ static void test_round_trip(void **state)
         "tests/fixtures/specs/good_full.yaml",  "tests/fixtures/specs/good_minimal.yaml",
         "deploy/examples/shakespeare-tiny.yaml", "deploy/examples/shakespeare-mini.yaml",
         "deploy/examples/gpt2-124M.yaml", "deploy/examples/llama-tiny.yaml",
+        "deploy/examples/shakespeare-recipe.yaml",
     };
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         ddp_spec_t s, r;
