@@ -2,8 +2,9 @@
 """Reads RUN_DIR/tb with TensorBoard's own EventAccumulator and checks that every number of
 every line of RUN_DIR/metrics.jsonl is there as a scalar, at the line's step, with the line's
 value (as float32). Prints TAP lines numbered from START + 1 (no plan); exits 1 on a mismatch.
+With EVAL_TASK, that task's eval/<task>/acc_norm and acc must be there too.
 
-    tb_check.py RUN_DIR START
+    tb_check.py RUN_DIR START [EVAL_TASK]
 """
 import json
 import math
@@ -20,6 +21,7 @@ TAGS = {"loss": "loss/train", "val_loss": "loss/val", "lr": "train/lr",
         "exposed_comm_ms": "comm/exposed_ms", "hidden": "comm/hidden_fraction",
         "world": "ddp/world", "generation": "ddp/generation"}
 run_dir, n = sys.argv[1], int(sys.argv[2])
+eval_task = sys.argv[3] if len(sys.argv) > 3 else None
 
 
 def tag_of(key):
@@ -60,7 +62,8 @@ report(steps == list(range(1, len(steps) + 1)) and len(steps) >= 2,
        "metrics.jsonl has a step line for every step", str(steps))
 for tag in ("loss/train", "loss/val", "train/lr", "train/grad_norm", "perf/tokens_per_s",
             "perf/step_ms", "perf/compute_ms", "comm/comm_ms", "comm/exposed_ms",
-            "comm/hidden_fraction", "ddp/world", "eval/tiny/acc_norm", "eval/tiny/acc"):
+            "comm/hidden_fraction", "ddp/world") + (
+                ("eval/%s/acc_norm" % eval_task, "eval/%s/acc" % eval_task) if eval_task else ()):
     report(tag in got and tag in want, "TensorBoard has the scalar %s" % tag,
            "tensorboard tags: %s\nmetrics tags: %s" % (sorted(got), sorted(want)))
 bad = []

@@ -49,7 +49,7 @@ else
   not_ok "rank 0 wrote one event file" "$(ls -la "$run" "$run/tb" 2>&1)"
 fi
 
-python3 "$here/tb_check.py" "$run" "$TAP_N" >"$tmp/check.out" 2>"$tmp/check.err"
+python3 "$here/tb_check.py" "$run" "$TAP_N" tiny >"$tmp/check.out" 2>"$tmp/check.err"
 rc=$?
 cat "$tmp/check.out"
 TAP_N=$((TAP_N + $(grep -cE '^(not )?ok ' "$tmp/check.out")))

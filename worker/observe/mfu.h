@@ -13,7 +13,7 @@
  * The peak is a GPU's dense tensor rate in the run's precision from the table in mfu.c (bf16 and
  * fp16 with fp32 accumulation; fp32 runs use the plain FP32 rate unless DDP_CUDA_TF32=1 turns
  * TF32 on), or, on a CPU and on a GPU the table lacks, a rate measured once at start: the run's
- * own product (ddp_k_matmul_fwd, its precision and threads) on a square of 1024 (CPU) or 8192
+ * own product (ddp_k_matmul_fwd, its precision and threads) on a square of 512 (CPU) or 8192
  * (GPU), the fastest of its rounds over 200 ms, labelled as measured. MFU is then per rank: tokens per second per rank x count / peak.
  *
  * Threads: ddp_mfu_init on the compute thread (it runs products); the rest is pure.
