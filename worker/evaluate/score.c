@@ -9,23 +9,6 @@
 
 #include "common/alloc.h"
 
-static int row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    int rc = ddp_errinfo_vset(ei, DDP_EFORMAT, fmt, ap);
-    va_end(ap);
-    if (ei) {
-        ddp_errinfo_path(ei, "%s", path ? path : "");
-        ei->line = (int)line;
-        ei->column = 1; /* the row */
-    }
-    return rc;
-}
-
 int ddp_mc_argmax(const double *x, int n)
 {
     int best = 0;
@@ -157,17 +140,17 @@ int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const
     free(whole);
     if (rc) goto out;
     if (ctx.len == 0) {
-        rc = row_error(ei, path, ex->line, "context: empty (and no BOS to stand for it)");
+        rc = ddp_mc_row_error(ei, path, ex->line, "context: empty (and no BOS to stand for it)");
         goto out;
     }
     /* the harness takes the tail of enc(whole) past len(ctx) without checking it is a prefix */
     long n_cont = (long)all.len - (long)ctx.len;
     if (n_cont <= 0) {
-        rc = row_error(ei, path, ex->line, "choices[%d]: the continuation has no tokens", i);
+        rc = ddp_mc_row_error(ei, path, ex->line, "choices[%d]: the continuation has no tokens", i);
         goto out;
     }
     if (n_cont > s->T) {
-        rc = row_error(ei, path, ex->line,
+        rc = ddp_mc_row_error(ei, path, ex->line,
                        "context: nothing left after truncation to seq_len %d (choices[%d]'s "
                        "continuation alone is %ld tokens)",
                        s->T, i, n_cont);

@@ -143,17 +143,14 @@ char *ddp_mc_capitalize(const char *s)
     return out;
 }
 
-static int row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
+int ddp_mc_row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     int rc = ddp_errinfo_vset(ei, DDP_EFORMAT, fmt, ap);
     va_end(ap);
     if (ei) {
-        ddp_errinfo_path(ei, "%s", path);
+        ddp_errinfo_path(ei, "%s", path ? path : "");
         ei->line = (int)line;
         ei->column = 1; /* the row */
     }
@@ -165,8 +162,8 @@ static int text_field(json_t *row, const char *key, const char *path, long line,
                       ddp_errinfo_t *ei)
 {
     json_t *v = json_object_get(row, key);
-    if (!v) return row_error(ei, path, line, "%s: missing", key);
-    if (!json_is_string(v)) return row_error(ei, path, line, "%s: expected a string", key);
+    if (!v) return ddp_mc_row_error(ei, path, line, "%s: missing", key);
+    if (!json_is_string(v)) return ddp_mc_row_error(ei, path, line, "%s: expected a string", key);
     *out = json_string_value(v);
     return 0;
 }
@@ -175,23 +172,23 @@ static int parse_label(json_t *row, const char *path, long line, int n_choices, 
                        ddp_errinfo_t *ei)
 {
     json_t *v = json_object_get(row, "label");
-    if (!v) return row_error(ei, path, line, "label: missing");
+    if (!v) return ddp_mc_row_error(ei, path, line, "label: missing");
     long long x = -1;
     if (json_is_integer(v)) {
         x = json_integer_value(v);
     } else if (json_is_string(v)) {
         const char *s = json_string_value(v);
         if (!*s || strlen(s) > 9)
-            return row_error(ei, path, line, "label: '%s' is not a digit string", s);
+            return ddp_mc_row_error(ei, path, line, "label: '%s' is not a digit string", s);
         for (const char *p = s; *p; p++)
             if (!isdigit((unsigned char)*p))
-                return row_error(ei, path, line, "label: '%s' is not a digit string", s);
+                return ddp_mc_row_error(ei, path, line, "label: '%s' is not a digit string", s);
         x = atoll(s);
     } else {
-        return row_error(ei, path, line, "label: expected an integer or a digit string");
+        return ddp_mc_row_error(ei, path, line, "label: expected an integer or a digit string");
     }
     if (x < 0 || x >= n_choices)
-        return row_error(ei, path, line, "label: %lld is out of range for %d choices", x,
+        return ddp_mc_row_error(ei, path, line, "label: %lld is out of range for %d choices", x,
                          n_choices);
     *label = (int)x;
     return 0;
@@ -228,26 +225,26 @@ int ddp_mc_parse_row(const char *text, size_t len, const char *path, long line,
     json_error_t je;
     json_t *row = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!row)
-        return row_error(ei, path, line, "malformed JSON: %s (column %d)", je.text, je.column);
+        return ddp_mc_row_error(ei, path, line, "malformed JSON: %s (column %d)", je.text, je.column);
     int rc = 0;
     if (!json_is_object(row)) {
-        rc = row_error(ei, path, line, "expected a JSON object");
+        rc = ddp_mc_row_error(ei, path, line, "expected a JSON object");
         goto out;
     }
     int hella = json_object_get(row, "endings") != NULL;
     const char *list_key = hella ? "endings" : "choices";
     if (!hella && !json_object_get(row, "context")) {
-        rc = row_error(ei, path, line, "context: missing (or endings, for a HellaSwag row)");
+        rc = ddp_mc_row_error(ei, path, line, "context: missing (or endings, for a HellaSwag row)");
         goto out;
     }
     json_t *list = json_object_get(row, list_key);
     if (!list) {
-        rc = row_error(ei, path, line, "%s: missing", list_key);
+        rc = ddp_mc_row_error(ei, path, line, "%s: missing", list_key);
         goto out;
     }
     if (!json_is_array(list) || json_array_size(list) < 1 ||
         json_array_size(list) > DDP_MC_MAX_CHOICES) {
-        rc = row_error(ei, path, line, "%s: expected a list of 1 to %d strings", list_key,
+        rc = ddp_mc_row_error(ei, path, line, "%s: expected a list of 1 to %d strings", list_key,
                        DDP_MC_MAX_CHOICES);
         goto out;
     }
@@ -261,7 +258,7 @@ int ddp_mc_parse_row(const char *text, size_t len, const char *path, long line,
     for (int i = 0; i < n; i++) {
         json_t *c = json_array_get(list, (size_t)i);
         if (!json_is_string(c)) {
-            rc = row_error(ei, path, line, "%s[%d]: expected a string", list_key, i);
+            rc = ddp_mc_row_error(ei, path, line, "%s[%d]: expected a string", list_key, i);
             goto out;
         }
         const char *s = json_string_value(c);
@@ -271,7 +268,7 @@ int ddp_mc_parse_row(const char *text, size_t len, const char *path, long line,
             goto out;
         }
         if (!ex->choices[i][0]) {
-            rc = row_error(ei, path, line, "%s[%d]: empty%s", list_key, i,
+            rc = ddp_mc_row_error(ei, path, line, "%s[%d]: empty%s", list_key, i,
                            hella && s[0] ? " after preprocessing" : "");
             goto out;
         }
@@ -337,7 +334,7 @@ int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo
         while (a < b && isspace((unsigned char)buf[a])) a++;
         if (a < b) {
             if (bad >= i && bad < end) {
-                rc = row_error(ei, path, line, "not valid UTF-8 (byte %zu of the line)",
+                rc = ddp_mc_row_error(ei, path, line, "not valid UTF-8 (byte %zu of the line)",
                                bad - i + 1);
                 break;
             }
@@ -355,7 +352,7 @@ int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo
         }
         i = end + 1;
     }
-    if (rc == 0 && t->n == 0) rc = row_error(ei, path, line, "no rows");
+    if (rc == 0 && t->n == 0) rc = ddp_mc_row_error(ei, path, line, "no rows");
     free(buf);
     return rc;
 }

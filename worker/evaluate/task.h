@@ -55,6 +55,11 @@ int ddp_mc_parse_row(const char *text, size_t len, const char *path, long line,
                      ddp_mc_example_t *ex, ddp_errinfo_t *ei);
 void ddp_mc_example_free(ddp_mc_example_t *ex); /* NULL-safe */
 
+/* A row's error, for the scorer too: DDP_EFORMAT with the message, ei's path `path` and the
+ * row's line (column 1). Returns DDP_EFORMAT; ei may be NULL. */
+int ddp_mc_row_error(ddp_errinfo_t *ei, const char *path, long line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* The harness's HellaSwag preprocess of a string, in a new buffer (NULL: out of memory): strip
  * (Python's whitespace), " [title]" -> ". ", every "[...]" without a line break inside removed
  * (the non-greedy r"\[.*?\]"), then "  " -> " " in one left-to-right pass. */
