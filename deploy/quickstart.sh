@@ -9,6 +9,7 @@
 #   deploy/quickstart.sh [TEXT_FILE...]
 #
 # Without arguments the corpus is Debian's `fortunes` package (about 2 MB of English text).
+# QUICKSTART_SPEC=FILE runs another spec over the same data (the CI test runs a short one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,7 +28,7 @@ ninja -C build >/dev/null
 build/worker/ddp-prep --out data/quickstart --val-fraction 0.05 "$@"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-build/daemon/ddpctl run deploy/examples/quickstart.yaml | tee "$out"
+build/daemon/ddpctl run "${QUICKSTART_SPEC:-deploy/examples/quickstart.yaml}" | tee "$out"
 run_dir=$(sed -n 's/^run dir: //p' "$out" | tail -n 1)
 if [ -n "$run_dir" ] && [ -f "$run_dir/rank-0.log" ]; then
   sed -n '/^--- sample/,$p' "$run_dir/rank-0.log"
