@@ -171,7 +171,7 @@ int ddp_flight_diagnose(json_t *const *dumps, size_t n, char *out, size_t len)
                      (unsigned long long)stuck, b, (unsigned long long)g);
         int culprits = 0, waiters = 0, silent = 0;
         for (int r = 0; r < size; r++) culprits += st[r] == NEVER || st[r] == QUEUED;
-        for (int r = 0; r < size; r++) waiters += st[r] == STARTED;
+        for (int r = 0; r < size; r++) waiters += st[r] == STARTED || st[r] == FAILED;
         for (int r = 0; r < size; r++) silent += st[r] == UNKNOWN || st[r] == NONE;
         if (culprits) {
             for (int r = 0; r < size; r++) sel[r] = st[r] == NEVER || st[r] == QUEUED;
@@ -192,7 +192,7 @@ int ddp_flight_diagnose(json_t *const *dumps, size_t n, char *out, size_t len)
             }
         }
         if (waiters) {
-            for (int r = 0; r < size; r++) sel[r] = st[r] == STARTED;
+            for (int r = 0; r < size; r++) sel[r] = st[r] == STARTED || st[r] == FAILED;
             cat(out, len, "%s", "; ");
             rank_list(out, len, sel, size);
             if (culprits || silent) {
@@ -201,7 +201,7 @@ int ddp_flight_diagnose(json_t *const *dumps, size_t n, char *out, size_t len)
                 cat(out, len, "%s", waiters == 1 ? " waits" : " wait");
                 memset(sel, 0, (size_t)size);
                 for (int r = 0; r < size; r++)
-                    if (st[r] == STARTED && peer[r] >= 0 && peer[r] < size) sel[peer[r]] = 1;
+                    if ((st[r] == STARTED || st[r] == FAILED) && peer[r] >= 0 && peer[r] < size) sel[peer[r]] = 1;
                 int p = 0;
                 for (int r = 0; r < size; r++) p += sel[r];
                 if (p) {
@@ -214,7 +214,7 @@ int ddp_flight_diagnose(json_t *const *dumps, size_t n, char *out, size_t len)
         for (int r = 0; r < size; r++) failed += st[r] == FAILED;
         if (failed) {
             for (int r = 0; r < size; r++) sel[r] = st[r] == FAILED;
-            cat(out, len, "%s", "; it failed on ");
+            cat(out, len, "%s", "; it failed (deadline or abort) on ");
             rank_list(out, len, sel, size);
         }
         if (culprits && silent) {
