@@ -387,30 +387,46 @@ void ddp_flight_catch_fatal(void)
     }
 }
 
+static int wake_fd[2] = {-1, -1};
+
+/* Any thread may receive SIGUSR2 (libraries start threads before main): the handler only wakes
+ * the dump thread. */
+static void on_sigusr2(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    char b = 1;
+    ssize_t w = write(wake_fd[1], &b, 1);
+    (void)w;
+    errno = saved;
+}
+
 static void *sigusr2_main(void *arg)
 {
-    sigset_t *set = arg;
+    (void)arg;
     for (;;) {
-        int sig = 0;
-        if (sigwait(set, &sig) != 0) continue;
+        char b[16];
+        ssize_t n = read(wake_fd[0], b, sizeof b);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return NULL;
         DDP_INFO("flight recorder: dump requested (SIGUSR2)");
         json_decref(ddp_flight_dump("request"));
     }
-    return NULL;
 }
 
 int ddp_flight_listen_sigusr2(void)
 {
-    static sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR2);
-    int rc = pthread_sigmask(SIG_BLOCK, &set, NULL);
-    if (rc) return -rc;
+    if (wake_fd[0] >= 0) return 0;
+    if (pipe2(wake_fd, O_CLOEXEC) != 0) return -errno;
+    fcntl(wake_fd[1], F_SETFL, O_NONBLOCK); /* a burst of signals never blocks the handler */
     pthread_t th;
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    rc = pthread_create(&th, &at, sigusr2_main, &set);
+    int rc = pthread_create(&th, &at, sigusr2_main, NULL);
     pthread_attr_destroy(&at);
-    return rc ? -rc : 0;
+    if (rc) return -rc;
+    struct sigaction sa = {.sa_handler = on_sigusr2, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGUSR2, &sa, NULL) == 0 ? 0 : -errno;
 }

@@ -82,9 +82,9 @@ json_t *ddp_flight_dump(const char *trigger);
  * (ddp_flight_write_raw) and then give the signal to the handler that was there before (the
  * default one: the process dies as it would have). Main thread, once. */
 void ddp_flight_catch_fatal(void);
-/* Blocks SIGUSR2 in the calling thread (call it before any other thread starts, so that every
- * thread inherits the mask) and starts a detached thread that waits for it and answers each with
- * ddp_flight_dump("request"). Returns 0 or -errno. Main thread, once. */
+/* Starts a detached thread that answers each SIGUSR2 with ddp_flight_dump("request"); the
+ * signal's handler (SA_RESTART; whichever thread takes it) only writes a byte to a pipe that the
+ * thread reads, so a stuck thread never dumps. Returns 0 or -errno. Main thread, once. */
 int ddp_flight_listen_sigusr2(void);
 
 /* The diagnosis over the ranks' dumps (objects as ddp_flight_dump returns; n of them, any
