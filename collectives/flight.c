@@ -339,11 +339,9 @@ json_t *ddp_flight_dump(const char *trigger)
     json_t *dump = json_loadb(text, n, 0, &jerr);
     free(text);
     if (!dump) return NULL;
-    pthread_mutex_lock(&sink_mu);
-    void (*fn)(void *, json_t *) = sink_fn;
-    void *arg = sink_arg;
+    pthread_mutex_lock(&sink_mu); /* held across the call: set_sink(NULL) waits for it */
+    if (sink_fn) sink_fn(sink_arg, dump);
     pthread_mutex_unlock(&sink_mu);
-    if (fn) fn(arg, dump);
     return dump;
 }
 

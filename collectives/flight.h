@@ -50,7 +50,8 @@ typedef struct ddp_flight_cfg {
  * main thread before any communicator exists. Without it the recorder allocates a default ring
  * at the first record and writes no file. Returns 0, DDP_ENOMEM, or -errno of mkdir. */
 int ddp_flight_setup(const ddp_flight_cfg_t *cfg);
-/* Replaces the sink (NULL: none). Any thread; the sink must stay valid until replaced. */
+/* Replaces the sink (NULL: none); waits for a call of the old one in progress. Any thread but
+ * the sink's own. */
 void ddp_flight_set_sink(void (*sink)(void *arg, json_t *dump), void *arg);
 
 /* Records the submission of an operation; returns its record id (0: recorder off). kind is a
