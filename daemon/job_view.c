@@ -6,6 +6,7 @@
 #include "daemon/job_view.h"
 
 #include <math.h>
+#include <signal.h>
 
 #include "common/clock.h"
 #include "daemon/job_int.h"
@@ -19,6 +20,15 @@ int ddpd_job_world(const ddpd_job_t *j) { return j->world; }
 uint32_t ddpd_job_uid(const ddpd_job_t *j) { return j->uid; }
 const char *ddpd_job_run_dir(const ddpd_job_t *j) { return j->run_dir; }
 const char *ddpd_job_warning(const ddpd_job_t *j) { return j->warning; }
+int ddpd_job_local_ranks(const ddpd_job_t *j) { return j->n_local; }
+
+int ddpd_job_signal_local(ddpd_job_t *j, int sig)
+{
+    int n = 0;
+    for (int i = 0; i < j->n_local; i++)
+        if (j->procs[i].alive && j->procs[i].pid > 0 && kill(j->procs[i].pid, sig) == 0) n++;
+    return n;
+}
 
 int64_t ddpd_job_submitted_ms(const ddpd_job_t *j) { return j->submitted_ms; }
 
