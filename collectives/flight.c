@@ -103,9 +103,25 @@ void ddp_flight_set_sink(void (*sink)(void *arg, json_t *dump), void *arg)
 
 /* ---- writers ------------------------------------------------------------------------------- */
 
+/* Fields are written and read with relaxed atomic accesses (the seqlock orders them), so that a
+ * reader racing a writer is defined behaviour (and quiet under TSan). */
+#define WR(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
+#define RD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
+
+/* Makes the version odd; two writers of one record (the communication thread finishing it while
+ * the waiter that gave up marks it failed) take turns. Never called from a signal handler. */
 static void enter(rec_t *r)
 {
-    atomic_fetch_add_explicit(&r->ver, 1, memory_order_acq_rel);
+    uint32_t v = atomic_load_explicit(&r->ver, memory_order_relaxed);
+    for (;;) {
+        if (v & 1) {
+            v = atomic_load_explicit(&r->ver, memory_order_relaxed);
+            continue;
+        }
+        if (atomic_compare_exchange_weak_explicit(&r->ver, &v, v + 1, memory_order_acquire,
+                                                  memory_order_relaxed))
+            break;
+    }
     atomic_thread_fence(memory_order_release);
 }
 
@@ -128,18 +144,19 @@ uint64_t ddp_flight_queued(uint64_t generation, uint64_t seq, int rank, int size
     uint64_t id = atomic_fetch_add(&next_id, 1) + 1;
     rec_t *r = &ring[id % cap];
     enter(r);
-    r->gen = generation;
-    r->seq = seq;
-    r->bytes = bytes;
-    r->kind = kind;
-    r->rank = rank;
-    r->size = size;
-    r->bucket = bucket;
-    r->peer = -1;
-    r->state = DDP_FLIGHT_QUEUED;
-    r->rc = 0;
-    r->t_queued = ddp_now_ns();
-    r->t_started = r->t_finished = 0;
+    WR(r->gen, generation);
+    WR(r->seq, seq);
+    WR(r->bytes, bytes);
+    WR(r->kind, kind);
+    WR(r->rank, rank);
+    WR(r->size, size);
+    WR(r->bucket, bucket);
+    WR(r->peer, -1);
+    WR(r->state, DDP_FLIGHT_QUEUED);
+    WR(r->rc, 0);
+    WR(r->t_queued, ddp_now_ns());
+    WR(r->t_started, 0);
+    WR(r->t_finished, 0);
     atomic_store_explicit(&r->id, id, memory_order_release);
     leave(r);
     atomic_store(&cur_rank, rank);
@@ -151,29 +168,29 @@ void ddp_flight_started(uint64_t id)
     rec_t *r = find(id);
     if (!r) return;
     enter(r);
-    r->state = DDP_FLIGHT_STARTED;
-    r->t_started = ddp_now_ns();
+    WR(r->state, DDP_FLIGHT_STARTED);
+    WR(r->t_started, ddp_now_ns());
     leave(r);
 }
 
 void ddp_flight_waiting(uint64_t id, int peer)
 {
     rec_t *r = find(id);
-    if (!r || r->peer == peer) return;
+    if (!r || RD(r->peer) == peer) return;
     enter(r);
-    r->peer = peer;
+    WR(r->peer, peer);
     leave(r);
 }
 
 void ddp_flight_finished(uint64_t id, int rc)
 {
     rec_t *r = find(id);
-    if (!r || r->state >= DDP_FLIGHT_FINISHED) return;
+    if (!r || RD(r->state) >= DDP_FLIGHT_FINISHED) return;
     enter(r);
-    if (!r->t_started) r->t_started = ddp_now_ns(); /* a backend without the engine (nccl) */
-    r->state = rc < 0 ? DDP_FLIGHT_FAILED : DDP_FLIGHT_FINISHED;
-    r->rc = rc < 0 ? rc : 0;
-    r->t_finished = ddp_now_ns();
+    if (!RD(r->t_started)) WR(r->t_started, ddp_now_ns()); /* a backend without the engine (nccl) */
+    WR(r->state, rc < 0 ? DDP_FLIGHT_FAILED : DDP_FLIGHT_FINISHED);
+    WR(r->rc, rc < 0 ? rc : 0);
+    WR(r->t_finished, ddp_now_ns());
     leave(r);
 }
 
@@ -223,19 +240,19 @@ static int snapshot(size_t i, rec_t *dst)
         uint32_t v0 = atomic_load_explicit(&r->ver, memory_order_acquire);
         if (v0 & 1) continue;
         uint64_t id = atomic_load_explicit(&r->id, memory_order_relaxed);
-        dst->gen = r->gen;
-        dst->seq = r->seq;
-        dst->bytes = r->bytes;
-        dst->kind = r->kind;
-        dst->rank = r->rank;
-        dst->size = r->size;
-        dst->bucket = r->bucket;
-        dst->peer = r->peer;
-        dst->state = r->state;
-        dst->rc = r->rc;
-        dst->t_queued = r->t_queued;
-        dst->t_started = r->t_started;
-        dst->t_finished = r->t_finished;
+        dst->gen = RD(r->gen);
+        dst->seq = RD(r->seq);
+        dst->bytes = RD(r->bytes);
+        dst->kind = RD(r->kind);
+        dst->rank = RD(r->rank);
+        dst->size = RD(r->size);
+        dst->bucket = RD(r->bucket);
+        dst->peer = RD(r->peer);
+        dst->state = RD(r->state);
+        dst->rc = RD(r->rc);
+        dst->t_queued = RD(r->t_queued);
+        dst->t_started = RD(r->t_started);
+        dst->t_finished = RD(r->t_finished);
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&r->ver, memory_order_relaxed) != v0) continue;
         atomic_store_explicit(&dst->id, id, memory_order_relaxed);
