@@ -7,7 +7,7 @@
 #     the all-reduce that it never started, which the other ranks wait on.
 #  2. SIGUSR2 (what `ddpctl dump` sends through the daemon) makes a running rank rewrite its
 #     file with the trigger "request", from its dump thread.
-# Budget: about 20 s on 2 cores (registered with a 120 s timeout). Every wait is for a file or a
+# Budget: 6-25 s on 2 shared cores (registered with a 120 s timeout). Every wait is for a file or a
 # line with a deadline; nothing sleeps to synchronise.
 #   test_flight.sh DDP_WORKER DDP_PREP
 set -uo pipefail

@@ -51,7 +51,7 @@ typedef struct {
 static void *rank_main(void *p)
 {
     rank_arg_t *a = p;
-    ddp_coll_opts_t o = {.timeout_s = 0.5};
+    ddp_coll_opts_t o = {.timeout_s = 10}; /* #2 gets an explicit deadline below */
     ddp_coll_t *c;
     if (ddp_coll_new_fake(a->w, a->rank, &o, &c) != 0) return NULL;
     float v[1000];
