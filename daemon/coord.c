@@ -185,7 +185,7 @@ static void abandon_adoption(ddpd_coord_t *c, const char *why);
 /* ---- flight recorder dumps (collectives/flight.h) ------------------------------------------
  * A collection starts when a member sends a dump of its own (its collective timed out) or
  * before an eviction's kill: every other member is asked for one ("dump"), and once each live
- * member has answered, or after flight_wait_ns, the dumps are lined up by
+ * member has answered, or after ddp.heartbeat_timeout_s, the dumps are lined up by
  * ddp_flight_diagnose and the diagnosis is logged and reported as an event. */
 
 static int has_flight(const member_t *m) { return m->joined && !m->done && m->flight; }
