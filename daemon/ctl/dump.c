@@ -1,4 +1,5 @@
-/* `ddpctl dump ID [--timeout S]`: the flight recorder dumps of a running job's ranks and their
+/* `ddpctl dump RUN_DIR`: the diagnosis of the dumps already there (any trigger; no daemon).
+ * `ddpctl dump ID [--timeout S]`: the flight recorder dumps of a running job's ranks and their
  * diagnosis (collectives/flight.h). job.dump makes the daemon send SIGUSR2 to the job's ranks on
  * its node; each rank's dump thread writes RUN_DIR/flight/rank-R.json. This waits (polling, up to
  * the deadline) until as many of those files as ranks were signalled hold a "request" dump taken
@@ -22,8 +23,8 @@
 #include "daemon/client.h"
 #include "daemon/ctl/ctl.h"
 
-/* The dumps in dir/flight answering the request made at since_ns: fills dumps (up to max), returns
- * how many. */
+/* The dumps in dir/flight taken at or after since_ns (0: all) for a request (SIGUSR2's, or the
+ * elastic coordinator's, which a request sets off): fills dumps (up to max), returns how many. */
 static int fresh_dumps(const char *dir, int64_t since_ns, json_t **dumps, int max)
 {
     char pat[PATH_MAX + 32];
@@ -34,7 +35,7 @@ static int fresh_dumps(const char *dir, int64_t since_ns, json_t **dumps, int ma
     for (size_t i = 0; i < g.gl_pathc && n < max; i++) {
         json_t *d = json_load_file(g.gl_pathv[i], 0, NULL); /* a half-written one fails: later */
         const char *t = json_string_value(json_object_get(d, "trigger"));
-        if (d && t && !strcmp(t, "request") &&
+        if (d && t && (!since_ns || !strcmp(t, "request") || !strcmp(t, "coordinator")) &&
             json_integer_value(json_object_get(d, "now_ns")) >= since_ns)
             dumps[n++] = d;
         else
@@ -65,6 +66,27 @@ static void print_rank(json_t *d)
     printf("\n");
 }
 
+/* The diagnosis of the dumps already in RUN_DIR/flight (a job that is over, mpirun's). */
+static int dump_dir(const char *dir)
+{
+    json_t *dumps[4096];
+    int n = fresh_dumps(dir, 0, dumps, 4096);
+    char diag[1024];
+    if (!n) {
+        fprintf(stderr, "ddpctl: no flight recorder dump in %s/flight\n", dir);
+        return CTL_JOB_FAILED;
+    }
+    ddp_flight_diagnose(dumps, (size_t)n, diag, sizeof diag);
+    printf("%s: %d rank dump(s)\n", dir, n);
+    for (int i = 0; i < n; i++) {
+        printf("(%s) ", json_string_value(json_object_get(dumps[i], "trigger")));
+        print_rank(dumps[i]);
+        json_decref(dumps[i]);
+    }
+    printf("diagnosis: %s\n", diag);
+    return CTL_OK;
+}
+
 int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
 {
     static const struct option o[] = {{"timeout", required_argument, 0, 't'}, {0, 0, 0, 0}};
@@ -75,9 +97,10 @@ int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
         if (c == 't') timeout_s = atof(optarg);
         else return CTL_USAGE;
     }
-    if (optind != argc - 1 || strspn(argv[optind], "0123456789") != strlen(argv[optind]) ||
-        timeout_s <= 0) {
-        fprintf(stderr, "usage: ddpctl dump ID [--timeout S]\n");
+    if (optind == argc - 1 && strspn(argv[optind], "0123456789") != strlen(argv[optind]))
+        return dump_dir(argv[optind]);
+    if (optind != argc - 1 || timeout_s <= 0) {
+        fprintf(stderr, "usage: ddpctl dump ID [--timeout S] | ddpctl dump RUN_DIR\n");
         return CTL_USAGE;
     }
     long long id = atoll(argv[optind]);

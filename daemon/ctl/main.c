@@ -44,6 +44,7 @@ static void usage(FILE *f)
             "  logs ID [-f|--follow] [--rank N]\n"
             "  cancel ID\n"
             "  dump ID [--timeout S]   the ranks' flight recorder dumps and their diagnosis\n"
+            "  dump RUN_DIR            the diagnosis of the dumps in RUN_DIR/flight\n"
             "  watch ID\n"
             "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
             "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"

@@ -5,6 +5,7 @@
 #     rank writes RUN_DIR/flight/rank-R.json (the stuck one from its coordinator connection's
 #     thread), and the coordinator's diagnosis, RUN_DIR/flight/diagnosis.txt, names rank 3 and
 #     the all-reduce that it never started, which the other ranks wait on.
+#     `ddpctl dump RUN_DIR` names the same cause from the files.
 #  2. SIGUSR2 (what `ddpctl dump` sends through the daemon) makes a running rank rewrite its
 #     file with the trigger "request", from its dump thread.
 # Budget: 6-25 s on 2 shared cores (registered with a 120 s timeout). Every wait is for a file or a
@@ -90,6 +91,17 @@ PY
 else
     for i in 1 2 3 4 5 6; do not_ok "no diagnosis"; done
     sed 's/^/# /' "$run/rdzv.log" | tail -20
+fi
+
+# ddpctl dump RUN_DIR: the same diagnosis from the files, without a daemon
+ddpctl=$(dirname "$worker")/../daemon/ddpctl
+if [ -x "$ddpctl" ] && [ -s "$run/flight/diagnosis.txt" ]; then
+    # the same cause (what each waiting rank's record says may have moved on: failed, not started)
+    cause=$(cut -d';' -f1 "$run/flight/diagnosis.txt")
+    check "ddpctl dump RUN_DIR names the same cause from the files" \
+        grep -qF "diagnosis: $cause;" <(DDPD_SOCKET=/nonexistent "$ddpctl" dump "$run")
+else
+    not_ok "ddpctl dump RUN_DIR: no ddpctl or no diagnosis"
 fi
 
 # 2. SIGUSR2 on the hung rank: its dump thread answers, its main thread still stuck
