@@ -642,7 +642,10 @@ void ddp_coll_free(ddp_coll_t *c)
 {
     if (!c) return;
     if (c->ops->free) c->ops->free(c); /* stops the comm thread; completes queued requests */
-    while (c->outstanding) release(c->outstanding);
+    while (c->outstanding) {
+        ddp_flight_finished(c->outstanding->flight, DDP_EABORTED); /* never waited for */
+        release(c->outstanding);
+    }
     for (size_t i = 0; i < c->n_orphans; i++) free(c->orphans[i]);
     free(c->orphans);
     while (c->mems) {
