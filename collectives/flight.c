@@ -75,7 +75,13 @@ int ddp_flight_setup(const ddp_flight_cfg_t *cfg)
     if (!cfg) return DDP_EINVAL;
     if (cfg->rank >= 0) atomic_store(&cur_rank, cfg->rank);
     ddp_flight_set_sink(cfg->sink, cfg->sink_arg);
-    if (cfg->run_dir && *cfg->run_dir) {
+    if (cfg->records == 0) {
+        off = 1;
+    } else if (!ring) {
+        size_t n = cfg->records < 0 ? DDP_FLIGHT_DEFAULT_RECORDS : (size_t)cfg->records;
+        DDP_CHECK(alloc_ring(n));
+    }
+    if (cfg->run_dir && *cfg->run_dir && !off) {
         char dir[4096];
         if ((size_t)snprintf(dir, sizeof dir, "%s/flight", cfg->run_dir) >= sizeof dir - 32)
             return DDP_EINVAL;
@@ -84,13 +90,7 @@ int ddp_flight_setup(const ddp_flight_cfg_t *cfg)
         memcpy(path_prefix, dir, strlen(dir));
         memcpy(path_prefix + strlen(dir), "/rank-", 7);
     }
-    if (cfg->records == 0) {
-        off = 1;
-        return 0;
-    }
-    if (ring) return 0;
-    size_t n = cfg->records < 0 ? DDP_FLIGHT_DEFAULT_RECORDS : (size_t)cfg->records;
-    return alloc_ring(n);
+    return 0;
 }
 
 void ddp_flight_set_sink(void (*sink)(void *arg, json_t *dump), void *arg)
