@@ -42,7 +42,11 @@ static int state_of(const char *s)
         json_array_foreach(recs_, i_, rec) { body }                                                \
     }
 
-static uint64_t u64(json_t *o, const char *k) { return (uint64_t)json_integer_value(json_object_get(o, k)); }
+static uint64_t u64(json_t *o, const char *k)
+{
+    return (uint64_t)json_integer_value(json_object_get(o, k));
+}
+
 static int i32(json_t *o, const char *k) { return (int)json_integer_value(json_object_get(o, k)); }
 
 /* Appends "rank 3" / "ranks 0-2, 5" for the ranks with sel[r] set; returns how many. */
@@ -201,7 +205,8 @@ int ddp_flight_diagnose(json_t *const *dumps, size_t n, char *out, size_t len)
                 cat(out, len, "%s", waiters == 1 ? " waits" : " wait");
                 memset(sel, 0, (size_t)size);
                 for (int r = 0; r < size; r++)
-                    if ((st[r] == STARTED || st[r] == FAILED) && peer[r] >= 0 && peer[r] < size) sel[peer[r]] = 1;
+                    if ((st[r] == STARTED || st[r] == FAILED) && peer[r] >= 0 && peer[r] < size)
+                        sel[peer[r]] = 1;
                 int p = 0;
                 for (int r = 0; r < size; r++) p += sel[r];
                 if (p) {

@@ -9,8 +9,8 @@
  * Prints every event as one JSON line on stdout ({"event":"generation",...}, "evict", "done",
  * "failed", "flight"). With --run-dir, each "flight" event's diagnosis (the ranks' flight recorder
  * dumps lined up, collectives/flight.h) is also written to D/flight/diagnosis.txt, where the ranks
- * write their dumps (this process runs as the job's user). Exit status: 0 once every member is done, 1 when the job failed, 2 on bad usage,
- * 143 on SIGTERM/SIGINT. The token comes from the environment so that it never shows in `ps`.
+ * write their dumps (this process runs as the job's user). Exit status: 0 once every member is
+ * done, 1 when the job failed, 2 on bad usage, 143 on SIGTERM/SIGINT. The token comes from the environment so that it never shows in `ps`.
  */
 #include <errno.h>
 #include <getopt.h>

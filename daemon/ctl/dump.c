@@ -51,7 +51,8 @@ static void print_rank(json_t *d)
     json_t *recs = json_object_get(d, "records");
     size_t n = json_array_size(recs);
     json_t *last = n ? json_array_get(recs, n - 1) : NULL;
-    printf("rank %lld (pid %lld): %zu record(s)", (long long)json_integer_value(json_object_get(d, "rank")),
+    printf("rank %lld (pid %lld): %zu record(s)",
+           (long long)json_integer_value(json_object_get(d, "rank")),
            (long long)json_integer_value(json_object_get(d, "pid")), n);
     if (last) {
         printf(", last %s #%lld of generation %lld %s",

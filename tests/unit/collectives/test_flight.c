@@ -194,7 +194,8 @@ static json_t *dump(int gen, int rank, int size, int lo, int hi, int last, const
                     int peer)
 {
     json_t *recs = json_array();
-    for (int s = lo; s <= hi; s++) json_array_append_new(recs, rec(gen, s, rank, size, "finished", -1));
+    for (int s = lo; s <= hi; s++)
+        json_array_append_new(recs, rec(gen, s, rank, size, "finished", -1));
     if (last) json_array_append_new(recs, rec(gen, last, rank, size, st, peer));
     return json_pack("{s:i, s:o}", "rank", rank, "records", recs);
 }
