@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The flight recorder on real processes (TAP; collectives/flight.h, docs/observability.md).
 #  1. deploy/launch-local.sh, 4 elastic ranks of gpt2-tiny; rank 3 stops for good as step 3
-#     begins (DDP_TEST_HANG=3:3); the others' all-reduce times out (DDP_COLL_TIMEOUT_S=2); each
+#     begins (DDP_TEST_HANG=3:3); the others' all-reduce times out (DDP_COLL_TIMEOUT_S=4: about
+#     100 times a step here, so that ranks 0-2 have all reached it whatever the load); each
 #     rank writes RUN_DIR/flight/rank-R.json (the stuck one from its coordinator connection's
 #     thread), and the coordinator's diagnosis, RUN_DIR/flight/diagnosis.txt, names rank 3 and
 #     the all-reduce that it never started, which the other ranks wait on.
@@ -54,7 +55,7 @@ YAML
 
 run="$tmp/hang"
 mkdir -p "$run"
-DDP_TEST_HANG=3:3 DDP_COLL_TIMEOUT_S=2 RUN_DIR="$run" "$launch" 4 "$tmp/job.yaml" \
+DDP_TEST_HANG=3:3 DDP_COLL_TIMEOUT_S=4 RUN_DIR="$run" "$launch" 4 "$tmp/job.yaml" \
     >"$run/out.log" 2>&1 &
 launcher=$!
 
