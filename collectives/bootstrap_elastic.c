@@ -26,6 +26,7 @@
 
 #include "collectives/coll_impl.h"
 #include "collectives/elastic_proto.h"
+#include "collectives/flight.h"
 #include "collectives/net.h"
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -105,6 +106,24 @@ static void set_lost(ddp_elastic_t *e, const char *why)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The flight recorder's sink (flight.h): each dump goes to the coordinator, which lines the
+ * ranks' dumps up (daemon/coord.c). The oldest records are left out of a dump too long for a
+ * line. Any thread but a signal handler. */
+static void flight_sink(void *arg, json_t *dump)
+{
+    ddp_elastic_t *e = arg;
+    json_t *d = json_deep_copy(dump), *recs = json_object_get(d, "records");
+    char *s;
+    while ((s = json_dumps(d, JSON_COMPACT)) && strlen(s) > DDP_ELASTIC_MAX_LINE - 64 &&
+           json_array_size(recs) > 0) {
+        free(s);
+        json_array_remove(recs, 0);
+    }
+    free(s);
+    if (d && send_msg(e, json_pack("{s:s, s:o}", "t", "flight", "dump", d)) < 0)
+        DDP_WARN("flight recorder: the coordinator is away: the dump stays in its file");
+}
+
 static void on_message(ddp_elastic_t *e, json_t *m)
 {
     const char *t = json_string_value(json_object_get(m, "t"));
@@ -112,6 +131,11 @@ static void on_message(ddp_elastic_t *e, json_t *m)
     const char *why = json_string_value(json_object_get(m, "why"));
     char buf[512];
     if (!t) return;
+    if (!strcmp(t, "dump")) { /* on this thread, which no collective holds; sent by the sink */
+        DDP_WARN("flight recorder: the coordinator asks for a dump: %s", why ? why : "?");
+        json_decref(ddp_flight_dump("coordinator"));
+        return;
+    }
     pthread_mutex_lock(&e->mu);
     if (!strcmp(t, "gen")) {
         e->silence_ns = (int64_t)(json_number_value(json_object_get(m, "hb_timeout_s")) * 1e9);
@@ -330,6 +354,7 @@ int ddp_elastic_connect(const char *addr, const char *token, int hint, double ti
         return ddp_errinfo_set(ei, DDP_ENOMEM, "elastic: cannot start the connection's thread");
     }
     e->thread_started = 1;
+    ddp_flight_set_sink(flight_sink, e);
     *out = e;
     return 0;
 }
@@ -533,6 +558,7 @@ void ddp_elastic_free(ddp_elastic_t *e)
 {
     if (!e) return;
     if (e->thread_started) {
+        ddp_flight_set_sink(NULL, NULL); /* waits for a dump being sent */
         pthread_mutex_lock(&e->mu);
         e->stop = 1;
         pthread_mutex_unlock(&e->mu);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "collectives/coll_impl.h"
+#include "collectives/flight.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -33,6 +34,7 @@ ddp_coll_t *ddp__coll_alloc(void)
     pthread_condattr_destroy(&ca);
     atomic_store(&c->waiting_on, -1);
     c->transport = "none";
+    c->next_tag = -1;
     return c;
 }
 
@@ -337,11 +339,19 @@ static void free_req(ddp_coll_req_t *r)
 
 static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
 {
+    static const char *const kinds[] = {[DDP__REQ_ALLREDUCE] = "allreduce",
+                                        [DDP__REQ_BCAST] = "broadcast",
+                                        [DDP__REQ_REDUCE_SCATTER] = "reduce-scatter",
+                                        [DDP__REQ_ALLGATHER] = "allgather"};
     r->comm = c;
     r->seq = ++c->next_seq;
+    r->flight = ddp_flight_queued(c->generation, r->seq, c->rank, c->size,
+                                  r->barrier ? "barrier" : kinds[r->kind], r->bytes, c->next_tag);
+    c->next_tag = -1;
     int rc = atomic_load(&c->err);
     if (!rc) rc = stage_in(c, r);
     if (rc) {
+        ddp_flight_finished(r->flight, rc);
         free_req(r);
         return rc;
     }
@@ -350,6 +360,7 @@ static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
     c->outstanding = r;
     rc = c->ops->submit(c, r);
     if (rc < 0) {
+        ddp_flight_finished(r->flight, rc);
         c->outstanding = r->unext;
         if (r->unext) r->unext->uprev = NULL;
         free_req(r);
@@ -410,6 +421,11 @@ int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                        ddp_coll_req_t **req)
 {
     return elementwise(c, DDP__REQ_ALLGATHER, buf, count, dt, DDP_OP_SUM, 0, req);
+}
+
+void ddp_coll_tag_next(ddp_coll_t *c, int bucket)
+{
+    if (c) c->next_tag = bucket;
 }
 
 int ddp_coll_slices_anywhere(const ddp_coll_t *c) { return c && c->ops->slices_anywhere; }
@@ -490,6 +506,12 @@ int ddp_coll_wait_timed(ddp_coll_req_t *req, int64_t deadline_ns, int64_t *start
     ddp_coll_t *c = req->comm;
     int rc = c->ops->wait(c, req, deadline_ns);
     if (rc > 0) rc = 0;
+    ddp_flight_finished(req->flight, rc); /* the engine's backends have recorded it already */
+    if (rc == DDP_ETIMEDOUT && !c->flight_dumped) {
+        /* this thread saw the deadline pass: it is not the stuck one */
+        c->flight_dumped = 1;
+        json_decref(ddp_flight_dump("timeout"));
+    }
     rc = stage_out(req, rc);
     if (start_ns) *start_ns = req->t_start;
     if (end_ns) *end_ns = req->t_end;
@@ -620,7 +642,10 @@ void ddp_coll_free(ddp_coll_t *c)
 {
     if (!c) return;
     if (c->ops->free) c->ops->free(c); /* stops the comm thread; completes queued requests */
-    while (c->outstanding) release(c->outstanding);
+    while (c->outstanding) {
+        ddp_flight_finished(c->outstanding->flight, DDP_EABORTED); /* never waited for */
+        release(c->outstanding);
+    }
     for (size_t i = 0; i < c->n_orphans; i++) free(c->orphans[i]);
     free(c->orphans);
     while (c->mems) {

@@ -203,6 +203,9 @@ int ddp_coll_reduce_scatter(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t 
  * (ddp_coll_slice) of that rank's buf. Same conditions as ddp_coll_reduce_scatter. */
 int ddp_coll_allgather(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt,
                        ddp_coll_req_t **req);
+/* Names the bucket of the next operation submitted on c (its flight recorder record's "bucket",
+ * collectives/flight.h); the name lasts for that one operation. Caller's thread. */
+void ddp_coll_tag_next(ddp_coll_t *c, int bucket);
 /* Whether c's reduce-scatter and all-gather take any memory (1), or only collective memory
  * shared by every rank (0). Any thread. */
 int ddp_coll_slices_anywhere(const ddp_coll_t *c);

@@ -42,6 +42,7 @@ struct ddp_coll_req {
     void *impl;             /* backend's per-request state */
     void *staged;           /* the caller's device buffer while buf is its host copy (coll.c),
                              * else NULL */
+    uint64_t flight;        /* its flight recorder record (flight.h), 0 none */
 };
 
 /* One allocation of ddp_coll_mem_alloc. */
@@ -84,6 +85,8 @@ struct ddp_coll {
                                * ddp_coll_free, after it stops */
     size_t n_orphans;
     uint64_t next_mem_id;   /* caller thread */
+    int next_tag;           /* caller thread: the next operation's bucket (ddp_coll_tag_next) */
+    int flight_dumped;      /* caller thread: a timeout's flight dump was written */
 };
 
 /* The first-error rule of every backend, written once as a header body because the NCCL module

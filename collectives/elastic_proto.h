@@ -13,6 +13,8 @@
  *   {"t":"ag","gen":G,"data":X}  this member's contribution to an allgather of generation G
  *                                (X: lowercase hex); allgathers of a generation run in order
  *   {"t":"done","step":S}        trained to the end; leaves without a regroup
+ *   {"t":"flight","dump":D}      this worker's flight recorder dump (collectives/flight.h), sent
+ *                                after a collective of its timed out, and in answer to "dump"
  *   {"t":"rejoin","token":T,"pid":P,"host_id":H,"hint":R,"step":S,"gen":G,"rank":K,"size":N}
  *        sent after reconnecting to a coordinator that restarted (its daemon did): this worker
  *        is rank K of N in generation G, still training. A coordinator that is adopting the
@@ -34,6 +36,8 @@
  *   {"t":"regroup","gen":G,"why":W} a joiner waits: finish the current step, then join again
  *   {"t":"adopted","gen":G}      a restarted coordinator took the running generation G over:
  *                                nothing changes for the member
+ *   {"t":"dump","why":W}         send a flight recorder dump now (from the connection's thread):
+ *                                another rank's collective timed out, or a member is evicted
  *   {"t":"exit","why":W}         the job cannot go on (below ddp.min_workers for too long, or
  *                                this worker was evicted): stop with W as the reason
  *

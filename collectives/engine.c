@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "collectives/coll_impl.h"
+#include "collectives/flight.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/log.h"
@@ -78,8 +79,10 @@ static void *engine_main(void *arg)
             }
             atomic_store(&c->running_seq, r->seq);
             r->t_start = ddp_now_ns();
+            ddp_flight_started(r->flight);
             int rc = e->run(c, r);
             r->t_end = ddp_now_ns();
+            ddp_flight_finished(r->flight, rc < 0 ? rc : 0);
             if (rc == 0) ddp__coll_note_bw(c, r->bytes, r->t_end - r->t_start);
             atomic_store(&c->waiting_on, -1);
             ddp__coll_complete(c, r, rc < 0 ? rc : 0);

@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "collectives/coll_impl.h"
+#include "collectives/flight.h"
 #include "collectives/ring.h"
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -126,6 +127,7 @@ static int block(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int want_send
     int64_t deadline = *deadlinep;
     int who = want_recv ? R->recv->peer : R->send->peer;
     atomic_store(&c->waiting_on, who);
+    if (q) ddp_flight_waiting(q->flight, who);
     if (want_recv && R->dead[1]) return link_failed(R, c, q, R->recv, DDP_EPEER, -1, 0);
     if (want_send && R->dead[0]) return link_failed(R, c, q, R->send, DDP_EPEER, -1, 0);
     struct pollfd p[5];

@@ -42,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "collectives/flight.h"
 #include "collectives/ring.h"
 #include "common/alloc.h"
 #include "common/clock.h"
@@ -236,6 +237,7 @@ static int wait_for(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int peer, 
     /* yield, not pause: the rank awaited may be runnable on this very core */
     while (!reached(p, phase) && ddp_now_ns() < spin_end) sched_yield();
     atomic_store(&c->waiting_on, peer);
+    if (q) ddp_flight_waiting(q->flight, peer);
     while (!reached(p, phase)) {
         DDP_CHECK(ddp__ring_check_links(R, c, q, 0));
         if (R->dead[0] || R->dead[1]) {

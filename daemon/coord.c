@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "collectives/elastic_proto.h"
+#include "collectives/flight.h"
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/host.h"
@@ -42,6 +43,7 @@ struct member {
     uint64_t seq; /* arrival order */
     int64_t last_heard_ns;
     json_t *ag;   /* this member's pending allgather contribution */
+    json_t *flight; /* its flight recorder dump of the collection in progress (NULL: none yet) */
 };
 
 struct ddpd_coord {
@@ -67,6 +69,8 @@ struct ddpd_coord {
     char why[256];        /* why the next generation forms */
     int done;             /* ENDED because every member finished (else the job failed) */
     char end_why[512];    /* ENDED: why */
+    int64_t flight_end_ns; /* a collection of flight dumps runs until then (0: none runs) */
+    char flight_why[256];  /* what started it */
 };
 
 static void emit(ddpd_coord_t *c, json_t *ev)
@@ -89,6 +93,7 @@ static void member_closed(uv_handle_t *h)
     if (*pp) *pp = m->next;
     ddpd_lines_free(&m->in);
     json_decref(m->ag);
+    json_decref(m->flight);
     free(m);
     c->handles--;
     maybe_free(c);
@@ -177,6 +182,51 @@ static void end_generation(ddpd_coord_t *c, const char *fmt, ...)
 
 static void abandon_adoption(ddpd_coord_t *c, const char *why);
 
+/* ---- flight recorder dumps (collectives/flight.h) ------------------------------------------
+ * A collection starts when a member sends a dump of its own (its collective timed out) or
+ * before an eviction's kill: every other member is asked for one ("dump"), and once each live
+ * member has answered, or after ddp.heartbeat_timeout_s, the dumps are lined up by
+ * ddp_flight_diagnose and the diagnosis is logged and reported as an event. */
+
+static int has_flight(const member_t *m) { return m->joined && !m->done && m->flight; }
+static int wants_flight(const member_t *m) { return m->joined && !m->done && !m->flight; }
+
+static void flight_finish(ddpd_coord_t *c)
+{
+    int n = count(c, has_flight), k = 0;
+    json_t **dumps = ddp_calloc((size_t)n + 1, sizeof *dumps);
+    char diag[1024];
+    for (member_t *m = c->members; dumps && m; m = m->next)
+        if (!m->closing && has_flight(m) && k < n) dumps[k++] = m->flight;
+    int rc = dumps ? ddp_flight_diagnose(dumps, (size_t)k, diag, sizeof diag) : DDP_ENOMEM;
+    if (rc == DDP_ENOMEM) snprintf(diag, sizeof diag, "out of memory");
+    DDP_WARN("coordinator: flight recorder (%d dump(s), after: %s): %s", k, c->flight_why, diag);
+    emit(c, json_pack("{s:s, s:s, s:s, s:b, s:i}", "event", "flight", "diagnosis", diag, "after",
+                      c->flight_why, "stuck", rc == 1, "ranks", k));
+    free(dumps);
+    for (member_t *m = c->members; m; m = m->next) {
+        json_decref(m->flight);
+        m->flight = NULL;
+    }
+    c->flight_end_ns = 0;
+}
+
+/* Starts a collection (unless one runs): asks every member without a dump for one. */
+static void flight_collect(ddpd_coord_t *c, const char *why)
+{
+    if (c->flight_end_ns) return;
+    snprintf(c->flight_why, sizeof c->flight_why, "%s", why);
+    /* the members' own deadline to answer: their connection thread dumps at once */
+    c->flight_end_ns = ddp_now_ns() + (int64_t)(c->cfg.hb_timeout_s * 1e9);
+    send_all(c, json_pack("{s:s, s:s}", "t", "dump", "why", why), wants_flight);
+}
+
+static void flight_check(ddpd_coord_t *c)
+{
+    if (c->flight_end_ns && (count(c, wants_flight) == 0 || ddp_now_ns() > c->flight_end_ns))
+        flight_finish(c);
+}
+
 /* Removes m from the job: closes its connection and, with kill_it, kills the process on this host
  * so that it cannot act in a later generation (a daemon kills one elsewhere from the event). */
 static void evict(ddpd_coord_t *c, member_t *m, const char *why, int kill_it)
@@ -186,6 +236,13 @@ static void evict(ddpd_coord_t *c, member_t *m, const char *why, int kill_it)
     int rank = m->rank;
     DDP_WARN("coordinator: evicting pid %ld on %s (rank %d of generation %lu): %s", m->pid,
              m->peer, m->rank, c->gen, why);
+    if (kill_it && m->rank >= 0) { /* the others' dumps say what it left them waiting on */
+        char w[256];
+        snprintf(w, sizeof w, "evicting rank %d (pid %ld): %s", m->rank, m->pid, why);
+        m->closing = 1; /* not asked itself */
+        flight_collect(c, w);
+        m->closing = 0;
+    }
     /* a member that went silent may still run: kill it here (a closed connection is a process
      * that exited or is exiting, and cannot rejoin under its old membership anyway) */
     if (kill_it && m->joined && m->pid > 0 && !strcmp(m->host_id, c->host_id))
@@ -496,6 +553,16 @@ static int on_message(member_t *m, json_t *msg)
         }
         m->ag = json_incref(data);
         try_allgather(c);
+    } else if (!strcmp(t, "flight")) {
+        json_t *d = json_object_get(msg, "dump");
+        if (!json_is_object(d)) return 0; /* not worth an eviction: the diagnosis lacks it */
+        json_decref(m->flight);
+        m->flight = json_incref(d);
+        char w[256];
+        snprintf(w, sizeof w, "rank %d (pid %ld) sent a flight recorder dump (%s)", m->rank,
+                 m->pid, json_string_value(json_object_get(d, "trigger")) ?: "?");
+        flight_collect(c, w);
+        flight_check(c);
     } else if (!strcmp(t, "done")) {
         m->done = 1;
         m->step = (long)json_integer_value(json_object_get(msg, "step"));
@@ -578,6 +645,7 @@ static void on_tick(uv_timer_t *t)
             evict(c, m, why, 1);
         }
     }
+    flight_check(c);
     if (c->phase == ADOPTING && now > c->adopt_end_ns)
         abandon_adoption(c, "not every member of the running generation came back within "
                             "ddp.heartbeat_timeout_s");

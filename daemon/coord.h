@@ -16,6 +16,8 @@
  *    step and join again, so no step is interrupted for it.
  *  - The member with the highest completed step is the source of the state; when anyone is
  *    behind it, every member takes part in its broadcast before the next step.
+ *  - A member's flight recorder dump (its collective timed out), or an eviction's kill, gets
+ *    every other member asked for one; their diagnosis becomes a "flight" event.
  *  - Adopting (a daemon that restarted while the job ran): the running generation is taken over
  *    as it is once every one of its members has reconnected ("rejoin") -- nothing is
  *    interrupted. A member missing after hb_timeout_s, one that died, or a worker asking to join
@@ -47,6 +49,8 @@ typedef struct ddpd_coord_cfg {
                                 new ones are numbered above it */
     /* Called with each event (borrowed object): {"event":"generation",...}, {"event":"evict",...},
      * {"event":"adopted","gen":G,"size":N,"pids":[...]},
+     * {"event":"flight","diagnosis":D,"after":W,"stuck":B,"ranks":N} (the members' flight
+     * recorder dumps lined up: collectives/flight.h; each rank wrote its own file),
      * {"event":"done"} and {"event":"failed","why":...}; after "done" or "failed" the coordinator
      * does nothing more but can be closed. May be NULL. */
     void (*on_event)(void *arg, json_t *event);

@@ -32,6 +32,7 @@
 #include "daemon/link.h"
 #include "daemon/remote.h"
 #include "daemon/slots.h"
+#include "daemon/userfs.h"
 #include "proto/spec.h"
 
 static const char *const state_names[] = {"queued",    "starting", "running",
@@ -348,6 +349,22 @@ void ddpd__job_proc_init(ddpd_job_t *j, ddpd_proc_t *p)
     p->on_close = proc_closed;
 }
 
+/* The coordinator's flight recorder diagnosis (coord.h) as RUN_DIR/flight/diagnosis.txt, where
+ * the ranks wrote their dumps: a directory of the job's user, opened without following links
+ * (userfs.h); the coordinator has logged the line already. */
+static void write_diagnosis(ddpd_job_t *j, const char *diag)
+{
+    char dir[PATH_MAX + 16], why[256], text[1100];
+    if (!diag) return;
+    snprintf(dir, sizeof dir, "%s/flight", j->run_dir);
+    int fd = ddpd_dir_open(dir, j->uid, why, sizeof why);
+    int n = snprintf(text, sizeof text, "%s\n", diag);
+    int rc = fd < 0 ? fd : ddpd_userfile_write(fd, "diagnosis.txt", text, (size_t)n, j->uid,
+                                                j->gid, 0644, why, sizeof why);
+    if (fd >= 0) close(fd);
+    if (rc) DDP_WARN("job %lld: cannot write %s/diagnosis.txt: %s", (long long)j->id, dir, why);
+}
+
 /* Events of an elastic job's coordinator. */
 void ddpd__job_coord_event(void *arg, json_t *ev)
 {
@@ -379,6 +396,8 @@ void ddpd__job_coord_event(void *arg, json_t *ev)
         for (int i = 0; !here && i < ddpd_peers_count(j->d); i++)
             ddpd_remote_kill(j->d, i, j->id, pid, /* the peer that runs it kills it */
                             json_string_value(json_object_get(ev, "host_id")));
+    } else if (!strcmp(what, "flight")) {
+        write_diagnosis(j, json_string_value(json_object_get(ev, "diagnosis")));
     } else if (!strcmp(what, "done")) {
         /* every member trained to the end: ranks elsewhere that the coordinator evicted (a
          * partition: their daemon may never report them) are no longer this job's */

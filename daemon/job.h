@@ -43,6 +43,12 @@ ddpd_state_t ddpd_job_state(const ddpd_job_t *j);
 int ddpd_job_world(const ddpd_job_t *j);    /* ranks */
 uint32_t ddpd_job_uid(const ddpd_job_t *j); /* the submitter: who may cancel it */
 const char *ddpd_job_run_dir(const ddpd_job_t *j);
+/* Sends sig to each live rank of j on this node that has a handler for it (the process, not its
+ * group: SIGUSR2 asks a rank for its flight recorder dump, collectives/flight.h; a rank that does
+ * not catch it is left alone rather than ended). Returns how many were signalled. */
+int ddpd_job_signal_local(ddpd_job_t *j, int sig);
+/* Ranks of j placed on this node (live or not). */
+int ddpd_job_local_ranks(const ddpd_job_t *j);
 /* ddp_spec_warning's sentence for its spec, "" when none. */
 const char *ddpd_job_warning(const ddpd_job_t *j);
 

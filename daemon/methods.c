@@ -11,6 +11,8 @@
  *                                                           admin_group)
  *   job.get     {id}                    -> job + transitions (+ progress)  errors 1002 1003
  *   job.cancel  {id}                    -> {id, state}                 errors 1002 1003 1004
+ *   job.dump    {id}  -> {id, run_dir, signalled, local, world, since_ns}  errors 1003 1004
+ *                 SIGUSR2 to the job's ranks on this node: each writes its flight recorder dump
  *   job.logs    {id, rank?=0, follow?=false, offset?=0}
  *                 notifications job.log {id, job, rank, data}; result {job, rank, bytes, end}
  *                                                                  errors 1002 1003 1009
@@ -22,6 +24,7 @@
  *   daemon.status {} -> {version, node, pid, uptime_s, slots, slots_used, jobs, ...}
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -248,6 +251,34 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
           json_pack("{sI ss}", "id", (json_int_t)jid, "state", ddpd_state_name(ddpd_job_state(j))));
 }
 
+/* job.dump: every live rank of the job on this node gets SIGUSR2 and writes its flight recorder
+ * dump to RUN_DIR/flight/rank-R.json from its dump thread (collectives/flight.h); the answer
+ * says how many were asked and since when (CLOCK_MONOTONIC ns, this host's: each dump carries its
+ * "now_ns"), so that the client waits for those files and diagnoses them (`ddpctl dump`). */
+static void m_dump(ddpd_session_t *s, json_t *id, json_t *params)
+{
+    long long jid;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
+    ddpd_job_t *j = ddpd_job_find(s->d, jid);
+    if (j && !ddpd__session_may_see(s, ddpd_job_uid(j))) {
+        not_yours(s, id, jid);
+        return;
+    }
+    if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
+        ddpd__send_error(s, id, DDPD_RPC_FINISHED, json_pack("{sI}", "id", (json_int_t)jid),
+                         "job %lld is not running: its ranks cannot dump (the files of earlier "
+                         "dumps stay in its run directory's flight/)", jid);
+        return;
+    }
+    int64_t since = ddp_now_ns();
+    int n = ddpd_job_signal_local(j, SIGUSR2);
+    DDP_INFO("job %lld: flight recorder dump requested of %d local rank(s)", jid, n);
+    reply(s, id, json_pack("{sI ss si si si sI}", "id", (json_int_t)jid, "run_dir",
+                           ddpd_job_run_dir(j), "signalled", n, "local",
+                           ddpd_job_local_ranks(j), "world", ddpd_job_world(j), "since_ns",
+                           (json_int_t)since));
+}
+
 /* ---- streams ---- */
 
 static ddpd_stream_t *stream_new(ddpd_session_t *s, json_t *id, ddpd_stream_kind_t kind,
@@ -454,7 +485,7 @@ static const struct {
     {"job.submit", m_submit}, {"job.list", m_list},       {"job.get", m_get},
     {"job.cancel", m_cancel}, {"job.logs", m_logs},       {"job.watch", m_watch},
     {"node.list", m_nodes},   {"daemon.status", m_status}, {"stream.cancel", m_stream_cancel},
-    {NULL, NULL}};
+    {"job.dump", m_dump},     {NULL, NULL}};
 
 void ddpd__dispatch(ddpd_session_t *s, json_t *id, const char *method, json_t *params)
 {

@@ -4,20 +4,41 @@
  *
  *   DDP_JOB_TOKEN=T ddp-rdzv --listen HOST:PORT --world N [--min-workers M] [--max-workers X]
  *                            [--heartbeat-timeout S] [--rejoin-timeout S] [--port-file F]
+ *                            [--run-dir D]
  *
  * Prints every event as one JSON line on stdout ({"event":"generation",...}, "evict", "done",
- * "failed"). Exit status: 0 once every member is done, 1 when the job failed, 2 on bad usage,
- * 143 on SIGTERM/SIGINT. The token comes from the environment so that it never shows in `ps`.
+ * "failed", "flight"). With --run-dir, each "flight" event's diagnosis (the ranks' flight recorder
+ * dumps lined up, collectives/flight.h) is also written to D/flight/diagnosis.txt, where the ranks
+ * write their dumps (this process runs as the job's user). Exit status: 0 once every member is
+ * done, 1 when the job failed, 2 on bad usage, 143 on SIGTERM/SIGINT. The token comes from the environment so that it never shows in `ps`.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <uv.h>
 
 #include "daemon/coord.h"
 
 static int result = -1;
+static const char *run_dir;
+
+/* D/flight/diagnosis.txt: the diagnosis line, written to a temporary file and renamed. */
+static void write_diagnosis(const char *diag)
+{
+    char dir[4096], tmp[4200], path[4200];
+    snprintf(dir, sizeof dir, "%s/flight", run_dir);
+    mkdir(run_dir, 0755);
+    mkdir(dir, 0755);
+    snprintf(tmp, sizeof tmp, "%s/.diagnosis.txt.%ld", dir, (long)getpid());
+    snprintf(path, sizeof path, "%s/diagnosis.txt", dir);
+    FILE *f = fopen(tmp, "we");
+    if (!f || fprintf(f, "%s\n", diag) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
+        fprintf(stderr, "ddp-rdzv: cannot write %s: %s\n", path, strerror(errno));
+}
 
 static void on_event(void *arg, json_t *ev)
 {
@@ -31,6 +52,8 @@ static void on_event(void *arg, json_t *ev)
     const char *what = json_string_value(json_object_get(ev, "event"));
     if (what && !strcmp(what, "done")) result = 0;
     if (what && !strcmp(what, "failed")) result = 1;
+    const char *diag = json_string_value(json_object_get(ev, "diagnosis"));
+    if (what && !strcmp(what, "flight") && diag && run_dir) write_diagnosis(diag);
 }
 
 static void on_signal(uv_signal_t *s, int sig)
@@ -68,6 +91,7 @@ int main(int argc, char **argv)
         {"heartbeat-timeout", required_argument, NULL, 'h'},
         {"rejoin-timeout", required_argument, NULL, 'r'},
         {"port-file", required_argument, NULL, 'p'},
+        {"run-dir", required_argument, NULL, 'd'},
         {NULL, 0, NULL, 0},
     };
     char host[256] = "127.0.0.1";
@@ -88,6 +112,7 @@ int main(int argc, char **argv)
         case 'h': cfg.hb_timeout_s = atof(optarg); break;
         case 'r': cfg.rejoin_timeout_s = atof(optarg); break;
         case 'p': port_file = optarg; break;
+        case 'd': run_dir = optarg; break;
         default: fprintf(stderr, "ddp-rdzv: see the usage at the top of daemon/rdzv_main.c\n");
                  return 2;
         }

@@ -72,6 +72,7 @@ rm -f "$port_file"
 DDP_JOB_TOKEN=$token "$rdzv_bin" --listen "127.0.0.1:${PORT:-0}" --port-file "$port_file" \
   --world "$n" --min-workers "$min" --max-workers "$n" \
   --heartbeat-timeout "$(field heartbeat_timeout_s)" --rejoin-timeout "$(field rejoin_timeout_s)" \
+  --run-dir "$run_dir" \
   >"$run_dir/rdzv.events" 2>"$run_dir/rdzv.log" &
 rdzv=$!
 for ((i = 0; i < 600; i++)); do  # the coordinator writes it once it listens

@@ -19,6 +19,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "collectives/flight.h"
 #include "common/alloc.h"
 #include "common/file.h"
 #include "common/log.h"
@@ -249,6 +250,31 @@ static int read_env(ddp_train_env_t *env)
     return 0;
 }
 
+/* The flight recorder (collectives/flight.h): DDP_FLIGHT_RECORDER_SIZE records (default 64, 0
+ * off), dumps to RUN_DIR/flight/rank-R.json on a collective timeout, on SIGUSR2 (ddpctl dump), on
+ * a fatal signal, and when the elastic coordinator asks. Returns 0 or -1 (a message printed). */
+static int start_flight_recorder(const ddp_train_opts_t *opts)
+{
+    const char *v = getenv("DDP_FLIGHT_RECORDER_SIZE");
+    char *end = NULL;
+    long n = v && *v ? strtol(v, &end, 10) : -1;
+    if (v && *v && (*end || n < 0 || n > 1000000)) {
+        fprintf(stderr, "ddp-worker: DDP_FLIGHT_RECORDER_SIZE: expected a count of records from 0 "
+                "to 1000000, got '%s'\n", v);
+        return -1;
+    }
+    ddp_flight_cfg_t cfg = {.records = (int)n, .run_dir = opts->run_dir,
+                            .rank = opts->env.elastic ? opts->env.rank_hint : opts->env.rank};
+    int rc = ddp_flight_setup(&cfg);
+    if (rc) /* no file is no reason to stop training: the log says where it would have gone */
+        DDP_WARN("flight recorder: cannot create %s/flight: %s", opts->run_dir, ddp_strerror(rc));
+    if (n == 0) return 0;
+    ddp_flight_catch_fatal();
+    rc = ddp_flight_listen_sigusr2();
+    if (rc) DDP_WARN("flight recorder: no SIGUSR2 dumps: %s", ddp_strerror(rc));
+    return 0;
+}
+
 /* The caps on what this process writes (its log, metrics.jsonl, TensorBoard): per file the
  * smaller of the spec's limits.* and the daemon's per-user limit, which ddpd passes as
  * DDP_LIMIT_LOG_BYTES, DDP_LIMIT_METRICS_BYTES and DDP_LIMIT_TENSORBOARD_BYTES (decimal bytes);
@@ -470,6 +496,7 @@ static int worker_main(int argc, char **argv)
     struct sigaction sa = {.sa_handler = on_stop_signal};
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
+    if (start_flight_recorder(&opts)) return 2;
 
     ddp_trainer_t t;
     rc = ddp_trainer_init(&t, &spec, &opts, &ei);

@@ -85,6 +85,14 @@ int ddpctl_plot(int argc, char **argv, const ddpctl_where_t *w);
 int ddpctl_run_dir(const char *job, const ddpctl_where_t *w, char *path, size_t len,
                    int *is_file, char *title, size_t tlen);
 
+/* ---- dump.c: `ddpctl dump`, a running job's flight recorder dumps and their diagnosis ---- */
+/* ddpctl dump ID [--timeout S]: job.dump (SIGUSR2 to the job's ranks on the daemon's node), then
+ * waits up to S seconds (default 10) for their RUN_DIR/flight/rank-R.json, prints a line per
+ * rank and the diagnosis (collectives/flight.h; --json: one object with the dumps), and writes
+ * RUN_DIR/flight/diagnosis.txt. ddpctl dump RUN_DIR: the diagnosis of the dumps already in
+ * RUN_DIR/flight (no daemon needed). Returns CTL_OK, or CTL_JOB_FAILED when no rank dumped. */
+int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json);
+
 /* ---- trace.c: `ddpctl trace`, the ranks' timeline traces merged into one Chrome trace ---- */
 /* ddpctl trace JOB|RUN_DIR [-o FILE.json]: reads RUN_DIR/trace/rank-*.json (train.trace) and
  * writes one trace-event file with a process row per rank (default job-N-trace.json or

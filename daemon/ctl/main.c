@@ -4,7 +4,7 @@
  *   run SPEC [--workers N] [--name NAME]   submit and follow; starts an embedded ddpd in the
  *                                           foreground when no daemon answers
  *   submit SPEC [--workers N] [--name NAME] ls [--state S] [--limit N]   status ID
- *   logs ID [-f] [--rank N]   cancel ID   watch ID   nodes   info   call METHOD [PARAMS]
+ *   logs ID [-f] [--rank N]   cancel ID   dump ID   watch ID   nodes   info   call METHOD [PARAMS]
  * ls, status, logs (without -f), plot and trace read the daemon's store and run directories
  * when no daemon answers (offline.c); the other commands need the daemon.
  * Exit codes: 0 success (run/watch: the job succeeded), 1 the job failed or the daemon
@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "  status ID\n"
             "  logs ID [-f|--follow] [--rank N]\n"
             "  cancel ID\n"
+            "  dump ID [--timeout S]   the ranks' flight recorder dumps and their diagnosis\n"
+            "  dump RUN_DIR            the diagnosis of the dumps in RUN_DIR/flight\n"
             "  watch ID\n"
             "  plot ID|RUN_DIR [-o FILE.svg|.png] [--log]   loss curves (gnuplot)\n"
             "  trace ID|RUN_DIR [-o FILE.json]        the ranks' train.trace in one file\n"
@@ -673,6 +675,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "call")) return cmd_call(sub_argc, sub_argv);
     if (!strcmp(cmd, "plot")) return ddpctl_plot(sub_argc, sub_argv, &where);
     if (!strcmp(cmd, "trace")) return ddpctl_trace(sub_argc, sub_argv, &where);
+    if (!strcmp(cmd, "dump")) return ddpctl_dump(sub_argc, sub_argv, &where, as_json);
     if (!strcmp(cmd, "plan")) return ddpctl_plan(sub_argc, sub_argv);
     fprintf(stderr, "ddpctl: unknown command '%s'\n", cmd);
     usage(stderr);

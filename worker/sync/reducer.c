@@ -103,6 +103,7 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
         size_t len = r->bucket_end[b] - begin;
+        ddp_coll_tag_next(r->world->comm, b); /* the flight recorder's "bucket" */
         DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len,
                                                      DDP_DT_F32, DDP_OP_SUM, &r->reqs[b])
                            : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, DDP_DT_F32,
@@ -157,6 +158,7 @@ int ddp_reducer_gather(ddp_reducer_t *r, float *arena, int b)
 {
     size_t begin = b ? r->bucket_end[b - 1] : 0;
     if (r->n_gathers >= 3 * r->n_buckets) return DDP_EINVAL;
+    ddp_coll_tag_next(r->world->comm, b);
     return ddp_coll_allgather(r->world->comm, arena + begin, r->bucket_end[b] - begin, DDP_DT_F32,
                               &r->gathers[r->n_gathers++]);
 }

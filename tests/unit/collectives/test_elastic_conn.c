@@ -2,7 +2,8 @@
  * scripted coordinator on loopback TCP, in a thread of this process: a member whose coordinator
  * goes away redials it and rejoins its generation (gen, rank, size, step), training on meanwhile;
  * a member whose coordinator does not come back within reconnect_s leaves; a worker that was
- * never a member leaves at once. TSan runs it (the connection has a thread of its own).
+ * never a member leaves at once; a coordinator's "dump" is answered with a flight recorder dump.
+ * TSan runs it (the connection has a thread of its own).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include "collectives/elastic.h"
+#include "collectives/flight.h"
 #include "common/clock.h"
 
 typedef struct {
@@ -182,6 +184,59 @@ static void test_gone_for_good(void **state)
     pthread_join(th, NULL);
 }
 
+/* A coordinator that asks its member for a flight recorder dump and keeps the answer. */
+static void *ask_dump(void *arg)
+{
+    fake_coord_t *f = arg;
+    int c = accept(f->lfd, NULL, NULL);
+    json_t *m;
+    while ((m = read_line(c)) && strcmp(json_string_value(json_object_get(m, "t")), "join"))
+        json_decref(m);
+    json_decref(m);
+    send_line(c, "{\"t\":\"gen\",\"gen\":5,\"rank\":0,\"size\":1,\"source\":0,\"sync\":false,"
+                 "\"step\":-1,\"why\":\"start\",\"hb_timeout_s\":5,\"reconnect_s\":1}\n");
+    send_line(c, "{\"t\":\"dump\",\"why\":\"a test\"}\n");
+    while ((m = read_line(c)) && strcmp(json_string_value(json_object_get(m, "t")), "flight"))
+        json_decref(m);
+    pthread_mutex_lock(&f->mu);
+    f->rejoin = m; /* the flight message */
+    pthread_mutex_unlock(&f->mu);
+    while ((m = read_line(c))) json_decref(m);
+    close(c);
+    close(f->lfd);
+    return NULL;
+}
+
+/* The coordinator's "dump" is answered from the connection's thread with this process's flight
+ * recorder dump (collectives/flight.h). */
+static void test_dump_on_request(void **state)
+{
+    (void)state;
+    fake_coord_t f = {0};
+    pthread_t th;
+    fake_start(&f, &th, ask_dump);
+    ddp_flight_queued(5, 77, 0, 1, "allreduce", 4096, 3);
+    ddp_elastic_t *e = member(&f);
+    json_t *r = NULL;
+    int64_t deadline = ddp_now_ns() + 20000000000LL;
+    while (!r && ddp_now_ns() < deadline) {
+        pthread_mutex_lock(&f.mu);
+        r = f.rejoin;
+        pthread_mutex_unlock(&f.mu);
+        if (!r) nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    assert_non_null(r);
+    json_t *d = json_object_get(r, "dump");
+    assert_string_equal(json_string_value(json_object_get(d, "trigger")), "coordinator");
+    json_t *recs = json_object_get(d, "records");
+    json_t *last = json_array_get(recs, json_array_size(recs) - 1);
+    assert_int_equal(json_integer_value(json_object_get(last, "seq")), 77);
+    assert_int_equal(json_integer_value(json_object_get(last, "bucket")), 3);
+    ddp_elastic_free(e);
+    pthread_join(th, NULL);
+    json_decref(f.rejoin);
+}
+
 /* Never a member: a coordinator that closes before the first generation ends the worker. */
 static void *close_after_join(void *arg)
 {
@@ -220,6 +275,7 @@ int main(void)
         cmocka_unit_test(test_rejoin_after_restart),
         cmocka_unit_test(test_gone_for_good),
         cmocka_unit_test(test_never_a_member),
+        cmocka_unit_test(test_dump_on_request),
     };
     return cmocka_run_group_tests_name("elastic_conn", tests, NULL, NULL);
 }

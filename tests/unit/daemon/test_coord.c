@@ -1,7 +1,8 @@
 /* The elastic coordinator (daemon/coord.c) against clients that speak its protocol
  * (collectives/elastic_proto.h) over real loopback TCP: the first generation, the end of the job
  * and a rank that comes after it, and adoption after a daemon restart (all members back; a
- * joiner or a missing member ends the adopted generation instead). One thread: the test pumps
+ * joiner or a missing member ends the adopted generation instead), and the collection of flight
+ * recorder dumps and its diagnosis. One thread: the test pumps
  * the coordinator's libuv loop while it waits for a client's line. One cmocka group.
  */
 #include <setjmp.h>
@@ -270,6 +271,51 @@ static void test_failure_defers_a_fresh_rank(void **state)
 
 /* A restarted coordinator adopts generation 7 once both of its members are back, without a
  * new generation: each member hears "adopted". */
+/* A member's flight recorder dump (its collective timed out) gets the other member asked for one
+ * ("dump"); once it answers, the "flight" event carries their diagnosis. */
+static void test_flight_collection(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fx_start(&f, 2, 2, 2, 0, 0, 5);
+    client_t *a = &f.cl[0], *b = &f.cl[1];
+    cl_join(a, 0, -1);
+    cl_join(b, 1, -1);
+    json_t *ga = cl_expect(&f.loop, a, "gen"), *gb = cl_expect(&f.loop, b, "gen");
+    assert_non_null(ga);
+    assert_non_null(gb);
+    json_decref(ga);
+    json_decref(gb);
+    static const char rec[] = "{\"generation\":1,\"seq\":%d,\"rank\":%d,\"size\":2,"
+                              "\"kind\":\"allreduce\",\"bytes\":1048576,\"bucket\":2,"
+                              "\"state\":\"%s\",\"peer\":%d}";
+    char r4a[256], r5a[256], r4b[256], line[1024];
+    snprintf(r4a, sizeof r4a, rec, 4, 0, "finished", -1);
+    snprintf(r5a, sizeof r5a, rec, 5, 0, "failed", 1);
+    snprintf(r4b, sizeof r4b, rec, 4, 1, "finished", -1);
+    snprintf(line, sizeof line, "{\"t\":\"flight\",\"dump\":{\"rank\":0,\"trigger\":\"timeout\","
+             "\"records\":[%s,%s]}}", r4a, r5a);
+    cl_send(a, line);
+    json_t *ask = cl_expect(&f.loop, b, "dump");
+    assert_non_null(ask);
+    assert_non_null(strstr(json_string_value(json_object_get(ask, "why")), "timeout"));
+    json_decref(ask);
+    assert_null(last_event("flight")); /* not before b answered */
+    snprintf(line, sizeof line, "{\"t\":\"flight\",\"dump\":{\"rank\":1,\"trigger\":"
+             "\"coordinator\",\"records\":[%s]}}", r4b);
+    cl_send(b, line);
+    int64_t deadline = ddp_now_ns() + 10000000000LL;
+    while (!last_event("flight") && ddp_now_ns() < deadline) uv_run(&f.loop, UV_RUN_NOWAIT);
+    json_t *ev = last_event("flight");
+    assert_non_null(ev);
+    assert_string_equal(json_string_value(json_object_get(ev, "diagnosis")),
+                        "rank 1 never started allreduce #5 (bucket 2, 1 MiB) of generation 1; "
+                        "rank 0 waits on it; it failed (deadline or abort) on rank 0");
+    assert_int_equal(ival(ev, "ranks"), 2);
+    assert_true(json_is_true(json_object_get(ev, "stuck")));
+    fx_stop(&f);
+}
+
 static void test_adopt_all_back(void **state)
 {
     (void)state;
@@ -344,6 +390,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_form_done_late, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_defers_a_fresh_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flight_collection, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_all_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_abandoned_by_join, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_member_missing, setup, teardown),
