@@ -85,6 +85,7 @@ void ddp_reducer_begin(ddp_reducer_t *r, const float *acc)
     r->acc = acc;
     r->ready_upto = 0;
     r->next = 0;
+    r->narrowed = 0;
     r->ready_rc = 0;
     memset(r->times, 0, (size_t)r->n_buckets * sizeof *r->times);
 }
@@ -105,7 +106,9 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     if (!submit) return 0;
     /* bf16: the complete buckets narrowed in place first (on a device, copies queued on the
      * compute stream) */
-    for (int b = r->next; r->bf16 && b < r->n_buckets && r->bucket_end[b] <= done; b++) {
+    for (; r->bf16 && r->narrowed < r->n_buckets && r->bucket_end[r->narrowed] <= done;
+         r->narrowed++) { /* once each, also when a submit below fails */
+        int b = r->narrowed;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
         DDP_CHECK(
             ddp_grad_narrow(r->world->k, r->arena + begin, r->bucket_end[b] - begin, r->scratch));

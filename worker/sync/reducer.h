@@ -63,6 +63,7 @@ typedef struct ddp_reducer {
     const float *acc;  /* added into the arena before reduction; NULL = none */
     size_t ready_upto; /* prefix of the arena reported final (and acc-added) */
     int next;          /* next bucket to submit */
+    int narrowed;      /* bf16: buckets narrowed so far (>= next) */
     int ready_rc;      /* the first error of ddp_reducer_ready (backward's callback) */
     int64_t backward_end;
 } ddp_reducer_t;
