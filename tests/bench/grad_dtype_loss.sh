@@ -2,7 +2,9 @@
 # The loss of bf16 gradients (ddp.grad_dtype: bf16) against fp32 gradients, beside how far two
 # fp32 runs at different world sizes are apart, and two bf16-activation runs (train.precision:
 # bf16) at different world sizes (not pass/fail, not in CI). Same samples, same seed, the global
-# batch dealt over the ranks (2 micro-batches: 1 per rank on 2 ranks, 2 micro-steps on 1):
+# batch of MICRO micro-batches (4) dealt over the ranks: with 4, 2 ranks sum (g0 + g2) + (g1 + g3)
+# and 1 rank ((g0 + g1) + g2) + g3, another order (with 2 micro-batches the two orders would be
+# the same sum, a + b, bitwise):
 #   fp32-w2   fp32 gradients and activations, 2 ranks (the reference)
 #   bf16g-w2  bf16 gradients, 2 ranks
 #   fp32-w1   fp32, 1 rank (another sum order: the fp32 world-size difference)
@@ -10,11 +12,11 @@
 #   bf16a-w1  bf16 activations, 1 rank
 # The five jobs run at once (nice). Prints each run's final train loss, the mean of its last 50
 # steps' losses and its final validation loss, then the differences that matter.
-#   tests/bench/grad_dtype_loss.sh BUILD_DIR TEXT_FILE [PRESET (gpt2-mini)] [STEPS (2000)]
+#   tests/bench/grad_dtype_loss.sh BUILD_DIR TEXT_FILE [PRESET (gpt2-mini)] [STEPS (2000)] [MICRO]
 set -uo pipefail
 build=$(cd "${1:?usage: grad_dtype_loss.sh BUILD_DIR TEXT [PRESET] [STEPS]}" && pwd)
 text=${2:?text file}
-preset=${3:-gpt2-mini} steps=${4:-2000}
+preset=${3:-gpt2-mini} steps=${4:-2000} micro=${5:-4}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=${OUT_DIR:-$(mktemp -d /tmp/ddp-grad-loss.XXXXXX)}
 mkdir -p "$tmp"
@@ -23,7 +25,8 @@ cat >"$tmp/job.yaml" <<YAML
 name: grad-dtype-loss
 model: {preset: $preset}
 data: {train: "$tmp/data/train_*.bin", val: "$tmp/data/val_*.bin"}
-train: {steps: $steps, micro_batch: 4, seq_len: 64, global_batch_tokens: 512, lr: 1.0e-3,
+train: {steps: $steps, micro_batch: 4, seq_len: 64, global_batch_tokens: $((micro * 256)),
+        lr: 1.0e-3,
         warmup: $((steps / 20 + 1)), val_every: $steps, val_batches: 16, sample_tokens: 0,
         threads: 1, log_every: 1, precision: fp32, seed: 1337, weight_decay: 0.1, clip: 1.0}
 ddp: {check_every: 0, shard_optimizer: false}
