@@ -2,9 +2,10 @@
  * ring communicator whose ranks are threads (the fake transport).
  *  - narrowing and widening in place give each value's bf16 rounding bitwise, signed zeros, NaN,
  *    Inf, subnormals and ties to even included, for odd lengths;
- *  - on 3 ranks every rank ends with the same bits, two runs are bitwise equal, the sums are
- *    within the bound of W + (W - 1) roundings of the exact sum and not all equal to fp32's
- *    (the rounding happened), and ZeRO-1's reduce-scatter gives this rank's parts bitwise;
+ *  - on 3 ranks every rank ends with the same bits, two runs (with and without overlap) are
+ *    bitwise equal, the sums are within the bound of W + (W - 1) roundings of the exact sum and
+ *    not all equal to fp32's (the rounding happened), and ZeRO-1's reduce-scatter gives this
+ *    rank's parts bitwise;
  *  - a rank that contributes -0.0 everywhere (the elastic joiner during an overlapped state
  *    transfer, worker/step.c) leaves the others' bf16 sum bitwise as without it;
  *  - a world of one rounds nothing.
@@ -32,6 +33,7 @@
 typedef struct {
     ddp_coll_fake_world_t *world;
     int rank, zero1, joiner; /* joiner: this rank contributes -0.0 everywhere */
+    int overlap;             /* buckets start during "backward" (else all after it) */
     int rc;
     float *out;              /* [N] the reduced arena (the caller frees) */
     ddp_arena_part_t *parts; /* this rank's parts (the caller frees) */
@@ -67,7 +69,7 @@ static void *run_rank(void *arg)
                              .n = N,
                              .first_bucket_mb = 0.1,
                              .bucket_mb = 0.4,
-                             .overlap = 1,
+                             .overlap = j->overlap,
                              .zero1 = j->zero1,
                              .bf16 = 1};
     if (!j->rc) j->rc = ddp_reducer_init(&r, &cfg);
@@ -86,13 +88,14 @@ static void *run_rank(void *arg)
 }
 
 /* Runs the reducer on RANKS threads; jobs[q].out holds rank q's arena afterwards. */
-static void run_world(rank_job_t *jobs, int zero1, int joiner)
+static void run_world(rank_job_t *jobs, int zero1, int joiner, int overlap)
 {
     ddp_coll_fake_world_t *w;
     assert_int_equal(ddp_coll_fake_world_new(RANKS, &w), 0);
     pthread_t th[RANKS];
     for (int q = 0; q < RANKS; q++) {
-        jobs[q] = (rank_job_t){.world = w, .rank = q, .zero1 = zero1, .joiner = q == joiner};
+        jobs[q] = (rank_job_t){
+            .world = w, .rank = q, .zero1 = zero1, .joiner = q == joiner, .overlap = overlap};
         assert_int_equal(pthread_create(&th[q], NULL, run_rank, &jobs[q]), 0);
     }
     for (int q = 0; q < RANKS; q++) pthread_join(th[q], NULL);
@@ -144,9 +147,9 @@ static void test_three_ranks_bitwise(void **state)
 {
     (void)state;
     rank_job_t a[RANKS], b[RANKS], z[RANKS];
-    run_world(a, 0, -1);
-    run_world(b, 0, -1);
-    run_world(z, 1, -1);
+    run_world(a, 0, -1, 1);
+    run_world(b, 0, -1, 0); /* the second run without overlap: the same sums */
+    run_world(z, 1, -1, 1);
     size_t not_fp32 = 0;
     for (size_t i = 0; i < N; i++) {
         double exact = 0, mag = 0;
@@ -193,7 +196,7 @@ static void test_joiner_minus_zero_exact(void **state)
 {
     (void)state;
     rank_job_t j[RANKS];
-    run_world(j, 0, RANKS - 1); /* the last rank is the joiner */
+    run_world(j, 0, RANKS - 1, 1); /* the last rank is the joiner */
     for (size_t i = 0; i < N; i++) {
         /* the holders' bf16 sum, one rounding each and one of the sum: their order does not
          * matter with two, and the joiner's -0.0 adds nothing */
