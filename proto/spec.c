@@ -132,6 +132,8 @@ static const char *const RESTARTS[] = {"never", "on-failure", NULL};
 static const char *const RECOMPUTES[] = {"none", "block", NULL};
 /* in ddp_state_transfer_t's order */
 static const char *const STATE_TRANSFERS[] = {"auto", "overlap", "pause", NULL};
+/* in ddp_grad_dtype_t's order */
+static const char *const GRAD_DTYPES[] = {"fp32", "bf16", NULL};
 static const char *const SECTIONS[] = {"name", "model",      "data",   "train", "eval",
                                        "ddp",  "checkpoint", "limits", NULL};
 
@@ -333,6 +335,11 @@ const ddp__sfield_t ddp__spec_fields[] = {
            "how a rejoining rank gets the state: `overlap` (streamed during the others' next "
            "step, which they compute without it), `pause` (they wait for it), `auto` (the "
            "cheaper, estimated from the source's last step)"),
+    QUIET("ddp.grad_dtype", DDP__FT_ENUM, grad_dtype, .choices = GRAD_DTYPES,
+          .doc = "the type the gradient buckets are all-reduced (or reduce-scattered) in: `bf16` "
+                 "rounds them before and widens them after, half the bytes; the vote and the "
+                 "norm stay fp32, one rank rounds nothing, a resume may change it "
+                 "([precision.md](precision.md))"),
     F_STR("checkpoint.dir", ckpt_dir, "where checkpoints go; `\"\"` = none"),
     F_INT("checkpoint.every", ckpt_every, 0, NO_MAX,
           "steps between saves (needs `dir`); 0 = only at the end"),

@@ -85,6 +85,8 @@ typedef enum {
     DDP_TRANSFER_OVERLAP = 1,
     DDP_TRANSFER_PAUSE = 2
 } ddp_state_transfer_t;
+/* The type the gradient buckets travel in (ddp.grad_dtype; worker/sync/grad_dtype.h). */
+typedef enum { DDP_GRAD_FP32 = 0, DDP_GRAD_BF16 = 1 } ddp_grad_dtype_t;
 
 typedef struct ddp_spec {
     char name[128];
@@ -147,6 +149,7 @@ typedef struct ddp_spec {
     double rejoin_timeout_s;    /* below min_workers: how long the job waits for replacements */
     double heartbeat_timeout_s; /* silence after which a rank is evicted */
     ddp_state_transfer_t state_transfer; /* a joiner's state: overlapped, paused for, or auto */
+    ddp_grad_dtype_t grad_dtype; /* the buckets' all-reduce in fp32 or bf16 */
 
     /* eval: multiple-choice tasks scored during the run */
     int n_eval;

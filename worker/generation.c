@@ -149,7 +149,8 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei)
                               .first_bucket_mb = s->first_bucket_mb,
                               .bucket_mb = s->bucket_mb,
                               .overlap = s->overlap,
-                              .zero1 = t->zero1.on};
+                              .zero1 = t->zero1.on,
+                              .bf16 = s->grad_dtype == DDP_GRAD_BF16};
     DDP_CHECK(ddp_reducer_init(&t->reducer, &rcfg));
     ddp_zero1_attach(&t->zero1, &t->reducer, t->model.w);
     DDP_CHECK(ddp__trainer_set_deal(t, t->world.rank, t->world.size));

@@ -273,6 +273,9 @@ int ddp_mem_budget_plan(const ddp_spec_t *s, int world, int local, int rank, int
     b->writer = s->ckpt_dir[0] && rank < (writers > 0 ? writers : 1);
 
     b->n_params = (int64_t)ddp_model_count_params(cfg);
+    /* ddp.grad_dtype bf16 needs no staging: each bucket is narrowed in place, in its own
+     * memory (sync/grad_dtype.h); on a GPU through a host scratch of the largest bucket, host
+     * memory, not the device's */
     b->params = b->grads = b->n_params * 4;
     b->moments = 2 * b->params / (b->zero1 ? world : 1);
     b->accum_buf = b->accum > 1 ? b->params : 0;

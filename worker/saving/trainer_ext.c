@@ -112,6 +112,21 @@ static int read_spikes(const ddp_spec_t *spec, json_t *o, const char *path, int 
     return read_window(json_object_get(sk, "norm"), spec->skip_window, &s->norm, path, "norm", ei);
 }
 
+/* ddp.grad_dtype may change at a resume: it is the precision the gradients travel in, not
+ * state (a checkpoint holds fp32 weights and moments either way); the change is logged. The saved
+ * spec names it only when it was bf16 (a quiet field at its default, or an older build). */
+static void note_grad_dtype(const ddp_spec_t *spec, json_t *o, long step, int log)
+{
+    json_t *ddp = json_object_get(json_object_get(o, "spec"), "ddp");
+    const char *was = json_string_value(json_object_get(ddp, "grad_dtype"));
+    const char *now = spec->grad_dtype == DDP_GRAD_BF16 ? "bf16" : "fp32";
+    if (!was) was = "fp32";
+    if (log && strcmp(was, now) != 0)
+        DDP_INFO("ddp.grad_dtype: resumed at step %ld with the gradients all-reduced in %s, the "
+                 "checkpoint's run in %s (their communication precision, not state: allowed)",
+                 step, now, was);
+}
+
 int ddp__trainer_ext_read(const ddp_spec_t *spec, json_t *o, const char *path, int log,
                           ddp_position_t *pos, ddp_errinfo_t *ei)
 {
@@ -149,5 +164,6 @@ int ddp__trainer_ext_read(const ddp_spec_t *spec, json_t *o, const char *path, i
                  "the checkpoint's was %s over %ld (train.allow_schedule_change)",
                  pos->step, ddp_schedule_name(spec->schedule), spec->steps,
                  ddp_schedule_name(saved.kind), saved.steps);
+    note_grad_dtype(spec, o, pos->step, log);
     return read_spikes(spec, o, path, log, pos, ei);
 }

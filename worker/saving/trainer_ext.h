@@ -8,6 +8,7 @@
  * windows (window, and per series count, index and the values in slot order, written %.17g: they
  * read back bit for bit) and the run's skip counts. Every new field is optional on read: an
  * older trainer.json resumes as before (no schedule check without a kind, empty windows).
+ * A resume may change ddp.grad_dtype (read from the saved spec; logged, never refused).
  *
  * Threads: the training thread (saving.c's callers).
  */

@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "common/clock.h"
 #include "common/trace.h"
+#include "worker/sync/grad_dtype.h"
 
 /* A norm block never straddles two ranks' slices. */
 _Static_assert(DDP_COLL_SLICE_ELEMS % DDP_NORM_BLOCK == 0, "slices must hold whole norm blocks");
@@ -21,6 +22,7 @@ int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg)
     size_t n = r->n = cfg->n;
     r->overlap = cfg->overlap;
     r->zero1 = cfg->zero1 && cfg->world->comm;
+    r->bf16 = cfg->bf16 && cfg->world->comm;
     size_t first = (size_t)(cfg->first_bucket_mb * 1048576.0 / sizeof(float));
     size_t rest = (size_t)(cfg->bucket_mb * 1048576.0 / sizeof(float));
     if (first == 0) first = 1;
@@ -52,7 +54,13 @@ int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg)
     }
     ddp_trace_note("buckets", count); /* a trace shows every bucket of a step */
     r->norm_sums = ddp_calloc(r->n_norm_blocks + 1, sizeof *r->norm_sums);
-    if (!r->norm_sums) {
+    int staged = r->bf16 && !ddp_k_host_memory(r->world->k);
+    size_t largest = 0;
+    for (int b = 0; staged && b < count; b++)
+        if (r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0) > largest)
+            largest = r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0);
+    if (staged) r->scratch = ddp_malloc(largest * sizeof(float) + 1);
+    if (!r->norm_sums || (staged && !r->scratch)) {
         ddp_reducer_close(r);
         return DDP_ENOMEM;
     }
@@ -68,6 +76,7 @@ void ddp_reducer_close(ddp_reducer_t *r)
     free(r->parts);
     free(r->gathers);
     free(r->norm_sums);
+    free(r->scratch);
     memset(r, 0, sizeof *r);
 }
 
@@ -76,6 +85,7 @@ void ddp_reducer_begin(ddp_reducer_t *r, const float *acc)
     r->acc = acc;
     r->ready_upto = 0;
     r->next = 0;
+    r->narrowed = 0;
     r->ready_rc = 0;
     memset(r->times, 0, (size_t)r->n_buckets * sizeof *r->times);
 }
@@ -94,19 +104,29 @@ static int advance(ddp_reducer_t *r, size_t done, int submit)
     for (int b = r->next; b < r->n_buckets && r->bucket_end[b] <= done; b++)
         if (!r->times[b].ready) r->times[b].ready = now;
     if (!submit) return 0;
+    /* bf16: the complete buckets narrowed in place first (on a device, copies queued on the
+     * compute stream) */
+    for (; r->bf16 && r->narrowed < r->n_buckets && r->bucket_end[r->narrowed] <= done;
+         r->narrowed++) { /* once each, also when a submit below fails */
+        int b = r->narrowed;
+        size_t begin = b ? r->bucket_end[b - 1] : 0;
+        DDP_CHECK(
+            ddp_grad_narrow(r->world->k, r->arena + begin, r->bucket_end[b] - begin, r->scratch));
+    }
     /* the adds above (and backward's last writes) are queued on the compute stream: the
      * all-reduces run on the communicator's stream, ordered after them (ddp_world_after_compute)
      * so that they read the finished gradient */
     if (r->next < r->n_buckets && r->bucket_end[r->next] <= done)
         DDP_CHECK(ddp_world_after_compute(r->world));
+    ddp_dtype_t dt = r->bf16 ? DDP_DT_BF16 : DDP_DT_F32;
     while (r->next < r->n_buckets && r->bucket_end[r->next] <= done) {
         int b = r->next;
         size_t begin = b ? r->bucket_end[b - 1] : 0;
         size_t len = r->bucket_end[b] - begin;
         ddp_coll_tag_next(r->world->comm, b); /* the flight recorder's "bucket" */
-        DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len,
-                                                     DDP_DT_F32, DDP_OP_SUM, &r->reqs[b])
-                           : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, DDP_DT_F32,
+        DDP_CHECK(r->zero1 ? ddp_coll_reduce_scatter(r->world->comm, r->arena + begin, len, dt,
+                                                     DDP_OP_SUM, &r->reqs[b])
+                           : ddp_coll_allreduce(r->world->comm, r->arena + begin, len, dt,
                                                 DDP_OP_SUM, &r->reqs[b]));
         r->next++;
     }
@@ -129,13 +149,19 @@ int ddp_reducer_finish(ddp_reducer_t *r, ddp_reducer_stats_t *stats, ddp_errinfo
         int one = ddp_coll_wait_timed(r->reqs[b], 0, &r->times[b].start, &r->times[b].end, ei);
         r->reqs[b] = NULL;
         if (one && !rc) rc = one;
+        if (r->bf16 && !rc) { /* after a failure the step is redone: the gradient is moot */
+            size_t begin = b ? r->bucket_end[b - 1] : 0;
+            rc =
+                ddp_grad_widen(r->world->k, r->arena + begin, r->bucket_end[b] - begin, r->scratch);
+        }
     }
     int64_t wait_end = ddp_now_ns();
     /* each bucket's collective on the communication thread, and the exposed wait */
     for (int b = 0; b < r->next; b++)
         ddp_trace_span(DDP_TRACE_COMM, r->times[b].start, r->times[b].end, "%s bucket %d (%.2f MB)",
                        r->zero1 ? "reduce-scatter" : "all-reduce", b,
-                       (double)(r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0)) * 4 / 1e6);
+                       (double)(r->bucket_end[b] - (b ? r->bucket_end[b - 1] : 0)) *
+                           (r->bf16 ? 2 : 4) / 1e6);
     ddp_trace_span(DDP_TRACE_COMPUTE, wait_begin, wait_end, "wait for communication");
     if (stats) {
         /* Busy time of the communication thread over the step's buckets: the union of their

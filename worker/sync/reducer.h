@@ -20,6 +20,11 @@
  * (model/arena.h), counted from each bucket's beginning, so the norm's blocks are the same for
  * any world size.
  *
+ * bf16 (ddp.grad_dtype, sync/grad_dtype.h): each bucket is narrowed to bf16 in place just before
+ * its collective and widened back when it completed (ddp_reducer_finish), whole (ZeRO-1 too: the
+ * parts outside this rank's then hold its own contribution, rounded, as fp32 leaves them its
+ * own). A world of one rounds nothing.
+ *
  * Threads: the compute thread calls everything; the all-reduces run on the communicator's own.
  */
 #ifndef DDP_WORKER_SYNC_REDUCER_H
@@ -43,6 +48,8 @@ typedef struct ddp_reducer {
     size_t n;                 /* floats in it */
     int overlap;              /* 0: all buckets start after backward (ddp.overlap: false) */
     int zero1;                /* reduce-scatter (ZeRO-1) instead of all-reduce */
+    int bf16;                 /* buckets travel as bf16 (grad_dtype.h); 0 in a world of one */
+    float *scratch;           /* bf16 on device memory: host scratch of the largest bucket */
     int n_buckets;
     size_t *bucket_end;      /* [n_buckets]: bucket b is [end[b-1], end[b]) */
     ddp_arena_part_t *parts; /* [n_buckets]: what this rank updates of each bucket */
@@ -56,6 +63,7 @@ typedef struct ddp_reducer {
     const float *acc;  /* added into the arena before reduction; NULL = none */
     size_t ready_upto; /* prefix of the arena reported final (and acc-added) */
     int next;          /* next bucket to submit */
+    int narrowed;      /* bf16: buckets narrowed so far (>= next) */
     int ready_rc;      /* the first error of ddp_reducer_ready (backward's callback) */
     int64_t backward_end;
 } ddp_reducer_t;
@@ -77,9 +85,11 @@ typedef struct ddp_reducer_cfg {
     /* ZeRO-1: needs a communicator whose reduce-scatter takes the arena
      * (ddp_coll_slices_anywhere, or the arena in collective memory shared by every rank) */
     int zero1;
+    int bf16; /* ddp.grad_dtype: bf16 (ignored in a world of one) */
 } ddp_reducer_cfg_t;
 
-/* Splits cfg's arena into buckets. Returns 0 or DDP_ENOMEM. */
+/* Splits cfg's arena into buckets (and, for bf16 on device memory, allocates the host scratch).
+ * Returns 0 or DDP_ENOMEM. */
 int ddp_reducer_init(ddp_reducer_t *r, const ddp_reducer_cfg_t *cfg);
 void ddp_reducer_close(ddp_reducer_t *r); /* NULL-safe */
 

@@ -164,6 +164,24 @@ typedef struct bad {
     const char *msg;
 } bad_t;
 
+/* ddp.grad_dtype: fp32 by default and then left out of the JSON; bf16 written; others refused */
+static void test_grad_dtype(void **state)
+{
+    (void)state;
+    ddp_spec_t s;
+    ddp_errinfo_t ei;
+    char *json = round_trip("data: {train: x}", &s);
+    assert_int_equal(s.grad_dtype, DDP_GRAD_FP32);
+    if (strstr(json, "grad_dtype")) fail_msg("grad_dtype written at its default:\n%s", json);
+    free(json);
+    json = round_trip("data: {train: x}\nddp: {grad_dtype: bf16}", &s);
+    assert_int_equal(s.grad_dtype, DDP_GRAD_BF16);
+    assert_non_null(strstr(json, "\"grad_dtype\": \"bf16\""));
+    free(json);
+    assert_int_not_equal(parse(&s, "data: {train: x}\nddp: {grad_dtype: fp16}", &ei), 0);
+    assert_string_equal(ei.path, "ddp.grad_dtype");
+}
+
 static void test_rejects(void **state)
 {
     (void)state;
@@ -248,7 +266,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_string_form), cmocka_unit_test(test_list_form),
         cmocka_unit_test(test_eval),        cmocka_unit_test(test_schedule_and_skipping),
-        cmocka_unit_test(test_rejects),
+        cmocka_unit_test(test_rejects),     cmocka_unit_test(test_grad_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
