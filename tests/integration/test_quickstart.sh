@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's first command, shortened (TAP): deploy/quickstart.sh on a small corpus with a
-# 60-step copy of deploy/examples/quickstart.yaml (QUICKSTART_SPEC; its checkpoints in a
+# 100-step copy of deploy/examples/quickstart.yaml (QUICKSTART_SPEC; its checkpoints in a
 # temporary directory) prepares data/quickstart/, trains through `ddpctl run` (an embedded
 # daemon), follows the job to "succeeded" and prints the closing sample.
 set -uo pipefail
@@ -14,7 +14,7 @@ trap 'rm -rf "$tmp"' EXIT
 prep="$root/build/worker/ddp-prep"
 [ -x "$prep" ] || { echo "1..0 # SKIP no build/worker/ddp-prep in the source tree"; exit 0; }
 fox_corpus "$prep" "$tmp" 3000 || { not_ok "the corpus"; tap_plan; exit 1; }
-sed -e 's/^  steps: .*/  steps: 60/' -e "s|dir: runs/quickstart/checkpoints|dir: $tmp/ck|" \
+sed -e 's/^  steps: .*/  steps: 100/' -e "s|dir: runs/quickstart/checkpoints|dir: $tmp/ck|" \
     "$root/deploy/examples/quickstart.yaml" >"$tmp/quickstart.yaml"
 check "the short spec differs from the shipped one only in steps and the checkpoint dir" \
     bash -c "[ \$(diff '$root/deploy/examples/quickstart.yaml' '$tmp/quickstart.yaml' | grep -c '^>') -eq 2 ]"
