@@ -139,7 +139,7 @@ uint64_t ddp_flight_queued(uint64_t generation, uint64_t seq, int rank, int size
                            const char *kind, uint64_t bytes, int bucket)
 {
     if (off) return 0;
-    if (!ring) pthread_once(&lazy_once, lazy_alloc);
+    pthread_once(&lazy_once, lazy_alloc); /* always: it orders this thread after the allocation */
     if (!ring) return 0;
     uint64_t id = atomic_fetch_add(&next_id, 1) + 1;
     rec_t *r = &ring[id % cap];
