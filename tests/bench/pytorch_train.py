@@ -118,7 +118,13 @@ def parse_args():
                     help="1: torch.utils.checkpoint around every block (use_reentrant=False)")
     ap.add_argument("--zero", type=int, default=0,
                     help="1: ZeroRedundancyOptimizer (ZeRO-1) around AdamW (DDP only)")
-    # internal: a DDP rank started by the launcher
+    ap.add_argument("--compress", choices=["none", "bf16", "fp16"], default="none",
+                    help="DDP's gradient compression hook (bf16_compress_hook, fp16_compress_hook)")
+    ap.add_argument("--progress", default="",
+                    help="rank 0 appends each finished step's number to this file (a benchmark "
+                         "reads interface counters between steps)")
+    # a DDP rank started by the launcher, or by a benchmark across network namespaces
+    # (tests/bench/cluster.sh: --rank R --master HOST:PORT with --ddp WORLD)
     ap.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--master", default="", help=argparse.SUPPRESS)
     return ap.parse_args()
@@ -219,6 +225,11 @@ def train(args, rank, world):
         dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}",
                                 rank=rank, world_size=world)
         model = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's weights
+        if args.compress != "none":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            hook = {"bf16": default_hooks.bf16_compress_hook,
+                    "fp16": default_hooks.fp16_compress_hook}[args.compress]
+            model.register_comm_hook(None, hook)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
@@ -252,11 +263,14 @@ def train(args, rank, world):
         if step >= args.warmup:
             times.append(dt)
             losses.append(lv)
+        if args.progress and rank == 0:
+            with open(args.progress, "a") as f:
+                f.write(f"{step + 1}\n")
     med = statistics.median(times)
     res = {"impl": "pytorch", "torch": torch.__version__, "model": args.model,
            "params": n_params, "B": B, "T": T, "world": world, "threads": threads,
            "amp": args.amp, "compile": args.compile, "recompute": args.recompute,
-           "zero": args.zero,
+           "zero": args.zero, "compress": args.compress,
            "warmup": args.warmup, "steps": args.steps, "median_step_s": round(med, 4),
            "min_step_s": round(min(times), 4), "max_step_s": round(max(times), 4),
            "tokens_per_s": round(world * B * T / med, 1),
@@ -291,6 +305,7 @@ def launch_ddp(args):
             "--foreach", str(args.foreach), "--seed", str(args.seed),
             "--amp", args.amp, "--compile", str(args.compile),
             "--recompute", str(args.recompute), "--zero", str(args.zero),
+            "--compress", args.compress,
             "--ddp", str(args.ddp), "--master", f"127.0.0.1:{port}"]
     procs = []
     for r in range(args.ddp):
