@@ -19,13 +19,13 @@ check "the job runs" wait_state a "$id" running 30
 if wait_until 60 grep -q "rank 1 hangs as step 3 begins" "$rd/rank-1.log"; then
     ok "rank 1 hangs at step 3"
     # rank 0 reaches its step-3 all-reduce a moment after rank 1 stops: dump until it waits
-    # there (the event is only visible in the dumps), up to a deadline
-    deadline=$((SECONDS + 60))
-    while :; do
+    # there (the event is only visible in the dumps), up to a deadline; out and rc are the last
+    # dump's
+    dump_names_rank1() {
         out=$(ctl a dump "$id" --timeout 30 2>&1); rc=$?
-        grep -q "^diagnosis: rank 1 never started" <<<"$out" || [ $SECONDS -ge $deadline ] && break
-        sleep 0.1 # a poll of the dumps, not a synchronisation: the loop ends on what they say
-    done
+        grep -q "^diagnosis: rank 1 never started" <<<"$out"
+    }
+    wait_until 60 dump_names_rank1
     echo "$out" | sed 's/^/# /'
     check "ddpctl dump exits 0" test "$rc" = 0
     check "both ranks dumped" grep -q "^job $id: 2 of 2 rank(s) dumped" <<<"$out"

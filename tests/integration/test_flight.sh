@@ -30,15 +30,12 @@ export DDP_WORKER=$worker DDP_LOG_LEVEL=info
 
 . "$(dirname "$0")/../tap.sh"
 . "$(dirname "$0")/../corpus.sh"
+. "$(dirname "$0")/../wait.sh"
 
 # wait_file FILE REGEX TIMEOUT_S: until FILE holds a line matching REGEX (fails at the deadline)
 wait_file() {
-    local file=$1 re=$2 deadline=$((SECONDS + $3))
-    while [ $SECONDS -lt "$deadline" ]; do
-        grep -Eq -- "$re" "$file" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "# timed out waiting for /$re/ in $file"
+    wait_until "$3" grep -Eq -- "$2" "$1" && return 0
+    echo "# timed out waiting for /$2/ in $1"
     return 1
 }
 
