@@ -14,23 +14,8 @@
 #   test_flight.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=${DDP_SOURCE_ROOT:-$here/../..}
-launch="$root/deploy/launch-local.sh"
-tmp=$(mktemp -d /tmp/ddp-test-flight.XXXXXX)
-launcher=""
-cleanup() {
-    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
-    for f in "$tmp"/*/rank-*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-export DDP_WORKER=$worker DDP_LOG_LEVEL=info
-
-. "$(dirname "$0")/../tap.sh"
-. "$(dirname "$0")/../corpus.sh"
-. "$(dirname "$0")/../wait.sh"
+. "$(dirname "$0")/launch_lib.sh"
+launch_setup flight
 
 # wait_file FILE REGEX TIMEOUT_S: until FILE holds a line matching REGEX (fails at the deadline)
 wait_file() {
