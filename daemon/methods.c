@@ -226,16 +226,30 @@ static void m_get(ddpd_session_t *s, json_t *id, json_t *params)
     reply(s, id, row);
 }
 
+/* The job named by params' "id", for a method that acts on a running job (job.cancel, job.dump):
+ * returns 0 with *jid and *live, the job when it runs on this node and this session may see it
+ * (NULL when it has ended or is not here: the caller answers), or -1 with the error sent (a bad
+ * id, another user's job). */
+static int find_live_job(ddpd_session_t *s, json_t *id, json_t *params, long long *jid,
+                         ddpd_job_t **live)
+{
+    *live = NULL;
+    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, jid)) return -1;
+    ddpd_job_t *j = ddpd_job_find(s->d, *jid);
+    if (j && !ddpd__session_may_see(s, ddpd_job_uid(j))) {
+        not_yours(s, id, *jid);
+        return -1;
+    }
+    if (j && !ddpd_state_terminal(ddpd_job_state(j))) *live = j;
+    return 0;
+}
+
 static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
 {
     long long jid;
-    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
-    ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (j && !ddpd__session_may_see(s, ddpd_job_uid(j))) {
-        not_yours(s, id, jid);
-        return;
-    }
-    if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
+    ddpd_job_t *j;
+    if (find_live_job(s, id, params, &jid, &j)) return;
+    if (!j) {
         json_t *row;
         if (get_job_row(s, id, jid, 0, &row)) return;
         ddpd__send_error(s, id, DDPD_RPC_FINISHED,
@@ -258,13 +272,9 @@ static void m_cancel(ddpd_session_t *s, json_t *id, json_t *params)
 static void m_dump(ddpd_session_t *s, json_t *id, json_t *params)
 {
     long long jid;
-    if (p_int(s, id, params, "id", 1, 1, INT64_MAX, &jid)) return;
-    ddpd_job_t *j = ddpd_job_find(s->d, jid);
-    if (j && !ddpd__session_may_see(s, ddpd_job_uid(j))) {
-        not_yours(s, id, jid);
-        return;
-    }
-    if (!j || ddpd_state_terminal(ddpd_job_state(j))) {
+    ddpd_job_t *j;
+    if (find_live_job(s, id, params, &jid, &j)) return;
+    if (!j) {
         ddpd__send_error(s, id, DDPD_RPC_FINISHED, json_pack("{sI}", "id", (json_int_t)jid),
                          "job %lld is not running: its ranks cannot dump (the files of earlier "
                          "dumps stay in its run directory's flight/)", jid);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/file.h"
 
 static int fail(char *why, size_t whylen, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -212,7 +213,9 @@ int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t le
     if (rc == 0 && geteuid() == 0 && fchown(fd, uid, gid) != 0)
         rc = fail(why, whylen, -errno, "cannot give %s to uid %u: %s", tmp, (unsigned)uid,
                   strerror(errno));
-    if (close(fd) != 0 && rc == 0) rc = fail(why, whylen, -errno, "%s: %s", tmp, strerror(errno));
+    ddp_errinfo_t ei;
+    int sc = ddp_file_sync_close(fd, tmp, rc, &ei); /* fsynced unless rc is an error already */
+    if (rc == 0 && sc != 0) rc = fail(why, whylen, sc, "%s", ei.msg);
     if (rc == 0 && renameat(dirfd, tmp, dirfd, name) != 0)
         rc = fail(why, whylen, -errno, "cannot rename %s to %s: %s", tmp, name, strerror(errno));
     if (rc != 0) unlinkat(dirfd, tmp, 0);

@@ -55,7 +55,8 @@ int ddpd_userfile_read(const char *dir, const char *name, uint32_t owner, char *
 /* Writes data[0..len) to `name` in directory dirfd as a new file (a random temporary name,
  * O_CREAT|O_EXCL|O_NOFOLLOW) that is then renamed over `name` (a symlink or a file there is
  * replaced, never followed). The file gets `mode` and, when the daemon is root, the owner
- * uid:gid. Returns 0 or -errno with why filled; the temporary file is removed on failure. */
+ * uid:gid, and is fsynced before the rename (common/file.h). Returns 0 or -errno with why
+ * filled; the temporary file is removed on failure. */
 int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t len, uint32_t uid,
                         uint32_t gid, mode_t mode, char *why, size_t whylen);
 

@@ -5,9 +5,12 @@
  * the deadline) until as many of those files as ranks were signalled hold a "request" dump taken
  * after the daemon's signal (their "now_ns" and its "since_ns" are the same host's monotonic
  * clock), prints one line per rank and the diagnosis, and writes it to
- * RUN_DIR/flight/diagnosis.txt (ddpctl runs as the job's user; the run directory is its own).
+ * RUN_DIR/flight/diagnosis.txt. ddpctl may run as root and the run directory is the job's user's,
+ * who may have put a symlink or a FIFO there: that file is written as the daemon writes in run
+ * directories (daemon/userfs.h), never through a link.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <glob.h>
 #include <jansson.h>
@@ -15,13 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "collectives/flight.h"
 #include "common/clock.h"
 #include "common/err.h"
 #include "daemon/client.h"
 #include "daemon/ctl/ctl.h"
+#include "daemon/userfs.h"
 
 /* The dumps in dir/flight taken at or after since_ns (0: all) for a request (SIGUSR2's, or the
  * elastic coordinator's, which a request sets off): fills dumps (up to max), returns how many. */
@@ -86,6 +92,34 @@ static int dump_dir(const char *dir)
     }
     printf("diagnosis: %s\n", diag);
     return CTL_OK;
+}
+
+/* RUN_DIR/flight/diagnosis.txt := diag. flight/ is opened without following a link; a
+ * diagnosis.txt there that is not a regular file (a symlink, a FIFO) is refused; otherwise the
+ * text goes to a new file (O_CREAT|O_EXCL|O_NOFOLLOW), fsynced and renamed over it, owned by the
+ * directory's owner when ddpctl is root (ddpd_userfile_write). A link that appears after the
+ * check is replaced by the rename, not followed. Failure is reported on stderr, not fatal: the
+ * diagnosis has been printed. */
+static void write_diagnosis(const char *dir, const char *diag)
+{
+    char flight[PATH_MAX + 16], why[512] = "", text[1100];
+    snprintf(flight, sizeof flight, "%s/flight", dir);
+    int dfd = ddpd_dir_open(flight, (uint32_t)-1, why, sizeof why);
+    if (dfd < 0) {
+        fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, why);
+        return;
+    }
+    int n = snprintf(text, sizeof text, "%s\n", diag);
+    struct stat st, ds;
+    if (fstatat(dfd, "diagnosis.txt", &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+        fprintf(stderr, "ddpctl: %s/diagnosis.txt is %s: not written (a link is never followed)\n",
+                flight, S_ISLNK(st.st_mode) ? "a symlink" : "not a regular file");
+    else if (fstat(dfd, &ds) != 0)
+        fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, strerror(errno));
+    else if (ddpd_userfile_write(dfd, "diagnosis.txt", text, (size_t)n, ds.st_uid, ds.st_gid, 0644,
+                                 why, sizeof why) != 0)
+        fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, why);
+    close(dfd);
 }
 
 int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
@@ -160,13 +194,7 @@ int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
     if (n < want)
         fprintf(stderr, "ddpctl: %d of %d signalled rank(s) wrote no dump within %.0f s\n",
                 want - n, want, timeout_s);
-    if (n) {
-        char path[PATH_MAX + 32];
-        snprintf(path, sizeof path, "%s/flight/diagnosis.txt", dir);
-        FILE *f = fopen(path, "we");
-        if (!f || fprintf(f, "%s\n", diag) < 0 || fclose(f) != 0)
-            fprintf(stderr, "ddpctl: cannot write %s: %s\n", path, strerror(errno));
-    }
+    if (n) write_diagnosis(dir, diag);
     for (int i = 0; i < n; i++) json_decref(dumps[i]);
     free(dumps);
     return n ? CTL_OK : CTL_JOB_FAILED;

@@ -1,6 +1,6 @@
-# Shared helpers for the daemon's shell integration tests: TAP output (tests/tap.sh), temporary
-# daemons on private sockets, and a cleanup trap that ends every process a test started (by
-# pid, never by name) so no test leaves anything behind.
+# Shared helpers for the daemon's shell integration tests: TAP output (tests/tap.sh), waits with a
+# deadline (tests/wait.sh's wait_until), temporary daemons on private sockets, and a cleanup trap
+# that ends every process a test started (by pid, never by name) so no test leaves anything behind.
 # Needs DDP_BUILD_ROOT (set by meson's test_env) or BUILD=<build dir>.
 BUILD=${BUILD:-${DDP_BUILD_ROOT:?DDP_BUILD_ROOT not set}}
 SRC=${DDP_SOURCE_ROOT:-$(cd "$(dirname "$0")/../.." && pwd)}
@@ -11,6 +11,7 @@ T=$(mktemp -d /tmp/ddpd-test.XXXXXX)
 chmod 755 "$T" # another uid reaches the socket in the permission test
 PIDS=""
 . "$SRC/tests/tap.sh"
+. "$SRC/tests/wait.sh" # wait_until
 
 # The worker: DDP_TEST_WORKER=fake|real (default real when it is built).
 worker_bin() {
@@ -68,16 +69,6 @@ stop_daemon() {
 }
 
 ctl() { local name=$1; shift; "$DDPCTL" --socket "$T/$name.sock" "$@"; }
-
-# wait_until TIMEOUT_S COMMAND...: runs COMMAND every 50 ms until it succeeds (0) or
-# TIMEOUT_S seconds of wall clock pass (1). The way to wait for an event: never a bare sleep.
-wait_until() {
-    local deadline=$((SECONDS + $1)); shift
-    until "$@" >/dev/null 2>&1; do
-        [ $SECONDS -ge $deadline ] && return 1
-        sleep 0.05
-    done
-}
 
 # wait_state NAME ID STATE [TIMEOUT_S]
 wait_state() {

@@ -10,23 +10,9 @@
 #   test_elastic.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=${DDP_SOURCE_ROOT:-$here/../..}
-launch="$root/deploy/launch-local.sh"
+. "$(dirname "$0")/launch_lib.sh"
+launch_setup elastic
 compare="$root/tests/unit/worker/compare_weights.py"
-tmp=$(mktemp -d /tmp/ddp-test-elastic.XXXXXX)
-launcher=""
-cleanup() {
-    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
-    for f in "$tmp"/*/rank-*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-export DDP_WORKER=$worker DDP_LOG_LEVEL=info
-
-. "$(dirname "$0")/../tap.sh"
-. "$(dirname "$0")/../corpus.sh"
 
 # wait_for FILE REGEX TIMEOUT_S: until a line of FILE matches (polled; fails at the deadline)
 wait_for() {

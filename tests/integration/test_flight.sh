@@ -14,31 +14,13 @@
 #   test_flight.sh DDP_WORKER DDP_PREP
 set -uo pipefail
 worker=$1 prep=$2
-here=$(cd "$(dirname "$0")" && pwd)
-root=${DDP_SOURCE_ROOT:-$here/../..}
-launch="$root/deploy/launch-local.sh"
-tmp=$(mktemp -d /tmp/ddp-test-flight.XXXXXX)
-launcher=""
-cleanup() {
-    [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
-    for f in "$tmp"/*/rank-*.pid; do [ -f "$f" ] && kill -KILL "$(cat "$f")" 2>/dev/null; done
-    wait 2>/dev/null
-    [ -n "${KEEP_TMP:-}" ] || rm -rf "$tmp"
-}
-trap cleanup EXIT
-export DDP_WORKER=$worker DDP_LOG_LEVEL=info
-
-. "$(dirname "$0")/../tap.sh"
-. "$(dirname "$0")/../corpus.sh"
+. "$(dirname "$0")/launch_lib.sh"
+launch_setup flight
 
 # wait_file FILE REGEX TIMEOUT_S: until FILE holds a line matching REGEX (fails at the deadline)
 wait_file() {
-    local file=$1 re=$2 deadline=$((SECONDS + $3))
-    while [ $SECONDS -lt "$deadline" ]; do
-        grep -Eq -- "$re" "$file" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "# timed out waiting for /$re/ in $file"
+    wait_until "$3" grep -Eq -- "$2" "$1" && return 0
+    echo "# timed out waiting for /$2/ in $1"
     return 1
 }
 

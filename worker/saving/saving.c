@@ -651,6 +651,25 @@ static void take_update_crcs(ddp_saving_t *c, long step)
     }
 }
 
+/* c->state: the step of pos, the arenas' tensors and pos's trainer.json (c->trainer, made
+ * again). Returns 0 or DDP_ENOMEM. */
+static int set_state(ddp_saving_t *c, const ddp_position_t *pos, ddp_errinfo_t *ei)
+{
+    free(c->trainer);
+    c->trainer = trainer_json(c, pos);
+    if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
+    c->state = (ddp_ckpt_state_t){.step = pos->step,
+                                  .model = c->model_t,
+                                  .n_model = c->n_model,
+                                  .optim = c->optim_t,
+                                  .n_optim = c->n_optim,
+                                  .config_json = c->config,
+                                  .trainer_json = c->trainer,
+                                  .texts = c->texts,
+                                  .n_texts = c->n_texts};
+    return 0;
+}
+
 /* Starts the save of the current step: on the helper thread (overlap) or here. */
 static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap, ddp_errinfo_t *ei)
 {
@@ -662,18 +681,7 @@ static int start_save(ddp_saving_t *c, const ddp_position_t *pos, int overlap, d
     if (c->run.gather_moments) /* a ZeRO-1 step leaves the moments in slices */
         DDP_CHECK(c->run.gather_moments(c->run.gather_arg, ei));
     take_update_crcs(c, step);
-    free(c->trainer);
-    c->trainer = trainer_json(c, pos);
-    if (!c->trainer) return ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
-    c->state = (ddp_ckpt_state_t){.step = step,
-                                  .model = c->model_t,
-                                  .n_model = c->n_model,
-                                  .optim = c->optim_t,
-                                  .n_optim = c->n_optim,
-                                  .config_json = c->config,
-                                  .trainer_json = c->trainer,
-                                  .texts = c->texts,
-                                  .n_texts = c->n_texts};
+    DDP_CHECK(set_state(c, pos, ei));
     c->last_saved = step;
     c->stats.saves++;
     if (c->writers > 1) {
@@ -775,21 +783,7 @@ int ddp_saving_emergency_save(ddp_saving_t *c, const ddp_position_t *pos, int mo
                          .copy = host ? NULL : copy_d2h,
                          .copy_ctx = c};
     DDP_CHECK_GOTO(ddp_ckpt_saver_new(&o, &sv, ei), rc, out);
-    free(c->trainer);
-    c->trainer = trainer_json(c, pos);
-    if (!c->trainer) {
-        rc = ddp_errinfo_set(ei, DDP_ENOMEM, "checkpoint: out of memory");
-        goto out;
-    }
-    c->state = (ddp_ckpt_state_t){.step = step,
-                                  .model = c->model_t,
-                                  .n_model = c->n_model,
-                                  .optim = c->optim_t,
-                                  .n_optim = c->n_optim,
-                                  .config_json = c->config,
-                                  .trainer_json = c->trainer,
-                                  .texts = c->texts,
-                                  .n_texts = c->n_texts};
+    DDP_CHECK_GOTO(set_state(c, pos, ei), rc, out);
     if (host) { /* the writer reads the arenas themselves: nothing changes them now */
         rc = ddp_ckpt_save_live(sv, &c->state, ei);
     } else {

@@ -19,6 +19,7 @@ cleanup() {
 trap cleanup EXIT
 export DDP_WORKER=$build/worker/ddp-worker DDP_LOG_LEVEL=info
 . "$root/tests/corpus.sh"
+. "$root/tests/wait.sh"
 fox_corpus "$build/worker/ddp-prep" "$tmp" 2000 --val-fraction 0.1
 cat >"$tmp/job.yaml" <<YAML
 name: eval-lost
@@ -36,15 +37,13 @@ DDP_TEST_EVAL_HANG=3:2 RUN_DIR="$tmp/run" "$root/deploy/launch-local.sh" 3 "$tmp
     >"$tmp/out.log" 2>&1 &
 launcher=$!
 fail=0
-deadline=$((SECONDS + 120))
-until grep -q "hangs as the evaluation after step 3 begins" "$tmp/run/rank-2.log" 2>/dev/null; do
-    if [ $SECONDS -ge $deadline ] || ! kill -0 "$launcher" 2>/dev/null; then
-        echo "not ok 1 - rank 2 never reached the evaluation after step 3"
-        tail -20 "$tmp/out.log"
-        exit 1
-    fi
-    sleep 0.05
-done
+hung() { grep -q "hangs as the evaluation after step 3 begins" "$tmp/run/rank-2.log" 2>/dev/null; }
+hung_or_over() { hung || ! kill -0 "$launcher" 2>/dev/null; } # the launcher ended without it
+if ! wait_until 120 hung_or_over || ! hung; then
+    echo "not ok 1 - rank 2 never reached the evaluation after step 3"
+    tail -20 "$tmp/out.log"
+    exit 1
+fi
 kill -KILL "$(cat "$tmp/run/rank-2.pid")"
 wait "$launcher"
 rc=$?

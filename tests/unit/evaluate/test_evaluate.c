@@ -12,6 +12,7 @@
 #include <cmocka.h>
 
 #include "common/file.h"
+#include "tests/unit/byte_symbol.h"
 #include "worker/evaluate/score.h"
 #include "worker/observe/metrics_sink.h"
 #include "worker/evaluate/task.h"
@@ -187,26 +188,6 @@ static void test_no_tokenizer_refused(void **state)
     fake_model.cfg.vocab_size = 50257;
     assert_int_equal(ddp_mc_scorer_init(&s, &fake_model, NULL, -1, 8, &ei), DDP_EINVAL);
     assert_non_null(strstr(ei.msg, "needs a tokenizer"));
-}
-
-/* Byte b in GPT-2's byte-level alphabet, UTF-8, JSON-escaped, into out. */
-static void byte_symbol(int b, char *out)
-{
-    int cp = b, next = 256;
-    for (int i = 0; i < 256; i++) {
-        int printable = (i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || i >= 0xae;
-        if (i == b) {
-            cp = printable ? i : next;
-            break;
-        }
-        if (!printable) next++;
-    }
-    if (cp == '"' || cp == '\\')
-        snprintf(out, 8, "\\%c", cp);
-    else if (cp < 0x80)
-        snprintf(out, 8, "%c", cp);
-    else
-        snprintf(out, 8, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
 }
 
 /* A byte-level BPE tokenizer.json text: the 256 bytes, "ab" = 256 (merge "a b"), the added

@@ -18,6 +18,7 @@ export DDP_WORKER=$worker DDP_LOG_LEVEL=info
 
 . "$here/../../tap.sh"
 . "$here/../../corpus.sh"
+. "$here/../../wait.sh"
 
 fox_corpus "$prep" "$tmp" 4000
 # 24 steps; the window (16) is full from step 17 on: the spike comes at step 20
@@ -91,10 +92,7 @@ el() { # name: 4 ranks of elastic.yaml, the loss spiking at step 12
 el straight4 || { not_ok "the straight 4-rank run"; diag "$tmp/straight4.log"; }
 DDP_TEST_HANG=8:2 el rejoin &
 pid=$!
-deadline=$((SECONDS + 60))
-until grep -q "hangs as step 8 begins" "$tmp/rejoin/rank-2.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do
-  sleep 0.02 # polls the log line the hook writes (a deadline, not a guess)
-done
+wait_until 60 grep -q "hangs as step 8 begins" "$tmp/rejoin/rank-2.log" # the line the hook writes
 kill -KILL "$(cat "$tmp/rejoin/rank-2.pid")" 2>/dev/null
 if wait "$pid"; then
   check "rejoined: the replacement took the state and the windows, logged" \

@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "tests/unit/byte_symbol.h"
 #include "worker/data/tokenizer.h"
 
 static char dir[64];
@@ -33,26 +34,6 @@ static int teardown(void **state)
 {
     unlink(path);
     return rmdir(dir);
-}
-
-/* Byte b in GPT-2's byte-level alphabet, UTF-8, into out (NUL-terminated; JSON-safe). */
-static void byte_symbol(int b, char *out)
-{
-    int cp = b, next = 256;
-    for (int i = 0; i < 256; i++) {
-        int printable = (i >= 0x21 && i <= 0x7e) || (i >= 0xa1 && i <= 0xac) || i >= 0xae;
-        if (i == b) {
-            cp = printable ? i : next;
-            break;
-        }
-        if (!printable) next++;
-    }
-    if (cp == '"' || cp == '\\')
-        snprintf(out, 8, "\\%c", cp);
-    else if (cp < 0x80)
-        snprintf(out, 8, "%c", cp);
-    else
-        snprintf(out, 8, "%c%c", 0xc0 | (cp >> 6), 0x80 | (cp & 0x3f));
 }
 
 /* Writes a tokenizer.json: ids 0..255 the bytes (but `skip_byte`, if >= 0), then `extra_vocab`
