@@ -22,22 +22,26 @@
 #include <uv.h>
 
 #include "daemon/coord.h"
+#include "daemon/userfs.h"
 
 static int result = -1;
 static const char *run_dir;
 
 /* D/flight/diagnosis.txt: the diagnosis line, written to a temporary file and renamed. */
+/* RUN_DIR/flight/diagnosis.txt := diag, never through a link (whoever runs the coordinator,
+ * root included: ddpd_userfile_replace_in). */
 static void write_diagnosis(const char *diag)
 {
-    char dir[4096], tmp[4200], path[4200];
+    char dir[4096], why[512] = "";
     snprintf(dir, sizeof dir, "%s/flight", run_dir);
     mkdir(run_dir, 0755);
     mkdir(dir, 0755);
-    snprintf(tmp, sizeof tmp, "%s/.diagnosis.txt.%ld", dir, (long)getpid());
-    snprintf(path, sizeof path, "%s/diagnosis.txt", dir);
-    FILE *f = fopen(tmp, "we");
-    if (!f || fprintf(f, "%s\n", diag) < 0 || fclose(f) != 0 || rename(tmp, path) != 0)
-        fprintf(stderr, "ddp-rdzv: cannot write %s: %s\n", path, strerror(errno));
+    char *text = NULL;
+    int n = asprintf(&text, "%s\n", diag);
+    if (n < 0 || ddpd_userfile_replace_in(dir, "diagnosis.txt", text, (size_t)n, why, sizeof why))
+        fprintf(stderr, "ddp-rdzv: cannot write %s/diagnosis.txt: %s\n", dir,
+                n < 0 ? "out of memory" : why);
+    free(text);
 }
 
 static void on_event(void *arg, json_t *ev)

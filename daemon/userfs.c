@@ -192,6 +192,9 @@ int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t le
     if (!plain_name(name)) return fail(why, whylen, -EINVAL, "'%s' is not a file name", name);
     char tmp[NAME_MAX + 1];
     int fd = -1;
+    /* randombytes_random below: sodium_init is idempotent, and the tools that write here
+     * (ddpctl, ddp-rdzv) do not call it at start as ddpd does */
+    if (sodium_init() < 0) return fail(why, whylen, -EIO, "libsodium cannot start");
     for (int tries = 0; fd < 0 && tries < 8; tries++) {
         snprintf(tmp, sizeof tmp, ".%.200s.%08x", name, randombytes_random());
         fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
@@ -219,5 +222,23 @@ int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t le
     if (rc == 0 && renameat(dirfd, tmp, dirfd, name) != 0)
         rc = fail(why, whylen, -errno, "cannot rename %s to %s: %s", tmp, name, strerror(errno));
     if (rc != 0) unlinkat(dirfd, tmp, 0);
+    return rc;
+}
+
+int ddpd_userfile_replace_in(const char *dir, const char *name, const void *data, size_t len,
+                             char *why, size_t whylen)
+{
+    int dfd = ddpd_dir_open(dir, (uint32_t)-1, why, whylen);
+    if (dfd < 0) return dfd;
+    struct stat st, ds;
+    int rc = 0;
+    if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
+        rc = fail(why, whylen, DDP_EPERM, "%s is %s: not written (a link is never followed)", name,
+                  S_ISLNK(st.st_mode) ? "a symlink" : "not a regular file");
+    else if (fstat(dfd, &ds) != 0)
+        rc = fail(why, whylen, -errno, "%s: %s", dir, strerror(errno));
+    else
+        rc = ddpd_userfile_write(dfd, name, data, len, ds.st_uid, ds.st_gid, 0644, why, whylen);
+    close(dfd);
     return rc;
 }

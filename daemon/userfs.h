@@ -60,4 +60,12 @@ int ddpd_userfile_read(const char *dir, const char *name, uint32_t owner, char *
 int ddpd_userfile_write(int dirfd, const char *name, const void *data, size_t len, uint32_t uid,
                         uint32_t gid, mode_t mode, char *why, size_t whylen);
 
+/* The file `name` in the directory `dir` := data[0..len), for a tool that may run as root in a
+ * user's directory (ddpctl dump, ddp-rdzv: RUN_DIR/flight/diagnosis.txt): dir is opened without
+ * following a link; a `name` there that is not a regular file (a symlink, a FIFO) is refused;
+ * otherwise ddpd_userfile_write replaces it, owned by the directory's owner. A link that appears
+ * after the check is replaced by the rename, not followed. Returns 0 or an error with why. */
+int ddpd_userfile_replace_in(const char *dir, const char *name, const void *data, size_t len,
+                             char *why, size_t whylen);
+
 #endif

@@ -94,32 +94,15 @@ static int dump_dir(const char *dir)
     return CTL_OK;
 }
 
-/* RUN_DIR/flight/diagnosis.txt := diag. flight/ is opened without following a link; a
- * diagnosis.txt there that is not a regular file (a symlink, a FIFO) is refused; otherwise the
- * text goes to a new file (O_CREAT|O_EXCL|O_NOFOLLOW), fsynced and renamed over it, owned by the
- * directory's owner when ddpctl is root (ddpd_userfile_write). A link that appears after the
- * check is replaced by the rename, not followed. Failure is reported on stderr, not fatal: the
- * diagnosis has been printed. */
+/* RUN_DIR/flight/diagnosis.txt := diag, never through a link (ddpd_userfile_replace_in: ddpctl
+ * may be root). Failure is reported on stderr, not fatal: the diagnosis has been printed. */
 static void write_diagnosis(const char *dir, const char *diag)
 {
     char flight[PATH_MAX + 16], why[512] = "", text[1100];
     snprintf(flight, sizeof flight, "%s/flight", dir);
-    int dfd = ddpd_dir_open(flight, (uint32_t)-1, why, sizeof why);
-    if (dfd < 0) {
-        fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, why);
-        return;
-    }
     int n = snprintf(text, sizeof text, "%s\n", diag);
-    struct stat st, ds;
-    if (fstatat(dfd, "diagnosis.txt", &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode))
-        fprintf(stderr, "ddpctl: %s/diagnosis.txt is %s: not written (a link is never followed)\n",
-                flight, S_ISLNK(st.st_mode) ? "a symlink" : "not a regular file");
-    else if (fstat(dfd, &ds) != 0)
-        fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, strerror(errno));
-    else if (ddpd_userfile_write(dfd, "diagnosis.txt", text, (size_t)n, ds.st_uid, ds.st_gid, 0644,
-                                 why, sizeof why) != 0)
+    if (ddpd_userfile_replace_in(flight, "diagnosis.txt", text, (size_t)n, why, sizeof why) != 0)
         fprintf(stderr, "ddpctl: cannot write %s/diagnosis.txt: %s\n", flight, why);
-    close(dfd);
 }
 
 int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
