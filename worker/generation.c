@@ -20,26 +20,41 @@
 #include "common/test_hook.h"
 #include "worker/observe/metrics_sink.h" /* metrics.jsonl teed to TensorBoard */
 
-/* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. */
+/* Rank 0 keeps RUN_DIR/metrics.jsonl open; a rank that is no longer rank 0 closes it. An elastic
+ * rank 0 goes on after the file's last step line, also when it kept the file open: another rank
+ * 0 may have written lines while this rank sat out a generation. */
 static int open_metrics(ddp_trainer_t *t)
 {
     if (t->world.rank != 0 && t->log.metrics) {
         ddp_metrics_sink_close(t->log.metrics);
         t->log.metrics = NULL;
     }
-    if (!t->opts.run_dir || t->world.rank != 0 || t->log.metrics) return 0;
+    if (!t->opts.run_dir || t->world.rank != 0) return 0;
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
+    /* every step has one line even when a step is redone */
+    if (t->member.elastic) t->log.logged_step = ddp_metrics_sink_last_step(path);
+    if (t->log.metrics) return 0;
     if (mkdir(t->opts.run_dir, 0755) != 0 && errno != EEXIST) {
         DDP_ERROR("cannot create the run directory %s: %s", t->opts.run_dir, strerror(errno));
         return -errno;
     }
-    char path[1100];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", t->opts.run_dir);
-    /* a new rank 0 of a later generation goes on after the last step line, so that every step
-     * has one line even when a step is redone */
-    if (t->member.elastic) t->log.logged_step = ddp_metrics_sink_last_step(path);
     int rc = ddp_metrics_sink_open(t->opts.run_dir, path, &t->log.metrics); /* + RUN_DIR/tb/ */
     if (rc) DDP_ERROR("cannot open %s: %s", path, ddp_strerror(rc));
     return rc;
+}
+
+/* A step no line was written for: rank 0 died between completing it and logging it, or the
+ * step committed on some ranks and not on others (a failure struck during its vote) and this
+ * rank 0 took the source's state of it (in this generation's transfer, or as a new process
+ * joining). Its line comes from the step's figures, which every rank holds (loss and norm are
+ * global) or received with the state. Only the step right after the file's last line: a run
+ * resumed from a checkpoint into a directory without those lines writes none for the steps
+ * before it. */
+void ddp__trainer_log_missed_step(ddp_trainer_t *t)
+{
+    if (t->log.metrics && t->pos.step > 0 && t->pos.step == t->log.logged_step + 1)
+        ddp_trainer_log_step(t, t->pos.last_loss, t->last.ms);
 }
 
 /* The collectives' view of the kernels' memory (ddp_coll_device_t), for a host-memory backend
@@ -247,11 +262,6 @@ int ddp_trainer_join_world(ddp_trainer_t *t, ddp_regroup_stats_t *st, ddp_errinf
     st->attach_ms = (double)(t3 - t2) / 1e6;
     if (t->member.gen.sync) DDP_CHECK(ddp__trainer_plan_transfer(t, &st->receivers, ei));
     st->state_ms = (double)(ddp_now_ns() - t3) / 1e6;
-    /* a step no line was written for: the old rank 0 died between completing it and logging
-     * it, or the source completed a step this rank did not (a failure struck between the
-     * step's commit on some ranks and on others); its line comes from the step's figures,
-     * which every rank holds (loss and norm are global) or received with the state */
-    if (t->log.metrics && t->pos.step > 0 && t->pos.step > t->log.logged_step)
-        ddp_trainer_log_step(t, t->pos.last_loss, t->last.ms);
+    ddp__trainer_log_missed_step(t);
     return 0;
 }

@@ -270,6 +270,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
         }
         if (rc) goto fail;
     }
+    if (t->member.elastic) ddp__trainer_log_missed_step(t); /* a new process as rank 0 */
     int cpu = !strcmp(ddp_k_name(&t->k), "cpu");
     if (t->world.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "

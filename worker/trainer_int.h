@@ -27,6 +27,9 @@ int ddp__trainer_attach_world(ddp_trainer_t *t, ddp_errinfo_t *ei);
  * ddp.state_transfer pause carries it out at once; *receivers gets how many ranks receive.
  * Collective. */
 int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *ei);
+/* After joining a generation (the first or a later one): rank 0 writes the line of a step that
+ * committed without one (see generation.c). */
+void ddp__trainer_log_missed_step(ddp_trainer_t *t);
 /* What the checkpoints see of the trainer (saving/saving.h), at start and at each change of the
  * world. */
 void ddp__trainer_checkpoint_view(ddp_trainer_t *t, ddp_saving_run_t *v);
