@@ -208,18 +208,22 @@ static void kill_cb(uv_timer_t *t)
         ddpd_remote_signal(j->d, i, j->id, SIGKILL);
 }
 
+int ddpd_job_signal_peers(ddpd_job_t *j, int sig)
+{
+    int remote = 0;
+    for (int r = 0; r < j->world && j->rank_node; r++) remote += j->rank_node[r] > 0;
+    for (int i = 0; remote && i < ddpd_peers_count(j->d); i++)
+        ddpd_remote_signal(j->d, i, j->id, sig);
+    return remote;
+}
+
 /* SIGTERM to every rank, SIGKILL after the grace period. */
 static void terminate(ddpd_job_t *j)
 {
     if (j->signalled) return;
     j->signalled = 1;
     for (int i = 0; i < j->n_local; i++) ddpd_proc_signal(&j->procs[i], SIGTERM);
-    int peers_used = 0;
-    for (int r = 0; r < j->world && j->rank_node; r++)
-        if (j->rank_node[r] > 0) peers_used = 1;
-    if (peers_used)
-        for (int i = 0; i < ddpd_peers_count(j->d); i++)
-            ddpd_remote_signal(j->d, i, j->id, SIGTERM);
+    ddpd_job_signal_peers(j, SIGTERM);
     uv_timer_start(&j->kill_timer, kill_cb, (uint64_t)(j->d->cfg.grace_s * 1000), 0);
 }
 

@@ -47,6 +47,12 @@ const char *ddpd_job_run_dir(const ddpd_job_t *j);
  * group: SIGUSR2 asks a rank for its flight recorder dump, collectives/flight.h; a rank that does
  * not catch it is left alone rather than ended). Returns how many were signalled. */
 int ddpd_job_signal_local(ddpd_job_t *j, int sig);
+/* Sends sig to the job's ranks on other nodes, through their daemons (SIGUSR2: a dump request,
+ * only to ranks that catch it). Returns how many of the job's ranks run elsewhere. */
+int ddpd_job_signal_peers(ddpd_job_t *j, int sig);
+/* 1 when the job's coordinator runs on this daemon (an elastic job): it gathers every rank's
+ * flight recorder dump and writes the diagnosis. */
+int ddpd_job_coordinated(const ddpd_job_t *j);
 /* Ranks of j placed on this node (live or not). */
 int ddpd_job_local_ranks(const ddpd_job_t *j);
 /* ddp_spec_warning's sentence for its spec, "" when none. */

@@ -22,30 +22,13 @@ uint32_t ddpd_job_uid(const ddpd_job_t *j) { return j->uid; }
 const char *ddpd_job_run_dir(const ddpd_job_t *j) { return j->run_dir; }
 const char *ddpd_job_warning(const ddpd_job_t *j) { return j->warning; }
 int ddpd_job_local_ranks(const ddpd_job_t *j) { return j->n_local; }
-
-/* 1 when process pid has a handler for sig (the SigCgt mask of /proc/PID/status): a signal it
- * does not catch, such as SIGUSR2 to a worker older than the flight recorder, would end it. */
-static int catches(int pid, int sig)
-{
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", pid);
-    FILE *f = fopen(path, "re");
-    if (!f) return 0;
-    unsigned long long mask = 0;
-    int found = 0;
-    while (!found && fgets(line, sizeof line, f))
-        found = sscanf(line, "SigCgt: %llx", &mask) == 1;
-    fclose(f);
-    return found && sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1);
-}
+int ddpd_job_coordinated(const ddpd_job_t *j) { return j->coord != NULL; }
 
 int ddpd_job_signal_local(ddpd_job_t *j, int sig)
 {
     int n = 0;
     for (int i = 0; i < j->n_local; i++)
-        if (j->procs[i].alive && j->procs[i].pid > 0 && catches(j->procs[i].pid, sig) &&
-            kill(j->procs[i].pid, sig) == 0)
-            n++;
+        n += ddpd_proc_request(&j->procs[i], sig);
     return n;
 }
 

@@ -282,11 +282,13 @@ static void m_dump(ddpd_session_t *s, json_t *id, json_t *params)
     }
     int64_t since = ddp_now_ns();
     int n = ddpd_job_signal_local(j, SIGUSR2);
-    DDP_INFO("job %lld: flight recorder dump requested of %d local rank(s)", jid, n);
-    reply(s, id, json_pack("{sI ss si si si sI}", "id", (json_int_t)jid, "run_dir",
-                           ddpd_job_run_dir(j), "signalled", n, "local",
-                           ddpd_job_local_ranks(j), "world", ddpd_job_world(j), "since_ns",
-                           (json_int_t)since));
+    int remote = ddpd_job_signal_peers(j, SIGUSR2); /* they dump on their own hosts */
+    DDP_INFO("job %lld: flight recorder dump requested of %d local rank(s) and %d elsewhere", jid,
+             n, remote);
+    reply(s, id, json_pack("{sI ss si si si si sb sI}", "id", (json_int_t)jid, "run_dir",
+                           ddpd_job_run_dir(j), "signalled", n, "local", ddpd_job_local_ranks(j),
+                           "remote", remote, "world", ddpd_job_world(j), "coordinated",
+                           ddpd_job_coordinated(j), "since_ns", (json_int_t)since));
 }
 
 /* ---- streams ---- */

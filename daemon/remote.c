@@ -244,10 +244,19 @@ static void guest_closed(ddpd_proc_t *p)
     guest_maybe_free(g);
 }
 
+/* The coordinator's signal to its job's ranks here: SIGUSR2 asks each for a flight recorder dump
+ * (ddpctl dump; only ranks that catch it, and the job goes on), any other ends them. */
 static void guests_signal(ddpd_t *d, ddpd_link_t *l, int64_t job, int sig)
 {
     for (guest_t *g = d->remote->guests; g; g = g->next)
         if (g->link == l && (job < 0 || g->job == job)) {
+            if (sig == SIGUSR2) {
+                int n = 0;
+                for (int i = 0; i < g->n; i++) n += ddpd_proc_request(&g->procs[i], sig);
+                DDP_INFO("job %lld: flight recorder dump requested of %d guest rank(s) here",
+                         (long long)g->job, n);
+                continue;
+            }
             g->signalled = 1;
             for (int i = 0; i < g->n; i++) ddpd_proc_signal(&g->procs[i], sig);
         }

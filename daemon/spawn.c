@@ -287,6 +287,27 @@ void ddpd_proc_release(ddpd_proc_t *p)
     uv_close(h, close_cb);
 }
 
+/* 1 when process pid has a handler for sig (the SigCgt mask of /proc/PID/status): a signal it
+ * does not catch, such as SIGUSR2 to a worker older than the flight recorder, would end it. */
+static int catches(int pid, int sig)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return 0;
+    unsigned long long mask = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "SigCgt: %llx", &mask) == 1;
+    fclose(f);
+    return found && sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1);
+}
+
+int ddpd_proc_request(ddpd_proc_t *p, int sig)
+{
+    return p->alive && p->pid > 0 && catches(p->pid, sig) && kill(p->pid, sig) == 0;
+}
+
 void ddpd_proc_signal(ddpd_proc_t *p, int sig)
 {
     if (!p->alive || p->pid <= 0) return;

@@ -93,6 +93,9 @@ int ddpd_proc_has_env(int pid, const char *kv);
 
 /* Sends sig to the rank's process group (falls back to the process). No-op when not alive. */
 void ddpd_proc_signal(ddpd_proc_t *p, int sig);
+/* A request by signal (SIGUSR2: a flight recorder dump), to the rank's process alone and only
+ * when it catches the signal, whose default action would end it. Returns 1 when sent. */
+int ddpd_proc_request(ddpd_proc_t *p, int sig);
 
 /* Makes a random hex token of 2*nbytes characters (nbytes <= 32) into out. */
 void ddpd_random_hex(char *out, size_t nbytes);

@@ -51,6 +51,27 @@ static int fresh_dumps(const char *dir, int64_t since_ns, json_t **dumps, int ma
     return n;
 }
 
+/* The elastic coordinator's diagnosis, RUN_DIR/flight/diagnosis.txt, when written after `asked`
+ * (its first line into out). Returns 1 when there is one. */
+static int coordinator_diagnosis(const char *dir, const struct timespec *asked, char *out,
+                                 size_t cap)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/flight/diagnosis.txt", dir);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC); /* maybe root's read */
+    struct stat st;
+    if (fd < 0) return 0;
+    int fresh = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                (st.st_mtim.tv_sec > asked->tv_sec ||
+                 (st.st_mtim.tv_sec == asked->tv_sec && st.st_mtim.tv_nsec >= asked->tv_nsec));
+    ssize_t got = fresh ? read(fd, out, cap - 1) : -1;
+    close(fd);
+    if (got <= 0) return 0;
+    out[got] = '\0';
+    out[strcspn(out, "\n")] = '\0';
+    return out[0] != 0;
+}
+
 /* "rank 3: 64 records, last allreduce #1842 started, waits on rank 2" */
 static void print_rank(json_t *d)
 {
@@ -130,6 +151,8 @@ int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
         return CTL_UNAVAILABLE;
     }
     json_t *res = NULL, *err = NULL;
+    struct timespec asked; /* an elastic coordinator's diagnosis.txt written after this is fresh */
+    clock_gettime(CLOCK_REALTIME_COARSE, &asked); /* the clock of files' times */
     rc = ddpd_client_call(&cl, "job.dump", json_pack("{sI}", "id", (json_int_t)id), &res, &err,
                           60000);
     ddpd_client_close(&cl);
@@ -146,21 +169,30 @@ int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
     snprintf(dir, sizeof dir, "%s", json_string_value(json_object_get(res, "run_dir")) ?: "");
     int want = (int)json_integer_value(json_object_get(res, "signalled"));
     int world = (int)json_integer_value(json_object_get(res, "world"));
+    /* ranks on other nodes dump in their nodes' run directories: with the job's coordinator on
+     * this daemon, its diagnosis (RUN_DIR/flight/diagnosis.txt) covers them */
+    int remote = (int)json_integer_value(json_object_get(res, "remote"));
+    int coordinated = json_is_true(json_object_get(res, "coordinated"));
     int64_t since = json_integer_value(json_object_get(res, "since_ns"));
     json_decref(res);
     json_t **dumps = calloc((size_t)(world > 0 ? world : 1) + 1, sizeof *dumps);
     if (!dumps) return CTL_ERROR;
     int n = 0;
     int64_t deadline = ddp_now_ns() + (int64_t)(timeout_s * 1e9);
-    for (;;) { /* the ranks' files are the event; nothing else tells of them */
+    char diag[1024], whole[1024] = "";
+    for (;;) { /* the files are the event; nothing else tells of them */
         for (int i = 0; i < n; i++) json_decref(dumps[i]);
         n = fresh_dumps(dir, since, dumps, world > 0 ? world : 1);
-        if (n >= want || ddp_now_ns() > deadline) break;
+        int all = !remote || !coordinated || coordinator_diagnosis(dir, &asked, whole, sizeof whole);
+        if ((n >= want && all) || ddp_now_ns() > deadline) break;
         nanosleep(&(struct timespec){0, 50000000}, NULL);
     }
-    char diag[1024];
     int drc = n ? ddp_flight_diagnose(dumps, (size_t)n, diag, sizeof diag) : DDP_EINVAL;
     if (!n) snprintf(diag, sizeof diag, "no rank answered within %.0f s", timeout_s);
+    if (whole[0]) { /* every rank's, this node's and the others' */
+        snprintf(diag, sizeof diag, "%s", whole);
+        drc = strncmp(whole, "no ", 3) != 0; /* "no collective is stuck", "no dump holds ..." */
+    }
     if (as_json) {
         json_t *arr = json_array();
         for (int i = 0; i < n; i++) json_array_append(arr, dumps[i]);
@@ -172,12 +204,17 @@ int ddpctl_dump(int argc, char **argv, const ddpctl_where_t *w, int as_json)
     } else {
         printf("job %lld: %d of %d rank(s) dumped to %s/flight\n", id, n, world, dir);
         for (int i = 0; i < n; i++) print_rank(dumps[i]);
+        if (remote)
+            printf("%d rank(s) on other nodes dumped to their nodes' run directories%s\n", remote,
+                   whole[0]  ? "; the coordinator's diagnosis covers every rank"
+                   : coordinated ? "; the coordinator's diagnosis did not come"
+                                 : "; the diagnosis covers this node's ranks only");
         printf("diagnosis: %s\n", diag);
     }
     if (n < want)
         fprintf(stderr, "ddpctl: %d of %d signalled rank(s) wrote no dump within %.0f s\n",
                 want - n, want, timeout_s);
-    if (n) write_diagnosis(dir, diag);
+    if (n && !whole[0]) write_diagnosis(dir, diag); /* the coordinator wrote its own */
     for (int i = 0; i < n; i++) json_decref(dumps[i]);
     free(dumps);
     return n ? CTL_OK : CTL_JOB_FAILED;
