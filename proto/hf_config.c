@@ -372,14 +372,14 @@ int ddp_spec_resolve_model(ddp_spec_t *s, ddp_errinfo_t *ei)
 {
     if (!s->init_from[0] && !s->config[0]) return 0;
     int rc;
-    if (s->config[0]) { /* proto/spec.c refuses it beside a preset or dimensions */
+    if (s->config[0]) { /* proto/spec_rules.c refuses it beside a preset or dimensions */
         rc = ddp_hf_config_read(s->config, &s->model, ei);
         if (rc) {
             ddp_errinfo_path(ei, "model.config");
             return rc == -ENOENT ? DDP_ESPEC : rc;
         }
     }
-    int known = s->model.n_layer != 0; /* proto/spec.c leaves it 0 for init_from alone */
+    int known = s->model.n_layer != 0; /* proto/spec_rules.c leaves it 0 for init_from alone */
     if (s->init_from[0]) {
         ddp_model_cfg_t c;
         char what[160];
@@ -410,7 +410,7 @@ int ddp_spec_resolve_model(ddp_spec_t *s, ddp_errinfo_t *ei)
             return DDP_ESPEC;
         }
     }
-    /* the rules of proto/spec.c that need the model */
+    /* the rules of proto/spec_rules.c that need the model */
     if (s->seq_len == 0) s->seq_len = s->model.block_size;
     if (s->seq_len > s->model.block_size) {
         ddp_errinfo_set(ei, DDP_ESPEC, "must be <= the model's block_size (%d, from its "

@@ -9,6 +9,11 @@
  * tie fields together are checked. ddp_spec_to_json (spec_out.c) writes the same table back,
  * so a spec round-trips through JSON to an identical struct.
  *
+ * This file holds the defaults, the table, the walk of the document and the parse state with its
+ * errors. Converting one value is spec_value.c's, a list field (a sequence of mappings) is
+ * spec_list.c's, and the defaults and rules after the walk are spec_rules.c's; the four share
+ * the second half of proto/spec_int.h.
+ *
  * JSON positions: jansson does not record where a value is. When a JSON spec is rejected for a
  * field, the text is read once more with libyaml (JSON is YAML flow syntax) only to find the
  * line and column of that field; if that fails they are 0.
@@ -20,7 +25,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -31,7 +35,6 @@
 
 #include "common/alloc.h"
 #include "common/file.h"
-#include "common/trace.h"
 #include "proto/spec_int.h"
 #include "proto/spec_tree.h"
 
@@ -366,8 +369,9 @@ const ddp__sfield_t ddp__spec_fields[] = {
 #define N_FIELDS (sizeof ddp__spec_fields / sizeof ddp__spec_fields[0])
 const size_t ddp__spec_n_fields = N_FIELDS;
 static const field_t *const FIELDS = ddp__spec_fields;
+_Static_assert(N_FIELDS <= DDP__SPEC_MAX_FIELDS, "raise DDP__SPEC_MAX_FIELDS in spec_int.h");
 
-static int field_index(const char *path)
+int ddp__spec_field_index(const char *path)
 {
     for (size_t i = 0; i < N_FIELDS; i++)
         if (!strcmp(FIELDS[i].path, path)) return (int)i;
@@ -377,19 +381,10 @@ static int field_index(const char *path)
 
 /* ---- parse state and errors ---------------------------------------------------------------- */
 
-typedef struct pstate {
-    ddp_spec_t *spec;
-    ddp_errinfo_t *ei;
-    const char *origin;
-    bool set[N_FIELDS];
-    int line[N_FIELDS], column[N_FIELDS]; /* value marks of the fields that were given */
-} pstate_t;
+typedef ddp__spec_pstate_t pstate_t;
 
-static int field_error(pstate_t *ps, const char *path, int line, int column, const char *fmt,
-                       ...) __attribute__((format(printf, 5, 6)));
-
-static int field_error(pstate_t *ps, const char *path, int line, int column, const char *fmt,
-                       ...)
+int ddp__spec_field_error(pstate_t *ps, const char *path, int line, int column, const char *fmt,
+                          ...)
 {
     if (!ps->ei) return DDP_ESPEC;
     ddp_errinfo_clear(ps->ei);
@@ -403,23 +398,8 @@ static int field_error(pstate_t *ps, const char *path, int line, int column, con
     return DDP_ESPEC;
 }
 
-/* Error about a field identified by its table index, at its value's mark (0 if defaulted). */
-static int idx_error(pstate_t *ps, int i, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int idx_error(pstate_t *ps, int i, const char *fmt, ...)
-{
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return field_error(ps, FIELDS[i].path, ps->set[i] ? ps->line[i] : 0,
-                       ps->set[i] ? ps->column[i] : 0, "%s", msg);
-}
-
 /* How a value is shown in a message: strings quoted, containers by kind. */
-static const char *repr(const ddp__snode_t *n, char *buf, size_t len)
+const char *ddp__spec_repr(const ddp__snode_t *n, char *buf, size_t len)
 {
     if (n->kind == DDP__SN_MAP) return "a mapping";
     if (n->kind == DDP__SN_SEQ) return "a sequence";
@@ -432,366 +412,12 @@ static const char *repr(const ddp__snode_t *n, char *buf, size_t len)
     return buf;
 }
 
-/* What is allowed: "an integer >= 1", "a number > 0 and <= 10". A large upper bound (a sanity
- * limit, not a real constraint) is shown only to a value that breaks it. `v` is the value given,
- * NAN when it is not a number. */
-static void describe(const field_t *f, double v, char *buf, size_t len)
-{
-    const char *what = f->type == DDP__FT_INT ? "an integer" : "a number";
-    char lo[32], hi[32];
-    snprintf(lo, sizeof lo, "%.15g", f->lo);
-    snprintf(hi, sizeof hi, "%.15g", f->hi);
-    bool big = f->hi >= 65536;
-    if (big && !isnan(v) && v > f->lo)
-        snprintf(buf, len, "%s %s %s", what, f->hi_open ? "<" : "<=", hi);
-    else if (big)
-        snprintf(buf, len, "%s %s %s", what, f->lo_open ? ">" : ">=", lo);
-    else if (f->type == DDP__FT_INT)
-        snprintf(buf, len, "%s in %s..%s", what, lo, hi);
-    else
-        snprintf(buf, len, "%s %s %s and %s %s", what, f->lo_open ? ">" : ">=", lo,
-                 f->hi_open ? "<" : "<=", hi);
-}
-
-static void list_choices(const char *const *ch, char *buf, size_t len)
+void ddp__spec_list_choices(const char *const *ch, char *buf, size_t len)
 {
     size_t n = 0;
     buf[0] = '\0';
     for (size_t i = 0; ch[i] && n < len; i++)
         n += snprintf(buf + n, len - n, "%s%s", i ? ", " : "", ch[i]);
-}
-
-/* ---- scalar conversion --------------------------------------------------------------------- */
-
-/* Strict integer: JSON integer, an integral JSON real, or YAML plain text that is a decimal
- * integer or an integral number written with an exponent (5e5). */
-static bool to_integer(const ddp__snode_t *n, long long *out)
-{
-    if (n->kind != DDP__SN_SCALAR) return false;
-    if (n->stype == DDP__SC_INT) {
-        *out = n->ival;
-        return true;
-    }
-    double d;
-    if (n->stype == DDP__SC_REAL) {
-        d = n->rval;
-    } else if (n->stype == DDP__SC_PLAIN) {
-        const char *s = n->text;
-        char *end;
-        errno = 0;
-        long long v = strtoll(s, &end, 10);
-        if (end != s && !*end && errno == 0) {
-            *out = v;
-            return true;
-        }
-        if (!strpbrk(s, "eE") || strpbrk(s, "xXnN")) return false;
-        d = strtod(s, &end);
-        if (end == s || *end) return false;
-    } else {
-        return false;
-    }
-    if (!isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0) return false;
-    *out = (long long)d;
-    return true;
-}
-
-/* Strict finite number: JSON number, or YAML plain decimal text (no hex, inf or nan). */
-static bool to_number(const ddp__snode_t *n, double *out)
-{
-    if (n->kind != DDP__SN_SCALAR) return false;
-    if (n->stype == DDP__SC_INT) {
-        *out = (double)n->ival;
-        return true;
-    }
-    if (n->stype == DDP__SC_REAL) {
-        *out = n->rval;
-        return true;
-    }
-    if (n->stype != DDP__SC_PLAIN || strpbrk(n->text, "xXnNiI")) return false;
-    char *end;
-    double d = strtod(n->text, &end);
-    if (end == n->text || *end || !isfinite(d)) return false;
-    *out = d;
-    return true;
-}
-
-static bool to_bool(const ddp__snode_t *n, int *out)
-{
-    if (n->kind != DDP__SN_SCALAR) return false;
-    if (n->stype == DDP__SC_BOOL) {
-        *out = n->bval;
-        return true;
-    }
-    if (n->stype != DDP__SC_PLAIN) return false;
-    static const char *const T[] = {"true", "yes", "on"}, *const F[] = {"false", "no", "off"};
-    for (int i = 0; i < 3; i++) {
-        if (!strcasecmp(n->text, T[i])) return (*out = 1), true;
-        if (!strcasecmp(n->text, F[i])) return (*out = 0), true;
-    }
-    return false;
-}
-
-/* Text of a string field: any scalar but a JSON/YAML bool or number typed by JSON is accepted as
- * its text (YAML `name: 123` is the name "123"); null is "". */
-static bool to_text(const ddp__snode_t *n, const char **out)
-{
-    if (n->kind != DDP__SN_SCALAR || n->stype == DDP__SC_BOOL) return false;
-    *out = n->stype == DDP__SC_NULL ? "" : n->text;
-    return true;
-}
-
-int ddp_spec_parse_bytes(const char *text, int64_t *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(text, &end);
-    if (end == text || errno || !(x >= 0)) return DDP_EINVAL;
-    while (*end == ' ') end++;
-    static const struct {
-        const char *unit;
-        double mult;
-    } U[] = {{"", 1},          {"B", 1},          {"kB", 1e3},          {"KB", 1e3},
-             {"KiB", 1024.0},  {"k", 1024.0},     {"K", 1024.0},        {"MB", 1e6},
-             {"MiB", 1 << 20}, {"M", 1 << 20},    {"GB", 1e9},          {"GiB", 1 << 30},
-             {"G", 1 << 30},   {"TB", 1e12},      {"TiB", 1099511627776.0}, {"T", 1099511627776.0}};
-    for (size_t i = 0; i < sizeof U / sizeof U[0]; i++)
-        if (!strcmp(end, U[i].unit)) {
-            double b = x * U[i].mult;
-            if (b >= 9.2e18) return DDP_EINVAL;
-            *out = (int64_t)b;
-            return 0;
-        }
-    return DDP_EINVAL;
-}
-
-/* A byte count: an integer, or a string that ddp_spec_parse_bytes reads. */
-static bool to_bytes(const ddp__snode_t *n, int64_t *out)
-{
-    long long v;
-    if (to_integer(n, &v)) {
-        *out = v;
-        return v >= 0;
-    }
-    const char *s;
-    return to_text(n, &s) && ddp_spec_parse_bytes(s, out) == 0;
-}
-
-static void store_int(void *p, size_t size, long long v)
-{
-    if (size == sizeof(int))
-        *(int *)p = (int)v;
-    else
-        *(long *)p = (long)v;
-}
-
-static bool in_range(const field_t *f, double v)
-{
-    if (f->lo_open ? !(v > f->lo) : !(v >= f->lo)) return false;
-    if (f->hi >= NO_MAX) return true;
-    return f->hi_open ? v < f->hi : v <= f->hi;
-}
-
-static int set_list(pstate_t *ps, const field_t *f, const char *path, char *dst,
-                    const ddp__snode_t *n);
-
-/* Converts one value of field f (named `path` in errors, at the value's mark) into dst. */
-static int convert(pstate_t *ps, const field_t *f, const char *path, char *dst,
-                   const ddp__snode_t *n)
-{
-    char rb[96], want[128];
-#define BAD(...) field_error(ps, path, n->line, n->column, __VA_ARGS__)
-
-    switch (f->type) {
-    case DDP__FT_INT: {
-        long long v;
-        bool ok = to_integer(n, &v);
-        describe(f, ok ? (double)v : NAN, want, sizeof want);
-        if (!ok || !in_range(f, (double)v))
-            return BAD("must be %s, got %s", want, repr(n, rb, sizeof rb));
-        store_int(dst, f->size, v);
-        return 0;
-    }
-    case DDP__FT_SEED: {
-        long long v;
-        if (!to_integer(n, &v) || v < 0)
-            return BAD("must be an integer >= 0, got %s", repr(n, rb, sizeof rb));
-        *(uint64_t *)dst = (uint64_t)v;
-        return 0;
-    }
-    case DDP__FT_NUM: {
-        double v;
-        bool ok = to_number(n, &v);
-        describe(f, ok ? v : NAN, want, sizeof want);
-        if (!ok || !in_range(f, v))
-            return BAD("must be %s, got %s", want, repr(n, rb, sizeof rb));
-        *(double *)dst = v;
-        return 0;
-    }
-    case DDP__FT_PAIR: {
-        double v[2];
-        if (n->kind != DDP__SN_SEQ || n->n != 2)
-            return BAD("must be a sequence of two numbers >= 0 and < 1 "
-                                    "([beta1, beta2]), got %s", repr(n, rb, sizeof rb));
-        for (int k = 0; k < 2; k++) {
-            const ddp__snode_t *e = n->entries[k].val;
-            if (!to_number(e, &v[k]) || !(v[k] >= 0 && v[k] < 1))
-                return field_error(ps, path, e->line, e->column,
-                                   "entry %d must be a number >= 0 and < 1, got %s", k,
-                                   repr(e, rb, sizeof rb));
-        }
-        memcpy(dst, v, sizeof v);
-        return 0;
-    }
-    case DDP__FT_BOOL: {
-        int v;
-        if (!to_bool(n, &v))
-            return BAD("must be true or false, got %s", repr(n, rb, sizeof rb));
-        *(int *)dst = v;
-        return 0;
-    }
-    case DDP__FT_STR: {
-        const char *s;
-        if (!to_text(n, &s))
-            return BAD("must be a string, got %s", repr(n, rb, sizeof rb));
-        if (strlen(s) >= f->size)
-            return BAD("must be at most %zu bytes long, got %zu", f->size - 1,
-                             strlen(s));
-        snprintf(dst, f->size, "%s", s);
-        return 0;
-    }
-    case DDP__FT_ENUM:
-    case DDP__FT_CHOICE: {
-        const char *s = NULL;
-        list_choices(f->choices, want, sizeof want);
-        if (to_text(n, &s))
-            for (int k = 0; f->choices[k]; k++)
-                if (!strcmp(s, f->choices[k])) {
-                    if (f->type == DDP__FT_ENUM)
-                        *(int *)dst = k;
-                    else
-                        snprintf(dst, f->size, "%s", s);
-                    return 0;
-                }
-        return BAD("must be one of %s; got %s", want, repr(n, rb, sizeof rb));
-    }
-    case DDP__FT_BYTES:
-        if (!to_bytes(n, (int64_t *)dst))
-            return BAD("must be a size in bytes >= 0, as a number or with a unit "
-                                    "(\"8GiB\", \"512MB\"), got %s", repr(n, rb, sizeof rb));
-        return 0;
-    case DDP__FT_PRESET: {
-        const char *s = NULL;
-        if (to_text(n, &s) && ddp_spec_preset(s, &ps->spec->model) == 0) {
-            snprintf(dst, f->size, "%s", s);
-            return 0;
-        }
-        char names[160];
-        size_t k = 0;
-        names[0] = '\0';
-        for (size_t p = 0; p < ddp__spec_n_presets; p++)
-            k += snprintf(names + k, sizeof names - k, "%s%s", p ? ", " : "",
-                          ddp__spec_presets[p].name);
-        return BAD("must be one of %s; got %s", names, repr(n, rb, sizeof rb));
-    }
-    case DDP__FT_LIST: return set_list(ps, f, path, dst, n);
-    }
-#undef BAD
-    return 0;
-}
-
-/* The keys of a list's items, for a message: "name, path, weight". */
-static void item_keys(const ddp__slist_t *L, char *buf, size_t len)
-{
-    size_t k = 0;
-    buf[0] = '\0';
-    for (size_t j = 0; j < L->n_items && k < len; j++)
-        k += (size_t)snprintf(buf + k, len - k, "%s%s", j ? ", " : "", L->items[j].path);
-}
-
-/* One item of a list: a mapping of its keys; required keys given and not empty, a name valid
- * and unlike the earlier items' (`k` of them, before it in `base`). */
-static int set_item(pstate_t *ps, const ddp__slist_t *L, const char *path, char *base, int k,
-                    const ddp__snode_t *n)
-{
-    char rb[96], keys[128], key_path[320];
-    char *item = base + (size_t)k * L->item_size;
-    item_keys(L, keys, sizeof keys);
-    if (n->kind != DDP__SN_MAP)
-        return field_error(ps, path, n->line, n->column, "must be a mapping of %s, got %s",
-                           keys, repr(n, rb, sizeof rb));
-    memcpy(item, L->defaults, L->item_size);
-    bool given[8] = {false};
-    for (size_t e = 0; e < n->n; e++) {
-        const ddp__sentry_t *en = &n->entries[e];
-        snprintf(key_path, sizeof key_path, "%s.%.100s", path, en->key);
-        size_t j = 0;
-        while (j < L->n_items && strcmp(L->items[j].path, en->key)) j++;
-        if (j == L->n_items)
-            return field_error(ps, key_path, en->key_line, en->key_column,
-                               "unknown key; allowed here: %s", keys);
-        const field_t *f = &L->items[j];
-        DDP_CHECK(convert(ps, f, key_path, item + f->off, en->val));
-        given[j] = true;
-        if (f->type == DDP__FT_STR && f->required && !item[f->off])
-            return field_error(ps, key_path, en->val->line, en->val->column,
-                               "must not be empty");
-        if (strcmp(f->path, "name")) continue;
-        if (!ddp_spec_name_ok(item + f->off))
-            return field_error(ps, key_path, en->val->line, en->val->column,
-                               "must use only letters, digits, '-', '_' and '.', and not start "
-                               "with '-' or '.', got \"%s\"", item + f->off);
-        for (int o = 0; o < k; o++)
-            if (!strcmp(base + (size_t)o * L->item_size + f->off, item + f->off))
-                return field_error(ps, key_path, en->val->line, en->val->column,
-                                   "\"%s\" is the name of entry %d too: names are unique",
-                                   item + f->off, o);
-    }
-    for (size_t j = 0; j < L->n_items; j++)
-        if (L->items[j].required && !given[j])
-            return field_error(ps, path, n->line, n->column, "needs `%s` (an entry is %s)",
-                               L->items[j].path, keys);
-    return 0;
-}
-
-/* A list field: a sequence of items, or (where the list allows) a string that is one item. */
-static int set_list(pstate_t *ps, const field_t *f, const char *path, char *dst,
-                    const ddp__snode_t *n)
-{
-    const ddp__slist_t *L = f->list;
-    int *count = (int *)((char *)ps->spec + L->count_off);
-    char rb[96], keys[128], item_path[200];
-    *count = 0;
-    memset(dst, 0, f->size);
-    item_keys(L, keys, sizeof keys);
-    if (L->from_string && n->kind == DDP__SN_SCALAR) {
-        const char *text;
-        size_t j = 0;
-        while (strcmp(L->items[j].path, L->from_string)) j++;
-        if (!to_text(n, &text))
-            return field_error(ps, path, n->line, n->column,
-                               "must be a string or a list of mappings (%s), got %s", keys,
-                               repr(n, rb, sizeof rb));
-        *(int *)((char *)ps->spec + L->listed_off) = 0;
-        if (!text[0]) return 0; /* none */
-        memcpy(dst, L->defaults, L->item_size);
-        DDP_CHECK(convert(ps, &L->items[j], path, dst + L->items[j].off, n));
-        *count = 1;
-        return 0;
-    }
-    if (n->kind == DDP__SN_SCALAR && n->stype == DDP__SC_NULL) return 0; /* `eval:` alone */
-    if (n->kind != DDP__SN_SEQ)
-        return field_error(ps, path, n->line, n->column, "must be %sa list of mappings (%s), got %s",
-                           L->from_string ? "a string or " : "", keys, repr(n, rb, sizeof rb));
-    if (n->n > (size_t)L->max)
-        return field_error(ps, path, n->line, n->column,
-                           "must have at most %d entries, got %zu", L->max, n->n);
-    if (L->from_string) *(int *)((char *)ps->spec + L->listed_off) = 1;
-    for (size_t k = 0; k < n->n; k++) {
-        snprintf(item_path, sizeof item_path, "%s[%zu]", path, k);
-        DDP_CHECK(set_item(ps, L, item_path, dst, (int)k, n->entries[k].val));
-    }
-    *count = (int)n->n;
-    return 0;
 }
 
 /* Converts and stores the value of FIELDS[i], remembering where it was given. */
@@ -800,7 +426,7 @@ static int set_field(pstate_t *ps, int i, const ddp__snode_t *n)
     ps->set[i] = true;
     ps->line[i] = n->line;
     ps->column[i] = n->column;
-    return convert(ps, &FIELDS[i], FIELDS[i].path, (char *)ps->spec + FIELDS[i].off, n);
+    return ddp__spec_convert(ps, &FIELDS[i], FIELDS[i].path, (char *)ps->spec + FIELDS[i].off, n);
 }
 
 /* ---- walking the document ------------------------------------------------------------------ */
@@ -811,7 +437,7 @@ static int unknown_key(pstate_t *ps, const char *section, const ddp__sentry_t *e
     size_t k = 0, plen = section ? strlen(section) : 0;
     allowed[0] = '\0';
     if (!section) {
-        list_choices(SECTIONS, allowed, sizeof allowed);
+        ddp__spec_list_choices(SECTIONS, allowed, sizeof allowed);
     } else {
         for (size_t i = 0; i < N_FIELDS; i++)
             if (!strncmp(FIELDS[i].path, section, plen) && FIELDS[i].path[plen] == '.')
@@ -821,8 +447,8 @@ static int unknown_key(pstate_t *ps, const char *section, const ddp__sentry_t *e
     char path[200];
     snprintf(path, sizeof path, "%s%s%.100s", section ? section : "", section ? "." : "",
              e->key);
-    return field_error(ps, path, e->key_line, e->key_column, "unknown key; allowed here: %s",
-                       allowed);
+    return ddp__spec_field_error(ps, path, e->key_line, e->key_column,
+                                 "unknown key; allowed here: %s", allowed);
 }
 
 static int walk_section(pstate_t *ps, const char *section, const ddp__sentry_t *se)
@@ -831,8 +457,9 @@ static int walk_section(pstate_t *ps, const char *section, const ddp__sentry_t *
     char rb[96];
     if (m->kind == DDP__SN_SCALAR && m->stype == DDP__SC_NULL) return 0; /* `train:` alone */
     if (m->kind != DDP__SN_MAP)
-        return field_error(ps, section, m->line, m->column, "must be a mapping of keys, got %s",
-                           repr(m, rb, sizeof rb));
+        return ddp__spec_field_error(ps, section, m->line, m->column,
+                                     "must be a mapping of keys, got %s",
+                                     ddp__spec_repr(m, rb, sizeof rb));
     for (size_t j = 0; j < m->n; j++) {
         const ddp__sentry_t *e = &m->entries[j];
         char path[200];
@@ -850,182 +477,26 @@ static int walk(pstate_t *ps, const ddp__snode_t *root)
 {
     char rb[96];
     if (!root)
-        return field_error(ps, "data.train", 0, 0,
-                           "is required (the spec is empty): a glob of token shards such as "
-                           "data/train_*.bin");
+        return ddp__spec_field_error(
+            ps, "data.train", 0, 0,
+            "is required (the spec is empty): a glob of token shards such as "
+            "data/train_*.bin");
     if (root->kind != DDP__SN_MAP)
-        return field_error(ps, ps->origin, root->line, root->column,
-                           "a spec must be a mapping (name, model, data, train, eval, ddp, "
-                           "checkpoint, limits), got %s", repr(root, rb, sizeof rb));
+        return ddp__spec_field_error(
+            ps, ps->origin, root->line, root->column,
+            "a spec must be a mapping (name, model, data, train, eval, ddp, "
+            "checkpoint, limits), got %s",
+            ddp__spec_repr(root, rb, sizeof rb));
     for (size_t j = 0; j < root->n; j++) {
         const ddp__sentry_t *e = &root->entries[j];
         int k = 0;
         while (SECTIONS[k] && strcmp(e->key, SECTIONS[k])) k++;
         if (!SECTIONS[k]) return unknown_key(ps, NULL, e);
         if (!strcmp(e->key, "name") || !strcmp(e->key, "eval")) /* the top-level fields */
-            DDP_CHECK(set_field(ps, field_index(e->key), e->val));
+            DDP_CHECK(set_field(ps, ddp__spec_field_index(e->key), e->val));
         else
             DDP_CHECK(walk_section(ps, e->key, e));
     }
-    return 0;
-}
-
-/* ---- defaults that depend on other fields, and cross-field rules --------------------------- */
-
-/* The reference lists these rules in words (spec_out.c, RULES): change both together. */
-
-#define SET(path) ps->set[field_index(path)]
-
-/* The decay of a wsd schedule: its length given once, only for wsd, and between the warmup and
- * the end (decay_steps 0: decay_frac of train.steps, computed where it is used, so that a resume
- * with another train.steps keeps the fraction). */
-static int finish_schedule(pstate_t *ps)
-{
-    ddp_spec_t *s = ps->spec;
-    static const char *const WSD_ONLY[] = {"train.decay_steps", "train.decay_frac",
-                                           "train.decay_shape"};
-    if (s->schedule != DDP_SCHED_WSD) {
-        for (int k = 0; k < 3; k++)
-            if (SET(WSD_ONLY[k]))
-                return idx_error(ps, field_index(WSD_ONLY[k]),
-                                 "applies only to train.schedule: wsd (the schedule is %s)",
-                                 s->schedule == DDP_SCHED_COSINE ? "cosine" : "constant");
-        return 0;
-    }
-    if (SET("train.decay_steps") && SET("train.decay_frac"))
-        return idx_error(ps, field_index("train.decay_frac"),
-                         "give train.decay_steps or train.decay_frac, not both");
-    long decay = s->decay_steps ? s->decay_steps : lround(s->decay_frac * (double)s->steps);
-    int i = field_index(s->decay_steps ? "train.decay_steps" : "train.decay_frac");
-    if (decay < 1)
-        return idx_error(ps, i, "gives a decay of %ld steps: it must be at least 1", decay);
-    if (decay > s->steps - s->warmup)
-        return idx_error(ps, i,
-                         "gives a decay of %ld steps, more than the %ld after the warmup "
-                         "(train.steps %ld - train.warmup %ld)",
-                         decay, s->steps - s->warmup, s->steps, s->warmup);
-    return 0;
-}
-
-static int finish(pstate_t *ps, const ddp__snode_t *root)
-{
-    ddp_spec_t *s = ps->spec;
-    static const char *const DIMS[] = {"model.n_layer", "model.n_head", "model.n_embd",
-                                       "model.vocab_size", "model.block_size"};
-    int ndims = 0, first_dim = -1;
-    for (int d = 0; d < 5; d++)
-        if (SET(DIMS[d])) ndims++, first_dim = first_dim < 0 ? d : first_dim;
-
-    /* name */
-    if (!s->name[0]) return idx_error(ps, field_index("name"), "must not be empty");
-    if (!ddp_spec_name_ok(s->name))
-        return idx_error(ps, field_index("name"),
-                         "must use only letters, digits, '-', '_' and '.', and not start with "
-                         "'-' or '.', got \"%s\"", s->name);
-
-    /* model: a preset, all five dimensions or model.config; init_from needs one of them or a
-     * config.json of its own */
-    int by_config = SET("model.config") && s->config[0];
-    if (by_config && (SET("model.preset") || ndims))
-        return idx_error(ps, field_index("model.config"),
-                         "cannot be combined with model.preset or the dimensions: the model is "
-                         "the config's");
-    if (SET("model.preset") && ndims)
-        return idx_error(ps, field_index(DIMS[first_dim]),
-                         "cannot be combined with model.preset: give a preset or all of "
-                         "n_layer, n_head, n_embd, vocab_size, block_size");
-    if (!SET("model.preset") && ndims) {
-        s->preset[0] = '\0';
-        for (int d = 0; d < 5; d++) {
-            if (SET(DIMS[d])) continue;
-            const ddp__sentry_t *me = ddp__stree_find(root, "model");
-            return field_error(ps, DIMS[d], me ? me->key_line : 0, me ? me->key_column : 0,
-                               "is required when the model is given by dimensions (n_layer, "
-                               "n_head, n_embd, vocab_size, block_size)");
-        }
-        if (s->model.n_embd % s->model.n_head)
-            return idx_error(ps, field_index("model.n_embd"),
-                             "must be divisible by model.n_head (%d), got %d", s->model.n_head,
-                             s->model.n_embd);
-    }
-    /* init_from alone: the architecture is its config.json's, read where the files are (the
-     * worker: ddp_spec_resolve_model, proto/hf_config.h); until then the model is all zeros
-     * and seq_len 0 means "block_size" */
-    int arch_later = by_config ||
-                     (SET("model.init_from") && s->init_from[0] && !SET("model.preset") && !ndims);
-    if (arch_later) {
-        s->preset[0] = '\0';
-        memset(&s->model, 0, sizeof s->model);
-    }
-
-    /* data */
-    if (s->n_train == 0) {
-        const ddp__sentry_t *de = ddp__stree_find(root, "data");
-        int i = field_index("data.train");
-        if (ps->set[i]) return idx_error(ps, i, "must not be empty");
-        return field_error(ps, "data.train", de ? de->key_line : 0, de ? de->key_column : 0,
-                           "is required: a glob of token shards such as data/train_*.bin");
-    }
-
-    /* train */
-    if (!SET("train.seq_len")) s->seq_len = s->model.block_size;
-    if (!arch_later && s->seq_len > s->model.block_size)
-        return idx_error(ps, field_index("train.seq_len"),
-                         "must be <= model.block_size (%d), got %d", s->model.block_size,
-                         s->seq_len);
-    long per = (long)s->micro_batch * s->seq_len;
-    if (per && s->global_batch_tokens % per)
-        return idx_error(ps, field_index("train.global_batch_tokens"),
-                         "must be 0 (one micro-batch per rank) or a multiple of "
-                         "train.micro_batch * train.seq_len = %ld, got %ld",
-                         per, s->global_batch_tokens);
-    if (SET("train.betas") && (SET("train.beta1") || SET("train.beta2")))
-        return idx_error(ps, field_index("train.betas"),
-                         "give betas or beta1/beta2, not both");
-    if (!SET("train.min_lr")) s->min_lr = s->schedule == DDP_SCHED_WSD ? 0 : s->lr / 10;
-    if (s->min_lr > s->lr)
-        return idx_error(ps, field_index("train.min_lr"), "must be <= train.lr (%g), got %g",
-                         s->lr, s->min_lr);
-    if (!ddp_trace_steps_valid(s->trace))
-        return idx_error(ps, field_index("train.trace"),
-                         "must be \"N\" or \"N-M\" (steps to trace, 1 <= N <= M), got \"%s\"",
-                         s->trace);
-    if (s->warmup > 0 && s->warmup >= s->steps)
-        return idx_error(ps, field_index("train.warmup"), "must be < train.steps (%ld), got %ld",
-                         s->steps, s->warmup);
-    DDP_CHECK(finish_schedule(ps));
-    static const char *const Z[] = {"train.skip_loss_z", "train.skip_norm_z"};
-    double z_max = sqrt((double)s->skip_window - 1);
-    for (int k = 0; k < 2; k++) {
-        double z = k ? s->skip_norm_z : s->skip_loss_z;
-        if (z > 0 && z >= z_max)
-            return idx_error(ps, field_index(Z[k]),
-                             "must be below sqrt(train.skip_window - 1) = %.4g, the largest "
-                             "z-score a window of %d can give (it could never skip), got %g",
-                             z_max, s->skip_window, z);
-    }
-
-    /* ddp */
-    if (!SET("ddp.min_workers")) s->min_workers = s->workers;
-    if (!SET("ddp.max_workers")) s->max_workers = s->workers;
-    if (s->min_workers > s->workers)
-        return idx_error(ps, field_index("ddp.min_workers"),
-                         "must be <= ddp.workers (%d), got %d", s->workers, s->min_workers);
-    if (s->max_workers < s->workers)
-        return idx_error(ps, field_index("ddp.max_workers"),
-                         "must be >= ddp.workers (%d), got %d", s->workers, s->max_workers);
-    if (s->first_bucket_mb > s->bucket_mb && SET("ddp.first_bucket_mb"))
-        return idx_error(ps, field_index("ddp.first_bucket_mb"),
-                         "must be <= ddp.bucket_mb (%g), got %g", s->bucket_mb,
-                         s->first_bucket_mb);
-
-    /* checkpoint */
-    if (SET("checkpoint.every") && s->ckpt_every > 0 && !s->ckpt_dir[0])
-        return idx_error(ps, field_index("checkpoint.every"),
-                         "needs checkpoint.dir (where to write the checkpoints)");
-    if (s->writers > s->max_workers)
-        return idx_error(ps, field_index("checkpoint.writers"),
-                         "must be <= ddp.max_workers (%d), got %d", s->max_workers, s->writers);
     return 0;
 }
 
@@ -1079,7 +550,7 @@ int ddp_spec_parse(ddp_spec_t *spec, const char *text, size_t len, const char *o
     ps->origin = origin;
     ddp_spec_defaults(spec);
     rc = walk(ps, tree.root);
-    if (!rc) rc = finish(ps, tree.root);
+    if (!rc) rc = ddp__spec_finish(ps, tree.root);
     ddp__stree_free(&tree);
     free(ps);
     if (rc && json) json_locate(text, len, ei);

@@ -101,7 +101,7 @@ char *ddp_spec_to_json(const ddp_spec_t *s)
             (!s->model.n_layer || s->config[0] || s->model.arch != DDP_ARCH_GPT2))
             continue;
         if (!strcmp(f->path, "train.seq_len") && !s->seq_len) continue;  /* block_size, later */
-        /* min_lr at the default it would be derived as (spec.c): left out, so that --set of
+        /* min_lr at the default it would be derived as (spec_rules.c): left out, so that --set of
          * train.lr or train.schedule moves it as the default does */
         if (!strcmp(f->path, "train.min_lr") &&
             s->min_lr == (s->schedule == DDP_SCHED_WSD ? 0 : s->lr / 10))
@@ -160,7 +160,7 @@ static const char INTRO[] =
     "checkpoint: {dir: runs/shakespeare/checkpoints, every: 200, keep_last: 3, writers: 1}\n"
     "```\n";
 
-/* What finish() in spec.c checks, in words (keep the two in step). */
+/* What ddp__spec_finish in spec_rules.c checks, in words (keep the two in step). */
 static const char RULES[] =
     "## Rules between fields\n"
     "\n"
@@ -227,7 +227,7 @@ static void list_names(char *buf, size_t len, const char *const *names, size_t n
         k += (size_t)snprintf(buf + k, len - k, "%s`%s`", i ? ", " : "", names[i]);
 }
 
-/* What the validator accepts, from the field's type and range (spec.c's in_range). */
+/* What the validator accepts, from the field's type and range (spec_value.c's in_range). */
 static void allowed(const field_t *f, char *buf, size_t len)
 {
     char lo[32], hi[32];

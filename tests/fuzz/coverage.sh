@@ -13,7 +13,8 @@ cc=${FUZZ_CC:-clang}
 cov=$out/coverage
 mkdir -p "$cov"
 common=(common/err.c common/log.c common/alloc.c common/file.c common/crc32c.c)
-proto=(proto/spec.c proto/spec_out.c proto/spec_presets.c proto/spec_tree.c proto/shard.c)
+proto=(proto/spec.c proto/spec_value.c proto/spec_list.c proto/spec_rules.c proto/spec_out.c
+       proto/spec_presets.c proto/spec_tree.c proto/shard.c)
 ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
       worker/checkpoint/checkpoint.c worker/checkpoint/checkpoint_commit.c
       worker/checkpoint/checkpoint_load.c worker/checkpoint/checkpoint_fs.c
@@ -26,7 +27,7 @@ declare -A srcs=(
     [tokenizer]="worker/data/tokenizer.c worker/data/bytemap.c"
 )
 declare -A targets=(
-    [spec]="proto/spec.c proto/spec_out.c proto/spec_presets.c proto/spec_tree.c" [shard]="proto/shard.c"
+    [spec]="proto/spec.c proto/spec_value.c proto/spec_list.c proto/spec_rules.c proto/spec_out.c proto/spec_presets.c proto/spec_tree.c" [shard]="proto/shard.c"
     [safetensors]="worker/checkpoint/safetensors.c" [manifest]="worker/checkpoint/manifest.c"
     [ckpt]="worker/checkpoint/checkpoint_load.c worker/checkpoint/manifest.c worker/checkpoint/safetensors.c"
     [rpc]="daemon/rpc.c" [peer]="daemon/auth.c" [peer_msg]="daemon/peer_msg.c"

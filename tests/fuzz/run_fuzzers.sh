@@ -38,8 +38,8 @@ libsan=("-fsanitize=fuzzer-no-link,address,undefined")
 # what each harness links beyond its own file
 common=(common/err.c common/log.c common/alloc.c common/file.c common/crc32c.c common/trace.c
         common/host.c common/test_hook.c)
-proto=(proto/spec.c proto/spec_out.c proto/spec_presets.c proto/spec_tree.c proto/shard.c
-       proto/hf_config.c)
+proto=(proto/spec.c proto/spec_value.c proto/spec_list.c proto/spec_rules.c proto/spec_out.c
+       proto/spec_presets.c proto/spec_tree.c proto/shard.c proto/hf_config.c)
 ckpt=(worker/checkpoint/safetensors.c worker/checkpoint/manifest.c
       worker/checkpoint/checkpoint.c worker/checkpoint/checkpoint_commit.c
       worker/checkpoint/checkpoint_load.c worker/checkpoint/checkpoint_fs.c
