@@ -20,8 +20,8 @@
 # Reported per row (medians over rounds): global tokens/s, scaling (tokens/s over twice one
 # rank's), exposed communication (ddpd: its own accounting, metrics.jsonl's exposed_comm_ms;
 # both: the step's time above one rank's), the bytes each host sent per step (eth0's tx counter
-# over the measured steps), and for ddpd the link's use while it all-reduces (bytes per step over
-# comm_ms, against the measured rate).
+# read as the first and the last measured step end), and for ddpd the link's use while it
+# all-reduces (bytes per step over comm_ms, against the measured rate).
 #
 # Environment: ROUNDS (2), STEPS (4 measured), WARMUP (2 untimed), RATES ("1gbit 10gbit
 # unshaped"), MODELS ("gpt2-124M gpt2-mini"), B (4), T (64), TORCH_PY (a Python with torch 2.x;
@@ -31,6 +31,7 @@ set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=$(cd "${1:-$src/build}" && pwd)
 rounds=${ROUNDS:-2} steps=${STEPS:-4} warmup=${WARMUP:-2}
+[ "$steps" -ge 2 ] || { echo "STEPS must be at least 2 (bytes are counted between two steps)" >&2; exit 2; }
 rates=${RATES:-1gbit 10gbit unshaped} models=${MODELS:-gpt2-124M gpt2-mini}
 B=${B:-4} T=${T:-64}
 BENCH_DEBIAN_TORCH_OPTIONAL=1
@@ -95,28 +96,31 @@ results=$work/results.jsonl
 # record KIND JSON: one line of results
 record() { echo "$2" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); d.update(json.loads(sys.argv[1])); print(json.dumps(d))' "$1" >>"$results"; }
 
-# ddpd_run H R RATE MODEL DTYPE: W = H x R ranks, ranks of a host contiguous
+# ddpd_run H R RATE MODEL DTYPE [ALGO]: W = H x R ranks, ranks of a host contiguous; ALGO sets
+# DDP_COLL_ALGO (flat, two-level; default auto)
 ddpd_run() {
-    local H=$1 R=$2 rate=$3 model=$4 dtype=$5 W=$(($1 * $2)) port=$((20000 + RANDOM % 20000))
-    local dir=$work/d-$H$R-$rate-$model-$dtype-$round ps=() r
+    local H=$1 R=$2 rate=$3 model=$4 dtype=$5 algo=${6:-auto} W=$(($1 * $2))
+    local port=$((20000 + RANDOM % 20000)) dir=$work/d-$1$2-$3-$4-$5-${6:-auto}-$round ps=() r
     mkdir -p "$dir"
     for ((r = 0; r < W; r++)); do
         ip netns exec ddpc-h$((r / R)) env DDP_RANK=$r DDP_WORLD_SIZE=$W DDP_LOCAL_RANK=$((r % R)) \
             DDP_LOCAL_WORLD_SIZE=$R DDP_RDZV=10.99.0.1:$port DDP_JOB_TOKEN=cluster-$$ \
-            DDP_RUN_DIR="$dir" DDP_LOG_LEVEL=info "$worker" "$work/job.yaml" --quiet \
+            DDP_RUN_DIR="$dir" DDP_COLL_ALGO=$algo "$worker" "$work/job.yaml" \
             --set model.preset=$model --set train.micro_batch=$B --set train.seq_len=$T \
             --set train.steps=$((warmup + steps)) --set train.threads=1 \
             --set ddp.grad_dtype=\"$dtype\" >"$dir/rank-$r.out" 2>&1 &
         ps+=($!)
     done
-    local tx0="" tx1 rc=0
+    # the counters at two step boundaries (each read as the step's line appears: the same lag at
+    # both ends), over STEPS - 1 steps
+    local tx0="" tx1="" rc=0
     wait_file_step "$dir/metrics.jsonl" "$warmup" "${ps[@]}" && tx0=$(tx_all "$H")
+    wait_file_step "$dir/metrics.jsonl" $((warmup + steps - 1)) "${ps[@]}" && tx1=$(tx_all "$H")
     for p in "${ps[@]}"; do wait "$p" || rc=1; done
-    tx1=$(tx_all "$H")
-    [ $rc = 0 ] && [ -n "$tx0" ] || { echo "  ddpd $H x $R failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
+    [ $rc = 0 ] && [ -n "$tx0" ] && [ -n "$tx1" ] || { echo "  ddpd $H x $R failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
     local s; s=$(ddpd_stats "$dir" "$warmup")
-    record "{\"impl\":\"ddpd\",\"H\":$H,\"R\":$R,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$dtype\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$steps,\"algo\":\"$(grep -ho 'ring to the next rank over [a-z]*' "$dir"/rank-1.out | head -1)\"}" "$s"
-    echo "  ddpd  $H x $R $rate $model $dtype: $s"
+    record "{\"impl\":\"ddpd\",\"H\":$H,\"R\":$R,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$dtype\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$((steps - 1)),\"algo_req\":\"$algo\",\"algo\":\"$(grep -ho 'all-reduce [a-z-]*[^,]*' "$dir"/rank-1.out | head -1)\"}" "$s"
+    echo "  ddpd  $H x $R $rate $model $dtype $algo: $s"
 }
 
 # torch_run H RATE MODEL COMPRESS: H processes, one per host
@@ -131,13 +135,15 @@ torch_run() {
             >"$dir/rank-$r.out" 2>&1 &
         ps+=($!)
     done
-    local tx0="" tx1 rc=0
+    # the counters at two step boundaries (each read as the step's line appears: the same lag at
+    # both ends), over STEPS - 1 steps
+    local tx0="" tx1="" rc=0
     wait_file_step "$dir/progress" "$warmup" "${ps[@]}" && tx0=$(tx_all "$H")
+    wait_file_step "$dir/progress" $((warmup + steps - 1)) "${ps[@]}" && tx1=$(tx_all "$H")
     for p in "${ps[@]}"; do wait "$p" || rc=1; done
-    tx1=$(tx_all "$H")
-    [ $rc = 0 ] && [ -n "$tx0" ] || { echo "  PyTorch failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
+    [ $rc = 0 ] && [ -n "$tx0" ] && [ -n "$tx1" ] || { echo "  PyTorch failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
     local s; s=$(grep '^{' "$dir/rank-0.out")
-    record "{\"impl\":\"pytorch\",\"H\":$H,\"R\":1,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$comp\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$steps}" "$s"
+    record "{\"impl\":\"pytorch\",\"H\":$H,\"R\":1,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$comp\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$((steps - 1))}" "$s"
     echo "  torch $H x 1 $rate $model $comp: $(echo "$s" | cut -c1-160)"
 }
 
@@ -181,8 +187,13 @@ for ((round = 1; round <= rounds; round++)); do
     done
 done
 echo "== 2 hosts x 2 ranks (4 ranks on $(nproc) cores: it works, and the bytes it sends)"
-sweep; make_hosts 2; shape unshaped 2; round=1
-for model in $models; do ddpd_run 2 2 unshaped "$model" fp32 || true; done
+shape unshaped 2
+for ((round = 1; round <= rounds; round++)); do
+    for model in $models; do
+        ddpd_run 2 2 unshaped "$model" fp32 flat || true
+        ddpd_run 2 2 unshaped "$model" fp32 || true
+    done
+done
 
 links=""; for rate in $rates; do links+="\"$rate\":${link_gbit[$rate]},"; done
 echo

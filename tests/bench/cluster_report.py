@@ -101,12 +101,19 @@ for rate in rates:
                            f"{(1 - e16 / e32) * 100:.0f}% less"))
 
 print()
-for model in models:
-    for algo_key in sorted({k[5] for k in groups if k[1] == 2 and k[2] == 2 and k[4] == model}):
-        rows = groups[("ddpd", 2, 2, "unshaped", model, algo_key)]
-        print(f"2 hosts x 2 ranks, {model}, {algo_key}: {fmt(med(tps, 'ddpd', 2, 2, 'unshaped', model, algo_key))} "
-              f"tokens/s, {fmt(med(host_mb, 'ddpd', 2, 2, 'unshaped', model, algo_key), '{:.1f}')} MB per host "
-              f"per step ({rows[0].get('algo', '')})")
+for model in models:  # 2 hosts x 2 ranks: the flat ring against the two-level all-reduce
+    mb = {}
+    for algo in ("flat", "auto"):
+        rows = [r for r in runs if r["H"] == 2 and r["R"] == 2 and r["model"] == model
+                and r.get("algo_req") == algo]
+        if not rows:
+            continue
+        mb[algo] = st.median(host_mb(r) for r in rows)
+        print(f"2 hosts x 2 ranks, {model}, DDP_COLL_ALGO={algo} ({rows[0].get('algo') or '?'}): "
+              f"{st.median(tps(r) for r in rows):.0f} tokens/s, {mb[algo]:.1f} MB per host per step")
+    if len(mb) == 2:
+        checks.append((f"2x2 {model}: the automatic choice sends <= 0.7x the flat ring's bytes "
+                       "across hosts", mb["auto"] <= 0.7 * mb["flat"], f"{mb['auto'] / mb['flat']:.3f}"))
 print()
 for name, ok, val in checks:
     print(f"{'met ' if ok else 'MISS'}  {name}: {val}")
