@@ -50,6 +50,8 @@ struct ddp_elastic {
     int stop;
     long step;
     uint64_t cur_gen;     /* the generation this worker is in (0: none) */
+    uint64_t state_gen;   /* the last generation it was given: its state is that generation's
+                           * (0: none yet; "sgen" in a join) */
     int cur_rank, cur_size;
     int joining;          /* a join is outstanding: no "gen" answered it yet */
     int attached;         /* the current generation's communicator is formed (ddp_elastic_watch) */
@@ -176,9 +178,9 @@ static void on_message(ddp_elastic_t *e, json_t *m)
 
 static json_t *join_msg(ddp_elastic_t *e, long step)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:I}", "t", "join", "token", e->token, "pid",
+    return json_pack("{s:s, s:s, s:I, s:s, s:i, s:I, s:I}", "t", "join", "token", e->token, "pid",
                      (json_int_t)getpid(), "host_id", e->host_id, "hint", e->hint, "step",
-                     (json_int_t)step);
+                     (json_int_t)step, "sgen", (json_int_t)(step >= 0 ? e->state_gen : 0));
 }
 
 /* The connection's thread, after its connection closed: redials for reconnect_ns and tells the
@@ -465,6 +467,7 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
     json_t *m = take(e, &e->gen_msg, INT64_MAX / 2, &rc);
     if (m) {
         e->cur_gen = (uint64_t)json_integer_value(json_object_get(m, "gen"));
+        e->state_gen = e->cur_gen;
         e->cur_rank = (int)json_integer_value(json_object_get(m, "rank"));
         e->cur_size = (int)json_integer_value(json_object_get(m, "size"));
         e->regroup = 0; /* a regroup that came already applies once attached (watch) */
@@ -480,6 +483,7 @@ int ddp_elastic_join(ddp_elastic_t *e, long step, ddp_elastic_gen_t *gen,
     gen->source = (int)json_integer_value(json_object_get(m, "source"));
     gen->sync = json_is_true(json_object_get(m, "sync"));
     gen->step = (long)json_integer_value(json_object_get(m, "step"));
+    gen->receive = json_is_true(json_object_get(m, "receive"));
     const char *why = json_string_value(json_object_get(m, "why"));
     snprintf(gen->why, sizeof gen->why, "%s", why ? why : "");
     json_t *kept = json_object_get(m, "kept");

@@ -37,6 +37,8 @@ typedef struct ddp_elastic_gen {
     int source;    /* rank whose state is newest */
     int sync;      /* 1: someone is behind the source; every rank joins its broadcast */
     long step;     /* the source's completed steps (-1: nobody holds state yet) */
+    int receive;   /* 1: this rank's state is not the source's even at the same step (it comes
+                    * from an older generation, whose step the others redid): it receives */
     char why[256]; /* why this generation formed ("start", "rank 2 (pid 7) died ...") */
     /* when every member was a member of the generation before (kept_from, else 0): each rank's
      * rank there, for ddp_coll_opts_t.parent_ranks (up to DDP_ELASTIC_KEPT_MAX ranks) */

@@ -4,11 +4,14 @@
  * the workers connected to it.
  *
  * worker -> coordinator
- *   {"t":"join","token":T,"pid":P,"host_id":H,"hint":R,"step":S}
+ *   {"t":"join","token":T,"pid":P,"host_id":H,"hint":R,"step":S,"sgen":Q}
  *        wants a place in the next generation. S: optimizer steps completed in this process's
- *        memory, -1 when it holds no state yet (a fresh process). R: the launcher's rank, used
- *        only to order the first generation. Sent on arrival and again after every generation
- *        ends (a failure, or a regroup at a step boundary).
+ *        memory, -1 when it holds no state yet (a fresh process). Q: the generation its state
+ *        is from, the last one it was given (0: none, or a worker older than the field); two
+ *        states at the same step are the same state only from the same generation (a rank
+ *        late for a generation that redid its step holds another one). R: the launcher's rank,
+ *        used only to order the first generation. Sent on arrival and again after every
+ *        generation ends (a failure, or a regroup at a step boundary).
  *   {"t":"hb","step":S}          heartbeat, every DDP_ELASTIC_HB_MS from a thread of its own
  *   {"t":"ag","gen":G,"data":X}  this member's contribution to an allgather of generation G
  *                                (X: lowercase hex); allgathers of a generation run in order
@@ -21,11 +24,12 @@
  *        running job takes generation G over once all N ranks of it are back.
  *
  * coordinator -> worker
- *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"why":W,"hb_timeout_s":H,
- *    "reconnect_s":C[,"kept":[P0, P1, ...]]}
+ *   {"t":"gen","gen":G,"rank":R,"size":N,"source":K,"sync":B,"step":S,"receive":V,"why":W,
+ *    "hb_timeout_s":H,"reconnect_s":C[,"kept":[P0, P1, ...]]}
  *        generation G is formed: this worker is rank R of N. K: the rank whose state is the
- *        newest (the highest completed step S); B: 1 when some member is behind K, so every
- *        member takes part in K's state broadcast before training. W: why it formed. H: the
+ *        newest (the highest completed step S, then the newest generation Q); B: 1 when some
+ *        member's (S, Q) is not K's, so every member takes part in K's state broadcast before
+ *        training; V: 1 when this member is one of those (it receives even at step S). W: why it formed. H: the
  *        silence after which either side gives the other up. C ("reconnect_s"): how long a
  *        member redials a connection that closed. P: when every member of G was a member of
  *        G - 1, each rank's rank there (its communicator can be shrunk into G's).

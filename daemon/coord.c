@@ -38,6 +38,7 @@ struct member {
     unsigned long rejoin_gen; /* adopting: the generation it says it runs in (0: a joiner) */
     int rejoin_size;
     long pid, step;
+    unsigned long sgen; /* the generation its state is from ("sgen" of its join; 0: unknown) */
     char host_id[160];
     char peer[64];
     uint64_t seq; /* arrival order */
@@ -59,6 +60,7 @@ struct ddpd_coord {
     member_t *members;
     uint64_t next_seq;
     unsigned long gen;
+    unsigned long max_sgen; /* the newest generation a member's state came from */
     phase_t phase;
     int formed_once;
     int regroup_sent;     /* the running members were asked to regroup at a boundary */
@@ -271,6 +273,12 @@ static int by_order(const void *a, const void *b)
     return x->seq < y->seq ? -1 : x->seq > y->seq;
 }
 
+/* 1 when m holds the state of `step` from generation sgen (a fresh member holds none). */
+static int same_state(const member_t *m, long step, unsigned long sgen)
+{
+    return m->step == step && (step < 0 || m->sgen == sgen);
+}
+
 /* Forms the next generation when the rules allow (coord.h). */
 static void try_form(ddpd_coord_t *c)
 {
@@ -299,14 +307,21 @@ static void try_form(ddpd_coord_t *c)
     for (member_t *m = c->members; m; m = m->next)
         if (!m->closing && is_waiting(m) && !(defer && is_fresh(m))) list[n++] = m;
     qsort(list, (size_t)n, sizeof *list, by_order);
+    /* the source: the most steps, then the newest generation's state (a rank late for a
+     * generation that redid its last step holds the same step number with another history) */
     long top = -1;
+    unsigned long top_sgen = 0;
     int source = 0, behind = 0;
     for (int r = 0; r < n; r++)
-        if (list[r]->step > top) {
+        if (list[r]->step > top || (list[r]->step == top && list[r]->sgen > top_sgen)) {
             top = list[r]->step;
+            top_sgen = list[r]->sgen;
             source = r;
         }
-    for (int r = 0; r < n; r++) behind += list[r]->step != top;
+    for (int r = 0; r < n; r++) behind += !same_state(list[r], top, top_sgen);
+    /* above every generation a member's state came from (a coordinator that restarted counts
+     * on from what its members say) */
+    if (c->max_sgen > c->gen) c->gen = c->max_sgen;
     c->gen++;
     c->phase = RUNNING;
     c->formed_once = 1;
@@ -328,10 +343,11 @@ static void try_form(ddpd_coord_t *c)
         json_decref(m->ag);
         m->ag = NULL;
         json_array_append_new(ranks, json_integer(m->pid));
-        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:s, s:f, s:f, s:O*}", "t",
-                             "gen", "gen", (json_int_t)c->gen, "rank", r, "size", n, "source",
-                             source, "sync", behind > 0 && top >= 0, "step", (json_int_t)top,
-                             "why", why, "hb_timeout_s", c->cfg.hb_timeout_s, "reconnect_s",
+        send_to(m, json_pack("{s:s, s:I, s:i, s:i, s:i, s:b, s:I, s:b, s:s, s:f, s:f, s:O*}",
+                             "t", "gen", "gen", (json_int_t)c->gen, "rank", r, "size", n,
+                             "source", source, "sync", behind > 0 && top >= 0, "step",
+                             (json_int_t)top, "receive", !same_state(m, top, top_sgen), "why",
+                             why, "hb_timeout_s", c->cfg.hb_timeout_s, "reconnect_s",
                              c->cfg.rejoin_timeout_s, "kept", kept));
     }
     json_decref(kept);
@@ -475,6 +491,8 @@ static void on_join(ddpd_coord_t *c, member_t *m, json_t *msg)
     m->pid = (long)json_integer_value(json_object_get(msg, "pid"));
     m->hint = (int)json_integer_value(json_object_get(msg, "hint"));
     m->step = (long)json_integer_value(json_object_get(msg, "step"));
+    m->sgen = (unsigned long)json_integer_value(json_object_get(msg, "sgen"));
+    if (m->sgen > c->max_sgen) c->max_sgen = m->sgen;
     const char *hid = json_string_value(json_object_get(msg, "host_id"));
     snprintf(m->host_id, sizeof m->host_id, "%s", hid ? hid : "");
     emit(c, json_pack("{s:s, s:I, s:I}", "event", "join", "pid", (json_int_t)m->pid, "step",

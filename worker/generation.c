@@ -203,7 +203,9 @@ int ddp__trainer_plan_transfer(ddp_trainer_t *t, int *receivers, ddp_errinfo_t *
     ddp_transfer_t *x = &t->transfer;
     ddp_transfer_cfg_t cfg = {.world = &t->world,
                               .source = t->member.gen.source,
-                              .has_state = t->member.has_state,
+                              /* a state of another history at the same step
+                               * (the coordinator compares generations) is none */
+                              .has_state = t->member.has_state && !t->member.gen.receive,
                               .mode = t->spec.state_transfer,
                               .n = t->model.n_params,
                               .n_micro = t->deal.n_micro,

@@ -2,7 +2,8 @@
  * (collectives/elastic_proto.h) over real loopback TCP: the first generation, the end of the job
  * and a rank that comes after it, and adoption after a daemon restart (all members back; a
  * joiner or a missing member ends the adopted generation instead), and the collection of flight
- * recorder dumps and its diagnosis. One thread: the test pumps
+ * recorder dumps and its diagnosis, and the choice of the source by step and by the generation
+ * a state came from. One thread: the test pumps
  * the coordinator's libuv loop while it waits for a client's line. One cmocka group.
  */
 #include <setjmp.h>
@@ -103,14 +104,17 @@ static void cl_send(client_t *cl, const char *line)
     assert_int_equal(write(cl->fd, "\n", 1), 1);
 }
 
-static void cl_join(client_t *cl, int hint, long step)
+/* A join with its state's step and generation (sgen; 0: a worker that does not say). */
+static void cl_join_state(client_t *cl, int hint, long step, unsigned long sgen)
 {
-    char line[200];
+    char line[240];
     snprintf(line, sizeof line,
              "{\"t\":\"join\",\"token\":\"tok\",\"pid\":%d,\"host_id\":\"test\",\"hint\":%d,"
-             "\"step\":%ld}", 100000 + hint, hint, step);
+             "\"step\":%ld,\"sgen\":%lu}", 100000 + hint, hint, step, sgen);
     cl_send(cl, line);
 }
+
+static void cl_join(client_t *cl, int hint, long step) { cl_join_state(cl, hint, step, 0); }
 
 static void cl_rejoin(client_t *cl, unsigned long gen, int rank, int size, long step)
 {
@@ -269,6 +273,71 @@ static void test_failure_defers_a_fresh_rank(void **state)
     fx_stop(&f);
 }
 
+/* A rank late for a generation that redid its step holds the same step number with another
+ * history: b, left alone in generation 2 after a died mid-vote, redid step 19; a returns (a new
+ * connection, as after a coordinator restart) with its own step 19 of generation 1. Generation 3
+ * takes b's state and tells a to receive it; b receives nothing. Before, equal steps meant no
+ * transfer, and the replicas diverged (the replica check failed the job). */
+static void test_same_step_older_generation_receives(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fx_start(&f, 3, 2, 1, 0, 0, 5);
+    client_t *a = &f.cl[0], *b = &f.cl[1], *late = &f.cl[2];
+    cl_join(a, 0, -1);
+    cl_join(b, 1, -1);
+    json_decref(cl_expect(&f.loop, a, "gen"));
+    json_decref(cl_expect(&f.loop, b, "gen"));
+    close(a->fd); /* a dies in step 19's vote: b never got its result */
+    a->fd = open("/dev/null", O_RDONLY); /* fx_stop closes it */
+    cl_join_state(b, 1, 18, 1);
+    json_t *g2 = cl_expect(&f.loop, b, "gen");
+    assert_non_null(g2);
+    assert_int_equal(ival(g2, "gen"), 2);
+    assert_int_equal(ival(g2, "size"), 1);
+    assert_false(json_is_true(json_object_get(g2, "receive")));
+    json_decref(g2);
+    cl_join_state(late, 0, 19, 1); /* a, back with step 19 of generation 1 */
+    json_t *rg = cl_expect(&f.loop, b, "regroup");
+    assert_non_null(rg);
+    json_decref(rg);
+    cl_join_state(b, 1, 19, 2); /* b redid step 19 in generation 2 */
+    json_t *gb = cl_expect(&f.loop, b, "gen"), *gl = cl_expect(&f.loop, late, "gen");
+    assert_non_null(gb);
+    assert_non_null(gl);
+    assert_int_equal(ival(gb, "gen"), 3);
+    assert_int_equal(ival(gb, "rank"), 0); /* the survivor keeps its place */
+    assert_int_equal(ival(gl, "rank"), 1);
+    assert_int_equal(ival(gl, "source"), 0);
+    assert_int_equal(ival(gl, "step"), 19);
+    assert_true(json_is_true(json_object_get(gl, "sync")));
+    assert_true(json_is_true(json_object_get(gl, "receive")));
+    assert_false(json_is_true(json_object_get(gb, "receive")));
+    json_decref(gb);
+    json_decref(gl);
+    fx_stop(&f);
+}
+
+/* A coordinator that restarted numbers its generations above every generation its members'
+ * states came from: a generation 3 formed there must not tie with a member's older generation 5. */
+static void test_generations_above_members_states(void **state)
+{
+    (void)state;
+    fixture_t f;
+    fx_start(&f, 2, 2, 2, 0, 0, 5);
+    cl_join_state(&f.cl[0], 0, 40, 5);
+    cl_join_state(&f.cl[1], 1, 40, 5);
+    json_t *ga = cl_expect(&f.loop, &f.cl[0], "gen"), *gb = cl_expect(&f.loop, &f.cl[1], "gen");
+    assert_non_null(ga);
+    assert_non_null(gb);
+    assert_int_equal(ival(ga, "gen"), 6);
+    assert_false(json_is_true(json_object_get(ga, "sync"))); /* the same state: no transfer */
+    assert_false(json_is_true(json_object_get(gb, "receive")));
+    json_decref(ga);
+    json_decref(gb);
+    fx_stop(&f);
+}
+
 /* A restarted coordinator adopts generation 7 once both of its members are back, without a
  * new generation: each member hears "adopted". */
 /* A member's flight recorder dump (its collective timed out) gets the other member asked for one
@@ -391,6 +460,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_form_done_late, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_defers_a_fresh_rank, setup, teardown),
         cmocka_unit_test_setup_teardown(test_flight_collection, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_same_step_older_generation_receives, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_generations_above_members_states, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_all_back, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_abandoned_by_join, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopt_member_missing, setup, teardown),
