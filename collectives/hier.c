@@ -337,7 +337,7 @@ static int keep_others(struct ddp__hier *h, ddp_coll_req_t *q, int save)
     }
     for (int k = 0; k < h->hosts; k++) {
         ddp_coll_slice(q->count, h->world, h->inter_idx[k], &lo, &hi);
-        if (k == h->host) continue;
+        if (k == h->host || hi == lo) continue; /* h->keep may be NULL then */
         char *p = (char *)q->buf + lo * es;
         if (save)
             memcpy(h->keep + at, p, (hi - lo) * es);
