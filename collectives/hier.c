@@ -314,7 +314,8 @@ static int step(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp_coll_t *su
     if (sl_len && !strncmp(why, sd, sl_len) && !strncmp(why + sl_len, ": ", 2)) why += sl_len + 2;
     if (!*why) why = ddp_strerror(rc);
     ddp__ring_t *S = sub->impl;
-    R->culprit = S->culprit;
+    int none = -1; /* the world's culprit, unless the world failed first (it aborted the step) */
+    atomic_compare_exchange_strong(&R->culprit, &none, atomic_load(&S->culprit));
     char d[96];
     return ddp__coll_fail(c, rc, "%s, %s: %s", ddp__req_desc(q, d, sizeof d), what, why);
 }
