@@ -287,7 +287,7 @@ uint64_t ddp_coll_generation(const ddp_coll_t *c);
 const char *ddp_coll_backend_name(const ddp_coll_t *c);
 /* The ring's transport to the next rank: "shm", "tcp", "fake", "self" (or the backend name). */
 const char *ddp_coll_transport_name(const ddp_coll_t *c);
-/* How the all-reduce runs: "flat ring", "two-level: H hosts x R ranks" (see above), "single";
+/* How the all-reduce runs: "flat ring", "two-level (H hosts x R ranks)" (see above), "single";
  * the backend's name for backends that choose for themselves (nccl, mpi). Any thread. */
 const char *ddp_coll_algorithm(const ddp_coll_t *c);
 /* Payload bytes this rank has written to its TCP data links since c was formed (a two-level

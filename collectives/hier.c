@@ -260,7 +260,7 @@ int ddp__hier_start(ddp_coll_t *c, ddp__ring_t *R, ddp_coll_bootstrap_t *bs,
         goto out;
     }
     R->hier = h;
-    snprintf(c->algo, sizeof c->algo, "two-level: %d hosts x %d ranks", hosts, per_host);
+    snprintf(c->algo, sizeof c->algo, "two-level (%d hosts x %d ranks)", hosts, per_host);
     if (c->rank == 0)
         DDP_INFO("collectives: two-level all-reduce over %d hosts x %d ranks (%s within a host, "
                  "%s across): each host sends %.2f x the buffer to other hosts, the flat ring "

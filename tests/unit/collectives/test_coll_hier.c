@@ -66,13 +66,13 @@ static void expect_choice(int n, const char *hosts, const char *transport, const
 
 static void test_choice(void **s)
 {
-    expect_choice(4, "0,0,1,1", NULL, NULL, "two-level: 2 hosts x 2 ranks");
+    expect_choice(4, "0,0,1,1", NULL, NULL, "two-level (2 hosts x 2 ranks)");
     /* the ring's own links keep their transports: 0 -> 1 within host 0, 1 -> 2 across */
     assert_string_equal(board->transport[0], "shm");
     assert_string_equal(board->transport[1], "tcp");
-    expect_choice(4, "0,1,0,1", NULL, NULL, "two-level: 2 hosts x 2 ranks");
-    expect_choice(6, "0,1,2,0,1,2", NULL, NULL, "two-level: 3 hosts x 2 ranks");
-    expect_choice(4, "0,0,1,1", NULL, "two-level", "two-level: 2 hosts x 2 ranks");
+    expect_choice(4, "0,1,0,1", NULL, NULL, "two-level (2 hosts x 2 ranks)");
+    expect_choice(6, "0,1,2,0,1,2", NULL, NULL, "two-level (3 hosts x 2 ranks)");
+    expect_choice(4, "0,0,1,1", NULL, "two-level", "two-level (2 hosts x 2 ranks)");
     expect_choice(4, "0,0,0,1", NULL, NULL, "flat ring");          /* uneven hosts */
     expect_choice(3, "0,1,2", NULL, NULL, "flat ring");            /* one rank per host */
     expect_choice(4, NULL, NULL, NULL, "flat ring");               /* one host */
@@ -170,11 +170,11 @@ static void run_suite(int n, const char *hosts, const char *want)
     assert_int_equal(w_run(cfg, suite, (void *)want, 50), 0);
 }
 
-static void test_2x2(void **s) { run_suite(4, "0,0,1,1", "two-level: 2 hosts x 2 ranks"); }
-static void test_3x2(void **s) { run_suite(6, "0,0,1,1,2,2", "two-level: 3 hosts x 2 ranks"); }
+static void test_2x2(void **s) { run_suite(4, "0,0,1,1", "two-level (2 hosts x 2 ranks)"); }
+static void test_3x2(void **s) { run_suite(6, "0,0,1,1,2,2", "two-level (3 hosts x 2 ranks)"); }
 static void test_3x2_interleaved(void **s)
 {
-    run_suite(6, "0,1,2,0,1,2", "two-level: 3 hosts x 2 ranks");
+    run_suite(6, "0,1,2,0,1,2", "two-level (3 hosts x 2 ranks)");
 }
 
 /* ---- bitwise, run to run --------------------------------------------------------------------- */
@@ -223,7 +223,7 @@ static void test_bitwise_run_to_run(void **s)
         w_cfg_t cfg = {.n = 4, .hosts = "0,0,1,1", .chunk_bytes = CHUNK};
         assert_int_equal(w_run(cfg, hashes, NULL, 30), 0);
         for (int r = 0; r < 4; r++) {
-            assert_string_equal(board->algo[r], "two-level: 2 hosts x 2 ranks");
+            assert_string_equal(board->algo[r], "two-level (2 hosts x 2 ranks)");
             /* every rank holds the same all-reduced buffers */
             assert_true(board->hash[r][0] == board->hash[0][0]);
             assert_true(board->hash[r][1] == board->hash[0][1]);
@@ -271,7 +271,7 @@ static void test_bytes_across_hosts(void **s)
         memset(board, 0, sizeof *board);
         w_cfg_t cfg = {.n = 4, .hosts = "0,0,1,1", .algo = algos[a]};
         assert_int_equal(w_run(cfg, count_bytes, NULL, 30), 0);
-        assert_string_equal(board->algo[0], a ? "two-level: 2 hosts x 2 ranks" : "flat ring");
+        assert_string_equal(board->algo[0], a ? "two-level (2 hosts x 2 ranks)" : "flat ring");
         host[a][0] = board->net[0] + board->net[1];
         host[a][1] = board->net[2] + board->net[3];
     }

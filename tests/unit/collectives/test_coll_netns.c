@@ -182,7 +182,7 @@ static void test_two_hosts_two_ranks(void **s)
 {
     uint64_t tx[2][2], net[2][2]; /* [flat, two-level][namespace] */
     run_two_per_host("flat", "flat ring", tx[0], net[0]);
-    run_two_per_host(NULL, "two-level: 2 hosts x 2 ranks", tx[1], net[1]);
+    run_two_per_host(NULL, "two-level (2 hosts x 2 ranks)", tx[1], net[1]);
     const double S = (double)TWO_COUNT * sizeof(float) * TWO_OPS;
     for (int h = 0; h < 2; h++) {
         double veth = (double)tx[1][h] / (double)tx[0][h];

@@ -73,7 +73,7 @@ for world in 2 3 4; do
     run u$world $world "${batch[@]}" --set ddp.shard_optimizer=false \
       --set checkpoint.dir=\"$tmp/ck-u$world\" --dump-weights u$world.st ||
     { not_ok "$world ranks across two namespaces trained"; continue; }
-  algo="flat ring"; [ $world = 4 ] && algo="two-level: 2 hosts x 2 ranks"
+  algo="flat ring"; [ $world = 4 ] && algo="two-level (2 hosts x 2 ranks)"
   check "$world ranks: the step is sharded, the ring crosses hosts over TCP, all-reduce $algo" \
     bash -c "grep -q 'optimizer step sharded' s$world/rank-0.log &&
              grep -q 'ring to the next rank over tcp, all-reduce $algo' s$world/rank-1.log"
