@@ -171,7 +171,8 @@ static const char *algo_wanted(const ddp_coll_opts_t *opts)
 int ddp__hier_check_algo(const ddp_coll_opts_t *opts, ddp_errinfo_t *ei)
 {
     if (algo_wanted(opts)) return 0;
-    return ddp_errinfo_set(ei, DDP_EINVAL, "collectives algorithm '%s' is unknown (auto, flat, "
+    return ddp_errinfo_set(ei, DDP_EINVAL,
+                           "collectives algorithm '%s' is unknown (auto, flat, "
                            "two-level; opts.algo or DDP_COLL_ALGO)",
                            opts && opts->algo && *opts->algo ? opts->algo
                                                              : getenv("DDP_COLL_ALGO"));
@@ -226,8 +227,8 @@ int ddp__hier_start(ddp_coll_t *c, ddp__ring_t *R, ddp_coll_bootstrap_t *bs,
     int *host_of = ddp_malloc(sizeof(int) * (size_t)n);
     int *local_of = ddp_malloc(sizeof(int) * (size_t)n);
     int *rank_at = NULL, hosts = 0, per_host = 0, rc = 0;
-    int even = host_of && local_of &&
-               plan(ids, stride, n, host_of, local_of, &hosts, &per_host, &rank_at);
+    int even =
+        host_of && local_of && plan(ids, stride, n, host_of, local_of, &hosts, &per_host, &rank_at);
     if (!hosts) { /* every rank must decide alike: no quiet fallback */
         rc = ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
         goto out;
@@ -264,7 +265,8 @@ int ddp__hier_start(ddp_coll_t *c, ddp__ring_t *R, ddp_coll_bootstrap_t *bs,
     if (c->rank == 0)
         DDP_INFO("collectives: two-level all-reduce over %d hosts x %d ranks (%s within a host, "
                  "%s across): each host sends %.2f x the buffer to other hosts, the flat ring "
-                 "%.2f x", hosts, per_host, ddp_coll_transport_name(h->intra),
+                 "%.2f x",
+                 hosts, per_host, ddp_coll_transport_name(h->intra),
                  ddp_coll_transport_name(h->inter), two, flat);
 out:
     free(host_of);
@@ -292,8 +294,8 @@ void ddp__hier_abort(struct ddp__hier *h, ddp_coll_t *c, int culprit)
 /* ---- operations ------------------------------------------------------------------------------ */
 
 /* Runs one step of q on sub and waits for it; a failure fails c naming the step. */
-static int step(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp_coll_t *sub,
-                const char *what, int kind, ddp_redop_t op, const ddp__slicing_t *sl, int avg_n)
+static int step(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp_coll_t *sub, const char *what,
+                int kind, ddp_redop_t op, const ddp__slicing_t *sl, int avg_n)
 {
     ddp_coll_req_t *r;
     char sd[96] = "";
@@ -368,7 +370,7 @@ int ddp__hier_run(struct ddp__hier *h, ddp_coll_t *c, ddp_coll_req_t *q)
     char intra_what[48], inter_what[48];
     snprintf(intra_what, sizeof intra_what, "step within host %d", h->host);
     snprintf(inter_what, sizeof inter_what, "step across hosts (local index %d)", h->local);
-#define STEP(sub, what, kind, op, sl, avg_n)                                                      \
+#define STEP(sub, what, kind, op, sl, avg_n)                                                       \
     DDP_CHECK(step(R, c, q, h->sub, what, kind, op, &h->sl, avg_n))
     switch (q->kind) {
     case DDP__REQ_ALLREDUCE:

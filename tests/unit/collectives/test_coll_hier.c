@@ -45,8 +45,7 @@ static int report_choice(ddp_coll_t *c, void *arg)
     (void)arg;
     int me = ddp_coll_rank(c);
     snprintf(board->algo[me], sizeof board->algo[me], "%s", ddp_coll_algorithm(c));
-    snprintf(board->transport[me], sizeof board->transport[me], "%s",
-             ddp_coll_transport_name(c));
+    snprintf(board->transport[me], sizeof board->transport[me], "%s", ddp_coll_transport_name(c));
     return w_check_allreduce(c, 3 * B + 5, DDP_DT_F32, DDP_OP_SUM, 3);
 }
 
@@ -73,12 +72,12 @@ static void test_choice(void **s)
     expect_choice(4, "0,1,0,1", NULL, NULL, "two-level (2 hosts x 2 ranks)");
     expect_choice(6, "0,1,2,0,1,2", NULL, NULL, "two-level (3 hosts x 2 ranks)");
     expect_choice(4, "0,0,1,1", NULL, "two-level", "two-level (2 hosts x 2 ranks)");
-    expect_choice(4, "0,0,0,1", NULL, NULL, "flat ring");          /* uneven hosts */
-    expect_choice(3, "0,1,2", NULL, NULL, "flat ring");            /* one rank per host */
-    expect_choice(4, NULL, NULL, NULL, "flat ring");               /* one host */
-    expect_choice(4, "0,0,1,1", "tcp", NULL, "flat ring");         /* forced TCP */
-    expect_choice(4, "0,0,1,1", NULL, "flat", "flat ring");        /* the override */
-    expect_choice(4, "0,0,0,1", NULL, "two-level", "flat ring");   /* asked, impossible */
+    expect_choice(4, "0,0,0,1", NULL, NULL, "flat ring");        /* uneven hosts */
+    expect_choice(3, "0,1,2", NULL, NULL, "flat ring");          /* one rank per host */
+    expect_choice(4, NULL, NULL, NULL, "flat ring");             /* one host */
+    expect_choice(4, "0,0,1,1", "tcp", NULL, "flat ring");       /* forced TCP */
+    expect_choice(4, "0,0,1,1", NULL, "flat", "flat ring");      /* the override */
+    expect_choice(4, "0,0,0,1", NULL, "two-level", "flat ring"); /* asked, impossible */
 }
 
 static void test_unknown_algo(void **s)
