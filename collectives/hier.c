@@ -38,7 +38,8 @@
  * world_rank), and so do its abort notes. A step's failure fails the operation with the step's
  * message; failing the world communicator fails both sub-communicators with the world's culprit,
  * whose notes carry it to their neighbours. Every rank is in one intra and one inter ring, so the
- * news reaches every rank, and all name the same rank.
+ * news reaches every rank: a rank that died is named by all (a stalled one, as on the flat ring,
+ * by its neighbours at least; a rank further away may name the neighbour it waited on).
  */
 #include <stdio.h>
 #include <string.h>
