@@ -67,9 +67,14 @@ int ddp__coll_fail(ddp_coll_t *c, int rc, const char *fmt, ...)
     int first = ddp__coll_keep_first(c, rc, fmt, ap);
     va_end(ap);
     if (first) {
-        DDP_ERROR("collectives (%s, generation %llu, rank %d of %d): %s: %s", c->ops->name,
-                  (unsigned long long)c->generation, c->rank, c->size, ddp_err_name(rc),
-                  c->errmsg);
+        if (c->world_rank) /* a step's failure: its parent logs the operation's */
+            DDP_DEBUG("collectives (sub-communicator of world rank %d, rank %d of %d): %s: %s",
+                      ddp__world_rank(c, c->rank), c->rank, c->size, ddp_err_name(rc),
+                      c->errmsg);
+        else
+            DDP_ERROR("collectives (%s, generation %llu, rank %d of %d): %s: %s", c->ops->name,
+                      (unsigned long long)c->generation, c->rank, c->size, ddp_err_name(rc),
+                      c->errmsg);
         if (c->ops->abort) c->ops->abort(c);
     }
     return atomic_load(&c->err);
@@ -219,6 +224,41 @@ static int is_module(const char *name)
     return 0;
 }
 
+/* Allocates a communicator of ops from bs and runs the backend's init; world_rank (copied) and
+ * port_index as in struct ddp_coll (NULL, bs->rank: a world). */
+static int form(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, const ddp_coll_ops_t *ops,
+                const int *world_rank, int port_index, ddp_coll_t **out, ddp_errinfo_t *ei)
+{
+    ddp_coll_t *c = ddp__coll_alloc();
+    if (!c) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
+    c->ops = ops;
+    c->port_index = port_index;
+    if (world_rank) {
+        c->flight_dumped = 1; /* a step's timeout is its parent's to dump */
+        c->world_rank = ddp_malloc(sizeof *c->world_rank * (size_t)bs->size);
+        if (c->world_rank) memcpy(c->world_rank, world_rank, sizeof *world_rank * (size_t)bs->size);
+    }
+    ddp__coll_init_common(c, bs->rank, bs->size, bs->generation, bs->token, opts);
+    int rc = world_rank && !c->world_rank ? ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory")
+                                          : ops->init(c, bs, opts, ei);
+    if (rc < 0) {
+        pthread_cond_destroy(&c->cv);
+        pthread_mutex_destroy(&c->mu);
+        free(c->world_rank);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int ddp__coll_new_sub(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, const int *world_rank,
+                      int port_index, ddp_coll_t **out, ddp_errinfo_t *ei)
+{
+    *out = NULL;
+    return form(bs, opts, &ddp_coll_ring_ops, world_rank, port_index, out, ei);
+}
+
 int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll_t **out,
                  ddp_errinfo_t *ei)
 {
@@ -244,19 +284,7 @@ int ddp_coll_new(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, ddp_coll
     if (ops->probe && ops->probe() <= 0)
         return ddp_errinfo_set(ei, ops == &ddp_coll_mpi_ops ? DDP_ENOTSUP : DDP_ENODEV,
                                "collectives backend '%s' is not usable here", ops->name);
-    ddp_coll_t *c = ddp__coll_alloc();
-    if (!c) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
-    c->ops = ops;
-    ddp__coll_init_common(c, bs->rank, bs->size, bs->generation, bs->token, opts);
-    int rc = ops->init(c, bs, opts, ei);
-    if (rc < 0) {
-        pthread_cond_destroy(&c->cv);
-        pthread_mutex_destroy(&c->mu);
-        free(c);
-        return rc;
-    }
-    *out = c;
-    return 0;
+    return form(bs, opts, ops, NULL, bs->rank, out, ei);
 }
 
 /* ---- device buffers on a host-memory backend (ddp_coll_device_t) -------------------------- */
@@ -345,8 +373,10 @@ static int submit(ddp_coll_t *c, ddp_coll_req_t *r, ddp_coll_req_t **req)
                                         [DDP__REQ_ALLGATHER] = "allgather"};
     r->comm = c;
     r->seq = ++c->next_seq;
-    r->flight = ddp_flight_queued(c->generation, r->seq, c->rank, c->size,
-                                  r->barrier ? "barrier" : kinds[r->kind], r->bytes, c->next_tag);
+    if (!c->world_rank) /* a sub-communicator's steps belong to its parent's record */
+        r->flight = ddp_flight_queued(c->generation, r->seq, c->rank, c->size,
+                                      r->barrier ? "barrier" : kinds[r->kind], r->bytes,
+                                      c->next_tag);
     c->next_tag = -1;
     int rc = atomic_load(&c->err);
     if (!rc) rc = stage_in(c, r);
@@ -384,9 +414,11 @@ static ddp_coll_req_t *new_req(int kind, void *buf, size_t count, size_t bytes,
     return r;
 }
 
-/* Submits an element-wise operation of `kind` (allreduce, reduce-scatter, allgather). */
-static int elementwise(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
-                       ddp_redop_t op, int barrier, ddp_coll_req_t **req)
+/* Submits an element-wise operation of `kind` (allreduce, reduce-scatter, allgather), over
+ * `slicing` (NULL: the communicator's) and AVG's divisor avg_n (0: the communicator's size). */
+static int elementwise_sliced(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
+                              ddp_redop_t op, int barrier, const ddp__slicing_t *slicing,
+                              int avg_n, ddp_coll_req_t **req)
 {
     if (!c || !req || (count && !buf) || (dt != DDP_DT_F32 && dt != DDP_DT_BF16) ||
         (op != DDP_OP_SUM && op != DDP_OP_AVG) || count > SIZE_MAX / 4)
@@ -402,7 +434,22 @@ static int elementwise(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dty
     r->barrier = barrier;
     r->dt = dt;
     r->op = op;
+    r->slicing = slicing;
+    r->avg_n = avg_n;
     return submit(c, r, req);
+}
+
+static int elementwise(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
+                       ddp_redop_t op, int barrier, ddp_coll_req_t **req)
+{
+    return elementwise_sliced(c, kind, buf, count, dt, op, barrier, NULL, 0, req);
+}
+
+int ddp__coll_submit_step(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
+                          ddp_redop_t op, const ddp__slicing_t *slicing, int avg_n,
+                          ddp_coll_req_t **req)
+{
+    return elementwise_sliced(c, kind, buf, count, dt, op, 0, slicing, avg_n, req);
 }
 
 int ddp_coll_allreduce(ddp_coll_t *c, void *buf, size_t count, ddp_dtype_t dt, ddp_redop_t op,
@@ -655,6 +702,7 @@ void ddp_coll_free(ddp_coll_t *c)
     }
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    free(c->world_rank);
     free(c);
 }
 
@@ -663,5 +711,13 @@ int ddp_coll_size(const ddp_coll_t *c) { return c ? c->size : 0; }
 uint64_t ddp_coll_generation(const ddp_coll_t *c) { return c ? c->generation : 0; }
 const char *ddp_coll_backend_name(const ddp_coll_t *c) { return c ? c->ops->name : "none"; }
 const char *ddp_coll_transport_name(const ddp_coll_t *c) { return c ? c->transport : "none"; }
+const char *ddp_coll_algorithm(const ddp_coll_t *c)
+{
+    return !c ? "none" : c->algo[0] ? c->algo : c->ops->name;
+}
+uint64_t ddp_coll_net_bytes_sent(const ddp_coll_t *c)
+{
+    return c && c->ops->net_bytes ? c->ops->net_bytes(c) : 0;
+}
 int ddp_coll_shrinks(const ddp_coll_t *c) { return c && c->shrinks; }
 int ddp_coll_shrunk(const ddp_coll_t *c) { return c && c->shrunk; }

@@ -40,12 +40,30 @@
  *
  * Buffers from ddp_coll_mem_alloc() are the fast path on one host: see there.
  *
+ * Two-level all-reduce (ring backend, collectives/hier.c): with H > 1 hosts of R > 1 ranks each
+ * (the same R everywhere; a host's ranks contiguous in rank order or not), the ring runs an
+ * all-reduce as a reduce-scatter among the ranks of each host (shared memory), an all-reduce of
+ * each rank's 1/R part among the ranks of the same local index on every host (TCP), and an
+ * all-gather within each host. Each host then sends 2 (H-1)/H of the buffer to other hosts
+ * instead of the flat ring's 2 (W-1)/W or more (W = H R ranks): 1.0 against 1.5 buffers for 2 x 2.
+ * It is chosen under opts.algo "auto" for exactly that topology and nowhere else: one rank per
+ * host, one host, hosts of different sizes and forced TCP keep the flat ring (forced TCP is the
+ * setting for measuring the ring itself). Reduce-scatter and all-gather run in two levels too and
+ * leave the same slices (ddp_coll_slice) as the flat ring; broadcast, transfer and barrier stay on
+ * the flat ring, which a two-level communicator keeps beside its two sub-communicators. Sums are
+ * bitwise reproducible for a fixed topology, but not equal to the flat ring's (another order).
+ *
  * Test hooks (documented here because the reducer's tests use them):
  *  - opts.chunk_delay_us = N (or DDP_COLL_DELAY_US=N in ddp-worker's environment, which reaches
  *    the ring as a test hook, common/test_hook.h): the ring sleeps N microseconds on its
  *    communication thread before each chunk it sends: an artificially slow transport, on any
  *    transport (the sleep is on the comm thread, so compute threads are unaffected).
  *  - DDP_COLL_TRANSPORT=tcp (or opts.transport = "tcp"): use TCP even between local processes.
+ *  - DDP_COLL_ALGO=flat (or opts.algo = "flat"): the flat ring where the two-level all-reduce
+ *    would be chosen, for comparison; it must be the same on every rank, like the transport.
+ *  - DDP_TEST_HOST_OF_RANK=0,0,1,1 (a test hook, common/test_hook.h; ddp-worker reads it, a
+ *    unit test installs it): rank r pretends to run on host number entry r (appended to its host
+ *    id), so one machine can stand for several hosts: TCP between them, shared memory within.
  *  - ddp_coll_fake_world_new() + ddp_coll_new_fake(): a ring communicator whose ranks are threads
  *    of one process joined by in-memory links (no sockets, no bootstrap).
  *  - DDP_COLL_CHUNK_KB: ring chunk (slot) size in KiB (default 512).
@@ -143,6 +161,10 @@ typedef struct ddp_coll_device {
 typedef struct ddp_coll_opts {
     const char *backend;   /* "auto" (default: ring on CPU), "ring", "mpi", "nccl" */
     const char *transport; /* ring: "auto" (shm within a host, tcp across), "tcp" */
+    /* ring: the all-reduce's algorithm: "auto" (two-level where it sends fewer bytes across
+     * hosts, see above), "flat" (one ring over every rank, for comparison), "two-level" (where the
+     * topology allows it, else flat with a warning); NULL: DDP_COLL_ALGO, else "auto" */
+    const char *algo;
     size_t chunk_bytes;    /* ring slot size; 0 = DDP_COLL_CHUNK_KB or 512 KiB */
     int chunk_delay_us;    /* test hook, see above; 0 = the DDP_HOOK_RING_SEND hook's */
     double timeout_s;      /* floor of automatic deadlines; 0 = DDP_COLL_TIMEOUT_S or 30 s */
@@ -265,6 +287,13 @@ uint64_t ddp_coll_generation(const ddp_coll_t *c);
 const char *ddp_coll_backend_name(const ddp_coll_t *c);
 /* The ring's transport to the next rank: "shm", "tcp", "fake", "self" (or the backend name). */
 const char *ddp_coll_transport_name(const ddp_coll_t *c);
+/* How the all-reduce runs: "flat ring", "two-level (H hosts x R ranks)" (see above), "single";
+ * the backend's name for backends that choose for themselves (nccl, mpi). Any thread. */
+const char *ddp_coll_algorithm(const ddp_coll_t *c);
+/* Payload bytes this rank has written to its TCP data links since c was formed (a two-level
+ * communicator's links of every level): what crosses hosts when TCP is not forced. 0 for
+ * backends that do not count. Any thread. */
+uint64_t ddp_coll_net_bytes_sent(const ddp_coll_t *c);
 /* Measured bus bandwidth of the last large all-reduce in bytes/s (0 if none yet). */
 double ddp_coll_bandwidth(const ddp_coll_t *c);
 /* 1 when the next generation's communicator can be formed from c (opts.parent; NCCL >= 2.28,
@@ -346,6 +375,8 @@ typedef struct ddp_coll_ops {
      * caller unmaps m->base; mem_unmap releases the rest (the peers' mappings). */
     int (*mem_map)(ddp_coll_t *c, struct ddp__mem *m, ddp_errinfo_t *ei);
     void (*mem_unmap)(ddp_coll_t *c, struct ddp__mem *m);
+    /* Optional: payload bytes written to TCP links so far (ddp_coll_net_bytes_sent). Any thread. */
+    uint64_t (*net_bytes)(const ddp_coll_t *c);
 } ddp_coll_ops_t;
 
 extern const ddp_coll_ops_t ddp_coll_ring_ops;

@@ -18,6 +18,17 @@
 
 enum { DDP__REQ_ALLREDUCE = 1, DDP__REQ_BCAST = 2, DDP__REQ_REDUCE_SCATTER = 3, DDP__REQ_ALLGATHER = 4 };
 
+/* Which part of the buffer each rank of a communicator owns in a reduce-scatter, an all-gather and
+ * the all-reduce's schedule: by default ddp_coll_slice(count, size, rank). A step of the two-level
+ * all-reduce (hier.c) runs on a sub-communicator but slices the buffer as the world does: rank s
+ * of the sub-communicator owns the world's slices idx[s * pieces + k], k < pieces, each one
+ * ddp_coll_slice(count, world, idx[...]). */
+typedef struct ddp__slicing {
+    int world;      /* the number of slices the buffer is cut into */
+    int pieces;     /* slices per rank */
+    const int *idx; /* [size * pieces] */
+} ddp__slicing_t;
+
 struct ddp_coll_req {
     ddp_coll_t *comm;
     uint64_t seq;          /* 1, 2, ... per communicator, per kind-independent submission */
@@ -43,6 +54,9 @@ struct ddp_coll_req {
     void *staged;           /* the caller's device buffer while buf is its host copy (coll.c),
                              * else NULL */
     uint64_t flight;        /* its flight recorder record (flight.h), 0 none */
+    const ddp__slicing_t *slicing; /* a step of a two-level operation: its slices; NULL: the
+                                    * communicator's own (ddp_coll_slice) */
+    int avg_n;              /* DDP_OP_AVG divides by this; 0: by the communicator's size */
 };
 
 /* One allocation of ddp_coll_mem_alloc. */
@@ -87,7 +101,21 @@ struct ddp_coll {
     uint64_t next_mem_id;   /* caller thread */
     int next_tag;           /* caller thread: the next operation's bucket (ddp_coll_tag_next) */
     int flight_dumped;      /* caller thread: a timeout's flight dump was written */
+    /* A sub-communicator of the two-level all-reduce (hier.c) runs steps of its parent's
+     * operations: world_rank[r] is rank r's rank in the parent, which names ranks in its messages
+     * and travels in its abort notes (so every rank names the same culprit); NULL for a world,
+     * whose numbering is its own. Its operations are not in the flight recorder (the parent's
+     * are). port_index: DDP_DATA_PORT + port_index is this rank's data port (a world: its rank). */
+    int *world_rank;
+    int port_index;
+    char algo[64];          /* ddp_coll_algorithm ("" = the backend's name) */
 };
+
+/* Rank r of c as its world numbers it (r itself unless c is a sub-communicator); -1 stays -1. */
+static inline int ddp__world_rank(const ddp_coll_t *c, int r)
+{
+    return c->world_rank && r >= 0 && r < c->size ? c->world_rank[r] : r;
+}
 
 /* The first-error rule of every backend, written once as a header body because the NCCL module
  * is dlopen()ed and links nothing of the executable's: keeps rc and the message of fmt/ap as
@@ -125,6 +153,17 @@ void ddp__coll_init_common(ddp_coll_t *c, int rank, int size, uint64_t gen, cons
                            const ddp_coll_opts_t *opts);
 /* Allocates a zeroed communicator with its mutex/condvar; NULL on ENOMEM. */
 ddp_coll_t *ddp__coll_alloc(void);
+/* Forms a sub-communicator of the two-level all-reduce from a bootstrap cut out of the world's
+ * (hier.c): as ddp_coll_new with backend "ring", with world_rank (bs->size entries, copied) and
+ * the data port index set before the links are made, so that setup errors name world ranks. */
+int ddp__coll_new_sub(ddp_coll_bootstrap_t *bs, const ddp_coll_opts_t *opts, const int *world_rank,
+                      int port_index, ddp_coll_t **out, ddp_errinfo_t *ei);
+/* Submits a step of a two-level operation on sub-communicator c: as ddp_coll_allreduce,
+ * _reduce_scatter or _allgather (kind), with the world's slicing and AVG's divisor (0: c's size).
+ * Communication thread of c's parent (c's only driver). */
+int ddp__coll_submit_step(ddp_coll_t *c, int kind, void *buf, size_t count, ddp_dtype_t dt,
+                          ddp_redop_t op, const ddp__slicing_t *slicing, int avg_n,
+                          ddp_coll_req_t **req);
 /* Sets b->local_rank from every rank's host id (one allgather through b). */
 int ddp__bootstrap_learn_hosts(ddp_coll_bootstrap_t *b, int64_t deadline, ddp_errinfo_t *ei);
 

@@ -23,11 +23,17 @@
  * partial sums in the slots: it leaves the rest of the buffer as it was. Each segment is always
  * summed starting at the same rank and going around the ring, so the result is a pure function
  * of the inputs and the world size: bitwise identical run to run.
+ * A step of a two-level operation (hier.c) runs the same schedule on a sub-communicator with the
+ * world's slices (q->slicing): each rank's part is then one or several of the world's slices,
+ * and a round takes C elements of one of them; an average then divides by the world's size
+ * (q->avg_n), not the sub-communicator's.
  *
  * Everything here runs on the communicator's communication thread (engine.c). It sleeps in poll()
  * on the transports' fds and the engine's eventfd, after a spin of DDP__SPIN_NS. A failure is named: the rank
  * whose link broke, the rank another rank reported, or the rank waited for when the automatic
  * deadline expired. The first failure is sent to both neighbours so it travels around the ring.
+ * Ranks are named in the world's numbering (ddp__world_rank: a sub-communicator's own numbering
+ * is not the one its caller knows).
  */
 #include <errno.h>
 #include <poll.h>
@@ -50,14 +56,40 @@ typedef struct {
     size_t off, len;
 } seg_t;
 
-/* Round `round` of segment s: elements [round * C, round * C + C) of slice s - 1 (the slice the
- * segment's reduce-scatter ends at); empty past the slice's end. */
-static seg_t seg_of(size_t count, size_t C, int n, size_t round, int s)
+/* The schedule's geometry for one request: rank s's part of the buffer is `pieces` slices
+ * (ddp_coll_slice over n ranks, or over the world's for a step of a two-level operation:
+ * q->slicing), and each piece takes rpp rounds of at most C elements. */
+typedef struct {
+    const ddp__slicing_t *sl;
+    size_t count, C, rpp;
+    int n, pieces;
+} geom_t;
+
+static geom_t geom_of(const ddp_coll_req_t *q, int n, size_t C)
 {
+    geom_t g = {.sl = q->slicing, .count = q->count, .C = C, .n = n,
+                .pieces = q->slicing ? q->slicing->pieces : 1};
     size_t lo, hi;
-    ddp_coll_slice(count, n, mod(s - 1, n), &lo, &hi);
-    size_t o = lo + round * C < hi ? lo + round * C : hi;
-    return (seg_t){o, hi - o < C ? hi - o : C};
+    ddp_coll_slice(q->count, g.sl ? g.sl->world : n, 0, &lo, &hi); /* the first is the longest */
+    g.rpp = (hi - lo + C - 1) / C;
+    return g;
+}
+
+/* Round `round` of segment s: the round's C elements of the part of rank s - 1 (the rank the
+ * segment's reduce-scatter ends at): piece round / rpp, elements from (round % rpp) * C; empty
+ * past the piece's end. */
+static seg_t seg_of(const geom_t *g, size_t round, int s)
+{
+    const int owner = mod(s - 1, g->n);
+    const size_t piece = round / g->rpp, j = round % g->rpp;
+    size_t lo, hi;
+    if (g->sl)
+        ddp_coll_slice(g->count, g->sl->world, g->sl->idx[owner * g->pieces + (int)piece], &lo,
+                       &hi);
+    else
+        ddp_coll_slice(g->count, g->n, owner, &lo, &hi);
+    size_t o = lo + j * g->C < hi ? lo + j * g->C : hi;
+    return (seg_t){o, hi - o < g->C ? hi - o : g->C};
 }
 
 /* Before each chunk sent: the caller's delay (opts.chunk_delay_us), else the test hook's. */
@@ -71,35 +103,39 @@ static void delay(ddp__ring_t *R)
     nanosleep(&ts, NULL);
 }
 
-/* Names a failure seen on a link and records it on c. Returns the error in force. */
+/* Names a failure seen on a link and records it on c. Returns the error in force. Ranks are
+ * named, blamed and reported in the world's numbering (ddp__world_rank): the culprit of an abort
+ * note is one already, so a sub-communicator of a two-level operation can pass on a rank that
+ * is not among its own. */
 static int link_failed(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, ddp__xport_t *x,
                        int rc, int culprit, int code)
 {
     char d[96];
     ddp__req_desc(q, d, sizeof d);
-    if (rc == DDP_EABORTED && culprit == c->rank) {
+    const int me = ddp__world_rank(c, c->rank), peer = ddp__world_rank(c, x->peer);
+    if (rc == DDP_EABORTED && culprit == me) {
         /* A peer blames this rank, which is alive and was itself waiting on someone: that
          * peer timed out behind it. Name the rank this one was waiting on instead. */
         int who = atomic_load(&c->waiting_on);
-        if (who >= 0 && who != c->rank) {
+        if (who >= 0 && who != me) {
             R->culprit = who;
             return ddp__coll_fail(c, code ? code : DDP_EPEER,
                                   "%s: rank %d did not arrive (this rank waited on it; rank %d "
-                                  "gave up on this one)", d, who, x->peer);
+                                  "gave up on this one)", d, who, peer);
         }
     }
     if (rc == DDP_EABORTED) {
         R->culprit = culprit;
-        if (culprit == x->peer)
+        if (culprit == peer)
             return ddp__coll_fail(c, code ? code : DDP_EABORTED, "%s: rank %d aborted (%s)", d,
                                   culprit, ddp_err_name(code));
         return ddp__coll_fail(c, code ? code : DDP_EPEER,
                               "%s: rank %d did not arrive (%s, reported by rank %d)", d, culprit,
-                              ddp_err_name(code), x->peer);
+                              ddp_err_name(code), peer);
     }
-    R->culprit = x->peer;
+    R->culprit = peer;
     return ddp__coll_fail(c, DDP_EPEER, "%s: rank %d did not arrive: its %s link closed (process "
-                          "died or left)", d, x->peer, x->ops->name);
+                          "died or left)", d, peer, x->ops->name);
 }
 
 /* A link whose peer has gone (DDP_EPEER) is only remembered here: data the peer sent before it
@@ -125,7 +161,7 @@ static int block(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int want_send
                  int64_t *deadlinep)
 {
     int64_t deadline = *deadlinep;
-    int who = want_recv ? R->recv->peer : R->send->peer;
+    int who = ddp__world_rank(c, want_recv ? R->recv->peer : R->send->peer);
     atomic_store(&c->waiting_on, who);
     if (q) ddp_flight_waiting(q->flight, who);
     if (want_recv && R->dead[1]) return link_failed(R, c, q, R->recv, DDP_EPEER, -1, 0);
@@ -213,9 +249,9 @@ int ddp__ring_check_links(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int 
 static int bad_len(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, size_t got, size_t want)
 {
     char d[96];
-    R->culprit = R->recv->peer;
+    R->culprit = ddp__world_rank(c, R->recv->peer);
     return ddp__coll_fail(c, DDP_EPROTO, "%s: rank %d sent a chunk of %zu bytes, expected %zu",
-                          ddp__req_desc(q, d, sizeof d), R->recv->peer, got, want);
+                          ddp__req_desc(q, d, sizeof d), R->culprit, got, want);
 }
 
 /* Queues [p, p + len) of the caller's buffer on the send link, whose send_slot() returned `slot`:
@@ -249,12 +285,9 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
     /* the first message of a round: this rank's data, or for an all-gather its final slice */
     const int first = q->kind == DDP__REQ_ALLGATHER ? r + 1 : r;
     const size_t es = ddp_dtype_size(q->dt);
-    const size_t C = (R->slot_bytes / es) & ~(size_t)15;
-    const size_t count = q->count;
-    size_t lo0, hi0;
-    ddp_coll_slice(count, n, 0, &lo0, &hi0); /* the first slice is the longest */
-    const size_t nrounds = (hi0 - lo0 + C - 1) / C;
-    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
+    const geom_t g = geom_of(q, n, (R->slot_bytes / es) & ~(size_t)15);
+    const size_t nrounds = g.rpp * (size_t)g.pieces;
+    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)(q->avg_n ? q->avg_n : n) : 1.0f;
     char *buf = q->buf;
     const int zsend = R->send->ops->send_from != NULL && q->kind != DDP__REQ_REDUCE_SCATTER;
     /* messages this rank receives: T per round, the all-gather's to their final place */
@@ -270,7 +303,7 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
             char *dst = NULL;
             size_t dlen = 0;
             if (pt >= n - 1) {
-                seg_t s = seg_of(count, C, n, (size_t)(posted / (uint64_t)T),
+                seg_t s = seg_of(&g, (size_t)(posted / (uint64_t)T),
                                  mod((long)r - (pt - (n - 1)), n));
                 dst = buf + s.off * es;
                 dlen = s.len * es;
@@ -282,7 +315,7 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
         if (!sent0) {
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
-                seg_t s = seg_of(count, C, n, round, mod(first, n));
+                seg_t s = seg_of(&g, round, mod(first, n));
                 send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0 = moved = 1;
             } else {
@@ -292,7 +325,7 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
         if (sent0 && t == t1 - 1 && round + 1 < nrounds && !sent0_next) {
             void *p = R->send->ops->send_slot(R->send);
             if (p) {
-                seg_t s = seg_of(count, C, n, round + 1, mod(first, n));
+                seg_t s = seg_of(&g, round + 1, mod(first, n));
                 send_buf(R, p, buf + s.off * es, s.len * es);
                 sent0_next = moved = 1;
             }
@@ -309,7 +342,7 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
             } else {
                 char *local;
                 if (t < n - 1) {
-                    seg_t s = seg_of(count, C, n, round, mod((long)r - t - 1, n));
+                    seg_t s = seg_of(&g, round, mod((long)r - t - 1, n));
                     if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
                     local = buf + s.off * es;
                     float sc = t < n - 2 ? 1.0f : scale;
@@ -320,7 +353,7 @@ static int run_elementwise(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int
                     else
                         ddp__reduce(q->dt, local, sp, rp, local, s.len, scale);
                 } else {
-                    seg_t s = seg_of(count, C, n, round, mod((long)r - (t - (n - 1)), n));
+                    seg_t s = seg_of(&g, round, mod((long)r - (t - (n - 1)), n));
                     if (len != s.len * es) return bad_len(R, c, q, len, s.len * es);
                     local = buf + s.off * es;
                     if (rp != local) memcpy(local, rp, len); /* not received in place */
@@ -415,13 +448,14 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
     if (!q) {
         if (R->send) {
             int code = atomic_load(&c->err);
-            int culprit = R->culprit >= 0 ? R->culprit : c->rank;
+            int culprit = R->culprit >= 0 ? R->culprit : ddp__world_rank(c, c->rank);
             R->send->ops->notify_abort(R->send, culprit, code);
             R->recv->ops->notify_abort(R->recv, culprit, code);
         }
         return 0;
     }
     if (c->size == 1 || q->bytes == 0) return 0; /* average over one rank: x * 1 == x */
+    if (R->hier && q->kind != DDP__REQ_BCAST && !q->barrier) return ddp__hier_run(R->hier, c, q);
     int64_t deadline = ddp_now_ns() + ddp__coll_auto_timeout_ns(c, q->bytes);
     R->grace = 0;
     if (q->impl || (q->barrier && R->direct)) return ddp__direct_run(R, c, q, deadline);
@@ -434,10 +468,18 @@ static int ring_run(ddp_coll_t *c, ddp_coll_req_t *q)
 
 static int ring_probe(void) { return 10; }
 
+static uint64_t ring_net_bytes(const ddp_coll_t *c)
+{
+    const ddp__ring_t *R = c->impl;
+    if (!R) return 0;
+    uint64_t n = R->send && !strcmp(R->send->ops->name, "tcp") ? atomic_load(&R->send->sent) : 0;
+    return n + ddp__hier_net_bytes(R->hier);
+}
+
 static int ring_submit(ddp_coll_t *c, ddp_coll_req_t *req)
 {
     ddp__ring_t *R = c->impl;
-    if (R->direct && req->kind != DDP__REQ_BCAST) {
+    if (R->direct && req->kind != DDP__REQ_BCAST && !req->slicing) {
         ddp__mem_t *m = ddp__mem_find(c, req->buf, req->bytes);
         if (m && m->peer) req->impl = m; /* shared on every rank: the single-pass path */
     }
@@ -453,6 +495,7 @@ static int ring_wait(ddp_coll_t *c, ddp_coll_req_t *req, int64_t deadline_ns)
 static void ring_abort(ddp_coll_t *c)
 {
     ddp__ring_t *R = c->impl;
+    if (R && R->hier) ddp__hier_abort(R->hier, c, R->culprit);
     if (R && R->eng) ddp__engine_wake(R->eng);
 }
 
@@ -465,6 +508,7 @@ static void ring_free(ddp_coll_t *c)
         ddp__coll_fail(c, DDP_EABORTED, "communicator freed with operations pending");
     }
     ddp__engine_stop(R->eng);
+    ddp__hier_free(R->hier); /* after the thread that drove it */
     ddp__direct_free(R, c->size);
     if (R->send) R->send->ops->close(R->send);
     if (R->recv) R->recv->ops->close(R->recv);
@@ -504,4 +548,5 @@ const ddp_coll_ops_t ddp_coll_ring_ops = {
     .free = ring_free,
     .mem_map = ddp__direct_mem_map,
     .mem_unmap = ddp__direct_mem_unmap,
+    .net_bytes = ring_net_bytes,
 };

@@ -8,7 +8,10 @@
  * for next's ack; no rank waits on an ack before it has acked its own predecessor, so the ring
  * cannot deadlock. A connection that is foreign (wrong token or generation, garbage, unexpected
  * rank) or stalls for 2 s in its hello is refused with a log line and accepting goes on. The
- * listeners close once the links exist. DDP_DATA_PORT=P pins rank r's TCP data port to P + r.
+ * listeners close once the links exist. DDP_DATA_PORT=P pins rank r's TCP data port to P + r
+ * (and, with the two-level all-reduce, its sub-communicators' to P + W + r and P + 2 W + r).
+ * Then the ring decides whether it runs the all-reduce in two levels (hier.c), from the host ids
+ * allgathered here.
  */
 #include <errno.h>
 #include <poll.h>
@@ -95,7 +98,8 @@ static int accept_prev(ddp_coll_t *c, int tfd, int ufd, int prev, int use_shm, s
         int64_t left = deadline - ddp_now_ns();
         if (left <= 0)
             return ddp_errinfo_set(ei, DDP_ETIMEDOUT, "ring setup: rank %d did not connect to "
-                                   "rank %d before the deadline", prev, c->rank);
+                                   "rank %d before the deadline", ddp__world_rank(c, prev),
+                                   ddp__world_rank(c, c->rank));
         struct pollfd p[2] = {{.fd = tfd, .events = POLLIN}, {.fd = ufd, .events = POLLIN}};
         if (poll(p, 2, (int)(left / 1000000) + 1) <= 0) continue;
         for (int i = 0; i < 2; i++) {
@@ -133,8 +137,8 @@ static int accept_prev(ddp_coll_t *c, int tfd, int ufd, int prev, int use_shm, s
                 for (int k = 0; k < 3; k++)
                     if (fds[k] >= 0) close(fds[k]);
                 close(fd);
-                return ddp_errinfo_set(ei, rc, "ring setup: link from rank %d: %s", prev,
-                                       ddp_strerror(rc));
+                return ddp_errinfo_set(ei, rc, "ring setup: link from rank %d: %s",
+                                       ddp__world_rank(c, prev), ddp_strerror(rc));
             }
             *afd = fd;
             return 0;
@@ -146,8 +150,10 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
                    ddp_errinfo_t *ei)
 {
     size_t slot = ddp__ring_slot_bytes(opts);
+    DDP_CHECK(ddp__hier_check_algo(opts, ei)); /* in a world of one too: a typo is caught early */
     if (c->size == 1) {
         c->transport = "self";
+        snprintf(c->algo, sizeof c->algo, "single");
         return ddp__ring_start(c, NULL, NULL, opts, slot);
     }
     const char *tp = opts && opts->transport ? opts->transport : getenv("DDP_COLL_TRANSPORT");
@@ -160,7 +166,7 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
     memset(&me, 0, sizeof me);
     if (!all) return ddp_errinfo_set(ei, DDP_ENOMEM, "out of memory");
     const char *pb = getenv("DDP_DATA_PORT");
-    int port = pb && *pb ? atoi(pb) + c->rank : 0;
+    int port = pb && *pb ? atoi(pb) + c->port_index : 0;
     tfd = ddp__net_listen(bs->data_host, port, &me.port);
     if (tfd < 0) {
         rc = ddp_errinfo_set(ei, tfd, "ring setup: cannot listen on %s:%d (%s)", bs->data_host,
@@ -208,7 +214,7 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
     }
     if (rc < 0) {
         rc = ddp_errinfo_set(ei, DDP_EPEER, "ring setup: cannot connect to rank %d (%s at %s): %s",
-                             next, shm_next ? "shm" : "tcp",
+                             ddp__world_rank(c, next), shm_next ? "shm" : "tcp",
                              shm_next ? all[next].unix_name : all[next].tcp_host,
                              ddp_strerror(rc));
         goto out;
@@ -218,15 +224,17 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
     char ack = 'K';
     ddp__net_nonblock(pfd, 0);
     if (ddp__net_send_all(pfd, &ack, 1, deadline) < 0) {
-        rc = ddp_errinfo_set(ei, DDP_EPEER, "ring setup: rank %d left during setup", prev);
+        rc = ddp_errinfo_set(ei, DDP_EPEER, "ring setup: rank %d left during setup",
+                             ddp__world_rank(c, prev));
         goto out;
     }
     ack = 0;
     rc = ddp__net_recv_all(nfd, &ack, 1, deadline);
     if (rc < 0 || ack != 'K') {
         rc = ddp_errinfo_set(ei, rc == DDP_ETIMEDOUT ? rc : DDP_EPEER,
-                             "ring setup: rank %d did not accept rank %d's link (%s)", next,
-                             c->rank, rc < 0 ? ddp_strerror(rc) : "bad ack");
+                             "ring setup: rank %d did not accept rank %d's link (%s)",
+                             ddp__world_rank(c, next), ddp__world_rank(c, c->rank),
+                             rc < 0 ? ddp_strerror(rc) : "bad ack");
         goto out;
     }
     ddp__net_nonblock(pfd, 1);
@@ -243,6 +251,11 @@ int ddp__ring_init(ddp_coll_t *c, ddp_coll_bootstrap_t *bs, const ddp_coll_opts_
     for (int q = 0; q < c->size; q++)
         if (strcmp(all[q].host_id, me.host_id)) R->all_local = 0;
     snprintf(R->shm_prefix, sizeof R->shm_prefix, "/%s", all[0].unix_name);
+    rc = ddp__hier_start(c, R, bs, opts, all[0].host_id, sizeof *all, force_tcp, ei);
+    if (rc < 0) {
+        ddp_coll_ring_ops.free(c); /* the ring's thread and links */
+        goto out;
+    }
     DDP_DEBUG("ring ready: rank %d -> %d over %s, %d <- %d over %s", c->rank, next,
               shm_next ? "shm" : "tcp", c->rank, prev, shm_prev ? "shm" : "tcp");
 out:

@@ -236,8 +236,9 @@ static int wait_for(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int peer, 
     int64_t spin_end = ddp_now_ns() + DDP__SPIN_NS;
     /* yield, not pause: the rank awaited may be runnable on this very core */
     while (!reached(p, phase) && ddp_now_ns() < spin_end) sched_yield();
-    atomic_store(&c->waiting_on, peer);
-    if (q) ddp_flight_waiting(q->flight, peer);
+    const int who = ddp__world_rank(c, peer); /* as ring.c names ranks */
+    atomic_store(&c->waiting_on, who);
+    if (q) ddp_flight_waiting(q->flight, who);
     while (!reached(p, phase)) {
         DDP_CHECK(ddp__ring_check_links(R, c, q, 0));
         if (R->dead[0] || R->dead[1]) {
@@ -247,9 +248,9 @@ static int wait_for(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int peer, 
         }
         if (ddp_now_ns() >= deadline) {
             char d[96];
-            R->culprit = peer;
+            R->culprit = who;
             return ddp__coll_fail(c, DDP_ETIMEDOUT, "%s: rank %d did not arrive within %.1f s",
-                                  ddp__req_desc(q, d, sizeof d), peer,
+                                  ddp__req_desc(q, d, sizeof d), who,
                                   (double)(ddp_now_ns() - q->t_start) * 1e-9);
         }
         atomic_fetch_add(&p->sleepers, 1);
@@ -295,13 +296,14 @@ int ddp__direct_run(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t de
         if (o->mem_id != m->id || o->offset != off || o->count != q->count ||
             o->kind != me->kind) {
             char dd[96];
-            R->culprit = p;
+            const int who = ddp__world_rank(c, p), self = ddp__world_rank(c, c->rank);
+            R->culprit = who;
             return ddp__coll_fail(c, DDP_EPROTO, "%s: rank %d runs operation %llu on %llu elements "
                                   "at offset %llu of shared allocation %llu, rank %d %llu on %zu "
-                                  "at %zu of %llu", ddp__req_desc(q, dd, sizeof dd), p,
+                                  "at %zu of %llu", ddp__req_desc(q, dd, sizeof dd), who,
                                   (unsigned long long)o->kind, (unsigned long long)o->count,
                                   (unsigned long long)o->offset, (unsigned long long)o->mem_id,
-                                  c->rank, (unsigned long long)me->kind, q->count, off,
+                                  self, (unsigned long long)me->kind, q->count, off,
                                   (unsigned long long)m->id);
         }
     }
@@ -318,7 +320,7 @@ int ddp__direct_run(ddp__ring_t *R, ddp_coll_t *c, ddp_coll_req_t *q, int64_t de
     /* an all-reduce writes the sum into every rank's memory, a reduce-scatter into this one's */
     const int first = q->kind == DDP__REQ_ALLREDUCE ? 0 : c->rank;
     const int last = q->kind == DDP__REQ_ALLREDUCE ? n - 1 : c->rank;
-    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)n : 1.0f;
+    const float scale = q->op == DDP_OP_AVG ? 1.0f / (float)(q->avg_n ? q->avg_n : n) : 1.0f;
     for (size_t i = lo; i < hi; i += blk) {
         size_t len = hi - i < blk ? hi - i : blk;
         size_t at = off + i * es;

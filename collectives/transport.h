@@ -20,6 +20,7 @@
 #define DDP_COLLECTIVES_TRANSPORT_H
 
 #include <poll.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,6 +66,8 @@ struct ddp__xport {
     size_t slot_bytes;
     int peer;       /* the other rank */
     int is_send;
+    _Atomic uint64_t sent; /* sender: payload bytes handed to the peer (TCP counts them; written
+                            * by the communication thread, read by any) */
 };
 
 /* Link setup message, sent by the sender on a new data connection (TCP or Unix). */

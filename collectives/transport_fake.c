@@ -74,6 +74,7 @@ int ddp_coll_new_fake(ddp_coll_fake_world_t *w, int rank, const ddp_coll_opts_t 
         return rc;
     }
     c->transport = w->n > 1 ? "fake" : "self";
+    snprintf(c->algo, sizeof c->algo, "%s", w->n > 1 ? "flat ring" : "single");
     *out = c;
     return 0;
 }

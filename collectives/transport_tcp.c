@@ -88,6 +88,7 @@ static int send_progress(tcp_t *t)
         if (t->off == total) {
             t->off = 0;
             t->tail++;
+            atomic_fetch_add_explicit(&t->pub.sent, t->lens[i], memory_order_relaxed);
         }
     }
     return 0;

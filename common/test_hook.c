@@ -2,6 +2,8 @@
 #include "common/test_hook.h"
 
 #include <errno.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +50,11 @@ int ddp_test_hook(ddp_hook_point_t point, long step, int rank)
     case DDP_HOOK_LOSS_SPIKE:
         return h->loss_spike_step > 0 && h->loss_spike_step == step && h->loss_spike_rank == rank;
     case DDP_HOOK_NORM_SPIKE: return h->norm_spike_step > 0 && h->norm_spike_step == step;
+    case DDP_HOOK_HOST: {
+        const char *p = h->host_of_rank;
+        for (int r = 0; *p && r < rank; r++) p += strcspn(p, ",") + (p[strcspn(p, ",")] == ',');
+        return *p ? 1 + atoi(p) : 0;
+    }
     case DDP_HOOK_EVAL:
         if (h->eval_hang_step <= 0 || h->eval_hang_step != step || h->eval_hang_rank != rank)
             return 0;

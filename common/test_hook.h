@@ -46,6 +46,11 @@ typedef enum ddp_hook_point {
      * (logged), for a test to kill it there; only in an elastic job's first generation. Never
      * returns when it fires. */
     DDP_HOOK_EVAL,
+    /* DDP_TEST_HOST_OF_RANK=H0,H1,...: rank r pretends to run on host number Hr (the
+     * collectives' bootstraps append it to the host id), so that one machine stands for several
+     * hosts in a test of the two-level all-reduce. Returns 1 + Hr, or 0 (off, or r past the
+     * list). */
+    DDP_HOOK_HOST,
 } ddp_hook_point_t;
 
 /* Every hook's setting; zeros: off. */
@@ -66,6 +71,7 @@ typedef struct ddp_test_hooks {
     long norm_spike_step; /* DDP_HOOK_NORM_SPIKE: step (1-based) */
     long eval_hang_step;      /* DDP_HOOK_EVAL: step (1-based) and rank */
     int eval_hang_rank;
+    char host_of_rank[256];   /* DDP_HOOK_HOST: comma-separated host numbers, "" off */
 } ddp_test_hooks_t;
 
 /* Installs a copy of *h (NULL: all off) as the process's hooks. */

@@ -221,6 +221,8 @@ static void read_test_hooks(ddp_test_hooks_t *h)
     }
     if ((v = getenv("DDP_TEST_CKPT_SHARD_DELAY_MS"))) h->ckpt_shard_delay_ms = atol(v);
     if ((v = getenv("DDP_COLL_DELAY_US")) && *v) h->ring_send_delay_us = atoi(v);
+    if ((v = getenv("DDP_TEST_HOST_OF_RANK")))
+        snprintf(h->host_of_rank, sizeof h->host_of_rank, "%s", v);
 }
 
 /* Everything the trainer takes from the environment, read once here beside the spec (the

@@ -275,7 +275,7 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
     if (t->world.rank == 0 && !opts->quiet)
         DDP_INFO("model %d layers, %d heads, %d channels, vocab %d: %.2fM parameters; "
                  "%s kernels%s%s%s, %d threads; %d rank(s)%s%s%s x %d micro-step(s) x %d x %d "
-                 "tokens%s",
+                 "tokens%s%s%s",
                  s->model.n_layer, s->model.n_head, s->model.n_embd, s->model.vocab_size,
                  (double)t->model.n_params / 1e6, ddp_k_name(&t->k), cpu ? " with " : "",
                  cpu ? ddp_cpu_isa_name(ddp_cpu_isa()) : "", cpu ? " loops" : "", threads, world,
@@ -286,11 +286,15 @@ int ddp_trainer_init(ddp_trainer_t *t, const ddp_spec_t *spec, const ddp_train_o
                  : t->zero1.on ? " (gradients in shared memory, optimizer step sharded)"
                                : " (gradients in shared memory)",
                  t->deal.accum, s->micro_batch, s->seq_len,
+                 t->world.comm ? "; all-reduce " : "",
+                 t->world.comm ? ddp_coll_algorithm(t->world.comm) : "",
                  t->member.elastic ? "; elastic (generation 1 of the coordinator's)" : "");
     else if (!opts->quiet)
-        DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s",
+        DDP_INFO("joined: rank %d of %d, %s kernels, %d threads, ring to the next rank over %s, "
+                 "all-reduce %s",
                  t->world.rank, world, ddp_k_name(&t->k), threads,
-                 t->world.comm ? ddp_coll_transport_name(t->world.comm) : "-");
+                 t->world.comm ? ddp_coll_transport_name(t->world.comm) : "-",
+                 t->world.comm ? ddp_coll_algorithm(t->world.comm) : "-");
     char warning[256];
     if (t->world.rank == 0 && ddp_spec_warning(s, warning, sizeof warning)) DDP_WARN("%s", warning);
     return 0;

@@ -1,5 +1,6 @@
-/* Collectives under faults: a rank SIGKILLed in the middle of an all-reduce (shm and TCP, and the
- * single-pass path on shared collective memory) makes
+/* Collectives under faults: a rank SIGKILLed in the middle of an all-reduce (shm and TCP, the
+ * single-pass path on shared collective memory, and the two-level all-reduce between the hosts of
+ * the DDP_TEST_HOST_OF_RANK test hook) makes
  * every survivor's wait fail within 5 s with an error naming that rank; the survivors abort, form
  * a new communicator (next generation) in the same process, and it works. A stalled rank
  * (SIGSTOP) is named by the deadline. Over TCP, a survivor that frees its buffer (16 MiB: unmapped)
@@ -34,6 +35,7 @@ typedef struct {
     double timeout_s;
     int coll_mem; /* the all-reduces run on memory from ddp_coll_mem_alloc */
     int free_early; /* survivors free the (malloc'ed) buffer right after the failure */
+    const char *hosts; /* DDP_TEST_HOST_OF_RANK (w_cfg_t.hosts): NULL one host */
 } kill_arg_t;
 
 /* Survivors: loop big all-reduces until one fails; report; re-form without the victim. */
@@ -45,6 +47,8 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
     report_t rep = {0};
     ddp_errinfo_t ei;
     float *buf = NULL;
+    if (a->hosts && strncmp(ddp_coll_algorithm(c), "two-level", 9))
+        W_FAIL("hosts %s: all-reduce %s, expected two-level", a->hosts, ddp_coll_algorithm(c));
     if (a->coll_mem) {
         if (ddp_coll_mem_alloc(c, count * sizeof(float), (void **)&buf, &ei) ||
             !ddp_coll_mem_shared(c, buf))
@@ -95,15 +99,16 @@ static int kill_rank_fn(ddp_coll_t *c, void *p)
     return 0;
 }
 
-static void run_kill_ex(int n, int victim, const char *transport, int stop_instead,
-                        int coll_mem, int free_early)
+static void run_kill_hosts(int n, int victim, const char *transport, int stop_instead,
+                           int coll_mem, int free_early, const char *hosts)
 {
     kill_arg_t a = {.victim = victim, .transport = transport, .port2 = w_port(),
                     .timeout_s = stop_instead ? 2.0 : 0, .coll_mem = coll_mem,
-                    .free_early = free_early};
+                    .free_early = free_early, .hosts = hosts};
     assert_int_equal(pipe(a.ready), 0);
     for (int r = 0; r < n; r++) assert_int_equal(pipe(a.fds[r]), 0);
-    w_cfg_t cfg = {.n = n, .transport = transport, .port = w_port(), .timeout_s = a.timeout_s};
+    w_cfg_t cfg = {.n = n, .transport = transport, .port = w_port(), .timeout_s = a.timeout_s,
+                   .hosts = hosts};
     pid_t pids[8];
     for (int r = 0; r < n; r++) {
         pids[r] = fork();
@@ -157,6 +162,12 @@ static void run_kill_ex(int n, int victim, const char *transport, int stop_inste
     close(a.ready[1]);
 }
 
+static void run_kill_ex(int n, int victim, const char *transport, int stop_instead,
+                        int coll_mem, int free_early)
+{
+    run_kill_hosts(n, victim, transport, stop_instead, coll_mem, free_early, NULL);
+}
+
 static void run_kill_in(int n, int victim, const char *transport, int stop_instead,
                         int coll_mem)
 {
@@ -176,6 +187,17 @@ static void test_kill_tcp_3(void **s) { run_kill(3, 2, "tcp", 0); }
 static void test_kill_tcp_3_free(void **s) { run_kill_ex(3, 0, "tcp", 0, 0, 1); }
 static void test_kill_shm_4(void **s) { run_kill(4, 0, "auto", 0); }
 static void test_stall_shm_3(void **s) { run_kill(3, 1, "auto", 1); }
+/* the two-level all-reduce (hosts of the DDP_TEST_HOST_OF_RANK hook): a rank killed or stalled
+ * in one step is named by the ranks of the other steps too */
+static void test_kill_two_level_2x2(void **s) { run_kill_hosts(4, 3, "auto", 0, 0, 0, "0,0,1,1"); }
+static void test_kill_two_level_3x2(void **s)
+{
+    run_kill_hosts(6, 4, "auto", 0, 0, 0, "0,1,2,0,1,2");
+}
+static void test_stall_two_level_2x2(void **s)
+{
+    run_kill_hosts(4, 0, "auto", 1, 0, 0, "0,0,1,1");
+}
 
 /* ---- malformed connections ---------------------------------------------------------------- */
 
@@ -273,6 +295,9 @@ int main(void)
         cmocka_unit_test(test_kill_mem_3),
         cmocka_unit_test(test_kill_mem_4),
         cmocka_unit_test(test_stall_mem_3),
+        cmocka_unit_test(test_kill_two_level_2x2),
+        cmocka_unit_test(test_kill_two_level_3x2),
+        cmocka_unit_test(test_stall_two_level_2x2),
     };
     return cmocka_run_group_tests_name("collectives_fault", tests, NULL, NULL);
 }

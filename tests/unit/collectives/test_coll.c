@@ -25,64 +25,6 @@
 
 static const size_t counts[] = {0, 1, 7, 1000003, CHUNK_MULT};
 
-/* Reduce-scatter then all-gather, of collective memory or of malloc()ed memory: this rank's
- * slice (ddp_coll_slice) equals an all-reduce's bitwise and the rest of the buffer is left as it
- * was; the all-gather (with garbage outside the slice) then gives every rank the whole
- * all-reduced buffer. The ring does this over any memory (its schedule's two halves); a backend
- * that cannot refuses memory not shared by every rank with DDP_ENOTSUP. In a world of one both
- * change nothing. */
-static int check_scatter_gather(ddp_coll_t *c, size_t count, ddp_dtype_t dt, ddp_redop_t op,
-                                uint32_t seed, int coll_mem)
-{
-    const size_t es = ddp_dtype_size(dt), bytes = count * es;
-    const int n = ddp_coll_size(c), me = ddp_coll_rank(c);
-    char *buf, *ref, *orig = malloc(bytes + 1);
-    ddp_errinfo_t ei;
-    ddp_coll_req_t *r;
-    if (!coll_mem) {
-        buf = malloc(bytes + 1);
-        ref = malloc(bytes + 1);
-    } else if (ddp_coll_mem_alloc(c, bytes + 1, (void **)&buf, &ei) ||
-               ddp_coll_mem_alloc(c, bytes + 1, (void **)&ref, &ei)) {
-        W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
-    }
-    w_fill(buf, count, dt, me, seed);
-    w_fill(ref, count, dt, me, seed);
-    w_fill(orig, count, dt, me, seed);
-    int rc = ddp_coll_reduce_scatter(c, buf, count, dt, op, &r);
-    if (!ddp_coll_slices_anywhere(c) && !ddp_coll_mem_shared(c, buf) && n > 1 && count) {
-        if (rc != DDP_ENOTSUP) W_FAIL("reduce-scatter of private memory: %s", ddp_err_name(rc));
-        if (ddp_coll_allgather(c, buf, count, dt, &r) != DDP_ENOTSUP)
-            W_FAIL("allgather of private memory accepted");
-        goto done;
-    }
-    if (rc || ddp_coll_wait(r, 0, &ei)) W_FAIL("reduce-scatter of %zu: %s", count, ei.msg);
-    if (ddp_coll_allreduce(c, ref, count, dt, op, &r) || ddp_coll_wait(r, 0, &ei))
-        W_FAIL("allreduce: %s", ei.msg);
-    size_t lo, hi;
-    ddp_coll_slice(count, n, me, &lo, &hi);
-    if (memcmp(buf + lo * es, ref + lo * es, (hi - lo) * es))
-        W_FAIL("reduce-scatter of %zu (dt %d op %d): slice [%zu, %zu) differs from the all-reduce",
-               count, (int)dt, (int)op, lo, hi);
-    if (memcmp(buf, orig, lo * es) || memcmp(buf + hi * es, orig + hi * es, (count - hi) * es))
-        W_FAIL("reduce-scatter of %zu changed memory outside [%zu, %zu)", count, lo, hi);
-    memset(buf, 0xA5, lo * es);
-    memset(buf + hi * es, 0xA5, (count - hi) * es);
-    if (ddp_coll_allgather(c, buf, count, dt, &r) || ddp_coll_wait(r, 0, &ei))
-        W_FAIL("allgather of %zu: %s", count, ei.msg);
-    if (memcmp(buf, ref, bytes)) W_FAIL("allgather of %zu differs from the all-reduce", count);
-done:
-    if (coll_mem) {
-        ddp_coll_mem_free(c, buf);
-        ddp_coll_mem_free(c, ref);
-    } else {
-        free(buf);
-        free(ref);
-    }
-    free(orig);
-    return 0;
-}
-
 /* ddp_coll_transfer from every root to every set of receivers: receivers get root's bytes,
  * every other rank's buffer is untouched (NULL on half of those ranks: never read or written),
  * and an all-reduce queued behind each transfer still sums right. */
@@ -131,7 +73,7 @@ static int full_suite(ddp_coll_t *c, int coll_mem)
     for (size_t k = 0; k < sizeof counts / sizeof counts[0]; k++)
         for (int dt = 0; dt < 2; dt++)
             for (int op = 0; op < 2; op++)
-                if (check_scatter_gather(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
+                if (w_check_scatter_gather(c, counts[k], (ddp_dtype_t)dt, (ddp_redop_t)op, seed++,
                                          coll_mem))
                     return 1;
     /* several buckets in flight at once, then one wait for all (the reducer's pattern), with a

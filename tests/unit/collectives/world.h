@@ -1,5 +1,6 @@
 /* Test helpers for the collectives: fork a world of ranks that form a ring communicator over a
- * TCP rendezvous on loopback, and numerics checks against a serial sum in double.
+ * TCP rendezvous on loopback (on one host, or on several made by the DDP_TEST_HOST_OF_RANK test
+ * hook: w_cfg_t.hosts), and numerics checks against a serial sum in double.
  *
  * Children never call cmocka: they print what differs and exit non-zero; the parent asserts on
  * the exit statuses. A world that runs past its time limit is SIGKILLed and counts as failed.
@@ -22,6 +23,7 @@
 #include "collectives/coll.h"
 #include "collectives/coll_impl.h"
 #include "common/clock.h"
+#include "common/test_hook.h"
 
 #define W_FAIL(...)                                                                            \
     do {                                                                                       \
@@ -170,6 +172,64 @@ static inline int w_check_allreduce(ddp_coll_t *c, size_t count, ddp_dtype_t dt,
     return w_check_allreduce_in(c, count, dt, op, seed, 0);
 }
 
+/* Reduce-scatter then all-gather, of collective memory or of malloc()ed memory: this rank's
+ * slice (ddp_coll_slice) equals an all-reduce's bitwise and the rest of the buffer is left as it
+ * was; the all-gather (with garbage outside the slice) then gives every rank the whole
+ * all-reduced buffer. The ring does this over any memory (its schedule's two halves); a backend
+ * that cannot refuses memory not shared by every rank with DDP_ENOTSUP. In a world of one both
+ * change nothing. */
+static inline int w_check_scatter_gather(ddp_coll_t *c, size_t count, ddp_dtype_t dt,
+                                         ddp_redop_t op, uint32_t seed, int coll_mem)
+{
+    const size_t es = ddp_dtype_size(dt), bytes = count * es;
+    const int n = ddp_coll_size(c), me = ddp_coll_rank(c);
+    char *buf, *ref, *orig = malloc(bytes + 1);
+    ddp_errinfo_t ei;
+    ddp_coll_req_t *r;
+    if (!coll_mem) {
+        buf = malloc(bytes + 1);
+        ref = malloc(bytes + 1);
+    } else if (ddp_coll_mem_alloc(c, bytes + 1, (void **)&buf, &ei) ||
+               ddp_coll_mem_alloc(c, bytes + 1, (void **)&ref, &ei)) {
+        W_FAIL("ddp_coll_mem_alloc: %s", ei.msg);
+    }
+    w_fill(buf, count, dt, me, seed);
+    w_fill(ref, count, dt, me, seed);
+    w_fill(orig, count, dt, me, seed);
+    int rc = ddp_coll_reduce_scatter(c, buf, count, dt, op, &r);
+    if (!ddp_coll_slices_anywhere(c) && !ddp_coll_mem_shared(c, buf) && n > 1 && count) {
+        if (rc != DDP_ENOTSUP) W_FAIL("reduce-scatter of private memory: %s", ddp_err_name(rc));
+        if (ddp_coll_allgather(c, buf, count, dt, &r) != DDP_ENOTSUP)
+            W_FAIL("allgather of private memory accepted");
+        goto done;
+    }
+    if (rc || ddp_coll_wait(r, 0, &ei)) W_FAIL("reduce-scatter of %zu: %s", count, ei.msg);
+    if (ddp_coll_allreduce(c, ref, count, dt, op, &r) || ddp_coll_wait(r, 0, &ei))
+        W_FAIL("allreduce: %s", ei.msg);
+    size_t lo, hi;
+    ddp_coll_slice(count, n, me, &lo, &hi);
+    if (memcmp(buf + lo * es, ref + lo * es, (hi - lo) * es))
+        W_FAIL("reduce-scatter of %zu (dt %d op %d): slice [%zu, %zu) differs from the all-reduce",
+               count, (int)dt, (int)op, lo, hi);
+    if (memcmp(buf, orig, lo * es) || memcmp(buf + hi * es, orig + hi * es, (count - hi) * es))
+        W_FAIL("reduce-scatter of %zu changed memory outside [%zu, %zu)", count, lo, hi);
+    memset(buf, 0xA5, lo * es);
+    memset(buf + hi * es, 0xA5, (count - hi) * es);
+    if (ddp_coll_allgather(c, buf, count, dt, &r) || ddp_coll_wait(r, 0, &ei))
+        W_FAIL("allgather of %zu: %s", count, ei.msg);
+    if (memcmp(buf, ref, bytes)) W_FAIL("allgather of %zu differs from the all-reduce", count);
+done:
+    if (coll_mem) {
+        ddp_coll_mem_free(c, buf);
+        ddp_coll_mem_free(c, ref);
+    } else {
+        free(buf);
+        free(ref);
+    }
+    free(orig);
+    return 0;
+}
+
 typedef struct {
     int n;
     const char *transport; /* "auto" or "tcp" */
@@ -178,6 +238,9 @@ typedef struct {
     uint64_t generation;
     double timeout_s;
     double pre_new_delay_s; /* ranks > 0 sleep this long between bootstrap and communicator */
+    const char *hosts;      /* DDP_TEST_HOST_OF_RANK: the host each rank pretends to be on */
+    const char *algo;       /* opts.algo (NULL: auto) */
+    size_t chunk_bytes;     /* opts.chunk_bytes (0: default) */
 } w_cfg_t;
 
 /* Runs in a child: bootstrap, communicator, fn, free. Returns the exit status. */
@@ -189,6 +252,11 @@ static inline int w_child(const w_cfg_t *cfg, int rank, w_rank_fn fn, void *arg)
     signal(SIGBUS, SIG_DFL);
     signal(SIGILL, SIG_DFL);
     signal(SIGFPE, SIG_DFL);
+    if (cfg->hosts) {
+        ddp_test_hooks_t h = {0};
+        snprintf(h.host_of_rank, sizeof h.host_of_rank, "%s", cfg->hosts);
+        ddp_test_hooks_set(&h);
+    }
     char addr[96];
     snprintf(addr, sizeof addr, "%s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
     ddp_coll_rdzv_cfg_t rc = {.rank = rank, .size = cfg->n, .addr = addr, .token = "test-token",
@@ -198,7 +266,8 @@ static inline int w_child(const w_cfg_t *cfg, int rank, w_rank_fn fn, void *arg)
     int e = ddp_coll_bootstrap_tcp(&rc, &bs, &ei);
     if (e) W_FAIL("rank %d: bootstrap: %s: %s", rank, ddp_err_name(e), ei.msg);
     if (rank > 0 && cfg->pre_new_delay_s > 0) usleep((useconds_t)(cfg->pre_new_delay_s * 1e6));
-    ddp_coll_opts_t o = {.transport = cfg->transport, .timeout_s = cfg->timeout_s};
+    ddp_coll_opts_t o = {.transport = cfg->transport, .timeout_s = cfg->timeout_s,
+                         .algo = cfg->algo, .chunk_bytes = cfg->chunk_bytes};
     ddp_coll_t *c;
     e = ddp_coll_new(bs, &o, &c, &ei);
     ddp_coll_bootstrap_free(bs);

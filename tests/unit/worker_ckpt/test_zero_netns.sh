@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ZeRO-1 across "hosts" (TAP): ranks in two network namespaces joined by a veth pair, so the
-# ring runs over TCP between them. With 2 and 3 ranks, ddp.shard_optimizer (reduce-scatter the
-# gradients, update this rank's slices, all-gather the parameters) gives the unsharded run's
+# ring runs over TCP between them. With 2, 3 and 4 ranks (4: two in each namespace, so the
+# all-reduce, reduce-scatter and all-gather run in two levels), ddp.shard_optimizer (reduce-scatter
+# the gradients, update this rank's slices, all-gather the parameters) gives the unsharded run's
 # weights and checkpoint bitwise, and each rank holds only its slices of the optimizer's moments
 # (measured page by page by the worker). A sharded 3-rank checkpoint resumes on 2 ranks.
 # Skips (77) where namespaces cannot be made.
@@ -64,14 +65,18 @@ run() {
 resident() { grep -h 'moments resident after step 1' "$@" | grep -o '([0-9]* KiB)' | tr -dc '0-9\n'; }
 sum() { awk '{ s += $1 } END { print s + 0 }'; }
 
-echo "1..9"
-for world in 2 3; do
-  run s$world $world --set checkpoint.dir=\"$tmp/ck-s$world\" --dump-weights s$world.st &&
-    run u$world $world --set ddp.shard_optimizer=false --set checkpoint.dir=\"$tmp/ck-u$world\" \
-      --dump-weights u$world.st || { not_ok "$world ranks across two namespaces trained"; continue; }
-  check "$world ranks: the step is sharded and the ring crosses hosts over TCP" \
+echo "1..13"
+for world in 2 3 4; do
+  batch=(); [ $world = 4 ] && batch=(--set train.global_batch_tokens=512) # 384 needs 1, 2, 3, 6
+  run s$world $world "${batch[@]}" --set checkpoint.dir=\"$tmp/ck-s$world\" \
+      --dump-weights s$world.st &&
+    run u$world $world "${batch[@]}" --set ddp.shard_optimizer=false \
+      --set checkpoint.dir=\"$tmp/ck-u$world\" --dump-weights u$world.st ||
+    { not_ok "$world ranks across two namespaces trained"; continue; }
+  algo="flat ring"; [ $world = 4 ] && algo="two-level (2 hosts x 2 ranks)"
+  check "$world ranks: the step is sharded, the ring crosses hosts over TCP, all-reduce $algo" \
     bash -c "grep -q 'optimizer step sharded' s$world/rank-0.log &&
-             grep -q 'ring to the next rank over tcp' s$world/rank-1.log"
+             grep -q 'ring to the next rank over tcp, all-reduce $algo' s$world/rank-1.log"
   check "$world ranks over TCP: sharded weights == unsharded, bitwise" cmp s$world.st u$world.st
   check "$world ranks over TCP: the sharded run's checkpoint of step 6 == the unsharded one's" \
     bash -c "cmp ck-s$world/step-00000006/optim.safetensors ck-u$world/step-00000006/optim.safetensors &&
