@@ -57,7 +57,7 @@ if [ $quick -eq 0 ]; then
   fi
   if setup build-tsan -Db_sanitize=thread -Dcuda=disabled -Dbuildtype=debugoptimized; then
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      run_suites build-tsan tsan --timeout-multiplier 3 kernels kernels_lowp collectives elastic_conn reducer data gpu_sim \
+      run_suites build-tsan tsan --timeout-multiplier 3 kernels kernels_lowp collectives collectives_hier elastic_conn reducer data gpu_sim \
         flight
   else
     summaries+=(--broken build-tsan); status=1
