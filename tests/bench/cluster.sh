@@ -17,6 +17,10 @@
 # PyTorch DDP fp32, ddpd ddp.grad_dtype=bf16, PyTorch DDP with bf16_compress_hook; 2 hosts x 1
 # rank, 1 compute thread per rank. Last, 2 hosts x 2 ranks of ddpd (4 ranks on the machine's
 # cores: that it works and the bytes it sends, not its speed).
+# ddpd runs with ddp.shard_optimizer=false, as PyTorch DDP keeps a whole optimizer per rank: with
+# ZeRO-1 (ddpd's default for several ranks) the parameters' all-gather after the update adds the
+# same bytes as the all-reduce's second half, in fp32 whatever ddp.grad_dtype (0.75x with bf16,
+# not 0.5x), and it is exposed.
 # Reported per row (medians over rounds): global tokens/s, scaling (tokens/s over twice one
 # rank's), exposed communication (ddpd: its own accounting, metrics.jsonl's exposed_comm_ms;
 # both: the step's time above one rank's), the bytes each host sent per step (eth0's tx counter
@@ -25,7 +29,8 @@
 #
 # Environment: ROUNDS (2), STEPS (4 measured), WARMUP (2 untimed), RATES ("1gbit 10gbit
 # unshaped"), MODELS ("gpt2-124M gpt2-mini"), B (4), T (64), TORCH_PY (a Python with torch 2.x;
-# PyTorch's columns are skipped without one). Namespaces named ddpc-* left by an earlier run are
+# PyTorch's columns are skipped without one), RESULTS (a file that keeps every run's line; the
+# table is `cluster_report.py RESULTS LINKS_JSON` again). Namespaces named ddpc-* left by an earlier run are
 # removed at the start, and this run's at the end. About 20 minutes on 2 cores with the defaults.
 set -euo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,7 +97,8 @@ wait_file_step() {
     return 1
 }
 
-results=$work/results.jsonl
+results=${RESULTS:-$work/results.jsonl} # RESULTS=FILE keeps every run's line (cluster_report.py)
+: >"$results"
 # record KIND JSON: one line of results
 record() { echo "$2" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); d.update(json.loads(sys.argv[1])); print(json.dumps(d))' "$1" >>"$results"; }
 
@@ -108,7 +114,8 @@ ddpd_run() {
             DDP_RUN_DIR="$dir" DDP_COLL_ALGO=$algo "$worker" "$work/job.yaml" \
             --set model.preset=$model --set train.micro_batch=$B --set train.seq_len=$T \
             --set train.steps=$((warmup + steps)) --set train.threads=1 \
-            --set ddp.grad_dtype=\"$dtype\" >"$dir/rank-$r.out" 2>&1 &
+            --set ddp.grad_dtype=\"$dtype\" --set ddp.shard_optimizer=false \
+            >"$dir/rank-$r.out" 2>&1 &
         ps+=($!)
     done
     # the counters at two step boundaries (each read as the step's line appears: the same lag at

@@ -37,6 +37,12 @@ def host_mb(r):  # bytes each host sent per measured step, mean over hosts, MB
     return st.mean(y - x for x, y in zip(a, b)) / r["steps"] / 1e6
 
 
+def spread(key, impl, H, R, rate, model, dtype):
+    """ "min-max" over the rounds, or "" with fewer than two."""
+    vals = [key(r) for r in groups.get((impl, H, R, rate, model, dtype), [])]
+    return f" ({min(vals):.0f}-{max(vals):.0f})" if len(vals) > 1 else ""
+
+
 def fmt(v, f="{:.0f}"):
     return "-" if v is None else f.format(v)
 
@@ -47,7 +53,8 @@ def ratio(a, b, f="{:.2f}x"):
 
 models = list(dict.fromkeys(r["model"] for r in runs))  # in the order they ran
 rates = [k for k in links]
-print("| link (measured) | model | gradients | ddpd tokens/s | PyTorch DDP tokens/s | ddpd / PyTorch "
+print("| link (measured) | model | gradients | ddpd tokens/s (rounds' range) | PyTorch DDP tokens/s "
+      "| ddpd / PyTorch "
       "| scaling ddpd / PyTorch | ddpd exposed comm (own) | step above one rank: ddpd / PyTorch "
       "| MB per host per step: ddpd / PyTorch | ddpd's link use in its all-reduce |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -74,7 +81,8 @@ for rate in rates:
                 use = d_mb * 8e6 / (comm / 1000) / (links[rate] * 1e9)
             sd = d / (2 * one_d) if d and one_d else None
             stt = t / (2 * one_t) if t and one_t else None
-            print(f"| {rate} ({links[rate]} Gbit/s) | {model} | {label} | {fmt(d)} | {fmt(t)} "
+            print(f"| {rate} ({links[rate]} Gbit/s) | {model} | {label} "
+                  f"| {fmt(d)}{spread(tps, 'ddpd', *k, dtype)} | {fmt(t)}{spread(tps, 'pytorch', *k, tdtype)} "
                   f"| {ratio(d, t)} | {fmt(sd, '{:.2f}')} / {fmt(stt, '{:.2f}')} "
                   f"| {fmt(exp, '{:.0f} ms')} ({fmt(exp / d_ms * 100 if exp is not None and d_ms else None, '{:.0f}%')}) "
                   f"| {fmt(d_ms - one_d_ms if d_ms and one_d_ms else None, '{:.0f} ms')} / "
