@@ -97,6 +97,19 @@ wait_file_step() {
     return 1
 }
 
+# count_and_wait FILE H PIDS...: sets tx0 and tx1 to the hosts' counters as the first and the last
+# timed step end (each read as FILE names the step: the same lag at both ends; STEPS - 1 steps
+# between them), then waits for the processes; fails when one failed
+count_and_wait() {
+    local f=$1 H=$2 rc=0
+    shift 2
+    tx0="" tx1=""
+    wait_file_step "$f" "$warmup" "$@" && tx0=$(tx_all "$H")
+    wait_file_step "$f" $((warmup + steps - 1)) "$@" && tx1=$(tx_all "$H")
+    for p in "$@"; do wait "$p" || rc=1; done
+    [ $rc = 0 ] && [ -n "$tx0" ] && [ -n "$tx1" ]
+}
+
 results=${RESULTS:-$work/results.jsonl} # RESULTS=FILE keeps every run's line (cluster_report.py)
 : >"$results"
 # record KIND JSON: one line of results
@@ -106,7 +119,7 @@ record() { echo "$2" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); d.upda
 # DDP_COLL_ALGO (flat, two-level; default auto)
 ddpd_run() {
     local H=$1 R=$2 rate=$3 model=$4 dtype=$5 algo=${6:-auto} W=$(($1 * $2))
-    local port=$((20000 + RANDOM % 20000)) dir=$work/d-$1$2-$3-$4-$5-${6:-auto}-$round ps=() r
+    local port=$((20000 + RANDOM % 20000)) dir=$work/d-$1$2-$3-$4-$5-${6:-auto}-$round ps=() r tx0 tx1
     mkdir -p "$dir"
     for ((r = 0; r < W; r++)); do
         ip netns exec ddpc-h$((r / R)) env DDP_RANK=$r DDP_WORLD_SIZE=$W DDP_LOCAL_RANK=$((r % R)) \
@@ -118,13 +131,8 @@ ddpd_run() {
             >"$dir/rank-$r.out" 2>&1 &
         ps+=($!)
     done
-    # the counters at two step boundaries (each read as the step's line appears: the same lag at
-    # both ends), over STEPS - 1 steps
-    local tx0="" tx1="" rc=0
-    wait_file_step "$dir/metrics.jsonl" "$warmup" "${ps[@]}" && tx0=$(tx_all "$H")
-    wait_file_step "$dir/metrics.jsonl" $((warmup + steps - 1)) "${ps[@]}" && tx1=$(tx_all "$H")
-    for p in "${ps[@]}"; do wait "$p" || rc=1; done
-    [ $rc = 0 ] && [ -n "$tx0" ] && [ -n "$tx1" ] || { echo "  ddpd $H x $R failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
+    count_and_wait "$dir/metrics.jsonl" "$H" "${ps[@]}" ||
+        { echo "  ddpd $H x $R failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
     local s; s=$(ddpd_stats "$dir" "$warmup")
     record "{\"impl\":\"ddpd\",\"H\":$H,\"R\":$R,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$dtype\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$((steps - 1)),\"algo_req\":\"$algo\",\"algo\":\"$(grep -ho 'all-reduce [a-z-]*[^,]*' "$dir"/rank-1.out | head -1)\"}" "$s"
     echo "  ddpd  $H x $R $rate $model $dtype $algo: $s"
@@ -133,7 +141,7 @@ ddpd_run() {
 # torch_run H RATE MODEL COMPRESS: H processes, one per host
 torch_run() {
     local H=$1 rate=$2 model=$3 comp=$4 port=$((20000 + RANDOM % 20000))
-    local dir=$work/t-$H-$rate-$model-$comp-$round ps=() r
+    local dir=$work/t-$H-$rate-$model-$comp-$round ps=() r tx0 tx1
     mkdir -p "$dir"
     for ((r = 0; r < H; r++)); do
         ip netns exec ddpc-h$r env GLOO_SOCKET_IFNAME=eth0 "$TPY" "$src/tests/bench/pytorch_train.py" \
@@ -142,13 +150,8 @@ torch_run() {
             >"$dir/rank-$r.out" 2>&1 &
         ps+=($!)
     done
-    # the counters at two step boundaries (each read as the step's line appears: the same lag at
-    # both ends), over STEPS - 1 steps
-    local tx0="" tx1="" rc=0
-    wait_file_step "$dir/progress" "$warmup" "${ps[@]}" && tx0=$(tx_all "$H")
-    wait_file_step "$dir/progress" $((warmup + steps - 1)) "${ps[@]}" && tx1=$(tx_all "$H")
-    for p in "${ps[@]}"; do wait "$p" || rc=1; done
-    [ $rc = 0 ] && [ -n "$tx0" ] && [ -n "$tx1" ] || { echo "  PyTorch failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
+    count_and_wait "$dir/progress" "$H" "${ps[@]}" ||
+        { echo "  PyTorch failed:"; tail -n 5 "$dir"/rank-*.out; return 1; }
     local s; s=$(grep '^{' "$dir/rank-0.out")
     record "{\"impl\":\"pytorch\",\"H\":$H,\"R\":1,\"rate\":\"$rate\",\"model\":\"$model\",\"dtype\":\"$comp\",\"tx0\":\"$tx0\",\"tx1\":\"$tx1\",\"steps\":$((steps - 1))}" "$s"
     echo "  torch $H x 1 $rate $model $comp: $(echo "$s" | cut -c1-160)"
