@@ -152,7 +152,9 @@ def relay(listen_port, host, port, mode):
                     print("injected", "frame" if v2 else "line", flush=True)
                     done = True
                 msgs = after[1:] if v2 else after
-                if not done and mode == "replay" and len(msgs) >= 1:
+                # replayed once a start request went through (the only message of hundreds of
+                # bytes: a ping or a status is far shorter), so that the replay carries it
+                if not done and mode == "replay" and any(len(m) > 300 for m in msgs):
                     for m in msgs:
                         b.sendall(m)
                     print("replayed", len(msgs), flush=True)

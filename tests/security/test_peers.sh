@@ -45,8 +45,10 @@ id=$(submit_as A a "$T/job2.yaml")
 check "the relay replayed the coordinator's messages to b" wait_until 30 grep -q replayed "$T/relay2.log"
 check "b refused the replay and closed the link" \
     wait_until 10 grep -q "failed authentication (forged, replayed" "$T/b.log"
-check "b started the job's rank once, not twice" \
-    test "$(grep -c "started 1 ranks of job $id for coordinator a" "$T/b.log")" = 1
+# (at most once: the replay closes the link, and a start request still being parsed then may
+# be dropped with it, which fails the job on a; what must never happen is a second start)
+check "b started the job's rank once at most, not twice" \
+    test "$(grep -c "started 1 ranks of job $id for coordinator a" "$T/b.log")" -le 1
 ctl a cancel "$id" >/dev/null; kill $relay; wait $relay 2>/dev/null
 stop_daemon a
 
