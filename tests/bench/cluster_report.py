@@ -30,7 +30,9 @@ def tps(r):
 
 
 def host_mb(r):  # bytes each host sent per measured step, mean over hosts, MB
-    if "tx0" not in r:
+    # the counters are read as step lines appear, polled every 50 ms (and each read starts a
+    # process per host): with steps under half a second the window is not the steps'
+    if "tx0" not in r or step_ms(r) < 500:
         return None
     a = [int(x) for x in r["tx0"].split()]
     b = [int(x) for x in r["tx1"].split()]
@@ -116,9 +118,12 @@ for model in models:  # 2 hosts x 2 ranks: the flat ring against the two-level a
                 and r.get("algo_req") == algo]
         if not rows:
             continue
-        mb[algo] = st.median(host_mb(r) for r in rows)
+        mbs = [host_mb(r) for r in rows if host_mb(r) is not None]
+        if mbs:
+            mb[algo] = st.median(mbs)
         print(f"2 hosts x 2 ranks, {model}, DDP_COLL_ALGO={algo} ({rows[0].get('algo') or '?'}): "
-              f"{st.median(tps(r) for r in rows):.0f} tokens/s, {mb[algo]:.1f} MB per host per step")
+              f"{st.median(tps(r) for r in rows):.0f} tokens/s, {fmt(mb.get(algo), '{:.1f}')} MB "
+              "per host per step")
     if len(mb) == 2:
         checks.append((f"2x2 {model}: the automatic choice sends <= 0.7x the flat ring's bytes "
                        "across hosts", mb["auto"] <= 0.7 * mb["flat"], f"{mb['auto'] / mb['flat']:.3f}"))
