@@ -31,8 +31,9 @@ def tps(r):
 
 def host_mb(r):  # bytes each host sent per measured step, mean over hosts, MB
     # the counters are read as step lines appear, polled every 50 ms (and each read starts a
-    # process per host): with steps under half a second the window is not the steps'
-    if "tx0" not in r or step_ms(r) < 500:
+    # process per host): with steps under 200 ms the window is not the steps' (gpt2-mini's 240-320
+    # ms steps gave the bytes its gradient predicts)
+    if "tx0" not in r or step_ms(r) < 200:
         return None
     a = [int(x) for x in r["tx0"].split()]
     b = [int(x) for x in r["tx1"].split()]
