@@ -41,6 +41,7 @@ rates=${RATES:-1gbit 10gbit unshaped} models=${MODELS:-gpt2-124M gpt2-mini}
 B=${B:-4} T=${T:-64}
 BENCH_DEBIAN_TORCH_OPTIONAL=1
 . "$src/tests/bench/bench_common.sh"
+. "$src/tests/wait.sh"
 TPY=${TORCH_PY:-}
 if [ -n "$TPY" ] && ! "$TPY" -c 'import torch' 2>/dev/null; then
     echo "TORCH_PY=$TPY has no torch: PyTorch's columns are skipped"; TPY=""
@@ -85,17 +86,18 @@ shape() { # RATE H
 }
 # tx of every host, space-separated (the counters are read inside each namespace)
 tx_all() { for ((h = 0; h < $1; h++)); do ip netns exec ddpc-h$h cat /sys/class/net/eth0/statistics/tx_bytes; done | tr '\n' ' '; }
-# wait_file_step FILE STEP PIDS...: until FILE names STEP (or a process ended); deadline 20 min
-wait_file_step() {
+# step_or_exit FILE STEP PIDS...: 0 when FILE names STEP or one of the processes ended (then the
+# step is missing), else 1
+step_logged() { [ -f "$1" ] && grep -qE "(^$2\$|\"step\":$2,\"steps\")" "$1"; }
+step_or_exit() {
     local f=$1 s=$2; shift 2
-    local end=$((SECONDS + 1200))
-    while [ $SECONDS -lt $end ]; do
-        [ -f "$f" ] && grep -qE "(^$s\$|\"step\":$s,\"steps\")" "$f" && return 0
-        for p in "$@"; do kill -0 "$p" 2>/dev/null || return 1; done
-        sleep 0.05 # a benchmark's poll, not a test's synchronisation
-    done
+    step_logged "$f" "$s" && return 0
+    for p in "$@"; do kill -0 "$p" 2>/dev/null || return 0; done
     return 1
 }
+# wait_file_step FILE STEP PIDS...: until FILE names STEP; fails when a process ended first or
+# after 20 minutes
+wait_file_step() { wait_until 1200 step_or_exit "$@" && step_logged "$1" "$2"; }
 
 # count_and_wait FILE H PIDS...: sets tx0 and tx1 to the hosts' counters as the first and the last
 # timed step end (each read as FILE names the step: the same lag at both ends; STEPS - 1 steps

@@ -21,6 +21,7 @@ export LD_LIBRARY_PATH=$(dirname "$worker")/../tests/sim${LD_LIBRARY_PATH:+:$LD_
 
 . "$(dirname "$0")/../../tap.sh"
 . "$(dirname "$0")/../../corpus.sh"
+. "$(dirname "$0")/../../wait.sh"
 
 fox_corpus "$prep" "$tmp" 4000 --val-fraction 0.1 || skip_all "ddp-prep failed"
 cat >"$tmp/job.yaml" <<YAML
@@ -77,10 +78,7 @@ sed 's/^ddp: {/ddp: {workers: 4, min_workers: 4, restart: on-failure, max_restar
     "$tmp/job.yaml" >"$tmp/elastic.yaml"
 DDP_LOG_LEVEL=info DDP_TEST_HANG=8:2 JOB=$tmp/elastic.yaml run overlap 4 >"$tmp/overlap.hash" &
 pid=$!
-deadline=$((SECONDS + 120))
-until grep -q "hangs as step 8 begins" "$tmp/overlap/rank-2.log" 2>/dev/null || [ $SECONDS -ge $deadline ]; do
-    sleep 0.05 # polls for the log line, with a deadline
-done
+wait_until 120 grep -q "hangs as step 8 begins" "$tmp/overlap/rank-2.log"
 kill -KILL "$(cat "$tmp/overlap/rank-2.pid" 2>/dev/null)" 2>/dev/null
 wait "$pid"
 if [ -s "$tmp/overlap.hash" ] &&
