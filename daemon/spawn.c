@@ -288,7 +288,9 @@ void ddpd_proc_release(ddpd_proc_t *p)
 }
 
 /* 1 when process pid has a handler for sig (the SigCgt mask of /proc/PID/status): a signal it
- * does not catch, such as SIGUSR2 to a worker older than the flight recorder, would end it. */
+ * does not catch, such as SIGUSR2 to a worker older than the flight recorder, would end it.
+ * The path is procfs's for a pid of the daemon's own ranks, never a user's file: no link to
+ * follow, and reading it cannot block. */
 static int catches(int pid, int sig)
 {
     char path[64], line[256];
