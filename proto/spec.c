@@ -163,9 +163,13 @@ static const field_t EVAL_ITEM[] = {
     I_INT(ddp_eval_task_t, "every", every,
           "steps between evaluations; `0` = only after the last step, when every task runs"),
     I_INT(ddp_eval_task_t, "limit", limit, "examples scored, the file's first ones; `0` = all"),
+    IROW("target_delimiter", DDP__FT_STR, ddp_eval_task_t, target_delimiter, .quiet = true,
+         .doc = "put between the context and each choice, as lm-evaluation-harness's task "
+                "option of that name; `\"\"` for choices that are whole lines after a context "
+                "that ends in a line break"),
 };
 static const ddp_data_source_t SOURCE_DEFAULTS = {.weight = 1};
-static const ddp_eval_task_t EVAL_DEFAULTS = {.every = 0};
+static const ddp_eval_task_t EVAL_DEFAULTS = {.every = 0, .target_delimiter = " "};
 static const ddp__slist_t TRAIN_LIST = {TRAIN_ITEM, 3, sizeof(ddp_data_source_t),
                                         DDP_SPEC_MAX_SOURCES, offsetof(ddp_spec_t, n_train),
                                         "path", offsetof(ddp_spec_t, train_listed),
@@ -173,7 +177,7 @@ static const ddp__slist_t TRAIN_LIST = {TRAIN_ITEM, 3, sizeof(ddp_data_source_t)
 static const ddp__slist_t VAL_LIST = {VAL_ITEM, 2, sizeof(ddp_data_source_t),
                                       DDP_SPEC_MAX_SOURCES, offsetof(ddp_spec_t, n_val), "path",
                                       offsetof(ddp_spec_t, val_listed), &SOURCE_DEFAULTS};
-static const ddp__slist_t EVAL_LIST = {EVAL_ITEM, 4, sizeof(ddp_eval_task_t), DDP_SPEC_MAX_EVALS,
+static const ddp__slist_t EVAL_LIST = {EVAL_ITEM, 5, sizeof(ddp_eval_task_t), DDP_SPEC_MAX_EVALS,
                                        offsetof(ddp_spec_t, n_eval), NULL, 0, &EVAL_DEFAULTS};
 
 const ddp__sfield_t ddp__spec_fields[] = {

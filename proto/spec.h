@@ -68,6 +68,7 @@ typedef struct ddp_eval_task {
     char path[1024]; /* a JSONL file of multiple-choice rows */
     long every;      /* steps between evaluations; 0 = only after the last step (always then too) */
     long limit;      /* examples scored: the first `limit` of the file; 0 = all */
+    char target_delimiter[16]; /* between the context and each choice (the harness's; " ") */
 } ddp_eval_task_t;
 /* The values are kernels/kernels.h's ddp_kprec_t's; AUTO is resolved by the worker. */
 typedef enum {

@@ -9,8 +9,10 @@
  * Its bytes depend on the table only, never on the machine, so a test can compare it with the
  * committed docs/spec.md.
  */
+#include <ctype.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,12 +41,15 @@ static json_t *list_json(const field_t *f, const char *p, const ddp_spec_t *s)
     for (int k = 0; a && k < n; k++) {
         const char *item = p + (size_t)k * L->item_size;
         json_t *o = json_object();
-        for (size_t j = 0; o && j < L->n_items; j++)
-            if (json_object_set_new(o, L->items[j].path,
-                                    value_json(&L->items[j], item + L->items[j].off, s))) {
+        for (size_t j = 0; o && j < L->n_items; j++) {
+            const field_t *it = &L->items[j];
+            if (it->quiet && !memcmp(item + it->off, (const char *)L->defaults + it->off, it->size))
+                continue; /* at its default: left out, as a quiet field (spec_int.h) */
+            if (json_object_set_new(o, it->path, value_json(it, item + it->off, s))) {
                 json_decref(o);
                 o = NULL;
             }
+        }
         if (!o || json_array_append_new(a, o)) {
             json_decref(a);
             return NULL;
@@ -286,7 +291,12 @@ static void default_text(const field_t *f, const char *p, char *buf, size_t len)
     case DDP__FT_ENUM: snprintf(buf, len, "`%s`", f->choices[*(const int *)p]); return;
     case DDP__FT_STR:
     case DDP__FT_CHOICE:
-    case DDP__FT_PRESET: snprintf(buf, len, p[0] ? "`%s`" : "`\"\"`", p); return;
+    case DDP__FT_PRESET: {
+        size_t n = strlen(p); /* quoted where the text alone would not show: "" or " " */
+        bool quote = n == 0 || isspace((unsigned char)p[0]) || isspace((unsigned char)p[n - 1]);
+        snprintf(buf, len, quote ? "`\"%s\"`" : "`%s`", p);
+        return;
+    }
     case DDP__FT_LIST: snprintf(buf, len, "`[]`"); return;
     }
     buf[0] = '\0';

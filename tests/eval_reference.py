@@ -75,8 +75,36 @@ def main():
                     failures.append(f"{name} {task}: {key} {summary[key]} vs {right[key]}/{n}")
             print(f"{name} {task}: {n} examples, acc {summary['acc']:.4f} acc_norm "
                   f"{summary['acc_norm']:.4f} acc_tok {summary['acc_tok']:.4f}")
-    # bad input: exit 2, naming the file, the line and the field
+    # --eval-delimiter: with "" a choice " c" is scored as the default " " scores "c" (bytes:
+    # the same tokens), so the reference's log-likelihoods hold exactly
     model = os.path.join(root, ref["models"]["gpt2_tiny"]["dir"])
+    rows = ref["models"]["gpt2_tiny"]["tasks"]["shakespeare.jsonl"]
+    spaced = os.path.join(tmp, "eval_ref_spaced.jsonl")
+    with open(os.path.join(root, "tests/fixtures/eval/shakespeare.jsonl")) as f, \
+            open(spaced, "w") as out:
+        for line in f:
+            row = json.loads(line)
+            row["choices"] = [" " + c for c in row["choices"]]
+            out.write(json.dumps(row) + "\n")
+    for delim, same in (("", True), (" ", False)):
+        details = os.path.join(tmp, "eval_ref_spaced_details")
+        p = subprocess.run([worker, "--eval", spaced, "--init-from", model, "--eval-delimiter",
+                            delim, "--eval-details", details], capture_output=True, text=True,
+                           timeout=120)
+        if p.returncode != 0:
+            failures.append(f"--eval-delimiter {delim!r}: exit {p.returncode}: {p.stderr.strip()}")
+            continue
+        got = [json.loads(l) for l in open(details)]
+        close = all(abs(a - b) <= TOL * max(abs(b), 1e-30)
+                    for g, r in zip(got, rows) for a, b in zip(g["ll"], r["ll"]))
+        if len(got) != len(rows) or close != same:
+            failures.append(f"--eval-delimiter {delim!r} on choices with a leading space: "
+                            f"{'not ' if same else ''}the reference's log-likelihoods")
+    p = subprocess.run([worker, "--eval", spaced, "--init-from", model, "--eval-delimiter",
+                        "0123456789abcdef"], capture_output=True, text=True, timeout=60)
+    if p.returncode != 2 or "--eval-delimiter: at most 15 bytes, got 16" not in p.stderr:
+        failures.append(f"--eval-delimiter of 16 bytes: exit {p.returncode}, {p.stderr.strip()!r}")
+    # bad input: exit 2, naming the file, the line and the field
     bad = os.path.join(tmp, "eval_ref_bad.jsonl")
     with open(bad, "w") as f:
         f.write('{"context": "a", "choices": ["b"], "label": 0}\n')

@@ -17,15 +17,19 @@
 #include "proto/hf_config.h"
 #include "worker/checkpoint/checkpoint.h"
 
+_Static_assert(sizeof(((ddp_eval_task_t *)0)->target_delimiter) == DDP_MC_MAX_DELIM,
+               "a spec's target_delimiter fits a task's");
+
 /* Reads task path (limit rows) and tokenizes every choice once, so a bad row fails now with its
- * file, line and field rather than at step N. */
+ * file, line and field rather than at step N. delim: the target_delimiter. */
 static int open_task(ddp_mc_scorer_t *sc, ddp_mc_task_t *task, const char *path, long limit,
-                     ddp_errinfo_t *ei)
+                     const char *delim, ddp_errinfo_t *ei)
 {
     DDP_CHECK(ddp_mc_task_load(task, path, limit, ei));
+    snprintf(task->delim, sizeof task->delim, "%s", delim);
     for (size_t e = 0; e < task->n; e++)
         for (int i = 0; i < task->ex[e].n_choices; i++)
-            DDP_CHECK(ddp_mc_tokenize(sc, &task->ex[e], i, path, ei));
+            DDP_CHECK(ddp_mc_tokenize(sc, &task->ex[e], i, task->delim, path, ei));
     return 0;
 }
 
@@ -47,7 +51,8 @@ int ddp_trainer_eval_open(ddp_trainer_t *t, ddp_errinfo_t *ei)
     if (rc == 0) rc = ddp_mc_scorer_init(&ev->scorer, &t->model, tok, bos, s->seq_len, ei);
     for (int i = 0; rc == 0 && i < s->n_eval; i++) {
         ev->n = i + 1; /* close frees what was read, also after an error */
-        rc = open_task(&ev->scorer, &ev->task[i], s->eval[i].path, s->eval[i].limit, ei);
+        rc = open_task(&ev->scorer, &ev->task[i], s->eval[i].path, s->eval[i].limit,
+                       s->eval[i].target_delimiter, ei);
         if (rc == 0 && t->world.rank == 0 && !t->opts.quiet)
             DDP_INFO("eval %s: %zu examples from %s%s", s->eval[i].name, ev->task[i].n,
                      s->eval[i].path, bos >= 0 ? " (BOS first, as the tokenizer adds it)" : "");
@@ -116,8 +121,12 @@ static int load_weights(ddp_model_t *m, ddp_kernels_t *k, const char *dir, ddp_e
 #define EVAL_ROWS 4
 
 int ddp_trainer_eval_checkpoint(const char *task_path, const char *dir, long limit,
-                                const char *backend, FILE *out, FILE *details, ddp_errinfo_t *ei)
+                                const char *delim, const char *backend, FILE *out, FILE *details,
+                                ddp_errinfo_t *ei)
 {
+    if (strlen(delim) >= DDP_MC_MAX_DELIM)
+        return ddp_errinfo_set(ei, DDP_EINVAL, "--eval-delimiter: at most %d bytes, got %zu",
+                               DDP_MC_MAX_DELIM - 1, strlen(delim));
     ddp_spec_t spec;
     ddp_spec_defaults(&spec);
     memset(&spec.model, 0, sizeof spec.model);
@@ -159,7 +168,7 @@ int ddp_trainer_eval_checkpoint(const char *task_path, const char *dir, long lim
     DDP_K(&k, set_weights, m.w, m.n_params);
     DDP_CHECK_GOTO(ddp_mc_scorer_init(&sc, &m, rt ? rt->tok : NULL, bos, spec.seq_len, ei), rc,
                    out);
-    DDP_CHECK_GOTO(open_task(&sc, &task, task_path, limit, ei), rc, out);
+    DDP_CHECK_GOTO(open_task(&sc, &task, task_path, limit, delim, ei), rc, out);
     sc.details = details;
     int64_t t0 = ddp_now_ns();
     ddp_mc_result_t r;

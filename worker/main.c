@@ -73,6 +73,7 @@ static void usage(FILE *out)
             "       ddp-worker --selftest\n"
             "       ddp-worker --spec-reference\n"
             "       ddp-worker --eval TASK.jsonl --init-from DIR [--eval-limit N]\n"
+            "                  [--eval-delimiter STR] [--eval-details FILE]\n"
             "\n"
             "Trains the GPT-2 described by JOB.yaml (YAML or JSON).\n"
             "\n"
@@ -95,6 +96,8 @@ static void usage(FILE *out)
             "                      or a Hugging Face directory; its tokenizer.json), print the\n"
             "                      scores as a JSON line and a line of text, exit (CPU)\n"
             "  --eval-limit N      score only the first N rows\n"
+            "  --eval-delimiter STR  put STR between the context and each choice (default \" \",\n"
+            "                      the harness's target_delimiter; at most 15 bytes)\n"
             "  --eval-details FILE each example's log-likelihoods there, a JSON line each\n"
             "  --spec-reference    print the reference of every spec field (docs/spec.md) as\n"
             "                      Markdown, exit\n"
@@ -370,7 +373,7 @@ static int worker_main(int argc, char **argv)
 {
     enum { OPT_SET = 256, OPT_RUN_DIR, OPT_BACKEND, OPT_DUMP, OPT_QUIET, OPT_SELFTEST, OPT_VER,
            OPT_RESUME_STEP, OPT_NO_RESUME, OPT_STOP_AT, OPT_PRINT_SPEC, OPT_SPEC_REF, OPT_EVAL,
-           OPT_INIT_FROM, OPT_EVAL_LIMIT, OPT_EVAL_DETAILS };
+           OPT_INIT_FROM, OPT_EVAL_LIMIT, OPT_EVAL_DETAILS, OPT_EVAL_DELIM };
     static const struct option long_opts[] = {
         {"set", required_argument, NULL, OPT_SET},
         {"run-dir", required_argument, NULL, OPT_RUN_DIR},
@@ -388,6 +391,7 @@ static int worker_main(int argc, char **argv)
         {"init-from", required_argument, NULL, OPT_INIT_FROM},
         {"eval-limit", required_argument, NULL, OPT_EVAL_LIMIT},
         {"eval-details", required_argument, NULL, OPT_EVAL_DETAILS},
+        {"eval-delimiter", required_argument, NULL, OPT_EVAL_DELIM},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -398,6 +402,7 @@ static int worker_main(int argc, char **argv)
     char **sets = calloc((size_t)argc, sizeof *sets);
     int n_sets = 0, c, print_spec = 0;
     const char *eval_task = NULL, *init_from = NULL, *eval_details = NULL; /* --eval */
+    const char *eval_delim = " ";
     long eval_limit = 0;
     while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
         switch (c) {
@@ -424,6 +429,7 @@ static int worker_main(int argc, char **argv)
         case OPT_INIT_FROM: init_from = optarg; break;
         case OPT_EVAL_LIMIT: eval_limit = atol(optarg); break;
         case OPT_EVAL_DETAILS: eval_details = optarg; break;
+        case OPT_EVAL_DELIM: eval_delim = optarg; break;
         case OPT_SELFTEST: free(sets); return ddp_kernels_selftest();
         case OPT_SPEC_REF: {
             int rc = ddp_spec_reference(stdout);
@@ -450,7 +456,7 @@ static int worker_main(int argc, char **argv)
             fprintf(stderr, "ddp-worker: --eval-details %s: %s\n", eval_details, strerror(errno));
             return 1;
         }
-        int rc = ddp_trainer_eval_checkpoint(eval_task, init_from, eval_limit,
+        int rc = ddp_trainer_eval_checkpoint(eval_task, init_from, eval_limit, eval_delim,
                                              strcmp(opts.backend, "auto") ? opts.backend : "cpu",
                                              stdout, details, &ei);
         if (details && fclose(details) != 0 && rc == 0) rc = -errno;

@@ -227,11 +227,13 @@ void ddp_trainer_eval_close(ddp_trainer_t *t);
 int ddp_trainer_evaluate(ddp_trainer_t *t, ddp_errinfo_t *ei);
 /* ddp-worker --eval: scores the JSONL task at task_path with the model in Hugging Face
  * directory dir (config.json, safetensors, and tokenizer.json when the vocabulary is not 256)
- * on the CPU kernels (backend NULL: "cpu"), limit rows (0: all), and prints a JSON line and a
+ * on the CPU kernels (backend NULL: "cpu"), limit rows (0: all), with delim between the context
+ * and each choice (the harness's target_delimiter, " " by default), and prints a JSON line and a
  * line for a person to out; details (may be NULL) gets each example's log-likelihoods
  * (score.h). Returns 0, or an error with ei set. */
 int ddp_trainer_eval_checkpoint(const char *task_path, const char *dir, long limit,
-                                const char *backend, FILE *out, FILE *details, ddp_errinfo_t *ei);
+                                const char *delim, const char *backend, FILE *out, FILE *details,
+                                ddp_errinfo_t *ei);
 /* step_log.c: an eval record (metrics.jsonl, TensorBoard eval/<task>/...) and its log line. */
 void ddp_trainer_log_eval(ddp_trainer_t *t, const char *task, const ddp_mc_result_t *r, double ms);
 /* Samples n tokens after a start token with the trainer's rng and writes them to out: decoded

@@ -123,20 +123,20 @@ static int encode(ddp_mc_scorer_t *s, const char *text, size_t len, ddp_tok_ids_
     return 0;
 }
 
-int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const char *path,
-                    ddp_errinfo_t *ei)
+int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const char *delim,
+                    const char *path, ddp_errinfo_t *ei)
 {
     const char *c = ex->context, *choice = ex->choices[i];
-    size_t cl = strlen(c), chl = strlen(choice);
+    size_t cl = strlen(c), dl = strlen(delim), chl = strlen(choice);
     size_t ctx_len = cl - ddp_mc_trailing_space(c, cl); /* the rest rides in the continuation */
-    char *whole = ddp_malloc(cl + chl + 2);
+    char *whole = ddp_malloc(cl + dl + chl + 1);
     if (!whole) return DDP_ENOMEM;
     memcpy(whole, c, cl);
-    whole[cl] = ' ';
-    memcpy(whole + cl + 1, choice, chl + 1);
+    memcpy(whole + cl, delim, dl);
+    memcpy(whole + cl + dl, choice, chl + 1);
     ddp_tok_ids_t ctx = {0}, all = {0};
     int rc = encode(s, c, ctx_len, &ctx);
-    if (rc == 0) rc = encode(s, whole, cl + chl + 1, &all);
+    if (rc == 0) rc = encode(s, whole, cl + dl + chl, &all);
     free(whole);
     if (rc) goto out;
     if (ctx.len == 0) {
@@ -170,11 +170,11 @@ out:
     return rc;
 }
 
-int ddp_mc_score(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, const char *path,
-                 ddp_mc_scores_t *out, long *tokens, ddp_errinfo_t *ei)
+int ddp_mc_score(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, const char *delim,
+                 const char *path, ddp_mc_scores_t *out, long *tokens, ddp_errinfo_t *ei)
 {
     int n = ex->n_choices, B = s->model->acts.B;
-    for (int i = 0; i < n; i++) DDP_CHECK(ddp_mc_tokenize(s, ex, i, path, ei));
+    for (int i = 0; i < n; i++) DDP_CHECK(ddp_mc_tokenize(s, ex, i, delim, path, ei));
     for (int r0 = 0; r0 < n; r0 += B) {
         int rows = n - r0 < B ? n - r0 : B, L = 1;
         for (int r = 0; r < rows; r++)
@@ -220,7 +220,7 @@ int ddp_mc_evaluate(ddp_mc_scorer_t *s, const ddp_mc_task_t *task, const char *p
     for (size_t e = (size_t)rank; rc == 0 && e < task->n; e += (size_t)size) {
         const ddp_mc_example_t *ex = &task->ex[e];
         ddp_mc_scores_t sc;
-        rc = ddp_mc_score(s, ex, path, &sc, &out->tokens, ei);
+        rc = ddp_mc_score(s, ex, task->delim, path, &sc, &out->tokens, ei);
         if (rc) break;
         if (s->details) {
             fprintf(s->details, "{\"line\":%ld,\"label\":%d,\"ll\":[", ex->line, ex->label);

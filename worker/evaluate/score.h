@@ -77,17 +77,18 @@ void ddp_mc_scorer_close(ddp_mc_scorer_t *s); /* NULL-safe */
 /* Host bytes ddp_mc_scorer_init allocates for B x T (the memory budget's share). */
 size_t ddp_mc_scorer_bytes(int B, int T);
 
-/* The harness's tokens of (context, " " + choice): ctx ++ cont, truncated from the left to the
- * last T + 1, into s->toks[i], s->len[i], s->n_cont[i]. Returns 0, DDP_EFORMAT (an empty
+/* The harness's tokens of (context, delim + choice) (delim: its target_delimiter, " " by
+ * default): ctx ++ cont, truncated from the left to the last T + 1, into s->toks[i], s->len[i],
+ * s->n_cont[i]. Returns 0, DDP_EFORMAT (an empty
  * context, an empty continuation, or one longer than T so that nothing of the context is left:
  * ei names path, ex->line and the field), DDP_ENOMEM, or the tokenizer's error. */
-int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const char *path,
-                    ddp_errinfo_t *ei);
+int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const char *delim,
+                    const char *path, ddp_errinfo_t *ei);
 
 /* Scores one example into *out; *tokens += the forward's tokens. Returns 0, a tokenizing error
  * (ddp_mc_tokenize's), or the model's (DDP_EABORTED when interrupted). */
-int ddp_mc_score(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, const char *path,
-                 ddp_mc_scores_t *out, long *tokens, ddp_errinfo_t *ei);
+int ddp_mc_score(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, const char *delim,
+                 const char *path, ddp_mc_scores_t *out, long *tokens, ddp_errinfo_t *ei);
 
 /* Scores task's examples r, r + W, ... on rank r of world w (NULL: a world of one) and sums the
  * counts over the ranks. Collective. Returns 0, a scoring error, or the communicator's (ei names

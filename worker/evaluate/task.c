@@ -315,6 +315,7 @@ void ddp_mc_task_close(ddp_mc_task_t *t)
 int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo_t *ei)
 {
     memset(t, 0, sizeof *t);
+    t->delim[0] = ' ';
     char *buf = NULL;
     size_t len = 0;
     int rc = ddp_file_read(path, TASK_MAX_BYTES, &buf, &len);

@@ -22,6 +22,7 @@
 #include "common/err.h"
 
 #define DDP_MC_MAX_CHOICES 64
+#define DDP_MC_MAX_DELIM 16 /* a target_delimiter's bytes, its NUL included */
 
 /* One row. Strings are UTF-8, NUL-terminated, owned by the task. */
 typedef struct ddp_mc_example {
@@ -35,6 +36,9 @@ typedef struct ddp_mc_example {
 typedef struct ddp_mc_task {
     ddp_mc_example_t *ex; /* [n] */
     size_t n;
+    /* the harness's target_delimiter, put between the context and each choice: " " as loaded
+     * (its default), set by the caller from the task's spec (DDP_MC_MAX_DELIM - 1 bytes at most) */
+    char delim[DDP_MC_MAX_DELIM];
 } ddp_mc_task_t;
 
 /* Reads the first `limit` rows of JSONL file `path` (limit 0: all) into t (zeroed first).

@@ -119,11 +119,18 @@ static void test_token_split(void **state)
     scorer(&s, 16, -1);
     /* the context's trailing whitespace moves to the continuation: "abc" + "\n de" */
     ddp_mc_example_t ex = example("abc\n", "de");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s, "abc\n de", 4);
     ex = example("abc", "de");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s, "abc de", 3);
+    /* another target_delimiter goes where " " went: none, for lines after a line break */
+    ex = example("abc\n", "de");
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "", "t.jsonl", &ei), 0);
+    expect_toks(&s, "abc\nde", 3);
+    ex = example("abc", "de");
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " => ", "t.jsonl", &ei), 0);
+    expect_toks(&s, "abc => de", 6);
     ddp_mc_scorer_close(&s);
 }
 
@@ -135,15 +142,15 @@ static void test_truncation(void **state)
     scorer(&s, 8, -1);
     /* 10 + 3 tokens: the last T + 1 = 9 are kept, from the left the context goes */
     ddp_mc_example_t ex = example("0123456789", "xy");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s, "456789 xy", 3);
     /* a continuation of exactly T tokens keeps one context token */
     ex = example("0123456789", "abcdefg");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s, "9 abcdefg", 8);
     /* one more and nothing of the context is left: refused with the file, line and field */
     ex = example("0123456789", "abcdefgh");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), DDP_EFORMAT);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), DDP_EFORMAT);
     assert_string_equal(ei.path, "t.jsonl");
     assert_int_equal(ei.line, 7);
     assert_non_null(strstr(ei.msg, "context: nothing left after truncation to seq_len 8"));
@@ -157,18 +164,18 @@ static void test_bos(void **state)
     ddp_errinfo_t ei;
     scorer(&s, 16, 1);
     ddp_mc_example_t ex = example("ab", "c");
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s,
                 "\x01"
                 "ab c",
                 2);
     ex = example("", "c"); /* BOS stands for an empty context */
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
     expect_toks(&s, "\x01 c", 2);
     ddp_mc_scorer_close(&s);
     scorer(&s, 16, -1);
     ex = example(" \n", "c"); /* all whitespace: nothing left of the context, no BOS */
-    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), DDP_EFORMAT);
+    assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), DDP_EFORMAT);
     assert_non_null(strstr(ei.msg, "context: empty"));
     ddp_mc_scorer_close(&s);
     /* the tokenizer decides: no tokenizer, no BOS */
@@ -265,7 +272,7 @@ static void test_tokenizer_bos(void **state)
             fake_model.cfg.vocab_size = 258;
             assert_int_equal(ddp_mc_scorer_init(&s, &fake_model, t, bos, 16, &ei), 0);
             ddp_mc_example_t ex = example("ab", "ab");
-            assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, "t.jsonl", &ei), 0);
+            assert_int_equal(ddp_mc_tokenize(&s, &ex, 0, " ", "t.jsonl", &ei), 0);
             assert_int_equal(s.len[0], 4);
             assert_int_equal(s.n_cont[0], 2);
             uint32_t want[] = {257, 256, ' ', 256};

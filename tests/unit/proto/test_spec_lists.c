@@ -107,7 +107,19 @@ static void test_eval(void **state)
     assert_int_equal(s.eval[0].limit, 500);
     assert_int_equal(s.eval[1].every, 0);
     assert_int_equal(s.eval[1].limit, 0);
+    assert_string_equal(s.eval[0].target_delimiter, " "); /* the harness's default */
     assert_non_null(strstr(json, "\"eval\": ["));
+    assert_null(strstr(json, "target_delimiter")); /* at its default: left out (older builds) */
+    free(json);
+    /* another target_delimiter, the empty one included, is kept and written back */
+    json = round_trip("data: {train: x}\n"
+                      "eval: [{name: a, path: a.jsonl, target_delimiter: \"\"},\n"
+                      "       {name: b, path: b.jsonl, target_delimiter: \" => \"}]\n",
+                      &s);
+    assert_string_equal(s.eval[0].target_delimiter, "");
+    assert_string_equal(s.eval[1].target_delimiter, " => ");
+    assert_non_null(strstr(json, "\"target_delimiter\": \"\""));
+    assert_non_null(strstr(json, "\"target_delimiter\": \" => \""));
     free(json);
     /* none: left out of the JSON (an older build refuses the key) */
     json = round_trip("data: {train: x}\neval: []", &s);
@@ -221,6 +233,8 @@ static void test_rejects(void **state)
         {D "eval: [{name: a, path: b, every: -1}]", "eval[0].every", 2, 34,
          "must be an integer >= 0"},
         {D "eval: [{name: a, path: b, limt: 1}]", "eval[0].limt", 2, 27, "unknown key"},
+        {D "eval: [{name: a, path: b, target_delimiter: \"0123456789abcdef\"}]",
+         "eval[0].target_delimiter", 2, 45, "at most 15 bytes"},
         {D "train: {decay_steps: 10}", "train.decay_steps", 2, 22,
          "applies only to train.schedule: wsd (the schedule is cosine)"},
         {D "train: {schedule: constant, decay_shape: linear}", "train.decay_shape", 2, 42,
