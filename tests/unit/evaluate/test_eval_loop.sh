@@ -9,7 +9,10 @@
 #      seeded start, since 1 and 2 ranks sum gradients in different orders;
 #   4. a bad row refuses the job at start with its file, line and field (exit 2);
 #   5. the simulated GPU (--backend sim: device memory apart from the host's, the kernels'
-#      device path) gives the same counts as the CPU.
+#      device path) gives the same counts as the CPU;
+#   6. `target_delimiter: ""` reaches the scorer: the task with " " put before every choice,
+#      scored with no delimiter, gives the default's acc, acc_tok and forward tokens (acc_norm
+#      counts the choice's characters, one more).
 # Usage: test_eval_loop.sh BUILD_DIR SOURCE_ROOT
 set -euo pipefail
 build=$(cd "$1" && pwd) root=$(cd "$2" && pwd)
@@ -82,5 +85,21 @@ if "$DDP_WORKER" --quiet --backend sim --run-dir "$tmp/sim" "$tmp/still.yaml" >"
         echo "ok 5 - the simulated GPU gives the CPU's counts"
     else echo "not ok 5 - sim and CPU differ:"; diff "$tmp/sim.ev" "$tmp/one.ev" || true; fail=1; fi
 else echo "not ok 5 - the sim run failed: $(tail -2 "$tmp/sim.log")"; fail=1; fi
-[ $fail -eq 0 ] && echo "5 passed, 0 failed" || echo "some failed"
+python3 - "$task" "$tmp/spaced.jsonl" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f, open(sys.argv[2], "w") as out:
+    for line in f:
+        row = json.loads(line)
+        row["choices"] = [" " + c for c in row["choices"]]
+        out.write(json.dumps(row) + "\n")
+PY
+sed "s|path: \"$task\", every: 4}|path: \"$tmp/spaced.jsonl\", every: 4, target_delimiter: \"\"}|" \
+    "$tmp/still.yaml" >"$tmp/delim.yaml"
+run delim 1 "$tmp/delim.yaml" >/dev/null
+shakespeare() { grep '"task":"shakespeare"' "$tmp/$1.ev" | sed 's/"acc_norm":[0-9.]*,//'; }
+records delim >"$tmp/delim.ev"
+if [ -s "$tmp/delim.ev" ] && [ "$(shakespeare delim)" = "$(shakespeare one)" ]; then
+    echo "ok 6 - target_delimiter \"\" scores \" \" + choice as the default scores the choice"
+else echo "not ok 6 - target_delimiter:"; shakespeare delim; shakespeare one; fail=1; fi
+[ $fail -eq 0 ] && echo "6 passed, 0 failed" || echo "some failed"
 exit $fail
