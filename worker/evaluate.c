@@ -21,12 +21,11 @@ _Static_assert(sizeof(((ddp_eval_task_t *)0)->target_delimiter) == DDP_MC_MAX_DE
                "a spec's target_delimiter fits a task's");
 
 /* Reads task path (limit rows) and tokenizes every choice once, so a bad row fails now with its
- * file, line and field rather than at step N. delim: the target_delimiter. */
+ * file, line and field rather than at step N. */
 static int open_task(ddp_mc_scorer_t *sc, ddp_mc_task_t *task, const char *path, long limit,
                      const char *delim, ddp_errinfo_t *ei)
 {
-    DDP_CHECK(ddp_mc_task_load(task, path, limit, ei));
-    snprintf(task->delim, sizeof task->delim, "%s", delim);
+    DDP_CHECK(ddp_mc_task_load(task, path, limit, delim, ei));
     for (size_t e = 0; e < task->n; e++)
         for (int i = 0; i < task->ex[e].n_choices; i++)
             DDP_CHECK(ddp_mc_tokenize(sc, &task->ex[e], i, task->delim, path, ei));

@@ -13,7 +13,7 @@
 # The jobs run at once (nice); RUNS="fp32-w2 bf16g-w2 fp32-w1" runs only those (the three that
 # compare bf16 gradients with fp32, at 3/5 of the time). Prints each run's final train loss, the
 # mean of its last 50 steps' losses and its final validation loss, then the differences that
-# matter (those whose two runs ran). The data is ddp-prep's split (the last 10% for validation);
+# matter (those whose two runs ran). The data is ddp-prep's split (the last 10% for validation).
 # Each run leaves its final checkpoint in OUT_DIR/NAME-checkpoints: the script also prints the
 # largest relative difference of a weight tensor between the compared runs (the weights drift
 # further apart than the loss shows), and a checkpoint can be scored on make_task.py's task

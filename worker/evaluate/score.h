@@ -79,9 +79,9 @@ size_t ddp_mc_scorer_bytes(int B, int T);
 
 /* The harness's tokens of (context, delim + choice) (delim: its target_delimiter, " " by
  * default): ctx ++ cont, truncated from the left to the last T + 1, into s->toks[i], s->len[i],
- * s->n_cont[i]. Returns 0, DDP_EFORMAT (an empty
- * context, an empty continuation, or one longer than T so that nothing of the context is left:
- * ei names path, ex->line and the field), DDP_ENOMEM, or the tokenizer's error. */
+ * s->n_cont[i]. Returns 0, DDP_EFORMAT (an empty context, an empty continuation, or one longer
+ * than T so that nothing of the context is left: ei names path, ex->line and the field),
+ * DDP_ENOMEM, or the tokenizer's error. */
 int ddp_mc_tokenize(ddp_mc_scorer_t *s, const ddp_mc_example_t *ex, int i, const char *delim,
                     const char *path, ddp_errinfo_t *ei);
 

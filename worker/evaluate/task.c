@@ -312,10 +312,11 @@ void ddp_mc_task_close(ddp_mc_task_t *t)
     memset(t, 0, sizeof *t);
 }
 
-int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo_t *ei)
+int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, const char *delim,
+                     ddp_errinfo_t *ei)
 {
     memset(t, 0, sizeof *t);
-    t->delim[0] = ' ';
+    snprintf(t->delim, sizeof t->delim, "%s", delim);
     char *buf = NULL;
     size_t len = 0;
     int rc = ddp_file_read(path, TASK_MAX_BYTES, &buf, &len);

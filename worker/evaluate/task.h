@@ -36,16 +36,16 @@ typedef struct ddp_mc_example {
 typedef struct ddp_mc_task {
     ddp_mc_example_t *ex; /* [n] */
     size_t n;
-    /* the harness's target_delimiter, put between the context and each choice: " " as loaded
-     * (its default), set by the caller from the task's spec (DDP_MC_MAX_DELIM - 1 bytes at most) */
-    char delim[DDP_MC_MAX_DELIM];
+    char delim[DDP_MC_MAX_DELIM]; /* the harness's target_delimiter: before each choice */
 } ddp_mc_task_t;
 
-/* Reads the first `limit` rows of JSONL file `path` (limit 0: all) into t (zeroed first).
- * Returns 0; -errno (cannot read; ei names the file); DDP_EFORMAT for a bad row (ei: the file,
+/* Reads the first `limit` rows of JSONL file `path` (limit 0: all) into t (zeroed first), to be
+ * scored with delim before each choice (the harness's target_delimiter: " " by default; at most
+ * DDP_MC_MAX_DELIM - 1 bytes, the caller checks). Returns 0; -errno (cannot read; ei names the file); DDP_EFORMAT for a bad row (ei: the file,
  * the line, the message naming the field: "label: 4 is out of range for 4 choices");
  * DDP_ENOMEM. Free with ddp_mc_task_close (also after an error). */
-int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, ddp_errinfo_t *ei);
+int ddp_mc_task_load(ddp_mc_task_t *t, const char *path, long limit, const char *delim,
+                     ddp_errinfo_t *ei);
 /* Bytes a loaded task of file `path` may hold (the memory budget's share): its rows' text twice
  * (the file read whole, and the strings kept) plus a row's bookkeeping per line; 0 when it
  * cannot be read (the load then fails with the reason). */

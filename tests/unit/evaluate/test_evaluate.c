@@ -434,18 +434,18 @@ static void test_task_file(void **state)
     close(fd);
     ddp_mc_task_t t;
     ddp_errinfo_t ei;
-    assert_int_equal(ddp_mc_task_load(&t, path, 2, &ei), 0); /* the limit stops before line 4 */
+    assert_int_equal(ddp_mc_task_load(&t, path, 2, " ", &ei), 0); /* the limit stops before line 4 */
     assert_int_equal(t.n, 2);
     assert_int_equal(t.ex[1].line, 3);
     assert_int_equal(t.ex[1].label, 1);
     ddp_mc_task_close(&t);
-    assert_int_equal(ddp_mc_task_load(&t, path, 0, &ei), DDP_EFORMAT);
+    assert_int_equal(ddp_mc_task_load(&t, path, 0, " ", &ei), DDP_EFORMAT);
     assert_int_equal(ei.line, 4);
     assert_string_equal(ei.path, path);
     assert_non_null(strstr(ei.msg, "label: 3 is out of range for 1 choices"));
     ddp_mc_task_close(&t);
     unlink(path);
-    assert_true(ddp_mc_task_load(&t, "/nonexistent/task.jsonl", 0, &ei) < 0);
+    assert_true(ddp_mc_task_load(&t, "/nonexistent/task.jsonl", 0, " ", &ei) < 0);
     assert_string_equal(ei.path, "/nonexistent/task.jsonl");
     ddp_mc_task_close(&t);
 }
